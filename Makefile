@@ -1,0 +1,44 @@
+# Two commands do all the set-up on a fresh machine (see README):
+#   make demo   - embedded broker + worker + demo load, prints where every message went
+#   make test   - the whole test suite
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+.PHONY: venv demo run test lint proto proto-check bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+proto: $(STAMP)
+	$(BIN)/python -m app.envelope.protogen
+
+proto-check: $(STAMP)
+	$(BIN)/python -m app.envelope.protogen --check
+
+demo: $(STAMP)
+	$(BIN)/prism demo --embedded
+
+run: $(STAMP)
+	$(BIN)/prism run --topology topologies/orders-created.yaml
+
+test: $(STAMP)
+	@bash scripts/ensure-test-deps.sh
+	$(BIN)/python -m app.envelope.protogen --check
+	$(BIN)/ruff check app tests bench
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check app tests bench
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.run_all
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,142 @@
+import datetime
+
+from google.protobuf import any_pb2 as _any_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PrismEnvelope(_message.Message):
+    __slots__ = ("envelope_version", "metadata", "payload", "security", "observability", "schema", "extensions")
+    class ExtensionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    ENVELOPE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    SECURITY_FIELD_NUMBER: _ClassVar[int]
+    OBSERVABILITY_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    EXTENSIONS_FIELD_NUMBER: _ClassVar[int]
+    envelope_version: int
+    metadata: PrismMetadata
+    payload: _any_pb2.Any
+    security: SecurityContext
+    observability: ObservabilityContext
+    schema: SchemaContext
+    extensions: _containers.ScalarMap[str, bytes]
+    def __init__(self, envelope_version: _Optional[int] = ..., metadata: _Optional[_Union[PrismMetadata, _Mapping]] = ..., payload: _Optional[_Union[_any_pb2.Any, _Mapping]] = ..., security: _Optional[_Union[SecurityContext, _Mapping]] = ..., observability: _Optional[_Union[ObservabilityContext, _Mapping]] = ..., schema: _Optional[_Union[SchemaContext, _Mapping]] = ..., extensions: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+
+class PrismMetadata(_message.Message):
+    __slots__ = ("message_id", "topic", "namespace", "published_at", "content_type", "content_encoding", "priority", "ttl_seconds", "correlation_id", "causality_parent")
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_TYPE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_ENCODING_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
+    CAUSALITY_PARENT_FIELD_NUMBER: _ClassVar[int]
+    message_id: str
+    topic: str
+    namespace: str
+    published_at: _timestamp_pb2.Timestamp
+    content_type: str
+    content_encoding: str
+    priority: int
+    ttl_seconds: int
+    correlation_id: str
+    causality_parent: str
+    def __init__(self, message_id: _Optional[str] = ..., topic: _Optional[str] = ..., namespace: _Optional[str] = ..., published_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., content_type: _Optional[str] = ..., content_encoding: _Optional[str] = ..., priority: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., correlation_id: _Optional[str] = ..., causality_parent: _Optional[str] = ...) -> None: ...
+
+class SecurityContext(_message.Message):
+    __slots__ = ("publisher_id", "publisher_team", "auth_token", "signature", "signature_algorithm", "encryption", "contains_pii", "data_classification", "signature_key_id")
+    PUBLISHER_ID_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHER_TEAM_FIELD_NUMBER: _ClassVar[int]
+    AUTH_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    ENCRYPTION_FIELD_NUMBER: _ClassVar[int]
+    CONTAINS_PII_FIELD_NUMBER: _ClassVar[int]
+    DATA_CLASSIFICATION_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    publisher_id: str
+    publisher_team: str
+    auth_token: str
+    signature: bytes
+    signature_algorithm: str
+    encryption: EncryptionMetadata
+    contains_pii: bool
+    data_classification: str
+    signature_key_id: str
+    def __init__(self, publisher_id: _Optional[str] = ..., publisher_team: _Optional[str] = ..., auth_token: _Optional[str] = ..., signature: _Optional[bytes] = ..., signature_algorithm: _Optional[str] = ..., encryption: _Optional[_Union[EncryptionMetadata, _Mapping]] = ..., contains_pii: _Optional[bool] = ..., data_classification: _Optional[str] = ..., signature_key_id: _Optional[str] = ...) -> None: ...
+
+class EncryptionMetadata(_message.Message):
+    __slots__ = ("key_id", "algorithm", "iv", "aad")
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    IV_FIELD_NUMBER: _ClassVar[int]
+    AAD_FIELD_NUMBER: _ClassVar[int]
+    key_id: str
+    algorithm: str
+    iv: bytes
+    aad: bytes
+    def __init__(self, key_id: _Optional[str] = ..., algorithm: _Optional[str] = ..., iv: _Optional[bytes] = ..., aad: _Optional[bytes] = ...) -> None: ...
+
+class ObservabilityContext(_message.Message):
+    __slots__ = ("trace_id", "span_id", "parent_span_id", "trace_flags", "baggage", "labels")
+    class BaggageEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    SPAN_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_SPAN_ID_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FLAGS_FIELD_NUMBER: _ClassVar[int]
+    BAGGAGE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    trace_flags: int
+    baggage: _containers.ScalarMap[str, str]
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, trace_id: _Optional[str] = ..., span_id: _Optional[str] = ..., parent_span_id: _Optional[str] = ..., trace_flags: _Optional[int] = ..., baggage: _Optional[_Mapping[str, str]] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class SchemaContext(_message.Message):
+    __slots__ = ("schema_url", "schema_version", "schema_format", "schema_hash", "schema_name", "compatibility_mode", "deprecated_fields_used")
+    SCHEMA_URL_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_HASH_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_NAME_FIELD_NUMBER: _ClassVar[int]
+    COMPATIBILITY_MODE_FIELD_NUMBER: _ClassVar[int]
+    DEPRECATED_FIELDS_USED_FIELD_NUMBER: _ClassVar[int]
+    schema_url: str
+    schema_version: str
+    schema_format: str
+    schema_hash: str
+    schema_name: str
+    compatibility_mode: str
+    deprecated_fields_used: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, schema_url: _Optional[str] = ..., schema_version: _Optional[str] = ..., schema_format: _Optional[str] = ..., schema_hash: _Optional[str] = ..., schema_name: _Optional[str] = ..., compatibility_mode: _Optional[str] = ..., deprecated_fields_used: _Optional[_Iterable[str]] = ...) -> None: ...

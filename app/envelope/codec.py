@@ -1,0 +1,196 @@
+"""Encode and decode envelopes in either wire layout.
+
+`decode` is always a header-only parse: it walks the top-level records, hands everything
+but the payload to upb, and keeps the payload as a zero-copy slice of the input. Its cost
+does not depend on the payload size (see `bench/bench_codec.py`).
+
+`encode` emits `[header without security][security][payload]`. Record order does not
+matter to any protobuf parser, and this order has two useful properties: the payload is
+last (a streaming reader can stop before it), and removing the security record yields
+exactly the bytes a signature covers (`app.security.signing`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError as _PbDecodeError
+
+from app._gen.prism.envelope.draft import envelope_pb2 as dpb
+from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
+from app.envelope.layouts import draft_to_reviewed, reviewed_to_draft
+from app.envelope.model import Envelope, Payload
+from app.envelope.wire import LEN, VARINT, Record, iter_records, len_record, strip_field
+from app.errors import DecodeError, LayoutError, SizeLimitError, WireTypeError
+
+
+class Layout(enum.StrEnum):
+    """The two wire layouts of RFC-031. Values name the migration topics' readers."""
+
+    DRAFT = "draft"        # RFC-031 draft, envelope_version=1, payload field 3  -> <topic>.v2
+    REVIEWED = "reviewed"  # memo-031 reviewed layout, payload field 99           -> <topic>.v3
+
+    @property
+    def security_field(self) -> int:
+        return 4 if self is Layout.DRAFT else 2
+
+    @property
+    def payload_field(self) -> int:
+        return 3 if self is Layout.DRAFT else 99
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Size limits, checked before any payload byte is touched."""
+
+    max_message_bytes: int = 16 * 1024 * 1024
+    max_header_bytes: int = 256 * 1024
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def detect_layout(data: bytes | memoryview) -> Layout:
+    """Tell the draft layout from the reviewed one by field 1's wire type.
+
+    Draft envelopes start with `envelope_version` (field 1, varint); reviewed ones with
+    `metadata` (field 1, length-delimited). Without field 1, fields only one layout has
+    decide (5/6 draft, 97 reviewed); otherwise the reviewed layout is assumed.
+    """
+    return _detect(list(iter_records(memoryview(data))))
+
+
+def _detect(records: list[Record]) -> Layout:
+    for r in records:
+        if r.field == 1:
+            return Layout.DRAFT if r.wire_type == VARINT else Layout.REVIEWED
+    fields = {r.field for r in records}
+    if fields & {5, 6}:
+        return Layout.DRAFT
+    if not records:
+        raise LayoutError("empty input is not an envelope", hint="check the producer sends envelope bytes")
+    return Layout.REVIEWED
+
+
+def decode(
+    data: bytes | bytearray | memoryview,
+    *,
+    layout: Layout | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+    dropped: list[str] | None = None,
+) -> Envelope:
+    """Decode envelope bytes of either layout into the model (payload left lazy).
+
+    `dropped`, when given, receives what a draft->model conversion could not carry.
+    Raises only `app.errors.EnvelopeError` subclasses.
+    """
+    size = len(data)
+    if size > limits.max_message_bytes:
+        raise SizeLimitError(
+            f"envelope is {size} bytes, over the {limits.max_message_bytes}-byte limit",
+            hint="raise Limits.max_message_bytes or have the producer split the message",
+        )
+    view = memoryview(data)
+    records = list(iter_records(view))
+    lay = layout or _detect(records)
+    pf = lay.payload_field
+
+    header_parts: list[memoryview] = []
+    payload_recs: list[Record] = []
+    header_len = 0
+    for r in records:
+        if r.field == pf:
+            if r.wire_type != LEN:
+                raise WireTypeError(f"payload field {pf} must be length-delimited, got wire type {r.wire_type}",
+                                    path=f"byte {r.start}")
+            payload_recs.append(r)
+        else:
+            header_parts.append(view[r.start : r.end])
+            header_len += r.end - r.start
+    if header_len > limits.max_header_bytes:
+        raise SizeLimitError(
+            f"envelope header is {header_len} bytes, over the {limits.max_header_bytes}-byte limit",
+            hint="move bulky data into the payload, or raise Limits.max_header_bytes",
+        )
+    head = b"".join(header_parts)
+    try:
+        if lay is Layout.REVIEWED:
+            header = vpb.PrismEnvelope.FromString(head)
+            if header.HasField("payload"):  # defensive: only possible with a custom layout arg
+                header.ClearField("payload")
+        else:
+            d = dpb.PrismEnvelope.FromString(head)
+            header, lost = draft_to_reviewed(d)
+            if dropped is not None:
+                dropped.extend(lost)
+    except _PbDecodeError as exc:
+        raise DecodeError(
+            f"envelope header ({lay.value} layout) is not valid protobuf: {exc}",
+            hint="a string field may hold invalid UTF-8, or a nested message is truncated or has a wrong wire type",
+        ) from exc
+    except ValueError as exc:  # e.g. an unknown enum name in prism.enc.* extensions
+        raise DecodeError(f"envelope header is inconsistent: {exc}") from exc
+
+    if not payload_recs:
+        payload = Payload.absent()
+    elif len(payload_recs) == 1:
+        r = payload_recs[0]
+        payload = Payload.from_wire(view[r.value_start : r.end])
+    else:  # protobuf merge semantics for a repeated singular message field
+        payload = Payload.from_wire(b"".join(view[r.value_start : r.end] for r in payload_recs))
+    return Envelope(header, payload)
+
+
+def encode_parts(env: Envelope, layout: Layout = Layout.REVIEWED) -> tuple[bytes, bytes, list[bytes | memoryview]]:
+    """(head, security record, payload record parts). `head + payload` is what a signature covers."""
+    if layout is Layout.REVIEWED:
+        header = env.header
+        has_sec = header.HasField("security")
+        full = header.SerializeToString()
+        sec_msg = header.security
+    else:
+        header, _ = reviewed_to_draft(env.header)
+        has_sec = header.HasField("security")
+        full = header.SerializeToString()
+        sec_msg = header.security
+    if has_sec:
+        head = b"".join(strip_field(full, layout.security_field))
+        sec = b"".join(len_record(layout.security_field, sec_msg.SerializeToString()))
+    else:
+        head, sec = full, b""
+    payload_parts: list[bytes | memoryview] = (
+        len_record(layout.payload_field, env.payload.wire()) if env.payload.present else []
+    )
+    return head, sec, payload_parts
+
+
+def security_record(env: Envelope, layout: Layout = Layout.REVIEWED) -> bytes:
+    """The serialized security record alone (empty when the envelope has no security context)."""
+    if not env.header.HasField("security"):
+        return b""
+    sec = env.header.security if layout is Layout.REVIEWED else reviewed_to_draft(env.header)[0].security
+    return b"".join(len_record(layout.security_field, sec.SerializeToString()))
+
+
+def encode(env: Envelope, layout: Layout = Layout.REVIEWED) -> bytes:
+    """Serialize the envelope in the given layout."""
+    head, sec, payload = encode_parts(env, layout)
+    return b"".join([head, sec, *payload])
+
+
+def convert(data: bytes | memoryview, to: Layout, *, limits: Limits = DEFAULT_LIMITS) -> tuple[bytes, list[str]]:
+    """Re-encode envelope bytes in another layout; returns the bytes and what was dropped.
+
+    A signature never survives a layout change (it covers the old bytes), so it is removed
+    and reported; the pipeline re-signs what it emits.
+    """
+    dropped: list[str] = []
+    env = decode(data, limits=limits, dropped=dropped)
+    sec = env.security
+    if sec is not None and sec.HasField("signature"):
+        sec.ClearField("signature")
+        sec.ClearField("signature_algorithm")
+        sec.ClearField("signature_key_id")
+        dropped.append("security.signature: covers the original bytes only; re-sign after conversion")
+    return encode(env, to), dropped

@@ -1,0 +1,427 @@
+"""The one envelope model every part of Prism uses.
+
+An `Envelope` is two things:
+
+* `header` - a reviewed-layout (`prism.envelope.v1`) `PrismEnvelope` protobuf holding
+  metadata, the optional security/observability/schema contexts, extensions and any
+  unknown fields, with its own `payload` field always left empty;
+* `payload` - a `Payload`, the `google.protobuf.Any` (type_url + value) kept as the
+  received wire bytes until somebody asks for it.
+
+The reviewed layout is the model because it can represent everything the draft layout can
+(see `app.envelope.layouts`); the draft layout only exists at the codec boundary.
+Keeping the generated protobuf classes as the field containers (rather than mirroring them
+in dataclasses) means unknown fields from newer producers survive a decode/encode round
+trip for free, and there is exactly one definition of every field: the `.proto` file.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any as _Any
+
+from google.protobuf.message import Message
+
+from app._gen.prism.envelope.v1 import envelope_pb2 as pb
+from app.envelope import compression
+from app.envelope.ids import new_message_id
+from app.envelope.wire import LEN, encode_varint, iter_records
+from app.errors import DecodeError, PayloadError, Utf8Error
+
+PrismMetadata = pb.PrismMetadata
+SecurityContext = pb.SecurityContext
+EncryptionMetadata = pb.EncryptionMetadata
+ObservabilityContext = pb.ObservabilityContext
+SchemaContext = pb.SchemaContext
+ContentType = pb.ContentType
+ContentEncoding = pb.ContentEncoding
+EncryptionType = pb.EncryptionType
+
+DEFAULT_PRIORITY = 5
+
+_CT_TO_MIME = {
+    pb.CONTENT_TYPE_PROTOBUF: "application/protobuf",
+    pb.CONTENT_TYPE_JSON: "application/json",
+    pb.CONTENT_TYPE_AVRO: "application/avro",
+}
+_MIME_TO_CT = {v: k for k, v in _CT_TO_MIME.items()}
+_CE_TO_NAME = {
+    pb.CONTENT_ENCODING_NONE: "none",
+    pb.CONTENT_ENCODING_GZIP: "gzip",
+    pb.CONTENT_ENCODING_SNAPPY: "snappy",
+    pb.CONTENT_ENCODING_ZSTD: "zstd",
+}
+_NAME_TO_CE = {v: k for k, v in _CE_TO_NAME.items()}
+PROTOBUF_TYPE_URL_PREFIX = "type.googleapis.com/"
+
+
+# --------------------------------------------------------------------------- content type / encoding
+
+
+def get_content_type(md: PrismMetadata) -> str:
+    """The metadata's content type as a MIME string ("" when unset)."""
+    if not md.HasField("content_type"):
+        return ""
+    if md.content_type == pb.CONTENT_TYPE_CUSTOM:
+        return md.content_type_custom
+    return _CT_TO_MIME.get(md.content_type, "")
+
+
+def set_content_type(md: PrismMetadata, mime: str) -> None:
+    """Store a MIME string, using the compact enum only for the exact canonical spellings
+    so that any string round-trips unchanged through both layouts."""
+    md.ClearField("content_type_custom")
+    if not mime:
+        md.ClearField("content_type")
+    elif mime in _MIME_TO_CT:
+        md.content_type = _MIME_TO_CT[mime]
+    else:
+        md.content_type = pb.CONTENT_TYPE_CUSTOM
+        md.content_type_custom = mime
+
+
+def get_content_encoding(md: PrismMetadata) -> str:
+    """The metadata's content encoding as a name ("" when unset, "none", "gzip", ...)."""
+    if not md.HasField("content_encoding"):
+        return ""
+    if md.content_encoding == pb.CONTENT_ENCODING_CUSTOM:
+        return md.content_encoding_custom
+    return _CE_TO_NAME.get(md.content_encoding, "")
+
+
+def set_content_encoding(md: PrismMetadata, name: str) -> None:
+    md.ClearField("content_encoding_custom")
+    if not name:
+        md.ClearField("content_encoding")
+    elif name in _NAME_TO_CE:
+        md.content_encoding = _NAME_TO_CE[name]
+    else:
+        md.content_encoding = pb.CONTENT_ENCODING_CUSTOM
+        md.content_encoding_custom = name
+
+
+# --------------------------------------------------------------------------- payload
+
+
+class Payload:
+    """The payload `Any`, lazily parsed from its wire bytes.
+
+    `value` is a zero-copy `memoryview` into the received buffer when the envelope was
+    decoded; nothing is copied until a caller turns it into `bytes`.
+    """
+
+    __slots__ = ("_raw", "_type_url", "_value", "present")
+
+    def __init__(self, value: bytes | memoryview = b"", type_url: str = "", *, present: bool = True) -> None:
+        self._raw: memoryview | None = None
+        self._type_url: str | None = type_url
+        self._value: bytes | memoryview | None = value
+        #: False when the envelope carried no payload record at all (a validation error).
+        self.present = present
+
+    @classmethod
+    def absent(cls) -> Payload:
+        return cls(present=False)
+
+    @classmethod
+    def from_wire(cls, raw: bytes | memoryview) -> Payload:
+        """Wrap the serialized `Any` message bytes without parsing them yet."""
+        p = cls.__new__(cls)
+        p._raw = memoryview(raw)
+        p._type_url = None
+        p._value = None
+        p.present = True
+        return p
+
+    def _parse(self) -> None:
+        raw = self._raw
+        assert raw is not None
+        type_url = ""
+        value: memoryview = raw[0:0]
+        for rec in iter_records(raw):
+            if rec.wire_type != LEN:
+                continue  # unknown scalar field inside Any: ignored, as protobuf would
+            if rec.field == 1:
+                try:
+                    type_url = str(raw[rec.value_start : rec.end], "utf-8")
+                except UnicodeDecodeError as exc:
+                    raise Utf8Error("payload type_url is not valid UTF-8", path="payload.type_url") from exc
+            elif rec.field == 2:
+                value = raw[rec.value_start : rec.end]
+        self._type_url = type_url
+        self._value = value
+
+    @property
+    def type_url(self) -> str:
+        if self._type_url is None:
+            self._parse()
+        return self._type_url  # type: ignore[return-value]
+
+    @property
+    def value(self) -> bytes | memoryview:
+        """The payload value exactly as on the wire (possibly compressed and/or encrypted)."""
+        if self._value is None:
+            self._parse()
+        return self._value  # type: ignore[return-value]
+
+    @property
+    def is_parsed(self) -> bool:
+        """False while the payload is still an unread slice of the input (header-only parse)."""
+        return self._value is not None
+
+    def wire(self) -> bytes | memoryview:
+        """The serialized `Any` message. Re-uses the received bytes when untouched."""
+        if self._raw is not None:
+            return self._raw
+        parts = []
+        if self._type_url:
+            tu = self._type_url.encode()
+            parts += [encode_varint((1 << 3) | LEN), encode_varint(len(tu)), tu]
+        value = self._value or b""
+        if len(value):
+            parts += [encode_varint((2 << 3) | LEN), encode_varint(len(value)), value]
+        return b"".join(parts)
+
+    def __len__(self) -> int:
+        return len(self.value)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Payload):
+            return NotImplemented
+        return self.type_url == other.type_url and bytes(self.value) == bytes(other.value)
+
+    def __repr__(self) -> str:
+        return f"Payload(type_url={self.type_url!r}, {len(self)} bytes)"
+
+
+# --------------------------------------------------------------------------- envelope
+
+
+class Envelope:
+    """A Prism envelope: header contexts + lazy payload. See the module docstring."""
+
+    __slots__ = ("header", "payload")
+
+    def __init__(self, header: pb.PrismEnvelope | None = None, payload: Payload | None = None) -> None:
+        self.header = header if header is not None else pb.PrismEnvelope()
+        self.payload = payload if payload is not None else Payload()
+
+    # -- contexts ---------------------------------------------------------------------------
+    @property
+    def metadata(self) -> PrismMetadata:
+        return self.header.metadata
+
+    @property
+    def security(self) -> SecurityContext | None:
+        """The security context, or None when absent (memo-031: presence is meaningful)."""
+        return self.header.security if self.header.HasField("security") else None
+
+    def ensure_security(self) -> SecurityContext:
+        self.header.security.SetInParent()
+        return self.header.security
+
+    @property
+    def observability(self) -> ObservabilityContext | None:
+        return self.header.observability if self.header.HasField("observability") else None
+
+    def ensure_observability(self) -> ObservabilityContext:
+        self.header.observability.SetInParent()
+        return self.header.observability
+
+    @property
+    def schema(self) -> SchemaContext | None:
+        return self.header.schema if self.header.HasField("schema") else None
+
+    def ensure_schema(self) -> SchemaContext:
+        self.header.schema.SetInParent()
+        return self.header.schema
+
+    @property
+    def extensions(self) -> _Any:
+        """`map<string, bytes>`; consumers must ignore keys they do not know."""
+        return self.header.extensions
+
+    # -- metadata shortcuts -------------------------------------------------------------------
+    @property
+    def message_id(self) -> str:
+        return self.header.metadata.message_id
+
+    @property
+    def topic(self) -> str:
+        return self.header.metadata.topic
+
+    @property
+    def namespace(self) -> str:
+        return self.header.metadata.namespace
+
+    @property
+    def published_at_ms(self) -> int:
+        return self.header.metadata.published_at_ms
+
+    @property
+    def content_type(self) -> str:
+        return get_content_type(self.header.metadata)
+
+    @property
+    def content_encoding(self) -> str:
+        return get_content_encoding(self.header.metadata)
+
+    @property
+    def priority(self) -> int:
+        """Effective priority: an absent priority means 5 (memo-031 zero-value semantics)."""
+        md = self.header.metadata
+        return md.priority if md.HasField("priority") else DEFAULT_PRIORITY
+
+    @property
+    def is_encrypted(self) -> bool:
+        sec = self.security
+        return sec is not None and sec.HasField("encryption")
+
+    def expires_at_ms(self) -> int | None:
+        ttl = self.header.metadata.ttl_seconds
+        return None if ttl <= 0 else self.published_at_ms + ttl * 1000
+
+    def is_expired(self, now_ms: int | None = None) -> bool:
+        exp = self.expires_at_ms()
+        if exp is None:
+            return False
+        return (now_ms if now_ms is not None else int(time.time() * 1000)) >= exp
+
+    # -- payload access -------------------------------------------------------------------------
+    def payload_bytes(self, *, max_size: int = compression.DEFAULT_MAX_DECOMPRESSED) -> bytes:
+        """The plaintext payload bytes, decompressed per `content_encoding`.
+
+        Raises `PayloadError` for an encrypted payload: decryption needs keys and is
+        `app.security.encryption.decrypt_envelope`'s job, never an implicit side effect.
+        """
+        if self.is_encrypted:
+            raise PayloadError(
+                "payload is encrypted",
+                path="security.encryption",
+                hint="decrypt it with app.security.encryption.decrypt_envelope(envelope, key_provider)",
+            )
+        return compression.decompress(self.payload.value, self.content_encoding, max_size=max_size)
+
+    def payload_json(self) -> _Any:
+        try:
+            return json.loads(self.payload_bytes())
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise PayloadError(
+                f"payload is not valid JSON: {exc}",
+                path="payload",
+                hint=f"content_type is {self.content_type!r}; read it with payload_bytes() instead",
+            ) from exc
+
+    def payload_message(self, cls: type[Message]) -> Message:
+        expected = PROTOBUF_TYPE_URL_PREFIX + cls.DESCRIPTOR.full_name
+        if self.payload.type_url and self.payload.type_url != expected:
+            raise PayloadError(
+                f"payload holds {self.payload.type_url!r}, not {expected!r}",
+                path="payload.type_url",
+                hint="pass the message class that matches the payload's type_url",
+            )
+        try:
+            return cls.FromString(self.payload_bytes())
+        except Exception as exc:  # upb raises its own DecodeError type
+            raise DecodeError(f"payload is not a valid {cls.DESCRIPTOR.full_name}", path="payload") from exc
+
+    # -- misc ---------------------------------------------------------------------------------------
+    def copy(self) -> Envelope:
+        h = pb.PrismEnvelope()
+        h.CopyFrom(self.header)
+        return Envelope(h, self.payload)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Envelope):
+            return NotImplemented
+        return self.header == other.header and self.payload == other.payload
+
+    def __repr__(self) -> str:
+        # Never print the token, the signature or the payload itself.
+        flags = []
+        if self.security is not None:
+            if self.security.HasField("auth_token"):
+                flags.append("auth_token=<redacted>")
+            if self.security.HasField("signature"):
+                flags.append(f"signed={self.security.signature_algorithm}")
+            if self.is_encrypted:
+                flags.append(f"encrypted={self.security.encryption.algorithm}")
+        extra = (" " + " ".join(flags)) if flags else ""
+        return (
+            f"Envelope(message_id={self.message_id!r}, topic={self.topic!r}, namespace={self.namespace!r}, "
+            f"payload={len(self.payload)}B{extra})"
+        )
+
+
+# --------------------------------------------------------------------------- builder
+
+
+def new_envelope(
+    topic: str,
+    payload: bytes | bytearray | memoryview | str | Mapping[str, _Any] | list[_Any] | Message,
+    *,
+    namespace: str,
+    content_type: str | None = None,
+    content_encoding: str = "",
+    message_id: str | None = None,
+    published_at_ms: int | None = None,
+    priority: int | None = None,
+    ttl_seconds: int | None = None,
+    correlation_id: str | None = None,
+    causality_parent: str | None = None,
+    labels: Mapping[str, str] | None = None,
+    extensions: Mapping[str, bytes] | None = None,
+    data_classification: str | None = None,
+    contains_pii: bool | None = None,
+) -> Envelope:
+    """Build a complete, valid envelope with memo-031's defaults.
+
+    `payload` may be raw bytes, text, a JSON-able dict/list (stored as compact JSON with
+    content type application/json) or a protobuf message (packed like `Any.Pack`). A
+    `content_encoding` of gzip/snappy/zstd compresses the payload here; decoding reverses
+    it transparently in `Envelope.payload_bytes()`.
+    """
+    type_url = ""
+    if isinstance(payload, Message):
+        value = payload.SerializeToString()
+        type_url = PROTOBUF_TYPE_URL_PREFIX + payload.DESCRIPTOR.full_name
+        ct = content_type or "application/protobuf"
+    elif isinstance(payload, bytes | bytearray | memoryview):
+        value = bytes(payload)
+        ct = content_type or ""
+    elif isinstance(payload, str):
+        value = payload.encode()
+        ct = content_type or "text/plain; charset=utf-8"
+    else:
+        value = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+        ct = content_type or "application/json"
+
+    header = pb.PrismEnvelope()
+    md = header.metadata
+    md.message_id = message_id or new_message_id()
+    md.topic = topic
+    md.namespace = namespace
+    md.published_at_ms = published_at_ms if published_at_ms is not None else int(time.time() * 1000)
+    set_content_type(md, ct)
+    if content_encoding:
+        set_content_encoding(md, content_encoding)
+        value = compression.compress(value, content_encoding)
+    if priority is not None:
+        md.priority = priority
+    if ttl_seconds is not None:
+        md.ttl_seconds = ttl_seconds
+    if correlation_id:
+        md.correlation_id = correlation_id
+    if causality_parent:
+        md.causality_parent = causality_parent
+    if labels:
+        header.observability.labels.update(labels)
+    if extensions:
+        header.extensions.update(extensions)
+    if data_classification is not None:
+        header.security.data_classification = data_classification
+    if contains_pii is not None:
+        header.security.contains_pii = contains_pii
+    return Envelope(header, Payload(value, type_url))

@@ -1,0 +1,123 @@
+"""Envelope validation: required fields (memo-031 "Field Presence Semantics") and sanity
+of metadata from untrusted producers (LNMP envelope spec section 9.1).
+
+Both return *every* problem at once, each with its field path, because a producer fixing
+one field per round-trip through a DLQ is a miserable experience.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from app.envelope.model import Envelope
+from app.errors import FieldProblem, ValidationError
+
+_HEX32 = re.compile(r"[0-9a-f]{32}")
+_HEX16 = re.compile(r"[0-9a-f]{16}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+CLASSIFICATIONS = frozenset({"public", "internal", "confidential", "restricted"})
+
+
+def required_problems(env: Envelope) -> list[FieldProblem]:
+    """Problems that make an envelope unusable anywhere (missing ids, payload, ...)."""
+    p: list[FieldProblem] = []
+    h = env.header
+    if not h.HasField("metadata"):
+        p.append(FieldProblem("metadata", "is required but absent"))
+    md = h.metadata
+    if not md.message_id:
+        p.append(FieldProblem("metadata.message_id", "is required (a UUIDv7 string)"))
+    if not md.topic:
+        p.append(FieldProblem("metadata.topic", "is required"))
+    if not md.namespace:
+        p.append(FieldProblem("metadata.namespace", "is required"))
+    if md.published_at_ms <= 0:
+        p.append(FieldProblem("metadata.published_at_ms", "is required (Unix epoch milliseconds > 0)"))
+    if md.HasField("priority") and not 0 <= md.priority <= 10:
+        p.append(FieldProblem("metadata.priority", f"must be 0-10, got {md.priority}"))
+    if md.ttl_seconds < 0:
+        p.append(FieldProblem("metadata.ttl_seconds", f"must be >= 0, got {md.ttl_seconds}"))
+    if not env.payload.present:
+        p.append(FieldProblem("payload", "is required but absent"))
+    sec = env.security
+    if sec is not None:
+        if sec.HasField("data_classification") and sec.data_classification not in CLASSIFICATIONS:
+            p.append(FieldProblem("security.data_classification",
+                                  f"must be one of {sorted(CLASSIFICATIONS)}, got {sec.data_classification!r}"))
+        if sec.HasField("signature") and not sec.signature_algorithm:
+            p.append(FieldProblem("security.signature_algorithm", "is required when a signature is present"))
+        if sec.HasField("encryption"):
+            enc = sec.encryption
+            if not enc.key_id:
+                p.append(FieldProblem("security.encryption.key_id", "is required for an encrypted payload"))
+            if not enc.algorithm:
+                p.append(FieldProblem("security.encryption.algorithm", "is required for an encrypted payload"))
+    obs = env.observability
+    if obs is not None:
+        if obs.trace_id and not _HEX32.fullmatch(obs.trace_id):
+            p.append(FieldProblem("observability.trace_id", "must be 32 lowercase hex characters (W3C)"))
+        if obs.span_id and not _HEX16.fullmatch(obs.span_id):
+            p.append(FieldProblem("observability.span_id", "must be 16 lowercase hex characters (W3C)"))
+        if obs.parent_span_id and not _HEX16.fullmatch(obs.parent_span_id):
+            p.append(FieldProblem("observability.parent_span_id", "must be 16 lowercase hex characters (W3C)"))
+    return p
+
+
+def validate(env: Envelope) -> None:
+    """Raise `ValidationError` listing every required-field problem; return None if valid."""
+    problems = required_problems(env)
+    if problems:
+        raise ValidationError(problems)
+
+
+@dataclass(frozen=True, slots=True)
+class SanityPolicy:
+    """Limits for metadata written by producers Prism does not trust (LNMP section 9.1)."""
+
+    max_future_skew_ms: int = 5 * 60 * 1000      # published_at more than 5 min ahead is rejected
+    max_age_ms: int = 365 * 24 * 3600 * 1000      # older than a year is unrealistic for a live stream
+    max_id_length: int = 128                      # message_id, correlation_id, causality_parent
+    max_name_length: int = 249                    # topic (Kafka's own limit) and namespace
+    max_label_count: int = 64
+    max_label_length: int = 256
+
+
+def sanity_problems(env: Envelope, *, now_ms: int | None = None,
+                    policy: SanityPolicy = SanityPolicy()) -> list[FieldProblem]:
+    """Future timestamps, over-long ids and control characters in producer metadata."""
+    now = now_ms if now_ms is not None else int(time.time() * 1000)
+    md = env.metadata
+    p: list[FieldProblem] = []
+    if md.published_at_ms > now + policy.max_future_skew_ms:
+        p.append(FieldProblem("metadata.published_at_ms",
+                              f"is {(md.published_at_ms - now) // 1000}s in the future "
+                              f"(allowed skew {policy.max_future_skew_ms // 1000}s)"))
+    elif 0 < md.published_at_ms < now - policy.max_age_ms:
+        p.append(FieldProblem("metadata.published_at_ms", "is unrealistically old"))
+    for name in ("message_id", "correlation_id", "causality_parent"):
+        val = getattr(md, name)
+        if len(val) > policy.max_id_length:
+            p.append(FieldProblem(f"metadata.{name}", f"is {len(val)} chars, over {policy.max_id_length}"))
+        if _CONTROL.search(val):
+            p.append(FieldProblem(f"metadata.{name}", "contains control characters"))
+    for name in ("topic", "namespace"):
+        val = getattr(md, name)
+        if len(val) > policy.max_name_length:
+            p.append(FieldProblem(f"metadata.{name}", f"is {len(val)} chars, over {policy.max_name_length}"))
+        if _CONTROL.search(val):
+            p.append(FieldProblem(f"metadata.{name}", "contains control characters"))
+    sec = env.security
+    if sec is not None:
+        for name in ("publisher_id", "publisher_team"):
+            if _CONTROL.search(getattr(sec, name)):
+                p.append(FieldProblem(f"security.{name}", "contains control characters"))
+    obs = env.observability
+    if obs is not None:
+        if len(obs.labels) > policy.max_label_count:
+            p.append(FieldProblem("observability.labels", f"has {len(obs.labels)} entries, over {policy.max_label_count}"))
+        for k, v in obs.labels.items():
+            if len(k) + len(v) > policy.max_label_length or _CONTROL.search(k) or _CONTROL.search(v):
+                p.append(FieldProblem(f"observability.labels[{k[:32]!r}]", "is too long or has control characters"))
+    return p

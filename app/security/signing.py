@@ -1,0 +1,200 @@
+"""Envelope signatures (HMAC-SHA256, Ed25519) that any language can verify without
+re-serializing.
+
+Scope (memo-031 Recommendation 6): the signature covers the whole envelope except its
+security context. Protobuf encodings are not canonical across implementations, so the
+verifier never re-encodes: it cuts every top-level record of the security field out of
+the bytes it received and verifies exactly what remains. The producer side (`sign`)
+emits `head + security + payload` where `head + payload` are the signed bytes.
+
+Known limit of that scope, stated in the docs: the security context itself (publisher
+identity, classification, encryption metadata) is not covered. Prism's worker derives
+identity from the verified JWT, AEAD ciphertext binds its own metadata, and the worker
+re-signs what it emits with its own key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
+from app.envelope.codec import Layout, _detect, encode_parts, security_record
+from app.envelope.model import Envelope
+from app.envelope.wire import LEN, iter_records
+from app.errors import AlgorithmError, DecodeError, SignatureError, UnknownKeyError
+
+HMAC_SHA256 = "hmac-sha256"
+ED25519 = "ed25519"
+ALGORITHMS = frozenset({HMAC_SHA256, ED25519})
+MIN_HMAC_KEY_BYTES = 32
+
+
+@dataclass(frozen=True, slots=True)
+class SigningKey:
+    """A key that signs. Never serialized; only `key_id` ever leaves the process."""
+
+    key_id: str
+    algorithm: str
+    secret: bytes | None = None
+    private_key: Ed25519PrivateKey | None = None
+
+    @classmethod
+    def hmac_sha256(cls, key_id: str, secret: bytes) -> SigningKey:
+        if len(secret) < MIN_HMAC_KEY_BYTES:
+            raise AlgorithmError(f"HMAC key {key_id!r} is {len(secret)} bytes; at least {MIN_HMAC_KEY_BYTES} required",
+                                 hint="generate 32 random bytes (e.g. `openssl rand -base64 32`)")
+        return cls(key_id, HMAC_SHA256, secret=secret)
+
+    @classmethod
+    def ed25519(cls, key_id: str, private_key: Ed25519PrivateKey) -> SigningKey:
+        return cls(key_id, ED25519, private_key=private_key)
+
+    def verification_key(self) -> VerificationKey:
+        if self.algorithm == HMAC_SHA256:
+            return VerificationKey(self.key_id, HMAC_SHA256, secret=self.secret)
+        assert self.private_key is not None
+        return VerificationKey(self.key_id, ED25519, public_key=self.private_key.public_key())
+
+    def __repr__(self) -> str:
+        return f"SigningKey({self.key_id!r}, {self.algorithm!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class VerificationKey:
+    key_id: str
+    algorithm: str
+    secret: bytes | None = None
+    public_key: Ed25519PublicKey | None = None
+
+    def __repr__(self) -> str:
+        return f"VerificationKey({self.key_id!r}, {self.algorithm!r})"
+
+
+@dataclass(slots=True)
+class VerificationKeys:
+    """The keys a verifier trusts, by key id (a namespace's keyring)."""
+
+    keys: dict[str, VerificationKey] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, keys: Iterable[VerificationKey | SigningKey]) -> VerificationKeys:
+        out = cls()
+        for k in keys:
+            out.add(k.verification_key() if isinstance(k, SigningKey) else k)
+        return out
+
+    def add(self, key: VerificationKey) -> None:
+        self.keys[key.key_id] = key
+
+    def candidates(self, key_id: str, algorithm: str) -> list[VerificationKey]:
+        if key_id:
+            k = self.keys.get(key_id)
+            if k is None:
+                raise UnknownKeyError(f"signature key {key_id!r} is not in the verifier's keyring",
+                                      path="security.signature_key_id",
+                                      hint="add the producer's verification key to the namespace keyring")
+            if k.algorithm != algorithm:
+                raise SignatureError(f"key {key_id!r} is a {k.algorithm} key but the envelope says {algorithm}",
+                                     path="security.signature_algorithm")
+            return [k]
+        found = [k for k in self.keys.values() if k.algorithm == algorithm]
+        if not found:
+            raise UnknownKeyError(f"no {algorithm} key configured and the envelope names none",
+                                  path="security.signature_key_id")
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class SignatureInfo:
+    key_id: str
+    algorithm: str
+
+
+def _mac(secret: bytes, parts: Iterable[bytes | memoryview]) -> bytes:
+    m = hmac.new(secret, digestmod=hashlib.sha256)
+    for p in parts:
+        m.update(p)
+    return m.digest()
+
+
+def sign(env: Envelope, key: SigningKey, layout: Layout = Layout.REVIEWED) -> bytes:
+    """Sign the envelope with `key` and return the wire bytes in `layout`.
+
+    Also records algorithm and key id in `env.security` (the signature value itself is
+    only in the returned bytes' security record, and in `env` afterwards).
+    """
+    if key.algorithm not in ALGORITHMS:
+        raise AlgorithmError(f"signature algorithm {key.algorithm!r} is not supported",
+                             hint=f"use one of {sorted(ALGORITHMS)}")
+    sec = env.ensure_security()
+    sec.signature_algorithm = key.algorithm
+    sec.signature_key_id = key.key_id
+    sec.ClearField("signature")
+    head, _, payload = encode_parts(env, layout)
+    if key.algorithm == HMAC_SHA256:
+        assert key.secret is not None
+        sig = _mac(key.secret, [head, *payload])
+    else:
+        assert key.private_key is not None
+        sig = key.private_key.sign(b"".join([head, *payload]))
+    sec.signature = sig
+    return b"".join([head, security_record(env, layout), *payload])
+
+
+def verify(data: bytes | memoryview, keys: VerificationKeys, *, layout: Layout | None = None) -> SignatureInfo:
+    """Verify the signature on received envelope bytes. Raises `SignatureError` if it is
+    missing, malformed or wrong (comparison is constant-time), `UnknownKeyError` if the
+    named key is not trusted."""
+    view = memoryview(data)
+    records = list(iter_records(view))
+    lay = layout or _detect(records)
+    sf = lay.security_field
+    signed: list[memoryview] = []
+    sec_bytes: list[memoryview] = []
+    run = 0
+    for r in records:
+        if r.field == sf:
+            if r.wire_type != LEN:
+                raise DecodeError(f"security field {sf} must be length-delimited", path=f"byte {r.start}")
+            if r.start > run:
+                signed.append(view[run : r.start])
+            sec_bytes.append(view[r.value_start : r.end])
+            run = r.end
+    if run < len(view):
+        signed.append(view[run:])
+    if not sec_bytes:
+        raise SignatureError("envelope is not signed (no security context)", path="security.signature",
+                             hint="sign it in the producer, or set the namespace's signature policy to optional")
+    sec = vpb.SecurityContext()
+    try:
+        # Draft and reviewed SecurityContext share field numbers 1-9, so one class reads both.
+        sec.MergeFromString(b"".join(sec_bytes))
+    except Exception as exc:
+        raise DecodeError("security context is not valid protobuf", path="security") from exc
+    if not sec.signature:
+        raise SignatureError("envelope is not signed", path="security.signature",
+                             hint="sign it in the producer, or set the namespace's signature policy to optional")
+    alg = sec.signature_algorithm
+    if alg not in ALGORITHMS:
+        raise AlgorithmError(f"signature algorithm {alg!r} is not supported", path="security.signature_algorithm",
+                             hint=f"use one of {sorted(ALGORITHMS)}")
+    for k in keys.candidates(sec.signature_key_id, alg):
+        if alg == HMAC_SHA256:
+            assert k.secret is not None
+            if hmac.compare_digest(_mac(k.secret, signed), sec.signature):
+                return SignatureInfo(k.key_id, alg)
+        else:
+            assert k.public_key is not None
+            try:
+                k.public_key.verify(sec.signature, b"".join(signed))
+                return SignatureInfo(k.key_id, alg)
+            except InvalidSignature:
+                pass
+    raise SignatureError("signature does not match the envelope (forged or tampered)", path="security.signature",
+                         hint="the bytes changed after signing, or the producer used a different key")
