@@ -218,3 +218,32 @@ class DuplicateError(PrismError):
     """The message id was already processed inside the dedup window."""
 
     code = "duplicate"
+
+
+# --------------------------------------------------------------------------- payload encryption keys
+
+
+class KeyringError(ConfigError):
+    """A key file (dev keyring) that cannot be loaded: names the file, the key id and the field."""
+
+    code = "bad_keyring"
+
+
+class KeyNotUsableError(SecurityError):
+    """The key exists but may not be used now or for this: not yet valid, expired past its
+    decrypt overlap, public-only where a private key is needed, or the wrong key type."""
+
+    code = "key_not_usable"
+
+
+class KeyProviderError(SecurityError):
+    """The key service (AWS KMS, Vault, ...) failed or refused the request; retried with backoff."""
+
+    code = "key_provider_failed"
+    transient = True
+
+
+class EncryptionError(CryptoError):
+    """The payload cannot be encrypted as asked (already encrypted, bad parameters, ...)."""
+
+    code = "encryption_failed"

@@ -9,8 +9,8 @@ listed in the returned `dropped` list (never silently lost):
   top level / metadata / security / encryption (their numbers mean nothing in the other
   layout);
 * reviewed -> draft: explicit presence of zero values (`priority=0`, `ttl_seconds=0`,
-  `contains_pii=false`), which proto3 plain fields cannot tell from "unset", and unknown
-  fields as above.
+  `contains_pii=false`, an empty `aad`, ...), which proto3 plain fields cannot tell from
+  "unset", and unknown fields as above.
 
 The revision-2 encryption fields the draft lacks (`encryption_type`, `public_key_id`,
 `encapsulated_key`, `algorithm_params`) are carried in draft `extensions` under
@@ -48,6 +48,19 @@ def _unknown(msg: object, path: str, dropped: list[str]) -> None:
     if len(ufs):
         numbers = sorted({f.field_number for f in ufs})
         dropped.append(f"{path}: unknown field(s) {numbers} have no counterpart in the other layout")
+
+
+def _zero_presence(msg: object, path: str, dropped: list[str]) -> None:
+    """Report optional scalars explicitly set to their zero value: the draft's plain proto3
+    fields cannot tell those from unset."""
+    for fd, value in msg.ListFields():  # type: ignore[attr-defined]
+        if fd.message_type is not None:
+            if fd.is_repeated:
+                continue
+            _zero_presence(value, f"{path}.{fd.name}", dropped)
+        elif fd.has_presence and value == fd.default_value and fd.name != "content_encoding":
+            # (content_encoding NONE travels as the string "none", so it keeps its presence)
+            dropped.append(f"{path}.{fd.name}: explicit {value!r} is indistinguishable from unset in the draft layout")
 
 
 def draft_to_reviewed(d: dpb.PrismEnvelope) -> tuple[vpb.PrismEnvelope, list[str]]:
@@ -129,6 +142,9 @@ def reviewed_to_draft(v: vpb.PrismEnvelope) -> tuple[dpb.PrismEnvelope, list[str
     dropped: list[str] = []
     d = dpb.PrismEnvelope(envelope_version=1)
     _unknown(v, "envelope", dropped)
+    _zero_presence(v.metadata, "metadata", dropped)
+    if v.HasField("security"):
+        _zero_presence(v.security, "security", dropped)
 
     if v.HasField("metadata"):
         vm, dm = v.metadata, d.metadata
@@ -137,12 +153,7 @@ def reviewed_to_draft(v: vpb.PrismEnvelope) -> tuple[dpb.PrismEnvelope, list[str
         dm.published_at.seconds, dm.published_at.nanos = ms // 1000, (ms % 1000) * 1_000_000
         dm.content_type = get_content_type(vm)
         dm.content_encoding = get_content_encoding(vm)
-        for name in ("priority", "ttl_seconds"):
-            if vm.HasField(name):
-                val = getattr(vm, name)
-                if val == 0:
-                    dropped.append(f"metadata.{name}: explicit 0 is indistinguishable from unset in the draft layout")
-                setattr(dm, name, val)
+        dm.priority, dm.ttl_seconds = vm.priority, vm.ttl_seconds
         dm.correlation_id = vm.correlation_id
         dm.causality_parent = vm.causality_parent
         _unknown(vm, "metadata", dropped)
@@ -154,8 +165,6 @@ def reviewed_to_draft(v: vpb.PrismEnvelope) -> tuple[dpb.PrismEnvelope, list[str
         for name in _SEC_STRINGS:
             setattr(ds, name, getattr(vs, name))
         ds.signature = vs.signature
-        if vs.HasField("contains_pii") and not vs.contains_pii:
-            dropped.append("security.contains_pii: explicit false is indistinguishable from unset in the draft layout")
         ds.contains_pii = vs.contains_pii
         if vs.HasField("encryption"):
             ve, de = vs.encryption, ds.encryption

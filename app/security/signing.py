@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from app._gen.prism.envelope.draft import envelope_pb2 as dpb
 from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
 from app.envelope.codec import Layout, _detect, encode_parts, security_record
 from app.envelope.model import Envelope
@@ -171,9 +172,10 @@ def verify(data: bytes | memoryview, keys: VerificationKeys, *, layout: Layout |
     if not sec_bytes:
         raise SignatureError("envelope is not signed (no security context)", path="security.signature",
                              hint="sign it in the producer, or set the namespace's signature policy to optional")
-    sec = vpb.SecurityContext()
+    # The two layouts' SecurityContext share field numbers 1-9 but not the nested
+    # EncryptionMetadata, so each is read with its own class.
+    sec = vpb.SecurityContext() if lay is Layout.REVIEWED else dpb.SecurityContext()
     try:
-        # Draft and reviewed SecurityContext share field numbers 1-9, so one class reads both.
         sec.MergeFromString(b"".join(sec_bytes))
     except Exception as exc:
         raise DecodeError("security context is not valid protobuf", path="security") from exc

@@ -1,0 +1,364 @@
+"""Topic administration and broker connection settings.
+
+``ensure_topics`` creates the topics a topology declares, with their declared partition counts,
+before any worker subscribes. That order matters twice on the embedded broker: Tansu creates a
+topic with 4 partitions as a side effect of a ``Metadata`` request that names it (so a worker
+that subscribes first silently gets the wrong count), and Faust refuses to run a table whose
+changelog has a different partition count than its source topic (``PartitionsMismatch``).
+So this module never names a missing topic in a ``Metadata`` request: it lists all topics,
+creates the missing ones, and only then describes them.
+
+``BrokerSettings`` reads ``PRISM_BROKER_URL`` and the SASL/SSL variables once, at start-up, and
+fails with one error that lists every problem (``PRISM_X: what is wrong; how to fix``), instead
+of a connection failure minutes later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import ssl
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from app.broker.embedded import BrokerError
+from app.errors import ConfigError
+
+__all__ = [
+    "SASL_MECHANISMS",
+    "SECURITY_PROTOCOLS",
+    "BrokerSettings",
+    "BrokerSettingsError",
+    "TopicError",
+    "TopicPartitionMismatch",
+    "ensure_topics",
+    "validate_topic_name",
+]
+
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+#: Mechanisms that need nothing beyond a username and a password. GSSAPI (Kerberos) and
+#: OAUTHBEARER need client-side machinery that environment variables cannot describe.
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+TopicState = Literal["created", "exists"]
+
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_TOPIC_ALREADY_EXISTS = 36
+
+
+class BrokerSettingsError(ConfigError):
+    """``PRISM_BROKER_URL`` or a SASL/SSL variable is invalid. Lists every problem at once."""
+
+    code = "bad_broker_settings"
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__(
+            "invalid broker settings: " + "; ".join(self.problems),
+            hint="fix the listed environment variables (empty PRISM_BROKER_URL = embedded broker)",
+        )
+
+
+class TopicError(BrokerError):
+    """A topic declaration is invalid or the broker refused to create a topic."""
+
+    code = "topic_error"
+
+
+class TopicPartitionMismatch(TopicError):
+    """An existing topic has a different partition count than declared."""
+
+    code = "topic_partition_mismatch"
+
+    def __init__(self, mismatches: Mapping[str, tuple[int, int]]) -> None:
+        #: topic -> (actual, declared)
+        self.mismatches = dict(mismatches)
+        parts = [f"topic {name!r} has {actual} partition(s) but {declared} are declared"
+                 for name, (actual, declared) in sorted(self.mismatches.items())]
+        super().__init__(
+            "; ".join(parts),
+            hint="Kafka cannot remove partitions and adding some re-keys existing data: declare the "
+                 "existing count, or delete and recreate the topic (this loses its data)",
+        )
+
+
+def validate_topic_name(name: str) -> None:
+    """Raise :class:`TopicError` unless ``name`` is a legal Kafka topic name."""
+    if name in (".", "..") or not _TOPIC_RE.match(name or ""):
+        raise TopicError(f"invalid topic name {name!r}",
+                         hint="use 1-249 characters from [A-Za-z0-9._-], not '.' or '..'")
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def _parse_servers(raw: str) -> tuple[list[str], list[str]]:
+    """Parse ``host:port[,host:port]`` (``kafka://`` prefixes and ``;`` separators accepted)."""
+    servers: list[str] = []
+    problems: list[str] = []
+    for entry in re.split(r"[,;\s]+", raw.strip()):
+        if not entry:
+            continue
+        value = entry
+        if "://" in value:
+            scheme, _, value = value.partition("://")
+            if scheme.lower() != "kafka":
+                problems.append(f"PRISM_BROKER_URL: {entry!r} has scheme {scheme!r}; use host:port or "
+                                "kafka://host:port")
+                continue
+        value = value.rstrip("/")
+        if value.startswith("["):  # [ipv6]:port
+            host, _, rest = value[1:].partition("]")
+            port_text = rest[1:] if rest.startswith(":") else ""
+            host = f"[{host}]"
+        else:
+            host, _, port_text = value.rpartition(":") if ":" in value else (value, "", "")
+        if not host or host == "[]":
+            problems.append(f"PRISM_BROKER_URL: {entry!r} has no host name")
+            continue
+        port = 9092
+        if port_text:
+            if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+                problems.append(f"PRISM_BROKER_URL: {entry!r} has an invalid port {port_text!r}")
+                continue
+            port = int(port_text)
+        servers.append(f"{host}:{port}")
+    return servers, problems
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    """Where the Kafka cluster is and how to authenticate to it.
+
+    Build it with :meth:`from_env`; the constructor does not validate. An empty
+    ``bootstrap_servers`` means "start the embedded broker".
+    """
+
+    bootstrap_servers: tuple[str, ...] = ()
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = field(default=None, repr=False)
+    ssl_cafile: Path | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> BrokerSettings:
+        """Read and validate ``PRISM_BROKER_URL``, ``PRISM_SECURITY_PROTOCOL``,
+        ``PRISM_SASL_MECHANISM``, ``PRISM_SASL_USERNAME``, ``PRISM_SASL_PASSWORD`` and
+        ``PRISM_SSL_CAFILE``.
+
+        Raises:
+            BrokerSettingsError: listing every problem found, each prefixed with its variable.
+        """
+        env = os.environ if environ is None else environ
+
+        def get(name: str) -> str:
+            return (env.get(name) or "").strip()
+
+        problems: list[str] = []
+        servers, url_problems = _parse_servers(get("PRISM_BROKER_URL"))
+        problems += url_problems
+        if get("PRISM_BROKER_URL") and not servers and not url_problems:
+            problems.append("PRISM_BROKER_URL: no host:port found")
+
+        protocol = get("PRISM_SECURITY_PROTOCOL").upper().replace("-", "_") or "PLAINTEXT"
+        if protocol not in SECURITY_PROTOCOLS:
+            problems.append(f"PRISM_SECURITY_PROTOCOL: {get('PRISM_SECURITY_PROTOCOL')!r} is not one of "
+                            f"{', '.join(SECURITY_PROTOCOLS)}")
+        mechanism = get("PRISM_SASL_MECHANISM").upper().replace("_", "-") or None
+        username = get("PRISM_SASL_USERNAME") or None
+        password = env.get("PRISM_SASL_PASSWORD") or None  # passwords may have meaningful spaces
+        cafile_text = get("PRISM_SSL_CAFILE")
+        cafile = Path(cafile_text).expanduser() if cafile_text else None
+
+        sasl = protocol.startswith("SASL_")
+        if sasl:
+            if mechanism is None:
+                problems.append(f"PRISM_SASL_MECHANISM: required with PRISM_SECURITY_PROTOCOL={protocol}; "
+                                f"use one of {', '.join(SASL_MECHANISMS)}")
+            elif mechanism not in SASL_MECHANISMS:
+                problems.append(f"PRISM_SASL_MECHANISM: {get('PRISM_SASL_MECHANISM')!r} is not supported; "
+                                f"use one of {', '.join(SASL_MECHANISMS)}")
+            if username is None:
+                problems.append(f"PRISM_SASL_USERNAME: required with PRISM_SECURITY_PROTOCOL={protocol}")
+            if password is None:
+                problems.append(f"PRISM_SASL_PASSWORD: required with PRISM_SECURITY_PROTOCOL={protocol}")
+        elif protocol in SECURITY_PROTOCOLS:
+            for name, value in (("PRISM_SASL_MECHANISM", mechanism), ("PRISM_SASL_USERNAME", username),
+                                ("PRISM_SASL_PASSWORD", password)):
+                if value is not None:
+                    problems.append(f"{name}: set, but PRISM_SECURITY_PROTOCOL={protocol} does not use SASL; "
+                                    "use SASL_PLAINTEXT or SASL_SSL, or unset it")
+        if cafile is not None:
+            if protocol not in ("SSL", "SASL_SSL"):
+                problems.append(f"PRISM_SSL_CAFILE: set, but PRISM_SECURITY_PROTOCOL={protocol} does not use "
+                                "TLS; use SSL or SASL_SSL, or unset it")
+            elif not cafile.is_file():
+                problems.append(f"PRISM_SSL_CAFILE: {str(cafile)!r} does not exist or is not a file")
+            else:
+                try:
+                    ssl.create_default_context(cafile=str(cafile))
+                except (OSError, ssl.SSLError) as exc:
+                    problems.append(f"PRISM_SSL_CAFILE: {str(cafile)!r} is not a readable PEM CA bundle ({exc})")
+
+        if not servers and not url_problems and protocol != "PLAINTEXT":
+            problems.append(f"PRISM_SECURITY_PROTOCOL: {protocol} needs a real cluster, but PRISM_BROKER_URL is "
+                            "empty (the embedded broker has no authentication); set PRISM_BROKER_URL or "
+                            "unset the security variables")
+        if problems:
+            raise BrokerSettingsError(problems)
+        return cls(
+            bootstrap_servers=tuple(servers),
+            security_protocol=protocol,
+            sasl_mechanism=mechanism if sasl else None,
+            sasl_username=username if sasl else None,
+            sasl_password=password if sasl else None,
+            ssl_cafile=cafile,
+        )
+
+    @property
+    def embedded(self) -> bool:
+        """True when no broker is configured: start the embedded one."""
+        return not self.bootstrap_servers
+
+    @property
+    def bootstrap(self) -> str:
+        """``host:port,host:port`` (empty for the embedded broker until it is started)."""
+        return ",".join(self.bootstrap_servers)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A verifying TLS context for SSL/SASL_SSL (``PRISM_SSL_CAFILE`` or the system CAs)."""
+        if self.security_protocol not in ("SSL", "SASL_SSL"):
+            return None
+        return ssl.create_default_context(cafile=str(self.ssl_cafile) if self.ssl_cafile else None)
+
+    def aiokafka_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for aiokafka producers, consumers and admin clients."""
+        kwargs: dict[str, Any] = {"security_protocol": self.security_protocol}
+        context = self.ssl_context()
+        if context is not None:
+            kwargs["ssl_context"] = context
+        if self.security_protocol.startswith("SASL_"):
+            kwargs.update(sasl_mechanism=self.sasl_mechanism, sasl_plain_username=self.sasl_username,
+                          sasl_plain_password=self.sasl_password)
+        return kwargs
+
+    def faust_credentials(self) -> Any:
+        """Faust ``broker_credentials`` (``None`` for PLAINTEXT)."""
+        from faust.auth import SASLCredentials, SSLCredentials
+
+        if self.security_protocol == "SSL":
+            return SSLCredentials(self.ssl_context())
+        if self.security_protocol.startswith("SASL_"):
+            # Faust derives SASL_SSL from the presence of an SSL context.
+            return SASLCredentials(username=self.sasl_username, password=self.sasl_password,
+                                   ssl_context=self.ssl_context(), mechanism=self.sasl_mechanism)
+        return None
+
+
+# --------------------------------------------------------------------------- topics
+
+
+async def ensure_topics(
+    bootstrap: str | Sequence[str],
+    topics: Mapping[str, int],
+    *,
+    settings: BrokerSettings | None = None,
+    replication_factor: int = 1,
+    configs: Mapping[str, Mapping[str, str]] | None = None,
+    timeout: float = 30.0,
+) -> dict[str, TopicState]:
+    """Create missing topics with the declared partition counts; verify the existing ones.
+
+    Idempotent: a second call with the same declaration returns ``{name: "exists"}`` and changes
+    nothing. A topic created concurrently by someone else counts as existing (and is verified).
+
+    Args:
+        bootstrap: ``host:port[,host:port]`` or a list of them.
+        topics: topic name -> declared partition count.
+        settings: SASL/SSL settings for a real cluster (``None``: PLAINTEXT).
+        replication_factor: replication factor for created topics (1 on the embedded broker).
+        configs: optional per-topic configs for created topics, e.g.
+            ``{"x-changelog": {"cleanup.policy": "compact"}}``. Existing topics are not altered.
+        timeout: overall seconds for the admin requests and for new topics to become visible.
+
+    Returns:
+        topic name -> ``"created"`` or ``"exists"``.
+
+    Raises:
+        TopicError: a name or partition count is invalid, or the broker refused a creation.
+        TopicPartitionMismatch: an existing topic has another partition count (all listed).
+        BrokerError: the broker cannot be reached.
+    """
+    for name, partitions in topics.items():
+        validate_topic_name(name)
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise TopicError(f"topic {name!r} declares {partitions!r} partitions",
+                             hint="declare a whole number of partitions >= 1")
+    if replication_factor < 1:
+        raise TopicError(f"replication factor {replication_factor} is invalid", hint="use 1 or more")
+    if not topics:
+        return {}
+
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.errors import KafkaError
+
+    servers = bootstrap if isinstance(bootstrap, str) else ",".join(bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=servers, request_timeout_ms=int(timeout * 1000),
+                                **(settings.aiokafka_kwargs() if settings else {}))
+    deadline = time.monotonic() + timeout
+    try:
+        try:
+            await asyncio.wait_for(admin.start(), timeout)
+        except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+            raise BrokerError(f"cannot reach Kafka at {servers}: {exc!r}",
+                              hint="check PRISM_BROKER_URL and that the broker is running") from exc
+
+        # List (never describe) first: naming a missing topic in Metadata auto-creates it on Tansu.
+        existing = set(await admin.list_topics())
+        missing = [name for name in topics if name not in existing]
+        states: dict[str, TopicState] = {name: "exists" for name in topics if name in existing}
+        if missing:
+            new = [NewTopic(name, topics[name], replication_factor,
+                            topic_configs=dict((configs or {}).get(name, {})))
+                   for name in missing]
+            response = await admin.create_topics(new, timeout_ms=int(timeout * 1000))
+            refused: list[str] = []
+            for entry in response.to_object()["topic_errors"]:
+                name, error_code = entry["topic"], entry["error_code"]
+                if error_code == 0:
+                    states[name] = "created"
+                elif error_code == _TOPIC_ALREADY_EXISTS:
+                    states[name] = "exists"  # created concurrently; verified below like any other
+                else:
+                    message = entry.get("error_message") or f"error code {error_code}"
+                    refused.append(f"{name!r}: {message}")
+            if refused:
+                raise TopicError("the broker refused to create topic(s) " + "; ".join(refused),
+                                 hint="check the broker log and the topic settings")
+
+        # Verify every declared topic, waiting for fresh ones to show all their partitions.
+        while True:
+            described = {t["topic"]: t for t in await admin.describe_topics(list(topics))}
+            mismatches: dict[str, tuple[int, int]] = {}
+            pending = False
+            for name, declared in topics.items():
+                actual = len(described.get(name, {}).get("partitions") or [])
+                if actual != declared:
+                    if states.get(name) == "created" and time.monotonic() < deadline:
+                        pending = True  # metadata of a just-created topic can lag
+                    else:
+                        mismatches[name] = (actual, declared)
+            if mismatches:
+                raise TopicPartitionMismatch(mismatches)
+            if not pending:
+                return {name: states[name] for name in topics}
+            await asyncio.sleep(0.05)
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()

@@ -1,0 +1,276 @@
+"""PII governance (RFC-030): annotations, detection of untagged PII, policy, audit.
+
+Where tags live, per format:
+
+- Protobuf: field options from ``prism/annotations.proto`` — ``[(prism.pii) = "email"]``,
+  ``(prism.encrypt)``, ``(prism.index)`` — read from the compiled descriptors, so only tags
+  that compile count (a comment saying "@prism.pii" does not).
+- JSON Schema: ``"x-prism-pii": "email"`` (and ``x-prism-encrypt`` / ``x-prism-index``) on a property.
+- Avro: ``"prism.pii": "email"`` (and ``prism.encrypt`` / ``prism.index``) as field attributes.
+
+``(prism.pii) = "none"`` is the explicit opt-out for a PII-looking name that is not personal
+data (``hostname``, ``product_name`` aside, e.g. a ``name`` that is a SKU label).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.schema.model import Finding, SchemaFormat, Severity
+
+PII_OPTION, ENCRYPT_OPTION, INDEX_OPTION = 50430, 50431, 50432  # keep in sync with annotations.proto
+
+
+class PiiPolicy(enum.StrEnum):
+    """Per-namespace policy: ENFORCE rejects registration, WARN reports, OFF skips detection."""
+
+    ENFORCE = "enforce"
+    WARN = "warn"
+    OFF = "off"
+
+    @classmethod
+    def parse(cls, value: str | PiiPolicy) -> PiiPolicy:
+        return value if isinstance(value, PiiPolicy) else cls(value.strip().lower())
+
+
+# Token rules: a field name is split into lower-case tokens (snake_case and camelCase), and
+# a category matches when one of its token sequences appears. Sequences keep "name" from
+# matching "file_name" while still catching "full_name" and a bare "name".
+_CATEGORY_TOKENS: dict[str, list[tuple[str, ...]]] = {
+    "email": [("email",), ("e", "mail"), ("mail", "address"), ("emailaddress",)],
+    "phone": [("phone",), ("mobile",), ("msisdn",), ("telephone",), ("tel",), ("fax",), ("cell", "number")],
+    "name": [("name",), ("first", "name"), ("last", "name"), ("full", "name"), ("given", "name"),
+             ("family", "name"), ("middle", "name"), ("maiden", "name"), ("surname",), ("firstname",),
+             ("lastname",), ("fullname",), ("display", "name")],
+    "ssn": [("ssn",), ("social", "security"), ("national", "id"), ("passport",), ("tax", "id"), ("nino",)],
+    "address": [("address",), ("street",), ("postcode",), ("zip",), ("zipcode",), ("postal", "code"),
+                ("billing", "address"), ("shipping", "address")],
+    "ip": [("ip",), ("ipv4",), ("ipv6",), ("ip", "address"), ("ipaddress",), ("remote", "addr"), ("client", "ip")],
+    "dob": [("dob",), ("birth", "date"), ("date", "of", "birth"), ("birthday",), ("birthdate",)],
+    "payment": [("credit", "card"), ("card", "number"), ("iban",), ("pan",), ("cvv",), ("account", "number")],
+    "location": [("latitude",), ("longitude",), ("geo", "location"), ("gps",)],
+}
+# "name" on its own is PII only when the whole field is "name" or a person-name compound;
+# these prefixes make it something else (file_name, topic_name...).
+_NON_PERSON_NAME = {"file", "host", "topic", "product", "class", "type", "field", "table", "schema", "event",
+                    "service", "app", "bucket", "key", "index", "queue", "user", "domain", "display_name_x"}
+_NON_PII_ADDRESS = {"mac", "memory", "ip"}  # "ip_address" is handled by the ip category
+
+
+def tokens(name: str) -> list[str]:
+    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name)
+    return [t for t in re.split(r"[^a-zA-Z0-9]+", spaced.lower()) if t]
+
+
+def detect_category(field_name: str) -> str | None:
+    """PII category a field name suggests, or None. Deliberately conservative on 'name'."""
+    toks = tokens(field_name)
+    for category, seqs in _CATEGORY_TOKENS.items():
+        for seq in seqs:
+            n = len(seq)
+            for i in range(len(toks) - n + 1):
+                if tuple(toks[i:i + n]) != seq:
+                    continue
+                if seq == ("name",) and (i > 0 and toks[i - 1] in _NON_PERSON_NAME):
+                    continue
+                if seq == ("name",) and i > 0 and toks[i - 1] not in {"first", "last", "full", "given", "family",
+                                                                      "middle", "maiden", "display", "legal",
+                                                                      "customer", "person", "contact"}:
+                    continue
+                if seq == ("address",) and i > 0 and toks[i - 1] in _NON_PII_ADDRESS:
+                    continue
+                return category
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class PiiField:
+    """One field that is PII by tag or by name. ``tag`` is None when detection found it untagged."""
+
+    path: str
+    tag: str | None
+    detected: str | None
+    encrypt: str | None = None
+    index: str | None = None
+    deprecated: bool = False
+
+    @property
+    def is_pii(self) -> bool:
+        if self.tag is not None:
+            return self.tag.lower() != "none"
+        return self.detected is not None or self.encrypt is not None
+
+    @property
+    def untagged(self) -> bool:
+        return self.tag is None and self.detected is not None
+
+
+@dataclass(frozen=True)
+class PiiReport:
+    fields: tuple[PiiField, ...] = field(default_factory=tuple)
+
+    @property
+    def pii_fields(self) -> list[str]:
+        return sorted(f.path for f in self.fields if f.is_pii)
+
+    @property
+    def untagged(self) -> list[PiiField]:
+        return [f for f in self.fields if f.untagged]
+
+
+# ---------------------------------------------------------------------------------------------
+# Field enumeration per format: (path, name, tags{pii,encrypt,index}, deprecated)
+
+
+def _proto_fields(text: str) -> Iterator[tuple[str, str, dict[str, str], bool]]:
+    from app.schema.protoparse import compile_proto, string_options
+
+    schema = compile_proto(text)
+    for fd in schema.user_files():
+        def walk(msgs: Any, prefix: str) -> Iterator[tuple[str, str, dict[str, str], bool]]:
+            for m in msgs:
+                if m.options.map_entry:
+                    continue
+                for f in m.field:
+                    opts = string_options(f.options, (PII_OPTION, ENCRYPT_OPTION, INDEX_OPTION))
+                    tags = {k: opts[n] for k, n in (("pii", PII_OPTION), ("encrypt", ENCRYPT_OPTION),
+                                                    ("index", INDEX_OPTION)) if n in opts}
+                    yield f"{prefix}{m.name}.{f.name}", f.name, tags, f.options.deprecated
+                yield from walk(m.nested_type, f"{prefix}{m.name}.")
+        yield from walk(fd.message_type, "")
+
+
+def _json_fields(text: str) -> Iterator[tuple[str, str, dict[str, str], bool]]:
+    root = json.loads(text)
+
+    def walk(node: Any, prefix: str, depth: int) -> Iterator[tuple[str, str, dict[str, str], bool]]:
+        if not isinstance(node, dict) or depth > 32:
+            return
+        for name, sub in (node.get("properties") or {}).items():
+            if not isinstance(sub, dict):
+                continue
+            tags = {k: str(sub[f"x-prism-{k}"]) for k in ("pii", "encrypt", "index") if f"x-prism-{k}" in sub}
+            yield f"{prefix}{name}", name, tags, bool(sub.get("deprecated"))
+            yield from walk(sub, f"{prefix}{name}.", depth + 1)
+            if isinstance(sub.get("items"), dict):
+                yield from walk(sub["items"], f"{prefix}{name}[].", depth + 1)
+        for key in ("definitions", "$defs"):
+            for dname, sub in (node.get(key) or {}).items():
+                yield from walk(sub, f"{prefix}{key}.{dname}.", depth + 1)
+
+    yield from walk(root, "", 0)
+
+
+def _avro_fields(text: str) -> Iterator[tuple[str, str, dict[str, str], bool]]:
+    root = json.loads(text)
+    seen: set[int] = set()
+
+    def walk(node: Any, prefix: str) -> Iterator[tuple[str, str, dict[str, str], bool]]:
+        if isinstance(node, list):
+            for b in node:
+                yield from walk(b, prefix)
+            return
+        if not isinstance(node, dict) or id(node) in seen:
+            return
+        seen.add(id(node))
+        t = node.get("type")
+        if t in ("record", "error"):
+            rec = node.get("name", "")
+            for f in node.get("fields", []):
+                tags = {k: str(f[f"prism.{k}"]) for k in ("pii", "encrypt", "index") if f"prism.{k}" in f}
+                yield f"{prefix}{rec}.{f['name']}", f["name"], tags, bool(f.get("deprecated"))
+                yield from walk(f.get("type"), f"{prefix}{rec}.{f['name']}.")
+        elif t == "array":
+            yield from walk(node.get("items"), prefix)
+        elif t == "map":
+            yield from walk(node.get("values"), prefix)
+        elif isinstance(t, dict | list):
+            yield from walk(t, prefix)
+
+    yield from walk(root, "")
+
+
+def scan(fmt: SchemaFormat | str, text: str) -> PiiReport:
+    """Every field that is tagged PII or looks like PII, with its tags."""
+    fmt = SchemaFormat.parse(fmt)
+    gen = {SchemaFormat.PROTOBUF: _proto_fields, SchemaFormat.JSON: _json_fields,
+           SchemaFormat.AVRO: _avro_fields}[fmt]
+    out = []
+    for path, name, tags, deprecated in gen(text):
+        detected = detect_category(name)
+        if tags or detected:
+            out.append(PiiField(path, tags.get("pii"), detected, tags.get("encrypt"), tags.get("index"), deprecated))
+    return PiiReport(tuple(out))
+
+
+def pii_fields(fmt: SchemaFormat | str, text: str) -> list[str]:
+    """Paths of the schema's PII fields (tagged, or detected and not opted out).
+
+    Feeds ``SecurityContext.contains_pii``: untagged-but-detected fields count, because a
+    WARN-policy namespace still carries that data and the flag must not under-report.
+    """
+    return scan(fmt, text).pii_fields
+
+
+def _hint(fmt: SchemaFormat, f: PiiField) -> str:
+    cat = f.detected or "pii"
+    if fmt is SchemaFormat.PROTOBUF:
+        return f'Add annotation: [(prism.pii) = "{cat}"] (import "prism/annotations.proto"), or "none" if not PII'
+    if fmt is SchemaFormat.JSON:
+        return f'Add "x-prism-pii": "{cat}" to the property (or "none" if not PII)'
+    return f'Add "prism.pii": "{cat}" to the field (or "none" if not PII)'
+
+
+def check_policy(fmt: SchemaFormat | str, text: str, policy: PiiPolicy | str) -> list[Finding]:
+    """Findings for untagged PII under ``policy`` (ENFORCE: breaking, WARN: warning, OFF: none)."""
+    fmt, policy = SchemaFormat.parse(fmt), PiiPolicy.parse(policy)
+    if policy is PiiPolicy.OFF:
+        return []
+    sev = Severity.BREAKING if policy is PiiPolicy.ENFORCE else Severity.WARNING
+    report = scan(fmt, text)
+    out = [
+        Finding(sev, f.path, "PII_UNTAGGED",
+                f"Field '{f.path.rsplit('.', 1)[-1]}' contains PII ({f.detected}) but lacks a prism.pii annotation",
+                _hint(fmt, f))
+        for f in report.untagged
+    ]
+    for f in report.fields:
+        if f.is_pii and f.index and f.index.lower() not in ("none", ""):
+            out.append(Finding(Severity.WARNING, f.path, "PII_INDEXED",
+                               f"PII field is tagged for indexing ({f.index})",
+                               "index a hashed or tokenized copy instead of the raw value"))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One schema's PII status for ``prism schema audit``."""
+
+    label: str
+    ok: bool
+    untagged: tuple[str, ...]
+    pii_fields: tuple[str, ...]
+
+    def render(self) -> str:
+        if self.ok:
+            return f"✅ {self.label}: All PII fields tagged ({len(self.pii_fields)} PII field(s))"
+        return "\n".join(f"❌ {self.label}: Field '{p.rsplit('.', 1)[-1]}' missing @prism.pii tag" for p in self.untagged)
+
+
+def audit(schemas: Iterable[tuple[str, SchemaFormat | str, str]]) -> list[AuditEntry]:
+    """PII audit over many schemas (label, format, text); unparsable schemas are reported, not raised."""
+    out = []
+    for label, fmt, text in schemas:
+        try:
+            report = scan(fmt, text)
+        except Exception as e:  # an audit must cover everything, even broken entries
+            out.append(AuditEntry(f"{label} (unparsable: {e})", False, (), ()))
+            continue
+        untagged = tuple(f.path for f in report.untagged)
+        out.append(AuditEntry(label, not untagged, untagged, tuple(report.pii_fields)))
+    return out

@@ -1,0 +1,491 @@
+"""The registry's rules, independent of transport (REST, CLI, tests call the same methods).
+
+- Versions are immutable: a subject version, once written, never changes; re-registering
+  identical content (same canonical hash) is idempotent and returns the existing version.
+- Compatibility is checked against earlier live versions under the effective mode
+  (subject config -> namespace config -> global -> default BACKWARD).
+- PII policy (enforce/warn/off) is applied at registration.
+- Breaking changes may be allowed through an *approved* approval request when the policy
+  requires approval; otherwise they are rejected.
+- Every mutation is written to the audit log (who, what, when).
+- Reads are served from in-process caches: schema texts by id never change, so that cache
+  needs no invalidation; subject/version lookups are invalidated on delete/register.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.schema import pii as pii_mod
+from app.schema.canonical import schema_hash
+from app.schema.compat import check as compat_check
+from app.schema.compat import parse_schema
+from app.schema.model import CompatibilityMode, CompatResult, Finding, SchemaError, SchemaFormat, Severity
+from app.schema.store import ApprovalRow, SchemaRow, SqlStore, VersionRow
+
+GLOBAL_SCOPE = "__global__"
+ACTIVE_CONSUMER_WINDOW_S = 15 * 60
+
+
+class RegistryError(Exception):
+    """Base: carries Confluent's HTTP status and error_code so the REST layer can map it."""
+
+    status = 500
+    code = 50001
+
+    def __init__(self, message: str, findings: list[Finding] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.findings = findings or []
+
+
+class SubjectNotFound(RegistryError):
+    status, code = 404, 40401
+
+
+class VersionNotFound(RegistryError):
+    status, code = 404, 40402
+
+
+class SchemaNotFound(RegistryError):
+    status, code = 404, 40403
+
+
+class SubjectConfigNotFound(RegistryError):
+    status, code = 404, 40408
+
+
+class IncompatibleSchema(RegistryError):
+    status, code = 409, 409
+
+
+class InvalidSchema(RegistryError):
+    status, code = 422, 42201
+
+
+class InvalidVersion(RegistryError):
+    status, code = 422, 42202
+
+
+class InvalidCompatibilityLevel(RegistryError):
+    status, code = 422, 42203
+
+
+class PiiPolicyViolation(RegistryError):
+    status, code = 422, 42201
+
+
+class DeleteRefused(RegistryError):
+    status, code = 422, 42206
+
+
+class ApprovalNotFound(RegistryError):
+    status, code = 404, 40404
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Effective per-subject policy (resolved through subject -> namespace -> global)."""
+
+    compatibility: CompatibilityMode = CompatibilityMode.BACKWARD
+    pii_policy: pii_mod.PiiPolicy = pii_mod.PiiPolicy.WARN
+    approval_required: bool = False
+    source: str = "default"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"compatibility": self.compatibility.value, "pii_policy": self.pii_policy.value,
+                "approval_required": self.approval_required, "source": self.source}
+
+
+@dataclass(frozen=True)
+class RegisteredVersion:
+    subject: str
+    version: int
+    id: int
+    format: SchemaFormat
+    schema: str
+    hash: str
+    namespace: str
+    label: str | None
+    created_at: float
+    created_by: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    deleted: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"subject": self.subject, "version": self.version, "id": self.id, "format": self.format.value,
+                "schema": self.schema, "hash": self.hash, "namespace": self.namespace, "label": self.label,
+                "created_at": self.created_at, "created_by": self.created_by, "metadata": self.metadata,
+                "deleted": self.deleted}
+
+
+@dataclass(frozen=True)
+class RegisterResult:
+    version: RegisteredVersion
+    created: bool
+    compat: CompatResult
+    pii_findings: list[Finding]
+    approval_id: int | None = None
+
+
+@dataclass
+class Metrics:
+    """Counters for /metrics (RFC-030 Observability). Plain ints: cheap, thread-safe enough under GIL."""
+
+    requests: Counter = field(default_factory=Counter)  # (operation, status) -> n
+    cache_hits: int = 0
+    cache_misses: int = 0
+    validation_failures: Counter = field(default_factory=Counter)  # (subject, reason) -> n
+
+    @property
+    def cache_hit_rate(self) -> float:
+        total = self.cache_hits + self.cache_misses
+        return self.cache_hits / total if total else 0.0
+
+
+def namespace_of(subject: str) -> str:
+    """Default namespace of a subject: the part before the first '.' (``orders.created`` -> ``orders``).
+
+    Confluent-style ``orders.created-value`` subjects map to ``orders`` as well.
+    """
+    return subject.split(".", 1)[0].removesuffix("-value").removesuffix("-key")
+
+
+class Registry:
+    """Schema registry domain logic over a :class:`SqlStore`."""
+
+    def __init__(self, store: SqlStore, *, default_compatibility: CompatibilityMode | str = "BACKWARD",
+                 default_pii_policy: pii_mod.PiiPolicy | str = "warn") -> None:
+        self.store = store
+        self.default = Policy(CompatibilityMode.parse(default_compatibility),
+                              pii_mod.PiiPolicy.parse(default_pii_policy), False, "default")
+        self.metrics = Metrics()
+        self._schema_cache: dict[int, SchemaRow] = {}
+        self._version_cache: dict[tuple[str, int], RegisteredVersion] = {}
+        self._latest_cache: dict[str, RegisteredVersion] = {}
+        self._write_lock = threading.Lock()
+
+    # -- reads ------------------------------------------------------------------------------
+    def _schema_row(self, schema_id: int) -> SchemaRow:
+        row = self._schema_cache.get(schema_id)
+        if row is not None:
+            self.metrics.cache_hits += 1
+            return row
+        self.metrics.cache_misses += 1
+        row = self.store.schema_by_id(schema_id)
+        if row is None:
+            raise SchemaNotFound(f"Schema {schema_id} not found")
+        self._schema_cache[schema_id] = row
+        return row
+
+    def _materialize(self, v: VersionRow) -> RegisteredVersion:
+        s = self._schema_row(v.schema_id)
+        return RegisteredVersion(v.subject, v.version, s.id, SchemaFormat(s.format), s.schema, s.hash, v.namespace,
+                                 v.label, v.created_at, v.created_by, v.metadata, v.deleted)
+
+    def schema_by_id(self, schema_id: int) -> SchemaRow:
+        return self._schema_row(schema_id)
+
+    def subjects(self, include_deleted: bool = False) -> list[str]:
+        return self.store.subjects(include_deleted)
+
+    def versions(self, subject: str, include_deleted: bool = False) -> list[RegisteredVersion]:
+        rows = self.store.versions(subject, include_deleted)
+        if not rows:
+            raise SubjectNotFound(f"Subject '{subject}' not found.")
+        return [self._materialize(r) for r in rows]
+
+    def get(self, subject: str, version: int | str = "latest", include_deleted: bool = False) -> RegisteredVersion:
+        """One version of a subject; ``version`` is a number, ``"latest"`` or ``-1``, or a label (``"v2"``)."""
+        if version in ("latest", -1, "-1"):
+            cached = self._latest_cache.get(subject)
+            if cached is not None:
+                self.metrics.cache_hits += 1
+                return cached
+            self.metrics.cache_misses += 1
+            rows = self.store.versions(subject)
+            if not rows:
+                raise SubjectNotFound(f"Subject '{subject}' not found.")
+            rv = self._materialize(rows[-1])
+            self._latest_cache[subject] = rv
+            return rv
+        num = self._version_number(subject, version)
+        key = (subject, num)
+        cached = self._version_cache.get(key)
+        if cached is not None and not include_deleted:
+            self.metrics.cache_hits += 1
+            return cached
+        self.metrics.cache_misses += 1
+        row = self.store.version(subject, num, include_deleted)
+        if row is None:
+            if not self.store.versions(subject, include_deleted=True):
+                raise SubjectNotFound(f"Subject '{subject}' not found.")
+            raise VersionNotFound(f"Version {version} not found.")
+        rv = self._materialize(row)
+        if not row.deleted:
+            self._version_cache[key] = rv
+        return rv
+
+    def _version_number(self, subject: str, version: int | str) -> int:
+        if isinstance(version, int):
+            num = version
+        elif isinstance(version, str) and version.isdigit():
+            num = int(version)
+        else:
+            for r in self.store.versions(subject, include_deleted=False):
+                if r.label == version:
+                    return r.version
+            raise InvalidVersion(f"The specified version '{version}' is not a valid version id. Allowed values "
+                                 "are between [1, 2^31-1] and the string \"latest\"")
+        if num < 1 or num > 2**31 - 1:
+            raise InvalidVersion(f"The specified version '{version}' is not a valid version id.")
+        return num
+
+    def lookup(self, subject: str, text: str, fmt: SchemaFormat | str) -> RegisteredVersion:
+        """The live version of ``subject`` whose canonical hash equals this schema's."""
+        h = self._hash(SchemaFormat.parse(fmt), text)
+        rows = self.store.versions(subject)
+        if not rows:
+            raise SubjectNotFound(f"Subject '{subject}' not found.")
+        for r in rows:
+            if self._schema_row(r.schema_id).hash == h:
+                return self._materialize(r)
+        raise SchemaNotFound("Schema not found")
+
+    # -- policy -----------------------------------------------------------------------------
+    def policy(self, subject: str | None = None, namespace: str | None = None) -> Policy:
+        comp, pii, appr, source = None, None, None, "default"
+        scopes = []
+        if subject:
+            scopes.append(("subject", subject))
+        ns = namespace or (self._namespace_for(subject) if subject else None)
+        if ns:
+            scopes.append(("namespace", f"ns:{ns}"))
+        scopes.append(("global", GLOBAL_SCOPE))
+        for kind, scope in scopes:
+            row = self.store.get_config(scope)
+            if row is None:
+                continue
+            if comp is None and row.compatibility:
+                comp, source = row.compatibility, kind
+            if pii is None and row.pii_policy:
+                pii = row.pii_policy
+            if appr is None and row.approval_required is not None:
+                appr = row.approval_required
+        return Policy(CompatibilityMode.parse(comp) if comp else self.default.compatibility,
+                      pii_mod.PiiPolicy.parse(pii) if pii else self.default.pii_policy,
+                      bool(appr) if appr is not None else self.default.approval_required, source)
+
+    def _namespace_for(self, subject: str) -> str:
+        rows = self.store.versions(subject, include_deleted=True)
+        return rows[-1].namespace if rows else namespace_of(subject)
+
+    def set_policy(self, *, actor: str, subject: str | None = None, namespace: str | None = None,
+                   compatibility: str | None = None, pii_policy: str | None = None,
+                   approval_required: bool | None = None) -> Policy:
+        """Set policy at subject, namespace or (neither given) global scope."""
+        try:
+            comp = CompatibilityMode.parse(compatibility).value if compatibility else None
+        except ValueError as e:
+            raise InvalidCompatibilityLevel(f"Invalid compatibility level: {compatibility}") from e
+        try:
+            pii = pii_mod.PiiPolicy.parse(pii_policy).value if pii_policy else None
+        except ValueError as e:
+            raise InvalidCompatibilityLevel(f"Invalid PII policy: {pii_policy}") from e
+        scope = subject if subject else (f"ns:{namespace}" if namespace else GLOBAL_SCOPE)
+        self.store.set_config(scope, comp, pii, approval_required)
+        self.store.append_audit(actor, "policy.set", subject, None, {
+            "scope": scope, "compatibility": comp, "pii_policy": pii, "approval_required": approval_required})
+        return self.policy(subject, namespace)
+
+    def subject_config(self, subject: str) -> str | None:
+        row = self.store.get_config(subject)
+        return row.compatibility if row else None
+
+    def delete_subject_config(self, subject: str, actor: str) -> str:
+        row = self.store.get_config(subject)
+        if row is None or not row.compatibility:
+            raise SubjectConfigNotFound(f"Subject '{subject}' does not have subject-level compatibility configured")
+        self.store.delete_config(subject)
+        self.store.append_audit(actor, "policy.delete", subject, None, {"scope": subject})
+        return row.compatibility
+
+    # -- writes -----------------------------------------------------------------------------
+    @staticmethod
+    def _hash(fmt: SchemaFormat, text: str) -> str:
+        try:
+            parse_schema(fmt, text)
+            return schema_hash(fmt, text)
+        except SchemaError as e:
+            raise InvalidSchema(f"Invalid schema: {e}") from e
+
+    def check(self, subject: str, text: str, fmt: SchemaFormat | str, *, version: int | str | None = None,
+              mode: CompatibilityMode | str | None = None) -> CompatResult:
+        """Compatibility of ``text`` with the subject: against one ``version``, or per the policy's mode."""
+        fmt = SchemaFormat.parse(fmt)
+        self._hash(fmt, text)
+        eff = CompatibilityMode.parse(mode) if mode else self.policy(subject).compatibility
+        try:
+            history = self.versions(subject)
+        except SubjectNotFound:
+            history = []
+        if version is not None:
+            one = self.get(subject, version)
+            history = [one]
+            if eff.transitive:
+                eff = CompatibilityMode(eff.value.removesuffix("_TRANSITIVE"))
+        prev = [(f"v{h.version}", h.schema) for h in history if h.format is fmt]
+        other = [h for h in history if h.format is not fmt]
+        result = compat_check(fmt, text, prev, eff)
+        if other and eff is not CompatibilityMode.NONE:
+            extra = Finding(Severity.BREAKING, subject, "FORMAT_CHANGED",
+                            f"schema format changed from {other[-1].format.value} to {fmt.value}",
+                            "use a new subject for a new format")
+            result = CompatResult(result.mode, (extra, *result.findings))
+        return result
+
+    def register(self, subject: str, text: str, fmt: SchemaFormat | str = SchemaFormat.AVRO, *,
+                 actor: str = "anonymous", namespace: str | None = None, label: str | None = None,
+                 metadata: dict[str, Any] | None = None, dry_run: bool = False) -> RegisterResult:
+        """Register a new version (or return the existing identical one). See module docstring."""
+        fmt = SchemaFormat.parse(fmt)
+        h = self._hash(fmt, text)
+        with self._write_lock:
+            existing = [r for r in self.store.versions(subject) if self._schema_row(r.schema_id).hash == h]
+            pol = self.policy(subject, namespace)
+            if existing:
+                rv = self._materialize(existing[-1])
+                self.metrics.requests[("register", "idempotent")] += 1
+                return RegisterResult(rv, False, CompatResult(pol.compatibility), [])
+            pii_findings = pii_mod.check_policy(fmt, text, pol.pii_policy)
+            blocking_pii = [f for f in pii_findings if f.severity is Severity.BREAKING]
+            if blocking_pii:
+                self.metrics.validation_failures[(subject, "pii_untagged")] += 1
+                self.store.append_audit(actor, "register.rejected", subject, None,
+                                        {"reason": "pii", "findings": [f.to_dict() for f in blocking_pii]})
+                raise PiiPolicyViolation(
+                    "Schema rejected by PII policy: " + "; ".join(f.reason for f in blocking_pii), blocking_pii)
+            compat = self.check(subject, text, fmt)
+            approval_id = None
+            if not compat.is_compatible:
+                approved = [a for a in self.store.approvals(subject, "approved") if a.hash == h]
+                if pol.approval_required and approved:
+                    approval_id = approved[-1].id
+                else:
+                    self.metrics.validation_failures[(subject, "incompatible")] += 1
+                    self.store.append_audit(actor, "register.rejected", subject, None,
+                                            {"reason": "incompatible", "mode": compat.mode.value,
+                                             "findings": [f.to_dict() for f in compat.breaking]})
+                    hint = (" Policy requires approval for breaking changes: create an approval request."
+                            if pol.approval_required else "")
+                    raise IncompatibleSchema(
+                        f"Schema being registered is incompatible with an earlier schema for subject \"{subject}\", "
+                        f"details: {[f'{f.path}: {f.reason}' for f in compat.breaking]}.{hint}", compat.breaking)
+            if dry_run:
+                rv = RegisteredVersion(subject, 0, 0, fmt, text, h, namespace or self._namespace_for(subject),
+                                       label, time.time(), actor, metadata or {})
+                return RegisterResult(rv, False, compat, pii_findings, approval_id)
+            sid = self.store.put_schema(h, fmt.value, text)
+            ns = namespace or self._namespace_for(subject)
+            meta = dict(metadata or {})
+            meta.setdefault("pii_fields", pii_mod.pii_fields(fmt, text))
+            num = self.store.add_version(subject, sid, ns, actor, label, meta)
+            self.store.append_audit(actor, "register", subject, num, {
+                "id": sid, "hash": h, "format": fmt.value, "label": label, "approval_id": approval_id,
+                "warnings": [f.to_dict() for f in [*compat.warnings, *pii_findings]]})
+            if approval_id is not None:
+                self.store.decide_approval(approval_id, "consumed", actor)
+            self._latest_cache.pop(subject, None)
+            rv = self.get(subject, num)
+            self.metrics.requests[("register", "created")] += 1
+            return RegisterResult(rv, True, compat, pii_findings, approval_id)
+
+    def delete_version(self, subject: str, version: int | str, *, actor: str, permanent: bool = False,
+                       force: bool = False) -> int:
+        """Soft delete (hide) a version; ``permanent`` purges an already soft-deleted one.
+
+        Safety: refuses to delete a version that consumers reported reading within the last
+        15 minutes unless ``force``; permanent deletes require a prior soft delete (Confluent).
+        """
+        num = self.get(subject, version, include_deleted=True).version if version not in ("latest", -1, "-1") \
+            else self.get(subject, "latest").version
+        row = self.store.version(subject, num, include_deleted=True)
+        assert row is not None
+        if permanent:
+            if not row.deleted:
+                raise DeleteRefused(f"Subject '{subject}' Version {num} was not deleted first before being "
+                                    "permanently deleted")
+            self.store.purge_version(subject, num)
+        else:
+            if row.deleted:
+                raise VersionNotFound(f"Version {num} not found.")
+            active = [c for c in self.active_consumers(subject) if c[1] == num]
+            if active and not force:
+                raise DeleteRefused(f"Version {num} of '{subject}' has {len(active)} active consumer(s) "
+                                    f"({', '.join(c[0] for c in active)}); pass force to delete anyway")
+            self.store.mark_deleted(subject, num)
+        self._version_cache.pop((subject, num), None)
+        self._latest_cache.pop(subject, None)
+        self.store.append_audit(actor, "delete.permanent" if permanent else "delete", subject, num,
+                                {"force": force})
+        return num
+
+    def delete_subject(self, subject: str, *, actor: str, permanent: bool = False, force: bool = False) -> list[int]:
+        rows = self.store.versions(subject, include_deleted=permanent)
+        if not rows:
+            raise SubjectNotFound(f"Subject '{subject}' not found.")
+        return [self.delete_version(subject, r.version, actor=actor, permanent=permanent, force=force)
+                for r in rows if permanent == r.deleted or not permanent]
+
+    # -- approvals --------------------------------------------------------------------------
+    def request_approval(self, subject: str, text: str, fmt: SchemaFormat | str, *, actor: str,
+                         reason: str = "") -> ApprovalRow:
+        fmt = SchemaFormat.parse(fmt)
+        h = self._hash(fmt, text)
+        aid = self.store.add_approval(subject, h, fmt.value, text, actor, reason)
+        self.store.append_audit(actor, "approval.request", subject, None, {"approval_id": aid, "hash": h})
+        row = self.store.approval(aid)
+        assert row is not None
+        return row
+
+    def decide(self, approval_id: int, *, actor: str, approve: bool) -> ApprovalRow:
+        row = self.store.approval(approval_id)
+        if row is None:
+            raise ApprovalNotFound(f"Approval request {approval_id} not found")
+        if row.status != "pending":
+            raise DeleteRefused(f"Approval request {approval_id} is already {row.status}")
+        if approve and row.requested_by == actor:
+            raise DeleteRefused("an approval request cannot be approved by its requester")
+        status = "approved" if approve else "rejected"
+        self.store.decide_approval(approval_id, status, actor)
+        self.store.append_audit(actor, f"approval.{status}", row.subject, None, {"approval_id": approval_id})
+        out = self.store.approval(approval_id)
+        assert out is not None
+        return out
+
+    # -- consumers, audit -------------------------------------------------------------------
+    def report_consumer(self, subject: str, version: int, consumer_id: str) -> None:
+        """Subscribers report the version they read (feeds 'active consumers' and delete safety)."""
+        self.store.report_consumer(subject, consumer_id, version)
+
+    def active_consumers(self, subject: str) -> list[tuple[str, int, float]]:
+        return self.store.consumers(subject, time.time() - ACTIVE_CONSUMER_WINDOW_S)
+
+    def audit_log(self, subject: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        return [{"id": r.id, "at": r.at, "actor": r.actor, "action": r.action, "subject": r.subject,
+                 "version": r.version, "detail": r.detail} for r in self.store.audit(subject, limit)]
+
+    def pii_audit(self) -> list[pii_mod.AuditEntry]:
+        """PII audit of the latest live version of every subject."""
+        latest: dict[str, VersionRow] = {}
+        for r in self.store.all_live_versions():
+            latest[r.subject] = r
+        items = []
+        for subject, r in latest.items():
+            s = self._schema_row(r.schema_id)
+            items.append((f"{subject}.v{r.version}", s.format, s.schema))
+        return pii_mod.audit(items)

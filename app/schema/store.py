@@ -1,0 +1,369 @@
+"""Registry storage: SQLite (default, stdlib ``sqlite3``) and PostgreSQL (psycopg 3).
+
+One SQL dialect-neutral implementation: the statements use ``?`` placeholders and only
+features both engines share (``RETURNING``, ``ON CONFLICT``), so the two backends cannot
+drift apart. Schema texts are stored once per content hash (``schemas``) and referenced
+by subject versions — the same schema under two subjects gets one id, as in Confluent.
+
+Immutability is enforced here as well as in the registry: there is no UPDATE of a
+schema's text, and a version row only ever changes its ``deleted`` flag.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+_DDL = [
+    """CREATE TABLE IF NOT EXISTS schemas (
+        id {pk}, hash TEXT NOT NULL UNIQUE, format TEXT NOT NULL, schema TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS versions (
+        subject TEXT NOT NULL, version INTEGER NOT NULL, schema_id INTEGER NOT NULL REFERENCES schemas(id),
+        namespace TEXT NOT NULL, label TEXT, deleted INTEGER NOT NULL DEFAULT 0,
+        created_at DOUBLE PRECISION NOT NULL, created_by TEXT NOT NULL, metadata TEXT NOT NULL DEFAULT '{{}}',
+        PRIMARY KEY (subject, version))""",
+    """CREATE TABLE IF NOT EXISTS config (
+        scope TEXT PRIMARY KEY, compatibility TEXT, pii_policy TEXT, approval_required INTEGER)""",
+    """CREATE TABLE IF NOT EXISTS audit_log (
+        id {pk}, at DOUBLE PRECISION NOT NULL, actor TEXT NOT NULL, action TEXT NOT NULL,
+        subject TEXT, version INTEGER, detail TEXT NOT NULL DEFAULT '{{}}')""",
+    """CREATE TABLE IF NOT EXISTS approvals (
+        id {pk}, subject TEXT NOT NULL, hash TEXT NOT NULL, format TEXT NOT NULL, schema TEXT NOT NULL,
+        requested_by TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', status TEXT NOT NULL,
+        decided_by TEXT, created_at DOUBLE PRECISION NOT NULL, decided_at DOUBLE PRECISION)""",
+    """CREATE TABLE IF NOT EXISTS consumers (
+        subject TEXT NOT NULL, consumer_id TEXT NOT NULL, version INTEGER NOT NULL,
+        last_seen DOUBLE PRECISION NOT NULL, PRIMARY KEY (subject, consumer_id))""",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaRow:
+    id: int
+    hash: str
+    format: str
+    schema: str
+
+
+@dataclass(frozen=True, slots=True)
+class VersionRow:
+    subject: str
+    version: int
+    schema_id: int
+    namespace: str
+    label: str | None
+    deleted: bool
+    created_at: float
+    created_by: str
+    metadata: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigRow:
+    scope: str
+    compatibility: str | None
+    pii_policy: str | None
+    approval_required: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRow:
+    id: int
+    at: float
+    actor: str
+    action: str
+    subject: str | None
+    version: int | None
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRow:
+    id: int
+    subject: str
+    hash: str
+    format: str
+    schema: str
+    requested_by: str
+    reason: str
+    status: str
+    decided_by: str | None
+    created_at: float
+    decided_at: float | None
+
+
+class Store(Protocol):
+    """What the registry needs from storage (both backends implement it)."""
+
+    def close(self) -> None: ...
+
+
+class SqlStore:
+    """Shared implementation; subclasses provide a DB-API connection and the dialect bits."""
+
+    pk_sql = "INTEGER PRIMARY KEY AUTOINCREMENT"
+    placeholder = "?"
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _connect(self) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _sql(self, sql: str) -> str:
+        return sql if self.placeholder == "?" else sql.replace("?", self.placeholder)
+
+    @contextmanager
+    def _tx(self) -> Iterator[Any]:
+        with self._lock:
+            cur = self._conn.cursor()
+            try:
+                yield cur
+                self._conn.commit()
+            except BaseException:
+                self._conn.rollback()
+                raise
+            finally:
+                cur.close()
+
+    def _q(self, sql: str, args: Sequence[Any] = ()) -> list[tuple]:
+        with self._tx() as cur:
+            cur.execute(self._sql(sql), tuple(args))
+            return list(cur.fetchall()) if cur.description else []
+
+    def _init_schema(self) -> None:
+        with self._tx() as cur:
+            for ddl in _DDL:
+                cur.execute(ddl.format(pk=self.pk_sql))
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # -- schemas ----------------------------------------------------------------------------
+    def put_schema(self, hash_: str, fmt: str, text: str) -> int:
+        """Insert the schema text once per hash; returns its id (existing or new)."""
+        with self._tx() as cur:
+            cur.execute(self._sql("SELECT id FROM schemas WHERE hash = ?"), (hash_,))
+            row = cur.fetchone()
+            if row:
+                return int(row[0])
+            cur.execute(self._sql("INSERT INTO schemas (hash, format, schema, created_at) VALUES (?, ?, ?, ?) "
+                                  "ON CONFLICT (hash) DO NOTHING RETURNING id"), (hash_, fmt, text, time.time()))
+            row = cur.fetchone()
+            if row is None:  # lost a race with another writer
+                cur.execute(self._sql("SELECT id FROM schemas WHERE hash = ?"), (hash_,))
+                row = cur.fetchone()
+            return int(row[0])
+
+    def schema_by_id(self, schema_id: int) -> SchemaRow | None:
+        rows = self._q("SELECT id, hash, format, schema FROM schemas WHERE id = ?", (schema_id,))
+        return SchemaRow(*rows[0]) if rows else None
+
+    def schema_by_hash(self, hash_: str) -> SchemaRow | None:
+        rows = self._q("SELECT id, hash, format, schema FROM schemas WHERE hash = ?", (hash_,))
+        return SchemaRow(*rows[0]) if rows else None
+
+    # -- versions ---------------------------------------------------------------------------
+    _VCOLS = "subject, version, schema_id, namespace, label, deleted, created_at, created_by, metadata"
+
+    @staticmethod
+    def _vrow(r: tuple) -> VersionRow:
+        return VersionRow(r[0], int(r[1]), int(r[2]), r[3], r[4], bool(r[5]), float(r[6]), r[7], json.loads(r[8]))
+
+    def add_version(self, subject: str, schema_id: int, namespace: str, actor: str, label: str | None,
+                    metadata: dict[str, Any]) -> int:
+        """Append the next version number (numbers are never reused, even after deletes)."""
+        for _ in range(5):
+            try:
+                with self._tx() as cur:
+                    cur.execute(self._sql("SELECT COALESCE(MAX(version), 0) FROM versions WHERE subject = ?"),
+                                (subject,))
+                    nxt = int(cur.fetchone()[0]) + 1
+                    cur.execute(self._sql(f"INSERT INTO versions ({self._VCOLS}) VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?)"),
+                                (subject, nxt, schema_id, namespace, label, time.time(), actor, json.dumps(metadata)))
+                    return nxt
+            except Exception as e:  # unique violation from a concurrent writer: retry
+                if "unique" not in str(e).lower() and "duplicate" not in str(e).lower():
+                    raise
+        raise RuntimeError(f"could not allocate a version for {subject}")
+
+    def versions(self, subject: str, include_deleted: bool = False) -> list[VersionRow]:
+        sql = f"SELECT {self._VCOLS} FROM versions WHERE subject = ?"
+        if not include_deleted:
+            sql += " AND deleted = 0"
+        return [self._vrow(r) for r in self._q(sql + " ORDER BY version", (subject,))]
+
+    def version(self, subject: str, version: int, include_deleted: bool = False) -> VersionRow | None:
+        sql = f"SELECT {self._VCOLS} FROM versions WHERE subject = ? AND version = ?"
+        if not include_deleted:
+            sql += " AND deleted = 0"
+        rows = self._q(sql, (subject, version))
+        return self._vrow(rows[0]) if rows else None
+
+    def versions_of_schema(self, schema_id: int) -> list[VersionRow]:
+        return [self._vrow(r) for r in self._q(
+            f"SELECT {self._VCOLS} FROM versions WHERE schema_id = ? AND deleted = 0 ORDER BY subject, version",
+            (schema_id,))]
+
+    def subjects(self, include_deleted: bool = False) -> list[str]:
+        sql = "SELECT DISTINCT subject FROM versions" + ("" if include_deleted else " WHERE deleted = 0")
+        return sorted(r[0] for r in self._q(sql))
+
+    def all_live_versions(self) -> list[VersionRow]:
+        return [self._vrow(r) for r in self._q(
+            f"SELECT {self._VCOLS} FROM versions WHERE deleted = 0 ORDER BY subject, version")]
+
+    def mark_deleted(self, subject: str, version: int) -> None:
+        self._q("UPDATE versions SET deleted = 1 WHERE subject = ? AND version = ?", (subject, version))
+
+    def purge_version(self, subject: str, version: int) -> None:
+        self._q("DELETE FROM versions WHERE subject = ? AND version = ? AND deleted = 1", (subject, version))
+
+    # -- config -----------------------------------------------------------------------------
+    def get_config(self, scope: str) -> ConfigRow | None:
+        rows = self._q("SELECT scope, compatibility, pii_policy, approval_required FROM config WHERE scope = ?",
+                       (scope,))
+        if not rows:
+            return None
+        r = rows[0]
+        return ConfigRow(r[0], r[1], r[2], None if r[3] is None else bool(r[3]))
+
+    def set_config(self, scope: str, compatibility: str | None, pii_policy: str | None,
+                   approval_required: bool | None) -> None:
+        """Upsert; a None argument leaves that setting as it was."""
+        cur = self.get_config(scope)
+        comp = compatibility if compatibility is not None else (cur.compatibility if cur else None)
+        pii = pii_policy if pii_policy is not None else (cur.pii_policy if cur else None)
+        appr = approval_required if approval_required is not None else (cur.approval_required if cur else None)
+        self._q("INSERT INTO config (scope, compatibility, pii_policy, approval_required) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (scope) DO UPDATE SET compatibility = excluded.compatibility, "
+                "pii_policy = excluded.pii_policy, approval_required = excluded.approval_required",
+                (scope, comp, pii, None if appr is None else int(appr)))
+
+    def delete_config(self, scope: str) -> None:
+        self._q("DELETE FROM config WHERE scope = ?", (scope,))
+
+    def configs(self) -> list[ConfigRow]:
+        return [ConfigRow(r[0], r[1], r[2], None if r[3] is None else bool(r[3]))
+                for r in self._q("SELECT scope, compatibility, pii_policy, approval_required FROM config "
+                                 "ORDER BY scope")]
+
+    # -- audit log --------------------------------------------------------------------------
+    def append_audit(self, actor: str, action: str, subject: str | None, version: int | None,
+                     detail: dict[str, Any]) -> None:
+        self._q("INSERT INTO audit_log (at, actor, action, subject, version, detail) VALUES (?, ?, ?, ?, ?, ?)",
+                (time.time(), actor, action, subject, version, json.dumps(detail, default=str)))
+
+    def audit(self, subject: str | None = None, limit: int = 100) -> list[AuditRow]:
+        sql = "SELECT id, at, actor, action, subject, version, detail FROM audit_log"
+        args: tuple = ()
+        if subject:
+            sql += " WHERE subject = ?"
+            args = (subject,)
+        rows = self._q(sql + f" ORDER BY id DESC LIMIT {int(limit)}", args)
+        return [AuditRow(int(r[0]), float(r[1]), r[2], r[3], r[4], r[5], json.loads(r[6])) for r in rows]
+
+    # -- approvals --------------------------------------------------------------------------
+    _ACOLS = "id, subject, hash, format, schema, requested_by, reason, status, decided_by, created_at, decided_at"
+
+    def add_approval(self, subject: str, hash_: str, fmt: str, text: str, actor: str, reason: str) -> int:
+        rows = self._q("INSERT INTO approvals (subject, hash, format, schema, requested_by, reason, status, "
+                       "created_at) VALUES (?, ?, ?, ?, ?, ?, 'pending', ?) RETURNING id",
+                       (subject, hash_, fmt, text, actor, reason, time.time()))
+        return int(rows[0][0])
+
+    def approval(self, approval_id: int) -> ApprovalRow | None:
+        rows = self._q(f"SELECT {self._ACOLS} FROM approvals WHERE id = ?", (approval_id,))
+        return ApprovalRow(*rows[0]) if rows else None
+
+    def approvals(self, subject: str | None = None, status: str | None = None) -> list[ApprovalRow]:
+        sql, args = f"SELECT {self._ACOLS} FROM approvals WHERE 1 = 1", []
+        if subject:
+            sql, args = sql + " AND subject = ?", [*args, subject]
+        if status:
+            sql, args = sql + " AND status = ?", [*args, status]
+        return [ApprovalRow(*r) for r in self._q(sql + " ORDER BY id", args)]
+
+    def decide_approval(self, approval_id: int, status: str, actor: str) -> None:
+        self._q("UPDATE approvals SET status = ?, decided_by = ?, decided_at = ? WHERE id = ?",
+                (status, actor, time.time(), approval_id))
+
+    # -- consumers --------------------------------------------------------------------------
+    def report_consumer(self, subject: str, consumer_id: str, version: int) -> None:
+        self._q("INSERT INTO consumers (subject, consumer_id, version, last_seen) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (subject, consumer_id) DO UPDATE SET version = excluded.version, "
+                "last_seen = excluded.last_seen", (subject, consumer_id, version, time.time()))
+
+    def consumers(self, subject: str, since: float) -> list[tuple[str, int, float]]:
+        return [(r[0], int(r[1]), float(r[2])) for r in self._q(
+            "SELECT consumer_id, version, last_seen FROM consumers WHERE subject = ? AND last_seen >= ? "
+            "ORDER BY consumer_id", (subject, since))]
+
+
+class SqliteStore(SqlStore):
+    """Default backend. ``path=":memory:"`` for tests; WAL mode for concurrent readers."""
+
+    def __init__(self, path: str = "prism-registry.db") -> None:
+        super().__init__()
+        self.path = path
+        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._conn.isolation_level = ""  # explicit transactions via commit()
+        if path != ":memory:":
+            self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA foreign_keys=ON")
+        self._init_schema()
+
+
+class PostgresStore(SqlStore):
+    """Production backend (psycopg 3). ``pg_schema`` isolates a registry (and each test run)."""
+
+    pk_sql = "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY"
+    placeholder = "%s"
+
+    def __init__(self, dsn: str, pg_schema: str = "prism_registry") -> None:
+        super().__init__()
+        import psycopg
+
+        if not pg_schema.replace("_", "").isalnum():
+            raise ValueError(f"bad schema name {pg_schema!r}")
+        self.pg_schema = pg_schema
+        self._conn = psycopg.connect(dsn, connect_timeout=5)
+        with self._tx() as cur:
+            cur.execute(f'CREATE SCHEMA IF NOT EXISTS "{pg_schema}"')
+            cur.execute(f'SET search_path TO "{pg_schema}"')
+        self._init_schema()
+
+    def drop(self) -> None:
+        """Remove every table of this registry (tests)."""
+        with self._tx() as cur:
+            cur.execute(f'DROP SCHEMA IF EXISTS "{self.pg_schema}" CASCADE')
+
+
+def open_store(url: str | None) -> SqlStore:
+    """``sqlite:///path.db`` (default ``sqlite:///prism-registry.db``), ``sqlite://:memory:``,
+    or ``postgresql://host/db[?schema=name]``."""
+    if not url:
+        return SqliteStore()
+    if url.startswith("sqlite://"):
+        path = url[len("sqlite://"):]
+        if path in ("", ":memory:", "/:memory:"):
+            return SqliteStore(":memory:")
+        return SqliteStore(path[1:] if path.startswith("/") else path)  # sqlite:////abs, sqlite:///rel
+    if url.startswith(("postgres://", "postgresql://")):
+        from urllib.parse import parse_qs, urlsplit, urlunsplit
+
+        parts = urlsplit(url)
+        q = parse_qs(parts.query)
+        schema = q.pop("schema", ["prism_registry"])[0]
+        rest = "&".join(f"{k}={v[0]}" for k, v in q.items())
+        return PostgresStore(urlunsplit(parts._replace(query=rest)), schema)
+    raise ValueError(f"unsupported registry store URL {url!r}")

@@ -1,0 +1,177 @@
+"""Dedup window keyed by ``message_id``.
+
+Design choice: a *plain* table ``message_id -> [first_seen_ms, partition]`` with the window
+checked at lookup time, not a Faust windowed table (``app.Table(...).tumbling(...)``). Why:
+
+* exact semantics: "seen within ``window`` seconds of its first sighting", independent of
+  window boundaries. A tumbling window forgets everything at each boundary (a duplicate one
+  second after the boundary passes), so a correct check has to read the current *and* the
+  previous window - two lookups with window-tuple keys - and still gets a 1x-2x window;
+* Faust's windowed cleanup pops expired keys from the local store without writing tombstones
+  to the changelog, so a replay from the changelog brings them back;
+* one RocksDB ``get`` per message and a trivially testable core.
+
+Expiry: entries older than the window are treated as absent immediately (so correctness never
+depends on cleanup timing), and are physically removed by :class:`FaustDedupWindow`: a timer
+scans the table (reads are allowed anywhere) and queues expired ids per partition; the agent then
+deletes them while processing an event *of that partition*, a few per event, with ordinary table
+deletes, so the tombstones land in the right changelog partition. That is why each value records
+its partition.
+
+The clock is processing time (the worker's), not the producer's timestamp: duplicates come
+from redelivery and retries, and producer metadata is untrusted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from app.tables.base import current_partition, make_table
+
+__all__ = ["DedupVerdict", "DedupWindow", "FaustDedupWindow"]
+
+
+@dataclass(frozen=True, slots=True)
+class DedupVerdict:
+    """Outcome of :meth:`DedupWindow.check`."""
+
+    duplicate: bool
+    #: Epoch seconds of the first sighting inside the window (``now`` for a new id).
+    first_seen: float
+
+
+class DedupWindow:
+    """Remembers message ids for ``window`` seconds after their first sighting.
+
+    Args:
+        backend: any mutable mapping ``str -> [first_seen_ms, partition]`` (a dict in tests, a
+            Faust table in the worker).
+        window: seconds an id is remembered.
+    """
+
+    def __init__(self, backend: MutableMapping[str, Any], window: float) -> None:
+        if not window > 0:
+            raise ValueError(f"dedup window must be > 0 seconds, got {window!r}")
+        self.backend = backend
+        self.window = float(window)
+
+    @staticmethod
+    def _validate(message_id: str) -> None:
+        if not isinstance(message_id, str) or not message_id:
+            raise ValueError(f"message_id must be a non-empty string, got {message_id!r}")
+
+    def _live_entry(self, message_id: str, now: float) -> tuple[int, int] | None:
+        entry = self.backend.get(message_id)
+        if entry is None:
+            return None
+        first_seen_ms, partition = int(entry[0]), int(entry[1])
+        if now * 1000 - first_seen_ms >= self.window * 1000:
+            return None  # expired: treat as never seen, even before the sweep removes it
+        return first_seen_ms, partition
+
+    def check(self, message_id: str, now: float | None = None, *, partition: int = 0) -> DedupVerdict:
+        """Check-and-record: a duplicate if seen inside the window, otherwise remember it now."""
+        self._validate(message_id)
+        now = time.time() if now is None else now
+        live = self._live_entry(message_id, now)
+        if live is not None:
+            return DedupVerdict(duplicate=True, first_seen=live[0] / 1000)
+        self.backend[message_id] = [int(now * 1000), int(partition)]
+        return DedupVerdict(duplicate=False, first_seen=now)
+
+    def seen(self, message_id: str, now: float | None = None) -> bool:
+        """Read-only: is ``message_id`` inside the window?"""
+        self._validate(message_id)
+        return self._live_entry(message_id, time.time() if now is None else now) is not None
+
+    def expired(self, now: float | None = None) -> list[tuple[str, int]]:
+        """Scan for ``(message_id, partition)`` of entries past the window."""
+        limit_ms = ((time.time() if now is None else now) - self.window) * 1000
+        return [(key, int(value[1])) for key, value in self.backend.items()
+                if value is not None and int(value[0]) <= limit_ms]
+
+    def discard(self, message_id: str, now: float | None = None) -> bool:
+        """Delete ``message_id`` if it is (still) expired; False if absent or live again."""
+        entry = self.backend.get(message_id)
+        if entry is None:
+            return False
+        if self._live_entry(message_id, time.time() if now is None else now) is not None:
+            return False  # re-recorded since it was queued for expiry
+        del self.backend[message_id]
+        return True
+
+    def purge(self, now: float | None = None) -> int:
+        """Delete every expired entry (use on plain mappings; Faust tables use the sweep)."""
+        now = time.time() if now is None else now
+        return sum(self.discard(key, now) for key, _ in self.expired(now))
+
+    def __len__(self) -> int:
+        return len(self.backend)
+
+
+class FaustDedupWindow(DedupWindow):
+    """:class:`DedupWindow` on a RocksDB-backed Faust table with a changelog.
+
+    Create it while defining the app (it registers a timer). Call :meth:`check` from inside the
+    agent that processes the messages; the input must be keyed (partitioned) by ``message_id``.
+
+    Args:
+        app: the ``faust.App``.
+        name: table name (changelog topic ``<app_id>-<name>-changelog``).
+        window: seconds an id is remembered.
+        partitions: partition count of the source topic.
+        sweep_interval: seconds between expiry scans.
+        max_deletes_per_event: expired ids deleted per processed event (bounds added latency).
+    """
+
+    def __init__(self, app: Any, name: str = "dedup", *, window: float = 3600.0, partitions: int | None = None,
+                 sweep_interval: float = 60.0, max_deletes_per_event: int = 64) -> None:
+        self.table = make_table(app, name, partitions=partitions,
+                                help=f"message_id -> [first_seen_ms, partition] for a {window:g}s dedup window")
+        super().__init__(self.table, window)
+        self.max_deletes_per_event = max_deletes_per_event
+        self._pending: defaultdict[int, list[str]] = defaultdict(list)
+        # Faust passes the app to timer functions that take parameters: register a zero-arg one.
+        app.timer(sweep_interval, name=f"{name}-expiry-scan")(self._scan_timer)
+
+    async def _scan_timer(self) -> None:
+        await self.scan_expired()
+
+    async def scan_expired(self, now: float | None = None) -> int:
+        """Timer: queue expired ids per partition (reads only; deletes happen in the agent).
+
+        Yields to the event loop every few thousand entries so a large table does not stall
+        the agents. Returns the number of ids queued.
+        """
+        limit_ms = ((time.time() if now is None else now) - self.window) * 1000
+        pending: defaultdict[int, list[str]] = defaultdict(list)
+        for index, (key, value) in enumerate(self.table.items()):
+            if value is not None and int(value[0]) <= limit_ms:
+                pending[int(value[1])].append(key)
+            if index % 5000 == 4999:
+                await asyncio.sleep(0)
+        self._pending = pending
+        return sum(len(keys) for keys in pending.values())
+
+    @property
+    def pending_expiry(self) -> int:
+        """Expired ids queued for deletion by the agent."""
+        return sum(len(keys) for keys in self._pending.values())
+
+    def check(self, message_id: str, now: float | None = None, *, partition: int | None = None) -> DedupVerdict:
+        part = current_partition() if partition is None else partition
+        self._drain(part, now)
+        return super().check(message_id, now, partition=part)
+
+    def _drain(self, partition: int, now: float | None) -> None:
+        queue = self._pending.get(partition)
+        if not queue:
+            return
+        batch, self._pending[partition] = queue[:self.max_deletes_per_event], queue[self.max_deletes_per_event:]
+        for key in batch:
+            self.discard(key, now)

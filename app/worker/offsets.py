@@ -1,0 +1,231 @@
+"""Workaround for the embedded broker's wrong ``ListOffsets(latest)`` answer.
+
+The bug
+    Tansu 0.6.0 (the embedded broker) answers ``ListOffsets`` with timestamp ``-1`` (latest)
+    with the *base offset of the partition's last record batch* instead of the high watermark
+    (the offset after the last record). A partition holding offsets 0..2999 written in batches
+    may report 2979. Every ``AIOKafkaConsumer.end_offsets()`` is therefore short by up to a
+    batch. The high watermark carried in every ``Fetch`` response is right.
+
+Why Faust tables break on it
+    Faust's table recovery (``faust/tables/recovery.py``, ``Recovery._build_highwaters``) asks
+    ``consumer.highwaters(*changelog_tps)``, which the aiokafka driver implements with
+    ``AIOKafkaConsumer.end_offsets()`` (``AIOKafkaConsumerThread._highwaters``). With the short
+    answer:
+
+    * on an empty data dir, recovery stops at the wrong end and the table comes back missing
+      the changelog's last batch (measured: 4998 of 5000 increments);
+    * on the worker's own RocksDB data dir, the persisted changelog offset is *higher* than the
+      "highwater", and Faust refuses to start with ``ConsistencyError`` ("persisted offset ... is
+      higher than the last offset in that topic (highwater)").
+
+The workaround
+    For each partition we still ask ``ListOffsets(latest)`` - on this broker it is a valid offset
+    at or just below the true end - and then send one ``Fetch`` per leader from exactly that
+    offset. The response carries the true high watermark (and at most one record batch of data,
+    which we discard). The result is ``max(listed, fetched_highwater)``. It is installed only
+    for the embedded broker, by swapping in a consumer-thread subclass whose ``highwaters()``
+    uses it (``install_listoffsets_workaround``); Faust itself is not patched or forked, and a
+    real Kafka cluster keeps the stock code path.
+
+    Only ``Consumer.highwaters`` is affected in Faust 0.15.3 (checked: it is the only caller of
+    ``end_offsets``); ``Consumer.highwater(tp)`` (lag, commit checks) already reads the fetch
+    response's high watermark.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.client import AIOKafkaClient
+from aiokafka.errors import for_code
+from aiokafka.protocol.fetch import FetchRequest
+
+__all__ = [
+    "fetch_high_watermarks",
+    "install_listoffsets_workaround",
+    "listoffsets_workaround_installed",
+    "true_end_offsets",
+]
+
+log = logging.getLogger(__name__)
+
+TPT = TypeVar("TPT")  # aiokafka TopicPartition or Faust TP: both are (topic, partition) tuples
+
+_READ_UNCOMMITTED = 0
+#: The embedded broker answers an empty Fetch when ``max_wait`` or ``min_bytes`` is 0, so ask for
+#: one byte and wait at most this long; partitions with data answer at once.
+_FETCH_MAX_WAIT_MS = 100
+_ATTEMPTS = 3
+
+
+async def fetch_high_watermarks(
+    client: AIOKafkaClient,
+    start_offsets: Mapping[TPT, int],
+    *,
+    max_wait_ms: int = _FETCH_MAX_WAIT_MS,
+    isolation_level: int = _READ_UNCOMMITTED,
+) -> dict[TPT, int]:
+    """Return the high watermark of each partition as reported in a ``Fetch`` response.
+
+    Args:
+        client: a started aiokafka client (e.g. a consumer's) whose metadata knows the topics.
+        start_offsets: partition -> a valid offset to fetch from (ideally at most one batch below
+            the end, such as the embedded broker's ``ListOffsets(latest)`` answer). The fetched
+            records themselves are discarded.
+        max_wait_ms: broker-side wait when a partition has no data at that offset.
+
+    Returns:
+        partition -> high watermark, only for partitions whose fetch succeeded; the caller
+        decides what to do with the others (they are logged).
+    """
+    result: dict[TPT, int] = {}
+    pending: dict[TPT, int] = dict(start_offsets)
+    for _attempt in range(_ATTEMPTS):
+        if not pending:
+            break
+        by_node: dict[int, dict[str, list[tuple[int, int, int]]]] = defaultdict(lambda: defaultdict(list))
+        keys: dict[tuple[str, int], TPT] = {}
+        unknown_leader = False
+        for tp, offset in pending.items():
+            topic, partition = tp[0], tp[1]  # type: ignore[index]
+            keys[(topic, partition)] = tp
+            node = client.cluster.leader_for_partition(_aiokafka_tp(topic, partition))
+            if node is None or node < 0:
+                unknown_leader = True
+                continue
+            # Partition max bytes 1: brokers still return the first batch (KIP-74); we only need
+            # the partition header with its high watermark.
+            by_node[node][topic].append((partition, max(offset, 0), 1))
+        if unknown_leader:
+            await client.force_metadata_update()
+        for node, topics in by_node.items():
+            request = FetchRequest(max_wait_ms, 1, 1 << 20, isolation_level, list(topics.items()))
+            try:
+                response = await client.send(node, request)
+            except Exception as exc:
+                log.warning("high-watermark fetch to node %s failed: %r", node, exc)
+                continue
+            for topic, partitions in response.topics:
+                for partition, error_code, highwater, *_rest in partitions:
+                    tp_key = keys.get((topic, partition))
+                    if tp_key is None:
+                        continue
+                    if error_code == 0 and highwater is not None and highwater >= 0:
+                        result[tp_key] = int(highwater)
+                        pending.pop(tp_key, None)
+                    else:
+                        log.warning("high-watermark fetch for %s[%s] answered %s", topic, partition,
+                                    for_code(error_code).__name__)
+    for tp in pending:
+        log.warning("no high watermark from a fetch for %s; falling back to ListOffsets", tp)
+    return result
+
+
+async def true_end_offsets(consumer: AIOKafkaConsumer, partitions: Iterable[TPT]) -> dict[TPT, int]:
+    """``consumer.end_offsets()`` corrected for the embedded broker (see the module docstring).
+
+    ``ListOffsets(latest)`` gives a lower bound and a safe fetch position; one ``Fetch`` from there
+    gives the true high watermark. Falls back to the listed value for a partition whose fetch
+    failed, i.e. never worse than stock behaviour.
+    """
+    tps = list(partitions)
+    if not tps:
+        return {}
+    listed: Mapping[Any, int] = await consumer.end_offsets(tps)
+    start = {tp: int(listed[tp]) for tp in tps if listed.get(tp) is not None}
+    # ``_client`` is aiokafka's own client of this consumer: same connections, same auth, and
+    # the metadata already knows the partitions' leaders after ``end_offsets``.
+    fetched = await fetch_high_watermarks(consumer._client, start)
+    corrected: dict[TPT, int] = {}
+    for tp in tps:
+        values = [v for v in (start.get(tp), fetched.get(tp)) if v is not None]
+        if values:
+            corrected[tp] = max(values)
+    if log.isEnabledFor(logging.DEBUG):
+        for tp in tps:
+            if fetched.get(tp) is not None and fetched.get(tp) != start.get(tp):
+                log.debug("end offset of %s: ListOffsets said %s, fetch high watermark is %s",
+                          tp, start.get(tp), fetched.get(tp))
+    return corrected
+
+
+def _aiokafka_tp(topic: str, partition: int) -> Any:
+    from aiokafka.structs import TopicPartition
+
+    return TopicPartition(topic, partition)
+
+
+# --------------------------------------------------------------------------- Faust binding
+
+
+def _faust_classes() -> tuple[type, type, type]:
+    """Build the Faust driver subclasses lazily (importing faust is slow and not always needed)."""
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    base_thread = faust_aiokafka.AIOKafkaConsumerThread
+    base_consumer = faust_aiokafka.Consumer
+    base_transport = faust_aiokafka.Transport
+    for owner, attr in ((base_thread, "highwaters"), (base_thread, "call_thread"),
+                        (base_thread, "_ensure_consumer"), (base_consumer, "_new_consumer_thread")):
+        if not hasattr(owner, attr):  # pragma: no cover - guards a Faust upgrade
+            raise RuntimeError(
+                f"faust {owner.__name__} has no {attr!r}: the ListOffsets workaround in "
+                "app/worker/offsets.py must be re-checked against this Faust version")
+
+    class TrueHighwaterConsumerThread(base_thread):  # type: ignore[misc, valid-type]
+        """Consumer thread whose ``highwaters()`` uses :func:`true_end_offsets`."""
+
+        async def highwaters(self, *partitions: Any) -> Mapping[Any, int]:
+            return await self.call_thread(self._true_highwaters, partitions)
+
+        async def _true_highwaters(self, partitions: Iterable[Any]) -> Mapping[Any, int]:
+            consumer = self._ensure_consumer()
+            if self.consumer.in_transaction:  # stock behaviour; the embedded broker has no transactions
+                return {tp: consumer.last_stable_offset(tp) for tp in partitions}
+            return await true_end_offsets(consumer, partitions)
+
+    class TrueHighwaterConsumer(base_consumer):  # type: ignore[misc, valid-type]
+        def _new_consumer_thread(self) -> Any:
+            return TrueHighwaterConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    class TrueHighwaterTransport(base_transport):  # type: ignore[misc, valid-type]
+        Consumer = TrueHighwaterConsumer
+
+    return TrueHighwaterConsumerThread, TrueHighwaterConsumer, TrueHighwaterTransport
+
+
+_CLASSES: tuple[type, type, type] | None = None
+
+
+def _classes() -> tuple[type, type, type]:
+    global _CLASSES
+    if _CLASSES is None:
+        _CLASSES = _faust_classes()
+    return _CLASSES
+
+
+def install_listoffsets_workaround(app: Any) -> None:
+    """Make ``app``'s consumer derive changelog end offsets from a fetch.
+
+    Call it right after creating the app, before anything starts it (``make_app`` does this when
+    ``embedded=True``). It replaces the app's consumer transport with a subclass of Faust's
+    aiokafka transport whose consumer thread overrides ``highwaters()``; producer, topics and
+    everything else are untouched.
+    """
+    scheme = str(app.conf.broker_consumer[0].scheme)
+    if scheme != "kafka":
+        raise ValueError(f"the ListOffsets workaround applies to the kafka:// transport, not {scheme}://")
+    if getattr(app, "_consumer", None) is not None:
+        raise RuntimeError("install the ListOffsets workaround before the app's consumer is created")
+    transport_cls = _classes()[2]
+    app.transport = transport_cls(app.conf.broker_consumer, app)
+
+
+def listoffsets_workaround_installed(app: Any) -> bool:
+    """True when ``app`` uses the fetch-derived end offsets (for assertions and diagnostics)."""
+    return isinstance(app.transport, _classes()[2])

@@ -1,0 +1,196 @@
+import gzip
+import json
+
+import pytest
+from hypothesis import given, settings
+
+from app._gen.prism.envelope.draft import envelope_pb2 as dpb
+from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
+from app.envelope import DEFAULT_LIMITS, Layout, Limits, convert, decode, detect_layout, encode, new_envelope
+from app.envelope.model import Payload
+from app.errors import DecodeError, EnvelopeError, LayoutError, SizeLimitError, WireTypeError
+from tests.strategies import envelopes
+
+
+def sample(**kw):
+    env = new_envelope("orders.created", {"order_id": 7, "total": 12.5}, namespace="order-events",
+                       correlation_id="req-1", priority=8, ttl_seconds=60, labels={"tier": "gold"}, **kw)
+    sec = env.ensure_security()
+    sec.publisher_id = "svc-orders"
+    sec.data_classification = "internal"
+    obs = env.ensure_observability()
+    obs.trace_id, obs.span_id, obs.trace_flags = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", 1
+    env.ensure_schema().schema_version = "v2"
+    env.extensions["x-retry-count"] = b"3"
+    return env
+
+
+@pytest.mark.parametrize("layout", list(Layout))
+def test_round_trip_each_layout(layout):
+    env = sample()
+    data = encode(env, layout)
+    assert detect_layout(data) is layout
+    back = decode(data)
+    assert back == env
+    assert back.payload_json() == {"order_id": 7, "total": 12.5}
+    assert back.priority == 8 and back.content_type == "application/json"
+
+
+@settings(max_examples=300, deadline=None)
+@given(envelopes())
+def test_property_round_trip_reviewed(env):
+    assert decode(encode(env, Layout.REVIEWED)) == env
+
+
+@settings(max_examples=300, deadline=None)
+@given(envelopes())
+def test_property_round_trip_draft(env):
+    from app.envelope.layouts import reviewed_to_draft
+
+    _, reported = reviewed_to_draft(env.header)
+    back = decode(encode(env, Layout.DRAFT))
+    # The draft's plain proto3 fields cannot hold "explicitly zero": exactly those are
+    # reported, and clearing them gives back the original.
+    for item in reported:
+        path = item.split(":")[0].split(".")
+        assert "indistinguishable from unset" in item
+        msg = env.header
+        for part in path[:-1]:
+            msg = getattr(msg, part)
+        msg.ClearField(path[-1])
+    assert back == env
+
+
+@settings(max_examples=200, deadline=None)
+@given(envelopes())
+def test_property_convert_both_ways(env):
+    draft = encode(env, Layout.DRAFT)
+    reviewed, _ = convert(draft, Layout.REVIEWED)
+    again, _ = convert(reviewed, Layout.DRAFT)
+    assert decode(again) == decode(draft)
+
+
+def test_payload_is_lazy_zero_copy_view():
+    env = new_envelope("t", b"x" * 100_000, namespace="n")
+    data = encode(env)
+    back = decode(data)
+    assert not back.payload.is_parsed
+    assert back.metadata.topic == "t"
+    assert not back.payload.is_parsed  # header access never touched the payload
+    assert isinstance(back.payload.value, memoryview)
+    assert back.payload.value.obj is data  # a view into the received buffer, not a copy
+    assert bytes(back.payload.value) == b"x" * 100_000
+
+
+def test_untouched_payload_reencodes_from_received_bytes():
+    env = sample()
+    data = encode(env)
+    back = decode(data)
+    back.metadata.topic = "orders.routed"
+    assert decode(encode(back)).payload == env.payload
+
+
+def test_unknown_fields_survive_round_trip():
+    env = sample()
+    data = encode(env)
+    # a newer producer adds top-level field 5 and metadata field 13
+    future = data + b"\x2a\x03new" 
+    env2 = decode(future)
+    md_unknown = b"\x6a\x02hi"  # field 13, LEN
+    env2.metadata.MergeFromString(md_unknown)
+    again = encode(env2)
+    h = vpb.PrismEnvelope.FromString(again)
+    assert b"\x2a\x03new" in h.SerializeToString()
+    assert md_unknown in h.metadata.SerializeToString()
+    assert decode(again).payload == env.payload
+
+
+def test_draft_unknown_fields_are_reported_not_silently_lost():
+    d = dpb.PrismEnvelope(envelope_version=1)
+    d.metadata.message_id, d.metadata.topic, d.metadata.namespace = "m", "t", "n"
+    d.metadata.published_at.seconds = 10
+    d.metadata.published_at.nanos = 123456789
+    d.payload.value = b"p"
+    data = d.SerializeToString() + b"\x3a\x01x"  # unknown top-level field 7 (RFC's routing hints example)
+    dropped: list[str] = []
+    env = decode(data, dropped=dropped)
+    assert env.published_at_ms == 10123
+    assert any("sub-millisecond" in x for x in dropped)
+    assert any("unknown field(s) [7]" in x for x in dropped)
+
+
+def test_compression_transparent_on_decode():
+    for enc in ("gzip", "snappy", "zstd"):
+        env = new_envelope("t", {"big": "y" * 5000}, namespace="n", content_encoding=enc)
+        assert len(env.payload.value) < 1000
+        back = decode(encode(env, Layout.DRAFT))
+        assert back.content_encoding == enc
+        assert back.payload_json() == {"big": "y" * 5000}
+
+
+def test_gzip_from_foreign_producer():
+    env = new_envelope("t", gzip.compress(json.dumps([1, 2]).encode()), namespace="n",
+                       content_type="application/json")
+    from app.envelope.model import set_content_encoding
+    set_content_encoding(env.metadata, "gzip")
+    assert decode(encode(env)).payload_json() == [1, 2]
+
+
+def test_size_limits_checked_before_payload():
+    env = new_envelope("t", b"x" * 2000, namespace="n")
+    data = encode(env)
+    with pytest.raises(SizeLimitError, match="over the 1000-byte limit"):
+        decode(data, limits=Limits(max_message_bytes=1000))
+    env.extensions["big"] = b"h" * 5000
+    with pytest.raises(SizeLimitError, match="header"):
+        decode(encode(env), limits=Limits(max_header_bytes=1024))
+
+
+def test_absent_payload_is_detected():
+    h = vpb.PrismEnvelope()
+    h.metadata.message_id = "m"
+    back = decode(h.SerializeToString())
+    assert not back.payload.present
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        (b"", LayoutError),
+        (b"\x0a\x05abc", EnvelopeError),                 # truncated metadata
+        (b"\x0a\x02\x0a\xff", DecodeError),              # nested truncated string
+        (b"\x0a\x03\x0a\x01\xff", DecodeError),          # invalid UTF-8 in message_id
+        (b"\x98\x06\x01", WireTypeError),                # payload field 99 as a varint
+    ],
+)
+def test_malformed_inputs_raise_documented_errors(data, error):
+    with pytest.raises(error):
+        decode(data)
+
+
+def test_multiple_payload_records_merge_like_protobuf():
+    a = vpb.PrismEnvelope()
+    a.payload.type_url = "type.googleapis.com/x.Y"
+    b = vpb.PrismEnvelope()
+    b.payload.value = b"v"
+    env = decode(a.SerializeToString() + b.SerializeToString())
+    assert env.payload.type_url == "type.googleapis.com/x.Y" and bytes(env.payload.value) == b"v"
+
+
+def test_protobuf_payload_and_type_url():
+    inner = vpb.SchemaContext(schema_name="OrderCreated")
+    env = new_envelope("t", inner, namespace="n")
+    back = decode(encode(env, Layout.DRAFT))
+    assert back.payload.type_url == "type.googleapis.com/prism.envelope.v1.SchemaContext"
+    assert back.payload_message(vpb.SchemaContext) == inner
+
+
+def test_repr_redacts_token():
+    env = sample()
+    env.ensure_security().auth_token = "eyJsecret.token.value"
+    assert "eyJsecret" not in repr(env)
+
+
+def test_payload_equality_and_default_limits():
+    assert Payload(b"a", "u") == Payload(b"a", "u")
+    assert DEFAULT_LIMITS.max_message_bytes == 16 * 1024 * 1024

@@ -1,0 +1,36 @@
+import pytest
+
+from app.envelope.wire import LEN, VARINT, encode_varint, iter_records, read_varint, strip_field
+from app.errors import LengthError, TruncatedError, WireTypeError
+
+
+@pytest.mark.parametrize("n", [0, 1, 127, 128, 300, 2**31, 2**63 - 1])
+def test_varint_round_trip(n):
+    b = encode_varint(n)
+    assert read_varint(b, 0, len(b)) == (n, len(b))
+
+
+def test_records_and_strip():
+    data = b"\x08\x96\x01" + b"\x12\x03abc" + b"\x1a\x01z" + b"\x12\x00"
+    recs = list(iter_records(data))
+    assert [(r.field, r.wire_type) for r in recs] == [(1, VARINT), (2, LEN), (3, LEN), (2, LEN)]
+    assert data[recs[1].value_start : recs[1].end] == b"abc"
+    assert b"".join(strip_field(data, 2)) == b"\x08\x96\x01\x1a\x01z"
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        (b"\x12\x05ab", LengthError),               # length runs past the end
+        (b"\x08", TruncatedError),                  # varint value missing
+        (b"\x08\xff\xff", TruncatedError),          # unterminated varint
+        (b"\x0b", WireTypeError),                   # start-group
+        (b"\x00\x01", WireTypeError),               # field number 0
+        (b"\x0e", WireTypeError),                   # wire type 6
+        (b"\x08" + b"\xff" * 11, LengthError),      # varint longer than 10 bytes
+        (b"\x09\x01\x02", TruncatedError),          # fixed64 cut short
+    ],
+)
+def test_malformed(data, error):
+    with pytest.raises(error):
+        list(iter_records(data))
