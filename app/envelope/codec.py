@@ -21,7 +21,7 @@ from app._gen.prism.envelope.draft import envelope_pb2 as dpb
 from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
 from app.envelope.layouts import draft_to_reviewed, reviewed_to_draft
 from app.envelope.model import Envelope, Payload
-from app.envelope.wire import LEN, VARINT, Record, iter_records, len_record, strip_field
+from app.envelope.wire import LEN, VARINT, encode_varint, scan, strip_field
 from app.errors import DecodeError, LayoutError, SizeLimitError, WireTypeError
 
 
@@ -58,14 +58,14 @@ def detect_layout(data: bytes | memoryview) -> Layout:
     `metadata` (field 1, length-delimited). Without field 1, fields only one layout has
     decide (5/6 draft, 97 reviewed); otherwise the reviewed layout is assumed.
     """
-    return _detect(list(iter_records(memoryview(data))))
+    return _detect(scan(memoryview(data)))
 
 
-def _detect(records: list[Record]) -> Layout:
+def _detect(records: list[tuple[int, int, int, int, int]]) -> Layout:
     for r in records:
-        if r.field == 1:
-            return Layout.DRAFT if r.wire_type == VARINT else Layout.REVIEWED
-    fields = {r.field for r in records}
+        if r[0] == 1:
+            return Layout.DRAFT if r[1] == VARINT else Layout.REVIEWED
+    fields = {r[0] for r in records}
     if fields & {5, 6}:
         return Layout.DRAFT
     if not records:
@@ -92,38 +92,64 @@ def decode(
             hint="raise Limits.max_message_bytes or have the producer split the message",
         )
     view = memoryview(data)
-    records = list(iter_records(view))
-    lay = layout or _detect(records)
+    records = scan(view)
+    return decode_records(view, records, layout or _detect(records), limits, dropped)
+
+
+def decode_records(
+    view: memoryview, records: list[tuple[int, int, int, int, int]], lay: Layout, limits: Limits = DEFAULT_LIMITS,
+    dropped: list[str] | None = None,
+) -> Envelope:
+    """`decode` for callers that already scanned the records (signature verification)."""
     pf = lay.payload_field
 
+    if records:
+        f, wt, start, vstart, end = records[-1]
+        if f == pf and wt == LEN and all(r[0] != pf for r in records[:-1]):
+            # Fast path (what Prism itself emits): one payload record, last on the wire.
+            if start > limits.max_header_bytes:
+                raise SizeLimitError(
+                    f"envelope header is {start} bytes, over the {limits.max_header_bytes}-byte limit",
+                    hint="move bulky data into the payload, or raise Limits.max_header_bytes",
+                )
+            return Envelope(_parse_header(view[:start], lay, dropped), Payload.from_wire(view[vstart:end]))
+
     header_parts: list[memoryview] = []
-    payload_recs: list[Record] = []
+    payload_recs: list[tuple[int, int, int, int, int]] = []
     header_len = 0
     for r in records:
-        if r.field == pf:
-            if r.wire_type != LEN:
-                raise WireTypeError(f"payload field {pf} must be length-delimited, got wire type {r.wire_type}",
-                                    path=f"byte {r.start}")
+        if r[0] == pf:
+            if r[1] != LEN:
+                raise WireTypeError(f"payload field {pf} must be length-delimited, got wire type {r[1]}",
+                                    path=f"byte {r[2]}")
             payload_recs.append(r)
         else:
-            header_parts.append(view[r.start : r.end])
-            header_len += r.end - r.start
+            header_parts.append(view[r[2] : r[4]])
+            header_len += r[4] - r[2]
     if header_len > limits.max_header_bytes:
         raise SizeLimitError(
             f"envelope header is {header_len} bytes, over the {limits.max_header_bytes}-byte limit",
             hint="move bulky data into the payload, or raise Limits.max_header_bytes",
         )
-    head = b"".join(header_parts)
+    header = _parse_header(b"".join(header_parts), lay, dropped)
+    if not payload_recs:
+        payload = Payload.absent()
+    elif len(payload_recs) == 1:
+        r = payload_recs[0]
+        payload = Payload.from_wire(view[r[3] : r[4]])
+    else:  # protobuf merge semantics for a repeated singular message field
+        payload = Payload.from_wire(b"".join(view[r[3] : r[4]] for r in payload_recs))
+    return Envelope(header, payload)
+
+
+def _parse_header(head: bytes | memoryview, lay: Layout, dropped: list[str] | None) -> vpb.PrismEnvelope:
     try:
         if lay is Layout.REVIEWED:
-            header = vpb.PrismEnvelope.FromString(head)
-            if header.HasField("payload"):  # defensive: only possible with a custom layout arg
-                header.ClearField("payload")
-        else:
-            d = dpb.PrismEnvelope.FromString(head)
-            header, lost = draft_to_reviewed(d)
-            if dropped is not None:
-                dropped.extend(lost)
+            return vpb.PrismEnvelope.FromString(head)
+        header, lost = draft_to_reviewed(dpb.PrismEnvelope.FromString(head))
+        if dropped is not None:
+            dropped.extend(lost)
+        return header
     except _PbDecodeError as exc:
         raise DecodeError(
             f"envelope header ({lay.value} layout) is not valid protobuf: {exc}",
@@ -132,37 +158,67 @@ def decode(
     except ValueError as exc:  # e.g. an unknown enum name in prism.enc.* extensions
         raise DecodeError(f"envelope header is inconsistent: {exc}") from exc
 
-    if not payload_recs:
-        payload = Payload.absent()
-    elif len(payload_recs) == 1:
-        r = payload_recs[0]
-        payload = Payload.from_wire(view[r.value_start : r.end])
-    else:  # protobuf merge semantics for a repeated singular message field
-        payload = Payload.from_wire(b"".join(view[r.value_start : r.end] for r in payload_recs))
-    return Envelope(header, payload)
+
+def _varint_size(n: int) -> int:
+    size = 1
+    while n >= 0x80:
+        n >>= 7
+        size += 1
+    return size
+
+
+def _record_size(field_tag_bytes: int, msg: object) -> int:
+    n = msg.ByteSize()  # type: ignore[attr-defined]
+    return field_tag_bytes + _varint_size(n) + n
+
+
+def _split_security(full: bytes, before: int, sec_size: int, field: int) -> tuple[bytes, bytes]:
+    """Cut the security record out of a serialized header.
+
+    upb writes known fields in field-number order, so the security record starts right
+    after the records numbered below it (`before` bytes). That is checked, and a full
+    record scan is the fallback, so correctness never depends on the encoder's order.
+    """
+    tag = (field << 3) | LEN
+    if len(full) >= before + sec_size and full[before] == tag:
+        return full[:before] + full[before + sec_size :], full[before : before + sec_size]
+    runs = strip_field(full, field)
+    sec = b"".join(full[r[2] : r[4]] for r in scan(full) if r[0] == field)
+    return b"".join(runs), sec
 
 
 def encode_parts(env: Envelope, layout: Layout = Layout.REVIEWED) -> tuple[bytes, bytes, list[bytes | memoryview]]:
     """(head, security record, payload record parts). `head + payload` is what a signature covers."""
     if layout is Layout.REVIEWED:
         header = env.header
-        has_sec = header.HasField("security")
         full = header.SerializeToString()
-        sec_msg = header.security
+        if header.HasField("security"):
+            before = _record_size(1, header.metadata) if header.HasField("metadata") else 0
+            head, sec = _split_security(full, before, _record_size(1, header.security), 2)
+        else:
+            head, sec = full, b""
     else:
         header, _ = reviewed_to_draft(env.header)
-        has_sec = header.HasField("security")
         full = header.SerializeToString()
-        sec_msg = header.security
-    if has_sec:
-        head = b"".join(strip_field(full, layout.security_field))
-        sec = b"".join(len_record(layout.security_field, sec_msg.SerializeToString()))
-    else:
-        head, sec = full, b""
-    payload_parts: list[bytes | memoryview] = (
-        len_record(layout.payload_field, env.payload.wire()) if env.payload.present else []
-    )
-    return head, sec, payload_parts
+        if header.HasField("security"):
+            before = (1 + _varint_size(header.envelope_version)) if header.envelope_version else 0
+            if header.HasField("metadata"):
+                before += _record_size(1, header.metadata)
+            head, sec = _split_security(full, before, _record_size(1, header.security), 4)
+        else:
+            head, sec = full, b""
+    if not env.payload.present:
+        return head, sec, []
+    value = env.payload.wire()
+    return head, sec, [_PAYLOAD_TAG[layout] + _encode_len(len(value)), value]
+
+
+def _encode_len(n: int) -> bytes:
+    return bytes((n,)) if n < 0x80 else encode_varint(n)
+
+
+_PAYLOAD_TAG = {lay: encode_varint((lay.payload_field << 3) | LEN) for lay in Layout}
+_SECURITY_TAG = {lay: encode_varint((lay.security_field << 3) | LEN) for lay in Layout}
 
 
 def security_record(env: Envelope, layout: Layout = Layout.REVIEWED) -> bytes:
@@ -170,7 +226,8 @@ def security_record(env: Envelope, layout: Layout = Layout.REVIEWED) -> bytes:
     if not env.header.HasField("security"):
         return b""
     sec = env.header.security if layout is Layout.REVIEWED else reviewed_to_draft(env.header)[0].security
-    return b"".join(len_record(layout.security_field, sec.SerializeToString()))
+    body = sec.SerializeToString()
+    return b"".join((_SECURITY_TAG[layout], _encode_len(len(body)), body))
 
 
 def encode(env: Envelope, layout: Layout = Layout.REVIEWED) -> bytes:

@@ -27,7 +27,7 @@ from google.protobuf.message import Message
 from app._gen.prism.envelope.v1 import envelope_pb2 as pb
 from app.envelope import compression
 from app.envelope.ids import new_message_id
-from app.envelope.wire import LEN, encode_varint, iter_records
+from app.envelope.wire import LEN, encode_varint, scan
 from app.errors import DecodeError, PayloadError, Utf8Error
 
 PrismMetadata = pb.PrismMetadata
@@ -140,16 +140,16 @@ class Payload:
         assert raw is not None
         type_url = ""
         value: memoryview = raw[0:0]
-        for rec in iter_records(raw):
-            if rec.wire_type != LEN:
+        for field, wt, _, vstart, end in scan(raw):
+            if wt != LEN:
                 continue  # unknown scalar field inside Any: ignored, as protobuf would
-            if rec.field == 1:
+            if field == 1:
                 try:
-                    type_url = str(raw[rec.value_start : rec.end], "utf-8")
+                    type_url = str(raw[vstart:end], "utf-8")
                 except UnicodeDecodeError as exc:
                     raise Utf8Error("payload type_url is not valid UTF-8", path="payload.type_url") from exc
-            elif rec.field == 2:
-                value = raw[rec.value_start : rec.end]
+            elif field == 2:
+                value = raw[vstart:end]
         self._type_url = type_url
         self._value = value
 
@@ -178,11 +178,13 @@ class Payload:
         parts = []
         if self._type_url:
             tu = self._type_url.encode()
-            parts += [encode_varint((1 << 3) | LEN), encode_varint(len(tu)), tu]
+            parts += [b"\x0a", encode_varint(len(tu)), tu]
         value = self._value or b""
         if len(value):
-            parts += [encode_varint((2 << 3) | LEN), encode_varint(len(value)), value]
-        return b"".join(parts)
+            parts += [b"\x12", encode_varint(len(value)), value]
+        built = b"".join(parts)
+        self._raw = memoryview(built)  # built once: a payload is immutable once wrapped
+        return built
 
     def __len__(self) -> int:
         return len(self.value)

@@ -15,6 +15,7 @@ re-signs what it emits with its own key.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 from collections.abc import Iterable
@@ -25,9 +26,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from app._gen.prism.envelope.draft import envelope_pb2 as dpb
 from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
-from app.envelope.codec import Layout, _detect, encode_parts, security_record
+from app.envelope.codec import DEFAULT_LIMITS, Layout, Limits, _detect, decode_records, encode_parts, security_record
 from app.envelope.model import Envelope
-from app.envelope.wire import LEN, iter_records
+from app.envelope.wire import LEN, scan
 from app.errors import AlgorithmError, DecodeError, SignatureError, UnknownKeyError
 
 HMAC_SHA256 = "hmac-sha256"
@@ -117,8 +118,14 @@ class SignatureInfo:
     algorithm: str
 
 
-def _mac(secret: bytes, parts: Iterable[bytes | memoryview]) -> bytes:
-    m = hmac.new(secret, digestmod=hashlib.sha256)
+@functools.lru_cache(maxsize=256)
+def _hmac_state(secret: bytes) -> hmac.HMAC:
+    # The keyed inner/outer pad state, computed once per key; each message copies it.
+    return hmac.new(secret, digestmod=hashlib.sha256)
+
+
+def _mac(secret: bytes, parts: list[bytes | memoryview]) -> bytes:
+    m = _hmac_state(secret).copy()
     for p in parts:
         m.update(p)
     return m.digest()
@@ -153,25 +160,11 @@ def verify(data: bytes | memoryview, keys: VerificationKeys, *, layout: Layout |
     missing, malformed or wrong (comparison is constant-time), `UnknownKeyError` if the
     named key is not trusted."""
     view = memoryview(data)
-    records = list(iter_records(view))
+    records = scan(view)
     lay = layout or _detect(records)
-    sf = lay.security_field
-    signed: list[memoryview] = []
-    sec_bytes: list[memoryview] = []
-    run = 0
-    for r in records:
-        if r.field == sf:
-            if r.wire_type != LEN:
-                raise DecodeError(f"security field {sf} must be length-delimited", path=f"byte {r.start}")
-            if r.start > run:
-                signed.append(view[run : r.start])
-            sec_bytes.append(view[r.value_start : r.end])
-            run = r.end
-    if run < len(view):
-        signed.append(view[run:])
+    signed, sec_bytes = _signed_runs(view, records, lay)
     if not sec_bytes:
-        raise SignatureError("envelope is not signed (no security context)", path="security.signature",
-                             hint="sign it in the producer, or set the namespace's signature policy to optional")
+        raise _not_signed("envelope is not signed (no security context)")
     # The two layouts' SecurityContext share field numbers 1-9 but not the nested
     # EncryptionMetadata, so each is read with its own class.
     sec = vpb.SecurityContext() if lay is Layout.REVIEWED else dpb.SecurityContext()
@@ -179,22 +172,64 @@ def verify(data: bytes | memoryview, keys: VerificationKeys, *, layout: Layout |
         sec.MergeFromString(b"".join(sec_bytes))
     except Exception as exc:
         raise DecodeError("security context is not valid protobuf", path="security") from exc
-    if not sec.signature:
-        raise SignatureError("envelope is not signed", path="security.signature",
-                             hint="sign it in the producer, or set the namespace's signature policy to optional")
-    alg = sec.signature_algorithm
+    return _check(sec.signature, sec.signature_algorithm, sec.signature_key_id, signed, keys)
+
+
+def verify_and_decode(
+    data: bytes | memoryview, keys: VerificationKeys, *, layout: Layout | None = None, limits: Limits = DEFAULT_LIMITS
+) -> tuple[Envelope, SignatureInfo]:
+    """Decode and verify in one pass over the records (what a consumer normally wants)."""
+    view = memoryview(data)
+    records = scan(view)
+    lay = layout or _detect(records)
+    signed, sec_bytes = _signed_runs(view, records, lay)
+    env = decode_records(view, records, lay, limits)
+    sec = env.security
+    if not sec_bytes or sec is None:
+        raise _not_signed("envelope is not signed (no security context)")
+    return env, _check(sec.signature, sec.signature_algorithm, sec.signature_key_id, signed, keys)
+
+
+def _signed_runs(
+    view: memoryview, records: list[tuple[int, int, int, int, int]], lay: Layout
+) -> tuple[list[memoryview], list[memoryview]]:
+    sf = lay.security_field
+    signed: list[memoryview] = []
+    sec_bytes: list[memoryview] = []
+    run = 0
+    for fno, wt, start, vstart, end in records:
+        if fno == sf:
+            if wt != LEN:
+                raise DecodeError(f"security field {sf} must be length-delimited", path=f"byte {start}")
+            if start > run:
+                signed.append(view[run:start])
+            sec_bytes.append(view[vstart:end])
+            run = end
+    if run < len(view):
+        signed.append(view[run:])
+    return signed, sec_bytes
+
+
+def _not_signed(message: str) -> SignatureError:
+    return SignatureError(message, path="security.signature",
+                          hint="sign it in the producer, or set the namespace's signature policy to optional")
+
+
+def _check(signature: bytes, alg: str, key_id: str, signed: list[memoryview], keys: VerificationKeys) -> SignatureInfo:
+    if not signature:
+        raise _not_signed("envelope is not signed")
     if alg not in ALGORITHMS:
         raise AlgorithmError(f"signature algorithm {alg!r} is not supported", path="security.signature_algorithm",
                              hint=f"use one of {sorted(ALGORITHMS)}")
-    for k in keys.candidates(sec.signature_key_id, alg):
+    for k in keys.candidates(key_id, alg):
         if alg == HMAC_SHA256:
             assert k.secret is not None
-            if hmac.compare_digest(_mac(k.secret, signed), sec.signature):
+            if hmac.compare_digest(_mac(k.secret, signed), signature):
                 return SignatureInfo(k.key_id, alg)
         else:
             assert k.public_key is not None
             try:
-                k.public_key.verify(sec.signature, b"".join(signed))
+                k.public_key.verify(signature, b"".join(signed))
                 return SignatureInfo(k.key_id, alg)
             except InvalidSignature:
                 pass

@@ -94,7 +94,7 @@ def test_unknown_fields_survive_round_trip():
     env = sample()
     data = encode(env)
     # a newer producer adds top-level field 5 and metadata field 13
-    future = data + b"\x2a\x03new" 
+    future = data + b"\x2a\x03new"
     env2 = decode(future)
     md_unknown = b"\x6a\x02hi"  # field 13, LEN
     env2.metadata.MergeFromString(md_unknown)

@@ -1,8 +1,8 @@
+import pytest
+
 from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
 from app.envelope import Envelope, decode, new_envelope, sanity_problems, validate
 from app.errors import ValidationError
-
-import pytest
 
 
 def test_valid_envelope_passes():
