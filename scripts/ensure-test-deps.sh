@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# System tools the integration tests need that pip cannot provide.
-# kcat is an independent Kafka client: end-to-end tests use it so that no code of ours
-# is on both ends of a topic.
+# System packages the integration tests need that pip cannot provide (Debian packages):
+#   kcat                      an independent Kafka client, so end-to-end tests have no code of
+#                             ours on both ends of a topic
+#   chromium, chromium-driver headless browser for the schema registry UI test
 set -euo pipefail
-if ! command -v kcat >/dev/null 2>&1; then
-  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-    echo "installing kcat (Debian package) for the end-to-end tests"
-    (apt-get install -y -qq kcat >/dev/null 2>&1) || (apt-get update -qq >/dev/null && apt-get install -y -qq kcat >/dev/null)
-  else
-    echo "kcat is missing: install it (Debian/Ubuntu: apt-get install kcat) - the end-to-end tests need it" >&2
+need=()
+command -v kcat >/dev/null 2>&1 || need+=(kcat)
+[ -x /usr/bin/chromium ] || need+=(chromium)
+[ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing ${need[*]} (Debian packages) for the integration tests"
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null 2>&1; then
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
   fi
+else
+  echo "missing ${need[*]}: install them (Debian/Ubuntu: apt-get install ${need[*]}); the tests that need them fail under CI=true" >&2
 fi

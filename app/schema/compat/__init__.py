@@ -23,7 +23,7 @@ from app.schema.compat.base import Change
 from app.schema.model import CompatibilityMode, CompatResult, Finding, SchemaFormat, Severity
 from app.schema.protoparse import ProtoSchema, compile_proto
 
-__all__ = ["CheckOptions", "Change", "check", "diff", "parse_schema"]
+__all__ = ["Change", "CheckOptions", "check", "diff", "parse_schema"]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,453 @@
+"""``prism schema ...`` commands (typer sub-app; the main CLI mounts ``schema_app``).
+
+Exit codes follow RFC-030's CI workflows: 0 = ok, 1 = breaking change / rejected /
+audit failures, 2 = usage or I/O error. Commands that talk to a registry take
+``--registry`` (env ``PRISM_REGISTRY_URL``, default ``http://127.0.0.1:8081``); ``check``,
+``validate``, ``audit --dir`` and ``codegen --file`` also work offline on files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from app.schema.compat import check as compat_check
+from app.schema.model import CompatibilityMode, SchemaError, SchemaFormat
+from app.schema.pii import PiiPolicy, audit, check_policy
+
+schema_app = typer.Typer(help="Schema registry: register, discover, check compatibility, govern PII.",
+                         no_args_is_help=True)
+policy_app = typer.Typer(help="Per-namespace policy (compatibility, PII tags, approvals).", no_args_is_help=True)
+schema_app.add_typer(policy_app, name="policy")
+
+RegistryOpt = Annotated[str, typer.Option("--registry", envvar="PRISM_REGISTRY_URL", help="registry base URL")]
+DEFAULT_REGISTRY = "http://127.0.0.1:8081"
+ActorOpt = Annotated[str, typer.Option("--actor", envvar="PRISM_ACTOR", help="who is acting (audit log)")]
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, body: Any) -> None:
+        msg = body.get("message") if isinstance(body, dict) else str(body)
+        super().__init__(f"HTTP {status}: {msg}")
+        self.status, self.body = status, body
+
+
+def _api(base: str, method: str, path: str, body: Any = None, actor: str | None = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(base.rstrip("/") + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json", "Accept": "application/json",
+                                          **({"X-Prism-Actor": actor} if actor else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read().decode() or "null")
+    except urllib.error.HTTPError as e:
+        raw = e.read().decode()
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            parsed = raw
+        raise ApiError(e.code, parsed) from None
+    except urllib.error.URLError as e:
+        typer.echo(f"❌ cannot reach registry {base}: {e.reason}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _q(s: str) -> str:
+    return urllib.parse.quote(s, safe="")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        typer.echo(f"❌ cannot read {path}: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _fmt(path: Path, fmt: str | None) -> SchemaFormat:
+    try:
+        return SchemaFormat.parse(fmt) if fmt else SchemaFormat.from_filename(path.name)
+    except ValueError as e:
+        typer.echo(f"❌ {e}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _mode(mode: str) -> CompatibilityMode:
+    alias = {"strict": "FULL", "check_backward": "BACKWARD"}
+    try:
+        return CompatibilityMode.parse(alias.get(mode.lower(), mode))
+    except ValueError as e:
+        typer.echo(f"❌ {e}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _print_findings(findings: list[dict[str, Any]] | list[Any]) -> None:
+    for f in findings:
+        d = f if isinstance(f, dict) else f.to_dict()
+        icon = "❌" if d["severity"] == "breaking" else "⚠️ "
+        typer.echo(f"   {icon} {d['path']}: {d['reason']} [{d['rule']}]")
+        if d.get("hint"):
+            typer.echo(f"      ℹ️  {d['hint']}")
+
+
+@schema_app.command()
+def register(
+    file: Annotated[Path, typer.Option("--file", "-f", help="schema file (.proto, .avsc, .json)")],
+    topic: Annotated[str, typer.Option("--topic", "--subject", help="subject / topic name")],
+    version: Annotated[str | None, typer.Option(help="version label, e.g. v2")] = None,
+    namespace: Annotated[str | None, typer.Option(help="namespace (default: topic prefix)")] = None,
+    compatibility: Annotated[str | None, typer.Option(help="set the subject's compatibility mode first")] = None,
+    owner_team: Annotated[str | None, typer.Option("--owner-team")] = None,
+    fmt: Annotated[str | None, typer.Option("--format")] = None,
+    registry: RegistryOpt = DEFAULT_REGISTRY,
+    actor: ActorOpt = os.environ.get("USER", "cli"),
+) -> None:
+    """Register a schema version. Exit 1 when the registry rejects it (incompatible, PII policy)."""
+    text = _read(file)
+    meta: dict[str, Any] = {}
+    if owner_team:
+        meta["owner_team"] = owner_team
+    if compatibility:
+        meta["compatibility_mode"] = _mode(compatibility).value
+    try:
+        r = _api(registry, "POST", "/v1/schemas", {"topic": topic, "schema": text, "format": _fmt(file, fmt).value,
+                                                   "version": version, "namespace": namespace, "metadata": meta},
+                 actor)
+    except ApiError as e:
+        body = e.body if isinstance(e.body, dict) else {}
+        if e.status == 409:
+            typer.echo("❌ Registration blocked: Breaking changes detected")
+        elif e.status == 422 and body.get("findings"):
+            typer.echo("❌ Registration blocked by PII policy")
+        else:
+            typer.echo(f"❌ {e}")
+        _print_findings(body.get("findings", []))
+        if e.status == 409 and "approval" in str(body.get("message", "")):
+            typer.echo(f"ℹ️  Policy requires approval for breaking changes\n   Create approval request: "
+                       f"prism schema approve-request --schema-file {file} --topic {topic}")
+        raise typer.Exit(1) from None
+    verb = "registered" if r["created"] else "already registered (idempotent)"
+    typer.echo(f"✅ Schema {verb}: {r['schema_id']} ({topic} version {r['version']}{' ' + r['label'] if r['label'] else ''})")
+    typer.echo(f"   URL: {r['schema_url']}\n   Hash: {r['hash']}")
+    _print_findings(r["validation"]["warnings"])
+
+
+@schema_app.command("list")
+def list_(
+    topic: Annotated[str | None, typer.Option("--topic", "--subject")] = None,
+    namespace: Annotated[str | None, typer.Option()] = None,
+    registry: RegistryOpt = DEFAULT_REGISTRY,
+) -> None:
+    """List subjects, or a subject's versions with status and active consumers."""
+    import datetime as dt
+
+    try:
+        if topic is None:
+            rows = _api(registry, "GET", "/v1/subjects" + (f"?namespace={_q(namespace)}" if namespace else ""))
+            typer.echo(f"{'SUBJECT':40} {'NAMESPACE':16} {'LATEST':7} FORMAT")
+            for r in rows:
+                typer.echo(f"{r['subject']:40} {r['namespace']:16} v{r['latest_version']:<6} {r['format']}")
+            return
+        rows = _api(registry, "GET", f"/v1/subjects/{_q(topic)}/versions")
+    except ApiError as e:
+        typer.echo(f"❌ {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{'VERSION':9} {'LABEL':8} {'STATUS':10} {'CONSUMERS':10} PUBLISHED")
+    for r in rows:
+        day = dt.datetime.fromtimestamp(r["created_at"], dt.UTC).date().isoformat()
+        typer.echo(f"v{r['version']:<8} {r['label'] or '':8} {r['status']:10} {r['active_consumers']:<10} {day}")
+
+
+@schema_app.command()
+def get(
+    topic: Annotated[str, typer.Option("--topic", "--subject")],
+    version: Annotated[str, typer.Option()] = "latest",
+    output: Annotated[Path | None, typer.Option(help="directory to write the schema file into")] = None,
+    registry: RegistryOpt = DEFAULT_REGISTRY,
+) -> None:
+    """Print (or save) a schema version."""
+    try:
+        r = _api(registry, "GET", f"/v1/subjects/{_q(topic)}/versions/{_q(version)}")
+    except ApiError as e:
+        typer.echo(f"❌ {e}", err=True)
+        raise typer.Exit(1) from None
+    if output is None:
+        typer.echo(r["schema"], nl=False)
+        return
+    ext = {"PROTOBUF": "proto", "AVRO": "avsc", "JSON": "json"}[r["format"]]
+    output.mkdir(parents=True, exist_ok=True)
+    dest = output / f"{topic}.v{r['version']}.{ext}"
+    dest.write_text(r["schema"], encoding="utf-8")
+    typer.echo(f"✅ wrote {dest} ({r['hash']})")
+
+
+def _report(result: Any, against: str) -> None:
+    if result.is_compatible:
+        typer.echo(f"✅ Compatible with {against} ({result.mode.value})")
+    else:
+        typer.echo(f"❌ NOT {result.mode.value.lower()} compatible with {against}")
+    _print_findings([*result.breaking, *result.warnings])
+
+
+@schema_app.command()
+def check(
+    topic: Annotated[str | None, typer.Option("--topic", "--subject", help="producer subject in the registry")] = None,
+    consumer_schema: Annotated[Path | None, typer.Option("--consumer-schema", help="schema your consumer reads with")] = None,
+    old: Annotated[Path | None, typer.Option(help="offline: previous schema file")] = None,
+    new: Annotated[Path | None, typer.Option(help="offline: new schema file")] = None,
+    mode: Annotated[str, typer.Option(help="backward|forward|full|*_transitive|none|strict")] = "backward",
+    fmt: Annotated[str | None, typer.Option("--format")] = None,
+    registry: RegistryOpt = DEFAULT_REGISTRY,
+) -> None:
+    """Compatibility check for CI. Exit 1 on breaking changes.
+
+    Consumer mode (``--topic --consumer-schema``): can a consumer built with this schema read
+    what the producer's latest version writes? Offline mode: ``--old A --new B --mode ...``.
+    """
+    m = _mode(mode)
+    try:
+        if old is not None and new is not None:
+            f = _fmt(new, fmt)
+            result = compat_check(f, _read(new), [(str(old), _read(old))], m)
+            _report(result, str(old))
+        elif topic and consumer_schema:
+            try:
+                producer = _api(registry, "GET", f"/v1/subjects/{_q(topic)}/versions/latest")
+            except ApiError as e:
+                typer.echo(f"❌ {e}", err=True)
+                raise typer.Exit(2) from None
+            f = SchemaFormat.parse(producer["format"])
+            label = producer.get("label") or f"v{producer['version']}"
+            # "Can my consumer read the producer's data?" is a reader/writer question: the consumer
+            # schema plays the OLD reader and the producer's latest the NEW writer, i.e. FORWARD.
+            # (Running BACKWARD with the roles swapped would apply successor-version rules such as
+            # "removed without reserved" to a consumer that simply ignores some fields.)
+            swapped = {"BACKWARD": "FORWARD", "FORWARD": "BACKWARD", "BACKWARD_TRANSITIVE": "FORWARD",
+                       "FORWARD_TRANSITIVE": "BACKWARD", "FULL_TRANSITIVE": "FULL"}.get(m.value, m.value)
+            result = compat_check(f, producer["schema"], [("consumer schema", _read(consumer_schema))], swapped)
+            _report(result, f"producer schema {label}")
+        else:
+            typer.echo("❌ use --topic with --consumer-schema, or --old with --new", err=True)
+            raise typer.Exit(2)
+    except SchemaError as e:
+        typer.echo(f"❌ invalid schema: {e}", err=True)
+        raise typer.Exit(2) from None
+    if not result.is_compatible:
+        raise typer.Exit(1)
+
+
+@schema_app.command()
+def validate(
+    file: Annotated[Path, typer.Option("--file", "-f")],
+    against: Annotated[Path | None, typer.Option(help="previous version file (offline)")] = None,
+    topic: Annotated[str | None, typer.Option("--topic", "--subject", help="check against the registry")] = None,
+    check_backward: Annotated[bool, typer.Option("--check-backward")] = False,
+    check_forward: Annotated[bool, typer.Option("--check-forward")] = False,
+    check_full: Annotated[bool, typer.Option("--check-full")] = False,
+    pii_policy: Annotated[str, typer.Option(help="enforce|warn|off")] = "warn",
+    fmt: Annotated[str | None, typer.Option("--format")] = None,
+    registry: RegistryOpt = DEFAULT_REGISTRY,
+) -> None:
+    """Validate a schema file: it parses, PII tags (per --pii-policy), and optionally compatibility."""
+    f = _fmt(file, fmt)
+    text = _read(file)
+    try:
+        from app.schema.compat import parse_schema
+
+        parse_schema(f, text)
+    except SchemaError as e:
+        typer.echo(f"❌ invalid schema: {e}")
+        raise typer.Exit(1) from None
+    typer.echo(f"✅ {file} is a valid {f.value} schema")
+    failed = False
+    pii = check_policy(f, text, PiiPolicy.parse(pii_policy))
+    if pii:
+        _print_findings(pii)
+        failed |= any(x.severity.value == "breaking" for x in pii)
+    mode = "FULL" if check_full else "FORWARD" if check_forward else "BACKWARD" if check_backward else None
+    if mode:
+        if against is not None:
+            result = compat_check(f, text, [(str(against), _read(against))], mode)
+            _report(result, str(against))
+        elif topic:
+            try:
+                res = _api(registry, "POST", f"/v1/subjects/{_q(topic)}/check",
+                           {"schema": text, "format": f.value, "mode": mode})
+            except ApiError as e:
+                typer.echo(f"❌ {e}", err=True)
+                raise typer.Exit(2) from None
+            ok = res["is_compatible"]
+            typer.echo(f"{'✅' if ok else '❌ NOT'} {mode.lower()} compatible with {topic} (registry)")
+            _print_findings([*res["breaking_changes"], *res["warnings"]])
+            failed |= not ok
+            result = None
+        else:
+            typer.echo("❌ --check-* needs --against FILE or --topic", err=True)
+            raise typer.Exit(2)
+        if result is not None:
+            failed |= not result.is_compatible
+    if failed:
+        raise typer.Exit(1)
+
+
+@schema_app.command("audit")
+def audit_cmd(
+    check_pii: Annotated[bool, typer.Option("--check-pii")] = True,
+    directory: Annotated[Path | None, typer.Option("--dir", help="audit schema files under a directory")] = None,
+    registry: RegistryOpt = DEFAULT_REGISTRY,
+) -> None:
+    """PII audit over all schemas (registry or a directory). Exit 1 when any schema has untagged PII."""
+    if directory is not None:
+        files = sorted(p for p in directory.rglob("*") if p.suffix in (".proto", ".avsc", ".json"))
+        entries = audit((str(p.relative_to(directory)), SchemaFormat.from_filename(p.name), p.read_text())
+                        for p in files)
+        rows = [{"schema": e.label, "ok": e.ok, "untagged": list(e.untagged)} for e in entries]
+    else:
+        rows = _api(registry, "GET", "/v1/pii/audit")
+    for r in rows:
+        if r["ok"]:
+            typer.echo(f"✅ {r['schema']}: All PII fields tagged")
+        for p in r["untagged"]:
+            typer.echo(f"❌ {r['schema']}: Field '{p.rsplit('.', 1)[-1]}' missing @prism.pii tag")
+    if any(not r["ok"] for r in rows):
+        raise typer.Exit(1)
+
+
+@policy_app.command("set")
+def policy_set(
+    namespace: Annotated[str | None, typer.Option(help="namespace (omit with --global)")] = None,
+    global_: Annotated[bool, typer.Option("--global")] = False,
+    compatibility: Annotated[str | None, typer.Option()] = None,
+    require_pii_tags: Annotated[bool, typer.Option("--require-pii-tags", help="= --pii-policy enforce")] = False,
+    pii_policy: Annotated[str | None, typer.Option(help="enforce|warn|off")] = None,
+    approval_required_for: Annotated[str | None, typer.Option("--approval-required-for",
+                                                              help="'breaking' or 'none'")] = None,
+    registry: RegistryOpt = DEFAULT_REGISTRY,
+    actor: ActorOpt = os.environ.get("USER", "cli"),
+) -> None:
+    """Set a namespace's (or the global) policy."""
+    if not namespace and not global_:
+        typer.echo("❌ pass --namespace NAME or --global", err=True)
+        raise typer.Exit(2)
+    body = {"compatibility": _mode(compatibility).value if compatibility else None,
+            "pii_policy": "enforce" if require_pii_tags else pii_policy,
+            "approval_required": None if approval_required_for is None else approval_required_for == "breaking"}
+    try:
+        r = _api(registry, "PUT", f"/v1/policies/{_q(namespace or '__global__')}", body, actor)
+    except ApiError as e:
+        typer.echo(f"❌ {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"✅ policy for {namespace or 'global'}: {json.dumps(r)}")
+
+
+@policy_app.command("get")
+def policy_get(namespace: Annotated[str, typer.Option()], registry: RegistryOpt = DEFAULT_REGISTRY) -> None:
+    typer.echo(json.dumps(_api(registry, "GET", f"/v1/policies/{_q(namespace)}"), indent=2))
+
+
+@schema_app.command("approve-request")
+def approve_request(
+    schema_file: Annotated[Path, typer.Option("--schema-file")],
+    topic: Annotated[str, typer.Option("--topic", "--subject")],
+    reason: Annotated[str, typer.Option()] = "",
+    fmt: Annotated[str | None, typer.Option("--format")] = None,
+    registry: RegistryOpt = DEFAULT_REGISTRY,
+    actor: ActorOpt = os.environ.get("USER", "cli"),
+) -> None:
+    """Ask for approval of a breaking change (a different person approves with ``approve``)."""
+    r = _api(registry, "POST", "/v1/approvals", {"subject": topic, "schema": _read(schema_file),
+                                                 "format": _fmt(schema_file, fmt).value, "reason": reason}, actor)
+    typer.echo(f"✅ approval request #{r['id']} created ({r['status']}); approve with: "
+               f"prism schema approve --id {r['id']}")
+
+
+@schema_app.command()
+def approve(
+    id: Annotated[int, typer.Option("--id")],
+    reject: Annotated[bool, typer.Option("--reject")] = False,
+    registry: RegistryOpt = DEFAULT_REGISTRY,
+    actor: ActorOpt = os.environ.get("USER", "cli"),
+) -> None:
+    """Approve (or --reject) an approval request."""
+    try:
+        r = _api(registry, "POST", f"/v1/approvals/{id}/{'reject' if reject else 'approve'}", {}, actor)
+    except ApiError as e:
+        typer.echo(f"❌ {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"✅ request #{id} {r['status']} by {r['decided_by']}")
+
+
+@schema_app.command()
+def codegen(
+    output: Annotated[Path, typer.Option("--output", "-o")],
+    file: Annotated[Path | None, typer.Option("--file", "-f")] = None,
+    topic: Annotated[str | None, typer.Option("--topic", "--subject")] = None,
+    version: Annotated[str, typer.Option()] = "latest",
+    language: Annotated[str, typer.Option()] = "python",
+    registry: RegistryOpt = DEFAULT_REGISTRY,
+) -> None:
+    """Generate Python code (``*_pb2.py`` + ``.pyi``) from a protobuf schema file or registry version."""
+    if language.lower() not in ("python", "py"):
+        typer.echo(f"❌ language {language!r} is not supported (python only)", err=True)
+        raise typer.Exit(2)
+    if file is not None:
+        text, name = _read(file), file.name
+    elif topic:
+        r = _api(registry, "GET", f"/v1/subjects/{_q(topic)}/versions/{_q(version)}")
+        if r["format"] != "PROTOBUF":
+            typer.echo("❌ codegen supports protobuf schemas only", err=True)
+            raise typer.Exit(2)
+        text, name = r["schema"], topic.replace(".", "_").replace("-", "_") + ".proto"
+    else:
+        typer.echo("❌ pass --file or --topic", err=True)
+        raise typer.Exit(2)
+    try:
+        written = generate_python(text, name, output)
+    except SchemaError as e:
+        typer.echo(f"❌ {e}", err=True)
+        raise typer.Exit(1) from None
+    for p in written:
+        typer.echo(f"✅ generated {p}")
+
+
+def generate_python(text: str, filename: str, output: Path) -> list[Path]:
+    """Run protoc's Python generator on one schema text; returns the written files.
+
+    The schema is compiled first (same errors as registration). When it imports
+    ``prism/annotations.proto``, that module is generated too, so the output directory is
+    importable on its own (``from prism import annotations_pb2`` is what protoc emits).
+    """
+    import tempfile
+
+    from grpc_tools import protoc
+
+    from app.schema.protoparse import _PKG_PROTO, _call_capturing_stderr, _wkt_include, compile_proto
+
+    compiled = compile_proto(text, filename)
+    targets = [filename]
+    if filename != "prism/annotations.proto" and any(f.name == "prism/annotations.proto" for f in compiled.files):
+        targets.append("prism/annotations.proto")
+    output.mkdir(parents=True, exist_ok=True)
+    before = {p: p.stat().st_mtime_ns for p in output.rglob("*") if p.is_file()}
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / filename
+        src.parent.mkdir(parents=True, exist_ok=True)
+        src.write_text(text, encoding="utf-8")
+        err = Path(tmp) / "err"
+        args = ["protoc", f"-I{tmp}", f"-I{_PKG_PROTO}", f"-I{_wkt_include()}", f"--python_out={output}",
+                f"--pyi_out={output}", *targets]
+        if _call_capturing_stderr(lambda: protoc.main(args), err) != 0:
+            raise SchemaError(err.read_text())
+    return sorted(p for p in output.rglob("*") if p.is_file() and before.get(p) != p.stat().st_mtime_ns)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(schema_app())

@@ -1,0 +1,305 @@
+"""Resolve a namespace's schema config ONCE at start-up into an immutable ``ResolvedSchema``.
+
+RFC-030's key principle is zero per-message overhead: the enrich stage attaches the
+``SchemaContext`` (url, version, format, hash, name, compatibility) and ``contains_pii``
+from a value computed here, never from a lookup per message. Sources:
+
+- ``registry_type: prism``     — this registry's ``/v1`` API (``registry_url``, ``subject``, ``version``)
+- ``registry_type: confluent`` — any Confluent-compatible registry (``url``, ``subject``, ``version``)
+- ``registry_type: git``       — a file in a git repository (local path or ``file://`` URL, no
+  network) pinned by ``ref`` (tag or commit); cached with a TTL and hash-checked on every load
+- ``registry_type: local``     — a plain file (``path``)
+
+``expected_hash`` (optional) pins the content: a mismatch raises :class:`SchemaTampered`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.schema.canonical import schema_hash
+from app.schema.model import CompatibilityMode, SchemaError, SchemaFormat
+from app.schema.pii import pii_fields as compute_pii_fields
+from app.schema.protoparse import WIRE_LEN, iter_wire
+
+
+class SchemaResolutionError(RuntimeError):
+    """The configured schema could not be fetched or parsed (fail at start-up, not per message)."""
+
+
+class SchemaTampered(SchemaResolutionError):
+    """The fetched content does not hash to the pinned/previously seen value."""
+
+
+# _Tree: field number -> (name, deprecated, child tree for message fields or None)
+_Tree = dict[int, tuple[str, bool, "dict | None"]]
+
+
+@dataclass(frozen=True)
+class ResolvedSchema:
+    """Everything the pipeline needs about a namespace's schema, computed once."""
+
+    url: str
+    version: str
+    format: SchemaFormat
+    hash: str
+    name: str
+    compatibility: str
+    pii_fields: tuple[str, ...] = ()
+    deprecated_fields: tuple[str, ...] = ()
+    schema_text: str = field(default="", repr=False)
+    _tree: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def contains_pii(self) -> bool:
+        return bool(self.pii_fields)
+
+    def schema_context(self, deprecated_fields_used: list[str] | None = None) -> dict[str, Any]:
+        """Field values for the envelope's ``SchemaContext`` (RFC-031 field names)."""
+        return {
+            "schema_url": self.url, "schema_version": self.version, "schema_format": self.format.value.lower(),
+            "schema_hash": self.hash, "schema_name": self.name, "compatibility_mode": self.compatibility,
+            "deprecated_fields_used": list(deprecated_fields_used or []),
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# protobuf helpers: root message, deprecated fields, payload walk
+
+
+def _proto_tree(text: str, message: str | None) -> tuple[str, _Tree, list[str]]:
+    from app.schema.protoparse import compile_proto
+
+    schema = compile_proto(text)
+    main = schema.main
+    by_name: dict[str, Any] = {}
+
+    def index(msgs: Any, prefix: str) -> None:
+        for m in msgs:
+            by_name[f"{prefix}{m.name}"] = m
+            index(m.nested_type, f"{prefix}{m.name}.")
+
+    for fd in schema.files:
+        index(fd.message_type, f"{fd.package}." if fd.package else "")
+    pkg = f"{main.package}." if main.package else ""
+    if message:
+        root_name = message if message in by_name else pkg + message
+    elif main.message_type:
+        root_name = pkg + main.message_type[0].name
+    else:
+        raise SchemaResolutionError("protobuf schema defines no message")
+    if root_name not in by_name:
+        raise SchemaResolutionError(f"message {message!r} not found in schema")
+    deprecated: list[str] = []
+    memo: dict[str, _Tree] = {}
+
+    def build(full: str, path: str, depth: int) -> _Tree:
+        if full in memo:
+            return memo[full]
+        tree: _Tree = {}
+        memo[full] = tree  # recursion-safe: self-references share the same dict
+        for f in by_name[full].field:
+            child = None
+            if f.type == f.TYPE_MESSAGE and f.type_name.lstrip(".") in by_name and depth < 16:
+                child = build(f.type_name.lstrip("."), f"{path}{f.name}.", depth + 1)
+            if f.options.deprecated:
+                deprecated.append(f"{path}{f.name}")
+            tree[f.number] = (f.name, f.options.deprecated, child)
+        return tree
+
+    tree = build(root_name, "", 0)
+    return root_name, tree, sorted(set(deprecated))
+
+
+def deprecated_fields_used(payload: bytes | memoryview, resolved: ResolvedSchema) -> list[str]:
+    """Names (dotted paths) of ``[deprecated = true]`` fields this protobuf payload actually sets.
+
+    Walks the wire records against the tree precomputed at resolution time — no message
+    class, no full decode; cost is one pass over the payload's tags. Non-protobuf schemas
+    and schemas without deprecated fields return ``[]`` without touching the payload.
+    """
+    if resolved._tree is None or not resolved.deprecated_fields:
+        return []
+    found: list[str] = []
+    seen: set[str] = set()
+
+    def walk(buf: bytes | memoryview, tree: _Tree, prefix: str, depth: int) -> None:
+        for number, wt, value in iter_wire(buf):
+            entry = tree.get(number)
+            if entry is None:
+                continue
+            name, deprecated, child = entry
+            path = prefix + name
+            if deprecated and path not in seen:
+                seen.add(path)
+                found.append(path)
+            if child and wt == WIRE_LEN and depth < 16 and isinstance(value, memoryview):
+                walk(value, child, path + ".", depth + 1)
+
+    try:
+        walk(payload, resolved._tree, "", 0)
+    except ValueError:
+        return found  # malformed payload: report what was seen; validation is not this function's job
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# sources
+
+
+def _http_json(url: str, timeout: float = 10.0) -> Any:
+    req = urllib.request.Request(url, headers={"Accept": "application/vnd.schemaregistry.v1+json, application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read().decode())
+    except Exception as e:
+        raise SchemaResolutionError(f"GET {url} failed: {e}") from e
+
+
+class GitSchemaSource:
+    """Schemas in a git repository (local path or ``file://`` URL), pinned by tag or commit.
+
+    Loaded texts are cached for ``ttl`` seconds per (repo, ref, path). Tamper detection: the
+    first load of a pinned ref records the content hash; every later load (cache hit or
+    re-read after expiry) recomputes and compares it, so a moved tag or an edited cache
+    entry raises :class:`SchemaTampered` instead of silently changing the schema.
+    """
+
+    def __init__(self, ttl: float = 3600.0) -> None:
+        self.ttl = ttl
+        self._cache: dict[tuple[str, str, str], tuple[float, str, str, str]] = {}  # -> (t, text, hash, commit)
+        self._pinned: dict[tuple[str, str, str], str] = {}
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    @staticmethod
+    def _repo_path(repository: str) -> str:
+        if repository.startswith("file://"):
+            return urllib.parse.urlsplit(repository).path
+        if "://" in repository or repository.startswith("git@"):
+            raise SchemaResolutionError(f"only local git repositories are supported here: {repository}")
+        return repository
+
+    @staticmethod
+    def _git(repo: str, *args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", repo, *args], check=True, capture_output=True, text=True,
+                                  timeout=30).stdout
+        except subprocess.CalledProcessError as e:
+            raise SchemaResolutionError(f"git {' '.join(args)} failed: {e.stderr.strip()}") from e
+
+    def load(self, repository: str, ref: str, path: str, fmt: SchemaFormat,
+             expected_hash: str | None = None) -> tuple[str, str, str]:
+        """(text, hash, commit) of ``path`` at ``ref``."""
+        repo = self._repo_path(repository)
+        key = (repo, ref, path)
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit and time.monotonic() - hit[0] < self.ttl:
+                self.hits += 1
+                _, text, _h, commit = hit
+            else:
+                self.misses += 1
+                commit = self._git(repo, "rev-parse", "--verify", f"{ref}^{{commit}}").strip()
+                text = self._git(repo, "show", f"{commit}:{path}")
+                hit = None
+            h = schema_hash(fmt, text)  # recomputed on every load: the cache itself is not trusted
+            pinned = expected_hash or self._pinned.get(key)
+            if pinned and pinned != h:
+                raise SchemaTampered(f"{repository}@{ref}:{path} hashes to {h}, expected {pinned}")
+            self._pinned.setdefault(key, h)
+            if hit is None:
+                self._cache[key] = (time.monotonic(), text, h, commit)
+            return text, h, commit
+
+
+_DEFAULT_GIT = GitSchemaSource()
+
+
+def resolve_schema_config(config: Mapping[str, Any], *, git: GitSchemaSource | None = None) -> ResolvedSchema:
+    """Fetch, parse and summarize a namespace's ``schema:`` block. Raises at start-up on any problem."""
+    kind = str(config.get("registry_type", "prism")).lower()
+    version = str(config.get("version", "latest"))
+    compatibility = str(config.get("compatibility", "")).upper() or None
+    expected = config.get("expected_hash")
+    if kind in ("prism", "confluent"):
+        base = str(config.get("registry_url") or config.get("url") or "").rstrip("/")
+        subject = config.get("subject") or config.get("topic")
+        if not base or not subject:
+            raise SchemaResolutionError(f"{kind} schema config needs registry_url/url and subject")
+        q = urllib.parse.quote(str(subject), safe="")
+        if kind == "prism":
+            v = _http_json(f"{base}/v1/subjects/{q}/versions/{urllib.parse.quote(version, safe='')}")
+            text, fmt, number = v["schema"], SchemaFormat.parse(v["format"]), str(v["version"])
+            label = v.get("label") or f"v{number}"
+            url = f"{base}/v1/subjects/{subject}/versions/{number}"
+            if compatibility is None:
+                compatibility = _http_json(f"{base}/v1/policies/{urllib.parse.quote(v['namespace'], safe='')}") \
+                    .get("compatibility", "BACKWARD")
+        else:
+            v = _http_json(f"{base}/subjects/{q}/versions/{urllib.parse.quote(version, safe='')}")
+            text, fmt, number = v["schema"], SchemaFormat.parse(v.get("schemaType")), str(v["version"])
+            label = f"v{number}"
+            url = f"{base}/subjects/{subject}/versions/{number}"
+            if compatibility is None:
+                compatibility = _http_json(f"{base}/config/{q}?defaultToGlobal=true").get(
+                    "compatibilityLevel", "BACKWARD")
+        h = schema_hash(fmt, text)
+        if expected and expected != h:
+            raise SchemaTampered(f"{url} hashes to {h}, expected {expected}")
+    elif kind in ("git", "github"):
+        repository = config.get("repository") or config.get("repo")
+        path = config.get("path") or config.get("url")
+        ref = str(config.get("ref") or config.get("tag") or config.get("commit") or config.get("branch") or "HEAD")
+        if not repository or not path:
+            raise SchemaResolutionError("git schema config needs repository and path")
+        fmt = SchemaFormat.parse(config["format"]) if config.get("format") else SchemaFormat.from_filename(path)
+        text, h, commit = (git or _DEFAULT_GIT).load(str(repository), ref, str(path), fmt, expected)
+        label = version if version != "latest" else ref
+        url = f"{repository}@{commit}#{path}"
+    elif kind in ("local", "file"):
+        path = Path(str(config.get("path") or config.get("url")))
+        fmt = SchemaFormat.parse(config["format"]) if config.get("format") else SchemaFormat.from_filename(path.name)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as e:
+            raise SchemaResolutionError(f"cannot read {path}: {e}") from e
+        h = schema_hash(fmt, text)
+        if expected and expected != h:
+            raise SchemaTampered(f"{path} hashes to {h}, expected {expected}")
+        label, url = version, f"file://{path.resolve()}"
+    else:
+        raise SchemaResolutionError(f"unknown registry_type {kind!r}")
+    return build_resolved(text, fmt, url=url, version=label, compatibility=compatibility or "BACKWARD",
+                          message=config.get("message"), schema_hash_value=h)
+
+
+def build_resolved(text: str, fmt: SchemaFormat | str, *, url: str, version: str, compatibility: str = "BACKWARD",
+                   message: str | None = None, schema_hash_value: str | None = None) -> ResolvedSchema:
+    """Summarize an already-fetched schema (also used by tests and the SDK)."""
+    fmt = SchemaFormat.parse(fmt)
+    try:
+        compatibility = CompatibilityMode.parse(compatibility).value
+        h = schema_hash_value or schema_hash(fmt, text)
+        pii = tuple(compute_pii_fields(fmt, text))
+        tree, deprecated = None, ()
+        if fmt is SchemaFormat.PROTOBUF:
+            name, tree, dep = _proto_tree(text, message)
+            deprecated = tuple(dep)
+        else:
+            raw = json.loads(text)
+            name = (raw.get("name") or raw.get("title") or raw.get("$id") or "") if isinstance(raw, dict) else ""
+            if isinstance(raw, dict) and raw.get("namespace") and "." not in name:
+                name = f"{raw['namespace']}.{name}"
+    except (SchemaError, ValueError) as e:
+        raise SchemaResolutionError(f"schema at {url} is invalid: {e}") from e
+    return ResolvedSchema(url, version, fmt, h, name, compatibility, pii, deprecated, text, tree)

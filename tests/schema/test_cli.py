@@ -1,0 +1,104 @@
+"""``prism schema`` CLI against a live registry (and offline on files); exit codes for CI."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from app.schema.cli import schema_app
+
+runner = CliRunner()
+V1 = 'syntax = "proto3";\npackage orders.v1;\nmessage OrderCreated {\n  string order_id = 1;\n  double total = 3;\n}\n'
+V2 = V1.replace("double total = 3;", "double total = 3;\n  optional double tax_amount = 4;")
+V3 = V2.replace("optional double tax_amount = 4;", "optional double tax_amount = 4;\n  string payment_method = 5;")
+PII = 'syntax = "proto3";\nmessage UserProfileUpdated {\n  string user_id = 1;\n  string email = 2;\n  string phone = 3;\n}\n'
+
+
+def run(*args: str, registry: str | None = None) -> object:
+    extra = ["--registry", registry] if registry else []
+    cmd = list(args)
+    # options belong to the (sub)command: insert --registry after the command path
+    depth = 2 if cmd[0] == "policy" else 1
+    return runner.invoke(schema_app, [*cmd[:depth], *extra, *cmd[depth:]], catch_exceptions=False)
+
+
+def test_offline_check_and_validate(tmp_path: Path) -> None:
+    (tmp_path / "v2.proto").write_text(V2)
+    (tmp_path / "v3.proto").write_text(V3)
+    (tmp_path / "v1.proto").write_text(V1)
+    ok = run("check", "--old", str(tmp_path / "v1.proto"), "--new", str(tmp_path / "v2.proto"))
+    assert ok.exit_code == 0 and "✅ Compatible" in ok.output and "tax_amount" in ok.output
+    bad = run("check", "--old", str(tmp_path / "v2.proto"), "--new", str(tmp_path / "v3.proto"))
+    assert bad.exit_code == 1 and "payment_method" in bad.output and "REQUIRED_FIELD_ADDED" in bad.output
+    val = run("validate", "--file", str(tmp_path / "v3.proto"), "--check-backward", "--against",
+              str(tmp_path / "v2.proto"))
+    assert val.exit_code == 1 and "NOT backward compatible" in val.output
+    (tmp_path / "broken.proto").write_text("syntax = 'proto3'; message {")
+    assert run("validate", "--file", str(tmp_path / "broken.proto")).exit_code == 1
+    (tmp_path / "pii.proto").write_text(PII)
+    enforce = run("validate", "--file", str(tmp_path / "pii.proto"), "--pii-policy", "enforce")
+    assert enforce.exit_code == 1 and "Field 'email' contains PII" in enforce.output
+
+
+def test_registry_workflow(live_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    url = live_server.url
+    for name, text in (("v1.proto", V1), ("v2.proto", V2), ("v3.proto", V3), ("pii.proto", PII)):
+        (tmp_path / name).write_text(text)
+    r = run("register", "--file", str(tmp_path / "v1.proto"), "--topic", "orders.created", "--version", "v1",
+            "--compatibility", "backward", registry=url)
+    assert r.exit_code == 0 and "✅ Schema registered" in r.output, r.output
+    r = run("register", "--file", str(tmp_path / "v2.proto"), "--topic", "orders.created", "--version", "v2",
+            registry=url)
+    assert r.exit_code == 0 and "tax_amount" in r.output
+    r = run("register", "--file", str(tmp_path / "v3.proto"), "--topic", "orders.created", registry=url)
+    assert r.exit_code == 1 and "Breaking changes detected" in r.output and "payment_method" in r.output
+    r = run("list", "--topic", "orders.created", registry=url)
+    assert r.exit_code == 0 and "v2" in r.output and "current" in r.output
+    r = run("get", "--topic", "orders.created", "--version", "v2", "--output", str(tmp_path / "out"), registry=url)
+    assert r.exit_code == 0 and (tmp_path / "out" / "orders.created.v2.proto").read_text() == V2
+    # consumer-side CI check: consumer still on v1 reads producer v2
+    r = run("check", "--topic", "orders.created", "--consumer-schema", str(tmp_path / "v1.proto"), "--mode",
+            "backward", registry=url)
+    assert r.exit_code == 0 and "producer schema v2" in r.output
+    r = run("policy", "set", "--namespace", "users", "--require-pii-tags", "--approval-required-for", "breaking",
+            registry=url)
+    assert r.exit_code == 0 and '"pii_policy": "enforce"' in r.output
+    r = run("register", "--file", str(tmp_path / "pii.proto"), "--topic", "users.profile", registry=url)
+    assert r.exit_code == 1 and "PII policy" in r.output
+    live_server.registry.set_policy(actor="t", namespace="users", pii_policy="warn")
+    assert run("register", "--file", str(tmp_path / "pii.proto"), "--topic", "users.profile",
+               registry=url).exit_code == 0
+    r = run("audit", "--check-pii", registry=url)
+    assert r.exit_code == 1 and "users.profile.v1: Field 'email' missing @prism.pii tag" in r.output
+    assert "✅ orders.created.v2: All PII fields tagged" in r.output
+    r = run("approve-request", "--schema-file", str(tmp_path / "v3.proto"), "--topic", "orders.created",
+            "--actor", "alice", registry=url)
+    assert r.exit_code == 0 and "#1" in r.output
+
+
+def test_codegen_python_importable(tmp_path: Path) -> None:
+    src = tmp_path / "orders_created.proto"
+    src.write_text(V2.replace('package orders.v1;', 'package orders.v1;\nimport "prism/annotations.proto";')
+                   .replace("string order_id = 1;", 'string order_id = 1 [(prism.index) = "primary"];'))
+    out = tmp_path / "gen"
+    r = run("codegen", "--file", str(src), "--output", str(out), "--language", "python")
+    assert r.exit_code == 0, r.output
+    mod_path = out / "orders_created_pb2.py"
+    assert mod_path.exists() and (out / "orders_created_pb2.pyi").exists()
+    assert (out / "prism" / "annotations_pb2.py").exists()  # imported by the generated module
+    spec = importlib.util.spec_from_file_location("orders_created_pb2", mod_path)
+    assert spec and spec.loader
+    sys.path.insert(0, str(out))
+    try:
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        msg = mod.OrderCreated(order_id="o1", total=3.5, tax_amount=0.5)
+        assert mod.OrderCreated.FromString(msg.SerializeToString()).tax_amount == 0.5
+    finally:
+        sys.path.remove(str(out))
+        sys.modules.pop("prism.annotations_pb2", None)
+        sys.modules.pop("prism", None)
+    assert run("codegen", "--file", str(src), "--output", str(out), "--language", "go").exit_code == 2
