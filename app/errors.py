@@ -247,3 +247,128 @@ class EncryptionError(CryptoError):
     """The payload cannot be encrypted as asked (already encrypted, bad parameters, ...)."""
 
     code = "encryption_failed"
+
+
+# --------------------------------------------------------------------------- observability
+
+
+class TraceContextError(PrismError):
+    """Prism was asked to EMIT a trace context that is not valid W3C Trace Context.
+
+    Received values never raise this: a malformed incoming `traceparent` restarts the trace
+    (W3C Trace Context section "Versioning of traceparent"). Only a caller bug does.
+    """
+
+    code = "bad_trace_context"
+
+
+class AuditError(CryptoError):
+    """The audit sink failed, so the encryption operation was refused (RFC-031: every one is audited)."""
+
+    code = "audit_failed"
+
+
+# --------------------------------------------------------------------------- lakehouse
+
+
+class LakeError(PrismError):
+    """The archive or the Delta table cannot be read or written as asked."""
+
+    code = "lake_error"
+
+
+class ArchiveError(LakeError):
+    """An archive location, file or manifest that is missing, unreadable or inconsistent."""
+
+    code = "archive_error"
+
+
+class SchemaEvolutionError(LakeError):
+    """A batch whose columns conflict with the table's (a changed type, not an added column)."""
+
+    code = "schema_conflict"
+
+
+class RetentionError(LakeError):
+    """A vacuum retention shorter than the safe minimum, refused unless forced."""
+
+    code = "retention_too_short"
+
+
+# --------------------------------------------------------------------------- JWT authentication
+# Subclasses of AuthError so a stage can catch AuthError once; `code` tells the DLQ reason.
+
+
+class MissingTokenError(AuthError):
+    """The envelope carries no auth token where authentication is required."""
+
+    code = "missing_token"
+
+
+class MalformedTokenError(AuthError):
+    """Not a compact JWS/JWT at all: wrong segment count, bad base64url, bad JSON, too large."""
+
+    code = "malformed_token"
+
+
+class TokenAlgorithmError(AuthError):
+    """`alg` is `none`, not on the accepted list, or not the algorithm of the key `kid` names
+    (algorithm confusion)."""
+
+    code = "token_algorithm_rejected"
+
+
+class UnknownTokenKeyError(AuthError):
+    """The token's `kid` names no usable key in the configured JWKS."""
+
+    code = "unknown_token_key"
+
+
+class TokenSignatureError(AuthError):
+    """The token's signature does not verify with the key its `kid` names."""
+
+    code = "bad_token_signature"
+
+
+class TokenNotYetValidError(AuthError):
+    """`nbf` or `iat` lies in the future beyond the allowed clock skew."""
+
+    code = "token_not_yet_valid"
+
+
+class WrongIssuerError(AuthError):
+    code = "wrong_issuer"
+
+
+class WrongAudienceError(AuthError):
+    code = "wrong_audience"
+
+
+class MissingClaimError(AuthError):
+    """A required claim (configured, or the publisher-id claim) is absent."""
+
+    code = "missing_claim"
+
+
+class InvalidClaimError(AuthError):
+    """A claim of the wrong type (`exp` not a number, `sub` not a string, ...)."""
+
+    code = "invalid_claim"
+
+
+# --------------------------------------------------------------------------- input shapes (app.formats)
+
+
+class LegacyFormatError(FormatError):
+    """A legacy input shape (Kafka-header metadata, NATS headers, Redis `{"meta","payload"}`
+    JSON) whose metadata cannot be read: bad timestamp, priority out of range, conflicting
+    duplicates, malformed JSON, invalid base64 payload."""
+
+    code = "bad_legacy_format"
+
+
+class PrismShapeError(FormatError):
+    """Input that claims to be a Prism envelope (prism-* headers) but does not decode as one,
+    or whose headers disagree with it."""
+
+    code = "bad_prism_envelope"
