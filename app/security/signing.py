@@ -20,6 +20,7 @@ import hashlib
 import hmac
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -29,7 +30,7 @@ from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
 from app.envelope.codec import DEFAULT_LIMITS, Layout, Limits, _detect, decode_records, encode_parts, security_record
 from app.envelope.model import Envelope
 from app.envelope.wire import LEN, scan
-from app.errors import AlgorithmError, DecodeError, SignatureError, UnknownKeyError
+from app.errors import AlgorithmError, ConfigError, DecodeError, SignatureError, UnknownKeyError
 
 HMAC_SHA256 = "hmac-sha256"
 ED25519 = "ed25519"
@@ -235,3 +236,145 @@ def _check(signature: bytes, alg: str, key_id: str, signed: list[memoryview], ke
                 pass
     raise SignatureError("signature does not match the envelope (forged or tampered)", path="security.signature",
                          hint="the bytes changed after signing, or the producer used a different key")
+
+
+# --------------------------------------------------------------------------- keyring files
+
+
+@dataclass(slots=True)
+class SigningKeyring:
+    """Signature keys from a file: who may sign for which namespace, and the worker's own key.
+
+    File format (YAML or JSON)::
+
+        keys:
+          - id: orders-producer-1
+            algorithm: hmac-sha256
+            secret_b64: <32+ random bytes, base64>
+            namespaces: [order-events]      # optional: restrict to these namespaces
+          - id: prism-worker-1
+            algorithm: ed25519
+            private_key_b64: <32-byte Ed25519 seed>   # or public_key_b64 to verify only
+        worker_key: prism-worker-1                     # optional: what the worker re-signs with
+    """
+
+    verify_all: VerificationKeys
+    by_namespace: dict[str, VerificationKeys]
+    unrestricted: VerificationKeys
+    signing: dict[str, SigningKey]
+    worker_key_id: str | None = None
+
+    def keys_for(self, namespace: str) -> VerificationKeys:
+        """Keys allowed to vouch for `namespace`: a producer key scoped to namespace A never
+        verifies a message that claims namespace B."""
+        scoped = self.by_namespace.get(namespace)
+        if scoped is None:
+            return self.unrestricted
+        merged = VerificationKeys(dict(self.unrestricted.keys))
+        merged.keys.update(scoped.keys)
+        return merged
+
+    def worker_key(self) -> SigningKey | None:
+        if self.worker_key_id is None:
+            return None
+        return self.signing[self.worker_key_id]
+
+
+def load_signing_keyring(path: str | Path) -> SigningKeyring:
+    """Load and validate a signing keyring file; every problem is one `ConfigError`."""
+    import base64
+    import binascii
+
+    import yaml
+
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read signing keyring: {exc.strerror}", path=str(path),
+                          hint="generate one with `prism keys init` or point the topology at an existing file") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"signing keyring is not valid YAML/JSON: {exc}", path=str(path)) from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
+        raise ConfigError("signing keyring must be a mapping with a `keys` list", path=str(path))
+    problems: list[str] = []
+    all_keys, unrestricted = VerificationKeys(), VerificationKeys()
+    by_ns: dict[str, VerificationKeys] = {}
+    signing: dict[str, SigningKey] = {}
+    for i, raw in enumerate(doc["keys"]):
+        where = f"keys[{i}]"
+        if not isinstance(raw, dict) or not isinstance(raw.get("id"), str) or not raw["id"]:
+            problems.append(f"{where}: needs a non-empty `id`")
+            continue
+        kid, alg = raw["id"], raw.get("algorithm")
+        where = f"keys[{i}] ({kid})"
+        if kid in all_keys.keys:
+            problems.append(f"{where}: duplicate key id")
+            continue
+        try:
+            if alg == HMAC_SHA256:
+                sk = SigningKey.hmac_sha256(kid, base64.b64decode(raw["secret_b64"], validate=True))
+                signing[kid] = sk
+                vk = sk.verification_key()
+            elif alg == ED25519:
+                if "private_key_b64" in raw:
+                    seed = base64.b64decode(raw["private_key_b64"], validate=True)
+                    sk = SigningKey.ed25519(kid, Ed25519PrivateKey.from_private_bytes(seed))
+                    signing[kid] = sk
+                    vk = sk.verification_key()
+                else:
+                    pub = base64.b64decode(raw["public_key_b64"], validate=True)
+                    vk = VerificationKey(kid, ED25519, public_key=Ed25519PublicKey.from_public_bytes(pub))
+            else:
+                problems.append(f"{where}: algorithm must be {HMAC_SHA256!r} or {ED25519!r}, got {alg!r}")
+                continue
+        except KeyError as exc:
+            problems.append(f"{where}: missing {exc.args[0]!r}")
+            continue
+        except (binascii.Error, ValueError) as exc:
+            problems.append(f"{where}: key material is not valid base64 of the right length ({exc})")
+            continue
+        except AlgorithmError as exc:
+            problems.append(f"{where}: {exc.message}")
+            continue
+        all_keys.add(vk)
+        namespaces = raw.get("namespaces")
+        if namespaces is None:
+            unrestricted.add(vk)
+        elif isinstance(namespaces, list) and all(isinstance(n, str) for n in namespaces):
+            for ns in namespaces:
+                by_ns.setdefault(ns, VerificationKeys()).add(vk)
+        else:
+            problems.append(f"{where}: `namespaces` must be a list of names")
+    worker = doc.get("worker_key")
+    if worker is not None and worker not in signing:
+        problems.append(f"worker_key: {worker!r} is not a key with private material in this file")
+    if problems:
+        raise ConfigError(f"invalid signing keyring ({len(problems)} problem(s)): " + "; ".join(problems),
+                          path=str(path), hint="see docs/security.md for the keyring format")
+    return SigningKeyring(all_keys, by_ns, unrestricted, signing, worker)
+
+
+def write_dev_keyring(path: str | Path, *, namespaces: Iterable[str] = ()) -> SigningKeyring:
+    """Create a development keyring: one HMAC producer key and the worker's Ed25519 key."""
+    import base64
+    import json
+    import os
+
+    from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+
+    seed = Ed25519PrivateKey.generate().private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+    doc = {
+        "keys": [
+            {"id": "dev-producer-1", "algorithm": HMAC_SHA256,
+             "secret_b64": base64.b64encode(os.urandom(32)).decode(), **({"namespaces": list(namespaces)}
+                                                                         if namespaces else {})},
+            {"id": "prism-worker-1", "algorithm": ED25519, "private_key_b64": base64.b64encode(seed).decode()},
+        ],
+        "worker_key": "prism-worker-1",
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2))
+    os.chmod(path, 0o600)
+    return load_signing_keyring(path)

@@ -1,0 +1,73 @@
+"""authenticate: verify the producer's JWT, take its identity from the claims, strip the token.
+
+Tokens are stripped whatever the policy (even `off`): memo-031 Recommendation 5 says a
+token never reaches backend storage. Verified tokens are cached by their SHA-256 until
+`min(exp, now + 60 s)`: producers reuse one token for thousands of messages, and an RS256
+or EdDSA verification costs tens of microseconds. A JWKS reload clears the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+
+from app.agents.base import Message, Stage
+from app.errors import AuthError
+from app.security.jwt_auth import Authenticator, Identity, JwtConfig, apply_identity, strip_token
+from app.topology import AuthenticateStage
+
+CACHE_SECONDS = 60.0
+CACHE_SIZE = 10_000
+
+
+class Authenticate(Stage):
+    name = "authenticate"
+
+    def __init__(self, settings: AuthenticateStage, *, jwks_path: str) -> None:
+        self.policy = settings.policy
+        issuers = settings.issuer if isinstance(settings.issuer, list) else ([settings.issuer] if settings.issuer else [])
+        self.config = JwtConfig(
+            jwks_path=jwks_path, issuers=tuple(issuers),
+            audience=(settings.audience,) if settings.audience else (),
+            algorithms=tuple(settings.algorithms), leeway_seconds=float(settings.leeway_s),
+            publisher_id_claim=settings.publisher_id_claim, publisher_team_claim=settings.publisher_team_claim,
+        )
+        self.authenticator = Authenticator(self.config)
+        self._cache: OrderedDict[bytes, tuple[Identity, float]] = OrderedDict()
+        self._keyring_version = object()
+
+    def _identity(self, token: str) -> Identity:
+        now = time.time()
+        version = getattr(self.authenticator.keyring, "version", None)
+        if version is not self._keyring_version:
+            self._cache.clear()
+            self._keyring_version = version
+        digest = hashlib.sha256(token.encode()).digest()
+        hit = self._cache.get(digest)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        identity = self.authenticator.authenticate(token, now=now)
+        exp = identity.claims.get("exp")
+        until = min(float(exp), now + CACHE_SECONDS) if isinstance(exp, int | float) else now + CACHE_SECONDS
+        self._cache[digest] = (identity, until)
+        if len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return identity
+
+    def process(self, msg: Message) -> None:
+        env = msg.env
+        sec = env.security
+        token = sec.auth_token if sec is not None else ""
+        try:
+            if self.policy == "off":
+                return
+            if not token:
+                if self.policy == "required":
+                    raise AuthError("message carries no auth token", path="security.auth_token",
+                                    hint="producers must send a JWT (Authorization: Bearer header or "
+                                         "security.auth_token), or set authenticate.policy to optional")
+                return
+            apply_identity(env, self._identity(token))
+        finally:
+            strip_token(env)

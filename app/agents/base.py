@@ -1,0 +1,52 @@
+"""What flows between stages, and the contract every stage follows."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from app.envelope import Envelope
+from app.security.signing import SignatureInfo
+
+
+@dataclass(slots=True)
+class Message:
+    """One input record on its way through the chain.
+
+    `value`/`headers`/`key`/`timestamp_ms` are the record as received: they are what the
+    DLQ re-publishes (minus secrets) so nothing about the original is lost.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes
+    key: bytes | None = None
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+    timestamp_ms: int | None = None
+    # filled in by stages
+    envelope: Envelope | None = None
+    shape: str = ""
+    original_is_envelope: bool = False
+    #: secrets seen in the input (auth tokens); used only to scrub DLQ copies and logs
+    secrets: list[bytes] = field(default_factory=list)
+    signature: SignatureInfo | None = None
+    attempts: int = 1
+
+    @property
+    def env(self) -> Envelope:
+        assert self.envelope is not None, "stage ran before normalize"
+        return self.envelope
+
+
+class Stage(abc.ABC):
+    """A pipeline stage. `process` mutates `msg` or raises a `PrismError` to reject it.
+
+    `ExpiredError`/`DuplicateError` mean "account for it and stop" rather than failure.
+    """
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def process(self, msg: Message) -> None: ...

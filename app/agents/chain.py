@@ -1,0 +1,91 @@
+"""The in-process chain: run stages in order, account for every message exactly once.
+
+Every message ends in exactly one outcome - emitted, dlq, expired or duplicate - and the
+counts are kept per stage, so a run's summary always adds up to what was read. Stage CPU
+time is measured per message (perf_counter_ns, ~100 ns) for the benchmark's breakdown
+and the latency histograms.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from app.agents.base import Message, Stage
+from app.agents.dlq import DlqRecord, build_dlq_record
+from app.errors import DuplicateError, ExpiredError
+
+
+class Outcome(enum.StrEnum):
+    EMITTED = "emitted"
+    DLQ = "dlq"
+    EXPIRED = "expired"
+    DUPLICATE = "duplicate"
+
+
+@dataclass(slots=True)
+class Result:
+    outcome: Outcome
+    stage: str = ""
+    reason: str = ""
+    dlq: DlqRecord | None = None
+
+
+@dataclass
+class ChainStats:
+    outcomes: Counter[str] = field(default_factory=Counter)
+    dlq_reasons: Counter[str] = field(default_factory=Counter)
+    stage_ns: Counter[str] = field(default_factory=Counter)
+    stage_calls: Counter[str] = field(default_factory=Counter)
+
+    def stage_us_per_message(self) -> dict[str, float]:
+        return {k: self.stage_ns[k] / 1000 / max(1, self.stage_calls[k]) for k in self.stage_ns}
+
+
+class Chain:
+    """Runs the synchronous stages of one topology over a message."""
+
+    def __init__(self, stages: Sequence[Stage], *, dlq_topic_for, expired_to_dlq: bool = False) -> None:
+        self.stages = list(stages)
+        self.dlq_topic_for = dlq_topic_for
+        self.expired_to_dlq = expired_to_dlq
+        self.stats = ChainStats()
+
+    def run(self, msg: Message) -> Result:
+        """Run every stage. EMITTED here means "passed every stage"; the caller counts it
+        as emitted only once its writes succeed."""
+        stats = self.stats
+        clock = time.perf_counter_ns
+        for stage in self.stages:
+            t0 = clock()
+            try:
+                stage.process(msg)
+            except ExpiredError as exc:
+                if self.expired_to_dlq:
+                    return self._dlq(msg, stage, exc)
+                stats.outcomes[Outcome.EXPIRED] += 1
+                return Result(Outcome.EXPIRED, stage.name, exc.code)
+            except DuplicateError as exc:
+                stats.outcomes[Outcome.DUPLICATE] += 1
+                return Result(Outcome.DUPLICATE, stage.name, exc.code)
+            except Exception as exc:  # PrismError, or a bug: either way the DLQ, never a crash
+                return self._dlq(msg, stage, exc)
+            finally:
+                stats.stage_ns[stage.name] += clock() - t0
+                stats.stage_calls[stage.name] += 1
+        return Result(Outcome.EMITTED)
+
+    def _dlq(self, msg: Message, stage: Stage | str, exc: BaseException) -> Result:
+        name = stage if isinstance(stage, str) else stage.name
+        cls = "app.worker.publish" if isinstance(stage, str) else f"{type(stage).__module__}.{type(stage).__qualname__}"
+        rec = build_dlq_record(msg, stage=name, stage_class=cls, error=exc, dlq_topic=self.dlq_topic_for(msg.topic))
+        self.stats.outcomes[Outcome.DLQ] += 1
+        self.stats.dlq_reasons[rec.reason] += 1
+        return Result(Outcome.DLQ, name, rec.reason, rec)
+
+    def dlq_for_publish_failure(self, msg: Message, exc: BaseException) -> Result:
+        """Route a message whose final writes failed after retries (Connect's DLQ gap)."""
+        return self._dlq(msg, "publish", exc)

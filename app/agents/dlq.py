@@ -1,0 +1,91 @@
+"""Dead-letter records: the original message, minus secrets, plus why it failed.
+
+Modelled on Kafka Connect's `errors.deadletterqueue.context.headers.enable` headers
+(`__connect.errors.topic`, `.partition`, `.offset`, `.class.name`,
+`.exception.class.name`, `.exception.message`, ...), under a `prism.errors.` prefix, plus
+the stage, a stable reason code and the attempt count. Unlike Connect's DLQ, Prism's also
+covers failures of the final writes (output topics, sinks).
+
+Secrets are masked *in place with the same length*: the value stays a decodable envelope
+(protobuf length prefixes still match) or valid JSON/text, just without the token. An
+existing header is never overwritten (Connect's rule); `prism dlq replay` removes the
+`prism.errors.*` headers before re-injecting a record.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from app.agents.base import Message
+from app.errors import PrismError
+
+PREFIX = "prism.errors."
+_JWT = re.compile(rb"eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+)?")
+_BEARER = re.compile(rb"(?i)(bearer\s+)([A-Za-z0-9._~+/=-]{8,})")
+_SECRET_HEADERS = frozenset({"authorization", "prism-auth-token", "x-auth-token", "auth-token", "ce_authtoken",
+                             "proxy-authorization", "cookie"})
+
+
+def mask_secrets(data: bytes, known: list[bytes] | tuple[bytes, ...] = ()) -> bytes:
+    """Replace known secrets, JWTs and bearer credentials with '*' of the same length."""
+    if not data:
+        return data
+    out = data
+    for s in known:
+        if s and s in out:
+            out = out.replace(s, b"*" * len(s))
+    out = _JWT.sub(lambda m: b"*" * len(m.group(0)), out)
+    out = _BEARER.sub(lambda m: m.group(1) + b"*" * len(m.group(2)), out)
+    return out
+
+
+def scrub_headers(headers: list[tuple[str, bytes]], known: list[bytes]) -> list[tuple[str, bytes]]:
+    return [(k, b"*" * len(v) if k.lower() in _SECRET_HEADERS else mask_secrets(v, known)) for k, v in headers]
+
+
+@dataclass(frozen=True, slots=True)
+class DlqRecord:
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+    timestamp_ms: int | None = None
+    reason: str = ""
+
+
+def build_dlq_record(msg: Message, *, stage: str, stage_class: str, error: BaseException,
+                     dlq_topic: str) -> DlqRecord:
+    """The DLQ copy of `msg`: original key/value/headers/timestamp, secrets masked."""
+    known = list(msg.secrets)
+    if isinstance(error, PrismError):
+        reason, text = error.code, str(error)
+    else:  # a bug in a stage: still never crash, never drop
+        reason, text = "internal_error", f"{type(error).__name__}: {error}"
+    headers = scrub_headers(list(msg.headers), known)
+    present = {k for k, _ in headers}
+    context = {
+        "topic": msg.topic,
+        "partition": str(msg.partition),
+        "offset": str(msg.offset),
+        "stage": stage,
+        "class.name": stage_class,
+        "exception.class.name": f"{type(error).__module__}.{type(error).__qualname__}",
+        "exception.message": text[:2000],
+        "reason": reason,
+        "attempts": str(msg.attempts),
+    }
+    for name, val in context.items():
+        hk = PREFIX + name
+        if hk not in present:
+            headers.append((hk, mask_secrets(val.encode(), known)))
+    return DlqRecord(dlq_topic, msg.key, mask_secrets(msg.value, known), headers, msg.timestamp_ms, reason)
+
+
+def strip_error_headers(headers: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    """For replay: the record goes back to its source topic as it originally was."""
+    return [(k, v) for k, v in headers if not k.startswith(PREFIX)]
+
+
+def error_context(headers: list[tuple[str, bytes]]) -> dict[str, str]:
+    return {k.removeprefix(PREFIX): v.decode(errors="replace") for k, v in headers if k.startswith(PREFIX)}

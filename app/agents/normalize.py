@@ -1,0 +1,45 @@
+"""normalize: any input shape -> a Prism envelope (RFC-031 "Motivation" shapes, CloudEvents, LNMP)."""
+
+from __future__ import annotations
+
+from app.agents.base import Message, Stage
+from app.errors import FormatError
+from app.formats.detect import InputShape, normalize
+from app.topology import NormalizeStage
+
+# Which detected shapes a source's declared `format` accepts.
+_ACCEPTS: dict[str, frozenset[InputShape]] = {
+    "prism": frozenset({InputShape.PRISM_REVIEWED, InputShape.PRISM_DRAFT}),
+    "cloudevents": frozenset({InputShape.CLOUDEVENT_BINARY, InputShape.CLOUDEVENT_STRUCTURED}),
+    "kafka-headers": frozenset({InputShape.KAFKA_HEADERS, InputShape.RAW}),
+    "nats-headers": frozenset({InputShape.NATS_HEADERS, InputShape.RAW}),
+    "redis-json": frozenset({InputShape.REDIS_JSON}),
+    "lnmp": frozenset({InputShape.LNMP_BINARY, InputShape.LNMP_TEXT}),
+    "raw": frozenset(InputShape),
+}
+ENVELOPE_SHAPES = _ACCEPTS["prism"]
+
+
+class Normalize(Stage):
+    name = "normalize"
+
+    def __init__(self, settings: NormalizeStage, *, namespaces: dict[str, str], formats: dict[str, str]) -> None:
+        self.settings = settings
+        self.namespaces = namespaces  # source topic -> namespace for inputs that carry none
+        self.formats = formats        # source topic -> declared format
+
+    def process(self, msg: Message) -> None:
+        res = normalize(msg.value, msg.headers, topic=msg.topic, namespace=self.namespaces[msg.topic],
+                        default_content_type=self.settings.default_content_type, key=msg.key,
+                        now_ms=msg.timestamp_ms)
+        msg.shape = str(res.shape)
+        msg.envelope = res.envelope
+        msg.original_is_envelope = res.shape in ENVELOPE_SHAPES
+        sec = res.envelope.security
+        if sec is not None and sec.auth_token:
+            msg.secrets.append(sec.auth_token.encode())
+        declared = self.formats.get(msg.topic, "auto")
+        if declared != "auto" and res.shape not in _ACCEPTS[declared]:
+            raise FormatError(f"source {msg.topic!r} is declared as {declared!r} but the message is {res.shape.value}",
+                              path="sources[].format",
+                              hint="fix the producer, or set the source's format to `auto`")

@@ -1,0 +1,39 @@
+"""policy: TTL expiry, default priority, encryption for classified data, algorithm allowlist."""
+
+from __future__ import annotations
+
+import time
+
+from app.agents.base import Message, Stage
+from app.errors import ExpiredError, PolicyError
+from app.security.algorithms import AlgorithmPolicy
+from app.topology import PolicyStage
+
+
+class Policy(Stage):
+    name = "policy"
+
+    def __init__(self, settings: PolicyStage) -> None:
+        self.settings = settings
+        self.algorithms = AlgorithmPolicy(
+            fips_mode=settings.fips_mode,
+            allowlist=set(settings.allowed_algorithms) if settings.allowed_algorithms else None,
+        )
+        self.needs_encryption = frozenset(settings.require_encryption_for)
+
+    def process(self, msg: Message) -> None:
+        env = msg.env
+        md = env.metadata
+        if env.is_expired(int(time.time() * 1000)):
+            raise ExpiredError(f"TTL of {md.ttl_seconds}s passed before processing", path="metadata.ttl_seconds")
+        if not md.HasField("priority"):
+            md.priority = self.settings.default_priority
+        sec = env.security
+        classification = sec.data_classification if sec is not None else ""
+        if classification in self.needs_encryption and not env.is_encrypted:
+            raise PolicyError(f"{classification} data must be encrypted end to end",
+                              path="security.data_classification",
+                              hint="encrypt the payload in the producer (Prism SDK `encryption=`), "
+                                   "or correct the classification")
+        if env.is_encrypted:
+            self.algorithms.check(sec.encryption.algorithm, decrypt=True)  # type: ignore[union-attr]

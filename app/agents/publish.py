@@ -1,0 +1,60 @@
+"""publish: dual-publish (draft layout -> `<topic>.v2`, reviewed -> `<topic>.v3`) and the
+archive tap, re-signed with the worker's key.
+
+Enrichment changed the envelope after the producer signed it, so the producer's
+signature cannot hold on what Prism emits; the worker signs each output with its own key
+(id recorded in `security.signature_key_id`) so every consumer can verify what it reads.
+The token is stripped again here (defence in depth: even a topology without an
+`authenticate` stage never forwards one). Input headers pass through, except credentials
+and CloudEvents/content-type headers that describe the *input* value, not the envelope.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.agents.base import Message
+from app.bindings import kafka
+from app.envelope import Layout
+from app.security.jwt_auth import strip_token
+from app.security.signing import SigningKey
+from app.topology import Topology
+
+_DROP_HEADERS = frozenset({"authorization", "proxy-authorization", "prism-auth-token", "x-auth-token", "auth-token",
+                           "cookie", "content-type"})
+LAYOUT_OF = {"v2": Layout.DRAFT, "v3": Layout.REVIEWED}
+ARCHIVE_SOURCE_HEADER = "prism-source"
+
+
+@dataclass(frozen=True, slots=True)
+class Emission:
+    topic: str
+    record: kafka.KafkaRecord
+
+
+class Publisher:
+    def __init__(self, topology: Topology, *, worker_key: SigningKey | None) -> None:
+        self.layouts = [(suffix, LAYOUT_OF[suffix]) for suffix in topology.outputs.layouts]
+        self.sign_with = worker_key if topology.outputs.sign else None
+        self.archive_topic = topology.archive.topic if topology.archive.enabled else None
+
+    def emissions(self, msg: Message) -> list[Emission]:
+        env = msg.env
+        strip_token(env)
+        forwarded = [(k, v) for k, v in kafka.passthrough_headers(msg.headers)
+                     if v is not None and k.lower() not in _DROP_HEADERS and not k.lower().startswith("ce_")]
+        out: list[Emission] = []
+        reviewed: kafka.KafkaRecord | None = None
+        for suffix, layout in self.layouts:
+            rec = kafka.encode(env, layout, key=msg.key, headers=forwarded, sign_with=self.sign_with)
+            out.append(Emission(f"{msg.topic}.{suffix}", rec))
+            if layout is Layout.REVIEWED:
+                reviewed = rec
+        if self.archive_topic is not None:
+            if reviewed is None:
+                reviewed = kafka.encode(env, Layout.REVIEWED, key=msg.key, sign_with=self.sign_with)
+            src = f"{msg.topic}/{msg.partition}/{msg.offset}".encode()
+            out.append(Emission(self.archive_topic, kafka.KafkaRecord(
+                reviewed.key, reviewed.value, [*reviewed.headers, (ARCHIVE_SOURCE_HEADER, src)],
+                reviewed.timestamp_ms)))
+        return out

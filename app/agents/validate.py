@@ -1,0 +1,23 @@
+"""validate: required fields (memo-031) and sanity of untrusted metadata (LNMP section 9.1)."""
+
+from __future__ import annotations
+
+from app.agents.base import Message, Stage
+from app.envelope.validation import SanityPolicy, required_problems, sanity_problems
+from app.errors import ValidationError
+from app.topology import ValidateStage
+
+
+class Validate(Stage):
+    name = "validate"
+
+    def __init__(self, settings: ValidateStage) -> None:
+        self.policy = SanityPolicy(max_future_skew_ms=settings.max_future_skew_s * 1000,
+                                   max_age_ms=settings.max_age_days * 86_400_000,
+                                   max_id_length=settings.max_id_length)
+
+    def process(self, msg: Message) -> None:
+        env = msg.env
+        problems = required_problems(env) + sanity_problems(env, policy=self.policy)
+        if problems:
+            raise ValidationError(problems)

@@ -1,0 +1,257 @@
+"""`prism` - the command line. Every command validates its inputs first and reports
+problems as one clear line (what, where, how to fix) with exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from app.errors import PrismError
+
+app = typer.Typer(help="Prism: uniform, signed, validated pub/sub envelopes (RFC-031).", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+envelope_app = typer.Typer(help="Inspect, validate and convert envelopes.", no_args_is_help=True)
+dlq_app = typer.Typer(help="Dead-letter topics.", no_args_is_help=True)
+topics_app = typer.Typer(help="Topic administration.", no_args_is_help=True)
+app.add_typer(envelope_app, name="envelope")
+app.add_typer(dlq_app, name="dlq")
+app.add_typer(topics_app, name="topics")
+
+console = Console()
+err_console = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+DEFAULT_TOPOLOGY = Path("topologies/orders-created.yaml")
+
+
+def friendly(fn: F) -> F:
+    """Turn Prism's typed errors into one readable line and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except PrismError as exc:
+            err_console.print(f"[bold red]error[/] [{exc.code}] {exc}")
+            raise typer.Exit(2) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _mount_optional() -> None:
+    """Sub-apps owned by other packages; mounted when importable."""
+    for module, attr, name in (("app.schema.cli", "schema_app", "schema"), ("app.lake.cli", "lake_app", "lake")):
+        try:
+            mod = __import__(module, fromlist=[attr])
+        except ImportError:
+            continue
+        app.add_typer(getattr(mod, attr), name=name)
+
+
+# --------------------------------------------------------------------------- run / demo
+
+
+@app.command()
+@friendly
+def run(
+    topology: Annotated[Path, typer.Option("--topology", "-t", help="topology YAML file")] = DEFAULT_TOPOLOGY,
+    data_dir: Annotated[Path, typer.Option(help="RocksDB tables and broker logs")] = Path("var/data"),
+    web_port: Annotated[int | None, typer.Option(help="Faust web port (metrics, health)")] = None,
+    loglevel: Annotated[str, typer.Option(help="worker log level")] = "warning",
+    dev_keys: Annotated[bool, typer.Option(help="create development keys under var/dev-keys if missing")] = True,
+) -> None:
+    """Run the pipeline worker for a topology (long-running; SIGTERM stops it cleanly).
+
+    Without PRISM_BROKER_URL the embedded Kafka-protocol broker is started and stopped with the worker."""
+    from app.broker.admin import BrokerSettings, ensure_topics
+    from app.broker.embedded import EmbeddedBroker
+    from app.security.devkeys import ensure_dev_keys
+    from app.topology import load_topology
+    from app.worker.faust_app import run_worker
+    from app.worker.pipeline import PipelineApp
+
+    if dev_keys:
+        ensure_dev_keys(Path("var/dev-keys"))
+    topo = load_topology(topology)
+    settings = BrokerSettings.from_env()
+    broker = None
+    if settings.embedded:
+        broker = EmbeddedBroker(log_dir=data_dir / "broker").start()
+        bootstrap = broker.bootstrap
+        console.print(f"embedded broker on {bootstrap} (set PRISM_BROKER_URL to use a Kafka cluster)")
+    else:
+        bootstrap = settings.bootstrap
+    try:
+        asyncio.run(ensure_topics(bootstrap, topo.topics(), settings=None if broker else settings))
+        pipeline = PipelineApp(topo, bootstrap=bootstrap, data_dir=data_dir / topo.name, embedded=broker is not None,
+                               web_port=web_port, broker_settings=None if broker else settings)
+        console.print(f"worker for topology [bold]{topo.name}[/] reading {[s.topic for s in topo.sources]}")
+        run_worker(pipeline.app, loglevel=loglevel)
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+@app.command()
+@friendly
+def demo(
+    topology: Annotated[Path, typer.Option("--topology", "-t")] = DEFAULT_TOPOLOGY,
+    messages: Annotated[int, typer.Option("--messages", "-n", min=1, help="how many messages to publish")] = 5000,
+    rate: Annotated[float, typer.Option(help="messages per second (0: as fast as possible)")] = 0.0,
+    data_dir: Annotated[Path, typer.Option()] = Path("var/demo"),
+    seed: Annotated[int, typer.Option(help="load generator seed")] = 7,
+    json_out: Annotated[Path | None, typer.Option("--json", help="also write the report as JSON")] = None,
+) -> None:
+    """Broker + worker + a realistic mix of producers (some deliberately bad); prints where
+    every message went and fails (exit 1) if any message is unaccounted for."""
+    from app.demo.runner import print_report, run_demo
+    from app.topology import load_topology
+    from app.worker.faust_app import use_uvloop
+
+    topo = load_topology(topology)
+    use_uvloop()
+    report = asyncio.run(run_demo(topo, messages=messages, rate=rate, data_dir=data_dir,
+                                  keys_dir=Path("var/dev-keys"), console=console, seed=seed))
+    print_report(report, topo, console)
+    if json_out is not None:
+        json_out.write_text(json.dumps({"published": report.published, "worker": report.worker,
+                                        "topics": dict(report.topic_counts), "mismatches": report.mismatches,
+                                        "seconds": report.seconds}, indent=2))
+    raise typer.Exit(0 if report.ok else 1)
+
+
+# --------------------------------------------------------------------------- envelope tools
+
+
+def _read_input(path: str) -> bytes:
+    if path == "-":
+        return sys.stdin.buffer.read()
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot read {path}: {exc.strerror}") from None
+
+
+@envelope_app.command("inspect")
+@friendly
+def envelope_inspect(path: Annotated[str, typer.Argument(help="file with one envelope, or - for stdin")],
+                     payload: Annotated[bool, typer.Option(help="include the payload")] = False) -> None:
+    """Print an envelope (either layout) as JSON. Auth tokens are shown redacted."""
+    from google.protobuf.json_format import MessageToDict
+
+    from app.envelope import decode, detect_layout
+
+    data = _read_input(path)
+    env = decode(data)
+    doc = MessageToDict(env.header, preserving_proto_field_name=True)
+    if doc.get("security", {}).get("auth_token"):
+        doc["security"]["auth_token"] = "<redacted>"
+    doc["layout"] = detect_layout(data).value
+    doc["payload"] = {"type_url": env.payload.type_url, "bytes": len(env.payload)}
+    if payload and not env.is_encrypted:
+        body = env.payload_bytes()
+        try:
+            doc["payload"]["json"] = json.loads(body)
+        except ValueError:
+            doc["payload"]["base64"] = __import__("base64").b64encode(body).decode()
+    console.print_json(json.dumps(doc))
+
+
+@envelope_app.command("validate")
+@friendly
+def envelope_validate(path: Annotated[str, typer.Argument(help="file with one envelope, or - for stdin")]) -> None:
+    """Check required fields and metadata sanity; exit 1 listing every problem."""
+    from app.envelope import decode, required_problems, sanity_problems
+
+    env = decode(_read_input(path))
+    problems = required_problems(env) + sanity_problems(env)
+    if problems:
+        for p in problems:
+            console.print(f"[red]✗[/] {p}")
+        raise typer.Exit(1)
+    console.print(f"[green]✓[/] valid envelope {env.message_id}")
+
+
+@envelope_app.command("convert")
+@friendly
+def envelope_convert(
+    path: Annotated[str, typer.Argument(help="file with one envelope, or - for stdin")],
+    to: Annotated[str, typer.Option("--to", help="draft (RFC-031, .v2) or reviewed (memo-031, .v3)")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="where to write the converted envelope")],
+) -> None:
+    """Convert between the draft and reviewed layouts; reports anything that could not be carried."""
+    from app.envelope import Layout, convert
+
+    try:
+        layout = Layout(to)
+    except ValueError:
+        raise typer.BadParameter("--to must be 'draft' or 'reviewed'") from None
+    out, dropped = convert(_read_input(path), layout)
+    output.write_bytes(out)
+    console.print(f"wrote {len(out)} bytes ({layout.value} layout) to {output}")
+    for d in dropped:
+        console.print(f"[yellow]dropped[/] {d}")
+
+
+# --------------------------------------------------------------------------- topics / dlq
+
+
+def _bootstrap() -> tuple[str, Any]:
+    from app.broker.admin import BrokerSettings
+
+    settings = BrokerSettings.from_env()
+    if settings.embedded:
+        raise PrismError("no broker configured", hint="set PRISM_BROKER_URL=host:port of your Kafka cluster "
+                                                      "(the embedded broker lives only as long as `prism run`)")
+    return settings.bootstrap, settings
+
+
+@topics_app.command("create")
+@friendly
+def topics_create(topology: Annotated[Path, typer.Option("--topology", "-t")] = DEFAULT_TOPOLOGY) -> None:
+    """Create every topic a topology reads or writes, with its declared partition count."""
+    from app.broker.admin import ensure_topics
+    from app.topology import load_topology
+
+    topo = load_topology(topology)
+    bootstrap, settings = _bootstrap()
+    states = asyncio.run(ensure_topics(bootstrap, topo.topics(), settings=settings))
+    for name, state in sorted(states.items()):
+        console.print(f"{state:>8}  {name} ({topo.topics()[name]} partitions)")
+
+
+@dlq_app.command("replay")
+@friendly
+def dlq_replay(
+    topology: Annotated[Path, typer.Option("--topology", "-t")] = DEFAULT_TOPOLOGY,
+    reason: Annotated[str | None, typer.Option(help="only records with this prism.errors.reason")] = None,
+    limit: Annotated[int, typer.Option(min=0, help="at most this many records (0: all)")] = 0,
+    dry_run: Annotated[bool, typer.Option(help="only count what would be replayed")] = False,
+) -> None:
+    """Re-inject DLQ records into their source topic after a fix (error headers removed)."""
+    from app.cli.dlq import replay
+    from app.topology import load_topology
+
+    topo = load_topology(topology)
+    bootstrap, settings = _bootstrap()
+    n = asyncio.run(replay(topo, bootstrap, settings=settings, reason=reason, limit=limit, dry_run=dry_run,
+                           console=console))
+    console.print(f"{'would replay' if dry_run else 'replayed'} {n} record(s)")
+
+
+def main() -> None:
+    _mount_optional()
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""The chain's accounting, the DLQ record format and the publisher's outputs."""
+
+from app.agents.base import Message, Stage
+from app.agents.chain import Chain, Outcome
+from app.agents.dlq import PREFIX, build_dlq_record, error_context, mask_secrets, strip_error_headers
+from app.agents.publish import Publisher
+from app.envelope import Layout, decode, encode, new_envelope
+from app.errors import DuplicateError, ExpiredError, SignatureError
+from app.security.signing import VerificationKeys, verify
+from app.topology import Archive, Outputs, Topology
+from tests.agents.conftest import make_msg
+
+TOKEN = "eyJhbGciOiJFZERTQSJ9.eyJzdWIiOiJzdmMifQ.c2lnbmF0dXJlLWJ5dGVz"
+
+
+class Raise(Stage):
+    def __init__(self, name, exc):
+        self.name, self.exc = name, exc
+
+    def process(self, msg):
+        raise self.exc
+
+
+class Ok(Stage):
+    name = "ok"
+
+    def process(self, msg):
+        msg.envelope = new_envelope(msg.topic, msg.value, namespace="ns")
+
+
+def chain(*stages):
+    return Chain(list(stages), dlq_topic_for=lambda t: t + ".dlq")
+
+
+def test_every_outcome_is_counted_once():
+    c = chain(Ok())
+    assert c.run(make_msg(b"x")).outcome is Outcome.EMITTED
+    assert chain(Raise("policy", ExpiredError("ttl"))).run(make_msg(b"x")).outcome is Outcome.EXPIRED
+    assert chain(Raise("dedup", DuplicateError("dup"))).run(make_msg(b"x")).outcome is Outcome.DUPLICATE
+    r = chain(Raise("verify_signature", SignatureError("forged"))).run(make_msg(b"x"))
+    assert r.outcome is Outcome.DLQ and r.reason == "bad_signature" and r.stage == "verify_signature"
+
+
+def test_a_bug_in_a_stage_goes_to_the_dlq_not_a_crash():
+    r = chain(Raise("enrich", KeyError("boom"))).run(make_msg(b"payload"))
+    assert r.outcome is Outcome.DLQ and r.reason == "internal_error"
+    assert r.dlq.value == b"payload"
+
+
+def test_dlq_record_keeps_original_and_adds_connect_style_context():
+    env = new_envelope("orders.created", {"a": 1}, namespace="ns")
+    env.ensure_security().auth_token = TOKEN
+    value = encode(env)
+    msg = Message("orders.created", 3, 1234, value, key=b"k", timestamp_ms=1700000000000,
+                  headers=[("trace", b"t"), (PREFIX + "stage", b"earlier"), ("Authorization", f"Bearer {TOKEN}".encode())])
+    msg.secrets.append(TOKEN.encode())
+    rec = build_dlq_record(msg, stage="authenticate", stage_class="app.agents.authenticate.Authenticate",
+                           error=SignatureError("nope", hint="fix it"), dlq_topic="orders.created.dlq")
+    assert rec.key == b"k" and rec.timestamp_ms == 1700000000000 and rec.topic == "orders.created.dlq"
+    ctx = error_context(rec.headers)
+    assert ctx["topic"] == "orders.created" and ctx["partition"] == "3" and ctx["offset"] == "1234"
+    assert ctx["stage"] == "earlier"  # an existing header is never overwritten
+    assert ctx["reason"] == "bad_signature" and ctx["attempts"] == "1"
+    assert ctx["exception.class.name"] == "app.errors.SignatureError"
+    assert ctx["class.name"] == "app.agents.authenticate.Authenticate"
+    blob = rec.value + b"".join(v for _, v in rec.headers)
+    assert TOKEN.encode() not in blob
+    # masking keeps the length, so the DLQ value is still a decodable envelope (minus the token)
+    back = decode(rec.value)
+    assert back.message_id == env.message_id and set(back.security.auth_token) == {"*"}
+    assert strip_error_headers(rec.headers) == [("trace", b"t"), ("Authorization", rec.headers[2][1])]
+
+
+def test_mask_secrets_jwt_and_bearer_without_known_list():
+    data = f'{{"auth":"Bearer abcdefghijkl","t":"{TOKEN}"}}'.encode()
+    out = mask_secrets(data)
+    assert len(out) == len(data) and TOKEN.encode() not in out and b"abcdefghijkl" not in out
+
+
+def _topology(**kw):
+    return Topology(name="t", namespace="ns", sources=[{"topic": "orders.created"}], stages=[
+        {"name": "normalize", "settings": {}}], outputs=Outputs(**kw), archive=Archive(topic="arch"))
+
+
+def test_publisher_dual_publishes_signed_layouts_and_archive(dev_keys):
+    key = dev_keys.keyring.worker_key()
+    pub = Publisher(_topology(), worker_key=key)
+    msg = make_msg(b"", headers=[("Authorization", b"Bearer x"), ("ce_id", b"1"), ("x-team", b"a")], key=b"K")
+    msg.envelope = new_envelope("orders.created", {"a": 1}, namespace="ns")
+    msg.env.ensure_security().auth_token = TOKEN
+    out = {e.topic: e.record for e in pub.emissions(msg)}
+    assert set(out) == {"orders.created.v2", "orders.created.v3", "arch"}
+    keys = VerificationKeys.of([key])
+    for topic, layout in (("orders.created.v2", Layout.DRAFT), ("orders.created.v3", Layout.REVIEWED)):
+        rec = out[topic]
+        assert verify(rec.value, keys, layout=layout).key_id == key.key_id
+        assert TOKEN.encode() not in rec.value and rec.key == b"K"
+        names = [k for k, _ in rec.headers]
+        assert "x-team" in names and "Authorization" not in names and "ce_id" not in names
+    assert out["arch"].value == out["orders.created.v3"].value
+    assert ("prism-source", b"orders.created/0/0") in out["arch"].headers
