@@ -18,7 +18,8 @@ from urllib.parse import quote, unquote
 
 from app.envelope.codec import DEFAULT_LIMITS, Layout, Limits, decode, detect_layout
 from app.envelope.model import Envelope
-from app.errors import BindingError
+from app.errors import BindingError, SizeLimitError
+from app.security.signing import VerificationKeys, verify
 
 #: RFC-031 `prism-envelope-version` value; sent with the draft layout only (the reviewed
 #: layout has no version field, memo-031 Recommendation 4).
@@ -94,16 +95,19 @@ def decode_checked(
     binding: str,
     spell: Callable[[str], str],
     limits: Limits = DEFAULT_LIMITS,
+    verify_with: VerificationKeys | None = None,
 ) -> Envelope:
     """Decode envelope bytes and cross-check them against the duplicated metadata `found`
     (logical name -> value, already de-duplicated by `collect`).
 
     The layout comes from the layout header when present (a version header alone means the
     draft layout, the only one that has a version); otherwise it is detected from the bytes.
+    The size limit is checked first, then the signature (`verify_with`), before any decoding.
     """
     if data is None or len(data) == 0:
         raise BindingError(f"{binding} message has no envelope bytes", path=f"{binding} value",
                            hint="a tombstone/empty message is not a Prism envelope")
+    check_size(data, limits)
     detected = detect_layout(data)
     layout = detected
     if ENVELOPE_LAYOUT in found:
@@ -125,18 +129,34 @@ def decode_checked(
             path=spell(ENVELOPE_LAYOUT if ENVELOPE_LAYOUT in found else ENVELOPE_VERSION),
             hint="the producer set the wrong layout header, or the value was replaced without its headers",
         )
+    if verify_with is not None:
+        verify(data, verify_with, layout=layout)
     env = decode(data, layout=layout, limits=limits)
     for f in FIELDS:
         if f.name in found:
             expected = f.read(env)
             if found[f.name] != expected:
                 raise BindingError(
-                    f"{binding} header {spell(f.name)} is {found[f.name]!r} but the envelope's {f.path} "
-                    f"is {expected!r}",
+                    f"{binding} header {spell(f.name)} is {clip(found[f.name])} but the envelope's {f.path} "
+                    f"is {clip(expected)}",
                     path=spell(f.name),
                     hint="headers and envelope must come from one encode(); re-encode instead of editing headers",
                 )
     return env
+
+
+def clip(value: str, limit: int = 80) -> str:
+    """repr() of a possibly huge, attacker-controlled value, bounded for error messages."""
+    return repr(value if len(value) <= limit else value[:limit] + "...")
+
+
+def check_size(data: bytes | bytearray | memoryview, limits: Limits) -> None:
+    """Refuse oversized input before walking a single byte of it."""
+    if len(data) > limits.max_message_bytes:
+        raise SizeLimitError(
+            f"envelope is {len(data)} bytes, over the {limits.max_message_bytes}-byte limit",
+            hint="raise Limits.max_message_bytes or have the producer split the message",
+        )
 
 
 def collect(
@@ -182,14 +202,13 @@ def merge_headers(
     taken: set[str] = set()
     for name, value in extra:
         key = name.lower()
-        if owned(key):
-            if key not in ours_by_name or ours_by_name[key] != value:
-                raise BindingError(
-                    f"caller header {name} conflicts with the {binding} binding's own headers",
-                    path=name,
-                    hint="drop prism headers of the input record before re-publishing "
-                         "(app.bindings.<backend>.passthrough_headers)",
-                )
+        if owned(key) and (key not in ours_by_name or ours_by_name[key] != value):
+            raise BindingError(
+                f"caller header {name} conflicts with the {binding} binding's own headers",
+                path=name,
+                hint="drop prism headers of the input record before re-publishing "
+                     "(app.bindings.<backend>.passthrough_headers)",
+            )
         taken.add(key)
     return extra + [(n, v) for n, v in ours if n.lower() not in taken]
 

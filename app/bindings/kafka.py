@@ -1,0 +1,202 @@
+"""Kafka binding (RFC-031 "Kafka: Envelope as Message Value + Headers").
+
+A Prism record on Kafka is:
+
+* value - the envelope bytes in one layout: draft for `<topic>.v2`, reviewed for `<topic>.v3`
+  (`layout_for_topic`);
+* headers - copies of the metadata for tools that never parse protobuf (console consumer,
+  Connect SMTs, ksqlDB filters), plus W3C `traceparent`/`tracestate` so tracing
+  instrumentation joins the trace without knowing Prism:
+
+  | header                   | value                                          | when            |
+  |--------------------------|------------------------------------------------|-----------------|
+  | `prism-envelope-version` | `1`                                            | draft layout    |
+  | `prism-envelope-layout`  | `draft` / `reviewed`                           | always          |
+  | `prism-message-id`       | metadata.message_id                            | always          |
+  | `prism-topic`            | metadata.topic                                 | always          |
+  | `prism-namespace`        | metadata.namespace                             | always          |
+  | `prism-trace-id`         | observability.trace_id                         | when set        |
+  | `prism-content-type`     | metadata content type (MIME)                   | when set        |
+  | `traceparent`            | `00-<trace_id>-<span_id>-<flags:02x>`          | valid trace ids |
+  | `tracestate`             | extensions[`w3c.tracestate`]                   | when valid      |
+
+  Values are UTF-8 bytes.
+* key - the partition key. Re-publishing keeps the input record's key (pass it as `key`),
+  because per-key ordering and compaction are what Kafka users built on that key. A new
+  message without a key gets its `correlation_id` (related messages stay ordered on one
+  partition), else no key (the producer's sticky partitioner spreads load); `message_id` is
+  available as a fallback but is rarely useful: a unique key orders nothing.
+* timestamp - `published_at_ms` (CreateTime), so time-based retention and lookups follow the
+  publish time, not the time Prism re-published the message.
+
+Pure functions: no client, no I/O. The live producers/consumers call these.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from app.bindings import _common as c
+from app.bindings.tracecontext import traceparent_of, tracestate_of
+from app.envelope.codec import DEFAULT_LIMITS, Layout, Limits
+from app.envelope.codec import encode as encode_envelope
+from app.envelope.model import Envelope
+from app.errors import BindingError
+from app.security.signing import SigningKey, VerificationKeys, sign
+
+PREFIX = "prism-"
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+_WIRE_NAMES = {name: PREFIX + name for name in
+               (c.ENVELOPE_VERSION, c.ENVELOPE_LAYOUT, *(f.name for f in c.FIELDS))}
+_LOGICAL = {wire: logical for logical, wire in _WIRE_NAMES.items()}
+
+
+class KeyFallback(enum.StrEnum):
+    """Which envelope field becomes the record key when the caller passes none."""
+
+    CORRELATION_ID = "correlation_id"
+    MESSAGE_ID = "message_id"
+    NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaRecord:
+    """What to hand to a Kafka producer (`send(topic, value, key, headers, timestamp_ms)`)."""
+
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+    timestamp_ms: int | None = None
+
+    def header(self, name: str) -> bytes | None:
+        """First value of header `name` (exact name), or None."""
+        for n, v in self.headers:
+            if n == name:
+                return v
+        return None
+
+
+class RecordLike(Protocol):
+    """Anything with a value and headers: `KafkaRecord`, aiokafka's `ConsumerRecord`, ..."""
+
+    @property
+    def value(self) -> bytes | None: ...
+
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes | None]] | None: ...
+
+
+def layout_for_topic(topic: str) -> Layout:
+    """The layout a migration topic carries: `<topic>.v2` draft, `<topic>.v3` reviewed."""
+    if topic.endswith(".v2"):
+        return Layout.DRAFT
+    if topic.endswith(".v3"):
+        return Layout.REVIEWED
+    raise BindingError(f"topic {topic!r} is neither a .v2 nor a .v3 migration topic", path="topic",
+                       hint="pass the layout explicitly for other topics")
+
+
+def partition_key(env: Envelope, key: bytes | None = None,
+                  fallback: KeyFallback = KeyFallback.CORRELATION_ID) -> bytes | None:
+    """The record key: `key` when given, else the `fallback` field of the envelope (module docs)."""
+    if key is not None:
+        return key
+    md = env.header.metadata
+    if fallback is KeyFallback.CORRELATION_ID and md.correlation_id:
+        return md.correlation_id.encode()
+    if fallback is KeyFallback.MESSAGE_ID and md.message_id:
+        return md.message_id.encode()
+    return None
+
+
+def is_owned(name: str) -> bool:
+    """Headers this binding writes and checks; callers may not set them to other values."""
+    return name.lower().startswith(PREFIX)
+
+
+def passthrough_headers(headers: Iterable[tuple[str, bytes | None]] | None) -> list[tuple[str, bytes | None]]:
+    """An input record's headers minus the ones `encode` regenerates (`prism-*`, `traceparent`,
+    `tracestate`): what to forward when re-publishing, so stale copies never clash."""
+    drop = {TRACEPARENT, TRACESTATE}
+    return [(n, v) for n, v in (headers or ()) if not is_owned(n) and n.lower() not in drop]
+
+
+def headers_for(env: Envelope, layout: Layout) -> list[tuple[str, bytes]]:
+    """The binding's own headers for `env` (see the module table)."""
+    out = [(_WIRE_NAMES[name], value.encode()) for name, value in c.metadata_values(env, layout)]
+    tp = traceparent_of(env)
+    if tp is not None:
+        out.append((TRACEPARENT, tp.encode()))
+        ts = tracestate_of(env)
+        if ts is not None:
+            out.append((TRACESTATE, ts.encode()))
+    return out
+
+
+def encode(
+    env: Envelope,
+    layout: Layout = Layout.REVIEWED,
+    *,
+    key: bytes | None = None,
+    key_fallback: KeyFallback = KeyFallback.CORRELATION_ID,
+    headers: Iterable[tuple[str, bytes]] = (),
+    sign_with: SigningKey | None = None,
+) -> KafkaRecord:
+    """Build the Kafka record for `env`.
+
+    `headers` (e.g. forwarded with `passthrough_headers`, or DLQ context headers) come first
+    and are never overwritten; a `prism-*` one that disagrees with the envelope raises
+    `BindingError`. With `sign_with`, the value is signed (`app.security.signing.sign`, which
+    also records the key id and algorithm in `env.security`).
+    """
+    value = sign(env, sign_with, layout) if sign_with is not None else encode_envelope(env, layout)
+    merged = c.merge_headers(headers_for(env, layout), headers, owned=is_owned, binding="kafka")
+    ts = env.published_at_ms
+    return KafkaRecord(
+        key=partition_key(env, key, key_fallback),
+        value=value,
+        headers=merged,
+        timestamp_ms=ts if ts > 0 else None,
+    )
+
+
+def _text_headers(headers: Sequence[tuple[str, bytes | None]] | None) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for name, raw in headers or ():
+        if name.lower() not in _LOGICAL:
+            continue  # other prism-* headers are from newer producers: ignored, like unknown fields
+        if raw is None:
+            raise BindingError(f"kafka header {name} has a null value", path=name,
+                               hint="prism headers always carry a value")
+        try:
+            out.append((name, bytes(raw).decode("utf-8")))
+        except UnicodeDecodeError:
+            raise BindingError(f"kafka header {name} is not valid UTF-8", path=name) from None
+    return out
+
+
+def decode(
+    record: RecordLike,
+    *,
+    limits: Limits = DEFAULT_LIMITS,
+    verify_with: VerificationKeys | None = None,
+) -> Envelope:
+    """Decode a Kafka record's value and check its `prism-*` headers against the envelope.
+
+    The layout is taken from `prism-envelope-layout` (or implied by `prism-envelope-version`)
+    and must match the bytes; otherwise it is detected. Any header copy that disagrees with
+    the envelope raises `BindingError`. With `verify_with`, the signature is verified on the
+    received bytes first (`SignatureError`/`UnknownKeyError` when it does not hold).
+    Other failures are the codec's `EnvelopeError` subclasses.
+    """
+    value = record.value
+    if value is None:
+        raise BindingError("kafka record has no value (tombstone)", path="kafka value",
+                           hint="tombstones carry no envelope; skip them before decoding")
+    found = c.collect(_text_headers(record.headers), _LOGICAL, binding="kafka")
+    return c.decode_checked(value, found, binding="kafka", spell=_WIRE_NAMES.__getitem__, limits=limits,
+                            verify_with=verify_with)

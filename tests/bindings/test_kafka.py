@@ -1,0 +1,215 @@
+"""Kafka binding: value + prism-* headers, round trips, header cross-checks, signatures."""
+
+from __future__ import annotations
+
+import pytest
+from aiokafka.structs import ConsumerRecord
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.bindings import kafka
+from app.bindings.kafka import KafkaRecord, KeyFallback
+from app.bindings.tracecontext import TRACESTATE_EXTENSION
+from app.envelope import Layout, new_envelope
+from app.errors import BindingError, SignatureError
+from app.security.signing import SigningKey, VerificationKeys, verify
+from tests.bindings.strategies import binding_envelopes, wire_equivalent
+
+HMAC = SigningKey.hmac_sha256("worker-hmac", bytes(range(32)))
+ED = SigningKey.ed25519("worker-ed", Ed25519PrivateKey.from_private_bytes(bytes(range(1, 33))))
+KEYS = VerificationKeys.of([HMAC, ED])
+layouts = st.sampled_from(list(Layout))
+
+
+def order(**kw):
+    env = new_envelope("orders.created", {"order_id": 42}, namespace="order-events",
+                       message_id="01890a5d-ac96-774b-bcce-b302099a8057", published_at_ms=1697200000123, **kw)
+    obs = env.ensure_observability()
+    obs.trace_id, obs.span_id, obs.trace_flags = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331", 1
+    return env
+
+
+def with_header(rec: KafkaRecord, name: str, value: bytes | None) -> KafkaRecord:
+    headers = [(n, v) for n, v in rec.headers if n != name] + [(name, value)]
+    return KafkaRecord(rec.key, rec.value, headers, rec.timestamp_ms)
+
+
+# --------------------------------------------------------------------------- round trips
+
+
+@settings(max_examples=150, deadline=None)
+@given(binding_envelopes(), layouts)
+def test_round_trip_any_envelope(env, layout):
+    rec = kafka.encode(env, layout)
+    out = kafka.decode(rec)
+    assert out == wire_equivalent(env, layout)
+    if layout is Layout.REVIEWED:
+        assert out == env
+    assert rec.timestamp_ms == env.published_at_ms
+    names = [n for n, _ in rec.headers]
+    assert len(names) == len(set(names))
+    assert rec.header("prism-message-id") == env.message_id.encode()
+    assert rec.header("prism-topic") == env.topic.encode()
+    assert rec.header("prism-namespace") == env.namespace.encode()
+    assert rec.header("prism-envelope-layout") == layout.value.encode()
+    assert rec.header("prism-envelope-version") == (b"1" if layout is Layout.DRAFT else None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(binding_envelopes(), layouts, st.sampled_from([HMAC, ED]))
+def test_signed_values_verify_after_decode(env, layout, key):
+    rec = kafka.encode(env, layout, sign_with=key)
+    out = kafka.decode(rec, verify_with=KEYS)
+    assert out.security is not None and out.security.signature_key_id == key.key_id
+    assert verify(rec.value, KEYS).key_id == key.key_id
+
+
+def test_tampered_signed_value_is_refused():
+    rec = kafka.encode(order(), Layout.REVIEWED, sign_with=HMAC)
+    tampered = bytearray(rec.value)
+    tampered[-2] ^= 0x01  # inside the payload
+    with pytest.raises(SignatureError):
+        kafka.decode(KafkaRecord(rec.key, bytes(tampered), rec.headers), verify_with=KEYS)
+
+
+def test_aiokafka_consumer_record_decodes():
+    rec = kafka.encode(order(), Layout.DRAFT)
+    cr = ConsumerRecord(topic="orders.created.v2", partition=0, offset=7, timestamp=rec.timestamp_ms,
+                        timestamp_type=0, key=rec.key, value=rec.value, checksum=None,
+                        serialized_key_size=0, serialized_value_size=len(rec.value), headers=tuple(rec.headers))
+    assert kafka.decode(cr) == wire_equivalent(order(), Layout.DRAFT)
+
+
+# --------------------------------------------------------------------------- headers
+
+
+def test_header_table_for_a_known_envelope():
+    env = order(correlation_id="cart-9")
+    env.extensions[TRACESTATE_EXTENSION] = b"congo=t61rcWkgMzE"
+    draft = dict(kafka.encode(env, Layout.DRAFT).headers)
+    assert draft == {
+        "prism-envelope-version": b"1",
+        "prism-envelope-layout": b"draft",
+        "prism-message-id": b"01890a5d-ac96-774b-bcce-b302099a8057",
+        "prism-topic": b"orders.created",
+        "prism-namespace": b"order-events",
+        "prism-trace-id": b"0af7651916cd43dd8448eb211c80319c",
+        "prism-content-type": b"application/json",
+        "traceparent": b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "tracestate": b"congo=t61rcWkgMzE",
+    }
+    reviewed = dict(kafka.encode(env, Layout.REVIEWED).headers)
+    assert "prism-envelope-version" not in reviewed
+    assert reviewed["prism-envelope-layout"] == b"reviewed"
+
+
+def test_no_trace_headers_without_a_trace():
+    env = new_envelope("t", b"x", namespace="n")
+    names = {n for n, _ in kafka.encode(env).headers}
+    assert not names & {"traceparent", "tracestate", "prism-trace-id", "prism-content-type"}
+
+
+def test_key_rules():
+    env = order(correlation_id="cart-9")
+    assert kafka.encode(env, key=b"input-key").key == b"input-key"  # re-publish keeps the input key
+    assert kafka.encode(env).key == b"cart-9"
+    assert kafka.encode(env, key_fallback=KeyFallback.MESSAGE_ID).key == env.message_id.encode()
+    assert kafka.encode(env, key_fallback=KeyFallback.NONE).key is None
+    assert kafka.encode(order()).key is None  # no correlation id: null key, sticky partitioner
+
+
+def test_caller_headers_are_kept_first_and_never_overwritten():
+    env = order()
+    extra = [("app-tenant", b"acme"), ("traceparent", b"00-11111111111111111111111111111111-2222222222222222-00"),
+             ("app-tenant", b"second"), ("prism-topic", b"orders.created")]
+    rec = kafka.encode(env, headers=extra)
+    assert rec.headers[:4] == extra
+    assert [v for n, v in rec.headers if n == "traceparent"] == [extra[1][1]]
+    assert [n for n, _ in rec.headers].count("prism-topic") == 1
+    assert kafka.decode(rec) == env
+
+
+def test_conflicting_prism_caller_header_is_refused():
+    with pytest.raises(BindingError, match="prism-topic"):
+        kafka.encode(order(), headers=[("prism-topic", b"payments.created")])
+    with pytest.raises(BindingError, match="prism-envelope-version"):  # reviewed layout has no version
+        kafka.encode(order(), Layout.REVIEWED, headers=[("prism-envelope-version", b"1")])
+
+
+def test_passthrough_headers_drop_regenerated_ones():
+    old = kafka.encode(order(), Layout.DRAFT, headers=[("app-tenant", b"acme")])
+    kept = kafka.passthrough_headers(old.headers)
+    assert kept == [("app-tenant", b"acme")]
+    republished = kafka.encode(order(), Layout.REVIEWED, key=old.key, headers=kept)
+    assert kafka.decode(republished) == order()
+
+
+def test_layout_for_topic():
+    assert kafka.layout_for_topic("orders.created.v2") is Layout.DRAFT
+    assert kafka.layout_for_topic("orders.created.v3") is Layout.REVIEWED
+    with pytest.raises(BindingError, match=r"\.v2 nor a \.v3"):
+        kafka.layout_for_topic("orders.created")
+
+
+# --------------------------------------------------------------------------- cross-checks
+
+
+@settings(max_examples=80, deadline=None)
+@given(binding_envelopes(), layouts, st.sampled_from(["prism-message-id", "prism-topic", "prism-namespace",
+                                                      "prism-trace-id", "prism-content-type"]),
+       st.text(min_size=1, max_size=12))
+def test_any_disagreeing_header_is_refused(env, layout, name, value):
+    rec = kafka.encode(env, layout)
+    if rec.header(name) == value.encode():
+        value += "x"
+    with pytest.raises(BindingError) as err:
+        kafka.decode(with_header(rec, name, value.encode()))
+    assert err.value.path == name
+
+
+def test_layout_header_must_match_the_bytes():
+    rec = kafka.encode(order(), Layout.REVIEWED)
+    with pytest.raises(BindingError, match="draft layout but the bytes are a reviewed"):
+        kafka.decode(with_header(rec, "prism-envelope-layout", b"draft"))
+    with pytest.raises(BindingError, match="reviewed layout, which has no version"):
+        kafka.decode(with_header(rec, "prism-envelope-version", b"1"))
+    with pytest.raises(BindingError, match="unknown envelope layout"):
+        kafka.decode(with_header(rec, "prism-envelope-layout", b"v9"))
+    draft = kafka.encode(order(), Layout.DRAFT)
+    with pytest.raises(BindingError, match="unsupported envelope version '2'"):
+        kafka.decode(with_header(draft, "prism-envelope-version", b"2"))
+
+
+def test_layout_detected_without_headers():
+    for layout in Layout:
+        rec = kafka.encode(order(), layout)
+        assert kafka.decode(KafkaRecord(None, rec.value, [])) == wire_equivalent(order(), layout)
+
+
+def test_malformed_headers_and_values():
+    rec = kafka.encode(order())
+    with pytest.raises(BindingError, match="twice with different values"):
+        kafka.decode(KafkaRecord(None, rec.value, [*rec.headers, ("prism-topic", b"other")]))
+    with pytest.raises(BindingError, match="null value"):
+        kafka.decode(with_header(rec, "prism-topic", None))
+    with pytest.raises(BindingError, match="not valid UTF-8"):
+        kafka.decode(with_header(rec, "prism-topic", b"\xff"))
+    with pytest.raises(BindingError, match="tombstone"):
+        kafka.decode(KafkaRecord(b"k", None, []))  # type: ignore[arg-type]
+    with pytest.raises(BindingError, match="no envelope bytes"):
+        kafka.decode(KafkaRecord(None, b"", []))
+    # A header name differing only in case is the same header.
+    with pytest.raises(BindingError, match="prism-topic is 'other'"):
+        kafka.decode(KafkaRecord(None, rec.value, [("PRISM-TOPIC", b"other")]))
+    # Unknown prism-* headers from newer producers are ignored, whatever their bytes.
+    assert kafka.decode(KafkaRecord(None, rec.value, [*rec.headers, ("prism-future", b"\xff")])) == order()
+
+
+def test_size_limit_is_checked_before_anything_else():
+    from app.envelope import Limits
+    from app.errors import SizeLimitError
+
+    rec = kafka.encode(order(), sign_with=HMAC)
+    with pytest.raises(SizeLimitError, match="over the 64-byte limit"):
+        kafka.decode(rec, limits=Limits(max_message_bytes=64), verify_with=KEYS)
