@@ -315,7 +315,7 @@ async def ensure_topics(
     try:
         try:
             await asyncio.wait_for(admin.start(), timeout)
-        except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, KafkaError, OSError) as exc:
             raise BrokerError(f"cannot reach Kafka at {servers}: {exc!r}",
                               hint="check PRISM_BROKER_URL and that the broker is running") from exc
 

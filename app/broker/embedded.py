@@ -55,6 +55,7 @@ __all__ = [
     "EmbeddedBroker",
     "find_free_port",
     "resolve_broker_binary",
+    "with_parent_death_signal",
 ]
 
 log = logging.getLogger(__name__)
@@ -268,25 +269,11 @@ class EmbeddedBroker:
         return self
 
     def _spawn_with_retry(self) -> None:
-        # Only the readiness wait differs between sync and async; the sync one runs the async
-        # probe on a private loop in a helper thread, so it also works from inside a running loop.
         attempts = 1 if self._requested_port is not None else 3
         for attempt in range(attempts):
             self._spawn()
             try:
-                result: list[BaseException | None] = [None]
-
-                def runner() -> None:
-                    try:
-                        asyncio.run(self._wait_ready())
-                    except BaseException as exc:  # re-raised in the caller's thread
-                        result[0] = exc
-
-                thread = threading.Thread(target=runner, name="prism-broker-ready", daemon=True)
-                thread.start()
-                thread.join()
-                if result[0] is not None:
-                    raise result[0]
+                self._wait_ready_blocking()
                 return
             except BrokerPortInUse:
                 self.stop()
@@ -296,6 +283,23 @@ class EmbeddedBroker:
             except BaseException:
                 self.stop()
                 raise
+
+    def _wait_ready_blocking(self) -> None:
+        # Only the readiness wait differs between sync and async start: the sync one runs the
+        # async probe on a private loop in a helper thread, so it also works inside a running loop.
+        failure: list[BaseException] = []
+
+        def runner() -> None:
+            try:
+                asyncio.run(self._wait_ready())
+            except BaseException as exc:  # re-raised in the caller's thread
+                failure.append(exc)
+
+        thread = threading.Thread(target=runner, name="prism-broker-ready", daemon=True)
+        thread.start()
+        thread.join()
+        if failure:
+            raise failure[0]
 
     async def _aspawn_with_retry(self) -> None:
         attempts = 1 if self._requested_port is not None else 3
@@ -340,7 +344,7 @@ class EmbeddedBroker:
                 "--storage-engine", _STORAGE,
                 "--cluster-id", self.cluster_id,
             ]
-            cmd = _with_parent_death_signal(cmd)
+            cmd = with_parent_death_signal(cmd)
             env = {**os.environ, "NO_COLOR": "1"}
             self._log_file = open(self._log_path, "ab")  # noqa: SIM115 - closed in stop()
             log.debug("starting embedded broker: %s", " ".join(cmd))
@@ -456,7 +460,7 @@ class EmbeddedBroker:
         return f"<EmbeddedBroker {where} {state} pid={self.pid}>"
 
 
-def _with_parent_death_signal(cmd: Sequence[str]) -> list[str]:
+def with_parent_death_signal(cmd: Sequence[str]) -> list[str]:
     """Prefix ``setpriv --pdeathsig TERM`` when available (Linux, util-linux).
 
     The kernel then sends SIGTERM to the broker when the process that started it dies, even by

@@ -35,5 +35,5 @@ def make_table(app: Any, name: str, *, partitions: int | None = None, help: str 
     ``partitions`` must equal the source topic's partition count (Faust raises
     ``PartitionsMismatch`` otherwise); ``None`` uses the app's ``topic_partitions``.
     """
-    return app.Table(name, default=None, partitions=partitions, help=help,
-                     key_serializer="json", value_serializer="json")
+    # No key_type/value_type: Faust then serializes keys and values as JSON.
+    return app.Table(name, default=None, partitions=partitions, help=help)

@@ -90,4 +90,5 @@ class FaustTopicCounters(TopicCounters):
         super().__init__(self.table)
 
     def incr(self, topic: str, counter: str = "messages", n: int = 1, *, partition: int | None = None) -> int:
+        """Add ``n`` under the current event's partition (``partition`` only outside Faust)."""
         return super().incr(topic, counter, n, partition=current_partition() if partition is None else partition)

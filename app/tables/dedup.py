@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,13 +52,16 @@ class DedupWindow:
         backend: any mutable mapping ``str -> [first_seen_ms, partition]`` (a dict in tests, a
             Faust table in the worker).
         window: seconds an id is remembered.
+        clock: epoch-seconds clock used when ``now`` is not given (injectable for tests).
     """
 
-    def __init__(self, backend: MutableMapping[str, Any], window: float) -> None:
+    def __init__(self, backend: MutableMapping[str, Any], window: float, *,
+                 clock: Callable[[], float] = time.time) -> None:
         if not window > 0:
             raise ValueError(f"dedup window must be > 0 seconds, got {window!r}")
         self.backend = backend
         self.window = float(window)
+        self.clock = clock
 
     @staticmethod
     def _validate(message_id: str) -> None:
@@ -77,7 +80,7 @@ class DedupWindow:
     def check(self, message_id: str, now: float | None = None, *, partition: int = 0) -> DedupVerdict:
         """Check-and-record: a duplicate if seen inside the window, otherwise remember it now."""
         self._validate(message_id)
-        now = time.time() if now is None else now
+        now = self.clock() if now is None else now
         live = self._live_entry(message_id, now)
         if live is not None:
             return DedupVerdict(duplicate=True, first_seen=live[0] / 1000)
@@ -87,11 +90,11 @@ class DedupWindow:
     def seen(self, message_id: str, now: float | None = None) -> bool:
         """Read-only: is ``message_id`` inside the window?"""
         self._validate(message_id)
-        return self._live_entry(message_id, time.time() if now is None else now) is not None
+        return self._live_entry(message_id, self.clock() if now is None else now) is not None
 
     def expired(self, now: float | None = None) -> list[tuple[str, int]]:
         """Scan for ``(message_id, partition)`` of entries past the window."""
-        limit_ms = ((time.time() if now is None else now) - self.window) * 1000
+        limit_ms = ((self.clock() if now is None else now) - self.window) * 1000
         return [(key, int(value[1])) for key, value in self.backend.items()
                 if value is not None and int(value[0]) <= limit_ms]
 
@@ -100,14 +103,14 @@ class DedupWindow:
         entry = self.backend.get(message_id)
         if entry is None:
             return False
-        if self._live_entry(message_id, time.time() if now is None else now) is not None:
+        if self._live_entry(message_id, self.clock() if now is None else now) is not None:
             return False  # re-recorded since it was queued for expiry
         del self.backend[message_id]
         return True
 
     def purge(self, now: float | None = None) -> int:
         """Delete every expired entry (use on plain mappings; Faust tables use the sweep)."""
-        now = time.time() if now is None else now
+        now = self.clock() if now is None else now
         return sum(self.discard(key, now) for key, _ in self.expired(now))
 
     def __len__(self) -> int:
@@ -127,13 +130,15 @@ class FaustDedupWindow(DedupWindow):
         partitions: partition count of the source topic.
         sweep_interval: seconds between expiry scans.
         max_deletes_per_event: expired ids deleted per processed event (bounds added latency).
+        clock: epoch-seconds clock (injectable for tests).
     """
 
     def __init__(self, app: Any, name: str = "dedup", *, window: float = 3600.0, partitions: int | None = None,
-                 sweep_interval: float = 60.0, max_deletes_per_event: int = 64) -> None:
+                 sweep_interval: float = 60.0, max_deletes_per_event: int = 64,
+                 clock: Callable[[], float] = time.time) -> None:
         self.table = make_table(app, name, partitions=partitions,
                                 help=f"message_id -> [first_seen_ms, partition] for a {window:g}s dedup window")
-        super().__init__(self.table, window)
+        super().__init__(self.table, window, clock=clock)
         self.max_deletes_per_event = max_deletes_per_event
         self._pending: defaultdict[int, list[str]] = defaultdict(list)
         # Faust passes the app to timer functions that take parameters: register a zero-arg one.
@@ -148,7 +153,7 @@ class FaustDedupWindow(DedupWindow):
         Yields to the event loop every few thousand entries so a large table does not stall
         the agents. Returns the number of ids queued.
         """
-        limit_ms = ((time.time() if now is None else now) - self.window) * 1000
+        limit_ms = ((self.clock() if now is None else now) - self.window) * 1000
         pending: defaultdict[int, list[str]] = defaultdict(list)
         for index, (key, value) in enumerate(self.table.items()):
             if value is not None and int(value[0]) <= limit_ms:
@@ -164,6 +169,10 @@ class FaustDedupWindow(DedupWindow):
         return sum(len(keys) for keys in self._pending.values())
 
     def check(self, message_id: str, now: float | None = None, *, partition: int | None = None) -> DedupVerdict:
+        """Check-and-record inside an agent; first deletes a few expired ids of this partition.
+
+        ``partition`` defaults to the current event's; pass it only outside Faust (tests).
+        """
         part = current_partition() if partition is None else partition
         self._drain(part, now)
         return super().check(message_id, now, partition=part)

@@ -37,6 +37,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -45,6 +46,7 @@ from typing import IO, Any, NoReturn, Self
 import faust
 
 from app.broker.admin import BrokerSettings
+from app.broker.embedded import with_parent_death_signal
 from app.errors import ConfigError
 from app.worker.offsets import install_listoffsets_workaround
 
@@ -263,15 +265,26 @@ def load_app(target: str) -> faust.App:
     return obj
 
 
+#: Our level names -> the Faust CLI's.
+_FAUST_LEVELS = {"critical": "crit", "crit": "crit", "error": "error", "warning": "warn", "warn": "warn",
+                 "info": "info", "debug": "debug"}
+
+
 def run_worker(app: faust.App, *, loglevel: str = "warning", uvloop: bool = True) -> NoReturn:
     """Run ``app`` as a Faust worker in this process (blocks; exits the process when stopped).
 
     This is what ``faust -A app worker -l warning`` does, plus uvloop. SIGTERM and SIGINT stop the
     worker cleanly (offsets committed, RocksDB closed).
     """
+    level = _FAUST_LEVELS.get(loglevel.lower())
+    if level is None:
+        raise ConfigError(f"unknown log level {loglevel!r}", hint=f"use one of {', '.join(_FAUST_LEVELS)}")
     if uvloop:
         use_uvloop()
-    argv = [sys.argv[0] or "prism-worker", "worker", "--loglevel", loglevel]
+    # The worker command re-applies --with/--without-web to the already-used setting, which
+    # Faust reports as a (harmless, same-value) AlreadyConfiguredWarning on every start.
+    warnings.filterwarnings("ignore", message=".*'web_enabled' that was already used.*")
+    argv = [sys.argv[0] or "prism-worker", "worker", "--loglevel", level]
     if not app.conf.web_enabled:
         argv.append("--without-web")
     else:
@@ -282,7 +295,8 @@ def run_worker(app: faust.App, *, loglevel: str = "warning", uvloop: bool = True
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """``python -m app.worker.faust_app package.module:attr [--loglevel LEVEL] [--no-uvloop]``."""
-    parser = argparse.ArgumentParser(prog="python -m app.worker.faust_app", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m app.worker.faust_app",
+                                     description="Run a Faust app (or app factory) as a Prism worker.")
     parser.add_argument("target", help="package.module:attr of a faust.App or a factory returning one")
     parser.add_argument("--loglevel", default="warning")
     parser.add_argument("--no-uvloop", action="store_true")
@@ -346,7 +360,10 @@ class WorkerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         env = {**os.environ, **self.env, READY_FILE_ENV: str(self.ready_file), "PYTHONUNBUFFERED": "1"}
-        cmd = [self.python, "-m", "app.worker.faust_app", self.target, "--loglevel", self.loglevel]
+        # Parent-death signal: if the process that started the worker dies (even by SIGKILL),
+        # the worker gets SIGTERM and shuts down cleanly instead of running on as an orphan.
+        cmd = with_parent_death_signal(
+            [self.python, "-m", "app.worker.faust_app", self.target, "--loglevel", self.loglevel])
         self._proc = subprocess.Popen(cmd, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL,
                                       stdout=self._log, stderr=subprocess.STDOUT)
         if wait:

@@ -23,14 +23,29 @@ The workaround
     For each partition we still ask ``ListOffsets(latest)`` - on this broker it is a valid offset
     at or just below the true end - and then send one ``Fetch`` per leader from exactly that
     offset. The response carries the true high watermark (and at most one record batch of data,
-    which we discard). The result is ``max(listed, fetched_highwater)``. It is installed only
-    for the embedded broker, by swapping in a consumer-thread subclass whose ``highwaters()``
-    uses it (``install_listoffsets_workaround``); Faust itself is not patched or forked, and a
-    real Kafka cluster keeps the stock code path.
+    which we discard). The result is ``max(listed, fetched_highwater)``; a partition whose fetch
+    fails falls back to the listed value, i.e. never worse than stock. It is installed only for
+    the embedded broker, by swapping in a consumer-thread subclass whose ``highwaters()`` uses it
+    (``install_listoffsets_workaround``, called by ``make_app(embedded=True)``); Faust itself is
+    not patched or forked, and a real Kafka cluster keeps the stock code path. The queries run on
+    a separate group-less consumer connection so they do not wait behind the worker's long-poll
+    fetches. Cost: one ListOffsets plus one Fetch per broker per recovery, a few milliseconds.
+
+    Proof: tests/broker/test_offsets.py compares the result with the records actually written
+    (and shows ListOffsets is short); tests/tables/test_recovery.py restarts a worker with four
+    RocksDB tables on its own data dir and on an empty one and compares every table with what was
+    processed, and runs stock Faust as the control (it dies with ``ConsistencyError``).
 
     Only ``Consumer.highwaters`` is affected in Faust 0.15.3 (checked: it is the only caller of
     ``end_offsets``); ``Consumer.highwater(tp)`` (lag, commit checks) already reads the fetch
     response's high watermark.
+
+A second embedded-broker quirk handled by the same consumer-thread subclass
+    Tansu numbers a group's first generation 0, where Kafka starts at 1. aiokafka only sends
+    ``LeaveGroup`` on close when ``generation > 0``, so the first worker of a new group left
+    silently and the next worker's join waited a full session timeout for the ghost member to
+    expire (measured: +5 s on every restart). :func:`leave_group_on_close` makes close send the
+    ``LeaveGroup`` for generation 0 too.
 """
 
 from __future__ import annotations
@@ -48,6 +63,7 @@ from aiokafka.protocol.fetch import FetchRequest
 __all__ = [
     "fetch_high_watermarks",
     "install_listoffsets_workaround",
+    "leave_group_on_close",
     "listoffsets_workaround_installed",
     "true_end_offsets",
 ]
@@ -154,6 +170,34 @@ async def true_end_offsets(consumer: AIOKafkaConsumer, partitions: Iterable[TPT]
     return corrected
 
 
+def leave_group_on_close(consumer: AIOKafkaConsumer) -> None:
+    """Make ``consumer.stop()`` leave its group also when the generation is 0 (Tansu's first).
+
+    Wraps the coordinator's leave step, which ``close()`` runs after heartbeats have stopped, so
+    no heartbeat can race with the leave. Call it on a started consumer, before ``stop()``.
+    """
+    from aiokafka.errors import KafkaError
+    from aiokafka.protocol.group import LeaveGroupRequest
+
+    coordinator = getattr(consumer, "_coordinator", None)
+    original = getattr(coordinator, "_maybe_leave_group", None)
+    if coordinator is None or original is None or getattr(coordinator, "_prism_leave_patched", False):
+        return
+
+    async def maybe_leave_group() -> None:
+        if coordinator.generation == 0 and getattr(coordinator, "_group_instance_id", None) is None:
+            try:
+                await coordinator._send_req(LeaveGroupRequest(coordinator.group_id, coordinator.member_id))
+            except KafkaError as exc:
+                log.warning("LeaveGroup (generation 0) failed: %r", exc)
+            coordinator.reset_generation()
+            return
+        await original()
+
+    coordinator._maybe_leave_group = maybe_leave_group
+    coordinator._prism_leave_patched = True
+
+
 def _aiokafka_tp(topic: str, partition: int) -> Any:
     from aiokafka.structs import TopicPartition
 
@@ -170,7 +214,8 @@ def _faust_classes() -> tuple[type, type, type]:
     base_thread = faust_aiokafka.AIOKafkaConsumerThread
     base_consumer = faust_aiokafka.Consumer
     base_transport = faust_aiokafka.Transport
-    for owner, attr in ((base_thread, "highwaters"), (base_thread, "call_thread"),
+    for owner, attr in ((base_thread, "highwaters"), (base_thread, "earliest_offsets"),
+                        (base_thread, "call_thread"), (base_thread, "on_thread_stop"),
                         (base_thread, "_ensure_consumer"), (base_consumer, "_new_consumer_thread")):
         if not hasattr(owner, attr):  # pragma: no cover - guards a Faust upgrade
             raise RuntimeError(
@@ -178,7 +223,15 @@ def _faust_classes() -> tuple[type, type, type]:
                 "app/worker/offsets.py must be re-checked against this Faust version")
 
     class TrueHighwaterConsumerThread(base_thread):  # type: ignore[misc, valid-type]
-        """Consumer thread whose ``highwaters()`` uses :func:`true_end_offsets`."""
+        """Consumer thread for the embedded broker: true ``highwaters()``, LeaveGroup at generation 0.
+
+        The offset queries go through a small group-less "probe" consumer with its own
+        connection: brokers answer the requests of one connection in order, so on the worker
+        consumer's connection they would queue behind its long-poll fetch (Faust uses
+        ``fetch_max_wait_ms=1500``; measured 1.5-2.7 s per query during recovery).
+        """
+
+        _offsets_probe: AIOKafkaConsumer | None = None
 
         async def highwaters(self, *partitions: Any) -> Mapping[Any, int]:
             return await self.call_thread(self._true_highwaters, partitions)
@@ -187,7 +240,39 @@ def _faust_classes() -> tuple[type, type, type]:
             consumer = self._ensure_consumer()
             if self.consumer.in_transaction:  # stock behaviour; the embedded broker has no transactions
                 return {tp: consumer.last_stable_offset(tp) for tp in partitions}
-            return await true_end_offsets(consumer, partitions)
+            return await true_end_offsets(await self._probe(), partitions)
+
+        async def earliest_offsets(self, *partitions: Any) -> Mapping[Any, int]:
+            # Correct on this broker; routed through the probe only to skip the long-poll queue.
+            return await self.call_thread(self._earliest_via_probe, partitions)
+
+        async def _earliest_via_probe(self, partitions: Iterable[Any]) -> Mapping[Any, int]:
+            return dict(await (await self._probe()).beginning_offsets(list(partitions)))
+
+        async def _probe(self) -> AIOKafkaConsumer:
+            if self._offsets_probe is None:
+                conf = self.app.conf
+                transport = self.transport
+                probe = AIOKafkaConsumer(
+                    bootstrap_servers=faust_aiokafka.server_list(transport.url, transport.default_port),
+                    client_id=f"{conf.broker_client_id}-offsets",
+                    request_timeout_ms=int(conf.broker_request_timeout * 1000),
+                    enable_auto_commit=False,
+                    **faust_aiokafka.credentials_to_aiokafka_auth(conf.broker_credentials, conf.ssl_context),
+                )
+                await probe.start()
+                self._offsets_probe = probe
+            return self._offsets_probe
+
+        async def on_thread_stop(self) -> None:
+            if self._consumer is not None:
+                leave_group_on_close(self._consumer)
+            try:
+                await super().on_thread_stop()
+            finally:
+                if self._offsets_probe is not None:
+                    await self._offsets_probe.stop()
+                    self._offsets_probe = None
 
     class TrueHighwaterConsumer(base_consumer):  # type: ignore[misc, valid-type]
         def _new_consumer_thread(self) -> Any:

@@ -1,0 +1,84 @@
+"""Faust worker used by test_recovery.py (run as ``python -m app.worker.faust_app
+tests.tables.recovery_app:build``).
+
+Configuration comes from the environment (the test sets it per run):
+
+* ``RT_APP_ID``, ``RT_BOOTSTRAP``, ``RT_DATA_DIR``, ``RT_TOPIC``, ``RT_PARTITIONS``
+* ``RT_SNAPSHOT``: JSON file the worker (re)writes with its tables' contents whenever processing
+  has been idle for a 0.1 s tick and something changed since the last write
+* ``RT_WORKAROUND``: ``0`` disables the ListOffsets workaround (to show the broker bug)
+
+Every record is ``key = "k<n>"``, ``value = {"id": <message id>, "seq": <per-key sequence>}``.
+The agent updates all four kinds of table: a plain per-key count, topic counters, per-source
+sequence tracking and the dedup window. Timers only start after table recovery is complete,
+so the first snapshot of a run shows exactly what recovery restored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import faust
+
+from app.tables import FaustDedupWindow, FaustSequenceTracker, FaustTopicCounters, make_table
+from app.worker.faust_app import make_app
+
+
+def build() -> faust.App:
+    env = os.environ
+    topic_name = env["RT_TOPIC"]
+    partitions = int(env["RT_PARTITIONS"])
+    snapshot_path = Path(env["RT_SNAPSHOT"])
+    app = make_app(
+        env["RT_APP_ID"], env["RT_BOOTSTRAP"], env["RT_DATA_DIR"],
+        partitions=partitions, embedded=env.get("RT_WORKAROUND", "1") == "1",
+        broker_commit_interval=0.5,
+    )
+    source = app.topic(topic_name, partitions=partitions, key_serializer="raw", value_serializer="json")
+    counts = make_table(app, "counts", partitions=partitions)
+    counters = FaustTopicCounters(app, "topic_counters", partitions=partitions)
+    sequences = FaustSequenceTracker(app, "sequences", partitions=partitions)
+    dedup = FaustDedupWindow(app, "dedup", window=3600, partitions=partitions)
+    state: dict[str, Any] = {"processed": 0, "duplicates": 0, "not_in_order": 0, "written_at": None}
+
+    @app.agent(source)
+    async def count(stream: Any) -> None:
+        async for event in stream.events():
+            key = event.key.decode()
+            value = event.value
+            counts[key] = (counts.get(key) or 0) + 1
+            counters.incr(topic_name, "messages")
+            if not sequences.observe(key, int(value["seq"])).in_order:
+                state["not_in_order"] += 1
+            if dedup.check(value["id"]).duplicate:
+                state["duplicates"] += 1
+            state["processed"] += 1
+
+    @app.timer(0.1)
+    async def snapshot() -> None:
+        # Write only when idle (nothing processed since the last tick): reading every table is
+        # not free, and a test only needs the state once processing has settled.
+        processed = state["processed"]
+        idle, state["last_seen"] = processed == state.get("last_seen"), processed
+        if not idle or state["written_at"] == processed:
+            return
+        state["written_at"] = processed
+        data = {
+            "pid": os.getpid(),
+            "processed_this_run": state["processed"],
+            "duplicates_this_run": state["duplicates"],
+            "not_in_order_this_run": state["not_in_order"],
+            "counts": dict(counts.items()),
+            "counter_total": counters.get(topic_name, "messages"),
+            "counter_by_partition": {str(k): v for k, v in counters.by_partition(topic_name).items()},
+            "sequences": {k: v.to_value() for k, v in sequences.snapshot().items()},
+            "dedup_ids": sum(1 for _ in dedup.table),
+        }
+        tmp = snapshot_path.with_name(snapshot_path.name + ".tmp")
+        tmp.write_text(json.dumps(data, sort_keys=True))
+        tmp.replace(snapshot_path)
+
+    return app

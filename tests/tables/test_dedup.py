@@ -1,0 +1,103 @@
+"""DedupWindow core (plain dict backend) and the FaustDedupWindow expiry queue logic."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from app.tables.dedup import DedupVerdict, DedupWindow, FaustDedupWindow
+
+from .conftest import FakeApp
+
+
+def test_first_sighting_is_new_then_duplicate_inside_window() -> None:
+    window = DedupWindow({}, window=60)
+    assert window.check("m1", now=1000.0) == DedupVerdict(duplicate=False, first_seen=1000.0)
+    assert window.check("m1", now=1059.9) == DedupVerdict(duplicate=True, first_seen=1000.0)
+    assert window.check("m2", now=1059.9).duplicate is False
+    assert window.seen("m1", now=1001) and not window.seen("m3", now=1001)
+
+
+def test_window_is_measured_from_the_first_sighting() -> None:
+    backend: dict[str, Any] = {}
+    window = DedupWindow(backend, window=60)
+    window.check("m1", now=1000.0)
+    window.check("m1", now=1050.0)  # a duplicate does not extend the window
+    verdict = window.check("m1", now=1060.0)  # exactly one window later: forgotten
+    assert verdict == DedupVerdict(duplicate=False, first_seen=1060.0)
+    assert backend["m1"] == [1_060_000, 0]  # re-recorded as a new first sighting
+
+
+def test_expired_entries_count_as_unseen_before_any_sweep() -> None:
+    window = DedupWindow({}, window=10)
+    window.check("m1", now=0.0)
+    assert not window.seen("m1", now=10.0)
+    assert len(window) == 1  # still stored until purged
+
+
+def test_expired_scan_purge_and_discard() -> None:
+    backend: dict[str, Any] = {}
+    window = DedupWindow(backend, window=10)
+    window.check("old-a", now=0.0, partition=1)
+    window.check("old-b", now=5.0, partition=2)
+    window.check("new", now=14.0, partition=1)
+    assert sorted(window.expired(now=15.0)) == [("old-a", 1), ("old-b", 2)]
+    assert window.purge(now=15.0) == 2
+    assert list(backend) == ["new"]
+    assert window.discard("new", now=15.0) is False  # still live
+    assert window.discard("missing", now=15.0) is False
+
+
+def test_partition_is_recorded_with_the_entry() -> None:
+    backend: dict[str, Any] = {}
+    DedupWindow(backend, window=10).check("m", now=1.5, partition=3)
+    assert backend == {"m": [1500, 3]}
+
+
+@pytest.mark.parametrize("bad", ["", None, 42, b"bytes"])
+def test_invalid_message_ids(bad: Any) -> None:
+    with pytest.raises(ValueError, match="message_id must be a non-empty string"):
+        DedupWindow({}, window=1).check(bad)
+
+
+def test_window_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="must be > 0"):
+        DedupWindow({}, window=0)
+
+
+def test_faust_binding_expires_entries_in_their_own_partition_a_few_per_event() -> None:
+    app = FakeApp()
+    dedup = FaustDedupWindow(app, "dedup", window=10, sweep_interval=30, max_deletes_per_event=2)
+    assert [interval for interval, _ in app.timers] == [30]
+    for i in range(5):
+        dedup.check(f"p0-{i}", now=0.0, partition=0)
+    dedup.check("p1-old", now=0.0, partition=1)
+    dedup.check("p1-new", now=19.0, partition=1)
+
+    queued = asyncio.run(dedup.scan_expired(now=20.0))
+    assert queued == 6 and dedup.pending_expiry == 6
+
+    # An event on partition 1 deletes only partition 1's expired ids.
+    assert dedup.check("fresh-1", now=20.0, partition=1).duplicate is False
+    assert "p1-old" not in dedup.table and "p1-new" in dedup.table
+    assert all(f"p0-{i}" in dedup.table for i in range(5))
+
+    # Events on partition 0 delete at most two per event.
+    dedup.check("fresh-0a", now=20.0, partition=0)
+    assert sum(f"p0-{i}" in dedup.table for i in range(5)) == 3
+    dedup.check("fresh-0b", now=20.0, partition=0)
+    dedup.check("fresh-0c", now=20.0, partition=0)
+    assert not any(f"p0-{i}" in dedup.table for i in range(5))
+    assert dedup.pending_expiry == 0
+
+
+def test_faust_binding_does_not_delete_an_id_recorded_again_after_the_scan() -> None:
+    dedup = FaustDedupWindow(FakeApp(), window=10, max_deletes_per_event=1)
+    dedup.check("a", now=0.0, partition=0)
+    dedup.check("m", now=0.0, partition=0)
+    asyncio.run(dedup.scan_expired(now=11.0))  # queues a and m
+    assert dedup.check("m", now=11.0, partition=0).duplicate is False  # drains "a" only, re-records m
+    dedup.check("other", now=12.0, partition=0)  # drains the stale queue entry for m
+    assert dedup.table["m"] == [11_000, 0] and "a" not in dedup.table

@@ -1,0 +1,176 @@
+"""RocksDB tables recover EXACTLY after a restart on the embedded broker.
+
+One worker (tests/tables/recovery_app.py, run as a subprocess) consumes 5000 records from a
+4-partition topic into four RocksDB tables with changelogs, and is stopped cleanly. Then:
+
+* (a) a new worker on the SAME data dir must start (no ``ConsistencyError``) and hold exactly
+  the same tables, processing nothing again;
+* (b) a new worker on an EMPTY data dir must rebuild exactly the same tables from the changelogs.
+
+On this broker both fail without app/worker/offsets.py (ENGINEERING.md: "ListOffsets(latest) is
+wrong"); ``test_without_the_workaround_the_broker_bug_breaks_restarts`` shows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from app.broker.admin import ensure_topics
+from app.broker.embedded import EmbeddedBroker
+from app.worker.faust_app import WorkerProcess
+
+from .conftest import require, require_broker_binary
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDS = 5000
+KEYS = 50
+PARTITIONS = 4
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+
+
+@dataclass
+class Scenario:
+    broker: EmbeddedBroker
+    topic: str
+    app_id: str
+    base: Path
+    first_data_dir: Path
+    first: dict[str, Any]
+
+    def worker(self, name: str, data_dir: Path, *, workaround: bool = True) -> tuple[WorkerProcess, Path]:
+        snapshot = self.base / f"{name}.json"
+        env = {"RT_APP_ID": self.app_id, "RT_BOOTSTRAP": self.broker.bootstrap, "RT_DATA_DIR": str(data_dir),
+               "RT_TOPIC": self.topic, "RT_PARTITIONS": str(PARTITIONS), "RT_SNAPSHOT": str(snapshot),
+               "RT_WORKAROUND": "1" if workaround else "0"}
+        process = WorkerProcess("tests.tables.recovery_app:build", log_path=self.base / f"{name}.log",
+                                env=env, cwd=ROOT)
+        return process, snapshot
+
+
+def read_snapshot(path: Path, pid: int | None) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    return data if data["pid"] == pid else None
+
+
+async def produce_records(bootstrap: str, topic: str) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    await producer.start()
+    try:
+        futures = []
+        for i in range(RECORDS):
+            value = json.dumps({"id": f"msg-{i}", "seq": i // KEYS}).encode()
+            futures.append(await producer.send(topic, value, key=f"k{i % KEYS}".encode()))
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
+    require_broker_binary()
+    try:
+        import rocksdict  # noqa: F401
+    except ImportError:
+        require(False, "rocksdict is not installed (RocksDB tables need it)")
+    base = tmp_path_factory.mktemp("recovery")
+    broker = EmbeddedBroker(log_dir=base)
+    broker.start()
+    try:
+        topic, app_id = f"recovery-{uuid.uuid4().hex[:8]}", f"recovery-app-{uuid.uuid4().hex[:8]}"
+        asyncio.run(ensure_topics(broker.bootstrap, {topic: PARTITIONS}))
+        asyncio.run(produce_records(broker.bootstrap, topic))
+        scenario = Scenario(broker, topic, app_id, base, base / "data-first", {})
+        process, snapshot = scenario.worker("first", scenario.first_data_dir)
+        try:
+            process.start(timeout=60)
+            first = wait_for(lambda: (s := read_snapshot(snapshot, process.pid)) and
+                             s["processed_this_run"] >= RECORDS and s, 60, "the first worker to process 5000")
+        finally:
+            code = process.stop()
+        assert code == 0, f"first worker did not stop cleanly ({code}):\n{process.log_tail()}"
+        scenario.first = first
+        yield scenario
+    finally:
+        broker.stop()
+
+
+def assert_recovered_exactly(scenario: Scenario, name: str, data_dir: Path) -> None:
+    process, snapshot = scenario.worker(name, data_dir)
+    try:
+        process.start(timeout=60)  # returns after table recovery (ready file)
+        recovered = wait_for(lambda: read_snapshot(snapshot, process.pid), 20, f"{name} snapshot")
+        assert process.running, f"{name} worker died:\n{process.log_tail()}"
+    finally:
+        code = process.stop()
+    log = process.log_path.read_text()
+    assert "ConsistencyError" not in log and "Traceback" not in log, log[-4000:]
+    assert code == 0
+    first = scenario.first
+    assert recovered["processed_this_run"] == 0, "committed offsets were not honoured"
+    assert sum(recovered["counts"].values()) == RECORDS
+    assert recovered["counts"] == first["counts"]
+    assert recovered["counter_total"] == RECORDS
+    assert recovered["counter_by_partition"] == first["counter_by_partition"]
+    assert recovered["sequences"] == first["sequences"]
+    assert recovered["dedup_ids"] == RECORDS
+
+
+def test_first_run_processed_everything_once(scenario: Scenario) -> None:
+    first = scenario.first
+    assert first["processed_this_run"] == RECORDS
+    assert first["counts"] == {f"k{k}": RECORDS // KEYS for k in range(KEYS)}
+    assert first["counter_total"] == RECORDS
+    assert len(first["counter_by_partition"]) == PARTITIONS  # keys spread over all partitions
+    assert first["duplicates_this_run"] == 0 and first["not_in_order_this_run"] == 0
+    assert all(v == {"last": RECORDS // KEYS - 1, "seen": RECORDS // KEYS, "missing": 0, "duplicates": 0,
+                     "regressions": 0} for v in first["sequences"].values())
+    assert first["dedup_ids"] == RECORDS
+
+
+def test_restart_on_the_same_data_dir_recovers_exactly(scenario: Scenario) -> None:
+    assert_recovered_exactly(scenario, "same-dir", scenario.first_data_dir)
+
+
+def test_restart_on_an_empty_data_dir_replays_the_changelog_exactly(scenario: Scenario) -> None:
+    assert_recovered_exactly(scenario, "empty-dir", scenario.base / "data-empty")
+
+
+def test_without_the_workaround_the_broker_bug_breaks_restarts(scenario: Scenario) -> None:
+    """The control experiment: stock Faust on this broker refuses to restart on its own data."""
+    data_dir = scenario.base / "data-stock"
+    shutil.copytree(scenario.first_data_dir, data_dir)  # leave the real data dir untouched
+    process, _ = scenario.worker("stock", data_dir, workaround=False)
+    try:
+        process.start(wait=False)
+        wait_for(lambda: process.returncode is not None or "ConsistencyError" in process.log_tail(20000), 60,
+                 "stock Faust to hit ConsistencyError")
+    finally:
+        process.stop()
+    assert "ConsistencyError" in process.log_path.read_text()
