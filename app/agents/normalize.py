@@ -5,6 +5,7 @@ from __future__ import annotations
 from app.agents.base import Message, Stage
 from app.errors import FormatError
 from app.formats.detect import InputShape, normalize
+from app.observability.redaction import default_redactor
 from app.topology import NormalizeStage
 
 # Which detected shapes a source's declared `format` accepts.
@@ -38,6 +39,8 @@ class Normalize(Stage):
         sec = res.envelope.security
         if sec is not None and sec.auth_token:
             msg.secrets.append(sec.auth_token.encode())
+            # Opaque tokens have no recognisable shape: tell the log redactor about them.
+            default_redactor().register_secret(sec.auth_token)
         declared = self.formats.get(msg.topic, "auto")
         if declared != "auto" and res.shape not in _ACCEPTS[declared]:
             raise FormatError(f"source {msg.topic!r} is declared as {declared!r} but the message is {res.shape.value}",

@@ -36,9 +36,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from google.protobuf.message import DecodeError as _PbDecodeError
+from google.protobuf.message import Message
+
+from app._gen.prism.envelope.draft import envelope_pb2 as dpb
+from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
 from app.envelope.codec import DEFAULT_LIMITS, Layout, Limits, decode, detect_layout
 from app.envelope.model import Envelope, set_content_type
 from app.envelope.validation import required_problems
+from app.envelope.wire import read_varint
 from app.errors import CloudEventError, EnvelopeError, FormatError, LnmpError, PrismShapeError, SizeLimitError
 from app.formats import cloudevents as ce
 from app.formats import legacy, lnmp, lnmp_bindings
@@ -102,6 +108,35 @@ def _valid_envelope(value: bytes, limits: Limits, dropped: list[str]) -> Envelop
     return env
 
 
+def _envelope_prefix(value: bytes) -> bool:
+    """True when the value *starts* like a Prism envelope: its leading metadata record is a
+    complete, well-formed metadata block with a message id and a topic.
+
+    Such bytes are a broken envelope (truncated, corrupted further on), not opaque raw data:
+    they are rejected with a precise error instead of being forwarded as a RAW payload, which
+    would also forward anything inside them (an auth token, say) verbatim. Random bytes pass
+    this test with negligible probability.
+    """
+    try:
+        key, pos = read_varint(value, 0, len(value))
+        md_class: type[Message] = vpb.PrismMetadata
+        if key == 0x08:  # draft: envelope_version varint, then metadata as field 2
+            version, pos = read_varint(value, pos, len(value))
+            key, pos = read_varint(value, pos, len(value))
+            if version != 1 or key != 0x12:
+                return False
+            md_class = dpb.PrismMetadata
+        elif key != 0x0A:
+            return False
+        length, pos = read_varint(value, pos, len(value))
+        if pos + length > len(value):
+            return False
+        md = md_class.FromString(value[pos : pos + length])
+    except (EnvelopeError, _PbDecodeError):
+        return False
+    return bool(md.message_id and md.topic)
+
+
 def _is_utf8(value: bytes) -> bool:
     try:
         value.decode("utf-8")
@@ -134,7 +169,7 @@ def _detect(value: bytes, pairs: list[tuple[str, bytes]], limits: Limits = DEFAU
     if any(n.startswith(ce.CE_PREFIX) for n in names):
         return InputShape.CLOUDEVENT_BINARY, None
     env = _valid_envelope(value, limits, dropped if dropped is not None else []) if value else None
-    if env is not None or _prism_hints(names):
+    if env is not None or _prism_hints(names) or _envelope_prefix(value):
         layout = Layout.REVIEWED
         with contextlib.suppress(EnvelopeError):
             layout = detect_layout(value)
@@ -248,8 +283,10 @@ def _prism(data: bytes, pairs: list[tuple[str, bytes]], env: Envelope | None, no
         except SizeLimitError:
             raise
         except EnvelopeError as exc:
-            raise PrismShapeError(f"value has prism-* headers but is not a Prism envelope: {exc}",
-                                  path="value", hint="send envelope bytes, or drop the prism-* headers") from None
+            raise PrismShapeError(f"value looks like a Prism envelope (prism-* headers or a leading metadata "
+                                  f"block) but does not decode: {exc}",
+                                  path="value", hint="the producer sent truncated or corrupted envelope bytes; "
+                                                     "re-send the complete envelope") from None
         notes += [f"dropped converting the draft layout: {d}" for d in dropped]
     found = {n: v for n, v in pairs}
     for header, actual in (("prism-message-id", env.message_id), ("prism-topic", env.topic),

@@ -48,6 +48,7 @@ from app.agents.validate import Validate
 from app.agents.verify_signature import VerifySignature
 from app.broker.admin import BrokerSettings
 from app.errors import ConfigError, PrismError, SinkError
+from app.observability.logging import install_redaction
 from app.security.signing import SigningKeyring, load_signing_keyring
 from app.tables.counters import FaustTopicCounters
 from app.tables.dedup import FaustDedupWindow
@@ -139,6 +140,10 @@ class PipelineApp:
         self.schema = resolve_schema(topology.stage("enrich"), topology.base_dir)
         self.counters = FaustTopicCounters(self.app, "topic-counters", partitions=max(parts))
         self.sequences = FaustSequenceTracker(self.app, "sequences", partitions=max(parts))
+        # Redaction is a property of the log handlers, not of callers (observability docs):
+        # now for handlers that exist, and again once Faust has set up its own.
+        install_redaction()
+        self.app.task(_redact_after_startup)
         self.chains: dict[str, Chain] = {}
         for source in topology.sources:
             chain = Chain(self._stages(source.topic, source.partitions),
@@ -192,7 +197,6 @@ class PipelineApp:
             msg = Message(topic=m.topic, partition=m.partition, offset=m.offset, value=m.value or b"", key=m.key,
                           headers=[(k, v) for k, v in (m.headers or []) if v is not None],
                           timestamp_ms=int(m.timestamp * 1000) if m.timestamp else None)
-            self.stats.read += 1
             last_event_of_partition[(m.topic, m.partition)] = event
             result = chain.run(msg)
             if result.outcome is Outcome.EMITTED:
@@ -213,6 +217,9 @@ class PipelineApp:
         for (topic, partition, outcome), n in outcomes.items():
             _current_event.set(weakref.ref(last_event_of_partition[(topic, partition)]))
             self.counters.incr(topic, outcome, n, partition=partition)
+        # Counted only now, when every message of the batch has its outcome written: a reader
+        # that sees `read == n` can rely on all n being accounted for.
+        self.stats.read += len(events)
         if self.on_batch is not None:
             self.on_batch(self.stats)
 
@@ -289,6 +296,10 @@ class PipelineApp:
                 "sequence": dict(self.stats.sequence)}
 
 
+async def _redact_after_startup() -> None:
+    install_redaction()
+
+
 def _ts(ms: int | None) -> float | None:
     return ms / 1000 if ms else None
 
@@ -299,3 +310,21 @@ def _backoff(attempt: int, initial_ms: int, max_ms: int) -> float:
 
 
 __all__ = ["PipelineApp", "PrismError", "RunStats", "resolve_schema"]
+
+
+def app_from_env() -> faust.App:
+    """Factory for running a topology's worker as a subprocess
+    (`python -m app.worker.faust_app app.worker.pipeline:app_from_env`).
+
+    Reads PRISM_TOPOLOGY, PRISM_BOOTSTRAP, PRISM_DATA_DIR, PRISM_APP_ID and PRISM_EMBEDDED
+    (1 when the broker is the embedded one)."""
+    import os
+
+    from app.topology import load_topology
+
+    missing = [k for k in ("PRISM_TOPOLOGY", "PRISM_BOOTSTRAP", "PRISM_DATA_DIR") if not os.environ.get(k)]
+    if missing:
+        raise ConfigError(f"missing environment variable(s) {missing}", hint="set them before starting the worker")
+    topo = load_topology(os.environ["PRISM_TOPOLOGY"])
+    return PipelineApp(topo, bootstrap=os.environ["PRISM_BOOTSTRAP"], data_dir=os.environ["PRISM_DATA_DIR"],
+                       app_id=os.environ.get("PRISM_APP_ID"), embedded=os.environ.get("PRISM_EMBEDDED") == "1").app

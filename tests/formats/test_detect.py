@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from app.envelope import Layout, decode, encode, new_envelope, validate
 from app.envelope.codec import Limits
+from app.envelope.validation import required_problems
 from app.errors import (
     CloudEventError,
     EnvelopeError,
@@ -96,10 +97,18 @@ def test_json_and_text_are_never_an_envelope(data: bytes) -> None:
 @settings(max_examples=300, deadline=None)
 @given(pos=st.integers(0, len(REVIEWED) - 1), byte=st.integers(0, 255), cut=st.booleans())
 def test_damaged_envelopes_are_detected_only_when_still_valid(pos: int, byte: int, cut: bool) -> None:
+    """A damaged envelope is either still valid, or rejected as a broken Prism envelope (when
+    its leading metadata block survived), or not an envelope at all - never half-accepted."""
     data = REVIEWED[:pos] if cut else REVIEWED[:pos] + bytes([byte]) + REVIEWED[pos + 1 :]
     shape = detect(data)
-    if shape in (S.PRISM_REVIEWED, S.PRISM_DRAFT):  # detected => it really is a valid envelope
-        validate(normalize(data, topic="t", namespace="n").envelope)
+    if shape in (S.PRISM_REVIEWED, S.PRISM_DRAFT):
+        try:
+            env = normalize(data, topic="t", namespace="n").envelope
+        except PrismShapeError:
+            return  # broken envelope: rejected with a precise error (and so sent to the DLQ)
+        if required_problems(env):
+            return  # decodes but incomplete: the validate stage rejects it
+        validate(env)
     else:
         with pytest.raises(EnvelopeError):  # not detected => it really is not one
             validate(decode(data))
@@ -111,7 +120,7 @@ def test_prism_envelope_is_kept_as_is() -> None:
 
 
 def test_prism_headers_with_garbage_or_disagreeing() -> None:
-    with pytest.raises(PrismShapeError, match="not a Prism envelope"):
+    with pytest.raises(PrismShapeError, match="does not decode"):
         normalize(b"\xff\xff\xff", [("prism-message-id", b"x")], topic="t", namespace="n")
     with pytest.raises(PrismShapeError, match="prism-message-id disagrees"):
         normalize(REVIEWED, [("prism-message-id", b"someone-else")], topic="t", namespace="n")

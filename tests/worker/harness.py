@@ -1,0 +1,63 @@
+"""A running pipeline for tests: topics created, worker in-process, helpers to produce and read."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from app.broker.admin import ensure_topics
+from app.demo.runner import read_all
+from app.topology import Topology
+from app.worker.faust_app import InProcessWorker
+from app.worker.pipeline import PipelineApp
+
+
+class RunningPipeline:
+    def __init__(self, topology: Topology, bootstrap: str, data_dir: Path) -> None:
+        self.topology = topology
+        self.bootstrap = bootstrap
+        self.source = topology.sources[0].topic
+        self.pipeline = PipelineApp(topology, bootstrap=bootstrap, data_dir=data_dir,
+                                    app_id=f"test-{uuid.uuid4().hex[:8]}", embedded=True)
+        self.worker = InProcessWorker(self.pipeline.app)
+        self.producer: AIOKafkaProducer | None = None
+
+    async def __aenter__(self) -> RunningPipeline:
+        await ensure_topics(self.bootstrap, self.topology.topics())
+        self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=5)
+        await self.producer.start()
+        await self.worker.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.worker.stop()
+        if self.producer is not None:
+            await self.producer.stop()
+
+    async def send(self, value: bytes, headers: list[tuple[str, bytes]] | None = None,
+                   key: bytes | None = None) -> Any:
+        assert self.producer is not None
+        return await (await self.producer.send(self.source, value, key=key, headers=headers or []))
+
+    async def wait_read(self, n: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while self.pipeline.stats.read < n:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"worker read {self.pipeline.stats.read} of {n} within {timeout}s")
+            await asyncio.sleep(0.05)
+        # the batch that read the last message also awaited its writes before counting
+
+    async def outputs(self) -> dict[str, list[Any]]:
+        t = self.topology
+        topics = t.topics()
+        names = [f"{self.source}.{x}" for x in t.outputs.layouts] + [self.source + t.dlq.topic_suffix]
+        if t.archive.enabled:
+            names.append(t.archive.topic)
+        s = self.pipeline.summary()
+        expected = s["emitted"] * len(names[:-1]) + s["dlq"]
+        return await read_all(self.bootstrap, {n: topics[n] for n in names}, expected_total=expected, timeout=30)

@@ -1,0 +1,45 @@
+"""An independent Kafka client for end-to-end tests: librdkafka (C) through confluent-kafka.
+
+The brief suggests kcat, and Debian's kcat is librdkafka too - but Debian 12 ships
+librdkafka 2.0.2, which cannot parse the ApiVersions response of the embedded Tansu
+0.6.0 broker ("Read underflow"), so kcat cannot connect to it at all. confluent-kafka bundles
+librdkafka 2.16, which can. Either way no line of Prism's (or aiokafka's) code is on the
+client side of these tests.
+"""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+
+def produce(bootstrap: str, topic: str, messages: list[tuple[bytes, list[tuple[str, bytes]], bytes | None]]) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": False, "linger.ms": 5})
+    errors: list[str] = []
+    for value, headers, key in messages:
+        p.produce(topic, value=value, key=key, headers=headers,
+                  on_delivery=lambda err, _msg: errors.append(str(err)) if err else None)
+    left = p.flush(30)
+    assert left == 0 and not errors, (left, errors[:3])
+
+
+def consume_all(bootstrap: str, topic: str, partitions: int, expected: int, timeout: float = 30.0) -> list:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"independent-{time.monotonic_ns()}",
+                  "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    out, deadline = [], time.monotonic() + timeout
+    try:
+        while len(out) < expected and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and m.error() is None:
+                out.append(m)
+        # a little longer, to catch records beyond what was expected
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                out.append(m)
+    finally:
+        c.close()
+    return out
