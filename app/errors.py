@@ -372,3 +372,33 @@ class PrismShapeError(FormatError):
     or whose headers disagree with it."""
 
     code = "bad_prism_envelope"
+
+
+# --------------------------------------------------------------------------- client SDK (app.sdk)
+
+
+class SchemaAssertionError(EnvelopeError):
+    """A received envelope's schema version is not the one the subscriber asserted
+    (`subscribe(expected_version=..., on_mismatch="error")`)."""
+
+    code = "schema_mismatch"
+
+
+class PublishError(SinkError):
+    """The backend refused a publish or did not confirm it; the message may not be stored."""
+
+    code = "publish_failed"
+
+
+class SubscribeError(PrismError):
+    """Receiving, acknowledging or re-queueing messages on a backend failed."""
+
+    code = "subscribe_failed"
+    transient = True
+
+
+class MigrationError(PrismError):
+    """A migration (`prism envelope migrate`) cannot continue: bad source entry, unsupported
+    backend pair, or a target that refused the writes. Progress up to the last checkpoint is kept."""
+
+    code = "migration_failed"

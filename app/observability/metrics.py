@@ -1,0 +1,235 @@
+"""Prometheus metrics for one pipeline worker, in a registry of its own.
+
+Why not the global default registry: every worker (and every test) gets an isolated
+registry, so two workers in one process - or two tests - never see each other's counts,
+and `/metrics` shows exactly this worker.
+
+Metric names (prometheus_client adds `_total` to counters):
+
+    prism_messages_in_total{topic,stage,<allowlisted labels>}
+    prism_messages_out_total{topic,stage,<allowlisted labels>}
+    prism_dlq_messages_total{topic,stage,reason,<allowlisted labels>}
+    prism_dedup_hits_total{topic,stage}
+    prism_expired_messages_total{topic,stage}
+    prism_signature_failures_total{topic,reason}
+    prism_auth_failures_total{topic,reason}
+    prism_stage_latency_seconds{topic,stage}          histogram
+    prism_consumer_lag{topic,partition}               gauge, messages
+    prism_table_size{table}                           gauge, keys
+
+Cardinality guard for the envelope's `observability.labels` (producer-controlled, so
+unbounded by nature): only keys in `label_allowlist` become metric labels; every other key
+is dropped. An allowlisted key's value is truncated to `max_label_value_length` characters,
+passed through the redactor (a token planted in a label never reaches `/metrics`), and once
+`max_values_per_label` distinct values were seen for that label, new values are counted
+under `__other__`. Missing labels are the empty string. The same distinct-value cap guards
+`reason` labels, which should be `PrismError.code` values but are caller-supplied text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from app.errors import ConfigError
+
+if TYPE_CHECKING:
+    from app.envelope.model import Envelope
+    from app.observability.redaction import Redactor
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+OTHER = "__other__"
+DEFAULT_LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+_RESERVED = frozenset({"topic", "stage", "reason", "partition", "table", "le", "quantile"})
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_REASON_CLEAN = re.compile(r"[^a-z0-9_.:\-]")
+
+
+class _BoundedValues:
+    """Remembers up to `limit` distinct values; later new values map to `__other__`."""
+
+    __slots__ = ("_lock", "_seen", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, value: str) -> str:
+        if value in self._seen:
+            return value
+        with self._lock:
+            if len(self._seen) >= self.limit:
+                return OTHER
+            self._seen.add(value)
+            return value
+
+
+class LabelGuard:
+    """Turns an envelope's `observability.labels` into a fixed tuple of metric label values."""
+
+    def __init__(
+        self,
+        allowlist: Iterable[str] | Mapping[str, str] = (),
+        *,
+        max_value_length: int = 64,
+        max_values_per_label: int = 100,
+        redactor: Redactor | None = None,
+    ) -> None:
+        mapping = dict(allowlist) if isinstance(allowlist, Mapping) else {k: k for k in allowlist}
+        names = []
+        for key, name in mapping.items():
+            metric_name = re.sub(r"[^a-zA-Z0-9_]", "_", name)
+            if not _LABEL_NAME.fullmatch(metric_name) or metric_name.startswith("__") or metric_name in _RESERVED:
+                raise ConfigError(f"envelope label {key!r} cannot become metric label {metric_name!r}",
+                                  path="metrics.label_allowlist",
+                                  hint=f"map it to another name; reserved: {sorted(_RESERVED)}, no leading __")
+            if metric_name in names:
+                raise ConfigError(f"two allowlisted labels map to metric label {metric_name!r}",
+                                  path="metrics.label_allowlist", hint="give them distinct names (pass a mapping)")
+            names.append(metric_name)
+        self.keys: tuple[str, ...] = tuple(mapping)
+        self.names: tuple[str, ...] = tuple(names)
+        self.max_value_length = max_value_length
+        self.redactor = redactor
+        self._bounds = [_BoundedValues(max_values_per_label) for _ in self.keys]
+        self._empty = ("",) * len(self.keys)
+
+    def values(self, labels: Mapping[str, str] | None) -> tuple[str, ...]:
+        if not self.keys:
+            return ()
+        if not labels:
+            return self._empty
+        out = []
+        for key, bound in zip(self.keys, self._bounds, strict=True):
+            v = labels.get(key, "")
+            if v:
+                v = v[: self.max_value_length]
+                if self.redactor is not None:
+                    v = self.redactor.redact(v)
+                v = bound(v)
+            out.append(v)
+        return tuple(out)
+
+    def of(self, envelope: Envelope | None) -> tuple[str, ...]:
+        if not self.keys:
+            return ()
+        obs = envelope.observability if envelope is not None else None
+        return self.values(obs.labels if obs is not None else None)
+
+
+class PipelineMetrics:
+    """All worker metrics, in `self.registry`. Methods are cheap: label children are cached."""
+
+    def __init__(
+        self,
+        *,
+        registry: CollectorRegistry | None = None,
+        namespace: str = "prism",
+        label_allowlist: Iterable[str] | Mapping[str, str] = (),
+        max_label_value_length: int = 64,
+        max_values_per_label: int = 100,
+        max_reasons: int = 100,
+        latency_buckets: Iterable[float] = DEFAULT_LATENCY_BUCKETS,
+        redactor: Redactor | None = None,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self.labels = LabelGuard(label_allowlist, max_value_length=max_label_value_length,
+                                 max_values_per_label=max_values_per_label, redactor=redactor)
+        extra = self.labels.names
+        r, ns = self.registry, namespace
+        self.messages_in = Counter("messages_in", "Messages that entered a stage", ["topic", "stage", *extra],
+                                   namespace=ns, registry=r)
+        self.messages_out = Counter("messages_out", "Messages a stage emitted (by output topic)",
+                                    ["topic", "stage", *extra], namespace=ns, registry=r)
+        self.dlq_messages = Counter("dlq_messages", "Messages routed to the DLQ, by reason",
+                                    ["topic", "stage", "reason", *extra], namespace=ns, registry=r)
+        self.dedup_hits = Counter("dedup_hits", "Duplicates dropped inside the dedup window",
+                                  ["topic", "stage"], namespace=ns, registry=r)
+        self.expired_messages = Counter("expired_messages", "Messages whose TTL had passed",
+                                        ["topic", "stage"], namespace=ns, registry=r)
+        self.signature_failures = Counter("signature_failures", "Envelope signatures missing, unknown or invalid",
+                                          ["topic", "reason"], namespace=ns, registry=r)
+        self.auth_failures = Counter("auth_failures", "Producer authentication failures",
+                                     ["topic", "reason"], namespace=ns, registry=r)
+        self.stage_latency = Histogram("stage_latency_seconds", "Time a stage spent on one message",
+                                       ["topic", "stage"], namespace=ns, registry=r, buckets=tuple(latency_buckets))
+        self.consumer_lag = Gauge("consumer_lag", "Messages between the committed offset and the high watermark",
+                                  ["topic", "partition"], namespace=ns, registry=r)
+        self.table_size = Gauge("table_size", "Keys in a worker table", ["table"], namespace=ns, registry=r)
+        self._reason = _BoundedValues(max_reasons)
+        self._cache: dict[tuple[object, ...], Any] = {}
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _child(self, metric: Counter | Histogram | Gauge, values: tuple[str, ...]) -> Any:
+        key = (id(metric), *values)
+        child = self._cache.get(key)
+        if child is None:
+            child = metric.labels(*values)
+            self._cache[key] = child
+        return child
+
+    def _clean_reason(self, reason: str) -> str:
+        r = _REASON_CLEAN.sub("_", (reason or "unspecified").lower())[:64]
+        return self._reason(r)
+
+    # -- counters --------------------------------------------------------------------------------
+    # `label_values` (from `self.labels.of(envelope)`) lets a caller that counts one message
+    # several times - `stage_span` counts it in and out - read the envelope's labels once.
+    def message_in(self, topic: str, stage: str, envelope: Envelope | None = None, *,
+                   label_values: tuple[str, ...] | None = None) -> None:
+        lv = self.labels.of(envelope) if label_values is None else label_values
+        self._child(self.messages_in, (topic, stage, *lv)).inc()
+
+    def message_out(self, topic: str, stage: str, envelope: Envelope | None = None, *,
+                    label_values: tuple[str, ...] | None = None) -> None:
+        lv = self.labels.of(envelope) if label_values is None else label_values
+        self._child(self.messages_out, (topic, stage, *lv)).inc()
+
+    def dlq(self, topic: str, stage: str, reason: str, envelope: Envelope | None = None, *,
+            label_values: tuple[str, ...] | None = None) -> None:
+        lv = self.labels.of(envelope) if label_values is None else label_values
+        self._child(self.dlq_messages, (topic, stage, self._clean_reason(reason), *lv)).inc()
+
+    def dedup_hit(self, topic: str, stage: str, envelope: Envelope | None = None) -> None:
+        self._child(self.dedup_hits, (topic, stage)).inc()
+
+    def expired(self, topic: str, stage: str, envelope: Envelope | None = None) -> None:
+        self._child(self.expired_messages, (topic, stage)).inc()
+
+    def signature_failure(self, topic: str, reason: str) -> None:
+        self._child(self.signature_failures, (topic, self._clean_reason(reason))).inc()
+
+    def auth_failure(self, topic: str, reason: str) -> None:
+        self._child(self.auth_failures, (topic, self._clean_reason(reason))).inc()
+
+    # -- latency and gauges ------------------------------------------------------------------------
+    def observe_latency(self, topic: str, stage: str, seconds: float) -> None:
+        self._child(self.stage_latency, (topic, stage)).observe(seconds)
+
+    def set_consumer_lag(self, topic: str, partition: int, lag: int) -> None:
+        """Lag = high watermark - committed offset. On the embedded Tansu broker derive the
+        high watermark from fetch responses (`consumer.highwater(tp)`), not ListOffsets."""
+        self._child(self.consumer_lag, (topic, str(partition))).set(max(lag, 0))
+
+    def remove_partition(self, topic: str, partition: int) -> None:
+        """Drop a revoked partition's lag series (a stale gauge would lie after a rebalance)."""
+        self._cache.pop((id(self.consumer_lag), topic, str(partition)), None)
+        with contextlib.suppress(KeyError):
+            self.consumer_lag.remove(topic, str(partition))
+
+    def set_table_size(self, table: str, size: int) -> None:
+        self._child(self.table_size, (table,)).set(size)
+
+    # -- exposition --------------------------------------------------------------------------------
+    def exposition(self) -> bytes:
+        """The Prometheus text format of this registry (what `/metrics` serves)."""
+        return generate_latest(self.registry)

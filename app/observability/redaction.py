@@ -1,0 +1,224 @@
+"""Redaction of secrets and tagged PII from any text Prism writes for humans or tools
+(logs, span attributes, metric label values, health messages).
+
+Redaction is a property of the sinks, not of the callers: a `Redactor` is applied by the
+logging handler filter, by `stage_span` and by the metrics label guard, so a forgotten
+`log.info("%s", token)` cannot leak. It removes, in this order:
+
+1. registered values (`register_secret`): known keys, the tokens the worker validated, tagged
+   PII field values, canaries. Exact substring match, including the hex/base64/repr forms of
+   byte secrets, since that is how bytes usually end up in text;
+2. PEM blocks (`-----BEGIN ...-----` up to the matching END, or to the end of the text when
+   a block was cut off);
+3. JWT-looking strings: three (or five, JWE) base64url segments starting with `eyJ` (the
+   base64url of `{"`, which every JOSE header starts with; plain `a.b.c` is not matched, so
+   host names and dotted identifiers survive);
+4. `Bearer <credentials>` / `Basic <credentials>` authorization values;
+5. the value in `name=value`, `name: value`, `"name": "value"` pairs whose name ends in
+   token, secret, password/passwd/pwd, key, signature, authorization, credential(s), cookie
+   or session (so `auth_token=`, `api-key:`, `"client_secret":` are caught but `key_id` and
+   `signature_algorithm` - needed in audit records - are not).
+
+Registered values shorter than `min_secret_length` (default 4) are refused: a two-letter value
+would redact that substring out of every log line and make logs useless.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+MASK = "[REDACTED]"
+
+_SENSITIVE_WORDS = (
+    "token", "secret", "password", "passwd", "pwd", "key", "signature", "authorization",
+    "credential", "credentials", "cookie", "session", "apikey", "privatekey",
+)
+
+_PEM = re.compile(r"-----BEGIN [A-Z0-9 ]{1,64}-----.*?(?:-----END [A-Z0-9 ]{1,64}-----|\Z)", re.DOTALL)
+# A JOSE header is a JSON object: its base64url starts with "ey" ('{' then '"' or a space)
+# or "ew" ('{' then a newline/tab). Then 2 (JWS) or 4 (JWE) more segments.
+_JWT = re.compile(r"\be[wy][A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]*){0,2}")
+_URL_CREDENTIALS = re.compile(r"(?<=://)([^/\s:@]+):[^/\s@]+@")
+_AUTH_SCHEME = re.compile(r"\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=-]{4,}", re.IGNORECASE)
+_SENSITIVE_NAME = (
+    r"[A-Za-z0-9_.\-]*(?:" + "|".join(_SENSITIVE_WORDS) + r")s?"
+)
+_KV = re.compile(
+    r"""(?P<name>["']?\b""" + _SENSITIVE_NAME + r"""\b["']?)"""
+    r"""(?P<sep>\s*[:=]\s*)"""
+    r"""(?:b?(?P<q>["'])(?P<qv>(?:\\.|(?!(?P=q)).)*)(?P=q)"""
+    r"""|(?!\[REDACTED\])(?P<uv>"""
+    r"""(?:bearer|basic|digest|token)\s+(?:\[REDACTED\]|[^\s,;&}\])"']+)"""
+    r"""|[^\s,;&}\])"']+))""",
+    re.IGNORECASE,
+)
+
+
+def is_sensitive_key(name: str) -> bool:
+    """True for field names whose values must never be written (auth_token, api-key, ...)."""
+    n = name.strip().strip("\"'").lower()
+    return any(n.endswith(w) or n.endswith(w + "s") for w in _SENSITIVE_WORDS)
+
+
+def _kv_sub(m: re.Match[str]) -> str:
+    if m.group("q") is not None:
+        q = m.group("q")
+        return f"{m.group('name')}{m.group('sep')}{q}{MASK}{q}"
+    return f"{m.group('name')}{m.group('sep')}{MASK}"
+
+
+def _trie_regex(words: Iterable[str]) -> re.Pattern[str] | None:
+    """One regex matching any of `words`, longest first, built as a trie so matching costs
+    O(text length x trie depth) rather than O(text length x number of words)."""
+    trie: dict[str, Any] = {}
+    count = 0
+    for w in words:
+        node = trie
+        for ch in w:
+            node = node.setdefault(ch, {})
+        node[""] = True
+        count += 1
+    if not count:
+        return None
+
+    def emit(node: dict[str, Any]) -> str:
+        # Walk single-child chains iteratively so a long secret does not recurse per char.
+        out = []
+        while True:
+            terminal = "" in node
+            kids = [(c, n) for c, n in node.items() if c != ""]
+            if len(kids) == 1 and not terminal:
+                out.append(re.escape(kids[0][0]))
+                node = kids[0][1]
+                continue
+            if not kids:
+                return "".join(out)
+            alts = "|".join(re.escape(c) + emit(n) for c, n in sorted(kids, key=lambda x: x[0]))
+            out.append(f"(?:{alts})?" if terminal else f"(?:{alts})")
+            return "".join(out)
+
+    return re.compile(emit(trie))
+
+
+def _byte_forms(value: bytes) -> list[str]:
+    forms = [value.hex(), base64.b64encode(value).decode(), base64.urlsafe_b64encode(value).decode()]
+    forms += [f.rstrip("=") for f in forms[1:]]
+    forms.append(repr(value)[2:-1])
+    try:
+        text = value.decode("utf-8")
+        if text.isprintable():
+            forms.append(text)
+    except UnicodeDecodeError:
+        pass
+    return forms
+
+
+class Redactor:
+    """Removes secrets from text. Thread-safe; one per worker (or the process default)."""
+
+    def __init__(self, *, min_secret_length: int = 4, max_secrets: int = 4096) -> None:
+        self.min_secret_length = min_secret_length
+        self.max_secrets = max_secrets
+        self._secrets: OrderedDict[str, None] = OrderedDict()
+        self._compiled: re.Pattern[str] | None = None
+        self._pending: list[str] = []  # registered since the last compile: matched with `in`
+        self._lock = threading.Lock()
+
+    # -- registration ------------------------------------------------------------------------
+    def register_secret(self, value: str | bytes | bytearray | memoryview) -> bool:
+        """Never let `value` appear in output again. Returns False if it is too short to
+        register (see the module docstring). Byte values are registered in their hex, base64
+        and repr renderings too. Least-recently registered values are forgotten past
+        `max_secrets`, which bounds memory when the worker registers PII per message."""
+        forms = _byte_forms(bytes(value)) if isinstance(value, bytes | bytearray | memoryview) else [value]
+        added = False
+        with self._lock:
+            for f in forms:
+                if not isinstance(f, str) or len(f) < self.min_secret_length:
+                    continue
+                if f in self._secrets:
+                    self._secrets.move_to_end(f)
+                    added = True
+                    continue
+                self._secrets[f] = None
+                self._pending.append(f)
+                added = True
+                if len(self._secrets) > self.max_secrets:
+                    # Forget the oldest; the compiled regex may still mask it until the next
+                    # recompile, which over-redacts harmlessly and keeps registration cheap.
+                    self._secrets.popitem(last=False)
+            # Recompile once the linear `in` scan of pending values would cost more than the
+            # (amortized) trie compile: cheap registration even when PII is registered per message.
+            if len(self._pending) > max(32, len(self._secrets) // 8):
+                self._recompile()
+        return added
+
+    def _recompile(self) -> None:
+        self._compiled = _trie_regex(self._secrets)
+        self._pending = []
+
+    @property
+    def secret_count(self) -> int:
+        return len(self._secrets)
+
+    # -- redaction ---------------------------------------------------------------------------
+    def redact(self, text: str, *, patterns: bool = True) -> str:
+        """`text` with every secret replaced by `[REDACTED]`. `patterns=False` removes only
+        registered values (for fields that are identifiers by definition, like `key_id`,
+        where the name=value heuristics would mangle `hmac-key:2024`)."""
+        if not text:
+            return text
+        compiled, pending = self._compiled, self._pending
+        if compiled is not None:
+            text = compiled.sub(MASK, text)
+        for s in tuple(pending):
+            if s in text:
+                text = text.replace(s, MASK)
+        if not patterns:
+            return text
+        if "-----BEGIN " in text:
+            text = _PEM.sub(MASK, text)
+        text = _JWT.sub(MASK, text)
+        if "://" in text:
+            text = _URL_CREDENTIALS.sub(lambda m: f"{m.group(1)}:{MASK}@", text)
+        text = _KV.sub(_kv_sub, text)  # before the scheme rule: "Authorization: Bearer x" masks as one value
+        return _AUTH_SCHEME.sub(lambda m: f"{m.group(1)} {MASK}", text)
+
+    def redact_value(self, value: Any, *, _depth: int = 0) -> Any:
+        """Structured redaction: mapping entries with a sensitive key are masked whatever
+        their value; strings are redacted; containers are walked (bounded depth); other
+        objects are rendered with `str()` and redacted (their text is what a sink writes)."""
+        if value is None or isinstance(value, bool | int | float):
+            return value
+        if isinstance(value, str):
+            return self.redact(value)
+        if _depth > 8:
+            return MASK
+        if isinstance(value, Mapping):
+            return {
+                str(k): (MASK if is_sensitive_key(str(k)) else self.redact_value(v, _depth=_depth + 1))
+                for k, v in value.items()
+            }
+        if isinstance(value, list | tuple | set | frozenset):
+            return [self.redact_value(v, _depth=_depth + 1) for v in value]
+        if isinstance(value, bytes | bytearray | memoryview):
+            return self.redact(repr(bytes(value)))
+        return self.redact(str(value))
+
+
+_default: Redactor | None = None
+_default_lock = threading.Lock()
+
+
+def default_redactor() -> Redactor:
+    """The process-wide redactor used when none is passed (logging config, health, ...)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Redactor()
+        return _default
