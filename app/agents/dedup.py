@@ -1,9 +1,15 @@
-"""dedup: drop a message whose id was already processed inside the window.
+"""dedup: drop a message whose id was already emitted inside the window.
 
 The window lives in a RocksDB-backed Faust table with a changelog (`app.tables.dedup`),
 partitioned like the source topic, so it survives restarts and rebalances. On the
-embedded broker delivery is at-least-once; this stage is what turns redelivered input
-into "duplicate" instead of a second output.
+embedded broker delivery is at-least-once; this stage turns redelivered input into
+"duplicate" instead of a second output.
+
+The stage only *checks*. An id is recorded (`record_emitted`) after the message's outputs
+are written: if the worker dies in between, the redelivered message is emitted again (a
+duplicate downstream, at-least-once) - recording first would make the redelivery look
+like a duplicate of an output that never reached Kafka, and lose it. Ids seen earlier in
+the same batch are caught by `pending`.
 """
 
 from __future__ import annotations
@@ -20,8 +26,18 @@ class Dedup(Stage):
 
     def __init__(self, window: DedupWindow) -> None:
         self.window = window
+        self.pending: set[str] = set()
 
     def process(self, msg: Message) -> None:
-        verdict = self.window.check(msg.env.message_id, time.time(), partition=msg.partition)
-        if verdict.duplicate:
-            raise DuplicateError(f"message id {msg.env.message_id} already processed", path="metadata.message_id")
+        mid = msg.env.message_id
+        if mid in self.pending or self.window.seen(mid, time.time()):
+            raise DuplicateError(f"message id {mid} already processed", path="metadata.message_id")
+        self.pending.add(mid)
+
+    def record_emitted(self, msg: Message) -> None:
+        """Remember `msg`'s id; call once its outputs are written (Faust's current event must
+        be `msg`'s so the entry lands in the right table partition)."""
+        self.window.check(msg.env.message_id, time.time(), partition=msg.partition)
+
+    def end_batch(self) -> None:
+        self.pending.clear()

@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from urllib.parse import unquote
 
 from app.bindings.tracecontext import TRACESTATE_EXTENSION, parse_traceparent
-from app.envelope.ids import new_message_id
+from app.envelope.ids import new_message_id, uuid7_from_seed
 from app.envelope.model import Envelope, get_content_type, set_content_encoding, set_content_type
 from app.envelope.validation import CLASSIFICATIONS, required_problems
 from app.errors import FormatError
@@ -355,15 +355,20 @@ def finalize(
     now_ms: int | None,
     notes: list[str],
     error: type[FormatError],
+    id_seed: bytes | None = None,
 ) -> Envelope:
-    """Fill what the producer did not send and make sure the result is a valid envelope."""
+    """Fill what the producer did not send and make sure the result is a valid envelope.
+
+    With `id_seed` (the worker passes the record's topic/partition/offset) a missing message
+    id is derived from it, so the same input record always gets the same id.
+    """
     md = env.metadata
-    if not md.message_id:
-        md.message_id = new_message_id()
-        notes.append("metadata.message_id generated (UUIDv7): the input carried none")
     if md.published_at_ms <= 0:
         md.published_at_ms = now_ms if now_ms is not None else int(time.time() * 1000)
         notes.append("metadata.published_at_ms set to now: the input carried no publish time")
+    if not md.message_id:
+        md.message_id = uuid7_from_seed(md.published_at_ms, id_seed) if id_seed is not None else new_message_id()
+        notes.append("metadata.message_id generated (UUIDv7): the input carried none")
     if not md.topic:
         md.topic = topic
     if not md.namespace:

@@ -211,6 +211,7 @@ def normalize(
     key: bytes | None = None,
     strict: bool = True,
     limits: Limits = DEFAULT_LIMITS,
+    id_seed: bytes | None = None,
 ) -> NormalizeResult:
     """Turn a message of any shape into a valid envelope.
 
@@ -220,7 +221,8 @@ def normalize(
     bytes. An auth token found anywhere (an `Authorization: Bearer` or `prism-auth-token`
     header, Redis `meta.auth_token`) ends up in `security.auth_token` and nowhere else.
     `key` is the Kafka record key (the CloudEvents `partitionkey`). `strict=False` applies the
-    LNMP loose mode (a malformed LNMP envelope is ignored, the record kept).
+    LNMP loose mode (a malformed LNMP envelope is ignored, the record kept). `id_seed` makes a
+    generated message id deterministic (see `app.envelope.ids.uuid7_from_seed`).
 
     Raises a `FormatError` subclass for malformed input, `SizeLimitError` for oversized input.
     """
@@ -270,7 +272,7 @@ def normalize(
         # is the producer's promise of complete metadata; one that breaks it is rejected by
         # the validate stage (memo-031 "missing required fields"), never silently patched.
         finalize(env, topic=topic, namespace=namespace, default_content_type=default_content_type,
-                 now_ms=now_ms, notes=notes, error=error)
+                 now_ms=now_ms, notes=notes, error=error, id_seed=id_seed)
     return NormalizeResult(env, shape, notes)
 
 

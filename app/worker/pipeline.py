@@ -125,6 +125,10 @@ class PipelineApp:
         self.app: faust.App = make_app(app_id or f"prism-{topology.name}", bootstrap, data_dir,
                                        web_port=web_port, partitions=max(parts), embedded=embedded,
                                        settings=broker_settings, **faust_overrides)
+        # Every table write queues a changelog record; Faust stalls the stream whenever more
+        # than 100 are pending (and logs "producer buffer full"). A batch writes one dedup
+        # entry per message, so let a few batches' worth queue up.
+        self.app.producer.buffer.max_messages = max(10_000, batch_size * 8)
         self.keyring = _keyring_for(topology)
         worker_key = None
         if topology.outputs.sign:
@@ -145,11 +149,15 @@ class PipelineApp:
         install_redaction()
         self.app.task(_redact_after_startup)
         self.chains: dict[str, Chain] = {}
+        self.dedups: dict[int, Dedup] = {}  # id(chain) -> its dedup stage
         for source in topology.sources:
             chain = Chain(self._stages(source.topic, source.partitions),
                           dlq_topic_for=lambda t: t + topology.dlq.topic_suffix,
                           expired_to_dlq=bool(topology.stage("policy") and topology.stage("policy").expired == "dlq"))
             self.chains[source.topic] = chain
+            for stage in chain.stages:
+                if isinstance(stage, Dedup):
+                    self.dedups[id(chain)] = stage
             topic = self.app.topic(source.topic, key_type=bytes, value_type=bytes, partitions=source.partitions,
                                    key_serializer="raw", value_serializer="raw")
             self.app.agent(topic, name=f"prism-{source.topic}")(self._agent_for(chain))
@@ -189,6 +197,7 @@ class PipelineApp:
     async def _process_batch(self, chain: Chain, events: list[Any]) -> None:
         producer = self.app.producer
         pending: list[tuple[Message, list[Emission] | DlqRecord]] = []
+        event_of: dict[int, Any] = {}
         outcomes: Counter[tuple[str, int, str]] = Counter()
         last_event_of_partition: dict[tuple[str, int], Any] = {}
         for event in events:
@@ -198,6 +207,7 @@ class PipelineApp:
                           headers=[(k, v) for k, v in (m.headers or []) if v is not None],
                           timestamp_ms=int(m.timestamp * 1000) if m.timestamp else None)
             last_event_of_partition[(m.topic, m.partition)] = event
+            event_of[id(msg)] = event
             result = chain.run(msg)
             if result.outcome is Outcome.EMITTED:
                 try:
@@ -211,7 +221,13 @@ class PipelineApp:
                 pending.append((msg, result.dlq))
             outcomes[(m.topic, m.partition, str(result.outcome))] += 1
 
-        await self._write_all(chain, producer, pending)
+        written = await self._write_all(chain, producer, pending)
+        dedup = self.dedups.get(id(chain))
+        if dedup is not None:
+            for msg in written:
+                _current_event.set(weakref.ref(event_of[id(msg)]))
+                dedup.record_emitted(msg)
+            dedup.end_batch()
         # One counter write per (topic, partition, outcome) per batch, not per message: every
         # table write is also a changelog record.
         for (topic, partition, outcome), n in outcomes.items():
@@ -232,19 +248,23 @@ class PipelineApp:
         verdict = self.sequences.observe(source, int.from_bytes(raw, "big"))
         self.stats.sequence[str(verdict.status)] += 1
 
-    async def _write_all(self, chain: Chain, producer: Any,
-                         pending: list[tuple[Message, list[Emission] | DlqRecord]]) -> None:
+    async def _write_all(self, chain: Chain, producer: Any, pending: list[tuple[Message, list[Emission] | DlqRecord]],
+                         ) -> list[Message]:
+        """Write everything; returns the messages whose outputs (not DLQ copies) were written."""
         dlq_cfg = self.topology.dlq
         todo = pending
         attempt = 1
+        emitted: list[Message] = []
         while todo:
             results = await asyncio.gather(*(self._send(producer, item) for _, item in todo), return_exceptions=True)
             failed = [(m, item, r) for (m, item), r in zip(todo, results, strict=True) if isinstance(r, BaseException)]
-            for (_, item), r in zip(todo, results, strict=True):
+            for (m, item), r in zip(todo, results, strict=True):
                 if not isinstance(r, BaseException):
                     self._count_written(item)
+                    if isinstance(item, list):
+                        emitted.append(m)
             if not failed:
-                return
+                return emitted
             attempt += 1
             self.stats.publish_retries += len(failed)
             await asyncio.sleep(_backoff(attempt, dlq_cfg.backoff_initial_ms, dlq_cfg.backoff_max_ms))
@@ -261,6 +281,7 @@ class PipelineApp:
                 else:
                     nxt.append((m, item))
             todo = nxt
+        return emitted
 
     async def _send(self, producer: Any, item: list[Emission] | DlqRecord) -> None:
         if isinstance(item, DlqRecord):

@@ -1,0 +1,114 @@
+"""Crash safety: kill -9 the worker with >= 20k messages in flight, restart it on the same
+data dir, and prove that no message is lost (every input offset reaches the archive tap or
+the DLQ). Duplicates are reported, not forbidden: on this broker delivery is at-least-once
+(no transactions), and dedup by message id removes what it can."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from app.broker.admin import ensure_topics
+from app.envelope import encode, new_envelope
+from app.worker.faust_app import WorkerProcess
+from tests.worker.conftest import make_topology
+
+N = 24_000
+
+
+async def _produce_backlog(bootstrap: str, topic: str) -> None:
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=512 * 1024)
+    await p.start()
+    try:
+        futs = []
+        for i in range(N):
+            if i % 2:
+                value = encode(new_envelope(topic, {"i": i}, namespace="order-events"))
+                futs.append(await p.send(topic, value, key=str(i % 97).encode()))
+            else:  # legacy shape: its id is derived from its offset, so a redelivery is a duplicate
+                futs.append(await p.send(topic, json.dumps({"i": i}).encode(), headers=[("correlation-id", b"c")]))
+        await asyncio.gather(*futs)
+    finally:
+        await p.stop()
+
+
+class ArchiveWatcher:
+    """Reads the archive tap continuously: which input offsets have been emitted, how often."""
+
+    def __init__(self, bootstrap: str, topics: dict[str, int]) -> None:
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+        self.topics = topics
+        self.seen: Counter[str] = Counter()
+        self.v3_ids: Counter[str] = Counter()
+
+    async def start(self) -> None:
+        await self.consumer.start()
+        tps = [TopicPartition(t, p) for t, n in self.topics.items() for p in range(n)]
+        self.consumer.assign(tps)
+        await self.consumer.seek_to_beginning(*tps)
+
+    async def poll(self) -> None:
+        batch = await self.consumer.getmany(timeout_ms=200, max_records=10_000)
+        for tp, recs in batch.items():
+            for r in recs:
+                h = dict(r.headers or [])
+                if "prism-source" in h:
+                    self.seen[h["prism-source"].decode()] += 1
+                elif "prism.errors.offset" in h:
+                    self.seen[f"{h['prism.errors.topic'].decode()}/{h['prism.errors.partition'].decode()}/"
+                              f"{h['prism.errors.offset'].decode()}"] += 1
+                elif tp.topic.endswith(".v3"):
+                    self.v3_ids[h["prism-message-id"].decode()] += 1
+
+    async def wait_until(self, n_distinct: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.seen) < n_distinct:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"only {len(self.seen)} of {n_distinct} inputs accounted for in {timeout}s")
+            await self.poll()
+
+
+async def test_kill_9_mid_stream_loses_nothing(broker, tmp_path: Path, dev_keys, capsys) -> None:
+    topo = make_topology(tmp_path, dev_keys, partitions=4)
+    source = topo.sources[0].topic
+    topics = topo.topics()
+    await ensure_topics(broker.bootstrap, topics)
+    await _produce_backlog(broker.bootstrap, source)
+    env = {"PRISM_TOPOLOGY": str(tmp_path / "topology.yaml"), "PRISM_BOOTSTRAP": broker.bootstrap,
+           "PRISM_DATA_DIR": str(tmp_path / "data"), "PRISM_APP_ID": f"crash-{uuid.uuid4().hex[:8]}",
+           "PRISM_EMBEDDED": "1"}
+    watch = ArchiveWatcher(broker.bootstrap, {topo.archive.topic: topo.archive.partitions,
+                                              source + ".dlq": 4, source + ".v3": 4})
+    await watch.start()
+    first = WorkerProcess("app.worker.pipeline:app_from_env", log_path=tmp_path / "w1.log", env=env)
+    second = WorkerProcess("app.worker.pipeline:app_from_env", log_path=tmp_path / "w2.log", env=env)
+    try:
+        first.start(timeout=90)
+        await watch.wait_until(2_000, timeout=120)   # well into the stream ...
+        in_flight = N - len(watch.seen)
+        first.kill()                                  # ... kill -9: no shutdown, no commit, no flush
+        assert in_flight >= 20_000, in_flight
+        second.start(timeout=90)                      # same data dir: RocksDB tables + changelogs
+        await watch.wait_until(N, timeout=240)
+        await asyncio.sleep(1.0)
+        await watch.poll()
+    finally:
+        first.kill()
+        second.stop()
+        await watch.consumer.stop()
+    lost = N - len(watch.seen)
+    archived_twice = sum(1 for n in watch.seen.values() if n > 1)
+    v3_duplicates = sum(n - 1 for n in watch.v3_ids.values() if n > 1)
+    with capsys.disabled():
+        print(f"\ncrash test: {N} inputs, {in_flight} in flight at kill -9, lost {lost}, "
+              f"inputs emitted twice {archived_twice}, duplicate .v3 records {v3_duplicates}")
+    assert lost == 0
+    # every input is valid, so each one reached .v3 under exactly one message id (a legacy
+    # input's id is derived from its offset); extra copies are the duplicates reported above
+    assert len(watch.v3_ids) == N
