@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from app.errors import ConfigError
 
@@ -136,6 +136,82 @@ class Archive(_Strict):
     partitions: Annotated[int, Field(ge=1, le=1024)] = 4
 
 
+# --------------------------------------------------------------------------- sinks
+# Kafka Connect-style sink connectors (app/sinks/, docs/sinks.md). One model per backend,
+# discriminated by `type`, so a key that belongs to another backend is an error at load time.
+# Connection strings name hosts only: credentials come from the environment or the backend's
+# own config files (PGPASSFILE, AWS_* variables), never from a topology file.
+
+
+def _unique_sink_names(sinks: list[Any]) -> list[Any]:
+    names = [s.name for s in sinks]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"sink names must be unique (each is a Faust agent and a metrics label); repeated: {dupes}")
+    return sinks
+
+
+class _SinkBase(_Strict):
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=64)]
+    input: Literal["v2", "v3"] = "v3"             # which dual-publish output the sink consumes
+    batch_size: Annotated[int, Field(ge=1, le=10_000)] = 500
+    linger_ms: Annotated[int, Field(ge=0, le=60_000)] = 50
+    on_outage: Literal["wait", "dlq"] = "wait"
+    max_attempts: Annotated[int, Field(ge=1, le=100)] = 5   # per batch, before `dlq` gives up
+    backoff_initial_ms: Annotated[int, Field(ge=1, le=60_000)] = 100
+    backoff_max_ms: Annotated[int, Field(ge=1, le=600_000)] = 5_000
+    timeout_ms: Annotated[int, Field(ge=100, le=600_000)] = 10_000  # one write attempt
+
+
+class RedisPubSubSinkSpec(_SinkBase):
+    type: Literal["redis-pubsub"]
+    url: str = "redis://127.0.0.1:6379/0"
+    channel: str | None = None                    # default: the envelope's topic
+    min_subscribers: Annotated[int, Field(ge=0)] = 0  # PUBLISH reaching fewer counts as not delivered
+    dedup_ttl_s: Annotated[int, Field(ge=0)] = 86_400  # 0: no replay protection
+
+
+class RedisStreamSinkSpec(_SinkBase):
+    type: Literal["redis-stream"]
+    url: str = "redis://127.0.0.1:6379/0"
+    stream: str | None = None                     # default: the envelope's topic
+    maxlen: Annotated[int, Field(ge=1)] | None = None  # approximate trim (XADD MAXLEN ~)
+    dedup_ttl_s: Annotated[int, Field(ge=1)] = 86_400
+
+
+class PostgresSinkSpec(_SinkBase):
+    type: Literal["postgres"]
+    dsn: str = "postgresql://127.0.0.1:5432/postgres"
+    db_schema: Annotated[str, Field(alias="schema", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")] = "public"
+    create_table: bool = True
+
+
+class NatsSinkSpec(_SinkBase):
+    type: Literal["nats"]
+    url: str = "nats://127.0.0.1:4222"
+    stream: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]+$")]
+    subject: str | None = None                    # default: the envelope's topic
+    create_stream: bool = True
+    stream_subjects: list[str] | None = None      # for create_stream; default: the sink's subjects
+    duplicate_window_s: Annotated[int, Field(ge=1, le=7 * 86_400)] = 120
+
+
+class S3SinkSpec(_SinkBase):
+    type: Literal["s3"]
+    bucket: Annotated[str, Field(min_length=3, max_length=63)]
+    endpoint: str | None = None                   # e.g. http://127.0.0.1:9000; None: AWS
+    region: str = "us-east-1"
+    prefix: str = "events"
+    create_bucket: bool = False
+    concurrency: Annotated[int, Field(ge=1, le=64)] = 8
+
+
+SinkSpec = Annotated[
+    RedisPubSubSinkSpec | RedisStreamSinkSpec | PostgresSinkSpec | NatsSinkSpec | S3SinkSpec,
+    Field(discriminator="type"),
+]
+
+
 class Topology(_Strict):
     name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
     namespace: str
@@ -145,6 +221,7 @@ class Topology(_Strict):
     dlq: Dlq = Dlq()
     archive: Archive = Archive()
     base_dir: Path = Path(".")
+    sinks: Annotated[list[SinkSpec], AfterValidator(_unique_sink_names)] = []
 
     @model_validator(mode="after")
     def _check_order(self) -> Topology:
@@ -197,7 +274,11 @@ def _parse_stages(raw: Any) -> list[dict[str, Any]]:
             raise ValueError(f"stages[{i}] must be a stage name or a one-key mapping `name: {{settings}}`")
         if name not in _STAGE_MODELS:
             raise ValueError(f"stages[{i}]: unknown stage {name!r}; known stages: {', '.join(STAGE_ORDER)}")
-        out.append({"name": name, "settings": _STAGE_MODELS[name].model_validate(settings)})
+        try:
+            out.append({"name": name, "settings": _STAGE_MODELS[name].model_validate(settings)})
+        except ValidationError as exc:
+            raise ValueError("; ".join(f"stages[{i}].{name}.{_loc(e['loc'])}: {e['msg']}" for e in exc.errors())) \
+                from None
     return out
 
 
@@ -232,9 +313,6 @@ def load_topology(path: str | Path) -> Topology:
         if "stages" in raw:
             try:
                 raw["stages"] = _parse_stages(raw["stages"])
-            except ValidationError as exc:
-                for e in exc.errors():
-                    problems.append(f"stages.{_loc(e['loc'])}: {e['msg']}")
             except ValueError as exc:
                 problems.append(str(exc))
         raw["base_dir"] = path.parent

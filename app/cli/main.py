@@ -14,6 +14,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from app.errors import PrismError
 
@@ -40,7 +41,8 @@ def friendly(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except PrismError as exc:
-            err_console.print(f"[bold red]error[/] [{exc.code}] {exc}")
+            # one line, never wrapped or markup-interpreted: scripts and people grep it
+            err_console.print(f"[bold red]error[/] {escape(f'[{exc.code}] {exc}')}", soft_wrap=True)
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
@@ -72,7 +74,7 @@ def run(
 
     Without PRISM_BROKER_URL the embedded Kafka-protocol broker is started and stopped with the worker."""
     from app.broker.admin import BrokerSettings, ensure_topics
-    from app.broker.embedded import EmbeddedBroker
+    from app.broker.embedded import EmbeddedBroker, find_free_port
     from app.security.devkeys import ensure_dev_keys
     from app.topology import load_topology
     from app.worker.faust_app import run_worker
@@ -82,17 +84,19 @@ def run(
         ensure_dev_keys(Path("var/dev-keys"))
     topo = load_topology(topology)
     settings = BrokerSettings.from_env()
+    # Everything that can be wrong in configuration (keys, JWKS, schema) is checked by building
+    # the pipeline BEFORE any broker is touched: fail fast, with the config error, not a
+    # connection error.
+    port = None if not settings.embedded else find_free_port()
+    bootstrap = f"127.0.0.1:{port}" if settings.embedded else settings.bootstrap
+    pipeline = PipelineApp(topo, bootstrap=bootstrap, data_dir=data_dir / topo.name, embedded=settings.embedded,
+                           web_port=web_port, broker_settings=None if settings.embedded else settings)
     broker = None
     if settings.embedded:
-        broker = EmbeddedBroker(log_dir=data_dir / "broker").start()
-        bootstrap = broker.bootstrap
+        broker = EmbeddedBroker(port=port, log_dir=data_dir / "broker").start()
         console.print(f"embedded broker on {bootstrap} (set PRISM_BROKER_URL to use a Kafka cluster)")
-    else:
-        bootstrap = settings.bootstrap
     try:
         asyncio.run(ensure_topics(bootstrap, topo.topics(), settings=None if broker else settings))
-        pipeline = PipelineApp(topo, bootstrap=bootstrap, data_dir=data_dir / topo.name, embedded=broker is not None,
-                               web_port=web_port, broker_settings=None if broker else settings)
         console.print(f"worker for topology [bold]{topo.name}[/] reading {[s.topic for s in topo.sources]}")
         run_worker(pipeline.app, loglevel=loglevel)
     finally:

@@ -244,6 +244,8 @@ def convert(data: bytes | memoryview, to: Layout, *, limits: Limits = DEFAULT_LI
     """
     dropped: list[str] = []
     env = decode(data, limits=limits, dropped=dropped)
+    if to is Layout.DRAFT:
+        dropped += reviewed_to_draft(env.header)[1]
     sec = env.security
     if sec is not None and sec.HasField("signature"):
         sec.ClearField("signature")
