@@ -23,7 +23,7 @@ proto-check: $(STAMP)
 	$(BIN)/python -m app.envelope.protogen --check
 
 demo: $(STAMP)
-	$(BIN)/prism demo --embedded
+	$(BIN)/prism demo
 
 run: $(STAMP)
 	$(BIN)/prism run --topology topologies/orders-created.yaml

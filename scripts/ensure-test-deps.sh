@@ -1,11 +1,8 @@
 #!/usr/bin/env bash
 # System packages the integration tests need that pip cannot provide (Debian packages):
-#   kcat                      an independent Kafka client, so end-to-end tests have no code of
-#                             ours on both ends of a topic
 #   chromium, chromium-driver headless browser for the schema registry UI test
 set -euo pipefail
 need=()
-command -v kcat >/dev/null 2>&1 || need+=(kcat)
 [ -x /usr/bin/chromium ] || need+=(chromium)
 [ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
 [ ${#need[@]} -eq 0 ] && exit 0

@@ -32,7 +32,10 @@ class Normalize(Stage):
     def process(self, msg: Message) -> None:
         res = normalize(msg.value, msg.headers, topic=msg.topic, namespace=self.namespaces[msg.topic],
                         default_content_type=self.settings.default_content_type, key=msg.key,
-                        now_ms=msg.timestamp_ms)
+                        now_ms=msg.timestamp_ms,
+                        # the same input record always gets the same generated id, so a
+                        # redelivery after a crash is caught by dedup
+                        id_seed=f"{msg.topic}/{msg.partition}/{msg.offset}".encode())
         msg.shape = str(res.shape)
         msg.envelope = res.envelope
         msg.original_is_envelope = res.shape in ENVELOPE_SHAPES
