@@ -130,8 +130,13 @@ class Dlq(_Strict):
 
 
 class Archive(_Strict):
+    """Every emitted envelope is archived for the lakehouse. By default the archive sink
+    reads the `.v3` output itself (it holds exactly the reviewed-layout envelopes, each with
+    a `prism-source` header); naming a `topic` makes the worker write a separate copy there
+    (costs one more produce per message)."""
+
     enabled: bool = True
-    topic: str = "prism.archive"
+    topic: str | None = None
     path: str = "var/archive"
     partitions: Annotated[int, Field(ge=1, le=1024)] = 4
 
@@ -255,9 +260,18 @@ class Topology(_Strict):
             for layout in self.outputs.layouts:
                 out[f"{s.topic}.{layout}"] = s.partitions
             out[s.topic + self.dlq.topic_suffix] = s.partitions
-        if self.archive.enabled:
+        if self.archive.enabled and self.archive.topic:
             out[self.archive.topic] = self.archive.partitions
         return out
+
+    def archive_source_topics(self) -> list[str]:
+        """Where the archive sink reads: the separate archive topic, or every `.v3` output."""
+        if not self.archive.enabled:
+            return []
+        if self.archive.topic:
+            return [self.archive.topic]
+        return [f"{s.topic}.v3" for s in self.sources] if "v3" in self.outputs.layouts else \
+            [f"{s.topic}.{self.outputs.layouts[0]}" for s in self.sources]
 
 
 def _parse_stages(raw: Any) -> list[dict[str, Any]]:

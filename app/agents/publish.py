@@ -23,7 +23,9 @@ from app.topology import Topology
 _DROP_HEADERS = frozenset({"authorization", "proxy-authorization", "prism-auth-token", "x-auth-token", "auth-token",
                            "cookie", "content-type"})
 LAYOUT_OF = {"v2": Layout.DRAFT, "v3": Layout.REVIEWED}
-ARCHIVE_SOURCE_HEADER = "prism-source"
+#: On every output record: the input record it came from (`topic/partition/offset`), like
+#: Connect's error context but for successes - provenance for the archive and for audits.
+SOURCE_HEADER = "prism-source"
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,25 +38,25 @@ class Publisher:
     def __init__(self, topology: Topology, *, worker_key: SigningKey | None) -> None:
         self.layouts = [(suffix, LAYOUT_OF[suffix]) for suffix in topology.outputs.layouts]
         self.sign_with = worker_key if topology.outputs.sign else None
-        self.archive_topic = topology.archive.topic if topology.archive.enabled else None
+        self.archive_topic = topology.archive.topic if topology.archive.enabled else None  # None: reads .v3
 
     def emissions(self, msg: Message) -> list[Emission]:
         env = msg.env
         strip_token(env)
         forwarded = [(k, v) for k, v in kafka.passthrough_headers(msg.headers)
                      if v is not None and k.lower() not in _DROP_HEADERS and not k.lower().startswith("ce_")]
+        source = (SOURCE_HEADER, f"{msg.topic}/{msg.partition}/{msg.offset}".encode())
         out: list[Emission] = []
         reviewed: kafka.KafkaRecord | None = None
         for suffix, layout in self.layouts:
             rec = kafka.encode(env, layout, key=msg.key, headers=forwarded, sign_with=self.sign_with)
+            rec.headers.append(source)
             out.append(Emission(f"{msg.topic}.{suffix}", rec))
             if layout is Layout.REVIEWED:
                 reviewed = rec
         if self.archive_topic is not None:
             if reviewed is None:
                 reviewed = kafka.encode(env, Layout.REVIEWED, key=msg.key, sign_with=self.sign_with)
-            src = f"{msg.topic}/{msg.partition}/{msg.offset}".encode()
-            out.append(Emission(self.archive_topic, kafka.KafkaRecord(
-                reviewed.key, reviewed.value, [*reviewed.headers, (ARCHIVE_SOURCE_HEADER, src)],
-                reviewed.timestamp_ms)))
+                reviewed.headers.append(source)
+            out.append(Emission(self.archive_topic, reviewed))
         return out

@@ -23,7 +23,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from app.agents.publish import ARCHIVE_SOURCE_HEADER
+from app.agents.publish import SOURCE_HEADER
 from app.broker.admin import BrokerSettings, ensure_topics
 from app.broker.embedded import EmbeddedBroker
 from app.demo.loadgen import MIX, LoadGenerator
@@ -189,11 +189,11 @@ async def _run(topology: Topology, keys: Any, bootstrap: str, embedded: bool, se
     outputs = [f"{source}.{x}" for x in topology.outputs.layouts]
     dlq = source + topology.dlq.topic_suffix
     all_topics = topology.topics()
-    read_topics = {t: all_topics[t] for t in [*outputs, dlq] + ([topology.archive.topic]
-                                                                 if topology.archive.enabled else [])}
+    extra = [topology.archive.topic] if topology.archive.enabled and topology.archive.topic else []
+    read_topics = {t: all_topics[t] for t in [*outputs, dlq, *extra]}
     w = report.worker
-    records = await read_all(bootstrap, read_topics, expected_total=w["emitted"] * (len(outputs) + 1) + w["dlq"],
-                             timeout=60, settings=settings)
+    records = await read_all(bootstrap, read_topics, expected_total=w["emitted"] * (len(outputs) + len(extra)) +
+                             w["dlq"], timeout=60, settings=settings)
     for name, recs in records.items():
         report.topic_counts[name] = len(recs)
     _reconcile(report, expected_at, records, topology, source)
@@ -203,12 +203,11 @@ async def _run(topology: Topology, keys: Any, bootstrap: str, embedded: bool, se
 def _reconcile(report: DemoReport, expected_at: dict[tuple[int, int], tuple[str, str]],
                records: dict[str, list[Any]], topology: Topology, source: str) -> None:
     where: dict[tuple[int, int], str] = {}
-    if topology.archive.enabled:
-        for rec in records[topology.archive.topic]:
-            src = (_header(rec, ARCHIVE_SOURCE_HEADER) or b"").decode()
-            topic, part, off = src.rsplit("/", 2)
-            if topic == source:
-                where[(int(part), int(off))] = "emitted"
+    for rec in records[f"{source}.{topology.outputs.layouts[-1]}"]:
+        src = (_header(rec, SOURCE_HEADER) or b"").decode()
+        topic, part, off = src.rsplit("/", 2)
+        if topic == source:
+            where[(int(part), int(off))] = "emitted"
     for rec in records[source + topology.dlq.topic_suffix]:
         part = int((_header(rec, "prism.errors.partition") or b"-1").decode())
         off = int((_header(rec, "prism.errors.offset") or b"-1").decode())

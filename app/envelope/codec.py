@@ -189,28 +189,40 @@ def _split_security(full: bytes, before: int, sec_size: int, field: int) -> tupl
 
 def encode_parts(env: Envelope, layout: Layout = Layout.REVIEWED) -> tuple[bytes, bytes, list[bytes | memoryview]]:
     """(head, security record, payload record parts). `head + payload` is what a signature covers."""
+    header = layout_header(env, layout)
+    head, sec = split_header(header, layout)
+    return head, sec, payload_parts(env, layout)
+
+
+def layout_header(env: Envelope, layout: Layout) -> vpb.PrismEnvelope | dpb.PrismEnvelope:
+    """The header message in `layout` (the model itself for the reviewed layout)."""
+    return env.header if layout is Layout.REVIEWED else reviewed_to_draft(env.header, report=False)[0]
+
+
+def split_header(header: vpb.PrismEnvelope | dpb.PrismEnvelope, layout: Layout) -> tuple[bytes, bytes]:
+    """Serialize a layout header as (head without security, security record)."""
+    full = header.SerializeToString()
+    if not header.HasField("security"):
+        return full, b""
     if layout is Layout.REVIEWED:
-        header = env.header
-        full = header.SerializeToString()
-        if header.HasField("security"):
-            before = _record_size(1, header.metadata) if header.HasField("metadata") else 0
-            head, sec = _split_security(full, before, _record_size(1, header.security), 2)
-        else:
-            head, sec = full, b""
+        before = _record_size(1, header.metadata) if header.HasField("metadata") else 0
     else:
-        header, _ = reviewed_to_draft(env.header)
-        full = header.SerializeToString()
-        if header.HasField("security"):
-            before = (1 + _varint_size(header.envelope_version)) if header.envelope_version else 0
-            if header.HasField("metadata"):
-                before += _record_size(1, header.metadata)
-            head, sec = _split_security(full, before, _record_size(1, header.security), 4)
-        else:
-            head, sec = full, b""
+        before = (1 + _varint_size(header.envelope_version)) if header.envelope_version else 0
+        if header.HasField("metadata"):
+            before += _record_size(1, header.metadata)
+    return _split_security(full, before, _record_size(1, header.security), layout.security_field)
+
+
+def payload_parts(env: Envelope, layout: Layout) -> list[bytes | memoryview]:
     if not env.payload.present:
-        return head, sec, []
+        return []
     value = env.payload.wire()
-    return head, sec, [_PAYLOAD_TAG[layout] + _encode_len(len(value)), value]
+    return [_PAYLOAD_TAG[layout] + _encode_len(len(value)), value]
+
+
+def security_bytes(sec: vpb.SecurityContext | dpb.SecurityContext, layout: Layout) -> bytes:
+    body = sec.SerializeToString()
+    return b"".join((_SECURITY_TAG[layout], _encode_len(len(body)), body))
 
 
 def _encode_len(n: int) -> bytes:
@@ -225,9 +237,7 @@ def security_record(env: Envelope, layout: Layout = Layout.REVIEWED) -> bytes:
     """The serialized security record alone (empty when the envelope has no security context)."""
     if not env.header.HasField("security"):
         return b""
-    sec = env.header.security if layout is Layout.REVIEWED else reviewed_to_draft(env.header)[0].security
-    body = sec.SerializeToString()
-    return b"".join((_SECURITY_TAG[layout], _encode_len(len(body)), body))
+    return security_bytes(layout_header(env, layout).security, layout)
 
 
 def encode(env: Envelope, layout: Layout = Layout.REVIEWED) -> bytes:

@@ -27,7 +27,17 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from app._gen.prism.envelope.draft import envelope_pb2 as dpb
 from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
-from app.envelope.codec import DEFAULT_LIMITS, Layout, Limits, _detect, decode_records, encode_parts, security_record
+from app.envelope.codec import (
+    DEFAULT_LIMITS,
+    Layout,
+    Limits,
+    _detect,
+    decode_records,
+    layout_header,
+    payload_parts,
+    security_bytes,
+    split_header,
+)
 from app.envelope.model import Envelope
 from app.envelope.wire import LEN, scan
 from app.errors import AlgorithmError, ConfigError, DecodeError, SignatureError, UnknownKeyError
@@ -145,7 +155,9 @@ def sign(env: Envelope, key: SigningKey, layout: Layout = Layout.REVIEWED) -> by
     sec.signature_algorithm = key.algorithm
     sec.signature_key_id = key.key_id
     sec.ClearField("signature")
-    head, _, payload = encode_parts(env, layout)
+    header = layout_header(env, layout)  # converted once for the draft layout
+    head, _ = split_header(header, layout)
+    payload = payload_parts(env, layout)
     if key.algorithm == HMAC_SHA256:
         assert key.secret is not None
         sig = _mac(key.secret, [head, *payload])
@@ -153,7 +165,8 @@ def sign(env: Envelope, key: SigningKey, layout: Layout = Layout.REVIEWED) -> by
         assert key.private_key is not None
         sig = key.private_key.sign(b"".join([head, *payload]))
     sec.signature = sig
-    return b"".join([head, security_record(env, layout), *payload])
+    header.security.signature = sig
+    return b"".join([head, security_bytes(header.security, layout), *payload])
 
 
 def verify(data: bytes | memoryview, keys: VerificationKeys, *, layout: Layout | None = None) -> SignatureInfo:
@@ -263,15 +276,20 @@ class SigningKeyring:
     unrestricted: VerificationKeys
     signing: dict[str, SigningKey]
     worker_key_id: str | None = None
+    _merged: dict[str, VerificationKeys] = field(default_factory=dict, repr=False)
 
     def keys_for(self, namespace: str) -> VerificationKeys:
         """Keys allowed to vouch for `namespace`: a producer key scoped to namespace A never
-        verifies a message that claims namespace B."""
+        verifies a message that claims namespace B. (Memoized: called once per message.)"""
+        cached = self._merged.get(namespace)
+        if cached is not None:
+            return cached
         scoped = self.by_namespace.get(namespace)
-        if scoped is None:
-            return self.unrestricted
-        merged = VerificationKeys(dict(self.unrestricted.keys))
-        merged.keys.update(scoped.keys)
+        merged = self.unrestricted
+        if scoped is not None:
+            merged = VerificationKeys(dict(self.unrestricted.keys))
+            merged.keys.update(scoped.keys)
+        self._merged[namespace] = merged
         return merged
 
     def worker_key(self) -> SigningKey | None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -211,7 +212,11 @@ class PipelineApp:
             result = chain.run(msg)
             if result.outcome is Outcome.EMITTED:
                 try:
-                    pending.append((msg, self.publisher.emissions(msg)))
+                    t0 = time.perf_counter_ns()
+                    emissions = self.publisher.emissions(msg)
+                    chain.stats.stage_ns["publish"] += time.perf_counter_ns() - t0
+                    chain.stats.stage_calls["publish"] += 1
+                    pending.append((msg, emissions))
                 except Exception as exc:  # encoding/signing failed: DLQ, never crash
                     result = chain.dlq_for_publish_failure(msg, exc)
                 else:

@@ -98,4 +98,4 @@ def test_publisher_dual_publishes_signed_layouts_and_archive(dev_keys):
         names = [k for k, _ in rec.headers]
         assert "x-team" in names and "Authorization" not in names and "ce_id" not in names
     assert out["arch"].value == out["orders.created.v3"].value
-    assert ("prism-source", b"orders.created/0/0") in out["arch"].headers
+    assert all(("prism-source", b"orders.created/0/0") in r.headers for r in out.values())

@@ -43,8 +43,6 @@ def make_topology(tmp_path: Path, keys: DevKeys, *, partitions: int = 4, **overr
     doc["name"] = f"t-{suffix}"
     doc["sources"][0]["topic"] = f"orders.created.{suffix}"
     doc["sources"][0]["partitions"] = partitions
-    doc["archive"]["topic"] = f"prism.archive.{suffix}"
-    doc["archive"]["partitions"] = partitions
     for stage in doc["stages"]:
         if "authenticate" in stage:
             stage["authenticate"]["jwks"] = str(keys.jwks_path)

@@ -56,7 +56,7 @@ class RunningPipeline:
         t = self.topology
         topics = t.topics()
         names = [f"{self.source}.{x}" for x in t.outputs.layouts] + [self.source + t.dlq.topic_suffix]
-        if t.archive.enabled:
+        if t.archive.enabled and t.archive.topic:
             names.append(t.archive.topic)
         s = self.pipeline.summary()
         expected = s["emitted"] * len(names[:-1]) + s["dlq"]

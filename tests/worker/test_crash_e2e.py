@@ -39,7 +39,7 @@ async def _produce_backlog(bootstrap: str, topic: str) -> None:
 
 
 class ArchiveWatcher:
-    """Reads the archive tap continuously: which input offsets have been emitted, how often."""
+    """Reads `.v3` (the archive tap) and the DLQ continuously: which input offsets ended where, how often."""
 
     def __init__(self, bootstrap: str, topics: dict[str, int]) -> None:
         self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
@@ -58,12 +58,11 @@ class ArchiveWatcher:
         for tp, recs in batch.items():
             for r in recs:
                 h = dict(r.headers or [])
-                if "prism-source" in h:
-                    self.seen[h["prism-source"].decode()] += 1
-                elif "prism.errors.offset" in h:
+                if "prism.errors.offset" in h:
                     self.seen[f"{h['prism.errors.topic'].decode()}/{h['prism.errors.partition'].decode()}/"
                               f"{h['prism.errors.offset'].decode()}"] += 1
                 elif tp.topic.endswith(".v3"):
+                    self.seen[h["prism-source"].decode()] += 1
                     self.v3_ids[h["prism-message-id"].decode()] += 1
 
     async def wait_until(self, n_distinct: int, timeout: float) -> None:
@@ -83,8 +82,7 @@ async def test_kill_9_mid_stream_loses_nothing(broker, tmp_path: Path, dev_keys,
     env = {"PRISM_TOPOLOGY": str(tmp_path / "topology.yaml"), "PRISM_BOOTSTRAP": broker.bootstrap,
            "PRISM_DATA_DIR": str(tmp_path / "data"), "PRISM_APP_ID": f"crash-{uuid.uuid4().hex[:8]}",
            "PRISM_EMBEDDED": "1"}
-    watch = ArchiveWatcher(broker.bootstrap, {topo.archive.topic: topo.archive.partitions,
-                                              source + ".dlq": 4, source + ".v3": 4})
+    watch = ArchiveWatcher(broker.bootstrap, {source + ".dlq": 4, source + ".v3": 4})
     await watch.start()
     first = WorkerProcess("app.worker.pipeline:app_from_env", log_path=tmp_path / "w1.log", env=env)
     second = WorkerProcess("app.worker.pipeline:app_from_env", log_path=tmp_path / "w2.log", env=env)

@@ -74,12 +74,11 @@ async def test_every_forgery_lands_in_the_dlq(broker, tmp_path: Path, dev_keys) 
     signed = bytearray(sign(fresh(), real))
     signed[-1] ^= 0x01  # payload changed after signing
     forgeries["payload-tampered"] = bytes(signed)
-    env = fresh()
-    data = sign(env, real)
-    env.metadata.topic = topic  # same, but re-encode with changed priority keeps the old signature
-    env.metadata.priority = 9
     from app.envelope.codec import encode_parts, security_record
 
+    env = fresh()
+    sign(env, real)                # env.security now holds a genuine signature ...
+    env.metadata.priority = 9      # ... over metadata that is then changed
     head, _, payload = encode_parts(env)
     forgeries["metadata-tampered"] = b"".join([head, security_record(env), *payload])
     forgeries["unknown-key-id"] = sign(fresh(), SigningKey.hmac_sha256("stolen-key", b"y" * 32))

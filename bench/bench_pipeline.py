@@ -1,0 +1,303 @@
+"""Pipeline worker benchmark (issue 3). Every contender runs in the same process, against
+the same embedded broker, over the same pre-loaded backlog, one after the other.
+
+    .venv/bin/python -m bench.bench_pipeline [--n 20000] [--json bench/results/pipeline.json]
+
+Contenders (steady rate = messages / time between the first and the last processed batch,
+so group-join and start-up time are excluded):
+1. raw aiokafka consume -> produce loop (the floor of what Python + this broker can do);
+2. tuned Faust passthrough agent: same Faust settings as Prism's worker (app/worker/faust_app),
+   `take_events` + gathered sends, no stages, no tables;
+3. Prism's full chain: normalize, validate, authenticate (JWT), verify signature, policy,
+   dedup (RocksDB table + changelog), enrich (trace + schema), dual-publish re-signed
+   (.v2 + .v3; the archive reads .v3) - i.e. 2 output records + 1 changelog record per input.
+
+Input: signed reviewed-layout envelopes with a JWT and a 1 KB JSON payload.
+Then: end-to-end latency at half of the chain's maximum rate (send timestamp in a header,
+read back from `.v3`), against the raw loop at the same rate, and CPU us per message by
+stage (process CPU time over the run; the broker is a separate process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from app.broker.admin import ensure_topics
+from app.broker.embedded import EmbeddedBroker
+from app.envelope import Layout, new_envelope
+from app.security.devkeys import DevKeys, ensure_dev_keys
+from app.security.signing import sign
+from app.topology import load_topology
+from app.worker.faust_app import InProcessWorker, make_app
+from app.worker.pipeline import PipelineApp
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTITIONS = 4
+
+
+def payload_1kb(i: int) -> dict:
+    return {"order_id": f"ord-{i:08d}", "customer": f"c-{i % 997}", "note": "x" * 900,
+            "items": [{"sku": "SKU-0001", "qty": 2}]}
+
+
+def make_messages(keys: DevKeys, topic: str, n: int) -> list[bytes]:
+    token = keys.mint_token("svc-orders", ttl_s=7200)
+    key = keys.keyring.signing["dev-producer-1"]
+    out = []
+    for i in range(n):
+        env = new_envelope(topic, payload_1kb(i), namespace="order-events", correlation_id=f"c-{i}")
+        sec = env.ensure_security()
+        sec.auth_token, sec.data_classification = token, "internal"
+        out.append(sign(env, key, Layout.REVIEWED))
+    return out
+
+
+async def preload(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1024 * 1024)
+    await p.start()
+    try:
+        futs = [await p.send(topic, v, key=str(i % 64).encode()) for i, v in enumerate(values)]
+        await asyncio.gather(*futs)
+    finally:
+        await p.stop()
+
+
+class Clock:
+    """First/last batch timestamps and CPU time, for a steady rate that excludes start-up."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.count = n, 0
+        self.t_first = self.t_last = self.cpu_first = self.cpu_last = 0.0
+        self.done = asyncio.Event()
+
+    def batch(self, k: int) -> None:
+        now, cpu = time.perf_counter(), time.process_time()
+        if self.count == 0:
+            self.t_first, self.cpu_first = now, cpu
+        self.count += k
+        self.t_last, self.cpu_last = now, cpu
+        if self.count >= self.n:
+            self.done.set()
+
+    def rate(self, first_batch: int) -> float:
+        return (self.count - first_batch) / max(self.t_last - self.t_first, 1e-9)
+
+    def cpu_us(self, first_batch: int) -> float:
+        return (self.cpu_last - self.cpu_first) / max(self.count - first_batch, 1) * 1e6
+
+
+async def run_raw(bootstrap: str, topic: str, n: int) -> dict[str, float]:
+    out_topic = topic + ".raw-out"
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=16 * 1024 * 1024)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=256 * 1024)
+    await consumer.start()
+    await producer.start()
+    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    consumer.assign(tps)
+    await consumer.seek_to_beginning(*tps)
+    clock, first = Clock(n), 0
+    try:
+        while clock.count < n:
+            batch = await consumer.getmany(timeout_ms=500, max_records=2000)
+            recs = [r for rs in batch.values() for r in rs]
+            if not recs:
+                continue
+            futs = [await producer.send(out_topic, r.value, key=r.key, headers=list(r.headers)) for r in recs]
+            await asyncio.gather(*futs)
+            if clock.count == 0:
+                first = len(recs)
+            clock.batch(len(recs))
+    finally:
+        await consumer.stop()
+        await producer.stop()
+    return {"msgs_per_s": clock.rate(first), "cpu_us_per_msg": clock.cpu_us(first)}
+
+
+async def run_faust_passthrough(bootstrap: str, topic: str, n: int, data_dir: Path) -> dict[str, float]:
+    app = make_app(f"bench-pass-{uuid.uuid4().hex[:6]}", bootstrap, data_dir, embedded=True,
+                   partitions=PARTITIONS)
+    src = app.topic(topic, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+    out_topic = topic + ".faust-out"
+    clock, first = Clock(n), [0]
+
+    async def passthrough(stream: Any) -> None:
+        async for events in stream.take_events(500, within=0.02):
+            producer = app.producer
+            futs = [await producer.send(out_topic, e.message.key, e.message.value, None, None,
+                                        e.message.headers) for e in events]
+            await asyncio.gather(*futs)
+            if clock.count == 0:
+                first[0] = len(events)
+            clock.batch(len(events))
+
+    app.agent(src, name="passthrough")(passthrough)
+    async with InProcessWorker(app):
+        await asyncio.wait_for(clock.done.wait(), 600)
+    return {"msgs_per_s": clock.rate(first[0]), "cpu_us_per_msg": clock.cpu_us(first[0])}
+
+
+def bench_topology(tmp: Path, keys: DevKeys, topic: str, archive_topic: str | None) -> Path:
+    doc = yaml.safe_load((ROOT / "topologies/orders-created.yaml").read_text())
+    doc["name"] = f"bench-{uuid.uuid4().hex[:6]}"
+    doc["sources"][0].update(topic=topic, partitions=PARTITIONS)
+    if archive_topic:
+        doc["archive"].update(topic=archive_topic, partitions=PARTITIONS)
+    for st in doc["stages"]:
+        if "authenticate" in st:
+            st["authenticate"]["jwks"] = str(keys.jwks_path)
+        if "verify_signature" in st:
+            st["verify_signature"]["keyring"] = str(keys.signing_path)
+        if "enrich" in st:
+            st["enrich"]["schema"]["path"] = str(ROOT / "topologies/schemas/order_created.proto")
+    path = tmp / "bench-topology.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+async def run_chain(bootstrap: str, topology_path: Path, n: int, data_dir: Path) -> tuple[dict[str, float], Any]:
+    topo = load_topology(topology_path)
+    await ensure_topics(bootstrap, topo.topics())
+    clock, first, seen = Clock(n), [0], [0]
+
+    def on_batch(stats: Any) -> None:
+        k = stats.read - seen[0]
+        seen[0] = stats.read
+        if clock.count == 0:
+            first[0] = k
+        clock.batch(k)
+
+    pipe = PipelineApp(topo, bootstrap=bootstrap, data_dir=data_dir, app_id=f"bench-chain-{uuid.uuid4().hex[:6]}",
+                       embedded=True, on_batch=on_batch)
+    async with InProcessWorker(pipe.app):
+        await asyncio.wait_for(clock.done.wait(), 900)
+    s = pipe.summary()
+    assert s["emitted"] == n, s  # every input valid: a benchmark that drops work proves nothing
+    return {"msgs_per_s": clock.rate(first[0]), "cpu_us_per_msg": clock.cpu_us(first[0])}, s
+
+
+async def latency(bootstrap: str, topic: str, out_topic: str, values: list[bytes], rate: float,
+                  run_consumer_side: Any) -> dict[str, float]:
+    """Produce at `rate` with a send timestamp header; read `out_topic` and measure."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    await consumer.start()
+    tps = [TopicPartition(out_topic, p) for p in range(PARTITIONS)]
+    consumer.assign(tps)
+    await consumer.seek_to_end(*tps)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
+    await producer.start()
+    lat: list[float] = []
+
+    async def reader() -> None:
+        while len(lat) < len(values):
+            batch = await consumer.getmany(timeout_ms=200)
+            now = time.time()
+            for rs in batch.values():
+                for r in rs:
+                    h = dict(r.headers or [])
+                    if "bench-sent" in h:
+                        lat.append((now - float(h["bench-sent"])) * 1000)
+
+    task = asyncio.create_task(reader())
+    async with run_consumer_side():
+        t0 = time.perf_counter()
+        for i, v in enumerate(values):
+            await producer.send(topic, v, key=str(i % 64).encode(), headers=[("bench-sent", repr(time.time()).encode())])
+            delay = t0 + (i + 1) / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        await asyncio.wait_for(task, 120)
+    await producer.stop()
+    await consumer.stop()
+    lat.sort()
+    return {"p50_ms": statistics.median(lat), "p99_ms": lat[int(len(lat) * 0.99) - 1], "samples": len(lat)}
+
+
+async def main_async(n: int, out: Path | None) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="prism-bench-"))
+    keys = ensure_dev_keys(tmp / "keys")
+    result: dict[str, Any] = {"n": n, "partitions": PARTITIONS, "payload": "1 KB JSON, signed, with JWT"}
+    async with EmbeddedBroker(log_dir=tmp / "broker") as broker:
+        bs = broker.bootstrap
+        topic = f"bench.in.{uuid.uuid4().hex[:6]}"
+        topo_path = bench_topology(tmp, keys, topic, None)
+        topo = load_topology(topo_path)
+        await ensure_topics(bs, {**topo.topics(), topic + ".raw-out": PARTITIONS, topic + ".faust-out": PARTITIONS})
+        values = make_messages(keys, topic, n)
+        await preload(bs, topic, values)
+        print(f"preloaded {n} messages of {len(values[0])} bytes")
+        result["raw_aiokafka"] = await run_raw(bs, topic, n)
+        print("raw aiokafka loop", result["raw_aiokafka"])
+        result["faust_passthrough"] = await run_faust_passthrough(bs, topic, n, tmp / "faust")
+        print("tuned Faust passthrough", result["faust_passthrough"])
+        result["prism_chain"], summary = await run_chain(bs, topo_path, n, tmp / "chain")
+        print("Prism full chain", result["prism_chain"])
+        result["stage_us_per_message"] = summary["stage_us_per_message"]
+        ratio = result["prism_chain"]["msgs_per_s"] / result["faust_passthrough"]["msgs_per_s"]
+        result["chain_vs_passthrough"] = ratio
+
+        # latency at half of the chain's maximum rate
+        rate = result["prism_chain"]["msgs_per_s"] / 2
+        m = min(n, int(rate * 10))
+        lat_topic = f"bench.lat.{uuid.uuid4().hex[:6]}"
+        topo2 = load_topology(bench_topology(tmp, keys, lat_topic, None))
+        await ensure_topics(bs, {**topo2.topics(), lat_topic + ".raw-out": PARTITIONS})
+        lat_values = make_messages(keys, lat_topic, m)
+
+        class _Chain:
+            async def __aenter__(self) -> None:
+                self.p = PipelineApp(topo2, bootstrap=bs, data_dir=tmp / "lat", app_id=f"lat-{uuid.uuid4().hex[:6]}",
+                                     embedded=True)
+                self.w = InProcessWorker(self.p.app)
+                await self.w.start()
+
+            async def __aexit__(self, *a: Any) -> None:
+                await self.w.stop()
+
+        class _Raw:
+            async def __aenter__(self) -> None:
+                self.task = asyncio.create_task(run_raw(bs, lat_topic, m))
+                await asyncio.sleep(1.0)
+
+            async def __aexit__(self, *a: Any) -> None:
+                await self.task
+
+        result["latency_raw"] = await latency(bs, lat_topic, lat_topic + ".raw-out", lat_values, rate, _Raw)
+        result["latency_chain"] = await latency(bs, lat_topic, lat_topic + ".v3", lat_values, rate, _Chain)
+        result["latency_rate_msgs_per_s"] = rate
+    print(json.dumps(result, indent=2))
+    print(f"\nchain / tuned passthrough = {ratio:.2f} (target >= 0.70)")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=20_000)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(main_async(args.n, args.json))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
