@@ -1,0 +1,178 @@
+"""`prism lake ...`: compact the archive into Delta, and maintain the table.
+
+Mounted by the main CLI as `prism lake`; also runnable alone (`python -m app.lake.cli`) and as the
+spark-submit entry (`app/lake/compact.py`). Every command takes `--json` for machine-readable
+output. Exit codes: 0 ok, 1 failed, 2 usage error, 3 (compact) committed with quarantined input.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from app.errors import PrismError
+from app.lake import maintenance
+
+lake_app = typer.Typer(help="Archive -> Delta Lake compaction and table maintenance.", no_args_is_help=True,
+                       add_completion=False)
+_err = Console(stderr=True, soft_wrap=True)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
+StorageOpt = Annotated[list[str] | None, typer.Option(
+    "--storage-option", "-o", help="delta-rs storage option KEY=VALUE (e.g. AWS_ENDPOINT_URL=...); repeatable.")]
+
+
+def _storage_options(pairs: list[str] | None) -> dict[str, str] | None:
+    if not pairs:
+        return None
+    out = {}
+    for p in pairs:
+        key, sep, value = p.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"{p!r} is not KEY=VALUE", param_hint="--storage-option")
+        out[key] = value
+    return out
+
+
+def _fail(exc: PrismError) -> None:
+    from app.lake.compact import EXIT_FAILED
+
+    _err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+    raise typer.Exit(EXIT_FAILED)
+
+
+def _emit(doc: dict[str, Any], as_json: bool, title: str) -> None:
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2, default=str))
+        return
+    table = Table(title=title, show_header=False)
+    for key, value in doc.items():
+        if isinstance(value, list | dict):
+            value = json.dumps(value, default=str) if len(json.dumps(value, default=str)) < 200 else f"({len(value)} items)"
+        table.add_row(key, str(value))
+    Console().print(table)
+
+
+@lake_app.command()
+def compact(
+    archive: Annotated[str, typer.Argument(help="Archive root: a directory or s3://bucket/prefix[?endpoint_override=...].")],
+    table: Annotated[str, typer.Argument(help="Delta table location.")],
+    quarantine: Annotated[str | None, typer.Option(help="Where bad input goes (default: <archive>/_quarantine).")] = None,
+    master: Annotated[str | None, typer.Option(help="Spark master when Prism starts Spark (default local[*]; "
+                                                    "ignored under spark-submit).")] = None,
+    writer: Annotated[str, typer.Option(help="auto | delta-spark | delta-rs.")] = "auto",
+    max_files: Annotated[int, typer.Option(help="Archive files per Delta commit.")] = 2000,
+    storage_option: StorageOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Decode new archive rolls, dedup by message id, and commit them to the Delta table."""
+    from app.lake.compact import Compactor
+    from app.lake.spark import existing_session, get_spark
+
+    # Stop Spark at the end only if this command started it (not under spark-submit or a caller's session).
+    owned = existing_session() is None and "PYSPARK_GATEWAY_PORT" not in os.environ
+    spark = get_spark(master)
+    try:
+        comp = Compactor(spark, archive, table, quarantine_url=quarantine, writer=writer, max_files=max_files,
+                         storage_options=_storage_options(storage_option))
+        plan = comp.pending()
+        n = sum(len(b) for _, b in plan)
+        show = not as_json and _err.is_terminal
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=_err, disable=not show) as progress:
+            task = progress.add_task(f"compacting {n} batch(es) with {comp.table.name}", total=n)
+
+            def advance(b: Any) -> None:
+                progress.update(task, advance=1, description=f"{b.archive_writer} rolls {b.first_seq}-{b.last_seq}: "
+                                                             f"{b.rows_written} rows")
+
+            summary = comp.run(on_batch=advance, plan=plan)
+    except PrismError as exc:
+        _fail(exc)
+    finally:
+        if owned:
+            spark.stop()
+    doc = summary.to_dict()
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2, default=str))
+    else:
+        t = Table(title=f"prism lake compact -> {table} ({doc['writer']})")
+        for col in ("writer", "rolls", "files", "rows in", "written", "duplicates", "quarantined", "tokens dropped",
+                    "version", "s"):
+            t.add_column(col)
+        for b in summary.batches:
+            t.add_row(b.archive_writer, f"{b.first_seq}-{b.last_seq}", str(b.files), str(b.rows_in),
+                      str(b.rows_written), str(b.duplicates), f"{b.quarantined_records} rec / {b.quarantined_files} files",
+                      str(b.tokens_dropped), str(b.table_version), f"{b.seconds:.1f}")
+        Console().print(t if summary.batches else "nothing new to compact")
+        if summary.exit_code:
+            _err.print(f"[yellow]some input was quarantined under {summary.quarantine}[/]")
+    raise typer.Exit(summary.exit_code)
+
+
+@lake_app.command()
+def optimize(
+    table: Annotated[str, typer.Argument(help="Delta table location.")],
+    zorder: Annotated[list[str] | None, typer.Option("--zorder", help="Z-order by this column; repeatable.")] = None,
+    target_size: Annotated[int | None, typer.Option(help="Target file size in bytes.")] = None,
+    storage_option: StorageOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compact small files (and optionally Z-order them)."""
+    try:
+        doc = maintenance.optimize(table, zorder=zorder, target_size=target_size,
+                                   storage_options=_storage_options(storage_option))
+    except PrismError as exc:
+        _fail(exc)
+    _emit(doc, as_json, "prism lake optimize")
+
+
+@lake_app.command()
+def vacuum(
+    table: Annotated[str, typer.Argument(help="Delta table location.")],
+    retention_hours: Annotated[float, typer.Option(help="Keep files needed by versions newer than this.")] = 168.0,
+    force: Annotated[bool, typer.Option(help="Allow a retention under the table's minimum (7 days).")] = False,
+    dry_run: Annotated[bool, typer.Option(help="List what would be deleted.")] = False,
+    lite: Annotated[bool, typer.Option(help="Only files removed by commits (not never-committed leftovers).")] = False,
+    storage_option: StorageOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete files no longer needed (refuses a retention under 7 days unless --force)."""
+    try:
+        doc = maintenance.vacuum(table, retention_hours=retention_hours, force=force, dry_run=dry_run, full=not lite,
+                                 storage_options=_storage_options(storage_option))
+    except PrismError as exc:
+        _fail(exc)
+    _emit(doc, as_json, "prism lake vacuum")
+
+
+@lake_app.command()
+def stats(
+    table: Annotated[str, typer.Argument(help="Delta table location.")],
+    storage_option: StorageOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Rows, files, partitions and versions of the table."""
+    try:
+        doc = maintenance.stats(table, storage_options=_storage_options(storage_option)).to_dict()
+    except PrismError as exc:
+        _fail(exc)
+    _emit(doc, as_json, "prism lake stats")
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    lake_app()
+
+
+if __name__ == "__main__":
+    main()
