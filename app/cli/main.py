@@ -90,7 +90,8 @@ def run(
     port = None if not settings.embedded else find_free_port()
     bootstrap = f"127.0.0.1:{port}" if settings.embedded else settings.bootstrap
     pipeline = PipelineApp(topo, bootstrap=bootstrap, data_dir=data_dir / topo.name, embedded=settings.embedded,
-                           web_port=web_port, broker_settings=None if settings.embedded else settings)
+                           web_port=web_port, broker_settings=None if settings.embedded else settings,
+                           archive_location=topo.archive.path)
     broker = None
     if settings.embedded:
         broker = EmbeddedBroker(port=port, log_dir=data_dir / "broker").start()
@@ -112,6 +113,7 @@ def demo(
     rate: Annotated[float, typer.Option(help="messages per second (0: as fast as possible)")] = 0.0,
     data_dir: Annotated[Path, typer.Option()] = Path("var/demo"),
     seed: Annotated[int, typer.Option(help="load generator seed")] = 7,
+    lake: Annotated[bool, typer.Option(help="archive and compact into a Delta table with local Spark")] = True,
     json_out: Annotated[Path | None, typer.Option("--json", help="also write the report as JSON")] = None,
 ) -> None:
     """Broker + worker + a realistic mix of producers (some deliberately bad); prints where
@@ -123,12 +125,12 @@ def demo(
     topo = load_topology(topology)
     use_uvloop()
     report = asyncio.run(run_demo(topo, messages=messages, rate=rate, data_dir=data_dir,
-                                  keys_dir=Path("var/dev-keys"), console=console, seed=seed))
+                                  keys_dir=Path("var/dev-keys"), console=console, seed=seed, lake=lake))
     print_report(report, topo, console)
     if json_out is not None:
         json_out.write_text(json.dumps({"published": report.published, "worker": report.worker,
                                         "topics": dict(report.topic_counts), "mismatches": report.mismatches,
-                                        "seconds": report.seconds}, indent=2))
+                                        "lake": report.lake, "seconds": report.seconds}, indent=2))
     raise typer.Exit(0 if report.ok else 1)
 
 

@@ -10,6 +10,7 @@ archive tap (whose `prism-source` header names its input offset), a rejected one
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 import uuid
 from collections import Counter
@@ -41,6 +42,7 @@ class DemoReport:
     topic_counts: Counter[str] = field(default_factory=Counter)
     mismatches: list[str] = field(default_factory=list)
     worker: dict[str, Any] = field(default_factory=dict)
+    lake: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
 
     @property
@@ -118,8 +120,12 @@ def _totals_table(report: DemoReport, topology: Topology) -> Table:
 
 
 async def run_demo(topology: Topology, *, messages: int, rate: float, data_dir: Path, keys_dir: Path,
-                   console: Console, seed: int = 7, timeout: float = 300.0) -> DemoReport:
+                   console: Console, seed: int = 7, timeout: float = 300.0, lake: bool = False) -> DemoReport:
     keys = ensure_dev_keys(keys_dir)
+    # data_dir is the demo's scratch space: each run starts from an empty archive and table
+    # so that the reconciliation compares this run's messages only.
+    for old in [data_dir / "archive", data_dir / "lake", *data_dir.glob("worker-*"), data_dir / "broker"]:
+        shutil.rmtree(old, ignore_errors=True)
     settings = BrokerSettings.from_env()
     broker: EmbeddedBroker | None = None
     if settings.embedded:
@@ -131,22 +137,46 @@ async def run_demo(topology: Topology, *, messages: int, rate: float, data_dir: 
         bootstrap = settings.bootstrap
         console.print(f"[dim]using the Kafka cluster at {bootstrap}[/]")
     try:
-        return await _run(topology, keys, bootstrap, broker is not None, settings if broker is None else None,
-                          messages=messages, rate=rate, data_dir=data_dir, console=console, seed=seed,
-                          timeout=timeout)
+        report = await _run(topology, keys, bootstrap, broker is not None, settings if broker is None else None,
+                            messages=messages, rate=rate, data_dir=data_dir, console=console, seed=seed,
+                            timeout=timeout, lake=lake)
     finally:
         if broker is not None:
             broker.stop()
+    if lake:
+        report.lake = await asyncio.to_thread(_compact, data_dir, console)
+        rows, emitted = report.lake["table_rows"], report.worker["emitted"]
+        if rows != emitted:
+            report.mismatches.append(f"the Delta table holds {rows} rows but {emitted} messages were emitted")
+    return report
+
+
+def _compact(data_dir: Path, console: Console) -> dict[str, Any]:
+    """Archive -> Delta with local Spark: the lakehouse half of the main job."""
+    from app.lake.compact import compact
+    from app.lake.maintenance import stats
+    from app.lake.spark import get_spark
+
+    console.print("[dim]compacting the archive into Delta Lake with local Spark ...[/]")
+    t0 = time.monotonic()
+    spark = get_spark(app_name="prism-demo")
+    table = str(data_dir / "lake" / "envelopes")
+    summary = compact(spark, str(data_dir / "archive"), table)
+    st = stats(table)
+    return {"table": table, "table_rows": st.rows, "files": st.files, "partitions": st.partitions,
+            "version": st.version, "writer": summary.writer, "rows_written": summary.total("rows_written"),
+            "duplicates_dropped": summary.total("duplicates"), "seconds": round(time.monotonic() - t0, 1)}
 
 
 async def _run(topology: Topology, keys: Any, bootstrap: str, embedded: bool, settings: BrokerSettings | None, *,
                messages: int, rate: float, data_dir: Path, console: Console, seed: int,
-               timeout: float) -> DemoReport:
+               timeout: float, lake: bool = False) -> DemoReport:
     await ensure_topics(bootstrap, topology.topics(), settings=settings)
     source = topology.sources[0].topic
     run_id = uuid.uuid4().hex[:8]
     pipeline = PipelineApp(topology, bootstrap=bootstrap, data_dir=data_dir / f"worker-{run_id}",
-                           app_id=f"prism-demo-{run_id}", embedded=embedded, broker_settings=settings)
+                           app_id=f"prism-demo-{run_id}", embedded=embedded, broker_settings=settings,
+                           archive_location=data_dir / "archive" if lake else None)
     gen = LoadGenerator(keys, topic=source, namespace=topology.namespace, seed=seed)
     report = DemoReport()
     expected_at: dict[tuple[int, int], tuple[str, str]] = {}
@@ -239,6 +269,10 @@ def _reconcile(report: DemoReport, expected_at: dict[tuple[int, int], tuple[str,
 def print_report(report: DemoReport, topology: Topology, console: Console) -> None:
     console.print(_summary_table(report))
     console.print(_totals_table(report, topology))
+    if report.lake:
+        lk = report.lake
+        console.print(f"Delta table {lk['table']}: {lk['table_rows']} rows in {lk['files']} files, "
+                      f"{lk['partitions']} partitions, version {lk['version']} ({lk['writer']} writer, {lk['seconds']}s)")
     w = report.worker
     console.print(f"published {report.published} = emitted {w['emitted']} + DLQ {w['dlq']} + expired "
                   f"{w['expired']} + deduplicated {w['duplicate']}")

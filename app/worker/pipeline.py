@@ -116,7 +116,8 @@ class PipelineApp:
     def __init__(self, topology: Topology, *, bootstrap: str, data_dir: str | Path, app_id: str | None = None,
                  embedded: bool = False, web_port: int | None = None, batch_size: int = 500,
                  batch_within_s: float = 0.02, broker_settings: BrokerSettings | None = None,
-                 on_batch: Callable[[RunStats], None] | None = None, **faust_overrides: Any) -> None:
+                 on_batch: Callable[[RunStats], None] | None = None, archive_location: str | Path | None = None,
+                 **faust_overrides: Any) -> None:
         self.topology = topology
         self.batch_size = batch_size
         self.batch_within_s = batch_within_s
@@ -151,6 +152,13 @@ class PipelineApp:
         self.app.task(_redact_after_startup)
         self.chains: dict[str, Chain] = {}
         self.dedups: dict[int, Dedup] = {}  # id(chain) -> its dedup stage
+        self.archive: Any = None
+        if archive_location is not None and topology.archive.enabled:
+            from app.worker.archive_service import ArchiveService  # pulls in pyarrow: only when archiving
+
+            self.archive = self.app.add_dependency(ArchiveService(
+                bootstrap, topology.archive_source_topics(), str(archive_location),
+                consumer_kwargs=broker_settings.aiokafka_kwargs() if broker_settings else None))
         for source in topology.sources:
             chain = Chain(self._stages(source.topic, source.partitions),
                           dlq_topic_for=lambda t: t + topology.dlq.topic_suffix,
