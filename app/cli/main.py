@@ -255,6 +255,9 @@ def dlq_replay(
 
 def main() -> None:
     _mount_optional()
+    from app.cli.migrate import register
+
+    register(envelope_app)  # prism envelope migrate | check-compat
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
     app()
 

@@ -91,9 +91,39 @@ def decode(
             f"envelope is {size} bytes, over the {limits.max_message_bytes}-byte limit",
             hint="raise Limits.max_message_bytes or have the producer split the message",
         )
+    if size <= SMALL_ENVELOPE and layout is None and dropped is None:
+        env = _decode_small(data, limits)
+        if env is not None:
+            return env
     view = memoryview(data)
     records = scan(view)
     return decode_records(view, records, layout or _detect(records), limits, dropped)
+
+
+#: Below this size upb parses the whole envelope in C and the payload is moved out: a copy
+#: of at most this many bytes is cheaper than walking the records in Python. Above it, the
+#: record walk keeps the payload a zero-copy view and the cost flat in payload size.
+SMALL_ENVELOPE = 64 * 1024
+
+
+def _decode_small(data: bytes | bytearray | memoryview, limits: Limits) -> Envelope | None:
+    """Reviewed envelopes that start with their metadata record (what every Prism encoder
+    writes). Anything else, or anything upb rejects, takes the general path, which also
+    produces the precise error."""
+    if not data or data[0] != 0x0A:
+        return None
+    try:
+        header = vpb.PrismEnvelope.FromString(data)
+    except _PbDecodeError:
+        return None
+    if not header.HasField("payload"):
+        return None
+    any_ = header.payload
+    if len(data) - len(any_.value) > limits.max_header_bytes:
+        return None  # the general path reports the oversized header precisely
+    payload = Payload(any_.value, any_.type_url)
+    header.ClearField("payload")
+    return Envelope(header, payload)
 
 
 def decode_records(

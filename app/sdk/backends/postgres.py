@@ -1,0 +1,297 @@
+"""PostgreSQL backend: the `prism_events` table of RFC-031 as a queue,
+`postgresql://user@host:port/db[?param=value...]`.
+
+Rows follow `app.bindings.postgres` (JSONB envelope, `message_id UNIQUE` so a re-published
+message is an `ON CONFLICT DO NOTHING`, `consumed` flag). Every publish also sends
+`NOTIFY prism_events, '<topic>'` in the same statement, so waiting subscribers wake at once
+instead of polling; they still poll every `poll_ms` for rows written by other writers.
+
+URL parameters (everything else goes to libpq):
+
+| parameter | default | meaning                                                             |
+|-----------|---------|---------------------------------------------------------------------|
+| `schema`  | -       | use (and create) this schema: `search_path` is set to it            |
+| `create`  | 1       | create the schema/table/indexes when missing (`app.bindings.postgres.DDL`) |
+| `poll_ms` | 500     | a waiting subscriber re-checks this often without a notification    |
+
+Queue semantics (the "consumed flag" pattern): a fetch claims up to `batch_size` unconsumed
+rows of the topic with `SELECT ... FOR UPDATE SKIP LOCKED` inside a transaction, so
+competing consumers never get the same row. `ack()` sets `consumed = TRUE`, `nack()` leaves
+the row as it is; when every row of the batch is settled the transaction commits and the
+locks go (a nacked row is then fetched again). A consumer that dies loses its connection,
+PostgreSQL rolls its transaction back, and its rows are free at once. Caveat: acks become
+durable at that commit, and the `consumed` flag is per row, not per group - every
+subscriber of a topic competes for the same rows whatever `group` it names.
+
+Signatures: the table stores JSON, not the signed bytes, so envelopes published here are
+signed over their deterministic encoding (`app.sdk._canonical`) and verified the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from app.bindings import postgres as pg
+from app.envelope.model import Envelope
+from app.errors import PublishError, SubscribeError
+from app.sdk._canonical import canonical_wire, sign_canonical
+from app.sdk.backends.base import (
+    Backend,
+    BackendSubscription,
+    Delivery,
+    Outgoing,
+    RawMessage,
+    SubscribeSettings,
+    int_param,
+    redact_url,
+)
+from app.security.signing import VerificationKeys, verify
+
+CHANNEL = "prism_events"
+INSERT_NOTIFY_SQL = (
+    "WITH ins AS ("
+    f"INSERT INTO {pg.TABLE} (message_id, topic, envelope, published_at) VALUES (%s, %s, %s::jsonb, %s) "
+    "ON CONFLICT (message_id) DO NOTHING RETURNING topic) "
+    f"SELECT pg_notify('{CHANNEL}', topic) FROM ins"
+)
+CLAIM_SQL = (
+    f"SELECT id, message_id, topic, envelope, published_at FROM {pg.TABLE} "
+    "WHERE topic = %s AND NOT consumed ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
+)
+ACK_SQL = f"UPDATE {pg.TABLE} SET consumed = TRUE WHERE id = %s"
+#: Open batches (connections holding row locks) per subscription before fetch waits.
+MAX_OPEN_BATCHES = 4
+
+
+class PostgresBackend(Backend):
+    scheme = "postgresql"
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        parts = urlsplit(url)
+        params = dict(parse_qsl(parts.query, keep_blank_values=True))
+        self.schema = params.pop("schema", None)
+        self.create = bool(int_param(params, "create", 1, url))
+        self.poll_s = int_param(params, "poll_ms", 500, url, minimum=1) / 1000
+        scheme = "postgresql" if parts.scheme in ("postgres", "postgresql") else parts.scheme
+        self.dsn = urlunsplit(parts._replace(scheme=scheme, query=urlencode(params)))
+        self._pub: Any = None
+        self._pub_lock = asyncio.Lock()
+
+    async def new_connection(self, *, autocommit: bool) -> Any:
+        """A connection with the backend's schema on its search_path."""
+        import psycopg
+        from psycopg import sql
+        from psycopg.rows import dict_row
+
+        try:
+            conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True, row_factory=dict_row,
+                                                         connect_timeout=5)
+        except Exception as exc:
+            raise PublishError(f"cannot connect to PostgreSQL: {exc}", path=redact_url(self.url),
+                               hint="check the URL and that PostgreSQL accepts connections") from exc
+        if self.schema:
+            await conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+        if not autocommit:
+            await conn.set_autocommit(False)
+        return conn
+
+    async def connect(self) -> None:
+        self._pub = await self.new_connection(autocommit=True)
+        if self.create:
+            await self._create()
+
+    async def _create(self) -> None:
+        import psycopg
+        from psycopg import sql
+
+        for attempt in range(3):
+            try:
+                if self.schema:
+                    await self._pub.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                        sql.Identifier(self.schema)))
+                await self._pub.execute(pg.DDL)
+                return
+            except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateObject):
+                # Two clients ran IF NOT EXISTS at once; the catalog race loser retries.
+                if attempt == 2:
+                    raise
+
+    async def close(self) -> None:
+        if self._pub is not None:
+            conn, self._pub = self._pub, None
+            await conn.close()
+
+    def _row(self, item: Outgoing) -> tuple[Any, ...]:
+        if item.sign_with is not None:
+            sign_canonical(item.envelope, item.sign_with)
+        return pg.encode(item.envelope).params()
+
+    async def publish(self, items: Sequence[Outgoing]) -> None:
+        if self._pub is None:
+            raise PublishError("the PostgreSQL backend is not connected", hint="use the client inside `async with`")
+        rows = [self._row(i) for i in items]
+        try:
+            async with self._pub_lock:
+                if len(rows) == 1:
+                    await self._pub.execute(INSERT_NOTIFY_SQL, rows[0])
+                    return
+                async with self._pub.transaction(), self._pub.cursor() as cur:
+                    await cur.executemany(INSERT_NOTIFY_SQL, rows)
+        except Exception as exc:
+            raise PublishError(f"PostgreSQL refused the insert: {exc}", path=redact_url(self.url),
+                               hint="inserts are idempotent on message_id; retrying is safe") from exc
+
+    async def publish_bytes(self, topic: str, value: bytes) -> None:
+        """Baseline for the benchmark: a row of the same table holding only the payload (hex)."""
+        async with self._pub_lock:
+            await self._pub.execute(
+                f"INSERT INTO {pg.TABLE} (message_id, topic, envelope) VALUES (gen_random_uuid()::text, %s, "
+                "jsonb_build_object('raw', %s::text))", (topic, value.hex()))
+
+    def subscription(self, topic: str, settings: SubscribeSettings) -> BackendSubscription:
+        return _PgSubscription(self, topic, settings)
+
+    async def sample(self, topic: str, limit: int) -> list[RawMessage]:
+        import psycopg
+
+        try:
+            cur = await self._pub.execute(
+                f"SELECT id, message_id, topic, envelope, published_at FROM {pg.TABLE} WHERE topic = %s "
+                "ORDER BY id LIMIT %s", (topic, limit))
+        except psycopg.errors.UndefinedTable:
+            return []
+        out = []
+        for row in await cur.fetchall():
+            env = pg.decode(row)
+            out.append(RawMessage(canonical_wire(env), [], str(row["id"]), env))
+        return out
+
+
+class _Batch:
+    """Rows claimed by one fetch; their locks live as long as this transaction."""
+
+    def __init__(self, sub: _PgSubscription, conn: Any, ids: list[int]) -> None:
+        self.sub, self.conn = sub, conn
+        self.open = set(ids)
+        self.lock = asyncio.Lock()
+
+    async def settle(self, row_id: int, consumed: bool) -> None:
+        async with self.lock:
+            if row_id not in self.open:
+                return
+            try:
+                if consumed:
+                    await self.conn.execute(ACK_SQL, (row_id,))
+                self.open.discard(row_id)
+                if not self.open:
+                    await self.conn.commit()
+                    self.sub.release(self)
+            except Exception as exc:
+                self.sub.discard(self)
+                raise SubscribeError(f"settling row {row_id} failed: {exc}",
+                                     hint="the batch was rolled back; its rows will be delivered again") from exc
+
+
+class _PgDelivery(Delivery):
+    backend = "postgresql"
+    __slots__ = ("batch", "row")
+
+    def __init__(self, batch: _Batch, row: dict[str, Any]) -> None:
+        self.batch, self.row = batch, row
+
+    def decode(self, verify_with: VerificationKeys | None) -> Envelope:
+        env = pg.decode(self.row)
+        if verify_with is not None:
+            verify(canonical_wire(env), verify_with)
+        return env
+
+    @property
+    def ref(self) -> str:
+        return str(self.row["id"])
+
+    async def ack(self) -> None:
+        await self.batch.settle(self.row["id"], True)
+
+    async def nack(self) -> None:
+        await self.batch.settle(self.row["id"], False)
+
+
+class _PgSubscription(BackendSubscription):
+    def __init__(self, backend: PostgresBackend, topic: str, settings: SubscribeSettings) -> None:
+        self.backend, self.topic, self.settings = backend, topic, settings
+        self.listen: Any = None
+        self._free: list[Any] = []
+        self._open: set[_Batch] = set()
+        self._released = asyncio.Event()
+
+    async def start(self) -> None:
+        self.listen = await self.backend.new_connection(autocommit=True)
+        await self.listen.execute(f"LISTEN {CHANNEL}")
+
+    def release(self, batch: _Batch) -> None:
+        self._open.discard(batch)
+        self._free.append(batch.conn)
+        self._released.set()
+
+    def discard(self, batch: _Batch) -> None:
+        self._open.discard(batch)
+        self._released.set()
+        asyncio.get_running_loop().create_task(batch.conn.close())
+
+    async def _connection(self, deadline: float) -> Any:
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._free:
+                return self._free.pop()
+            if len(self._open) < MAX_OPEN_BATCHES:
+                return await self.backend.new_connection(autocommit=False)
+            self._released.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._released.wait(), max(0.0, deadline - loop.time()))
+            if loop.time() >= deadline and not self._free:
+                return None
+
+    async def fetch(self, max_messages: int, timeout: float) -> list[Delivery]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            conn = await self._connection(deadline)
+            if conn is None:
+                return []  # every connection holds an unsettled batch: ack or nack them
+            try:
+                cur = await conn.execute(CLAIM_SQL, (self.topic, max_messages))
+                rows = await cur.fetchall()
+            except Exception as exc:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+                raise SubscribeError(f"claiming rows of topic {self.topic!r} failed: {exc}",
+                                     path=redact_url(self.backend.url)) from exc
+            if rows:
+                batch = _Batch(self, conn, [r["id"] for r in rows])
+                self._open.add(batch)
+                return [_PgDelivery(batch, r) for r in rows]
+            await conn.rollback()
+            self._free.append(conn)
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return []
+            with contextlib.suppress(Exception):
+                async for _ in self.listen.notifies(timeout=min(remaining, self.backend.poll_s), stop_after=1):
+                    pass
+
+    async def close(self) -> None:
+        for batch in list(self._open):
+            with contextlib.suppress(Exception):
+                await batch.conn.commit()  # acked rows stay consumed; the others are unlocked
+            self._free.append(batch.conn)
+        self._open.clear()
+        for conn in [*self._free, self.listen]:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+        self._free, self.listen = [], None

@@ -1,0 +1,448 @@
+"""`PrismClient`: one async publish/subscribe API over Kafka, Redis Streams, NATS JetStream
+and PostgreSQL (RFC-031 "Developer APIs").
+
+    async with PrismClient("kafka://127.0.0.1:9092", namespace="order-events") as client:
+        await client.publish("orders.created", {"order_id": 42})
+        async with client.subscribe("orders.created", group="billing") as sub:
+            async for msg in sub:
+                print(msg.metadata.message_id, msg.payload())
+                await msg.ack()
+
+The URL picks the backend; nothing else in the calling code changes between backends
+(docs/sdk.md lists each backend's URL parameters and acknowledgement model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import Any, Self
+
+from google.protobuf.message import Message
+
+from app.envelope.codec import Layout
+from app.envelope.model import Envelope, new_envelope
+from app.errors import ConfigError, PrismError, SchemaAssertionError
+from app.observability.tracecontext import write_envelope_context
+from app.schema.assertion import OnMismatch, SchemaAssertion, SchemaMismatchError
+from app.sdk._ids import fast_uuid7
+from app.sdk.backends import backend_for_url
+from app.sdk.backends.base import Backend, BackendSubscription, Delivery, Outgoing, SubscribeSettings
+from app.sdk.options import DEFAULT_OPTIONS, PrismPublishOptions, current_otel_context, trace_context_of
+from app.sdk.pii import PiiPolicy
+from app.sdk.received import ReceivedEnvelope
+from app.security.encryption import encrypt_envelope
+from app.security.keys import DataKeyProvider, KeyProvider
+from app.security.signing import SigningKey, VerificationKeys
+
+log = logging.getLogger("prism.sdk")
+
+#: One `publish_batch` item: (topic, payload) or (topic, payload, options).
+BatchItem = tuple[str, Any] | tuple[str, Any, PrismPublishOptions | None]
+
+
+class UnreadableMessage:
+    """A delivery the SDK could not turn into a `ReceivedEnvelope` (bad signature, broken
+    envelope, binding mismatch). It is attached to the raised error as `err.delivery` so the
+    consumer decides: `ack()` drops it (after sending it to a DLQ, say), `nack()` retries it."""
+
+    __slots__ = ("_delivery", "_settled", "error")
+
+    def __init__(self, delivery: Delivery, error: PrismError) -> None:
+        self._delivery = delivery
+        self.error = error
+        self._settled: str | None = None
+
+    @property
+    def backend(self) -> str:
+        return self._delivery.backend
+
+    @property
+    def ref(self) -> str:
+        return self._delivery.ref
+
+    async def ack(self) -> None:
+        if self._settled is None:
+            self._settled = "acked"
+            await self._delivery.ack()
+
+    async def nack(self) -> None:
+        if self._settled is None:
+            self._settled = "nacked"
+            await self._delivery.nack()
+
+    def __repr__(self) -> str:
+        return f"UnreadableMessage(backend={self.backend}, ref={self.ref!r}, error={self.error.code})"
+
+
+class PrismClient:
+    """Async client. `url` picks the backend (`kafka://`, `redis://`, `nats://`, `postgresql://`).
+
+    Client-wide defaults: `namespace` (required by every envelope), `layout` (reviewed unless
+    consumers still read the draft layout), `signing_key` (sign every publish), `schema` (an
+    `app.schema.resolve.ResolvedSchema`: its schema context and `contains_pii` go into every
+    envelope, and protobuf payloads get `deprecated_fields_used`), `publisher_id`/`team`
+    (claimed identity; the worker replaces it with the JWT's), `auth_token` (a JWT string or
+    a callable returning one, for the worker's `authenticate` stage).
+
+    The connection opens on first use, or explicitly with `connect()` / `async with`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        namespace: str = "default",
+        layout: Layout = Layout.REVIEWED,
+        signing_key: SigningKey | None = None,
+        schema: Any = None,
+        publisher_id: str | None = None,
+        publisher_team: str | None = None,
+        auth_token: str | Callable[[], str] | None = None,
+    ) -> None:
+        if not namespace:
+            raise ConfigError("namespace must not be empty", path="PrismClient(namespace=)",
+                              hint="every envelope carries a namespace; pass your team's, e.g. 'order-events'")
+        self.url = url
+        self.namespace = namespace
+        self.layout = Layout(layout)
+        self.signing_key = signing_key
+        self.schema = schema
+        self.publisher_id = publisher_id
+        self.publisher_team = publisher_team
+        self.auth_token = auth_token
+        self.backend: Backend = backend_for_url(url)
+        self._connected = False
+        self._closed = False
+        self._lock = asyncio.Lock()
+        self._subscriptions: set[Subscription] = set()
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    async def connect(self) -> Self:
+        if self._connected:
+            return self
+        if self._closed:
+            raise ConfigError("this PrismClient is closed", hint="create a new client")
+        async with self._lock:
+            if not self._connected:
+                await self.backend.connect()
+                self._connected = True
+        return self
+
+    async def close(self) -> None:
+        """Close every subscription (their unsettled messages go back to the backend) and the connection."""
+        self._closed = True
+        for sub in list(self._subscriptions):
+            await sub.close()
+        if self._connected:
+            self._connected = False
+            await self.backend.close()
+
+    async def __aenter__(self) -> Self:
+        return await self.connect()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    # -- publish -----------------------------------------------------------------------------------------
+    def build_envelope(self, topic: str, payload: Any, options: PrismPublishOptions | None = None) -> Envelope:
+        """The envelope `publish` would send (encrypted when asked, not yet signed)."""
+        if not topic:
+            raise ConfigError("topic must not be empty", path="publish(topic=)")
+        o = options or DEFAULT_OPTIONS
+        schema = self.schema
+        env = new_envelope(
+            topic, payload, namespace=self.namespace, content_type=o.content_type,
+            content_encoding=o.content_encoding, message_id=o.message_id or fast_uuid7(), priority=o.priority,
+            ttl_seconds=o.ttl_seconds, correlation_id=o.correlation_id, causality_parent=o.causality_parent,
+            labels=o.labels, extensions=o.extensions or None, data_classification=o.data_classification,
+            contains_pii=o.contains_pii if o.contains_pii is not None else (
+                True if schema is not None and schema.contains_pii else None),
+        )
+        if schema is not None:
+            self._schema_context(env, payload)
+        tc = trace_context_of(o.trace_context) if o.trace_context is not None else current_otel_context()
+        if tc is not None:
+            write_envelope_context(env, tc.trace_id, tc.span_id, None, tc.flags, tc.tracestate)
+        if self.publisher_id or self.publisher_team or self.auth_token:
+            sec = env.ensure_security()
+            if self.publisher_id:
+                sec.publisher_id = self.publisher_id
+            if self.publisher_team:
+                sec.publisher_team = self.publisher_team
+            if self.auth_token:
+                sec.auth_token = self.auth_token() if callable(self.auth_token) else self.auth_token
+        if o.encryption is not None:
+            e = o.encryption
+            encrypt_envelope(env, e.provider, key_id=e.key_id, algorithm=e.algorithm, policy=e.policy)
+        return env
+
+    def _schema_context(self, env: Envelope, payload: Any) -> None:
+        from app.schema.resolve import deprecated_fields_used
+
+        # Before encryption: the payload bytes new_envelope already serialized (no second pass).
+        used = deprecated_fields_used(env.payload_bytes(), self.schema) if isinstance(payload, Message) else []
+        sc = env.ensure_schema()
+        for name, value in self.schema.schema_context(used).items():
+            if name == "deprecated_fields_used":
+                sc.deprecated_fields_used.extend(value)
+            elif value:
+                setattr(sc, name, value)
+
+    def _outgoing(self, env: Envelope, o: PrismPublishOptions) -> Outgoing:
+        return Outgoing(env.topic, env, self.layout, o.signing_key or self.signing_key, o.key)
+
+    async def publish(self, topic: str, payload: Any, options: PrismPublishOptions | None = None) -> str:
+        """Wrap `payload` in an envelope, publish it, and return its message id once the
+        backend confirmed it (Kafka acks, XADD reply, JetStream PubAck, committed INSERT).
+
+        `payload`: a dict/list (JSON), a protobuf message, bytes, or str. Raises `PublishError`
+        when the backend does not confirm; retrying with `options.message_id` set to the
+        returned/previous id keeps idempotent consumers and sinks exactly-once.
+        """
+        o = options or DEFAULT_OPTIONS
+        env = self.build_envelope(topic, payload, o)
+        if not self._connected:
+            await self.connect()
+        await self.backend.publish([self._outgoing(env, o)])
+        return env.message_id
+
+    async def publish_envelope(self, env: Envelope, *, signing_key: SigningKey | None = None,
+                               key: bytes | None = None, wire: bytes | None = None) -> str:
+        """Publish an envelope built elsewhere (`build_envelope`, a decoded message being
+        forwarded). `wire` sends already-encoded bytes verbatim, keeping their signature."""
+        if not self._connected:
+            await self.connect()
+        await self.backend.publish([Outgoing(env.topic, env, self.layout, signing_key or self.signing_key, key,
+                                             wire)])
+        return env.message_id
+
+    async def publish_batch(self, items: Iterable[BatchItem]) -> list[str]:
+        """Publish several messages in one round trip where the backend allows (Kafka batch,
+        Redis pipeline, one PostgreSQL transaction, concurrent JetStream acks). Each message
+        gets its own envelope (RFC-031 leaves multi-message envelopes an open question).
+        Returns the message ids in order."""
+        out: list[Outgoing] = []
+        for item in items:
+            if len(item) not in (2, 3):
+                raise ConfigError(f"publish_batch item {item!r:.60} must be (topic, payload[, options])",
+                                  path="publish_batch")
+            topic, payload = item[0], item[1]
+            o = (item[2] if len(item) == 3 else None) or DEFAULT_OPTIONS  # type: ignore[misc]
+            out.append(self._outgoing(self.build_envelope(topic, payload, o), o))
+        if not out:
+            return []
+        if not self._connected:
+            await self.connect()
+        await self.backend.publish(out)
+        return [o.envelope.message_id for o in out]
+
+    async def publish_bytes(self, topic: str, value: bytes) -> None:
+        """Publish bare bytes WITHOUT an envelope (benchmark baseline, legacy shapes in tests
+        and migrations). Prism consumers see such messages as legacy/raw input."""
+        if not self._connected:
+            await self.connect()
+        await self.backend.publish_bytes(topic, value)
+
+    # -- subscribe ----------------------------------------------------------------------------------------
+    def subscribe(
+        self,
+        topic: str,
+        *,
+        group: str,
+        expected_version: str | None = None,
+        on_mismatch: str | OnMismatch = OnMismatch.ERROR,
+        expected_hash: str | None = None,
+        verify_with: VerificationKeys | None = None,
+        decrypt_with: KeyProvider | DataKeyProvider | None = None,
+        pii_fields: Iterable[str] = (),
+        schema: Any = None,
+        payload_type: type[Message] | None = None,
+        batch_size: int = 64,
+        poll_interval: float = 1.0,
+        drop_expired: bool = True,
+        claim_idle_ms: int | None = None,
+        ack_wait_s: float = 30.0,
+    ) -> Subscription:
+        """Subscribe `group` to `topic`; iterate the result (`async for msg in sub`).
+
+        * `expected_version`/`on_mismatch`/`expected_hash` - schema assertion (RFC-030): a
+          message whose `schema.schema_version` differs raises `SchemaAssertionError`
+          (`error`), is logged once per version and delivered (`warn`), or is delivered
+          silently (`ignore`).
+        * `verify_with` - every message must carry a valid signature by one of these keys;
+          otherwise `SignatureError`/`UnknownKeyError` is raised for it.
+        * `decrypt_with` - encrypted payloads are decrypted (lazily) by `payload()`.
+        * `pii_fields` (and/or `schema`, whose PII fields are added) - reading one of these
+          fields from `payload()` warns (`PiiAccessWarning`).
+        * `payload_type` - protobuf class for `payload()` when the type URL is not enough.
+        * `drop_expired` - messages past their TTL are acknowledged and skipped.
+        * `claim_idle_ms` (Redis; default: the URL's) and `ack_wait_s` (NATS) - how long an
+          unacknowledged message of a dead consumer waits before another one gets it.
+        * `batch_size` / `poll_interval` - messages fetched per round trip / how long one
+          `receive()` without a timeout waits.
+
+        Errors raised while receiving carry `err.delivery` (`ReceivedEnvelope` or
+        `UnreadableMessage`) so the consumer can `ack()` (drop) or `nack()` (retry) the message;
+        until it does, the message stays unsettled. Iterating again continues the subscription.
+        """
+        if not group:
+            raise ConfigError("group must not be empty", path="subscribe(group=)",
+                              hint="consumers sharing a group share the work; name yours, e.g. 'billing'")
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}", path="subscribe(batch_size=)")
+        settings = SubscribeSettings(group=group, batch_size=batch_size, ack_wait_s=ack_wait_s,
+                                     claim_idle_ms=claim_idle_ms)
+        assertion = None
+        if expected_version is not None:
+            assertion = SchemaAssertion(expected_version, on_mismatch, expected_hash=expected_hash, topic=topic)
+        fields = set(pii_fields)
+        if schema is not None:
+            fields.update(schema.pii_fields)
+        sub = Subscription(self, topic, settings, verify_with=verify_with, decrypt_with=decrypt_with,
+                           assertion=assertion, pii=PiiPolicy(fields), payload_type=payload_type,
+                           poll_interval=poll_interval, drop_expired=drop_expired)
+        self._subscriptions.add(sub)
+        return sub
+
+    def __repr__(self) -> str:
+        return f"PrismClient({self.backend!r}, namespace={self.namespace!r})"
+
+
+class Subscription:
+    """An open subscription: an async iterator of `ReceivedEnvelope` (see `PrismClient.subscribe`)."""
+
+    def __init__(self, client: PrismClient, topic: str, settings: SubscribeSettings, *,
+                 verify_with: VerificationKeys | None, decrypt_with: KeyProvider | DataKeyProvider | None,
+                 assertion: SchemaAssertion | None, pii: PiiPolicy, payload_type: type[Message] | None,
+                 poll_interval: float, drop_expired: bool) -> None:
+        self.client, self.topic, self.settings = client, topic, settings
+        self.verify_with, self.decrypt_with = verify_with, decrypt_with
+        self.assertion, self.pii, self.payload_type = assertion, pii, payload_type
+        self.poll_interval, self.drop_expired = poll_interval, drop_expired
+        self._inner: BackendSubscription | None = None
+        self._buffer: deque[Delivery] = deque()
+        self._closed = False
+        self._start_lock = asyncio.Lock()
+        #: Counters: messages decoded, and of those dropped as expired.
+        self.stats = {"received": 0, "expired": 0}
+
+    @property
+    def group(self) -> str:
+        return self.settings.group
+
+    async def start(self) -> Self:
+        if self._inner is not None:
+            return self
+        async with self._start_lock:
+            if self._inner is None:
+                await self.client.connect()
+                inner = self.client.backend.subscription(self.topic, self.settings)
+                await inner.start()
+                self._inner = inner
+        return self
+
+    async def close(self) -> None:
+        """Stop receiving. Messages handed out but not settled go back to the backend."""
+        if self._closed:
+            return
+        self._closed = True
+        self._buffer.clear()
+        self.client._subscriptions.discard(self)
+        if self._inner is not None:
+            await self._inner.close()
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> ReceivedEnvelope:
+        while not self._closed:
+            msg = await self.receive(timeout=self.poll_interval)
+            if msg is not None:
+                return msg
+        raise StopAsyncIteration
+
+    async def receive(self, timeout: float | None = None) -> ReceivedEnvelope | None:
+        """The next message, or None after `timeout` seconds (None: the poll interval)."""
+        batch = await self.receive_batch(1, timeout)
+        return batch[0] if batch else None
+
+    async def receive_batch(self, max_messages: int, timeout: float | None = None) -> list[ReceivedEnvelope]:
+        """Up to `max_messages` messages; waits at most `timeout` seconds for the first."""
+        if self._closed:
+            raise ConfigError("the subscription is closed", hint="subscribe again")
+        await self.start()
+        assert self._inner is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.poll_interval if timeout is None else timeout)
+        out: list[ReceivedEnvelope] = []
+        while len(out) < max_messages:
+            while self._buffer and len(out) < max_messages:
+                d = self._buffer.popleft()
+                if d.stale:
+                    continue
+                try:
+                    msg = await self._accept(d)
+                except PrismError:
+                    if not out:
+                        raise
+                    self._buffer.appendleft(d)  # hand out what was good first; raise on the next call
+                    return out
+                if msg is not None:
+                    out.append(msg)
+            if out or self._closed:
+                break
+            remaining = deadline - loop.time()
+            fetched = await self._inner.fetch(self.settings.batch_size, max(0.0, remaining))
+            self._buffer.extend(fetched)
+            if not fetched and loop.time() >= deadline:
+                break
+        return out
+
+    async def _accept(self, d: Delivery) -> ReceivedEnvelope | None:
+        try:
+            env = d.decode(self.verify_with)
+        except PrismError as exc:
+            exc.delivery = UnreadableMessage(d, exc)  # type: ignore[attr-defined]
+            raise
+        self.stats["received"] += 1
+        if self.drop_expired and env.is_expired():
+            self.stats["expired"] += 1
+            log.debug("dropping expired message %s on %s", env.message_id, self.topic)
+            await d.ack()
+            return None
+        verified = None
+        if self.verify_with is not None and env.security is not None:
+            verified = env.security.signature_key_id or "(unnamed key)"
+        msg = ReceivedEnvelope(env, d, decrypt_with=self.decrypt_with, payload_type=self.payload_type,
+                               pii=self.pii, verified_key_id=verified)
+        if self.assertion is not None:
+            sc = env.schema
+            try:
+                self.assertion.check(sc.schema_version if sc is not None else None,
+                                     sc.schema_hash if sc is not None else None)
+            except SchemaMismatchError as exc:
+                err = SchemaAssertionError(
+                    f"message {env.message_id} on {self.topic!r} has schema version "
+                    f"{exc.actual or '(none)'}, the subscriber expects {exc.expected}"
+                    + (f" with hash {self.assertion.expected_hash}" if self.assertion.expected_hash else ""),
+                    path="schema.schema_version",
+                    hint="upgrade the consumer, or subscribe with on_mismatch='warn'; ack() or nack() err.delivery")
+                err.delivery = msg  # type: ignore[attr-defined]
+                err.expected, err.actual = exc.expected, exc.actual  # type: ignore[attr-defined]
+                raise err from None
+        return msg
+
+    def __repr__(self) -> str:
+        return f"Subscription(topic={self.topic!r}, group={self.group!r}, backend={self.client.backend.scheme})"

@@ -1,0 +1,148 @@
+"""What a caller can say about one publish (`PrismPublishOptions`) and about payload
+encryption (`EncryptionOptions`), plus the trace-context normalisation both need.
+
+Options are frozen dataclasses: one instance can be shared by many publishes (and threads)
+without anybody mutating it behind the caller's back. Everything is optional; an absent
+option leaves the envelope field absent, which memo-031 gives a meaning (priority 5, no TTL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.errors import ConfigError, TraceContextError
+from app.observability.tracecontext import (
+    FLAG_SAMPLED,
+    is_valid_span_id,
+    is_valid_trace_id,
+    parse_traceparent,
+)
+from app.security.algorithms import AES_256_GCM, DEFAULT_POLICY, AlgorithmPolicy
+from app.security.keys import DataKeyProvider, KeyProvider
+from app.security.signing import SigningKey
+
+
+@dataclass(frozen=True, slots=True)
+class EncryptionOptions:
+    """Encrypt the payload end to end (RFC-031 rev. 2) before it leaves the process.
+
+    `key_id` defaults to the provider's current key for the algorithm's key type and the
+    client's namespace, which is what key rotation wants: producers never pin a key id.
+    """
+
+    provider: KeyProvider | DataKeyProvider
+    algorithm: str = AES_256_GCM
+    key_id: str | None = None
+    policy: AlgorithmPolicy = field(default_factory=lambda: DEFAULT_POLICY)
+
+    def __repr__(self) -> str:  # the provider may hold key material: never print it
+        return f"EncryptionOptions(algorithm={self.algorithm!r}, key_id={self.key_id!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class TraceContext:
+    """A W3C trace context reduced to what the envelope stores."""
+
+    trace_id: str
+    span_id: str
+    flags: int = FLAG_SAMPLED
+    tracestate: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PrismPublishOptions:
+    """Per-message options of `PrismClient.publish` (RFC-031 "Developer APIs").
+
+    * `trace_context` - a W3C `traceparent` string, an OpenTelemetry `SpanContext`, or an
+      OpenTelemetry `Span`; it becomes the envelope's observability context (and the
+      `traceparent` header on Kafka/NATS). Without it, the active OpenTelemetry span is used
+      when there is one.
+    * `signing_key` - sign the envelope (after encryption, so the signature covers the
+      ciphertext); overrides the client's default key.
+    * `encryption` - encrypt the payload (`EncryptionOptions`).
+    * `message_id` - set it when retrying a publish whose outcome is unknown: consumers and
+      idempotent sinks then see the retry as the same message.
+    * `key` - Kafka partition key (ignored by other backends); defaults to the correlation id.
+    """
+
+    correlation_id: str | None = None
+    causality_parent: str | None = None
+    priority: int | None = None
+    ttl_seconds: int | None = None
+    labels: Mapping[str, str] | None = None
+    trace_context: Any = None
+    signing_key: SigningKey | None = None
+    encryption: EncryptionOptions | None = None
+    content_type: str | None = None
+    content_encoding: str = ""
+    data_classification: str | None = None
+    contains_pii: bool | None = None
+    message_id: str | None = None
+    key: bytes | None = None
+    extensions: Mapping[str, bytes] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.priority is not None and not 0 <= self.priority <= 10:
+            problems.append(f"priority must be 0-10, got {self.priority}")
+        if self.ttl_seconds is not None and self.ttl_seconds < 0:
+            problems.append(f"ttl_seconds must be >= 0, got {self.ttl_seconds}")
+        if self.key is not None and not isinstance(self.key, bytes):
+            problems.append("key must be bytes")
+        if problems:
+            raise ConfigError("invalid PrismPublishOptions: " + "; ".join(problems), path="PrismPublishOptions",
+                              hint="priority is 0 (lowest) to 10 (highest); ttl_seconds 0 means no expiry")
+
+
+DEFAULT_OPTIONS = PrismPublishOptions()
+
+
+def trace_context_of(value: Any) -> TraceContext | None:
+    """Normalise what a caller passed as `trace_context` (see `PrismPublishOptions`).
+
+    A caller passing garbage is a bug, so unlike a *received* context (which silently
+    restarts the trace) it raises `TraceContextError`.
+    """
+    if value is None:
+        return None
+    if isinstance(value, TraceContext):
+        return value
+    if isinstance(value, str | bytes):
+        tp = parse_traceparent(value)
+        if tp is None:
+            raise TraceContextError(f"trace_context {value!r:.80} is not a valid W3C traceparent",
+                                    path="PrismPublishOptions.trace_context",
+                                    hint="pass '00-<32 hex trace id>-<16 hex span id>-<2 hex flags>' or a SpanContext")
+        return TraceContext(tp.trace_id, tp.parent_id, tp.propagated_flags())
+    ctx = value.get_span_context() if hasattr(value, "get_span_context") else value
+    if hasattr(ctx, "trace_id") and hasattr(ctx, "span_id") and isinstance(ctx.trace_id, int):
+        trace_id, span_id = f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"
+        if not (is_valid_trace_id(trace_id) and is_valid_span_id(span_id)):
+            raise TraceContextError("trace_context is an invalid (all-zero) OpenTelemetry span context",
+                                    path="PrismPublishOptions.trace_context",
+                                    hint="publish inside a started span, or omit trace_context")
+        state = getattr(ctx, "trace_state", None)
+        header = state.to_header() if state is not None and len(state) else None
+        return TraceContext(trace_id, span_id, int(getattr(ctx, "trace_flags", FLAG_SAMPLED)) & 0xFF, header or None)
+    raise TraceContextError(f"trace_context of type {type(value).__name__} is not supported",
+                            path="PrismPublishOptions.trace_context",
+                            hint="pass a traceparent string, an OpenTelemetry SpanContext or Span")
+
+
+try:
+    from opentelemetry.trace import get_current_span as _current_span
+except ImportError:  # pragma: no cover - opentelemetry-api is a dependency
+    _current_span = None
+
+
+def current_otel_context() -> TraceContext | None:
+    """The active OpenTelemetry span's context, when OpenTelemetry is installed and a valid
+    span is active (so instrumented code gets trace propagation without passing anything)."""
+    if _current_span is None:
+        return None
+    ctx = _current_span().get_span_context()
+    if not ctx.is_valid:
+        return None
+    return trace_context_of(ctx)

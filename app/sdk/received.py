@@ -1,0 +1,254 @@
+"""`ReceivedEnvelope`: what a subscriber gets for each message.
+
+Header first, payload later: the envelope's contexts are decoded when the message arrives
+(they are small, and the signature check and schema assertion need them), while the payload
+stays the zero-copy slice the codec left it as until `payload()` is called. Decryption is
+part of that lazy step, so a consumer that filters on headers never pays for (or audits) a
+decryption it did not need.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from datetime import UTC, datetime
+from typing import Any
+
+from google.protobuf import descriptor_pool, message_factory
+from google.protobuf.message import Message
+
+from app.envelope.model import PROTOBUF_TYPE_URL_PREFIX, Envelope
+from app.errors import PayloadError
+from app.formats.legacy import is_json_content_type
+from app.observability.tracecontext import carrier_from
+from app.sdk.backends.base import Delivery
+from app.sdk.pii import PiiAccessWarning, PiiPolicy, guard
+from app.security.encryption import decrypt_to_envelope
+from app.security.keys import DataKeyProvider, KeyProvider
+
+log = logging.getLogger("prism.sdk")
+
+
+class ReceivedEnvelope:
+    """One received message: envelope accessors, lazy `payload()`, and `ack()`/`nack()`.
+
+    The `metadata`, `security`, `observability` and `schema` accessors always return a
+    message (an empty one when the context is absent, read-only by convention); use
+    `has_security` & co. when presence matters.
+    """
+
+    __slots__ = ("_decrypt_with", "_delivery", "_payload_cache", "_payload_type", "_pii", "_plain", "_settled",
+                 "envelope", "verified_key_id")
+
+    def __init__(
+        self,
+        envelope: Envelope,
+        delivery: Delivery,
+        *,
+        decrypt_with: KeyProvider | DataKeyProvider | None = None,
+        payload_type: type[Message] | None = None,
+        pii: PiiPolicy | None = None,
+        verified_key_id: str | None = None,
+    ) -> None:
+        self.envelope = envelope
+        self._delivery = delivery
+        self._decrypt_with = decrypt_with
+        self._payload_type = payload_type
+        self._pii = pii
+        self._plain: Envelope | None = None
+        self._payload_cache: dict[Any, Any] = {}
+        self._settled: str | None = None
+        #: Key id whose signature was verified on receipt (None when no keys were configured).
+        self.verified_key_id = verified_key_id
+
+    # -- contexts (RFC-031 accessors) ------------------------------------------------------------
+    @property
+    def metadata(self) -> Any:
+        return self.envelope.header.metadata
+
+    @property
+    def security(self) -> Any:
+        return self.envelope.header.security
+
+    @property
+    def observability(self) -> Any:
+        return self.envelope.header.observability
+
+    @property
+    def schema(self) -> Any:
+        return self.envelope.header.schema
+
+    @property
+    def has_security(self) -> bool:
+        return self.envelope.header.HasField("security")
+
+    @property
+    def has_observability(self) -> bool:
+        return self.envelope.header.HasField("observability")
+
+    @property
+    def has_schema(self) -> bool:
+        return self.envelope.header.HasField("schema")
+
+    @property
+    def extensions(self) -> Any:
+        return self.envelope.extensions
+
+    # -- metadata shortcuts ------------------------------------------------------------------------
+    @property
+    def message_id(self) -> str:
+        return self.envelope.message_id
+
+    @property
+    def topic(self) -> str:
+        return self.envelope.topic
+
+    @property
+    def namespace(self) -> str:
+        return self.envelope.namespace
+
+    @property
+    def published_at(self) -> datetime:
+        return datetime.fromtimestamp(self.envelope.published_at_ms / 1000, tz=UTC)
+
+    @property
+    def content_type(self) -> str:
+        return self.envelope.content_type
+
+    @property
+    def priority(self) -> int:
+        return self.envelope.priority
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return dict(self.envelope.header.observability.labels)
+
+    @property
+    def is_encrypted(self) -> bool:
+        return self.envelope.is_encrypted
+
+    def is_expired(self, now_ms: int | None = None) -> bool:
+        return self.envelope.is_expired(now_ms)
+
+    # -- delivery ----------------------------------------------------------------------------------------
+    @property
+    def backend(self) -> str:
+        return self._delivery.backend
+
+    @property
+    def redelivered(self) -> bool:
+        """True when the backend knows this is a redelivery (Redis, NATS; Kafka and PostgreSQL
+        do not track it, so False there means "not known")."""
+        return self._delivery.redelivered
+
+    @property
+    def ref(self) -> str:
+        """The backend position (`partition:offset`, stream entry id, stream sequence, row id)."""
+        return self._delivery.ref
+
+    @property
+    def settled(self) -> str | None:
+        """"acked", "nacked", or None while neither was called."""
+        return self._settled
+
+    async def ack(self) -> None:
+        """Acknowledge: the message is done and will not be delivered to this group again.
+        A second ack/nack of the same message is ignored."""
+        if self._settled is None:
+            self._settled = "acked"
+            await self._delivery.ack()
+
+    async def nack(self) -> None:
+        """Give the message back for redelivery (see docs/sdk.md for each backend's meaning)."""
+        if self._settled is None:
+            self._settled = "nacked"
+            await self._delivery.nack()
+
+    # -- tracing -------------------------------------------------------------------------------------------
+    @property
+    def traceparent(self) -> str | None:
+        """The producer's W3C `traceparent` (validated), or None."""
+        return carrier_from(self.envelope).get("traceparent")
+
+    def trace_context(self) -> Any:
+        """An OpenTelemetry `Context` continuing the producer's trace, for
+        `tracer.start_as_current_span(..., context=msg.trace_context())`."""
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        return TraceContextTextMapPropagator().extract(carrier_from(self.envelope))
+
+    # -- payload ---------------------------------------------------------------------------------------------
+    def _plain_envelope(self) -> Envelope:
+        if not self.envelope.is_encrypted:
+            return self.envelope
+        if self._plain is None:
+            if self._decrypt_with is None:
+                raise PayloadError(
+                    f"payload of message {self.message_id} is encrypted and the subscription has no keys",
+                    path="security.encryption",
+                    hint="subscribe(..., decrypt_with=<KeyProvider>) to decrypt transparently")
+            self._plain = decrypt_to_envelope(self.envelope, self._decrypt_with)
+        return self._plain
+
+    def payload_bytes(self) -> bytes:
+        """The plaintext payload bytes: decrypted (when encrypted) and decompressed."""
+        if "bytes" not in self._payload_cache:
+            self._payload_cache["bytes"] = self._plain_envelope().payload_bytes()
+        return self._payload_cache["bytes"]
+
+    def payload(self, cls: type[Message] | None = None) -> Any:
+        """The payload, parsed by content type, on first call (then cached):
+
+        * protobuf (`application/protobuf` or a type URL): an instance of `cls`, of the
+          subscription's `payload_type`, or of the class registered for the type URL;
+        * JSON (`application/json`, `*+json`): the parsed value;
+        * anything else: the bytes.
+
+        With PII fields configured, dicts/lists/messages come back wrapped so that reading a
+        tagged field warns (`app.sdk.pii`).
+        """
+        cls = cls or self._payload_type
+        key = ("message", cls) if cls is not None else "value"
+        if key not in self._payload_cache:
+            self._payload_cache[key] = self._parse(cls)
+        value = self._payload_cache[key]
+        if self._pii is None:
+            return value
+        if not self._pii.fields and self.envelope.header.security.contains_pii and "flag" not in self._payload_cache:
+            self._payload_cache["flag"] = True
+            warnings.warn(f"message {self.message_id} on topic {self.topic!r} is flagged contains_pii; "
+                          "no PII field list is configured to say which fields", PiiAccessWarning, stacklevel=2)
+        return guard(value, self._pii.for_message(self.topic, self.message_id,
+                                                  self.envelope.header.security.contains_pii))
+
+    def _parse(self, cls: type[Message] | None) -> Any:
+        env = self._plain_envelope()
+        ct = env.content_type
+        type_url = env.payload.type_url
+        if cls is not None:
+            return env.payload_message(cls)
+        if type_url or ct.split(";", 1)[0].strip() == "application/protobuf":
+            name = type_url[len(PROTOBUF_TYPE_URL_PREFIX):] if type_url.startswith(PROTOBUF_TYPE_URL_PREFIX) else ""
+            try:
+                found = message_factory.GetMessageClass(descriptor_pool.Default().FindMessageTypeByName(name)) \
+                    if name else None
+            except KeyError:
+                found = None
+            if found is None:
+                raise PayloadError(f"payload is a protobuf message ({type_url or 'no type URL'}) and no class is "
+                                   "known for it", path="payload.type_url",
+                                   hint="call payload(YourMessage) or subscribe(..., payload_type=YourMessage)")
+            return env.payload_message(found)
+        data = self.payload_bytes()
+        if ct and is_json_content_type(ct):
+            try:
+                return json.loads(data)
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise PayloadError(f"payload of message {self.message_id} is not valid JSON: {exc}",
+                                   path="payload", hint="read it with payload_bytes()") from None
+        return data
+
+    def __repr__(self) -> str:
+        return (f"ReceivedEnvelope({self.envelope!r}, backend={self.backend}, ref={self.ref!r}, "
+                f"settled={self._settled})")

@@ -1,0 +1,218 @@
+"""SDK publish latency: the envelope's overhead over publishing the bare payload, per backend.
+
+RFC-031 target: < 5% latency overhead. For each backend this publishes the same ~512-byte
+JSON document N times each way, interleaved (bare, envelope, bare, envelope, ...) so that
+load drift on the shared machine hits both equally, through ONE connection of one client:
+
+* bare     - `json.dumps(payload)` then the backend's plain publish of those bytes
+             (Kafka `send_and_wait(value)`, Redis `XADD key payload <bytes>`, JetStream
+             `publish(subject, bytes)`, PostgreSQL INSERT of the bytes);
+* envelope - `PrismClient.publish(topic, payload)`: builds the envelope (UUIDv7 id,
+             timestamp, JSON payload), encodes it with the backend's binding (headers,
+             stream fields, JSONB document) and publishes it, waiting for the same
+             confirmation.
+
+* bare+meta - (Kafka, Redis, NATS) the bare payload plus the binding's duplicated metadata
+             (the same `prism-*` headers / stream fields / NATS headers, computed once):
+             splits the overhead into "metadata on the wire" and "building + encoding the
+             envelope in Python".
+
+Each publish is awaited before the next (latency, not throughput). Reported: p50, p99 and
+mean in microseconds, the overhead of the envelope path in percent, and the same overhead
+in microseconds (what it costs whatever the network's latency is).
+
+    .venv/bin/python -m bench.bench_sdk                    # kafka (embedded broker) + redis
+    .venv/bin/python -m bench.bench_sdk --backends kafka,redis,nats,postgres -n 5000 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import time
+import uuid
+from typing import Any
+
+from app.sdk import PrismClient
+
+REDIS = "redis://127.0.0.1:6379/0"
+NATS = "nats://127.0.0.1:4222"
+PG = "postgresql://postgres@127.0.0.1:5432/test"
+
+PAYLOAD = {
+    "order_id": "ord-000123456", "customer_id": "cus-98765", "currency": "EUR", "total": 1234.56,
+    "status": "created", "channel": "web", "items": [
+        {"sku": f"SKU-{i:05d}", "qty": i % 3 + 1, "price": 19.99 + i, "name": f"Item number {i} of the order"}
+        for i in range(5)
+    ],
+    "shipping": {"street": "Musterstrasse 1", "city": "Berlin", "zip": "10115", "country": "DE"},
+}
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    return {"p50_us": round(percentile(samples, 50), 1), "p99_us": round(percentile(samples, 99), 1),
+            "mean_us": round(statistics.fmean(samples), 1)}
+
+
+def with_metadata(client: PrismClient, topic: str) -> Any:
+    """A publish of the bare payload carrying the binding's metadata copies (None for PostgreSQL)."""
+    from app.bindings import kafka as kb
+    from app.bindings import nats as nb
+    from app.bindings import redis as rb
+    from app.envelope.codec import Layout
+
+    env = client.build_envelope(topic, PAYLOAD)
+    backend = client.backend
+    if backend.scheme == "kafka":
+        headers = kb.headers_for(env, Layout.REVIEWED)
+
+        async def send(value: bytes) -> None:
+            await backend._producer.send_and_wait(topic, value, headers=headers)
+    elif backend.scheme == "redis":
+        fields = rb.encode_stream_fields(env, Layout.REVIEWED)
+
+        async def send(value: bytes) -> None:
+            await backend.client.xadd(backend.key(topic), {**fields, "envelope": value})
+    elif backend.scheme == "nats":
+        headers = nb.encode(env, Layout.REVIEWED).headers
+
+        async def send(value: bytes) -> None:
+            await backend.js.publish(topic, value, headers=headers)
+    else:
+        return None
+    return send
+
+
+def envelope_cpu_us(client: PrismClient, topic: str) -> dict[str, float]:
+    """Hot-loop CPU of building + encoding one envelope (no I/O), against `json.dumps` alone:
+    the floor of the overhead; the I/O-interleaved loop above pays it with colder caches."""
+    from app.bindings import nats as nb
+    from app.bindings import postgres as pgb
+    from app.bindings import redis as rb
+    from app.envelope.codec import Layout
+    from app.sdk.backends.base import Outgoing
+    from bench._timing import compare_us
+
+    backend = client.backend
+    encoders = {
+        "kafka": lambda env: backend._record(Outgoing(topic, env, Layout.REVIEWED)),
+        "redis": lambda env: rb.encode_stream_fields(env, Layout.REVIEWED),
+        "nats": lambda env: nb.encode(env, Layout.REVIEWED),
+        "postgresql": lambda env: pgb.encode(env).params(),
+    }
+    encode = encoders[backend.scheme]
+    times = compare_us({
+        "json": lambda: json.dumps(PAYLOAD, separators=(",", ":")).encode(),
+        "envelope": lambda: encode(client.build_envelope(topic, PAYLOAD)),
+    })
+    return {"json_us": round(times["json"], 1), "envelope_us": round(times["envelope"], 1),
+            "added_us": round(times["envelope"] - times["json"], 1)}
+
+
+async def measure(url: str, n: int, warmup: int) -> dict[str, Any]:
+    topic = f"bench.sdk.{uuid.uuid4().hex[:10]}"
+    bare_topic, meta_topic = topic + ".bare", topic + ".meta"
+    samples: dict[str, list[float]] = {"bare": [], "bare+meta": [], "envelope": []}
+    async with PrismClient(url, namespace="bench") as client:
+        await client.publish(topic, PAYLOAD)  # creates topics/streams before timing
+        await client.publish_bytes(bare_topic, b"{}")
+        await client.publish_bytes(meta_topic, b"{}")
+        meta = with_metadata(client, meta_topic)
+        clock = time.perf_counter_ns
+
+        async def bare() -> None:
+            await client.publish_bytes(bare_topic, json.dumps(PAYLOAD, separators=(",", ":")).encode())
+
+        async def envelope() -> None:
+            await client.publish(topic, PAYLOAD)
+
+        async def bare_meta() -> None:
+            await meta(json.dumps(PAYLOAD, separators=(",", ":")).encode())
+
+        paths = {"bare": bare, "envelope": envelope}
+        if meta is not None:
+            paths["bare+meta"] = bare_meta
+        order = list(paths)
+        rng = random.Random(7)
+        for i in range(warmup + n):
+            rng.shuffle(order)  # no path always runs right after another (server-side after-effects)
+            for name in order:
+                t0 = clock()
+                await paths[name]()
+                if i >= warmup:
+                    samples[name].append((clock() - t0) / 1000)
+        await cleanup(client, [topic, bare_topic, meta_topic])
+    out: dict[str, Any] = {name: summary(v) for name, v in samples.items() if v}
+    b, e = out["bare"], out["envelope"]
+    out["n"] = n
+    out["overhead_pct"] = {k.replace("_us", ""): round((e[k] - b[k]) / b[k] * 100, 1) for k in b}
+    out["overhead_us"] = {k.replace("_us", ""): round(e[k] - b[k], 1) for k in b}
+    out["cpu_hot_loop"] = envelope_cpu_us(client, topic)
+    return out
+
+
+async def cleanup(client: PrismClient, topics: list[str]) -> None:
+    backend = client.backend
+    if backend.scheme == "redis":
+        await backend.client.delete(*[backend.key(t) for t in topics])
+    elif backend.scheme == "nats":
+        for t in topics:
+            name = await backend.stream_for(t, create=False)
+            if name:
+                await backend.js.delete_stream(name)
+    elif backend.scheme == "postgresql":
+        await backend._pub.execute("DROP SCHEMA IF EXISTS " + backend.schema + " CASCADE")
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backends", default="kafka,redis")
+    ap.add_argument("-n", type=int, default=3000, help="publishes per path and backend")
+    ap.add_argument("--warmup", type=int, default=300)
+    ap.add_argument("--json", help="write the results to this file")
+    args = ap.parse_args()
+
+    results: dict[str, Any] = {}
+    broker = None
+    try:
+        for name in args.backends.split(","):
+            if name == "kafka":
+                from app.broker.embedded import EmbeddedBroker
+
+                broker = EmbeddedBroker().start()
+                url = f"kafka://{broker.bootstrap}"
+            else:
+                url = {"redis": REDIS, "nats": NATS + "?storage=memory&stream_prefix=BENCH",
+                       "postgres": PG + f"?schema=bench_sdk_{uuid.uuid4().hex[:8]}"}[name]
+            results[name] = await measure(url, args.n, args.warmup)
+            r = results[name]
+            meta = (f" | bare+meta p50 {r['bare+meta']['p50_us']:7.1f}  p99 {r['bare+meta']['p99_us']:7.1f}"
+                    if "bare+meta" in r else "")
+            print(f"{name:9s} bare p50 {r['bare']['p50_us']:7.1f}  p99 {r['bare']['p99_us']:7.1f} | "
+                  f"envelope p50 {r['envelope']['p50_us']:7.1f}  p99 {r['envelope']['p99_us']:7.1f}{meta} (µs) | "
+                  f"overhead p50 {r['overhead_pct']['p50']:+5.1f}% ({r['overhead_us']['p50']:+.0f} µs)  "
+                  f"p99 {r['overhead_pct']['p99']:+5.1f}% ({r['overhead_us']['p99']:+.0f} µs)  "
+                  f"mean {r['overhead_pct']['mean']:+5.1f}% | hot-loop CPU +{r['cpu_hot_loop']['added_us']} µs",
+                  flush=True)
+            if broker is not None:
+                broker.stop()
+                broker = None
+    finally:
+        if broker is not None:
+            broker.stop()
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(results, fh, indent=2)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

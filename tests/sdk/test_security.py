@@ -1,0 +1,140 @@
+"""Signing + verification and encryption + decryption through the SDK, on every backend.
+
+PostgreSQL is the interesting one: it stores JSON, not the signed bytes, so the SDK signs
+its deterministic encoding there (labels make the ordinary encoding irreproducible)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from app.envelope.codec import Layout
+from app.errors import DecryptionError, PayloadError, SignatureError, UnknownKeyError
+from app.sdk import EncryptionOptions, PrismClient, PrismPublishOptions
+from app.security import keys as keymod
+from app.security.algorithms import KEY_ML_KEM_768, KEY_SYMMETRIC_256
+from app.security.signing import SigningKey, VerificationKeys, sign
+
+pytestmark = pytest.mark.integration
+
+PRODUCER = SigningKey.hmac_sha256("orders-producer-1", os.urandom(32))
+WORKER = SigningKey.ed25519("prism-worker-1", Ed25519PrivateKey.generate())
+STRANGER = SigningKey.hmac_sha256("somebody-else", os.urandom(32))
+TRUSTED = VerificationKeys.of([PRODUCER, WORKER])
+LABELS = {f"label-{i}": str(i) for i in range(12)}  # maps: the case a re-encoding would reorder
+
+
+@pytest.fixture(scope="module")
+def keyring() -> keymod.FileKeyring:
+    return keymod.generate(namespace="order-events", key_types=(KEY_SYMMETRIC_256, KEY_ML_KEM_768))
+
+
+async def receive_all(client: PrismClient, topic: str, count: int, **subscribe_kwargs) -> list:
+    """Settle every message: keep the good ones, record (and drop) the ones that fail."""
+    out: list = []
+    async with asyncio.timeout(30), client.subscribe(topic, group="secure", **subscribe_kwargs) as sub:
+        while len(out) < count:
+            try:
+                msg = await sub.receive(timeout=1)
+            except (SignatureError, UnknownKeyError) as err:
+                out.append(err)
+                await err.delivery.ack()  # a real consumer would dead-letter it first
+                continue
+            if msg is not None:
+                out.append(msg)
+                await msg.ack()
+    return out
+
+
+async def test_signed_and_encrypted_messages_are_verified_and_decrypted_on_every_backend(backend_url, topic,
+                                                                                         keyring):
+    async with PrismClient(backend_url, namespace="order-events", signing_key=PRODUCER) as client:
+        ok_id = await client.publish(topic, {"order_id": 1}, PrismPublishOptions(labels=LABELS))
+        await client.publish(topic, {"order_id": 2}, PrismPublishOptions(signing_key=STRANGER))
+    async with PrismClient(backend_url, namespace="order-events") as unsigned:
+        await unsigned.publish(topic, {"order_id": 3})
+        enc_id = await unsigned.publish(topic, {"order_id": 4, "card": "4111"}, PrismPublishOptions(
+            signing_key=WORKER, labels=LABELS, encryption=EncryptionOptions(keyring)))
+
+        got = await receive_all(unsigned, topic, 4, verify_with=TRUSTED, decrypt_with=keyring)
+
+    good, stranger, unsigned_err, encrypted = got
+    assert good.message_id == ok_id and good.verified_key_id == "orders-producer-1"
+    assert good.payload() == {"order_id": 1} and good.labels == LABELS
+    assert isinstance(stranger, UnknownKeyError) and "somebody-else" in str(stranger)
+    assert isinstance(unsigned_err, SignatureError) and "not signed" in str(unsigned_err)
+    assert encrypted.message_id == enc_id and encrypted.verified_key_id == "prism-worker-1"
+    assert encrypted.is_encrypted and encrypted.security.encryption.algorithm == "aes-256-gcm"
+    assert encrypted.payload() == {"order_id": 4, "card": "4111"}
+
+
+async def test_tampered_bytes_fail_verification(redis_url, topic):
+    """A signed envelope whose payload changed in transit (written straight to the stream)."""
+    import redis.asyncio as aredis
+
+    from app.bindings import redis as rb
+
+    async with PrismClient(redis_url, namespace="order-events") as client:
+        env = client.build_envelope(topic, {"amount": 10})
+        fields = rb.encode_stream_fields(env, Layout.REVIEWED, sign_with=PRODUCER)
+        fields["envelope"] = fields["envelope"].replace(b'"amount":10', b'"amount":99')
+        r = aredis.Redis.from_url(redis_url.split("?")[0])
+        await r.xadd(client.backend.key(topic), fields)
+        await r.aclose()
+        with pytest.raises(SignatureError, match="forged or tampered") as info:
+            async with asyncio.timeout(10), client.subscribe(topic, group="g", verify_with=TRUSTED) as sub:
+                await sub.receive(timeout=5)
+        assert info.value.delivery.ref  # the stream entry id, for the DLQ record
+
+
+async def test_encrypted_payload_needs_the_right_keys(redis_url, topic, keyring):
+    other = keymod.generate(namespace="order-events", key_types=(KEY_SYMMETRIC_256,))
+    async with PrismClient(redis_url, namespace="order-events") as client:
+        await client.publish(topic, {"secret": 1}, PrismPublishOptions(encryption=EncryptionOptions(keyring)))
+        async with asyncio.timeout(10), client.subscribe(topic, group="no-keys") as sub:
+            msg = await sub.receive(timeout=5)
+            assert msg.metadata.topic == topic  # headers stay readable without keys
+            with pytest.raises(PayloadError, match="decrypt_with"):
+                msg.payload()
+        async with asyncio.timeout(10), client.subscribe(topic, group="wrong-keys", decrypt_with=other) as sub:
+            msg = await sub.receive(timeout=5)
+            with pytest.raises((DecryptionError, UnknownKeyError)):
+                msg.payload()
+
+
+async def test_post_quantum_encryption_and_draft_layout(redis_url, topic, keyring):
+    async with PrismClient(redis_url, namespace="order-events", layout=Layout.DRAFT, signing_key=PRODUCER) as client:
+        await client.publish(topic, b"\x01\x02 binary", PrismPublishOptions(
+            encryption=EncryptionOptions(keyring, algorithm="ml-kem-768")))
+        async with asyncio.timeout(10), client.subscribe(topic, group="pq", decrypt_with=keyring,
+                                                         verify_with=TRUSTED) as sub:
+            msg = await sub.receive(timeout=5)
+    assert msg.security.encryption.algorithm == "ml-kem-768"
+    assert msg.payload_bytes() == b"\x01\x02 binary"
+
+
+def test_canonical_signature_survives_a_jsonb_round_trip():
+    """Why PostgreSQL uses the deterministic encoding: the ordinary one reorders maps."""
+    import json
+
+    from app.bindings import postgres as pgb
+    from app.envelope import decode, encode, new_envelope
+    from app.sdk._canonical import canonical_wire, sign_canonical
+    from app.security.signing import verify
+
+    reordered = 0
+    for i in range(30):
+        labels = {f"k{(i * 7 + j) % 23}": str(j) for j in range(10)}
+        env = new_envelope("t.x", {"i": i}, namespace="ns", labels=labels, extensions={f"e{j}": b"x" for j in range(5)})
+        plain = sign(env.copy(), PRODUCER)
+        sign_canonical(env, PRODUCER)
+        back = pgb.from_document(json.loads(json.dumps(pgb.encode(env).envelope)))
+        verify(canonical_wire(back), TRUSTED)  # always holds
+        try:
+            verify(encode(pgb.from_document(json.loads(json.dumps(pgb.encode(decode(plain)).envelope)))), TRUSTED)
+        except SignatureError:
+            reordered += 1
+    assert reordered > 0  # the ordinary encoding really is not reproducible through JSONB
