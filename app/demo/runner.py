@@ -40,6 +40,7 @@ class DemoReport:
     by_kind: Counter[str] = field(default_factory=Counter)
     actual: dict[str, Counter[str]] = field(default_factory=dict)
     topic_counts: Counter[str] = field(default_factory=Counter)
+    emitted_ids: set[str] = field(default_factory=set)  # message ids found in the reviewed output
     mismatches: list[str] = field(default_factory=list)
     worker: dict[str, Any] = field(default_factory=dict)
     lake: dict[str, Any] = field(default_factory=dict)
@@ -234,6 +235,7 @@ def _reconcile(report: DemoReport, expected_at: dict[tuple[int, int], tuple[str,
                records: dict[str, list[Any]], topology: Topology, source: str) -> None:
     where: dict[tuple[int, int], str] = {}
     for rec in records[f"{source}.{topology.outputs.layouts[-1]}"]:
+        report.emitted_ids.add((_header(rec, "prism-message-id") or b"").decode())
         src = (_header(rec, SOURCE_HEADER) or b"").decode()
         topic, part, off = src.rsplit("/", 2)
         if topic == source:
