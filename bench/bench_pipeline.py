@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -100,7 +100,8 @@ class Clock:
 async def run_raw(bootstrap: str, topic: str, n: int) -> dict[str, float]:
     out_topic = topic + ".raw-out"
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=16 * 1024 * 1024)
+                                max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_bytes=16 * 1024 * 1024,
+                                fetch_max_wait_ms=20)  # as the worker does on this broker (app/worker/offsets.py)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=256 * 1024)
     await consumer.start()
     await producer.start()
@@ -187,41 +188,15 @@ async def run_chain(bootstrap: str, topology_path: Path, n: int, data_dir: Path)
     return {"msgs_per_s": clock.rate(first[0]), "cpu_us_per_msg": clock.cpu_us(first[0])}, s
 
 
-async def latency(bootstrap: str, topic: str, out_topic: str, values: list[bytes], rate: float,
-                  run_consumer_side: Any) -> dict[str, float]:
-    """Produce at `rate` with a send timestamp header; read `out_topic` and measure."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
-    await consumer.start()
-    tps = [TopicPartition(out_topic, p) for p in range(PARTITIONS)]
-    consumer.assign(tps)
-    await consumer.seek_to_end(*tps)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0)
-    await producer.start()
-    lat: list[float] = []
-
-    async def reader() -> None:
-        while len(lat) < len(values):
-            batch = await consumer.getmany(timeout_ms=200)
-            now = time.time()
-            for rs in batch.values():
-                for r in rs:
-                    h = dict(r.headers or [])
-                    if "bench-sent" in h:
-                        lat.append((now - float(h["bench-sent"])) * 1000)
-
-    task = asyncio.create_task(reader())
-    async with run_consumer_side():
-        t0 = time.perf_counter()
-        for i, v in enumerate(values):
-            await producer.send(topic, v, key=str(i % 64).encode(), headers=[("bench-sent", repr(time.time()).encode())])
-            delay = t0 + (i + 1) / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-        await asyncio.wait_for(task, 120)
-    await producer.stop()
-    await consumer.stop()
-    lat.sort()
-    return {"p50_ms": statistics.median(lat), "p99_ms": lat[int(len(lat) * 0.99) - 1], "samples": len(lat)}
+async def latency(bootstrap: str, topic: str, out_topic: str, n: int, rate: float, keys_dir: Path,
+                  consumer_side: Any) -> dict[str, float]:
+    """Run the load client in its own process while `consumer_side` runs here."""
+    async with consumer_side():
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench._latency_client", bootstrap, topic, out_topic, str(rate), str(n),
+            str(keys_dir), stdout=asyncio.subprocess.PIPE, cwd=str(ROOT))
+        out, _ = await asyncio.wait_for(proc.communicate(), 300)
+    return json.loads(out.decode().strip().splitlines()[-1])
 
 
 async def main_async(n: int, out: Path | None) -> dict:
@@ -247,13 +222,12 @@ async def main_async(n: int, out: Path | None) -> dict:
         ratio = result["prism_chain"]["msgs_per_s"] / result["faust_passthrough"]["msgs_per_s"]
         result["chain_vs_passthrough"] = ratio
 
-        # latency at half of the chain's maximum rate
+        # latency at half of the chain's maximum rate, load client in its own process
         rate = result["prism_chain"]["msgs_per_s"] / 2
-        m = min(n, int(rate * 10))
+        m = min(n, int(rate * 15))
         lat_topic = f"bench.lat.{uuid.uuid4().hex[:6]}"
         topo2 = load_topology(bench_topology(tmp, keys, lat_topic, None))
         await ensure_topics(bs, {**topo2.topics(), lat_topic + ".raw-out": PARTITIONS})
-        lat_values = make_messages(keys, lat_topic, m)
 
         class _Chain:
             async def __aenter__(self) -> None:
@@ -268,13 +242,13 @@ async def main_async(n: int, out: Path | None) -> dict:
         class _Raw:
             async def __aenter__(self) -> None:
                 self.task = asyncio.create_task(run_raw(bs, lat_topic, m))
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(0.5)
 
             async def __aexit__(self, *a: Any) -> None:
                 await self.task
 
-        result["latency_raw"] = await latency(bs, lat_topic, lat_topic + ".raw-out", lat_values, rate, _Raw)
-        result["latency_chain"] = await latency(bs, lat_topic, lat_topic + ".v3", lat_values, rate, _Chain)
+        result["latency_raw"] = await latency(bs, lat_topic, lat_topic + ".raw-out", m, rate, keys.folder, _Raw)
+        result["latency_chain"] = await latency(bs, lat_topic, lat_topic + ".v3", m, rate, keys.folder, _Chain)
         result["latency_rate_msgs_per_s"] = rate
     print(json.dumps(result, indent=2))
     print(f"\nchain / tuned passthrough = {ratio:.2f} (target >= 0.70)")

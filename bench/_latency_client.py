@@ -1,0 +1,63 @@
+"""Load client for the latency measurement, run as a separate process (producers are
+separate processes in reality, and sharing the worker's CPU would inflate its latency).
+
+    python -m bench._latency_client BOOTSTRAP TOPIC OUT_TOPIC RATE N KEYS_DIR
+
+Publishes N signed envelopes at RATE msg/s with a send-timestamp header and reads OUT_TOPIC
+until all N are back; prints {"p50_ms", "p99_ms", "samples"} as JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from app.security.devkeys import ensure_dev_keys
+from bench.bench_pipeline import PARTITIONS, make_messages
+
+
+async def run(bootstrap: str, topic: str, out_topic: str, rate: float, n: int, keys_dir: str) -> dict:
+    values = make_messages(ensure_dev_keys(Path(keys_dir)), topic, n)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                fetch_max_wait_ms=20)  # Tansu answers long-polls late (app/worker/offsets.py)
+    await consumer.start()
+    tps = [TopicPartition(out_topic, p) for p in range(PARTITIONS)]
+    consumer.assign(tps)
+    await consumer.seek_to_end(*tps)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=1)
+    await producer.start()
+    lat: list[float] = []
+
+    async def reader() -> None:
+        while len(lat) < n:
+            batch = await consumer.getmany(timeout_ms=100)
+            now = time.time()
+            for rs in batch.values():
+                for r in rs:
+                    sent = dict(r.headers or []).get("bench-sent")
+                    if sent is not None:
+                        lat.append((now - float(sent)) * 1000)
+
+    task = asyncio.create_task(reader())
+    t0 = time.perf_counter()
+    for i, v in enumerate(values):
+        await producer.send(topic, v, key=str(i % 64).encode(), headers=[("bench-sent", repr(time.time()).encode())])
+        delay = t0 + (i + 1) / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+    await asyncio.wait_for(task, 180)
+    await producer.stop()
+    await consumer.stop()
+    lat.sort()
+    return {"p50_ms": statistics.median(lat), "p99_ms": lat[max(0, int(len(lat) * 0.99) - 1)], "samples": len(lat)}
+
+
+if __name__ == "__main__":
+    b, t, o, r, n, k = sys.argv[1:7]
+    print(json.dumps(asyncio.run(run(b, t, o, float(r), int(n), k))))
