@@ -1,0 +1,61 @@
+"""`sinks:` in topology files: defaults, per-backend keys, and errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from app.errors import ConfigError
+from app.sinks.runner import SinkAgent, build_sink
+from app.sinks.s3 import S3Sink
+from app.topology import NatsSinkSpec, PostgresSinkSpec, load_topology
+from app.worker.faust_app import make_app
+
+BASE = {"name": "t", "namespace": "ns", "sources": [{"topic": "orders.created", "partitions": 2}],
+        "stages": ["normalize"], "outputs": {"sign": False, "layouts": ["v3"]}}
+
+
+def _load(tmp_path: Path, sinks: list) -> object:
+    path = tmp_path / "topology.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "sinks": sinks}))
+    return load_topology(path)
+
+
+def test_defaults_and_backend_specific_keys(tmp_path: Path) -> None:
+    topo = _load(tmp_path, [{"type": "postgres", "name": "events-db", "schema": "prism"},
+                            {"type": "nats", "name": "js", "stream": "ORDERS", "on_outage": "dlq", "max_attempts": 7}])
+    pg, js = topo.sinks
+    assert isinstance(pg, PostgresSinkSpec) and pg.db_schema == "prism" and pg.input == "v3"
+    assert (pg.batch_size, pg.linger_ms, pg.on_outage) == (500, 50, "wait")
+    assert isinstance(js, NatsSinkSpec) and js.max_attempts == 7 and js.duplicate_window_s == 120
+    sink = build_sink(js, topo)
+    assert sink.stream_subjects == ["orders.created"]  # default: the topology's source topics
+
+
+def test_no_sinks_is_the_default(tmp_path: Path) -> None:
+    assert _load(tmp_path, []).sinks == []
+
+
+@pytest.mark.parametrize(("sinks", "expected"), [
+    ([{"type": "nats", "name": "n", "stream": "S", "bucket": "x"}], "sinks[0].nats.bucket: Extra inputs"),
+    ([{"type": "s3", "name": "s"}], "sinks[0].s3.bucket: Field required"),
+    ([{"type": "kafka", "name": "k"}], "sinks[0]"),
+    ([{"type": "postgres", "name": "a"}, {"type": "postgres", "name": "a"}], "sink names must be unique"),
+    ([{"type": "postgres", "name": "Bad Name"}], "sinks[0].postgres.name"),
+    ([{"type": "postgres", "name": "p", "on_outage": "drop"}], "sinks[0].postgres.on_outage"),
+    ([{"type": "postgres", "name": "p", "schema": "x; DROP"}], "sinks[0].postgres.schema"),
+])
+def test_invalid_sink_config_is_a_config_error_naming_the_key(tmp_path: Path, sinks: list, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _load(tmp_path, sinks)
+    assert expected in str(info.value)
+
+
+def test_a_sink_cannot_read_a_layout_the_topology_does_not_publish(tmp_path: Path) -> None:
+    topo = _load(tmp_path, [{"type": "s3", "name": "s", "bucket": "archive", "input": "v2"}])
+    app = make_app("sink-config-test", "127.0.0.1:1", tmp_path / "data")
+    with pytest.raises(ConfigError, match="reads the v2 output"):
+        SinkAgent(app, topo, topo.sinks[0])
+    assert isinstance(build_sink(topo.sinks[0]), S3Sink)
