@@ -11,8 +11,10 @@ from __future__ import annotations
 import enum
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.agents.base import Message, Stage
 from app.agents.dlq import DlqRecord, build_dlq_record
@@ -53,16 +55,24 @@ class Chain:
         self.dlq_topic_for = dlq_topic_for
         self.expired_to_dlq = expired_to_dlq
         self.stats = ChainStats()
+        #: Observer hook (app/worker/observe.py): `with stage_scope(stage, msg): stage.process(msg)`
+        #: opens a tracing span per stage. None (tracing off) costs one `is None` test per stage.
+        self.stage_scope: Callable[[Stage, Message], AbstractContextManager[Any]] | None = None
 
     def run(self, msg: Message) -> Result:
         """Run every stage. EMITTED here means "passed every stage"; the caller counts it
         as emitted only once its writes succeed."""
         stats = self.stats
         clock = time.perf_counter_ns
+        scope = self.stage_scope
         for stage in self.stages:
             t0 = clock()
             try:
-                stage.process(msg)
+                if scope is None:
+                    stage.process(msg)
+                else:
+                    with scope(stage, msg):
+                        stage.process(msg)
             except ExpiredError as exc:
                 if self.expired_to_dlq:
                     return self._dlq(msg, stage, exc)

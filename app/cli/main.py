@@ -78,6 +78,7 @@ def run(
     from app.security.devkeys import ensure_dev_keys
     from app.topology import load_topology
     from app.worker.faust_app import run_worker
+    from app.worker.observe import Observer
     from app.worker.pipeline import PipelineApp
 
     if dev_keys:
@@ -91,7 +92,10 @@ def run(
     bootstrap = f"127.0.0.1:{port}" if settings.embedded else settings.bootstrap
     pipeline = PipelineApp(topo, bootstrap=bootstrap, data_dir=data_dir / topo.name, embedded=settings.embedded,
                            web_port=web_port, broker_settings=None if settings.embedded else settings,
-                           archive_location=topo.archive.path)
+                           archive_location=topo.archive.path,
+                           # metrics, health and the management API on --web-port; tracing per
+                           # PRISM_TRACES_EXPORTER (none by default)
+                           observe=Observer.from_env())
     broker = None
     if settings.embedded:
         broker = EmbeddedBroker(port=port, log_dir=data_dir / "broker").start()
@@ -256,8 +260,10 @@ def dlq_replay(
 def main() -> None:
     _mount_optional()
     from app.cli.migrate import register
+    from app.cli.ops import register as register_ops
 
     register(envelope_app)  # prism envelope migrate | check-compat
+    register_ops(app, dlq_app)  # prism status, prism dlq list | show
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
     app()
 

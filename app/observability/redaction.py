@@ -42,7 +42,9 @@ _SENSITIVE_WORDS = (
 _PEM = re.compile(r"-----BEGIN [A-Z0-9 ]{1,64}-----.*?(?:-----END [A-Z0-9 ]{1,64}-----|\Z)", re.DOTALL)
 # A JOSE header is a JSON object: its base64url starts with "ey" ('{' then '"' or a space)
 # or "ew" ('{' then a newline/tab). Then 2 (JWS) or 4 (JWE) more segments.
-_JWT = re.compile(r"\be[wy][A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]*){0,2}")
+# No leading \b: in a bytes repr a token follows an escape ("\\x02eyJ..."), where "2e" has no
+# word boundary. Matching inside a longer base64url run only ever redacts more.
+_JWT = re.compile(r"e[wy][A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]*){0,2}")
 _URL_CREDENTIALS = re.compile(r"(?<=://)([^/\s:@]+):[^/\s@]+@")
 _AUTH_SCHEME = re.compile(r"\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=-]{4,}", re.IGNORECASE)
 _SENSITIVE_NAME = (

@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import faust
 from faust.streams import _current_event  # see the module docstring: per-message table routing
@@ -51,11 +51,15 @@ from app.broker.admin import BrokerSettings
 from app.errors import ConfigError, PrismError, SinkError
 from app.observability.logging import install_redaction
 from app.security.signing import SigningKeyring, load_signing_keyring
+from app.sinks.runner import register_sinks
 from app.tables.counters import FaustTopicCounters
 from app.tables.dedup import FaustDedupWindow
 from app.tables.sequence import FaustSequenceTracker
 from app.topology import EnrichStage, Topology
 from app.worker.faust_app import make_app
+
+if TYPE_CHECKING:
+    from app.worker.observe import Observer
 
 log = logging.getLogger("prism.worker")
 LNMP_SEQUENCE_EXT = "lnmp.sequence"
@@ -117,7 +121,7 @@ class PipelineApp:
                  embedded: bool = False, web_port: int | None = None, batch_size: int = 500,
                  batch_within_s: float = 0.02, broker_settings: BrokerSettings | None = None,
                  on_batch: Callable[[RunStats], None] | None = None, archive_location: str | Path | None = None,
-                 **faust_overrides: Any) -> None:
+                 observe: Observer | None = None, **faust_overrides: Any) -> None:
         self.topology = topology
         self.batch_size = batch_size
         self.batch_within_s = batch_within_s
@@ -152,6 +156,8 @@ class PipelineApp:
         self.app.task(_redact_after_startup)
         self.chains: dict[str, Chain] = {}
         self.dedups: dict[int, Dedup] = {}  # id(chain) -> its dedup stage
+        # Connect-style sinks (`sinks:` in the topology): separate agents reading the outputs.
+        self.sinks = register_sinks(self.app, topology, bootstrap=bootstrap) if topology.sinks else []
         self.archive: Any = None
         if archive_location is not None and topology.archive.enabled:
             from app.worker.archive_service import ArchiveService  # pulls in pyarrow: only when archiving
@@ -170,6 +176,10 @@ class PipelineApp:
             topic = self.app.topic(source.topic, key_type=bytes, value_type=bytes, partitions=source.partitions,
                                    key_serializer="raw", value_serializer="raw")
             self.app.agent(topic, name=f"prism-{source.topic}")(self._agent_for(chain))
+        # Observability (app/worker/observe.py): metrics, health, stage spans, management API.
+        self.observe = observe
+        if observe is not None:
+            observe.attach(self)
 
     # -- construction ----------------------------------------------------------------------
     def _stages(self, topic: str, partitions: int) -> list[Stage]:
@@ -209,6 +219,10 @@ class PipelineApp:
         event_of: dict[int, Any] = {}
         outcomes: Counter[tuple[str, int, str]] = Counter()
         last_event_of_partition: dict[tuple[str, int], Any] = {}
+        obs = self.observe
+        observed: list[tuple[Message, Any]] | None = None if obs is None else []
+        if obs is not None:
+            obs.batch_started()
         for event in events:
             _current_event.set(weakref.ref(event))
             m = event.message
@@ -233,6 +247,8 @@ class PipelineApp:
                 assert result.dlq is not None
                 pending.append((msg, result.dlq))
             outcomes[(m.topic, m.partition, str(result.outcome))] += 1
+            if observed is not None:
+                observed.append((msg, result))
 
         written = await self._write_all(chain, producer, pending)
         dedup = self.dedups.get(id(chain))
@@ -248,6 +264,8 @@ class PipelineApp:
             self.counters.incr(topic, outcome, n, partition=partition)
         # Counted only now, when every message of the batch has its outcome written: a reader
         # that sees `read == n` can rely on all n being accounted for.
+        if obs is not None and observed is not None:
+            obs.batch_done(chain, events[0].message.topic, observed)
         self.stats.read += len(events)
         if self.on_batch is not None:
             self.on_batch(self.stats)
@@ -360,5 +378,9 @@ def app_from_env() -> faust.App:
     if missing:
         raise ConfigError(f"missing environment variable(s) {missing}", hint="set them before starting the worker")
     topo = load_topology(os.environ["PRISM_TOPOLOGY"])
+    from app.worker.observe import ENV_WEB_PORT, Observer
+
+    port = os.environ.get(ENV_WEB_PORT)
     return PipelineApp(topo, bootstrap=os.environ["PRISM_BOOTSTRAP"], data_dir=os.environ["PRISM_DATA_DIR"],
-                       app_id=os.environ.get("PRISM_APP_ID"), embedded=os.environ.get("PRISM_EMBEDDED") == "1").app
+                       app_id=os.environ.get("PRISM_APP_ID"), embedded=os.environ.get("PRISM_EMBEDDED") == "1",
+                       web_port=int(port) if port else None, observe=Observer.from_env()).app

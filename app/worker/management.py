@@ -1,0 +1,316 @@
+"""The worker's HTTP surface on Faust's web server: metrics, health, and a Connect-style
+management API (the shape Kafka Connect users know from its REST API).
+
+| method | path | what |
+| --- | --- | --- |
+| GET | /metrics | Prometheus text (the worker's own registry) |
+| GET | /healthz, /readyz | liveness / readiness JSON (200 or 503) |
+| GET | /connectors | names of the topologies this worker runs (a JSON list, like Connect) |
+| GET | /connectors/{name} | stages, sources, outputs, DLQ topics |
+| GET | /connectors/{name}/status | state + one "task" per assigned source partition with its lag |
+| PUT | /connectors/{name}/pause, /resume | stop / restart fetching the source partitions (202) |
+| POST | /connectors/{name}/restart | let the in-flight batch finish, refetch, clear a failed state (202) |
+| GET | /connectors/{name}/dlq | DLQ depth (records) per partition |
+| GET | /openapi.json | the OpenAPI 3.1 document of all of the above |
+
+Why Faust views (`app.page`) and not a second server: one port per worker, the one the
+orchestrator already probes, started by Faust only after table recovery (before that the
+port is closed, which a readiness probe reads as "not ready" - correct).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING, Any
+
+from faust.web import View
+
+from app.observability.metrics import CONTENT_TYPE
+
+if TYPE_CHECKING:
+    import faust
+
+    from app.worker.observe import Observer
+
+JSON = "application/json"
+
+CONNECTOR_STATES = ("RUNNING", "PAUSED", "UNASSIGNED", "FAILED")
+
+
+def topology_info(observer: Observer) -> dict[str, Any]:
+    """What `GET /connectors/{name}` returns (also used by `prism status`)."""
+    p = observer.pipeline
+    assert p is not None
+    t = p.topology
+    sources = [{"topic": s.topic, "partitions": s.partitions, "format": s.format,
+                "namespace": s.namespace or t.namespace} for s in t.sources]
+    outputs = [f"{s.topic}.{layout}" for s in t.sources for layout in t.outputs.layouts]
+    if t.archive.enabled and t.archive.topic:
+        outputs.append(t.archive.topic)
+    return {"name": t.name, "type": "pipeline", "namespace": t.namespace, "stages": [s.name for s in t.stages],
+            "sources": sources, "outputs": outputs, "dlq": [s.topic + t.dlq.topic_suffix for s in t.sources],
+            "sinks": [getattr(s, "name", "") for s in t.sinks]}
+
+
+def connector_state(observer: Observer) -> str:
+    p = observer.pipeline
+    assert p is not None
+    h = observer.health
+    if h.failed is not None:
+        return "FAILED"
+    if p.topology.name in observer.paused:
+        return "PAUSED"
+    if not h.started or not h.assignment_received:
+        return "UNASSIGNED"
+    return "RUNNING"
+
+
+def connector_status(observer: Observer) -> dict[str, Any]:
+    p = observer.pipeline
+    assert p is not None
+    worker_id = f"{p.app.conf.web_host}:{p.app.conf.web_port}"
+    rows = observer.partition_status()
+    tasks = [{"id": i, "state": "PAUSED" if r["paused"] else "RUNNING", "worker_id": worker_id, **r}
+             for i, r in enumerate(rows)]
+    lag = sum(r["lag"] or 0 for r in rows)
+    return {"name": p.topology.name, "connector": {"state": connector_state(observer), "worker_id": worker_id},
+            "tasks": tasks, "type": "pipeline", "lag": lag, "batches": observer.batches,
+            "in_flight_batches": observer.in_flight, "tables": observer.table_sizes(),
+            "readiness": observer.health.readiness().to_dict()}
+
+
+def _source_tps(observer: Observer) -> list[Any]:
+    p = observer.pipeline
+    assert p is not None
+    consumer = p.app.consumer
+    sources = {s.topic for s in p.topology.sources}
+    return [tp for tp in consumer.assignment() if tp.topic in sources]
+
+
+async def set_fetching(observer: Observer, paused: bool) -> None:
+    """Pause/resume the topology's source partitions in the consumer's aiokafka client.
+
+    Why not Faust's `consumer.pause_partitions`: it only narrows the set Faust asks aiokafka
+    for, aiokafka keeps fetching the partition and DROPS records fetched for partitions not
+    asked for (`Fetcher.fetched_records`), which loses them (measured: a record produced
+    while paused never arrived after resume). aiokafka's own pause stops the fetch itself.
+    Runs in the consumer thread's loop, where aiokafka lives."""
+    from aiokafka.structs import TopicPartition
+
+    p = observer.pipeline
+    assert p is not None
+    consumer = p.app.consumer
+    tps = [TopicPartition(tp.topic, tp.partition) for tp in _source_tps(observer)]
+
+    async def apply() -> None:
+        client = consumer._thread._ensure_consumer()
+        if paused:
+            client.pause(*tps)
+        else:
+            client.resume(*tps)
+
+    await consumer._thread.call_thread(apply)
+
+
+async def pause(observer: Observer) -> None:
+    """Stop fetching the topology's source partitions (the in-flight batch still finishes)."""
+    p = observer.pipeline
+    assert p is not None
+    observer.paused.add(p.topology.name)
+    await set_fetching(observer, True)
+
+
+async def resume(observer: Observer) -> None:
+    p = observer.pipeline
+    assert p is not None
+    observer.paused.discard(p.topology.name)
+    await set_fetching(observer, False)
+
+
+async def restart(observer: Observer, timeout: float = 30.0) -> bool:
+    """Connect's restart, for a worker that has no separate task processes: stop fetching, let
+    the in-flight batch finish, clear a failed state, and resume unless the topology was
+    paused. Returns False if the batch did not finish in `timeout` seconds (fetching is
+    resumed anyway)."""
+    p = observer.pipeline
+    assert p is not None
+    was_paused = p.topology.name in observer.paused
+    await set_fetching(observer, True)
+    try:
+        done = await observer.wait_idle(timeout)
+        observer.health.failed = None
+    finally:
+        if not was_paused:
+            await set_fetching(observer, False)
+    return done
+
+
+async def dlq_depth(observer: Observer) -> dict[str, Any]:
+    """Records in each DLQ partition (end - beginning). End offsets come from a fetch's high
+    watermark (`true_end_offsets`): ListOffsets is wrong on the embedded broker."""
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    from app.worker.offsets import true_end_offsets
+
+    p = observer.pipeline
+    assert p is not None
+    t, conf = p.topology, p.app.conf
+    tps = [TopicPartition(s.topic + t.dlq.topic_suffix, i) for s in t.sources for i in range(s.partitions)]
+    transport = p.app.transport
+    probe = AIOKafkaConsumer(
+        bootstrap_servers=faust_aiokafka.server_list(transport.url, transport.default_port),
+        client_id=f"{conf.broker_client_id}-dlq-depth", enable_auto_commit=False,
+        **faust_aiokafka.credentials_to_aiokafka_auth(conf.broker_credentials, conf.ssl_context))
+    await probe.start()
+    try:
+        begin = await probe.beginning_offsets(tps)
+        end = await true_end_offsets(probe, tps)
+    finally:
+        await probe.stop()
+    parts = [{"topic": tp.topic, "partition": tp.partition, "depth": max(0, end.get(tp, 0) - begin.get(tp, 0)),
+              "start_offset": begin.get(tp), "end_offset": end.get(tp)} for tp in tps]
+    return {"name": t.name, "total": sum(x["depth"] for x in parts), "partitions": parts}
+
+
+def register_views(app: faust.App, observer: Observer) -> None:
+    """Mount every view on `app`'s Faust web server (call before the app starts)."""
+    obs = observer
+
+    def _known(view: View, name: str) -> None:
+        p = obs.pipeline
+        if p is None or name != p.topology.name:
+            raise view.NotFound(f"no connector named {name!r}")
+
+    class Metrics(View):
+        async def get(self, request: Any) -> Any:
+            return self.bytes(obs.exposition(), headers={"Content-Type": CONTENT_TYPE})
+
+    class Healthz(View):
+        async def get(self, request: Any) -> Any:
+            r = obs.health.liveness()
+            return self.bytes(r.to_json(), content_type=JSON, status=r.http_status)
+
+    class Readyz(View):
+        async def get(self, request: Any) -> Any:
+            obs.refresh_gauges()
+            r = obs.health.readiness()
+            return self.bytes(r.to_json(), content_type=JSON, status=r.http_status)
+
+    class OpenApi(View):
+        async def get(self, request: Any) -> Any:
+            return self.json(OPENAPI)
+
+    class Connectors(View):
+        async def get(self, request: Any) -> Any:
+            p = obs.pipeline
+            return self.json([p.topology.name] if p is not None else [])
+
+    class Connector(View):
+        async def get(self, request: Any, name: str) -> Any:
+            _known(self, name)
+            return self.json(topology_info(obs))
+
+    class Status(View):
+        async def get(self, request: Any, name: str) -> Any:
+            _known(self, name)
+            return self.json(connector_status(obs))
+
+    class Pause(View):
+        async def put(self, request: Any, name: str) -> Any:
+            _known(self, name)
+            await pause(obs)
+            return self.json({"name": name, "state": "PAUSED"}, status=202)
+
+    class Resume(View):
+        async def put(self, request: Any, name: str) -> Any:
+            _known(self, name)
+            await resume(obs)
+            return self.json({"name": name, "state": connector_state(obs)}, status=202)
+
+    class Restart(View):
+        async def post(self, request: Any, name: str) -> Any:
+            _known(self, name)
+            finished = await restart(obs)
+            return self.json({"name": name, "restarted": True, "in_flight_finished": finished}, status=202)
+
+    class Dlq(View):
+        async def get(self, request: Any, name: str) -> Any:
+            _known(self, name)
+            try:
+                return self.json(await asyncio.wait_for(dlq_depth(obs), 20))
+            except (TimeoutError, OSError) as exc:
+                return self.json({"error": "broker_unavailable", "detail": type(exc).__name__}, status=503)
+
+    for path, view in (("/metrics", Metrics), ("/healthz", Healthz), ("/readyz", Readyz),
+                       ("/openapi.json", OpenApi), ("/connectors", Connectors),
+                       ("/connectors/{name}", Connector), ("/connectors/{name}/status", Status),
+                       ("/connectors/{name}/pause", Pause), ("/connectors/{name}/resume", Resume),
+                       ("/connectors/{name}/restart", Restart), ("/connectors/{name}/dlq", Dlq)):
+        app.page(path, name=f"prism-{path}")(view)
+
+
+def _op(summary: str, schema: dict[str, Any] | None = None, status: str = "200",
+        content: str = JSON, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    resp: dict[str, Any] = {"description": summary}
+    if schema is not None:
+        resp["content"] = {content: {"schema": schema}}
+    out: dict[str, Any] = {"summary": summary, "responses": {status: resp, **(extra or {})}}
+    return out
+
+
+_NAME = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"},
+          "description": "topology name (GET /connectors lists them)"}]
+_404 = {"404": {"description": "no topology with that name on this worker"}}
+_HEALTH = {"type": "object", "properties": {"status": {"enum": ["ok", "fail"]}, "checks": {"type": "object"}}}
+_TASK = {"type": "object", "properties": {
+    "id": {"type": "integer"}, "state": {"enum": ["RUNNING", "PAUSED"]}, "worker_id": {"type": "string"},
+    "topic": {"type": "string"}, "partition": {"type": "integer"}, "committed": {"type": ["integer", "null"]},
+    "highwater": {"type": ["integer", "null"]}, "lag": {"type": ["integer", "null"]}, "paused": {"type": "boolean"}}}
+
+#: OpenAPI 3.1 description of the worker's HTTP API (served at /openapi.json).
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {"title": "Prism worker API", "version": "1",
+             "description": "Metrics, health and Kafka-Connect-style management of one Prism pipeline worker."},
+    "paths": {
+        "/metrics": {"get": _op("Prometheus metrics", {"type": "string"}, content="text/plain")},
+        "/healthz": {"get": _op("Liveness", _HEALTH, extra={"503": {"description": "not live"}})},
+        "/readyz": {"get": _op("Readiness", _HEALTH, extra={"503": {"description": "not ready"}})},
+        "/openapi.json": {"get": _op("This document", {"type": "object"})},
+        "/connectors": {"get": _op("Topologies run by this worker", {"type": "array", "items": {"type": "string"}})},
+        "/connectors/{name}": {"parameters": _NAME, "get": _op("Topology: stages, sources, outputs", {
+            "type": "object", "properties": {
+                "name": {"type": "string"}, "stages": {"type": "array", "items": {"type": "string"}},
+                "sources": {"type": "array", "items": {"type": "object"}},
+                "outputs": {"type": "array", "items": {"type": "string"}},
+                "dlq": {"type": "array", "items": {"type": "string"}}}}, extra=_404)},
+        "/connectors/{name}/status": {"parameters": _NAME, "get": _op("State and per-partition lag", {
+            "type": "object", "properties": {
+                "name": {"type": "string"},
+                "connector": {"type": "object", "properties": {"state": {"enum": list(CONNECTOR_STATES)},
+                                                               "worker_id": {"type": "string"}}},
+                "tasks": {"type": "array", "items": _TASK}, "lag": {"type": "integer"},
+                "tables": {"type": "object", "additionalProperties": {"type": "integer"}}}}, extra=_404)},
+        "/connectors/{name}/pause": {"parameters": _NAME, "put": _op(
+            "Pause fetching the source partitions", {"type": "object"}, status="202", extra=_404)},
+        "/connectors/{name}/resume": {"parameters": _NAME, "put": _op(
+            "Resume fetching", {"type": "object"}, status="202", extra=_404)},
+        "/connectors/{name}/restart": {"parameters": _NAME, "post": _op(
+            "Finish the in-flight batch, clear a failed state, refetch", {"type": "object"}, status="202",
+            extra=_404)},
+        "/connectors/{name}/dlq": {"parameters": _NAME, "get": _op("DLQ depth per partition", {
+            "type": "object", "properties": {
+                "total": {"type": "integer"},
+                "partitions": {"type": "array", "items": {"type": "object", "properties": {
+                    "topic": {"type": "string"}, "partition": {"type": "integer"},
+                    "depth": {"type": "integer"}}}}}},
+            extra={**_404, "503": {"description": "broker unavailable"}})},
+    },
+}
+
+
+def openapi_json() -> str:
+    return json.dumps(OPENAPI, indent=2, sort_keys=True)

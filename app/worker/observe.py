@@ -1,0 +1,455 @@
+"""Everything the pipeline worker needs to be observable, kept out of the hot path.
+
+`Observer` is given to `PipelineApp(..., observe=Observer(...))`. It wires the existing
+library (`app.observability`) into the worker:
+
+* **Metrics** (`PipelineMetrics`, one registry per worker). The chain already accounts for
+  every message (`Result` per message, `ChainStats` per stage); the observer turns one
+  *batch* of results into counter increments - a handful of `inc(n)` per batch instead of
+  several per message per stage. Stage latency is the per-batch MEAN per message of each
+  stage (`ChainStats.stage_ns` deltas), observed once per stage per batch: the histogram's
+  `_count` therefore counts batches, its `_sum / _count` is the mean latency and its buckets
+  show how the batch means are distributed. Consumer lag (fetch high watermark minus the
+  committed offset - never ListOffsets, which the embedded broker answers wrongly) and table
+  sizes are computed when `/metrics` is scraped, table sizes at most every
+  `table_size_interval_s` (RocksDB counts by iterating).
+* **Health**: a `HealthState` fed by Faust's `on_partitions_assigned/revoked` signals, table
+  recovery (`app.in_recovery`), the consumer's broker connections and the shutdown signal.
+* **Tracing**: with an exporter other than `none`, a span per stage per message via
+  `stage_span` (parent = the envelope's / headers' context), installed as the chain's
+  `stage_scope`. With `none` nothing is installed at all: the chain runs exactly as without
+  an observer and the enrich stage still continues the W3C context in the envelope.
+  Under the default parent-based sampler, a message whose context says "not sampled" gets
+  no spans at all (its children would not be recorded anyway).
+* **Web views** on Faust's web server: `/metrics`, `/healthz`, `/readyz`, the Connect-style
+  management API (`app.worker.management`) and `/openapi.json`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.sdk.trace.sampling import ParentBased
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from app.agents.chain import Outcome, Result
+from app.errors import PrismError
+from app.observability import tracecontext as tc
+from app.observability.health import HealthState, run_heartbeat
+from app.observability.metrics import PipelineMetrics
+from app.observability.redaction import Redactor, default_redactor
+from app.observability.tracing import (
+    DLQ_REASON,
+    OUTCOME,
+    TracingSetup,
+    configure_tracing_from_env,
+    extract_context,
+    inject_into_envelope,
+    stage_span,
+)
+
+if TYPE_CHECKING:
+    from app.agents.base import Message, Stage
+    from app.agents.chain import Chain
+    from app.worker.pipeline import PipelineApp
+
+log = logging.getLogger("prism.worker.observe")
+
+ENV_METRIC_LABELS = "PRISM_METRIC_LABELS"
+ENV_WEB_PORT = "PRISM_WEB_PORT"
+PUBLISH_STAGE = "publish"
+
+
+# --------------------------------------------------------------------------- tracing scope
+
+
+class StageTracer:
+    """The chain's `stage_scope`: `with tracer(stage, msg): stage.process(msg)`.
+
+    A stage that runs before the message has an envelope (normalize) gets a span built
+    after the fact with its real start time, parented on the `traceparent` header (or the
+    envelope it produced). Every successful stage re-injects its span into the envelope,
+    because enrich's `continue_or_start` writes a span id of its own: the outputs then
+    carry the enrich SPAN's context and the consumer's span is its child.
+    """
+
+    __slots__ = ("_skip_unsampled", "redactor", "tracer")
+
+    def __init__(self, setup: TracingSetup, redactor: Redactor | None = None) -> None:
+        self.tracer = setup.tracer("prism.worker")
+        self.redactor = redactor
+        self._skip_unsampled = isinstance(setup.provider.sampler, ParentBased)
+
+    def __call__(self, stage: Stage, msg: Message) -> _Scope:
+        return _Scope(self, stage, msg)
+
+
+class _Scope:
+    __slots__ = ("msg", "owner", "span", "stage", "t0")
+
+    def __init__(self, owner: StageTracer, stage: Stage, msg: Message) -> None:
+        self.owner, self.stage, self.msg = owner, stage, msg
+        self.span: Any = None
+        self.t0 = 0
+
+    def __enter__(self) -> _Scope:
+        env = self.msg.envelope
+        if env is None:
+            self.t0 = time.time_ns()
+            return self
+        if self.owner._skip_unsampled:
+            obs = env.observability
+            if obs is not None and obs.trace_id and not (obs.trace_flags & tc.FLAG_SAMPLED):
+                return self  # parent-based sampler: an unsampled parent means no recorded children
+        m = self.msg
+        self.span = stage_span(self.owner.tracer, self.stage.name, env, m.topic, m.partition, headers=m.headers,
+                               offset=m.offset, redactor=self.owner.redactor)
+        self.span.__enter__()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        s = self.span
+        if s is None:
+            if self.t0:
+                self._late_span(exc)
+            return False
+        if exc is None:
+            inject_into_envelope(s.span, self.msg.env)
+        elif not isinstance(exc, PrismError) and isinstance(exc, Exception):
+            s.dlq("internal_error")  # the chain routes a stage bug to the DLQ too
+        s.__exit__(exc_type, exc, tb)
+        return False
+
+    def _late_span(self, exc: BaseException | None) -> None:
+        """Span for a stage that started without an envelope (it built it, or failed to)."""
+        m = self.msg
+        env = m.envelope
+        parent = extract_context(env if exc is None else None, m.headers)
+        attrs: dict[str, Any] = {"messaging.system": "kafka", "messaging.operation.type": "process",
+                                 "messaging.destination.name": m.topic, "prism.stage": self.stage.name,
+                                 "messaging.destination.partition.id": str(m.partition),
+                                 "messaging.kafka.offset": m.offset}
+        span = self.owner.tracer.start_span(f"{self.stage.name} {m.topic}", context=parent, kind=SpanKind.CONSUMER,
+                                            start_time=self.t0, attributes=attrs)
+        try:
+            if exc is None:
+                assert env is not None
+                if env.message_id:
+                    red = self.owner.redactor
+                    span.set_attribute("messaging.message.id", red.redact(env.message_id) if red else env.message_id)
+                span.set_attribute(OUTCOME, "emitted")
+                if not inject_into_envelope(span, env) and env.observability is None:
+                    tc.continue_or_start(env, m.headers)
+            else:
+                reason = exc.code if isinstance(exc, PrismError) else "internal_error"
+                span.set_attribute(OUTCOME, "dlq")
+                span.set_attribute(DLQ_REASON, reason)
+                span.set_attribute("error.type", type(exc).__qualname__)
+                span.set_status(Status(StatusCode.ERROR, reason))
+        finally:
+            span.end()
+
+
+# --------------------------------------------------------------------------- per-batch metrics
+
+
+@dataclass
+class _ChainSnapshot:
+    stage_ns: Counter[str] = field(default_factory=Counter)
+    stage_calls: Counter[str] = field(default_factory=Counter)
+    dlq_reasons: Counter[str] = field(default_factory=Counter)
+
+
+class Observer:
+    """Metrics, health, tracing and the management API of one pipeline worker.
+
+    Args:
+        metrics: the worker's metrics (default: a fresh `PipelineMetrics`, own registry).
+        health: the worker's health state (default: a fresh `HealthState`).
+        tracing: a `TracingSetup`; None or exporter "none" = no stage spans.
+        redactor: applied to producer-supplied span attributes and label values.
+        table_size_interval_s: minimum seconds between two table size counts.
+    """
+
+    def __init__(self, *, metrics: PipelineMetrics | None = None, health: HealthState | None = None,
+                 tracing: TracingSetup | None = None, redactor: Redactor | None = None,
+                 table_size_interval_s: float = 10.0) -> None:
+        self.redactor = redactor or default_redactor()
+        self.metrics = metrics if metrics is not None else PipelineMetrics(redactor=self.redactor)
+        self.health = health if health is not None else HealthState(redactor=self.redactor)
+        self.tracing = tracing
+        self.table_size_interval_s = table_size_interval_s
+        self.pipeline: PipelineApp | None = None
+        self.stage_tracer: StageTracer | None = None
+        if tracing is not None and tracing.exporter_name != "none":
+            self.stage_tracer = StageTracer(tracing, self.redactor)
+        self._snap: dict[int, _ChainSnapshot] = {}
+        self._written: Counter[str] = Counter()
+        self._tables_at = 0.0
+        self.paused: set[str] = set()          # topology names paused through the management API
+        self.in_flight = 0                     # batches being processed right now
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.batches = 0
+        self._pause_task: asyncio.Future[None] | None = None
+        self.started_at = time.time()
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, *, service_name: str = "prism-worker") -> Observer:
+        """`PRISM_TRACES_EXPORTER` (otlp|console|none|memory, default none; OTEL_* for OTLP) and
+        `PRISM_METRIC_LABELS` (comma-separated envelope label keys allowed as metric labels)."""
+        env = os.environ if env is None else env
+        allow = [x.strip() for x in env.get(ENV_METRIC_LABELS, "").split(",") if x.strip()]
+        red = default_redactor()
+        return cls(metrics=PipelineMetrics(label_allowlist=allow, redactor=red),
+                   tracing=configure_tracing_from_env(service_name, env), redactor=red)
+
+    @property
+    def tracing_enabled(self) -> bool:
+        return self.stage_tracer is not None
+
+    # -- wiring ------------------------------------------------------------------------------
+    def attach(self, pipeline: PipelineApp) -> None:
+        """Connect to the pipeline's Faust app (call before the app starts)."""
+        self.pipeline = pipeline
+        app = pipeline.app
+        for chain in pipeline.chains.values():
+            chain.stage_scope = self.stage_tracer
+            self._snap[id(chain)] = _ChainSnapshot()
+        for name in _table_names(app):
+            self.health.register_table(name)
+        app.on_partitions_assigned.connect(self._on_assigned)
+        app.on_partitions_revoked.connect(self._on_revoked)
+        app.on_before_shutdown.connect(self._on_before_shutdown)
+
+        async def _started() -> None:
+            self.health.mark_started()
+            self._refresh_health()
+        app.task(_started)
+        app.task(_heartbeat(self.health))
+        if app.conf.web_enabled:
+            from app.worker.management import register_views
+
+            register_views(app, self)
+
+    async def _on_assigned(self, sender: Any, assigned: Iterable[Any], **_: Any) -> None:
+        self.health.set_broker_connected(True)
+        pipeline = self.pipeline
+        if pipeline is None:
+            return
+        sources = {s.topic for s in pipeline.topology.sources}
+        mine = [(tp.topic, tp.partition) for tp in assigned if tp.topic in sources]
+        self.health.partitions_assigned(mine)
+        if self.paused:  # a rebalance must not silently resume a paused topology
+            from app.worker.management import set_fetching
+
+            # not awaited here: the consumer thread is waiting for this rebalance callback
+            self._pause_task = asyncio.ensure_future(set_fetching(self, True))
+
+    async def _on_revoked(self, sender: Any, revoked: Iterable[Any], **_: Any) -> None:
+        tps = [(tp.topic, tp.partition) for tp in revoked]
+        self.health.partitions_revoked(tps)
+        for topic, partition in tps:
+            self.metrics.remove_partition(topic, partition)
+
+    async def _on_before_shutdown(self, sender: Any = None, **_: Any) -> None:
+        self.health.mark_stopping()
+
+    def mark_stopping(self) -> None:
+        self.health.mark_stopping()
+
+    # -- the hot path: once per batch -----------------------------------------------------
+    def batch_started(self) -> None:
+        self.in_flight += 1
+        self._idle.clear()
+
+    def batch_done(self, chain: Chain, topic: str, observed: list[tuple[Message, Result]]) -> None:
+        """Turn one batch's results into metric increments (a few `inc(n)` per batch)."""
+        try:
+            self._count_batch(chain, topic, observed)
+        finally:
+            self.batches += 1
+            self.in_flight -= 1
+            if self.in_flight <= 0:
+                self.in_flight = 0
+                self._idle.set()
+
+    async def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no batch is in flight (pause/restart, shutdown). False on timeout."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def _count_batch(self, chain: Chain, topic: str, observed: list[tuple[Message, Result]]) -> None:
+        m = self.metrics
+        guard = m.labels
+        stages = [s.name for s in chain.stages]
+        # (labels) -> Counter of "stopped at stage i", and how many were seen
+        seen: Counter[tuple[str, ...]] = Counter()
+        stopped: Counter[tuple[tuple[str, ...], str]] = Counter()
+        publish_in: Counter[tuple[str, ...]] = Counter()
+        result_reasons: Counter[str] = Counter()
+        for msg, res in observed:
+            lv = guard.of(msg.envelope) if guard.keys else ()
+            seen[lv] += 1
+            out = res.outcome
+            if out is Outcome.EMITTED:
+                publish_in[lv] += 1
+                continue
+            st = res.stage
+            if st == PUBLISH_STAGE:
+                publish_in[lv] += 1
+            else:
+                stopped[(lv, st)] += 1
+            if out is Outcome.DLQ:
+                result_reasons[res.reason] += 1
+                m.dlq(topic, st, res.reason, label_values=lv)
+                if res.reason == "expired":
+                    m.expired(topic, st)
+                elif st == "verify_signature":
+                    m.signature_failure(topic, res.reason)
+                elif st == "authenticate":
+                    m.auth_failure(topic, res.reason)
+            elif out is Outcome.EXPIRED:
+                m._child(m.expired_messages, (topic, st)).inc()
+            elif out is Outcome.DUPLICATE:
+                m._child(m.dedup_hits, (topic, st)).inc()
+        for lv, n in seen.items():
+            reached = n
+            for st in stages:
+                m._child(m.messages_in, (topic, st, *lv)).inc(reached)
+                reached -= stopped.get((lv, st), 0)
+                if reached:
+                    m._child(m.messages_out, (topic, st, *lv)).inc(reached)
+        for lv, n in publish_in.items():
+            m._child(m.messages_in, (topic, PUBLISH_STAGE, *lv)).inc(n)
+        # outputs written (per output topic) and DLQ records from failed final writes
+        pipeline = self.pipeline
+        if pipeline is not None:
+            written = pipeline.stats.written
+            suffix = pipeline.topology.dlq.topic_suffix
+            empty = ("",) * len(guard.keys)
+            for out_topic, total in written.items():
+                delta = total - self._written[out_topic]
+                if delta and not out_topic.endswith(suffix):
+                    m._child(m.messages_out, (out_topic, PUBLISH_STAGE, *empty)).inc(delta)
+            self._written = Counter(written)
+        snap = self._snap.setdefault(id(chain), _ChainSnapshot())
+        cs = chain.stats
+        for reason, total in cs.dlq_reasons.items():
+            extra = total - snap.dlq_reasons[reason] - result_reasons.get(reason, 0)
+            if extra > 0:  # routed to the DLQ by the final writes (after retries)
+                m._child(m.dlq_messages, (topic, PUBLISH_STAGE, m._clean_reason(reason),
+                                          *("",) * len(guard.keys))).inc(extra)
+        snap.dlq_reasons = Counter(cs.dlq_reasons)
+        for st, ns in cs.stage_ns.items():
+            calls = cs.stage_calls[st] - snap.stage_calls[st]
+            if calls > 0:
+                m.observe_latency(topic, st, (ns - snap.stage_ns[st]) / calls / 1e9)
+        snap.stage_ns = Counter(cs.stage_ns)
+        snap.stage_calls = Counter(cs.stage_calls)
+
+    # -- scrape-time gauges -----------------------------------------------------------------
+    def partition_status(self) -> list[dict[str, Any]]:
+        """Per assigned source partition: committed offset, high watermark, lag, paused."""
+        pipeline = self.pipeline
+        if pipeline is None:
+            return []
+        app = pipeline.app
+        sources = {s.topic for s in pipeline.topology.sources}
+        consumer = getattr(app, "_consumer", None)
+        if consumer is None:
+            return []
+        try:
+            assignment = consumer.assignment()
+        except Exception:  # not started yet
+            return []
+        paused = pipeline.topology.name in self.paused
+        rows = []
+        for tp in sorted(assignment):
+            if tp.topic not in sources:
+                continue
+            committed = consumer._committed_offset.get(tp)
+            try:
+                hw = consumer.highwater(tp)
+            except Exception:
+                hw = None
+            lag = None
+            if hw is not None and hw >= 0:
+                lag = max(0, hw - (committed or 0))
+            rows.append({"topic": tp.topic, "partition": tp.partition, "committed": committed, "highwater": hw,
+                         "lag": lag, "paused": paused})
+        return rows
+
+    def refresh_gauges(self) -> None:
+        for row in self.partition_status():
+            if row["lag"] is not None:
+                self.metrics.set_consumer_lag(row["topic"], row["partition"], row["lag"])
+        now = time.monotonic()
+        if self.pipeline is not None and now - self._tables_at >= self.table_size_interval_s:
+            self._tables_at = now
+            for name, size in self.table_sizes().items():
+                self.metrics.set_table_size(name, size)
+        self._refresh_health()
+
+    def table_sizes(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        if self.pipeline is None:
+            return out
+        for name, table in self.pipeline.app.tables.items():
+            with contextlib.suppress(Exception):  # a table whose store is not open yet
+                out[name] = len(table)
+        return out
+
+    def _refresh_health(self) -> None:
+        pipeline = self.pipeline
+        if pipeline is None:
+            return
+        app = pipeline.app
+        recovering = bool(getattr(app, "in_recovery", False))
+        for name in self.health.tables:
+            self.health.table_recovered(name, not recovering)
+        connected = _broker_connected(app)
+        if connected is not None:
+            self.health.set_broker_connected(connected, None if connected else "no broker connection")
+
+    def exposition(self) -> bytes:
+        self.refresh_gauges()
+        return self.metrics.exposition()
+
+
+def _heartbeat(health: HealthState) -> Any:
+    async def beat() -> None:
+        await run_heartbeat(health)
+    return beat
+
+
+def _table_names(app: Any) -> list[str]:
+    try:
+        return list(app.tables.keys())
+    except Exception:
+        return []
+
+
+def _broker_connected(app: Any) -> bool | None:
+    """True when the worker consumer's aiokafka client holds a live broker connection.
+    None when that cannot be told (consumer not created yet)."""
+    try:
+        thread = app.consumer._thread
+        client = thread._consumer._client
+    except Exception:
+        return None
+    conns = getattr(client, "_conns", None)
+    if conns is None:
+        return None
+    return any(c.connected() for c in list(conns.values()))

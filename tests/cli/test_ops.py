@@ -1,0 +1,88 @@
+"""`prism status` against a live worker's management API, and `prism dlq list|show` reading a
+real DLQ topic on the embedded broker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from app.cli.ops import parse_since, register
+from app.envelope import encode, new_envelope
+from app.errors import ConfigError
+from app.worker.observe import Observer
+from tests.worker.conftest import broker, dev_keys, make_topology  # noqa: F401 - fixtures
+from tests.worker.test_observability_e2e import ObservedPipeline
+
+
+def _cli() -> typer.Typer:
+    app = typer.Typer()
+    dlq = typer.Typer()
+    app.add_typer(dlq, name="dlq")
+    register(app, dlq)
+    return app
+
+
+def test_parse_since() -> None:
+    assert parse_since("10m", now=1000.0) == 400.0
+    assert parse_since("2026-01-01T00:00:00Z") == 1767225600.0
+    assert parse_since(None) is None
+    with pytest.raises(ConfigError):
+        parse_since("yesterday")
+
+
+async def test_status_and_dlq_commands(broker, tmp_path: Path, dev_keys, monkeypatch) -> None:  # noqa: F811
+    topo = make_topology(tmp_path, dev_keys, partitions=2)
+    src = topo.sources[0].topic
+    expired = dev_keys.mint_token("late", ttl_s=-5, now=time.time() - 600)
+
+    def bad(i: int) -> bytes:
+        e = new_envelope(src, {"bad": i}, namespace="order-events")
+        e.ensure_security().auth_token = expired
+        return encode(e)
+
+    records = [(encode(new_envelope(src, {"i": i}, namespace="order-events")), []) for i in range(10)]
+    records += [(bad(i), []) for i in range(3)] + [(b"\x00\x01 not json", [])]
+    runner = CliRunner()
+    async with ObservedPipeline(topo, broker.bootstrap, tmp_path / "w", Observer()) as p:
+        await p.produce(records)
+        await p.wait_read(len(records))
+        res = await asyncio.to_thread(runner.invoke, _cli(), ["status", "--url", p.url, "--json", "--interval", "0.2"])
+        assert res.exit_code == 0, res.output
+        doc = json.loads(res.output)
+        (t,) = doc["topologies"]
+        assert t["name"] == topo.name and t["status"]["connector"]["state"] == "RUNNING"
+        dlq_total = p.pipeline.summary()["dlq"]
+        assert t["dlq"]["total"] == dlq_total == doc["totals"]["dlq"]
+        assert doc["totals"]["in"] == len(records)
+        res = await asyncio.to_thread(runner.invoke, _cli(), ["status", "--url", p.url, "--interval", "0.2"])
+        assert res.exit_code == 0 and "source partitions" in res.output and topo.name in res.output
+    res = runner.invoke(_cli(), ["status", "--url", p.url])
+    assert res.exit_code == 2 and "cannot reach the worker" in res.output
+
+    monkeypatch.setenv("PRISM_BROKER_URL", broker.bootstrap)
+    topo_file = str(tmp_path / "topology.yaml")
+    res = await asyncio.to_thread(runner.invoke, _cli(), ["dlq", "list", "-t", topo_file, "--json", "--limit", "0"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    assert len(rows) == dlq_total
+    auth = [r for r in rows if r["stage"] == "authenticate"]
+    assert len(auth) == 3
+    res = await asyncio.to_thread(runner.invoke, _cli(), ["dlq", "list", "-t", topo_file, "--json", "--reason", auth[0]["reason"]])
+    assert len(json.loads(res.output)) == 3
+    res = await asyncio.to_thread(runner.invoke, _cli(), ["dlq", "list", "-t", topo_file, "--json", "--since", "2h", "--limit", "2"])
+    assert len(json.loads(res.output)) == 2
+    res = await asyncio.to_thread(runner.invoke, _cli(), ["dlq", "list", "-t", topo_file])
+    assert res.exit_code == 0 and f"{dlq_total} DLQ record(s)" in res.output
+    ref = f"{auth[0]['dlq_partition']}@{auth[0]['dlq_offset']}"
+    res = await asyncio.to_thread(runner.invoke, _cli(), ["dlq", "show", ref, "-t", topo_file, "--json"])
+    assert res.exit_code == 0, res.output
+    shown = json.loads(res.output)
+    assert shown["reason"] == auth[0]["reason"] and expired not in res.output
+    res = await asyncio.to_thread(runner.invoke, _cli(), ["dlq", "show", "9@999", "-t", topo_file])
+    assert res.exit_code == 2
