@@ -402,3 +402,9 @@ class MigrationError(PrismError):
     backend pair, or a target that refused the writes. Progress up to the last checkpoint is kept."""
 
     code = "migration_failed"
+
+
+class PayloadSchemaError(EnvelopeError):
+    """The payload does not conform to its namespace's schema (enrich.schema.validate_payloads)."""
+
+    code = "payload_schema_mismatch"

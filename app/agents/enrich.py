@@ -1,12 +1,23 @@
 """enrich: continue the producer's W3C trace (or start one), attach schema context and the
-PII flag. Schema data is resolved once at start-up; there is no per-message lookup."""
+PII flag. Schema data is resolved once at start-up; there is no per-message lookup.
+
+With a protobuf schema that marks fields `[deprecated = true]`, the fields a payload actually
+sets are listed in `SchemaContext.deprecated_fields_used` (migration tracking, RFC-030).
+With `validate_payloads` (a debug setting), a payload that does not conform to the schema
+is rejected to the DLQ. Both read the payload, which is why enrich runs after the
+authentication and signature stages; encrypted payloads are never read here.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from app.agents.base import Message, Stage
+from app.errors import PayloadSchemaError
 from app.observability.tracecontext import continue_or_start
+from app.schema.resolve import deprecated_fields_used
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +31,10 @@ class SchemaInfo:
     name: str = ""
     compatibility: str = ""
     pii_fields: tuple[str, ...] = ()
+    #: the full resolved schema, for deprecated-field tracking (None without a schema)
+    resolved: Any = None
+    #: `(payload, content_type) -> problems`, only when validate_payloads is on
+    checker: Callable[[bytes, str], list[str]] | None = None
 
 
 class Enrich(Stage):
@@ -42,3 +57,18 @@ class Enrich(Stage):
             sc.schema_hash, sc.schema_name, sc.compatibility_mode = s.hash, s.name, s.compatibility
         if s.pii_fields:
             env.ensure_security().contains_pii = True
+        track_deprecated = (s.resolved is not None and s.format == "protobuf" and bool(s.resolved.deprecated_fields)
+                            and env.content_type == "application/protobuf")
+        if env.is_encrypted or (s.checker is None and not track_deprecated):
+            return
+        body = env.payload_bytes()
+        if s.checker is not None:
+            problems = s.checker(body, env.content_type)
+            if problems:
+                raise PayloadSchemaError(f"payload does not conform to {s.name or s.url} {s.version}: "
+                                         + "; ".join(problems), path="payload",
+                                         hint="fix the producer, or turn enrich.schema.validate_payloads off")
+        if track_deprecated:
+            used = deprecated_fields_used(body, s.resolved)
+            if used:
+                env.ensure_schema().deprecated_fields_used.extend(used)

@@ -100,9 +100,18 @@ def resolve_schema(settings: EnrichStage | None, base_dir: Path) -> SchemaInfo |
         raise ConfigError(f"cannot resolve the namespace schema: {exc}", path="stages.enrich.schema",
                           hint="check the registry URL/subject or the schema file path") from exc
     ctx = r.schema_context()
+    checker = None
+    if ref.validate_payloads:
+        from app.schema.payload_check import build_checker
+
+        try:
+            checker = build_checker(r)
+        except Exception as exc:
+            raise ConfigError(f"cannot build the payload validator: {exc}", path="stages.enrich.schema",
+                              hint="validate_payloads needs a protobuf, JSON Schema or Avro schema") from exc
     return SchemaInfo(url=ctx["schema_url"], version=ctx["schema_version"], format=ctx["schema_format"],
                       hash=ctx["schema_hash"], name=ctx["schema_name"], compatibility=ctx["compatibility_mode"],
-                      pii_fields=tuple(r.pii_fields) + tuple(settings.pii_fields))
+                      pii_fields=tuple(r.pii_fields) + tuple(settings.pii_fields), resolved=r, checker=checker)
 
 
 def _keyring_for(topology: Topology) -> SigningKeyring | None:
