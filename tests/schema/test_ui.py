@@ -10,6 +10,17 @@ import pytest
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
+@pytest.fixture
+def store(tmp_path):  # type: ignore[no-untyped-def]
+    """The UI does not depend on the storage backend: one (SQLite) is enough here, overriding
+    the conftest's SQLite/PostgreSQL parametrization instead of skipping half of it."""
+    from app.schema.store import SqliteStore
+
+    s = SqliteStore(str(tmp_path / "registry.db"))
+    yield s
+    s.close()
+
+
 V1 = 'syntax = "proto3";\nimport "prism/annotations.proto";\nmessage UserProfileUpdated {\n  string user_id = 1;\n' \
      '  string email = 2 [(prism.pii) = "email"];\n}\n'
 V2 = V1.replace('[(prism.pii) = "email"];', '[(prism.pii) = "email"];\n  optional string avatar_url = 3;')
@@ -38,8 +49,6 @@ def test_ui_browse_subject_versions_diff_and_pii(live_server, browser) -> None: 
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
-    if live_server.registry.store.__class__.__name__ != "SqliteStore":
-        pytest.skip("UI is storage-independent; one backend is enough")
     live_server.registry.register("users.profile", V1, "PROTOBUF", namespace="users", label="v1")
     live_server.registry.register("users.profile", V2, "PROTOBUF", namespace="users", label="v2")
     browser.get(live_server.url + "/ui")
