@@ -25,7 +25,7 @@ from app.broker.embedded import (
 )
 from app.errors import PrismError
 
-from .conftest import require_broker_binary
+from .conftest import require, require_broker_binary
 
 pytestmark = pytest.mark.integration
 
@@ -146,8 +146,7 @@ def test_stop_kills_a_broker_that_ignores_sigterm() -> None:
 
 def test_broker_dies_with_a_parent_killed_by_sigkill(tmp_path: Path) -> None:
     require_broker_binary()
-    if shutil.which("setpriv") is None:
-        pytest.skip("setpriv (util-linux) not installed: no parent-death signal on this machine")
+    require(shutil.which("setpriv") is not None, "setpriv (util-linux) not installed: no parent-death signal")
     script = textwrap.dedent("""
         import sys, time
         from app.broker.embedded import EmbeddedBroker
