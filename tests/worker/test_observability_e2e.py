@@ -6,6 +6,7 @@ or metrics."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import json
 import logging
@@ -60,7 +61,10 @@ class ObservedPipeline:
         await p.start()
         try:
             src = self.topo.sources[0].topic
-            await asyncio.gather(*[await p.send(src, v, headers=h) for v, h in records])
+            # keyed like a real producer, so a re-sent message lands on the same partition
+            # (dedup is per partition: docs/topologies.md)
+            await asyncio.gather(*[await p.send(src, v, key=hashlib.sha256(v).digest()[:8], headers=h)
+                                   for v, h in records])
         finally:
             await p.stop()
 
