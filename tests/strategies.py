@@ -56,7 +56,7 @@ def envelopes(draw: st.DrawFn, *, allow_encoding: bool = True) -> Envelope:
         obs = env.ensure_observability()
         obs.trace_id = draw(_hex(32))
         obs.span_id = draw(_hex(16))
-        obs.trace_flags = draw(st.integers(0, 255))
+        obs.trace_flags = draw(st.integers(0, 3))  # W3C-defined flags (sampled, random); others are dropped
         obs.baggage.update(draw(st.dictionaries(_text, _text, max_size=2)))
     if draw(st.booleans()):
         sch = env.ensure_schema()

@@ -294,7 +294,7 @@ def apply_found(env: Envelope, found: dict[str, Found], error: type[FormatError]
                 _keep(env, item, notes, "is not a valid W3C traceparent")
             else:
                 obs = env.ensure_observability()
-                obs.trace_id, obs.span_id, obs.trace_flags = tp.trace_id, tp.span_id, tp.flags
+                obs.trace_id, obs.span_id, obs.trace_flags = tp.trace_id, tp.parent_id, tp.propagated_flags()
         elif field == "trace_id":
             _apply_bare_id(env, item, "trace_id", _HEX32, notes)
         elif field == "span_id":

@@ -429,7 +429,7 @@ def attributes_to_envelope(
             notes.append("traceparent is not valid W3C trace context; kept in extensions['ce.traceparent']")
         else:
             obs = env.ensure_observability()
-            obs.trace_id, obs.span_id, obs.trace_flags = tp.trace_id, tp.span_id, tp.flags
+            obs.trace_id, obs.span_id, obs.trace_flags = tp.trace_id, tp.parent_id, tp.propagated_flags()
     if "tracestate" in text:
         env.extensions[TRACESTATE_EXTENSION] = text["tracestate"].encode("utf-8")
     if "dataclassification" in text:

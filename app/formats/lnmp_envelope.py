@@ -95,8 +95,8 @@ def _apply_trace(env: Envelope, trace_id: str, notes: list[str]) -> None:
     tp = parse_traceparent(trace_id)
     if tp is not None:
         obs = env.ensure_observability()
-        obs.trace_id, obs.span_id, obs.trace_flags = tp.trace_id, tp.span_id, tp.flags
-        if str(tp) == trace_id:
+        obs.trace_id, obs.span_id, obs.trace_flags = tp.trace_id, tp.parent_id, tp.propagated_flags()
+        if tp.to_header() == trace_id:
             return
     elif _HEX32.fullmatch(trace_id) and trace_id != "0" * 32:
         env.ensure_observability().trace_id = trace_id

@@ -15,15 +15,11 @@ unchanged `signing.verify` (which strips the security record and checks the rest
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-
 from app._gen.prism.envelope.v1 import envelope_pb2 as pb
 from app.envelope.codec import Layout, security_record
 from app.envelope.model import Envelope
 from app.envelope.wire import LEN, encode_varint
-from app.errors import AlgorithmError
-from app.security.signing import ALGORITHMS, HMAC_SHA256, SigningKey
+from app.security.signing import SigningKey, begin_signature, signature_over
 
 _PAYLOAD_TAG = encode_varint((Layout.REVIEWED.payload_field << 3) | LEN)
 
@@ -50,18 +46,6 @@ def canonical_wire(env: Envelope) -> bytes:
 def sign_canonical(env: Envelope, key: SigningKey) -> bytes:
     """Sign `env` over its deterministic encoding (recording algorithm and key id in
     `env.security`, like `signing.sign`) and return the signed reviewed-layout bytes."""
-    if key.algorithm not in ALGORITHMS:
-        raise AlgorithmError(f"signature algorithm {key.algorithm!r} is not supported",
-                             hint=f"use one of {sorted(ALGORITHMS)}")
-    sec = env.ensure_security()
-    sec.signature_algorithm = key.algorithm
-    sec.signature_key_id = key.key_id
-    sec.ClearField("signature")
-    signed = _head(env) + _payload_record(env)
-    if key.algorithm == HMAC_SHA256:
-        assert key.secret is not None
-        sec.signature = hmac.new(key.secret, signed, hashlib.sha256).digest()
-    else:
-        assert key.private_key is not None
-        sec.signature = key.private_key.sign(signed)
+    sec = begin_signature(env, key)
+    sec.signature = signature_over(key, [_head(env), _payload_record(env)])
     return canonical_wire(env)

@@ -38,7 +38,7 @@ from app.envelope.codec import (
     security_bytes,
     split_header,
 )
-from app.envelope.model import Envelope
+from app.envelope.model import Envelope, SecurityContext
 from app.envelope.wire import LEN, scan
 from app.errors import AlgorithmError, ConfigError, DecodeError, SignatureError, UnknownKeyError
 
@@ -142,12 +142,9 @@ def _mac(secret: bytes, parts: list[bytes | memoryview]) -> bytes:
     return m.digest()
 
 
-def sign(env: Envelope, key: SigningKey, layout: Layout = Layout.REVIEWED) -> bytes:
-    """Sign the envelope with `key` and return the wire bytes in `layout`.
-
-    Also records algorithm and key id in `env.security` (the signature value itself is
-    only in the returned bytes' security record, and in `env` afterwards).
-    """
+def begin_signature(env: Envelope, key: SigningKey) -> SecurityContext:
+    """Record algorithm and key id in `env.security` and clear any old signature: the
+    state in which the signed bytes are computed (they exclude the security context)."""
     if key.algorithm not in ALGORITHMS:
         raise AlgorithmError(f"signature algorithm {key.algorithm!r} is not supported",
                              hint=f"use one of {sorted(ALGORITHMS)}")
@@ -155,15 +152,29 @@ def sign(env: Envelope, key: SigningKey, layout: Layout = Layout.REVIEWED) -> by
     sec.signature_algorithm = key.algorithm
     sec.signature_key_id = key.key_id
     sec.ClearField("signature")
+    return sec
+
+
+def signature_over(key: SigningKey, parts: list[bytes | memoryview]) -> bytes:
+    """The signature of the concatenation of `parts` (HMAC streams them; Ed25519 needs one buffer)."""
+    if key.algorithm == HMAC_SHA256:
+        assert key.secret is not None
+        return _mac(key.secret, parts)
+    assert key.private_key is not None
+    return key.private_key.sign(b"".join(parts))
+
+
+def sign(env: Envelope, key: SigningKey, layout: Layout = Layout.REVIEWED) -> bytes:
+    """Sign the envelope with `key` and return the wire bytes in `layout`.
+
+    Also records algorithm and key id in `env.security` (the signature value itself is
+    only in the returned bytes' security record, and in `env` afterwards).
+    """
+    sec = begin_signature(env, key)
     header = layout_header(env, layout)  # converted once for the draft layout
     head, _ = split_header(header, layout)
     payload = payload_parts(env, layout)
-    if key.algorithm == HMAC_SHA256:
-        assert key.secret is not None
-        sig = _mac(key.secret, [head, *payload])
-    else:
-        assert key.private_key is not None
-        sig = key.private_key.sign(b"".join([head, *payload]))
+    sig = signature_over(key, [head, *payload])
     sec.signature = sig
     header.security.signature = sig
     return b"".join([head, security_bytes(header.security, layout), *payload])

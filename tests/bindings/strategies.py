@@ -84,7 +84,7 @@ def binding_envelopes(draw: st.DrawFn, *, topics: st.SearchStrategy[str] = wide_
         obs = env.ensure_observability()
         obs.trace_id = draw(_hex(32))
         obs.span_id = draw(_hex(16))
-        obs.trace_flags = draw(st.integers(0, 255))
+        obs.trace_flags = draw(st.integers(0, 3))  # W3C-defined flags (sampled, random); others are dropped
         if draw(st.booleans()):
             env.extensions[TRACESTATE_EXTENSION] = draw(st.sampled_from(
                 [b"congo=t61rcWkgMzE", b"rojo=00f067aa0ba902b7,congo=t61rcWkgMzE", b"bad state\x01"]))

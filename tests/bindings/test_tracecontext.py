@@ -27,9 +27,10 @@ def test_format_and_parse_agree(trace_id, span_id, flags):
     if trace_id == "0" * 32 or span_id == "0" * 16:
         assert header is None
         return
-    assert header == f"00-{trace_id}-{span_id}-{flags:02x}"
-    assert parse_traceparent(header) == TraceParent(trace_id, span_id, flags)
-    assert parse_traceparent(header.encode()) == TraceParent(trace_id, span_id, flags)
+    # only the flags W3C defines are propagated (sampled, random); unknown bits are dropped
+    assert header == f"00-{trace_id}-{span_id}-{flags & 0x03:02x}"
+    assert parse_traceparent(header) == TraceParent("00", trace_id, span_id, flags & 0x03)
+    assert parse_traceparent(header.encode()) == TraceParent("00", trace_id, span_id, flags & 0x03)
 
 
 @pytest.mark.parametrize("value", [
@@ -47,7 +48,8 @@ def test_invalid_traceparents_are_ignored(value):
 
 def test_future_version_is_read_by_its_v00_prefix():
     tp = parse_traceparent("01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-what-comes-next")
-    assert tp == TraceParent("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331", 1) and tp.sampled
+    assert tp == TraceParent("01", "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331", 1) and tp.sampled
+    assert tp.to_header() == "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 def test_tracestate_from_extensions_only_when_valid():

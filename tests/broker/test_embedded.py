@@ -24,8 +24,7 @@ from app.broker.embedded import (
     find_free_port,
 )
 from app.errors import PrismError
-
-from .conftest import require, require_broker_binary
+from tests.support import require, require_broker_binary
 
 pytestmark = pytest.mark.integration
 

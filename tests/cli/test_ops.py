@@ -16,7 +16,7 @@ from app.cli.ops import parse_since, register
 from app.envelope import encode, new_envelope
 from app.errors import ConfigError
 from app.worker.observe import Observer
-from tests.worker.conftest import broker, dev_keys, make_topology  # noqa: F401 - fixtures
+from tests.worker.conftest import dev_keys, make_topology  # noqa: F401 - fixtures (broker: tests/conftest.py)
 from tests.worker.test_observability_e2e import ObservedPipeline
 
 

@@ -14,7 +14,7 @@ from rich.console import Console
 from app.demo.runner import run_demo
 from app.lake.compact import Compactor
 from app.lake.maintenance import read_with_spark
-from tests.broker.conftest import require_broker_binary
+from tests.support import require_broker_binary
 from tests.worker.conftest import make_topology
 
 

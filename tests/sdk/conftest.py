@@ -19,20 +19,12 @@ from collections.abc import Iterator
 import pytest
 
 from app.broker.embedded import BrokerBinaryNotFound, EmbeddedBroker, resolve_broker_binary
+from tests.support import require
 
 REDIS = os.environ.get("PRISM_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 NATS = os.environ.get("PRISM_TEST_NATS_URL", "nats://127.0.0.1:4222")
 PG = os.environ.get("PRISM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 BACKENDS = ["kafka", "redis", "nats", "postgres"]
-
-
-def require(ok: bool, reason: str) -> None:
-    """Skip locally, FAIL under CI=true: CI must never silently skip an integration test."""
-    if ok:
-        return
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(f"required for this integration test under CI=true: {reason}")
-    pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")

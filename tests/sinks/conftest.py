@@ -2,7 +2,7 @@
 
 Every test gets fresh stream keys, channels, schemas, JetStream streams and buckets, so tests
 never see each other's data. A server that is down skips the test locally and FAILS it under
-CI=true (tests.broker.conftest.require)."""
+CI=true (tests.support.require)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from app.envelope import Layout, encode, new_envelope
 from app.security.signing import SigningKey, sign
 from app.sinks.base import SinkRecord
-from tests.broker.conftest import require
+from tests.support import require
 
 REDIS_URL = os.environ.get("PRISM_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 PG_DSN = os.environ.get("PRISM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")

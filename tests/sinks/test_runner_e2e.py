@@ -20,7 +20,7 @@ from app.sinks.redis_stream import RedisStreamSource
 from app.sinks.runner import make_sink_app, register_sinks, sinks_summary
 from app.worker.faust_app import InProcessWorker
 from tests.sinks.helpers import wait_for
-from tests.worker.conftest import broker, dev_keys, make_topology  # noqa: F401 - fixtures
+from tests.worker.conftest import dev_keys, make_topology  # noqa: F401 - fixtures (broker: tests/conftest.py)
 from tests.worker.harness import RunningPipeline
 
 pytestmark = pytest.mark.integration

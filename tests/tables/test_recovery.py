@@ -29,8 +29,7 @@ from aiokafka import AIOKafkaProducer
 from app.broker.admin import ensure_topics
 from app.broker.embedded import EmbeddedBroker
 from app.worker.faust_app import WorkerProcess
-
-from .conftest import require, require_broker_binary
+from tests.support import require, require_broker_binary
 
 pytestmark = pytest.mark.integration
 

@@ -6,29 +6,15 @@ each other's data or group state."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from app.broker.embedded import EmbeddedBroker
 from app.security.devkeys import DevKeys, ensure_dev_keys
 from app.topology import Topology, load_topology
-from tests.broker.conftest import require_broker_binary
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
-    require_broker_binary()
-    embedded = EmbeddedBroker(log_dir=tmp_path / "broker", startup_timeout=20)
-    embedded.start()
-    try:
-        yield embedded
-    finally:
-        embedded.stop()
 
 
 @pytest.fixture(scope="session")

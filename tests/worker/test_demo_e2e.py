@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from app.demo.runner import print_report, run_demo
-from tests.broker.conftest import require_broker_binary
+from tests.support import require_broker_binary
 from tests.worker.conftest import make_topology
 
 
