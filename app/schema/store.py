@@ -11,6 +11,7 @@ schema's text, and a version row only ever changes its ``deleted`` flag.
 
 from __future__ import annotations
 
+import abc
 import json
 import sqlite3
 import threading
@@ -105,7 +106,7 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
-class SqlStore:
+class SqlStore(abc.ABC):
     """Shared implementation; subclasses provide a DB-API connection and the dialect bits."""
 
     pk_sql = "INTEGER PRIMARY KEY AUTOINCREMENT"
@@ -115,8 +116,9 @@ class SqlStore:
         self._lock = threading.RLock()
 
     # -- plumbing ---------------------------------------------------------------------------
-    def _connect(self) -> Any:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _connect(self) -> Any:
+        """A DB-API connection (SQLite file or PostgreSQL DSN)."""
 
     def _sql(self, sql: str) -> str:
         return sql if self.placeholder == "?" else sql.replace("?", self.placeholder)
