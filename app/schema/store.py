@@ -11,7 +11,6 @@ schema's text, and a version row only ever changes its ``deleted`` flag.
 
 from __future__ import annotations
 
-import abc
 import json
 import sqlite3
 import threading
@@ -106,7 +105,7 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
-class SqlStore(abc.ABC):
+class SqlStore:
     """Shared implementation; subclasses provide a DB-API connection and the dialect bits."""
 
     pk_sql = "INTEGER PRIMARY KEY AUTOINCREMENT"
@@ -116,10 +115,6 @@ class SqlStore(abc.ABC):
         self._lock = threading.RLock()
 
     # -- plumbing ---------------------------------------------------------------------------
-    @abc.abstractmethod
-    def _connect(self) -> Any:
-        """A DB-API connection (SQLite file or PostgreSQL DSN)."""
-
     def _sql(self, sql: str) -> str:
         return sql if self.placeholder == "?" else sql.replace("?", self.placeholder)
 
