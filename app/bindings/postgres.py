@@ -43,6 +43,7 @@ from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 from google.protobuf.message import Message
 
 from app._gen.prism.envelope.v1 import envelope_pb2 as pb
+from app.envelope.codec import Layout, detect_layout
 from app.envelope.model import Envelope, Payload
 from app.envelope.wire import iter_records
 from app.errors import BindingError, DecodeError
@@ -256,9 +257,16 @@ def _check_storable(obj: Any, path: str) -> None:
                            hint="reject control characters in metadata (validation sanity policy) before the sink")
 
 
-def to_document(env: Envelope) -> dict[str, Any]:
+#: Optional member holding the exact envelope bytes a row was made from: `{"layout", "base64"}`.
+#: Rebuilding bytes from JSON is not byte-exact in general (protobuf does not fix the order
+#: of map entries), and signatures cover the bytes, so a sink that has them stores them.
+WIRE_KEY = "wire"
+
+
+def to_document(env: Envelope, *, wire: bytes | None = None) -> dict[str, Any]:
     """The JSONB document for an envelope (module docs). Raises `BindingError` for text JSONB
-    cannot hold (U+0000)."""
+    cannot hold (U+0000). `wire`: the exact bytes `env` was decoded from, kept for a
+    byte-exact round trip (see `WIRE_KEY`)."""
     doc: dict[str, Any] = MessageToDict(env.header, preserving_proto_field_name=True)
     _check_storable(doc, "envelope")
     unknown = _collect_unknown(env.header)
@@ -266,7 +274,20 @@ def to_document(env: Envelope) -> dict[str, Any]:
         doc[UNKNOWN_KEY] = unknown
     if env.payload.present:
         doc[PAYLOAD_KEY] = _payload_doc(env)
+    if wire is not None:
+        doc[WIRE_KEY] = {"layout": detect_layout(wire).value, "base64": base64.b64encode(wire).decode("ascii")}
     return doc
+
+
+def wire_of(doc: Mapping[str, Any] | None) -> tuple[Layout, bytes] | None:
+    """The exact envelope bytes stored in a document, with their layout (None if not stored)."""
+    w = doc.get(WIRE_KEY) if isinstance(doc, Mapping) else None
+    if not isinstance(w, Mapping):
+        return None
+    try:
+        return Layout(w["layout"]), base64.b64decode(w["base64"], validate=True)
+    except (KeyError, ValueError, TypeError, binascii.Error):
+        raise BindingError("envelope.wire is malformed", path=f"{TABLE}.envelope.wire") from None
 
 
 def _safe_parse_message(exc: Exception) -> str:
@@ -288,6 +309,7 @@ def from_document(doc: Mapping[str, Any] | str | bytes) -> Envelope:
     if not isinstance(doc, Mapping):
         raise BindingError(f"envelope document must be a JSON object, got {type(doc).__name__}", path="envelope")
     body = dict(doc)
+    body.pop(WIRE_KEY, None)
     payload_doc = body.pop(PAYLOAD_KEY, None)
     unknown_doc = body.pop(UNKNOWN_KEY, None)
     header = pb.PrismEnvelope()
@@ -314,12 +336,12 @@ def published_at(ms: int) -> datetime:
                            path="metadata.published_at_ms") from None
 
 
-def encode(env: Envelope) -> EventRow:
-    """The `prism_events` row for an envelope."""
+def encode(env: Envelope, *, wire: bytes | None = None) -> EventRow:
+    """The `prism_events` row for an envelope (`wire`: its exact bytes, when known)."""
     return EventRow(
         message_id=env.message_id,
         topic=env.topic,
-        envelope=to_document(env),
+        envelope=to_document(env, wire=wire),
         published_at=published_at(env.published_at_ms),
     )
 

@@ -96,7 +96,7 @@ class PostgresSink(Sink[pgb.EventRow]):
                    timeout_s=spec.timeout_ms / 1000)
 
     def encode(self, record: SinkRecord) -> pgb.EventRow:
-        return pgb.encode(record.envelope)
+        return pgb.encode(record.envelope, wire=record.raw)
 
     async def _open(self) -> None:
         self._conn = await _connect(self.dsn, self.schema, autocommit=True, timeout_s=self.timeout_s)
@@ -136,11 +136,15 @@ class ClaimedEvent:
     topic: str
     envelope: Envelope | None
     error: PrismError | None = None
+    stored_wire: tuple[Layout, bytes] | None = None
 
     def wire(self, layout: Layout = Layout.REVIEWED) -> bytes:
-        """The envelope's bytes in `layout` (what the sink's input topic carried)."""
+        """The envelope's bytes in `layout`: exactly what the sink's input topic carried when
+        the row kept them (and the layout matches), else re-encoded from the document."""
         if self.envelope is None:
             raise self.error or SinkError("row has no envelope", path=f"{pgb.TABLE}.id={self.id}")
+        if self.stored_wire is not None and self.stored_wire[0] is layout:
+            return self.stored_wire[1]
         return encode_envelope(self.envelope, layout)
 
 
@@ -217,7 +221,8 @@ class PostgresQueue:
         events = []
         for row in rows:
             try:
-                events.append(ClaimedEvent(row["id"], row["message_id"], row["topic"], pgb.decode(row)))
+                events.append(ClaimedEvent(row["id"], row["message_id"], row["topic"], pgb.decode(row),
+                                           stored_wire=pgb.wire_of(row["envelope"])))
             except PrismError as exc:
                 events.append(ClaimedEvent(row["id"], row["message_id"], row["topic"], None, exc))
         self._claim = Claim(self, events)
