@@ -80,14 +80,6 @@ class ArchiveWatcher:
                 self.seen[h["prism-source"].decode()] += 1
                 self.v3_ids[h["prism-message-id"].decode()] += 1
 
-    def per_partition_counts(self, source: str) -> dict[int, int]:
-        out: dict[int, int] = {}
-        for key in self.seen:
-            topic, part, off = key.rsplit("/", 2)
-            if topic == source:
-                out[int(part)] = max(out.get(int(part), 0), int(off) + 1)
-        return out
-
     async def wait_until(self, n_distinct: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while len(self.seen) < n_distinct:
