@@ -1,0 +1,310 @@
+"""Stage CPU benchmark (issue 3), broker-free: the worker's Chain + Publisher in-process.
+
+    .venv/bin/python -m bench.bench_stages [--n 20000] [--passes 5]        # µs / message / stage
+    .venv/bin/python -m bench.bench_stages --profile prof.out               # cProfile one pass
+    .venv/bin/python -m bench.bench_stages --baseline HEAD~3 [--rounds 5]   # before/after, interleaved
+
+Input: `bench.bench_pipeline.make_messages` (signed reviewed envelopes, JWT, 1 KB JSON) over
+`topologies/orders-created.yaml` with development keys, run the way
+`app/worker/pipeline.py` `_process_batch` runs them (batches of 500, publish timed as
+"publish", dedup ids recorded after the batch), minus Faust: the dedup window is an
+in-memory `DedupWindow` over a dict. The numbers are the chain's own `stats.stage_ns`.
+
+Why subprocesses for `--baseline`: the old and the new code are both the `app` package, so
+they cannot share one interpreter. The baseline's `app/` (and `topologies/`, `bench/`) is
+exported with `git archive` into a temporary folder (the repository is not touched) and the
+two variants run alternately, one pass each per round, so machine-load drift hits both
+alike; medians over rounds are reported.
+
+`--dump-corpus`/`--dump-outputs` check behaviour rather than speed: a fixed corpus (the demo
+load generator's mix plus bench messages) is written once, then every emission's and DLQ
+record's topic, key, value, headers and timestamp are written as JSON; run it under two
+code versions with the same keys folder and compare the files. Random trace/span ids are
+made deterministic (seeded `secrets.token_hex` in the trace-context module) and the wall
+clock is frozen at the corpus' creation time (error texts such as "expired N s ago").
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TOPIC = "orders.created"
+BATCH = 500
+STAGES = ("normalize", "validate", "authenticate", "verify_signature", "policy", "dedup", "enrich", "publish")
+
+Input = tuple[bytes, list[tuple[str, bytes]], bytes | None, int | None]  # value, headers, key, timestamp_ms
+
+
+@dataclass
+class Harness:
+    chain: Any
+    publisher: Any
+    dedup: Any
+
+
+def build(keys_dir: Path) -> Harness:
+    """Chain + Publisher for the orders-created topology, built as `PipelineApp._stages` does."""
+    from app.agents.authenticate import Authenticate
+    from app.agents.chain import Chain
+    from app.agents.dedup import Dedup
+    from app.agents.enrich import Enrich
+    from app.agents.normalize import Normalize
+    from app.agents.policy import Policy
+    from app.agents.publish import Publisher
+    from app.agents.validate import Validate
+    from app.agents.verify_signature import VerifySignature
+    from app.security.devkeys import ensure_dev_keys
+    from app.security.signing import load_signing_keyring
+    from app.tables.dedup import DedupWindow
+    from app.topology import load_topology
+    from app.worker.pipeline import resolve_schema
+    from bench.bench_pipeline import bench_topology
+
+    keys = ensure_dev_keys(keys_dir)
+    topo = load_topology(bench_topology(keys_dir, keys, TOPIC, None))
+    keyring = load_signing_keyring(keys.signing_path)
+    schema = resolve_schema(topo.stage("enrich"), topo.base_dir)
+    stages: list[Any] = []
+    dedup = None
+    for spec in topo.stages:
+        s = spec.settings
+        if spec.name == "normalize":
+            stages.append(Normalize(s, namespaces={x.topic: x.namespace or topo.namespace for x in topo.sources},
+                                    formats={x.topic: x.format for x in topo.sources}))
+        elif spec.name == "validate":
+            stages.append(Validate(s))
+        elif spec.name == "authenticate":
+            stages.append(Authenticate(s, jwks_path=str(topo.resolve(s.jwks))))
+        elif spec.name == "verify_signature":
+            stages.append(VerifySignature(s, keyring=keyring))
+        elif spec.name == "policy":
+            stages.append(Policy(s))
+        elif spec.name == "dedup":
+            dedup = Dedup(DedupWindow({}, window=float(s.window_s)))
+            stages.append(dedup)
+        elif spec.name == "enrich":
+            stages.append(Enrich(trace=s.trace, schema=schema))
+    policy = topo.stage("policy")
+    chain = Chain(stages, dlq_topic_for=lambda t: t + topo.dlq.topic_suffix,
+                  expired_to_dlq=bool(policy and policy.expired == "dlq"))
+    kid = topo.outputs.signing_key_id or keyring.worker_key_id
+    return Harness(chain, Publisher(topo, worker_key=keyring.signing[kid]), dedup)
+
+
+def run(h: Harness, inputs: Iterable[Input], *, partition_of: Any = None) -> list[tuple[str, Any]]:
+    """Process `inputs` like `PipelineApp._process_batch`; returns (outcome, emissions | dlq | reason)."""
+    from app.agents.base import Message
+    from app.agents.chain import Outcome
+
+    chain, publisher, dedup = h.chain, h.publisher, h.dedup
+    clock = time.perf_counter_ns
+    results: list[tuple[str, Any]] = []
+    items = list(inputs)
+    for b in range(0, len(items), BATCH):
+        emitted: list[Any] = []
+        for i, (value, headers, key, ts) in enumerate(items[b:b + BATCH], start=b):
+            part = partition_of(key) if partition_of else i % 4
+            msg = Message(topic=TOPIC, partition=part, offset=i, value=value, key=key,
+                          headers=[(k, v) for k, v in headers if v is not None], timestamp_ms=ts)
+            result = chain.run(msg)
+            if result.outcome is Outcome.EMITTED:
+                try:
+                    t0 = clock()
+                    emissions = publisher.emissions(msg)
+                    chain.stats.stage_ns["publish"] += clock() - t0
+                    chain.stats.stage_calls["publish"] += 1
+                    results.append(("emitted", emissions))
+                    emitted.append(msg)
+                except Exception as exc:
+                    result = chain.dlq_for_publish_failure(msg, exc)
+            if result.outcome is Outcome.DLQ:
+                results.append(("dlq", result.dlq))
+            elif result.outcome is not Outcome.EMITTED:
+                results.append((str(result.outcome), result.reason))
+        if dedup is not None:
+            for msg in emitted:
+                dedup.record_emitted(msg)
+            dedup.end_batch()
+    return results
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def _bench_inputs(keys_dir: Path, n: int) -> list[Input]:
+    from app.security.devkeys import ensure_dev_keys
+    from bench.bench_pipeline import make_messages
+
+    now = int(time.time() * 1000)
+    return [(v, [], str(i % 64).encode(), now) for i, v in enumerate(make_messages(ensure_dev_keys(keys_dir), TOPIC, n))]
+
+
+def one_pass(keys_dir: Path, inputs: list[Input]) -> dict[str, float]:
+    """µs per message per stage over one pass (a fresh chain, so no id is a duplicate)."""
+    h = build(keys_dir)
+    out = run(h, inputs)
+    assert all(o == "emitted" for o, _ in out), {o for o, _ in out}  # dropped work would prove nothing
+    us = h.chain.stats.stage_us_per_message()
+    return {k: us.get(k, 0.0) for k in STAGES}
+
+
+def worker(n: int, passes: int, keys_dir: Path) -> list[dict[str, float]]:
+    inputs = _bench_inputs(keys_dir, n)
+    one_pass(keys_dir, inputs[:BATCH])  # warm-up: imports, JWT cache, first-call costs
+    return [one_pass(keys_dir, inputs) for _ in range(passes)]
+
+
+def _table(columns: dict[str, dict[str, float]]) -> str:
+    names = list(columns)
+    lines = ["| stage | " + " | ".join(names) + (" | change |" if len(names) == 2 else " |"),
+             "|---|" + "---|" * (len(names) + (1 if len(names) == 2 else 0))]
+    for stage in (*STAGES, "total"):
+        vals = [columns[c][stage] for c in names]
+        row = f"| {stage} | " + " | ".join(f"{v:.1f}" for v in vals)
+        if len(names) == 2:
+            row += f" | {(vals[1] - vals[0]) / vals[0] * 100:+.0f} %" if vals[0] else " | |"
+        lines.append(row + " |")
+    return "\n".join(lines)
+
+
+def _medians(samples: list[dict[str, float]]) -> dict[str, float]:
+    med = {k: statistics.median(s[k] for s in samples) for k in STAGES}
+    med["total"] = statistics.median(sum(s[k] for k in STAGES) for s in samples)
+    return med
+
+
+def compare(baseline: str, n: int, rounds: int) -> dict[str, dict[str, float]]:
+    """Baseline (`git archive` of `baseline`) and working tree, alternating subprocess passes."""
+    tmp = Path(tempfile.mkdtemp(prefix="prism-bench-stages-"))
+    base_dir = tmp / "baseline"
+    base_dir.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", baseline, "app", "bench", "topologies"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(base_dir)], input=archive, check=True)
+    shutil.copy(Path(__file__), base_dir / "bench" / "bench_stages.py")  # same harness for both
+    keys_dir = tmp / "keys"
+    variants = {f"before ({baseline})": base_dir, "after (working tree)": ROOT}
+    samples: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    for r in range(rounds):
+        order = list(variants.items()) if r % 2 == 0 else list(reversed(variants.items()))
+        for name, cwd in order:
+            proc = subprocess.run([sys.executable, "-m", "bench.bench_stages", "--worker", "--n", str(n),
+                                   "--passes", "1", "--keys", str(keys_dir)],
+                                  cwd=str(cwd), check=True, capture_output=True, text=True)
+            res = json.loads(proc.stdout.strip().splitlines()[-1])
+            assert Path(res["app"]).resolve().is_relative_to(cwd.resolve()), res["app"]
+            samples[name].extend(res["passes"])
+            print(f"round {r + 1}/{rounds} {name}: total {sum(res['passes'][0].values()):.1f} µs", flush=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return {name: _medians(s) for name, s in samples.items()}
+
+
+# --------------------------------------------------------------------------- output equivalence
+
+
+def dump_corpus(path: Path, keys_dir: Path, n: int) -> None:
+    """A varied corpus: the demo load generator's mix (good, bad, duplicates) + bench messages."""
+    from app.demo.loadgen import LoadGenerator
+    from app.security.devkeys import ensure_dev_keys
+
+    keys = ensure_dev_keys(keys_dir)
+    gen = LoadGenerator(keys, topic=TOPIC, namespace="order-events", seed=11)
+    now = int(time.time() * 1000)
+    corpus = []
+    for i in range(n):
+        s = gen.next()
+        corpus.append({"value": s.value.hex(), "headers": [[k, v.hex()] for k, v in s.headers],
+                       "key": s.key.hex() if s.key is not None else None, "ts": now + i})
+    for v, _, k, ts in _bench_inputs(keys_dir, n // 4):
+        corpus.append({"value": v.hex(), "headers": [["traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-"
+                                                      b"00f067aa0ba902b7-01".hex()]],
+                       "key": k.hex() if k else None, "ts": ts})
+    path.write_text(json.dumps({"now": now / 1000, "items": corpus}))
+
+
+def dump_outputs(corpus_path: Path, out_path: Path, keys_dir: Path) -> None:
+    import app.observability.tracecontext as tc
+
+    rng = random.Random(1234)
+    tc.secrets.token_hex = lambda nbytes=32: rng.randbytes(nbytes).hex()  # type: ignore[assignment,misc]
+    doc = json.loads(corpus_path.read_text())
+    corpus, frozen = doc["items"], doc["now"] + 5.0
+    time.time = lambda: frozen  # error texts say "expired N s ago": freeze the wall clock
+    inputs: list[Input] = [(bytes.fromhex(c["value"]), [(k, bytes.fromhex(v)) for k, v in c["headers"]],
+                            bytes.fromhex(c["key"]) if c["key"] is not None else None, c["ts"]) for c in corpus]
+    h = build(keys_dir)
+    out = []
+
+    def rec(topic: str, r: Any) -> dict[str, Any]:
+        return {"topic": topic, "key": r.key.hex() if r.key is not None else None, "value": r.value.hex(),
+                "headers": [[k, v.hex()] for k, v in r.headers], "ts": r.timestamp_ms}
+
+    for outcome, item in run(h, inputs, partition_of=lambda key: (key or b"\0")[0] % 4):
+        if outcome == "emitted":
+            out.append({"outcome": outcome, "records": [rec(e.topic, e.record) for e in item]})
+        elif outcome == "dlq":
+            out.append({"outcome": outcome, "reason": item.reason, "record": rec(item.topic, item)})
+        else:
+            out.append({"outcome": outcome, "reason": item})
+    out_path.write_text(json.dumps(out, indent=0))
+    print(json.dumps(dict(h.chain.stats.outcomes)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=20000)
+    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--keys", type=Path, default=None, help="dev keys folder (created when missing)")
+    ap.add_argument("--worker", action="store_true", help="print one JSON line of per-pass results")
+    ap.add_argument("--profile", type=Path, default=None, help="cProfile one pass into this file")
+    ap.add_argument("--baseline", default=None, help="git ref to compare against, interleaved")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--dump-corpus", type=Path, default=None)
+    ap.add_argument("--dump-outputs", nargs=2, type=Path, metavar=("CORPUS", "OUT"), default=None)
+    args = ap.parse_args()
+    keys_dir = args.keys or Path(tempfile.mkdtemp(prefix="prism-bench-keys-"))
+    if args.dump_corpus:
+        dump_corpus(args.dump_corpus, keys_dir, args.n)
+    elif args.dump_outputs:
+        dump_outputs(*args.dump_outputs, keys_dir)
+    elif args.baseline:
+        res = compare(args.baseline, args.n, args.rounds)
+        print(f"\nµs per message, median of {args.rounds} interleaved rounds, n={args.n}\n")
+        print(_table(res))
+    elif args.profile:
+        inputs = _bench_inputs(keys_dir, args.n)
+        one_pass(keys_dir, inputs[:BATCH])
+        prof = cProfile.Profile()
+        prof.enable()
+        one_pass(keys_dir, inputs)
+        prof.disable()
+        prof.dump_stats(str(args.profile))
+        import pstats
+
+        pstats.Stats(prof).sort_stats("tottime").print_stats(40)
+    else:
+        import app
+
+        passes = worker(args.n, args.passes, keys_dir)
+        if args.worker:
+            print(json.dumps({"app": str(Path(app.__file__).parent), "passes": passes}))
+        else:
+            print(_table({"µs/msg (median)": _medians(passes)}))
+
+
+if __name__ == "__main__":
+    main()
