@@ -101,7 +101,7 @@ class RedactionFilter(logging.Filter):
         except Exception:  # bad format args: keep the template, drop the args (they may be secret)
             message = f"{record.msg!s} [unformattable log arguments dropped]"
         record.msg = r.redact(message)
-        record.args = None
+        record.args = ()  # not None: mode's formatter wraps a non-tuple into (None,) and breaks %-formatting
         if record.exc_info and record.exc_info[0] is not None:
             # Render the traceback now and drop the live exception: formatters then use
             # exc_text, and no later handler can re-render the secret-bearing message.

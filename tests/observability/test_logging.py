@@ -236,3 +236,16 @@ def test_register_secret_rules():
     assert r.secret_count == 50
     assert r.redact("x pii-value-0199 y") == f"x {MASK} y"
     assert is_sensitive_key("X-Api-Key") and is_sensitive_key("auth_tokens") and not is_sensitive_key("key_id")
+
+
+def test_redacted_record_still_formats_under_faust_worker_formatter() -> None:
+    """Faust's worker logs through mode's ExtensionFormatter, which wraps a non-tuple
+    ``record.args`` into a 1-tuple; the filter must leave args as an empty tuple, or every
+    record (e.g. mode's own "Gathering service tasks...") fails with a logging error."""
+    from mode.utils.logging import ExtensionFormatter
+
+    for msg, args in (("Gathering service tasks...", ()), ("committed %s", ([("t", 1, 5)],))):
+        record = logging.LogRecord("mode", logging.INFO, __file__, 1, msg, args, None)
+        assert RedactionFilter().filter(record)
+        out = ExtensionFormatter(stream=io.StringIO(), fmt="%(message)s").format(record)
+        assert out == (msg % args if args else msg)
