@@ -28,6 +28,10 @@ LAYOUT_OF = {"v2": Layout.DRAFT, "v3": Layout.REVIEWED}
 SOURCE_HEADER = "prism-source"
 
 
+def _forwardable(lowered: str) -> bool:
+    return lowered not in _DROP_HEADERS and not lowered.startswith("ce_")
+
+
 @dataclass(frozen=True, slots=True)
 class Emission:
     topic: str
@@ -37,6 +41,7 @@ class Emission:
 class Publisher:
     def __init__(self, topology: Topology, *, worker_key: SigningKey | None) -> None:
         self.layouts = [(suffix, LAYOUT_OF[suffix]) for suffix in topology.outputs.layouts]
+        self._layouts = tuple(layout for _, layout in self.layouts)
         self.sign_with = worker_key if topology.outputs.sign else None
         self.archive_topic = topology.archive.topic if topology.archive.enabled else None  # None: reads .v3
 
@@ -44,12 +49,12 @@ class Publisher:
         env = msg.env
         strip_token(env)
         forwarded = [(k, v) for k, v in kafka.passthrough_headers(msg.headers)
-                     if v is not None and k.lower() not in _DROP_HEADERS and not k.lower().startswith("ce_")]
+                     if v is not None and _forwardable(k.lower())] if msg.headers else []
         source = (SOURCE_HEADER, f"{msg.topic}/{msg.partition}/{msg.offset}".encode())
         out: list[Emission] = []
         reviewed: kafka.KafkaRecord | None = None
-        for suffix, layout in self.layouts:
-            rec = kafka.encode(env, layout, key=msg.key, headers=forwarded, sign_with=self.sign_with)
+        records = kafka.encode_layouts(env, self._layouts, key=msg.key, headers=forwarded, sign_with=self.sign_with)
+        for (suffix, layout), rec in zip(self.layouts, records, strict=True):
             rec.headers.append(source)
             out.append(Emission(f"{msg.topic}.{suffix}", rec))
             if layout is Layout.REVIEWED:

@@ -66,15 +66,20 @@ FIELDS: tuple[HeaderField, ...] = (
 
 def metadata_values(env: Envelope, layout: Layout) -> list[tuple[str, str]]:
     """(logical name, value) pairs a binding emits for `env` in `layout`."""
-    out: list[tuple[str, str]] = []
-    if layout is Layout.DRAFT:
-        out.append((ENVELOPE_VERSION, DRAFT_ENVELOPE_VERSION))
-    out.append((ENVELOPE_LAYOUT, layout.value))
+    out = layout_values(layout)
     for f in FIELDS:
         value = f.read(env)
         if value:
             out.append((f.name, value))
     return out
+
+
+def layout_values(layout: Layout) -> list[tuple[str, str]]:
+    """The (logical name, value) pairs that depend on the layout alone (version, layout): the
+    first entries of `metadata_values`, which bindings may precompute once per layout."""
+    if layout is Layout.DRAFT:
+        return [(ENVELOPE_VERSION, DRAFT_ENVELOPE_VERSION), (ENVELOPE_LAYOUT, layout.value)]
+    return [(ENVELOPE_LAYOUT, layout.value)]
 
 
 def layout_from_value(value: str, where: str) -> Layout:
@@ -198,6 +203,8 @@ def merge_headers(
     Forward an input record's headers with `passthrough_headers` to drop stale copies first.
     """
     extra = list(extra)
+    if not extra:  # the usual case when re-publishing: nothing to check or to give way to
+        return list(ours)
     ours_by_name: dict[str, V] = {name.lower(): value for name, value in ours}
     taken: set[str] = set()
     for name, value in extra:

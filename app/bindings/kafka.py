@@ -121,13 +121,31 @@ def is_owned(name: str) -> bool:
 def passthrough_headers(headers: Iterable[tuple[str, bytes | None]] | None) -> list[tuple[str, bytes | None]]:
     """An input record's headers minus the ones `encode` regenerates (`prism-*`, `traceparent`,
     `tracestate`): what to forward when re-publishing, so stale copies never clash."""
-    drop = {TRACEPARENT, TRACESTATE}
-    return [(n, v) for n, v in (headers or ()) if not is_owned(n) and n.lower() not in drop]
+    out = []
+    for n, v in headers or ():
+        low = n.lower()
+        if not low.startswith(PREFIX) and low not in _REGENERATED:
+            out.append((n, v))
+    return out
 
 
-def headers_for(env: Envelope, layout: Layout) -> list[tuple[str, bytes]]:
-    """The binding's own headers for `env` (see the module table)."""
-    out = [(_WIRE_NAMES[name], value.encode()) for name, value in c.metadata_values(env, layout)]
+#: `passthrough_headers` drops these besides `prism-*` (built once, not per record).
+_REGENERATED = frozenset({TRACEPARENT, TRACESTATE})
+#: The layout-only part of `headers_for` (version, layout), the same for every record of a layout.
+_LAYOUT_HEADERS: dict[Layout, tuple[tuple[str, bytes], ...]] = {
+    lay: tuple((_WIRE_NAMES[name], value.encode()) for name, value in c.layout_values(lay)) for lay in Layout}
+_FIELD_WIRE = tuple((_WIRE_NAMES[f.name], f.read) for f in c.FIELDS)
+
+
+def _envelope_headers(env: Envelope) -> list[tuple[str, bytes]]:
+    """The part of `headers_for` that depends on the envelope only, not on the layout: the
+    metadata copies and the W3C trace headers. Computed once when one envelope is written in
+    several layouts (`encode_layouts`)."""
+    out = []
+    for wire, read in _FIELD_WIRE:
+        value = read(env)
+        if value:
+            out.append((wire, value.encode()))
     tp = traceparent_of(env)
     if tp is not None:
         out.append((TRACEPARENT, tp.encode()))
@@ -135,6 +153,11 @@ def headers_for(env: Envelope, layout: Layout) -> list[tuple[str, bytes]]:
         if ts is not None:
             out.append((TRACESTATE, ts.encode()))
     return out
+
+
+def headers_for(env: Envelope, layout: Layout) -> list[tuple[str, bytes]]:
+    """The binding's own headers for `env` (see the module table)."""
+    return [*_LAYOUT_HEADERS[layout], *_envelope_headers(env)]
 
 
 def encode(
@@ -153,15 +176,35 @@ def encode(
     `BindingError`. With `sign_with`, the value is signed (`app.security.signing.sign`, which
     also records the key id and algorithm in `env.security`).
     """
-    value = sign(env, sign_with, layout) if sign_with is not None else encode_envelope(env, layout)
-    merged = c.merge_headers(headers_for(env, layout), headers, owned=is_owned, binding="kafka")
+    return encode_layouts(env, (layout,), key=key, key_fallback=key_fallback, headers=headers,
+                          sign_with=sign_with)[0]
+
+
+def encode_layouts(
+    env: Envelope,
+    layouts: Sequence[Layout],
+    *,
+    key: bytes | None = None,
+    key_fallback: KeyFallback = KeyFallback.CORRELATION_ID,
+    headers: Iterable[tuple[str, bytes]] = (),
+    sign_with: SigningKey | None = None,
+) -> list[KafkaRecord]:
+    """`[encode(env, layout, ...) for layout in layouts]`, record for record the same.
+
+    The worker writes every message in two layouts; what does not depend on the layout (the
+    metadata and trace headers, the key, the timestamp) is worked out once. Signing only
+    touches `env.security`, which none of those read, so computing them first is exact.
+    """
+    extra = list(headers)
+    common = _envelope_headers(env)
+    record_key = partition_key(env, key, key_fallback)
     ts = env.published_at_ms
-    return KafkaRecord(
-        key=partition_key(env, key, key_fallback),
-        value=value,
-        headers=merged,
-        timestamp_ms=ts if ts > 0 else None,
-    )
+    out = []
+    for layout in layouts:
+        value = sign(env, sign_with, layout) if sign_with is not None else encode_envelope(env, layout)
+        merged = c.merge_headers([*_LAYOUT_HEADERS[layout], *common], extra, owned=is_owned, binding="kafka")
+        out.append(KafkaRecord(key=record_key, value=value, headers=merged, timestamp_ms=ts if ts > 0 else None))
+    return out
 
 
 def _text_headers(headers: Sequence[tuple[str, bytes | None]] | None) -> list[tuple[str, str]]:
