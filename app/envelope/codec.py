@@ -61,6 +61,11 @@ def detect_layout(data: bytes | memoryview) -> Layout:
     return _detect(scan(memoryview(data)))
 
 
+def layout_of_records(records: list[tuple[int, int, int, int, int]]) -> Layout:
+    """`detect_layout` for callers that already scanned the records (`wire.scan`)."""
+    return _detect(records)
+
+
 def _detect(records: list[tuple[int, int, int, int, int]]) -> Layout:
     for r in records:
         if r[0] == 1:

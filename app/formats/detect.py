@@ -41,10 +41,18 @@ from google.protobuf.message import Message
 
 from app._gen.prism.envelope.draft import envelope_pb2 as dpb
 from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
-from app.envelope.codec import DEFAULT_LIMITS, Layout, Limits, decode, detect_layout
+from app.envelope.codec import (
+    DEFAULT_LIMITS,
+    Layout,
+    Limits,
+    decode,
+    decode_records,
+    detect_layout,
+    layout_of_records,
+)
 from app.envelope.model import Envelope, set_content_type
 from app.envelope.validation import required_problems
-from app.envelope.wire import read_varint
+from app.envelope.wire import read_varint, scan
 from app.errors import CloudEventError, EnvelopeError, FormatError, LnmpError, PrismShapeError, SizeLimitError
 from app.formats import cloudevents as ce
 from app.formats import legacy, lnmp, lnmp_bindings
@@ -96,16 +104,26 @@ def _content_type(pairs: list[tuple[str, bytes]]) -> str:
     return ""
 
 
-def _valid_envelope(value: bytes, limits: Limits, dropped: list[str]) -> Envelope | None:
+def _valid_envelope(value: bytes, limits: Limits, dropped: list[str]) -> tuple[Envelope, Layout] | None:
+    """The envelope and its layout when `value` decodes with no required-field problem.
+
+    What `decode(value, dropped=...)` does, step by step, so that the layout detected from the
+    scanned records is kept: the caller needs it, and would otherwise scan the bytes again.
+    """
     found: list[str] = []
     try:
-        env = decode(value, limits=limits, dropped=found)
+        if len(value) > limits.max_message_bytes:
+            return None  # decode's SizeLimitError, an EnvelopeError like the rest
+        view = memoryview(value)
+        records = scan(view)
+        layout = layout_of_records(records)
+        env = decode_records(view, records, layout, limits, found)
     except EnvelopeError:
         return None
     if required_problems(env):
         return None
     dropped += found
-    return env
+    return env, layout
 
 
 def _envelope_prefix(value: bytes) -> bool:
@@ -168,9 +186,12 @@ def _detect(value: bytes, pairs: list[tuple[str, bytes]], limits: Limits = DEFAU
         return InputShape.CLOUDEVENT_STRUCTURED, None
     if any(n.startswith(ce.CE_PREFIX) for n in names):
         return InputShape.CLOUDEVENT_BINARY, None
-    env = _valid_envelope(value, limits, dropped if dropped is not None else []) if value else None
-    if env is not None or _prism_hints(names) or _envelope_prefix(value):
-        layout = Layout.REVIEWED
+    valid = _valid_envelope(value, limits, dropped if dropped is not None else []) if value else None
+    if valid is not None:
+        env, layout = valid
+        return (InputShape.PRISM_DRAFT if layout is Layout.DRAFT else InputShape.PRISM_REVIEWED), env
+    if _prism_hints(names) or _envelope_prefix(value):
+        env, layout = None, Layout.REVIEWED
         with contextlib.suppress(EnvelopeError):
             layout = detect_layout(value)
         return (InputShape.PRISM_DRAFT if layout is Layout.DRAFT else InputShape.PRISM_REVIEWED), env
@@ -290,6 +311,8 @@ def _prism(data: bytes, pairs: list[tuple[str, bytes]], env: Envelope | None, no
                                   path="value", hint="the producer sent truncated or corrupted envelope bytes; "
                                                      "re-send the complete envelope") from None
         notes += [f"dropped converting the draft layout: {d}" for d in dropped]
+    if not pairs:  # nothing to cross-check, no token to take (the usual envelope on Kafka)
+        return env
     found = {n: v for n, v in pairs}
     for header, actual in (("prism-message-id", env.message_id), ("prism-topic", env.topic),
                            ("prism-namespace", env.namespace)):
