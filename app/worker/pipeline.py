@@ -56,6 +56,7 @@ from app.tables.counters import FaustTopicCounters
 from app.tables.dedup import FaustDedupWindow
 from app.tables.sequence import FaustSequenceTracker
 from app.topology import EnrichStage, Topology
+from app.worker.continuity import HoleFetcher, OffsetTracker
 from app.worker.faust_app import make_app
 
 if TYPE_CHECKING:
@@ -74,6 +75,8 @@ class RunStats:
     written: Counter[str] = field(default_factory=Counter)  # per output topic
     publish_retries: int = 0
     sequence: Counter[str] = field(default_factory=Counter)
+    #: source records the consumer skipped and the agent fetched itself (app/worker/continuity.py)
+    holes_repaired: int = 0
 
 
 def resolve_schema(settings: EnrichStage | None, base_dir: Path) -> SchemaInfo | None:
@@ -157,6 +160,16 @@ class PipelineApp:
             worker_key = self.keyring.signing[kid]
         self.publisher = Publisher(topology, worker_key=worker_key)
         self.schema = resolve_schema(topology.stage("enrich"), topology.base_dir)
+        # Offset continuity (app/worker/continuity.py): a record the consumer skipped is
+        # fetched and processed before anything after it is acknowledged.
+        self.offsets = OffsetTracker()
+        self.hole_fetcher = HoleFetcher(
+            bootstrap, group_id=self.app.conf.id,
+            auto_offset_reset=str(self.app.conf.consumer_auto_offset_reset),
+            consumer_kwargs=broker_settings.aiokafka_kwargs() if broker_settings else None)
+        self.app.on_partitions_revoked.connect(self._forget_partitions)
+        self.app.on_partitions_assigned.connect(self._forget_partitions)
+        self.app.on_before_shutdown.connect(self._stop_hole_fetcher)
         self.counters = FaustTopicCounters(self.app, "topic-counters", partitions=max(parts))
         self.sequences = FaustSequenceTracker(self.app, "sequences", partitions=max(parts))
         # Redaction is a property of the log handlers, not of callers (observability docs):
@@ -232,32 +245,22 @@ class PipelineApp:
         observed: list[tuple[Message, Any]] | None = None if obs is None else []
         if obs is not None:
             obs.batch_started()
+        offsets, repaired = self.offsets, list[Message]()
         for event in events:
             _current_event.set(weakref.ref(event))
             m = event.message
+            last_event_of_partition[(m.topic, m.partition)] = event
+            if not offsets.advance(m.topic, m.partition, m.offset):
+                # Records the consumer skipped come first, in order, routed like this event.
+                for msg in await self._missing_before(m.topic, m.partition, m.offset):
+                    event_of[id(msg)] = event
+                    repaired.append(msg)
+                    outcomes[(msg.topic, msg.partition, self._run_one(chain, msg, pending, observed))] += 1
             msg = Message(topic=m.topic, partition=m.partition, offset=m.offset, value=m.value or b"", key=m.key,
                           headers=[(k, v) for k, v in (m.headers or []) if v is not None],
                           timestamp_ms=int(m.timestamp * 1000) if m.timestamp else None)
-            last_event_of_partition[(m.topic, m.partition)] = event
             event_of[id(msg)] = event
-            result = chain.run(msg)
-            if result.outcome is Outcome.EMITTED:
-                try:
-                    t0 = time.perf_counter_ns()
-                    emissions = self.publisher.emissions(msg)
-                    chain.stats.stage_ns["publish"] += time.perf_counter_ns() - t0
-                    chain.stats.stage_calls["publish"] += 1
-                    pending.append((msg, emissions))
-                except Exception as exc:  # encoding/signing failed: DLQ, never crash
-                    result = chain.dlq_for_publish_failure(msg, exc)
-                else:
-                    self._track_sequence(msg)
-            if result.outcome is Outcome.DLQ:
-                assert result.dlq is not None
-                pending.append((msg, result.dlq))
-            outcomes[(m.topic, m.partition, str(result.outcome))] += 1
-            if observed is not None:
-                observed.append((msg, result))
+            outcomes[(m.topic, m.partition, self._run_one(chain, msg, pending, observed))] += 1
 
         written = await self._write_all(chain, producer, pending)
         dedup = self.dedups.get(id(chain))
@@ -275,9 +278,73 @@ class PipelineApp:
         # that sees `read == n` can rely on all n being accounted for.
         if obs is not None and observed is not None:
             obs.batch_done(chain, events[0].message.topic, observed)
-        self.stats.read += len(events)
+        # Acknowledge repaired records like the batch's own events (Faust does those when this
+        # returns): now that their outputs are written, and so that commits move past them.
+        for msg in repaired:
+            self.app.consumer.ack(_faust_message(msg))
+        self.stats.read += len(events) + len(repaired)
         if self.on_batch is not None:
             self.on_batch(self.stats)
+
+    def _run_one(self, chain: Chain, msg: Message, pending: list[tuple[Message, list[Emission] | DlqRecord]],
+                 observed: list[tuple[Message, Any]] | None) -> str:
+        """Run the chain (and build the emissions) for one message; returns its outcome."""
+        result = chain.run(msg)
+        if result.outcome is Outcome.EMITTED:
+            try:
+                t0 = time.perf_counter_ns()
+                emissions = self.publisher.emissions(msg)
+                chain.stats.stage_ns["publish"] += time.perf_counter_ns() - t0
+                chain.stats.stage_calls["publish"] += 1
+                pending.append((msg, emissions))
+            except Exception as exc:  # encoding/signing failed: DLQ, never crash
+                result = chain.dlq_for_publish_failure(msg, exc)
+            else:
+                self._track_sequence(msg)
+        if result.outcome is Outcome.DLQ:
+            assert result.dlq is not None
+            pending.append((msg, result.dlq))
+        if observed is not None:
+            observed.append((msg, result))
+        return str(result.outcome)
+
+    async def _missing_before(self, topic: str, partition: int, offset: int) -> list[Message]:
+        """The source records between the last one processed on this partition and `offset`
+        that the consumer never handed over (usually none). Retries until the broker answers:
+        acknowledging past an unread record could lose it."""
+        tracker = self.offsets
+        if not tracker.known(topic, partition):
+            start = await self._retrying(lambda: self.hole_fetcher.expected_start(topic, partition),
+                                         f"the start offset of {topic}[{partition}]")
+            if start is not None:
+                tracker.start_at(topic, partition, start)
+        hole = tracker.observe(topic, partition, offset)
+        if hole is None:
+            return []
+        records = await self._retrying(lambda: self.hole_fetcher.fetch(hole), str(hole))
+        if records:
+            self.stats.holes_repaired += len(records)
+            log.warning("the consumer skipped %d record(s) at %s; fetched and processed them before acknowledging "
+                        "anything after them", len(records), hole)
+        return [_message_from_record(r) for r in records]
+
+    async def _retrying(self, call: Callable[[], Awaitable[Any]], what: str) -> Any:
+        attempt = 1
+        while True:
+            try:
+                return await call()
+            except Exception as exc:  # broker unreachable: block rather than acknowledge blindly
+                attempt += 1
+                log.warning("reading %s failed (%r); retrying", what, exc)
+                await asyncio.sleep(_backoff(attempt, self.topology.dlq.backoff_initial_ms,
+                                             self.topology.dlq.backoff_max_ms))
+
+    async def _forget_partitions(self, sender: Any, partitions: Any = None, **kwargs: Any) -> None:
+        # Revoked or (re)assigned: Faust seeks to the committed offset, expectations start afresh.
+        self.offsets.forget(partitions or kwargs.get("revoked") or kwargs.get("assigned") or ())
+
+    async def _stop_hole_fetcher(self, sender: Any, **kwargs: Any) -> None:
+        await self.hole_fetcher.stop()
 
     def _track_sequence(self, msg: Message) -> None:
         raw = msg.env.extensions.get(LNMP_SEQUENCE_EXT)
@@ -359,6 +426,20 @@ class PipelineApp:
 
 async def _redact_after_startup() -> None:
     install_redaction()
+
+
+def _message_from_record(r: Any) -> Message:
+    """A `Message` from an aiokafka `ConsumerRecord` (the records the continuity check fetched)."""
+    return Message(topic=r.topic, partition=r.partition, offset=r.offset, value=r.value or b"", key=r.key,
+                   headers=[(k, v) for k, v in (r.headers or ()) if v is not None],
+                   timestamp_ms=r.timestamp if r.timestamp and r.timestamp > 0 else None)
+
+
+def _faust_message(msg: Message) -> Any:
+    from faust.types import Message as FaustMessage
+
+    return FaustMessage(msg.topic, msg.partition, msg.offset, (msg.timestamp_ms or 0) / 1000, 0, msg.headers,
+                        msg.key, msg.value, None)
 
 
 def _ts(ms: int | None) -> float | None:
