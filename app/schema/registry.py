@@ -10,13 +10,14 @@
 - Every mutation is written to the audit log (who, what, when).
 - Reads are served from in-process caches: schema texts by id never change, so that cache
   needs no invalidation; subject/version lookups are invalidated on delete/register.
+- ``self.metrics`` (:class:`~app.schema.metrics.RegistryMetrics`) counts cache lookups,
+  compatibility verdicts, rejections by reason and PII-policy rejections for ``/metrics``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ from app.schema import pii as pii_mod
 from app.schema.canonical import schema_hash
 from app.schema.compat import check as compat_check
 from app.schema.compat import parse_schema
+from app.schema.metrics import RegistryMetrics
 from app.schema.model import CompatibilityMode, CompatResult, Finding, SchemaError, SchemaFormat, Severity
 from app.schema.store import ApprovalRow, SchemaRow, SqlStore, VersionRow
 
@@ -132,21 +134,6 @@ class RegisterResult:
     approval_id: int | None = None
 
 
-@dataclass
-class Metrics:
-    """Counters for /metrics (RFC-030 Observability). Plain ints: cheap, thread-safe enough under GIL."""
-
-    requests: Counter = field(default_factory=Counter)  # (operation, status) -> n
-    cache_hits: int = 0
-    cache_misses: int = 0
-    validation_failures: Counter = field(default_factory=Counter)  # (subject, reason) -> n
-
-    @property
-    def cache_hit_rate(self) -> float:
-        total = self.cache_hits + self.cache_misses
-        return self.cache_hits / total if total else 0.0
-
-
 def namespace_of(subject: str) -> str:
     """Default namespace of a subject: the part before the first '.' (``orders.created`` -> ``orders``).
 
@@ -163,7 +150,7 @@ class Registry:
         self.store = store
         self.default = Policy(CompatibilityMode.parse(default_compatibility),
                               pii_mod.PiiPolicy.parse(default_pii_policy), False, "default")
-        self.metrics = Metrics()
+        self.metrics = RegistryMetrics()
         self._schema_cache: dict[int, SchemaRow] = {}
         self._version_cache: dict[tuple[str, int], RegisteredVersion] = {}
         self._latest_cache: dict[str, RegisteredVersion] = {}
@@ -173,9 +160,9 @@ class Registry:
     def _schema_row(self, schema_id: int) -> SchemaRow:
         row = self._schema_cache.get(schema_id)
         if row is not None:
-            self.metrics.cache_hits += 1
+            self.metrics.cache("schema", True)
             return row
-        self.metrics.cache_misses += 1
+        self.metrics.cache("schema", False)
         row = self.store.schema_by_id(schema_id)
         if row is None:
             raise SchemaNotFound(f"Schema {schema_id} not found")
@@ -204,9 +191,9 @@ class Registry:
         if version in ("latest", -1, "-1"):
             cached = self._latest_cache.get(subject)
             if cached is not None:
-                self.metrics.cache_hits += 1
+                self.metrics.cache("latest", True)
                 return cached
-            self.metrics.cache_misses += 1
+            self.metrics.cache("latest", False)
             rows = self.store.versions(subject)
             if not rows:
                 raise SubjectNotFound(f"Subject '{subject}' not found.")
@@ -217,9 +204,9 @@ class Registry:
         key = (subject, num)
         cached = self._version_cache.get(key)
         if cached is not None and not include_deleted:
-            self.metrics.cache_hits += 1
+            self.metrics.cache("version", True)
             return cached
-        self.metrics.cache_misses += 1
+        self.metrics.cache("version", False)
         row = self.store.version(subject, num, include_deleted)
         if row is None:
             if not self.store.versions(subject, include_deleted=True):
@@ -323,11 +310,19 @@ class Registry:
         except SchemaError as e:
             raise InvalidSchema(f"Invalid schema: {e}") from e
 
+    def _validated_hash(self, fmt: SchemaFormat, text: str, operation: str) -> str:
+        """``_hash`` that counts an unparsable schema as a validation failure of ``operation``."""
+        try:
+            return self._hash(fmt, text)
+        except InvalidSchema:
+            self.metrics.validation_failure(operation, "invalid_schema")
+            raise
+
     def check(self, subject: str, text: str, fmt: SchemaFormat | str, *, version: int | str | None = None,
               mode: CompatibilityMode | str | None = None) -> CompatResult:
         """Compatibility of ``text`` with the subject: against one ``version``, or per the policy's mode."""
         fmt = SchemaFormat.parse(fmt)
-        self._hash(fmt, text)
+        self._validated_hash(fmt, text, "check")
         eff = CompatibilityMode.parse(mode) if mode else self.policy(subject).compatibility
         try:
             history = self.versions(subject)
@@ -346,6 +341,7 @@ class Registry:
                             f"schema format changed from {other[-1].format.value} to {fmt.value}",
                             "use a new subject for a new format")
             result = CompatResult(result.mode, (extra, *result.findings))
+        self.metrics.compat_check(fmt.value, result.mode.value, result.is_compatible)
         return result
 
     def register(self, subject: str, text: str, fmt: SchemaFormat | str = SchemaFormat.AVRO, *,
@@ -353,18 +349,19 @@ class Registry:
                  metadata: dict[str, Any] | None = None, dry_run: bool = False) -> RegisterResult:
         """Register a new version (or return the existing identical one). See module docstring."""
         fmt = SchemaFormat.parse(fmt)
-        h = self._hash(fmt, text)
+        h = self._validated_hash(fmt, text, "register")
         with self._write_lock:
             existing = [r for r in self.store.versions(subject) if self._schema_row(r.schema_id).hash == h]
             pol = self.policy(subject, namespace)
             if existing:
                 rv = self._materialize(existing[-1])
-                self.metrics.requests[("register", "idempotent")] += 1
+                self.metrics.registration(created=False)
                 return RegisterResult(rv, False, CompatResult(pol.compatibility), [])
             pii_findings = pii_mod.check_policy(fmt, text, pol.pii_policy)
             blocking_pii = [f for f in pii_findings if f.severity is Severity.BREAKING]
             if blocking_pii:
-                self.metrics.validation_failures[(subject, "pii_untagged")] += 1
+                self.metrics.validation_failure("register", "pii_untagged")
+                self.metrics.pii_rejection(pol.pii_policy.value)
                 self.store.append_audit(actor, "register.rejected", subject, None,
                                         {"reason": "pii", "findings": [f.to_dict() for f in blocking_pii]})
                 raise PiiPolicyViolation(
@@ -376,7 +373,7 @@ class Registry:
                 if pol.approval_required and approved:
                     approval_id = approved[-1].id
                 else:
-                    self.metrics.validation_failures[(subject, "incompatible")] += 1
+                    self.metrics.validation_failure("register", "incompatible")
                     self.store.append_audit(actor, "register.rejected", subject, None,
                                             {"reason": "incompatible", "mode": compat.mode.value,
                                              "findings": [f.to_dict() for f in compat.breaking]})
@@ -401,7 +398,7 @@ class Registry:
                 self.store.decide_approval(approval_id, "consumed", actor)
             self._latest_cache.pop(subject, None)
             rv = self.get(subject, num)
-            self.metrics.requests[("register", "created")] += 1
+            self.metrics.registration(created=True)
             return RegisterResult(rv, True, compat, pii_findings, approval_id)
 
     def delete_version(self, subject: str, version: int | str, *, actor: str, permanent: bool = False,

@@ -118,6 +118,6 @@ def test_metrics_and_ui(client: TestClient) -> None:
     client.get("/v1/subjects/orders.created/versions/1")
     client.get("/v1/subjects/orders.created/versions/1")
     text = client.get("/metrics").text
-    assert 'prism_schema_registry_validation_failures{topic="orders.created",reason="incompatible"} 1' in text
-    assert "prism_schema_registry_cache_hit_rate" in text and "prism_schema_registry_requests_total" in text
+    assert 'prism_schema_registry_validation_failures_total{operation="register",reason="incompatible"} 1.0' in text
+    assert "prism_schema_registry_cache_hit_ratio" in text and "prism_schema_registry_requests_total" in text
     assert "Prism Schema Registry" in client.get("/ui").text
