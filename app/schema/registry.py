@@ -466,7 +466,12 @@ class Registry:
 
     # -- consumers, audit -------------------------------------------------------------------
     def report_consumer(self, subject: str, version: int, consumer_id: str) -> None:
-        """Subscribers report the version they read (feeds 'active consumers' and delete safety)."""
+        """Subscribers report the version they read (feeds 'active consumers' and delete safety).
+
+        The version must exist (404 otherwise): reports come from any SDK pointed at this
+        registry, and rows for subjects it does not hold would only be noise.
+        """
+        self.get(subject, version)
         self.store.report_consumer(subject, consumer_id, version)
 
     def active_consumers(self, subject: str) -> list[tuple[str, int, float]]:

@@ -38,9 +38,20 @@ _DDL = [
         id {pk}, subject TEXT NOT NULL, hash TEXT NOT NULL, format TEXT NOT NULL, schema TEXT NOT NULL,
         requested_by TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', status TEXT NOT NULL,
         decided_by TEXT, created_at DOUBLE PRECISION NOT NULL, decided_at DOUBLE PRECISION)""",
+    # Legacy: one row per (subject, consumer), so a consumer reading two versions showed only
+    # the last one. Kept so that _init_schema can copy its rows into consumer_versions.
     """CREATE TABLE IF NOT EXISTS consumers (
         subject TEXT NOT NULL, consumer_id TEXT NOT NULL, version INTEGER NOT NULL,
         last_seen DOUBLE PRECISION NOT NULL, PRIMARY KEY (subject, consumer_id))""",
+    # One row per version a consumer read: during a rollout a consumer group reads v1 and v2
+    # at once, and both versions must count it (delete safety, "active consumers").
+    """CREATE TABLE IF NOT EXISTS consumer_versions (
+        subject TEXT NOT NULL, consumer_id TEXT NOT NULL, version INTEGER NOT NULL,
+        last_seen DOUBLE PRECISION NOT NULL, PRIMARY KEY (subject, consumer_id, version))""",
+    # (WHERE 1 = 1: SQLite cannot parse INSERT ... SELECT ... ON CONFLICT without a WHERE.)
+    """INSERT INTO consumer_versions (subject, consumer_id, version, last_seen)
+        SELECT subject, consumer_id, version, last_seen FROM consumers WHERE 1 = 1
+        ON CONFLICT (subject, consumer_id, version) DO NOTHING""",
 ]
 
 
@@ -296,14 +307,16 @@ class SqlStore:
 
     # -- consumers --------------------------------------------------------------------------
     def report_consumer(self, subject: str, consumer_id: str, version: int) -> None:
-        self._q("INSERT INTO consumers (subject, consumer_id, version, last_seen) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (subject, consumer_id) DO UPDATE SET version = excluded.version, "
-                "last_seen = excluded.last_seen", (subject, consumer_id, version, time.time()))
+        """``consumer_id`` read ``version`` of ``subject`` just now (one row per version it reads)."""
+        self._q("INSERT INTO consumer_versions (subject, consumer_id, version, last_seen) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (subject, consumer_id, version) DO UPDATE SET last_seen = excluded.last_seen",
+                (subject, consumer_id, version, time.time()))
 
     def consumers(self, subject: str, since: float) -> list[tuple[str, int, float]]:
+        """(consumer_id, version, last_seen) seen since ``since``; a consumer appears once per version."""
         return [(r[0], int(r[1]), float(r[2])) for r in self._q(
-            "SELECT consumer_id, version, last_seen FROM consumers WHERE subject = ? AND last_seen >= ? "
-            "ORDER BY consumer_id", (subject, since))]
+            "SELECT consumer_id, version, last_seen FROM consumer_versions WHERE subject = ? AND last_seen >= ? "
+            "ORDER BY consumer_id, version", (subject, since))]
 
 
 class SqliteStore(SqlStore):

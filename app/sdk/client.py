@@ -34,6 +34,7 @@ from app.sdk.backends.base import Backend, BackendSubscription, Delivery, Outgoi
 from app.sdk.options import DEFAULT_OPTIONS, PrismPublishOptions, current_otel_context, trace_context_of
 from app.sdk.pii import PiiPolicy
 from app.sdk.received import ReceivedEnvelope
+from app.sdk.usage import DEFAULT_INTERVAL_S, VersionReporter
 from app.security.encryption import encrypt_envelope
 from app.security.keys import DataKeyProvider, KeyProvider
 from app.security.signing import SigningKey, VerificationKeys
@@ -88,6 +89,11 @@ class PrismClient:
     (claimed identity; the worker replaces it with the JWT's), `auth_token` (a JWT string or
     a callable returning one, for the worker's `authenticate` stage).
 
+    `registry_url` (a Prism schema registry): subscriptions report the schema versions they
+    read, as `consumer_id` (default: the subscription's group), at most once per version per
+    `report_interval_s`, in the background - see `app.sdk.usage`. A registry that is down
+    never delays or fails a message.
+
     The connection opens on first use, or explicitly with `connect()` / `async with`.
     """
 
@@ -102,6 +108,9 @@ class PrismClient:
         publisher_id: str | None = None,
         publisher_team: str | None = None,
         auth_token: str | Callable[[], str] | None = None,
+        registry_url: str | None = None,
+        consumer_id: str | None = None,
+        report_interval_s: float = DEFAULT_INTERVAL_S,
     ) -> None:
         if not namespace:
             raise ConfigError("namespace must not be empty", path="PrismClient(namespace=)",
@@ -119,6 +128,9 @@ class PrismClient:
         self._closed = False
         self._lock = asyncio.Lock()
         self._subscriptions: set[Subscription] = set()
+        self.consumer_id = consumer_id
+        self.version_reporter: VersionReporter | None = (
+            VersionReporter(registry_url, interval=report_interval_s) if registry_url else None)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def connect(self) -> Self:
@@ -137,6 +149,8 @@ class PrismClient:
         self._closed = True
         for sub in list(self._subscriptions):
             await sub.close()
+        if self.version_reporter is not None:
+            await self.version_reporter.close()
         if self._connected:
             self._connected = False
             await self.backend.close()
@@ -328,6 +342,8 @@ class Subscription:
         self._buffer: deque[Delivery] = deque()
         self._closed = False
         self._start_lock = asyncio.Lock()
+        self._reporter = client.version_reporter
+        self._consumer_id = client.consumer_id or settings.group
         #: Counters: messages decoded, and of those dropped as expired.
         self.stats = {"received": 0, "expired": 0}
 
@@ -427,8 +443,10 @@ class Subscription:
             verified = env.security.signature_key_id or "(unnamed key)"
         msg = ReceivedEnvelope(env, d, decrypt_with=self.decrypt_with, payload_type=self.payload_type,
                                pii=self.pii, verified_key_id=verified)
+        sc = env.schema
+        if self._reporter is not None and sc is not None and sc.schema_url:
+            self._reporter.seen(self._consumer_id, sc.schema_url)
         if self.assertion is not None:
-            sc = env.schema
             try:
                 self.assertion.check(sc.schema_version if sc is not None else None,
                                      sc.schema_hash if sc is not None else None)
