@@ -8,6 +8,7 @@
    Schema), median of repeated runs, cold (first protoc compile) and warm (cached).
 
     python -m bench.bench_registry [--seconds 5] [--threads 16] [--json out.json]
+    python -m bench.bench_registry --compare /tmp/before --rounds 3 --seconds 4   # A/B, interleaved
 """
 
 from __future__ import annotations
@@ -88,13 +89,16 @@ def _load_worker(port: int, path: str, seconds: float, threads: int, q: mp.Queue
     q.put({"latencies": lat, "errors": errors[0], "elapsed": time.perf_counter() - t0})
 
 
-def bench_get(seconds: float, threads: int) -> dict:
+def bench_get(seconds: float, threads: int, root: Path = ROOT) -> dict:
+    """GET load against a server running the code in ``root`` (another checkout for A/B runs)."""
     port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "PRISM_REGISTRY_DB": f"sqlite:///{tmp}/bench.db", "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "PRISM_REGISTRY_DB": f"sqlite:///{tmp}/bench.db", "PYTHONPATH": str(root)}
+        # uvloop and httptools named explicitly: "auto" silently falls back to asyncio/h11
         server = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "app.schema.service:app", "--host", "127.0.0.1", "--port", str(port),
-             "--log-level", "warning", "--no-access-log"], cwd=ROOT, env=env)
+             "--loop", "uvloop", "--http", "httptools", "--log-level", "warning", "--no-access-log"],
+            cwd=root, env=env)
         try:
             deadline = time.time() + 20
             while True:
@@ -161,12 +165,44 @@ def bench_compat(repeat: int = 20) -> dict:
     return out
 
 
+def compare_get(seconds: float, threads: list[int], before: Path, rounds: int) -> dict:
+    """A/B: ``before`` (another checkout) and this tree take turns, round by round, so the
+    shared machine's load swings hit both alike; medians over rounds are reported."""
+    runs: dict[str, list[dict]] = {}
+    for r in range(rounds):
+        order = [("before", before), ("after", ROOT)]
+        if r % 2:
+            order.reverse()
+        for n in threads:
+            for variant, root in order:
+                for path, res in bench_get(seconds, n, root).items():
+                    runs.setdefault(f"{variant}/{path}/t{n}", []).append(res)
+    out = {}
+    for key, rs in sorted(runs.items()):
+        out[key] = {k: round(statistics.median(x[k] for x in rs), 3) for k in ("rps", "p50_ms", "p99_ms", "max_ms")}
+        out[key]["p99_ms_per_round"] = [x["p99_ms"] for x in rs]
+        out[key]["errors"] = sum(x["errors"] for x in rs)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--compare", type=Path, metavar="CHECKOUT",
+                    help="A/B the GET paths against the code in another checkout (e.g. a git worktree)")
+    ap.add_argument("--compare-threads", default="4,16", help="thread counts for --compare")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds for --compare")
     args = ap.parse_args(argv)
+    if args.compare:
+        result = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "seconds": args.seconds,
+                  "before": str(args.compare), "get_ab": compare_get(
+                      args.seconds, [int(x) for x in args.compare_threads.split(",")], args.compare, args.rounds)}
+        print(json.dumps(result, indent=2))
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2))
+        return 0
     result = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "compat": bench_compat(),
               "get": bench_get(args.seconds, args.threads)}
     print(json.dumps(result, indent=2))

@@ -154,7 +154,41 @@ class Registry:
         self._schema_cache: dict[int, SchemaRow] = {}
         self._version_cache: dict[tuple[str, int], RegisteredVersion] = {}
         self._latest_cache: dict[str, RegisteredVersion] = {}
+        #: Pre-serialized GET response bodies (the REST layer's fast path), cleared on every write.
+        self.response_cache: dict[str, bytes] = {}
         self._write_lock = threading.Lock()
+        # Readers fill caches outside the write lock; a write bumps the generation and drops
+        # entries under _cache_lock, and a reader only stores a value computed in an unchanged
+        # generation - so a read racing a register/delete can never leave a stale "latest".
+        self._cache_lock = threading.Lock()
+        self._generation = 0
+
+    @property
+    def cache_generation(self) -> int:
+        """Read before computing a cacheable value; pass to :meth:`cache_response`."""
+        return self._generation
+
+    def cache_response(self, key: str, generation: int, body: bytes) -> bool:
+        """Keep ``body`` for ``key`` unless a write happened since ``generation`` was read."""
+        with self._cache_lock:
+            if generation != self._generation:
+                return False
+            self.response_cache[key] = body
+            return True
+
+    def _invalidate(self, subject: str, version: int | None = None) -> None:
+        with self._cache_lock:
+            self._generation += 1
+            self._latest_cache.pop(subject, None)
+            if version is not None:
+                self._version_cache.pop((subject, version), None)
+            self.response_cache.clear()
+
+    def _cache_put(self, cache: dict[Any, RegisteredVersion], key: Any, generation: int,
+                   rv: RegisteredVersion) -> None:
+        with self._cache_lock:
+            if generation == self._generation:
+                cache[key] = rv
 
     # -- reads ------------------------------------------------------------------------------
     def _schema_row(self, schema_id: int) -> SchemaRow:
@@ -194,11 +228,12 @@ class Registry:
                 self.metrics.cache("latest", True)
                 return cached
             self.metrics.cache("latest", False)
+            gen = self._generation
             rows = self.store.versions(subject)
             if not rows:
                 raise SubjectNotFound(f"Subject '{subject}' not found.")
             rv = self._materialize(rows[-1])
-            self._latest_cache[subject] = rv
+            self._cache_put(self._latest_cache, subject, gen, rv)
             return rv
         num = self._version_number(subject, version)
         key = (subject, num)
@@ -207,6 +242,7 @@ class Registry:
             self.metrics.cache("version", True)
             return cached
         self.metrics.cache("version", False)
+        gen = self._generation
         row = self.store.version(subject, num, include_deleted)
         if row is None:
             if not self.store.versions(subject, include_deleted=True):
@@ -214,7 +250,7 @@ class Registry:
             raise VersionNotFound(f"Version {version} not found.")
         rv = self._materialize(row)
         if not row.deleted:
-            self._version_cache[key] = rv
+            self._cache_put(self._version_cache, key, gen, rv)
         return rv
 
     def _version_number(self, subject: str, version: int | str) -> int:
@@ -396,7 +432,7 @@ class Registry:
                 "warnings": [f.to_dict() for f in [*compat.warnings, *pii_findings]]})
             if approval_id is not None:
                 self.store.decide_approval(approval_id, "consumed", actor)
-            self._latest_cache.pop(subject, None)
+            self._invalidate(subject)
             rv = self.get(subject, num)
             self.metrics.registration(created=True)
             return RegisterResult(rv, True, compat, pii_findings, approval_id)
@@ -425,8 +461,7 @@ class Registry:
                 raise DeleteRefused(f"Version {num} of '{subject}' has {len(active)} active consumer(s) "
                                     f"({', '.join(c[0] for c in active)}); pass force to delete anyway")
             self.store.mark_deleted(subject, num)
-        self._version_cache.pop((subject, num), None)
-        self._latest_cache.pop(subject, None)
+        self._invalidate(subject, num)
         self.store.append_audit(actor, "delete.permanent" if permanent else "delete", subject, num,
                                 {"force": force})
         return num
