@@ -15,18 +15,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 
 from app.schema.model import SchemaError, SchemaFormat
 
 
-def canonical_bytes(fmt: SchemaFormat | str, text: str) -> bytes:
+def canonical_bytes(fmt: SchemaFormat | str, text: str, imports: Mapping[str, str] | None = None) -> bytes:
+    """``imports`` (protobuf only): the texts of referenced files by import path, so a schema
+    with Confluent references compiles; without imports the result is what it always was."""
     fmt = SchemaFormat.parse(fmt)
     if fmt is SchemaFormat.PROTOBUF:
         from google.protobuf import descriptor_pb2
 
         from app.schema.protoparse import compile_proto
 
-        schema = compile_proto(text)
+        schema = compile_proto(text, imports=imports)
         fds = descriptor_pb2.FileDescriptorSet()
         for f in schema.user_files():
             fds.file.add().CopyFrom(f)
@@ -38,6 +41,8 @@ def canonical_bytes(fmt: SchemaFormat | str, text: str) -> bytes:
     return json.dumps(parsed, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def schema_hash(fmt: SchemaFormat | str, text: str) -> str:
-    """``sha256:<64 hex>`` of the canonical form."""
-    return "sha256:" + hashlib.sha256(canonical_bytes(fmt, text)).hexdigest()
+def schema_hash(fmt: SchemaFormat | str, text: str, imports: Mapping[str, str] | None = None,
+                suffix: bytes = b"") -> str:
+    """``sha256:<64 hex>`` of the canonical form (plus ``suffix``: the registry appends the
+    schema's references, which are part of its identity; empty for a plain schema)."""
+    return "sha256:" + hashlib.sha256(canonical_bytes(fmt, text, imports) + suffix).hexdigest()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,10 +127,11 @@ class PiiReport:
 # Field enumeration per format: (path, name, tags{pii,encrypt,index}, deprecated)
 
 
-def _proto_fields(text: str) -> Iterator[tuple[str, str, dict[str, str], bool]]:
+def _proto_fields(text: str, imports: Mapping[str, str] | None = None
+                  ) -> Iterator[tuple[str, str, dict[str, str], bool]]:
     from app.schema.protoparse import compile_proto, string_options
 
-    schema = compile_proto(text)
+    schema = compile_proto(text, imports=imports)
     for fd in schema.user_files():
         def walk(msgs: Any, prefix: str) -> Iterator[tuple[str, str, dict[str, str], bool]]:
             for m in msgs:
@@ -195,26 +196,29 @@ def _avro_fields(text: str) -> Iterator[tuple[str, str, dict[str, str], bool]]:
     yield from walk(root, "")
 
 
-def scan(fmt: SchemaFormat | str, text: str) -> PiiReport:
-    """Every field that is tagged PII or looks like PII, with its tags."""
+def scan(fmt: SchemaFormat | str, text: str, imports: Mapping[str, str] | None = None) -> PiiReport:
+    """Every field that is tagged PII or looks like PII, with its tags.
+
+    ``imports`` (protobuf): referenced files by import path, for schemas with references;
+    their fields are scanned too, since they travel in the same payload."""
     fmt = SchemaFormat.parse(fmt)
-    gen = {SchemaFormat.PROTOBUF: _proto_fields, SchemaFormat.JSON: _json_fields,
-           SchemaFormat.AVRO: _avro_fields}[fmt]
+    fields = (_proto_fields(text, imports) if fmt is SchemaFormat.PROTOBUF
+              else _json_fields(text) if fmt is SchemaFormat.JSON else _avro_fields(text))
     out = []
-    for path, name, tags, deprecated in gen(text):
+    for path, name, tags, deprecated in fields:
         detected = detect_category(name)
         if tags or detected:
             out.append(PiiField(path, tags.get("pii"), detected, tags.get("encrypt"), tags.get("index"), deprecated))
     return PiiReport(tuple(out))
 
 
-def pii_fields(fmt: SchemaFormat | str, text: str) -> list[str]:
+def pii_fields(fmt: SchemaFormat | str, text: str, imports: Mapping[str, str] | None = None) -> list[str]:
     """Paths of the schema's PII fields (tagged, or detected and not opted out).
 
     Feeds ``SecurityContext.contains_pii``: untagged-but-detected fields count, because a
     WARN-policy namespace still carries that data and the flag must not under-report.
     """
-    return scan(fmt, text).pii_fields
+    return scan(fmt, text, imports).pii_fields
 
 
 def _hint(fmt: SchemaFormat, f: PiiField) -> str:
@@ -226,13 +230,14 @@ def _hint(fmt: SchemaFormat, f: PiiField) -> str:
     return f'Add "prism.pii": "{cat}" to the field (or "none" if not PII)'
 
 
-def check_policy(fmt: SchemaFormat | str, text: str, policy: PiiPolicy | str) -> list[Finding]:
+def check_policy(fmt: SchemaFormat | str, text: str, policy: PiiPolicy | str,
+                 imports: Mapping[str, str] | None = None) -> list[Finding]:
     """Findings for untagged PII under ``policy`` (ENFORCE: breaking, WARN: warning, OFF: none)."""
     fmt, policy = SchemaFormat.parse(fmt), PiiPolicy.parse(policy)
     if policy is PiiPolicy.OFF:
         return []
     sev = Severity.BREAKING if policy is PiiPolicy.ENFORCE else Severity.WARNING
-    report = scan(fmt, text)
+    report = scan(fmt, text, imports)
     out = [
         Finding(sev, f.path, "PII_UNTAGGED",
                 f"Field '{f.path.rsplit('.', 1)[-1]}' contains PII ({f.detected}) but lacks a prism.pii annotation",
@@ -262,12 +267,14 @@ class AuditEntry:
         return "\n".join(f"❌ {self.label}: Field '{p.rsplit('.', 1)[-1]}' missing @prism.pii tag" for p in self.untagged)
 
 
-def audit(schemas: Iterable[tuple[str, SchemaFormat | str, str]]) -> list[AuditEntry]:
-    """PII audit over many schemas (label, format, text); unparsable schemas are reported, not raised."""
+def audit(schemas: Iterable[tuple[str, SchemaFormat | str, str]
+                            | tuple[str, SchemaFormat | str, str, Mapping[str, str] | None]]) -> list[AuditEntry]:
+    """PII audit over many schemas (label, format, text[, protobuf imports]); unparsable
+    schemas are reported, not raised."""
     out = []
-    for label, fmt, text in schemas:
+    for label, fmt, text, *rest in schemas:
         try:
-            report = scan(fmt, text)
+            report = scan(fmt, text, rest[0] if rest else None)
         except Exception as e:  # an audit must cover everything, even broken entries
             out.append(AuditEntry(f"{label} (unparsable: {e})", False, (), ()))
             continue

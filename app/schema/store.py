@@ -48,6 +48,14 @@ _DDL = [
     """CREATE TABLE IF NOT EXISTS consumer_versions (
         subject TEXT NOT NULL, consumer_id TEXT NOT NULL, version INTEGER NOT NULL,
         last_seen DOUBLE PRECISION NOT NULL, PRIMARY KEY (subject, consumer_id, version))""",
+    # Confluent schema references (added later: CREATE IF NOT EXISTS is the migration - an
+    # existing database gains the empty table on open, and its schemas have no references).
+    # They belong to the schema id, not the version: an id names text *and* references.
+    """CREATE TABLE IF NOT EXISTS schema_references (
+        schema_id INTEGER NOT NULL REFERENCES schemas(id), position INTEGER NOT NULL,
+        name TEXT NOT NULL, subject TEXT NOT NULL, version INTEGER NOT NULL,
+        PRIMARY KEY (schema_id, position))""",
+    "CREATE INDEX IF NOT EXISTS schema_references_target ON schema_references (subject, version)",
     # (WHERE 1 = 1: SQLite cannot parse INSERT ... SELECT ... ON CONFLICT without a WHERE.)
     """INSERT INTO consumer_versions (subject, consumer_id, version, last_seen)
         SELECT subject, consumer_id, version, last_seen FROM consumers WHERE 1 = 1
@@ -157,8 +165,12 @@ class SqlStore:
             self._conn.close()
 
     # -- schemas ----------------------------------------------------------------------------
-    def put_schema(self, hash_: str, fmt: str, text: str) -> int:
-        """Insert the schema text once per hash; returns its id (existing or new)."""
+    def put_schema(self, hash_: str, fmt: str, text: str,
+                   references: Sequence[tuple[str, str, int]] = ()) -> int:
+        """Insert the schema text once per hash; returns its id (existing or new).
+
+        ``references`` ((name, subject, version), in order) are written in the same
+        transaction as a new schema row, so an id is never visible without them."""
         with self._tx() as cur:
             cur.execute(self._sql("SELECT id FROM schemas WHERE hash = ?"), (hash_,))
             row = cur.fetchone()
@@ -170,7 +182,26 @@ class SqlStore:
             if row is None:  # lost a race with another writer
                 cur.execute(self._sql("SELECT id FROM schemas WHERE hash = ?"), (hash_,))
                 row = cur.fetchone()
+                return int(row[0])
+            for pos, (name, subject, version) in enumerate(references):
+                cur.execute(self._sql("INSERT INTO schema_references (schema_id, position, name, subject, version) "
+                                      "VALUES (?, ?, ?, ?, ?)"), (int(row[0]), pos, name, subject, version))
             return int(row[0])
+
+    def references(self, schema_id: int) -> list[tuple[str, str, int]]:
+        """(name, subject, version) of each reference of a schema, in registration order."""
+        return [(r[0], r[1], int(r[2])) for r in self._q(
+            "SELECT name, subject, version FROM schema_references WHERE schema_id = ? ORDER BY position",
+            (schema_id,))]
+
+    def referencing(self, subject: str, version: int, include_deleted: bool = False) -> list[int]:
+        """Ids of schemas that reference ``subject`` ``version`` and still have a version row
+        (live only, unless ``include_deleted``): a schema nobody registers any more does not
+        hold its references."""
+        live = "" if include_deleted else " AND v.deleted = 0"
+        return sorted({int(r[0]) for r in self._q(
+            "SELECT DISTINCT r.schema_id FROM schema_references r JOIN versions v ON v.schema_id = r.schema_id "
+            f"WHERE r.subject = ? AND r.version = ?{live}", (subject, version))})
 
     def schema_by_id(self, schema_id: int) -> SchemaRow | None:
         rows = self._q("SELECT id, hash, format, schema FROM schemas WHERE id = ?", (schema_id,))

@@ -35,10 +35,12 @@ class CheckOptions:
     proto_filename: str = "schema.proto"
 
 
-def parse_schema(fmt: SchemaFormat | str, text: str, options: CheckOptions | None = None) -> object:
+def parse_schema(fmt: SchemaFormat | str, text: str | ProtoSchema, options: CheckOptions | None = None) -> object:
     """Parse (and thereby validate) a schema; raises SchemaError with a readable message."""
     fmt = SchemaFormat.parse(fmt)
     opts = options or CheckOptions()
+    if isinstance(text, ProtoSchema):  # already compiled (with its references' imports)
+        return text
     if fmt is SchemaFormat.PROTOBUF:
         return compile_proto(text, opts.proto_filename, opts.proto_imports)
     if fmt is SchemaFormat.AVRO:
@@ -78,20 +80,22 @@ def _findings(changes: Sequence[Change], mode: CompatibilityMode, against: str |
 
 def check(
     fmt: SchemaFormat | str,
-    new: str,
-    previous: Sequence[str] | Sequence[tuple[str, str]],
+    new: str | ProtoSchema,
+    previous: Sequence[str] | Sequence[tuple[str, str]] | Sequence[tuple[str, str | ProtoSchema]],
     mode: CompatibilityMode | str = CompatibilityMode.BACKWARD,
     options: CheckOptions | None = None,
 ) -> CompatResult:
     """Check ``new`` against ``previous`` versions (oldest first) under ``mode``.
 
     ``previous`` items may be plain schema texts or ``(label, text)`` pairs; the label
-    (e.g. ``"v2"``) is recorded in each finding's ``against``.
+    (e.g. ``"v2"``) is recorded in each finding's ``against``. Protobuf schemas may also be
+    given compiled (:class:`ProtoSchema`): the registry does that for schemas with
+    references, because each version may import different referenced files.
     """
     mode = CompatibilityMode.parse(mode)
     fmt = SchemaFormat.parse(fmt)
     parse_schema(fmt, new, options)  # a new schema that does not parse is an error, even under NONE
-    labelled: list[tuple[str | None, str]] = [
+    labelled: list[tuple[str | None, str | ProtoSchema]] = [
         (p[0], p[1]) if isinstance(p, tuple) else (None, p) for p in previous
     ]
     if not labelled:
