@@ -27,6 +27,8 @@ from app.schema.compat import check as compat_check
 from app.schema.compat import parse_schema
 from app.schema.metrics import RegistryMetrics
 from app.schema.model import CompatibilityMode, CompatResult, Finding, SchemaError, SchemaFormat, Severity
+from app.schema.protoparse import ProtoSchema, compile_proto
+from app.schema.references import RawReference, Reference, expand_avro, expand_json, identity_suffix, parse_references
 from app.schema.store import ApprovalRow, SchemaRow, SqlStore, VersionRow
 
 GLOBAL_SCOPE = "__global__"
@@ -85,6 +87,11 @@ class DeleteRefused(RegistryError):
     status, code = 422, 42206
 
 
+class ReferenceExists(DeleteRefused):
+    """Confluent's ReferenceExistsException: same 42206, raised when a delete would orphan
+    a schema that references the version."""
+
+
 class ApprovalNotFound(RegistryError):
     status, code = 404, 40404
 
@@ -117,12 +124,38 @@ class RegisteredVersion:
     created_by: str
     metadata: dict[str, Any] = field(default_factory=dict)
     deleted: bool = False
+    references: tuple[Reference, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"subject": self.subject, "version": self.version, "id": self.id, "format": self.format.value,
-                "schema": self.schema, "hash": self.hash, "namespace": self.namespace, "label": self.label,
-                "created_at": self.created_at, "created_by": self.created_by, "metadata": self.metadata,
-                "deleted": self.deleted}
+        out = {"subject": self.subject, "version": self.version, "id": self.id, "format": self.format.value,
+               "schema": self.schema, "hash": self.hash, "namespace": self.namespace, "label": self.label,
+               "created_at": self.created_at, "created_by": self.created_by, "metadata": self.metadata,
+               "deleted": self.deleted}
+        if self.references:
+            out["references"] = [r.to_dict() for r in self.references]
+        return out
+
+
+@dataclass(frozen=True)
+class Effective:
+    """A schema with its references resolved, in the form the parsers and checkers take:
+    protobuf compiled with the referenced files as imports; Avro/JSON Schema as one
+    self-contained text (see :mod:`app.schema.references`)."""
+
+    fmt: SchemaFormat
+    text: str
+    references: tuple[Reference, ...] = ()
+    imports: dict[str, str] = field(default_factory=dict)
+    proto: ProtoSchema | None = None
+
+    @property
+    def comparable(self) -> str | ProtoSchema:
+        """What :func:`app.schema.compat.check` compares."""
+        return self.proto if self.proto is not None else self.text
+
+    @property
+    def pii_text(self) -> str:
+        return self.text
 
 
 @dataclass(frozen=True)
@@ -152,6 +185,7 @@ class Registry:
                               pii_mod.PiiPolicy.parse(default_pii_policy), False, "default")
         self.metrics = RegistryMetrics()
         self._schema_cache: dict[int, SchemaRow] = {}
+        self._refs_cache: dict[int, tuple[Reference, ...]] = {}  # immutable per id, never invalidated
         self._version_cache: dict[tuple[str, int], RegisteredVersion] = {}
         self._latest_cache: dict[str, RegisteredVersion] = {}
         #: Pre-serialized GET response bodies (the REST layer's fast path), cleared on every write.
@@ -206,7 +240,78 @@ class Registry:
     def _materialize(self, v: VersionRow) -> RegisteredVersion:
         s = self._schema_row(v.schema_id)
         return RegisteredVersion(v.subject, v.version, s.id, SchemaFormat(s.format), s.schema, s.hash, v.namespace,
-                                 v.label, v.created_at, v.created_by, v.metadata, v.deleted)
+                                 v.label, v.created_at, v.created_by, v.metadata, v.deleted,
+                                 self.references_of(s.id))
+
+    def references_of(self, schema_id: int) -> tuple[Reference, ...]:
+        """The references stored with a schema id (cached forever: an id's references never change)."""
+        refs = self._refs_cache.get(schema_id)
+        if refs is None:
+            refs = tuple(Reference(*r) for r in self.store.references(schema_id))
+            self._refs_cache[schema_id] = refs
+        return refs
+
+    # -- references -------------------------------------------------------------------------
+    def resolve_references(self, fmt: SchemaFormat, raw: Any) -> tuple[Reference, ...]:
+        """Validate a request's references: each must name a live version of a subject, in
+        the same format. ``latest``/-1 is pinned to the current version number, so the stored
+        schema keeps meaning the same thing when the referenced subject moves on.
+        Raises :class:`InvalidSchema` (Confluent answers 42201 for a missing reference)."""
+        if raw and all(isinstance(r, Reference) for r in raw):
+            return tuple(raw)  # already resolved (register -> check)
+        try:
+            parsed = raw if all(isinstance(r, RawReference) for r in raw or ()) else parse_references(raw)
+        except SchemaError as e:
+            raise InvalidSchema(f"Invalid schema: {e}") from e
+        out = []
+        for r in parsed:
+            try:
+                target = self.get(r.subject, r.version)
+            except (SubjectNotFound, VersionNotFound, InvalidVersion) as e:
+                raise InvalidSchema(f"Invalid schema: reference {r.name!r} not found: subject '{r.subject}' "
+                                    f"version {r.version} ({e.message})") from e
+            if target.format is not fmt:
+                raise InvalidSchema(f"Invalid schema: reference {r.name!r} is a {target.format.value} schema, "
+                                    f"this one is {fmt.value}")
+            out.append(Reference(r.name, r.subject, target.version))
+        return tuple(out)
+
+    def effective(self, fmt: SchemaFormat, text: str, refs: tuple[Reference, ...] = (),
+                  _depth: int = 0) -> Effective:
+        """``text`` with ``refs`` resolved (transitively: a referenced schema's own references
+        come along). Raises :class:`InvalidSchema` when the result does not parse."""
+        if not refs:
+            return Effective(fmt, text)
+        if _depth > 32:
+            raise InvalidSchema("Invalid schema: references nested more than 32 deep (a cycle?)")
+        expanded: dict[str, str] = {}
+        imports: dict[str, str] = {}
+        for r in refs:
+            row = self.store.version(r.subject, r.version, include_deleted=True)
+            if row is None:
+                raise InvalidSchema(f"Invalid schema: reference {r.name!r} not found: subject '{r.subject}' "
+                                    f"version {r.version}")
+            target = self._schema_row(row.schema_id)
+            inner = self.effective(fmt, target.schema, self.references_of(target.id), _depth + 1)
+            imports.update(inner.imports)
+            imports[r.name] = target.schema
+            expanded[r.name] = inner.text
+        try:
+            if fmt is SchemaFormat.PROTOBUF:
+                return Effective(fmt, text, refs, imports, compile_proto(text, imports=imports))
+            if fmt is SchemaFormat.AVRO:
+                return Effective(fmt, expand_avro(text, expanded), refs)
+            return Effective(fmt, expand_json(text, expanded), refs)
+        except SchemaError as e:
+            raise InvalidSchema(f"Invalid schema: {e}") from e
+
+    def _version_effective(self, rv: RegisteredVersion) -> Effective:
+        return self.effective(rv.format, rv.schema, rv.references)
+
+    def referenced_by(self, subject: str, version: int | str) -> list[int]:
+        """Ids of live schemas that reference this version (Confluent ``/referencedby``)."""
+        rv = self.get(subject, version)
+        return self.store.referencing(subject, rv.version)
 
     def schema_by_id(self, schema_id: int) -> SchemaRow:
         return self._schema_row(schema_id)
@@ -268,9 +373,11 @@ class Registry:
             raise InvalidVersion(f"The specified version '{version}' is not a valid version id.")
         return num
 
-    def lookup(self, subject: str, text: str, fmt: SchemaFormat | str) -> RegisteredVersion:
-        """The live version of ``subject`` whose canonical hash equals this schema's."""
-        h = self._hash(SchemaFormat.parse(fmt), text)
+    def lookup(self, subject: str, text: str, fmt: SchemaFormat | str,
+               references: Any = ()) -> RegisteredVersion:
+        """The live version of ``subject`` whose canonical hash (text and references) equals this schema's."""
+        fmt = SchemaFormat.parse(fmt)
+        h = self._hash(fmt, text, self.resolve_references(fmt, references))
         rows = self.store.versions(subject)
         if not rows:
             raise SubjectNotFound(f"Subject '{subject}' not found.")
@@ -338,27 +445,40 @@ class Registry:
         return row.compatibility
 
     # -- writes -----------------------------------------------------------------------------
-    @staticmethod
-    def _hash(fmt: SchemaFormat, text: str) -> str:
+    def _hash(self, fmt: SchemaFormat, text: str, refs: tuple[Reference, ...] = ()) -> str:
+        """Canonical hash; with references, of the schema compiled against them plus the
+        references themselves (identity = text and references, as in Confluent). A schema
+        without references hashes exactly as before references existed."""
+        eff = self.effective(fmt, text, refs)
         try:
-            parse_schema(fmt, text)
-            return schema_hash(fmt, text)
+            parse_schema(fmt, eff.comparable)
+            return schema_hash(fmt, text, eff.imports or None, identity_suffix(refs))
         except SchemaError as e:
             raise InvalidSchema(f"Invalid schema: {e}") from e
 
-    def _validated_hash(self, fmt: SchemaFormat, text: str, operation: str) -> str:
-        """``_hash`` that counts an unparsable schema as a validation failure of ``operation``."""
+    def _validated_hash(self, fmt: SchemaFormat, text: str, operation: str, references: Any = ()
+                        ) -> tuple[str, tuple[Reference, ...]]:
+        """``_hash`` that counts an unparsable schema or a bad reference as a validation
+        failure of ``operation``; returns the hash and the resolved references."""
         try:
-            return self._hash(fmt, text)
+            refs = self.resolve_references(fmt, references)
+        except InvalidSchema:
+            self.metrics.validation_failure(operation, "invalid_reference")
+            raise
+        try:
+            return self._hash(fmt, text, refs), refs
         except InvalidSchema:
             self.metrics.validation_failure(operation, "invalid_schema")
             raise
 
     def check(self, subject: str, text: str, fmt: SchemaFormat | str, *, version: int | str | None = None,
-              mode: CompatibilityMode | str | None = None) -> CompatResult:
-        """Compatibility of ``text`` with the subject: against one ``version``, or per the policy's mode."""
+              mode: CompatibilityMode | str | None = None, references: Any = ()) -> CompatResult:
+        """Compatibility of ``text`` with the subject: against one ``version``, or per the policy's mode.
+
+        With references, both sides are compared with their own references resolved (each
+        stored version keeps the referenced versions it was registered with)."""
         fmt = SchemaFormat.parse(fmt)
-        self._validated_hash(fmt, text, "check")
+        _, refs = self._validated_hash(fmt, text, "check", references)
         eff = CompatibilityMode.parse(mode) if mode else self.policy(subject).compatibility
         try:
             history = self.versions(subject)
@@ -369,9 +489,9 @@ class Registry:
             history = [one]
             if eff.transitive:
                 eff = CompatibilityMode(eff.value.removesuffix("_TRANSITIVE"))
-        prev = [(f"v{h.version}", h.schema) for h in history if h.format is fmt]
+        prev = [(f"v{h.version}", self._version_effective(h).comparable) for h in history if h.format is fmt]
         other = [h for h in history if h.format is not fmt]
-        result = compat_check(fmt, text, prev, eff)
+        result = compat_check(fmt, self.effective(fmt, text, refs).comparable, prev, eff)
         if other and eff is not CompatibilityMode.NONE:
             extra = Finding(Severity.BREAKING, subject, "FORMAT_CHANGED",
                             f"schema format changed from {other[-1].format.value} to {fmt.value}",
@@ -382,10 +502,15 @@ class Registry:
 
     def register(self, subject: str, text: str, fmt: SchemaFormat | str = SchemaFormat.AVRO, *,
                  actor: str = "anonymous", namespace: str | None = None, label: str | None = None,
-                 metadata: dict[str, Any] | None = None, dry_run: bool = False) -> RegisterResult:
-        """Register a new version (or return the existing identical one). See module docstring."""
+                 metadata: dict[str, Any] | None = None, dry_run: bool = False,
+                 references: Any = ()) -> RegisterResult:
+        """Register a new version (or return the existing identical one). See module docstring.
+
+        ``references``: Confluent ``[{name, subject, version}]``; each must exist (else
+        :class:`InvalidSchema`) and they are stored with the schema id."""
         fmt = SchemaFormat.parse(fmt)
-        h = self._validated_hash(fmt, text, "register")
+        h, refs = self._validated_hash(fmt, text, "register", references)
+        eff = self.effective(fmt, text, refs)
         with self._write_lock:
             existing = [r for r in self.store.versions(subject) if self._schema_row(r.schema_id).hash == h]
             pol = self.policy(subject, namespace)
@@ -393,7 +518,7 @@ class Registry:
                 rv = self._materialize(existing[-1])
                 self.metrics.registration(created=False)
                 return RegisterResult(rv, False, CompatResult(pol.compatibility), [])
-            pii_findings = pii_mod.check_policy(fmt, text, pol.pii_policy)
+            pii_findings = pii_mod.check_policy(fmt, eff.pii_text, pol.pii_policy, eff.imports or None)
             blocking_pii = [f for f in pii_findings if f.severity is Severity.BREAKING]
             if blocking_pii:
                 self.metrics.validation_failure("register", "pii_untagged")
@@ -402,7 +527,7 @@ class Registry:
                                         {"reason": "pii", "findings": [f.to_dict() for f in blocking_pii]})
                 raise PiiPolicyViolation(
                     "Schema rejected by PII policy: " + "; ".join(f.reason for f in blocking_pii), blocking_pii)
-            compat = self.check(subject, text, fmt)
+            compat = self.check(subject, text, fmt, references=refs)
             approval_id = None
             if not compat.is_compatible:
                 approved = [a for a in self.store.approvals(subject, "approved") if a.hash == h]
@@ -420,15 +545,16 @@ class Registry:
                         f"details: {[f'{f.path}: {f.reason}' for f in compat.breaking]}.{hint}", compat.breaking)
             if dry_run:
                 rv = RegisteredVersion(subject, 0, 0, fmt, text, h, namespace or self._namespace_for(subject),
-                                       label, time.time(), actor, metadata or {})
+                                       label, time.time(), actor, metadata or {}, references=refs)
                 return RegisterResult(rv, False, compat, pii_findings, approval_id)
-            sid = self.store.put_schema(h, fmt.value, text)
+            sid = self.store.put_schema(h, fmt.value, text, [(r.name, r.subject, r.version) for r in refs])
             ns = namespace or self._namespace_for(subject)
             meta = dict(metadata or {})
-            meta.setdefault("pii_fields", pii_mod.pii_fields(fmt, text))
+            meta.setdefault("pii_fields", pii_mod.pii_fields(fmt, eff.pii_text, eff.imports or None))
             num = self.store.add_version(subject, sid, ns, actor, label, meta)
             self.store.append_audit(actor, "register", subject, num, {
                 "id": sid, "hash": h, "format": fmt.value, "label": label, "approval_id": approval_id,
+                "references": [r.to_dict() for r in refs],
                 "warnings": [f.to_dict() for f in [*compat.warnings, *pii_findings]]})
             if approval_id is not None:
                 self.store.decide_approval(approval_id, "consumed", actor)
@@ -448,6 +574,13 @@ class Registry:
             else self.get(subject, "latest").version
         row = self.store.version(subject, num, include_deleted=True)
         assert row is not None
+        # Confluent: a version another schema references cannot be deleted (42206). A soft
+        # delete is blocked by live referrers; a permanent one also by soft-deleted referrers,
+        # whose ids stay readable and would then point at nothing.
+        referrers = self.store.referencing(subject, num, include_deleted=permanent)
+        if referrers:
+            raise ReferenceExists(f"One or more references exist to the schema {{subject={subject}, version={num}}}: "
+                                  f"schema id(s) {', '.join(map(str, referrers))}")
         if permanent:
             if not row.deleted:
                 raise DeleteRefused(f"Subject '{subject}' Version {num} was not deleted first before being "
@@ -523,6 +656,10 @@ class Registry:
             latest[r.subject] = r
         items = []
         for subject, r in latest.items():
-            s = self._schema_row(r.schema_id)
-            items.append((f"{subject}.v{r.version}", s.format, s.schema))
+            rv = self._materialize(r)
+            try:
+                eff = self._version_effective(rv)
+            except RegistryError:
+                eff = Effective(rv.format, rv.schema)  # the audit reports it unparsable
+            items.append((f"{subject}.v{r.version}", rv.format.value, eff.pii_text, eff.imports or None))
         return pii_mod.audit(items)

@@ -140,6 +140,19 @@ def _version_json(rv: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"subject": rv.subject, "version": rv.version, "id": rv.id, "schema": rv.schema}
     if rv.format is not SchemaFormat.AVRO:
         out["schemaType"] = rv.format.value
+    if rv.references:  # Confluent leaves the key out when there are none
+        out["references"] = [r.to_dict() for r in rv.references]
+    return out
+
+
+def _schema_json(reg: Registry, schema_id: int) -> dict[str, Any]:
+    """``GET /schemas/ids/{id}`` body (the route and the fast path share it)."""
+    row = reg.schema_by_id(schema_id)
+    out: dict[str, Any] = {"schema": row.schema}
+    if row.format != SchemaFormat.AVRO.value:
+        out["schemaType"] = row.format
+    if refs := reg.references_of(row.id):
+        out["references"] = [r.to_dict() for r in refs]
     return out
 
 
@@ -196,18 +209,18 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
 
     @app.post("/subjects/{subject}/versions", response_class=ConfluentJSON, tags=["confluent"])
     def register(subject: str, request: Request, body: SchemaBody, normalize: bool = False) -> dict[str, Any]:
-        if body.references:
-            reg.metrics.validation_failure("register", "references_unsupported")
-            raise InvalidSchema("schema references are not supported by this registry")
-        res = reg.register(subject, body.schema_, fmt_of(body.schemaType, "register"), actor=_actor(request))
+        res = reg.register(subject, body.schema_, fmt_of(body.schemaType, "register"), actor=_actor(request),
+                           references=body.references)
         out = {"id": res.version.id, "version": res.version.version, "subject": subject, "schema": body.schema_}
         if res.version.format is not SchemaFormat.AVRO:
             out["schemaType"] = res.version.format.value
+        if res.version.references:
+            out["references"] = [r.to_dict() for r in res.version.references]
         return out
 
     @app.post("/subjects/{subject}", response_class=ConfluentJSON, tags=["confluent"])
     def lookup(subject: str, body: SchemaBody, normalize: bool = False, deleted: bool = False) -> dict[str, Any]:
-        return _version_json(reg.lookup(subject, body.schema_, fmt_of(body.schemaType, "lookup")))
+        return _version_json(reg.lookup(subject, body.schema_, fmt_of(body.schemaType, "lookup"), body.references))
 
     @app.get("/subjects/{subject}/versions/{version}", response_class=ConfluentJSON, tags=["confluent"])
     async def get_version(subject: str, version: str, deleted: bool = False) -> dict[str, Any]:
@@ -217,6 +230,13 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
     @app.get("/subjects/{subject}/versions/{version}/schema", tags=["confluent"])
     def get_version_schema(subject: str, version: str) -> PlainTextResponse:
         return PlainTextResponse(reg.get(subject, _ver(version)).schema, media_type=CONFLUENT_CT)
+
+    @app.get("/subjects/{subject}/versions/{version}/referencedby", response_class=ConfluentJSON,
+             tags=["confluent"])
+    def referenced_by(subject: str, version: str, offset: int = 0, limit: int = -1) -> list[int]:
+        """Ids of live schemas whose references name this version (Confluent, with its paging)."""
+        ids = reg.referenced_by(subject, _ver(version))[max(offset, 0):]
+        return ids if limit < 0 else ids[:limit]
 
     @app.delete("/subjects/{subject}/versions/{version}", response_class=ConfluentJSON, tags=["confluent"])
     def delete_version(subject: str, version: str, request: Request, permanent: bool = False,
@@ -229,12 +249,8 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
 
     @app.get("/schemas/ids/{schema_id}", response_class=ConfluentJSON, tags=["confluent"])
     async def get_by_id(schema_id: int, subject: str | None = None, format: str | None = None) -> dict[str, Any]:
-        """Async on purpose: schema texts by id never change, so they are cached forever."""
-        row = reg.schema_by_id(schema_id)
-        out: dict[str, Any] = {"schema": row.schema}
-        if row.format != SchemaFormat.AVRO.value:
-            out["schemaType"] = row.format
-        return out
+        """Async on purpose: schema texts (and references) by id never change, so they are cached forever."""
+        return _schema_json(reg, schema_id)
 
     @app.get("/schemas/ids/{schema_id}/versions", response_class=ConfluentJSON, tags=["confluent"])
     def versions_of_id(schema_id: int) -> list[dict[str, Any]]:
@@ -281,12 +297,14 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
               tags=["confluent"])
     def compat_version(subject: str, version: str, body: SchemaBody, verbose: bool = False,
                        normalize: bool = False) -> dict[str, Any]:
-        res = reg.check(subject, body.schema_, fmt_of(body.schemaType, "check"), version=_ver(version))
+        res = reg.check(subject, body.schema_, fmt_of(body.schemaType, "check"), version=_ver(version),
+                        references=body.references)
         return _compat_body(res, verbose)
 
     @app.post("/compatibility/subjects/{subject}/versions", response_class=ConfluentJSON, tags=["confluent"])
     def compat_all(subject: str, body: SchemaBody, verbose: bool = False, normalize: bool = False) -> dict[str, Any]:
-        return _compat_body(reg.check(subject, body.schema_, fmt_of(body.schemaType, "check")), verbose)
+        return _compat_body(reg.check(subject, body.schema_, fmt_of(body.schemaType, "check"),
+                                      references=body.references), verbose)
 
     # ----------------------------------------------------------------------- Prism /v1 --
     @app.post("/v1/schemas", tags=["prism"])
@@ -355,7 +373,9 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
         a, b = reg.get(subject, _ver(from_version)), reg.get(subject, _ver(to_version))
         from app.schema.compat import check as compat_check
 
-        res = compat_check(b.format, b.schema, [(f"v{a.version}", a.schema)], "FULL")
+        # Compared with their references resolved, like a registration would.
+        res = compat_check(b.format, reg.effective(b.format, b.schema, b.references).comparable,
+                           [(f"v{a.version}", reg.effective(a.format, a.schema, a.references).comparable)], "FULL")
         import difflib
 
         text = "\n".join(difflib.unified_diff(a.schema.splitlines(), b.schema.splitlines(),
@@ -501,11 +521,7 @@ class _FastReads:
         reg = self.registry
         m = _BY_ID.fullmatch(path)
         if m is not None:
-            row = reg.schema_by_id(int(m.group(1)))
-            out: dict[str, Any] = {"schema": row.schema}
-            if row.format != SchemaFormat.AVRO.value:
-                out["schemaType"] = row.format
-            return "/schemas/ids/{schema_id}", _json_bytes(out)
+            return "/schemas/ids/{schema_id}", _json_bytes(_schema_json(reg, int(m.group(1))))
         m = _BY_VERSION.fullmatch(path)
         if m is not None:
             return "/subjects/{subject}/versions/{version}", _json_bytes(
