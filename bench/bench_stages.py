@@ -77,46 +77,23 @@ class Harness:
 
 def build(keys_dir: Path) -> Harness:
     """Chain + Publisher for the orders-created topology, built as `PipelineApp._stages` does."""
-    from app.agents.authenticate import Authenticate
     from app.agents.chain import Chain
     from app.agents.dedup import Dedup
-    from app.agents.enrich import Enrich
-    from app.agents.normalize import Normalize
-    from app.agents.policy import Policy
     from app.agents.publish import Publisher
-    from app.agents.validate import Validate
-    from app.agents.verify_signature import VerifySignature
     from app.security.devkeys import ensure_dev_keys
     from app.security.signing import load_signing_keyring
     from app.tables.dedup import DedupWindow
     from app.topology import load_topology
-    from app.worker.pipeline import resolve_schema
+    from app.worker.pipeline import build_stages, resolve_schema
     from bench.bench_pipeline import bench_topology
 
     keys = ensure_dev_keys(keys_dir)
     topo = load_topology(bench_topology(keys_dir, keys, TOPIC, None))
     keyring = load_signing_keyring(keys.signing_path)
     schema = resolve_schema(topo.stage("enrich"), topo.base_dir)
-    stages: list[Any] = []
-    dedup = None
-    for spec in topo.stages:
-        s = spec.settings
-        if spec.name == "normalize":
-            stages.append(Normalize(s, namespaces={x.topic: x.namespace or topo.namespace for x in topo.sources},
-                                    formats={x.topic: x.format for x in topo.sources}))
-        elif spec.name == "validate":
-            stages.append(Validate(s))
-        elif spec.name == "authenticate":
-            stages.append(Authenticate(s, jwks_path=str(topo.resolve(s.jwks))))
-        elif spec.name == "verify_signature":
-            stages.append(VerifySignature(s, keyring=keyring))
-        elif spec.name == "policy":
-            stages.append(Policy(s))
-        elif spec.name == "dedup":
-            dedup = Dedup(DedupWindow({}, window=float(s.window_s)))
-            stages.append(dedup)
-        elif spec.name == "enrich":
-            stages.append(Enrich(trace=s.trace, schema=schema))
+    stages = build_stages(topo, keyring=keyring, schema=schema,
+                          dedup_window=lambda window_s: DedupWindow({}, window=window_s))
+    dedup = next((st for st in stages if isinstance(st, Dedup)), None)
     policy = topo.stage("policy")
     chain = Chain(stages, dlq_topic_for=lambda t: t + topo.dlq.topic_suffix,
                   expired_to_dlq=bool(policy and policy.expired == "dlq"))

@@ -53,7 +53,7 @@ from app.observability.logging import install_redaction
 from app.security.signing import SigningKeyring, load_signing_keyring
 from app.sinks.runner import register_sinks
 from app.tables.counters import FaustTopicCounters
-from app.tables.dedup import FaustDedupWindow
+from app.tables.dedup import DedupWindow, FaustDedupWindow
 from app.tables.sequence import FaustSequenceTracker
 from app.topology import EnrichStage, Topology
 from app.worker.continuity import HoleFetcher, OffsetTracker
@@ -115,6 +115,36 @@ def resolve_schema(settings: EnrichStage | None, base_dir: Path) -> SchemaInfo |
     return SchemaInfo(url=ctx["schema_url"], version=ctx["schema_version"], format=ctx["schema_format"],
                       hash=ctx["schema_hash"], name=ctx["schema_name"], compatibility=ctx["compatibility_mode"],
                       pii_fields=tuple(r.pii_fields) + tuple(settings.pii_fields), resolved=r, checker=checker)
+
+
+def build_stages(topology: Topology, *, keyring: SigningKeyring | None, schema: SchemaInfo | None,
+                 dedup_window: Callable[[float], DedupWindow]) -> list[Stage]:
+    """The topology's stage chain, in order. `dedup_window(window_s)` supplies the dedup state:
+    a RocksDB-backed Faust table in the worker, a plain dict-backed window in broker-free
+    benchmarks and tests - the one thing that differs between them."""
+    t = topology
+    stages: list[Stage] = []
+    for spec in t.stages:
+        s = spec.settings
+        if spec.name == "normalize":
+            stages.append(Normalize(s, namespaces={x.topic: x.namespace or t.namespace for x in t.sources},
+                                    formats={x.topic: x.format for x in t.sources}))
+        elif spec.name == "validate":
+            stages.append(Validate(s))
+        elif spec.name == "authenticate":
+            stages.append(Authenticate(s, jwks_path=str(t.resolve(s.jwks))))
+        elif spec.name == "verify_signature":
+            if keyring is None:
+                raise ConfigError("verify_signature needs a keyring", path="stages.verify_signature.keyring",
+                                  hint="set verify_signature.keyring (or outputs.keyring)")
+            stages.append(VerifySignature(s, keyring=keyring))
+        elif spec.name == "policy":
+            stages.append(Policy(s))
+        elif spec.name == "dedup":
+            stages.append(Dedup(dedup_window(float(s.window_s))))
+        elif spec.name == "enrich":
+            stages.append(Enrich(trace=s.trace, schema=schema))
+    return stages
 
 
 def _keyring_for(topology: Topology) -> SigningKeyring | None:
@@ -205,28 +235,9 @@ class PipelineApp:
 
     # -- construction ----------------------------------------------------------------------
     def _stages(self, topic: str, partitions: int) -> list[Stage]:
-        t = self.topology
-        stages: list[Stage] = []
-        for spec in t.stages:
-            s = spec.settings
-            if spec.name == "normalize":
-                stages.append(Normalize(s, namespaces={x.topic: x.namespace or t.namespace for x in t.sources},
-                                        formats={x.topic: x.format for x in t.sources}))
-            elif spec.name == "validate":
-                stages.append(Validate(s))
-            elif spec.name == "authenticate":
-                stages.append(Authenticate(s, jwks_path=str(t.resolve(s.jwks))))
-            elif spec.name == "verify_signature":
-                assert self.keyring is not None
-                stages.append(VerifySignature(s, keyring=self.keyring))
-            elif spec.name == "policy":
-                stages.append(Policy(s))
-            elif spec.name == "dedup":
-                window = FaustDedupWindow(self.app, f"dedup-{topic}", window=float(s.window_s), partitions=partitions)
-                stages.append(Dedup(window))
-            elif spec.name == "enrich":
-                stages.append(Enrich(trace=s.trace, schema=self.schema))
-        return stages
+        return build_stages(self.topology, keyring=self.keyring, schema=self.schema,
+                            dedup_window=lambda window_s: FaustDedupWindow(
+                                self.app, f"dedup-{topic}", window=window_s, partitions=partitions))
 
     # -- the agent -------------------------------------------------------------------------
     def _agent_for(self, chain: Chain) -> Callable[[Any], Awaitable[None]]:
@@ -451,7 +462,7 @@ def _backoff(attempt: int, initial_ms: int, max_ms: int) -> float:
     return random.uniform(0, min(max_ms, initial_ms * 2 ** (attempt - 2))) / 1000
 
 
-__all__ = ["PipelineApp", "PrismError", "RunStats", "resolve_schema"]
+__all__ = ["PipelineApp", "PrismError", "RunStats", "build_stages", "resolve_schema"]
 
 
 def app_from_env() -> faust.App:
