@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -64,9 +65,9 @@ class ServerHandle:
         self.url, self.registry = url, registry
 
 
-@pytest.fixture
-def live_server(registry: Registry) -> Iterator[ServerHandle]:
-    """A real uvicorn server (HTTP over TCP on a free port) serving the registry app."""
+@contextlib.contextmanager
+def serve_registry(registry: Registry) -> Iterator[str]:
+    """A real uvicorn server (HTTP over TCP on a free port) serving the registry app; yields its URL."""
     import uvicorn
 
     from app.schema.service import create_app
@@ -81,6 +82,14 @@ def live_server(registry: Registry) -> Iterator[ServerHandle]:
         if time.time() > deadline or not t.is_alive():
             raise RuntimeError("uvicorn did not start")
         time.sleep(0.02)
-    yield ServerHandle(f"http://127.0.0.1:{port}", registry)
-    server.should_exit = True
-    t.join(timeout=10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        t.join(timeout=10)
+
+
+@pytest.fixture
+def live_server(registry: Registry) -> Iterator[ServerHandle]:
+    with serve_registry(registry) as url:
+        yield ServerHandle(url, registry)

@@ -9,7 +9,6 @@ import asyncio
 import json
 import logging
 import socket
-import threading
 import time
 from collections.abc import Iterator
 
@@ -22,40 +21,22 @@ from app.schema.resolve import resolve_schema_config
 from app.schema.store import SqliteStore
 from app.sdk import PrismClient
 from app.sdk.usage import subject_version
+from tests.schema.conftest import free_port, serve_registry
 
 V1 = json.dumps({"title": "Order", "type": "object", "properties": {"order_id": {"type": "string"}}})
 V2 = json.dumps({"title": "Order", "type": "object",
                  "properties": {"order_id": {"type": "string"}, "note": {"type": "string"}}})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def registry_server(tmp_path) -> Iterator[tuple[str, Registry]]:  # type: ignore[no-untyped-def]
-    """The registry app on a real uvicorn server (SQLite store), in a thread of this process."""
-    import uvicorn
-
-    from app.schema.service import create_app
-
+    """A real registry on SQLite behind uvicorn."""
     registry = Registry(SqliteStore(str(tmp_path / "registry.db")))
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(registry), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    deadline = time.time() + 10
-    while not server.started:
-        if time.time() > deadline or not t.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}", registry
-    server.should_exit = True
-    t.join(timeout=10)
-    registry.store.close()
+    try:
+        with serve_registry(registry) as url:
+            yield url, registry
+    finally:
+        registry.store.close()
 
 
 async def publish_two_versions(backend_url: str, registry_url: str, registry: Registry, topic: str) -> None:
@@ -130,7 +111,7 @@ async def test_unreachable_or_hanging_registry_does_not_disturb_consumption(redi
         hang.close()
 
     # 2) nothing listening at all: one WARNING, then DEBUG; consumption unaffected
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     caplog.clear()
     with caplog.at_level(logging.DEBUG, logger="prism.sdk.usage"):
         client = PrismClient(redis_url, namespace="shop", registry_url=dead)
