@@ -451,3 +451,49 @@ def generate_python(text: str, filename: str, output: Path) -> list[Path]:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(schema_app())
+
+
+@schema_app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = 8081,
+    workers: Annotated[int, typer.Option(min=1, help="worker processes sharing the port (one per core)")] = 1,
+    store: Annotated[str | None, typer.Option(
+        "--store", envvar="PRISM_REGISTRY_DB",
+        help="sqlite:///path.db (default sqlite:///prism-registry.db) or postgresql://host/db[?schema=name]")] = None,
+) -> None:
+    """Run the registry service (uvicorn with uvloop and httptools).
+
+    With ``--workers N`` the N processes share the port and the store. Each keeps its own
+    read caches; a write through any of them reaches the others' caches through the store
+    (SQLite ``data_version``, PostgreSQL ``NOTIFY``), and ``/metrics`` adds up all of them
+    (prometheus_client's multiprocess mode, in a directory made for this run).
+    """
+    import shutil
+    import tempfile
+
+    import uvicorn
+
+    from app.schema.store import open_store
+
+    # Fail fast on a bad store URL, and create the tables once here rather than in N
+    # workers at the same moment (concurrent CREATE SCHEMA can fail on PostgreSQL).
+    try:
+        open_store(store).close()
+    except Exception as e:
+        typer.echo(f"❌ cannot open registry store {store or 'sqlite:///prism-registry.db'!r}: {e}\n"
+                   "   hint: check the URL (--store / PRISM_REGISTRY_DB) and that the database is reachable",
+                   err=True)
+        raise typer.Exit(2) from None
+    if store:
+        os.environ["PRISM_REGISTRY_DB"] = store
+    metrics_dir = None
+    if workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        metrics_dir = tempfile.mkdtemp(prefix="prism-registry-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    try:
+        uvicorn.run("app.schema.service:app", host=host, port=port, workers=workers, loop="uvloop",
+                    http="httptools", log_level="warning", access_log=False)
+    finally:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)

@@ -15,6 +15,11 @@ Metric names (prometheus_client adds ``_total`` to counters)::
     prism_schema_registry_pii_rejections_total{pii_policy}
     prism_schema_registry_registrations_total{result}                   result = created|idempotent
 
+Several worker processes (``prism schema serve --workers N``): prometheus_client's
+multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, set by ``serve``) keeps each process's
+counts in files, and ``/metrics`` - whichever worker answers it - adds them all up. The hit
+ratio gauge is then computed from the summed ``cache_lookups`` counters, not per process.
+
 Cardinality is bounded by construction: ``route`` is the route *template*
 (``/subjects/{subject}/versions/{version}``, never the raw path; unmatched paths are
 ``__unmatched__``), ``method`` is one of the HTTP methods or ``OTHER``, ``status`` is a
@@ -24,8 +29,13 @@ names, which clients choose, are never labels.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 UNMATCHED_ROUTE = "__unmatched__"
@@ -46,9 +56,11 @@ class RegistryMetrics:
                                           ["route", "method"], namespace=ns, registry=r, buckets=LATENCY_BUCKETS)
         self.cache_lookups = Counter("cache_lookups", "Lookups in the registry's in-memory caches",
                                      ["cache", "result"], namespace=ns, registry=r)
-        self.cache_hit_ratio = Gauge("cache_hit_ratio", "Cache hits / lookups since start, all caches",
-                                     namespace=ns, registry=r)
-        self.cache_hit_ratio.set_function(self._hit_ratio)
+        self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+        self._ratio_name = f"{ns}_cache_hit_ratio"
+        if self.multiprocess_dir is None:
+            self.cache_hit_ratio = Gauge("cache_hit_ratio", _RATIO_HELP, namespace=ns, registry=r)
+            self.cache_hit_ratio.set_function(self._hit_ratio)
         self.compat_checks = Counter("compatibility_checks", "Compatibility checks by verdict",
                                      ["format", "mode", "verdict"], namespace=ns, registry=r)
         self.validation_failures = Counter("validation_failures", "Rejected registrations/checks, by reason",
@@ -112,4 +124,32 @@ class RegistryMetrics:
 
     def exposition(self) -> bytes:
         """The Prometheus text format of this registry (what ``/metrics`` serves)."""
-        return generate_latest(self.registry)
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        merged = CollectorRegistry()
+        collector = MultiProcessCollector(merged, path=self.multiprocess_dir)
+        merged.register(_RatioFromCounters(collector, self._ratio_name))
+        return generate_latest(merged)
+
+
+_RATIO_HELP = "Cache hits / lookups since start, all caches"
+
+
+class _RatioFromCounters:
+    """The hit-ratio gauge over all worker processes, from their summed lookup counters."""
+
+    def __init__(self, source: Any, name: str) -> None:
+        self.source, self.name = source, name
+
+    def collect(self) -> Iterator[Metric]:
+        hits = lookups = 0.0
+        for metric in self.source.collect():
+            if metric.name != self.name.replace("_hit_ratio", "_lookups"):
+                continue
+            for sample in metric.samples:
+                if sample.name.endswith("_total"):
+                    lookups += sample.value
+                    hits += sample.value if sample.labels.get("result") == "hit" else 0.0
+        yield GaugeMetricFamily(self.name, _RATIO_HELP, value=hits / lookups if lookups else 0.0)

@@ -9,7 +9,10 @@
   requires approval; otherwise they are rejected.
 - Every mutation is written to the audit log (who, what, when).
 - Reads are served from in-process caches: schema texts by id never change, so that cache
-  needs no invalidation; subject/version lookups are invalidated on delete/register.
+  needs no invalidation; subject/version lookups are invalidated on delete/register - by
+  this process directly, and in sibling worker processes or other replicas on the same store
+  through the store's change token (:meth:`Registry.sync`; SQLite's ``data_version``,
+  PostgreSQL ``LISTEN``/``NOTIFY``).
 - ``self.metrics`` (:class:`~app.schema.metrics.RegistryMetrics`) counts cache lookups,
   compatibility verdicts, rejections by reason and PII-policy rejections for ``/metrics``.
 """
@@ -196,6 +199,7 @@ class Registry:
         # generation - so a read racing a register/delete can never leave a stale "latest".
         self._cache_lock = threading.Lock()
         self._generation = 0
+        self._seen_change = store.change_token()
 
     @property
     def cache_generation(self) -> int:
@@ -217,6 +221,24 @@ class Registry:
             if version is not None:
                 self._version_cache.pop((subject, version), None)
             self.response_cache.clear()
+        self.store.announce_change()
+
+    def sync(self) -> None:
+        """Drop every mutable cache if another process wrote to the store since the last look.
+
+        Called before each cached read, so a client that registered through one worker (or
+        replica) and then reads through another sees its write: with SQLite the token is
+        read from the database itself (strictly ordered); with PostgreSQL it follows the
+        NOTIFY, which arrives within milliseconds of the writer's commit.
+        """
+        token = self.store.change_token()
+        if token != self._seen_change:
+            with self._cache_lock:
+                self._seen_change = token
+                self._generation += 1
+                self._latest_cache.clear()
+                self._version_cache.clear()
+                self.response_cache.clear()
 
     def _cache_put(self, cache: dict[Any, RegisteredVersion], key: Any, generation: int,
                    rv: RegisteredVersion) -> None:
@@ -327,6 +349,7 @@ class Registry:
 
     def get(self, subject: str, version: int | str = "latest", include_deleted: bool = False) -> RegisteredVersion:
         """One version of a subject; ``version`` is a number, ``"latest"`` or ``-1``, or a label (``"v2"``)."""
+        self.sync()
         if version in ("latest", -1, "-1"):
             cached = self._latest_cache.get(subject)
             if cached is not None:

@@ -533,8 +533,8 @@ class _FastReads:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        cache = self.registry.response_cache
-        hit = cache.get(path)
+        self.registry.sync()  # another worker process may have written since the last request
+        hit = self.registry.response_cache.get(path)
         if hit is None:
             if not path.startswith(("/schemas/ids/", "/subjects/")):
                 await self.app(scope, receive, send)

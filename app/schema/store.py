@@ -11,6 +11,7 @@ schema's text, and a version row only ever changes its ``deleted`` flag.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import threading
@@ -163,6 +164,18 @@ class SqlStore:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+    # -- change detection across processes ---------------------------------------------------
+    def change_token(self) -> int:
+        """A number that moves whenever another connection (a sibling worker process, another
+        registry replica) may have committed a write. The registry drops its caches when it
+        moves; writes through this store's own connection need not move it (the registry
+        invalidates those itself)."""
+        return 0
+
+    def announce_change(self) -> None:
+        """Tell other registry processes on this store that cached reads may be stale; called
+        after each committed write that changes what the caches hold."""
 
     # -- schemas ----------------------------------------------------------------------------
     def put_schema(self, hash_: str, fmt: str, text: str,
@@ -363,6 +376,12 @@ class SqliteStore(SqlStore):
         self._conn.execute("PRAGMA foreign_keys=ON")
         self._init_schema()
 
+    def change_token(self) -> int:
+        # SQLite's own counter: it changes when any *other* connection commits to the file,
+        # which is exactly the sibling-process case (~1 us, no I/O: the WAL index is shared memory).
+        with self._lock:
+            return int(self._conn.execute("PRAGMA data_version").fetchone()[0])
+
 
 class PostgresStore(SqlStore):
     """Production backend (psycopg 3). ``pg_schema`` isolates a registry (and each test run)."""
@@ -382,6 +401,53 @@ class PostgresStore(SqlStore):
             cur.execute(f'CREATE SCHEMA IF NOT EXISTS "{pg_schema}"')
             cur.execute(f'SET search_path TO "{pg_schema}"')
         self._init_schema()
+        # Other processes' writes arrive as NOTIFYs on a channel per registry schema; a
+        # listener thread counts them (see change_token). Started before the first read can
+        # be cached, so no change between the two goes unnoticed.
+        self._channel = f"prism_registry_{pg_schema}"[:63]
+        self._changes = 0
+        self._stopping = threading.Event()
+        listening = threading.Event()
+        self._listener = threading.Thread(target=self._listen, args=(dsn, listening), daemon=True,
+                                          name=f"prism-registry-listen-{pg_schema}")
+        self._listener.start()
+        if not listening.wait(timeout=10):
+            raise ConnectionError(f"could not LISTEN on {self._channel!r} within 10 s")
+
+    def _listen(self, dsn: str, listening: threading.Event) -> None:
+        import psycopg
+
+        backoff = 0.1
+        while not self._stopping.is_set():
+            try:
+                with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+                    conn.execute(f'LISTEN "{self._channel}"')
+                    # Notifications sent while this connection was down are lost: count a
+                    # change on every (re)connect so the caches are dropped conservatively.
+                    self._changes += 1
+                    listening.set()
+                    backoff = 0.1
+                    while not self._stopping.is_set():
+                        for _ in conn.notifies(timeout=1.0):
+                            self._changes += 1
+                            if self._stopping.is_set():  # close() wakes us with a NOTIFY
+                                break
+            except Exception:  # the server went away: retry; readers meanwhile use caches as they are
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def change_token(self) -> int:
+        return self._changes
+
+    def announce_change(self) -> None:
+        self._q(f'NOTIFY "{self._channel}"')
+
+    def close(self) -> None:
+        self._stopping.set()
+        with contextlib.suppress(Exception):  # wake the listener; if the server is gone it times out
+            self.announce_change()
+        self._listener.join(timeout=5)
+        super().close()
 
     def drop(self) -> None:
         """Remove every table of this registry (tests)."""
