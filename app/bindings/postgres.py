@@ -41,6 +41,7 @@ from typing import Any
 
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 from google.protobuf.message import Message
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from app._gen.prism.envelope.v1 import envelope_pb2 as pb
 from app.envelope.codec import Layout, detect_layout
@@ -105,24 +106,57 @@ def _is_json_type(mime: str) -> bool:
     return base == "application/json" or (base.startswith("application/") and base.endswith("+json"))
 
 
+def _utf8_ok(text: str) -> bool:
+    # Strict UTF-8 refuses exactly the code points U+D800-U+DFFF (lone surrogates): one C
+    # call instead of a Python loop over every character.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _jsonb_ok(obj: Any) -> bool:
+    """`_jsonb_problem(obj) is None`, without building a path string per key and value: the
+    walk every publish pays (the paths are only worked out for an object that has a problem)."""
+    if isinstance(obj, str):
+        return "\x00" not in obj and (obj.isascii() or _utf8_ok(obj))
+    # Plain loops, not all(<generator>): a generator frame per container costs more here.
+    if isinstance(obj, dict):
+        for k, v in obj.items():  # noqa: SIM110
+            if not (_jsonb_ok(k) and _jsonb_ok(v)):
+                return False
+        return True
+    if isinstance(obj, list):
+        for v in obj:  # noqa: SIM110
+            if not _jsonb_ok(v):
+                return False
+        return True
+    return not isinstance(obj, float) or math.isfinite(obj)
+
+
 def _jsonb_problem(obj: Any, path: str = "") -> str | None:
     """Why JSONB would refuse `obj` (None when it would not)."""
+    return None if _jsonb_ok(obj) else _problem_at(obj, path)
+
+
+def _problem_at(obj: Any, path: str) -> str | None:
     if isinstance(obj, str):
         if "\x00" in obj:
             return f"{path or 'value'} contains U+0000, which JSONB cannot store"
-        if any(0xD800 <= ord(ch) <= 0xDFFF for ch in obj):
+        if not _utf8_ok(obj):
             return f"{path or 'value'} contains a lone UTF-16 surrogate"
         return None
     if isinstance(obj, float) and not math.isfinite(obj):
         return f"{path or 'value'} is not a finite number"
     if isinstance(obj, dict):
         for k, v in obj.items():
-            problem = _jsonb_problem(k, f"{path}.{k!r}") or _jsonb_problem(v, f"{path}.{k}")
+            problem = _problem_at(k, f"{path}.{k!r}") or _problem_at(v, f"{path}.{k}")
             if problem:
                 return problem
     elif isinstance(obj, list):
         for i, v in enumerate(obj):
-            problem = _jsonb_problem(v, f"{path}[{i}]")
+            problem = _problem_at(v, f"{path}[{i}]")
             if problem:
                 return problem
     return None
@@ -138,6 +172,11 @@ def _numbers_stable(obj: Any) -> bool:
     if isinstance(obj, list):
         return all(_numbers_stable(v) for v in obj)
     return True
+
+
+def _keys_sorted(obj: dict[str, Any]) -> bool:
+    keys = list(obj)
+    return keys == sorted(keys)  # dict keys are unique: sorted order is strictly increasing
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -164,8 +203,12 @@ def _payload_doc(env: Envelope) -> dict[str, Any]:
             inline = False
     if inline and _jsonb_problem(parsed) is None:
         out["json"] = parsed
+        # The canonical text sorts object keys, so a document whose top-level keys are not in
+        # sorted order cannot be canonical: that check is free, the serialization is not.
+        # Then the text comparison (one C call) before the Python walk over the numbers.
         try:
-            exact = _numbers_stable(parsed) and canonical_json(parsed) == value
+            exact = (not isinstance(parsed, dict) or _keys_sorted(parsed)) and canonical_json(parsed) == value \
+                and _numbers_stable(parsed)
         except (ValueError, UnicodeEncodeError):
             exact = False
         if exact:
@@ -212,6 +255,10 @@ def _submessage(root: Message, path: str) -> Message | None:
 
 
 def _unknown_bytes(msg: Message) -> bytes:
+    if not len(UnknownFieldSet(msg)):
+        # No unknown fields: every record of the serialization is a known field, so the scan
+        # below would find nothing. upb answers this without serializing (the usual case).
+        return b""
     known = msg.DESCRIPTOR.fields_by_number
     data = msg.SerializeToString()
     return b"".join(data[r.start : r.end] for r in iter_records(data) if r.field not in known)
