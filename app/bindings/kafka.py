@@ -134,7 +134,7 @@ _REGENERATED = frozenset({TRACEPARENT, TRACESTATE})
 #: The layout-only part of `headers_for` (version, layout), the same for every record of a layout.
 _LAYOUT_HEADERS: dict[Layout, tuple[tuple[str, bytes], ...]] = {
     lay: tuple((_WIRE_NAMES[name], value.encode()) for name, value in c.layout_values(lay)) for lay in Layout}
-_FIELD_WIRE = tuple((_WIRE_NAMES[f.name], f.read) for f in c.FIELDS)
+_FIELD_WIRE = tuple(_WIRE_NAMES[f.name] for f in c.FIELDS)
 
 
 def _envelope_headers(env: Envelope) -> list[tuple[str, bytes]]:
@@ -142,11 +142,11 @@ def _envelope_headers(env: Envelope) -> list[tuple[str, bytes]]:
     metadata copies and the W3C trace headers. Computed once when one envelope is written in
     several layouts (`encode_layouts`)."""
     out = []
-    for wire, read in _FIELD_WIRE:
-        value = read(env)
+    for wire, value in zip(_FIELD_WIRE, c.field_values(env), strict=True):
         if value:
             out.append((wire, value.encode()))
-    tp = traceparent_of(env)
+    # traceparent_of() is None without an observability context: skip the call then.
+    tp = traceparent_of(env) if env.header.HasField("observability") else None
     if tp is not None:
         out.append((TRACEPARENT, tp.encode()))
         ts = tracestate_of(env)

@@ -104,11 +104,23 @@ def passthrough_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
     return {n: v for n, v in (headers or {}).items() if not is_owned(n) and n.lower() not in drop}
 
 
+#: The layout-only headers and the wire names of the per-envelope ones, in emission order.
+_LAYOUT_HEADERS = {lay: tuple((_WIRE_NAMES[name], c.pct_encode(value)) for name, value in c.layout_values(lay))
+                   for lay in Layout}
+_FIELD_WIRE = tuple(_WIRE_NAMES[f.name] for f in c.FIELDS)
+
+
 def headers_for(env: Envelope, layout: Layout) -> list[tuple[str, str]]:
-    out = [(_WIRE_NAMES[name], c.pct_encode(value)) for name, value in c.metadata_values(env, layout)]
-    if env.message_id:
-        out.append((NATS_MSG_ID, c.pct_encode(env.message_id)))
-    tp = traceparent_of(env)
+    out = list(_LAYOUT_HEADERS[layout])
+    values = c.field_values(env)
+    for wire, value in zip(_FIELD_WIRE, values, strict=True):
+        if value:
+            out.append((wire, c.pct_encode(value)))
+    message_id = values[0]
+    if message_id:
+        out.append((NATS_MSG_ID, c.pct_encode(message_id)))
+    # traceparent_of() is None without an observability context: skip the call then.
+    tp = traceparent_of(env) if env.header.HasField("observability") else None
     if tp is not None:
         out.append((TRACEPARENT, tp))
         ts = tracestate_of(env)

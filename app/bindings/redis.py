@@ -46,6 +46,10 @@ _WIRE_NAMES = {
     c.CONTENT_TYPE: "content_type",
 }
 _LOGICAL = {wire: logical for logical, wire in _WIRE_NAMES.items()}
+#: The layout-only fields (version, layout) and the wire names of the per-envelope ones, in
+#: emission order: `encode_stream_fields` runs for every SDK publish.
+_LAYOUT_FIELDS = {lay: {_WIRE_NAMES[name]: value.encode() for name, value in c.layout_values(lay)} for lay in Layout}
+_FIELD_WIRE = tuple(_WIRE_NAMES[f.name] for f in c.FIELDS)
 
 
 def channel_for(env: Envelope) -> str:
@@ -84,8 +88,10 @@ def encode_stream_fields(
 ) -> dict[str, bytes]:
     """The field map for `XADD <key> * ...` (see the module table)."""
     fields = {ENVELOPE_FIELD: _bytes(env, layout, sign_with)}
-    for name, value in c.metadata_values(env, layout):
-        fields[_WIRE_NAMES[name]] = value.encode()
+    fields.update(_LAYOUT_FIELDS[layout])
+    for wire, value in zip(_FIELD_WIRE, c.field_values(env), strict=True):
+        if value:
+            fields[wire] = value.encode()
     return fields
 
 
