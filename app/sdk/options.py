@@ -132,9 +132,10 @@ def trace_context_of(value: Any) -> TraceContext | None:
 
 
 try:
+    from opentelemetry.trace import INVALID_SPAN as _NO_SPAN
     from opentelemetry.trace import get_current_span as _current_span
 except ImportError:  # pragma: no cover - opentelemetry-api is a dependency
-    _current_span = None
+    _current_span = _NO_SPAN = None
 
 
 def current_otel_context() -> TraceContext | None:
@@ -142,7 +143,10 @@ def current_otel_context() -> TraceContext | None:
     span is active (so instrumented code gets trace propagation without passing anything)."""
     if _current_span is None:
         return None
-    ctx = _current_span().get_span_context()
+    span = _current_span()
+    if span is _NO_SPAN:  # what get_current_span returns outside any span: nothing to look at
+        return None
+    ctx = span.get_span_context()
     if not ctx.is_valid:
         return None
     return trace_context_of(ctx)

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import abc
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from app.envelope.codec import Layout
@@ -41,6 +41,57 @@ class Outgoing:
     #: Already-encoded (possibly signed) envelope bytes to send verbatim: forwarding a
     #: message (migration) must not re-encode it, or its signature would no longer hold.
     wire: bytes | None = None
+    #: Set by `PrismClient.publish` for an envelope it built from a dict/list with the default
+    #: options, unsigned and without a caller key: metadata only (message id, topic,
+    #: namespace, publish time, `application/json`), no other context or extension. Its
+    #: binding headers then differ from those of the previous such envelope of the topic in
+    #: the message id alone, so backends may reuse them (`PlainTemplates`).
+    plain: bool = False
+
+
+class PlainTemplates:
+    """The binding's headers/fields of plain envelopes (`Outgoing.plain`), worked out once per
+    (topic, namespace, layout) and re-used with the message id swapped in.
+
+    `build(env, layout)` is the binding's own function and returns a list of (name, value)
+    pairs or a dict; the entries named in `id_names` are the ones that carry the message id
+    (`encode_id` turns the id into their value). Re-using is exact because for a plain
+    envelope every other entry depends only on the key's fields (tests/sdk/test_publish_path.py
+    compares the result with the binding's for every backend).
+    """
+
+    __slots__ = ("_build", "_cache", "_encode_id", "_id_names", "max_topics")
+
+    def __init__(self, build: Callable[[Envelope, Layout], Any], id_names: Sequence[str],
+                 encode_id: Callable[[str], Any], max_topics: int = 1024) -> None:
+        self._build, self._id_names, self._encode_id = build, frozenset(id_names), encode_id
+        self.max_topics = max_topics  # more distinct keys than this: start over
+        self._cache: dict[tuple[str, str, Layout], tuple[Any, tuple[Any, ...]]] = {}
+
+    def get(self, env: Envelope, layout: Layout) -> Any:
+        md = env.header.metadata
+        key = (md.topic, md.namespace, layout)
+        hit = self._cache.get(key)
+        if hit is None:
+            built = self._build(env, layout)
+            if isinstance(built, dict):
+                slots: tuple[Any, ...] = tuple(k for k in built if k in self._id_names)
+            else:
+                slots = tuple(i for i, (name, _) in enumerate(built) if name in self._id_names)
+            if len(self._cache) >= self.max_topics:
+                self._cache.clear()
+            self._cache[key] = (built, slots)
+            return built.copy()
+        template, slots = hit
+        value = self._encode_id(md.message_id)
+        out = template.copy()
+        if isinstance(out, dict):
+            for k in slots:
+                out[k] = value
+        else:
+            for i in slots:
+                out[i] = (out[i][0], value)
+        return out
 
 
 @dataclass(slots=True)

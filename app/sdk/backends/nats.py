@@ -33,7 +33,9 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlunsplit
 
+from app.bindings import _common as c
 from app.bindings import nats as nb
+from app.envelope.codec import encode as encode_envelope
 from app.envelope.model import Envelope
 from app.errors import ConfigError, PublishError, SubscribeError
 from app.sdk.backends.base import (
@@ -41,6 +43,7 @@ from app.sdk.backends.base import (
     BackendSubscription,
     Delivery,
     Outgoing,
+    PlainTemplates,
     RawMessage,
     SubscribeSettings,
     int_param,
@@ -79,6 +82,8 @@ class NatsBackend(Backend):
         self.js: Any = None
         self._streams: dict[str, str] = {}
         self._lock = asyncio.Lock()
+        self._plain_headers = PlainTemplates(nb.headers_for, [nb._WIRE_NAMES[c.MESSAGE_ID], nb.NATS_MSG_ID],
+                                             c.pct_encode)
 
     async def connect(self) -> None:
         import nats
@@ -130,10 +135,7 @@ class NatsBackend(Backend):
         try:
             for subject in {i.topic for i in items}:
                 await self.stream_for(subject)
-            msgs = []
-            for item in items:
-                m = nb.encode(item.envelope, item.layout, subject=item.topic, sign_with=item.sign_with)
-                msgs.append((m.subject, item.wire if item.wire is not None else m.data, m.headers))
+            msgs = [self._message(item) for item in items]
             if len(msgs) == 1:
                 await self.js.publish(msgs[0][0], msgs[0][1], headers=msgs[0][2])
             else:
@@ -144,6 +146,15 @@ class NatsBackend(Backend):
         except Exception as exc:
             raise PublishError(f"JetStream did not confirm the publish: {exc!r}", path=redact_url(self.url),
                                hint="retrying with the same message_id is safe inside the duplicate window") from exc
+
+    def _message(self, item: Outgoing) -> tuple[str, bytes, dict[str, str]]:
+        """(subject, data, headers) of `nats.encode`; `stream_for` has checked the subject."""
+        if item.plain:
+            # The topic's headers with this message id (`Outgoing.plain`).
+            data = item.wire if item.wire is not None else encode_envelope(item.envelope, item.layout)
+            return item.topic, data, dict(self._plain_headers.get(item.envelope, item.layout))
+        m = nb.encode(item.envelope, item.layout, subject=item.topic, sign_with=item.sign_with)
+        return m.subject, item.wire if item.wire is not None else m.data, m.headers
 
     async def publish_bytes(self, topic: str, value: bytes) -> None:
         await self.stream_for(topic)

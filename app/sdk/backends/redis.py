@@ -33,7 +33,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from app.bindings import _common as c
 from app.bindings import redis as rb
+from app.envelope.codec import encode as encode_envelope
 from app.envelope.model import Envelope
 from app.errors import ConfigError, PublishError, SubscribeError
 from app.sdk.backends.base import (
@@ -41,6 +43,7 @@ from app.sdk.backends.base import (
     BackendSubscription,
     Delivery,
     Outgoing,
+    PlainTemplates,
     RawMessage,
     SubscribeSettings,
     int_param,
@@ -67,6 +70,7 @@ class RedisBackend(Backend):
         self.claim_idle_ms = int_param(params, "claim_idle_ms", 30_000, url, minimum=1)
         self._client_url = urlunsplit(parts._replace(query=urlencode(params)))
         self.client: Any = None
+        self._plain_fields = PlainTemplates(rb.encode_stream_fields, [rb._WIRE_NAMES[c.MESSAGE_ID]], str.encode)
 
     def key(self, topic: str) -> str:
         return self.prefix + topic
@@ -90,6 +94,12 @@ class RedisBackend(Backend):
             await client.aclose()
 
     def _fields(self, item: Outgoing) -> dict[str, bytes]:
+        if item.plain:
+            # Same entry as encode_stream_fields: the topic's fields with this id and envelope.
+            fields = self._plain_fields.get(item.envelope, item.layout)
+            fields[rb.ENVELOPE_FIELD] = item.wire if item.wire is not None else \
+                encode_envelope(item.envelope, item.layout)
+            return fields
         fields = rb.encode_stream_fields(item.envelope, item.layout, sign_with=item.sign_with)
         if item.wire is not None:
             fields[rb.ENVELOPE_FIELD] = item.wire

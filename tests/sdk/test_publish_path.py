@@ -1,0 +1,134 @@
+"""The lean publish path of a default publish (issue 6) sends exactly what the general path
+sends: the same envelope, the same bytes, the same headers and stream fields (no server needed).
+
+`PrismClient.publish(topic, dict_or_list)` with the default options builds the envelope
+without `new_envelope`, encodes it with the same `SerializeToString` call that builds it, and
+lets the backends re-use per-topic binding headers (`Outgoing.plain`, `PlainTemplates`).
+Each shortcut is compared here with the function it stands in for.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.bindings import kafka as kb
+from app.bindings import nats as nb
+from app.bindings import redis as rb
+from app.envelope.codec import Layout, encode
+from app.envelope.model import new_envelope
+from app.sdk import PrismClient, PrismPublishOptions
+from app.sdk.backends.base import PlainTemplates
+from app.sdk.client import _json_envelope
+from app.sdk.options import DEFAULT_OPTIONS
+from app.security.signing import SigningKey
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=20,
+)
+payloads = st.dictionaries(st.text(max_size=10), json_values, max_size=6) | st.lists(json_values, max_size=5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(payloads, st.sampled_from(["orders.created", "t", "ä.topic"]), st.sampled_from(["ns", "order-events"]))
+def test_json_envelope_is_new_envelope_and_its_bytes_are_the_codecs(payload, topic, namespace):
+    env, wire = _json_envelope(topic, payload, namespace)
+    ref = new_envelope(topic, payload, namespace=namespace, message_id=env.message_id,
+                       published_at_ms=env.published_at_ms)
+    assert env == ref
+    assert env.header.SerializeToString() == ref.header.SerializeToString()
+    assert not env.header.HasField("payload")  # the model keeps the payload outside the header
+    assert wire == encode(ref, Layout.REVIEWED)
+
+
+URLS = {"kafka": "kafka://127.0.0.1:9092", "redis": "redis://127.0.0.1:6379/0", "nats": "nats://127.0.0.1:4222"}
+
+
+def _native(client, item):
+    """What the backend's publish hands to its library for one item."""
+    b = client.backend
+    return getattr(b, {"kafka": "_parts", "redis": "_fields", "nats": "_message"}[b.scheme])(item)
+
+
+def _reference(scheme, env, layout, topic):
+    """The binding's general encoding of the same envelope."""
+    if scheme == "kafka":
+        rec = kb.encode(env, layout)
+        return rec.key, rec.value, rec.headers, rec.timestamp_ms
+    if scheme == "redis":
+        return rb.encode_stream_fields(env, layout)
+    m = nb.encode(env, layout, subject=topic)
+    return m.subject, m.data, m.headers
+
+
+@pytest.mark.parametrize("scheme", sorted(URLS))
+@pytest.mark.parametrize("layout", list(Layout))
+def test_plain_publishes_encode_like_the_bindings(scheme, layout):
+    """Several topics and namespaces, each published to repeatedly (template hits), in both layouts."""
+    for namespace in ("ns-a", "ns-b"):
+        client = PrismClient(URLS[scheme], namespace=namespace, layout=layout)
+        for i in range(6):
+            topic = ("orders.created", "orders.paid", "x")[i % 3]
+            payload = {"n": i, "text": "é" * i} if i % 2 else [i, {"k": None}]
+            env, plain, wire = client._build(topic, payload, DEFAULT_OPTIONS)
+            assert plain
+            item = client._outgoing(env, DEFAULT_OPTIONS, plain, wire)
+            assert item.plain and (item.wire is not None) == (layout is Layout.REVIEWED)
+            got = _native(client, item)
+            ref = _reference(scheme, env, layout, topic)
+            assert got == ref
+            if scheme == "redis":
+                assert list(got) == list(ref)  # the stream entry's field order too
+
+
+@pytest.mark.parametrize("options,client_kwargs", [
+    (PrismPublishOptions(correlation_id="c"), {}),
+    (PrismPublishOptions(), {}),  # equal to the default options, but not them: general path
+    (DEFAULT_OPTIONS, {"signing_key": SigningKey.hmac_sha256("k", b"k" * 32)}),
+    (DEFAULT_OPTIONS, {"publisher_id": "svc"}),
+    (PrismPublishOptions(trace_context="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"), {}),
+])
+def test_other_publishes_take_the_general_path(options, client_kwargs):
+    client = PrismClient(URLS["kafka"], namespace="ns", **client_kwargs)
+    env, plain, wire = client._build("t", {"a": 1}, options)
+    item = client._outgoing(env, options, plain, wire)
+    assert not item.plain and item.wire is None
+
+
+def test_payloads_that_are_not_dicts_or_lists_take_the_general_path():
+    client = PrismClient(URLS["kafka"], namespace="ns")
+    for payload in ("text", b"bytes", (1, 2)):
+        _, plain, wire = client._build("t", payload, DEFAULT_OPTIONS)
+        assert not plain and wire is None
+
+
+def test_an_active_span_makes_the_publish_general():
+    from opentelemetry.sdk.trace import TracerProvider
+
+    client = PrismClient(URLS["nats"], namespace="ns")
+    with TracerProvider().get_tracer("t").start_as_current_span("publish"):
+        env, plain, wire = client._build("t", {"a": 1}, DEFAULT_OPTIONS)
+    assert not plain and wire is None and env.observability is not None
+    item = client._outgoing(env, DEFAULT_OPTIONS, plain, wire)
+    assert _native(client, item) == _reference("nats", env, Layout.REVIEWED, "t")  # traceparent included
+
+
+def test_templates_are_bounded():
+    calls = []
+
+    def build(env, layout):
+        calls.append(env.topic)
+        return [("id", env.message_id), ("topic", env.topic)]
+
+    templates = PlainTemplates(build, ["id"], str, max_topics=4)
+    client = PrismClient(URLS["kafka"], namespace="ns")
+    for i in range(10):
+        env, _, _ = client._build(f"t{i}", {}, DEFAULT_OPTIONS)
+        assert templates.get(env, Layout.REVIEWED) == [("id", env.message_id), ("topic", f"t{i}")]
+    assert len(templates._cache) <= 4
+    env, _, _ = client._build("t9", {}, DEFAULT_OPTIONS)
+    assert templates.get(env, Layout.REVIEWED) == [("id", env.message_id), ("topic", "t9")]
+    assert calls.count("t9") == 1  # served from the template
