@@ -189,19 +189,38 @@ def _payload_doc(env: Envelope) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if p.type_url:
         out["type_url"] = p.type_url
-    value = bytes(p.value)
-    parsed: Any = None
     inline = (
         not env.is_encrypted
         and env.content_encoding in ("", "none")
         and _is_json_type(env.content_type)
     )
+    _add_payload(out, bytes(p.value), inline, encoder_text=False)
+    return out
+
+
+def encoder_json_payload_doc(value: bytes) -> dict[str, Any]:
+    """The `payload` member of the document of an envelope whose payload is `value`, JSON
+    text that `json.dumps`/`JSONEncoder(ensure_ascii=False)` wrote from Python objects and
+    that was then UTF-8 encoded (no type URL, not encrypted, not compressed, a JSON content
+    type): what the SDK publishes for a dict or list. The same member `to_document` builds,
+    with a cheaper storability check (see `_add_payload`)."""
+    out: dict[str, Any] = {}
+    _add_payload(out, value, True, encoder_text=True)
+    return out
+
+
+def _add_payload(out: dict[str, Any], value: bytes, inline: bool, *, encoder_text: bool) -> None:
+    parsed: Any = None
     if inline:
         try:
             parsed = json.loads(value.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError):
             inline = False
-    if inline and _jsonb_problem(parsed) is None:
+    # Encoder-written text holds U+0000 only as a \u escape (a lone surrogate cannot be
+    # UTF-8 encoded at all) and a non-finite number only as NaN/Infinity (a finite float's
+    # repr parses back finite): without those, the walk over every value cannot fail.
+    if inline and ((encoder_text and b"\\u" not in value and b"NaN" not in value and b"Infinity" not in value)
+                   or _jsonb_problem(parsed) is None):
         out["json"] = parsed
         # The canonical text sorts object keys, so a document whose top-level keys are not in
         # sorted order cannot be canonical: that check is free, the serialization is not.
@@ -212,9 +231,8 @@ def _payload_doc(env: Envelope) -> dict[str, Any]:
         except (ValueError, UnicodeEncodeError):
             exact = False
         if exact:
-            return out
+            return
     out["base64"] = base64.b64encode(value).decode("ascii")
-    return out
 
 
 def _payload_from_doc(doc: Any) -> Payload:

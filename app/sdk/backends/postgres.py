@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -81,6 +82,9 @@ class PostgresBackend(Backend):
         self.dsn = urlunsplit(parts._replace(scheme=scheme, query=urlencode(params)))
         self._pub: Any = None
         self._pub_lock = asyncio.Lock()
+        #: (topic, namespace) -> the document text of a plain envelope around its message id,
+        #: time and payload (`_document_template`); () when that topic's does not fit.
+        self._doc_templates: dict[tuple[str, str], tuple[str, ...]] = {}
 
     async def new_connection(self, *, autocommit: bool) -> Any:
         """A connection with the backend's schema on its search_path."""
@@ -129,7 +133,30 @@ class PostgresBackend(Backend):
     def _row(self, item: Outgoing) -> tuple[Any, ...]:
         if item.sign_with is not None:
             sign_canonical(item.envelope, item.sign_with)
+        if item.plain:
+            return self._plain_row(item.envelope)
         return pg.encode(item.envelope).params()
+
+    def _plain_row(self, env: Envelope) -> tuple[Any, ...]:
+        """`pg.encode(env).params()` for a plain envelope (`Outgoing.plain`): the document's
+        metadata part is the topic's text with the message id and time filled in, so per
+        publish only the payload member is worked out, by the binding, which is told the
+        text comes from the SDK's JSON encoder (`encoder_json_payload_doc`)."""
+        md = env.header.metadata
+        key = (md.topic, md.namespace)
+        parts = self._doc_templates.get(key)
+        if parts is None:
+            row = pg.encode(env)  # the binding's full path, checks included
+            if len(self._doc_templates) >= 1024:
+                self._doc_templates.clear()
+            self._doc_templates[key] = _document_template(row.envelope, md.message_id, md.published_at_ms)
+            return row.params()
+        if not parts:  # this topic's document does not fit the template: general path
+            return pg.encode(env).params()
+        ts = md.published_at_ms
+        text = "".join((parts[0], _DOC_JSON.encode(md.message_id), parts[1], _DOC_JSON.encode(str(ts)), parts[2],
+                        _DOC_JSON.encode(pg.encoder_json_payload_doc(env.payload.value)), "}"))
+        return md.message_id, md.topic, text, pg.published_at(ts)
 
     async def publish(self, items: Sequence[Outgoing]) -> None:
         if self._pub is None:
@@ -170,6 +197,32 @@ class PostgresBackend(Backend):
             env = pg.decode(row)
             out.append(RawMessage(canonical_wire(env), [], str(row["id"]), env))
         return out
+
+
+#: `EventRow.envelope_json`'s serializer: a dict's text is `{` + its members' texts + `}`, so
+#: the document can be assembled from the texts of its parts.
+_DOC_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+_ID_SLOT, _TS_SLOT = "\x01prism-message-id\x01", "\x01prism-published-at\x01"
+
+
+def _document_template(doc: dict[str, Any], message_id: str, published_at_ms: int) -> tuple[str, ...]:
+    """(text before the message id, between id and time, between time and payload) of the
+    JSON text of `doc`, a plain envelope's document, or () when it is not `{metadata, payload}`
+    with those two values appearing exactly once."""
+    if list(doc) != ["metadata", pg.PAYLOAD_KEY]:
+        return ()
+    meta = dict(doc["metadata"])
+    if meta.get("message_id") != message_id or meta.get("published_at_ms") != str(published_at_ms):
+        return ()
+    meta["message_id"], meta["published_at_ms"] = _ID_SLOT, _TS_SLOT
+    text = _DOC_JSON.encode({"metadata": meta, pg.PAYLOAD_KEY: None})
+    id_slot, ts_slot, tail = _DOC_JSON.encode(_ID_SLOT), _DOC_JSON.encode(_TS_SLOT), "null}"
+    if text.count(id_slot) != 1 or text.count(ts_slot) != 1 or not text.endswith(tail) \
+            or text.index(id_slot) > text.index(ts_slot):
+        return ()
+    before_id, rest = text[: -len(tail)].split(id_slot)
+    between, before_payload = rest.split(ts_slot)
+    return before_id, between, before_payload
 
 
 class _Batch:
