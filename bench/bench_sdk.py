@@ -7,19 +7,37 @@ load drift on the shared machine hits both equally, through ONE connection of on
 * bare     - `json.dumps(payload)` then the backend's plain publish of those bytes
              (Kafka `send_and_wait(value)`, Redis `XADD key payload <bytes>`, JetStream
              `publish(subject, bytes)`, PostgreSQL INSERT of the bytes);
-* envelope - `PrismClient.publish(topic, payload)`: builds the envelope (UUIDv7 id,
-             timestamp, JSON payload), encodes it with the backend's binding (headers,
-             stream fields, JSONB document) and publishes it, waiting for the same
-             confirmation.
+* envelope - `PrismClient.publish(topic, payload)` with the default options: builds the
+             envelope (UUIDv7 id, timestamp, JSON payload), encodes it with the backend's
+             binding (headers, stream fields, JSONB document) and publishes it, waiting for
+             the same confirmation.
 
-* bare+meta - (Kafka, Redis, NATS) the bare payload plus the binding's duplicated metadata
-             (the same `prism-*` headers / stream fields / NATS headers, computed once):
-             splits the overhead into "metadata on the wire" and "building + encoding the
-             envelope in Python".
+* bare+meta - the bare payload plus the binding's duplicated metadata (the same `prism-*`
+             headers / stream fields / NATS headers, computed once); on PostgreSQL the
+             envelope's whole row (its JSONB document) built once, with a fresh message_id
+             per insert. Splits the overhead into "what the server and the wire pay for the
+             envelope's extra bytes" and "building + encoding the envelope in Python".
 
 Each publish is awaited before the next (latency, not throughput). Reported: p50, p99 and
 mean in microseconds, the overhead of the envelope path in percent, and the same overhead
 in microseconds (what it costs whatever the network's latency is).
+
+Two CPU figures, because the wall-clock overhead on this shared 2-core machine swings:
+
+* envelope CPU before I/O (`envelope_pre_io_added_us`) - the library's send call (aiokafka
+  `send_and_wait`, redis-py `xadd`, nats-py `publish`, psycopg `execute`) is wrapped to
+  stamp when it is entered; per publish, the thread CPU time (`thread_time_ns`, so time
+  the process spends descheduled does not count) from the start of the publish to that
+  stamp is the Python work before the I/O. p50 of the envelope path minus p50 of the bare
+  path = what building and encoding the envelope costs *inside* the publish loop. The
+  wrapper costs every path the same.
+* hot loop (`cpu_hot_loop`) - the same work (`publish_cpu`: `_build`, `_outgoing` and the
+  backend's encoder, exactly what `publish` runs) in a tight loop against `json.dumps`
+  alone: the floor. The loop above pays 3-5x more for the same code, its caches being
+  cold after every round trip (the broker, the event loop and the other processes on the
+  two cores run in between).
+
+The load average (1 min) before and after each backend is printed and stored (`loadavg_1m`).
 
     .venv/bin/python -m bench.bench_sdk                    # kafka (embedded broker) + redis
     .venv/bin/python -m bench.bench_sdk --backends kafka,redis,nats,postgres -n 5000 --json out.json
@@ -29,7 +47,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
+import os
 import random
 import statistics
 import time
@@ -64,7 +84,8 @@ def summary(samples: list[float]) -> dict[str, float]:
 
 
 def with_metadata(client: PrismClient, topic: str) -> Any:
-    """A publish of the bare payload carrying the binding's metadata copies (None for PostgreSQL)."""
+    """A publish of the bare payload carrying the binding's metadata copies (PostgreSQL: the
+    envelope's row itself, built once)."""
     from app.bindings import kafka as kb
     from app.bindings import nats as nb
     from app.bindings import redis as rb
@@ -87,35 +108,68 @@ def with_metadata(client: PrismClient, topic: str) -> Any:
 
         async def send(value: bytes) -> None:
             await backend.js.publish(topic, value, headers=headers)
-    else:
-        return None
+    else:  # PostgreSQL: the envelope's whole row (JSONB document) built once, a fresh message_id per insert
+        from app.bindings import postgres as pgb
+        from app.sdk.backends.postgres import INSERT_NOTIFY_SQL
+
+        row = list(pgb.encode(env).params())
+        ids = itertools.count()
+        prefix = uuid.uuid4().hex[:8]
+
+        async def send(value: bytes) -> None:
+            row[0] = f"{prefix}-{next(ids)}"
+            async with backend._pub_lock:
+                await backend._pub.execute(INSERT_NOTIFY_SQL, row)
     return send
 
 
-def envelope_cpu_us(client: PrismClient, topic: str) -> dict[str, float]:
-    """Hot-loop CPU of building + encoding one envelope (no I/O), against `json.dumps` alone:
-    the floor of the overhead; the I/O-interleaved loop above pays it with colder caches."""
-    from app.bindings import nats as nb
-    from app.bindings import postgres as pgb
-    from app.bindings import redis as rb
-    from app.envelope.codec import Layout
-    from app.sdk.backends.base import Outgoing
-    from bench._timing import compare_us
+def publish_cpu(client: PrismClient, topic: str) -> Any:
+    """What `client.publish(topic, PAYLOAD)` computes before its I/O call, as a function:
+    the envelope, the `Outgoing` and the backend's native record (same methods as publish)."""
+    from app.sdk.options import DEFAULT_OPTIONS
 
     backend = client.backend
-    encoders = {
-        "kafka": lambda env: backend._record(Outgoing(topic, env, Layout.REVIEWED)),
-        "redis": lambda env: rb.encode_stream_fields(env, Layout.REVIEWED),
-        "nats": lambda env: nb.encode(env, Layout.REVIEWED),
-        "postgresql": lambda env: pgb.encode(env).params(),
-    }
-    encode = encoders[backend.scheme]
+    encode = {"kafka": lambda b: b._parts, "redis": lambda b: b._fields, "nats": lambda b: b._message,
+              "postgresql": lambda b: b._row}[backend.scheme](backend)
+
+    def run() -> Any:
+        env, plain, wire = client._build(topic, PAYLOAD, DEFAULT_OPTIONS)
+        return encode(client._outgoing(env, DEFAULT_OPTIONS, plain, wire))
+    return run
+
+
+def envelope_cpu_us(client: PrismClient, topic: str) -> dict[str, float]:
+    """Hot-loop CPU of building + encoding one envelope exactly as `publish` does (no I/O),
+    against `json.dumps` alone, which the bare path pays too: the floor of the overhead; the
+    I/O-interleaved loop pays it with colder caches (see `pre_io` for what it costs there)."""
+    from bench._timing import compare_us
+
     times = compare_us({
         "json": lambda: json.dumps(PAYLOAD, separators=(",", ":")).encode(),
-        "envelope": lambda: encode(client.build_envelope(topic, PAYLOAD)),
+        "envelope": publish_cpu(client, topic),
     })
     return {"json_us": round(times["json"], 1), "envelope_us": round(times["envelope"], 1),
             "added_us": round(times["envelope"] - times["json"], 1)}
+
+
+def stamp_io(client: PrismClient) -> list[int]:
+    """Wrap the backend library's send call (the one every path ends in) so it records when it
+    was entered: `[perf_counter_ns, thread_time_ns]`. Time from the start of a publish to that
+    stamp is the Python work before the I/O; the wrapper costs every path the same."""
+    backend = client.backend
+    owner_attr, name = {"kafka": ("_producer", "send_and_wait"), "redis": ("client", "xadd"),
+                        "nats": ("js", "publish"), "postgresql": ("_pub", "execute")}[backend.scheme]
+    owner = getattr(backend, owner_attr)
+    original = getattr(owner, name)
+    stamp = [0, 0]
+    wall, cpu = time.perf_counter_ns, time.thread_time_ns
+
+    async def stamped(*args: Any, **kwargs: Any) -> Any:
+        stamp[0], stamp[1] = wall(), cpu()
+        return await original(*args, **kwargs)
+
+    setattr(owner, name, stamped)
+    return stamp
 
 
 async def measure(url: str, n: int, warmup: int) -> dict[str, Any]:
@@ -138,24 +192,33 @@ async def measure(url: str, n: int, warmup: int) -> dict[str, Any]:
         async def bare_meta() -> None:
             await meta(json.dumps(PAYLOAD, separators=(",", ":")).encode())
 
-        paths = {"bare": bare, "envelope": envelope}
-        if meta is not None:
-            paths["bare+meta"] = bare_meta
+        paths = {"bare": bare, "envelope": envelope, "bare+meta": bare_meta}
         order = list(paths)
+        pre_io: dict[str, list[float]] = {name: [] for name in paths}
+        pre_io_cpu: dict[str, list[float]] = {name: [] for name in paths}
+        stamp = stamp_io(client)
+        cpu = time.thread_time_ns
         rng = random.Random(7)
         for i in range(warmup + n):
             rng.shuffle(order)  # no path always runs right after another (server-side after-effects)
             for name in order:
+                c0 = cpu()
                 t0 = clock()
                 await paths[name]()
                 if i >= warmup:
                     samples[name].append((clock() - t0) / 1000)
+                    pre_io[name].append((stamp[0] - t0) / 1000)
+                    pre_io_cpu[name].append((stamp[1] - c0) / 1000)
         await cleanup(client, [topic, bare_topic, meta_topic])
     out: dict[str, Any] = {name: summary(v) for name, v in samples.items() if v}
     b, e = out["bare"], out["envelope"]
     out["n"] = n
     out["overhead_pct"] = {k.replace("_us", ""): round((e[k] - b[k]) / b[k] * 100, 1) for k in b}
     out["overhead_us"] = {k.replace("_us", ""): round(e[k] - b[k], 1) for k in b}
+    out["pre_io_p50_us"] = {name: round(percentile(v, 50), 1) for name, v in pre_io.items()}
+    out["pre_io_cpu_p50_us"] = {name: round(percentile(v, 50), 1) for name, v in pre_io_cpu.items()}
+    out["envelope_pre_io_added_us"] = round(percentile(pre_io_cpu["envelope"], 50)
+                                            - percentile(pre_io_cpu["bare"], 50), 1)
     out["cpu_hot_loop"] = envelope_cpu_us(client, topic)
     return out
 
@@ -193,15 +256,18 @@ async def main() -> None:
             else:
                 url = {"redis": REDIS, "nats": NATS + "?storage=memory&stream_prefix=BENCH",
                        "postgres": PG + f"?schema=bench_sdk_{uuid.uuid4().hex[:8]}"}[name]
+            load_before = os.getloadavg()[0]
             results[name] = await measure(url, args.n, args.warmup)
             r = results[name]
-            meta = (f" | bare+meta p50 {r['bare+meta']['p50_us']:7.1f}  p99 {r['bare+meta']['p99_us']:7.1f}"
-                    if "bare+meta" in r else "")
+            r["loadavg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+            meta = f" | bare+meta p50 {r['bare+meta']['p50_us']:7.1f}  p99 {r['bare+meta']['p99_us']:7.1f}"
             print(f"{name:9s} bare p50 {r['bare']['p50_us']:7.1f}  p99 {r['bare']['p99_us']:7.1f} | "
                   f"envelope p50 {r['envelope']['p50_us']:7.1f}  p99 {r['envelope']['p99_us']:7.1f}{meta} (µs) | "
                   f"overhead p50 {r['overhead_pct']['p50']:+5.1f}% ({r['overhead_us']['p50']:+.0f} µs)  "
                   f"p99 {r['overhead_pct']['p99']:+5.1f}% ({r['overhead_us']['p99']:+.0f} µs)  "
-                  f"mean {r['overhead_pct']['mean']:+5.1f}% | hot-loop CPU +{r['cpu_hot_loop']['added_us']} µs",
+                  f"mean {r['overhead_pct']['mean']:+5.1f}% | envelope CPU before I/O "
+                  f"+{r['envelope_pre_io_added_us']} µs, hot loop +{r['cpu_hot_loop']['added_us']} µs | "
+                  f"load {r['loadavg_1m'][0]}-{r['loadavg_1m'][1]}",
                   flush=True)
             if broker is not None:
                 broker.stop()
