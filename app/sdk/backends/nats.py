@@ -82,8 +82,9 @@ class NatsBackend(Backend):
         self.js: Any = None
         self._streams: dict[str, str] = {}
         self._lock = asyncio.Lock()
-        self._plain_headers = PlainTemplates(nb.headers_for, [nb._WIRE_NAMES[c.MESSAGE_ID], nb.NATS_MSG_ID],
-                                             c.pct_encode)
+        # As the dict nb.encode returns (its headers, no caller ones to merge).
+        self._plain_headers = PlainTemplates(lambda env, layout: dict(nb.headers_for(env, layout)),
+                                             [nb._WIRE_NAMES[c.MESSAGE_ID], nb.NATS_MSG_ID], c.pct_encode)
 
     async def connect(self) -> None:
         import nats
@@ -134,7 +135,8 @@ class NatsBackend(Backend):
             raise PublishError("the NATS backend is not connected", hint="use the client inside `async with`")
         try:
             for subject in {i.topic for i in items}:
-                await self.stream_for(subject)
+                if subject not in self._streams:  # stream_for's own first check, without a coroutine
+                    await self.stream_for(subject)
             msgs = [self._message(item) for item in items]
             if len(msgs) == 1:
                 await self.js.publish(msgs[0][0], msgs[0][1], headers=msgs[0][2])
@@ -152,7 +154,7 @@ class NatsBackend(Backend):
         if item.plain:
             # The topic's headers with this message id (`Outgoing.plain`).
             data = item.wire if item.wire is not None else encode_envelope(item.envelope, item.layout)
-            return item.topic, data, dict(self._plain_headers.get(item.envelope, item.layout))
+            return item.topic, data, self._plain_headers.get(item.envelope, item.layout)
         m = nb.encode(item.envelope, item.layout, subject=item.topic, sign_with=item.sign_with)
         return m.subject, item.wire if item.wire is not None else m.data, m.headers
 
