@@ -374,10 +374,10 @@ class PipelineApp:
         attempt = 1
         emitted: list[Message] = []
         while todo:
-            results = await asyncio.gather(*(self._send(producer, item) for _, item in todo), return_exceptions=True)
-            failed = [(m, item, r) for (m, item), r in zip(todo, results, strict=True) if isinstance(r, BaseException)]
+            results = await self._send_all(producer, [item for _, item in todo])
+            failed = [(m, item, r) for (m, item), r in zip(todo, results, strict=True) if r is not None]
             for (m, item), r in zip(todo, results, strict=True):
-                if not isinstance(r, BaseException):
+                if r is None:
                     self._count_written(item)
                     if isinstance(item, list):
                         emitted.append(m)
@@ -401,15 +401,33 @@ class PipelineApp:
             todo = nxt
         return emitted
 
-    async def _send(self, producer: Any, item: list[Emission] | DlqRecord) -> None:
-        if isinstance(item, DlqRecord):
-            fut = await producer.send(item.topic, item.key, item.value, None, _ts(item.timestamp_ms),
-                                      item.headers)
-            await fut
-            return
-        futs = [await producer.send(e.topic, e.record.key, e.record.value, None, _ts(e.record.timestamp_ms),
-                                    e.record.headers) for e in item]
-        await asyncio.gather(*futs)
+    async def _send_all(self, producer: Any, items: list[list[Emission] | DlqRecord]) -> list[BaseException | None]:
+        """Send every item's records, in order, then await all their deliveries together;
+        returns per item None (all its records written) or the error that failed it.
+
+        One coroutine for the whole batch, like the tuned passthrough: a task per message
+        (gathering one `send` coroutine per item) cost ~10-20 us of event-loop work per message.
+        An item whose `send` raises sends none of its later records, as before."""
+        errors: list[BaseException | None] = [None] * len(items)
+        futures: list[Any] = []
+        owners: list[int] = []
+        for i, item in enumerate(items):
+            try:
+                if isinstance(item, DlqRecord):
+                    futures.append(await producer.send(item.topic, item.key, item.value, None, _ts(item.timestamp_ms),
+                                                       item.headers))
+                    owners.append(i)
+                    continue
+                for e in item:
+                    futures.append(await producer.send(e.topic, e.record.key, e.record.value, None,
+                                                       _ts(e.record.timestamp_ms), e.record.headers))
+                    owners.append(i)
+            except Exception as exc:  # refused before it was queued: the item failed
+                errors[i] = exc
+        for i, r in zip(owners, await asyncio.gather(*futures, return_exceptions=True), strict=True):
+            if errors[i] is None and isinstance(r, BaseException):
+                errors[i] = r
+        return errors
 
     def _count_written(self, item: list[Emission] | DlqRecord) -> None:
         if isinstance(item, DlqRecord):
