@@ -407,3 +407,109 @@ def write_dev_keyring(path: str | Path, *, namespaces: Iterable[str] = ()) -> Si
     path.write_text(json.dumps(doc, indent=2))
     os.chmod(path, 0o600)
     return load_signing_keyring(path)
+
+
+# --------------------------------------------------------------------------- deferred signatures
+
+#: Length of an Ed25519 signature (RFC 8032), and so of `DeferredSigner`'s placeholders.
+ED25519_SIGNATURE_BYTES = 64
+
+
+@dataclass(slots=True)
+class PendingSignature:
+    """One signature `DeferredSigner` was asked for: the exact bytes to sign, the placeholder
+    that stands in for the signature until `DeferredSigner.compute` fills in `signature` (or
+    `error`, what signing raised)."""
+
+    placeholder: bytes
+    data: bytes
+    signature: bytes | None = None
+    error: BaseException | None = None
+
+
+class DeferredSigner:
+    """`sign()` for an Ed25519 key in two halves, so that the signature itself can be computed
+    somewhere else - the worker signs a batch's outputs on a thread pool, since
+    pyca/cryptography releases the GIL while it signs.
+
+    `key` is a `SigningKey` to pass wherever the real one would go (`sign`,
+    `kafka.encode_layouts`): it records algorithm and key id exactly like the real key, and
+    each signature it is asked for is recorded (`take`) with the bytes to sign and answered
+    with a placeholder of a signature's length - unique, and starting with 56 random bytes
+    drawn per signer, so no input can contain it. `compute` makes the real signatures (on any
+    thread); `patch` swaps one into the bytes that carry its placeholder. The result is
+    byte-identical to signing directly: Ed25519 signatures are deterministic, and the
+    placeholder is as long as the signature, so every length prefix around it already holds.
+    The caller also owns `env.security.signature`, which `sign()` set to the placeholder."""
+
+    def __init__(self, key: SigningKey) -> None:
+        if key.algorithm != ED25519 or key.private_key is None:
+            raise AlgorithmError(f"deferred signing is for Ed25519 keys; {key.key_id!r} is {key.algorithm}")
+        import itertools
+        import os
+
+        self.real = key
+        self.key = SigningKey(key.key_id, key.algorithm, private_key=_Recorder(self))  # type: ignore[arg-type]
+        self._prefix = os.urandom(ED25519_SIGNATURE_BYTES - 8)
+        self._count = itertools.count()
+        self._pending: list[PendingSignature] = []
+
+    def _record(self, data: bytes) -> bytes:
+        placeholder = self._prefix + next(self._count).to_bytes(8, "big")
+        self._pending.append(PendingSignature(placeholder, data))
+        return placeholder
+
+    def pending(self) -> int:
+        """How many signatures were recorded since the last `take`."""
+        return len(self._pending)
+
+    def recorded_since(self, mark: int) -> list[PendingSignature]:
+        """The signatures recorded after `pending()` returned `mark` (and not yet taken)."""
+        return self._pending[mark:]
+
+    def drop_since(self, mark: int) -> list[PendingSignature]:
+        """Forget (and return) the signatures recorded after `pending()` returned `mark`."""
+        out = self._pending[mark:]
+        del self._pending[mark:]
+        return out
+
+    def take(self) -> list[PendingSignature]:
+        """The signatures recorded since the last `take`, in the order they were asked for."""
+        out, self._pending = self._pending, []
+        return out
+
+    def compute(self, jobs: list[PendingSignature]) -> list[PendingSignature]:
+        """Sign every job (thread-safe: touches only the jobs and the private key). A failure is
+        kept on its job, as `sign()` would have raised it for that signature alone."""
+        sign = self.real.private_key.sign  # type: ignore[union-attr]
+        for job in jobs:
+            try:
+                job.signature = sign(job.data)
+            except Exception as exc:
+                job.error = exc
+        return jobs
+
+    @staticmethod
+    def patch(value: bytes, job: PendingSignature) -> bytes:
+        """`value` (bytes `sign()` returned for `job`) with the real signature in place of the
+        placeholder. Raises `job.error` when that signature failed."""
+        if job.error is not None:
+            raise job.error
+        if job.signature is None or len(job.signature) != ED25519_SIGNATURE_BYTES:
+            raise SignatureError("deferred signature was not computed", path="security.signature")
+        at = value.find(job.placeholder)
+        if at < 0 or value.find(job.placeholder, at + 1) >= 0:
+            raise SignatureError("signature placeholder not found exactly once", path="security.signature")
+        return b"".join((value[:at], job.signature, value[at + ED25519_SIGNATURE_BYTES:]))
+
+
+class _Recorder:
+    """Stands in for `Ed25519PrivateKey` inside `DeferredSigner.key` (only `sign` is called)."""
+
+    __slots__ = ("_signer",)
+
+    def __init__(self, signer: DeferredSigner) -> None:
+        self._signer = signer
+
+    def sign(self, data: bytes) -> bytes:
+        return self._signer._record(data)
