@@ -23,10 +23,9 @@ of signing inline; the outcome of a message whose signatures are pending is sett
 they are in, in message order. Off by default because it measured as a loss on the 2 shared
 cores it was built on: broker-free (bench_stages, 30 interleaved turns) the main thread's
 stage CPU fell 24-27 % but wall time rose 10-13 % and process CPU 10-17 %; in the worker
-(bench_pipeline) the chain with a signing thread was slower in 6 of 7 runs than the same
-round's inline run (median -12 % msg/s). Every signature costs the signing thread a GIL
-hand-over from the busy event-loop thread, and no core was idle for it (two CPU-bound
-processes ran 0.95-1.45x as fast as one). Re-measure
+(bench_pipeline) the chain was slower in 5 of 6 paired runs (median -12 % msg/s). Every
+signature costs the signing thread a GIL hand-over from the busy event-loop thread, and
+no core was idle for it (two CPU-bound processes ran 0.95-1.45x faster than one). Re-measure
 where cores are free: `bench/bench_pipeline.py --sign-threads 0,1`, `bench/bench_stages.py
 --baseline HEAD --sign-threads 1`.
 
