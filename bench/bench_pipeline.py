@@ -2,13 +2,11 @@
 the same embedded broker, over the same pre-loaded backlog, one after the other.
 
     .venv/bin/python -m bench.bench_pipeline [--n 20000] [--json bench/results/pipeline.json]
-    .venv/bin/python -m bench.bench_pipeline --rounds 3 --no-latency [--sign-threads 0,1]
+    .venv/bin/python -m bench.bench_pipeline --rounds 3 --no-latency
 
 `--rounds` repeats raw/passthrough/chain over the same backlog (fresh groups and tables) and
-reports the median round's ratio; `--sign-threads` adds chain runs with the worker's
-re-signing pool at those sizes (`PipelineApp(sign_threads=...)`). Besides process CPU, the
-event loop thread's own CPU per message is reported: with a signing pool, process CPU also
-counts the pool, while the loop thread is what bounds the rate.
+reports the median round's ratio. Besides process CPU, the event loop thread's own CPU per
+message is reported (what bounds the rate when other threads do part of the work).
 
 Contenders (steady rate = messages / time between the first and the last processed batch,
 so group-join and start-up time are excluded):
@@ -184,8 +182,7 @@ def bench_topology(tmp: Path, keys: DevKeys, topic: str, archive_topic: str | No
     return path
 
 
-async def run_chain(bootstrap: str, topology_path: Path, n: int, data_dir: Path,
-                    sign_threads: int | None = None) -> tuple[dict[str, float], Any]:
+async def run_chain(bootstrap: str, topology_path: Path, n: int, data_dir: Path) -> tuple[dict[str, float], Any]:
     topo = load_topology(topology_path)
     await ensure_topics(bootstrap, topo.topics())
     clock, first, seen = Clock(n), [0], [0]
@@ -197,9 +194,8 @@ async def run_chain(bootstrap: str, topology_path: Path, n: int, data_dir: Path,
             first[0] = k
         clock.batch(k)
 
-    extra = {} if sign_threads is None else {"sign_threads": sign_threads}  # None: the worker's default
     pipe = PipelineApp(topo, bootstrap=bootstrap, data_dir=data_dir, app_id=f"bench-chain-{uuid.uuid4().hex[:6]}",
-                       embedded=True, on_batch=on_batch, **extra)
+                       embedded=True, on_batch=on_batch)
     async with InProcessWorker(pipe.app):
         await asyncio.wait_for(clock.done.wait(), 900)
     s = pipe.summary()
@@ -218,8 +214,7 @@ async def latency(bootstrap: str, topic: str, out_topic: str, n: int, rate: floa
     return json.loads(out.decode().strip().splitlines()[-1])
 
 
-async def main_async(n: int, out: Path | None, rounds: int = 1, with_latency: bool = True,
-                     sign_variants: tuple[int, ...] = ()) -> dict:
+async def main_async(n: int, out: Path | None, rounds: int = 1, with_latency: bool = True) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="prism-bench-"))
     keys = ensure_dev_keys(tmp / "keys")
     result: dict[str, Any] = {"n": n, "partitions": PARTITIONS, "payload": "1 KB JSON, signed, with JWT"}
@@ -242,10 +237,6 @@ async def main_async(n: int, out: Path | None, rounds: int = 1, with_latency: bo
             print(f"[round {r + 1}/{rounds}] raw aiokafka loop", one["raw_aiokafka"])
             one["faust_passthrough"] = await run_faust_passthrough(bs, topic, n, tmp / f"faust-{r}")
             print(f"[round {r + 1}/{rounds}] tuned Faust passthrough", one["faust_passthrough"])
-            for v in sign_variants:  # extra chain runs: the worker's re-signing pool at other sizes
-                key = f"prism_chain_sign_threads_{v}"
-                one[key], _ = await run_chain(bs, topo_path, n, tmp / f"chain-{r}-{v}", sign_threads=v)
-                print(f"[round {r + 1}/{rounds}] Prism full chain, sign_threads={v}", one[key])
             one["prism_chain"], summary = await run_chain(bs, topo_path, n, tmp / f"chain-{r}")
             print(f"[round {r + 1}/{rounds}] Prism full chain", one["prism_chain"])
             one["stage_us_per_message"] = summary["stage_us_per_message"]
@@ -319,8 +310,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--rounds", type=int, default=1, help="raw/passthrough/chain rounds over the same backlog")
     ap.add_argument("--no-latency", action="store_true", help="skip the end-to-end latency phases")
-    ap.add_argument("--sign-threads", default="", help="also run the chain with these re-signing pool sizes "
-                    "(comma-separated, e.g. 0,1) in every round, next to the default")
     args = ap.parse_args(argv)
     try:
         import uvloop
@@ -328,9 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         uvloop.install()
     except ImportError:
         pass
-    variants = tuple(int(v) for v in args.sign_threads.split(",") if v.strip())
-    asyncio.run(main_async(args.n, args.json, rounds=args.rounds, with_latency=not args.no_latency,
-                           sign_variants=variants))
+    asyncio.run(main_async(args.n, args.json, rounds=args.rounds, with_latency=not args.no_latency))
     return 0
 
 

@@ -3,12 +3,6 @@
     .venv/bin/python -m bench.bench_stages [--n 20000] [--passes 5]        # µs / message / stage
     .venv/bin/python -m bench.bench_stages --profile prof.out               # cProfile one pass
     .venv/bin/python -m bench.bench_stages --baseline HEAD~3 [--rounds 40]  # before/after, interleaved
-    .venv/bin/python -m bench.bench_stages --baseline HEAD --sign-threads 1  # re-signing on a pool
-
-With `--sign-threads N` the working tree signs as `PipelineApp(sign_threads=N)` does
-(`SigningBatch`: placeholders, a pool signs, swapped in before the batch's writes); "publish"
-is then the main thread's share, and the `wall` and `process_cpu` rows (per turn, all threads)
-show what the pool cost and saved.
 
 Input: `bench.bench_pipeline.make_messages` (signed reviewed envelopes, JWT, 1 KB JSON) over
 `topologies/orders-created.yaml` with development keys, run the way
@@ -51,9 +45,6 @@ ROOT = Path(__file__).resolve().parents[1]
 TOPIC = "orders.created"
 BATCH = 500
 STAGES = ("normalize", "validate", "authenticate", "verify_signature", "policy", "dedup", "enrich", "publish")
-#: Per turn in `--baseline` mode, besides the stages: wall time and process CPU time (all threads,
-#: i.e. including signatures made on the pool) per message over the whole turn.
-TURN = ("wall", "process_cpu")
 
 Input = tuple[bytes, list[tuple[str, bytes]], bytes | None, int | None]  # value, headers, key, timestamp_ms
 
@@ -82,8 +73,6 @@ class Harness:
     chain: Any
     publisher: Any
     dedup: Any
-    #: thread pool for the worker's Ed25519 re-signing, as `PipelineApp` sets it up (None: inline)
-    sign_pool: Any = None
 
 
 def build(keys_dir: Path) -> Harness:
@@ -109,18 +98,7 @@ def build(keys_dir: Path) -> Harness:
     chain = Chain(stages, dlq_topic_for=lambda t: t + topo.dlq.topic_suffix,
                   expired_to_dlq=bool(policy and policy.expired == "dlq"))
     kid = topo.outputs.signing_key_id or keyring.worker_key_id
-    publisher = Publisher(topo, worker_key=keyring.signing[kid])
-    pool = None
-    if SIGN_THREADS and hasattr(publisher, "can_defer_signing") and publisher.can_defer_signing():
-        from concurrent.futures import ThreadPoolExecutor
-
-        pool = ThreadPoolExecutor(SIGN_THREADS, thread_name_prefix="bench-sign")
-    return Harness(chain, publisher, dedup, pool)
-
-
-#: `--sign-threads`: 0 (the worker's default) signs inline; code without `SigningBatch`
-#: (a `--baseline` from before it) always signs inline.
-SIGN_THREADS = 0
+    return Harness(chain, Publisher(topo, worker_key=keyring.signing[kid]), dedup)
 
 
 def run(h: Harness, inputs: Iterable[Input], *, partition_of: Any = None, keep: bool = True) -> list[tuple[str, Any]]:
@@ -137,12 +115,7 @@ def run(h: Harness, inputs: Iterable[Input], *, partition_of: Any = None, keep: 
     results: list[tuple[str, Any]] = []
     items = list(inputs)
     for b in range(0, len(items), BATCH):
-        batch: list[tuple[str, Any, Any]] = []  # outcome, emissions | dlq | reason, msg
-        signing = None
-        if h.sign_pool is not None:  # as `PipelineApp._process_batch` does it
-            from app.agents.publish import SigningBatch
-
-            signing = SigningBatch(publisher, h.sign_pool)
+        emitted: list[Any] = []
         for i, (value, headers, key, ts) in enumerate(items[b:b + BATCH], start=b):
             part = partition_of(key) if partition_of else i % 4
             msg = Message(topic=TOPIC, partition=part, offset=i, value=value, key=key,
@@ -151,32 +124,20 @@ def run(h: Harness, inputs: Iterable[Input], *, partition_of: Any = None, keep: 
             if result.outcome is Outcome.EMITTED:
                 try:
                     t0 = clock()
-                    emissions = publisher.emissions(msg) if signing is None else signing.emissions(msg)
+                    emissions = publisher.emissions(msg)
                     chain.stats.stage_ns["publish"] += clock() - t0
                     chain.stats.stage_calls["publish"] += 1
-                    batch.append(("emitted", emissions, msg))
+                    results.append(("emitted", emissions if keep else None))
+                    emitted.append(msg)
                 except Exception as exc:
                     result = chain.dlq_for_publish_failure(msg, exc)
             if result.outcome is Outcome.DLQ:
-                batch.append(("dlq", result.dlq, msg))
+                results.append(("dlq", result.dlq if keep else None))
             elif result.outcome is not Outcome.EMITTED:
-                batch.append((str(result.outcome), result.reason, msg))
-        if signing is not None:  # every signature in before the batch's writes
-            signing.wait_sync()
-            t0 = clock()
-            for at, (outcome, item, msg) in enumerate(batch):
-                if outcome == "emitted":
-                    try:
-                        batch[at] = (outcome, signing.finish(msg, item), msg)
-                    except Exception as exc:
-                        batch[at] = ("dlq", chain.dlq_for_publish_failure(msg, exc).dlq, msg)
-            chain.stats.stage_ns["publish"] += clock() - t0
-        for outcome, item, _ in batch:
-            results.append((outcome, item if keep or outcome not in ("emitted", "dlq") else None))
+                results.append((str(result.outcome), result.reason))
         if dedup is not None:
-            for outcome, _, msg in batch:
-                if outcome == "emitted":
-                    dedup.record_emitted(msg)
+            for msg in emitted:
+                dedup.record_emitted(msg)
             dedup.end_batch()
     return results
 
@@ -212,9 +173,7 @@ def _table(columns: dict[str, dict[str, float]]) -> str:
     names = list(columns)
     lines = ["| stage | " + " | ".join(names) + (" | change (paired) |" if ratio else " |"),
              "|---|" + "---|" * (len(names) + (1 if ratio else 0))]
-    for stage in (*STAGES, "total", *TURN):
-        if any(stage not in columns[c] for c in names):
-            continue
+    for stage in (*STAGES, "total"):
         row = f"| {stage} | " + " | ".join(f"{columns[c][stage]:.1f}" for c in names)
         if ratio:
             row += f" | {(ratio[stage] - 1) * 100:+.0f} %"
@@ -225,9 +184,6 @@ def _table(columns: dict[str, dict[str, float]]) -> str:
 def _medians(samples: list[dict[str, float]]) -> dict[str, float]:
     med = {k: statistics.median(s[k] for s in samples) for k in STAGES}
     med["total"] = statistics.median(sum(s[k] for k in STAGES) for s in samples)
-    for k in TURN:
-        if all(k in s for s in samples):
-            med[k] = statistics.median(s[k] for s in samples)
     return med
 
 
@@ -249,19 +205,14 @@ def serve(n: int, chunk: int, keys_dir: Path) -> None:
             h, pos = build(keys_dir), 0  # a fresh window: the same ids again would be duplicates
             stats = h.chain.stats
         ns0, calls0 = dict(stats.stage_ns), dict(stats.stage_calls)
-        w0, c0 = time.perf_counter(), time.process_time()
         out = run(h, inputs[pos:pos + chunk], keep=False)
-        w1, c1 = time.perf_counter(), time.process_time()
         assert all(o == "emitted" for o, _ in out), {o for o, _ in out}
         pos += chunk
-        line = {k: (stats.stage_ns[k] - ns0.get(k, 0)) / 1000 / max(1, stats.stage_calls[k] - calls0.get(k, 0))
-                for k in STAGES}
-        line.update(wall=(w1 - w0) * 1e6 / chunk, process_cpu=(c1 - c0) * 1e6 / chunk)
-        print(json.dumps(line), flush=True)
+        print(json.dumps({k: (stats.stage_ns[k] - ns0.get(k, 0)) / 1000 / max(1, stats.stage_calls[k] - calls0.get(k, 0))
+                          for k in STAGES}), flush=True)
 
 
-def compare(baseline: str, n: int, rounds: int, chunk: int, clock: str = "cpu",
-            sign_threads: int = 0) -> dict[str, dict[str, float]]:
+def compare(baseline: str, n: int, rounds: int, chunk: int, clock: str = "cpu") -> dict[str, dict[str, float]]:
     """Baseline (`git archive` of `baseline`) against the working tree.
 
     Both run as long-lived worker processes and take turns, one chunk of `chunk` messages at a
@@ -285,7 +236,7 @@ def compare(baseline: str, n: int, rounds: int, chunk: int, clock: str = "cpu",
     for name, cwd in variants.items():
         procs[name] = subprocess.Popen(
             [sys.executable, "-m", "bench.bench_stages", "--serve", "--n", str(n), "--chunk", str(chunk),
-             "--keys", str(keys_dir), "--clock", clock, "--sign-threads", str(sign_threads)], cwd=str(cwd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             "--keys", str(keys_dir), "--clock", clock], cwd=str(cwd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     samples: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     try:
         for name, p in procs.items():
@@ -306,10 +257,7 @@ def compare(baseline: str, n: int, rounds: int, chunk: int, clock: str = "cpu",
     before, after = samples.values()
     ratios = {k: statistics.median(a[k] / b[k] for a, b in zip(after, before, strict=True) if b[k])
               for k in STAGES}
-    ratios["total"] = statistics.median(sum(a[k] for k in STAGES) / sum(b[k] for k in STAGES)
-                                        for a, b in zip(after, before, strict=True))
-    for k in TURN:
-        ratios[k] = statistics.median(a[k] / b[k] for a, b in zip(after, before, strict=True))
+    ratios["total"] = statistics.median(sum(a.values()) / sum(b.values()) for a, b in zip(after, before, strict=True))
     result["paired after/before"] = ratios
     return result
 
@@ -378,14 +326,10 @@ def main() -> None:
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                     help="time stages by thread CPU time (default) or wall time, as the worker does")
-    ap.add_argument("--sign-threads", type=int, default=0,
-                    help="threads for the worker's Ed25519 re-signing, as PipelineApp (0: sign inline)")
     ap.add_argument("--dump-corpus", type=Path, default=None)
     ap.add_argument("--dump-outputs", nargs=2, type=Path, metavar=("CORPUS", "OUT"), default=None)
     args = ap.parse_args()
     keys_dir = args.keys or Path(tempfile.mkdtemp(prefix="prism-bench-keys-"))
-    global SIGN_THREADS
-    SIGN_THREADS = args.sign_threads
     if args.clock == "cpu":
         use_cpu_clock()
     if args.dump_corpus:
@@ -395,7 +339,7 @@ def main() -> None:
     elif args.serve:
         serve(args.n, args.chunk, keys_dir)
     elif args.baseline:
-        res = compare(args.baseline, args.n, args.rounds, args.chunk, args.clock, args.sign_threads)
+        res = compare(args.baseline, args.n, args.rounds, args.chunk, args.clock)
         print(f"\n{args.clock} µs per message, medians of {args.rounds} interleaved turns of {args.chunk} messages\n")
         print(_table(res))
     elif args.profile:

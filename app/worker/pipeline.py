@@ -14,21 +14,6 @@ stage turns redeliveries into "duplicate".
 Faust routes table writes by the *current event*. Inside a batch the current event would
 be the last one taken, so the agent sets it per message before running the chain.
 
-Re-signing on a thread pool (`sign_threads`, off by default): with an Ed25519 worker key,
-a batch's output signatures (two per message, most of publish's CPU) can be made on a pool
-while the chain runs over the rest of the batch - pyca/cryptography releases the GIL while
-it signs - and swapped in before the batch's writes (`app.agents.publish.SigningBatch`).
-The records, their order, the DLQ for a signature that fails and all accounting are those
-of signing inline; the outcome of a message whose signatures are pending is settled once
-they are in, in message order. Off by default because it measured as a loss on the 2 shared
-cores it was built on: broker-free (bench_stages, 30 interleaved turns) the main thread's
-stage CPU fell 24-27 % but wall time rose 10-13 % and process CPU 10-17 %; in the worker
-(bench_pipeline) the chain was slower in 5 of 6 paired runs (median -12 % msg/s). Every
-signature costs the signing thread a GIL hand-over from the busy event-loop thread, and
-no core was idle for it (two CPU-bound processes ran 0.95-1.45x faster than one). Re-measure
-where cores are free: `bench/bench_pipeline.py --sign-threads 0,1`, `bench/bench_stages.py
---baseline HEAD --sign-threads 1`.
-
 Writes that fail are retried with capped, jittered exponential backoff; a message whose
 outputs still cannot be written goes to the DLQ (Kafka Connect's DLQ does not cover the
 final writes; this one does). If even the DLQ cannot be written, the agent keeps retrying:
@@ -44,7 +29,6 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,7 +44,7 @@ from app.agents.dlq import DlqRecord
 from app.agents.enrich import Enrich, SchemaInfo
 from app.agents.normalize import Normalize
 from app.agents.policy import Policy
-from app.agents.publish import Emission, Publisher, SigningBatch
+from app.agents.publish import Emission, Publisher
 from app.agents.validate import Validate
 from app.agents.verify_signature import VerifySignature
 from app.broker.admin import BrokerSettings
@@ -179,7 +163,7 @@ class PipelineApp:
                  embedded: bool = False, web_port: int | None = None, batch_size: int = 500,
                  batch_within_s: float = 0.02, broker_settings: BrokerSettings | None = None,
                  on_batch: Callable[[RunStats], None] | None = None, archive_location: str | Path | None = None,
-                 observe: Observer | None = None, sign_threads: int = 0, **faust_overrides: Any) -> None:
+                 observe: Observer | None = None, **faust_overrides: Any) -> None:
         self.topology = topology
         self.batch_size = batch_size
         self.batch_within_s = batch_within_s
@@ -205,10 +189,6 @@ class PipelineApp:
                                   path="outputs.signing_key_id", hint="name a key with a secret/private key")
             worker_key = self.keyring.signing[kid]
         self.publisher = Publisher(topology, worker_key=worker_key)
-        # Ed25519 re-signing on a thread pool: opt-in, see the module docstring.
-        self.sign_pool: ThreadPoolExecutor | None = None
-        if sign_threads > 0 and self.publisher.can_defer_signing():
-            self.sign_pool = ThreadPoolExecutor(sign_threads, thread_name_prefix="prism-sign")
         self.schema = resolve_schema(topology.stage("enrich"), topology.base_dir)
         # Offset continuity (app/worker/continuity.py): a record the consumer skipped is
         # fetched and processed before anything after it is acknowledged.
@@ -220,7 +200,6 @@ class PipelineApp:
         self.app.on_partitions_revoked.connect(self._forget_partitions)
         self.app.on_partitions_assigned.connect(self._forget_partitions)
         self.app.on_before_shutdown.connect(self._stop_hole_fetcher)
-        self.app.on_before_shutdown.connect(self._stop_sign_pool)
         self.counters = FaustTopicCounters(self.app, "topic-counters", partitions=max(parts))
         self.sequences = FaustSequenceTracker(self.app, "sequences", partitions=max(parts))
         # Redaction is a property of the log handlers, not of callers (observability docs):
@@ -278,9 +257,6 @@ class PipelineApp:
         if obs is not None:
             obs.batch_started()
         offsets, repaired = self.offsets, list[Message]()
-        signing = SigningBatch(self.publisher, self.sign_pool) if self.sign_pool is not None else None
-        #: messages whose signatures are pending: (index in `pending`, index in `observed`)
-        deferred: list[tuple[int, int]] | None = None if signing is None else []
         for event in events:
             _current_event.set(weakref.ref(event))
             m = event.message
@@ -290,15 +266,12 @@ class PipelineApp:
                 for msg in await self._missing_before(m.topic, m.partition, m.offset):
                     event_of[id(msg)] = event
                     repaired.append(msg)
-                    outcomes[(msg.topic, msg.partition, self._run_one(chain, msg, pending, observed, signing,
-                                                                      deferred))] += 1
+                    outcomes[(msg.topic, msg.partition, self._run_one(chain, msg, pending, observed))] += 1
             msg = Message(topic=m.topic, partition=m.partition, offset=m.offset, value=m.value or b"", key=m.key,
                           headers=[(k, v) for k, v in (m.headers or []) if v is not None],
                           timestamp_ms=int(m.timestamp * 1000) if m.timestamp else None)
             event_of[id(msg)] = event
-            outcomes[(m.topic, m.partition, self._run_one(chain, msg, pending, observed, signing, deferred))] += 1
-        if signing is not None and deferred:
-            await self._settle_signatures(chain, signing, deferred, pending, observed, event_of, outcomes)
+            outcomes[(m.topic, m.partition, self._run_one(chain, msg, pending, observed))] += 1
 
         written = await self._write_all(chain, producer, pending)
         dedup = self.dedups.get(id(chain))
@@ -310,8 +283,6 @@ class PipelineApp:
         # One counter write per (topic, partition, outcome) per batch, not per message: every
         # table write is also a changelog record.
         for (topic, partition, outcome), n in outcomes.items():
-            if not n:  # only after a deferred signature failed: that message moved to "dlq"
-                continue
             _current_event.set(weakref.ref(last_event_of_partition[(topic, partition)]))
             self.counters.incr(topic, outcome, n, partition=partition)
         # Counted only now, when every message of the batch has its outcome written: a reader
@@ -327,64 +298,26 @@ class PipelineApp:
             self.on_batch(self.stats)
 
     def _run_one(self, chain: Chain, msg: Message, pending: list[tuple[Message, list[Emission] | DlqRecord]],
-                 observed: list[tuple[Message, Any]] | None, signing: SigningBatch | None = None,
-                 deferred: list[tuple[int, int]] | None = None) -> str:
-        """Run the chain (and build the emissions) for one message; returns its outcome.
-
-        With `signing`, the emissions carry placeholder signatures: the message is listed in
-        `deferred` and `_settle_signatures` finishes it (sequence tracking included) later."""
+                 observed: list[tuple[Message, Any]] | None) -> str:
+        """Run the chain (and build the emissions) for one message; returns its outcome."""
         result = chain.run(msg)
         if result.outcome is Outcome.EMITTED:
             try:
                 t0 = time.perf_counter_ns()
-                emissions = self.publisher.emissions(msg) if signing is None else signing.emissions(msg)
+                emissions = self.publisher.emissions(msg)
                 chain.stats.stage_ns["publish"] += time.perf_counter_ns() - t0
                 chain.stats.stage_calls["publish"] += 1
                 pending.append((msg, emissions))
             except Exception as exc:  # encoding/signing failed: DLQ, never crash
                 result = chain.dlq_for_publish_failure(msg, exc)
             else:
-                if deferred is not None:
-                    deferred.append((len(pending) - 1, -1 if observed is None else len(observed)))
-                else:
-                    self._track_sequence(msg)
+                self._track_sequence(msg)
         if result.outcome is Outcome.DLQ:
             assert result.dlq is not None
             pending.append((msg, result.dlq))
         if observed is not None:
             observed.append((msg, result))
         return str(result.outcome)
-
-    async def _settle_signatures(self, chain: Chain, signing: SigningBatch, deferred: list[tuple[int, int]],
-                                 pending: list[tuple[Message, list[Emission] | DlqRecord]],
-                                 observed: list[tuple[Message, Any]] | None, event_of: dict[int, Any],
-                                 outcomes: Counter[tuple[str, int, str]]) -> None:
-        """Wait for the batch's signatures, then finish each waiting message in order, as
-        `_run_one` would have done inline: its records with the real signatures and its
-        sequence tracked - or, if its signing failed, the DLQ instead."""
-        await signing.wait()
-        t0 = time.perf_counter_ns()
-        for at, obs_at in deferred:
-            msg, item = pending[at]
-            assert isinstance(item, list)
-            try:
-                pending[at] = (msg, signing.finish(msg, item))
-            except Exception as exc:  # the signature failed: what `_run_one` does when signing inline fails
-                result = chain.dlq_for_publish_failure(msg, exc)
-                assert result.dlq is not None
-                pending[at] = (msg, result.dlq)
-                outcomes[(msg.topic, msg.partition, str(Outcome.EMITTED))] -= 1
-                outcomes[(msg.topic, msg.partition, str(Outcome.DLQ))] += 1
-                if observed is not None:
-                    observed[obs_at] = (msg, result)
-            else:
-                _current_event.set(weakref.ref(event_of[id(msg)]))  # the sequence table routes by it
-                self._track_sequence(msg)
-        chain.stats.stage_ns["publish"] += time.perf_counter_ns() - t0
-
-    async def _stop_sign_pool(self, sender: Any, **kwargs: Any) -> None:
-        if self.sign_pool is not None:
-            self.sign_pool.shutdown(wait=False)
 
     async def _missing_before(self, topic: str, partition: int, offset: int) -> list[Message]:
         """The source records between the last one processed on this partition and `offset`

@@ -18,12 +18,12 @@ from app.worker.pipeline import PipelineApp
 
 
 class RunningPipeline:
-    def __init__(self, topology: Topology, bootstrap: str, data_dir: Path, **pipeline_kwargs: Any) -> None:
+    def __init__(self, topology: Topology, bootstrap: str, data_dir: Path) -> None:
         self.topology = topology
         self.bootstrap = bootstrap
         self.source = topology.sources[0].topic
         self.pipeline = PipelineApp(topology, bootstrap=bootstrap, data_dir=data_dir,
-                                    app_id=f"test-{uuid.uuid4().hex[:8]}", embedded=True, **pipeline_kwargs)
+                                    app_id=f"test-{uuid.uuid4().hex[:8]}", embedded=True)
         self.worker = InProcessWorker(self.pipeline.app)
         self.producer: AIOKafkaProducer | None = None
 
