@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from app.schema.model import CompatibilityMode, CompatResult, Finding, SchemaErr
 from app.schema.protoparse import ProtoSchema, compile_proto
 from app.schema.references import RawReference, Reference, expand_avro, expand_json, identity_suffix, parse_references
 from app.schema.store import ApprovalRow, SchemaRow, SqlStore, VersionRow
+
+log = logging.getLogger("prism.schema.registry")
 
 GLOBAL_SCOPE = "__global__"
 ACTIVE_CONSUMER_WINDOW_S = 15 * 60
@@ -221,7 +224,11 @@ class Registry:
             if version is not None:
                 self._version_cache.pop((subject, version), None)
             self.response_cache.clear()
-        self.store.announce_change()
+        try:
+            self.store.announce_change()
+        except Exception as exc:  # the write itself is committed: report it as done, not as a failure
+            log.warning("registry write committed, but telling other registry processes failed (%s); "
+                        "their caches of %r stay stale until their next change notice or restart", exc, subject)
 
     def sync(self) -> None:
         """Drop every mutable cache if another process wrote to the store since the last look.

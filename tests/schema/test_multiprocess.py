@@ -173,3 +173,13 @@ def test_serve_refuses_a_bad_store_url() -> None:
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2
     assert "cannot open registry store 'mysql://x/y'" in res.stderr and "hint:" in res.stderr
+
+
+def test_a_failed_change_notice_does_not_fail_the_committed_write(registry: Registry, monkeypatch, caplog) -> None:
+    def refuse() -> None:
+        raise ConnectionError("server closed the connection")
+
+    monkeypatch.setattr(registry.store, "announce_change", refuse)
+    res = registry.register("s-value", _record(1), "AVRO", actor="t")
+    assert res.created and registry.get("s-value").version == 1
+    assert "telling other registry processes failed" in caplog.text
