@@ -37,7 +37,9 @@ class Dedup(Stage):
     def record_emitted(self, msg: Message) -> None:
         """Remember `msg`'s id; call once its outputs are written (Faust's current event must
         be `msg`'s so the entry lands in the right table partition)."""
-        self.window.check(msg.env.message_id, time.time(), partition=msg.partition)
+        # `process` found the id not live and `pending` kept later copies in the batch out:
+        # record without reading it again.
+        self.window.record(msg.env.message_id, time.time(), partition=msg.partition)
 
     def end_batch(self) -> None:
         self.pending.clear()

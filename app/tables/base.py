@@ -29,11 +29,16 @@ def current_partition() -> int:
     return int(event.message.partition)
 
 
-def make_table(app: Any, name: str, *, partitions: int | None = None, help: str | None = None) -> Any:
-    """A plain (non-windowed) Faust table with JSON keys and values and no default.
+def make_table(app: Any, name: str, *, partitions: int | None = None, help: str | None = None,
+               raw: bool = False) -> Any:
+    """A plain (non-windowed) Faust table with no default: JSON keys and values, or with
+    ``raw=True`` bytes in and out (for per-message tables, where the codec is the cost).
 
     ``partitions`` must equal the source topic's partition count (Faust raises
     ``PartitionsMismatch`` otherwise); ``None`` uses the app's ``topic_partitions``.
     """
+    if raw:
+        # bytes as key/value type: Faust's registry passes bytes through for store and changelog
+        return app.Table(name, default=None, partitions=partitions, help=help, key_type=bytes, value_type=bytes)
     # No key_type/value_type: Faust then serializes keys and values as JSON.
     return app.Table(name, default=None, partitions=partitions, help=help)

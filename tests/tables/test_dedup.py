@@ -81,15 +81,15 @@ def test_faust_binding_expires_entries_in_their_own_partition_a_few_per_event() 
 
     # An event on partition 1 deletes only partition 1's expired ids.
     assert dedup.check("fresh-1", now=20.0, partition=1).duplicate is False
-    assert "p1-old" not in dedup.table and "p1-new" in dedup.table
-    assert all(f"p0-{i}" in dedup.table for i in range(5))
+    assert dedup.entry("p1-old") is None and dedup.entry("p1-new") is not None
+    assert all(dedup.entry(f"p0-{i}") is not None for i in range(5))
 
     # Events on partition 0 delete at most two per event.
     dedup.check("fresh-0a", now=20.0, partition=0)
-    assert sum(f"p0-{i}" in dedup.table for i in range(5)) == 3
+    assert sum(dedup.entry(f"p0-{i}") is not None for i in range(5)) == 3
     dedup.check("fresh-0b", now=20.0, partition=0)
     dedup.check("fresh-0c", now=20.0, partition=0)
-    assert not any(f"p0-{i}" in dedup.table for i in range(5))
+    assert not any(dedup.entry(f"p0-{i}") is not None for i in range(5))
     assert dedup.pending_expiry == 0
 
 
@@ -100,4 +100,23 @@ def test_faust_binding_does_not_delete_an_id_recorded_again_after_the_scan() -> 
     asyncio.run(dedup.scan_expired(now=11.0))  # queues a and m
     assert dedup.check("m", now=11.0, partition=0).duplicate is False  # drains "a" only, re-records m
     dedup.check("other", now=12.0, partition=0)  # drains the stale queue entry for m
-    assert dedup.table["m"] == [11_000, 0] and "a" not in dedup.table
+    assert dedup.entry("m") == (11_000, 0) and dedup.entry("a") is None
+
+
+def test_record_writes_without_reading_and_restarts_the_window() -> None:
+    backend: dict[str, Any] = {}
+    window = DedupWindow(backend, window=10)
+    window.record("m", now=3.0, partition=2)
+    assert backend == {"m": [3000, 2]} and window.seen("m", now=12.9) and not window.seen("m", now=13.0)
+
+
+def test_faust_binding_stores_raw_bytes_and_reads_the_older_json_encoding() -> None:
+    dedup = FaustDedupWindow(FakeApp(), window=10)
+    dedup.record("new-id", now=1.0, partition=3)
+    assert dedup.table == {b"new-id": (1000).to_bytes(8, "big") + (3).to_bytes(4, "big")}
+    # an entry written by a version that used Faust's JSON codec: still seen, and still expired
+    dedup.table[b'"old-id"'] = b"[1000, 1]"
+    assert dedup.check("new-id", now=2.0, partition=3).duplicate
+    assert asyncio.run(dedup.scan_expired(now=20.0)) == 2
+    dedup.check("fresh", now=20.0, partition=1)  # drains partition 1's queue: the old entry
+    assert b'"old-id"' not in dedup.table and dedup.entry("new-id") == (1000, 3)

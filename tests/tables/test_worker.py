@@ -154,12 +154,12 @@ async def test_dedup_expiry_deletes_through_the_changelog(broker: EmbeddedBroker
     try:
         await until(20)
         assert len(set(processed)) == 2  # both partitions used
-        assert sorted(dedup.table) == sorted(f"old-{i}" for i in range(20))
+        assert sorted(dedup.table) == sorted(f"old-{i}".encode() for i in range(20))
         now[0] += 61  # the window passes
         assert await dedup.scan_expired() == 20
         await send("new")  # same keys -> same partitions: each event deletes its partition's expired ids
         await until(40)
-        assert sorted(dedup.table) == sorted(f"new-{i}" for i in range(20))
+        assert sorted(dedup.table) == sorted(f"new-{i}".encode() for i in range(20))
         assert dedup.pending_expiry == 0
     finally:
         await worker.stop()
