@@ -12,7 +12,7 @@ from pathlib import Path
 from app.broker.admin import ensure_topics
 from app.demo.runner import read_all
 from app.envelope import encode, new_envelope
-from app.worker.faust_app import WorkerProcess
+from app.worker.faust_app import GC_GEN0_THRESHOLD, WorkerProcess
 from tests.worker.conftest import make_topology
 from tests.worker.test_crash_e2e import ArchiveWatcher
 
@@ -47,6 +47,8 @@ async def test_sigterm_mid_stream_no_loss_no_duplicates(broker, tmp_path: Path, 
     second = WorkerProcess("app.worker.pipeline:app_from_env", log_path=tmp_path / "w2.log", env=env)
     try:
         first.start(timeout=60)
+        ready = first.wait_ready(5)  # the deployed worker runs with tune_gc applied
+        assert ready["gc"]["threshold"][0] == GC_GEN0_THRESHOLD and ready["gc"]["frozen"] > 10_000, ready
         await watch.wait_until(500, timeout=60)
         t0 = time.monotonic()
         code = first.stop(timeout=30)             # SIGTERM: finish the batch, commit, flush
