@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 from app.agents.base import Message
 from app.errors import PrismError
+from app.observability.redaction import jwt_spans
 
 PREFIX = "prism.errors."
-_JWT = re.compile(rb"eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+)?")
 _BEARER = re.compile(rb"(?i)(bearer\s+)([A-Za-z0-9._~+/=-]{8,})")
 _SECRET_HEADERS = frozenset({"authorization", "prism-auth-token", "x-auth-token", "auth-token", "ce_authtoken",
                              "proxy-authorization", "cookie"})
@@ -35,7 +35,12 @@ def mask_secrets(data: bytes, known: list[bytes] | tuple[bytes, ...] = ()) -> by
     for s in known:
         if s and s in out:
             out = out.replace(s, b"*" * len(s))
-    out = _JWT.sub(lambda m: b"*" * len(m.group(0)), out)
+    spans = jwt_spans(out, strict=True)  # linear: `out` is an untrusted payload of up to megabytes
+    if spans:
+        masked = bytearray(out)
+        for start, end in spans:
+            masked[start:end] = b"*" * (end - start)
+        out = bytes(masked)
     out = _BEARER.sub(lambda m: m.group(1) + b"*" * len(m.group(2)), out)
     return out
 

@@ -44,21 +44,96 @@ _PEM = re.compile(r"-----BEGIN [A-Z0-9 ]{1,64}-----.*?(?:-----END [A-Z0-9 ]{1,64
 # or "ew" ('{' then a newline/tab). Then 2 (JWS) or 4 (JWE) more segments.
 # No leading \b: in a bytes repr a token follows an escape ("\\x02eyJ..."), where "2e" has no
 # word boundary. Matching inside a longer base64url run only ever redacts more.
-_JWT = re.compile(r"e[wy][A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]*){0,2}")
+#
+# Found in linear time by `jwt_spans`, not by one regex: the pattern this replaced,
+# `e[wy][A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*(?:\.[A-Za-z0-9_-]*){0,2}`, restarts at
+# every "ey"/"ew" of a long base64url run and scans to its end: quadratic (40 kB of "eyey..."
+# took ~1 s per log line; the DLQ's variant over message payloads, 1 MB ~8 min).
+_DOTTED_RUN = re.compile(r"(?<![A-Za-z0-9_.-])[A-Za-z0-9_-]*+(?:\.[A-Za-z0-9_-]*+){2,}+")
+_DOTTED_RUN_BYTES = re.compile(rb"(?<![A-Za-z0-9_.-])[A-Za-z0-9_-]*+(?:\.[A-Za-z0-9_-]*+){2,}+")
 _URL_CREDENTIALS = re.compile(r"(?<=://)([^/\s:@]+):[^/\s@]+@")
 _AUTH_SCHEME = re.compile(r"\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=-]{4,}", re.IGNORECASE)
+# Every repetition below has exactly one way to match a given text (or is bounded), so the
+# cost is linear in the text: log lines carry producer-controlled bytes (error messages, reprs
+# of records), and an ambiguous pattern is a ReDoS. The quoted value used to be
+# `(?:\\.|(?!q).)*`, where a backslash could be consumed either way: with no closing quote
+# the engine tried 2^n splits of n escapes - one aiokafka DEBUG line (a ProduceRequest repr
+# in which a header ended in "token" followed by the bytes `:"`) held a test worker for 5 min.
 _SENSITIVE_NAME = (
-    r"[A-Za-z0-9_.\-]*(?:" + "|".join(_SENSITIVE_WORDS) + r")s?"
+    r"[A-Za-z0-9_.\-]{0,64}(?:" + "|".join(_SENSITIVE_WORDS) + r")s?"
 )
 _KV = re.compile(
     r"""(?P<name>["']?\b""" + _SENSITIVE_NAME + r"""\b["']?)"""
     r"""(?P<sep>\s*[:=]\s*)"""
-    r"""(?:b?(?P<q>["'])(?P<qv>(?:\\.|(?!(?P=q)).)*)(?P=q)"""
+    # quoted value: escapes or any other non-quote character of the line, possessively; an
+    # unterminated value is masked to the end of its line (it is still a secret)
+    r"""(?:b?(?P<q>["'])(?P<qv>(?:\\.|(?!(?P=q))[^\\\n])*+\\?)(?:(?P=q)|(?=\n)|\Z)"""
     r"""|(?!\[REDACTED\])(?P<uv>"""
     r"""(?:bearer|basic|digest|token)\s+(?:\[REDACTED\]|[^\s,;&}\])"']+)"""
     r"""|[^\s,;&}\])"']+))""",
     re.IGNORECASE,
 )
+
+
+def jwt_spans(text: str | bytes, *, strict: bool = False) -> list[tuple[int, int]]:
+    """``(start, end)`` of every JWT-shaped substring of `text`, left to right, in linear time.
+
+    Default (logs): a first segment from "ey"/"ew" on with at least 6 more characters, a second of
+    at least 2, a third of any length, and up to two more segments (JWE has five). The start may be
+    inside a longer base64url or dotted run (a token after a `\\x02` escape in a bytes repr), which
+    only ever masks more. `strict=True` (message bytes in DLQ records, where masking too much
+    damages the payload kept for replay): "eyJ" plus at least 4, a second segment of at least 4, a
+    third of any length, and the two JWE segments only when both are non-empty.
+    """
+    run_re = _DOTTED_RUN_BYTES if isinstance(text, bytes) else _DOTTED_RUN
+    dot = b"." if isinstance(text, bytes) else "."
+    heads = ((b"eyJ",) if isinstance(text, bytes) else ("eyJ",)) if strict else (
+        (b"ey", b"ew") if isinstance(text, bytes) else ("ey", "ew"))
+    need_first, need_second = (4, 4) if strict else (6, 2)
+    spans: list[tuple[int, int]] = []
+    for run in run_re.finditer(text):  # type: ignore[arg-type]
+        segs = run.group(0).split(dot)  # type: ignore[arg-type]
+        offsets, pos = [], run.start()
+        for seg in segs:
+            offsets.append(pos)
+            pos += len(seg) + 1
+        k = 0
+        while k + 2 < len(segs):
+            first = segs[k]
+            found = [i for i in (first.find(h) for h in heads) if i >= 0]  # type: ignore[arg-type]
+            i = min(found) if found else -1
+            if i < 0 or len(first) - i - len(heads[0]) < need_first or len(segs[k + 1]) < need_second:
+                k += 1
+                continue
+            end = k + 2  # index of the third segment
+            if strict:
+                if end + 2 < len(segs) and segs[end + 1] and segs[end + 2]:
+                    end += 2
+            else:
+                end = min(end + 2, len(segs) - 1)
+            spans.append((offsets[k] + i, offsets[end] + len(segs[end])))
+            k = end + 1
+    return spans
+
+
+def _mask_spans(text: str, spans: list[tuple[int, int]]) -> str:
+    out, last = [], 0
+    for start, end in spans:
+        out += [text[last:start], MASK]
+        last = end
+    out.append(text[last:])
+    return "".join(out)
+
+
+_TOKEN_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.~+/=-"
+
+
+def _cut(text: str, limit: int) -> str:
+    """The first `limit` characters and a marker. Bounds what every pattern costs on one text
+    (a 1 MB repr in a DEBUG line took seconds even with linear patterns). A token the cut splits
+    would no longer look like one, so a token-like run ending at the cut is dropped as well."""
+    head = text[:limit].rstrip(_TOKEN_CHARS)
+    return f"{head}...[{len(text) - len(head)} characters not shown]"
 
 
 def is_sensitive_key(name: str) -> bool:
@@ -123,9 +198,10 @@ def _byte_forms(value: bytes) -> list[str]:
 class Redactor:
     """Removes secrets from text. Thread-safe; one per worker (or the process default)."""
 
-    def __init__(self, *, min_secret_length: int = 4, max_secrets: int = 4096) -> None:
+    def __init__(self, *, min_secret_length: int = 4, max_secrets: int = 4096, max_length: int = 65_536) -> None:
         self.min_secret_length = min_secret_length
         self.max_secrets = max_secrets
+        self.max_length = max_length
         self._secrets: OrderedDict[str, None] = OrderedDict()
         self._compiled: re.Pattern[str] | None = None
         self._pending: list[str] = []  # registered since the last compile: matched with `in`
@@ -175,6 +251,8 @@ class Redactor:
         where the name=value heuristics would mangle `hmac-key:2024`)."""
         if not text:
             return text
+        if len(text) > self.max_length:
+            text = _cut(text, self.max_length)
         compiled, pending = self._compiled, self._pending
         if compiled is not None:
             text = compiled.sub(MASK, text)
@@ -185,7 +263,10 @@ class Redactor:
             return text
         if "-----BEGIN " in text:
             text = _PEM.sub(MASK, text)
-        text = _JWT.sub(MASK, text)
+        if "e" in text:
+            spans = jwt_spans(text)
+            if spans:
+                text = _mask_spans(text, spans)
         if "://" in text:
             text = _URL_CREDENTIALS.sub(lambda m: f"{m.group(1)}:{MASK}@", text)
         text = _KV.sub(_kv_sub, text)  # before the scheme rule: "Authorization: Bearer x" masks as one value
