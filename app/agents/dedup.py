@@ -41,5 +41,12 @@ class Dedup(Stage):
         # record without reading it again.
         self.window.record(msg.env.message_id, time.time(), partition=msg.partition)
 
+    async def flush(self) -> None:
+        """Make the recorded ids durable (their changelog records acknowledged); call after the
+        batch's `record_emitted` calls and before its source offsets are acknowledged."""
+        flush = getattr(self.window, "flush_changelog", None)
+        if flush is not None:
+            await flush()
+
     def end_batch(self) -> None:
         self.pending.clear()

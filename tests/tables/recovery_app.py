@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import faust
+from faust.types import TP
 
 from app.tables import FaustDedupWindow, FaustSequenceTracker, FaustTopicCounters, make_table
 from app.worker.faust_app import make_app
@@ -42,6 +43,8 @@ def build() -> faust.App:
     counters = FaustTopicCounters(app, "topic_counters", partitions=partitions)
     sequences = FaustSequenceTracker(app, "sequences", partitions=partitions)
     dedup = FaustDedupWindow(app, "dedup", window=3600, partitions=partitions)
+    # the worker's path: seen -> record (store only) -> flush_changelog (direct sends)
+    emitted = FaustDedupWindow(app, "emitted", window=3600, partitions=partitions)
     state: dict[str, Any] = {"processed": 0, "duplicates": 0, "not_in_order": 0, "written_at": None}
 
     @app.agent(source)
@@ -55,6 +58,10 @@ def build() -> faust.App:
                 state["not_in_order"] += 1
             if dedup.check(value["id"]).duplicate:
                 state["duplicates"] += 1
+            if not emitted.seen(value["id"]):
+                emitted.record(value["id"])
+                if emitted.unsent >= 100:  # in batches, as the worker flushes once per batch
+                    await emitted.flush_changelog()
             state["processed"] += 1
 
     @app.timer(0.1)
@@ -65,6 +72,7 @@ def build() -> faust.App:
         idle, state["last_seen"] = processed == state.get("last_seen"), processed
         if not idle or state["written_at"] == processed:
             return
+        await emitted.flush_changelog()  # the tail of the last batch
         state["written_at"] = processed
         data = {
             "pid": os.getpid(),
@@ -76,6 +84,11 @@ def build() -> faust.App:
             "counter_by_partition": {str(k): v for k, v in counters.by_partition(topic_name).items()},
             "sequences": {k: v.to_value() for k, v in sequences.snapshot().items()},
             "dedup_ids": sum(1 for _ in dedup.table),
+            "emitted_ids": sum(1 for _ in emitted.table),
+            "emitted_persisted_offsets": sorted(
+                o for p in range(partitions)
+                if (o := emitted.table.data.persisted_offset(
+                    TP(emitted.table.changelog_topic.get_topic_name(), p))) is not None),
         }
         tmp = snapshot_path.with_name(snapshot_path.name + ".tmp")
         tmp.write_text(json.dumps(data, sort_keys=True))

@@ -139,6 +139,7 @@ def assert_recovered_exactly(scenario: Scenario, name: str, data_dir: Path) -> N
     assert recovered["counter_by_partition"] == first["counter_by_partition"]
     assert recovered["sequences"] == first["sequences"]
     assert recovered["dedup_ids"] == RECORDS
+    assert recovered["emitted_ids"] == RECORDS  # the direct-write path recovers like Faust's own
 
 
 def test_first_run_processed_everything_once(scenario: Scenario) -> None:
@@ -151,6 +152,10 @@ def test_first_run_processed_everything_once(scenario: Scenario) -> None:
     assert all(v == {"last": RECORDS // KEYS - 1, "seen": RECORDS // KEYS, "missing": 0, "duplicates": 0,
                      "regressions": 0} for v in first["sequences"].values())
     assert first["dedup_ids"] == RECORDS
+    assert first["emitted_ids"] == RECORDS
+    # flush_changelog stored each changelog partition's offset (RECORDS records over PARTITIONS)
+    persisted = first["emitted_persisted_offsets"]
+    assert len(persisted) == PARTITIONS and sum(o + 1 for o in persisted) == RECORDS, persisted
 
 
 def test_restart_on_the_same_data_dir_recovers_exactly(scenario: Scenario) -> None:
