@@ -42,11 +42,12 @@ class Dedup(Stage):
         self.window.record(msg.env.message_id, time.time(), partition=msg.partition)
 
     async def flush(self) -> None:
-        """Make the recorded ids durable (their changelog records acknowledged); call after the
-        batch's `record_emitted` calls and before its source offsets are acknowledged."""
+        """Hand the batch's recorded ids to the producer (their changelog records); call after the
+        batch's `record_emitted` calls. Faust flushes the producer before it commits the batch's
+        source offsets, so the ids are durable first; the batch does not wait for the round trip."""
         flush = getattr(self.window, "flush_changelog", None)
         if flush is not None:
-            await flush()
+            await flush(wait=False)
 
     def end_batch(self) -> None:
         self.pending.clear()

@@ -25,8 +25,8 @@ Writes from the worker's dedup stage (:meth:`FaustDedupWindow.record`, once per 
 message) skip Faust's per-write table machinery: the value goes straight into the table's
 RocksDB store and the changelog record is queued, then :meth:`FaustDedupWindow.flush_changelog`
 sends the batch's records through the app's producer - the same keys, values and partitions
-Faust would write, so recovery reads them like its own - and, once they are acknowledged, stores
-the persisted changelog offset per partition, as Faust does after each of its own sends.
+Faust would write, so recovery reads them like its own - and stores the persisted changelog
+offset per partition once they are acknowledged, as Faust does after its own sends.
 Measured (bench/bench_pipeline.py, BENCHMARKS.md): a write through ``Table.__setitem__`` cost
 60-110 µs in the worker (a future, the producer buffer, two RocksDB puts and callbacks per key);
 the direct write and send cost ~15-20 µs. ``check`` and the expiry deletes keep Faust's path.
@@ -41,6 +41,7 @@ JSON encoding are still read (and expired) correctly.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import struct
 import time
@@ -202,6 +203,9 @@ class FaustDedupWindow(DedupWindow):
         self._app = app
         #: changelog records written to the store by `record`, not yet sent: (key, value, partition)
         self._unsent: list[tuple[bytes, bytes, int]] = []
+        #: highest acknowledged changelog offset per changelog partition, not yet stored
+        self._acked: dict[Any, int] = {}
+        self._inflight: set[asyncio.Future[Any]] = set()
         # Faust passes the app to timer functions that take parameters: register a zero-arg one.
         app.timer(sweep_interval, name=f"{name}-expiry-scan")(self._scan_timer)
 
@@ -271,28 +275,52 @@ class FaustDedupWindow(DedupWindow):
         """Changelog records written locally by :meth:`record` and not yet acknowledged by Kafka."""
         return len(self._unsent)
 
-    async def flush_changelog(self) -> None:
-        """Send the queued changelog records and wait for the broker to acknowledge them all, then
-        store each changelog partition's persisted offset (what lets a restart on the same data
-        directory skip replaying what RocksDB already holds).
+    async def flush_changelog(self, *, wait: bool = True) -> None:
+        """Send the queued changelog records; with `wait`, also wait until the broker has
+        acknowledged every record sent so far (raising the first error; failed records are
+        queued again).
 
-        Raises the producer's error if a send fails; the records stay queued, so calling it again
-        resends them (a changelog record written twice is harmless: same key, same value).
+        `wait=False` is what the worker uses, like Faust's own table writes: Faust flushes the
+        producer before it commits source offsets (at-least-once), so the records are durable
+        before the inputs that made them count as done, and the batch does not pay a round trip.
+        A record whose send fails is queued again and resent by the next flush (a changelog record
+        written twice is harmless: same key, same value). Acknowledged offsets become each
+        partition's persisted offset (what lets a restart on the same data directory skip
+        replaying what RocksDB already holds), stored at the next flush.
         """
-        if not self._unsent:
-            return
-        batch = list(self._unsent)
-        topic = self.table.changelog_topic.get_topic_name()
+        self._store_persisted_offsets()
+        batch, self._unsent = self._unsent, []
+        topic = self.table.changelog_topic.get_topic_name() if batch else ""
         producer = self._app.producer
-        futures = [await producer.send(topic, key, value, partition, None, None) for key, value, partition in batch]
-        acked = await asyncio.gather(*futures)
-        del self._unsent[:len(batch)]
-        last: dict[int, Any] = {}
-        for md in acked:
-            if md.partition not in last or md.offset > last[md.partition].offset:
-                last[md.partition] = md
-        for md in last.values():
-            self.table.data.set_persisted_offset(md.topic_partition, md.offset)
+        for i, record in enumerate(batch):
+            key, value, partition = record
+            try:
+                fut = await producer.send(topic, key, value, partition, None, None)
+            except BaseException:
+                self._unsent[:0] = batch[i:]  # not handed to the producer: keep for the next flush
+                raise
+            self._inflight.add(fut)
+            fut.add_done_callback(functools.partial(self._changelog_sent, record))
+        if wait and self._inflight:  # this flush's records and any still in flight from earlier ones
+            results = await asyncio.gather(*self._inflight, return_exceptions=True)
+            self._store_persisted_offsets()
+            errors = [r for r in results if isinstance(r, BaseException)]
+            if errors:
+                raise errors[0]
+
+    def _changelog_sent(self, record: tuple[bytes, bytes, int], fut: asyncio.Future[Any]) -> None:
+        self._inflight.discard(fut)
+        if fut.cancelled() or fut.exception() is not None:
+            self._unsent.append(record)
+            return
+        md = fut.result()
+        if md.offset > self._acked.get(md.topic_partition, -1):
+            self._acked[md.topic_partition] = md.offset
+
+    def _store_persisted_offsets(self) -> None:
+        acked, self._acked = self._acked, {}
+        for tp, offset in acked.items():
+            self.table.data.set_persisted_offset(tp, offset)
 
     def _drain(self, partition: int, now: float | None) -> None:
         queue = self._pending.get(partition)

@@ -279,9 +279,9 @@ class PipelineApp:
             for msg in written:
                 _current_event.set(weakref.ref(event_of[id(msg)]))
                 dedup.record_emitted(msg)
-            # The ids' changelog records, sent together; retried until the broker takes them:
-            # acknowledging the batch without them would let a restart on an empty data dir
-            # forget ids that were emitted.
+            # The ids' changelog records, handed to the producer together (retried until it takes
+            # them); Faust flushes the producer before committing, so they are durable before
+            # the batch's offsets are.
             await self._retrying(dedup.flush, "the dedup changelog")
             dedup.end_batch()
         # One counter write per (topic, partition, outcome) per batch, not per message: every

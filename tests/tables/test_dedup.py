@@ -120,3 +120,55 @@ def test_faust_binding_stores_raw_bytes_and_reads_the_older_json_encoding() -> N
     assert asyncio.run(dedup.scan_expired(now=20.0)) == 2
     dedup.check("fresh", now=20.0, partition=1)  # drains partition 1's queue: the old entry
     assert b'"old-id"' not in dedup.table and dedup.entry("new-id") == (1000, 3)
+
+
+class _Md:
+    def __init__(self, topic: str, partition: int, offset: int) -> None:
+        self.topic_partition, self.partition, self.offset = (topic, partition), partition, offset
+
+
+class _Producer:
+    """Records sends; the test settles each send's future."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, bytes, int, asyncio.Future[Any]]] = []
+
+    async def send(self, topic: str, key: bytes, value: bytes, partition: int, ts: Any, headers: Any) -> Any:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.sent.append((topic, key, value, partition, fut))
+        return fut
+
+
+def test_deferred_changelog_requeues_failed_sends_and_persists_acked_offsets() -> None:
+    from types import SimpleNamespace
+
+    from app.tables.dedup import _ENTRY
+
+    app = FakeApp()
+    dedup = FaustDedupWindow(app, window=10)
+    persisted: dict[Any, int] = {}
+    dedup.table.changelog_topic = SimpleNamespace(get_topic_name=lambda: "app-dedup-changelog")
+    dedup.table.set_persisted_offset = persisted.__setitem__  # FakeTable is its own store
+    producer = app.producer = _Producer()
+    dedup._app = app
+
+    async def scenario() -> None:
+        for i, part in enumerate((0, 1, 1)):
+            dedup.record(f"id-{i}", now=5.0, partition=part)
+        assert dedup.unsent == 3 and dedup.entry("id-2") == (5000, 1)  # in the store already
+        await dedup.flush_changelog(wait=False)
+        assert dedup.unsent == 0 and [s[1] for s in producer.sent] == [b"id-0", b"id-1", b"id-2"]
+        assert [s[3] for s in producer.sent] == [0, 1, 1] and producer.sent[0][2] == _ENTRY.pack(5000, 0)
+        producer.sent[0][4].set_result(_Md("app-dedup-changelog", 0, 7))
+        producer.sent[1][4].set_exception(RuntimeError("broker gone"))
+        producer.sent[2][4].set_result(_Md("app-dedup-changelog", 1, 3))
+        await asyncio.sleep(0)  # done callbacks
+        assert dedup.unsent == 1  # the failed record, queued again
+        await dedup.flush_changelog(wait=False)  # resends it, stores the acknowledged offsets
+        assert persisted == {("app-dedup-changelog", 0): 7, ("app-dedup-changelog", 1): 3}
+        assert producer.sent[3][1] == b"id-1" and dedup.unsent == 0
+        producer.sent[3][4].set_result(_Md("app-dedup-changelog", 1, 4))
+        await dedup.flush_changelog()  # wait=True: nothing to send, offsets stored
+        assert persisted[("app-dedup-changelog", 1)] == 4
+
+    asyncio.run(scenario())
