@@ -32,11 +32,13 @@ import sys
 import tempfile
 import time
 import uuid
+import weakref
 from pathlib import Path
 from typing import Any
 
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from faust.streams import _current_event  # table writes route by the current event
 
 from app.broker.admin import ensure_topics
 from app.broker.embedded import EmbeddedBroker
@@ -165,6 +167,43 @@ async def run_faust_passthrough(bootstrap: str, topic: str, n: int, data_dir: Pa
     return clock.result(first[0])
 
 
+async def run_faust_structure(bootstrap: str, topic: str, n: int, data_dir: Path) -> dict[str, float]:
+    """The chain's Faust-side structure with no stage work: the tuned passthrough, plus per input
+    the dedup window's write (`FaustDedupWindow.record`: RocksDB store, changelog record flushed
+    once per batch, as the worker does) and two sends (`.v2`, `.v3`) of the input bytes. What any
+    chain that keeps the issue's outputs and state pays through Faust before a stage runs."""
+    from app.tables.dedup import FaustDedupWindow
+
+    app = make_app(f"bench-struct-{uuid.uuid4().hex[:6]}", bootstrap, data_dir, embedded=True,
+                   partitions=PARTITIONS)
+    src = app.topic(topic, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+    window = FaustDedupWindow(app, "struct-ids", window=3600, partitions=PARTITIONS)
+    outs = (topic + ".struct-v2", topic + ".struct-v3")
+    clock, first = Clock(n), [0]
+
+    async def structure(stream: Any) -> None:
+        async for events in stream.take_events(500, within=0.02):
+            producer, futs = app.producer, []
+            for e in events:
+                m = e.message
+                for out in outs:
+                    futs.append(await producer.send(out, m.key, m.value, None, None, m.headers))
+            await asyncio.gather(*futs)
+            for e in events:
+                _current_event.set(weakref.ref(e))
+                window.record(f"{e.message.partition}:{e.message.offset}", partition=e.message.partition)
+            await window.flush_changelog()
+            if clock.count == 0:
+                first[0] = len(events)
+            clock.batch(len(events))
+
+    app.agent(src, name="structure")(structure)
+    async with InProcessWorker(app):
+        tune_gc()
+        await asyncio.wait_for(clock.done.wait(), 600)
+    return clock.result(first[0])
+
+
 def signing_floor(keys_dir: Path, n: int = 300, repeat: int = 8) -> dict[str, float]:
     """Loop-thread CPU µs per input message of the worker's two output signatures, alone.
 
@@ -254,7 +293,8 @@ async def main_async(n: int, out: Path | None, rounds: int = 1, with_latency: bo
         topic = f"bench.in.{uuid.uuid4().hex[:6]}"
         topo_path = bench_topology(tmp, keys, topic, None)
         topo = load_topology(topo_path)
-        await ensure_topics(bs, {**topo.topics(), topic + ".raw-out": PARTITIONS, topic + ".faust-out": PARTITIONS})
+        await ensure_topics(bs, {**topo.topics(), topic + ".raw-out": PARTITIONS, topic + ".faust-out": PARTITIONS,
+                                 topic + ".struct-v2": PARTITIONS, topic + ".struct-v3": PARTITIONS})
         values = make_messages(keys, topic, n)
         await preload(bs, topic, values)
         print(f"preloaded {n} messages of {len(values[0])} bytes")
@@ -268,6 +308,11 @@ async def main_async(n: int, out: Path | None, rounds: int = 1, with_latency: bo
             print(f"[round {r + 1}/{rounds}] raw aiokafka loop", one["raw_aiokafka"])
             one["faust_passthrough"] = await run_faust_passthrough(bs, topic, n, tmp / f"faust-{r}")
             print(f"[round {r + 1}/{rounds}] tuned Faust passthrough", one["faust_passthrough"])
+            one["faust_structure"] = await run_faust_structure(bs, topic, n, tmp / f"struct-{r}")
+            one["structure_ceiling"] = (one["faust_passthrough"]["main_thread_cpu_us_per_msg"]
+                                        / one["faust_structure"]["main_thread_cpu_us_per_msg"])
+            print(f"[round {r + 1}/{rounds}] Faust structure, no stages", one["faust_structure"],
+                  f"-> ceiling P/P_structure = {one['structure_ceiling']:.2f}")
             floor = signing_floor(tmp / "keys")
             p_us = one["faust_passthrough"]["main_thread_cpu_us_per_msg"]
             floor["ceiling_ratio"] = p_us / (p_us + floor["two_signatures_cpu_us_per_msg"])
@@ -284,7 +329,8 @@ async def main_async(n: int, out: Path | None, rounds: int = 1, with_latency: bo
             rounds_out.append(one)
         mid = sorted(rounds_out, key=lambda o: o["chain_vs_passthrough"])[len(rounds_out) // 2]
         result.update({k: mid[k] for k in ("raw_aiokafka", "faust_passthrough", "prism_chain",
-                                           "stage_us_per_message", "chain_vs_passthrough", "signing_floor")})
+                                           "stage_us_per_message", "chain_vs_passthrough", "signing_floor",
+                                           "faust_structure", "structure_ceiling")})
         result["rounds"] = rounds_out
         ratio = result["chain_vs_passthrough"]
 
