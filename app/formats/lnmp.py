@@ -259,7 +259,8 @@ def decode_container(data: bytes | memoryview, *, strict: bool = True) -> Contai
         raise LnmpError(f"LNMP container is {len(view)} bytes, shorter than its 12-byte header",
                         path="byte 0", hint="the message was truncated")
     if bytes(view[:4]) != MAGIC:
-        raise LnmpError("not an LNMP container: magic is not 'LNMP'", path="byte 0")
+        raise LnmpError("not an LNMP container: magic is not 'LNMP'", path="byte 0",
+                        hint="an LNMP container starts with the 4 bytes 'LNMP'")
     version, mode, flags, mlen = struct.unpack_from(">BBHI", view, 4)
     if version != CONTAINER_VERSION:
         raise LnmpError(f"unsupported LNMP container version 0x{version:02x}", path="byte 4",
@@ -438,7 +439,8 @@ def _tokenize(body: str) -> list[tuple[str, str]]:
                             hint="write key=value pairs separated by spaces")
         key = body[i:eq]
         if '"' in key:
-            raise LnmpError(f"#ENVELOPE key {key[:40]!r} contains a quote", path=f"#ENVELOPE char {i}")
+            raise LnmpError(f"#ENVELOPE key {key[:40]!r} contains a quote", path=f"#ENVELOPE char {i}",
+                            hint="keys are bare words; only values may be quoted")
         i = eq + 1
         if i < n and body[i] == '"':
             out: list[str] = []
@@ -484,12 +486,14 @@ def parse_text_header(line: str) -> LnmpEnvelope:
     """Parse one `#ENVELOPE …` line strictly (no trailing newline). Pair order is free
     (spec 5.2); a key given twice is an error; unknown keys are kept in `extra_keys`."""
     if not line.startswith(TEXT_KEYWORD) or line[len(TEXT_KEYWORD) : len(TEXT_KEYWORD) + 1] not in ("", " "):
-        raise LnmpError("line does not start with '#ENVELOPE '", path="line 1")
+        raise LnmpError("line does not start with '#ENVELOPE '", path="line 1",
+                        hint="the header line starts with '#ENVELOPE' and a space")
     known: dict[str, str] = {}
     extra: dict[str, str] = {}
     for key, value in _tokenize(line[len(TEXT_KEYWORD) :]):
         if not key:
-            raise LnmpError("#ENVELOPE has a pair with an empty key", path="#ENVELOPE")
+            raise LnmpError("#ENVELOPE has a pair with an empty key", path="#ENVELOPE",
+                            hint="write key=value with a non-empty key")
         if key in known or key in extra:
             raise LnmpError(f"#ENVELOPE key {key!r} appears twice", path=f"#ENVELOPE {key}",
                             hint="give each key once")
