@@ -162,3 +162,18 @@ def test_prism_envelopes_still_take_the_envelope_path(tmp_path: Path) -> None:
     f = write(tmp_path, "e.bin", encode(new_envelope("orders.created", {"a": 1}, namespace="n"), Layout.REVIEWED))
     doc = json.loads(prism("envelope", "inspect", str(f)).stdout)
     assert doc["layout"] == "reviewed" and "lnmp" not in doc
+
+
+def test_hostile_metadata_cannot_drive_the_terminal(tmp_path: Path) -> None:
+    """A source with an ANSI escape and rich markup: inspect prints it JSON-escaped, validate
+    names the field without echoing it, and neither interprets the markup."""
+    hostile = "\x1b[2J[bold red]pwned[/]"
+    env = lnmp.LnmpEnvelope(timestamp=int(time.time() * 1000), source=hostile)
+    f = write(tmp_path, "hostile.lnmp", lnmp.encode_container(lnmp.Container(record=RECORD, envelope=env)))
+    res = prism("envelope", "inspect", str(f))
+    assert res.returncode == 0 and b"\x1b" not in res.stdout
+    assert json.loads(res.stdout)["lnmp"]["envelope"]["source"] == hostile
+    res = prism("envelope", "validate", str(f))
+    out = res.stdout + res.stderr
+    assert res.returncode == 1 and b"\x1b" not in out and b"pwned" not in out
+    assert b"security.publisher_id: contains control characters" in out
