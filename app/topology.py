@@ -106,6 +106,9 @@ class SchemaRef(_Strict):
                 or self.repository.startswith("git@")):
             raise ValueError(f"repository {self.repository!r} is remote; only local git repositories are read "
                              "(clone it and give its path or a file:// URL)")
+        if self.ref is not None and (not self.ref or self.ref.startswith("-") or not self.ref.isprintable()
+                                     or " " in self.ref):
+            raise ValueError(f"ref {self.ref!r} is not a tag, commit or branch name")
         return self
 
 

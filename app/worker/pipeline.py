@@ -98,8 +98,8 @@ def resolve_schema(settings: EnrichStage | None, base_dir: Path) -> SchemaInfo |
     if ref.message:
         cfg["message"] = ref.message
     if ref.repository:  # git: a local path is relative to the topology file, like `file` paths
-        local = ref.repository.startswith("file://") or Path(ref.repository).is_absolute()
-        cfg["repository"] = ref.repository if local else str((base_dir / ref.repository).resolve())
+        as_given = ref.repository.startswith("file://") or Path(ref.repository).is_absolute()
+        cfg["repository"] = ref.repository if as_given else str((base_dir / ref.repository).resolve())
     if ref.ref:
         cfg["ref"] = ref.ref
     try:

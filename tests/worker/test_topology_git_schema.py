@@ -115,6 +115,8 @@ def test_git_schema_from_a_topology_reaches_the_published_envelope(
      "only local git repositories"),
     ({"registry_type": "prism", "subject": "orders"}, "registry_type prism needs url"),
     ({"registry_type": "file", "path": "a.proto", "ref": "v1"}, "for registry_type git only"),
+    ({"registry_type": "git", "repository": "../schemas", "path": "a.proto", "ref": "--output=/tmp/x"},
+     "is not a tag, commit or branch name"),
     ({"registry_type": "github", "path": "a.proto"}, "'prism', 'confluent', 'file' or 'git'"),
 ])
 def test_incomplete_or_unknown_registry_config_fails_at_load(
