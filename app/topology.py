@@ -75,15 +75,41 @@ class DedupStage(_Strict):
 
 
 class SchemaRef(_Strict):
-    """A namespace's schema, resolved once at start-up (RFC-030)."""
+    """A namespace's schema, resolved once at start-up (RFC-030) by `app.schema.resolve`.
+
+    Each registry type names what it needs, checked here so a topology fails at load, not at
+    the first message: `file` a `path`; `prism` / `confluent` a `url` and a `subject`; `git` a
+    local `repository` (path or file:// URL) and a `path` in it, pinned by `ref` (tag/commit).
+    """
 
     registry_type: Literal["prism", "confluent", "file", "git"] = "file"
     url: str | None = None
     path: str | None = None
     subject: str | None = None
+    repository: str | None = None   # git: local repository path (relative to the topology) or file:// URL
+    ref: str | None = None          # git: tag, commit or branch (default HEAD)
     version: str = "latest"
     message: str | None = None      # protobuf message name
     validate_payloads: bool = False  # debug: reject non-conforming payloads to the DLQ
+
+    @model_validator(mode="after")
+    def _needs(self) -> SchemaRef:
+        needed = {"file": ("path",), "prism": ("url", "subject"), "confluent": ("url", "subject"),
+                  "git": ("repository", "path")}[self.registry_type]
+        missing = [k for k in needed if not getattr(self, k)]
+        if missing:
+            raise ValueError(f"registry_type {self.registry_type} needs {' and '.join(missing)}")
+        if self.registry_type != "git" and (self.repository or self.ref):
+            raise ValueError("repository and ref are for registry_type git only")
+        if self.registry_type == "git" and self.repository and (
+                ("://" in self.repository and not self.repository.startswith("file://"))
+                or self.repository.startswith("git@")):
+            raise ValueError(f"repository {self.repository!r} is remote; only local git repositories are read "
+                             "(clone it and give its path or a file:// URL)")
+        if self.ref is not None and (not self.ref or self.ref.startswith("-") or not self.ref.isprintable()
+                                     or " " in self.ref):
+            raise ValueError(f"ref {self.ref!r} is not a tag, commit or branch name")
+        return self
 
 
 class EnrichStage(_Strict):

@@ -12,7 +12,7 @@ Backends: Redis Pub/Sub (Lua dedup + PUBLISH, no subscriber), Redis Streams (Lua
 XADD), PostgreSQL (one INSERT ... SELECT unnest ... ON CONFLICT per batch), NATS JetStream
 (concurrent publishes with Nats-Msg-Id, file storage, waiting for every ack), S3 (moto's
 server on loopback: a Python HTTP server, so this number measures moto more than the sink).
-Kafka consumption is not part of these numbers (see ENGINEERING.md for Faust's own cost).
+Kafka consumption is not part of these numbers (see docs/platform-notes.md for Faust's own cost).
 """
 
 from __future__ import annotations

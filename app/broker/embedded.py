@@ -7,7 +7,7 @@ protocol, starts in milliseconds and keeps everything in memory. With no broker 
 Prism starts one of these (``PRISM_BROKER_URL`` empty), so ``make demo`` works on a fresh
 machine.
 
-Known limits of this broker (see ``ENGINEERING.md``): no idempotent producer or transactions
+Known limits of this broker (docs/platform-notes.md, "The embedded broker"): no idempotent producer or transactions
 (at-least-once only), and ``ListOffsets(latest)`` answers the base offset of the last record
 batch instead of the high watermark. Faust tables need the workaround in
 :mod:`app.worker.offsets` to recover on it.

@@ -150,16 +150,25 @@ def _read_input(path: str) -> bytes:
         raise typer.BadParameter(f"cannot read {path}: {exc.strerror}") from None
 
 
+_LOOSE_HELP = "LNMP input: loose decoding (ignore or recover a malformed LNMP envelope, with warnings)"
+
+
 @envelope_app.command("inspect")
 @friendly
-def envelope_inspect(path: Annotated[str, typer.Argument(help="file with one envelope, or - for stdin")],
-                     payload: Annotated[bool, typer.Option(help="include the payload")] = False) -> None:
-    """Print an envelope (either layout) as JSON. Auth tokens are shown redacted."""
+def envelope_inspect(path: Annotated[str, typer.Argument(help="file with one envelope or LNMP message, or - for stdin")],
+                     payload: Annotated[bool, typer.Option(help="include the payload")] = False,
+                     loose: Annotated[bool, typer.Option("--loose", help=_LOOSE_HELP)] = False) -> None:
+    """Print an envelope (either layout) or an LNMP message (binary or text) as JSON. Auth tokens are shown redacted."""
     from google.protobuf.json_format import MessageToDict
 
+    from app.cli import lnmp_inspect
     from app.envelope import decode, detect_layout
 
     data = _read_input(path)
+    if lnmp_inspect.is_lnmp(data):
+        reading = lnmp_inspect.read(data, source=path, strict=not loose)
+        console.print_json(json.dumps(lnmp_inspect.inspect_doc(reading, payload=payload)))
+        return
     env = decode(data)
     doc = MessageToDict(env.header, preserving_proto_field_name=True)
     if doc.get("security", {}).get("auth_token"):
@@ -177,11 +186,25 @@ def envelope_inspect(path: Annotated[str, typer.Argument(help="file with one env
 
 @envelope_app.command("validate")
 @friendly
-def envelope_validate(path: Annotated[str, typer.Argument(help="file with one envelope, or - for stdin")]) -> None:
-    """Check required fields and metadata sanity; exit 1 listing every problem."""
+def envelope_validate(path: Annotated[str, typer.Argument(help="file with one envelope or LNMP message, or - for stdin")],
+                      loose: Annotated[bool, typer.Option("--loose", help=_LOOSE_HELP)] = False) -> None:
+    """Check required fields and metadata sanity (LNMP: the LNMP rules and metadata sanity); exit 1 listing every problem."""
+    from app.cli import lnmp_inspect
     from app.envelope import decode, required_problems, sanity_problems
 
-    env = decode(_read_input(path))
+    data = _read_input(path)
+    if lnmp_inspect.is_lnmp(data):
+        reading = lnmp_inspect.read(data, source=path, strict=not loose)
+        fails, warns = lnmp_inspect.problems(reading)
+        for w in warns:
+            console.print(f"[yellow]![/] {escape(w)}", soft_wrap=True)
+        if fails:
+            for f in fails:
+                console.print(f"[red]✗[/] {escape(f)}", soft_wrap=True)
+            raise typer.Exit(1)
+        console.print(f"[green]✓[/] {escape(lnmp_inspect.summary(reading))}", soft_wrap=True)
+        return
+    env = decode(data)
     problems = required_problems(env) + sanity_problems(env)
     if problems:
         for p in problems:

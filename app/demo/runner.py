@@ -56,7 +56,7 @@ async def read_all(bootstrap: str, topics: dict[str, int], expected_total: int, 
     """Read every record of `topics` (until `expected_total` records or quiet for 3 s).
 
     High watermarks come from fetch responses, not ListOffsets, which the embedded
-    broker answers wrongly (ENGINEERING.md)."""
+    broker answers wrongly (docs/platform-notes.md)."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
                                 enable_auto_commit=False, **(settings.aiokafka_kwargs() if settings else {}))
     await consumer.start()

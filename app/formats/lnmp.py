@@ -25,8 +25,11 @@ docs/formats.md for what is wrong with that example):
   re-emitted unchanged (`extra_tlv`, `extra_keys`);
 * strict mode (default) raises `LnmpError` for duplicates, out-of-order entries, bad lengths,
   bad UTF-8, malformed header lines; loose mode ignores a malformed envelope, keeps the record
-  and says why in `warnings`. Container damage that hides where the record starts (bad magic,
-  unknown version, metadata longer than the input) is an error in both modes.
+  and says why in `warnings`. When `metadata_length` disagrees with a TLV chain that is itself
+  consistent (too short, too long, past the input, or 0 with bit 15 set), loose mode recovers
+  the chain and says so (`_recover_chain`: only when the record boundary is unambiguous).
+  Container damage that hides where the record starts (bad magic, unknown version, metadata
+  longer than the input with no recoverable chain) is an error in both modes.
 * zero overhead: without an envelope, encoding returns the record object itself (text) or the
   bare container (binary), and decoding returns the input without copying.
 """
@@ -256,7 +259,8 @@ def decode_container(data: bytes | memoryview, *, strict: bool = True) -> Contai
         raise LnmpError(f"LNMP container is {len(view)} bytes, shorter than its 12-byte header",
                         path="byte 0", hint="the message was truncated")
     if bytes(view[:4]) != MAGIC:
-        raise LnmpError("not an LNMP container: magic is not 'LNMP'", path="byte 0")
+        raise LnmpError("not an LNMP container: magic is not 'LNMP'", path="byte 0",
+                        hint="an LNMP container starts with the 4 bytes 'LNMP'")
     version, mode, flags, mlen = struct.unpack_from(">BBHI", view, 4)
     if version != CONTAINER_VERSION:
         raise LnmpError(f"unsupported LNMP container version 0x{version:02x}", path="byte 4",
@@ -264,7 +268,8 @@ def decode_container(data: bytes | memoryview, *, strict: bool = True) -> Contai
     if mode not in Mode._value2member_map_:
         raise LnmpError(f"unknown LNMP mode 0x{mode:02x}", path="byte 5",
                         hint="modes are 0x01 text, 0x02 binary, 0x03 stream, 0x04 delta, 0x05 quantum-safe")
-    if mlen > len(view) - HEADER_LEN:
+    past_end = mlen > len(view) - HEADER_LEN
+    if past_end and (strict or not flags & FLAG_EXT_METADATA):
         raise LnmpError(f"metadata_length {mlen} runs past the end ({len(view) - HEADER_LEN} bytes follow the header)",
                         path="byte 8", hint="the message was truncated or metadata_length is wrong")
     warnings: list[str] = []
@@ -280,7 +285,11 @@ def decode_container(data: bytes | memoryview, *, strict: bool = True) -> Contai
     mode_metadata = bytes(block)
     if flags & FLAG_EXT_METADATA:
         fixed = MODE_METADATA_LENGTH.get(mode, 0)
+        problem: LnmpError | None = None
         try:
+            if past_end:
+                raise LnmpError(f"metadata_length {mlen} runs past the end ({len(view) - HEADER_LEN} bytes follow "
+                                "the header)", path="byte 8", hint="the message was truncated or metadata_length is wrong")
             if mlen < fixed:
                 raise LnmpError(f"metadata_length {mlen} is shorter than mode 0x{mode:02x}'s {fixed}-byte fixed metadata",
                                 path="byte 8", hint="the TLV chain follows the fixed mode metadata")
@@ -289,11 +298,83 @@ def decode_container(data: bytes | memoryview, *, strict: bool = True) -> Contai
         except LnmpError as exc:
             if strict:
                 raise
-            envelope = None
-            mode_metadata = bytes(block[: min(fixed, mlen)])
-            warnings.append(f"envelope ignored (loose mode): {exc}")
+            problem = exc
+        if not strict and (problem is not None or (envelope is not None and envelope.is_empty())):
+            found = _recover_chain(view, mode, mlen)
+            if found is not None:
+                mode_metadata, envelope, end = found
+                record = view[end:]
+                warnings.append(
+                    f"metadata_length declares {mlen} bytes but the TLV chain ends after {end - HEADER_LEN}; "
+                    f"envelope recovered from the TLVs, record starts at byte {end} (loose mode)")
+            elif past_end:
+                assert problem is not None
+                raise problem
+            elif problem is not None:
+                envelope = None
+                mode_metadata = bytes(block[: min(fixed, mlen)])
+                warnings.append(f"envelope ignored (loose mode): {problem}")
     return Container(record=record, envelope=envelope, mode=mode, flags=flags & ~FLAG_EXT_METADATA,
                      mode_metadata=mode_metadata, warnings=tuple(warnings))
+
+
+_ENVELOPE_TYPES = frozenset(t.value for t in (Tlv.TIMESTAMP, Tlv.SOURCE, Tlv.TRACE_ID, Tlv.SEQUENCE))
+
+
+def _recover_chain(view: memoryview, mode: int, mlen: int) -> tuple[bytes, LnmpEnvelope, int] | None:
+    """Loose mode: find where the metadata really ends when `metadata_length` disagrees with it.
+
+    Reads the TLV chain from where it starts (after the mode's fixed metadata) without trusting
+    `mlen`: envelope entries only (0x10-0x13), strictly ascending, each valid (8-byte numbers,
+    UTF-8 strings) and inside the input. The chain ends at the first bytes that are not such an
+    entry. Recovery returns (fixed metadata, envelope, index where the record starts) only when
+    that boundary is unambiguous:
+
+    * at least one entry was found, a non-empty record follows (the spec makes it mandatory),
+      and the boundary is not the declared one (then the length was right and the chain is broken);
+    * the first record bytes cannot be read as one more entry: a TLV header whose length fits in
+      the input and whose type would continue the chain, or whose length fits in the declared
+      block (a duplicated or out-of-order entry the declared length accounts for). Otherwise we
+      cannot tell metadata from record, and recovering could hand record bytes to the envelope.
+
+    Never reads past the input (every length is checked against it) and always terminates
+    (each step advances by at least 3 bytes, at most 4 entries).
+    """
+    n = len(view)
+    start = HEADER_LEN + MODE_METADATA_LENGTH.get(mode, 0)
+    declared_end = HEADER_LEN + mlen
+    pos, last = start, -1
+    values: dict[int, object] = {}
+    while n - pos >= 3:
+        t = view[pos]
+        length = (view[pos + 1] << 8) | view[pos + 2]
+        end = pos + 3 + length
+        if t not in _ENVELOPE_TYPES or t <= last or end > n:
+            break
+        value = view[pos + 3 : end]
+        if t in (Tlv.TIMESTAMP, Tlv.SEQUENCE):
+            if length != 8:
+                break
+            values[t] = int.from_bytes(value, "big")
+        else:
+            try:
+                values[t] = str(value, "utf-8")
+            except UnicodeDecodeError:
+                break
+        last, pos = t, end
+    if not values or pos >= n or pos == declared_end:
+        return None
+    if n - pos >= 3:
+        nxt_end = pos + 3 + ((view[pos + 1] << 8) | view[pos + 2])
+        if nxt_end <= n and (view[pos] > last or nxt_end <= declared_end):
+            return None
+    env = LnmpEnvelope(
+        timestamp=values.get(Tlv.TIMESTAMP),  # type: ignore[arg-type]
+        source=values.get(Tlv.SOURCE),  # type: ignore[arg-type]
+        trace_id=values.get(Tlv.TRACE_ID),  # type: ignore[arg-type]
+        sequence=values.get(Tlv.SEQUENCE),  # type: ignore[arg-type]
+    )
+    return bytes(view[HEADER_LEN:start]), env, pos
 
 
 # --------------------------------------------------------------------------- text header
@@ -358,7 +439,8 @@ def _tokenize(body: str) -> list[tuple[str, str]]:
                             hint="write key=value pairs separated by spaces")
         key = body[i:eq]
         if '"' in key:
-            raise LnmpError(f"#ENVELOPE key {key[:40]!r} contains a quote", path=f"#ENVELOPE char {i}")
+            raise LnmpError(f"#ENVELOPE key {key[:40]!r} contains a quote", path=f"#ENVELOPE char {i}",
+                            hint="keys are bare words; only values may be quoted")
         i = eq + 1
         if i < n and body[i] == '"':
             out: list[str] = []
@@ -404,12 +486,14 @@ def parse_text_header(line: str) -> LnmpEnvelope:
     """Parse one `#ENVELOPE …` line strictly (no trailing newline). Pair order is free
     (spec 5.2); a key given twice is an error; unknown keys are kept in `extra_keys`."""
     if not line.startswith(TEXT_KEYWORD) or line[len(TEXT_KEYWORD) : len(TEXT_KEYWORD) + 1] not in ("", " "):
-        raise LnmpError("line does not start with '#ENVELOPE '", path="line 1")
+        raise LnmpError("line does not start with '#ENVELOPE '", path="line 1",
+                        hint="the header line starts with '#ENVELOPE' and a space")
     known: dict[str, str] = {}
     extra: dict[str, str] = {}
     for key, value in _tokenize(line[len(TEXT_KEYWORD) :]):
         if not key:
-            raise LnmpError("#ENVELOPE has a pair with an empty key", path="#ENVELOPE")
+            raise LnmpError("#ENVELOPE has a pair with an empty key", path="#ENVELOPE",
+                            hint="write key=value with a non-empty key")
         if key in known or key in extra:
             raise LnmpError(f"#ENVELOPE key {key!r} appears twice", path=f"#ENVELOPE {key}",
                             hint="give each key once")

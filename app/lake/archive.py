@@ -8,7 +8,7 @@ Layout under the archive root (a local directory or an object-store URL, see `ap
     _manifest/<writer>/<seq>.pending.json    a roll in progress (its intent)
 
 Exactly-once without a transactional broker (the embedded broker has no transactions,
-ENGINEERING.md): a *roll* writes every buffered record and is committed by ONE atomic
+docs/platform-notes.md): a *roll* writes every buffered record and is committed by ONE atomic
 write, its manifest. The order is intent -> data files -> manifest -> drop the intent:
 
 * crash before the manifest: the roll never happened. Its data files are named in the

@@ -4,7 +4,7 @@ The sink's manifests, not the consumer group, are the source of truth for what i
 partitions are assigned manually and each is positioned at `committed offset + 1` from
 `ArchiveSink.committed_offsets()` (or its beginning). So a restart resumes exactly after the
 last committed roll, no group join is needed (the embedded broker holds a new group's first
-join for ~half the session timeout, ENGINEERING.md), and nothing depends on the broker's
+join for ~half the session timeout, docs/platform-notes.md), and nothing depends on the broker's
 ListOffsets(latest) answer, which is wrong on the embedded broker. Several archivers split the
 work by passing disjoint `assignment`s and distinct `writer_id`s to their sinks. The records'
 own (topic, partition, offset) are the archive provenance (the worker's `prism-source` header,

@@ -2,7 +2,7 @@
 
 Under `spark-submit` (or any running session) the cluster's configuration wins untouched;
 only when Prism starts Spark itself does it pick the settings measured to start fast and
-quietly on small machines (ENGINEERING.md "Spark and Delta Lake"): no UI, no console
+quietly on small machines (docs/platform-notes.md, "Spark and Delta Lake"): no UI, no console
 progress bars, few shuffle partitions, UTC, loopback networking, log4j at ERROR, and the
 current interpreter for Python workers (so executors import the same `app` package).
 """

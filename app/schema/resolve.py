@@ -201,6 +201,8 @@ class GitSchemaSource:
              expected_hash: str | None = None) -> tuple[str, str, str]:
         """(text, hash, commit) of ``path`` at ``ref``."""
         repo = self._repo_path(repository)
+        if ref.startswith("-") or path.startswith("-"):  # would be read by git as an option
+            raise SchemaResolutionError(f"git ref {ref!r} / path {path!r} may not start with '-'")
         key = (repo, ref, path)
         with self._lock:
             hit = self._cache.get(key)

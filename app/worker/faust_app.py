@@ -1,4 +1,4 @@
-"""The Faust app factory, tuned as measured in ENGINEERING.md, and ways to run a worker.
+"""The Faust app factory, tuned as measured (docs/platform-notes.md), and ways to run a worker.
 
 ``make_app`` builds a ``faust.App`` with the settings that took Faust from ~2.5k to ~6.4k msg/s
 on these machines and that make it start quickly on the embedded broker:
@@ -73,7 +73,7 @@ READY_FILE_ENV = "PRISM_WORKER_READY_FILE"
 KIB = 1024
 MIB = 1024 * KIB
 
-#: Tuned defaults (ENGINEERING.md, "Faust throughput" and "the embedded broker").
+#: Tuned defaults (docs/platform-notes.md, "Faust throughput" and "The embedded broker").
 TUNED_SETTINGS: Mapping[str, Any] = {
     "broker_session_timeout": 6.0,
     "broker_heartbeat_interval": 1.0,

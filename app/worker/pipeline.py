@@ -97,6 +97,11 @@ def resolve_schema(settings: EnrichStage | None, base_dir: Path) -> SchemaInfo |
         cfg["subject"] = ref.subject
     if ref.message:
         cfg["message"] = ref.message
+    if ref.repository:  # git: a local path is relative to the topology file, like `file` paths
+        as_given = ref.repository.startswith("file://") or Path(ref.repository).is_absolute()
+        cfg["repository"] = ref.repository if as_given else str((base_dir / ref.repository).resolve())
+    if ref.ref:
+        cfg["ref"] = ref.ref
     try:
         r = resolve_schema_config(cfg)
     except (SchemaResolutionError, OSError, ValueError) as exc:

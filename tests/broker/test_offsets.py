@@ -49,7 +49,7 @@ async def test_true_end_offsets_match_the_records_written(broker: EmbeddedBroker
         listed = await consumer.end_offsets(tps)
         corrected = await true_end_offsets(consumer, tps)
         assert corrected == {TopicPartition(topic, p): n for p, n in written.items()}
-        # The broker bug this works around (ENGINEERING.md). If this fails, Tansu fixed
+        # The broker bug this works around (docs/platform-notes.md). If this fails, Tansu fixed
         # ListOffsets and the workaround in app/worker/offsets.py can be retired.
         assert listed[TopicPartition(topic, 0)] < 3000, "ListOffsets(latest) is right now: retire the workaround"
         assert all(listed[tp] <= corrected[tp] for tp in tps)

@@ -143,3 +143,10 @@ def test_consumer_assertion_modes(caplog: pytest.LogCaptureFixture) -> None:
     assert SchemaAssertion("v2", "ignore").check("v9")
     with pytest.raises(SchemaMismatchError):
         SchemaAssertion("v2", "error", expected_hash="sha256:a").check("v2", "sha256:b")
+
+
+def test_git_ref_or_path_cannot_be_read_as_a_git_option(tmp_path: Path) -> None:
+    for cfg in ({"ref": "--output=/tmp/prism-x"}, {"path": "--help.proto"}):
+        with pytest.raises(SchemaResolutionError, match="may not start with '-'"):
+            resolve_schema_config({"registry_type": "git", "repository": str(tmp_path), "path": "a.proto",
+                                   "ref": "HEAD", **cfg}, git=GitSchemaSource())

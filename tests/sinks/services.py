@@ -1,6 +1,7 @@
 """Stopping and restarting the machine's real Redis, PostgreSQL and NATS, for outage tests.
 
-The commands are exactly the ones in shared/ENGINEERING.md. `outage(service)` stops the
+The commands are exactly the ones in docs/platform-notes.md ("The test machines and their local
+services"). `outage(service)` stops the
 server on entry and ALWAYS starts it again on exit (even when the test failed), then waits
 until it answers - polling, never sleeping a fixed time - because other engineers and CI
 need these servers. A file lock serialises outages of the same service between our own

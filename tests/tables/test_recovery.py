@@ -7,8 +7,8 @@ One worker (tests/tables/recovery_app.py, run as a subprocess) consumes 5000 rec
   the same tables, processing nothing again;
 * (b) a new worker on an EMPTY data dir must rebuild exactly the same tables from the changelogs.
 
-On this broker both fail without app/worker/offsets.py (ENGINEERING.md: "ListOffsets(latest) is
-wrong"); ``test_without_the_workaround_the_broker_bug_breaks_restarts`` shows it.
+On this broker both fail without app/worker/offsets.py (docs/platform-notes.md: "ListOffsets(latest)
+returns the wrong end"); ``test_without_the_workaround_the_broker_bug_breaks_restarts`` shows it.
 """
 
 from __future__ import annotations

@@ -400,21 +400,12 @@ def _diff_field(f: _Field, g: _Field, path: str, renamed: dict[str, str]) -> lis
                 "prefer a new field unless every value fits both types",
             ))
     if f.repeated != g.repeated and not (f.map_entry or g.map_entry):
-        if f.group in _PACKABLE_GROUPS:
-            out.append(Change(
-                "FIELD_CARDINALITY_CHANGED", path, f"'{g.name}' changed between singular and repeated: packed "
-                "numeric encoding is not readable as a single value", "add a new repeated field instead",
-                breaks_backward=True, breaks_forward=True,
-            ))
-        else:
-            out.append(Change(
-                "FIELD_CARDINALITY_CHANGED", path, f"'{g.name}' changed between singular and repeated: a "
-                "singular reader keeps only the last element", "add a new repeated field instead",
-            ))
+        out.append(_cardinality_change(f, g, path))
     elif f.map_entry != g.map_entry:
         out.append(Change(
-            "FIELD_CARDINALITY_CHANGED", path, f"'{g.name}' changed between map and non-map",
-            "add a new field instead", breaks_backward=True, breaks_forward=True,
+            "FIELD_CARDINALITY_CHANGED", path, f"'{path}' (#{num}) changed from {f.type_label()} to "
+            f"{g.type_label()}: a map and a non-map field read each other's data as the wrong shape",
+            f"keep '{f.name}' and add a new field with a new number instead", breaks_backward=True, breaks_forward=True,
         ))
     if f.proto3_optional != g.proto3_optional and not f.repeated:
         out.append(Change(
@@ -424,6 +415,48 @@ def _diff_field(f: _Field, g: _Field, path: str, renamed: dict[str, str]) -> lis
     if (f.oneof is None) != (g.oneof is None) and f.oneof != g.oneof:
         pass  # reported per oneof in _diff_message (one field moving alone is fine)
     return out
+
+
+def _cardinality_change(f: _Field, g: _Field, path: str) -> Change:
+    """Singular <-> repeated: breaking in both directions, for every field type (buf WIRE).
+
+    buf's ``FIELD_WIRE_COMPATIBLE_CARDINALITY`` lets only two cardinality changes pass:
+    implicit <-> explicit presence and repeated <-> map. Everything else fails, numeric
+    scalars included. What goes wrong depends on the direction and the type:
+
+    - a singular reader of repeated data keeps only the last string/bytes/number element and
+      *merges* all message elements into one: silent data loss;
+    - a singular numeric reader of packed repeated data (proto3's default) sees a
+      length-delimited record where it expects a varint/fixed value and drops the field;
+    - a repeated reader of singular data decodes a one-element list on the binary wire, but the
+      JSON mapping changes from a value to an array, and the writer on the other side of the
+      pair (repeated -> singular) still loses data.
+
+    Protobuf's own guide calls string/bytes/message singular -> repeated "compatible" because
+    the parse succeeds; the lost elements make it breaking for Prism, as for buf.
+    """
+    old_t, new_t = f.type_label(), g.type_label()
+    singular_reader_of = "new" if f.repeated else "old"  # which side reads repeated data singularly
+    if f.type in (F.TYPE_MESSAGE, F.TYPE_GROUP):
+        loss = "merges all elements into one message"
+    elif f.group in _PACKABLE_GROUPS:
+        loss = ("drops packed elements (a length-delimited record where it expects a single value) and keeps "
+                "only the last unpacked one")
+    else:
+        loss = "keeps only the last element and drops the others"
+    moved = ""
+    if f.oneof or g.oneof:  # a oneof member is always singular: the field left or joined it
+        moved = f"; it also {'left' if f.oneof else 'joined'} oneof '{f.oneof or g.oneof}'"
+    return Change(
+        "FIELD_CARDINALITY_CHANGED", path,
+        f"'{path}' (#{f.number}) changed from {old_t} to {new_t}: the {singular_reader_of} singular reader of "
+        f"repeated data {loss} (data loss), and the JSON mapping changes between a value and an array{moved} "
+        "(buf WIRE: FIELD_WIRE_COMPATIBLE_CARDINALITY)",
+        f"keep '{f.name}' as `{old_t} {f.name} = {f.number};` and add a new field with a new number for the "
+        f"{'singular' if f.repeated else 'repeated'} form (e.g. `{new_t} {g.name}_v2 = <unused number>;`), "
+        "then deprecate the old one",
+        breaks_backward=True, breaks_forward=True,
+    )
 
 
 def _diff_enum(old: _Enum, new: _Enum) -> list[Change]:

@@ -18,7 +18,7 @@ URL parameters:
 Why create topics explicitly: the embedded broker (and many clusters) auto-create a topic
 named in a Metadata request with a default partition count, so the first publish or
 subscribe would silently decide the partition count. Why a 6 s session timeout: the
-embedded broker holds a new group's first join for half of it (ENGINEERING.md).
+embedded broker holds a new group's first join for half of it (docs/platform-notes.md).
 
 Acknowledgements: `ack()` marks the offset done and commits the end of the contiguous
 prefix of done offsets of its partition, so a commit never skips a message that is still
@@ -193,7 +193,7 @@ async def read_partitions(backend: KafkaBackend, topic: str, start: dict[int, in
     """Read `topic` from `start` (partition -> offset; None: the beginning) to its current end.
 
     The end is the high watermark seen in fetch responses, not ListOffsets, which the
-    embedded broker answers wrongly (ENGINEERING.md). A partition counts as finished when
+    embedded broker answers wrongly (docs/platform-notes.md). A partition counts as finished when
     its position reached that watermark, or after `idle_polls` empty polls.
     """
     from aiokafka import TopicPartition
