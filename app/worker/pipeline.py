@@ -50,6 +50,7 @@ from app.agents.verify_signature import VerifySignature
 from app.broker.admin import BrokerSettings
 from app.errors import ConfigError, PrismError, SinkError
 from app.observability.logging import install_redaction
+from app.security.producers import ProducerBindings, check_key_ids_known, keyring_scopes
 from app.security.signing import SigningKeyring, load_signing_keyring
 from app.sinks.runner import register_sinks
 from app.tables.counters import FaustTopicCounters
@@ -128,21 +129,25 @@ def build_stages(topology: Topology, *, keyring: SigningKeyring | None, schema: 
     a RocksDB-backed Faust table in the worker, a plain dict-backed window in broker-free
     benchmarks and tests - the one thing that differs between them."""
     t = topology
+    producers = ProducerBindings.from_topology(t)
+    if producers is not None and keyring is not None:
+        check_key_ids_known(producers, keyring.verify_all.keys, keyring_scopes(keyring), t)
     stages: list[Stage] = []
     for spec in t.stages:
         s = spec.settings
         if spec.name == "normalize":
             stages.append(Normalize(s, namespaces={x.topic: x.namespace or t.namespace for x in t.sources},
-                                    formats={x.topic: x.format for x in t.sources}))
+                                    formats={x.topic: x.format for x in t.sources},
+                                    accepted_topics={x.topic: x.accepted_topics() for x in t.sources}))
         elif spec.name == "validate":
             stages.append(Validate(s))
         elif spec.name == "authenticate":
-            stages.append(Authenticate(s, jwks_path=str(t.resolve(s.jwks))))
+            stages.append(Authenticate(s, jwks_path=str(t.resolve(s.jwks)), producers=producers))
         elif spec.name == "verify_signature":
             if keyring is None:
                 raise ConfigError("verify_signature needs a keyring", path="stages.verify_signature.keyring",
                                   hint="set verify_signature.keyring (or outputs.keyring)")
-            stages.append(VerifySignature(s, keyring=keyring))
+            stages.append(VerifySignature(s, keyring=keyring, producers=producers))
         elif spec.name == "policy":
             stages.append(Policy(s))
         elif spec.name == "dedup":
