@@ -77,10 +77,11 @@ def run(
     from app.broker.embedded import EmbeddedBroker, find_free_port
     from app.security.devkeys import ensure_dev_keys
     from app.topology import load_topology
-    from app.worker.faust_app import run_worker
+    from app.worker.faust_app import run_worker, use_uvloop
     from app.worker.observe import Observer
     from app.worker.pipeline import PipelineApp
 
+    use_uvloop()  # first: the Faust app built below binds the event loop that exists then
     if dev_keys:
         ensure_dev_keys(Path("var/dev-keys"))
     topo = load_topology(topology)
