@@ -29,12 +29,18 @@ a corrupted task - it wipes the local state store and restores it from the chang
 (``TaskCorruptedException``; ``StoreChangelogReader``), it does not stop the application. The
 changelog is the shared truth: every other replica and every future owner rebuilds from it.
 
-What this module does, on every broker (the decision does not depend on the broker's bug):
-:func:`plan_recovery` compares persisted offsets with the end offsets (pure, unit-tested) and
-names the partitions whose local store is ahead; :class:`PrismRecovery` (Faust's ``Recovery``
-with two steps extended, installed through :class:`PrismTableManager`) wipes those partitions'
-local data - never the changelog - and recovers them from the start of the changelog, the
-same as a worker on an empty data directory. A warning says which partition and why.
+What this module does, on every broker (the decision does not depend on the broker's bug), in
+Faust's recovery (``PrismRecovery``: Faust's ``Recovery`` with two steps extended, installed by
+``make_app`` through ``PrismTableManager``), on start-up and on every rebalance alike:
+
+1. :func:`plan_recovery` compares persisted offsets with the end offsets Faust got (pure,
+   unit-tested). Normally nothing is ahead and nothing more happens.
+2. For a partition that looks ahead, the end offset is verified with a ``Fetch`` (its high
+   watermark is right even where ``ListOffsets`` is short; ``app.worker.offsets``). If the store is
+   within the verified end, the short answer is replaced and the store kept (:func:`reconcile`).
+3. A partition still ahead has its local data wiped - never the changelog - and is recovered
+   from the start of the changelog, the same as on an empty data directory. A warning names
+   the partition and both offsets.
 
 Why wipe rather than clamp (keep the store, pretend it ends at the highwater): the entries beyond
 the changelog's end are exactly the writes the rest of the group lost. For the dedup window
@@ -51,7 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # PrismRecovery and PrismTableManager are built on first access (module __getattr__ below).
-__all__ = ["AheadOfChangelog", "plan_recovery", "wipe_partition"]
+__all__ = ["AheadOfChangelog", "plan_recovery", "reconcile", "wipe_partition"]
 
 log = logging.getLogger("prism.tables.recovery")
 
@@ -92,6 +98,29 @@ def plan_recovery(persisted: Mapping[Any, int | None], highwaters: Mapping[Any, 
         if mine > end:
             out.append(AheadOfChangelog(tp, int(mine), int(end)))
     return out
+
+
+def reconcile(persisted: Mapping[Any, int | None], listed: Mapping[Any, int | None],
+              verified: Mapping[Any, int], tps: Iterable[Any] | None = None,
+              ) -> tuple[dict[Any, int], list[AheadOfChangelog]]:
+    """The recovery decision for partitions whose local store looks ahead of the changelog.
+
+    Args:
+        persisted: partition -> last offset the local store holds.
+        listed: partition -> last offset of the changelog per ``ListOffsets`` (what Faust uses).
+        verified: partition -> last offset per a ``Fetch`` high watermark, for the partitions that
+            looked ahead (missing: could not be verified).
+        tps: the partitions to decide for (default: every key of ``persisted``).
+
+    Returns:
+        ``(corrected, rebuild)``: the end offsets to use instead of ``listed`` (where the fetch saw
+        more; a broker answering ``ListOffsets`` short, like the embedded one), and the partitions
+        still ahead of the corrected end - to be wiped and rebuilt from the changelog.
+    """
+    corrected = {tp: end for a in plan_recovery(persisted, listed, tps)
+                 if (end := verified.get(tp := a.tp)) is not None and end > a.highwater}
+    ends = {**listed, **corrected}
+    return corrected, plan_recovery(persisted, ends, tps)
 
 
 def wipe_partition(table: Any, partition: int) -> int:
@@ -150,7 +179,15 @@ def _faust_classes() -> tuple[type, type]:
                 await self._reconcile(consumer, tps, self.standby_offsets, destination, seek=True)
 
         async def _reconcile(self, consumer: Any, tps: Any, offsets: Any, highwaters: Any, *, seek: bool) -> None:
-            ahead = plan_recovery(offsets, highwaters, tps)
+            suspects = [a.tp for a in plan_recovery(offsets, highwaters, tps)]
+            if not suspects:
+                return  # the normal case: no extra broker round trip
+            corrected, ahead = reconcile(offsets, highwaters, await self._verified_ends(consumer, suspects), suspects)
+            for tp, end in corrected.items():
+                log.warning("changelog %s[%s]: the broker's ListOffsets said the last offset is %s, a fetch shows "
+                            "%s; using the fetched end (docs/platform-notes.md, the embedded broker)",
+                            tp.topic, tp.partition, highwaters.get(tp), end)
+                highwaters[tp] = end
             if not ahead:
                 return
             earliest = await consumer.earliest_offsets(*[a.tp for a in ahead])
@@ -161,10 +198,31 @@ def _faust_classes() -> tuple[type, type]:
                 offsets[a.tp] = start - 1 if start is not None else -1  # Faust's "offset - 1" convention
                 self.rebuilt.append(a)
                 log.warning("table %s, %s: the local store is ahead of the changelog; wiped %d local entries "
-                            "and rebuilding the partition from the changelog (a changelog that lost records, "
-                            "or a broker that reports a short end offset)", table.name, a, wiped)
+                            "and rebuilding the partition from the changelog (the changelog lost records, or "
+                            "was re-created)", table.name, a, wiped)
             if seek:
                 await consumer.seek_wait({a.tp: max(offsets[a.tp], 0) for a in ahead})
+
+        async def _verified_ends(self, consumer: Any, tps: list[Any]) -> dict[Any, int]:
+            """Last offsets from a Fetch's high watermark (``app.worker.offsets.true_end_offsets``),
+            asked only for partitions that look ahead: a short ``ListOffsets`` answer (the
+            embedded broker's bug, on any broker that has it) is then told apart from a real
+            loss. Faust's convention (last offset = end - 1). Empty when the broker cannot say."""
+            from app.worker.offsets import true_end_offsets
+
+            thread = getattr(consumer, "_thread", None)
+            if thread is None or not tps:
+                return {}
+
+            async def query() -> Any:
+                return await true_end_offsets(thread._ensure_consumer(), tps)
+
+            try:
+                ends = await thread.call_thread(query)
+            except Exception as exc:  # never worse than without the check: decide on ListOffsets
+                log.warning("could not verify changelog end offsets with a fetch: %r", exc)
+                return {}
+            return {tp: int(end) - 1 for tp, end in ends.items() if end is not None}
 
     class _PrismTableManager(TableManager):  # type: ignore[misc, valid-type]
         @property
