@@ -86,3 +86,55 @@ def _readyz(port: int) -> tuple[int, dict[str, Any]] | None:
         return get_json(f"http://127.0.0.1:{port}/readyz")
     except OSError:
         return None
+
+
+def test_prism_run_processes_supervises_restarts_and_stops(tmp_path: Path, dev_keys) -> None:
+    """`prism run --processes 2` on the embedded default: one broker, two uvloop workers in one
+    group with their own data dirs and writer ids; a kill -9'd worker is restarted and reported;
+    SIGTERM stops everything with exit 0."""
+    topo = make_topology(tmp_path, dev_keys, partitions=4,
+                         archive={"enabled": True, "path": str(tmp_path / "archive")})
+    port = find_free_port()
+    data, log = tmp_path / "data", tmp_path / "supervisor.log"
+    status_file = data / topo.name / "supervisor.json"
+    proc = start_prism_run(["--topology", str(tmp_path / "topology.yaml"), "--data-dir", str(data),
+                            "--no-dev-keys", "--web-port", str(port), "--processes", "2"], log, {})
+
+    def status() -> dict[str, Any] | None:
+        try:
+            return json.loads(status_file.read_text())
+        except (OSError, ValueError):
+            return None
+
+    try:
+        first = wait_for(lambda: (s := status()) and s["ready"] and s, 240, "both workers ready", proc, log)
+        children = first["children"]
+        assert [c["state"] for c in children] == ["ready", "ready"]
+        assert {c["event_loop"] for c in children} == {"uvloop"}
+        assert len({c["pid"] for c in children}) == 2 and proc.pid not in {c["pid"] for c in children}
+        assert [Path(c["data_dir"]).name for c in children] == ["proc-0", "proc-1"]
+        assert len({c["writer_id"] for c in children}) == 2
+        code, doc = get_json(f"http://127.0.0.1:{port}/readyz")
+        assert code == 200 and doc["ready"], doc
+        victim = children[1]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        again = wait_for(lambda: (s := status()) and s["children"][1]["restarts"] == 1 and s["ready"] and s,
+                         240, "the killed worker restarted and ready", proc, log)
+        assert again["children"][1]["last_exit"] == -signal.SIGKILL
+        assert again["children"][1]["pid"] not in (None, victim)
+        assert again["children"][0]["restarts"] == 0 and again["children"][0]["pid"] == children[0]["pid"]
+        res = subprocess.run([sys.executable, "-m", "app.cli.main", "status", "--url", f"http://127.0.0.1:{port}",
+                              "--json", "--interval", "0.2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        st = json.loads(res.stdout)
+        assert st["supervisor"]["restarts"] == 1 and len(st["workers"]) == 2
+        assert all("status" in w for w in st["workers"]), st["workers"]
+    finally:
+        code = stop(proc, timeout=120)
+    assert code == 0, log.read_text(errors="replace")[-4000:]
+    final = status()
+    assert final is not None and [c["state"] for c in final["children"]] == ["stopped", "stopped"]
+    assert all(c["last_exit"] == 0 for c in final["children"]), final
+    for i in (0, 1):  # no worker crashed (the kill -9 aside): no traceback, no ConsistencyError
+        text = (data / topo.name / f"proc-{i}" / "worker.log").read_text(errors="replace")
+        assert "ConsistencyError" not in text, text[-3000:]
