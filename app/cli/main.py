@@ -69,6 +69,10 @@ def run(
     web_port: Annotated[int | None, typer.Option(help="Faust web port (metrics, health)")] = None,
     loglevel: Annotated[str, typer.Option(help="worker log level")] = "warning",
     dev_keys: Annotated[bool, typer.Option(help="create development keys under var/dev-keys if missing")] = True,
+    processes: Annotated[int, typer.Option(
+        "--processes", "-p", min=1, max=256,
+        help="worker processes in one consumer group (like Kafka Connect's tasks.max); >1 runs a supervisor "
+             "that restarts crashed workers (docs/operations.md)")] = 1,
 ) -> None:
     """Run the pipeline worker for a topology (long-running; SIGTERM stops it cleanly).
 
@@ -77,10 +81,11 @@ def run(
     from app.broker.embedded import EmbeddedBroker, find_free_port
     from app.security.devkeys import ensure_dev_keys
     from app.topology import load_topology
-    from app.worker.faust_app import run_worker
+    from app.worker.faust_app import run_worker, use_uvloop
     from app.worker.observe import Observer
     from app.worker.pipeline import PipelineApp
 
+    use_uvloop()  # first: the Faust app built below binds the event loop that exists then
     if dev_keys:
         ensure_dev_keys(Path("var/dev-keys"))
     topo = load_topology(topology)
@@ -90,23 +95,76 @@ def run(
     # connection error.
     port = None if not settings.embedded else find_free_port()
     bootstrap = f"127.0.0.1:{port}" if settings.embedded else settings.bootstrap
-    pipeline = PipelineApp(topo, bootstrap=bootstrap, data_dir=data_dir / topo.name, embedded=settings.embedded,
-                           web_port=web_port, broker_settings=None if settings.embedded else settings,
-                           archive_location=topo.archive.path,
-                           # metrics, health and the management API on --web-port; tracing per
-                           # PRISM_TRACES_EXPORTER (none by default)
-                           observe=Observer.from_env())
+    if processes > 1:
+        from app.worker.supervisor import child_data_dir
+
+        # validation only (keys, JWKS, schema, archive settings): the children build their own
+        PipelineApp(topo, bootstrap=bootstrap, data_dir=child_data_dir(data_dir, topo.name, 0),
+                    embedded=settings.embedded, broker_settings=None if settings.embedded else settings)
+        _check_ports(web_port, processes)
+        pipeline = None
+    else:
+        pipeline = PipelineApp(topo, bootstrap=bootstrap, data_dir=data_dir / topo.name, embedded=settings.embedded,
+                               web_port=web_port, broker_settings=None if settings.embedded else settings,
+                               archive_location=topo.archive.path,
+                               # metrics, health and the management API on --web-port; tracing per
+                               # PRISM_TRACES_EXPORTER (none by default)
+                               observe=Observer.from_env())
     broker = None
     if settings.embedded:
         broker = EmbeddedBroker(port=port, log_dir=data_dir / "broker").start()
         console.print(f"embedded broker on {bootstrap} (set PRISM_BROKER_URL to use a Kafka cluster)")
     try:
         asyncio.run(ensure_topics(bootstrap, topo.topics(), settings=None if broker else settings))
+        if pipeline is None:
+            code = _supervise(topology, topo, processes=processes, bootstrap=bootstrap, embedded=settings.embedded,
+                              data_dir=data_dir, web_port=web_port, loglevel=loglevel)
+            raise typer.Exit(code)
         console.print(f"worker for topology [bold]{topo.name}[/] reading {[s.topic for s in topo.sources]}")
         run_worker(pipeline.app, loglevel=loglevel)
     finally:
         if broker is not None:
             broker.stop()
+
+
+def _check_ports(web_port: int | None, processes: int) -> None:
+    """The supervisor's port and its children's (web_port + 1 + i) must be free now."""
+    import socket
+
+    from app.errors import ConfigError
+
+    if web_port is None:
+        return
+    if web_port + processes > 65535:
+        raise ConfigError(f"--web-port {web_port} leaves no room for {processes} worker ports above it",
+                          path="--web-port", hint="the children use web-port+1 .. web-port+N; pick a lower port")
+    for p in range(web_port, web_port + processes + 1):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p))
+            except OSError:
+                raise ConfigError(f"port {p} is in use", path="--web-port",
+                                  hint=f"the supervisor uses {web_port} and its workers {web_port + 1}.."
+                                       f"{web_port + processes}; pick another --web-port") from None
+
+
+def _supervise(topology_file: Path, topo: Any, *, processes: int, bootstrap: str, embedded: bool, data_dir: Path,
+               web_port: int | None, loglevel: str) -> int:
+    from app.worker.supervisor import Supervisor, supervise
+
+    env = {"PRISM_TOPOLOGY": str(topology_file.resolve()), "PRISM_BOOTSTRAP": bootstrap,
+           "PRISM_APP_ID": f"prism-{topo.name}", "PRISM_EMBEDDED": "1" if embedded else "0",
+           "PRISM_ARCHIVE": str(Path(topo.archive.path).resolve()) if topo.archive.enabled else ""}
+    most = max(s.partitions for s in topo.sources)
+    if processes > most:
+        console.print(f"[yellow]warning[/] {processes} processes for at most {most} partitions per source topic: "
+                      f"{processes - most} will hold no source partition (standbys for a rebalance)")
+    sup = Supervisor(processes=processes, topology_name=topo.name, data_dir=data_dir, env=env, web_port=web_port,
+                     loglevel=loglevel)
+    console.print(f"supervisor (pid {os.getpid()}) starting {processes} workers for topology [bold]{topo.name}[/]"
+                  + (f"; status on http://127.0.0.1:{web_port}/workers" if web_port else "")
+                  + f"; state in {sup.status_file}")
+    return asyncio.run(supervise(sup, web_port=web_port))
 
 
 @app.command()
