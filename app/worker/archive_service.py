@@ -20,6 +20,10 @@ from app.lake.kafka_source import archive_topics
 
 log = logging.getLogger("prism.archive")
 
+#: Longest a clean shutdown waits for the archive tap to commit its open roll. Part of the
+#: worker's drain time: an orchestrator's grace period must exceed it (deploy/base).
+STOP_TIMEOUT_S = 60.0
+
 
 class ArchiveService(Service):
     def __init__(self, bootstrap: str, topics: list[str], location: str, *, writer_id: str = "worker",
@@ -44,7 +48,7 @@ class ArchiveService(Service):
             return
         self._stop_event.set()
         try:
-            self.archived = await asyncio.wait_for(self._task, 60)
+            self.archived = await asyncio.wait_for(self._task, STOP_TIMEOUT_S)
         except Exception:  # the archive must never block shutdown; what was not committed is re-read
             log.exception("archive tap did not stop cleanly; it resumes from its last committed roll")
         finally:
