@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
 import json
 import os
+import re
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from app.errors import PrismError
+from app.errors import ConfigError, PrismError
 
 app = typer.Typer(help="Prism: uniform, signed, validated pub/sub envelopes (RFC-031).", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -61,12 +64,31 @@ def _mount_optional() -> None:
 # --------------------------------------------------------------------------- run / demo
 
 
+_HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+
+
+def _check_web_bind(value: str) -> None:
+    """An interface address or host name, refused before anything starts (not a bind error later)."""
+    try:
+        ipaddress.ip_address(value)
+        return
+    except ValueError:
+        pass
+    if not _HOSTNAME.fullmatch(value) or value.rsplit(".", 1)[-1].isdigit():  # 300.1.1.1 is a bad address
+        raise ConfigError(f"--web-bind {value!r} is neither an IP address nor a host name", path="--web-bind",
+                          hint="use 0.0.0.0 (every interface, e.g. in a container), 127.0.0.1 or a host name")
+
+
 @app.command()
 @friendly
 def run(
     topology: Annotated[Path, typer.Option("--topology", "-t", help="topology YAML file")] = DEFAULT_TOPOLOGY,
     data_dir: Annotated[Path, typer.Option(help="RocksDB tables and broker logs")] = Path("var/data"),
     web_port: Annotated[int | None, typer.Option(help="Faust web port (metrics, health)")] = None,
+    web_bind: Annotated[str, typer.Option(
+        envvar="PRISM_WEB_BIND",
+        help="interface the web port listens on; 0.0.0.0 in a container, so the orchestrator's probes reach it")
+    ] = "127.0.0.1",
     loglevel: Annotated[str, typer.Option(help="worker log level")] = "warning",
     dev_keys: Annotated[bool, typer.Option(help="create development keys under var/dev-keys if missing")] = True,
     processes: Annotated[int, typer.Option(
@@ -86,6 +108,7 @@ def run(
     from app.worker.pipeline import PipelineApp
 
     use_uvloop()  # first: the Faust app built below binds the event loop that exists then
+    _check_web_bind(web_bind)
     if dev_keys:
         ensure_dev_keys(Path("var/dev-keys"))
     topo = load_topology(topology)
@@ -109,7 +132,11 @@ def run(
                                archive_location=topo.archive.path,
                                # metrics, health and the management API on --web-port; tracing per
                                # PRISM_TRACES_EXPORTER (none by default)
-                               observe=Observer.from_env())
+                               observe=Observer.from_env(),
+                               # web_host names this worker in `status` (worker_id): the pod's hostname
+                               # when listening on every interface
+                               web_bind=web_bind, web_host=socket.gethostname() if web_bind in ("0.0.0.0", "::")
+                               else web_bind)
     broker = None
     if settings.embedded:
         broker = EmbeddedBroker(port=port, log_dir=data_dir / "broker").start()
@@ -338,13 +365,26 @@ def dlq_replay(
     console.print(f"{'would replay' if dry_run else 'replayed'} {n} record(s)")
 
 
-def main() -> None:
-    _mount_optional()
-    from app.cli.migrate import register
-    from app.cli.ops import register as register_ops
+_built = False
 
-    register(envelope_app)  # prism envelope migrate | check-compat
-    register_ops(app, dlq_app)  # prism status, prism dlq list | show
+
+def build_app() -> typer.Typer:
+    """The whole `prism` command tree, sub-apps mounted once. `main` runs it; tests parse
+    deployment manifests' command lines with it (tests/deploy), so those can't drift."""
+    global _built
+    if not _built:
+        _mount_optional()
+        from app.cli.migrate import register
+        from app.cli.ops import register as register_ops
+
+        register(envelope_app)  # prism envelope migrate | check-compat
+        register_ops(app, dlq_app)  # prism status, prism dlq list | show
+        _built = True
+    return app
+
+
+def main() -> None:
+    build_app()
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
     app()
 

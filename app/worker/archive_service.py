@@ -81,6 +81,11 @@ def shard_partitions(topics: Mapping[str, int], shard: tuple[int, int] | None) -
     return [(t, p) for t, count in sorted(topics.items()) for p in range(count) if p % n == i]
 
 
+#: Longest a clean shutdown waits for the archive tap to commit its open roll. Part of the
+#: worker's drain time: an orchestrator's grace period must exceed it (deploy/base).
+STOP_TIMEOUT_S = 60.0
+
+
 class ArchiveService(Service):
     """Args:
         writer_id: this sink's id in the archive (default :func:`default_writer_id`).
@@ -117,7 +122,7 @@ class ArchiveService(Service):
             return
         self._stop_event.set()
         try:
-            self.archived = await asyncio.wait_for(self._task, 60)
+            self.archived = await asyncio.wait_for(self._task, STOP_TIMEOUT_S)
         except Exception:  # the archive must never block shutdown; what was not committed is re-read
             log.exception("archive tap did not stop cleanly; it resumes from its last committed roll")
         finally:
