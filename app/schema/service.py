@@ -31,6 +31,7 @@ from fastapi import Body, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.schema.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from app.schema.metrics import UNMATCHED_ROUTE
@@ -145,6 +146,23 @@ def _version_json(rv: Any) -> dict[str, Any]:
     return out
 
 
+def _text(reg: Registry, body: SchemaBody) -> str:
+    """The schema text of a Confluent request: protobuf sent in Confluent's serialized form
+    (base64 ``FileDescriptorProto``, as its serializers send it) becomes ``.proto`` text."""
+    if (body.schemaType or "").upper() != "PROTOBUF":
+        return body.schema_
+    return reg.text_from_serialized(body.schema_, body.references)
+
+
+def _formatted(reg: Registry, out: dict[str, Any], fmt: str | None, refs: Any) -> dict[str, Any]:
+    """Apply Confluent's ``?format=``: ``serialized`` turns a protobuf schema into base64 of
+    its ``FileDescriptorProto`` (what Confluent's protobuf deserializers ask for); any other
+    value, or another schema type, leaves the text as stored."""
+    if fmt == "serialized" and out.get("schemaType") == SchemaFormat.PROTOBUF.value:
+        out["schema"] = reg.serialized_form(SchemaFormat.PROTOBUF, out["schema"], tuple(refs))
+    return out
+
+
 def _schema_json(reg: Registry, schema_id: int) -> dict[str, Any]:
     """``GET /schemas/ids/{id}`` body (the route and the fast path share it)."""
     row = reg.schema_by_id(schema_id)
@@ -178,6 +196,10 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
     async def bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
         return ConfluentJSON({"error_code": 42201, "message": f"Invalid request: {exc.errors()}"}, status_code=422)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return _http_error_body(request, exc)
+
     @app.exception_handler(Exception)
     async def store_error(_: Request, exc: Exception) -> JSONResponse:
         return ConfluentJSON({"error_code": 50001, "message": f"Error in the backend data store: {exc}"},
@@ -209,7 +231,7 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
 
     @app.post("/subjects/{subject}/versions", response_class=ConfluentJSON, tags=["confluent"])
     def register(subject: str, request: Request, body: SchemaBody, normalize: bool = False) -> dict[str, Any]:
-        res = reg.register(subject, body.schema_, fmt_of(body.schemaType, "register"), actor=_actor(request),
+        res = reg.register(subject, _text(reg, body), fmt_of(body.schemaType, "register"), actor=_actor(request),
                            references=body.references)
         out = {"id": res.version.id, "version": res.version.version, "subject": subject, "schema": body.schema_}
         if res.version.format is not SchemaFormat.AVRO:
@@ -220,12 +242,15 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
 
     @app.post("/subjects/{subject}", response_class=ConfluentJSON, tags=["confluent"])
     def lookup(subject: str, body: SchemaBody, normalize: bool = False, deleted: bool = False) -> dict[str, Any]:
-        return _version_json(reg.lookup(subject, body.schema_, fmt_of(body.schemaType, "lookup"), body.references))
+        return _version_json(reg.lookup(subject, _text(reg, body), fmt_of(body.schemaType, "lookup"),
+                                        body.references))
 
     @app.get("/subjects/{subject}/versions/{version}", response_class=ConfluentJSON, tags=["confluent"])
-    async def get_version(subject: str, version: str, deleted: bool = False) -> dict[str, Any]:
+    async def get_version(subject: str, version: str, deleted: bool = False,
+                          format: str | None = None) -> dict[str, Any]:
         """Async on purpose: immutable versions are served from memory after the first read."""
-        return _version_json(reg.get(subject, _ver(version), include_deleted=deleted))
+        rv = reg.get(subject, _ver(version), include_deleted=deleted)
+        return _formatted(reg, _version_json(rv), format, rv.references)
 
     @app.get("/subjects/{subject}/versions/{version}/schema", tags=["confluent"])
     def get_version_schema(subject: str, version: str) -> PlainTextResponse:
@@ -250,7 +275,7 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
     @app.get("/schemas/ids/{schema_id}", response_class=ConfluentJSON, tags=["confluent"])
     async def get_by_id(schema_id: int, subject: str | None = None, format: str | None = None) -> dict[str, Any]:
         """Async on purpose: schema texts (and references) by id never change, so they are cached forever."""
-        return _schema_json(reg, schema_id)
+        return _formatted(reg, _schema_json(reg, schema_id), format, reg.references_of(schema_id))
 
     @app.get("/schemas/ids/{schema_id}/versions", response_class=ConfluentJSON, tags=["confluent"])
     def versions_of_id(schema_id: int) -> list[dict[str, Any]]:
@@ -297,13 +322,13 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
               tags=["confluent"])
     def compat_version(subject: str, version: str, body: SchemaBody, verbose: bool = False,
                        normalize: bool = False) -> dict[str, Any]:
-        res = reg.check(subject, body.schema_, fmt_of(body.schemaType, "check"), version=_ver(version),
+        res = reg.check(subject, _text(reg, body), fmt_of(body.schemaType, "check"), version=_ver(version),
                         references=body.references)
         return _compat_body(res, verbose)
 
     @app.post("/compatibility/subjects/{subject}/versions", response_class=ConfluentJSON, tags=["confluent"])
     def compat_all(subject: str, body: SchemaBody, verbose: bool = False, normalize: bool = False) -> dict[str, Any]:
-        return _compat_body(reg.check(subject, body.schema_, fmt_of(body.schemaType, "check"),
+        return _compat_body(reg.check(subject, _text(reg, body), fmt_of(body.schemaType, "check"),
                                       references=body.references), verbose)
 
     # ----------------------------------------------------------------------- Prism /v1 --
@@ -564,6 +589,18 @@ class _FastReads:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*self._HEADERS, (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
+
+
+def _http_error_body(request: Request, exc: StarletteHTTPException) -> Response:
+    """Routing errors in Confluent's shape: an unknown path is ``{"error_code": 404}`` and a
+    known path with the wrong method ``{"error_code": 405}`` (Confluent's Jetty answers both
+    with the HTTP status as the error code), so every non-2xx answer a client sees has
+    ``error_code`` and ``message``. The message names the method and path, so a typo is easy
+    to spot; ``Allow`` is kept on 405 (RFC 9110)."""
+    reason = {404: "HTTP 404 Not Found", 405: "HTTP 405 Method Not Allowed"}.get(exc.status_code, str(exc.detail))
+    body = {"error_code": exc.status_code,
+            "message": f"{reason}: {request.method} {request.url.path}"}
+    return ConfluentJSON(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
 
 def _json_bytes(obj: Any) -> bytes:
