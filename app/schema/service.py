@@ -30,6 +30,7 @@ from typing import Any
 from fastapi import Body, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -180,10 +181,12 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
     app = FastAPI(title="Prism Schema Registry", version="1.0",
                   description="RFC-030 schema registry with a Confluent-compatible REST subset.")
     app.state.registry = reg
+    app.router.route_class = _SlashRoute  # before any route is declared
 
     # Order matters: the fast path runs inside the request counter, so its answers are counted.
     app.add_middleware(_FastReads, registry=reg)
     app.add_middleware(_CountRequests, registry=reg)
+    app.add_middleware(_EncodedSlashes)
 
     @app.exception_handler(RegistryError)
     async def registry_error(_: Request, exc: RegistryError) -> JSONResponse:
@@ -482,6 +485,43 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
     return app
 
 
+_SLASH = "\x00"  # stands for an encoded '/' inside one path segment while routing
+_ENCODED_SLASH_KEY = "prism.encoded_slash"
+
+
+class _EncodedSlashes:
+    """Subjects may contain '/': Confluent's protobuf serializers register each import under
+    its file name (``common/money.proto``), and clients send it percent-encoded
+    (``/subjects/common%2Fmoney.proto/versions``). ASGI servers decode ``%2F`` into the path,
+    where it would split the segment and miss every route. When the raw path has an encoded
+    slash, this rebuilds the routing path with a placeholder in its place; :class:`_SlashRoute`
+    turns the placeholder back into '/' in the path parameters. Other requests are untouched."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        raw = scope.get("raw_path") if scope["type"] == "http" else None
+        if raw and b"%2f" in raw.lower() and _SLASH not in scope["path"]:
+            from urllib.parse import unquote
+
+            segments = raw.decode("latin-1").split("/")
+            scope = {**scope, _ENCODED_SLASH_KEY: True,
+                     "path": "/".join(unquote(seg).replace("/", _SLASH) for seg in segments)}
+        await self.app(scope, receive, send)
+
+
+class _SlashRoute(APIRoute):
+    """Restores the '/' :class:`_EncodedSlashes` hid in a path parameter."""
+
+    def matches(self, scope: Any) -> Any:
+        match, child = super().matches(scope)
+        if scope.get(_ENCODED_SLASH_KEY) and "path_params" in child:
+            child["path_params"] = {k: v.replace(_SLASH, "/") if isinstance(v, str) else v
+                                    for k, v in child["path_params"].items()}
+        return match, child
+
+
 class _CountRequests:
     """Pure-ASGI request metrics: count and latency by route template, method and status.
     (Starlette's BaseHTTPMiddleware costs ~0.3 ms per request and halves GET throughput; this
@@ -554,7 +594,8 @@ class _FastReads:
         return None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] != "GET" or scope["query_string"]:
+        if (scope["type"] != "http" or scope["method"] != "GET" or scope["query_string"]
+                or scope.get(_ENCODED_SLASH_KEY)):
             await self.app(scope, receive, send)
             return
         path = scope["path"]
