@@ -102,6 +102,26 @@ class ApprovalNotFound(RegistryError):
     status, code = 404, 40404
 
 
+class SubjectModeNotFound(RegistryError):
+    status, code = 404, 40409
+
+
+class InvalidMode(RegistryError):
+    status, code = 422, 42204
+
+
+class OperationNotPermitted(RegistryError):
+    """Confluent's 42205: the subject's mode forbids the write (READONLY, IMPORT...)."""
+
+    status, code = 422, 42205
+
+
+#: Confluent's modes. READONLY_OVERRIDE set globally makes every subject read-only whatever
+#: its own mode; set on a subject it acts as READONLY.
+MODES = ("READWRITE", "READONLY", "READONLY_OVERRIDE", "IMPORT")
+READ_ONLY_MODES = frozenset({"READONLY", "READONLY_OVERRIDE"})
+
+
 @dataclass(frozen=True)
 class Policy:
     """Effective per-subject policy (resolved through subject -> namespace -> global)."""
@@ -512,6 +532,56 @@ class Registry:
         self.store.append_audit(actor, "policy.delete", subject, None, {"scope": subject})
         return row.compatibility
 
+    # -- modes (Confluent /mode) -------------------------------------------------------------
+    def mode(self, subject: str | None = None) -> str:
+        """Effective mode: the subject's own, else the global one, else READWRITE; a global
+        READONLY_OVERRIDE wins over any subject mode."""
+        glob = self.store.get_mode(GLOBAL_SCOPE) or "READWRITE"
+        if subject is None or glob == "READONLY_OVERRIDE":
+            return glob
+        return self.store.get_mode(subject) or glob
+
+    def subject_mode(self, subject: str) -> str | None:
+        return self.store.get_mode(subject)
+
+    def set_mode(self, mode: str, *, actor: str, subject: str | None = None, force: bool = False) -> str:
+        """Set the global (``subject`` None) or a subject's mode. IMPORT is only allowed where
+        no schema was ever registered (soft-deleted versions count) unless ``force``, as in
+        Confluent: imported ids must not collide with ids already handed out."""
+        value = (mode or "").strip().upper()
+        if value not in MODES:
+            raise InvalidMode(f"Invalid mode {mode!r}. Valid values are: {', '.join(MODES)}")
+        if value == "IMPORT" and not force:
+            taken = (self.store.versions(subject, include_deleted=True) if subject
+                     else self.store.subjects(include_deleted=True))
+            if taken:
+                where = f"subject '{subject}'" if subject else "the registry"
+                raise OperationNotPermitted(f"Cannot import since found existing subjects: {where} already has "
+                                            "schemas; delete them permanently first or pass force=true")
+        self.store.set_mode(subject or GLOBAL_SCOPE, value)
+        self.store.append_audit(actor, "mode.set", subject, None, {"mode": value, "force": force})
+        return value
+
+    def delete_mode(self, subject: str | None, *, actor: str) -> str:
+        """Remove a subject's mode (it follows the global one again) or reset the global one to
+        READWRITE; returns the mode that was set."""
+        scope = subject or GLOBAL_SCOPE
+        old = self.store.get_mode(scope)
+        if old is None:
+            if subject:
+                raise SubjectModeNotFound(f"Subject '{subject}' does not have subject-level mode configured")
+            return "READWRITE"
+        self.store.delete_mode(scope)
+        self.store.append_audit(actor, "mode.delete", subject, None, {"mode": old})
+        return old
+
+    def _check_writable(self, subject: str, what: str) -> str:
+        mode = self.mode(subject)
+        if mode in READ_ONLY_MODES:
+            raise OperationNotPermitted(f"Subject {subject} is in read-only mode ({mode}): {what} refused; "
+                                        "change it with PUT /mode or PUT /mode/{subject}")
+        return mode
+
     # -- writes -----------------------------------------------------------------------------
     def _hash(self, fmt: SchemaFormat, text: str, refs: tuple[Reference, ...] = ()) -> str:
         """Canonical hash; with references, of the schema compiled against them plus the
@@ -571,14 +641,29 @@ class Registry:
     def register(self, subject: str, text: str, fmt: SchemaFormat | str = SchemaFormat.AVRO, *,
                  actor: str = "anonymous", namespace: str | None = None, label: str | None = None,
                  metadata: dict[str, Any] | None = None, dry_run: bool = False,
-                 references: Any = ()) -> RegisterResult:
+                 references: Any = (), schema_id: int | None = None,
+                 version: int | None = None) -> RegisterResult:
         """Register a new version (or return the existing identical one). See module docstring.
 
         ``references``: Confluent ``[{name, subject, version}]``; each must exist (else
-        :class:`InvalidSchema`) and they are stored with the schema id."""
+        :class:`InvalidSchema`) and they are stored with the schema id.
+
+        Modes (Confluent): READONLY refuses; an explicit ``schema_id`` (and ``version``) needs
+        IMPORT mode, see :meth:`_import`; without one the subject must be READWRITE."""
         fmt = SchemaFormat.parse(fmt)
+        if not dry_run:
+            mode = self._check_writable(subject, "registering a schema")
+            if schema_id is not None and mode != "IMPORT":
+                raise OperationNotPermitted(f"Subject {subject} is not in import mode: a schema id can only be "
+                                            "given in IMPORT mode (PUT /mode/{subject} {\"mode\": \"IMPORT\"})")
+            if schema_id is None and mode != "READWRITE":
+                raise OperationNotPermitted(f"Subject {subject} is not in read-write mode ({mode}): in IMPORT mode "
+                                            "give the schema's id (and version)")
         h, refs = self._validated_hash(fmt, text, "register", references)
         eff = self.effective(fmt, text, refs)
+        if schema_id is not None and not dry_run:
+            return self._import(subject, text, fmt, h, refs, eff, schema_id, version, actor=actor,
+                                namespace=namespace, label=label, metadata=metadata)
         with self._write_lock:
             existing = [r for r in self.store.versions(subject) if self._schema_row(r.schema_id).hash == h]
             pol = self.policy(subject, namespace)
@@ -631,6 +716,55 @@ class Registry:
             self.metrics.registration(created=True)
             return RegisterResult(rv, True, compat, pii_findings, approval_id)
 
+    def _import(self, subject: str, text: str, fmt: SchemaFormat, h: str, refs: tuple[Reference, ...],
+                eff: Effective, schema_id: int, version: int | None, *, actor: str, namespace: str | None,
+                label: str | None, metadata: dict[str, Any] | None) -> RegisterResult:
+        """IMPORT mode: keep the id (and version) the schema had in the registry it comes
+        from. No compatibility check (history is copied as it was); the PII policy still
+        applies. Refused (42205): an id that names another schema, a schema already stored
+        under another id, a version number holding another schema."""
+        if not 1 <= schema_id <= 2**31 - 1:
+            raise InvalidSchema(f"Invalid schema id {schema_id}: ids are between 1 and 2^31-1")
+        if version is not None and not 1 <= version <= 2**31 - 1:
+            raise InvalidVersion(f"The specified version '{version}' is not a valid version id.")
+        with self._write_lock:
+            by_id = self.store.schema_by_id(schema_id)
+            if by_id is not None and by_id.hash != h:
+                raise OperationNotPermitted(f"Overwrite new schema with id {schema_id} is not permitted: id "
+                                            f"{schema_id} already names another schema")
+            by_hash = self.store.schema_by_hash(h)
+            if by_hash is not None and by_hash.id != schema_id:
+                raise OperationNotPermitted(f"Schema already registered with id {by_hash.id}; it cannot be imported "
+                                            f"again as id {schema_id}")
+            pol = self.policy(subject, namespace)
+            pii_findings = pii_mod.check_policy(fmt, eff.pii_text, pol.pii_policy, eff.imports or None)
+            blocking = [f for f in pii_findings if f.severity is Severity.BREAKING]
+            if blocking:
+                self.metrics.validation_failure("register", "pii_untagged")
+                self.metrics.pii_rejection(pol.pii_policy.value)
+                raise PiiPolicyViolation(
+                    "Schema rejected by PII policy: " + "; ".join(f.reason for f in blocking), blocking)
+            rows = self.store.versions(subject, include_deleted=True)
+            same = [r for r in rows if r.schema_id == schema_id and not r.deleted and version in (None, r.version)]
+            if same:
+                self.metrics.registration(created=False)
+                return RegisterResult(self._materialize(same[-1]), False, CompatResult(pol.compatibility), [])
+            if version is not None and any(r.version == version for r in rows):
+                raise OperationNotPermitted(f"Overwrite new schema with version {version} of subject '{subject}' is "
+                                            "not permitted: that version holds another schema")
+            if by_id is None:
+                self.store.put_schema_with_id(schema_id, h, fmt.value, text,
+                                              [(r.name, r.subject, r.version) for r in refs])
+            meta = dict(metadata or {})
+            meta.setdefault("pii_fields", pii_mod.pii_fields(fmt, eff.pii_text, eff.imports or None))
+            num = self.store.add_version(subject, schema_id, namespace or self._namespace_for(subject), actor,
+                                         label, meta, version=version)
+            self.store.append_audit(actor, "register.import", subject, num, {
+                "id": schema_id, "hash": h, "format": fmt.value, "references": [r.to_dict() for r in refs]})
+            self._invalidate(subject)
+            self.metrics.registration(created=True)
+            return RegisterResult(self.get(subject, num), True, CompatResult(pol.compatibility), pii_findings)
+
     def delete_version(self, subject: str, version: int | str, *, actor: str, permanent: bool = False,
                        force: bool = False) -> int:
         """Soft delete (hide) a version; ``permanent`` purges an already soft-deleted one.
@@ -638,6 +772,7 @@ class Registry:
         Safety: refuses to delete a version that consumers reported reading within the last
         15 minutes unless ``force``; permanent deletes require a prior soft delete (Confluent).
         """
+        self._check_writable(subject, "deleting a version")
         num = self.get(subject, version, include_deleted=True).version if version not in ("latest", -1, "-1") \
             else self.get(subject, "latest").version
         row = self.store.version(subject, num, include_deleted=True)
@@ -668,6 +803,7 @@ class Registry:
         return num
 
     def delete_subject(self, subject: str, *, actor: str, permanent: bool = False, force: bool = False) -> list[int]:
+        self._check_writable(subject, "deleting a subject")
         rows = self.store.versions(subject, include_deleted=permanent)
         if not rows:
             raise SubjectNotFound(f"Subject '{subject}' not found.")

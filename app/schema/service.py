@@ -44,6 +44,7 @@ from app.schema.registry import (
     Registry,
     RegistryError,
     SubjectConfigNotFound,
+    SubjectModeNotFound,
 )
 from app.schema.store import open_store
 
@@ -60,8 +61,14 @@ class SchemaBody(BaseModel):
     references: list[dict[str, Any]] = Field(default_factory=list)
     metadata: dict[str, Any] | None = None
     ruleSet: dict[str, Any] | None = None
+    id: int | None = Field(None, description="IMPORT mode only: the schema's id in the registry it comes from")
+    version: int | None = Field(None, description="IMPORT mode only: the version number to import it as")
 
     model_config = {"populate_by_name": True, "extra": "allow"}
+
+
+class ModeBody(BaseModel):
+    mode: str
 
 
 class ConfigBody(BaseModel):
@@ -235,7 +242,7 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
     @app.post("/subjects/{subject}/versions", response_class=ConfluentJSON, tags=["confluent"])
     def register(subject: str, request: Request, body: SchemaBody, normalize: bool = False) -> dict[str, Any]:
         res = reg.register(subject, _text(reg, body), fmt_of(body.schemaType, "register"), actor=_actor(request),
-                           references=body.references)
+                           references=body.references, schema_id=body.id, version=body.version)
         out = {"id": res.version.id, "version": res.version.version, "subject": subject, "schema": body.schema_}
         if res.version.format is not SchemaFormat.AVRO:
             out["schemaType"] = res.version.format.value
@@ -314,6 +321,36 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
     @app.delete("/config/{subject}", response_class=ConfluentJSON, tags=["confluent"])
     def delete_subject_config(subject: str, request: Request) -> dict[str, Any]:
         return {"compatibility": reg.delete_subject_config(subject, _actor(request))}
+
+    # Confluent /mode: READWRITE, READONLY, READONLY_OVERRIDE, IMPORT (see Registry.set_mode).
+    @app.get("/mode", response_class=ConfluentJSON, tags=["confluent"])
+    def get_global_mode() -> dict[str, Any]:
+        return {"mode": reg.mode()}
+
+    @app.put("/mode", response_class=ConfluentJSON, tags=["confluent"])
+    def put_global_mode(body: ModeBody, request: Request, force: bool = False) -> dict[str, Any]:
+        return {"mode": reg.set_mode(body.mode, actor=_actor(request), force=force)}
+
+    @app.delete("/mode", response_class=ConfluentJSON, tags=["confluent"])
+    def delete_global_mode(request: Request) -> dict[str, Any]:
+        return {"mode": reg.delete_mode(None, actor=_actor(request))}
+
+    @app.get("/mode/{subject}", response_class=ConfluentJSON, tags=["confluent"])
+    def get_subject_mode(subject: str, defaultToGlobal: bool = False) -> dict[str, Any]:
+        mode = reg.subject_mode(subject)
+        if mode is None:
+            if not defaultToGlobal:
+                raise SubjectModeNotFound(f"Subject '{subject}' does not have subject-level mode configured")
+            mode = reg.mode(subject)
+        return {"mode": mode}
+
+    @app.put("/mode/{subject}", response_class=ConfluentJSON, tags=["confluent"])
+    def put_subject_mode(subject: str, body: ModeBody, request: Request, force: bool = False) -> dict[str, Any]:
+        return {"mode": reg.set_mode(body.mode, actor=_actor(request), subject=subject, force=force)}
+
+    @app.delete("/mode/{subject}", response_class=ConfluentJSON, tags=["confluent"])
+    def delete_subject_mode(subject: str, request: Request) -> dict[str, Any]:
+        return {"mode": reg.delete_mode(subject, actor=_actor(request))}
 
     def _compat_body(res: Any, verbose: bool) -> dict[str, Any]:
         out: dict[str, Any] = {"is_compatible": res.is_compatible}

@@ -53,6 +53,13 @@ CASES = [
     ("POST", "/compatibility/subjects/s-value/versions/abc", {"schema": AVRO}, 422, 42202),
     ("POST", "/compatibility/subjects/s-value/versions/latest", {"schema": "nope"}, 422, 42201),
     ("POST", "/compatibility/subjects/s-value/versions", {"schema": "nope"}, 422, 42201),
+    ("GET", "/mode/s-value", None, 404, 40409),
+    ("DELETE", "/mode/s-value", None, 404, 40409),
+    ("PUT", "/mode", {"mode": "SIDEWAYS"}, 422, 42204),
+    ("PUT", "/mode/s-value", {"mode": "SIDEWAYS"}, 422, 42204),
+    ("PUT", "/mode/s-value", {"mode": "IMPORT"}, 422, 42205),
+    ("POST", "/mode", None, 405, 405),
+    ("GET", "/schemas/ids/1%2F2", None, 422, 42201),
 ]
 
 
