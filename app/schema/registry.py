@@ -89,6 +89,30 @@ class PiiPolicyViolation(RegistryError):
     status, code = 422, 42201
 
 
+class SubjectSoftDeleted(RegistryError):
+    """Confluent 40404: soft delete of a subject whose versions are all soft-deleted already."""
+
+    status, code = 404, 40404
+
+
+class SubjectNotSoftDeleted(RegistryError):
+    """Confluent 40405: permanent delete of a subject that still has live versions."""
+
+    status, code = 404, 40405
+
+
+class VersionSoftDeleted(RegistryError):
+    """Confluent 40406: soft delete of a version that is soft-deleted already."""
+
+    status, code = 404, 40406
+
+
+class VersionNotSoftDeleted(RegistryError):
+    """Confluent 40407: permanent delete of a version that was not soft-deleted first."""
+
+    status, code = 404, 40407
+
+
 class DeleteRefused(RegistryError):
     status, code = 422, 42206
 
@@ -462,14 +486,16 @@ class Registry:
         return num
 
     def lookup(self, subject: str, text: str, fmt: SchemaFormat | str,
-               references: Any = ()) -> RegisteredVersion:
-        """The live version of ``subject`` whose canonical hash (text and references) equals this schema's."""
+               references: Any = (), include_deleted: bool = False) -> RegisteredVersion:
+        """The live version of ``subject`` whose canonical hash (text and references) equals this
+        schema's; with ``include_deleted`` (Confluent ``?deleted=true``) soft-deleted ones count
+        too, the latest matching version winning."""
         fmt = SchemaFormat.parse(fmt)
         h = self._hash(fmt, text, self.resolve_references(fmt, references))
-        rows = self.store.versions(subject)
+        rows = self.store.versions(subject, include_deleted)
         if not rows:
             raise SubjectNotFound(f"Subject '{subject}' not found.")
-        for r in rows:
+        for r in reversed(rows) if include_deleted else rows:
             if self._schema_row(r.schema_id).hash == h:
                 return self._materialize(r)
         raise SchemaNotFound("Schema not found")
@@ -777,6 +803,12 @@ class Registry:
             else self.get(subject, "latest").version
         row = self.store.version(subject, num, include_deleted=True)
         assert row is not None
+        if permanent and not row.deleted:
+            raise VersionNotSoftDeleted(f"Subject '{subject}' Version {num} was not deleted first before being "
+                                        "permanently deleted: soft delete it first (without permanent=true)")
+        if not permanent and row.deleted:
+            raise VersionSoftDeleted(f"Subject '{subject}' Version {num} was soft deleted. Set permanent=true to "
+                                     "delete permanently")
         # Confluent: a version another schema references cannot be deleted (42206). A soft
         # delete is blocked by live referrers; a permanent one also by soft-deleted referrers,
         # whose ids stay readable and would then point at nothing.
@@ -785,13 +817,8 @@ class Registry:
             raise ReferenceExists(f"One or more references exist to the schema {{subject={subject}, version={num}}}: "
                                   f"schema id(s) {', '.join(map(str, referrers))}")
         if permanent:
-            if not row.deleted:
-                raise DeleteRefused(f"Subject '{subject}' Version {num} was not deleted first before being "
-                                    "permanently deleted")
             self.store.purge_version(subject, num)
         else:
-            if row.deleted:
-                raise VersionNotFound(f"Version {num} not found.")
             active = [c for c in self.active_consumers(subject) if c[1] == num]
             if active and not force:
                 raise DeleteRefused(f"Version {num} of '{subject}' has {len(active)} active consumer(s) "
@@ -803,12 +830,21 @@ class Registry:
         return num
 
     def delete_subject(self, subject: str, *, actor: str, permanent: bool = False, force: bool = False) -> list[int]:
+        """Confluent's subject delete: soft (every live version) or, once every version is
+        soft-deleted, ``permanent`` (40405 while live versions remain; 40404 for a soft
+        delete of a subject that has only soft-deleted versions)."""
         self._check_writable(subject, "deleting a subject")
-        rows = self.store.versions(subject, include_deleted=permanent)
+        rows = self.store.versions(subject, include_deleted=True)
         if not rows:
             raise SubjectNotFound(f"Subject '{subject}' not found.")
+        live = [r for r in rows if not r.deleted]
+        if permanent and live:
+            raise SubjectNotSoftDeleted(f"Subject '{subject}' was not deleted first before being permanently "
+                                        f"deleted: {len(live)} live version(s); soft delete it first")
+        if not permanent and not live:
+            raise SubjectSoftDeleted(f"Subject '{subject}' was soft deleted. Set permanent=true to delete permanently")
         return [self.delete_version(subject, r.version, actor=actor, permanent=permanent, force=force)
-                for r in rows if permanent == r.deleted or not permanent]
+                for r in (rows if permanent else live)]
 
     # -- approvals --------------------------------------------------------------------------
     def request_approval(self, subject: str, text: str, fmt: SchemaFormat | str, *, actor: str,

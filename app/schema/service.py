@@ -232,11 +232,15 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
         return ["JSON", "PROTOBUF", "AVRO"]
 
     @app.get("/subjects", response_class=ConfluentJSON, tags=["confluent"])
-    def list_subjects(deleted: bool = False) -> list[str]:
+    def list_subjects(deleted: bool = False, deletedOnly: bool = False) -> list[str]:
+        if deletedOnly:  # Confluent: subjects whose versions are all soft-deleted
+            return sorted(set(reg.subjects(include_deleted=True)) - set(reg.subjects()))
         return reg.subjects(include_deleted=deleted)
 
     @app.get("/subjects/{subject}/versions", response_class=ConfluentJSON, tags=["confluent"])
-    def list_versions(subject: str, deleted: bool = False) -> list[int]:
+    def list_versions(subject: str, deleted: bool = False, deletedOnly: bool = False) -> list[int]:
+        if deletedOnly:
+            return [v.version for v in reg.versions(subject, include_deleted=True) if v.deleted]
         return [v.version for v in reg.versions(subject, include_deleted=deleted)]
 
     @app.post("/subjects/{subject}/versions", response_class=ConfluentJSON, tags=["confluent"])
@@ -253,7 +257,7 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
     @app.post("/subjects/{subject}", response_class=ConfluentJSON, tags=["confluent"])
     def lookup(subject: str, body: SchemaBody, normalize: bool = False, deleted: bool = False) -> dict[str, Any]:
         return _version_json(reg.lookup(subject, _text(reg, body), fmt_of(body.schemaType, "lookup"),
-                                        body.references))
+                                        body.references, include_deleted=deleted))
 
     @app.get("/subjects/{subject}/versions/{version}", response_class=ConfluentJSON, tags=["confluent"])
     async def get_version(subject: str, version: str, deleted: bool = False,
@@ -263,8 +267,9 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
         return _formatted(reg, _version_json(rv), format, rv.references)
 
     @app.get("/subjects/{subject}/versions/{version}/schema", tags=["confluent"])
-    def get_version_schema(subject: str, version: str) -> PlainTextResponse:
-        return PlainTextResponse(reg.get(subject, _ver(version)).schema, media_type=CONFLUENT_CT)
+    def get_version_schema(subject: str, version: str, deleted: bool = False) -> PlainTextResponse:
+        return PlainTextResponse(reg.get(subject, _ver(version), include_deleted=deleted).schema,
+                                 media_type=CONFLUENT_CT)
 
     @app.get("/subjects/{subject}/versions/{version}/referencedby", response_class=ConfluentJSON,
              tags=["confluent"])
@@ -288,9 +293,10 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
         return _formatted(reg, _schema_json(reg, schema_id), format, reg.references_of(schema_id))
 
     @app.get("/schemas/ids/{schema_id}/versions", response_class=ConfluentJSON, tags=["confluent"])
-    def versions_of_id(schema_id: int) -> list[dict[str, Any]]:
+    def versions_of_id(schema_id: int, deleted: bool = False) -> list[dict[str, Any]]:
         reg.schema_by_id(schema_id)
-        return [{"subject": v.subject, "version": v.version} for v in reg.store.versions_of_schema(schema_id)]
+        return [{"subject": v.subject, "version": v.version}
+                for v in reg.store.versions_of_schema(schema_id, include_deleted=deleted)]
 
     @app.get("/config", response_class=ConfluentJSON, tags=["confluent"])
     def get_global_config() -> dict[str, Any]:

@@ -287,9 +287,10 @@ class SqlStore:
         rows = self._q(sql, (subject, version))
         return self._vrow(rows[0]) if rows else None
 
-    def versions_of_schema(self, schema_id: int) -> list[VersionRow]:
+    def versions_of_schema(self, schema_id: int, include_deleted: bool = False) -> list[VersionRow]:
+        live = "" if include_deleted else " AND deleted = 0"
         return [self._vrow(r) for r in self._q(
-            f"SELECT {self._VCOLS} FROM versions WHERE schema_id = ? AND deleted = 0 ORDER BY subject, version",
+            f"SELECT {self._VCOLS} FROM versions WHERE schema_id = ?{live} ORDER BY subject, version",
             (schema_id,))]
 
     def subjects(self, include_deleted: bool = False) -> list[str]:

@@ -42,6 +42,8 @@ CASES = [
     ("DELETE", "/subjects/missing/versions/1", None, 404, 40401),
     ("DELETE", "/subjects/s-value/versions/9", None, 404, 40402),
     ("DELETE", "/subjects/s-value/versions/abc", None, 422, 42202),
+    ("DELETE", "/subjects/s-value/versions/1?permanent=true", None, 404, 40407),
+    ("DELETE", "/subjects/s-value?permanent=true", None, 404, 40405),
     ("GET", "/schemas/ids/999999", None, 404, 40403),
     ("GET", "/schemas/ids/999999/versions", None, 404, 40403),
     ("GET", "/config/s-value", None, 404, 40408),
