@@ -402,10 +402,19 @@ class Topology(_Strict):
             problems.append("producers: needs the authenticate stage, where a message's principal is known and "
                             "checked - add `- authenticate: {jwks: ..., policy: optional}` (anonymous producers "
                             "then need an entry with anonymous: true)")
+        auth, vs = self.stage("authenticate"), self.stage("verify_signature")
         for i, p in enumerate(self.producers):
-            if p.key_ids is not None and "verify_signature" not in stages:
+            if p.key_ids is not None and vs is None:
                 problems.append(f"producers[{i}].key_ids: needs the verify_signature stage, which is where a key "
                                 "id is verified and checked - add it, or remove key_ids")
+            elif p.key_ids is not None and vs.policy == "off":
+                problems.append(f"producers[{i}].key_ids: verify_signature.policy is off, so no key is ever "
+                                "verified and this binding would never be enforced - set the policy to optional "
+                                "or required, or remove key_ids")
+            if p.principals is not None and auth is not None and auth.policy == "off":
+                problems.append(f"producers[{i}].principals: authenticate.policy is off, so no token is verified "
+                                "and every message is anonymous - set the policy to optional or required, or "
+                                "use anonymous: true")
             unknown = sorted(set(p.topics or ()) - sources)
             if unknown:
                 problems.append(f"producers[{i}].topics: {unknown} are not source topics of this topology "

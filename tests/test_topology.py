@@ -145,3 +145,13 @@ def test_a_good_alias(tmp_path: Path) -> None:
 
 def test_a_source_topic_listed_twice_is_refused(tmp_path: Path) -> None:
     assert "listed twice" in _error(tmp_path, sources=[{"topic": "a"}, {"topic": "a"}])
+
+
+def test_producers_need_their_stages_switched_on(tmp_path: Path) -> None:
+    text = _error(tmp_path, stages=["normalize", {"authenticate": {"jwks": "j.json", "policy": "off"}},
+                                    {"verify_signature": {"keyring": "k.json", "policy": "off"}}],
+                  producers=[{"principals": ["a"], "key_ids": ["k"], "namespaces": ["n"]}])
+    assert "producers[0].key_ids: verify_signature.policy is off" in text
+    assert "producers[0].principals: authenticate.policy is off" in text
+    _load(tmp_path, stages=["normalize", {"authenticate": {"jwks": "j.json", "policy": "off"}}],
+          producers=[{"anonymous": True, "namespaces": ["n"]}])  # off + anonymous-only is coherent
