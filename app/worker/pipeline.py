@@ -173,7 +173,8 @@ class PipelineApp:
                  embedded: bool = False, web_port: int | None = None, batch_size: int = 500,
                  batch_within_s: float = 0.02, broker_settings: BrokerSettings | None = None,
                  on_batch: Callable[[RunStats], None] | None = None, archive_location: str | Path | None = None,
-                 observe: Observer | None = None, **faust_overrides: Any) -> None:
+                 observe: Observer | None = None, archive_writer_id: str | None = None,
+                 archive_shard: tuple[int, int] | None = None, **faust_overrides: Any) -> None:
         self.topology = topology
         self.batch_size = batch_size
         self.batch_within_s = batch_within_s
@@ -224,8 +225,11 @@ class PipelineApp:
         if archive_location is not None and topology.archive.enabled:
             from app.worker.archive_service import ArchiveService  # pulls in pyarrow: only when archiving
 
+            # a unique writer id per worker process (app/worker/archive_service.py), and with a
+            # shard only that share of the archive topics' partitions
             self.archive = self.app.add_dependency(ArchiveService(
-                bootstrap, topology.archive_source_topics(), str(archive_location),
+                bootstrap, topology.archive_source_topics(), str(archive_location), writer_id=archive_writer_id,
+                partitions=topology.topics(), shard=archive_shard,
                 consumer_kwargs=broker_settings.aiokafka_kwargs() if broker_settings else None))
         for source in topology.sources:
             chain = Chain(self._stages(source.topic, source.partitions),
@@ -501,11 +505,14 @@ def app_from_env() -> faust.App:
     """Factory for running a topology's worker as a subprocess
     (`python -m app.worker.faust_app app.worker.pipeline:app_from_env`).
 
-    Reads PRISM_TOPOLOGY, PRISM_BOOTSTRAP, PRISM_DATA_DIR, PRISM_APP_ID and PRISM_EMBEDDED
-    (1 when the broker is the embedded one)."""
+    Reads PRISM_TOPOLOGY, PRISM_BOOTSTRAP, PRISM_DATA_DIR, PRISM_APP_ID, PRISM_EMBEDDED
+    (1 when the broker is the embedded one; otherwise the broker credentials come from
+    PRISM_SECURITY_PROTOCOL etc. as for `prism run`), PRISM_ARCHIVE (archive location; unset: no
+    archive tap), PRISM_ARCHIVE_WRITER_ID and PRISM_ARCHIVE_SHARD (app/worker/archive_service.py)."""
     import os
 
     from app.topology import load_topology
+    from app.worker.archive_service import SHARD_ENV, parse_shard
 
     missing = [k for k in ("PRISM_TOPOLOGY", "PRISM_BOOTSTRAP", "PRISM_DATA_DIR") if not os.environ.get(k)]
     if missing:
@@ -514,6 +521,12 @@ def app_from_env() -> faust.App:
     from app.worker.observe import ENV_WEB_PORT, Observer
 
     port = os.environ.get(ENV_WEB_PORT)
+    embedded = os.environ.get("PRISM_EMBEDDED") == "1"
+    settings = None
+    if not embedded and os.environ.get("PRISM_BROKER_URL"):
+        settings = BrokerSettings.from_env()  # SASL/SSL for a real cluster, validated as in `prism run`
     return PipelineApp(topo, bootstrap=os.environ["PRISM_BOOTSTRAP"], data_dir=os.environ["PRISM_DATA_DIR"],
-                       app_id=os.environ.get("PRISM_APP_ID"), embedded=os.environ.get("PRISM_EMBEDDED") == "1",
-                       web_port=int(port) if port else None, observe=Observer.from_env()).app
+                       app_id=os.environ.get("PRISM_APP_ID"), embedded=embedded, broker_settings=settings,
+                       web_port=int(port) if port else None, observe=Observer.from_env(),
+                       archive_location=os.environ.get("PRISM_ARCHIVE") or None,
+                       archive_shard=parse_shard(os.environ.get(SHARD_ENV))).app
