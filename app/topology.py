@@ -41,26 +41,10 @@ class Source(_Strict):
     """
 
     topic: TopicName
+    topic_aliases: list[TopicName] = []  # other envelope topics accepted here (e.g. an old name during a rename)
     format: InputFormat = "auto"
     partitions: Annotated[int, Field(ge=1, le=1024)] = 4
     namespace: str | None = None  # overrides the topology default for legacy inputs
-    #: other envelope topics accepted on this source (e.g. the old name during a topic rename)
-    topic_aliases: list[TopicName] = []
-
-    @model_validator(mode="after")
-    def _aliases(self) -> Source:
-        seen: set[str] = set()
-        for alias in self.topic_aliases:
-            if alias == self.topic:
-                raise ValueError(f"topic_aliases: {alias!r} is the source topic itself; list only other names")
-            if alias in seen:
-                raise ValueError(f"topic_aliases: {alias!r} is listed twice")
-            seen.add(alias)
-        return self
-
-    def accepted_topics(self) -> frozenset[str]:
-        """The envelope topics a message read from this source may claim."""
-        return frozenset([self.topic, *self.topic_aliases])
 
 
 class NormalizeStage(_Strict):
@@ -381,6 +365,12 @@ class Topology(_Strict):
         if dupes:
             raise ValueError(f"sources: topic(s) {dupes} listed twice; each source topic once")
         for i, src in enumerate(self.sources):
+            if src.topic in src.topic_aliases:
+                raise ValueError(f"sources[{i}].topic_aliases: {src.topic!r} is the source topic itself; list only "
+                                 "other names")
+            repeated = sorted({a for a in src.topic_aliases if src.topic_aliases.count(a) > 1})
+            if repeated:
+                raise ValueError(f"sources[{i}].topic_aliases: {repeated} listed twice; list each name once")
             stolen = sorted(set(src.topic_aliases) & set(topics))
             if stolen:
                 raise ValueError(
@@ -402,10 +392,19 @@ class Topology(_Strict):
             problems.append("producers: needs the authenticate stage, where a message's principal is known and "
                             "checked - add `- authenticate: {jwks: ..., policy: optional}` (anonymous producers "
                             "then need an entry with anonymous: true)")
+        auth, vs = self.stage("authenticate"), self.stage("verify_signature")
         for i, p in enumerate(self.producers):
-            if p.key_ids is not None and "verify_signature" not in stages:
+            if p.key_ids is not None and vs is None:
                 problems.append(f"producers[{i}].key_ids: needs the verify_signature stage, which is where a key "
                                 "id is verified and checked - add it, or remove key_ids")
+            elif p.key_ids is not None and vs.policy == "off":
+                problems.append(f"producers[{i}].key_ids: verify_signature.policy is off, so no key is ever "
+                                "verified and this binding would never be enforced - set the policy to optional "
+                                "or required, or remove key_ids")
+            if p.principals is not None and auth is not None and auth.policy == "off":
+                problems.append(f"producers[{i}].principals: authenticate.policy is off, so no token is verified "
+                                "and every message is anonymous - set the policy to optional or required, or "
+                                "use anonymous: true")
             unknown = sorted(set(p.topics or ()) - sources)
             if unknown:
                 problems.append(f"producers[{i}].topics: {unknown} are not source topics of this topology "
@@ -438,6 +437,10 @@ class Topology(_Strict):
     def resolve(self, path: str) -> Path:
         p = Path(path)
         return p if p.is_absolute() else (self.base_dir / p)
+
+    def accepted_topics(self) -> dict[str, frozenset[str]]:
+        """Source topic -> the envelope topics a message read from it may claim (itself + aliases)."""
+        return {s.topic: frozenset([s.topic, *s.topic_aliases]) for s in self.sources}
 
     def topics(self) -> dict[str, int]:
         """Every topic this topology reads or writes, with its partition count."""

@@ -63,21 +63,27 @@ class Authenticate(Stage):
         return identity
 
     def process(self, msg: Message) -> None:
+        principal = self._authenticate(msg)
+        if self.producers is not None:
+            self.producers.check_principal(principal, msg.env.namespace, msg.topic)
+
+    def _authenticate(self, msg: Message) -> str | None:
+        """Verify the token if any, apply its identity, strip it. Returns the verified principal;
+        a bare `return` (no token, or policy off) is None: the message is anonymous."""
         env = msg.env
         sec = env.security
         token = sec.auth_token if sec is not None else ""
-        principal: str | None = None  # only a verified token names one
         try:
-            if self.policy != "off":
-                if token:
-                    identity = self._identity(token)
-                    apply_identity(env, identity)
-                    principal = identity.publisher_id
-                elif self.policy == "required":
+            if self.policy == "off":
+                return
+            if not token:
+                if self.policy == "required":
                     raise AuthError("message carries no auth token", path="security.auth_token",
                                     hint="producers must send a JWT (Authorization: Bearer header or "
                                          "security.auth_token), or set authenticate.policy to optional")
+                return
+            identity = self._identity(token)
+            apply_identity(env, identity)
+            return identity.publisher_id
         finally:
             strip_token(env)
-        if self.producers is not None:
-            self.producers.check_principal(principal, env.namespace, msg.topic)

@@ -138,7 +138,7 @@ def build_stages(topology: Topology, *, keyring: SigningKeyring | None, schema: 
         if spec.name == "normalize":
             stages.append(Normalize(s, namespaces={x.topic: x.namespace or t.namespace for x in t.sources},
                                     formats={x.topic: x.format for x in t.sources},
-                                    accepted_topics={x.topic: x.accepted_topics() for x in t.sources}))
+                                    accepted_topics=t.accepted_topics()))
         elif spec.name == "validate":
             stages.append(Validate(s))
         elif spec.name == "authenticate":

@@ -306,3 +306,37 @@ def test_the_chain_routes_each_binding_to_the_dlq_with_its_reason(dev_keys, tmp_
     r = chain.run(make_msg(sign(imp, ring.signing["billing-key"]), topic="orders.created"))
     assert r.dlq is not None and dict(r.dlq.headers)["prism.errors.reason"] == b"namespace_not_allowed"
     assert token.encode() not in r.dlq.value
+
+
+def test_the_worker_builds_the_bindings_and_checks_key_ids_at_start_up(dev_keys, tmp_path: Path) -> None:
+    import yaml
+
+    from app.errors import ConfigError
+    from app.topology import load_topology
+    from app.worker.pipeline import build_stages
+
+    def topo(key_ids: list[str]):
+        doc = {"name": "t", "namespace": "order-events", "sources": [{"topic": "orders.created"}],
+               "stages": ["normalize", {"authenticate": {"jwks": str(dev_keys.jwks_path), "policy": "optional",
+                                                    "issuer": "https://auth.prism.dev", "audience": "prism",
+                                                    "algorithms": ["EdDSA"]}},
+                          {"verify_signature": {"keyring": str(dev_keys.signing_path)}}],
+               "producers": [{"principals": ["svc-orders"], "key_ids": key_ids, "namespaces": ["order-events"]}]}
+        path = tmp_path / "t.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        return load_topology(path)
+
+    with pytest.raises(ConfigError, match="'dev-producer-2' is not a key in the signing keyring"):
+        build_stages(topo(["dev-producer-2"]), keyring=dev_keys.keyring, schema=None, dedup_window=lambda _: None)
+    stages = build_stages(topo(["dev-producer-1"]), keyring=dev_keys.keyring, schema=None,
+                          dedup_window=lambda _: None)
+    auth, verify = stages[1], stages[2]
+    assert isinstance(auth, Authenticate) and isinstance(verify, VerifySignature)
+    assert auth.producers is verify.producers is not None  # one rule set, checked at both points
+    chain = Chain(stages, dlq_topic_for=lambda t: t + ".dlq")
+    env = new_envelope("orders.created", {"a": 1}, namespace="order-events")
+    env.ensure_security().auth_token = dev_keys.mint_token("svc-orders")
+    assert chain.run(make_msg(sign(env, dev_keys.keyring.signing["dev-producer-1"]))).outcome is Outcome.EMITTED
+    worker = sign(new_envelope("orders.created", {"a": 1}, namespace="order-events"), dev_keys.keyring.worker_key())
+    r = chain.run(make_msg(worker))
+    assert (r.stage, r.reason) == ("authenticate", "principal_not_allowed")  # anonymous: no entry for it

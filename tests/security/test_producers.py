@@ -12,7 +12,7 @@ import pytest
 from app.errors import ConfigError, NamespaceNotAllowedError, PrincipalNotAllowedError, TopicNotAllowedError
 from app.security.producers import ProducerBindings, check_key_ids_known, keyring_scopes, principal_pattern
 from app.security.signing import load_signing_keyring
-from app.topology import ProducerSpec, Topology
+from app.topology import AuthenticateStage, ProducerSpec, Topology, VerifySignatureStage
 
 
 @pytest.mark.parametrize(("glob", "yes", "no"), [
@@ -78,8 +78,8 @@ def _topology(producers: list[dict]) -> Topology:
     return Topology.model_validate({
         "name": "t", "namespace": "order-events", "sources": [{"topic": "orders.created"}],
         "stages": [{"name": "normalize", "settings": {}},
-                   {"name": "authenticate", "settings": {}},
-                   {"name": "verify_signature", "settings": {}}],
+                   {"name": "authenticate", "settings": AuthenticateStage(jwks="jwks.json")},
+                   {"name": "verify_signature", "settings": VerifySignatureStage(keyring="signing.json")}],
         "producers": producers})
 
 
@@ -106,3 +106,11 @@ def test_start_up_refuses_key_ids_the_keyring_cannot_use(tmp_path: Path) -> None
     ok = _topology([{"key_ids": ["orders-key"], "namespaces": ["order-events"]},
                     {"key_ids": ["billing-key"], "namespaces": ["billing", "x"]}])
     check_key_ids_known(ProducerBindings.from_topology(ok), ring.verify_all.keys, keyring_scopes(ring), ok)
+
+
+@pytest.mark.parametrize("claimed", ["order\u2010events", "ORDER-EVENTS", "order-events ", "order-events\x00",
+                                     "order-events.", ""])
+def test_lookalike_namespaces_are_other_namespaces(claimed: str) -> None:
+    b = _b({"principals": ["svc-orders"], "namespaces": ["order-events"]})
+    with pytest.raises(NamespaceNotAllowedError):
+        b.check_principal("svc-orders", claimed, "orders.created")

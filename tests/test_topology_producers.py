@@ -46,7 +46,7 @@ def test_the_shipped_topology_declares_its_producers() -> None:
 def test_no_producers_section_is_the_documented_default(tmp_path: Path) -> None:
     topo = _load(tmp_path)
     assert topo.producers is None
-    assert topo.sources[0].accepted_topics() == {"orders.created"}
+    assert topo.accepted_topics() == {"orders.created": {"orders.created"}, "orders.updated": {"orders.updated"}}
 
 
 def test_a_full_producers_section(tmp_path: Path) -> None:
@@ -140,8 +140,18 @@ def test_topic_aliases(tmp_path: Path, aliases: list[str], why: str) -> None:
 
 def test_a_good_alias(tmp_path: Path) -> None:
     topo = _load(tmp_path, sources=[{"topic": "orders.created", "topic_aliases": ["orders.new"]}])
-    assert topo.sources[0].accepted_topics() == {"orders.created", "orders.new"}
+    assert topo.accepted_topics() == {"orders.created": {"orders.created", "orders.new"}}
 
 
 def test_a_source_topic_listed_twice_is_refused(tmp_path: Path) -> None:
     assert "listed twice" in _error(tmp_path, sources=[{"topic": "a"}, {"topic": "a"}])
+
+
+def test_producers_need_their_stages_switched_on(tmp_path: Path) -> None:
+    text = _error(tmp_path, stages=["normalize", {"authenticate": {"jwks": "j.json", "policy": "off"}},
+                                    {"verify_signature": {"keyring": "k.json", "policy": "off"}}],
+                  producers=[{"principals": ["a"], "key_ids": ["k"], "namespaces": ["n"]}])
+    assert "producers[0].key_ids: verify_signature.policy is off" in text
+    assert "producers[0].principals: authenticate.policy is off" in text
+    _load(tmp_path, stages=["normalize", {"authenticate": {"jwks": "j.json", "policy": "off"}}],
+          producers=[{"anonymous": True, "namespaces": ["n"]}])  # off + anonymous-only is coherent
