@@ -109,7 +109,7 @@ def test_a_descriptor_whose_names_would_inject_text_is_refused() -> None:
     m.field.add(name="x", number=1, label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL,
                 type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING)
     reg = Registry(SqliteStore(":memory:"))
-    with pytest.raises(InvalidSchema, match="i.proto"):
+    with pytest.raises(InvalidSchema, match=r"i\.proto"):
         reg.text_from_serialized(base64.b64encode(fdp.SerializeToString()).decode())
     ok = compile_proto('syntax = "proto3";\npackage p;\nmessage A { string x = 1; }\n').main
     assert "message A {" in reg.text_from_serialized(serialize(ok))
