@@ -95,6 +95,10 @@ def test_protobuf_serializer_auto_registers_and_deserializer_reads(live_server) 
                                {"auto.register.schemas": True, "use.deprecated.format": False})
     assert again(msg, _ctx(topic))[:5] == data[:5]
     assert fresh.get_versions(f"{topic}-value") == [1]
+    # auto.register.schemas=False: the serializer looks the serialized form up (POST /subjects/{s}).
+    lookup_only = ProtobufSerializer(order_cls, SchemaRegistryClient({"url": live_server.url}),
+                                     {"auto.register.schemas": False, "use.deprecated.format": False})
+    assert lookup_only(msg, _ctx(topic))[:5] == data[:5]
 
     # The same schema registered as text is the same id (one canonical form either way).
     with httpx.Client(base_url=live_server.url) as h:
@@ -242,3 +246,19 @@ def test_serializers_against_a_prism_schema_serve_process(serve_process: str) ->
     with pytest.raises(SchemaRegistryError) as e:
         AvroSerializer(client, AVRO.replace('"C"', '"F"'))(reading, _ctx(f"{topic}-ro"))
     assert e.value.error_code == 42205
+
+
+def test_serialized_protobuf_keeps_prism_pii_tags_under_an_enforcing_policy(live_server) -> None:  # type: ignore[no-untyped-def]
+    from app.schema.protodesc import serialize
+
+    head = 'syntax = "proto3";\npackage users;\nimport "prism/annotations.proto";\n'
+    untagged = serialize(compile_proto(head + "message User {\n  string email = 1;\n}\n").main)
+    tagged = serialize(compile_proto(head + 'message User {\n  string email = 1 [(prism.pii) = "email"];\n}\n').main)
+    with httpx.Client(base_url=live_server.url) as h:
+        assert h.put("/v1/policies/__global__", json={"pii_policy": "enforce"}).status_code == 200
+        r = h.post("/subjects/users-value/versions", json={"schema": untagged, "schemaType": "PROTOBUF"})
+        assert (r.status_code, r.json()["error_code"]) == (422, 42201) and "email" in r.json()["message"]
+        r = h.post("/subjects/users-value/versions", json={"schema": tagged, "schemaType": "PROTOBUF"})
+        assert r.status_code == 200
+        stored = h.get(f"/schemas/ids/{r.json()['id']}").json()["schema"]
+        assert '(prism.pii) = "email"' in stored
