@@ -262,3 +262,46 @@ def test_serialized_protobuf_keeps_prism_pii_tags_under_an_enforcing_policy(live
         assert r.status_code == 200
         stored = h.get(f"/schemas/ids/{r.json()['id']}").json()["schema"]
         assert '(prism.pii) = "email"' in stored
+
+
+OPTS = '''syntax = "proto3";
+package acme;
+import "google/protobuf/descriptor.proto";
+message Rule { int32 min_len = 1; repeated string tags = 2; }
+enum Level { LEVEL_UNSPECIFIED = 0; LEVEL_HIGH = 1; }
+extend google.protobuf.FieldOptions {
+  string sensitivity = 51000;
+  Rule rule = 51001;
+  Level level = 51003;
+}
+extend google.protobuf.MessageOptions { int32 retention_days = 51002; }
+'''
+TICKET = '''syntax = "proto3";
+package support;
+import "acme/opts.proto";
+message Ticket {
+  option (acme.retention_days) = 30;
+  string title = 1 [(acme.sensitivity) = "high", (acme.rule) = { min_len: 3 tags: "a" tags: "b" }];
+  string body = 2 [(acme.level) = LEVEL_HIGH];
+}
+'''
+
+
+def test_custom_options_defined_by_an_import_survive_the_serialized_form(live_server) -> None:  # type: ignore[no-untyped-def]
+    compiled = compile_proto(TICKET, "support/ticket.proto", imports={"acme/opts.proto": OPTS})
+    pool = descriptor_pool.DescriptorPool()
+    for f in compiled.files:
+        pool.Add(f)
+    ticket_cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("support.Ticket"))
+    topic = f"tickets-{uuid.uuid4().hex[:8]}"
+    ser = ProtobufSerializer(ticket_cls, SchemaRegistryClient({"url": live_server.url}),
+                             {"auto.register.schemas": True, "use.deprecated.format": False})
+    msg = ticket_cls(title="printer", body="on fire")
+    data = ser(msg, _ctx(topic))
+    de = ProtobufDeserializer(ticket_cls, {"use.deprecated.format": False},
+                              SchemaRegistryClient({"url": live_server.url}))
+    assert de(data, _ctx(topic)) == msg
+    stored = SchemaRegistryClient({"url": live_server.url}).get_latest_version(f"{topic}-value").schema.schema_str
+    assert "option (acme.retention_days) = 30;" in stored
+    assert '(acme.sensitivity) = "high"' in stored and "(acme.level) = LEVEL_HIGH" in stored
+    assert "(acme.rule) = { min_len: 3" in stored
