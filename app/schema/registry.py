@@ -450,6 +450,11 @@ class Registry:
     def get(self, subject: str, version: int | str = "latest", include_deleted: bool = False) -> RegisteredVersion:
         """One version of a subject; ``version`` is a number, ``"latest"`` or ``-1``, or a label (``"v2"``)."""
         self.sync()
+        if version in ("latest", -1, "-1") and include_deleted:  # Confluent ?deleted=true: soft-deleted count
+            rows = self.store.versions(subject, include_deleted=True)
+            if not rows:
+                raise SubjectNotFound(f"Subject '{subject}' not found.")
+            return self._materialize(rows[-1])
         if version in ("latest", -1, "-1"):
             cached = self._latest_cache.get(subject)
             if cached is not None:
