@@ -17,8 +17,9 @@ compatibility, PII checks and hashing see one form whichever way a schema arrive
   of storing a different schema;
 - :func:`serialize` is the way back for ``?format=serialized``.
 
-Not rendered (refused with a clear message): proto2 groups, editions, and custom options
-other than Prism's own ``(prism.pii)``/``(prism.encrypt)``/``(prism.index)``.
+Custom options are rendered when an import defines them (the imports are compiled into a
+descriptor pool and the options re-read with it), Prism's own ``(prism.*)`` always. Not
+rendered (refused with a clear message): proto2 groups, editions, options no import defines.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ import base64
 import binascii
 import math
 import re
+from collections.abc import Sequence
+from typing import Any
 
-from google.protobuf import descriptor_pb2, text_format
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
 from google.protobuf.message import DecodeError, Message
 
 from app.schema.model import SchemaError
@@ -114,7 +117,8 @@ def same_schema(a: FDP, b: FDP) -> bool:
 
 
 # -- rendering -----------------------------------------------------------------------------
-def _quote(value: str | bytes) -> str:
+def quote(value: str | bytes) -> str:
+    """A .proto string literal: printable ASCII as is, quotes escaped, other bytes octal."""
     raw = value.encode("utf-8") if isinstance(value, str) else value
     out = []
     for byte in raw:
@@ -132,7 +136,7 @@ def _scalar(value: object, fd: object = None) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str | bytes):
-        return _quote(value)
+        return quote(value)
     if isinstance(value, float):
         if math.isnan(value):
             return "nan"
@@ -148,8 +152,32 @@ def _scalar(value: object, fd: object = None) -> str:
     return str(value)
 
 
-def _options(opts: Message, where: str) -> list[str]:
+def _with_known_extensions(opts: Message, pool: Any) -> Message:
+    """``opts`` re-read with the option message type of ``pool`` - the schema's imports
+    compiled - so custom options those imports define become known extensions instead of
+    unknown fields."""
+    try:
+        desc = pool.FindMessageTypeByName(opts.DESCRIPTOR.full_name)
+    except KeyError:  # the imports do not include descriptor.proto: no custom options defined
+        return opts
+    known = message_factory.GetMessageClass(desc)()
+    known.ParseFromString(opts.SerializeToString())
+    return known
+
+
+def _unknown(opts: Message) -> list[Any]:
+    try:
+        from google.protobuf import unknown_fields
+
+        return list(unknown_fields.UnknownFieldSet(opts))
+    except (ImportError, AttributeError):  # older runtimes: nothing extra to render
+        return []
+
+
+def _options(opts: Message, where: str, pool: Any = None) -> list[str]:
     """``name = value`` for every option set, custom ones in parentheses."""
+    if pool is not None and _unknown(opts):
+        opts = _with_known_extensions(opts, pool)
     out = []
     for fd, value in opts.ListFields():
         name = f"({fd.full_name})" if fd.is_extension else fd.name
@@ -157,18 +185,12 @@ def _options(opts: Message, where: str) -> list[str]:
             continue
         values = value if getattr(fd, "is_repeated", False) or getattr(fd, "label", 0) == fd.LABEL_REPEATED else [value]
         out.extend(f"{name} = {_scalar(v, fd)}" for v in values)
-    try:
-        from google.protobuf import unknown_fields
-
-        unknown = list(unknown_fields.UnknownFieldSet(opts))
-    except (ImportError, AttributeError):  # older runtimes: nothing extra to render
-        unknown = []
-    for u in unknown:
+    for u in _unknown(opts):
         prism = _PRISM_FIELD_OPTIONS.get(u.field_number) if where == "field" else None
         if prism is None or u.wire_type != 2:
             raise SchemaError(f"custom {where} option number {u.field_number} cannot be converted to .proto "
                               "text by this registry; register the schema as .proto text instead")
-        out.append(f"({prism}) = {_quote(bytes(u.data))}")
+        out.append(f"({prism}) = {quote(bytes(u.data))}")
     return out
 
 
@@ -179,13 +201,16 @@ def _range(start: int, end_inclusive: int) -> str:
 
 
 class _Renderer:
-    def __init__(self, fdp: FDP) -> None:
-        self.fdp = fdp
+    def __init__(self, fdp: FDP, pool: Any = None) -> None:
+        self.fdp, self.pool = fdp, pool
         self.syntax = fdp.syntax or "proto2"
         if self.syntax not in ("proto2", "proto3"):
             raise SchemaError(f"protobuf syntax {self.syntax!r} (editions) cannot be converted to .proto text "
                               "by this registry; register the schema as .proto text instead")
         self.lines: list[str] = []
+
+    def _opts(self, opts: Message, where: str) -> list[str]:
+        return _options(opts, where, self.pool)
 
     def emit(self, depth: int, line: str) -> None:
         self.lines.append("  " * depth + line)
@@ -197,8 +222,8 @@ class _Renderer:
             self.emit(0, f"package {f.package};")
         for i, dep in enumerate(f.dependency):
             kind = "public " if i in f.public_dependency else "weak " if i in f.weak_dependency else ""
-            self.emit(0, f"import {kind}{_quote(dep)};")
-        for opt in _options(f.options, "file"):
+            self.emit(0, f"import {kind}{quote(dep)};")
+        for opt in self._opts(f.options, "file"):
             self.emit(0, f"option {opt};")
         for e in f.enum_type:
             self.enum(e, 0)
@@ -211,15 +236,15 @@ class _Renderer:
 
     def enum(self, e: descriptor_pb2.EnumDescriptorProto, depth: int) -> None:
         self.emit(depth, f"enum {e.name} {{")
-        for opt in _options(e.options, "enum"):
+        for opt in self._opts(e.options, "enum"):
             self.emit(depth + 1, f"option {opt};")
         for v in e.value:
-            opts = _options(v.options, "enum value")
+            opts = self._opts(v.options, "enum value")
             self.emit(depth + 1, f"{v.name} = {v.number}" + (f" [{', '.join(opts)}]" if opts else "") + ";")
         if e.reserved_range:  # EnumReservedRange.end is inclusive
             self.emit(depth + 1, "reserved " + ", ".join(_range(r.start, r.end) for r in e.reserved_range) + ";")
         if e.reserved_name:
-            self.emit(depth + 1, "reserved " + ", ".join(_quote(n) for n in e.reserved_name) + ";")
+            self.emit(depth + 1, "reserved " + ", ".join(quote(n) for n in e.reserved_name) + ";")
         self.emit(depth, "}")
 
     def _map_entries(self, m: descriptor_pb2.DescriptorProto) -> dict[str, descriptor_pb2.DescriptorProto]:
@@ -253,13 +278,13 @@ class _Renderer:
         if fld.HasField("default_value"):
             dv = fld.default_value
             if fld.type == F.TYPE_STRING:
-                dv = _quote(dv)
+                dv = quote(dv)
             elif fld.type == F.TYPE_BYTES:
                 dv = '"' + dv + '"'  # already C-escaped by protoc
             opts.append(f"default = {dv}")
         if fld.HasField("json_name") and fld.json_name != _default_json_name(fld.name):
-            opts.append(f"json_name = {_quote(fld.json_name)}")
-        opts.extend(_options(fld.options, "field"))
+            opts.append(f"json_name = {quote(fld.json_name)}")
+        opts.extend(self._opts(fld.options, "field"))
         self.emit(depth, f"{head} {fld.name} = {fld.number}" + (f" [{', '.join(opts)}]" if opts else "") + ";")
 
     def extensions(self, exts: list[F], depth: int) -> None:
@@ -274,7 +299,7 @@ class _Renderer:
 
     def message(self, m: descriptor_pb2.DescriptorProto, depth: int) -> None:
         self.emit(depth, f"message {m.name} {{")
-        for opt in _options(m.options, "message"):
+        for opt in self._opts(m.options, "message"):
             self.emit(depth + 1, f"option {opt};")
         entries = self._map_entries(m)
         for e in m.enum_type:
@@ -308,7 +333,7 @@ class _Renderer:
         if m.reserved_range:  # DescriptorProto.ReservedRange.end is exclusive
             self.emit(depth + 1, "reserved " + ", ".join(_range(r.start, r.end - 1) for r in m.reserved_range) + ";")
         if m.reserved_name:
-            self.emit(depth + 1, "reserved " + ", ".join(_quote(n) for n in m.reserved_name) + ";")
+            self.emit(depth + 1, "reserved " + ", ".join(quote(n) for n in m.reserved_name) + ";")
         self.emit(depth, "}")
 
     def _member(self, m: descriptor_pb2.DescriptorProto, k: int, depth: int,
@@ -325,7 +350,7 @@ class _Renderer:
         done_oneofs.add(idx)
         decl = m.oneof_decl[idx]
         self.emit(depth, f"oneof {decl.name} {{")
-        for opt in _options(decl.options, "oneof"):
+        for opt in self._opts(decl.options, "oneof"):
             self.emit(depth + 1, f"option {opt};")
         for member in m.field:
             if member.HasField("oneof_index") and member.oneof_index == idx:
@@ -334,17 +359,24 @@ class _Renderer:
 
     def service(self, s: descriptor_pb2.ServiceDescriptorProto) -> None:
         self.emit(0, f"service {s.name} {{")
-        for opt in _options(s.options, "service"):
+        for opt in self._opts(s.options, "service"):
             self.emit(1, f"option {opt};")
         for meth in s.method:
             cs = "stream " if meth.client_streaming else ""
             ss = "stream " if meth.server_streaming else ""
-            opts = _options(meth.options, "method")
+            opts = self._opts(meth.options, "method")
             body = " {\n" + "".join(f"    option {o};\n" for o in opts) + "  }" if opts else ";"
             self.emit(1, f"rpc {meth.name} ({cs}{meth.input_type}) returns ({ss}{meth.output_type}){body}")
         self.emit(0, "}")
 
 
-def render_proto(fdp: FDP) -> str:
-    """``.proto`` source for a descriptor. Raises :class:`SchemaError` for what it cannot render."""
-    return _Renderer(fdp).render()
+def render_proto(fdp: FDP, dependencies: Sequence[FDP] = ()) -> str:
+    """``.proto`` source for a descriptor. ``dependencies`` (the imported files, compiled,
+    in dependency order) make the custom options they define renderable. Raises
+    :class:`SchemaError` for what it cannot render."""
+    pool = None
+    if dependencies:
+        pool = descriptor_pool.DescriptorPool()
+        for dep in dependencies:
+            pool.Add(dep)
+    return _Renderer(fdp, pool).render()

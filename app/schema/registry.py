@@ -338,8 +338,8 @@ class Registry:
         if fdp is None:
             return text
         try:
-            rendered = protodesc.render_proto(fdp)
             refs = self.resolve_references(SchemaFormat.PROTOBUF, references)
+            rendered = protodesc.render_proto(fdp, self._imported_files(fdp, refs))
             compiled = self.effective(SchemaFormat.PROTOBUF, rendered, refs).proto or compile_proto(rendered)
         except SchemaError as e:
             raise InvalidSchema(f"Invalid schema: serialized protobuf descriptor {fdp.name!r}: {e}") from e
@@ -347,6 +347,17 @@ class Registry:
             raise InvalidSchema(f"Invalid schema: serialized protobuf descriptor {fdp.name!r} could not be "
                                 "converted to .proto text faithfully; register it as .proto text instead")
         return rendered
+
+    def _imported_files(self, fdp: Any, refs: tuple[Reference, ...]) -> list[Any]:
+        """The files ``fdp`` imports, compiled with their own imports (dependency order), so
+        custom options they define can be named when rendering."""
+        from app.schema import protodesc
+
+        if not fdp.dependency:
+            return []
+        stub = 'syntax = "proto3";\n' + "".join(f"import {protodesc.quote(d)};\n" for d in fdp.dependency)
+        compiled = self.effective(SchemaFormat.PROTOBUF, stub, refs).proto or compile_proto(stub)
+        return [f for f in compiled.files if f.name != compiled.main_file]
 
     def serialized_form(self, fmt: SchemaFormat, text: str, refs: tuple[Reference, ...] = ()) -> str:
         """Confluent's ``format=serialized`` for a protobuf schema: base64 of its compiled
@@ -439,6 +450,11 @@ class Registry:
     def get(self, subject: str, version: int | str = "latest", include_deleted: bool = False) -> RegisteredVersion:
         """One version of a subject; ``version`` is a number, ``"latest"`` or ``-1``, or a label (``"v2"``)."""
         self.sync()
+        if version in ("latest", -1, "-1") and include_deleted:  # Confluent ?deleted=true: soft-deleted count
+            rows = self.store.versions(subject, include_deleted=True)
+            if not rows:
+                raise SubjectNotFound(f"Subject '{subject}' not found.")
+            return self._materialize(rows[-1])
         if version in ("latest", -1, "-1"):
             cached = self._latest_cache.get(subject)
             if cached is not None:

@@ -6,8 +6,8 @@ Two surfaces over one :class:`~app.schema.registry.Registry`:
   work unchanged: ``/subjects``, ``/subjects/{s}/versions[/{v}]``, ``/schemas/ids/{id}``,
   ``/config[/{s}]``, ``/compatibility/subjects/{s}/versions[/{v}]`` — with Confluent's
   content type ``application/vnd.schemaregistry.v1+json`` and its ``{"error_code", "message"}``
-  errors (40401 subject, 40402 version, 40403 schema, 409 incompatible, 42201 invalid schema,
-  42202 invalid version, 42203 invalid compatibility level, 50001 store);
+  errors on every failure, unknown routes (404) and methods (405) included; ``/mode``;
+  protobuf in Confluent's serialized form (docs/schema-registry.md, "Confluent conformance");
 - the Prism API under ``/v1`` (RFC-030): namespaces, PII, policies, approvals, audit log,
   active consumers, plus ``/metrics`` (Prometheus text via prometheus_client, see
   :mod:`app.schema.metrics`) and a small browser UI at ``/ui``.

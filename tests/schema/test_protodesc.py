@@ -96,3 +96,21 @@ def test_unknown_custom_option_and_editions_are_refused_not_dropped() -> None:
     ed.message_type.add(name="M")
     with pytest.raises(SchemaError, match="editions"):
         render_proto(ed)
+
+
+def test_a_descriptor_whose_names_would_inject_text_is_refused() -> None:
+    """Names go into the text unquoted; a name that smuggles in syntax compiles to a different
+    descriptor (or not at all), and the registry's recompile-and-compare refuses it."""
+    from app.schema.registry import InvalidSchema, Registry
+    from app.schema.store import SqliteStore
+
+    fdp = descriptor_pb2.FileDescriptorProto(name="i.proto", package="p", syntax="proto3")
+    m = fdp.message_type.add(name="A { } message Evil")
+    m.field.add(name="x", number=1, label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL,
+                type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING)
+    reg = Registry(SqliteStore(":memory:"))
+    with pytest.raises(InvalidSchema, match=r"i\.proto"):
+        reg.text_from_serialized(base64.b64encode(fdp.SerializeToString()).decode())
+    ok = compile_proto('syntax = "proto3";\npackage p;\nmessage A { string x = 1; }\n').main
+    assert "message A {" in reg.text_from_serialized(serialize(ok))
+    reg.store.close()

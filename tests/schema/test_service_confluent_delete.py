@@ -54,6 +54,8 @@ def test_subject_soft_then_permanent_and_reregister(live_server) -> None:  # typ
         assert h.get("/subjects?deleted=true").json() == ["s-value"]
         assert h.get("/subjects?deletedOnly=true").json() == ["s-value"]
         assert h.get("/subjects/s-value/versions").json()["error_code"] == 40401
+        assert h.get("/subjects/s-value/versions/latest").json()["error_code"] == 40401
+        assert h.get("/subjects/s-value/versions/latest?deleted=true").json()["version"] == 2
 
     # Re-registering a soft-deleted schema: a new version, the same id (Confluent).
     again = SchemaRegistryClient({"url": live_server.url}).register_schema_full_response("s-value", Schema(A1, "AVRO"))

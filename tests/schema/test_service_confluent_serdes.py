@@ -7,18 +7,27 @@ bytes through the embedded broker with a real produce/consume."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
+import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pool, message_factory
 
 from app.schema.protoparse import compile_proto
+from app.schema.store import PostgresStore
+from tests.schema.conftest import PG_DSN, _pg_available, free_port
 
 MONEY = 'syntax = "proto3";\npackage common;\nmessage Money {\n  string currency = 1;\n  int64 units = 2;\n}\n'
 ORDER = '''syntax = "proto3";
@@ -86,6 +95,10 @@ def test_protobuf_serializer_auto_registers_and_deserializer_reads(live_server) 
                                {"auto.register.schemas": True, "use.deprecated.format": False})
     assert again(msg, _ctx(topic))[:5] == data[:5]
     assert fresh.get_versions(f"{topic}-value") == [1]
+    # auto.register.schemas=False: the serializer looks the serialized form up (POST /subjects/{s}).
+    lookup_only = ProtobufSerializer(order_cls, SchemaRegistryClient({"url": live_server.url}),
+                                     {"auto.register.schemas": False, "use.deprecated.format": False})
+    assert lookup_only(msg, _ctx(topic))[:5] == data[:5]
 
     # The same schema registered as text is the same id (one canonical form either way).
     with httpx.Client(base_url=live_server.url) as h:
@@ -166,3 +179,129 @@ def test_protobuf_through_the_embedded_broker(live_server, broker) -> None:  # t
         consumer.close()
     # the auto-created topic may have several partitions: order is per partition only
     assert sorted(got, key=lambda m: m.order_id) == sent
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def serve_process(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """``prism schema serve`` as operators run it (its own process, uvloop/httptools), on a
+    SQLite file or a fresh PostgreSQL schema; yields its URL. PostgreSQL: skipped locally
+    when absent, a failure under CI=true (tests/schema/conftest.py)."""
+    pg_schema = None
+    if request.param == "sqlite":
+        store_url = f"sqlite:///{tmp_path / 'reg.db'}"
+    else:
+        problem = _pg_available()
+        if problem:
+            if os.environ.get("CI", "").lower() == "true":
+                pytest.fail(f"PostgreSQL required under CI=true but unavailable at {PG_DSN}: {problem}")
+            pytest.skip(f"PostgreSQL unavailable: {problem}")
+        pg_schema = f"prism_reg_test_{uuid.uuid4().hex[:10]}"
+        store_url = f"{PG_DSN}?schema={pg_schema}"
+    port = free_port()
+    log = (tmp_path / "serve.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "schema", "serve", "--port", str(port),
+                             "--store", store_url], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(f"{url}/subjects", timeout=1)
+                break
+            except httpx.TransportError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError("prism schema serve did not start: "
+                                         + (tmp_path / "serve.log").read_text()) from None
+                time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()
+        if pg_schema:
+            store = PostgresStore(PG_DSN, pg_schema=pg_schema)
+            store.drop()
+            store.close()
+
+
+def test_serializers_against_a_prism_schema_serve_process(serve_process: str) -> None:
+    order_cls = _order_class()
+    topic = f"orders-{uuid.uuid4().hex[:8]}"
+    msg = order_cls(order_id="o-9", iban="DE9", status=1)
+    msg.quantities["a"] = 1
+    data = ProtobufSerializer(order_cls, SchemaRegistryClient({"url": serve_process}),
+                              {"auto.register.schemas": True, "use.deprecated.format": False})(msg, _ctx(topic))
+    back = ProtobufDeserializer(order_cls, {"use.deprecated.format": False},
+                                SchemaRegistryClient({"url": serve_process}))(data, _ctx(topic))
+    assert back == msg
+    reading = {"celsius": -3.0, "unit": "C"}
+    avro = AvroSerializer(SchemaRegistryClient({"url": serve_process}), AVRO)(reading, _ctx(f"{topic}-a"))
+    assert AvroDeserializer(SchemaRegistryClient({"url": serve_process}))(avro, _ctx(f"{topic}-a")) == reading
+    click = {"url": "/b"}
+    js = JSONSerializer(JSON_SCHEMA, SchemaRegistryClient({"url": serve_process}))(click, _ctx(f"{topic}-j"))
+    assert JSONDeserializer(None, schema_registry_client=SchemaRegistryClient({"url": serve_process}))(
+        js, _ctx(f"{topic}-j")) == click
+    client = SchemaRegistryClient({"url": serve_process})
+    client.update_global_mode("READONLY")
+    with pytest.raises(SchemaRegistryError) as e:
+        AvroSerializer(client, AVRO.replace('"C"', '"F"'))(reading, _ctx(f"{topic}-ro"))
+    assert e.value.error_code == 42205
+
+
+def test_serialized_protobuf_keeps_prism_pii_tags_under_an_enforcing_policy(live_server) -> None:  # type: ignore[no-untyped-def]
+    from app.schema.protodesc import serialize
+
+    head = 'syntax = "proto3";\npackage users;\nimport "prism/annotations.proto";\n'
+    untagged = serialize(compile_proto(head + "message User {\n  string email = 1;\n}\n").main)
+    tagged = serialize(compile_proto(head + 'message User {\n  string email = 1 [(prism.pii) = "email"];\n}\n').main)
+    with httpx.Client(base_url=live_server.url) as h:
+        assert h.put("/v1/policies/__global__", json={"pii_policy": "enforce"}).status_code == 200
+        r = h.post("/subjects/users-value/versions", json={"schema": untagged, "schemaType": "PROTOBUF"})
+        assert (r.status_code, r.json()["error_code"]) == (422, 42201) and "email" in r.json()["message"]
+        r = h.post("/subjects/users-value/versions", json={"schema": tagged, "schemaType": "PROTOBUF"})
+        assert r.status_code == 200
+        stored = h.get(f"/schemas/ids/{r.json()['id']}").json()["schema"]
+        assert '(prism.pii) = "email"' in stored
+
+
+OPTS = '''syntax = "proto3";
+package acme;
+import "google/protobuf/descriptor.proto";
+message Rule { int32 min_len = 1; repeated string tags = 2; }
+enum Level { LEVEL_UNSPECIFIED = 0; LEVEL_HIGH = 1; }
+extend google.protobuf.FieldOptions {
+  string sensitivity = 51000;
+  Rule rule = 51001;
+  Level level = 51003;
+}
+extend google.protobuf.MessageOptions { int32 retention_days = 51002; }
+'''
+TICKET = '''syntax = "proto3";
+package support;
+import "acme/opts.proto";
+message Ticket {
+  option (acme.retention_days) = 30;
+  string title = 1 [(acme.sensitivity) = "high", (acme.rule) = { min_len: 3 tags: "a" tags: "b" }];
+  string body = 2 [(acme.level) = LEVEL_HIGH];
+}
+'''
+
+
+def test_custom_options_defined_by_an_import_survive_the_serialized_form(live_server) -> None:  # type: ignore[no-untyped-def]
+    compiled = compile_proto(TICKET, "support/ticket.proto", imports={"acme/opts.proto": OPTS})
+    pool = descriptor_pool.DescriptorPool()
+    for f in compiled.files:
+        pool.Add(f)
+    ticket_cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("support.Ticket"))
+    topic = f"tickets-{uuid.uuid4().hex[:8]}"
+    ser = ProtobufSerializer(ticket_cls, SchemaRegistryClient({"url": live_server.url}),
+                             {"auto.register.schemas": True, "use.deprecated.format": False})
+    msg = ticket_cls(title="printer", body="on fire")
+    data = ser(msg, _ctx(topic))
+    de = ProtobufDeserializer(ticket_cls, {"use.deprecated.format": False},
+                              SchemaRegistryClient({"url": live_server.url}))
+    assert de(data, _ctx(topic)) == msg
+    stored = SchemaRegistryClient({"url": live_server.url}).get_latest_version(f"{topic}-value").schema.schema_str
+    assert "option (acme.retention_days) = 30;" in stored
+    assert '(acme.sensitivity) = "high"' in stored and "(acme.level) = LEVEL_HIGH" in stored
+    assert "(acme.rule) = { min_len: 3" in stored
