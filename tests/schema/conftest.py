@@ -1,4 +1,5 @@
-"""Fixtures for the schema-registry tests: stores (SQLite, PostgreSQL) and a real uvicorn server."""
+"""Fixtures for the schema-registry tests: stores (SQLite, PostgreSQL), the users the registry
+authenticates (one per role), and a real uvicorn server."""
 
 from __future__ import annotations
 
@@ -9,11 +10,53 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from app.schema.registry import Registry
 from app.schema.store import PostgresStore, SqliteStore
+from app.security.http_auth import HttpAuth, auth_from_settings, basic_header, hash_password
+
+#: Test users: name -> (password, roles). Hashes use cheap Argon2 parameters (tests only).
+USERS: dict[str, tuple[str, list[str]]] = {
+    "admin": ("admin-password-1", ["admin"]),
+    "alice": ("alice-password-1", ["admin"]),
+    "bob": ("bob-password-12", ["admin"]),
+    "writer": ("writer-password-1", ["write:orders."]),
+    "reader": ("reader-password-1", ["read"]),
+}
+FAST_ARGON2 = {"time_cost": 1, "memory_cost": 1024, "parallelism": 1}
+
+
+def write_users_file(path: Path, users: dict[str, tuple[str, list[str]]] = USERS) -> Path:
+    import yaml
+
+    doc = {"users": [{"user": u, "hash": hash_password(pw, **FAST_ARGON2), "roles": roles}
+                     for u, (pw, roles) in users.items()]}
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    return path
+
+
+def creds(user: str) -> tuple[str, str]:
+    """(user, password) of a test user, as httpx's ``auth=`` takes it."""
+    return user, USERS[user][0]
+
+
+def auth_headers(user: str) -> dict[str, str]:
+    return {"Authorization": basic_header(*creds(user))}
+
+
+@pytest.fixture(scope="session")
+def users_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_users_file(tmp_path_factory.mktemp("registry-users") / "users.yaml")
+
+
+@pytest.fixture(scope="session")
+def auth(users_file: Path) -> HttpAuth:
+    """The registry's authentication for tests: the USERS above, no anonymous access."""
+    return auth_from_settings(users_file=users_file, jwt_config=None, allow_anonymous=None,
+                              realm="prism-schema-registry", where="tests")
 
 PG_DSN = os.environ.get("PRISM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -64,17 +107,22 @@ class ServerHandle:
     def __init__(self, url: str, registry: Registry) -> None:
         self.url, self.registry = url, registry
 
+    def sr_conf(self, user: str = "admin") -> dict[str, str]:
+        """confluent-kafka ``SchemaRegistryClient`` settings with ``user``'s basic credentials."""
+        name, password = creds(user)
+        return {"url": self.url, "basic.auth.user.info": f"{name}:{password}"}
+
 
 @contextlib.contextmanager
-def serve_registry(registry: Registry) -> Iterator[str]:
+def serve_registry(registry: Registry, auth: HttpAuth, **uvicorn_kw: object) -> Iterator[str]:
     """A real uvicorn server (HTTP over TCP on a free port) serving the registry app; yields its URL."""
     import uvicorn
 
     from app.schema.service import create_app
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(registry), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(create_app(registry, auth=auth), host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="off", **uvicorn_kw))  # type: ignore[arg-type]
     t = threading.Thread(target=server.run, daemon=True)
     t.start()
     deadline = time.time() + 10
@@ -83,13 +131,13 @@ def serve_registry(registry: Registry) -> Iterator[str]:
             raise RuntimeError("uvicorn did not start")
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"{'https' if uvicorn_kw.get('ssl_certfile') else 'http'}://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         t.join(timeout=10)
 
 
 @pytest.fixture
-def live_server(registry: Registry) -> Iterator[ServerHandle]:
-    with serve_registry(registry) as url:
+def live_server(registry: Registry, auth: HttpAuth) -> Iterator[ServerHandle]:
+    with serve_registry(registry, auth) as url:
         yield ServerHandle(url, registry)
