@@ -17,7 +17,7 @@ from app.envelope import encode, new_envelope
 from app.errors import ConfigError
 from app.worker.management import ManagementSettings
 from app.worker.observe import Observer
-from tests.schema.conftest import USERS, write_users_file
+from tests.support import USERS, write_users_file
 from tests.worker.conftest import dev_keys, make_topology  # noqa: F401 - fixtures (broker: tests/conftest.py)
 from tests.worker.test_observability_e2e import ObservedPipeline
 

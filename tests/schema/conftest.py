@@ -16,35 +16,8 @@ import pytest
 
 from app.schema.registry import Registry
 from app.schema.store import PostgresStore, SqliteStore
-from app.security.http_auth import HttpAuth, auth_from_settings, basic_header, hash_password
-
-#: Test users: name -> (password, roles). Hashes use cheap Argon2 parameters (tests only).
-USERS: dict[str, tuple[str, list[str]]] = {
-    "admin": ("admin-password-1", ["admin"]),
-    "alice": ("alice-password-1", ["admin"]),
-    "bob": ("bob-password-12", ["admin"]),
-    "writer": ("writer-password-1", ["write:orders."]),
-    "reader": ("reader-password-1", ["read"]),
-}
-FAST_ARGON2 = {"time_cost": 1, "memory_cost": 1024, "parallelism": 1}
-
-
-def write_users_file(path: Path, users: dict[str, tuple[str, list[str]]] = USERS) -> Path:
-    import yaml
-
-    doc = {"users": [{"user": u, "hash": hash_password(pw, **FAST_ARGON2), "roles": roles}
-                     for u, (pw, roles) in users.items()]}
-    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
-    return path
-
-
-def creds(user: str) -> tuple[str, str]:
-    """(user, password) of a test user, as httpx's ``auth=`` takes it."""
-    return user, USERS[user][0]
-
-
-def auth_headers(user: str) -> dict[str, str]:
-    return {"Authorization": basic_header(*creds(user))}
+from app.security.http_auth import HttpAuth, auth_from_settings
+from tests.support import creds, write_users_file
 
 
 @pytest.fixture(scope="session")

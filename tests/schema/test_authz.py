@@ -29,7 +29,7 @@ from app.schema.registry import Registry
 from app.schema.service import create_app
 from app.schema.store import SqliteStore
 from app.security.http_auth import BearerAuth, HttpAuth, auth_from_settings
-from tests.schema.conftest import auth_headers, creds
+from tests.support import auth_headers, creds
 
 V1 = 'syntax = "proto3";\nmessage OrderCreated { string order_id = 1; double total = 3; }\n'
 V2 = 'syntax = "proto3";\nmessage OrderCreated { string order_id = 1; double total = 3; optional double tax = 4; }\n'

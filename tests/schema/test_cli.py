@@ -9,7 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from app.schema.cli import schema_app
-from tests.schema.conftest import creds
+from tests.support import creds
 
 runner = CliRunner()
 V1 = 'syntax = "proto3";\npackage orders.v1;\nmessage OrderCreated {\n  string order_id = 1;\n  double total = 3;\n}\n'

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from app.schema.registry import Registry
 from app.schema.service import create_app
 from app.security.http_auth import HttpAuth
-from tests.schema.conftest import auth_headers
+from tests.support import auth_headers
 
 V1 = '{"type": "record", "name": "R", "fields": [{"name": "a", "type": "string"}]}'
 V2 = '{"type": "record", "name": "R", "fields": [{"name": "a", "type": "string"}, ' \

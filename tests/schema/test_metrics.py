@@ -12,7 +12,7 @@ from app.schema.metrics import CONTENT_TYPE
 from app.schema.registry import Registry
 from app.schema.service import create_app
 from app.security.http_auth import HttpAuth
-from tests.schema.conftest import auth_headers
+from tests.support import auth_headers
 
 V1 = 'syntax = "proto3";\nmessage OrderCreated { string order_id = 1; double total = 3; }\n'
 V2 = V1.replace("double total = 3;", "double total = 3; optional double tax_amount = 4;")

@@ -27,7 +27,8 @@ from app.schema.registry import Registry
 from app.schema.service import create_app
 from app.schema.store import PostgresStore, SqliteStore, SqlStore
 from app.security.http_auth import HttpAuth
-from tests.schema.conftest import PG_DSN, auth_headers, free_port, write_users_file
+from tests.schema.conftest import PG_DSN, free_port
+from tests.support import auth_headers, write_users_file
 
 
 def _record(n: int) -> str:

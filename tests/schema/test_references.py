@@ -12,7 +12,7 @@ from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegis
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from app.schema.store import SqliteStore
-from tests.schema.conftest import creds
+from tests.support import creds
 
 MONEY = 'syntax = "proto3";\npackage common;\nmessage Money {\n  string currency = 1;\n  int64 units = 2;\n}\n'
 MONEY_V2 = MONEY.replace("int64 units = 2;", "int64 units = 2;\n  optional int32 nanos = 3;")

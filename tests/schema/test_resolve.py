@@ -16,7 +16,7 @@ from app.schema.resolve import (
     deprecated_fields_used,
     resolve_schema_config,
 )
-from tests.schema.conftest import creds
+from tests.support import creds
 
 ORDER = '''syntax = "proto3";
 package orders.v1;

@@ -5,8 +5,6 @@ authentication or TLS settings."""
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
 import os
 import subprocess
 import sys
@@ -16,14 +14,11 @@ import httpx
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from app.schema.registry import Registry
 from app.security.http_auth import HttpAuth
 from tests.schema.conftest import ServerHandle, serve_registry
+from tests.support import self_signed_cert
 
 AVRO = '{"type":"record","name":"Reading","fields":[{"name":"t","type":"int"}]}'
 
@@ -51,26 +46,8 @@ def test_confluent_client_basic_auth_user_info(live_server: ServerHandle) -> Non
     assert SchemaRegistryClient(live_server.sr_conf("admin")).delete_subject("orders.readings-value") == [1]
 
 
-def _self_signed(tmp: Path) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = dt.datetime.now(dt.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    certfile, keyfile = tmp / "cert.pem", tmp / "key.pem"
-    certfile.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    keyfile.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    return certfile, keyfile
-
-
 def test_https_with_confluent_client(registry: Registry, auth: HttpAuth, tmp_path: Path) -> None:
-    certfile, keyfile = _self_signed(tmp_path)
+    certfile, keyfile = self_signed_cert(tmp_path)
     with serve_registry(registry, auth, ssl_certfile=str(certfile), ssl_keyfile=str(keyfile)) as url:
         assert url.startswith("https://")
         handle = ServerHandle(url, registry)
@@ -103,9 +80,9 @@ def test_serve_fails_fast_on_auth_and_tls_settings(tmp_path: Path, users_file: P
     assert r.returncode == 2 and "unknown role 'superuser'" in r.stderr
     r = _serve("--users-file", str(users_file), "--jwt-config", str(tmp_path / "missing.yaml"))
     assert r.returncode == 2 and "cannot read JWT settings" in r.stderr
-    certfile, _ = _self_signed(tmp_path)
+    certfile, _ = self_signed_cert(tmp_path)
     (tmp_path / "other").mkdir()
-    _, other_key = _self_signed(tmp_path / "other")  # a key that is not the certificate's
+    _, other_key = self_signed_cert(tmp_path / "other")  # a key that is not the certificate's
     r = _serve("--users-file", str(users_file), "--ssl-certfile", str(certfile), "--ssl-keyfile", str(other_key))
     assert r.returncode == 2 and "cannot load TLS certificate" in r.stderr
     r = _serve("--users-file", str(users_file), "--ssl-certfile", str(certfile))

@@ -8,7 +8,7 @@ import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from tests.schema.conftest import creds
+from tests.support import creds
 
 V1 = 'syntax = "proto3";\npackage orders.v1;\nmessage OrderCreated {\n  string order_id = 1;\n  double total = 3;\n}\n'
 V2 = V1.replace("double total = 3;", "double total = 3;\n  optional double tax_amount = 4;")

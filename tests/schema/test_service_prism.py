@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from app.schema.registry import Registry
 from app.schema.service import create_app
 from app.security.http_auth import HttpAuth
-from tests.schema.conftest import auth_headers
+from tests.support import auth_headers
 
 PII_UNTAGGED = ('syntax = "proto3";\nmessage UserProfileUpdated {\n  string user_id = 1;\n  string email = 2;\n'
                 '  string phone = 3;\n}\n')

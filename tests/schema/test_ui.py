@@ -8,7 +8,7 @@ import shutil
 import httpx
 import pytest
 
-from tests.schema.conftest import auth_headers
+from tests.support import auth_headers
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"

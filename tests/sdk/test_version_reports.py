@@ -21,7 +21,8 @@ from app.schema.resolve import resolve_schema_config
 from app.schema.store import SqliteStore
 from app.sdk import PrismClient
 from app.sdk.usage import subject_version
-from tests.schema.conftest import USERS, auth_headers, free_port, serve_registry, write_users_file
+from tests.schema.conftest import free_port, serve_registry
+from tests.support import USERS, auth_headers, write_users_file
 
 V1 = json.dumps({"title": "Order", "type": "object", "properties": {"order_id": {"type": "string"}}})
 V2 = json.dumps({"title": "Order", "type": "object",

@@ -28,8 +28,7 @@ from app.security.http_auth import basic_header
 from app.worker.faust_app import make_app
 from app.worker.management import ADMIN, OPEN, READ, RULES, ManagementSettings, register_views, rule_for
 from app.worker.observe import Observer
-from tests.schema.conftest import USERS, creds, write_users_file
-from tests.schema.test_service_auth import _self_signed
+from tests.support import USERS, creds, self_signed_cert, write_users_file
 
 CLIENTS = ("anonymous", "reader", "admin")
 
@@ -160,7 +159,7 @@ async def test_bearer_jwt_on_the_worker(tmp_path: Path) -> None:
 
 
 async def test_https_management_api(tmp_path: Path, users_file: Path) -> None:
-    certfile, keyfile = _self_signed(tmp_path)
+    certfile, keyfile = self_signed_cert(tmp_path)
     settings = settings_of({"PRISM_ADMIN_USERS_FILE": str(users_file), "PRISM_WEB_SSL_CERTFILE": str(certfile),
                             "PRISM_WEB_SSL_KEYFILE": str(keyfile)})
     trust = ssl.create_default_context(cafile=str(certfile))

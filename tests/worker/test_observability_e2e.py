@@ -32,7 +32,7 @@ from app.worker.faust_app import InProcessWorker
 from app.worker.management import ManagementSettings
 from app.worker.observe import Observer
 from app.worker.pipeline import PipelineApp
-from tests.schema.conftest import auth_headers, write_users_file
+from tests.support import auth_headers, write_users_file
 from tests.worker import independent
 from tests.worker.conftest import make_topology
 
