@@ -147,6 +147,7 @@ RULES: tuple[Rule, ...] = (
 DEFAULT_RULE = Rule("*", "*", ADMIN)
 
 _COMPILED = [(r.method, r.regex(), r) for r in RULES]
+_REGEX = {id(r): rx for _, rx, r in _COMPILED}
 
 
 def rule_for(method: str, path: str) -> Rule:
@@ -203,7 +204,7 @@ class RegistryAuthMiddleware:
         scope.setdefault("state", {})["principal"] = principal
         need, subject = rule.need, None
         if need == WRITE and rule.body_subject is None:
-            m = rule.regex().fullmatch(scope["path"])
+            m = _REGEX[id(rule)].fullmatch(scope["path"])
             subject = m.group("subject") if m else None
         if need == WRITE and rule.body_subject is not None:
             if not principal.can_write_some():
