@@ -191,3 +191,19 @@ def test_observer_from_env_carries_the_settings(users_file: Path) -> None:
     o = obs({"PRISM_ADMIN_USERS_FILE": str(users_file)})
     assert o.management.auth.users.keys() == USERS.keys() and o.management.auth.anonymous_roles == {"read"}
     assert Observer().management.auth.accepts_credentials is False
+
+
+def test_prism_run_stops_on_bad_management_settings_before_any_broker(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    topology = Path(__file__).resolve().parents[2] / "topologies" / "orders-created.yaml"
+    env = {**os.environ, "PRISM_ADMIN_USERS_FILE": str(tmp_path / "missing.yaml")}
+    env.pop("PRISM_BROKER_URL", None)
+    r = subprocess.run([sys.executable, "-m", "app.cli.main", "run", "--topology", str(topology), "--no-dev-keys",
+                        "--data-dir", str(tmp_path / "data")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "cannot read users file" in r.stdout + r.stderr and "missing.yaml" in r.stdout + r.stderr
+    assert "embedded broker on" not in r.stdout  # nothing was started
