@@ -192,6 +192,56 @@ class PolicyError(SecurityError):
     code = "policy_violation"
 
 
+# What a producer may claim (docs/topologies.md "What a producer may claim"). One reason per
+# way a claim can be out of bounds, so the DLQ says which binding was broken.
+
+
+class ProducerBindingError(SecurityError):
+    """An envelope claims a topic or namespace that its source, its authenticated principal or
+    its signing key may not claim."""
+
+    code = "producer_binding"
+
+
+class TopicMismatchError(ProducerBindingError):
+    """The envelope's topic is neither the source topic it was read from nor one of that
+    source's `topic_aliases`: a message replayed from another topic."""
+
+    code = "topic_mismatch"
+
+
+class PrincipalNotAllowedError(ProducerBindingError):
+    """The topology declares `producers:` and no entry names this principal (or, for a message
+    without a verified token, no entry allows anonymous producers)."""
+
+    code = "principal_not_allowed"
+
+
+class NamespaceNotAllowedError(ProducerBindingError):
+    """The principal is declared, but for other namespaces than the one the envelope claims."""
+
+    code = "namespace_not_allowed"
+
+
+class TopicNotAllowedError(ProducerBindingError):
+    """The principal may claim the namespace, but not on the source topic the message came from."""
+
+    code = "topic_not_allowed"
+
+
+class KeyNamespaceError(ProducerBindingError):
+    """The signing key is scoped (keyring `namespaces`, or the topology's `producers:` key_ids)
+    to other namespaces than the one the envelope claims."""
+
+    code = "key_not_allowed_for_namespace"
+
+
+class KeyTopicError(ProducerBindingError):
+    """The signing key may sign the namespace, but not for the source topic the message came from."""
+
+    code = "key_not_allowed_for_topic"
+
+
 # --------------------------------------------------------------------------- config & runtime
 
 

@@ -12,6 +12,7 @@ Stage names map one-to-one onto modules in `app/agents/` (`authenticate` ->
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -28,8 +29,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+TopicName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$")]
+
+
 class Source(_Strict):
-    topic: Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$")]
+    """A topic the pipeline reads.
+
+    An envelope read here must claim this topic (`metadata.topic`), or one of `topic_aliases`:
+    otherwise it is a message replayed from another topic and goes to the DLQ as
+    `topic_mismatch` (checked by the normalize stage, always, with or without `producers:`).
+    """
+
+    topic: TopicName
+    topic_aliases: list[TopicName] = []  # other envelope topics accepted here (e.g. an old name during a rename)
     format: InputFormat = "auto"
     partitions: Annotated[int, Field(ge=1, le=1024)] = 4
     namespace: str | None = None  # overrides the topology default for legacy inputs
@@ -167,6 +179,96 @@ class Archive(_Strict):
     partitions: Annotated[int, Field(ge=1, le=1024)] = 4
 
 
+# --------------------------------------------------------------------------- producers
+# Who may claim what (docs/topologies.md "What a producer may claim"). Checked per message by
+# app/security/producers.py: principals in the authenticate stage, key ids in verify_signature.
+
+_PRINCIPAL = re.compile(r"^[!-~]+$")  # printable ASCII, no spaces: what a JWT `sub` looks like in practice
+_NAME = re.compile(r"^[A-Za-z0-9._:/@+-]+$")
+
+
+def _no_repeats(values: list[str], what: str) -> None:
+    dupes = sorted({v for v in values if values.count(v) > 1})
+    if dupes:
+        raise ValueError(f"{what} lists {dupes} more than once")
+
+
+class ProducerSpec(_Strict):
+    """One `producers:` entry: these principals (JWT publisher ids, `*` globs) and/or these
+    signing key ids may claim these namespaces on these source topics.
+
+    Lists are either omitted or non-empty: an empty list would be an entry that allows nothing,
+    which is always a mistake in a security rule. `topics` omitted means every source topic.
+    """
+
+    name: Annotated[str, Field(min_length=1, max_length=100)] | None = None  # a label for errors and docs
+    principals: list[str] | None = None
+    anonymous: bool = False          # messages without a verified token (authenticate policy optional/off)
+    key_ids: list[str] | None = None
+    namespaces: list[str]
+    topics: list[TopicName] | None = None
+
+    @field_validator("principals")
+    @classmethod
+    def _principals(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("is an empty list; name at least one principal or omit the key")
+        for p in v:
+            if not p or len(p) > 256 or not _PRINCIPAL.match(p):
+                raise ValueError(f"{p[:64]!r} is not a principal pattern: printable characters without spaces, "
+                                 "1-256 long (e.g. svc-orders or svc-orders-*)")
+            if "?" in p or "[" in p or "]" in p:
+                raise ValueError(f"{p!r}: only `*` is a wildcard in principal patterns (`?` and `[...]` are not)")
+            if "**" in p:
+                raise ValueError(f"{p!r}: write one `*`, not `**` (`*` already matches any run of characters)")
+        _no_repeats(v, "principals")
+        return v
+
+    @field_validator("key_ids")
+    @classmethod
+    def _key_ids(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("is an empty list; name at least one signing key id or omit the key")
+        for k in v:
+            if not k or len(k) > 256 or not _PRINCIPAL.match(k) or "*" in k:
+                raise ValueError(f"{k[:64]!r} is not a key id: the exact `id` of a keyring key (no wildcards, "
+                                 "no spaces)")
+        _no_repeats(v, "key_ids")
+        return v
+
+    @field_validator("namespaces")
+    @classmethod
+    def _namespaces(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("is an empty list; an entry must allow at least one namespace")
+        for n in v:
+            if not n or len(n) > 249 or not _NAME.match(n):
+                raise ValueError(f"{n[:64]!r} is not a namespace name: letters, digits and . _ : / @ + - "
+                                 "(exact names; no wildcards)")
+        _no_repeats(v, "namespaces")
+        return v
+
+    @field_validator("topics")
+    @classmethod
+    def _topics(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("is an empty list; name source topics or omit the key (every source)")
+        _no_repeats(v, "topics")
+        return v
+
+    @model_validator(mode="after")
+    def _someone(self) -> ProducerSpec:
+        if self.principals is None and self.key_ids is None and not self.anonymous:
+            raise ValueError("an entry must say who it is for: principals, key_ids, or anonymous: true")
+        return self
+
+
 # --------------------------------------------------------------------------- sinks
 # Kafka Connect-style sink connectors (app/sinks/, docs/sinks.md). One model per backend,
 # discriminated by `type`, so a key that belongs to another backend is an error at load time.
@@ -253,6 +355,64 @@ class Topology(_Strict):
     archive: Archive = Archive()
     base_dir: Path = Path(".")
     sinks: Annotated[list[SinkSpec], AfterValidator(_unique_sink_names)] = []
+    #: who may claim which namespaces on which source topics; None: only the source-topic binding
+    producers: list[ProducerSpec] | None = None
+
+    @model_validator(mode="after")
+    def _check_sources(self) -> Topology:
+        topics = [s.topic for s in self.sources]
+        dupes = sorted({t for t in topics if topics.count(t) > 1})
+        if dupes:
+            raise ValueError(f"sources: topic(s) {dupes} listed twice; each source topic once")
+        for i, src in enumerate(self.sources):
+            if src.topic in src.topic_aliases:
+                raise ValueError(f"sources[{i}].topic_aliases: {src.topic!r} is the source topic itself; list only "
+                                 "other names")
+            repeated = sorted({a for a in src.topic_aliases if src.topic_aliases.count(a) > 1})
+            if repeated:
+                raise ValueError(f"sources[{i}].topic_aliases: {repeated} listed twice; list each name once")
+            stolen = sorted(set(src.topic_aliases) & set(topics))
+            if stolen:
+                raise ValueError(
+                    f"sources[{i}].topic_aliases: {stolen} are other sources of this topology; an alias would "
+                    f"let envelopes of that source be replayed onto {src.topic!r} - remove the alias")
+        return self
+
+    @model_validator(mode="after")
+    def _check_producers(self) -> Topology:
+        if self.producers is None:
+            return self
+        if not self.producers:
+            raise ValueError("producers: is an empty list, which would reject every message; declare at least "
+                             "one entry, or remove `producers:` to keep only the source-topic binding")
+        stages = {s.name for s in self.stages}
+        sources = {s.topic for s in self.sources}
+        problems: list[str] = []
+        if "authenticate" not in stages:
+            problems.append("producers: needs the authenticate stage, where a message's principal is known and "
+                            "checked - add `- authenticate: {jwks: ..., policy: optional}` (anonymous producers "
+                            "then need an entry with anonymous: true)")
+        auth, vs = self.stage("authenticate"), self.stage("verify_signature")
+        for i, p in enumerate(self.producers):
+            if p.key_ids is not None and vs is None:
+                problems.append(f"producers[{i}].key_ids: needs the verify_signature stage, which is where a key "
+                                "id is verified and checked - add it, or remove key_ids")
+            elif p.key_ids is not None and vs.policy == "off":
+                problems.append(f"producers[{i}].key_ids: verify_signature.policy is off, so no key is ever "
+                                "verified and this binding would never be enforced - set the policy to optional "
+                                "or required, or remove key_ids")
+            if p.principals is not None and auth is not None and auth.policy == "off":
+                problems.append(f"producers[{i}].principals: authenticate.policy is off, so no token is verified "
+                                "and every message is anonymous - set the policy to optional or required, or "
+                                "use anonymous: true")
+            unknown = sorted(set(p.topics or ()) - sources)
+            if unknown:
+                problems.append(f"producers[{i}].topics: {unknown} are not source topics of this topology "
+                                f"(sources: {sorted(sources)}); the check compares the topic a message was read "
+                                "from")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @model_validator(mode="after")
     def _check_order(self) -> Topology:
@@ -277,6 +437,10 @@ class Topology(_Strict):
     def resolve(self, path: str) -> Path:
         p = Path(path)
         return p if p.is_absolute() else (self.base_dir / p)
+
+    def accepted_topics(self) -> dict[str, frozenset[str]]:
+        """Source topic -> the envelope topics a message read from it may claim (itself + aliases)."""
+        return {s.topic: frozenset([s.topic, *s.topic_aliases]) for s in self.sources}
 
     def topics(self) -> dict[str, int]:
         """Every topic this topology reads or writes, with its partition count."""

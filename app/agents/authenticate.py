@@ -4,6 +4,10 @@ Tokens are stripped whatever the policy (even `off`): memo-031 Recommendation 5 
 token never reaches backend storage. Verified tokens are cached by their SHA-256 until
 `min(exp, now + 60 s)`: producers reuse one token for thousands of messages, and an RS256
 or EdDSA verification costs tens of microseconds. A JWKS reload clears the cache.
+
+With a `producers:` section in the topology, this is also where the principal is bound: the
+verified publisher id (or "anonymous" when no token was verified) must be declared for the
+namespace the envelope claims on the source topic it was read from (app/security/producers.py).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections import OrderedDict
 from app.agents.base import Message, Stage
 from app.errors import AuthError
 from app.security.jwt_auth import Authenticator, Identity, JwtConfig, apply_identity, strip_token
+from app.security.producers import ProducerBindings
 from app.topology import AuthenticateStage
 
 CACHE_SECONDS = 60.0
@@ -24,8 +29,10 @@ CACHE_SIZE = 10_000
 class Authenticate(Stage):
     name = "authenticate"
 
-    def __init__(self, settings: AuthenticateStage, *, jwks_path: str) -> None:
+    def __init__(self, settings: AuthenticateStage, *, jwks_path: str, producers: ProducerBindings | None = None) -> None:
         self.policy = settings.policy
+        #: the topology's `producers:` rules; None: a verified principal may claim any namespace
+        self.producers = producers
         issuers = settings.issuer if isinstance(settings.issuer, list) else ([settings.issuer] if settings.issuer else [])
         self.config = JwtConfig(
             jwks_path=jwks_path, issuers=tuple(issuers),
@@ -56,6 +63,13 @@ class Authenticate(Stage):
         return identity
 
     def process(self, msg: Message) -> None:
+        principal = self._authenticate(msg)
+        if self.producers is not None:
+            self.producers.check_principal(principal, msg.env.namespace, msg.topic)
+
+    def _authenticate(self, msg: Message) -> str | None:
+        """Verify the token if any, apply its identity, strip it. Returns the verified principal;
+        a bare `return` (no token, or policy off) is None: the message is anonymous."""
         env = msg.env
         sec = env.security
         token = sec.auth_token if sec is not None else ""
@@ -68,6 +82,8 @@ class Authenticate(Stage):
                                     hint="producers must send a JWT (Authorization: Bearer header or "
                                          "security.auth_token), or set authenticate.policy to optional")
                 return
-            apply_identity(env, self._identity(token))
+            identity = self._identity(token)
+            apply_identity(env, identity)
+            return identity.publisher_id
         finally:
             strip_token(env)

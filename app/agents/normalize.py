@@ -1,9 +1,16 @@
-"""normalize: any input shape -> a Prism envelope (RFC-031 "Motivation" shapes, CloudEvents, LNMP)."""
+"""normalize: any input shape -> a Prism envelope (RFC-031 "Motivation" shapes, CloudEvents, LNMP).
+
+It is also where the envelope meets the transport, so it owns the source-topic binding: an
+envelope (or a legacy input that names a topic) read from source topic T must claim T or one
+of T's `topic_aliases`. A signed envelope copied from another topic keeps its valid signature
+but claims its original topic, and goes to the DLQ as `topic_mismatch` - before any sink or
+lake partition could file it under that topic. The check is always on; it costs one set lookup.
+"""
 
 from __future__ import annotations
 
 from app.agents.base import Message, Stage
-from app.errors import FormatError
+from app.errors import FormatError, TopicMismatchError
 from app.formats.detect import InputShape, normalize
 from app.observability.redaction import default_redactor
 from app.topology import NormalizeStage
@@ -24,10 +31,14 @@ ENVELOPE_SHAPES = _ACCEPTS["prism"]
 class Normalize(Stage):
     name = "normalize"
 
-    def __init__(self, settings: NormalizeStage, *, namespaces: dict[str, str], formats: dict[str, str]) -> None:
+    def __init__(self, settings: NormalizeStage, *, namespaces: dict[str, str], formats: dict[str, str],
+                 accepted_topics: dict[str, frozenset[str]] | None = None) -> None:
         self.settings = settings
         self.namespaces = namespaces  # source topic -> namespace for inputs that carry none
         self.formats = formats        # source topic -> declared format
+        #: source topic -> envelope topics it accepts (itself, plus `topic_aliases`)
+        self.accepted_topics = accepted_topics if accepted_topics is not None else {
+            t: frozenset([t]) for t in namespaces}
 
     def process(self, msg: Message) -> None:
         res = normalize(msg.value, msg.headers, topic=msg.topic, namespace=self.namespaces[msg.topic],
@@ -52,3 +63,11 @@ class Normalize(Stage):
             raise FormatError(f"source {msg.topic!r} is declared as {declared!r} but the message is {res.shape.value}",
                               path="sources[].format",
                               hint="fix the producer, or set the source's format to `auto`")
+        claimed = res.envelope.topic
+        # An empty topic is not a claim: the validate stage reports it as a missing field.
+        if claimed and claimed not in self.accepted_topics.get(msg.topic, (msg.topic,)):
+            raise TopicMismatchError(
+                f"envelope claims topic {claimed[:200]!r} but was read from source topic {msg.topic!r}",
+                path="metadata.topic",
+                hint="produce the envelope to the topic it names (a copy from another topic is a replay), "
+                     "or list that name in the source's topic_aliases")

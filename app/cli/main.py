@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
 import json
 import os
+import re
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from app.errors import PrismError
+from app.errors import ConfigError, PrismError
 
 app = typer.Typer(help="Prism: uniform, signed, validated pub/sub envelopes (RFC-031).", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -61,14 +64,37 @@ def _mount_optional() -> None:
 # --------------------------------------------------------------------------- run / demo
 
 
+_HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+
+
+def _check_web_bind(value: str) -> None:
+    """An interface address or host name, refused before anything starts (not a bind error later)."""
+    try:
+        ipaddress.ip_address(value)
+        return
+    except ValueError:
+        pass
+    if not _HOSTNAME.fullmatch(value) or value.rsplit(".", 1)[-1].isdigit():  # 300.1.1.1 is a bad address
+        raise ConfigError(f"--web-bind {value!r} is neither an IP address nor a host name", path="--web-bind",
+                          hint="use 0.0.0.0 (every interface, e.g. in a container), 127.0.0.1 or a host name")
+
+
 @app.command()
 @friendly
 def run(
     topology: Annotated[Path, typer.Option("--topology", "-t", help="topology YAML file")] = DEFAULT_TOPOLOGY,
     data_dir: Annotated[Path, typer.Option(help="RocksDB tables and broker logs")] = Path("var/data"),
     web_port: Annotated[int | None, typer.Option(help="Faust web port (metrics, health)")] = None,
+    web_bind: Annotated[str, typer.Option(
+        envvar="PRISM_WEB_BIND",
+        help="interface the web port listens on; 0.0.0.0 in a container, so the orchestrator's probes reach it")
+    ] = "127.0.0.1",
     loglevel: Annotated[str, typer.Option(help="worker log level")] = "warning",
     dev_keys: Annotated[bool, typer.Option(help="create development keys under var/dev-keys if missing")] = True,
+    processes: Annotated[int, typer.Option(
+        "--processes", "-p", min=1, max=256,
+        help="worker processes in one consumer group (like Kafka Connect's tasks.max); >1 runs a supervisor "
+             "that restarts crashed workers (docs/operations.md)")] = 1,
 ) -> None:
     """Run the pipeline worker for a topology (long-running; SIGTERM stops it cleanly).
 
@@ -77,10 +103,12 @@ def run(
     from app.broker.embedded import EmbeddedBroker, find_free_port
     from app.security.devkeys import ensure_dev_keys
     from app.topology import load_topology
-    from app.worker.faust_app import run_worker
+    from app.worker.faust_app import run_worker, use_uvloop
     from app.worker.observe import Observer
     from app.worker.pipeline import PipelineApp
 
+    use_uvloop()  # first: the Faust app built below binds the event loop that exists then
+    _check_web_bind(web_bind)
     if dev_keys:
         ensure_dev_keys(Path("var/dev-keys"))
     topo = load_topology(topology)
@@ -90,23 +118,80 @@ def run(
     # connection error.
     port = None if not settings.embedded else find_free_port()
     bootstrap = f"127.0.0.1:{port}" if settings.embedded else settings.bootstrap
-    pipeline = PipelineApp(topo, bootstrap=bootstrap, data_dir=data_dir / topo.name, embedded=settings.embedded,
-                           web_port=web_port, broker_settings=None if settings.embedded else settings,
-                           archive_location=topo.archive.path,
-                           # metrics, health and the management API on --web-port; tracing per
-                           # PRISM_TRACES_EXPORTER (none by default)
-                           observe=Observer.from_env())
+    if processes > 1:
+        from app.worker.supervisor import child_data_dir
+
+        # validation only (keys, JWKS, schema, archive settings): the children build their own
+        PipelineApp(topo, bootstrap=bootstrap, data_dir=child_data_dir(data_dir, topo.name, 0),
+                    embedded=settings.embedded, broker_settings=None if settings.embedded else settings)
+        _check_ports(web_port, processes)
+        pipeline = None
+    else:
+        pipeline = PipelineApp(topo, bootstrap=bootstrap, data_dir=data_dir / topo.name, embedded=settings.embedded,
+                               web_port=web_port, broker_settings=None if settings.embedded else settings,
+                               archive_location=topo.archive.path,
+                               # metrics, health and the management API on --web-port; tracing per
+                               # PRISM_TRACES_EXPORTER (none by default)
+                               observe=Observer.from_env(),
+                               # web_host names this worker in `status` (worker_id): the pod's hostname
+                               # when listening on every interface
+                               web_bind=web_bind, web_host=socket.gethostname() if web_bind in ("0.0.0.0", "::")
+                               else web_bind)
     broker = None
     if settings.embedded:
         broker = EmbeddedBroker(port=port, log_dir=data_dir / "broker").start()
         console.print(f"embedded broker on {bootstrap} (set PRISM_BROKER_URL to use a Kafka cluster)")
     try:
         asyncio.run(ensure_topics(bootstrap, topo.topics(), settings=None if broker else settings))
+        if pipeline is None:
+            code = _supervise(topology, topo, processes=processes, bootstrap=bootstrap, embedded=settings.embedded,
+                              data_dir=data_dir, web_port=web_port, loglevel=loglevel)
+            raise typer.Exit(code)
         console.print(f"worker for topology [bold]{topo.name}[/] reading {[s.topic for s in topo.sources]}")
         run_worker(pipeline.app, loglevel=loglevel)
     finally:
         if broker is not None:
             broker.stop()
+
+
+def _check_ports(web_port: int | None, processes: int) -> None:
+    """The supervisor's port and its children's (web_port + 1 + i) must be free now."""
+    import socket
+
+    from app.errors import ConfigError
+
+    if web_port is None:
+        return
+    if web_port + processes > 65535:
+        raise ConfigError(f"--web-port {web_port} leaves no room for {processes} worker ports above it",
+                          path="--web-port", hint="the children use web-port+1 .. web-port+N; pick a lower port")
+    for p in range(web_port, web_port + processes + 1):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p))
+            except OSError:
+                raise ConfigError(f"port {p} is in use", path="--web-port",
+                                  hint=f"the supervisor uses {web_port} and its workers {web_port + 1}.."
+                                       f"{web_port + processes}; pick another --web-port") from None
+
+
+def _supervise(topology_file: Path, topo: Any, *, processes: int, bootstrap: str, embedded: bool, data_dir: Path,
+               web_port: int | None, loglevel: str) -> int:
+    from app.worker.supervisor import Supervisor, supervise
+
+    env = {"PRISM_TOPOLOGY": str(topology_file.resolve()), "PRISM_BOOTSTRAP": bootstrap,
+           "PRISM_APP_ID": f"prism-{topo.name}", "PRISM_EMBEDDED": "1" if embedded else "0",
+           "PRISM_ARCHIVE": str(Path(topo.archive.path).resolve()) if topo.archive.enabled else ""}
+    most = max(s.partitions for s in topo.sources)
+    if processes > most:
+        console.print(f"[yellow]warning[/] {processes} processes for at most {most} partitions per source topic: "
+                      f"{processes - most} will hold no source partition (standbys for a rebalance)")
+    sup = Supervisor(processes=processes, topology_name=topo.name, data_dir=data_dir, env=env, web_port=web_port,
+                     loglevel=loglevel)
+    console.print(f"supervisor (pid {os.getpid()}) starting {processes} workers for topology [bold]{topo.name}[/]"
+                  + (f"; status on http://127.0.0.1:{web_port}/workers" if web_port else "")
+                  + f"; state in {sup.status_file}")
+    return asyncio.run(supervise(sup, web_port=web_port))
 
 
 @app.command()
@@ -280,13 +365,26 @@ def dlq_replay(
     console.print(f"{'would replay' if dry_run else 'replayed'} {n} record(s)")
 
 
-def main() -> None:
-    _mount_optional()
-    from app.cli.migrate import register
-    from app.cli.ops import register as register_ops
+_built = False
 
-    register(envelope_app)  # prism envelope migrate | check-compat
-    register_ops(app, dlq_app)  # prism status, prism dlq list | show
+
+def build_app() -> typer.Typer:
+    """The whole `prism` command tree, sub-apps mounted once. `main` runs it; tests parse
+    deployment manifests' command lines with it (tests/deploy), so those can't drift."""
+    global _built
+    if not _built:
+        _mount_optional()
+        from app.cli.migrate import register
+        from app.cli.ops import register as register_ops
+
+        register(envelope_app)  # prism envelope migrate | check-compat
+        register_ops(app, dlq_app)  # prism status, prism dlq list | show
+        _built = True
+    return app
+
+
+def main() -> None:
+    build_app()
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
     app()
 

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -69,10 +70,38 @@ def metric_totals(text: str) -> dict[str, float]:
     return out
 
 
+def _supervisor_doc(url: str, headers: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """The supervisor's `/workers` document when `url` is a `prism run --processes N` supervisor."""
+    try:
+        doc = _get(url + "/workers", headers=headers)
+    except PrismError:
+        return None  # a single worker (Faust answers 404) - or nothing there, reported by the caller
+    return doc if isinstance(doc, dict) and doc.get("kind") == "supervisor" else None
+
+
 def collect_status(url: str, interval: float = 1.0, headers: dict[str, str] | None = None) -> dict[str, Any]:
     """Everything `prism status` prints: per topology its info, status, DLQ depth; rates from
-    two /metrics scrapes `interval` seconds apart. `headers` carry the credentials."""
+    two /metrics scrapes `interval` seconds apart. `headers` carry the credentials.
+
+    For a supervisor (`prism run --processes N --web-port P`): its children (state, restarts,
+    last exit) and then the same for every child that is up."""
     url = url.rstrip("/")
+    sup = _supervisor_doc(url, headers)
+    if sup is not None:
+        workers = []
+        for child in sup["children"]:
+            entry: dict[str, Any] = {"index": child["index"], "url": child.get("web_url")}
+            if child.get("web_url") and child.get("state") == "ready":
+                try:
+                    entry["status"] = collect_status(child["web_url"], interval, headers)
+                except PrismError as exc:
+                    entry["error"] = str(exc)
+            workers.append(entry)
+        return {"url": url, "supervisor": sup, "workers": workers}
+    return _collect_worker(url, interval, headers)
+
+
+def _collect_worker(url: str, interval: float, headers: dict[str, str] | None) -> dict[str, Any]:
     before = metric_totals(_get(url + "/metrics"))
     t0 = time.monotonic()
     out: dict[str, Any] = {"url": url, "topologies": []}
@@ -93,6 +122,9 @@ def collect_status(url: str, interval: float = 1.0, headers: dict[str, str] | No
 
 
 def print_status(doc: dict[str, Any], con: Console) -> None:
+    if "supervisor" in doc:
+        _print_supervisor(doc, con)
+        return
     rates, totals = doc["rates_per_s"], doc["totals"]
     for t in doc["topologies"]:
         st, info, dlq = t["status"], t["info"], t["dlq"]
@@ -125,6 +157,26 @@ def print_status(doc: dict[str, Any], con: Console) -> None:
     for k in ("in", "emitted", "dlq", "duplicates", "expired"):
         rt.add_row(k, f"{totals[k]:.0f}", f"{rates[k]:.1f}")
     con.print(rt)
+
+
+def _print_supervisor(doc: dict[str, Any], con: Console) -> None:
+    sup = doc["supervisor"]
+    con.print(f"[bold]supervisor[/] pid {sup['pid']}  topology {sup['topology']}  {sup['processes']} processes  "
+              f"{'[green]ready[/]' if sup['ready'] else '[red]not ready[/]'}  restarts {sup['restarts']}")
+    table = Table(title="worker processes")
+    for col in ("#", "pid", "state", "restarts", "last exit", "event loop", "web", "writer id"):
+        table.add_column(col)
+    for c in sup["children"]:
+        table.add_row(str(c["index"]), str(c["pid"] or "-"), c["state"], str(c["restarts"]),
+                      "-" if c["last_exit"] is None else str(c["last_exit"]), str(c.get("event_loop") or "-"),
+                      str(c.get("web_url") or "-"), c["writer_id"])
+    con.print(table)
+    for w in doc["workers"]:
+        if "status" in w:
+            con.print(f"\n[bold]worker {w['index']}[/] ({w['url']})")
+            print_status(w["status"], con)
+        elif "error" in w:
+            con.print(f"\n[bold]worker {w['index']}[/]: [red]{escape(w['error'])}[/]")
 
 
 # --------------------------------------------------------------------------- dlq list / show

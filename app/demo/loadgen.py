@@ -4,7 +4,8 @@ The mix mirrors what producers send today (RFC-031 "Motivation"): Prism envelope
 layouts (signed with the producer key, with a JWT), Kafka-header metadata, NATS-style
 headers, Redis JSON, CloudEvents in both Kafka modes, LNMP text and binary, raw bytes - and
 deliberately bad ones: truncated bytes, forged signatures, expired tokens, classified data
-sent unencrypted, timestamps from the future, expired TTLs and re-sent duplicates. The
+sent unencrypted, timestamps from the future, expired TTLs, re-sent duplicates, a valid token
+claiming another namespace and a signed envelope replayed from another topic. The
 summary compares what the worker did with these expectations, message by message kind.
 """
 
@@ -51,6 +52,8 @@ MIX: dict[str, tuple[int, str]] = {
     "restricted-unencrypted": (3, "dlq:policy_violation"),
     "future-timestamp": (3, "dlq:invalid_envelope"),
     "missing-fields": (3, "dlq:invalid_envelope"),
+    "namespace-impersonation": (2, "dlq:namespace_not_allowed"),
+    "cross-topic-replay": (2, "dlq:topic_mismatch"),
 }
 
 
@@ -169,6 +172,19 @@ class LoadGenerator:
 
     def _future_timestamp(self):
         return encode(self._env(published_at_ms=int(time.time() * 1000) + 86_400_000)), []
+
+    def _namespace_impersonation(self):
+        # A valid token for the order service, claiming another team's namespace: the
+        # topology's `producers:` allows svc-orders only order-events.
+        env = new_envelope(self.topic, self.order(), namespace="billing")
+        env.ensure_security().auth_token = self.token
+        return sign(env, self.producer_key, Layout.REVIEWED), []
+
+    def _cross_topic_replay(self):
+        # A genuine, signed, authenticated envelope of another topic, copied onto this one.
+        env = new_envelope("payments.captured", self.order(), namespace=self.namespace)
+        env.ensure_security().auth_token = self.token
+        return sign(env, self.producer_key, Layout.REVIEWED), []
 
     def _missing_fields(self):
         env = self._env()

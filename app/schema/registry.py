@@ -89,6 +89,30 @@ class PiiPolicyViolation(RegistryError):
     status, code = 422, 42201
 
 
+class SubjectSoftDeleted(RegistryError):
+    """Confluent 40404: soft delete of a subject whose versions are all soft-deleted already."""
+
+    status, code = 404, 40404
+
+
+class SubjectNotSoftDeleted(RegistryError):
+    """Confluent 40405: permanent delete of a subject that still has live versions."""
+
+    status, code = 404, 40405
+
+
+class VersionSoftDeleted(RegistryError):
+    """Confluent 40406: soft delete of a version that is soft-deleted already."""
+
+    status, code = 404, 40406
+
+
+class VersionNotSoftDeleted(RegistryError):
+    """Confluent 40407: permanent delete of a version that was not soft-deleted first."""
+
+    status, code = 404, 40407
+
+
 class DeleteRefused(RegistryError):
     status, code = 422, 42206
 
@@ -100,6 +124,26 @@ class ReferenceExists(DeleteRefused):
 
 class ApprovalNotFound(RegistryError):
     status, code = 404, 40404
+
+
+class SubjectModeNotFound(RegistryError):
+    status, code = 404, 40409
+
+
+class InvalidMode(RegistryError):
+    status, code = 422, 42204
+
+
+class OperationNotPermitted(RegistryError):
+    """Confluent's 42205: the subject's mode forbids the write (READONLY, IMPORT...)."""
+
+    status, code = 422, 42205
+
+
+#: Confluent's modes. READONLY_OVERRIDE set globally makes every subject read-only whatever
+#: its own mode; set on a subject it acts as READONLY.
+MODES = ("READWRITE", "READONLY", "READONLY_OVERRIDE", "IMPORT")
+READ_ONLY_MODES = frozenset({"READONLY", "READONLY_OVERRIDE"})
 
 
 @dataclass(frozen=True)
@@ -280,6 +324,44 @@ class Registry:
             self._refs_cache[schema_id] = refs
         return refs
 
+    # -- Confluent's serialized protobuf form ----------------------------------------------------
+    def text_from_serialized(self, text: str, references: Any = ()) -> str:
+        """``text`` as ``.proto`` source when it is Confluent's serialized form (base64 of a
+        ``FileDescriptorProto``, what Confluent's protobuf serializers register), else unchanged.
+
+        The rendered text is compiled (against the request's references) and must give the
+        descriptor the client sent; otherwise :class:`InvalidSchema`, rather than storing a
+        schema other than the one the producer writes with."""
+        from app.schema import protodesc
+
+        fdp = protodesc.parse_serialized(text)
+        if fdp is None:
+            return text
+        try:
+            rendered = protodesc.render_proto(fdp)
+            refs = self.resolve_references(SchemaFormat.PROTOBUF, references)
+            compiled = self.effective(SchemaFormat.PROTOBUF, rendered, refs).proto or compile_proto(rendered)
+        except SchemaError as e:
+            raise InvalidSchema(f"Invalid schema: serialized protobuf descriptor {fdp.name!r}: {e}") from e
+        if not protodesc.same_schema(fdp, compiled.main):
+            raise InvalidSchema(f"Invalid schema: serialized protobuf descriptor {fdp.name!r} could not be "
+                                "converted to .proto text faithfully; register it as .proto text instead")
+        return rendered
+
+    def serialized_form(self, fmt: SchemaFormat, text: str, refs: tuple[Reference, ...] = ()) -> str:
+        """Confluent's ``format=serialized`` for a protobuf schema: base64 of its compiled
+        ``FileDescriptorProto`` (imports named as the references name them). Other formats
+        have no serialized form and are returned as they are."""
+        if fmt is not SchemaFormat.PROTOBUF:
+            return text
+        from app.schema import protodesc
+
+        try:
+            compiled = self.effective(fmt, text, refs).proto or compile_proto(text)
+        except SchemaError as e:  # stored schemas compiled when registered; keep the store error shape
+            raise InvalidSchema(f"Invalid schema: {e}") from e
+        return protodesc.serialize(compiled.main)
+
     # -- references -------------------------------------------------------------------------
     def resolve_references(self, fmt: SchemaFormat, raw: Any) -> tuple[Reference, ...]:
         """Validate a request's references: each must name a live version of a subject, in
@@ -404,14 +486,16 @@ class Registry:
         return num
 
     def lookup(self, subject: str, text: str, fmt: SchemaFormat | str,
-               references: Any = ()) -> RegisteredVersion:
-        """The live version of ``subject`` whose canonical hash (text and references) equals this schema's."""
+               references: Any = (), include_deleted: bool = False) -> RegisteredVersion:
+        """The live version of ``subject`` whose canonical hash (text and references) equals this
+        schema's; with ``include_deleted`` (Confluent ``?deleted=true``) soft-deleted ones count
+        too, the latest matching version winning."""
         fmt = SchemaFormat.parse(fmt)
         h = self._hash(fmt, text, self.resolve_references(fmt, references))
-        rows = self.store.versions(subject)
+        rows = self.store.versions(subject, include_deleted)
         if not rows:
             raise SubjectNotFound(f"Subject '{subject}' not found.")
-        for r in rows:
+        for r in reversed(rows) if include_deleted else rows:
             if self._schema_row(r.schema_id).hash == h:
                 return self._materialize(r)
         raise SchemaNotFound("Schema not found")
@@ -474,6 +558,56 @@ class Registry:
         self.store.append_audit(actor, "policy.delete", subject, None, {"scope": subject})
         return row.compatibility
 
+    # -- modes (Confluent /mode) -------------------------------------------------------------
+    def mode(self, subject: str | None = None) -> str:
+        """Effective mode: the subject's own, else the global one, else READWRITE; a global
+        READONLY_OVERRIDE wins over any subject mode."""
+        glob = self.store.get_mode(GLOBAL_SCOPE) or "READWRITE"
+        if subject is None or glob == "READONLY_OVERRIDE":
+            return glob
+        return self.store.get_mode(subject) or glob
+
+    def subject_mode(self, subject: str) -> str | None:
+        return self.store.get_mode(subject)
+
+    def set_mode(self, mode: str, *, actor: str, subject: str | None = None, force: bool = False) -> str:
+        """Set the global (``subject`` None) or a subject's mode. IMPORT is only allowed where
+        no schema was ever registered (soft-deleted versions count) unless ``force``, as in
+        Confluent: imported ids must not collide with ids already handed out."""
+        value = (mode or "").strip().upper()
+        if value not in MODES:
+            raise InvalidMode(f"Invalid mode {mode!r}. Valid values are: {', '.join(MODES)}")
+        if value == "IMPORT" and not force:
+            taken = (self.store.versions(subject, include_deleted=True) if subject
+                     else self.store.subjects(include_deleted=True))
+            if taken:
+                where = f"subject '{subject}'" if subject else "the registry"
+                raise OperationNotPermitted(f"Cannot import since found existing subjects: {where} already has "
+                                            "schemas; delete them permanently first or pass force=true")
+        self.store.set_mode(subject or GLOBAL_SCOPE, value)
+        self.store.append_audit(actor, "mode.set", subject, None, {"mode": value, "force": force})
+        return value
+
+    def delete_mode(self, subject: str | None, *, actor: str) -> str:
+        """Remove a subject's mode (it follows the global one again) or reset the global one to
+        READWRITE; returns the mode that was set."""
+        scope = subject or GLOBAL_SCOPE
+        old = self.store.get_mode(scope)
+        if old is None:
+            if subject:
+                raise SubjectModeNotFound(f"Subject '{subject}' does not have subject-level mode configured")
+            return "READWRITE"
+        self.store.delete_mode(scope)
+        self.store.append_audit(actor, "mode.delete", subject, None, {"mode": old})
+        return old
+
+    def _check_writable(self, subject: str, what: str) -> str:
+        mode = self.mode(subject)
+        if mode in READ_ONLY_MODES:
+            raise OperationNotPermitted(f"Subject {subject} is in read-only mode ({mode}): {what} refused; "
+                                        "change it with PUT /mode or PUT /mode/{subject}")
+        return mode
+
     # -- writes -----------------------------------------------------------------------------
     def _hash(self, fmt: SchemaFormat, text: str, refs: tuple[Reference, ...] = ()) -> str:
         """Canonical hash; with references, of the schema compiled against them plus the
@@ -533,14 +667,29 @@ class Registry:
     def register(self, subject: str, text: str, fmt: SchemaFormat | str = SchemaFormat.AVRO, *,
                  actor: str = "anonymous", namespace: str | None = None, label: str | None = None,
                  metadata: dict[str, Any] | None = None, dry_run: bool = False,
-                 references: Any = ()) -> RegisterResult:
+                 references: Any = (), schema_id: int | None = None,
+                 version: int | None = None) -> RegisterResult:
         """Register a new version (or return the existing identical one). See module docstring.
 
         ``references``: Confluent ``[{name, subject, version}]``; each must exist (else
-        :class:`InvalidSchema`) and they are stored with the schema id."""
+        :class:`InvalidSchema`) and they are stored with the schema id.
+
+        Modes (Confluent): READONLY refuses; an explicit ``schema_id`` (and ``version``) needs
+        IMPORT mode, see :meth:`_import`; without one the subject must be READWRITE."""
         fmt = SchemaFormat.parse(fmt)
+        if not dry_run:
+            mode = self._check_writable(subject, "registering a schema")
+            if schema_id is not None and mode != "IMPORT":
+                raise OperationNotPermitted(f"Subject {subject} is not in import mode: a schema id can only be "
+                                            "given in IMPORT mode (PUT /mode/{subject} {\"mode\": \"IMPORT\"})")
+            if schema_id is None and mode != "READWRITE":
+                raise OperationNotPermitted(f"Subject {subject} is not in read-write mode ({mode}): in IMPORT mode "
+                                            "give the schema's id (and version)")
         h, refs = self._validated_hash(fmt, text, "register", references)
         eff = self.effective(fmt, text, refs)
+        if schema_id is not None and not dry_run:
+            return self._import(subject, text, fmt, h, refs, eff, schema_id, version, actor=actor,
+                                namespace=namespace, label=label, metadata=metadata)
         with self._write_lock:
             existing = [r for r in self.store.versions(subject) if self._schema_row(r.schema_id).hash == h]
             pol = self.policy(subject, namespace)
@@ -593,6 +742,55 @@ class Registry:
             self.metrics.registration(created=True)
             return RegisterResult(rv, True, compat, pii_findings, approval_id)
 
+    def _import(self, subject: str, text: str, fmt: SchemaFormat, h: str, refs: tuple[Reference, ...],
+                eff: Effective, schema_id: int, version: int | None, *, actor: str, namespace: str | None,
+                label: str | None, metadata: dict[str, Any] | None) -> RegisterResult:
+        """IMPORT mode: keep the id (and version) the schema had in the registry it comes
+        from. No compatibility check (history is copied as it was); the PII policy still
+        applies. Refused (42205): an id that names another schema, a schema already stored
+        under another id, a version number holding another schema."""
+        if not 1 <= schema_id <= 2**31 - 1:
+            raise InvalidSchema(f"Invalid schema id {schema_id}: ids are between 1 and 2^31-1")
+        if version is not None and not 1 <= version <= 2**31 - 1:
+            raise InvalidVersion(f"The specified version '{version}' is not a valid version id.")
+        with self._write_lock:
+            by_id = self.store.schema_by_id(schema_id)
+            if by_id is not None and by_id.hash != h:
+                raise OperationNotPermitted(f"Overwrite new schema with id {schema_id} is not permitted: id "
+                                            f"{schema_id} already names another schema")
+            by_hash = self.store.schema_by_hash(h)
+            if by_hash is not None and by_hash.id != schema_id:
+                raise OperationNotPermitted(f"Schema already registered with id {by_hash.id}; it cannot be imported "
+                                            f"again as id {schema_id}")
+            pol = self.policy(subject, namespace)
+            pii_findings = pii_mod.check_policy(fmt, eff.pii_text, pol.pii_policy, eff.imports or None)
+            blocking = [f for f in pii_findings if f.severity is Severity.BREAKING]
+            if blocking:
+                self.metrics.validation_failure("register", "pii_untagged")
+                self.metrics.pii_rejection(pol.pii_policy.value)
+                raise PiiPolicyViolation(
+                    "Schema rejected by PII policy: " + "; ".join(f.reason for f in blocking), blocking)
+            rows = self.store.versions(subject, include_deleted=True)
+            same = [r for r in rows if r.schema_id == schema_id and not r.deleted and version in (None, r.version)]
+            if same:
+                self.metrics.registration(created=False)
+                return RegisterResult(self._materialize(same[-1]), False, CompatResult(pol.compatibility), [])
+            if version is not None and any(r.version == version for r in rows):
+                raise OperationNotPermitted(f"Overwrite new schema with version {version} of subject '{subject}' is "
+                                            "not permitted: that version holds another schema")
+            if by_id is None:
+                self.store.put_schema_with_id(schema_id, h, fmt.value, text,
+                                              [(r.name, r.subject, r.version) for r in refs])
+            meta = dict(metadata or {})
+            meta.setdefault("pii_fields", pii_mod.pii_fields(fmt, eff.pii_text, eff.imports or None))
+            num = self.store.add_version(subject, schema_id, namespace or self._namespace_for(subject), actor,
+                                         label, meta, version=version)
+            self.store.append_audit(actor, "register.import", subject, num, {
+                "id": schema_id, "hash": h, "format": fmt.value, "references": [r.to_dict() for r in refs]})
+            self._invalidate(subject)
+            self.metrics.registration(created=True)
+            return RegisterResult(self.get(subject, num), True, CompatResult(pol.compatibility), pii_findings)
+
     def delete_version(self, subject: str, version: int | str, *, actor: str, permanent: bool = False,
                        force: bool = False) -> int:
         """Soft delete (hide) a version; ``permanent`` purges an already soft-deleted one.
@@ -600,10 +798,17 @@ class Registry:
         Safety: refuses to delete a version that consumers reported reading within the last
         15 minutes unless ``force``; permanent deletes require a prior soft delete (Confluent).
         """
+        self._check_writable(subject, "deleting a version")
         num = self.get(subject, version, include_deleted=True).version if version not in ("latest", -1, "-1") \
             else self.get(subject, "latest").version
         row = self.store.version(subject, num, include_deleted=True)
         assert row is not None
+        if permanent and not row.deleted:
+            raise VersionNotSoftDeleted(f"Subject '{subject}' Version {num} was not deleted first before being "
+                                        "permanently deleted: soft delete it first (without permanent=true)")
+        if not permanent and row.deleted:
+            raise VersionSoftDeleted(f"Subject '{subject}' Version {num} was soft deleted. Set permanent=true to "
+                                     "delete permanently")
         # Confluent: a version another schema references cannot be deleted (42206). A soft
         # delete is blocked by live referrers; a permanent one also by soft-deleted referrers,
         # whose ids stay readable and would then point at nothing.
@@ -612,13 +817,8 @@ class Registry:
             raise ReferenceExists(f"One or more references exist to the schema {{subject={subject}, version={num}}}: "
                                   f"schema id(s) {', '.join(map(str, referrers))}")
         if permanent:
-            if not row.deleted:
-                raise DeleteRefused(f"Subject '{subject}' Version {num} was not deleted first before being "
-                                    "permanently deleted")
             self.store.purge_version(subject, num)
         else:
-            if row.deleted:
-                raise VersionNotFound(f"Version {num} not found.")
             active = [c for c in self.active_consumers(subject) if c[1] == num]
             if active and not force:
                 raise DeleteRefused(f"Version {num} of '{subject}' has {len(active)} active consumer(s) "
@@ -630,11 +830,21 @@ class Registry:
         return num
 
     def delete_subject(self, subject: str, *, actor: str, permanent: bool = False, force: bool = False) -> list[int]:
-        rows = self.store.versions(subject, include_deleted=permanent)
+        """Confluent's subject delete: soft (every live version) or, once every version is
+        soft-deleted, ``permanent`` (40405 while live versions remain; 40404 for a soft
+        delete of a subject that has only soft-deleted versions)."""
+        self._check_writable(subject, "deleting a subject")
+        rows = self.store.versions(subject, include_deleted=True)
         if not rows:
             raise SubjectNotFound(f"Subject '{subject}' not found.")
+        live = [r for r in rows if not r.deleted]
+        if permanent and live:
+            raise SubjectNotSoftDeleted(f"Subject '{subject}' was not deleted first before being permanently "
+                                        f"deleted: {len(live)} live version(s); soft delete it first")
+        if not permanent and not live:
+            raise SubjectSoftDeleted(f"Subject '{subject}' was soft deleted. Set permanent=true to delete permanently")
         return [self.delete_version(subject, r.version, actor=actor, permanent=permanent, force=force)
-                for r in rows if permanent == r.deleted or not permanent]
+                for r in (rows if permanent else live)]
 
     # -- approvals --------------------------------------------------------------------------
     def request_approval(self, subject: str, text: str, fmt: SchemaFormat | str, *, actor: str,

@@ -33,7 +33,9 @@ from typing import Any
 from fastapi import Body, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.schema.authz import RegistryAuthMiddleware, actor_of, registry_auth_from_env
 from app.schema.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -46,6 +48,7 @@ from app.schema.registry import (
     Registry,
     RegistryError,
     SubjectConfigNotFound,
+    SubjectModeNotFound,
 )
 from app.schema.store import open_store
 from app.security.http_auth import HttpAuth
@@ -63,8 +66,14 @@ class SchemaBody(BaseModel):
     references: list[dict[str, Any]] = Field(default_factory=list)
     metadata: dict[str, Any] | None = None
     ruleSet: dict[str, Any] | None = None
+    id: int | None = Field(None, description="IMPORT mode only: the schema's id in the registry it comes from")
+    version: int | None = Field(None, description="IMPORT mode only: the version number to import it as")
 
     model_config = {"populate_by_name": True, "extra": "allow"}
+
+
+class ModeBody(BaseModel):
+    mode: str
 
 
 class ConfigBody(BaseModel):
@@ -143,6 +152,23 @@ def _version_json(rv: Any) -> dict[str, Any]:
     return out
 
 
+def _text(reg: Registry, body: SchemaBody) -> str:
+    """The schema text of a Confluent request: protobuf sent in Confluent's serialized form
+    (base64 ``FileDescriptorProto``, as its serializers send it) becomes ``.proto`` text."""
+    if (body.schemaType or "").upper() != "PROTOBUF":
+        return body.schema_
+    return reg.text_from_serialized(body.schema_, body.references)
+
+
+def _formatted(reg: Registry, out: dict[str, Any], fmt: str | None, refs: Any) -> dict[str, Any]:
+    """Apply Confluent's ``?format=``: ``serialized`` turns a protobuf schema into base64 of
+    its ``FileDescriptorProto`` (what Confluent's protobuf deserializers ask for); any other
+    value, or another schema type, leaves the text as stored."""
+    if fmt == "serialized" and out.get("schemaType") == SchemaFormat.PROTOBUF.value:
+        out["schema"] = reg.serialized_form(SchemaFormat.PROTOBUF, out["schema"], tuple(refs))
+    return out
+
+
 def _schema_json(reg: Registry, schema_id: int) -> dict[str, Any]:
     """``GET /schemas/ids/{id}`` body (the route and the fast path share it)."""
     row = reg.schema_by_id(schema_id)
@@ -165,6 +191,7 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
     app = FastAPI(title="Prism Schema Registry", version="1.0",
                   description="RFC-030 schema registry with a Confluent-compatible REST subset.")
     app.state.registry = reg
+    app.router.route_class = _SlashRoute  # before any route is declared
 
     app.state.auth = auth
     # Order matters (last added runs first): requests are counted, then authenticated and
@@ -172,6 +199,7 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
     app.add_middleware(_FastReads, registry=reg)
     app.add_middleware(RegistryAuthMiddleware, auth=auth)
     app.add_middleware(_CountRequests, registry=reg)
+    app.add_middleware(_EncodedSlashes)
 
     @app.exception_handler(RegistryError)
     async def registry_error(_: Request, exc: RegistryError) -> JSONResponse:
@@ -183,6 +211,10 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
     @app.exception_handler(RequestValidationError)
     async def bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
         return ConfluentJSON({"error_code": 42201, "message": f"Invalid request: {exc.errors()}"}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return _http_error_body(request, exc)
 
     @app.exception_handler(Exception)
     async def store_error(_: Request, exc: Exception) -> JSONResponse:
@@ -206,17 +238,21 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
         return ["JSON", "PROTOBUF", "AVRO"]
 
     @app.get("/subjects", response_class=ConfluentJSON, tags=["confluent"])
-    def list_subjects(deleted: bool = False) -> list[str]:
+    def list_subjects(deleted: bool = False, deletedOnly: bool = False) -> list[str]:
+        if deletedOnly:  # Confluent: subjects whose versions are all soft-deleted
+            return sorted(set(reg.subjects(include_deleted=True)) - set(reg.subjects()))
         return reg.subjects(include_deleted=deleted)
 
     @app.get("/subjects/{subject}/versions", response_class=ConfluentJSON, tags=["confluent"])
-    def list_versions(subject: str, deleted: bool = False) -> list[int]:
+    def list_versions(subject: str, deleted: bool = False, deletedOnly: bool = False) -> list[int]:
+        if deletedOnly:
+            return [v.version for v in reg.versions(subject, include_deleted=True) if v.deleted]
         return [v.version for v in reg.versions(subject, include_deleted=deleted)]
 
     @app.post("/subjects/{subject}/versions", response_class=ConfluentJSON, tags=["confluent"])
     def register(subject: str, request: Request, body: SchemaBody, normalize: bool = False) -> dict[str, Any]:
-        res = reg.register(subject, body.schema_, fmt_of(body.schemaType, "register"), actor=_actor(request),
-                           references=body.references)
+        res = reg.register(subject, _text(reg, body), fmt_of(body.schemaType, "register"), actor=_actor(request),
+                           references=body.references, schema_id=body.id, version=body.version)
         out = {"id": res.version.id, "version": res.version.version, "subject": subject, "schema": body.schema_}
         if res.version.format is not SchemaFormat.AVRO:
             out["schemaType"] = res.version.format.value
@@ -226,16 +262,20 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
 
     @app.post("/subjects/{subject}", response_class=ConfluentJSON, tags=["confluent"])
     def lookup(subject: str, body: SchemaBody, normalize: bool = False, deleted: bool = False) -> dict[str, Any]:
-        return _version_json(reg.lookup(subject, body.schema_, fmt_of(body.schemaType, "lookup"), body.references))
+        return _version_json(reg.lookup(subject, _text(reg, body), fmt_of(body.schemaType, "lookup"),
+                                        body.references, include_deleted=deleted))
 
     @app.get("/subjects/{subject}/versions/{version}", response_class=ConfluentJSON, tags=["confluent"])
-    async def get_version(subject: str, version: str, deleted: bool = False) -> dict[str, Any]:
+    async def get_version(subject: str, version: str, deleted: bool = False,
+                          format: str | None = None) -> dict[str, Any]:
         """Async on purpose: immutable versions are served from memory after the first read."""
-        return _version_json(reg.get(subject, _ver(version), include_deleted=deleted))
+        rv = reg.get(subject, _ver(version), include_deleted=deleted)
+        return _formatted(reg, _version_json(rv), format, rv.references)
 
     @app.get("/subjects/{subject}/versions/{version}/schema", tags=["confluent"])
-    def get_version_schema(subject: str, version: str) -> PlainTextResponse:
-        return PlainTextResponse(reg.get(subject, _ver(version)).schema, media_type=CONFLUENT_CT)
+    def get_version_schema(subject: str, version: str, deleted: bool = False) -> PlainTextResponse:
+        return PlainTextResponse(reg.get(subject, _ver(version), include_deleted=deleted).schema,
+                                 media_type=CONFLUENT_CT)
 
     @app.get("/subjects/{subject}/versions/{version}/referencedby", response_class=ConfluentJSON,
              tags=["confluent"])
@@ -256,12 +296,13 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
     @app.get("/schemas/ids/{schema_id}", response_class=ConfluentJSON, tags=["confluent"])
     async def get_by_id(schema_id: int, subject: str | None = None, format: str | None = None) -> dict[str, Any]:
         """Async on purpose: schema texts (and references) by id never change, so they are cached forever."""
-        return _schema_json(reg, schema_id)
+        return _formatted(reg, _schema_json(reg, schema_id), format, reg.references_of(schema_id))
 
     @app.get("/schemas/ids/{schema_id}/versions", response_class=ConfluentJSON, tags=["confluent"])
-    def versions_of_id(schema_id: int) -> list[dict[str, Any]]:
+    def versions_of_id(schema_id: int, deleted: bool = False) -> list[dict[str, Any]]:
         reg.schema_by_id(schema_id)
-        return [{"subject": v.subject, "version": v.version} for v in reg.store.versions_of_schema(schema_id)]
+        return [{"subject": v.subject, "version": v.version}
+                for v in reg.store.versions_of_schema(schema_id, include_deleted=deleted)]
 
     @app.get("/config", response_class=ConfluentJSON, tags=["confluent"])
     def get_global_config() -> dict[str, Any]:
@@ -293,6 +334,36 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
     def delete_subject_config(subject: str, request: Request) -> dict[str, Any]:
         return {"compatibility": reg.delete_subject_config(subject, _actor(request))}
 
+    # Confluent /mode: READWRITE, READONLY, READONLY_OVERRIDE, IMPORT (see Registry.set_mode).
+    @app.get("/mode", response_class=ConfluentJSON, tags=["confluent"])
+    def get_global_mode() -> dict[str, Any]:
+        return {"mode": reg.mode()}
+
+    @app.put("/mode", response_class=ConfluentJSON, tags=["confluent"])
+    def put_global_mode(body: ModeBody, request: Request, force: bool = False) -> dict[str, Any]:
+        return {"mode": reg.set_mode(body.mode, actor=_actor(request), force=force)}
+
+    @app.delete("/mode", response_class=ConfluentJSON, tags=["confluent"])
+    def delete_global_mode(request: Request) -> dict[str, Any]:
+        return {"mode": reg.delete_mode(None, actor=_actor(request))}
+
+    @app.get("/mode/{subject}", response_class=ConfluentJSON, tags=["confluent"])
+    def get_subject_mode(subject: str, defaultToGlobal: bool = False) -> dict[str, Any]:
+        mode = reg.subject_mode(subject)
+        if mode is None:
+            if not defaultToGlobal:
+                raise SubjectModeNotFound(f"Subject '{subject}' does not have subject-level mode configured")
+            mode = reg.mode(subject)
+        return {"mode": mode}
+
+    @app.put("/mode/{subject}", response_class=ConfluentJSON, tags=["confluent"])
+    def put_subject_mode(subject: str, body: ModeBody, request: Request, force: bool = False) -> dict[str, Any]:
+        return {"mode": reg.set_mode(body.mode, actor=_actor(request), subject=subject, force=force)}
+
+    @app.delete("/mode/{subject}", response_class=ConfluentJSON, tags=["confluent"])
+    def delete_subject_mode(subject: str, request: Request) -> dict[str, Any]:
+        return {"mode": reg.delete_mode(subject, actor=_actor(request))}
+
     def _compat_body(res: Any, verbose: bool) -> dict[str, Any]:
         out: dict[str, Any] = {"is_compatible": res.is_compatible}
         if verbose:
@@ -303,13 +374,13 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
               tags=["confluent"])
     def compat_version(subject: str, version: str, body: SchemaBody, verbose: bool = False,
                        normalize: bool = False) -> dict[str, Any]:
-        res = reg.check(subject, body.schema_, fmt_of(body.schemaType, "check"), version=_ver(version),
+        res = reg.check(subject, _text(reg, body), fmt_of(body.schemaType, "check"), version=_ver(version),
                         references=body.references)
         return _compat_body(res, verbose)
 
     @app.post("/compatibility/subjects/{subject}/versions", response_class=ConfluentJSON, tags=["confluent"])
     def compat_all(subject: str, body: SchemaBody, verbose: bool = False, normalize: bool = False) -> dict[str, Any]:
-        return _compat_body(reg.check(subject, body.schema_, fmt_of(body.schemaType, "check"),
+        return _compat_body(reg.check(subject, _text(reg, body), fmt_of(body.schemaType, "check"),
                                       references=body.references), verbose)
 
     # ----------------------------------------------------------------------- Prism /v1 --
@@ -463,6 +534,43 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
     return app
 
 
+_SLASH = "\x00"  # stands for an encoded '/' inside one path segment while routing
+_ENCODED_SLASH_KEY = "prism.encoded_slash"
+
+
+class _EncodedSlashes:
+    """Subjects may contain '/': Confluent's protobuf serializers register each import under
+    its file name (``common/money.proto``), and clients send it percent-encoded
+    (``/subjects/common%2Fmoney.proto/versions``). ASGI servers decode ``%2F`` into the path,
+    where it would split the segment and miss every route. When the raw path has an encoded
+    slash, this rebuilds the routing path with a placeholder in its place; :class:`_SlashRoute`
+    turns the placeholder back into '/' in the path parameters. Other requests are untouched."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        raw = scope.get("raw_path") if scope["type"] == "http" else None
+        if raw and b"%2f" in raw.lower() and _SLASH not in scope["path"]:
+            from urllib.parse import unquote
+
+            segments = raw.decode("latin-1").split("/")
+            scope = {**scope, _ENCODED_SLASH_KEY: True,
+                     "path": "/".join(unquote(seg).replace("/", _SLASH) for seg in segments)}
+        await self.app(scope, receive, send)
+
+
+class _SlashRoute(APIRoute):
+    """Restores the '/' :class:`_EncodedSlashes` hid in a path parameter."""
+
+    def matches(self, scope: Any) -> Any:
+        match, child = super().matches(scope)
+        if scope.get(_ENCODED_SLASH_KEY) and "path_params" in child:
+            child["path_params"] = {k: v.replace(_SLASH, "/") if isinstance(v, str) else v
+                                    for k, v in child["path_params"].items()}
+        return match, child
+
+
 class _CountRequests:
     """Pure-ASGI request metrics: count and latency by route template, method and status.
     (Starlette's BaseHTTPMiddleware costs ~0.3 ms per request and halves GET throughput; this
@@ -535,7 +643,8 @@ class _FastReads:
         return None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] != "GET" or scope["query_string"]:
+        if (scope["type"] != "http" or scope["method"] != "GET" or scope["query_string"]
+                or scope.get(_ENCODED_SLASH_KEY)):
             await self.app(scope, receive, send)
             return
         path = scope["path"]
@@ -570,6 +679,18 @@ class _FastReads:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*self._HEADERS, (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
+
+
+def _http_error_body(request: Request, exc: StarletteHTTPException) -> Response:
+    """Routing errors in Confluent's shape: an unknown path is ``{"error_code": 404}`` and a
+    known path with the wrong method ``{"error_code": 405}`` (Confluent's Jetty answers both
+    with the HTTP status as the error code), so every non-2xx answer a client sees has
+    ``error_code`` and ``message``. The message names the method and path, so a typo is easy
+    to spot; ``Allow`` is kept on 405 (RFC 9110)."""
+    reason = {404: "HTTP 404 Not Found", 405: "HTTP 405 Method Not Allowed"}.get(exc.status_code, str(exc.detail))
+    body = {"error_code": exc.status_code,
+            "message": f"{reason}: {request.method} {request.url.path}"}
+    return ConfluentJSON(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
 
 def _json_bytes(obj: Any) -> bytes:

@@ -57,6 +57,9 @@ _DDL = [
         name TEXT NOT NULL, subject TEXT NOT NULL, version INTEGER NOT NULL,
         PRIMARY KEY (schema_id, position))""",
     "CREATE INDEX IF NOT EXISTS schema_references_target ON schema_references (subject, version)",
+    # Confluent's /mode (READWRITE, READONLY, READONLY_OVERRIDE, IMPORT) per subject or global
+    # (scope '__global__'); a table of its own so that older databases gain it on open.
+    "CREATE TABLE IF NOT EXISTS modes (scope TEXT PRIMARY KEY, mode TEXT NOT NULL)",
     # (WHERE 1 = 1: SQLite cannot parse INSERT ... SELECT ... ON CONFLICT without a WHERE.)
     """INSERT INTO consumer_versions (subject, consumer_id, version, last_seen)
         SELECT subject, consumer_id, version, last_seen FROM consumers WHERE 1 = 1
@@ -201,6 +204,22 @@ class SqlStore:
                                       "VALUES (?, ?, ?, ?, ?)"), (int(row[0]), pos, name, subject, version))
             return int(row[0])
 
+    def put_schema_with_id(self, schema_id: int, hash_: str, fmt: str, text: str,
+                           references: Sequence[tuple[str, str, int]] = ()) -> None:
+        """Insert a schema under an id chosen by the caller (Confluent IMPORT mode). The
+        registry has checked that neither the id nor the hash is taken by another schema;
+        the id sequence is moved past it so later registrations do not collide."""
+        with self._tx() as cur:
+            cur.execute(self._sql("INSERT INTO schemas (id, hash, format, schema, created_at) VALUES (?, ?, ?, ?, ?)"),
+                        (schema_id, hash_, fmt, text, time.time()))
+            for pos, (name, subject, version) in enumerate(references):
+                cur.execute(self._sql("INSERT INTO schema_references (schema_id, position, name, subject, version) "
+                                      "VALUES (?, ?, ?, ?, ?)"), (schema_id, pos, name, subject, version))
+            self._advance_id_sequence(cur)
+
+    def _advance_id_sequence(self, cur: Any) -> None:
+        """SQLite's AUTOINCREMENT already continues after the largest id inserted."""
+
     def references(self, schema_id: int) -> list[tuple[str, str, int]]:
         """(name, subject, version) of each reference of a schema, in registration order."""
         return [(r[0], r[1], int(r[2])) for r in self._q(
@@ -232,8 +251,15 @@ class SqlStore:
         return VersionRow(r[0], int(r[1]), int(r[2]), r[3], r[4], bool(r[5]), float(r[6]), r[7], json.loads(r[8]))
 
     def add_version(self, subject: str, schema_id: int, namespace: str, actor: str, label: str | None,
-                    metadata: dict[str, Any]) -> int:
-        """Append the next version number (numbers are never reused, even after deletes)."""
+                    metadata: dict[str, Any], version: int | None = None) -> int:
+        """Append the next version number (numbers are never reused, even after deletes).
+        ``version`` (Confluent IMPORT mode) inserts that number instead; taking one that exists
+        fails with the store's unique-key error."""
+        if version is not None:
+            with self._tx() as cur:
+                cur.execute(self._sql(f"INSERT INTO versions ({self._VCOLS}) VALUES (?, ?, ?, ?, ?, 0, ?, ?, ?)"),
+                            (subject, version, schema_id, namespace, label, time.time(), actor, json.dumps(metadata)))
+            return version
         for _ in range(5):
             try:
                 with self._tx() as cur:
@@ -261,9 +287,10 @@ class SqlStore:
         rows = self._q(sql, (subject, version))
         return self._vrow(rows[0]) if rows else None
 
-    def versions_of_schema(self, schema_id: int) -> list[VersionRow]:
+    def versions_of_schema(self, schema_id: int, include_deleted: bool = False) -> list[VersionRow]:
+        live = "" if include_deleted else " AND deleted = 0"
         return [self._vrow(r) for r in self._q(
-            f"SELECT {self._VCOLS} FROM versions WHERE schema_id = ? AND deleted = 0 ORDER BY subject, version",
+            f"SELECT {self._VCOLS} FROM versions WHERE schema_id = ?{live} ORDER BY subject, version",
             (schema_id,))]
 
     def subjects(self, include_deleted: bool = False) -> list[str]:
@@ -308,6 +335,18 @@ class SqlStore:
         return [ConfigRow(r[0], r[1], r[2], None if r[3] is None else bool(r[3]))
                 for r in self._q("SELECT scope, compatibility, pii_policy, approval_required FROM config "
                                  "ORDER BY scope")]
+
+    # -- modes ------------------------------------------------------------------------------
+    def get_mode(self, scope: str) -> str | None:
+        rows = self._q("SELECT mode FROM modes WHERE scope = ?", (scope,))
+        return rows[0][0] if rows else None
+
+    def set_mode(self, scope: str, mode: str) -> None:
+        self._q("INSERT INTO modes (scope, mode) VALUES (?, ?) ON CONFLICT (scope) DO UPDATE SET mode = excluded.mode",
+                (scope, mode))
+
+    def delete_mode(self, scope: str) -> None:
+        self._q("DELETE FROM modes WHERE scope = ?", (scope,))
 
     # -- audit log --------------------------------------------------------------------------
     def append_audit(self, actor: str, action: str, subject: str | None, version: int | None,
@@ -438,6 +477,11 @@ class PostgresStore(SqlStore):
 
     def change_token(self) -> int:
         return self._changes
+
+    def _advance_id_sequence(self, cur: Any) -> None:
+        # An identity column does not notice explicit ids: move it past the largest one.
+        cur.execute("SELECT setval(pg_get_serial_sequence('schemas', 'id'), "
+                    "GREATEST((SELECT MAX(id) FROM schemas), 1))")
 
     def announce_change(self) -> None:
         self._q(f'NOTIFY "{self._channel}"')

@@ -9,11 +9,19 @@ on these machines and that make it start quickly on the embedded broker:
   ~10x more CPU per message;
 * 4 MiB per-partition fetches, 2000 records per poll and a 16k stream buffer;
 * RocksDB tables (``rocksdb://``, via rocksdict) so that state survives restarts;
-* uvloop when installed (+22-27 %);
+* uvloop when installed (+22-27 %). A Faust app binds its event loop when it is built (the
+  producer, the consumer and every service take ``asyncio.get_event_loop()``), so the policy must
+  be installed before the app exists: :func:`use_uvloop` is the first thing every entry point
+  does (``prism run``, ``python -m app.worker.faust_app``, ``prism demo``), and the ready file
+  and ``/readyz`` report the loop actually running (``"event_loop": "uvloop"``);
 * :class:`PrismWorker` resets the ROOT logger that Faust's start-up spinner leaves at DEBUG
   (building every aiokafka/Faust debug record cost ~10 % CPU and halved throughput);
 * on the embedded broker, the ListOffsets workaround of :mod:`app.worker.offsets`, without which
   tables recover short or a restarted worker dies with ``ConsistencyError``;
+* on every broker, :mod:`app.tables.recovery`: a partition whose local store is ahead of its
+  changelog (a short end offset, a changelog that lost records) is wiped and rebuilt from the
+  changelog instead of failing the worker - on restart and on a partition taken over in a
+  rebalance alike;
 * once started, :func:`tune_gc` (the worker process only: it changes process-wide state).
 
 Two ways to run a worker:
@@ -56,6 +64,7 @@ __all__ = [
     "InProcessWorker",
     "PrismWorker",
     "WorkerProcess",
+    "event_loop_name",
     "load_app",
     "main",
     "make_app",
@@ -113,11 +122,23 @@ class PrismWorker(faust.Worker):
             _write_ready_file(Path(ready_file), self.app)
 
 
+def event_loop_name(loop: asyncio.AbstractEventLoop | None = None) -> str:
+    """``"uvloop"`` or ``"asyncio"`` (or the loop class's top-level module): the loop that runs.
+
+    Defaults to the running loop, else the app-level one ``asyncio.get_event_loop()`` returns."""
+    if loop is None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = asyncio.get_event_loop_policy().get_event_loop()
+    return type(loop).__module__.split(".", 1)[0]
+
+
 def _write_ready_file(path: Path, app: faust.App) -> None:
     import gc
 
     info = {"pid": os.getpid(), "app_id": app.conf.id, "ready_at": time.time(),
-            "loop": type(asyncio.get_event_loop()).__module__,
+            "loop": type(asyncio.get_event_loop()).__module__, "event_loop": event_loop_name(),
             "gc": {"threshold": list(gc.get_threshold()), "frozen": gc.get_freeze_count()}}
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(info))
@@ -152,13 +173,20 @@ def tune_gc() -> None:
 
 
 def use_uvloop() -> bool:
-    """Make new event loops uvloop loops when uvloop is installed. Call before any loop exists."""
-    try:
-        import mode.loop
+    """Make new event loops uvloop loops when uvloop is installed. Call before any loop exists.
 
-        mode.loop.use("uvloop")
+    Before any Faust app is built, too: the app (its producer, consumer, services) binds the loop
+    that exists when it is constructed, and installing the policy afterwards changes nothing for
+    it (measured: ``prism run`` ran on the stock asyncio loop that way). A loop created before
+    this call belongs to the old policy and is not reused. Returns False when uvloop is not
+    installed."""
+    try:
+        import uvloop
     except ImportError:
         return False
+    if not isinstance(asyncio.get_event_loop_policy(), uvloop.EventLoopPolicy):
+        # what mode.loop.use("uvloop") does, but every time: its import runs only once
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     return True
 
 
@@ -221,12 +249,21 @@ def make_app(
         web_bind="127.0.0.1",
         web_host="127.0.0.1",
         Worker=PrismWorker,
+        # Recovery that rebuilds a partition whose local store is ahead of its changelog instead
+        # of dying with ConsistencyError (app/tables/recovery.py): every broker, not only embedded.
+        TableManager=_table_manager(),
     )
     conf.update(overrides)
     app = faust.App(app_id, **conf)
     if embedded:
         install_listoffsets_workaround(app)
     return app
+
+
+def _table_manager() -> type:
+    from app.tables.recovery import PrismTableManager
+
+    return PrismTableManager  # type: ignore[no-any-return]
 
 
 # --------------------------------------------------------------------------- in-process
@@ -314,6 +351,10 @@ def run_worker(app: faust.App, *, loglevel: str = "warning", uvloop: bool = True
         raise ConfigError(f"unknown log level {loglevel!r}", hint=f"use one of {', '.join(_FAUST_LEVELS)}")
     if uvloop:
         use_uvloop()
+        bound = getattr(app, "_loop", None)
+        if bound is not None and event_loop_name(bound) != "uvloop":
+            log.warning("the Faust app was built on a %s loop before uvloop was installed: it keeps that loop; "
+                        "call use_uvloop() before building the app", event_loop_name(bound))
     # The worker command re-applies --with/--without-web to the already-used setting, which
     # Faust reports as a (harmless, same-value) AlreadyConfiguredWarning on every start.
     warnings.filterwarnings("ignore", message=".*'web_enabled' that was already used.*")
@@ -334,6 +375,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser.add_argument("--loglevel", default="warning")
     parser.add_argument("--no-uvloop", action="store_true")
     args = parser.parse_args(argv)
+    if not args.no_uvloop:
+        use_uvloop()  # before the app exists: it binds the loop it is built on
     try:
         app = load_app(args.target)
     except ConfigError as exc:

@@ -50,6 +50,7 @@ from app.agents.verify_signature import VerifySignature
 from app.broker.admin import BrokerSettings
 from app.errors import ConfigError, PrismError, SinkError
 from app.observability.logging import install_redaction
+from app.security.producers import ProducerBindings, check_key_ids_known, keyring_scopes
 from app.security.signing import SigningKeyring, load_signing_keyring
 from app.sinks.runner import register_sinks
 from app.tables.counters import FaustTopicCounters
@@ -128,21 +129,25 @@ def build_stages(topology: Topology, *, keyring: SigningKeyring | None, schema: 
     a RocksDB-backed Faust table in the worker, a plain dict-backed window in broker-free
     benchmarks and tests - the one thing that differs between them."""
     t = topology
+    producers = ProducerBindings.from_topology(t)
+    if producers is not None and keyring is not None:
+        check_key_ids_known(producers, keyring.verify_all.keys, keyring_scopes(keyring), t)
     stages: list[Stage] = []
     for spec in t.stages:
         s = spec.settings
         if spec.name == "normalize":
             stages.append(Normalize(s, namespaces={x.topic: x.namespace or t.namespace for x in t.sources},
-                                    formats={x.topic: x.format for x in t.sources}))
+                                    formats={x.topic: x.format for x in t.sources},
+                                    accepted_topics=t.accepted_topics()))
         elif spec.name == "validate":
             stages.append(Validate(s))
         elif spec.name == "authenticate":
-            stages.append(Authenticate(s, jwks_path=str(t.resolve(s.jwks))))
+            stages.append(Authenticate(s, jwks_path=str(t.resolve(s.jwks)), producers=producers))
         elif spec.name == "verify_signature":
             if keyring is None:
                 raise ConfigError("verify_signature needs a keyring", path="stages.verify_signature.keyring",
                                   hint="set verify_signature.keyring (or outputs.keyring)")
-            stages.append(VerifySignature(s, keyring=keyring))
+            stages.append(VerifySignature(s, keyring=keyring, producers=producers))
         elif spec.name == "policy":
             stages.append(Policy(s))
         elif spec.name == "dedup":
@@ -168,7 +173,8 @@ class PipelineApp:
                  embedded: bool = False, web_port: int | None = None, batch_size: int = 500,
                  batch_within_s: float = 0.02, broker_settings: BrokerSettings | None = None,
                  on_batch: Callable[[RunStats], None] | None = None, archive_location: str | Path | None = None,
-                 observe: Observer | None = None, **faust_overrides: Any) -> None:
+                 observe: Observer | None = None, archive_writer_id: str | None = None,
+                 archive_shard: tuple[int, int] | None = None, **faust_overrides: Any) -> None:
         self.topology = topology
         self.batch_size = batch_size
         self.batch_within_s = batch_within_s
@@ -221,8 +227,11 @@ class PipelineApp:
         if archive_location is not None and topology.archive.enabled:
             from app.worker.archive_service import ArchiveService  # pulls in pyarrow: only when archiving
 
+            # a unique writer id per worker process (app/worker/archive_service.py), and with a
+            # shard only that share of the archive topics' partitions
             self.archive = self.app.add_dependency(ArchiveService(
-                bootstrap, topology.archive_source_topics(), str(archive_location),
+                bootstrap, topology.archive_source_topics(), str(archive_location), writer_id=archive_writer_id,
+                partitions=topology.topics(), shard=archive_shard,
                 consumer_kwargs=broker_settings.aiokafka_kwargs() if broker_settings else None))
         for source in topology.sources:
             chain = Chain(self._stages(source.topic, source.partitions),
@@ -498,11 +507,14 @@ def app_from_env() -> faust.App:
     """Factory for running a topology's worker as a subprocess
     (`python -m app.worker.faust_app app.worker.pipeline:app_from_env`).
 
-    Reads PRISM_TOPOLOGY, PRISM_BOOTSTRAP, PRISM_DATA_DIR, PRISM_APP_ID and PRISM_EMBEDDED
-    (1 when the broker is the embedded one)."""
+    Reads PRISM_TOPOLOGY, PRISM_BOOTSTRAP, PRISM_DATA_DIR, PRISM_APP_ID, PRISM_EMBEDDED
+    (1 when the broker is the embedded one; otherwise the broker credentials come from
+    PRISM_SECURITY_PROTOCOL etc. as for `prism run`), PRISM_ARCHIVE (archive location; unset: no
+    archive tap), PRISM_ARCHIVE_WRITER_ID and PRISM_ARCHIVE_SHARD (app/worker/archive_service.py)."""
     import os
 
     from app.topology import load_topology
+    from app.worker.archive_service import SHARD_ENV, parse_shard
 
     missing = [k for k in ("PRISM_TOPOLOGY", "PRISM_BOOTSTRAP", "PRISM_DATA_DIR") if not os.environ.get(k)]
     if missing:
@@ -511,6 +523,12 @@ def app_from_env() -> faust.App:
     from app.worker.observe import ENV_WEB_PORT, Observer
 
     port = os.environ.get(ENV_WEB_PORT)
+    embedded = os.environ.get("PRISM_EMBEDDED") == "1"
+    settings = None
+    if not embedded and os.environ.get("PRISM_BROKER_URL"):
+        settings = BrokerSettings.from_env()  # SASL/SSL for a real cluster, validated as in `prism run`
     return PipelineApp(topo, bootstrap=os.environ["PRISM_BOOTSTRAP"], data_dir=os.environ["PRISM_DATA_DIR"],
-                       app_id=os.environ.get("PRISM_APP_ID"), embedded=os.environ.get("PRISM_EMBEDDED") == "1",
-                       web_port=int(port) if port else None, observe=Observer.from_env()).app
+                       app_id=os.environ.get("PRISM_APP_ID"), embedded=embedded, broker_settings=settings,
+                       web_port=int(port) if port else None, observe=Observer.from_env(),
+                       archive_location=os.environ.get("PRISM_ARCHIVE") or None,
+                       archive_shard=parse_shard(os.environ.get(SHARD_ENV))).app

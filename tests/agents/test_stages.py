@@ -131,7 +131,7 @@ def test_signature_key_scoped_to_other_namespace_is_refused(tmp_path):
     import base64
     import json
 
-    from app.errors import UnknownKeyError
+    from app.errors import KeyNamespaceError
     from app.security.signing import load_signing_keyring
 
     path = tmp_path / "k.json"
@@ -141,8 +141,9 @@ def test_signature_key_scoped_to_other_namespace_is_refused(tmp_path):
     ring = load_signing_keyring(path)
     stage = VerifySignature(VerifySignatureStage(policy="required", keyring="x"), keyring=ring)
     env = new_envelope("orders.created", {"a": 1}, namespace="order-events")
-    with pytest.raises(UnknownKeyError):
+    with pytest.raises(KeyNamespaceError) as e:  # the key is known; the claim is not its namespace
         stage.process(normalized(sign(env, ring.signing["billing"])))
+    assert e.value.code == "key_not_allowed_for_namespace"
 
 
 def _policy_msg(**kw):

@@ -85,6 +85,20 @@ def test_missing_key_files_fail_at_startup(tmp_path: Path) -> None:
     assert_clean_error(res, "bad_config", "signing keyring", "missing-signing.json")
 
 
+@pytest.mark.parametrize("bind", ["not a host", "0.0.0.0; rm -rf /", "-h", "a" * 300, "300.1.1.1"])
+def test_a_bad_web_bind_is_refused_before_anything_starts(tmp_path: Path, bind: str) -> None:
+    res = prism("run", "--no-dev-keys", f"--web-bind={bind}", "--data-dir", str(tmp_path / "d"),
+                env={"PRISM_BROKER_URL": "127.0.0.1:1"})
+    assert_clean_error(res, "bad_config", "--web-bind", "0.0.0.0")
+    assert not (tmp_path / "d").exists()
+
+
+def test_web_bind_comes_from_the_environment_too(tmp_path: Path) -> None:
+    res = prism("run", "--no-dev-keys", "--data-dir", str(tmp_path / "d"),
+                env={"PRISM_BROKER_URL": "127.0.0.1:1", "PRISM_WEB_BIND": "no such host!"})
+    assert_clean_error(res, "bad_config", "'no such host!'")
+
+
 @pytest.mark.parametrize(
     ("data", "code"),
     [

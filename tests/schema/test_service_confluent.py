@@ -83,7 +83,7 @@ def test_raw_http_content_type_and_delete(live_server) -> None:  # type: ignore[
         assert h.get("/subjects/t-value/versions/abc").json()["error_code"] == 42202
         assert h.put("/config", json={"compatibility": "SIDEWAYS"}).json()["error_code"] == 42203
         # permanent delete needs a soft delete first
-        assert h.delete("/subjects/t-value/versions/1?permanent=true").json()["error_code"] == 42206
+        assert h.delete("/subjects/t-value/versions/1?permanent=true").json()["error_code"] == 40407
         assert h.delete("/subjects/t-value/versions/1").json() == 1
         assert h.get("/subjects").json() == []
         assert h.get("/subjects?deleted=true").json() == ["t-value"]

@@ -7,6 +7,7 @@ Configuration comes from the environment (the test sets it per run):
 * ``RT_SNAPSHOT``: JSON file the worker (re)writes with its tables' contents whenever processing
   has been idle for a 0.1 s tick and something changed since the last write
 * ``RT_WORKAROUND``: ``0`` disables the ListOffsets workaround (to show the broker bug)
+* ``RT_RECOVERY``: ``stock`` uses Faust's own table recovery instead of app/tables/recovery.py
 
 Every record is ``key = "k<n>"``, ``value = {"id": <message id>, "seq": <per-key sequence>}``.
 The agent updates all four kinds of table: a plain per-key count, topic counters, per-source
@@ -37,6 +38,7 @@ def build() -> faust.App:
         env["RT_APP_ID"], env["RT_BOOTSTRAP"], env["RT_DATA_DIR"],
         partitions=partitions, embedded=env.get("RT_WORKAROUND", "1") == "1",
         broker_commit_interval=0.5,
+        **({"TableManager": "faust.tables:TableManager"} if env.get("RT_RECOVERY") == "stock" else {}),
     )
     source = app.topic(topic_name, partitions=partitions, key_serializer="raw", value_serializer="json")
     counts = make_table(app, "counts", partitions=partitions)

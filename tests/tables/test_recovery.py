@@ -61,11 +61,12 @@ class Scenario:
     first_data_dir: Path
     first: dict[str, Any]
 
-    def worker(self, name: str, data_dir: Path, *, workaround: bool = True) -> tuple[WorkerProcess, Path]:
+    def worker(self, name: str, data_dir: Path, *, workaround: bool = True,
+               stock_recovery: bool = False) -> tuple[WorkerProcess, Path]:
         snapshot = self.base / f"{name}.json"
         env = {"RT_APP_ID": self.app_id, "RT_BOOTSTRAP": self.broker.bootstrap, "RT_DATA_DIR": str(data_dir),
                "RT_TOPIC": self.topic, "RT_PARTITIONS": str(PARTITIONS), "RT_SNAPSHOT": str(snapshot),
-               "RT_WORKAROUND": "1" if workaround else "0"}
+               "RT_WORKAROUND": "1" if workaround else "0", "RT_RECOVERY": "stock" if stock_recovery else "prism"}
         process = WorkerProcess("tests.tables.recovery_app:build", log_path=self.base / f"{name}.log",
                                 env=env, cwd=ROOT)
         return process, snapshot
@@ -120,8 +121,8 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
         broker.stop()
 
 
-def assert_recovered_exactly(scenario: Scenario, name: str, data_dir: Path) -> None:
-    process, snapshot = scenario.worker(name, data_dir)
+def assert_recovered_exactly(scenario: Scenario, name: str, data_dir: Path, *, workaround: bool = True) -> str:
+    process, snapshot = scenario.worker(name, data_dir, workaround=workaround)
     try:
         process.start(timeout=60)  # returns after table recovery (ready file)
         recovered = wait_for(lambda: read_snapshot(snapshot, process.pid), 20, f"{name} snapshot")
@@ -140,6 +141,7 @@ def assert_recovered_exactly(scenario: Scenario, name: str, data_dir: Path) -> N
     assert recovered["sequences"] == first["sequences"]
     assert recovered["dedup_ids"] == RECORDS
     assert recovered["emitted_ids"] == RECORDS  # the direct-write path recovers like Faust's own
+    return log
 
 
 def test_first_run_processed_everything_once(scenario: Scenario) -> None:
@@ -170,7 +172,7 @@ def test_without_the_workaround_the_broker_bug_breaks_restarts(scenario: Scenari
     """The control experiment: stock Faust on this broker refuses to restart on its own data."""
     data_dir = scenario.base / "data-stock"
     shutil.copytree(scenario.first_data_dir, data_dir)  # leave the real data dir untouched
-    process, _ = scenario.worker("stock", data_dir, workaround=False)
+    process, _ = scenario.worker("stock", data_dir, workaround=False, stock_recovery=True)
     try:
         process.start(wait=False)
         wait_for(lambda: process.returncode is not None or "ConsistencyError" in process.log_tail(20000), 60,
@@ -178,3 +180,31 @@ def test_without_the_workaround_the_broker_bug_breaks_restarts(scenario: Scenari
     finally:
         process.stop()
     assert "ConsistencyError" in process.log_path.read_text()
+
+
+def test_short_listoffsets_without_the_workaround_is_verified_not_fatal(scenario: Scenario) -> None:
+    """The broker bug reached the way `PRISM_BROKER_URL` reaches it (no embedded-broker
+    workaround): Prism's recovery sees the store "ahead", verifies the end with a fetch, keeps the
+    store and recovers exactly - where stock Faust dies (the control above). This is what took
+    the survivors down in a rebalance (issue 14)."""
+    data_dir = scenario.base / "data-unflagged"
+    shutil.copytree(scenario.first_data_dir, data_dir)
+    log = assert_recovered_exactly(scenario, "unflagged", data_dir, workaround=False)
+    assert "a fetch shows" in log and "wiped" not in log, log[-4000:]
+
+
+def test_a_store_ahead_of_its_changelog_is_rebuilt_not_fatal(scenario: Scenario) -> None:
+    """A correct broker whose changelog lacks what the local store holds (lost tail, re-created
+    topic): the partition is wiped and rebuilt from the changelog, the worker keeps running."""
+    from rocksdict import Options, Rdict
+
+    data_dir = scenario.base / "data-ahead"
+    shutil.copytree(scenario.first_data_dir, data_dir)
+    [db_path] = [p for p in data_dir.rglob("*.db") if p.name.endswith("counts-1.db")]
+    db = Rdict(str(db_path), options=Options(raw_mode=True))
+    offset_key = b"__faust\0offset__"
+    db[offset_key] = str(int(db[offset_key]) + 1000).encode()  # claims 1000 records the changelog lacks
+    db[b'"ghost"'] = b"999"  # ... one of which the changelog never had
+    db.close()
+    log = assert_recovered_exactly(scenario, "ahead", data_dir)  # exact tables: the ghost is gone
+    assert "ahead of the changelog; wiped" in log and "counts" in log, log[-4000:]

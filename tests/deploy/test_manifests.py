@@ -1,0 +1,358 @@
+"""The cluster manifests (deploy/): rendered by kubectl's kustomize, every object valid against
+the Kubernetes OpenAPI schemas, and - what a schema cannot see - consistent with the code they
+run: command lines the CLI accepts, probes on paths the worker and the registry serve, a grace
+period longer than the worker's drain, a topology that loads, writable paths on volumes."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import typer
+import yaml
+
+from tests.deploy.conftest import DEPLOY, ROOT, UsageError, command_line, container, find, parse_prism, pod_spec
+from tests.support import require_broker_binary
+
+WORKLOADS = ("Deployment", "CronJob")
+K8S_VERSION = kubernetes_validate.latest_version()
+
+
+# --------------------------------------------------------------------------- schema validity
+
+
+@pytest.mark.parametrize("which", ["base", "overlay"])
+def test_every_object_is_valid_against_the_kubernetes_schemas(which, request):
+    objs = request.getfixturevalue(which)
+    kinds = sorted(o["kind"] for o in objs)
+    assert {"Deployment", "Service", "PodDisruptionBudget", "CronJob", "ConfigMap"} <= set(kinds), kinds
+    for obj in objs:
+        try:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} is invalid for Kubernetes {K8S_VERSION}: {exc}")
+
+
+def test_the_validator_rejects_what_kubernetes_would(base):
+    """The schema check above is only worth something if it fails on real mistakes."""
+    worker = find(base, "Deployment", "prism-worker")
+    for mutate in (
+        lambda d: container(d, "worker")["livenessProbe"]["httpGet"].update(pathh="/healthz"),   # unknown field
+        lambda d: container(d, "worker")["ports"][0].update(containerPort="6066"),               # wrong type
+        lambda d: d["spec"].pop("selector"),                                                     # required
+    ):
+        bad = copy.deepcopy(worker)
+        mutate(bad)
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
+
+
+# --------------------------------------------------------------------------- images, secrets, security
+
+
+def test_every_image_is_retargetable_by_the_kustomization(base, overlay):
+    images = {i["name"] for i in yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())["images"]}
+    used = {c["image"].rsplit(":", 1)[0] for o in base if o["kind"] in WORKLOADS for c in pod_spec(o)["containers"]}
+    assert used and used <= images, f"images not listed under images: in the kustomization: {used - images}"
+    assert find(base, "CronJob", "prism-lake").get("kind") and "localhost/prism-lake" in used
+    over = [c["image"] for o in overlay if o["kind"] in WORKLOADS for c in pod_spec(o)["containers"]]
+    assert over and not [i for i in over if i.startswith("localhost/")], over
+    assert all(o["metadata"].get("namespace") == "prism" for o in overlay if o["kind"] != "Namespace")
+
+
+def test_no_key_material_is_shipped_only_secret_references(base):
+    assert not [o for o in base if o["kind"] == "Secret"], "real keys never live in the repository"
+    worker = find(base, "Deployment", "prism-worker")
+    keys = [v for v in pod_spec(worker)["volumes"] if v["name"] == "keys"]
+    assert keys == [{"name": "keys", "secret": {"secretName": "prism-keys", "defaultMode": 0o440}}]
+    registry_env = container(find(base, "Deployment", "prism-registry"), "registry")["env"]
+    (db,) = [e for e in registry_env if e["name"] == "PRISM_REGISTRY_DB"]
+    assert db["valueFrom"]["secretKeyRef"] == {"name": "prism-registry", "key": "PRISM_REGISTRY_DB"}
+
+
+def test_pods_run_as_non_root_on_a_read_only_root(base):
+    for obj in base:
+        if obj["kind"] not in WORKLOADS:
+            continue
+        spec = pod_spec(obj)
+        assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] > 0
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False, c["name"]
+            assert sc["capabilities"]["drop"] == ["ALL"]
+            mounts = {m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")}
+            assert "/tmp" in mounts, f"{c['name']}: a read-only root needs a writable /tmp"
+            assert "requests" in c["resources"] and "limits" in c["resources"], c["name"]
+
+
+def _writable(c: dict[str, Any], path: str) -> bool:
+    return any(Path(path).is_relative_to(m["mountPath"]) for m in c["volumeMounts"] if not m.get("readOnly"))
+
+
+# --------------------------------------------------------------------------- the worker
+
+
+def _worker(base: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    dep = find(base, "Deployment", "prism-worker")
+    c = container(dep, "worker")
+    path, params = parse_prism(command_line(c))
+    assert path == ["run"], path
+    return dep, c, params
+
+
+def test_worker_command_line_is_accepted_by_prism_run(base):
+    _, c, params = _worker(base)
+    assert params["web_port"] is not None, "no --web-port: no probes, no metrics"
+    assert params["web_bind"] == "0.0.0.0", "the kubelet probes the pod IP, not the pod's loopback"
+    assert params["dev_keys"] is False, "development keys must not be created in a cluster"
+    assert _writable(c, str(params["data_dir"])), "the RocksDB data dir must be on a writable volume"
+    data = [m for m in c["volumeMounts"] if m["mountPath"] == str(params["data_dir"])]
+    vols = {v["name"]: v for v in pod_spec(find(base, "Deployment", "prism-worker"))["volumes"]}
+    assert data and "emptyDir" in vols[data[0]["name"]]
+
+
+def test_a_wrong_flag_in_a_manifest_would_be_caught():
+    with pytest.raises(UsageError):
+        parse_prism(["prism", "run", "--web-prot=6066"])
+    with pytest.raises(typer.BadParameter):
+        parse_prism(["prism", "lake", "compact", "/a", "/t", "--max-files=lots"])
+    with pytest.raises(UsageError):
+        parse_prism(["prism", "lake", "compactt", "/a", "/t"])
+
+
+def test_worker_ports_and_probes_agree(base):
+    dep, c, params = _worker(base)
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"http": params["web_port"]}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        port = c[probe]["httpGet"]["port"]
+        assert ports.get(port, port) == params["web_port"], probe
+    assert dep["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == str(params["web_port"])
+    svc = find(base, "Service", "prism-worker")
+    assert svc["spec"]["ports"][0]["targetPort"] == "http"
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    pdb = find(base, "PodDisruptionBudget", "prism-worker")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_worker_probes_are_paths_the_worker_serves(base):
+    from app.worker.management import OPENAPI
+
+    _, c, _ = _worker(base)
+    served = set(OPENAPI["paths"])
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["startupProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert {c[p]["httpGet"]["path"] for p in ("startupProbe", "livenessProbe", "readinessProbe")} <= served
+    annotations = find(base, "Deployment", "prism-worker")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/path"] in served
+
+
+def test_grace_period_exceeds_the_workers_drain(base):
+    """SIGTERM: the archive tap commits its open roll (bounded by STOP_TIMEOUT_S) after the hole
+    fetcher's last read (bounded by its timeout); the kubelet's SIGKILL must come later."""
+    from mode import Service
+
+    from app.worker.archive_service import STOP_TIMEOUT_S
+    from app.worker.continuity import HoleFetcher
+
+    hole_fetch = inspect.signature(HoleFetcher.__init__).parameters["timeout_s"].default
+    drain = STOP_TIMEOUT_S + hole_fetch
+    grace = pod_spec(find(base, "Deployment", "prism-worker"))["terminationGracePeriodSeconds"]
+    assert grace > drain, f"terminationGracePeriodSeconds {grace} <= the worker's drain bound {drain:g}s"
+    assert grace > Service.shutdown_timeout, "longer than one Faust service's own shutdown wait"
+
+
+def test_archiving_worker_is_a_singleton(base, tmp_path):
+    """The archive tap writes as one writer over every partition: two pods would write the same rolls."""
+    dep, _, _ = _worker(base)
+    topo = _topology_from_configmap(base, dep, tmp_path)
+    if topo.archive.enabled:
+        assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+
+
+# --------------------------------------------------------------------------- the topology ConfigMap
+
+
+def _topology_from_configmap(objs: list[dict[str, Any]], dep: dict[str, Any], dest: Path):
+    """Lay the ConfigMap out as the kubelet mounts it (volume `items`) and load it with the
+    worker's own loader."""
+    from app.topology import load_topology
+
+    c = container(dep, "worker")
+    (vol,) = [v for v in pod_spec(dep)["volumes"] if v["name"] == "topology"]
+    cm = find(objs, "ConfigMap", "prism-topology")
+    assert vol["configMap"]["name"] == cm["metadata"]["name"], "the volume must name the generated (hashed) ConfigMap"
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "topology"]
+    root = dest / mount["mountPath"].lstrip("/")
+    for item in vol["configMap"]["items"]:
+        target = root / item["path"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(cm["data"][item["key"]])
+    _, params = parse_prism(command_line(c))
+    topology_path = Path(params["topology"])
+    assert topology_path.is_relative_to(mount["mountPath"]), "--topology must point into the mounted ConfigMap"
+    return load_topology(root / topology_path.relative_to(mount["mountPath"]))
+
+
+def test_configmap_topology_loads_with_the_workers_loader(base, tmp_path):
+    from app.worker.pipeline import resolve_schema
+
+    dep, c, _ = _worker(base)
+    topo = _topology_from_configmap(base, dep, tmp_path)
+    assert topo.name == "orders-created"
+    enrich = topo.stage("enrich")
+    assert resolve_schema(enrich, topo.base_dir) is not None, "the schema file mounted next to the topology resolves"
+    keys = next(m for m in c["volumeMounts"] if m["name"] == "keys")["mountPath"]
+    assert Path(topo.stage("authenticate").jwks).parent == Path(keys)
+    assert Path(topo.stage("verify_signature").keyring).parent == Path(keys)
+    assert _writable(c, topo.archive.path), "the archive path must be on a writable volume"
+
+
+def test_deploy_topology_is_the_repository_topology_with_cluster_paths_only():
+    """deploy/base/topology/ is a copy (kustomize reads only files under its directory): it may
+    differ from topologies/ only in where keys and the archive live."""
+    original = yaml.safe_load((ROOT / "topologies" / "orders-created.yaml").read_text())
+    deployed = yaml.safe_load((DEPLOY / "base" / "topology" / "orders-created.yaml").read_text())
+    for doc in (original, deployed):
+        for stage in doc["stages"]:
+            (name, conf), = stage.items()
+            if name == "authenticate":
+                conf.pop("jwks")
+            if name == "verify_signature":
+                conf.pop("keyring")
+        doc["archive"].pop("path", None)
+    assert deployed == original
+    schema = "schemas/order_created.proto"
+    assert (DEPLOY / "base" / "topology" / schema).read_bytes() == (ROOT / "topologies" / schema).read_bytes()
+
+
+# --------------------------------------------------------------------------- registry and lake job
+
+
+def test_registry_command_ports_and_probes(base, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from app.schema.service import create_app
+
+    dep = find(base, "Deployment", "prism-registry")
+    c = container(dep, "registry")
+    path, params = parse_prism(command_line(c))
+    assert path == ["schema", "serve"] and params["host"] == "0.0.0.0"
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": params["port"]}
+    assert dep["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == str(params["port"])
+    assert find(base, "Service", "prism-registry")["spec"]["ports"][0]["targetPort"] == "http"
+    with TestClient(create_app(store_url=f"sqlite:///{tmp_path / 'r.db'}")) as client:
+        for probe in ("livenessProbe", "readinessProbe"):
+            assert c[probe]["httpGet"]["port"] == "http"
+            r = client.get(c[probe]["httpGet"]["path"])
+            assert r.status_code == 200, (probe, r.status_code, r.text)
+        assert client.get(dep["spec"]["template"]["metadata"]["annotations"]["prometheus.io/path"]).status_code == 200
+
+
+def test_lake_cronjob_runs_a_real_compaction_of_the_workers_archive(base, tmp_path):
+    job = find(base, "CronJob", "prism-lake-compact")
+    c = container(job, "compact")
+    path, params = parse_prism(command_line(c))
+    assert path == ["lake", "compact"]
+    topo = _topology_from_configmap(base, find(base, "Deployment", "prism-worker"), tmp_path)
+    assert params["archive"] == topo.archive.path, "the job must read the archive the worker writes"
+    assert _writable(c, params["table"]) and _writable(c, params["archive"])
+    worker_vols = {v["name"]: v for v in pod_spec(find(base, "Deployment", "prism-worker"))["volumes"]}
+    job_vols = {v["name"]: v for v in pod_spec(job)["volumes"]}
+    assert job_vols["lake"] == worker_vols["lake"], "worker and job must mount the same archive volume"
+    spec = job["spec"]["jobTemplate"]["spec"]
+    assert job["spec"]["concurrencyPolicy"] == "Forbid"
+    assert pod_spec(job)["restartPolicy"] == "Never"
+    from app.lake.compact import EXIT_QUARANTINED
+
+    (rule,) = spec["podFailurePolicy"]["rules"]
+    assert rule["action"] == "FailJob" and set(rule["onExitCodes"]["values"]) == {2, EXIT_QUARANTINED}
+
+
+# --------------------------------------------------------------------------- the worker, for real
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return -1
+
+
+@pytest.mark.integration
+def test_worker_started_as_the_manifest_says_answers_its_probes_and_drains_in_time(base, tmp_path):
+    """`prism run` with the manifest's own arguments (paths moved under tmp_path, a free port,
+    the embedded broker instead of Kafka): the probes answer 200 on the pod's address (not only
+    loopback), SIGTERM ends it well inside the grace period, and it wrote nothing outside the
+    volumes the manifest mounts (a read-only root would have refused it)."""
+    require_broker_binary()
+    from app.security.devkeys import ensure_dev_keys
+
+    dep, c, _ = _worker(base)
+    topo_file = tmp_path / "etc/prism/topology/orders-created.yaml"
+    _topology_from_configmap(base, dep, tmp_path)
+    keys = next(m for m in c["volumeMounts"] if m["name"] == "keys")["mountPath"]
+    ensure_dev_keys(tmp_path / keys.lstrip("/"))
+    text = topo_file.read_text().replace(keys, str(tmp_path / keys.lstrip("/")))
+    text = text.replace("/var/lib/prism/", f"{tmp_path}/var/lib/prism/")
+    topo_file.write_text(text)
+    port = _free_port()
+    argv = []
+    for a in command_line(c)[1:]:
+        if a.startswith("--web-port="):
+            a = f"--web-port={port}"
+        elif a.startswith(("--topology=", "--data-dir=")):
+            flag, value = a.split("=", 1)
+            a = f"{flag}={tmp_path}{value}"
+        argv.append(a)
+    cwd = tmp_path / "workdir"
+    cwd.mkdir()
+    (tmp_path / "tmp").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRISM_")}
+    env.update(TMPDIR=str(tmp_path / "tmp"), HOME=str(tmp_path / "tmp"), PYTHONPATH=str(ROOT))
+    log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115 - closed in finally
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", *argv], cwd=cwd, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    host = socket.gethostbyname(socket.gethostname())  # not 127.0.0.1: the kubelet probes the pod IP
+    try:
+        deadline = time.monotonic() + 120
+        while _get(f"http://{host}:{port}/readyz") != 200:
+            assert proc.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "worker not ready in 120 s:\n" + (tmp_path / "worker.log").read_text()[-3000:]
+            time.sleep(0.5)
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            assert _get(f"http://{host}:{port}{c[probe]['httpGet']['path']}") == 200, probe
+        grace = pod_spec(dep)["terminationGracePeriodSeconds"]
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(grace)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+    assert code == 0, (tmp_path / "worker.log").read_text()[-3000:]
+    assert took < grace / 2, f"SIGTERM took {took:.1f}s of a {grace}s grace period"
+    assert list(cwd.iterdir()) == [], "the worker wrote outside its volumes (the root is read-only in the pod)"
