@@ -7,6 +7,8 @@ routes and fails when one has none. A request whose path and method match no rul
 
 Permissions (roles in :mod:`app.security.http_auth`):
 
+- open (no credentials): ``/healthz``, ``/readyz`` and ``/metrics`` - probes and scrapers carry
+  none, and none of them shows a subject or a schema (metrics are labelled by route template);
 - ``read``: every read, plus what only reads (compatibility checks, ``POST /subjects/{s}``
   lookups, consumer version reports);
 - ``write`` on a subject: registering under it; the subject comes from the path, or for the
@@ -48,7 +50,9 @@ from app.security.http_auth import (
 )
 
 CONFLUENT_CT = "application/vnd.schemaregistry.v1+json"
-READ, WRITE, ADMIN = "read", "write", "admin"
+OPEN, READ, WRITE, ADMIN = "open", "read", "write", "admin"
+#: service._EncodedSlashes hides an encoded '/' inside a segment as this while routing.
+_ENCODED_SLASH, _ENCODED_SLASH_KEY = "\x00", "prism.encoded_slash"
 #: Bodies read for a subject check are bounded (a schema text is rarely over a few MB).
 MAX_INSPECTED_BODY = 16 * 1024 * 1024
 
@@ -135,7 +139,9 @@ RULES: tuple[Rule, ...] = (
     Rule("POST", "/v1/approvals/{approval_id}/{decision}", ADMIN),
     Rule("POST", "/v1/consumers", READ),  # a consumer reports the version it reads
     # ---- operations, docs, UI
-    Rule("GET", "/metrics", READ),
+    Rule("GET", "/healthz", OPEN),
+    Rule("GET", "/readyz", OPEN),
+    Rule("GET", "/metrics", OPEN),
     Rule("GET", "/ui", READ),
     Rule("GET", "/openapi.json", READ),
     Rule("GET", "/docs", READ),
@@ -165,6 +171,8 @@ def explicit_rule(method: str, template: str) -> Rule | None:
 
 
 def allowed(principal: Principal, need: str, subject: str | None) -> bool:
+    if need == OPEN:
+        return True
     if need == READ:
         return principal.can_read()
     if need == WRITE:
@@ -194,18 +202,23 @@ class RegistryAuthMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        rule = rule_for(scope["method"], scope["path"])
+        if rule.need == OPEN:
+            await self.app(scope, receive, send)
+            return
         headers = [v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"]
         try:
             principal = await self.auth.authenticate(headers)
         except Unauthenticated as exc:
             await self._refuse(scope, receive, send, 401, ERROR_UNAUTHENTICATED, f"Unauthorized: {exc.message}")
             return
-        rule = rule_for(scope["method"], scope["path"])
         scope.setdefault("state", {})["principal"] = principal
         need, subject = rule.need, None
         if need == WRITE and rule.body_subject is None:
             m = _REGEX[id(rule)].fullmatch(scope["path"])
             subject = m.group("subject") if m else None
+            if subject is not None and scope.get(_ENCODED_SLASH_KEY):
+                subject = subject.replace(_ENCODED_SLASH, "/")  # the subject the route will see
         if need == WRITE and rule.body_subject is not None:
             if not principal.can_write_some():
                 await self._deny(scope, receive, send, principal, rule, None, need)
@@ -298,5 +311,5 @@ def registry_auth_from_env(env: Any = None) -> HttpAuth:
     return auth
 
 
-__all__ = ["ADMIN", "DEFAULT_RULE", "READ", "RULES", "WRITE", "RegistryAuthMiddleware", "Rule", "actor_of",
+__all__ = ["ADMIN", "DEFAULT_RULE", "OPEN", "READ", "RULES", "WRITE", "RegistryAuthMiddleware", "Rule", "actor_of",
            "allowed", "explicit_rule", "registry_auth_from_env", "rule_for"]

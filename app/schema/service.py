@@ -524,6 +524,21 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
         reason, PII-policy rejections. Published in OpenAPI like every other operations route."""
         return Response(reg.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
 
+    @app.get("/healthz", tags=["ops"])
+    async def healthz() -> dict[str, Any]:
+        """Liveness: the process serves HTTP. Open (probes carry no credentials), no data."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["ops"])
+    def readyz() -> JSONResponse:
+        """Readiness: the store answers (reads the global policy). Open, like ``/healthz``; 503
+        with the exception's type name only when the store does not answer."""
+        try:
+            reg.policy()
+        except Exception as exc:
+            return JSONResponse({"status": "fail", "store": type(exc).__name__}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
     @app.get("/ui", response_class=HTMLResponse, tags=["ui"], include_in_schema=False)
     def ui() -> str:
         from app.schema.ui import PAGE

@@ -24,7 +24,7 @@ from fastapi.testclient import TestClient
 from jwt.algorithms import RSAAlgorithm
 
 from app.errors import ConfigError
-from app.schema.authz import ADMIN, DEFAULT_RULE, READ, RULES, WRITE, Rule, explicit_rule, rule_for
+from app.schema.authz import ADMIN, DEFAULT_RULE, OPEN, READ, RULES, WRITE, Rule, explicit_rule, rule_for
 from app.schema.registry import Registry
 from app.schema.service import create_app
 from app.schema.store import SqliteStore
@@ -71,6 +71,8 @@ def body_for(rule: Rule) -> dict | None:
 
 def expected(need: str, who: str) -> set[int] | None:
     """The refusal status ``who`` gets for ``need``, or None when the request is allowed."""
+    if need == OPEN:
+        return None
     if who == "anonymous":
         return {401}
     if need == READ or who == "admin" or (need == WRITE and who == "writer"):
@@ -211,23 +213,60 @@ def test_prefix_escape_is_refused(client: TestClient, registry: Registry, subjec
     assert registry.subjects() == ["orders.created"]
 
 
-@pytest.mark.parametrize("path", [
-    "/subjects/orders.%2F..%2Fpayments.x/versions",     # an encoded slash becomes another segment
-    "/subjects/orders.%2Fx/versions",
-    "/subjects/orders.created/../../config/versions",
-    "/subjects/orders.created%2F..%2F..%2Fconfig",
-    "/subjects//versions",
+def test_the_encoded_slash_placeholder_is_the_services() -> None:
+    from app.schema import authz, service
+
+    assert (authz._ENCODED_SLASH, authz._ENCODED_SLASH_KEY) == (service._SLASH, service._ENCODED_SLASH_KEY)
+
+
+@pytest.mark.parametrize(("path", "subject"), [
+    ("/subjects/orders.%2F..%2Fpayments.x/versions", "orders./../payments.x"),
+    ("/subjects/orders.%2Fx/versions", "orders./x"),
+    ("/subjects/orders.a%2fb/versions", "orders.a/b"),
 ])
-def test_subjects_that_try_to_leave_their_segment(client: TestClient, registry: Registry, path: str) -> None:
-    """The rule is looked up on the same decoded path the router matches, so a path that the
-    router would not send to the register route is not authorized as one either (it needs admin)."""
+def test_an_encoded_slash_stays_inside_the_subject(client: TestClient, registry: Registry, path: str,
+                                                   subject: str) -> None:
+    """Subjects may hold '/' (protobuf imports are registered under their file name): the
+    check sees the same subject the route registers, and '..' in it is just characters."""
+    r = client.post(path, json={"schema": V1, "schemaType": "PROTOBUF"}, headers=auth_headers("writer"))
+    assert r.status_code == 200, r.text
+    assert sorted(registry.subjects()) == sorted(["orders.created", subject])
+
+
+@pytest.mark.parametrize("path", [
+    "/subjects/payments.x%2Forders./versions",
+    "/subjects/%2Forders.x/versions",
+    "/subjects/..%2Forders.x/versions",
+])
+def test_an_encoded_slash_cannot_borrow_a_prefix(client: TestClient, registry: Registry, path: str) -> None:
+    r = client.post(path, json={"schema": V1, "schemaType": "PROTOBUF"}, headers=auth_headers("writer"))
+    assert r.status_code == 403, r.text
+    assert registry.subjects() == ["orders.created"]
+
+
+@pytest.mark.parametrize("path", [
+    "/subjects/orders.created/../../config/versions",   # dot segments (normalized by the client or not)
+    "/subjects//versions",
+    "/subjects/orders.x/versions/extra/segments",
+])
+def test_paths_the_router_would_not_send_to_a_route_need_admin(client: TestClient, registry: Registry,
+                                                               path: str) -> None:
+    """The rule is looked up on the same path the router matches, so a path that the router
+    would not send to the register route is not authorized as one either (it needs admin)."""
     r = client.post(path, json={"schema": V1, "schemaType": "PROTOBUF"}, headers=auth_headers("writer"))
     assert r.status_code == 403, (path, r.status_code, r.text)
-    assert registry.subjects() == ["orders.created"]
     # and the admin gets the router's answer (no route), not a registration somewhere else
     assert client.post(path, json={"schema": V1, "schemaType": "PROTOBUF"},
                        headers=auth_headers("admin")).status_code in (404, 405)
     assert registry.subjects() == ["orders.created"]
+
+
+def test_probes_and_metrics_are_open_and_show_no_data(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json() == {"status": "ok"}
+    assert client.get("/healthz", headers={"Authorization": "Basic !!!"}).status_code == 200  # not even parsed
+    text = client.get("/metrics").text
+    assert "prism_schema_registry_requests_total" in text and "orders.created" not in text
 
 
 def test_a_subject_with_odd_characters_under_the_prefix_is_still_under_it(client: TestClient,
