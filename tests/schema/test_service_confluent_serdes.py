@@ -19,6 +19,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pool, message_factory
 
 from app.schema.protoparse import compile_proto
+from tests.support import creds
 
 MONEY = 'syntax = "proto3";\npackage common;\nmessage Money {\n  string currency = 1;\n  int64 units = 2;\n}\n'
 ORDER = '''syntax = "proto3";
@@ -59,7 +60,7 @@ def _ctx(topic: str) -> SerializationContext:
 
 def test_protobuf_serializer_auto_registers_and_deserializer_reads(live_server) -> None:  # type: ignore[no-untyped-def]
     order_cls = _order_class()
-    client = SchemaRegistryClient({"url": live_server.url})
+    client = SchemaRegistryClient(live_server.sr_conf())
     ser = ProtobufSerializer(order_cls, client, {"auto.register.schemas": True, "use.deprecated.format": False})
     msg = order_cls(order_id="o-1", card="4111", note="", status=1)
     msg.total.currency, msg.total.units = "EUR", 1250
@@ -71,7 +72,7 @@ def test_protobuf_serializer_auto_registers_and_deserializer_reads(live_server) 
     assert data[0] == 0  # Confluent framing: magic byte, then the schema id
 
     # What the serializer registered is stored as .proto text, its import as a reference.
-    fresh = SchemaRegistryClient({"url": live_server.url})
+    fresh = SchemaRegistryClient(live_server.sr_conf())
     latest = fresh.get_latest_version(f"{topic}-value")
     assert "message Order" in latest.schema.schema_str and "import \"common/money.proto\";" in latest.schema.schema_str
     assert [(r.name, r.subject) for r in latest.schema.references] == [("common/money.proto", "common/money.proto")]
@@ -82,13 +83,13 @@ def test_protobuf_serializer_auto_registers_and_deserializer_reads(live_server) 
     assert back == msg and back.total.units == 1250 and back.HasField("note")
 
     # A second serializer (another producer process) finds the same id: idempotent, no new version.
-    again = ProtobufSerializer(order_cls, SchemaRegistryClient({"url": live_server.url}),
+    again = ProtobufSerializer(order_cls, SchemaRegistryClient(live_server.sr_conf()),
                                {"auto.register.schemas": True, "use.deprecated.format": False})
     assert again(msg, _ctx(topic))[:5] == data[:5]
     assert fresh.get_versions(f"{topic}-value") == [1]
 
     # The same schema registered as text is the same id (one canonical form either way).
-    with httpx.Client(base_url=live_server.url) as h:
+    with httpx.Client(base_url=live_server.url, auth=creds("admin")) as h:
         sid = int.from_bytes(data[1:5], "big")
         text = h.get(f"/schemas/ids/{sid}").json()
         r = h.post(f"/subjects/{topic}-value", json={"schema": text["schema"], "schemaType": "PROTOBUF",
@@ -111,27 +112,27 @@ def test_protobuf_serialized_form_that_cannot_be_rendered_is_refused(live_server
                 type=descriptor_pb2.FieldDescriptorProto.TYPE_GROUP, type_name=".g.M.Grp")
     m.nested_type.add(name="Grp")
     body = {"schema": base64.b64encode(fdp.SerializeToString()).decode(), "schemaType": "PROTOBUF"}
-    r = httpx.post(f"{live_server.url}/subjects/g-value/versions", json=body)
+    r = httpx.post(f"{live_server.url}/subjects/g-value/versions", json=body, auth=creds("admin"))
     assert r.status_code == 422 and r.json()["error_code"] == 42201
     assert "group" in r.json()["message"] and "g.proto" in r.json()["message"]
 
 
 def test_avro_serializer_round_trip(live_server) -> None:  # type: ignore[no-untyped-def]
-    client = SchemaRegistryClient({"url": live_server.url})
+    client = SchemaRegistryClient(live_server.sr_conf())
     topic = f"sensors-{uuid.uuid4().hex[:8]}"
     data = AvroSerializer(client, AVRO, conf={"auto.register.schemas": True})({"celsius": 21.5, "unit": "C"},
                                                                                 _ctx(topic))
-    back = AvroDeserializer(SchemaRegistryClient({"url": live_server.url}))(data, _ctx(topic))
+    back = AvroDeserializer(SchemaRegistryClient(live_server.sr_conf()))(data, _ctx(topic))
     assert back == {"celsius": 21.5, "unit": "C"}
     assert client.get_latest_version(f"{topic}-value").schema.schema_type == "AVRO"
 
 
 def test_json_schema_serializer_round_trip(live_server) -> None:  # type: ignore[no-untyped-def]
-    client = SchemaRegistryClient({"url": live_server.url})
+    client = SchemaRegistryClient(live_server.sr_conf())
     topic = f"clicks-{uuid.uuid4().hex[:8]}"
     data = JSONSerializer(JSON_SCHEMA, client, conf={"auto.register.schemas": True})({"url": "/a", "n": 2},
                                                                                      _ctx(topic))
-    back = JSONDeserializer(None, schema_registry_client=SchemaRegistryClient({"url": live_server.url}))(
+    back = JSONDeserializer(None, schema_registry_client=SchemaRegistryClient(live_server.sr_conf()))(
         data, _ctx(topic))
     assert back == {"url": "/a", "n": 2}
     assert client.get_latest_version(f"{topic}-value").schema.schema_type == "JSON"
@@ -141,7 +142,7 @@ def test_protobuf_through_the_embedded_broker(live_server, broker) -> None:  # t
     from confluent_kafka import Consumer, Producer
 
     order_cls = _order_class()
-    client = SchemaRegistryClient({"url": live_server.url})
+    client = SchemaRegistryClient(live_server.sr_conf())
     ser = ProtobufSerializer(order_cls, client, {"auto.register.schemas": True, "use.deprecated.format": False})
     topic = f"orders-{uuid.uuid4().hex[:8]}"
     sent = [order_cls(order_id=f"o-{i}", iban=f"DE{i}") for i in range(3)]
@@ -150,7 +151,7 @@ def test_protobuf_through_the_embedded_broker(live_server, broker) -> None:  # t
         producer.produce(topic, value=ser(m, _ctx(topic)))
     assert producer.flush(20) == 0
 
-    de = ProtobufDeserializer(order_cls, {"use.deprecated.format": False}, SchemaRegistryClient({"url": live_server.url}))
+    de = ProtobufDeserializer(order_cls, {"use.deprecated.format": False}, SchemaRegistryClient(live_server.sr_conf()))
     consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"g-{uuid.uuid4().hex[:8]}",
                          "auto.offset.reset": "earliest"})
     consumer.subscribe([topic])
