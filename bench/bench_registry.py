@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import http.client
 import json
 import multiprocessing as mp
@@ -38,6 +39,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Every request authenticates, as Confluent clients with basic.auth.user.info do (the server
+#: verifies the Argon2 hash once, then recognizes the credentials from its HMAC-keyed cache).
+BENCH_USER, BENCH_PASSWORD = "bench", "bench-password-not-secret"
+AUTH_HEADER = "Basic " + base64.b64encode(f"{BENCH_USER}:{BENCH_PASSWORD}".encode()).decode()
 
 
 def _free_port() -> int:
@@ -77,7 +82,7 @@ def _load_worker(port: int, path: str, seconds: float, threads: int, q: mp.Queue
         while time.perf_counter() < stop:
             t0 = time.perf_counter()
             try:
-                conn.request("GET", path)
+                conn.request("GET", path, headers={"Authorization": AUTH_HEADER})
                 r = conn.getresponse()
                 r.read()
                 if r.status != 200:
@@ -101,7 +106,8 @@ def _load_worker(port: int, path: str, seconds: float, threads: int, q: mp.Queue
 
 def _wrk(port: int, path: str, seconds: float, conns: int) -> dict:
     """One wrk run (one client thread: its CPU stays small next to the server's)."""
-    out = subprocess.run(["wrk", "-t1", f"-c{conns}", f"-d{seconds:g}s", "--latency",
+    out = subprocess.run(["wrk", "-t1", f"-c{conns}", f"-d{seconds:g}s", "--latency", "-H",
+                          f"Authorization: {AUTH_HEADER}",
                           f"http://127.0.0.1:{port}{path}"],
                          capture_output=True, text=True, timeout=seconds + 60, check=True).stdout
     unit = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
@@ -164,6 +170,13 @@ class _Server:
             db = Path(tmp) / f"bench-{self.port}.db"
             cmd = ["-m", "app.cli.main", "schema", "serve", *common, "--workers", str(workers),
                    "--store", f"sqlite:///{db}"]
+            if "--users-file" in (root / "app/schema/cli.py").read_text():  # a checkout with authentication
+                from app.security.http_auth import hash_password
+
+                users = Path(tmp) / f"users-{self.port}.json"
+                users.write_text(json.dumps([{"user": BENCH_USER, "hash": hash_password(BENCH_PASSWORD),
+                                              "roles": ["admin"]}]))
+                cmd += ["--users-file", str(users)]
             cwd = root
         else:
             if workers != 1:
@@ -188,7 +201,8 @@ class _Server:
     def request(self, method: str, path: str, body: str | None = None) -> bytes:
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
         try:
-            c.request(method, path, body, {"Content-Type": "application/vnd.schemaregistry.v1+json"})
+            c.request(method, path, body, {"Content-Type": "application/vnd.schemaregistry.v1+json",
+                                           "Authorization": AUTH_HEADER})
             return c.getresponse().read()
         finally:
             c.close()

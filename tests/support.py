@@ -25,3 +25,67 @@ def require_broker_binary() -> Path:
     except BrokerBinaryNotFound as exc:
         require(False, str(exc))
         raise  # unreachable: require() skipped or failed
+
+
+# --------------------------------------------------------------------------- HTTP auth (registry, management API)
+
+#: Test users: name -> (password, roles). Hashes use cheap Argon2 parameters (tests only).
+USERS: dict[str, tuple[str, list[str]]] = {
+    "admin": ("admin-password-1", ["admin"]),
+    "alice": ("alice-password-1", ["admin"]),
+    "bob": ("bob-password-12", ["admin"]),
+    "writer": ("writer-password-1", ["write:orders."]),
+    "reader": ("reader-password-1", ["read"]),
+}
+FAST_ARGON2 = {"time_cost": 1, "memory_cost": 1024, "parallelism": 1}
+
+
+def write_users_file(path: Path, users: dict[str, tuple[str, list[str]]] = USERS) -> Path:
+    """A users file (the registry's and the management API's format) for ``users``."""
+    import yaml
+
+    from app.security.http_auth import hash_password
+
+    doc = {"users": [{"user": u, "hash": hash_password(pw, **FAST_ARGON2), "roles": roles}
+                     for u, (pw, roles) in users.items()]}
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+    return path
+
+
+def creds(user: str) -> tuple[str, str]:
+    """(user, password) of a test user, as httpx's ``auth=`` takes it."""
+    return user, USERS[user][0]
+
+
+def auth_headers(user: str) -> dict[str, str]:
+    from app.security.http_auth import basic_header
+
+    return {"Authorization": basic_header(*creds(user))}
+
+
+def self_signed_cert(tmp: Path) -> tuple[Path, Path]:
+    """(certificate, key) PEM files of a fresh self-signed certificate for 127.0.0.1."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    tmp.mkdir(parents=True, exist_ok=True)
+    certfile, keyfile = tmp / "cert.pem", tmp / "key.pem"
+    certfile.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    keyfile.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    return certfile, keyfile

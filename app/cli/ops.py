@@ -33,12 +33,16 @@ console = Console()
 # --------------------------------------------------------------------------- status
 
 
-def _get(url: str, timeout: float = 10.0) -> Any:
+def _get(url: str, timeout: float = 10.0, headers: dict[str, str] | None = None) -> Any:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:
             body = r.read()
             return json.loads(body) if "json" in r.headers.get("Content-Type", "") else body.decode()
     except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            raise PrismError(f"worker refused {url} (HTTP {exc.code})",
+                             hint="pass --user/--password or --token (PRISM_ADMIN_USER / PRISM_ADMIN_PASSWORD / "
+                                  "PRISM_ADMIN_TOKEN) for a user with the read role") from None
         raise PrismError(f"worker answered {exc.code} for {url}",
                          hint="check the topology name and that the worker is running") from None
     except (urllib.error.URLError, OSError) as exc:
@@ -66,46 +70,46 @@ def metric_totals(text: str) -> dict[str, float]:
     return out
 
 
-def _supervisor_doc(url: str) -> dict[str, Any] | None:
+def _supervisor_doc(url: str, headers: dict[str, str] | None = None) -> dict[str, Any] | None:
     """The supervisor's `/workers` document when `url` is a `prism run --processes N` supervisor."""
     try:
-        doc = _get(url + "/workers")
+        doc = _get(url + "/workers", headers=headers)
     except PrismError:
         return None  # a single worker (Faust answers 404) - or nothing there, reported by the caller
     return doc if isinstance(doc, dict) and doc.get("kind") == "supervisor" else None
 
 
-def collect_status(url: str, interval: float = 1.0) -> dict[str, Any]:
+def collect_status(url: str, interval: float = 1.0, headers: dict[str, str] | None = None) -> dict[str, Any]:
     """Everything `prism status` prints: per topology its info, status, DLQ depth; rates from
-    two /metrics scrapes `interval` seconds apart.
+    two /metrics scrapes `interval` seconds apart. `headers` carry the credentials.
 
     For a supervisor (`prism run --processes N --web-port P`): its children (state, restarts,
     last exit) and then the same for every child that is up."""
     url = url.rstrip("/")
-    sup = _supervisor_doc(url)
+    sup = _supervisor_doc(url, headers)
     if sup is not None:
         workers = []
         for child in sup["children"]:
             entry: dict[str, Any] = {"index": child["index"], "url": child.get("web_url")}
             if child.get("web_url") and child.get("state") == "ready":
                 try:
-                    entry["status"] = collect_status(child["web_url"], interval)
+                    entry["status"] = collect_status(child["web_url"], interval, headers)
                 except PrismError as exc:
                     entry["error"] = str(exc)
             workers.append(entry)
         return {"url": url, "supervisor": sup, "workers": workers}
-    return _collect_worker(url, interval)
+    return _collect_worker(url, interval, headers)
 
 
-def _collect_worker(url: str, interval: float) -> dict[str, Any]:
+def _collect_worker(url: str, interval: float, headers: dict[str, str] | None) -> dict[str, Any]:
     before = metric_totals(_get(url + "/metrics"))
     t0 = time.monotonic()
     out: dict[str, Any] = {"url": url, "topologies": []}
-    for name in _get(url + "/connectors"):
-        info = _get(f"{url}/connectors/{name}")
-        status = _get(f"{url}/connectors/{name}/status")
+    for name in _get(url + "/connectors", headers=headers):
+        info = _get(f"{url}/connectors/{name}", headers=headers)
+        status = _get(f"{url}/connectors/{name}/status", headers=headers)
         try:
-            dlq = _get(f"{url}/connectors/{name}/dlq", timeout=30)
+            dlq = _get(f"{url}/connectors/{name}/dlq", timeout=30, headers=headers)
         except PrismError:
             dlq = {"total": None, "partitions": []}
         out["topologies"].append({"name": name, "info": info, "status": status, "dlq": dlq})
@@ -262,9 +266,17 @@ def register(app: typer.Typer, dlq_app: typer.Typer) -> None:
         url: Annotated[str, typer.Option(help="the worker's web address (prism run --web-port)")] = DEFAULT_URL,
         json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
         interval: Annotated[float, typer.Option(min=0.1, help="seconds between the two scrapes for rates")] = 1.0,
+        user: Annotated[str | None, typer.Option(envvar="PRISM_ADMIN_USER",
+                                                 help="management API user (HTTP basic)")] = None,
+        password: Annotated[str | None, typer.Option(envvar="PRISM_ADMIN_PASSWORD",
+                                                     help="its password (prefer the env var)")] = None,
+        token: Annotated[str | None, typer.Option(envvar="PRISM_ADMIN_TOKEN",
+                                                  help="bearer JWT (wins over --user)")] = None,
     ) -> None:
         """Topology, per-partition lag, rates, DLQ depth and table sizes of a running worker."""
-        doc = collect_status(url, interval)
+        from app.security.http_auth import client_auth_header
+
+        doc = collect_status(url, interval, client_auth_header(user=user, password=password, token=token))
         if json_out:
             typer.echo(json.dumps(doc, indent=2, sort_keys=True))
         else:

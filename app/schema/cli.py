@@ -4,6 +4,10 @@ Exit codes follow RFC-030's CI workflows: 0 = ok, 1 = breaking change / rejected
 audit failures, 2 = usage or I/O error. Commands that talk to a registry take
 ``--registry`` (env ``PRISM_REGISTRY_URL``, default ``http://127.0.0.1:8081``); ``check``,
 ``validate``, ``audit --dir`` and ``codegen --file`` also work offline on files.
+
+Credentials for the registry: ``prism schema --user U --password P ...`` or ``--token JWT``
+(env ``PRISM_REGISTRY_USER`` / ``PRISM_REGISTRY_PASSWORD`` / ``PRISM_REGISTRY_TOKEN``). The
+audit log records the authenticated user, so there is no ``--actor``.
 """
 
 from __future__ import annotations
@@ -30,7 +34,21 @@ schema_app.add_typer(policy_app, name="policy")
 
 RegistryOpt = Annotated[str, typer.Option("--registry", envvar="PRISM_REGISTRY_URL", help="registry base URL")]
 DEFAULT_REGISTRY = "http://127.0.0.1:8081"
-ActorOpt = Annotated[str, typer.Option("--actor", envvar="PRISM_ACTOR", help="who is acting (audit log)")]
+#: Set by the sub-app callback from --user/--password/--token (or their env vars).
+_CREDENTIALS: dict[str, str | None] = {"user": None, "password": None, "token": None}
+
+
+@schema_app.callback()
+def _credentials(
+    user: Annotated[str | None, typer.Option("--user", envvar="PRISM_REGISTRY_USER",
+                                             help="registry user (HTTP basic)")] = None,
+    password: Annotated[str | None, typer.Option("--password", envvar="PRISM_REGISTRY_PASSWORD",
+                                                 help="registry password (prefer the env var)")] = None,
+    token: Annotated[str | None, typer.Option("--token", envvar="PRISM_REGISTRY_TOKEN",
+                                              help="bearer JWT for the registry (wins over --user)")] = None,
+) -> None:
+    """Schema registry: register, discover, check compatibility, govern PII."""
+    _CREDENTIALS.update(user=user, password=password, token=token)
 
 
 class ApiError(Exception):
@@ -40,16 +58,28 @@ class ApiError(Exception):
         self.status, self.body = status, body
 
 
-def _api(base: str, method: str, path: str, body: Any = None, actor: str | None = None) -> Any:
+def _api(base: str, method: str, path: str, body: Any = None) -> Any:
+    from app.security.http_auth import client_auth_header
+
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(base.rstrip("/") + path, data=data, method=method,
                                  headers={"Content-Type": "application/json", "Accept": "application/json",
-                                          **({"X-Prism-Actor": actor} if actor else {})})
+                                          **client_auth_header(**_CREDENTIALS)})
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return json.loads(r.read().decode() or "null")
     except urllib.error.HTTPError as e:
         raw = e.read().decode()
+        if e.code in (401, 403):
+            try:
+                msg = json.loads(raw).get("message", raw)
+            except (ValueError, AttributeError):
+                msg = raw
+            typer.echo(f"❌ registry {base} refused: HTTP {e.code}: {msg}\n   hint: pass credentials with "
+                       "--user/--password or --token (PRISM_REGISTRY_USER / PRISM_REGISTRY_PASSWORD / "
+                       "PRISM_REGISTRY_TOKEN)" + (" for a user with the needed role" if e.code == 403 else ""),
+                       err=True)
+            raise typer.Exit(2) from None
         try:
             parsed = json.loads(raw)
         except ValueError:
@@ -108,7 +138,6 @@ def register(
     owner_team: Annotated[str | None, typer.Option("--owner-team")] = None,
     fmt: Annotated[str | None, typer.Option("--format")] = None,
     registry: RegistryOpt = DEFAULT_REGISTRY,
-    actor: ActorOpt = os.environ.get("USER", "cli"),
 ) -> None:
     """Register a schema version. Exit 1 when the registry rejects it (incompatible, PII policy)."""
     text = _read(file)
@@ -119,8 +148,7 @@ def register(
         meta["compatibility_mode"] = _mode(compatibility).value
     try:
         r = _api(registry, "POST", "/v1/schemas", {"topic": topic, "schema": text, "format": _fmt(file, fmt).value,
-                                                   "version": version, "namespace": namespace, "metadata": meta},
-                 actor)
+                                                   "version": version, "namespace": namespace, "metadata": meta})
     except ApiError as e:
         body = e.body if isinstance(e.body, dict) else {}
         if e.status == 409:
@@ -331,7 +359,6 @@ def policy_set(
     approval_required_for: Annotated[str | None, typer.Option("--approval-required-for",
                                                               help="'breaking' or 'none'")] = None,
     registry: RegistryOpt = DEFAULT_REGISTRY,
-    actor: ActorOpt = os.environ.get("USER", "cli"),
 ) -> None:
     """Set a namespace's (or the global) policy."""
     if not namespace and not global_:
@@ -341,7 +368,7 @@ def policy_set(
             "pii_policy": "enforce" if require_pii_tags else pii_policy,
             "approval_required": None if approval_required_for is None else approval_required_for == "breaking"}
     try:
-        r = _api(registry, "PUT", f"/v1/policies/{_q(namespace or '__global__')}", body, actor)
+        r = _api(registry, "PUT", f"/v1/policies/{_q(namespace or '__global__')}", body)
     except ApiError as e:
         typer.echo(f"❌ {e}", err=True)
         raise typer.Exit(1) from None
@@ -360,11 +387,10 @@ def approve_request(
     reason: Annotated[str, typer.Option()] = "",
     fmt: Annotated[str | None, typer.Option("--format")] = None,
     registry: RegistryOpt = DEFAULT_REGISTRY,
-    actor: ActorOpt = os.environ.get("USER", "cli"),
 ) -> None:
     """Ask for approval of a breaking change (a different person approves with ``approve``)."""
     r = _api(registry, "POST", "/v1/approvals", {"subject": topic, "schema": _read(schema_file),
-                                                 "format": _fmt(schema_file, fmt).value, "reason": reason}, actor)
+                                                 "format": _fmt(schema_file, fmt).value, "reason": reason})
     typer.echo(f"✅ approval request #{r['id']} created ({r['status']}); approve with: "
                f"prism schema approve --id {r['id']}")
 
@@ -374,11 +400,10 @@ def approve(
     id: Annotated[int, typer.Option("--id")],
     reject: Annotated[bool, typer.Option("--reject")] = False,
     registry: RegistryOpt = DEFAULT_REGISTRY,
-    actor: ActorOpt = os.environ.get("USER", "cli"),
 ) -> None:
     """Approve (or --reject) an approval request."""
     try:
-        r = _api(registry, "POST", f"/v1/approvals/{id}/{'reject' if reject else 'approve'}", {}, actor)
+        r = _api(registry, "POST", f"/v1/approvals/{id}/{'reject' if reject else 'approve'}", {})
     except ApiError as e:
         typer.echo(f"❌ {e}", err=True)
         raise typer.Exit(1) from None
@@ -453,6 +478,58 @@ if __name__ == "__main__":  # pragma: no cover
     sys.exit(schema_app())
 
 
+@schema_app.command("hash-password")
+def hash_password_cmd(
+    user: Annotated[str | None, typer.Option(help="also print a users-file entry for this user")] = None,
+    roles: Annotated[str, typer.Option(help="roles for the entry: read, write, write:<prefix>, admin "
+                                             "(comma-separated)")] = "read",
+    stdin: Annotated[bool, typer.Option("--stdin", help="read the password from the first line of stdin")] = False,
+) -> None:
+    """Hash a password (Argon2id) for a registry / management API users file.
+
+    The password is asked for twice without echo (or read from stdin with ``--stdin``),
+    never taken from the command line, where shell history and ``ps`` would keep it."""
+    from app.errors import ConfigError
+    from app.security.http_auth import hash_password, parse_roles
+
+    try:
+        role_set = parse_roles(roles, where="--roles")
+    except ConfigError as e:
+        typer.echo(f"❌ {e}", err=True)
+        raise typer.Exit(2) from None
+    if stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        password = typer.prompt("password", hide_input=True, confirmation_prompt=True)
+    if len(password) < 12:
+        typer.echo("❌ the password is shorter than 12 characters; use a long random one "
+                   "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(24))')", err=True)
+        raise typer.Exit(2)
+    digest = hash_password(password)
+    if user is None:
+        typer.echo(digest)
+        return
+    typer.echo(f"- user: {json.dumps(user)}\n  hash: {json.dumps(digest)}\n  roles: {json.dumps(sorted(role_set))}")
+
+
+def _check_tls(certfile: Path | None, keyfile: Path | None) -> None:
+    """Load the certificate and key now, so a wrong path or a key that does not match the
+    certificate stops the start-up with a message instead of failing every handshake."""
+    import ssl
+
+    if certfile is None and keyfile is None:
+        return
+    if certfile is None or keyfile is None:
+        typer.echo("❌ TLS needs both --ssl-certfile and --ssl-keyfile", err=True)
+        raise typer.Exit(2)
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(str(certfile), str(keyfile))
+    except (OSError, ssl.SSLError) as e:
+        typer.echo(f"❌ cannot load TLS certificate {certfile} / key {keyfile}: {e}\n"
+                   "   hint: pass a PEM certificate (chain) and its unencrypted PEM private key", err=True)
+        raise typer.Exit(2) from None
+
+
 @schema_app.command()
 def serve(
     host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
@@ -461,8 +538,23 @@ def serve(
     store: Annotated[str | None, typer.Option(
         "--store", envvar="PRISM_REGISTRY_DB",
         help="sqlite:///path.db (default sqlite:///prism-registry.db) or postgresql://host/db[?schema=name]")] = None,
+    users_file: Annotated[Path | None, typer.Option(
+        "--users-file", envvar="PRISM_REGISTRY_USERS_FILE",
+        help="YAML/JSON users file: user, Argon2 hash (prism schema hash-password), roles")] = None,
+    jwt_config: Annotated[Path | None, typer.Option(
+        "--jwt-config", envvar="PRISM_REGISTRY_JWT_CONFIG",
+        help="YAML: jwks_file, issuers, audience, roles_claim, role_map (bearer JWTs)")] = None,
+    allow_anonymous: Annotated[str | None, typer.Option(
+        "--allow-anonymous", envvar="PRISM_REGISTRY_ALLOW_ANONYMOUS",
+        help="roles for requests without credentials, e.g. read (default: none)")] = None,
+    ssl_certfile: Annotated[Path | None, typer.Option("--ssl-certfile", help="PEM certificate: serve HTTPS")] = None,
+    ssl_keyfile: Annotated[Path | None, typer.Option("--ssl-keyfile", help="PEM private key of --ssl-certfile")] = None,
 ) -> None:
     """Run the registry service (uvicorn with uvloop and httptools).
+
+    Every request is authenticated (``--users-file`` for HTTP basic, ``--jwt-config`` for
+    bearer JWTs) and authorized by role; ``--allow-anonymous read`` lets requests without
+    credentials read. With none of the three the registry refuses to start.
 
     With ``--workers N`` the N processes share the port and the store. Each keeps its own
     read caches; a write through any of them reaches the others' caches through the store
@@ -474,8 +566,25 @@ def serve(
 
     import uvicorn
 
+    from app.errors import ConfigError
+    from app.schema.authz import ENV_ALLOW_ANONYMOUS, ENV_JWT_CONFIG, ENV_USERS_FILE, registry_auth_from_env
     from app.schema.store import open_store
 
+    # Authentication settings are validated here, before anything listens; the worker
+    # processes uvicorn starts read the same settings from the environment.
+    auth_env = {ENV_USERS_FILE: str(users_file.resolve()) if users_file else "",
+                ENV_JWT_CONFIG: str(jwt_config.resolve()) if jwt_config else "",
+                ENV_ALLOW_ANONYMOUS: allow_anonymous or ""}
+    try:
+        auth = registry_auth_from_env(auth_env)
+    except ConfigError as e:
+        typer.echo(f"❌ {e}", err=True)
+        raise typer.Exit(2) from None
+    _check_tls(ssl_certfile, ssl_keyfile)
+    if auth.accepts_credentials and ssl_certfile is None and host not in ("127.0.0.1", "::1", "localhost"):
+        typer.echo(f"⚠️  serving credentials over plain HTTP on {host}: pass --ssl-certfile/--ssl-keyfile "
+                   "or terminate TLS in front of the registry", err=True)
+    os.environ.update(auth_env)
     # Fail fast on a bad store URL, and create the tables once here rather than in N
     # workers at the same moment (concurrent CREATE SCHEMA can fail on PostgreSQL).
     try:
@@ -493,7 +602,9 @@ def serve(
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
         uvicorn.run("app.schema.service:app", host=host, port=port, workers=workers, loop="uvloop",
-                    http="httptools", log_level="warning", access_log=False)
+                    http="httptools", log_level="warning", access_log=False,
+                    ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
+                    ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None)
     finally:
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)

@@ -19,6 +19,7 @@ import json
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
@@ -157,10 +158,21 @@ def deprecated_fields_used(payload: bytes | memoryview, resolved: ResolvedSchema
 
 
 def _http_json(url: str, timeout: float = 10.0) -> Any:
-    req = urllib.request.Request(url, headers={"Accept": "application/vnd.schemaregistry.v1+json, application/json"})
+    """GET a registry document, with the registry credentials of ``PRISM_REGISTRY_TOKEN`` or
+    ``PRISM_REGISTRY_USER``/``PRISM_REGISTRY_PASSWORD`` (never from the topology file)."""
+    from app.security.http_auth import client_auth_from_env
+
+    req = urllib.request.Request(url, headers={"Accept": "application/vnd.schemaregistry.v1+json, application/json",
+                                               **client_auth_from_env("PRISM_REGISTRY")})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read().decode())
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 403):
+            raise SchemaResolutionError(
+                f"GET {url} refused (HTTP {e.code}); set PRISM_REGISTRY_USER and PRISM_REGISTRY_PASSWORD "
+                "(or PRISM_REGISTRY_TOKEN) to credentials with the read role") from e
+        raise SchemaResolutionError(f"GET {url} failed: {e}") from e
     except Exception as e:
         raise SchemaResolutionError(f"GET {url} failed: {e}") from e
 

@@ -12,10 +12,13 @@ Two surfaces over one :class:`~app.schema.registry.Registry`:
   active consumers, plus ``/metrics`` (Prometheus text via prometheus_client, see
   :mod:`app.schema.metrics`) and a small browser UI at ``/ui``.
 
-Who did what: the actor is the ``X-Prism-Actor`` header, else the HTTP basic-auth user,
-else ``anonymous``. (Authentication itself belongs to the deployment's gateway.)
+Who may do what: every request is authenticated (HTTP basic against a users file, or a
+bearer JWT) and authorized against one route table in :mod:`app.schema.authz`; the audit
+actor is always the verified principal (``anonymous`` only where anonymous access is
+explicitly allowed). Client-supplied actor headers are ignored.
 
-Run: ``uvicorn app.schema.service:app`` (``PRISM_REGISTRY_DB`` selects the store URL).
+Run: ``prism schema serve`` (or ``uvicorn app.schema.service:app`` with ``PRISM_REGISTRY_DB``
+and the ``PRISM_REGISTRY_USERS_FILE`` / ``_JWT_CONFIG`` / ``_ALLOW_ANONYMOUS`` settings).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.schema.authz import RegistryAuthMiddleware, actor_of, registry_auth_from_env
 from app.schema.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from app.schema.metrics import UNMATCHED_ROUTE
 from app.schema.model import SchemaFormat
@@ -47,6 +51,7 @@ from app.schema.registry import (
     SubjectModeNotFound,
 )
 from app.schema.store import open_store
+from app.security.http_auth import HttpAuth
 
 CONFLUENT_CT = "application/vnd.schemaregistry.v1+json"
 
@@ -123,15 +128,8 @@ class ConsumerReport(BaseModel):
 
 
 def _actor(request: Request) -> str:
-    if a := request.headers.get("x-prism-actor"):
-        return a
-    auth = request.headers.get("authorization", "")
-    if auth.lower().startswith("basic "):
-        try:
-            return base64.b64decode(auth[6:]).decode().split(":", 1)[0] or "anonymous"
-        except Exception:
-            return "anonymous"
-    return "anonymous"
+    """The verified principal (set by the auth middleware); never a client-supplied header."""
+    return actor_of(request)
 
 
 def _maybe_b64(text: str) -> str:
@@ -182,16 +180,24 @@ def _schema_json(reg: Registry, schema_id: int) -> dict[str, Any]:
     return out
 
 
-def create_app(registry: Registry | None = None, *, store_url: str | None = None) -> FastAPI:
-    """Build the app around ``registry`` (or a store opened from ``store_url`` / ``PRISM_REGISTRY_DB``)."""
+def create_app(registry: Registry | None = None, *, store_url: str | None = None,
+               auth: HttpAuth | None = None) -> FastAPI:
+    """Build the app around ``registry`` (or a store opened from ``store_url`` / ``PRISM_REGISTRY_DB``).
+
+    ``auth`` says who may do what (:mod:`app.schema.authz`); without it the settings come from
+    the environment, and none at all is a :class:`~app.errors.ConfigError` (never an open registry)."""
+    auth = auth if auth is not None else registry_auth_from_env()
     reg = registry or Registry(open_store(store_url or os.environ.get("PRISM_REGISTRY_DB")))
     app = FastAPI(title="Prism Schema Registry", version="1.0",
                   description="RFC-030 schema registry with a Confluent-compatible REST subset.")
     app.state.registry = reg
     app.router.route_class = _SlashRoute  # before any route is declared
 
-    # Order matters: the fast path runs inside the request counter, so its answers are counted.
+    app.state.auth = auth
+    # Order matters (last added runs first): requests are counted, then authenticated and
+    # authorized, and only then may the fast path answer from its cache.
     app.add_middleware(_FastReads, registry=reg)
+    app.add_middleware(RegistryAuthMiddleware, auth=auth)
     app.add_middleware(_CountRequests, registry=reg)
     app.add_middleware(_EncodedSlashes)
 
@@ -517,6 +523,21 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
         cache lookups (hit/miss, hit ratio), compatibility verdicts, validation failures by
         reason, PII-policy rejections. Published in OpenAPI like every other operations route."""
         return Response(reg.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
+
+    @app.get("/healthz", tags=["ops"])
+    async def healthz() -> dict[str, Any]:
+        """Liveness: the process serves HTTP. Open (probes carry no credentials), no data."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["ops"])
+    def readyz() -> JSONResponse:
+        """Readiness: the store answers (reads the global policy). Open, like ``/healthz``; 503
+        with the exception's type name only when the store does not answer."""
+        try:
+            reg.policy()
+        except Exception as exc:
+            return JSONResponse({"status": "fail", "store": type(exc).__name__}, status_code=503)
+        return JSONResponse({"status": "ok"})
 
     @app.get("/ui", response_class=HTMLResponse, tags=["ui"], include_in_schema=False)
     def ui() -> str:

@@ -52,8 +52,12 @@ class VersionReporter:
     """De-duplicated, throttled, fire-and-forget reports of (consumer, subject, version)."""
 
     def __init__(self, registry_url: str, *, interval: float = DEFAULT_INTERVAL_S, timeout: float = 2.0,
-                 close_timeout: float = 1.0) -> None:
+                 close_timeout: float = 1.0, auth_headers: dict[str, str] | None = None) -> None:
+        from app.security.http_auth import client_auth_from_env
+
         self.endpoint = registry_url.rstrip("/") + "/v1/consumers"
+        #: Credentials (the read role is enough): given, else PRISM_REGISTRY_TOKEN or _USER/_PASSWORD.
+        self._auth = dict(auth_headers) if auth_headers is not None else client_auth_from_env("PRISM_REGISTRY")
         self.interval, self.timeout, self.close_timeout = interval, timeout, close_timeout
         self._next: dict[tuple[str, str], float] = {}  # (consumer_id, schema_url) -> monotonic time allowed again
         self._tasks: set[asyncio.Task[None]] = set()
@@ -94,7 +98,7 @@ class VersionReporter:
 
     def _post(self, body: bytes) -> None:
         req = urllib.request.Request(self.endpoint, data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **self._auth})
         with urllib.request.urlopen(req, timeout=self.timeout) as resp:
             resp.read()
 

@@ -16,18 +16,37 @@ management API (the shape Kafka Connect users know from its REST API).
 Why Faust views (`app.page`) and not a second server: one port per worker, the one the
 orchestrator already probes, started by Faust only after table recovery (before that the
 port is closed, which a readiness probe reads as "not ready" - correct).
+
+Who may call what (:data:`RULES`, one table; a route without a rule needs ``admin``):
+``/metrics``, ``/healthz`` and ``/readyz`` stay open (scrapers and probes carry no
+credentials); the other GETs need the ``read`` role, which anonymous requests have unless
+``PRISM_ADMIN_ALLOW_ANONYMOUS=none``; pause, resume, restart and anything not a GET need
+``admin``, proven with HTTP basic (``PRISM_ADMIN_USERS_FILE``, the registry's users-file
+format) or a bearer JWT (``PRISM_ADMIN_JWT_CONFIG``), through the same
+:mod:`app.security.http_auth` as the schema registry. With no credentials configured the
+mutating routes are simply closed (401). Refusals look like Kafka Connect's:
+``{"error_code": 401|403, "message": ...}``, 401 with ``WWW-Authenticate``.
+``PRISM_WEB_SSL_CERTFILE`` + ``PRISM_WEB_SSL_KEYFILE`` serve all of it over HTTPS (Faust's
+``web_ssl_context``). Every setting is validated when the worker is built.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
+import logging
 import os
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from faust.web import View
 
+from app.errors import ConfigError
 from app.observability.metrics import CONTENT_TYPE
+from app.security.http_auth import ROLE_ADMIN, HttpAuth, Principal, Unauthenticated, auth_from_settings
 from app.worker.faust_app import event_loop_name
 
 if TYPE_CHECKING:
@@ -36,8 +55,79 @@ if TYPE_CHECKING:
     from app.worker.observe import Observer
 
 JSON = "application/json"
+log = logging.getLogger(__name__)
 
 CONNECTOR_STATES = ("RUNNING", "PAUSED", "UNASSIGNED", "FAILED")
+
+ENV_USERS_FILE = "PRISM_ADMIN_USERS_FILE"
+ENV_JWT_CONFIG = "PRISM_ADMIN_JWT_CONFIG"
+ENV_ALLOW_ANONYMOUS = "PRISM_ADMIN_ALLOW_ANONYMOUS"
+ENV_SSL_CERTFILE = "PRISM_WEB_SSL_CERTFILE"
+ENV_SSL_KEYFILE = "PRISM_WEB_SSL_KEYFILE"
+OPEN, READ, ADMIN = "open", "read", "admin"
+#: Who is making the current request (aiohttp runs each request in its own task/context).
+_PRINCIPAL: contextvars.ContextVar[str] = contextvars.ContextVar("prism_management_principal", default="anonymous")
+
+#: (method, path template) -> what it needs. Anything else needs admin.
+RULES: Mapping[tuple[str, str], str] = {
+    ("GET", "/metrics"): OPEN,
+    ("GET", "/healthz"): OPEN,
+    ("GET", "/readyz"): OPEN,
+    ("GET", "/openapi.json"): READ,
+    ("GET", "/connectors"): READ,
+    ("GET", "/connectors/{name}"): READ,
+    ("GET", "/connectors/{name}/status"): READ,
+    ("GET", "/connectors/{name}/dlq"): READ,
+    ("PUT", "/connectors/{name}/pause"): ADMIN,
+    ("PUT", "/connectors/{name}/resume"): ADMIN,
+    ("POST", "/connectors/{name}/restart"): ADMIN,
+}
+
+
+def rule_for(method: str, template: str) -> str:
+    return RULES.get(("GET" if method == "HEAD" else method, template), ADMIN)
+
+
+@dataclass(frozen=True)
+class ManagementSettings:
+    """Authentication and TLS of the worker's web server."""
+
+    auth: HttpAuth
+    ssl_context: ssl.SSLContext | None = None
+
+    @classmethod
+    def default(cls) -> ManagementSettings:
+        """Reads open, mutations closed (no credentials exist)."""
+        return cls(HttpAuth(anonymous_roles=(READ,), realm="prism-worker"))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ManagementSettings:
+        env = os.environ if env is None else env
+        anonymous = env.get(ENV_ALLOW_ANONYMOUS, READ)
+        auth = auth_from_settings(users_file=env.get(ENV_USERS_FILE) or None,
+                                  jwt_config=env.get(ENV_JWT_CONFIG) or None, allow_anonymous=anonymous,
+                                  realm="prism-worker", where=ENV_ALLOW_ANONYMOUS)
+        if auth.anonymous_roles - {READ}:
+            raise ConfigError(f"anonymous requests may at most read, not {sorted(auth.anonymous_roles - {READ})}",
+                              path=ENV_ALLOW_ANONYMOUS, hint="use read or none; give operators credentials")
+        return cls(auth, tls_context(env.get(ENV_SSL_CERTFILE) or None, env.get(ENV_SSL_KEYFILE) or None))
+
+
+def tls_context(certfile: str | None, keyfile: str | None) -> ssl.SSLContext | None:
+    """A server TLS context from PEM files, loaded now (a wrong path or a key that does not
+    match the certificate stops the start-up, not every handshake)."""
+    if certfile is None and keyfile is None:
+        return None
+    if certfile is None or keyfile is None:
+        raise ConfigError("TLS needs both a certificate and its key", path=f"{ENV_SSL_CERTFILE} / {ENV_SSL_KEYFILE}",
+                          hint="set both, or neither for plain HTTP")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        ctx.load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load the TLS certificate/key: {exc}", path=f"{certfile} / {keyfile}",
+                          hint="a PEM certificate (chain) and its unencrypted PEM private key") from None
+    return ctx
 
 
 def topology_info(observer: Observer) -> dict[str, Any]:
@@ -177,9 +267,13 @@ async def dlq_depth(observer: Observer) -> dict[str, Any]:
     return {"name": t.name, "total": sum(x["depth"] for x in parts), "partitions": parts}
 
 
-def register_views(app: faust.App, observer: Observer) -> None:
+def register_views(app: faust.App, observer: Observer, settings: ManagementSettings | None = None) -> None:
     """Mount every view on `app`'s Faust web server (call before the app starts)."""
     obs = observer
+    auth = (settings or ManagementSettings.default()).auth
+
+    class View(_GuardedView):
+        _auth = auth
 
     def _known(view: View, name: str) -> None:
         p = obs.pipeline
@@ -226,17 +320,20 @@ def register_views(app: faust.App, observer: Observer) -> None:
         async def put(self, request: Any, name: str) -> Any:
             _known(self, name)
             await pause(obs)
+            log.warning("connector %r paused by %r", name, _PRINCIPAL.get())
             return self.json({"name": name, "state": "PAUSED"}, status=202)
 
     class Resume(View):
         async def put(self, request: Any, name: str) -> Any:
             _known(self, name)
             await resume(obs)
+            log.warning("connector %r resumed by %r", name, _PRINCIPAL.get())
             return self.json({"name": name, "state": connector_state(obs)}, status=202)
 
     class Restart(View):
         async def post(self, request: Any, name: str) -> Any:
             _known(self, name)
+            log.warning("connector %r restarted by %r", name, _PRINCIPAL.get())
             finished = await restart(obs)
             return self.json({"name": name, "restarted": True, "in_flight_finished": finished}, status=202)
 
@@ -253,7 +350,39 @@ def register_views(app: faust.App, observer: Observer) -> None:
                        ("/connectors/{name}", Connector), ("/connectors/{name}/status", Status),
                        ("/connectors/{name}/pause", Pause), ("/connectors/{name}/resume", Resume),
                        ("/connectors/{name}/restart", Restart), ("/connectors/{name}/dlq", Dlq)):
-        app.page(path, name=f"prism-{path}")(view)
+        app.page(path, name=f"prism-{path}")(type(view.__name__, (view,), {"template": path}))
+
+
+class _GuardedView(View):
+    """A Faust view that authenticates and authorizes per :data:`RULES` before dispatching."""
+
+    _auth: HttpAuth
+    template: str = ""
+
+    async def dispatch(self, request: Any) -> Any:
+        need = rule_for(request.method, self.template)
+        if need != OPEN:
+            try:
+                principal = await self._auth.authenticate(request.headers.getall("Authorization", []))
+            except Unauthenticated as exc:
+                return self._refuse(401, f"Unauthorized: {exc.message}")
+            if not _allowed(principal, need):
+                what = f"{request.method} {self.template}"
+                if principal.anonymous:
+                    extra = "" if self._auth.accepts_credentials else (
+                        f" (none are configured: set {ENV_USERS_FILE} or {ENV_JWT_CONFIG} on the worker)")
+                    return self._refuse(401, f"Unauthorized: {what} needs credentials with the {need} role{extra}")
+                return self._refuse(403, f"Forbidden: user {principal.name[:100]!r} may not {what} (needs {need})")
+            _PRINCIPAL.set(principal.name)
+        return await super().dispatch(request)
+
+    def _refuse(self, status: int, message: str) -> Any:
+        headers = {"WWW-Authenticate": ", ".join(self._auth.challenges())} if status == 401 else None
+        return self.json({"error_code": status, "message": message}, status=status, headers=headers)
+
+
+def _allowed(principal: Principal, need: str) -> bool:
+    return ROLE_ADMIN in principal.roles if need == ADMIN else principal.can_read()
 
 
 def _op(summary: str, schema: dict[str, Any] | None = None, status: str = "200",

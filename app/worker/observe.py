@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from app.agents.base import Message, Stage
     from app.agents.chain import Chain
     from app.envelope.model import Envelope
+    from app.worker.management import ManagementSettings
     from app.worker.pipeline import PipelineApp
 
 log = logging.getLogger("prism.worker.observe")
@@ -226,11 +227,16 @@ class Observer:
         tracing: a `TracingSetup`; None or exporter "none" = no stage spans.
         redactor: applied to producer-supplied span attributes and label values.
         table_size_interval_s: minimum seconds between two table size counts.
+        management: who may use the management API, and its TLS (default: reads open,
+            mutations closed; `from_env` reads PRISM_ADMIN_* and PRISM_WEB_SSL_*).
     """
 
     def __init__(self, *, metrics: PipelineMetrics | None = None, health: HealthState | None = None,
                  tracing: TracingSetup | None = None, redactor: Redactor | None = None,
-                 table_size_interval_s: float = 10.0) -> None:
+                 table_size_interval_s: float = 10.0, management: ManagementSettings | None = None) -> None:
+        from app.worker.management import ManagementSettings
+
+        self.management = management if management is not None else ManagementSettings.default()
         self.redactor = redactor or default_redactor()
         self.metrics = metrics if metrics is not None else PipelineMetrics(redactor=self.redactor)
         self.health = health if health is not None else HealthState(redactor=self.redactor)
@@ -258,8 +264,11 @@ class Observer:
         env = os.environ if env is None else env
         allow = [x.strip() for x in env.get(ENV_METRIC_LABELS, "").split(",") if x.strip()]
         red = default_redactor()
+        from app.worker.management import ManagementSettings
+
         return cls(metrics=PipelineMetrics(label_allowlist=allow, redactor=red),
-                   tracing=configure_tracing_from_env(service_name, env), redactor=red)
+                   tracing=configure_tracing_from_env(service_name, env), redactor=red,
+                   management=ManagementSettings.from_env(env))
 
     @property
     def tracing_enabled(self) -> bool:
@@ -287,7 +296,7 @@ class Observer:
         if app.conf.web_enabled:
             from app.worker.management import register_views
 
-            register_views(app, self)
+            register_views(app, self, self.management)
 
     async def _on_assigned(self, sender: Any, assigned: Iterable[Any], **_: Any) -> None:
         self.health.set_broker_connected(True)

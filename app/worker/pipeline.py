@@ -181,6 +181,8 @@ class PipelineApp:
         self.on_batch = on_batch
         self.stats = RunStats()
         parts = {s.partitions for s in topology.sources}
+        if observe is not None and observe.management.ssl_context is not None:
+            faust_overrides.setdefault("web_ssl_context", observe.management.ssl_context)  # HTTPS management API
         self.app: faust.App = make_app(app_id or f"prism-{topology.name}", bootstrap, data_dir,
                                        web_port=web_port, partitions=max(parts), embedded=embedded,
                                        settings=broker_settings, **faust_overrides)

@@ -15,7 +15,9 @@ from typer.testing import CliRunner
 from app.cli.ops import parse_since, register
 from app.envelope import encode, new_envelope
 from app.errors import ConfigError
+from app.worker.management import ManagementSettings
 from app.worker.observe import Observer
+from tests.support import USERS, write_users_file
 from tests.worker.conftest import dev_keys, make_topology  # noqa: F401 - fixtures (broker: tests/conftest.py)
 from tests.worker.test_observability_e2e import ObservedPipeline
 
@@ -49,9 +51,20 @@ async def test_status_and_dlq_commands(broker, tmp_path: Path, dev_keys, monkeyp
     records = [(encode(new_envelope(src, {"i": i}, namespace="order-events")), []) for i in range(10)]
     records += [(bad(i), []) for i in range(3)] + [(b"\x00\x01 not json", [])]
     runner = CliRunner()
-    async with ObservedPipeline(topo, broker.bootstrap, tmp_path / "w", Observer()) as p:
+    # reads closed to anonymous callers: `prism status` needs credentials (env or options)
+    management = ManagementSettings.from_env({"PRISM_ADMIN_USERS_FILE": str(write_users_file(tmp_path / "u.yaml")),
+                                              "PRISM_ADMIN_ALLOW_ANONYMOUS": "none"})
+    async with ObservedPipeline(topo, broker.bootstrap, tmp_path / "w", Observer(management=management)) as p:
         await p.produce(records)
         await p.wait_read(len(records))
+        res = await asyncio.to_thread(runner.invoke, _cli(), ["status", "--url", p.url, "--interval", "0.2"],
+                                      env={"PRISM_ADMIN_USER": None, "PRISM_ADMIN_TOKEN": None})
+        assert res.exit_code == 2 and "HTTP 401" in res.output and "PRISM_ADMIN_USER" in res.output, res.output
+        res = await asyncio.to_thread(runner.invoke, _cli(), ["status", "--url", p.url, "--user", "reader",
+                                                              "--password", "wrong", "--interval", "0.2"])
+        assert res.exit_code == 2 and "HTTP 401" in res.output
+        monkeypatch.setenv("PRISM_ADMIN_USER", "reader")
+        monkeypatch.setenv("PRISM_ADMIN_PASSWORD", USERS["reader"][0])
         res = await asyncio.to_thread(runner.invoke, _cli(), ["status", "--url", p.url, "--json", "--interval", "0.2"])
         assert res.exit_code == 0, res.output
         doc = json.loads(res.output)

@@ -60,9 +60,13 @@ def registry_metrics(tmp_path_factory) -> dict[str, set[str]]:
     from fastapi.testclient import TestClient
 
     from app.schema.service import create_app
+    from app.security.http_auth import auth_from_settings
+    from tests.support import auth_headers, write_users_file
 
     db = tmp_path_factory.mktemp("registry") / "r.db"
-    with TestClient(create_app(store_url=f"sqlite:///{db}")) as client:
+    auth = auth_from_settings(users_file=write_users_file(db.parent / "users.yaml"), jwt_config=None,
+                              allow_anonymous=None, realm="prism-schema-registry", where="test")
+    with TestClient(create_app(store_url=f"sqlite:///{db}", auth=auth), headers=auth_headers("admin")) as client:
         schema = json.dumps({"type": "object", "properties": {"id": {"type": "integer"}}})
         r = client.post("/subjects/orders-value/versions", json={"schema": schema, "schemaType": "JSON"})
         assert r.status_code == 200, r.text

@@ -80,6 +80,9 @@ def test_no_key_material_is_shipped_only_secret_references(base):
     registry_env = container(find(base, "Deployment", "prism-registry"), "registry")["env"]
     (db,) = [e for e in registry_env if e["name"] == "PRISM_REGISTRY_DB"]
     assert db["valueFrom"]["secretKeyRef"] == {"name": "prism-registry", "key": "PRISM_REGISTRY_DB"}
+    registry = find(base, "Deployment", "prism-registry")
+    users = [v for v in pod_spec(registry)["volumes"] if v["name"] == "users"]
+    assert users == [{"name": "users", "secret": {"secretName": "prism-registry-users", "defaultMode": 0o440}}]
 
 
 def test_pods_run_as_non_root_on_a_read_only_root(base):
@@ -253,12 +256,22 @@ def test_registry_command_ports_and_probes(base, tmp_path):
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": params["port"]}
     assert dep["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == str(params["port"])
     assert find(base, "Service", "prism-registry")["spec"]["ports"][0]["targetPort"] == "http"
-    with TestClient(create_app(store_url=f"sqlite:///{tmp_path / 'r.db'}")) as client:
+    # the users file is where the Secret is mounted, and the registry authenticates with it
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "users"]
+    assert Path(params["users_file"]).parent == Path(mount["mountPath"]) and mount["readOnly"] is True
+    from app.security.http_auth import auth_from_settings
+    from tests.support import write_users_file
+
+    auth = auth_from_settings(users_file=write_users_file(tmp_path / "users.yaml"), jwt_config=None,
+                              allow_anonymous=None, realm="prism-schema-registry", where="test")
+    with TestClient(create_app(store_url=f"sqlite:///{tmp_path / 'r.db'}", auth=auth)) as client:
+        # probes and the scrape carry no credentials: they must answer anyway, and only they
         for probe in ("livenessProbe", "readinessProbe"):
             assert c[probe]["httpGet"]["port"] == "http"
             r = client.get(c[probe]["httpGet"]["path"])
             assert r.status_code == 200, (probe, r.status_code, r.text)
         assert client.get(dep["spec"]["template"]["metadata"]["annotations"]["prometheus.io/path"]).status_code == 200
+        assert client.get("/subjects").status_code == 401
 
 
 def test_lake_cronjob_runs_a_real_compaction_of_the_workers_archive(base, tmp_path):

@@ -1,4 +1,5 @@
-"""Fixtures for the schema-registry tests: stores (SQLite, PostgreSQL) and a real uvicorn server."""
+"""Fixtures for the schema-registry tests: stores (SQLite, PostgreSQL), the users the registry
+authenticates (one per role), and a real uvicorn server."""
 
 from __future__ import annotations
 
@@ -9,11 +10,26 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from app.schema.registry import Registry
 from app.schema.store import PostgresStore, SqliteStore
+from app.security.http_auth import HttpAuth, auth_from_settings
+from tests.support import creds, write_users_file
+
+
+@pytest.fixture(scope="session")
+def users_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_users_file(tmp_path_factory.mktemp("registry-users") / "users.yaml")
+
+
+@pytest.fixture(scope="session")
+def auth(users_file: Path) -> HttpAuth:
+    """The registry's authentication for tests: the USERS above, no anonymous access."""
+    return auth_from_settings(users_file=users_file, jwt_config=None, allow_anonymous=None,
+                              realm="prism-schema-registry", where="tests")
 
 PG_DSN = os.environ.get("PRISM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -64,17 +80,22 @@ class ServerHandle:
     def __init__(self, url: str, registry: Registry) -> None:
         self.url, self.registry = url, registry
 
+    def sr_conf(self, user: str = "admin") -> dict[str, str]:
+        """confluent-kafka ``SchemaRegistryClient`` settings with ``user``'s basic credentials."""
+        name, password = creds(user)
+        return {"url": self.url, "basic.auth.user.info": f"{name}:{password}"}
+
 
 @contextlib.contextmanager
-def serve_registry(registry: Registry) -> Iterator[str]:
+def serve_registry(registry: Registry, auth: HttpAuth, **uvicorn_kw: object) -> Iterator[str]:
     """A real uvicorn server (HTTP over TCP on a free port) serving the registry app; yields its URL."""
     import uvicorn
 
     from app.schema.service import create_app
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(registry), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(create_app(registry, auth=auth), host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="off", **uvicorn_kw))  # type: ignore[arg-type]
     t = threading.Thread(target=server.run, daemon=True)
     t.start()
     deadline = time.time() + 10
@@ -83,13 +104,13 @@ def serve_registry(registry: Registry) -> Iterator[str]:
             raise RuntimeError("uvicorn did not start")
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"{'https' if uvicorn_kw.get('ssl_certfile') else 'http'}://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         t.join(timeout=10)
 
 
 @pytest.fixture
-def live_server(registry: Registry) -> Iterator[ServerHandle]:
-    with serve_registry(registry) as url:
+def live_server(registry: Registry, auth: HttpAuth) -> Iterator[ServerHandle]:
+    with serve_registry(registry, auth) as url:
         yield ServerHandle(url, registry)

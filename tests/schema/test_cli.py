@@ -9,6 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from app.schema.cli import schema_app
+from tests.support import creds
 
 runner = CliRunner()
 V1 = 'syntax = "proto3";\npackage orders.v1;\nmessage OrderCreated {\n  string order_id = 1;\n  double total = 3;\n}\n'
@@ -17,12 +18,16 @@ V3 = V2.replace("optional double tax_amount = 4;", "optional double tax_amount =
 PII = 'syntax = "proto3";\nmessage UserProfileUpdated {\n  string user_id = 1;\n  string email = 2;\n  string phone = 3;\n}\n'
 
 
-def run(*args: str, registry: str | None = None) -> object:
+def run(*args: str, registry: str | None = None, user: str | None = "admin") -> object:
+    """``prism schema ARGS`` with ``user``'s credentials in the environment (None: none)."""
     extra = ["--registry", registry] if registry else []
     cmd = list(args)
     # options belong to the (sub)command: insert --registry after the command path
     depth = 2 if cmd[0] == "policy" else 1
-    return runner.invoke(schema_app, [*cmd[:depth], *extra, *cmd[depth:]], catch_exceptions=False)
+    env = {"PRISM_REGISTRY_USER": None, "PRISM_REGISTRY_PASSWORD": None, "PRISM_REGISTRY_TOKEN": None}
+    if user is not None:
+        env["PRISM_REGISTRY_USER"], env["PRISM_REGISTRY_PASSWORD"] = creds(user)
+    return runner.invoke(schema_app, [*cmd[:depth], *extra, *cmd[depth:]], catch_exceptions=False, env=env)
 
 
 def test_offline_check_and_validate(tmp_path: Path) -> None:
@@ -75,8 +80,19 @@ def test_registry_workflow(live_server, tmp_path: Path) -> None:  # type: ignore
     assert r.exit_code == 1 and "users.profile.v1: Field 'email' missing @prism.pii tag" in r.output
     assert "✅ orders.created.v2: All PII fields tagged" in r.output
     r = run("approve-request", "--schema-file", str(tmp_path / "v3.proto"), "--topic", "orders.created",
-            "--actor", "alice", registry=url)
+            registry=url, user="writer")
     assert r.exit_code == 0 and "#1" in r.output
+    assert live_server.registry.store.approvals(None, None)[0].requested_by == "writer"  # the verified user
+    # no credentials, or a role that does not allow it: exit 2 and say what to pass
+    r = run("list", registry=url, user=None)
+    assert r.exit_code == 2 and "HTTP 401" in r.output and "PRISM_REGISTRY_USER" in r.output
+    r = run("policy", "set", "--global", "--compatibility", "none", registry=url, user="reader")
+    assert r.exit_code == 2 and "HTTP 403" in r.output and "needed role" in r.output
+    r = run("approve", "--id", "1", registry=url, user="writer")
+    assert r.exit_code == 2 and "HTTP 403" in r.output
+    r = runner.invoke(schema_app, ["--user", "bob", "--password", creds("bob")[1], "approve", "--id", "1",
+                                   "--registry", url], catch_exceptions=False, env={"PRISM_REGISTRY_USER": None})
+    assert r.exit_code == 0 and "approved by bob" in r.output, r.output
 
 
 def test_codegen_python_importable(tmp_path: Path) -> None:

@@ -8,6 +8,8 @@ from fastapi.testclient import TestClient
 
 from app.schema.registry import Registry
 from app.schema.service import create_app
+from app.security.http_auth import HttpAuth
+from tests.support import auth_headers
 
 V1 = '{"type": "record", "name": "R", "fields": [{"name": "a", "type": "string"}]}'
 V2 = '{"type": "record", "name": "R", "fields": [{"name": "a", "type": "string"}, ' \
@@ -29,8 +31,8 @@ def same(client: TestClient, path: str, slow_query: str) -> object:
     return fast1
 
 
-def test_fast_reads_match_routes_and_follow_writes(registry: Registry) -> None:
-    client = TestClient(create_app(registry))
+def test_fast_reads_match_routes_and_follow_writes(registry: Registry, auth: HttpAuth) -> None:
+    client = TestClient(create_app(registry, auth=auth), headers=auth_headers("admin"))
     id1 = post(client, V1)["id"]
     assert same(client, f"/schemas/ids/{id1}", "subject=s1").json() == {"schema": V1}
     assert same(client, "/subjects/s1/versions/latest", "deleted=false").json()["version"] == 1

@@ -11,6 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.schema.metrics import CONTENT_TYPE
 from app.schema.registry import Registry
 from app.schema.service import create_app
+from app.security.http_auth import HttpAuth
+from tests.support import auth_headers
 
 V1 = 'syntax = "proto3";\nmessage OrderCreated { string order_id = 1; double total = 3; }\n'
 V2 = V1.replace("double total = 3;", "double total = 3; optional double tax_amount = 4;")
@@ -34,8 +36,8 @@ def val(m: dict, name: str, **labels: str) -> float:
     return m[P + name].get(tuple(sorted(labels.items())), 0.0)
 
 
-def test_metrics_add_up(registry: Registry) -> None:
-    client = TestClient(create_app(registry))
+def test_metrics_add_up(registry: Registry, auth: HttpAuth) -> None:
+    client = TestClient(create_app(registry, auth=auth), headers=auth_headers("admin"))
     sent: list[tuple[str, str, int]] = []  # (route template, method, status) of every request before the scrape
 
     def call(method: str, path: str, template: str, **kw) -> object:  # type: ignore[no-untyped-def]
@@ -106,9 +108,9 @@ def test_metrics_add_up(registry: Registry) -> None:
     assert val(after, "cache_hit_ratio") == hits / total
 
 
-def test_metrics_in_openapi_as_text(registry: Registry) -> None:
+def test_metrics_in_openapi_as_text(registry: Registry, auth: HttpAuth) -> None:
     """/metrics is published in the OpenAPI document (as text/plain, not JSON), /ui is not."""
-    doc = TestClient(create_app(registry)).get("/openapi.json").json()
+    doc = TestClient(create_app(registry, auth=auth), headers=auth_headers("reader")).get("/openapi.json").json()
     op = doc["paths"]["/metrics"]["get"]
     assert list(op["responses"]["200"]["content"]) == [CONTENT_TYPE]
     assert "/ui" not in doc["paths"]

@@ -26,7 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.schema.registry import Registry
 from app.schema.service import create_app
 from app.schema.store import PostgresStore, SqliteStore, SqlStore
+from app.security.http_auth import HttpAuth
 from tests.schema.conftest import PG_DSN, free_port
+from tests.support import auth_headers, write_users_file
 
 
 def _record(n: int) -> str:
@@ -51,8 +53,10 @@ def _eventually(check: Callable[[], Any], want: Any, timeout: float = 5.0) -> No
         time.sleep(0.01)
 
 
-def test_a_write_through_one_process_reaches_the_others_caches(registry: Registry, sibling: Registry) -> None:
-    writer, reader = TestClient(create_app(registry)), TestClient(create_app(sibling))
+def test_a_write_through_one_process_reaches_the_others_caches(registry: Registry, sibling: Registry,
+                                                               auth: HttpAuth) -> None:
+    writer = TestClient(create_app(registry, auth=auth), headers=auth_headers("admin"))
+    reader = TestClient(create_app(sibling, auth=auth), headers=auth_headers("reader"))
     assert writer.post("/subjects/s-value/versions", json={"schema": _record(1)}).status_code == 200
 
     def latest() -> int:
@@ -86,8 +90,9 @@ def _serve(db: Path, *, workers: int = 1, metrics_dir: Path | None = None) -> tu
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
     if metrics_dir is not None:
         env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    users = write_users_file(db.parent / "users.yaml")
     proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "schema", "serve", "--port", str(port),
-                             "--workers", str(workers), "--store", f"sqlite:///{db}"],
+                             "--workers", str(workers), "--store", f"sqlite:///{db}", "--users-file", str(users)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while True:
@@ -122,7 +127,7 @@ def _call(port: int, method: str, path: str, body: Any = None) -> tuple[int, Any
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
         conn.request(method, path, json.dumps(body) if body is not None else None,
-                     {"Content-Type": "application/vnd.schemaregistry.v1+json"})
+                     {"Content-Type": "application/vnd.schemaregistry.v1+json", **auth_headers("admin")})
         r = conn.getresponse()
         raw = r.read()
         return r.status, (json.loads(raw) if r.getheader("content-type", "").endswith("json") else raw.decode())
@@ -169,7 +174,8 @@ def test_serve_with_workers_sums_every_process_metrics(serve: Callable[..., int]
 
 
 def test_serve_refuses_a_bad_store_url() -> None:
-    res = subprocess.run([sys.executable, "-m", "app.cli.main", "schema", "serve", "--store", "mysql://x/y"],
+    res = subprocess.run([sys.executable, "-m", "app.cli.main", "schema", "serve", "--store", "mysql://x/y",
+                          "--allow-anonymous", "read"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2
     assert "cannot open registry store 'mysql://x/y'" in res.stderr and "hint:" in res.stderr

@@ -12,6 +12,7 @@ from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegis
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from app.schema.store import SqliteStore
+from tests.support import creds
 
 MONEY = 'syntax = "proto3";\npackage common;\nmessage Money {\n  string currency = 1;\n  int64 units = 2;\n}\n'
 MONEY_V2 = MONEY.replace("int64 units = 2;", "int64 units = 2;\n  optional int32 nanos = 3;")
@@ -26,7 +27,7 @@ def _ref(subject: str, version: int) -> SchemaReference:
 
 
 def test_protobuf_import_reference_with_confluent_client(live_server) -> None:  # type: ignore[no-untyped-def]
-    client = SchemaRegistryClient({"url": live_server.url})
+    client = SchemaRegistryClient(live_server.sr_conf())
     money_id = client.register_schema("money", Schema(MONEY, "PROTOBUF"))
 
     # Without the reference protoc cannot find the import: Confluent's 42201.
@@ -40,10 +41,10 @@ def test_protobuf_import_reference_with_confluent_client(live_server) -> None:  
 
     order_id = client.register_schema("orders-value", Schema(ORDER, "PROTOBUF", [_ref("money", 1)]))
     assert order_id not in (money_id,)
-    again = SchemaRegistryClient({"url": live_server.url})  # no client cache: idempotent on the server
+    again = SchemaRegistryClient(live_server.sr_conf())  # no client cache: idempotent on the server
     assert again.register_schema("orders-value", Schema(ORDER, "PROTOBUF", [_ref("money", 1)])) == order_id
 
-    fresh = SchemaRegistryClient({"url": live_server.url})
+    fresh = SchemaRegistryClient(live_server.sr_conf())
     got = fresh.get_schema(order_id)
     assert got.schema_type == "PROTOBUF" and "import \"common/money.proto\"" in got.schema_str
     assert [(r.name, r.subject, r.version) for r in got.references] == [("common/money.proto", "money", 1)]
@@ -67,7 +68,8 @@ def test_protobuf_import_reference_with_confluent_client(live_server) -> None:  
     assert order_v2.schema_id != order_id and order_v2.version == 2
 
     # The /v1 diff view resolves each side's references too (Money gained `nanos`).
-    diff = httpx.get(f"{live_server.url}/v1/subjects/orders-value/diff", params={"from": 1, "to": 2}).json()
+    diff = httpx.get(f"{live_server.url}/v1/subjects/orders-value/diff", params={"from": 1, "to": 2},
+                     auth=creds("reader")).json()
     assert diff["is_compatible"] is True and any(f["path"].endswith("nanos") for f in diff["warnings"])
 
     assert fresh.get_referenced_by("money", 1) == [order_id]
@@ -88,7 +90,7 @@ def test_protobuf_import_reference_with_confluent_client(live_server) -> None:  
     with pytest.raises(SchemaRegistryError) as still:
         fresh.delete_version("money", 1, permanent=True)
     assert still.value.error_code == 42206
-    assert SchemaRegistryClient({"url": live_server.url}).get_schema(order_id).references[0].version == 1
+    assert SchemaRegistryClient(live_server.sr_conf()).get_schema(order_id).references[0].version == 1
 
 
 ADDRESS_JSON = json.dumps({"type": "object", "properties": {"street": {"type": "string"}},
@@ -100,7 +102,7 @@ CUSTOMER_JSON = json.dumps({"type": "object", "properties": {"name": {"type": "s
 
 
 def test_json_schema_ref_reference(live_server) -> None:  # type: ignore[no-untyped-def]
-    with httpx.Client(base_url=live_server.url, headers={"Content-Type": CT}) as h:
+    with httpx.Client(base_url=live_server.url, headers={"Content-Type": CT}, auth=creds("admin")) as h:
         assert h.post("/subjects/address/versions", json={"schema": ADDRESS_JSON, "schemaType": "JSON"}
                       ).status_code == 200
         ref = {"name": "address.json", "subject": "address", "version": 1}
@@ -135,7 +137,7 @@ CUSTOMER_AVRO = json.dumps({"type": "record", "name": "Customer", "namespace": "
 
 
 def test_avro_named_type_reference(live_server) -> None:  # type: ignore[no-untyped-def]
-    with httpx.Client(base_url=live_server.url, headers={"Content-Type": CT}) as h:
+    with httpx.Client(base_url=live_server.url, headers={"Content-Type": CT}, auth=creds("admin")) as h:
         h.post("/subjects/address-avro/versions", json={"schema": ADDRESS_AVRO})
         # Without the reference the named type is unknown to the parser.
         assert h.post("/subjects/customer-avro/versions", json={"schema": CUSTOMER_AVRO}).json()["error_code"] == 42201

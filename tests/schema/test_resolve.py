@@ -16,6 +16,7 @@ from app.schema.resolve import (
     deprecated_fields_used,
     resolve_schema_config,
 )
+from tests.support import creds
 
 ORDER = '''syntax = "proto3";
 package orders.v1;
@@ -71,9 +72,16 @@ def test_resolved_schema_fields_and_deprecated_walk() -> None:
     assert deprecated_fields_used(b"\xff\xff", r) == []  # malformed: no crash
 
 
-def test_resolve_from_prism_and_confluent_registry(live_server) -> None:  # type: ignore[no-untyped-def]
+def test_resolve_from_prism_and_confluent_registry(live_server, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     live_server.registry.register("orders.created", ORDER, "PROTOBUF", label="v1", namespace="orders")
     live_server.registry.set_policy(actor="t", namespace="orders", compatibility="FULL")
+    for var in ("PRISM_REGISTRY_USER", "PRISM_REGISTRY_PASSWORD", "PRISM_REGISTRY_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(SchemaResolutionError, match=r"HTTP 401.*PRISM_REGISTRY_USER"):
+        resolve_schema_config({"registry_type": "prism", "registry_url": live_server.url, "subject": "orders.created"})
+    user, password = creds("reader")  # credentials come from the environment, never the topology
+    monkeypatch.setenv("PRISM_REGISTRY_USER", user)
+    monkeypatch.setenv("PRISM_REGISTRY_PASSWORD", password)
     r = resolve_schema_config({"registry_type": "prism", "registry_url": live_server.url,
                                "subject": "orders.created", "version": "v1"})
     assert r.version == "v1" and r.compatibility == "FULL" and r.deprecated_fields

@@ -8,6 +8,8 @@ import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+from tests.support import creds
+
 V1 = 'syntax = "proto3";\npackage orders.v1;\nmessage OrderCreated {\n  string order_id = 1;\n  double total = 3;\n}\n'
 V2 = V1.replace("double total = 3;", "double total = 3;\n  optional double tax_amount = 4;")
 V3_BREAKING = V1.replace("double total = 3;", "double total = 3;\n  string payment_method = 4;")
@@ -17,13 +19,13 @@ AVRO_V2 = '{"type":"record","name":"Reading","fields":[{"name":"temperature","ty
 
 
 def test_confluent_client_register_get_compat(live_server) -> None:  # type: ignore[no-untyped-def]
-    client = SchemaRegistryClient({"url": live_server.url})
+    client = SchemaRegistryClient(live_server.sr_conf())
     sid = client.register_schema("orders.created-value", Schema(V1, "PROTOBUF"))
     assert isinstance(sid, int) and sid > 0
     # idempotent re-register returns the same id
     assert client.register_schema("orders.created-value", Schema(V1, "PROTOBUF")) == sid
 
-    fresh = SchemaRegistryClient({"url": live_server.url})  # no cache: really hits the server
+    fresh = SchemaRegistryClient(live_server.sr_conf())  # no cache: really hits the server
     got = fresh.get_schema(sid)
     assert got.schema_type == "PROTOBUF" and "message OrderCreated" in got.schema_str
 
@@ -46,7 +48,7 @@ def test_confluent_client_register_get_compat(live_server) -> None:  # type: ign
 
 
 def test_confluent_client_avro_config_and_errors(live_server) -> None:  # type: ignore[no-untyped-def]
-    client = SchemaRegistryClient({"url": live_server.url})
+    client = SchemaRegistryClient(live_server.sr_conf())
     sid = client.register_schema("sensor.readings-value", Schema(AVRO_V1, "AVRO"))
     assert client.get_schema(sid).schema_type == "AVRO"
     assert client.get_compatibility() == "BACKWARD"
@@ -63,7 +65,7 @@ def test_confluent_client_avro_config_and_errors(live_server) -> None:  # type: 
         client.get_version("sensor.readings-value", 7)
     assert e2.value.error_code == 40402
     with pytest.raises(SchemaRegistryError) as e3:
-        SchemaRegistryClient({"url": live_server.url}).get_schema(9999)
+        SchemaRegistryClient(live_server.sr_conf()).get_schema(9999)
     assert e3.value.error_code == 40403
     with pytest.raises(SchemaRegistryError) as e4:
         client.register_schema("bad-value", Schema('{"type": "record"}', "AVRO"))
@@ -72,7 +74,7 @@ def test_confluent_client_avro_config_and_errors(live_server) -> None:  # type: 
 
 def test_raw_http_content_type_and_delete(live_server) -> None:  # type: ignore[no-untyped-def]
     ct = "application/vnd.schemaregistry.v1+json"
-    with httpx.Client(base_url=live_server.url, headers={"Content-Type": ct, "X-Prism-Actor": "alice"}) as h:
+    with httpx.Client(base_url=live_server.url, headers={"Content-Type": ct}, auth=creds("alice")) as h:
         r = h.post("/subjects/t-value/versions", json={"schema": AVRO_V1})
         assert r.status_code == 200 and r.headers["content-type"].startswith(ct)
         assert h.get("/subjects/t-value/versions/latest").json()["version"] == 1

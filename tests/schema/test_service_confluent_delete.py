@@ -8,6 +8,8 @@ import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+from tests.support import creds
+
 A1 = '{"type":"record","name":"R","fields":[{"name":"a","type":"int"}]}'
 A2 = '{"type":"record","name":"R","fields":[{"name":"a","type":"int"},{"name":"b","type":"int","default":0}]}'
 
@@ -19,13 +21,13 @@ def _code(fn) -> tuple[int, int]:  # type: ignore[no-untyped-def]
 
 
 def test_version_soft_then_permanent(live_server) -> None:  # type: ignore[no-untyped-def]
-    c = SchemaRegistryClient({"url": live_server.url})
+    c = SchemaRegistryClient(live_server.sr_conf())
     id1 = c.register_schema("d-value", Schema(A1, "AVRO"))
     id2 = c.register_schema("d-value", Schema(A2, "AVRO"))
     assert _code(lambda: c.delete_version("d-value", 1, permanent=True)) == (404, 40407)
     assert c.delete_version("d-value", 1) == 1
     assert _code(lambda: c.delete_version("d-value", 1)) == (404, 40406)
-    with httpx.Client(base_url=live_server.url) as h:
+    with httpx.Client(base_url=live_server.url, auth=creds("admin")) as h:
         assert h.get("/subjects/d-value/versions").json() == [2]
         assert h.get("/subjects/d-value/versions?deleted=true").json() == [1, 2]
         assert h.get("/subjects/d-value/versions?deletedOnly=true").json() == [1]
@@ -43,14 +45,14 @@ def test_version_soft_then_permanent(live_server) -> None:  # type: ignore[no-un
 
 
 def test_subject_soft_then_permanent_and_reregister(live_server) -> None:  # type: ignore[no-untyped-def]
-    c = SchemaRegistryClient({"url": live_server.url})
+    c = SchemaRegistryClient(live_server.sr_conf())
     id1 = c.register_schema("s-value", Schema(A1, "AVRO"))
     c.register_schema("s-value", Schema(A2, "AVRO"))
     assert _code(lambda: c.delete_subject("s-value", permanent=True)) == (404, 40405)
     assert c.delete_subject("s-value") == [1, 2]
     assert _code(lambda: c.delete_subject("s-value")) == (404, 40404)
     assert c.get_subjects() == []
-    with httpx.Client(base_url=live_server.url) as h:
+    with httpx.Client(base_url=live_server.url, auth=creds("admin")) as h:
         assert h.get("/subjects?deleted=true").json() == ["s-value"]
         assert h.get("/subjects?deletedOnly=true").json() == ["s-value"]
         assert h.get("/subjects/s-value/versions").json()["error_code"] == 40401
@@ -58,12 +60,12 @@ def test_subject_soft_then_permanent_and_reregister(live_server) -> None:  # typ
         assert h.get("/subjects/s-value/versions/latest?deleted=true").json()["version"] == 2
 
     # Re-registering a soft-deleted schema: a new version, the same id (Confluent).
-    again = SchemaRegistryClient({"url": live_server.url}).register_schema_full_response("s-value", Schema(A1, "AVRO"))
+    again = SchemaRegistryClient(live_server.sr_conf()).register_schema_full_response("s-value", Schema(A1, "AVRO"))
     assert (again.schema_id, again.version) == (id1, 3)
-    with httpx.Client(base_url=live_server.url) as h:
+    with httpx.Client(base_url=live_server.url, auth=creds("admin")) as h:
         assert h.get("/subjects?deletedOnly=true").json() == []
     c.delete_subject("s-value")
     assert c.delete_subject("s-value", permanent=True) == [1, 2, 3]
     assert _code(lambda: c.delete_subject("s-value", permanent=True)) == (404, 40401)
-    with httpx.Client(base_url=live_server.url) as h:
+    with httpx.Client(base_url=live_server.url, auth=creds("admin")) as h:
         assert h.get("/subjects?deleted=true").json() == []

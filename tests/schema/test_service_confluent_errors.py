@@ -8,6 +8,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from tests.support import creds
+
 CT = "application/vnd.schemaregistry.v1+json"
 AVRO = '{"type":"record","name":"R","fields":[{"name":"a","type":"int"}]}'
 AVRO_OTHER = '{"type":"record","name":"R","fields":[{"name":"b","type":"string"}]}'
@@ -67,7 +69,7 @@ CASES = [
 
 @pytest.fixture
 def client(live_server) -> httpx.Client:  # type: ignore[no-untyped-def]
-    with httpx.Client(base_url=live_server.url, headers={"Content-Type": CT}) as h:
+    with httpx.Client(base_url=live_server.url, headers={"Content-Type": CT}, auth=creds("admin")) as h:
         assert h.post("/subjects/s-value/versions", json={"schema": AVRO}).status_code == 200
         yield h
 

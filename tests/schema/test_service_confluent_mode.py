@@ -9,6 +9,8 @@ import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+from tests.support import creds
+
 A1 = '{"type":"record","name":"R","fields":[{"name":"a","type":"int"}]}'
 A2 = '{"type":"record","name":"R","fields":[{"name":"a","type":"int"},{"name":"b","type":"int","default":0}]}'
 A_BREAKING = '{"type":"record","name":"R","fields":[{"name":"a","type":"string"}]}'
@@ -21,7 +23,7 @@ def _code(fn) -> tuple[int, int]:  # type: ignore[no-untyped-def]
 
 
 def test_modes_with_the_confluent_client(live_server) -> None:  # type: ignore[no-untyped-def]
-    c = SchemaRegistryClient({"url": live_server.url})
+    c = SchemaRegistryClient(live_server.sr_conf())
     assert c.get_global_mode() == "READWRITE"
     c.register_schema("m-value", Schema(A1, "AVRO"))
     assert _code(lambda: c.get_mode("m-value")) == (404, 40409)
@@ -55,7 +57,7 @@ def test_modes_with_the_confluent_client(live_server) -> None:  # type: ignore[n
 
 
 def test_import_mode_needs_an_empty_subject_or_force(live_server) -> None:  # type: ignore[no-untyped-def]
-    c = SchemaRegistryClient({"url": live_server.url})
+    c = SchemaRegistryClient(live_server.sr_conf())
     c.register_schema("used-value", Schema(A1, "AVRO"))
     assert _code(lambda: c.update_mode("used-value", "IMPORT")) == (422, 42205)
     assert _code(lambda: c.update_global_mode("IMPORT")) == (422, 42205)
@@ -69,7 +71,7 @@ def test_import_mode_needs_an_empty_subject_or_force(live_server) -> None:  # ty
 
 
 def test_import_keeps_ids_and_versions(live_server) -> None:  # type: ignore[no-untyped-def]
-    with httpx.Client(base_url=live_server.url) as h:
+    with httpx.Client(base_url=live_server.url, auth=creds("admin")) as h:
         # an explicit id outside IMPORT mode is refused
         r = h.post("/subjects/imp-value/versions", json={"schema": A1, "id": 100, "version": 3})
         assert (r.status_code, r.json()["error_code"]) == (422, 42205)

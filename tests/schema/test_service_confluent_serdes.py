@@ -28,6 +28,7 @@ from google.protobuf import descriptor_pool, message_factory
 from app.schema.protoparse import compile_proto
 from app.schema.store import PostgresStore
 from tests.schema.conftest import PG_DSN, _pg_available, free_port
+from tests.support import creds, write_users_file
 
 MONEY = 'syntax = "proto3";\npackage common;\nmessage Money {\n  string currency = 1;\n  int64 units = 2;\n}\n'
 ORDER = '''syntax = "proto3";
@@ -68,7 +69,7 @@ def _ctx(topic: str) -> SerializationContext:
 
 def test_protobuf_serializer_auto_registers_and_deserializer_reads(live_server) -> None:  # type: ignore[no-untyped-def]
     order_cls = _order_class()
-    client = SchemaRegistryClient({"url": live_server.url})
+    client = SchemaRegistryClient(live_server.sr_conf())
     ser = ProtobufSerializer(order_cls, client, {"auto.register.schemas": True, "use.deprecated.format": False})
     msg = order_cls(order_id="o-1", card="4111", note="", status=1)
     msg.total.currency, msg.total.units = "EUR", 1250
@@ -80,7 +81,7 @@ def test_protobuf_serializer_auto_registers_and_deserializer_reads(live_server) 
     assert data[0] == 0  # Confluent framing: magic byte, then the schema id
 
     # What the serializer registered is stored as .proto text, its import as a reference.
-    fresh = SchemaRegistryClient({"url": live_server.url})
+    fresh = SchemaRegistryClient(live_server.sr_conf())
     latest = fresh.get_latest_version(f"{topic}-value")
     assert "message Order" in latest.schema.schema_str and "import \"common/money.proto\";" in latest.schema.schema_str
     assert [(r.name, r.subject) for r in latest.schema.references] == [("common/money.proto", "common/money.proto")]
@@ -91,17 +92,17 @@ def test_protobuf_serializer_auto_registers_and_deserializer_reads(live_server) 
     assert back == msg and back.total.units == 1250 and back.HasField("note")
 
     # A second serializer (another producer process) finds the same id: idempotent, no new version.
-    again = ProtobufSerializer(order_cls, SchemaRegistryClient({"url": live_server.url}),
+    again = ProtobufSerializer(order_cls, SchemaRegistryClient(live_server.sr_conf()),
                                {"auto.register.schemas": True, "use.deprecated.format": False})
     assert again(msg, _ctx(topic))[:5] == data[:5]
     assert fresh.get_versions(f"{topic}-value") == [1]
     # auto.register.schemas=False: the serializer looks the serialized form up (POST /subjects/{s}).
-    lookup_only = ProtobufSerializer(order_cls, SchemaRegistryClient({"url": live_server.url}),
+    lookup_only = ProtobufSerializer(order_cls, SchemaRegistryClient(live_server.sr_conf()),
                                      {"auto.register.schemas": False, "use.deprecated.format": False})
     assert lookup_only(msg, _ctx(topic))[:5] == data[:5]
 
     # The same schema registered as text is the same id (one canonical form either way).
-    with httpx.Client(base_url=live_server.url) as h:
+    with httpx.Client(base_url=live_server.url, auth=creds("admin")) as h:
         sid = int.from_bytes(data[1:5], "big")
         text = h.get(f"/schemas/ids/{sid}").json()
         r = h.post(f"/subjects/{topic}-value", json={"schema": text["schema"], "schemaType": "PROTOBUF",
@@ -124,27 +125,27 @@ def test_protobuf_serialized_form_that_cannot_be_rendered_is_refused(live_server
                 type=descriptor_pb2.FieldDescriptorProto.TYPE_GROUP, type_name=".g.M.Grp")
     m.nested_type.add(name="Grp")
     body = {"schema": base64.b64encode(fdp.SerializeToString()).decode(), "schemaType": "PROTOBUF"}
-    r = httpx.post(f"{live_server.url}/subjects/g-value/versions", json=body)
+    r = httpx.post(f"{live_server.url}/subjects/g-value/versions", json=body, auth=creds("admin"))
     assert r.status_code == 422 and r.json()["error_code"] == 42201
     assert "group" in r.json()["message"] and "g.proto" in r.json()["message"]
 
 
 def test_avro_serializer_round_trip(live_server) -> None:  # type: ignore[no-untyped-def]
-    client = SchemaRegistryClient({"url": live_server.url})
+    client = SchemaRegistryClient(live_server.sr_conf())
     topic = f"sensors-{uuid.uuid4().hex[:8]}"
     data = AvroSerializer(client, AVRO, conf={"auto.register.schemas": True})({"celsius": 21.5, "unit": "C"},
                                                                                 _ctx(topic))
-    back = AvroDeserializer(SchemaRegistryClient({"url": live_server.url}))(data, _ctx(topic))
+    back = AvroDeserializer(SchemaRegistryClient(live_server.sr_conf()))(data, _ctx(topic))
     assert back == {"celsius": 21.5, "unit": "C"}
     assert client.get_latest_version(f"{topic}-value").schema.schema_type == "AVRO"
 
 
 def test_json_schema_serializer_round_trip(live_server) -> None:  # type: ignore[no-untyped-def]
-    client = SchemaRegistryClient({"url": live_server.url})
+    client = SchemaRegistryClient(live_server.sr_conf())
     topic = f"clicks-{uuid.uuid4().hex[:8]}"
     data = JSONSerializer(JSON_SCHEMA, client, conf={"auto.register.schemas": True})({"url": "/a", "n": 2},
                                                                                      _ctx(topic))
-    back = JSONDeserializer(None, schema_registry_client=SchemaRegistryClient({"url": live_server.url}))(
+    back = JSONDeserializer(None, schema_registry_client=SchemaRegistryClient(live_server.sr_conf()))(
         data, _ctx(topic))
     assert back == {"url": "/a", "n": 2}
     assert client.get_latest_version(f"{topic}-value").schema.schema_type == "JSON"
@@ -154,7 +155,7 @@ def test_protobuf_through_the_embedded_broker(live_server, broker) -> None:  # t
     from confluent_kafka import Consumer, Producer
 
     order_cls = _order_class()
-    client = SchemaRegistryClient({"url": live_server.url})
+    client = SchemaRegistryClient(live_server.sr_conf())
     ser = ProtobufSerializer(order_cls, client, {"auto.register.schemas": True, "use.deprecated.format": False})
     topic = f"orders-{uuid.uuid4().hex[:8]}"
     sent = [order_cls(order_id=f"o-{i}", iban=f"DE{i}") for i in range(3)]
@@ -163,7 +164,7 @@ def test_protobuf_through_the_embedded_broker(live_server, broker) -> None:  # t
         producer.produce(topic, value=ser(m, _ctx(topic)))
     assert producer.flush(20) == 0
 
-    de = ProtobufDeserializer(order_cls, {"use.deprecated.format": False}, SchemaRegistryClient({"url": live_server.url}))
+    de = ProtobufDeserializer(order_cls, {"use.deprecated.format": False}, SchemaRegistryClient(live_server.sr_conf()))
     consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"g-{uuid.uuid4().hex[:8]}",
                          "auto.offset.reset": "earliest"})
     consumer.subscribe([topic])
@@ -179,6 +180,12 @@ def test_protobuf_through_the_embedded_broker(live_server, broker) -> None:  # t
         consumer.close()
     # the auto-created topic may have several partitions: order is per partition only
     assert sorted(got, key=lambda m: m.order_id) == sent
+
+
+
+def _sr_conf(url: str) -> dict[str, str]:
+    name, password = creds("admin")
+    return {"url": url, "basic.auth.user.info": f"{name}:{password}"}
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -199,8 +206,10 @@ def serve_process(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[st
         store_url = f"{PG_DSN}?schema={pg_schema}"
     port = free_port()
     log = (tmp_path / "serve.log").open("wb")
+    users = write_users_file(tmp_path / "users.yaml")
     proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "schema", "serve", "--port", str(port),
-                             "--store", store_url], stdout=log, stderr=subprocess.STDOUT)
+                             "--store", store_url, "--users-file", str(users)],
+                            stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -229,19 +238,19 @@ def test_serializers_against_a_prism_schema_serve_process(serve_process: str) ->
     topic = f"orders-{uuid.uuid4().hex[:8]}"
     msg = order_cls(order_id="o-9", iban="DE9", status=1)
     msg.quantities["a"] = 1
-    data = ProtobufSerializer(order_cls, SchemaRegistryClient({"url": serve_process}),
+    data = ProtobufSerializer(order_cls, SchemaRegistryClient(_sr_conf(serve_process)),
                               {"auto.register.schemas": True, "use.deprecated.format": False})(msg, _ctx(topic))
     back = ProtobufDeserializer(order_cls, {"use.deprecated.format": False},
-                                SchemaRegistryClient({"url": serve_process}))(data, _ctx(topic))
+                                SchemaRegistryClient(_sr_conf(serve_process)))(data, _ctx(topic))
     assert back == msg
     reading = {"celsius": -3.0, "unit": "C"}
-    avro = AvroSerializer(SchemaRegistryClient({"url": serve_process}), AVRO)(reading, _ctx(f"{topic}-a"))
-    assert AvroDeserializer(SchemaRegistryClient({"url": serve_process}))(avro, _ctx(f"{topic}-a")) == reading
+    avro = AvroSerializer(SchemaRegistryClient(_sr_conf(serve_process)), AVRO)(reading, _ctx(f"{topic}-a"))
+    assert AvroDeserializer(SchemaRegistryClient(_sr_conf(serve_process)))(avro, _ctx(f"{topic}-a")) == reading
     click = {"url": "/b"}
-    js = JSONSerializer(JSON_SCHEMA, SchemaRegistryClient({"url": serve_process}))(click, _ctx(f"{topic}-j"))
-    assert JSONDeserializer(None, schema_registry_client=SchemaRegistryClient({"url": serve_process}))(
+    js = JSONSerializer(JSON_SCHEMA, SchemaRegistryClient(_sr_conf(serve_process)))(click, _ctx(f"{topic}-j"))
+    assert JSONDeserializer(None, schema_registry_client=SchemaRegistryClient(_sr_conf(serve_process)))(
         js, _ctx(f"{topic}-j")) == click
-    client = SchemaRegistryClient({"url": serve_process})
+    client = SchemaRegistryClient(_sr_conf(serve_process))
     client.update_global_mode("READONLY")
     with pytest.raises(SchemaRegistryError) as e:
         AvroSerializer(client, AVRO.replace('"C"', '"F"'))(reading, _ctx(f"{topic}-ro"))
@@ -254,7 +263,7 @@ def test_serialized_protobuf_keeps_prism_pii_tags_under_an_enforcing_policy(live
     head = 'syntax = "proto3";\npackage users;\nimport "prism/annotations.proto";\n'
     untagged = serialize(compile_proto(head + "message User {\n  string email = 1;\n}\n").main)
     tagged = serialize(compile_proto(head + 'message User {\n  string email = 1 [(prism.pii) = "email"];\n}\n').main)
-    with httpx.Client(base_url=live_server.url) as h:
+    with httpx.Client(base_url=live_server.url, auth=creds("admin")) as h:
         assert h.put("/v1/policies/__global__", json={"pii_policy": "enforce"}).status_code == 200
         r = h.post("/subjects/users-value/versions", json={"schema": untagged, "schemaType": "PROTOBUF"})
         assert (r.status_code, r.json()["error_code"]) == (422, 42201) and "email" in r.json()["message"]
@@ -294,14 +303,14 @@ def test_custom_options_defined_by_an_import_survive_the_serialized_form(live_se
         pool.Add(f)
     ticket_cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("support.Ticket"))
     topic = f"tickets-{uuid.uuid4().hex[:8]}"
-    ser = ProtobufSerializer(ticket_cls, SchemaRegistryClient({"url": live_server.url}),
+    ser = ProtobufSerializer(ticket_cls, SchemaRegistryClient(live_server.sr_conf()),
                              {"auto.register.schemas": True, "use.deprecated.format": False})
     msg = ticket_cls(title="printer", body="on fire")
     data = ser(msg, _ctx(topic))
     de = ProtobufDeserializer(ticket_cls, {"use.deprecated.format": False},
-                              SchemaRegistryClient({"url": live_server.url}))
+                              SchemaRegistryClient(live_server.sr_conf()))
     assert de(data, _ctx(topic)) == msg
-    stored = SchemaRegistryClient({"url": live_server.url}).get_latest_version(f"{topic}-value").schema.schema_str
+    stored = SchemaRegistryClient(live_server.sr_conf()).get_latest_version(f"{topic}-value").schema.schema_str
     assert "option (acme.retention_days) = 30;" in stored
     assert '(acme.sensitivity) = "high"' in stored and "(acme.level) = LEVEL_HIGH" in stored
     assert "(acme.rule) = { min_len: 3" in stored

@@ -10,6 +10,8 @@ from fastapi.testclient import TestClient
 
 from app.schema.registry import Registry
 from app.schema.service import create_app
+from app.security.http_auth import HttpAuth
+from tests.support import auth_headers
 
 PII_UNTAGGED = ('syntax = "proto3";\nmessage UserProfileUpdated {\n  string user_id = 1;\n  string email = 2;\n'
                 '  string phone = 3;\n}\n')
@@ -22,13 +24,13 @@ V3 = V2.replace("optional double tax_amount = 4;", "optional double tax_amount =
 
 
 @pytest.fixture
-def client(registry: Registry) -> TestClient:
-    return TestClient(create_app(registry))
+def client(registry: Registry, auth: HttpAuth) -> TestClient:
+    return TestClient(create_app(registry, auth=auth), headers=auth_headers("admin"))
 
 
 def reg(client: TestClient, topic: str, schema: str, actor: str = "alice", **kw) -> object:  # type: ignore[no-untyped-def]
     return client.post("/v1/schemas", json={"topic": topic, "schema": schema, "format": "protobuf", **kw},
-                       headers={"X-Prism-Actor": actor})
+                       headers=auth_headers(actor))
 
 
 def test_rfc_register_response_and_warnings(client: TestClient) -> None:
@@ -77,11 +79,11 @@ def test_breaking_change_needs_approval_by_someone_else(client: TestClient) -> N
     blocked = reg(client, "orders.created", V3)
     assert blocked.status_code == 409 and "approval" in blocked.json()["message"]
     req = client.post("/v1/approvals", json={"subject": "orders.created", "schema": V3, "reason": "payments v3"},
-                      headers={"X-Prism-Actor": "alice"}).json()
+                      headers=auth_headers("alice")).json()
     assert req["status"] == "pending"
-    self_ok = client.post(f"/v1/approvals/{req['id']}/approve", headers={"X-Prism-Actor": "alice"})
+    self_ok = client.post(f"/v1/approvals/{req['id']}/approve", headers=auth_headers("alice"))
     assert self_ok.status_code == 422
-    ok = client.post(f"/v1/approvals/{req['id']}/approve", headers={"X-Prism-Actor": "bob"}).json()
+    ok = client.post(f"/v1/approvals/{req['id']}/approve", headers=auth_headers("bob")).json()
     assert ok["status"] == "approved" and ok["decided_by"] == "bob"
     r = reg(client, "orders.created", V3)
     assert r.status_code == 200 and r.json()["version"] == 2

@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import shutil
 
+import httpx
 import pytest
+
+from tests.support import auth_headers
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -51,6 +54,12 @@ def test_ui_browse_subject_versions_diff_and_pii(live_server, browser) -> None: 
 
     live_server.registry.register("users.profile", V1, "PROTOBUF", namespace="users", label="v1")
     live_server.registry.register("users.profile", V2, "PROTOBUF", namespace="users", label="v2")
+    # Without credentials the page is refused with a Basic challenge (a browser prompts for them).
+    bare = httpx.get(live_server.url + "/ui")
+    assert bare.status_code == 401 and bare.headers["www-authenticate"].startswith("Basic realm=")
+    # A read-only user, as the browser sends it after the prompt: on the page and on its /v1 calls.
+    browser.execute_cdp_cmd("Network.enable", {})
+    browser.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": auth_headers("reader")})
     browser.get(live_server.url + "/ui")
     wait = WebDriverWait(browser, 15)
     subject = wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, '.subject[data-subject="users.profile"]')))

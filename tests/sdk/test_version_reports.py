@@ -22,6 +22,7 @@ from app.schema.store import SqliteStore
 from app.sdk import PrismClient
 from app.sdk.usage import subject_version
 from tests.schema.conftest import free_port, serve_registry
+from tests.support import USERS, auth_headers, write_users_file
 
 V1 = json.dumps({"title": "Order", "type": "object", "properties": {"order_id": {"type": "string"}}})
 V2 = json.dumps({"title": "Order", "type": "object",
@@ -29,11 +30,19 @@ V2 = json.dumps({"title": "Order", "type": "object",
 
 
 @pytest.fixture
-def registry_server(tmp_path) -> Iterator[tuple[str, Registry]]:  # type: ignore[no-untyped-def]
-    """A real registry on SQLite behind uvicorn."""
+def registry_server(tmp_path, monkeypatch) -> Iterator[tuple[str, Registry]]:  # type: ignore[no-untyped-def]
+    """A real registry on SQLite behind uvicorn; the SDK (resolver and version reports) reads
+    as the read-only user from the environment, like a deployed consumer."""
+    from app.security.http_auth import auth_from_settings
+
     registry = Registry(SqliteStore(str(tmp_path / "registry.db")))
+    auth = auth_from_settings(users_file=write_users_file(tmp_path / "users.yaml"), jwt_config=None,
+                              allow_anonymous=None, realm="prism-schema-registry", where="tests")
+    monkeypatch.delenv("PRISM_REGISTRY_TOKEN", raising=False)
+    monkeypatch.setenv("PRISM_REGISTRY_USER", "reader")
+    monkeypatch.setenv("PRISM_REGISTRY_PASSWORD", USERS["reader"][0])
     try:
-        with serve_registry(registry) as url:
+        with serve_registry(registry, auth) as url:
             yield url, registry
     finally:
         registry.store.close()
@@ -138,7 +147,7 @@ def test_subject_version_from_schema_urls() -> None:
 def _get_json(url: str) -> object:
     import urllib.request
 
-    with urllib.request.urlopen(url, timeout=10) as r:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=auth_headers("reader")), timeout=10) as r:
         return json.loads(r.read())
 
 
@@ -147,7 +156,8 @@ def _delete(url: str) -> tuple[int, str]:
     import urllib.request
 
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, method="DELETE"), timeout=10) as r:
+        req = urllib.request.Request(url, method="DELETE", headers=auth_headers("admin"))
+        with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()

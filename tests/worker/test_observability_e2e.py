@@ -29,8 +29,10 @@ from app.observability.metrics import PipelineMetrics
 from app.observability.redaction import default_redactor
 from app.observability.tracing import configure_tracing, extract_context, inject_into_envelope
 from app.worker.faust_app import InProcessWorker
+from app.worker.management import ManagementSettings
 from app.worker.observe import Observer
 from app.worker.pipeline import PipelineApp
+from tests.support import auth_headers, write_users_file
 from tests.worker import independent
 from tests.worker.conftest import make_topology
 
@@ -79,8 +81,10 @@ class ObservedPipeline:
             body = await r.read()
             return r.status, (json.loads(body) if r.content_type == "application/json" else body.decode())
 
-    async def send(self, method: str, path: str) -> tuple[int, Any]:
-        async with self.http.request(method, self.url + path) as r:
+    async def send(self, method: str, path: str, user: str | None = "admin") -> tuple[int, Any]:
+        """A management call as ``user`` (a test user of tests/schema/conftest.py; None: anonymous)."""
+        headers = auth_headers(user) if user else {}
+        async with self.http.request(method, self.url + path, headers=headers) as r:
             return r.status, await r.json()
 
 
@@ -100,7 +104,9 @@ def total(text: str, name: str, **match: str) -> float:
 async def test_metrics_health_and_management_add_up(broker, tmp_path: Path, dev_keys) -> None:
     topo = make_topology(tmp_path, dev_keys, partitions=2)
     src = topo.sources[0].topic
-    observer = Observer(metrics=PipelineMetrics(label_allowlist=["tenant"]))
+    # the management API with credentials, as `prism run` builds it from PRISM_ADMIN_USERS_FILE
+    management = ManagementSettings.from_env({"PRISM_ADMIN_USERS_FILE": str(write_users_file(tmp_path / "u.yaml"))})
+    observer = Observer(metrics=PipelineMetrics(label_allowlist=["tenant"]), management=management)
     ok = [encode(new_envelope(src, {"i": i}, namespace="order-events", labels={"tenant": f"t{i % 2}", "x": "y"}))
           for i in range(40)]
     expired_token = dev_keys.mint_token("late", ttl_s=-5, now=time.time() - 600)
@@ -147,6 +153,9 @@ async def test_metrics_health_and_management_add_up(broker, tmp_path: Path, dev_
         assert sorted(t["partition"] for t in st["tasks"]) == [0, 1]
         status, dlq = await p.get(f"/connectors/{topo.name}/dlq")
         assert status == 200 and dlq["total"] == len(bad)
+        assert (await p.send("PUT", f"/connectors/{topo.name}/pause", user=None))[0] == 401
+        assert (await p.send("PUT", f"/connectors/{topo.name}/pause", user="reader"))[0] == 403
+        assert (await p.get(f"/connectors/{topo.name}/status"))[1]["connector"]["state"] == "RUNNING"
         assert (await p.send("PUT", f"/connectors/{topo.name}/pause"))[0] == 202
         status, st = await p.get(f"/connectors/{topo.name}/status")
         assert st["connector"]["state"] == "PAUSED" and all(t["paused"] for t in st["tasks"])

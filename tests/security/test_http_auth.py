@@ -1,0 +1,270 @@
+"""The shared HTTP authentication (registry and worker management API): users file loading
+and validation, Argon2 verification (no user enumeration, verified-credentials cache),
+malformed Authorization headers, roles and subject prefixes, and the hashing CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from app.errors import ConfigError
+from app.security import http_auth
+from app.security.http_auth import (
+    HttpAuth,
+    Principal,
+    Unauthenticated,
+    auth_from_settings,
+    basic_header,
+    client_auth_from_env,
+    hash_password,
+    load_users,
+    parse_role,
+)
+
+FAST = {"time_cost": 1, "memory_cost": 1024, "parallelism": 1}
+
+
+def users_yaml(path: Path, entries: list[dict]) -> Path:
+    path.write_text(yaml.safe_dump({"users": entries}), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def hashes() -> dict[str, str]:
+    return {"alice": hash_password("alice-secret-1", **FAST), "bob": hash_password("bob-secret-12", **FAST)}
+
+
+@pytest.fixture
+def auth(tmp_path: Path, hashes: dict[str, str]) -> HttpAuth:
+    f = users_yaml(tmp_path / "users.yaml", [{"user": "alice", "hash": hashes["alice"], "roles": ["admin"]},
+                                              {"user": "bob", "hash": hashes["bob"], "roles": ["write:orders."]}])
+    return HttpAuth(users=load_users(f))
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+def refusal(exc_type: type[Exception], fn, *args) -> str:  # type: ignore[no-untyped-def]
+    """The message of the exception ``fn(*args)`` raises."""
+    with pytest.raises(exc_type) as info:
+        fn(*args)
+    return str(info.value)
+
+
+# --------------------------------------------------------------------------- users file
+
+
+def test_users_file_yaml_and_json(tmp_path: Path, hashes: dict[str, str]) -> None:
+    import json
+
+    f = tmp_path / "users.json"
+    f.write_text(json.dumps([{"user": "alice", "hash": hashes["alice"], "roles": ["read", "write:orders."]}]))
+    users = load_users(f)
+    assert users["alice"].roles == frozenset({"read", "write:orders."})
+    assert "hash" not in repr(users["alice"])  # the hash never ends up in logs through repr
+
+
+@pytest.mark.parametrize(("entry", "where", "says"), [
+    ({"user": "alice", "password": "x", "roles": ["admin"]}, "users[0]", "never a password"),
+    ({"user": "alice", "hash": "plaintext", "roles": ["admin"]}, "users[0].hash", "not an Argon2 hash"),
+    ({"user": "alice", "hash": "$argon2id$v=19$m=x", "roles": ["admin"]}, "users[0].hash", "malformed Argon2"),
+    ({"user": "al:ice", "hash": "H", "roles": ["admin"]}, "users[0].user", "without ':'"),
+    ({"user": "anonymous", "hash": "H", "roles": ["read"]}, "users[0].user", "reserved"),
+    ({"user": "alice", "hash": "H", "roles": []}, "users[0].roles", "non-empty list"),
+    ({"user": "alice", "hash": "H", "roles": ["superuser"]}, "users[0].roles[0]", "unknown role"),
+    ({"user": "alice", "hash": "H", "roles": ["write:"]}, "users[0].roles[0]", "non-empty subject prefix"),
+    ({"user": "alice", "hash": "H", "roles": ["write:a/b"]}, "users[0].roles[0]", "'/'"),
+    ("alice", "users[0]", "not a mapping"),
+])
+def test_users_file_problems_name_what_where_fix(tmp_path: Path, hashes: dict[str, str], entry: object, where: str,
+                                                  says: str) -> None:
+    if isinstance(entry, dict) and entry.get("hash") == "H":
+        entry = {**entry, "hash": hashes["alice"]}
+    f = users_yaml(tmp_path / "u.yaml", [entry])
+    with pytest.raises(ConfigError) as exc:
+        load_users(f)
+    assert says in str(exc.value) and f"{f}: {where}" in str(exc.value)
+    assert "fix:" in str(exc.value) or says in ("reserved", "malformed Argon2", "not a mapping")
+
+
+def test_users_file_reports_every_problem_at_once(tmp_path: Path, hashes: dict[str, str]) -> None:
+    f = users_yaml(tmp_path / "u.yaml", [{"user": "a", "hash": "x", "roles": ["read"]},
+                                         {"user": "b", "hash": hashes["bob"], "roles": ["root"]},
+                                         {"user": "c", "hash": hashes["bob"], "roles": ["read"]},
+                                         {"user": "c", "hash": hashes["bob"], "roles": ["read"]}])
+    msg = refusal(ConfigError, load_users, f)
+    assert msg.startswith("3 problems") and "users[0].hash" in msg and "users[1].roles[0]" in msg
+    assert "duplicate user 'c'" in msg
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    (None, "cannot read users file"), ("users: [", "not valid YAML"), ("users: []", "holds no users"),
+    ("other: 1\nusers: []", "unknown top-level key"),
+])
+def test_users_file_unreadable_or_empty(tmp_path: Path, text: str | None, says: str) -> None:
+    f = tmp_path / "u.yaml"
+    if text is not None:
+        f.write_text(text)
+    assert says in refusal(ConfigError, load_users, f)
+
+
+# --------------------------------------------------------------------------- basic authentication
+
+
+def test_basic_ok_and_wrong_password_and_unknown_user_look_the_same(auth: HttpAuth) -> None:
+    p = run(auth.authenticate(basic_header("alice", "alice-secret-1")))
+    assert p == Principal("alice", frozenset({"admin"}), "basic")
+    wrong = refusal(Unauthenticated, run, auth.authenticate(basic_header("alice", "nope")))
+    unknown = refusal(Unauthenticated, run, auth.authenticate(basic_header("mallory", "nope")))
+    assert wrong == unknown == "invalid user name or password (at Authorization)"
+
+
+def test_unknown_users_cost_a_hash_verification_with_the_strongest_parameters(tmp_path: Path) -> None:
+    """No enumeration by timing: the dummy hash has the file's strongest parameters, and an
+    unknown user's answer takes about as long as a known user's wrong password."""
+    from argon2 import extract_parameters
+
+    strong = {"time_cost": 3, "memory_cost": 16384, "parallelism": 1}
+    f = users_yaml(tmp_path / "u.yaml", [
+        {"user": "weak", "hash": hash_password("weak-password-1", **FAST), "roles": ["read"]},
+        {"user": "strong", "hash": hash_password("strong-password-1", **strong), "roles": ["read"]}])
+    auth = HttpAuth(users=load_users(f))
+    assert auth._dummy is not None
+    assert extract_parameters(auth._dummy) == extract_parameters(auth.users["strong"].hash)
+
+    def timed(user: str) -> float:
+        t0 = time.perf_counter()
+        with pytest.raises(Unauthenticated):
+            run(auth.authenticate(basic_header(user, "wrong-password")))
+        return time.perf_counter() - t0
+
+    known = statistics.median(timed("strong") for _ in range(5))
+    unknown = statistics.median(timed("nobody-by-that-name") for _ in range(5))
+    assert unknown > 0.5 * known, (unknown, known)  # same Argon2 work, not an early return
+
+
+def test_success_is_cached_by_hmac_failures_never(auth: HttpAuth, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    real = http_auth._verify_hash
+
+    def counting(h: str, pw: str) -> bool:
+        calls.append(pw)
+        return real(h, pw)
+
+    monkeypatch.setattr(http_auth, "_verify_hash", counting)
+    for _ in range(3):
+        run(auth.authenticate(basic_header("alice", "alice-secret-1")))
+    assert len(calls) == 1
+    for _ in range(3):
+        with pytest.raises(Unauthenticated):
+            run(auth.authenticate(basic_header("alice", "wrong")))
+    assert len(calls) == 4
+    assert all(b"alice-secret-1" not in k for k in auth._cache)  # keys are HMACs, not the password
+    auth.cache_seconds = 0.0
+    auth._cache.clear()
+    run(auth.authenticate(basic_header("alice", "alice-secret-1")))
+    run(auth.authenticate(basic_header("alice", "alice-secret-1")))
+    assert len(calls) == 6
+
+
+@pytest.mark.parametrize(("header", "says"), [
+    (["Basic YWxpY2U6eA==", "Basic YWxpY2U6eA=="], "more than one Authorization header"),
+    ("Digest username=alice", "unsupported authorization scheme"),
+    ("Basic !!!notbase64", "not base64"),
+    ("Basic " + base64.b64encode(b"\xff\xfe:x").decode(), "not base64 of UTF-8"),
+    ("Basic " + base64.b64encode(b"no-colon").decode(), "no 'user:' part"),
+    ("Basic " + base64.b64encode(b":password").decode(), "no 'user:' part"),
+    ("Basic " + "A" * 9000, "over 8192 bytes"),
+    ("Basic " + base64.b64encode(b"alice:" + b"x" * 2000).decode(), "password too long"),
+    ("Bearer abc", "bearer tokens are not enabled"),
+])
+def test_malformed_authorization_is_refused_not_guessed(auth: HttpAuth, header: object, says: str) -> None:
+    assert says in refusal(Unauthenticated, run, auth.authenticate(header))  # type: ignore[arg-type]
+
+
+def test_anonymous_gets_only_explicit_roles(tmp_path: Path, hashes: dict[str, str]) -> None:
+    f = users_yaml(tmp_path / "u.yaml", [{"user": "alice", "hash": hashes["alice"], "roles": ["admin"]}])
+    closed = auth_from_settings(users_file=f, jwt_config=None, allow_anonymous=None, realm="r", where="w")
+    assert run(closed.authenticate(None)).roles == frozenset() and not run(closed.authenticate([])).can_read()
+    for off in ("", "none", "off"):
+        assert not auth_from_settings(users_file=None, jwt_config=None, allow_anonymous=off, realm="r",
+                                      where="w").configured
+    opened = auth_from_settings(users_file=None, jwt_config=None, allow_anonymous="read", realm="r", where="w")
+    anon = run(opened.authenticate(None))
+    assert anon.anonymous and anon.can_read() and not anon.can_write("x") and not anon.is_admin
+    with pytest.raises(ConfigError, match="unknown role"):
+        auth_from_settings(users_file=None, jwt_config=None, allow_anonymous="god", realm="r", where="--allow")
+    assert opened.challenges() == ['Basic realm="r", charset="UTF-8"']
+
+
+# --------------------------------------------------------------------------- roles
+
+
+@pytest.mark.parametrize(("roles", "subject", "ok"), [
+    ({"write:orders."}, "orders.created", True),
+    ({"write:orders."}, "orders.created-value", True),
+    ({"write:orders."}, "orders-evil", False),       # prefix escape: '-' is not '.'
+    ({"write:orders."}, "orders", False),
+    ({"write:orders."}, "ORDERS.created", False),    # case matters, like Kafka topic names
+    ({"write:orders."}, ":.ctx:orders.created", False),  # a context-qualified name is another subject
+    ({"write:orders."}, " orders.created", False),
+    ({"write:orders."}, None, False),                # subject unknown: only global writers
+    ({"write"}, "anything", True),
+    ({"write"}, None, True),
+    ({"admin"}, "anything", True),
+    ({"read"}, "orders.created", False),
+])
+def test_write_prefix_is_a_plain_string_prefix(roles: set[str], subject: str | None, ok: bool) -> None:
+    p = Principal("u", frozenset(roles), "basic")
+    assert p.can_write(subject) is ok
+    assert p.can_read()  # every role reads
+
+
+def test_parse_role() -> None:
+    assert parse_role("write:orders.", where="x") == "write:orders."
+    for bad in ("Write", "write:", "write: x", "write:\x1b[31m", 3, "admin "):
+        with pytest.raises(ConfigError):
+            parse_role(bad, where="x")
+
+
+def test_client_headers_from_env() -> None:
+    assert client_auth_from_env("P", {"P_TOKEN": "t", "P_USER": "u"}) == {"Authorization": "Bearer t"}
+    assert client_auth_from_env("P", {"P_USER": "u", "P_PASSWORD": "p:w"}) == {
+        "Authorization": "Basic " + base64.b64encode(b"u:p:w").decode()}
+    assert client_auth_from_env("P", {}) == {}
+
+
+# --------------------------------------------------------------------------- hashing CLI
+
+
+def test_hash_password_cli(tmp_path: Path) -> None:
+    from app.schema.cli import schema_app
+
+    runner = CliRunner()
+    r = runner.invoke(schema_app, ["hash-password", "--stdin", "--user", "ci", "--roles", "write:orders.,read"],
+                      input="a-long-random-password\n")
+    assert r.exit_code == 0, r.output
+    assert "a-long-random-password" not in r.output
+    f = tmp_path / "u.yaml"
+    f.write_text("users:\n" + "".join("  " + line + "\n" for line in r.output.splitlines()))
+    users = load_users(f)
+    assert users["ci"].roles == frozenset({"write:orders.", "read"})
+    auth = HttpAuth(users=users)
+    assert run(auth.authenticate(basic_header("ci", "a-long-random-password"))).name == "ci"
+
+    plain = runner.invoke(schema_app, ["hash-password", "--stdin"], input="another-long-password\n")
+    assert plain.exit_code == 0 and plain.output.startswith("$argon2id$")
+    short = runner.invoke(schema_app, ["hash-password", "--stdin"], input="short\n")
+    assert short.exit_code == 2 and "shorter than 12" in short.output
+    bad = runner.invoke(schema_app, ["hash-password", "--stdin", "--roles", "root"], input="x" * 20 + "\n")
+    assert bad.exit_code == 2 and "unknown role" in bad.output
+    prompted = runner.invoke(schema_app, ["hash-password"], input="prompted-password-1\nprompted-password-1\n")
+    assert prompted.exit_code == 0 and "$argon2id$" in prompted.output

@@ -1,0 +1,209 @@
+"""The worker's management API behind authentication, on Faust's own aiohttp web server (no
+broker needed: the views answer 404 for connectors when no pipeline is attached, which is
+past the auth layer). Every rule of the table as an anonymous, a read-only and an admin
+client, Kafka Connect-style refusals, bearer JWT attacks, HTTPS via Faust's
+web_ssl_context, and start-up validation of the PRISM_ADMIN_* / PRISM_WEB_SSL_* settings."""
+
+from __future__ import annotations
+
+import json
+import re
+import ssl
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import jwt
+import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
+from jwt.algorithms import RSAAlgorithm
+
+from app.broker.embedded import find_free_port
+from app.errors import ConfigError
+from app.security.http_auth import basic_header
+from app.worker.faust_app import make_app
+from app.worker.management import ADMIN, OPEN, READ, RULES, ManagementSettings, register_views, rule_for
+from app.worker.observe import Observer
+from tests.support import USERS, creds, self_signed_cert, write_users_file
+
+CLIENTS = ("anonymous", "reader", "admin")
+
+
+@asynccontextmanager
+async def web(tmp_path: Path, settings: ManagementSettings) -> AsyncIterator[str]:
+    """Faust's web server (the real aiohttp site, TLS included) with the management views."""
+    port = find_free_port()
+    app = make_app(f"mgmt-{uuid.uuid4().hex[:8]}", "127.0.0.1:1", tmp_path / "data", web_port=port,
+                   **({"web_ssl_context": settings.ssl_context} if settings.ssl_context else {}))
+    observer = Observer(management=settings)
+    register_views(app, observer, settings)
+    server = app.web
+    server.init_server()
+    await server.start_server()
+    try:
+        yield f"{'https' if settings.ssl_context else 'http'}://127.0.0.1:{port}"
+    finally:
+        await server.stop_server()
+
+
+@pytest.fixture(scope="module")
+def users_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_users_file(tmp_path_factory.mktemp("mgmt") / "users.yaml")
+
+
+def settings_of(env: dict[str, str]) -> ManagementSettings:
+    return ManagementSettings.from_env(env)
+
+
+async def request(url: str, method: str, path: str, who: str = "anonymous", *,
+                  headers: dict[str, str] | None = None, **kw: Any) -> tuple[int, Any, Any]:
+    hdrs = dict(headers or {})
+    if who != "anonymous":
+        hdrs["Authorization"] = basic_header(*creds(who))
+    async with aiohttp.ClientSession() as s, s.request(method, url + path, headers=hdrs, **kw) as r:
+        raw = await r.read()
+        body = json.loads(raw) if r.content_type == "application/json" else raw.decode()
+        return r.status, body, r.headers
+
+
+def concrete(template: str) -> str:
+    return re.sub(r"\{name\}", "orders-pipeline", template)
+
+
+def test_table_mentions_every_mounted_view(tmp_path: Path) -> None:
+    app = make_app(f"mgmt-{uuid.uuid4().hex[:8]}", "127.0.0.1:1", tmp_path / "d", web_port=find_free_port())
+    register_views(app, Observer())
+    from faust.web import View
+
+    views = [v if isinstance(v, type) else type(v) for v in app.web.views.values()]
+    mounted = {(m.upper(), v.template) for v in views  # type: ignore[attr-defined]
+               for m in ("get", "post", "put", "patch", "delete") if getattr(v, m) is not getattr(View, m)}
+    assert len(mounted) == len(RULES) and mounted == set(RULES), sorted(mounted ^ set(RULES))
+    assert rule_for("DELETE", "/connectors/{name}") == ADMIN and rule_for("HEAD", "/metrics") == OPEN
+    assert {RULES[("GET", p)] for p in ("/metrics", "/healthz", "/readyz")} == {OPEN}
+
+
+@pytest.mark.parametrize("who", CLIENTS)
+@pytest.mark.parametrize(("method", "template"), sorted(RULES), ids=lambda x: str(x))
+async def test_role_matrix(method: str, template: str, who: str, tmp_path: Path, users_file: Path) -> None:
+    need = RULES[(method, template)]
+    async with web(tmp_path, settings_of({"PRISM_ADMIN_USERS_FILE": str(users_file)})) as url:
+        status, body, headers = await request(url, method, concrete(template), who)
+    allowed = need in (OPEN, READ) or who == "admin"
+    if allowed:
+        assert status not in (401, 403), (status, body)
+        return
+    want = 401 if who == "anonymous" else 403
+    assert status == want and body["error_code"] == want, (status, body)
+    assert ("WWW-Authenticate" in headers) is (want == 401)
+
+
+async def test_reads_can_be_closed_and_unknown_routes_need_admin(tmp_path: Path, users_file: Path) -> None:
+    env = {"PRISM_ADMIN_USERS_FILE": str(users_file), "PRISM_ADMIN_ALLOW_ANONYMOUS": "none"}
+    async with web(tmp_path, settings_of(env)) as url:
+        assert (await request(url, "GET", "/connectors"))[0] == 401
+        assert (await request(url, "GET", "/connectors", "reader"))[0] == 200
+        for path in ("/metrics", "/healthz"):
+            assert (await request(url, "GET", path))[0] == 200  # probes and scrapers stay open
+        # a method no view implements never reaches a view: aiohttp's router answers 405
+        assert (await request(url, "DELETE", "/connectors/orders-pipeline", "admin"))[0] == 405
+        assert (await request(url, "GET", "/connectors", "admin", auth=None))[0] == 200
+
+
+async def test_without_credentials_configured_mutations_are_closed(tmp_path: Path) -> None:
+    async with web(tmp_path, ManagementSettings.default()) as url:
+        assert (await request(url, "GET", "/connectors"))[0] == 200
+        status, body, headers = await request(url, "PUT", "/connectors/orders-pipeline/pause")
+        assert status == 401 and "PRISM_ADMIN_USERS_FILE" in body["message"] and "WWW-Authenticate" in headers
+        status, body, _ = await request(url, "PUT", "/connectors/orders-pipeline/pause",
+                                        headers={"Authorization": basic_header("admin", "x")})
+        assert status == 401 and "basic authentication is not enabled" in body["message"]
+
+
+async def test_wrong_password_forged_basic_and_malformed(tmp_path: Path, users_file: Path) -> None:
+    async with web(tmp_path, settings_of({"PRISM_ADMIN_USERS_FILE": str(users_file)})) as url:
+        for header in (basic_header("admin", "wrong"), basic_header("nobody", USERS["admin"][0]),
+                       "Basic %%%", "Token abc"):
+            status, body, headers = await request(url, "POST", "/connectors/orders-pipeline/restart",
+                                                  headers={"Authorization": header})
+            assert status == 401 and body["error_code"] == 401, (header, body)
+            assert headers["WWW-Authenticate"] == 'Basic realm="prism-worker", charset="UTF-8"'
+
+
+async def test_bearer_jwt_on_the_worker(tmp_path: Path) -> None:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    (tmp_path / "jwks.json").write_text(json.dumps({"keys": [
+        {**json.loads(RSAAlgorithm.to_jwk(key.public_key())), "kid": "ops-1"}]}))
+    (tmp_path / "jwt.yaml").write_text(json.dumps({
+        "jwks_file": "jwks.json", "issuers": ["https://idp"], "audience": "prism-worker",
+        "role_map": {"sre": "admin", "dev": "read"}, "roles_claim": "groups"}))
+
+    def token(groups: list[str], *, signer: Any = key, exp_in: float = 300) -> dict[str, str]:
+        claims = {"iss": "https://idp", "aud": "prism-worker", "sub": "pat", "exp": int(time.time() + exp_in),
+                  "groups": groups}
+        return {"Authorization": "Bearer " + jwt.encode(claims, signer, algorithm="RS256", headers={"kid": "ops-1"})}
+
+    settings = settings_of({"PRISM_ADMIN_JWT_CONFIG": str(tmp_path / "jwt.yaml")})
+    path = "/connectors/orders-pipeline/pause"
+    async with web(tmp_path, settings) as url:
+        assert (await request(url, "PUT", path, headers=token(["sre"])))[0] == 404  # past auth: no such pipeline
+        assert (await request(url, "PUT", path, headers=token(["dev"])))[0] == 403
+        for bad, says in ((token(["sre"], signer=other), "signature"), (token(["sre"], exp_in=-600), "expired")):
+            status, body, headers = await request(url, "PUT", path, headers=bad)
+            assert status == 401 and says in body["message"] and headers["WWW-Authenticate"].startswith("Bearer")
+
+
+async def test_https_management_api(tmp_path: Path, users_file: Path) -> None:
+    certfile, keyfile = self_signed_cert(tmp_path)
+    settings = settings_of({"PRISM_ADMIN_USERS_FILE": str(users_file), "PRISM_WEB_SSL_CERTFILE": str(certfile),
+                            "PRISM_WEB_SSL_KEYFILE": str(keyfile)})
+    trust = ssl.create_default_context(cafile=str(certfile))
+    async with web(tmp_path, settings) as url:
+        assert url.startswith("https://")
+        status, body, _ = await request(url, "GET", "/healthz", ssl=trust)
+        assert status in (200, 503) and "status" in body
+        assert (await request(url, "PUT", "/connectors/orders-pipeline/pause", "admin", ssl=trust))[0] == 404
+        with pytest.raises(aiohttp.ClientError):  # plaintext is not served on the TLS port
+            await request(url.replace("https", "http"), "GET", "/healthz")
+
+
+@pytest.mark.parametrize(("env", "says"), [
+    ({"PRISM_ADMIN_ALLOW_ANONYMOUS": "admin"}, "anonymous requests may at most read"),
+    ({"PRISM_ADMIN_ALLOW_ANONYMOUS": "root"}, "unknown role"),
+    ({"PRISM_ADMIN_USERS_FILE": "/nonexistent/users.yaml"}, "cannot read users file"),
+    ({"PRISM_ADMIN_JWT_CONFIG": "/nonexistent/jwt.yaml"}, "cannot read JWT settings"),
+    ({"PRISM_WEB_SSL_CERTFILE": "/nonexistent/cert.pem"}, "needs both"),
+    ({"PRISM_WEB_SSL_CERTFILE": "/nonexistent/c.pem", "PRISM_WEB_SSL_KEYFILE": "/nonexistent/k.pem"},
+     "cannot load the TLS certificate"),
+])
+def test_settings_are_validated_at_start_up(env: dict[str, str], says: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        ManagementSettings.from_env(env)
+
+
+def test_observer_from_env_carries_the_settings(users_file: Path) -> None:
+    obs: Callable[..., Observer] = Observer.from_env
+    o = obs({"PRISM_ADMIN_USERS_FILE": str(users_file)})
+    assert o.management.auth.users.keys() == USERS.keys() and o.management.auth.anonymous_roles == {"read"}
+    assert Observer().management.auth.accepts_credentials is False
+
+
+def test_prism_run_stops_on_bad_management_settings_before_any_broker(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    topology = Path(__file__).resolve().parents[2] / "topologies" / "orders-created.yaml"
+    env = {**os.environ, "PRISM_ADMIN_USERS_FILE": str(tmp_path / "missing.yaml")}
+    env.pop("PRISM_BROKER_URL", None)
+    r = subprocess.run([sys.executable, "-m", "app.cli.main", "run", "--topology", str(topology), "--no-dev-keys",
+                        "--data-dir", str(tmp_path / "data")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "cannot read users file" in r.stdout + r.stderr and "missing.yaml" in r.stdout + r.stderr
+    assert "embedded broker on" not in r.stdout  # nothing was started
