@@ -125,11 +125,17 @@ def run(
         PipelineApp(topo, bootstrap=bootstrap, data_dir=child_data_dir(data_dir, topo.name, 0),
                     embedded=settings.embedded, broker_settings=None if settings.embedded else settings)
         _check_ports(web_port, processes)
+        supervisor = _supervisor(topology, topo, processes=processes, bootstrap=bootstrap, embedded=settings.embedded,
+                                 data_dir=data_dir, web_port=web_port, loglevel=loglevel)
         pipeline = None
     else:
+        from app.worker.archive_service import SHARD_ENV, check_writer_id, default_writer_id, parse_shard
+
         pipeline = PipelineApp(topo, bootstrap=bootstrap, data_dir=data_dir / topo.name, embedded=settings.embedded,
                                web_port=web_port, broker_settings=None if settings.embedded else settings,
                                archive_location=topo.archive.path,
+                               archive_writer_id=check_writer_id(default_writer_id()),
+                               archive_shard=parse_shard(os.environ.get(SHARD_ENV)),
                                # metrics, health and the management API on --web-port; tracing per
                                # PRISM_TRACES_EXPORTER (none by default)
                                observe=Observer.from_env(),
@@ -144,9 +150,12 @@ def run(
     try:
         asyncio.run(ensure_topics(bootstrap, topo.topics(), settings=None if broker else settings))
         if pipeline is None:
-            code = _supervise(topology, topo, processes=processes, bootstrap=bootstrap, embedded=settings.embedded,
-                              data_dir=data_dir, web_port=web_port, loglevel=loglevel)
-            raise typer.Exit(code)
+            from app.worker.supervisor import supervise
+
+            console.print(f"supervisor (pid {os.getpid()}) starting {processes} workers for topology "
+                          f"[bold]{topo.name}[/]" + (f"; status on http://127.0.0.1:{web_port}/workers" if web_port else "")
+                          + f"; state in {supervisor.status_file}")
+            raise typer.Exit(asyncio.run(supervise(supervisor, web_port=web_port)))
         console.print(f"worker for topology [bold]{topo.name}[/] reading {[s.topic for s in topo.sources]}")
         run_worker(pipeline.app, loglevel=loglevel)
     finally:
@@ -175,23 +184,24 @@ def _check_ports(web_port: int | None, processes: int) -> None:
                                        f"{web_port + processes}; pick another --web-port") from None
 
 
-def _supervise(topology_file: Path, topo: Any, *, processes: int, bootstrap: str, embedded: bool, data_dir: Path,
-               web_port: int | None, loglevel: str) -> int:
-    from app.worker.supervisor import Supervisor, supervise
+def _supervisor(topology_file: Path, topo: Any, *, processes: int, bootstrap: str, embedded: bool, data_dir: Path,
+                web_port: int | None, loglevel: str) -> Any:
+    """The supervisor of `prism run --processes N` (validated, nothing started yet)."""
+    from app.worker.supervisor import Supervisor
 
     env = {"PRISM_TOPOLOGY": str(topology_file.resolve()), "PRISM_BOOTSTRAP": bootstrap,
            "PRISM_APP_ID": f"prism-{topo.name}", "PRISM_EMBEDDED": "1" if embedded else "0",
            "PRISM_ARCHIVE": str(Path(topo.archive.path).resolve()) if topo.archive.enabled else ""}
+    from app.worker.archive_service import WRITER_ID_ENV
+
+    if os.environ.get(WRITER_ID_ENV, "").strip():
+        env[WRITER_ID_ENV] = os.environ[WRITER_ID_ENV].strip()  # each child appends -p<i>
     most = max(s.partitions for s in topo.sources)
     if processes > most:
         console.print(f"[yellow]warning[/] {processes} processes for at most {most} partitions per source topic: "
                       f"{processes - most} will hold no source partition (standbys for a rebalance)")
-    sup = Supervisor(processes=processes, topology_name=topo.name, data_dir=data_dir, env=env, web_port=web_port,
-                     loglevel=loglevel)
-    console.print(f"supervisor (pid {os.getpid()}) starting {processes} workers for topology [bold]{topo.name}[/]"
-                  + (f"; status on http://127.0.0.1:{web_port}/workers" if web_port else "")
-                  + f"; state in {sup.status_file}")
-    return asyncio.run(supervise(sup, web_port=web_port))
+    return Supervisor(processes=processes, topology_name=topo.name, data_dir=data_dir, env=env, web_port=web_port,
+                      loglevel=loglevel)
 
 
 @app.command()

@@ -30,7 +30,7 @@ from app.broker.embedded import EmbeddedBroker
 from app.demo.loadgen import MIX, LoadGenerator
 from app.security.devkeys import ensure_dev_keys
 from app.topology import Topology
-from app.worker.faust_app import InProcessWorker
+from app.worker.faust_app import InProcessWorker, event_loop_name
 from app.worker.pipeline import PipelineApp
 
 
@@ -214,6 +214,7 @@ async def _run(topology: Topology, keys: Any, bootstrap: str, embedded: bool, se
                 progress.update(done_task, completed=pipeline.stats.read)
             report.seconds = time.monotonic() - t0
             report.worker = pipeline.summary()
+            report.worker["event_loop"] = event_loop_name()  # uvloop under `prism demo` (use_uvloop first)
     finally:
         await producer.stop()
 

@@ -33,11 +33,14 @@ What this module does, on every broker (the decision does not depend on the brok
 Faust's recovery (``PrismRecovery``: Faust's ``Recovery`` with two steps extended, installed by
 ``make_app`` through ``PrismTableManager``), on start-up and on every rebalance alike:
 
-1. :func:`plan_recovery` compares persisted offsets with the end offsets Faust got (pure,
-   unit-tested). Normally nothing is ahead and nothing more happens.
-2. For a partition that looks ahead, the end offset is verified with a ``Fetch`` (its high
-   watermark is right even where ``ListOffsets`` is short; ``app.worker.offsets``). If the store is
-   within the verified end, the short answer is replaced and the store kept (:func:`reconcile`).
+1. Every changelog end offset is verified with a ``Fetch`` (its high watermark is right even
+   where ``ListOffsets`` is short; ``app.worker.offsets``) and raised where the fetch sees more:
+   otherwise recovery would also stop early and the table come back without the changelog's
+   last batch. The embedded broker's transport already does this; with transactions the end is
+   the stable offset and nothing is changed.
+2. :func:`plan_recovery` compares persisted offsets with those ends (pure, unit-tested).
+   Normally nothing is ahead and nothing more happens. A partition that looks ahead gets one
+   more verification (:func:`reconcile`): within the verified end, the store is kept.
 3. A partition still ahead has its local data wiped - never the changelog - and is recovered
    from the start of the changelog, the same as on an empty data directory. A warning names
    the partition and both offsets.
@@ -173,6 +176,17 @@ def _faust_classes() -> tuple[type, type]:
 
         async def _build_highwaters(self, consumer: Any, tps: Any, destination: Any, title: str) -> None:
             await super()._build_highwaters(consumer, tps, destination, title)
+            # Every partition's end, verified with a Fetch where the transport does not already
+            # do that (the embedded broker's does): a broker that answers ListOffsets short would
+            # otherwise end the recovery early and the table would come back without the
+            # changelog's last batch. Never lowers an end; not with transactions (the stable
+            # offset, not the high watermark, is the end there).
+            if not self.app.in_transaction and not _fetch_verified_transport(self.app):
+                for tp, end in (await self._verified_ends(consumer, list(tps))).items():
+                    if end > destination.get(tp, -1):
+                        log.warning("changelog %s[%s]: ListOffsets said the last offset is %s, a fetch shows %s; "
+                                    "recovering to the fetched end", tp.topic, tp.partition, destination.get(tp), end)
+                        destination[tp] = end
             # Standby partitions: Faust builds (and seeks to) their offsets first, then the
             # highwaters, then checks; reconcile here and seek again.
             if destination is self.standby_highwaters:
@@ -211,7 +225,7 @@ def _faust_classes() -> tuple[type, type]:
             from app.worker.offsets import true_end_offsets
 
             thread = getattr(consumer, "_thread", None)
-            if thread is None or not tps:
+            if thread is None or not tps or self.app.in_transaction:
                 return {}
 
             async def query() -> Any:
@@ -232,6 +246,16 @@ def _faust_classes() -> tuple[type, type]:
             return self._recovery
 
     return _PrismRecovery, _PrismTableManager
+
+
+def _fetch_verified_transport(app: Any) -> bool:
+    """True when the app's consumer already derives end offsets from a fetch (embedded broker)."""
+    from app.worker.offsets import listoffsets_workaround_installed
+
+    try:
+        return listoffsets_workaround_installed(app)
+    except Exception:  # a transport that is not Kafka's: nothing to verify with
+        return True
 
 
 _CLASSES: tuple[type, type] | None = None

@@ -62,6 +62,17 @@ def default_writer_id(*, suffix: str | None = None, host: str | None = None, pid
     return name + tail
 
 
+def check_writer_id(writer_id: str, *, source: str = WRITER_ID_ENV) -> str:
+    """Refuse an id the archive would refuse, before any worker starts (not in a crash loop)."""
+    from app.lake.archive import _WRITER_RE
+
+    if not _WRITER_RE.fullmatch(writer_id):
+        raise ConfigError(f"archive writer id {writer_id!r} is not valid", path=source,
+                          hint="use 1-64 characters from A-Z a-z 0-9 _ . - starting with a letter or digit "
+                               "(with --processes N, '-p<i>' is appended)")
+    return writer_id
+
+
 def parse_shard(text: str | None) -> tuple[int, int] | None:
     """``"i/n"`` -> ``(i, n)`` with ``0 <= i < n``; empty -> None (archive everything)."""
     if not text or not text.strip():

@@ -18,10 +18,10 @@ on these machines and that make it start quickly on the embedded broker:
   (building every aiokafka/Faust debug record cost ~10 % CPU and halved throughput);
 * on the embedded broker, the ListOffsets workaround of :mod:`app.worker.offsets`, without which
   tables recover short or a restarted worker dies with ``ConsistencyError``;
-* on every broker, :mod:`app.tables.recovery`: a partition whose local store is ahead of its
-  changelog (a short end offset, a changelog that lost records) is wiped and rebuilt from the
-  changelog instead of failing the worker - on restart and on a partition taken over in a
-  rebalance alike;
+* on every broker, :mod:`app.tables.recovery`: changelog end offsets verified with a fetch, and a
+  partition whose local store is still ahead of its changelog (a changelog that lost records)
+  wiped and rebuilt from the changelog instead of failing the worker with ``ConsistencyError`` -
+  on restart and on a partition taken over in a rebalance alike;
 * once started, :func:`tune_gc` (the worker process only: it changes process-wide state).
 
 Two ways to run a worker:

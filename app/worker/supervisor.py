@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.worker.archive_service import SHARD_ENV, WRITER_ID_ENV, default_writer_id
+from app.worker.archive_service import SHARD_ENV, WRITER_ID_ENV, check_writer_id, default_writer_id
 from app.worker.faust_app import WorkerProcess, event_loop_name
 
 __all__ = ["Backoff", "Child", "Supervisor", "child_data_dir"]
@@ -122,7 +122,8 @@ class Supervisor:
             cdir = child_data_dir(data_dir, topology_name, i)
             writer = default_writer_id(suffix=f"p{i}", env=env)
             if env.get(WRITER_ID_ENV) and processes > 1:  # an explicit id, made unique per child
-                writer = f"{env[WRITER_ID_ENV]}-p{i}"
+                writer = f"{env[WRITER_ID_ENV].strip()}-p{i}"
+            check_writer_id(writer)
             port = web_port + 1 + i if web_port else None
             child_env = {**env, "PRISM_DATA_DIR": str(cdir), WRITER_ID_ENV: writer,
                          SHARD_ENV: f"{i}/{processes}"}

@@ -99,3 +99,26 @@ async def test_status_and_dlq_commands(broker, tmp_path: Path, dev_keys, monkeyp
     assert shown["reason"] == auth[0]["reason"] and expired not in res.output
     res = await asyncio.to_thread(runner.invoke, _cli(), ["dlq", "show", "9@999", "-t", topo_file])
     assert res.exit_code == 2
+
+
+def test_status_prints_a_supervisor_and_escapes_child_errors() -> None:
+    """`prism status` against `prism run --processes N --web-port P`: the children's table, then
+    each child; a child's error text (it can hold anything) is printed literally, not as markup."""
+    from rich.console import Console
+
+    from app.cli.ops import print_status
+
+    child = {"index": 0, "pid": 11, "state": "ready", "restarts": 2, "last_exit": -9, "event_loop": "uvloop",
+             "web_url": "http://127.0.0.1:7001", "writer_id": "h-1-p0"}
+    doc = {"url": "http://127.0.0.1:7000",
+           "supervisor": {"pid": 10, "topology": "orders", "processes": 2, "ready": False, "restarts": 2,
+                          "children": [child, {**child, "index": 1, "pid": None, "state": "restarting",
+                                               "web_url": "http://127.0.0.1:7002", "writer_id": "h-1-p1"}]},
+           "workers": [{"index": 0, "url": child["web_url"], "error": "boom [bold red]x[/] \x1b[31m"},
+                       {"index": 1, "url": "http://127.0.0.1:7002"}]}
+    con = Console(record=True, width=200)
+    print_status(doc, con)
+    text = con.export_text()
+    assert "supervisor pid 10" in text and "not ready" in text and "restarting" in text and "-9" in text
+    assert "h-1-p0" in text and "h-1-p1" in text and "uvloop" in text
+    assert "[bold red]x[/]" in text  # shown as typed, not interpreted

@@ -208,3 +208,11 @@ def test_a_store_ahead_of_its_changelog_is_rebuilt_not_fatal(scenario: Scenario)
     db.close()
     log = assert_recovered_exactly(scenario, "ahead", data_dir)  # exact tables: the ghost is gone
     assert "ahead of the changelog; wiped" in log and "counts" in log, log[-4000:]
+
+
+def test_empty_data_dir_without_the_workaround_replays_the_changelog_exactly(scenario: Scenario) -> None:
+    """Without the embedded-broker transport, ListOffsets is short; the recovery verifies every
+    end with a fetch, so a worker on an empty data dir still gets the changelog's last batch."""
+    log = assert_recovered_exactly(scenario, "empty-unflagged", scenario.base / "data-empty-unflagged",
+                                   workaround=False)
+    assert "a fetch shows" in log, log[-4000:]

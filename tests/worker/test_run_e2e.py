@@ -138,3 +138,13 @@ def test_prism_run_processes_supervises_restarts_and_stops(tmp_path: Path, dev_k
     for i in (0, 1):  # no worker crashed (the kill -9 aside): no traceback, no ConsistencyError
         text = (data / topo.name / f"proc-{i}" / "worker.log").read_text(errors="replace")
         assert "ConsistencyError" not in text, text[-3000:]
+
+
+def test_prism_demo_runs_the_worker_on_uvloop(tmp_path: Path) -> None:
+    # the shipped topology: the demo's load generator signs with var/dev-keys, which it names
+    out = tmp_path / "report.json"
+    res = subprocess.run([sys.executable, "-m", "app.cli.main", "demo", "-n", "200", "--no-lake", "--data-dir", str(tmp_path / "demo"), "--json", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={k: v for k, v in os.environ.items() if k != "PRISM_BROKER_URL"})
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert json.loads(out.read_text())["worker"]["event_loop"] == "uvloop"

@@ -49,6 +49,7 @@ async def test_sigterm_mid_stream_no_loss_no_duplicates(broker, tmp_path: Path, 
         first.start(timeout=60)
         ready = first.wait_ready(5)  # the deployed worker runs with tune_gc applied
         assert ready["gc"]["threshold"][0] == GC_GEN0_THRESHOLD and ready["gc"]["frozen"] > 10_000, ready
+        assert ready["event_loop"] == "uvloop", ready  # the subprocess entry installs it before the app exists
         await watch.wait_until(500, timeout=60)
         t0 = time.monotonic()
         code = first.stop(timeout=30)             # SIGTERM: finish the batch, commit, flush

@@ -1,0 +1,96 @@
+"""The supervisor of `prism run --processes N` with real child processes that fail at start-up
+(a missing topology): crash -> backoff -> restart, reported; and the CLI's refusals, before any
+broker or worker starts. The full path (real workers, kill -9, rebalance) is in
+test_run_e2e.py and test_rebalance_e2e.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app.errors import ConfigError
+from app.worker.supervisor import Backoff, Supervisor
+from tests.worker.conftest import ROOT
+
+
+def test_backoff_doubles_to_the_cap() -> None:
+    b = Backoff(initial=1.0, maximum=30.0)
+    assert [b.delay(n) for n in range(8)] == [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+
+
+def _failing_env(tmp_path: Path) -> dict[str, str]:
+    return {"PRISM_TOPOLOGY": str(tmp_path / "missing.yaml"), "PRISM_BOOTSTRAP": "127.0.0.1:1",
+            "PRISM_APP_ID": "sup-test", "PRISM_EMBEDDED": "1", "PRISM_ARCHIVE": ""}
+
+
+async def test_a_crashing_child_is_restarted_with_backoff_and_reported(tmp_path: Path) -> None:
+    sup = Supervisor(processes=2, topology_name="t", data_dir=tmp_path, env=_failing_env(tmp_path),
+                     backoff=Backoff(initial=0.2, maximum=0.4, stable_after=60))
+    sup.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not all(c.restarts >= 2 for c in sup.children):
+            assert time.monotonic() < deadline, [c.to_dict() for c in sup.children]
+            sup.poll()
+            await asyncio.sleep(0.05)
+        for c in sup.children:
+            assert c.last_exit == 2 and c.failures >= 2 and c.state in ("starting", "restarting")
+        doc = json.loads(sup.status_file.read_text())  # what /readyz and prism status show
+        assert doc["ready"] is False and doc["restarts"] >= 4
+        assert [c["index"] for c in doc["children"]] == [0, 1]
+        assert len({c["writer_id"] for c in doc["children"]}) == 2
+        assert "missing.yaml" in (tmp_path / "t" / "proc-0" / "worker.log").read_text()
+    finally:
+        code = await sup.shutdown()
+    assert all(c.state == "stopped" for c in sup.children)
+    assert code in (0, 1)  # a child caught mid-start-up may or may not have exited cleanly
+
+
+def test_explicit_writer_id_is_validated_and_made_unique(tmp_path: Path) -> None:
+    env = {**_failing_env(tmp_path), "PRISM_ARCHIVE_WRITER_ID": "pod-7"}
+    sup = Supervisor(processes=3, topology_name="t", data_dir=tmp_path, env=env)
+    assert [c.writer_id for c in sup.children] == ["pod-7-p0", "pod-7-p1", "pod-7-p2"]
+    for bad in ("a/b", "x" * 70, "-lead"):
+        with pytest.raises(ConfigError, match="writer id"):
+            Supervisor(processes=2, topology_name="t", data_dir=tmp_path,
+                       env={**env, "PRISM_ARCHIVE_WRITER_ID": bad})
+
+
+def _prism_run(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    full = {k: v for k, v in os.environ.items() if k != "PRISM_BROKER_URL"}
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "app.cli.main", "run", "--data-dir", str(tmp_path / "d"), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=full)
+
+
+def test_cli_refuses_a_taken_port_before_starting_anything(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        res = _prism_run(tmp_path, "--processes", "2", "--web-port", str(taken - 1))
+    out = res.stdout + res.stderr
+    assert res.returncode == 2 and "is in use" in out and "--web-port" in out and "Traceback" not in out, out
+    assert not (tmp_path / "d" / "broker").exists()  # no broker was started
+
+
+def test_cli_refuses_a_bad_writer_id_before_starting_anything(tmp_path: Path) -> None:
+    res = _prism_run(tmp_path, "--processes", "2", env={"PRISM_ARCHIVE_WRITER_ID": "../etc"})
+    out = res.stdout + res.stderr
+    assert res.returncode == 2 and "writer id" in out and "PRISM_ARCHIVE_WRITER_ID" in out, out
+    assert "Traceback" not in out and not (tmp_path / "d" / "broker").exists()
+
+
+@pytest.mark.parametrize("n", ["0", "-1", "257", "two"])
+def test_cli_refuses_a_bad_process_count(tmp_path: Path, n: str) -> None:
+    res = _prism_run(tmp_path, "--processes", n)
+    assert res.returncode == 2 and "Traceback" not in res.stdout + res.stderr
