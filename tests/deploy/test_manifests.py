@@ -145,6 +145,13 @@ def test_worker_ports_and_probes_agree(base):
     assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
     pdb = find(base, "PodDisruptionBudget", "prism-worker")
     assert pdb["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    # the web port carries the management API (pause/resume/restart): not open to the whole cluster
+    policy = find(base, "NetworkPolicy", "prism-worker")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert [ports.get(p["port"], p["port"]) for p in rule["ports"]] == [params["web_port"]]
+    assert all(peer.keys() <= {"podSelector", "namespaceSelector"} and "ipBlock" not in peer for peer in rule["from"])
 
 
 def test_worker_probes_are_paths_the_worker_serves(base):
@@ -334,7 +341,9 @@ def test_worker_started_as_the_manifest_says_answers_its_probes_and_drains_in_ti
     log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115 - closed in finally
     proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", *argv], cwd=cwd, env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
-    host = socket.gethostbyname(socket.gethostname())  # not 127.0.0.1: the kubelet probes the pod IP
+    # Not 127.0.0.1: the kubelet probes the pod IP. A socket bound to 127.0.0.1 refuses
+    # 127.0.0.2; one bound to 0.0.0.0 (--web-bind) accepts it - a loopback-only proof.
+    host = "127.0.0.2"
     try:
         deadline = time.monotonic() + 120
         while _get(f"http://{host}:{port}/readyz") != 200:
