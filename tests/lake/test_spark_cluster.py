@@ -1,7 +1,7 @@
 """The lake job on a real Spark cluster: a standalone master and worker started from pyspark's
 own launcher (`bin/spark-class`; the pip package ships no `sbin/start-master.sh`), the documented
 `spark-submit app/lake/compact.py ...` against `spark://`, and the Delta table it writes equal,
-row for row, to a `local[*]` run's on the same archive.
+row for row, to a local-mode run's on the same archive.
 
 Only loopback addresses; small executors (512m, one core); teardown stops exactly the master
 and worker processes this test started."""
@@ -142,7 +142,7 @@ def test_spark_submit_to_a_standalone_cluster_writes_the_local_table(cluster, sp
     with ArchiveSink(archive, writer_id="w2") as sink:
         sink.write(other.records)
 
-    # local[*] reference: the same job, the test session's local Spark
+    # local-mode reference: the same job on the test session's local Spark (local[2]: every core here)
     local_table = str(tmp_path / "local")
     local = Compactor(spark, archive, local_table).run()
     assert local.exit_code == 0 and local.total("rows_written") == len(main.ids | other.ids)
