@@ -30,6 +30,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	@bash scripts/ensure-test-deps.sh
+	@bash scripts/ensure-kubectl.sh
 	$(BIN)/python -m app.envelope.protogen --check
 	$(BIN)/ruff check app tests bench
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)

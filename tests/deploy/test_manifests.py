@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import copy
 import inspect
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,7 +26,7 @@ import typer
 import yaml
 
 from tests.deploy.conftest import DEPLOY, ROOT, UsageError, command_line, container, find, parse_prism, pod_spec
-from tests.support import require_broker_binary
+from tests.support import require, require_broker_binary
 
 WORKLOADS = ("Deployment", "CronJob")
 K8S_VERSION = kubernetes_validate.latest_version()
@@ -148,6 +150,13 @@ def test_worker_ports_and_probes_agree(base):
     assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
     pdb = find(base, "PodDisruptionBudget", "prism-worker")
     assert pdb["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    # the web port carries the management API (pause/resume/restart): not open to the whole cluster
+    policy = find(base, "NetworkPolicy", "prism-worker")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert [ports.get(p["port"], p["port"]) for p in rule["ports"]] == [params["web_port"]]
+    assert all(peer.keys() <= {"podSelector", "namespaceSelector"} and "ipBlock" not in peer for peer in rule["from"])
 
 
 def test_worker_probes_are_paths_the_worker_serves(base):
@@ -274,7 +283,7 @@ def test_registry_command_ports_and_probes(base, tmp_path):
         assert client.get("/subjects").status_code == 401
 
 
-def test_lake_cronjob_runs_a_real_compaction_of_the_workers_archive(base, tmp_path):
+def test_lake_cronjob_reads_the_archive_the_worker_writes(base, tmp_path):
     job = find(base, "CronJob", "prism-lake-compact")
     c = container(job, "compact")
     path, params = parse_prism(command_line(c))
@@ -347,7 +356,9 @@ def test_worker_started_as_the_manifest_says_answers_its_probes_and_drains_in_ti
     log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115 - closed in finally
     proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", *argv], cwd=cwd, env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
-    host = socket.gethostbyname(socket.gethostname())  # not 127.0.0.1: the kubelet probes the pod IP
+    # Not 127.0.0.1: the kubelet probes the pod IP. A socket bound to 127.0.0.1 refuses
+    # 127.0.0.2; one bound to 0.0.0.0 (--web-bind) accepts it - a loopback-only proof.
+    host = "127.0.0.2"
     try:
         deadline = time.monotonic() + 120
         while _get(f"http://{host}:{port}/readyz") != 200:
@@ -369,3 +380,37 @@ def test_worker_started_as_the_manifest_says_answers_its_probes_and_drains_in_ti
     assert code == 0, (tmp_path / "worker.log").read_text()[-3000:]
     assert took < grace / 2, f"SIGTERM took {took:.1f}s of a {grace}s grace period"
     assert list(cwd.iterdir()) == [], "the worker wrote outside its volumes (the root is read-only in the pod)"
+
+
+@pytest.mark.integration
+def test_lake_cronjob_command_compacts_an_archive_without_writing_outside_its_volumes(base, tmp_path):
+    """The CronJob's own command line, run: paths moved under tmp_path, an empty working
+    directory standing in for the read-only root. Spark must keep its scratch files in /tmp
+    (TMPDIR here) and the job must commit every archived message."""
+    require(shutil.which("java") is not None, "Java 17+ for Spark (the prism-lake image has it)")
+    from deltalake import DeltaTable
+
+    from app.lake.archive import ArchiveSink
+    from tests.lake.conftest import make_traffic
+
+    c = container(find(base, "CronJob", "prism-lake-compact"), "compact")
+    _, params = parse_prism(command_line(c))
+    archive = tmp_path / params["archive"].lstrip("/")
+    traffic = make_traffic(12, seed=5)
+    with ArchiveSink(str(archive), writer_id="worker") as sink:  # the worker's archive tap writer id
+        sink.write(traffic.records)
+    argv = [a.replace("/var/lib/prism/", f"{tmp_path}/var/lib/prism/") for a in command_line(c)[1:]]
+    cwd, tmp = tmp_path / "workdir", tmp_path / "tmp"
+    cwd.mkdir()
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PRISM_", "PYSPARK_", "SPARK_"))}
+    env.update(TMPDIR=str(tmp), HOME=str(tmp), PYTHONPATH=str(ROOT), SPARK_LOCAL_IP="127.0.0.1")
+    res = subprocess.run([sys.executable, "-m", "app.cli.main", *argv], cwd=cwd, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads(res.stdout[res.stdout.index("{"):])
+    assert summary["exit_code"] == 0 and summary["totals"]["rows_written"] == len(traffic.ids)
+    table = tmp_path / params["table"].lstrip("/")
+    assert sorted(DeltaTable(str(table)).to_pyarrow_table(columns=["message_id"]).column(0).to_pylist()) == \
+        sorted(traffic.ids)
+    assert list(cwd.iterdir()) == [], "the job wrote outside its volumes (the root is read-only in the pod)"
