@@ -1,0 +1,158 @@
+"""The container image (Dockerfile, scripts/build-image.sh) built and run for real with podman.
+
+Why: the image is what an operator deploys; these tests prove that the image the repository
+builds starts a worker that reaches ``/readyz`` against a real broker, serves the schema
+registry, runs as a non-root user and carries no compiler. The build reuses podman's layer
+cache, so after the first (cold, minutes) build a run takes well under a minute.
+
+Needs podman + runc (Debian packages; ``make test`` installs them as root) and root or an
+existing base image for the debootstrap step; under CI=true a missing tool fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from app.broker.embedded import EmbeddedBroker, find_free_port
+from tests.support import require
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGE = os.environ.get("PRISM_IMAGE", "localhost/prism:latest")
+BASE_IMAGE = os.environ.get("BASE_IMAGE", "localhost/prism-base:bookworm")
+#: Global podman flags: crun cannot set up cgroups on these hosts, runc + cgroupfs can.
+PODMAN = ["podman", *shlex.split(os.environ.get("PRISM_PODMAN_ARGS", "--runtime runc --cgroup-manager cgroupfs"))]
+#: Containers inherit the host's (huge) rlimits unless told; runc then refuses to set them.
+RUN_FLAGS = ["--network", "host", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096"]
+BUILD_TIMEOUT = 1800  # a cold build (debootstrap + every wheel) takes minutes; cached, seconds
+READY_TIMEOUT = 120.0
+
+
+def _which(tool: str) -> str | None:
+    return shutil.which(tool, path=os.environ.get("PATH", "") + os.pathsep + "/usr/sbin:/sbin")
+
+
+def _podman(*args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([*PODMAN, *args], capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        pytest.fail(f"podman {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=3) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    """Build (or reuse from cache) the worker image with the repository's own build script."""
+    require(_which("podman") is not None and _which("runc") is not None,
+            "podman and runc (Debian: apt-get install podman runc; `make test` installs them as root)")
+    has_base = subprocess.run([*PODMAN, "image", "exists", BASE_IMAGE], capture_output=True).returncode == 0
+    require(has_base or BASE_IMAGE != "localhost/prism-base:bookworm" or os.geteuid() == 0,
+            f"root, to debootstrap the base image {BASE_IMAGE} (or build it once: sudo scripts/build-base-image.sh)")
+    started = time.monotonic()
+    proc = subprocess.run(["bash", "scripts/build-image.sh", "worker"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=BUILD_TIMEOUT, env={**os.environ, "PRISM_IMAGE": IMAGE})
+    assert proc.returncode == 0, f"scripts/build-image.sh worker failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    print(f"image {IMAGE} built in {time.monotonic() - started:.0f}s")
+    return IMAGE
+
+
+@pytest.fixture
+def container_name() -> Iterator[str]:
+    """A unique container name, removed (with the container) whatever the test did."""
+    name = f"prism-test-{uuid.uuid4().hex[:10]}"
+    try:
+        yield name
+    finally:
+        subprocess.run([*PODMAN, "rm", "--force", "--time", "5", name], capture_output=True, timeout=60)
+
+
+def _wait_for(name: str, url: str, ready: Callable[[int, bytes], bool], what: str) -> bytes:
+    """Poll ``url`` until ``ready(status, body)``; fail early with the logs if the container died."""
+    deadline = time.monotonic() + READY_TIMEOUT
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        try:
+            status, body = _get(url)
+            if ready(status, body):
+                return body
+            last = f"HTTP {status}: {body[:300]!r}"
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            last = str(exc)
+        state = _podman("inspect", "--format", "{{.State.Running}}", name, check=False).stdout.strip()
+        if state != "true":
+            logs = _podman("logs", name, check=False)
+            pytest.fail(f"{what}: container {name} exited before it was ready:\n{logs.stdout[-3000:]}{logs.stderr[-3000:]}")
+        time.sleep(0.5)
+    logs = _podman("logs", name, check=False)
+    pytest.fail(f"{what} not ready in {READY_TIMEOUT}s (last: {last}):\n{logs.stdout[-2000:]}{logs.stderr[-2000:]}")
+
+
+@pytest.mark.timeout(BUILD_TIMEOUT + 300)
+def test_worker_from_image_becomes_ready_non_root_without_compiler(
+        image: str, broker: EmbeddedBroker, container_name: str) -> None:
+    port = find_free_port()
+    _podman("run", "--detach", "--name", container_name, *RUN_FLAGS,
+            "--env", f"PRISM_BROKER_URL={broker.bootstrap}",
+            image, "run", "--topology", "topologies/orders-created.yaml", "--web-port", str(port))
+
+    body = _wait_for(container_name, f"http://127.0.0.1:{port}/readyz",
+                     lambda status, body: status == 200 and json.loads(body).get("status") == "ok", "worker /readyz")
+    checks = json.loads(body)["checks"]
+    assert checks["broker"]["ok"] and checks["assignment"]["partitions"] > 0, checks
+
+    # PID 1 is the prism process; it and the image's configured user must not be root.
+    uid = _podman("exec", container_name, "stat", "-c", "%u", "/proc/1").stdout.strip()
+    assert uid.isdigit() and uid != "0", f"the worker runs as uid {uid!r}"
+    user = _podman("image", "inspect", "--format", "{{.Config.User}}", image).stdout.strip()
+    assert user and user.split(":")[0] not in ("", "0", "root"), f"image user is {user!r}"
+    # The entrypoint is prism itself (so `podman run IMAGE schema serve ...` works).
+    entrypoint = _podman("image", "inspect", "--format", "{{json .Config.Entrypoint}}", image).stdout
+    assert json.loads(entrypoint) == ["prism"]
+
+    # The builder stage's compilers stay in the builder stage.
+    found = _podman("exec", container_name, "sh", "-c",
+                    "command -v gcc cc c++ g++ make; ls /usr/bin/gcc* /usr/bin/x86_64-linux-gnu-gcc* 2>/dev/null; "
+                    "dpkg-query -W -f='${Status} ${Package}\\n' gcc gcc-12 cpp cpp-12 g++ libc6-dev python3-dev 2>/dev/null"
+                    " | grep '^install ok' || true",
+                    check=False).stdout.strip()
+    assert found == "", f"the runtime image carries build tools: {found}"
+
+
+@pytest.mark.timeout(BUILD_TIMEOUT + 300)
+def test_registry_from_image_stores_and_serves_a_schema(image: str, container_name: str) -> None:
+    port = find_free_port()
+    _podman("run", "--detach", "--name", container_name, *RUN_FLAGS,
+            image, "schema", "serve", "--host", "127.0.0.1", "--port", str(port))
+    base = f"http://127.0.0.1:{port}"
+    _wait_for(container_name, f"{base}/schemas/types", lambda status, _body: status == 200, "registry")
+
+    # A write proves the default sqlite store (in the non-root user's working directory) is writable.
+    schema = json.dumps({"type": "object", "properties": {"id": {"type": "string"}}})
+    req = urllib.request.Request(f"{base}/subjects/image-test-value/versions", method="POST",
+                                 data=json.dumps({"schemaType": "JSON", "schema": schema}).encode(),
+                                 headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert resp.status == 200
+        assert isinstance(json.loads(resp.read())["id"], int)
+    status, body = _get(f"{base}/subjects/image-test-value/versions/latest")
+    assert status == 200 and json.loads(body)["version"] == 1, body
