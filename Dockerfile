@@ -50,10 +50,12 @@ ENV VIRTUAL_ENV=/opt/prism/venv \
     LANG=C.UTF-8
 # A fixed uid so volumes and Kubernetes securityContext (runAsUser: 10001) can rely on it.
 RUN groupadd --system --gid 10001 prism \
-    && useradd --system --uid 10001 --gid 10001 --home-dir /srv/prism --create-home --shell /usr/sbin/nologin prism
+    && useradd --system --uid 10001 --gid 10001 --home-dir /srv/prism --create-home --shell /usr/sbin/nologin prism \
+    && install -d -o 10001 -g 10001 /srv/prism/var
 COPY --from=builder /opt/prism/venv /opt/prism/venv
 # Working directory: the relative defaults (topologies/..., var/data, var/dev-keys, the
-# registry's sqlite file) resolve here. The topologies are root-owned (read-only for prism).
+# registry's sqlite file) resolve here. The topologies are root-owned (read-only for prism);
+# /srv/prism/var is the one place to mount a volume for state (RocksDB tables, dev keys).
 WORKDIR /srv/prism
 COPY topologies ./topologies
 USER 10001:10001

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from app.broker.embedded import EmbeddedBroker, find_free_port
 from tests.support import require
@@ -36,7 +37,7 @@ BASE_IMAGE = os.environ.get("BASE_IMAGE", "localhost/prism-base:bookworm")
 #: Global podman flags: crun cannot set up cgroups on these hosts, runc + cgroupfs can.
 PODMAN = ["podman", *shlex.split(os.environ.get("PRISM_PODMAN_ARGS", "--runtime runc --cgroup-manager cgroupfs"))]
 #: Containers inherit the host's (huge) rlimits unless told; runc then refuses to set them.
-RUN_FLAGS = ["--network", "host", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096"]
+RUN_FLAGS = ["--network", "host", "--ulimit", "nofile=16384:16384", "--ulimit", "nproc=4096:4096"]
 BUILD_TIMEOUT = 1800  # a cold build (debootstrap + every wheel) takes minutes; cached, seconds
 READY_TIMEOUT = 120.0
 
@@ -74,6 +75,10 @@ def image() -> str:
     assert proc.returncode == 0, f"scripts/build-image.sh worker failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     print(f"image {IMAGE} built in {time.monotonic() - started:.0f}s")
     return IMAGE
+
+
+def uid_of_image(image: str) -> str:
+    return _podman("image", "inspect", "--format", "{{.Config.User}}", image).stdout.strip().split(":")[0]
 
 
 @pytest.fixture
@@ -119,6 +124,15 @@ def test_worker_from_image_becomes_ready_non_root_without_compiler(
                      lambda status, body: status == 200 and json.loads(body).get("status") == "ok", "worker /readyz")
     checks = json.loads(body)["checks"]
     assert checks["broker"]["ok"] and checks["assignment"]["partitions"] > 0, checks
+
+    # docker-compose.yml's healthcheck for this service works inside the image (python on PATH, exit 0 when ready).
+    probe = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["prism"]["healthcheck"]["test"]
+    assert probe[0] == "CMD", probe
+    argv = [arg.replace("127.0.0.1:6066/", f"127.0.0.1:{port}/") for arg in probe[1:]]
+    assert _podman("exec", container_name, *argv, check=False).returncode == 0, f"compose healthcheck {argv} failed"
+    # /srv/prism/var (compose's volume) belongs to the non-root user.
+    owner = _podman("exec", container_name, "stat", "-c", "%u", "/srv/prism/var").stdout.strip()
+    assert owner == uid_of_image(image), f"/srv/prism/var owned by {owner}"
 
     # PID 1 is the prism process; it and the image's configured user must not be root.
     uid = _podman("exec", container_name, "stat", "-c", "%u", "/proc/1").stdout.strip()
