@@ -36,23 +36,32 @@ RUN --mount=type=secret,id=ca-bundle \
     python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
         > /tmp/requirements.txt \
     && "$VIRTUAL_ENV/bin/pip" install -q -r /tmp/requirements.txt
+# The project itself goes to its own prefix, /opt/prism/app, which this .pth puts on the venv's
+# path: the runtime stage copies the big dependency venv and the small app as separate layers,
+# so a code change neither re-copies nor stores another 1.4 GB venv layer.
+RUN "$VIRTUAL_ENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths(vars={"base": "/opt/prism/app", "platbase": "/opt/prism/app"})["purelib"])' \
+        > "$("$VIRTUAL_ENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/prism-app.pth"
+
+# ---- app: the project on top of the dependencies (seconds) -----------------------------------------
+FROM builder AS app
 COPY README.md ./
 COPY app ./app
 # --no-build-isolation: setuptools and wheel are in the venv already, so this layer needs no network.
-RUN "$VIRTUAL_ENV/bin/pip" install -q --no-deps --no-build-isolation . \
-    && "$VIRTUAL_ENV/bin/prism" --help >/dev/null
+RUN "$VIRTUAL_ENV/bin/pip" install -q --no-deps --no-build-isolation --no-warn-script-location --prefix /opt/prism/app . \
+    && /opt/prism/app/bin/prism --help >/dev/null
 
 # ---- runtime: the venv and nothing to compile with -----------------------------------------------
 FROM ${BASE_IMAGE} AS runtime
 ENV VIRTUAL_ENV=/opt/prism/venv \
-    PATH=/opt/prism/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PATH=/opt/prism/app/bin:/opt/prism/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONUNBUFFERED=1 \
     LANG=C.UTF-8
 # A fixed uid so volumes and Kubernetes securityContext (runAsUser: 10001) can rely on it.
-RUN groupadd --system --gid 10001 prism \
-    && useradd --system --uid 10001 --gid 10001 --home-dir /srv/prism --create-home --shell /usr/sbin/nologin prism \
+RUN groupadd --gid 10001 prism \
+    && useradd --uid 10001 --gid 10001 --no-log-init --home-dir /srv/prism --create-home --shell /usr/sbin/nologin prism \
     && install -d -o 10001 -g 10001 /srv/prism/var
 COPY --from=builder /opt/prism/venv /opt/prism/venv
+COPY --from=app /opt/prism/app /opt/prism/app
 # Working directory: the relative defaults (topologies/..., var/data, var/dev-keys, the
 # registry's sqlite file) resolve here. The topologies are root-owned (read-only for prism);
 # /srv/prism/var is the one place to mount a volume for state (RocksDB tables, dev keys).

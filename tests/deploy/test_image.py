@@ -33,6 +33,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("PRISM_IMAGE", "localhost/prism:latest")
+LAKE_IMAGE = os.environ.get("PRISM_LAKE_IMAGE", "localhost/prism-lake:latest")
 BASE_IMAGE = os.environ.get("BASE_IMAGE", "localhost/prism-base:bookworm")
 #: Global podman flags: crun cannot set up cgroups on these hosts, runc + cgroupfs can.
 PODMAN = ["podman", *shlex.split(os.environ.get("PRISM_PODMAN_ARGS", "--runtime runc --cgroup-manager cgroupfs"))]
@@ -79,6 +80,15 @@ def image() -> str:
 
 def uid_of_image(image: str) -> str:
     return _podman("image", "inspect", "--format", "{{.Config.User}}", image).stdout.strip().split(":")[0]
+
+
+@pytest.fixture(scope="module")
+def lake_image(image: str) -> str:
+    """The `lake` target (the worker image + a JRE), built after the worker image it extends."""
+    proc = subprocess.run(["bash", "scripts/build-image.sh", "lake"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=BUILD_TIMEOUT, env={**os.environ, "PRISM_LAKE_IMAGE": LAKE_IMAGE})
+    assert proc.returncode == 0, f"scripts/build-image.sh lake failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return LAKE_IMAGE
 
 
 @pytest.fixture
@@ -170,3 +180,26 @@ def test_registry_from_image_stores_and_serves_a_schema(image: str, container_na
         assert isinstance(json.loads(resp.read())["id"], int)
     status, body = _get(f"{base}/subjects/image-test-value/versions/latest")
     assert status == 200 and json.loads(body)["version"] == 1, body
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT + 600)
+def test_lake_job_from_lake_image_compacts_an_archive(lake_image: str, container_name: str, tmp_path: Path) -> None:
+    from deltalake import DeltaTable
+
+    from app.lake.archive import ArchiveSink
+    from tests.lake.conftest import make_traffic
+
+    traffic = make_traffic(120, dup_every=10)
+    with ArchiveSink(str(tmp_path / "archive"), writer_id="w1", max_file_bytes=40_000) as sink:
+        sink.write(traffic.records)
+    for path in [tmp_path, *tmp_path.rglob("*")]:  # the container's non-root user writes the table
+        path.chmod(0o777 if path.is_dir() else 0o666)
+
+    proc = _podman("run", "--name", container_name, *RUN_FLAGS, "--volume", f"{tmp_path}:/lake",
+                   lake_image, "lake", "compact", "/lake/archive", "/lake/table", "--json", timeout=600, check=False)
+    assert proc.returncode == 0, f"lake compact in {lake_image} failed:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}"
+    report = json.loads(proc.stdout)
+    assert sum(b["rows_written"] for b in report["batches"]) == len(traffic.ids), report
+    ids = DeltaTable(str(tmp_path / "table")).to_pyarrow_table(columns=["message_id"]).column(0).to_pylist()
+    assert sorted(ids) == sorted(traffic.ids)
