@@ -144,6 +144,13 @@ def test_worker_from_image_becomes_ready_non_root_without_compiler(
     owner = _podman("exec", container_name, "stat", "-c", "%u", "/srv/prism/var").stdout.strip()
     assert owner == uid_of_image(image), f"/srv/prism/var owned by {owner}"
 
+    # The embedded broker (the worker's default without PRISM_BROKER_URL) ships in the image, with
+    # setpriv, which ties the broker's life to the worker's.
+    found = _podman("exec", container_name, "python", "-c",
+                    "import os, shutil; from app.broker.embedded import resolve_broker_binary as r; "
+                    "b = r(); print(os.access(b, os.X_OK), bool(shutil.which('setpriv')))").stdout.split()
+    assert found == ["True", "True"], found
+
     # PID 1 is the prism process; it and the image's configured user must not be root.
     uid = _podman("exec", container_name, "stat", "-c", "%u", "/proc/1").stdout.strip()
     assert uid.isdigit() and uid != "0", f"the worker runs as uid {uid!r}"
@@ -162,15 +169,37 @@ def test_worker_from_image_becomes_ready_non_root_without_compiler(
     assert found == "", f"the runtime image carries build tools: {found}"
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def registry_store(request: pytest.FixtureRequest) -> Iterator[list[str]]:
+    """The registry's store: the default SQLite file in the image's working directory, and the
+    PostgreSQL store docker-compose.yml uses (a fresh schema on the local server, dropped after)."""
+    if request.param == "sqlite":
+        yield []
+        return
+    from app.schema.store import PostgresStore
+    from tests.schema.conftest import PG_DSN, _pg_available
+
+    problem = _pg_available()
+    require(problem is None, f"PostgreSQL at {PG_DSN} ({problem})")
+    schema = f"prism_image_test_{uuid.uuid4().hex[:10]}"
+    try:
+        yield ["--store", f"{PG_DSN}?schema={schema}"]
+    finally:
+        store = PostgresStore(PG_DSN, pg_schema=schema)
+        store.drop()
+        store.close()
+
+
 @pytest.mark.timeout(BUILD_TIMEOUT + 300)
-def test_registry_from_image_stores_and_serves_a_schema(image: str, container_name: str) -> None:
+def test_registry_from_image_stores_and_serves_a_schema(image: str, container_name: str,
+                                                        registry_store: list[str]) -> None:
     port = find_free_port()
     _podman("run", "--detach", "--name", container_name, *RUN_FLAGS,
-            image, "schema", "serve", "--host", "127.0.0.1", "--port", str(port))
+            image, "schema", "serve", "--host", "127.0.0.1", "--port", str(port), *registry_store)
     base = f"http://127.0.0.1:{port}"
     _wait_for(container_name, f"{base}/schemas/types", lambda status, _body: status == 200, "registry")
 
-    # A write proves the default sqlite store (in the non-root user's working directory) is writable.
+    # A write proves the store is writable by the non-root user (SQLite file) or reachable (PostgreSQL).
     schema = json.dumps({"type": "object", "properties": {"id": {"type": "string"}}})
     req = urllib.request.Request(f"{base}/subjects/image-test-value/versions", method="POST",
                                  data=json.dumps({"schemaType": "JSON", "schema": schema}).encode(),
