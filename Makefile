@@ -1,12 +1,13 @@
 # Two commands do all the set-up on a fresh machine (see README):
 #   make demo   - embedded broker + worker + demo load, prints where every message went
 #   make test   - the whole test suite
+#   make image  - the container images (localhost/prism, localhost/prism-lake) with podman
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: venv demo run test lint proto proto-check bench clean
+.PHONY: venv demo run test lint proto proto-check bench image clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,6 +41,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all
+
+image:
+	bash scripts/build-image.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info
