@@ -148,8 +148,21 @@ class Outputs(_Strict):
         return v
 
 
+class DlqAttestation(_Strict):
+    """Identity attestations on DLQ records (app/security/attestation.py): how a replayed record
+    keeps the identity its (stripped) token proved."""
+
+    enabled: bool = True
+    #: a replayed record's attestation older than this is refused (`attestation_expired`)
+    max_age_s: Annotated[int, Field(ge=60, le=90 * 86400)] = 7 * 86400
+    #: Ed25519 worker keys (ids in the signing keyring) whose attestations are accepted;
+    #: empty: the worker's own key. List a rotated-out worker key here to replay its DLQ records.
+    trusted_keys: list[str] = []
+
+
 class Dlq(_Strict):
     topic_suffix: str = ".dlq"
+    attestation: DlqAttestation = DlqAttestation()
     max_attempts: Annotated[int, Field(ge=1, le=20)] = 3
     backoff_initial_ms: Annotated[int, Field(ge=1)] = 50
     backoff_max_ms: Annotated[int, Field(ge=1)] = 2000

@@ -19,6 +19,7 @@ from typing import Any
 from app.agents.base import Message, Stage
 from app.agents.dlq import DlqRecord, build_dlq_record
 from app.errors import DuplicateError, ExpiredError
+from app.security.attestation import Attester
 
 
 class Outcome(enum.StrEnum):
@@ -50,8 +51,11 @@ class ChainStats:
 class Chain:
     """Runs the synchronous stages of one topology over a message."""
 
-    def __init__(self, stages: Sequence[Stage], *, dlq_topic_for, expired_to_dlq: bool = False) -> None:
+    def __init__(self, stages: Sequence[Stage], *, dlq_topic_for, expired_to_dlq: bool = False,
+                 attester: Attester | None = None) -> None:
         self.stages = list(stages)
+        #: signs the verified identity onto DLQ copies, so `prism dlq replay` keeps it
+        self.attester = attester
         self.dlq_topic_for = dlq_topic_for
         self.expired_to_dlq = expired_to_dlq
         self.stats = ChainStats()
@@ -91,7 +95,8 @@ class Chain:
     def _dlq(self, msg: Message, stage: Stage | str, exc: BaseException) -> Result:
         name = stage if isinstance(stage, str) else stage.name
         cls = "app.worker.publish" if isinstance(stage, str) else f"{type(stage).__module__}.{type(stage).__qualname__}"
-        rec = build_dlq_record(msg, stage=name, stage_class=cls, error=exc, dlq_topic=self.dlq_topic_for(msg.topic))
+        rec = build_dlq_record(msg, stage=name, stage_class=cls, error=exc, dlq_topic=self.dlq_topic_for(msg.topic),
+                               attester=self.attester)
         self.stats.outcomes[Outcome.DLQ] += 1
         self.stats.dlq_reasons[rec.reason] += 1
         return Result(Outcome.DLQ, name, rec.reason, rec)

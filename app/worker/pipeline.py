@@ -50,7 +50,8 @@ from app.agents.verify_signature import VerifySignature
 from app.broker.admin import BrokerSettings
 from app.errors import ConfigError, PrismError, SinkError
 from app.observability.logging import install_redaction
-from app.security.signing import SigningKeyring, load_signing_keyring
+from app.security.attestation import AttestationVerifier, Attester, trusted_keys
+from app.security.signing import ED25519, SigningKey, SigningKeyring, load_signing_keyring
 from app.sinks.runner import register_sinks
 from app.tables.counters import FaustTopicCounters
 from app.tables.dedup import DedupWindow, FaustDedupWindow
@@ -123,7 +124,8 @@ def resolve_schema(settings: EnrichStage | None, base_dir: Path) -> SchemaInfo |
 
 
 def build_stages(topology: Topology, *, keyring: SigningKeyring | None, schema: SchemaInfo | None,
-                 dedup_window: Callable[[float], DedupWindow]) -> list[Stage]:
+                 dedup_window: Callable[[float], DedupWindow],
+                 attestations: AttestationVerifier | None = None) -> list[Stage]:
     """The topology's stage chain, in order. `dedup_window(window_s)` supplies the dedup state:
     a RocksDB-backed Faust table in the worker, a plain dict-backed window in broker-free
     benchmarks and tests - the one thing that differs between them."""
@@ -137,7 +139,7 @@ def build_stages(topology: Topology, *, keyring: SigningKeyring | None, schema: 
         elif spec.name == "validate":
             stages.append(Validate(s))
         elif spec.name == "authenticate":
-            stages.append(Authenticate(s, jwks_path=str(t.resolve(s.jwks))))
+            stages.append(Authenticate(s, jwks_path=str(t.resolve(s.jwks)), attestations=attestations))
         elif spec.name == "verify_signature":
             if keyring is None:
                 raise ConfigError("verify_signature needs a keyring", path="stages.verify_signature.keyring",
@@ -150,6 +152,24 @@ def build_stages(topology: Topology, *, keyring: SigningKeyring | None, schema: 
         elif spec.name == "enrich":
             stages.append(Enrich(trace=s.trace, schema=schema))
     return stages
+
+
+def attestation_setup(topology: Topology, keyring: SigningKeyring | None, worker_key: SigningKey | None,
+                      ) -> tuple[Attester | None, AttestationVerifier | None]:
+    """The DLQ attester (the worker's Ed25519 key) and the verifier of replayed attestations.
+    Both None when attestations are off or the worker has no Ed25519 key: then a replayed
+    authenticated record fails authentication, as it would without this feature."""
+    cfg = topology.dlq.attestation
+    if not cfg.enabled or topology.stage("authenticate") is None or keyring is None:
+        return None, None
+    key = worker_key or keyring.worker_key()
+    attester = Attester(key) if key is not None and key.algorithm == ED25519 else None
+    if attester is None and not cfg.trusted_keys:
+        log.warning("DLQ attestations are off: the worker has no Ed25519 worker key, so authenticated messages "
+                    "that reach the DLQ cannot be replayed with their identity (set worker_key in the keyring)")
+        return None, None
+    keys = trusted_keys(keyring, cfg.trusted_keys, default=attester.key.key_id if attester else None)
+    return attester, AttestationVerifier(keys, max_age_s=cfg.max_age_s)
 
 
 def _keyring_for(topology: Topology) -> SigningKeyring | None:
@@ -194,6 +214,7 @@ class PipelineApp:
                                   path="outputs.signing_key_id", hint="name a key with a secret/private key")
             worker_key = self.keyring.signing[kid]
         self.publisher = Publisher(topology, worker_key=worker_key)
+        self.attester, self.attestations = attestation_setup(topology, self.keyring, worker_key)
         self.schema = resolve_schema(topology.stage("enrich"), topology.base_dir)
         # Offset continuity (app/worker/continuity.py): a record the consumer skipped is
         # fetched and processed before anything after it is acknowledged.
@@ -225,7 +246,8 @@ class PipelineApp:
         for source in topology.sources:
             chain = Chain(self._stages(source.topic, source.partitions),
                           dlq_topic_for=lambda t: t + topology.dlq.topic_suffix,
-                          expired_to_dlq=bool(topology.stage("policy") and topology.stage("policy").expired == "dlq"))
+                          expired_to_dlq=bool(topology.stage("policy") and topology.stage("policy").expired == "dlq"),
+                          attester=self.attester)
             self.chains[source.topic] = chain
             for stage in chain.stages:
                 if isinstance(stage, Dedup):
@@ -240,7 +262,7 @@ class PipelineApp:
 
     # -- construction ----------------------------------------------------------------------
     def _stages(self, topic: str, partitions: int) -> list[Stage]:
-        return build_stages(self.topology, keyring=self.keyring, schema=self.schema,
+        return build_stages(self.topology, keyring=self.keyring, schema=self.schema, attestations=self.attestations,
                             dedup_window=lambda window_s: FaustDedupWindow(
                                 self.app, f"dedup-{topic}", window=window_s, partitions=partitions))
 
