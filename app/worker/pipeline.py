@@ -47,7 +47,7 @@ from app.agents.policy import Policy
 from app.agents.publish import Emission, Publisher
 from app.agents.validate import Validate
 from app.agents.verify_signature import VerifySignature
-from app.broker.admin import BrokerSettings
+from app.broker.admin import BrokerSettings, RetentionCheck, check_retention
 from app.errors import ConfigError, PrismError, SinkError
 from app.observability.logging import install_redaction
 from app.security.attestation import AttestationVerifier, Attester, trusted_keys
@@ -232,6 +232,14 @@ class PipelineApp:
         # now for handlers that exist, and again once Faust has set up its own.
         install_redaction()
         self.app.task(_redact_after_startup)
+        # Source topics hold producers' tokens: warn when the broker keeps them longer than the
+        # topology allows (memo-031 Recommendation 5). Off the start-up path: never delays work.
+        self.retention_checks: list[RetentionCheck] | None = None
+
+        async def _check_retention() -> None:
+            await self.check_source_retention(bootstrap, broker_settings)
+
+        self.app.task(_check_retention)
         self.chains: dict[str, Chain] = {}
         self.dedups: dict[int, Dedup] = {}  # id(chain) -> its dedup stage
         # Connect-style sinks (`sinks:` in the topology): separate agents reading the outputs.
@@ -259,6 +267,28 @@ class PipelineApp:
         self.observe = observe
         if observe is not None:
             observe.attach(self)
+
+    async def check_source_retention(self, bootstrap: str, settings: BrokerSettings | None) -> list[RetentionCheck]:
+        """Compare the source topics' `retention.ms` with the topology's `sources[].retention`
+        and log the result as structured records (`event: source_retention`)."""
+        checks = await check_retention(bootstrap, self.topology.source_retention_limits(), settings=settings)
+        for c in checks:
+            fields = {"event": "source_retention", "topic": c.topic, "status": c.status,
+                      "retention_ms": c.actual_ms, "limit_ms": c.limit_ms}
+            if c.status == "too_long":
+                kept = "forever" if c.actual_ms is not None and c.actual_ms < 0 else f"{c.actual_ms} ms"
+                log.warning("source topic %s keeps records, and the producer tokens in them, for %s: longer than "
+                            "the %d ms its topology allows (sources[].retention); fix: set the topic's retention.ms "
+                            "to %d (kafka-configs --alter --add-config retention.ms=%d) or raise "
+                            "sources[].retention", c.topic, kept, c.limit_ms, c.limit_ms, c.limit_ms, extra=fields)
+            elif c.status in ("unknown", "unchecked"):
+                log.info("could not check the retention of source topic %s (%s); the topology allows %d ms",
+                         c.topic, c.detail, c.limit_ms, extra=fields)
+            else:
+                log.debug("source topic %s retention %d ms is within %d ms", c.topic, c.actual_ms, c.limit_ms,
+                          extra=fields)
+        self.retention_checks = checks
+        return checks
 
     # -- construction ----------------------------------------------------------------------
     def _stages(self, topic: str, partitions: int) -> list[Stage]:
