@@ -56,5 +56,5 @@ def test_dlq_attestation_settings(tmp_path: Path) -> None:
     assert t.dlq.attestation.trusted_keys == ["prism-worker-0"]
     with pytest.raises(ConfigError, match="max_age_s"):
         _load(tmp_path, dlq={"attestation": {"max_age_s": 5}})
-    with pytest.raises(ConfigError, match="dlq.attestation.trust_everyone: Extra inputs"):
+    with pytest.raises(ConfigError, match=r"dlq\.attestation\.trust_everyone: Extra inputs"):
         _load(tmp_path, dlq={"attestation": {"trust_everyone": True}})
