@@ -67,9 +67,14 @@ class DlqRecord:
 
 
 def build_dlq_record(msg: Message, *, stage: str, stage_class: str, error: BaseException,
-                     dlq_topic: str, attester: Attester | None = None) -> DlqRecord:
+                     dlq_topic: str, attester: Attester | None = None,
+                     pii_values: list[str] | tuple[str, ...] = ()) -> DlqRecord:
     """The DLQ copy of `msg`: original key/value/headers/timestamp, secrets masked, and (with an
-    `attester` and a verified identity) the attestation of that identity."""
+    `attester` and a verified identity) the attestation of that identity.
+
+    `pii_values` (the payload's PII field values) are masked in the `prism.errors.*` context
+    headers - an error message may quote them - but not in the value: the DLQ keeps the message
+    intact, minus secrets, so it can be replayed; whoever reads a DLQ reads payloads anyway."""
     known = list(msg.secrets)
     if isinstance(error, PrismError):
         reason, text = error.code, str(error)
@@ -96,10 +101,11 @@ def build_dlq_record(msg: Message, *, stage: str, stage_class: str, error: BaseE
         "reason": reason,
         "attempts": str(msg.attempts),
     }
+    context_known = known + [f for v in pii_values for f in {v.encode(), repr(v)[1:-1].encode()}]
     for name, val in context.items():
         hk = PREFIX + name
         if hk not in present:
-            headers.append((hk, mask_secrets(val.encode(), known)))
+            headers.append((hk, mask_secrets(val.encode(), context_known)))
     return DlqRecord(dlq_topic, msg.key, value, headers, msg.timestamp_ms, reason)
 
 

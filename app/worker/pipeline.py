@@ -50,6 +50,7 @@ from app.agents.verify_signature import VerifySignature
 from app.broker.admin import BrokerSettings, RetentionCheck, check_retention
 from app.errors import ConfigError, PrismError, SinkError
 from app.observability.logging import install_redaction
+from app.schema.pii import PiiValueFinder
 from app.security.attestation import AttestationVerifier, Attester, trusted_keys
 from app.security.signing import ED25519, SigningKey, SigningKeyring, load_signing_keyring
 from app.sinks.runner import register_sinks
@@ -121,6 +122,15 @@ def resolve_schema(settings: EnrichStage | None, base_dir: Path) -> SchemaInfo |
     return SchemaInfo(url=ctx["schema_url"], version=ctx["schema_version"], format=ctx["schema_format"],
                       hash=ctx["schema_hash"], name=ctx["schema_name"], compatibility=ctx["compatibility_mode"],
                       pii_fields=tuple(r.pii_fields) + tuple(settings.pii_fields), resolved=r, checker=checker)
+
+
+def pii_finder(schema: SchemaInfo | None) -> PiiValueFinder | None:
+    """What finds the schema's PII field values in a failed message (app/schema/pii.py)."""
+    if schema is None or not schema.pii_fields:
+        return None
+    r = schema.resolved
+    return PiiValueFinder(schema.pii_fields, schema_format=r.format.value if r is not None else "",
+                          schema_text=r.schema_text if r is not None else "", message_name=r.name if r is not None else "")
 
 
 def build_stages(topology: Topology, *, keyring: SigningKeyring | None, schema: SchemaInfo | None,
@@ -216,6 +226,7 @@ class PipelineApp:
         self.publisher = Publisher(topology, worker_key=worker_key)
         self.attester, self.attestations = attestation_setup(topology, self.keyring, worker_key)
         self.schema = resolve_schema(topology.stage("enrich"), topology.base_dir)
+        self.pii_finder = pii_finder(self.schema)
         # Offset continuity (app/worker/continuity.py): a record the consumer skipped is
         # fetched and processed before anything after it is acknowledged.
         self.offsets = OffsetTracker()
@@ -255,7 +266,7 @@ class PipelineApp:
             chain = Chain(self._stages(source.topic, source.partitions),
                           dlq_topic_for=lambda t: t + topology.dlq.topic_suffix,
                           expired_to_dlq=bool(topology.stage("policy") and topology.stage("policy").expired == "dlq"),
-                          attester=self.attester)
+                          attester=self.attester, pii=self.pii_finder)
             self.chains[source.topic] = chain
             for stage in chain.stages:
                 if isinstance(stage, Dedup):
