@@ -267,6 +267,19 @@ def trusted_keys(keyring: SigningKeyring, names: Iterable[str], *, default: str 
     return out
 
 
+def describe(raw: bytes) -> dict[str, Any] | None:
+    """The attestation's claims *without verifying them*, for display (`prism dlq list|show`);
+    None when it does not parse. Only the worker's `AttestationVerifier` decides anything."""
+    try:
+        body = _unb64(raw.decode("ascii").split(".")[0])
+        doc = json.loads(body)
+    except (AttestationError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    return {k: doc.get(k) for k in ("publisher_id", "publisher_team", "message_id", "kid", "iat_ms")}
+
+
 def header_value(headers: Iterable[tuple[str, bytes | None]]) -> bytes | None:
     """The attestation header's value; a record with two is refused (which one would count?)."""
     found = [v for k, v in headers if k == HEADER]
@@ -275,5 +288,5 @@ def header_value(headers: Iterable[tuple[str, bytes | None]]) -> bytes | None:
     return found[0] if found else None
 
 
-__all__ = ["HEADER", "Attestation", "AttestationVerifier", "Attester", "header_value", "record_digest",
+__all__ = ["HEADER", "Attestation", "AttestationVerifier", "Attester", "describe", "header_value", "record_digest",
            "trusted_keys", "value_digest"]

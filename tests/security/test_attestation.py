@@ -22,6 +22,7 @@ from app.security.attestation import (
     HEADER,
     AttestationVerifier,
     Attester,
+    describe,
     header_value,
     record_digest,
     trusted_keys,
@@ -173,3 +174,9 @@ def test_only_ed25519_worker_keys_can_be_trusted(tmp_path) -> None:
         Attester(ring.signing["dev-producer-1"])
     with pytest.raises(ConfigError):
         AttestationVerifier({})
+
+
+def test_describe_shows_claims_for_display_only() -> None:
+    shown = describe(attest())
+    assert shown is not None and shown["publisher_id"] == "orders-service" and shown["kid"] == "prism-worker-1"
+    assert describe(b"\xff") is None and describe(b"!!.x") is None and describe(b"W10.x") is None  # [] body

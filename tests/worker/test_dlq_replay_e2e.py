@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+from app.cli.ops import dlq_row
 from app.demo.runner import read_all
 from app.envelope import decode
 from app.security.attestation import HEADER
@@ -39,6 +40,10 @@ async def test_replayed_dlq_records_keep_their_verified_identity(broker, tmp_pat
         assert not any(t in blob for t in tokens)  # the DLQ keeps the identity, never the token
     attested = {attestation_doc(r)["message_id"]: attestation_doc(r) for r in dlq}
     assert len(attested) == N
+    # `prism dlq list|show` tell the operator which identity a replay will carry
+    rows = [dlq_row(r) for r in dlq]
+    assert sorted(r["attested_identity"] for r in rows) == sorted(
+        f"{d['publisher_id']} ({d['publisher_team']})" for d in attested.values())
 
     # The fix: the policy change, rolled out by restarting the worker on the same consumer group.
     fixed = fixed_topology(topo, tmp_path / "fixed")
