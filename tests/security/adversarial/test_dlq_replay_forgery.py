@@ -5,8 +5,8 @@ alongside does.
 
 Forgeries: an attestation signed with another key under the worker's key id; one signed by a
 key the worker does not trust; an identity edited after signing; a genuine attestation moved
-onto another record's payload; a genuine attestation on its record with a header added; and
-a record with its attestation removed (left with its masked token: it fails authentication
+onto another record's payload; a genuine attestation on its record with a header added; one
+older than the maximum age; and a record with its attestation removed (left with its masked token: it fails authentication
 exactly as replays did before attestations existed)."""
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ async def test_forged_replays_never_reach_v3(broker, tmp_path: Path, dev_keys: D
     real, sig_a = _split(dict(env_a[2])[HEADER])
 
     impostor = Ed25519PrivateKey.generate()
+    worker = dev_keys.keyring.signing["prism-worker-1"]
     edited = dict(real, publisher_id="payments-admin", publisher_team="payments")
     forged: dict[str, tuple[Any, bytes, list[tuple[str, bytes]], str]] = {
         "other key, worker's key id": (*env_a[:2], _with_attestation(env_a[2], _signed(real, impostor)),
@@ -87,6 +88,9 @@ async def test_forged_replays_never_reach_v3(broker, tmp_path: Path, dev_keys: D
                                                "attestation_mismatch"),
         "attestation removed (masked token left)": (*env_c[:2], _with_attestation(env_c[2], None),
                                                     "malformed_token"),
+        # a genuine worker signature, but issued longer ago than dlq.attestation.max_age_s (7 days)
+        "genuine but too old": (*env_a[:2], _with_attestation(env_a[2], _signed(
+            dict(real, iat_ms=real["iat_ms"] - 8 * 86_400_000), worker.private_key)), "attestation_expired"),
     }
 
     fixed = fixed_topology(topo, tmp_path / "fixed")  # the policy is fixed: genuine replays now pass
