@@ -197,8 +197,8 @@ class DlqAttestation(_Strict):
     enabled: bool = True
     #: a replayed record's attestation older than this is refused (`attestation_expired`)
     max_age_s: Annotated[int, Field(ge=60, le=90 * 86400)] = 7 * 86400
-    #: Ed25519 worker keys (ids in the signing keyring) whose attestations are accepted;
-    #: empty: the worker's own key. List a rotated-out worker key here to replay its DLQ records.
+    #: Ed25519 worker keys (ids in the signing keyring) whose attestations are accepted besides
+    #: the worker's own key: list a rotated-out worker key here to replay its DLQ records.
     trusted_keys: list[str] = []
 
 

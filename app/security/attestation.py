@@ -248,9 +248,9 @@ class AttestationVerifier:
 
 
 def trusted_keys(keyring: SigningKeyring, names: Iterable[str], *, default: str | None) -> dict[str, Ed25519PublicKey]:
-    """The Ed25519 public keys named by `names` (or the worker key `default`) in `keyring`.
-    A producer key can never be trusted here: only keys listed, and only Ed25519 ones."""
-    wanted = list(names) or ([default] if default else [])
+    """The Ed25519 public keys of the worker key `default` and of `names` (e.g. rotated-out worker
+    keys) in `keyring`. A producer key can never be trusted here: only keys named, only Ed25519."""
+    wanted = list(dict.fromkeys([*([default] if default else []), *names]))
     out: dict[str, Ed25519PublicKey] = {}
     problems = []
     for kid in wanted:

@@ -166,6 +166,10 @@ def test_two_attestation_headers_are_refused() -> None:
 def test_only_ed25519_worker_keys_can_be_trusted(tmp_path) -> None:
     ring = write_dev_keyring(tmp_path / "k.json")
     assert set(trusted_keys(ring, [], default="prism-worker-1")) == {"prism-worker-1"}
+    old = SigningKey.ed25519("prism-worker-0", Ed25519PrivateKey.generate())  # rotated out: public half
+    ring.verify_all.add(old.verification_key())
+    assert set(trusted_keys(ring, ["prism-worker-0"], default="prism-worker-1")) == {"prism-worker-0",
+                                                                                     "prism-worker-1"}
     with pytest.raises(ConfigError, match="hmac-sha256"):
         trusted_keys(ring, ["dev-producer-1"], default=None)  # a producer key must never vouch
     with pytest.raises(ConfigError, match="not in the keyring"):
