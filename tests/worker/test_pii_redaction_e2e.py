@@ -18,11 +18,9 @@ from app.agents.dlq import error_context
 from app.demo.runner import read_all
 from app.envelope import encode, new_envelope
 from app.observability.logging import configure_logging
-from app.observability.metrics import PipelineMetrics
-from app.observability.redaction import default_redactor
-from app.observability.tracing import configure_tracing
 from app.topology import load_topology
 from app.worker.observe import Observer
+from tests.otlp_receiver import OtlpReceiver
 from tests.worker import independent
 from tests.worker.conftest import make_topology
 from tests.worker.test_observability_e2e import ObservedPipeline
@@ -65,22 +63,27 @@ async def test_pii_of_a_failed_message_is_in_no_log_header_or_span(broker, tmp_p
                              "shipping": {"street": street}}).encode()
     valid = f"ok-canary-{uuid.uuid4().hex}@shop.example"  # passes: it must not be logged either
     good = encode(new_envelope(src, {"order_id": "o-3", "customer_email": valid}, namespace="order-events"))
-    setup = configure_tracing("memory", "prism-test")
-    observer = Observer(tracing=setup, metrics=PipelineMetrics(redactor=default_redactor()))
     stream = io.StringIO()
     logs = configure_logging("DEBUG", stream=stream)
-    try:
-        async with ObservedPipeline(topo, broker.bootstrap, tmp_path / "w", observer) as p:
-            # librdkafka (C, not Python logging) plays the producer: every captured record is Prism's
-            independent.produce(broker.bootstrap, src, [
-                (bad_envelope, [], None),
-                (bad_legacy, [("content-type", b"application/json"), ("correlation-id", b"c-2")], None),
-                (good, [], None)])
-            await p.wait_read(3)
-            _, metrics_text = await p.get("/metrics")
-            dlq = (await read_all(broker.bootstrap, {src + ".dlq": 1}, expected_total=2, timeout=30))[src + ".dlq"]
-    finally:
-        logs.close()
+    with OtlpReceiver() as rx:
+        # the worker's own wiring (what app_from_env does): spans leave over OTLP/HTTP
+        observer = Observer.from_env({"PRISM_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": rx.endpoint})
+        try:
+            async with ObservedPipeline(topo, broker.bootstrap, tmp_path / "w", observer) as p:
+                # librdkafka (C, not Python logging) plays the producer: every captured record is Prism's
+                independent.produce(broker.bootstrap, src, [
+                    (bad_envelope, [], None),
+                    (bad_legacy, [("content-type", b"application/json"), ("correlation-id", b"c-2")], None),
+                    (good, [], None)])
+                await p.wait_read(3)
+                _, metrics_text = await p.get("/metrics")
+                dlq = (await read_all(broker.bootstrap, {src + ".dlq": 1}, expected_total=2,
+                                      timeout=30))[src + ".dlq"]
+        finally:
+            observer.tracing.shutdown()  # flushes: every span is sent before this returns
+            logs.close()
+        assert rx.wait_spans(3 * 7, timeout=10), rx.stats()
+        received = list(rx.requests)
     s = p.pipeline.summary()
     assert s["emitted"] == 1 and s["dlq_reasons"] == {"payload_schema_mismatch": 2}, s
 
@@ -95,9 +98,10 @@ async def test_pii_of_a_failed_message_is_in_no_log_header_or_span(broker, tmp_p
         assert email.encode() not in headers and street.encode() not in headers
     assert any("does not match" in m for m in by_id) and any("is too long" in m for m in by_id)
 
-    spans = setup.exporter.get_finished_spans()
-    assert any(sp.attributes.get("prism.dlq.reason") == "payload_schema_mismatch" for sp in spans)
-    span_text = "\n".join(sp.to_json() for sp in spans)
+    reasons = [kv.value.string_value for req in received for rs in req.message.resource_spans
+               for ss in rs.scope_spans for sp in ss.spans for kv in sp.attributes if kv.key == "prism.dlq.reason"]
+    assert reasons.count("payload_schema_mismatch") == 2, reasons
+    span_text = "\n".join(blob.decode("latin-1") for req in received for blob in (req.raw, req.body))
     log_text = stream.getvalue() + "\n".join(r.getMessage() + (r.exc_text or "") for r in caplog.records)
     assert "dead-lettered" in log_text and "does not match" in log_text  # the failure *was* logged
     for name, text in (("logs", log_text), ("spans", span_text), ("metrics", metrics_text)):
