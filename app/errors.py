@@ -406,6 +406,35 @@ class InvalidClaimError(AuthError):
     code = "invalid_claim"
 
 
+# DLQ replay attestations (app/security/attestation.py): the identity a worker verified before a
+# message failed, signed by that worker. Each failure has its own reason code, so an operator
+# can tell a forgery from a record that was simply replayed too late.
+
+
+class AttestationError(AuthError):
+    """A replayed record's attestation is malformed or its signature does not verify."""
+
+    code = "attestation_invalid"
+
+
+class AttestationUntrustedKeyError(AttestationError):
+    """The attestation names a key that is not one of the worker keys trusted for attestations."""
+
+    code = "attestation_untrusted_key"
+
+
+class AttestationMismatchError(AttestationError):
+    """A genuine attestation, but for another record (payload, headers, message id or topic differ)."""
+
+    code = "attestation_mismatch"
+
+
+class AttestationExpiredError(AttestationError):
+    """The attestation is older than the configured maximum age (or issued in the future)."""
+
+    code = "attestation_expired"
+
+
 # --------------------------------------------------------------------------- input shapes (app.formats)
 
 

@@ -32,6 +32,31 @@ class _Strict(BaseModel):
 TopicName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$")]
 
 
+_DURATION = re.compile(r"^\s*(\d{1,9})\s*(ms|s|m|h|d)\s*$")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+#: Source topics hold producers' tokens until the broker deletes them (memo-031 Recommendation 5:
+#: keep tokens only as long as needed). A day covers a worker outage overnight; see
+#: docs/operations.md "Source topic retention" for choosing a value.
+DEFAULT_SOURCE_RETENTION = "24h"
+MIN_SOURCE_RETENTION_MS = 60_000
+
+
+def parse_duration_ms(value: str | int) -> int:
+    """`30m`, `1h`, `2d`, `90s`, `500ms` (or a number of milliseconds) -> milliseconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration")
+    if isinstance(value, int):
+        ms = value
+    else:
+        m = _DURATION.match(value)
+        if not m:
+            raise ValueError(f"{value!r} is not a duration; write e.g. 30m, 1h, 2d")
+        ms = int(m.group(1)) * _UNIT_MS[m.group(2)]
+    if ms <= 0:
+        raise ValueError(f"duration {value!r} must be positive")
+    return ms
+
+
 class Source(_Strict):
     """A topic the pipeline reads.
 
@@ -45,6 +70,22 @@ class Source(_Strict):
     format: InputFormat = "auto"
     partitions: Annotated[int, Field(ge=1, le=1024)] = 4
     namespace: str | None = None  # overrides the topology default for legacy inputs
+    #: how long the broker keeps this topic's records (they carry producers' tokens): set as
+    #: `retention.ms` when Prism creates the topic, checked by the worker at start-up.
+    #: null: leave the broker's default (and skip the check).
+    retention: str | int | None = DEFAULT_SOURCE_RETENTION
+
+    @field_validator("retention")
+    @classmethod
+    def _retention(cls, v: str | int | None) -> str | int | None:
+        if v is not None and parse_duration_ms(v) < MIN_SOURCE_RETENTION_MS:
+            raise ValueError(f"retention {v!r} is under one minute: records could be deleted before the worker "
+                             "reads them")
+        return v
+
+    @property
+    def retention_ms(self) -> int | None:
+        return None if self.retention is None else parse_duration_ms(self.retention)
 
 
 class NormalizeStage(_Strict):
@@ -160,8 +201,21 @@ class Outputs(_Strict):
         return v
 
 
+class DlqAttestation(_Strict):
+    """Identity attestations on DLQ records (app/security/attestation.py): how a replayed record
+    keeps the identity its (stripped) token proved."""
+
+    enabled: bool = True
+    #: a replayed record's attestation older than this is refused (`attestation_expired`)
+    max_age_s: Annotated[int, Field(ge=60, le=90 * 86400)] = 7 * 86400
+    #: Ed25519 worker keys (ids in the signing keyring) whose attestations are accepted besides
+    #: the worker's own key: list a rotated-out worker key here to replay its DLQ records.
+    trusted_keys: list[str] = []
+
+
 class Dlq(_Strict):
     topic_suffix: str = ".dlq"
+    attestation: DlqAttestation = DlqAttestation()
     max_attempts: Annotated[int, Field(ge=1, le=20)] = 3
     backoff_initial_ms: Annotated[int, Field(ge=1)] = 50
     backoff_max_ms: Annotated[int, Field(ge=1)] = 2000
@@ -453,6 +507,20 @@ class Topology(_Strict):
         if self.archive.enabled and self.archive.topic:
             out[self.archive.topic] = self.archive.partitions
         return out
+
+    def topic_configs(self, *, source_retention_ms: int | None = None) -> dict[str, dict[str, str]]:
+        """Configs for the topics Prism creates: source topics get their short `retention.ms`
+        (`source_retention_ms` overrides every source's, as `prism topics create --source-retention`)."""
+        out: dict[str, dict[str, str]] = {}
+        for s in self.sources:
+            ms = source_retention_ms if source_retention_ms is not None else s.retention_ms
+            if ms is not None:
+                out[s.topic] = {"retention.ms": str(ms)}
+        return out
+
+    def source_retention_limits(self) -> dict[str, int]:
+        """Source topic -> the longest retention (ms) the topology allows (the worker's start-up check)."""
+        return {s.topic: ms for s in self.sources if (ms := s.retention_ms) is not None}
 
     def archive_source_topics(self) -> list[str]:
         """Where the archive sink reads: the separate archive topic, or every `.v3` output."""

@@ -8,6 +8,12 @@ or EdDSA verification costs tens of microseconds. A JWKS reload clears the cache
 With a `producers:` section in the topology, this is also where the principal is bound: the
 verified publisher id (or "anonymous" when no token was verified) must be declared for the
 namespace the envelope claims on the source topic it was read from (app/security/producers.py).
+
+A record replayed from the DLQ (`prism dlq replay`) has its token masked; it carries instead
+the worker-signed attestation of the identity verified before it failed
+(`app.security.attestation`). A record with an attestation header is authenticated by that
+attestation alone - it must verify, or the record goes back to the DLQ with an
+`attestation_*` reason; its (masked) token is never tried.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ import time
 from collections import OrderedDict
 
 from app.agents.base import Message, Stage
-from app.errors import AuthError
+from app.errors import AttestationMismatchError, AuthError
+from app.security.attestation import AttestationVerifier, header_value
 from app.security.jwt_auth import Authenticator, Identity, JwtConfig, apply_identity, strip_token
 from app.security.producers import ProducerBindings
 from app.topology import AuthenticateStage
@@ -29,10 +36,12 @@ CACHE_SIZE = 10_000
 class Authenticate(Stage):
     name = "authenticate"
 
-    def __init__(self, settings: AuthenticateStage, *, jwks_path: str, producers: ProducerBindings | None = None) -> None:
+    def __init__(self, settings: AuthenticateStage, *, jwks_path: str, producers: ProducerBindings | None = None,
+                 attestations: AttestationVerifier | None = None) -> None:
         self.policy = settings.policy
         #: the topology's `producers:` rules; None: a verified principal may claim any namespace
         self.producers = producers
+        self.attestations = attestations
         issuers = settings.issuer if isinstance(settings.issuer, list) else ([settings.issuer] if settings.issuer else [])
         self.config = JwtConfig(
             jwks_path=jwks_path, issuers=tuple(issuers),
@@ -76,14 +85,36 @@ class Authenticate(Stage):
         try:
             if self.policy == "off":
                 return
+            attested = header_value(msg.headers) if msg.headers else None
+            if attested is not None:
+                self._attested(msg, attested)
+                # the attested identity is the principal: producers: rules apply to it as to a token's
+                return msg.identity.publisher_id if msg.identity is not None else None
             if not token:
                 if self.policy == "required":
                     raise AuthError("message carries no auth token", path="security.auth_token",
                                     hint="producers must send a JWT (Authorization: Bearer header or "
                                          "security.auth_token), or set authenticate.policy to optional")
                 return
-            identity = self._identity(token)
-            apply_identity(env, identity)
-            return identity.publisher_id
+            msg.identity = self._identity(token)
+            apply_identity(env, msg.identity)
+            return msg.identity.publisher_id
         finally:
             strip_token(env)
+
+    def _attested(self, msg: Message, raw: bytes) -> None:
+        """Take the identity from a replayed DLQ record's attestation (module docs)."""
+        if self.attestations is None:
+            raise AttestationMismatchError("record carries a DLQ attestation but this worker trusts no attestation "
+                                           "key", path="header prism-dlq-attestation",
+                                           hint="give the worker an Ed25519 worker key (outputs / keyring)")
+        env = msg.env
+        att = self.attestations.verify(raw, message_id="" if msg.generated_id else env.message_id, topic=msg.topic,
+                                       key=msg.key, value=msg.value, headers=msg.headers)
+        if msg.generated_id:
+            # The input carries no id; normalize derived one from this record's offset. The
+            # attested one was derived the same way from the original record's offset: keep it,
+            # so the message keeps its id (and dedup recognises a second replay).
+            env.metadata.message_id = att.message_id
+        msg.identity = att.identity
+        apply_identity(env, att.identity)

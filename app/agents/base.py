@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from app.envelope import Envelope
+from app.security.jwt_auth import Identity
 from app.security.signing import SignatureInfo
 
 
@@ -33,6 +34,12 @@ class Message:
     secrets: list[bytes] = field(default_factory=list)
     signature: SignatureInfo | None = None
     attempts: int = 1
+    #: the identity the authenticate stage verified (from the token, or from a replayed DLQ
+    #: record's attestation); what a DLQ copy attests so a replay keeps it
+    identity: Identity | None = None
+    #: normalize generated the message id (the input carried none): derived from this record's
+    #: topic/partition/offset, so a replay takes the attested original id instead
+    generated_id: bool = False
 
     @property
     def env(self) -> Envelope:

@@ -9,6 +9,7 @@ and the latency histograms.
 from __future__ import annotations
 
 import enum
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -19,6 +20,11 @@ from typing import Any
 from app.agents.base import Message, Stage
 from app.agents.dlq import DlqRecord, build_dlq_record
 from app.errors import DuplicateError, ExpiredError
+from app.observability.redaction import Redactor, default_redactor
+from app.schema.pii import PiiValueFinder
+from app.security.attestation import Attester
+
+log = logging.getLogger("prism.worker")
 
 
 class Outcome(enum.StrEnum):
@@ -50,8 +56,16 @@ class ChainStats:
 class Chain:
     """Runs the synchronous stages of one topology over a message."""
 
-    def __init__(self, stages: Sequence[Stage], *, dlq_topic_for, expired_to_dlq: bool = False) -> None:
+    def __init__(self, stages: Sequence[Stage], *, dlq_topic_for, expired_to_dlq: bool = False,
+                 attester: Attester | None = None, pii: PiiValueFinder | None = None,
+                 redactor: Redactor | None = None) -> None:
         self.stages = list(stages)
+        #: finds the values of the schema's PII fields in a failed message's payload, so they are
+        #: masked in the DLQ context headers and in logs/spans (registered with `redactor`)
+        self.pii = pii if pii else None
+        self.redactor = redactor
+        #: signs the verified identity onto DLQ copies, so `prism dlq replay` keeps it
+        self.attester = attester
         self.dlq_topic_for = dlq_topic_for
         self.expired_to_dlq = expired_to_dlq
         self.stats = ChainStats()
@@ -91,10 +105,33 @@ class Chain:
     def _dlq(self, msg: Message, stage: Stage | str, exc: BaseException) -> Result:
         name = stage if isinstance(stage, str) else stage.name
         cls = "app.worker.publish" if isinstance(stage, str) else f"{type(stage).__module__}.{type(stage).__qualname__}"
-        rec = build_dlq_record(msg, stage=name, stage_class=cls, error=exc, dlq_topic=self.dlq_topic_for(msg.topic))
+        pii = self._pii_values(msg)
+        if pii:
+            # before anything below (or an observer, or a later log line) writes about this message
+            (self.redactor or default_redactor()).register_pii(pii)
+        rec = build_dlq_record(msg, stage=name, stage_class=cls, error=exc, dlq_topic=self.dlq_topic_for(msg.topic),
+                               attester=self.attester, pii_values=pii)
         self.stats.outcomes[Outcome.DLQ] += 1
         self.stats.dlq_reasons[rec.reason] += 1
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("dead-lettered %s[%s]@%s at %s (%s): %s", msg.topic, msg.partition, msg.offset, name,
+                      rec.reason, exc)
         return Result(Outcome.DLQ, name, rec.reason, rec)
+
+    def _pii_values(self, msg: Message) -> list[str]:
+        """The PII field values of a failed message's payload (only failures are read: nothing
+        Prism writes about a message that succeeds quotes its payload)."""
+        if self.pii is None:
+            return []
+        env = msg.envelope
+        try:
+            if env is None:
+                return self.pii.values(msg.value)
+            if env.is_encrypted:
+                return []
+            return self.pii.values(env.payload_bytes(), env.content_type)
+        except Exception:  # a payload that cannot even be read (bad compression): nothing to find
+            return []
 
     def dlq_for_publish_failure(self, msg: Message, exc: BaseException) -> Result:
         """Route a message whose final writes failed after retries (Connect's DLQ gap)."""

@@ -10,6 +10,11 @@ Secrets are masked *in place with the same length*: the value stays a decodable 
 (protobuf length prefixes still match) or valid JSON/text, just without the token. An
 existing header is never overwritten (Connect's rule); `prism dlq replay` removes the
 `prism.errors.*` headers before re-injecting a record.
+
+A message whose identity was verified before it failed also gets a `prism-dlq-attestation`
+header: that identity, signed by the worker and bound to this record's value and headers
+(`app.security.attestation`). It replaces the masked token on replay. The token itself is
+never in the DLQ.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from dataclasses import dataclass, field
 from app.agents.base import Message
 from app.errors import PrismError
 from app.observability.redaction import jwt_spans
+from app.security.attestation import HEADER as ATTESTATION_HEADER
+from app.security.attestation import Attester
 
 PREFIX = "prism.errors."
 _BEARER = re.compile(rb"(?i)(bearer\s+)([A-Za-z0-9._~+/=-]{8,})")
@@ -60,14 +67,28 @@ class DlqRecord:
 
 
 def build_dlq_record(msg: Message, *, stage: str, stage_class: str, error: BaseException,
-                     dlq_topic: str) -> DlqRecord:
-    """The DLQ copy of `msg`: original key/value/headers/timestamp, secrets masked."""
+                     dlq_topic: str, attester: Attester | None = None,
+                     pii_values: list[str] | tuple[str, ...] = ()) -> DlqRecord:
+    """The DLQ copy of `msg`: original key/value/headers/timestamp, secrets masked, and (with an
+    `attester` and a verified identity) the attestation of that identity.
+
+    `pii_values` (the payload's PII field values) are masked in the `prism.errors.*` context
+    headers - an error message may quote them - but not in the value: the DLQ keeps the message
+    intact, minus secrets, so it can be replayed; whoever reads a DLQ reads payloads anyway."""
     known = list(msg.secrets)
     if isinstance(error, PrismError):
         reason, text = error.code, str(error)
     else:  # a bug in a stage: still never crash, never drop
         reason, text = "internal_error", f"{type(error).__name__}: {error}"
     headers = scrub_headers(list(msg.headers), known)
+    value = mask_secrets(msg.value, known)
+    if attester is not None and msg.identity is not None and msg.envelope is not None:
+        # A replayed record that failed again: its old attestation is superseded by this one
+        # (same identity, this record's coordinates). Without a new one the old is kept as evidence.
+        headers = [(k, v) for k, v in headers if k != ATTESTATION_HEADER]
+        headers.append(attester.header(msg.identity, message_id=msg.envelope.message_id, topic=msg.topic,
+                                       partition=msg.partition, offset=msg.offset, key=msg.key, value=value,
+                                       headers=headers))
     present = {k for k, _ in headers}
     context = {
         "topic": msg.topic,
@@ -80,11 +101,12 @@ def build_dlq_record(msg: Message, *, stage: str, stage_class: str, error: BaseE
         "reason": reason,
         "attempts": str(msg.attempts),
     }
+    context_known = known + [f for v in pii_values for f in {v.encode(), repr(v)[1:-1].encode()}]
     for name, val in context.items():
         hk = PREFIX + name
         if hk not in present:
-            headers.append((hk, mask_secrets(val.encode(), known)))
-    return DlqRecord(dlq_topic, msg.key, mask_secrets(msg.value, known), headers, msg.timestamp_ms, reason)
+            headers.append((hk, mask_secrets(val.encode(), context_known)))
+    return DlqRecord(dlq_topic, msg.key, value, headers, msg.timestamp_ms, reason)
 
 
 def strip_error_headers(headers: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:

@@ -50,13 +50,15 @@ class Normalize(Stage):
         msg.shape = str(res.shape)
         msg.envelope = res.envelope
         msg.original_is_envelope = res.shape in ENVELOPE_SHAPES
+        msg.generated_id = any(n.startswith("metadata.message_id generated") for n in res.notes)
         sec = res.envelope.security
         if sec is not None and sec.auth_token:
             msg.secrets.append(sec.auth_token.encode())
             token = sec.auth_token
-            if not (token.startswith("eyJ") and token.count(".") >= 2):
+            if not (token.startswith("eyJ") and token.count(".") >= 2) and token.strip("*"):
                 # Opaque tokens have no recognisable shape: tell the log redactor about them.
-                # (JWTs are masked by their shape; registering each would only cost CPU.)
+                # (JWTs are masked by their shape; registering each would only cost CPU. A
+                # replayed DLQ record's token is all '*': nothing to hide.)
                 default_redactor().register_secret(token)
         declared = self.formats.get(msg.topic, "auto")
         if declared != "auto" and res.shape not in _ACCEPTS[declared]:

@@ -34,8 +34,10 @@ __all__ = [
     "SECURITY_PROTOCOLS",
     "BrokerSettings",
     "BrokerSettingsError",
+    "RetentionCheck",
     "TopicError",
     "TopicPartitionMismatch",
+    "check_retention",
     "ensure_topics",
     "validate_topic_name",
 ]
@@ -362,3 +364,81 @@ async def ensure_topics(
     finally:
         with contextlib.suppress(Exception):
             await admin.close()
+
+
+# --------------------------------------------------------------------------- retention
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionCheck:
+    """One source topic's retention compared with what the topology allows.
+
+    ``status``: ``ok``; ``too_long`` (``actual_ms`` over ``limit_ms``, or -1 = kept forever);
+    ``unknown`` (the broker reports no ``retention.ms`` for the topic: its default applies, which
+    Prism cannot see); ``unchecked`` (the broker refused or does not support DescribeConfigs,
+    ``detail`` says why)."""
+
+    topic: str
+    limit_ms: int
+    actual_ms: int | None
+    status: Literal["ok", "too_long", "unknown", "unchecked"]
+    detail: str = ""
+
+
+async def check_retention(
+    bootstrap: str | Sequence[str],
+    limits: Mapping[str, int],
+    *,
+    settings: BrokerSettings | None = None,
+    timeout: float = 15.0,
+) -> list[RetentionCheck]:
+    """Compare each topic's ``retention.ms`` (DescribeConfigs) with ``limits`` (topic -> ms).
+
+    Never raises for a broker problem: a check that cannot be made is reported as ``unchecked``
+    (the worker logs it and runs on; retention is a hygiene check, not a reason to stop)."""
+    if not limits:
+        return []
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    servers = bootstrap if isinstance(bootstrap, str) else ",".join(bootstrap)
+
+    def unchecked(why: str) -> list[RetentionCheck]:
+        return [RetentionCheck(t, ms, None, "unchecked", why) for t, ms in limits.items()]
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=servers, request_timeout_ms=int(timeout * 1000),
+                                **(settings.aiokafka_kwargs() if settings else {}))
+    try:
+        await asyncio.wait_for(admin.start(), timeout)
+        responses = await asyncio.wait_for(admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, t) for t in limits]), timeout)
+    except Exception as exc:  # unsupported API, unreachable broker, no DescribeConfigs ACL
+        return unchecked(f"DescribeConfigs failed: {exc!r}")
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+    found: dict[str, RetentionCheck] = {}
+    for response in responses:
+        for res in response.to_object().get("resources", []):
+            name, limit = res.get("resource_name"), limits.get(res.get("resource_name", ""))
+            if limit is None:
+                continue
+            if res.get("error_code"):
+                found[name] = RetentionCheck(name, limit, None, "unchecked",
+                                             f"broker error {res['error_code']}: {res.get('error_message') or ''}")
+                continue
+            value = next((e.get("config_value") for e in res.get("config_entries") or []
+                          if e.get("config_names") == "retention.ms"), None)
+            if value is None:
+                found[name] = RetentionCheck(name, limit, None, "unknown",
+                                             "the broker reports no retention.ms for this topic")
+                continue
+            try:
+                actual = int(value)
+            except ValueError:
+                found[name] = RetentionCheck(name, limit, None, "unchecked", f"retention.ms is {value!r}")
+                continue
+            status: Literal["ok", "too_long"] = "too_long" if actual < 0 or actual > limit else "ok"
+            found[name] = RetentionCheck(name, limit, actual, status)
+    return [found.get(t) or RetentionCheck(t, ms, None, "unchecked", "the broker did not describe this topic")
+            for t, ms in limits.items()]

@@ -4,6 +4,11 @@ The record is re-produced exactly as it was received (key, value with secrets ma
 headers, timestamp), minus the `prism.errors.*` context headers, so the fixed pipeline
 sees it as new input; dedup by message id keeps a replay from emitting a message twice
 if it had in fact been emitted before.
+
+The `prism-dlq-attestation` header stays: the masked token cannot authenticate the record
+again, the worker-signed attestation of the identity verified before the failure does
+(app/security/attestation.py). Records are re-produced byte for byte, because the
+attestation is bound to the record's value, key and remaining headers.
 """
 
 from __future__ import annotations

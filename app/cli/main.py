@@ -148,7 +148,8 @@ def run(
         broker = EmbeddedBroker(port=port, log_dir=data_dir / "broker").start()
         console.print(f"embedded broker on {bootstrap} (set PRISM_BROKER_URL to use a Kafka cluster)")
     try:
-        asyncio.run(ensure_topics(bootstrap, topo.topics(), settings=None if broker else settings))
+        asyncio.run(ensure_topics(bootstrap, topo.topics(), settings=None if broker else settings,
+                                  configs=topo.topic_configs()))
         if pipeline is None:
             from app.worker.supervisor import supervise
 
@@ -344,16 +345,46 @@ def _bootstrap() -> tuple[str, Any]:
 
 @topics_app.command("create")
 @friendly
-def topics_create(topology: Annotated[Path, typer.Option("--topology", "-t")] = DEFAULT_TOPOLOGY) -> None:
-    """Create every topic a topology reads or writes, with its declared partition count."""
-    from app.broker.admin import ensure_topics
-    from app.topology import load_topology
+def topics_create(
+    topology: Annotated[Path, typer.Option("--topology", "-t")] = DEFAULT_TOPOLOGY,
+    source_retention: Annotated[str | None, typer.Option(
+        help="retention of the source topics (e.g. 1h, 30m, 2d); default: each source's `retention` "
+             "(24h). Source records carry producer tokens: keep them only as long as needed")] = None,
+) -> None:
+    """Create every topic a topology reads or writes, with its declared partition count.
+
+    Source topics get a short `retention.ms` (memo-031 Recommendation 5: tokens in ingress
+    topics are kept only as long as needed). Existing topics are not altered; an existing
+    source topic that keeps records longer is reported with the command that fixes it."""
+    from app.broker.admin import check_retention, ensure_topics
+    from app.errors import ConfigError
+    from app.topology import MIN_SOURCE_RETENTION_MS, load_topology, parse_duration_ms
 
     topo = load_topology(topology)
+    override = None
+    if source_retention is not None:
+        try:
+            override = parse_duration_ms(source_retention)
+        except ValueError as exc:
+            raise ConfigError(str(exc), path="--source-retention", hint="write e.g. 30m, 1h, 2d") from None
+        if override < MIN_SOURCE_RETENTION_MS:
+            raise ConfigError(f"{source_retention!r} is under one minute", path="--source-retention",
+                              hint="records could be deleted before the worker reads them")
     bootstrap, settings = _bootstrap()
-    states = asyncio.run(ensure_topics(bootstrap, topo.topics(), settings=settings))
+    configs = topo.topic_configs(source_retention_ms=override)
+    states = asyncio.run(ensure_topics(bootstrap, topo.topics(), settings=settings, configs=configs))
     for name, state in sorted(states.items()):
-        console.print(f"{state:>8}  {name} ({topo.topics()[name]} partitions)")
+        extra = f", retention.ms={configs[name]['retention.ms']}" if name in configs and state == "created" else ""
+        console.print(f"{state:>8}  {name} ({topo.topics()[name]} partitions{extra})")
+    limits = {name: int(cfg["retention.ms"]) for name, cfg in configs.items() if states.get(name) == "exists"}
+    for c in asyncio.run(check_retention(bootstrap, limits, settings=settings)):
+        if c.status == "too_long":
+            kept = "forever" if (c.actual_ms or 0) < 0 else f"retention.ms={c.actual_ms}"
+            console.print(f"warning  {c.topic} exists and keeps records {kept}, longer than {c.limit_ms} ms; fix: "
+                          f"kafka-configs --alter --entity-type topics --entity-name {c.topic} "
+                          f"--add-config retention.ms={c.limit_ms}", markup=False, soft_wrap=True)
+        elif c.status != "ok":
+            console.print(f"   note  could not check the retention of {c.topic}: {c.detail}", markup=False, soft_wrap=True)
 
 
 @dlq_app.command("replay")

@@ -203,9 +203,15 @@ def parse_since(value: str | None, now: float | None = None) -> float | None:
 
 def dlq_row(rec: Any) -> dict[str, Any]:
     from app.agents.dlq import error_context
+    from app.security.attestation import HEADER, describe
 
     ctx = error_context(list(rec.headers or []))
-    return {"dlq_topic": rec.topic, "dlq_partition": rec.partition, "dlq_offset": rec.offset,
+    raw = next((v for k, v in rec.headers or [] if k == HEADER and v), None)
+    att = describe(raw) if raw is not None else None
+    # what a replay would authenticate as; unverified here (the worker verifies it on replay)
+    identity = "" if att is None else f"{att.get('publisher_id')}" + (
+        f" ({att.get('publisher_team')})" if att.get("publisher_team") else "")
+    return {"attested_identity": identity,"dlq_topic": rec.topic, "dlq_partition": rec.partition, "dlq_offset": rec.offset,
             "timestamp": datetime.fromtimestamp(rec.timestamp / 1000, UTC).isoformat() if rec.timestamp else None,
             "source": f"{ctx.get('topic', '?')}/{ctx.get('partition', '?')}@{ctx.get('offset', '?')}",
             "stage": ctx.get("stage", ""), "reason": ctx.get("reason", ""), "attempts": ctx.get("attempts", ""),
@@ -303,11 +309,11 @@ def register(app: typer.Typer, dlq_app: typer.Typer) -> None:
             typer.echo(json.dumps(rows, indent=2))
             return
         table = Table(title=f"{len(rows)} DLQ record(s)")
-        for col in ("dlq_offset", "timestamp", "source", "stage", "reason", "error"):
+        for col in ("dlq_offset", "timestamp", "source", "stage", "reason", "error", "attested identity"):
             table.add_column(col, overflow="fold")
         for row in rows:
             table.add_row(f"{row['dlq_partition']}@{row['dlq_offset']}", row["timestamp"] or "", row["source"],
-                          row["stage"], row["reason"], row["error"][:120])
+                          row["stage"], row["reason"], row["error"][:120], row["attested_identity"])
         console.print(table)
 
     @dlq_app.command("show")

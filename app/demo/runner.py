@@ -172,7 +172,8 @@ def _compact(data_dir: Path, console: Console) -> dict[str, Any]:
 async def _run(topology: Topology, keys: Any, bootstrap: str, embedded: bool, settings: BrokerSettings | None, *,
                messages: int, rate: float, data_dir: Path, console: Console, seed: int,
                timeout: float, lake: bool = False) -> DemoReport:
-    await ensure_topics(bootstrap, topology.topics(), settings=settings)
+    # source topics with their short retention, as `prism topics create` makes them (they hold tokens)
+    await ensure_topics(bootstrap, topology.topics(), settings=settings, configs=topology.topic_configs())
     source = topology.sources[0].topic
     run_id = uuid.uuid4().hex[:8]
     pipeline = PipelineApp(topology, bootstrap=bootstrap, data_dir=data_dir / f"worker-{run_id}",

@@ -87,7 +87,9 @@ class NormalizeResult:
 #: `prism-*` header names that mark the value as a Prism envelope (the Kafka binding's names;
 #: NATS spells them `Prism-…`, which compares equal case-insensitively).
 PRISM_HINT_PREFIX = "prism-"
-PRISM_NON_HINTS = frozenset({"prism-auth-token"})
+#: prism-* headers that say nothing about the value's shape: a token, and the DLQ attestation
+#: (app/security/attestation.py) that a replayed record of any shape carries.
+PRISM_NON_HINTS = frozenset({"prism-auth-token", "prism-dlq-attestation"})
 _LNMP_FIELD_LINE = re.compile(r"[ \t]*F[0-9]{1,5}(?::(?:ra|sa|i|f|b|s|r))?[ \t]*=")
 _NATS_MARKERS = frozenset(n for n in legacy.NATS_HEADERS)
 _KAFKA_MARKERS = frozenset(legacy.KAFKA_HEADERS)

@@ -43,6 +43,8 @@ AUDIT_LOGGER = "prism.audit"
 IDENTIFIER_FIELDS = frozenset({"key_id", "public_key_id", "signature_key_id", "algorithm", "operation", "event",
                                "timestamp", "message_id", "error_code"})
 CONTEXT_FIELDS = ("message_id", "topic", "stage", "partition", "trace_id", "span_id")
+#: Prism's own loggers; records of any other logger have their bytes arguments replaced by a size.
+_OWN_LOGGERS = ("prism", "app.")
 
 _LOG_CONTEXT: ContextVar[Mapping[str, Any] | None] = ContextVar("prism_log_context", default=None)
 _STANDARD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
@@ -96,6 +98,11 @@ class RedactionFilter(logging.Filter):
         if getattr(record, "_prism_redacted", False):
             return True
         r = self.redactor
+        if isinstance(record.args, tuple) and record.args and not record.name.startswith(_OWN_LOGGERS):
+            # Dependencies log the records they move (aiokafka: "Sending (key=%s value=%s)" at
+            # DEBUG): message bytes - payloads with PII in them - never reach a log line.
+            record.args = tuple(f"<{len(a)} bytes>" if isinstance(a, bytes | bytearray | memoryview) else a
+                                for a in record.args)
         try:
             message = record.getMessage()
         except Exception:  # bad format args: keep the template, drop the args (they may be secret)

@@ -21,6 +21,12 @@ logging handler filter, by `stage_span` and by the metrics label guard, so a for
 
 Registered values shorter than `min_secret_length` (default 4) are refused: a two-letter value
 would redact that substring out of every log line and make logs useless.
+
+PII values of failed messages (`register_pii`, app/schema/pii.py `PiiValueFinder`) are kept
+apart from the secrets: they change with every failing message, and recompiling the secrets'
+trie regex for each (~1 s per compile at 4096 values) would stall the worker in a failure
+storm. They sit in a bounded most-recent set (`max_pii_values`) matched by plain substring
+search: ~0.1 us per value per redacted text, and texts are redacted only when written.
 """
 
 from __future__ import annotations
@@ -198,9 +204,12 @@ def _byte_forms(value: bytes) -> list[str]:
 class Redactor:
     """Removes secrets from text. Thread-safe; one per worker (or the process default)."""
 
-    def __init__(self, *, min_secret_length: int = 4, max_secrets: int = 4096, max_length: int = 65_536) -> None:
+    def __init__(self, *, min_secret_length: int = 4, max_secrets: int = 4096, max_length: int = 65_536,
+                 max_pii_values: int = 1024) -> None:
         self.min_secret_length = min_secret_length
         self.max_secrets = max_secrets
+        self.max_pii_values = max_pii_values
+        self._pii: OrderedDict[str, None] = OrderedDict()
         self.max_length = max_length
         self._secrets: OrderedDict[str, None] = OrderedDict()
         self._compiled: re.Pattern[str] | None = None
@@ -236,6 +245,23 @@ class Redactor:
                 self._recompile()
         return added
 
+    def register_pii(self, values: Iterable[str]) -> int:
+        """Mask these PII field values from now on (the most recent `max_pii_values` of them);
+        returns how many were (re)registered. Cheap: no regex is rebuilt (module docstring)."""
+        n = 0
+        with self._lock:
+            for v in values:
+                if not isinstance(v, str) or len(v) < self.min_secret_length:
+                    continue
+                if v in self._pii:
+                    self._pii.move_to_end(v)
+                else:
+                    self._pii[v] = None
+                    if len(self._pii) > self.max_pii_values:
+                        self._pii.popitem(last=False)
+                n += 1
+        return n
+
     def _recompile(self) -> None:
         self._compiled = _trie_regex(self._secrets)
         self._pending = []
@@ -258,6 +284,10 @@ class Redactor:
             text = compiled.sub(MASK, text)
         for s in tuple(pending):
             if s in text:
+                text = text.replace(s, MASK)
+        if self._pii:
+            # longest first, so a value that contains another is masked whole
+            for s in sorted([v for v in tuple(self._pii) if v in text], key=len, reverse=True):
                 text = text.replace(s, MASK)
         if not patterns:
             return text

@@ -281,3 +281,89 @@ def audit(schemas: Iterable[tuple[str, SchemaFormat | str, str]
         untagged = tuple(f.path for f in report.untagged)
         out.append(AuditEntry(label, not untagged, untagged, tuple(report.pii_fields)))
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Values of PII fields in payloads (the running worker's redaction)
+
+
+class PiiValueFinder:
+    """The values a payload carries in the schema's PII fields, so the worker can mask them in
+    what it writes about a failed message (log lines, DLQ context headers, span attributes).
+
+    Built once per namespace from the resolved schema's PII paths (``pii_fields``: tagged, or
+    detected by name) plus the topology's ``enrich.pii_fields``. Matching is by field *name*:
+    schema paths differ per format (``OrderCreated.customer_email``, ``customer.email``,
+    ``items[].name``) while payloads are trees, and masking a same-named non-PII value too only
+    ever redacts more. JSON payloads (whatever the schema format) are walked as JSON; protobuf
+    payloads are parsed with the schema's message class. Encrypted payloads are never read.
+    The walk is bounded (``max_nodes``, depth 32): the payload is untrusted.
+    """
+
+    def __init__(self, paths: Iterable[str], *, schema_format: str = "", schema_text: str = "",
+                 message_name: str = "", imports: Mapping[str, str] | None = None, max_nodes: int = 10_000) -> None:
+        self.names = frozenset(n for n in (_leaf(p) for p in paths) if n)
+        self.max_nodes = max_nodes
+        self._proto: Any = None
+        self._proto_args = (schema_text, message_name, imports) if schema_format.lower() == "protobuf" else None
+
+    def __bool__(self) -> bool:
+        return bool(self.names)
+
+    def values(self, payload: bytes, content_type: str = "") -> list[str]:
+        """PII values in `payload` as text (strings, and numbers of 4+ digits); never raises."""
+        if not self.names or not payload:
+            return []
+        doc: Any = None
+        ct = content_type.lower()
+        if "json" in ct or payload[:1] in (b"{", b"["):
+            try:
+                doc = json.loads(payload)
+            except (ValueError, RecursionError):
+                doc = None
+        if doc is None and self._proto_args is not None and ("protobuf" in ct or not ct):
+            doc = self._proto_doc(payload)
+        if doc is None:
+            return []
+        out: list[str] = []
+        budget = [self.max_nodes]
+        self._walk(doc, False, 0, out, budget)
+        return out
+
+    def _proto_doc(self, payload: bytes) -> Any:
+        try:
+            if self._proto is None:
+                from google.protobuf import descriptor_pool, message_factory
+
+                from app.schema.protoparse import compile_proto
+
+                text, name, imports = self._proto_args  # type: ignore[misc]
+                schema = compile_proto(text, imports=imports)
+                pool = descriptor_pool.DescriptorPool()
+                for fd in schema.fds.file:
+                    pool.Add(fd)
+                self._proto = message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
+            from google.protobuf.json_format import MessageToDict
+
+            return MessageToDict(self._proto.FromString(payload), preserving_proto_field_name=True)
+        except Exception:  # not this message type (or no usable schema): nothing to find
+            return None
+
+    def _walk(self, node: Any, pii: bool, depth: int, out: list[str], budget: list[int]) -> None:
+        budget[0] -= 1
+        if budget[0] < 0 or depth > 32:
+            return
+        if isinstance(node, dict):
+            for k, v in node.items():
+                self._walk(v, pii or (isinstance(k, str) and k in self.names), depth + 1, out, budget)
+        elif isinstance(node, list):
+            for v in node:
+                self._walk(v, pii, depth + 1, out, budget)
+        elif pii and isinstance(node, str) and node:
+            out.append(node)
+        elif pii and isinstance(node, int | float) and not isinstance(node, bool) and abs(node) >= 1000:
+            out.append(str(node))
+
+
+def _leaf(path: str) -> str:
+    return path.rsplit(".", 1)[-1].removesuffix("[]").strip()

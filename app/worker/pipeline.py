@@ -47,11 +47,13 @@ from app.agents.policy import Policy
 from app.agents.publish import Emission, Publisher
 from app.agents.validate import Validate
 from app.agents.verify_signature import VerifySignature
-from app.broker.admin import BrokerSettings
+from app.broker.admin import BrokerSettings, RetentionCheck, check_retention
 from app.errors import ConfigError, PrismError, SinkError
 from app.observability.logging import install_redaction
+from app.schema.pii import PiiValueFinder
+from app.security.attestation import AttestationVerifier, Attester, trusted_keys
 from app.security.producers import ProducerBindings, check_key_ids_known, keyring_scopes
-from app.security.signing import SigningKeyring, load_signing_keyring
+from app.security.signing import ED25519, SigningKey, SigningKeyring, load_signing_keyring
 from app.sinks.runner import register_sinks
 from app.tables.counters import FaustTopicCounters
 from app.tables.dedup import DedupWindow, FaustDedupWindow
@@ -123,8 +125,18 @@ def resolve_schema(settings: EnrichStage | None, base_dir: Path) -> SchemaInfo |
                       pii_fields=tuple(r.pii_fields) + tuple(settings.pii_fields), resolved=r, checker=checker)
 
 
+def pii_finder(schema: SchemaInfo | None) -> PiiValueFinder | None:
+    """What finds the schema's PII field values in a failed message (app/schema/pii.py)."""
+    if schema is None or not schema.pii_fields:
+        return None
+    r = schema.resolved
+    return PiiValueFinder(schema.pii_fields, schema_format=r.format.value if r is not None else "",
+                          schema_text=r.schema_text if r is not None else "", message_name=r.name if r is not None else "")
+
+
 def build_stages(topology: Topology, *, keyring: SigningKeyring | None, schema: SchemaInfo | None,
-                 dedup_window: Callable[[float], DedupWindow]) -> list[Stage]:
+                 dedup_window: Callable[[float], DedupWindow],
+                 attestations: AttestationVerifier | None = None) -> list[Stage]:
     """The topology's stage chain, in order. `dedup_window(window_s)` supplies the dedup state:
     a RocksDB-backed Faust table in the worker, a plain dict-backed window in broker-free
     benchmarks and tests - the one thing that differs between them."""
@@ -142,7 +154,8 @@ def build_stages(topology: Topology, *, keyring: SigningKeyring | None, schema: 
         elif spec.name == "validate":
             stages.append(Validate(s))
         elif spec.name == "authenticate":
-            stages.append(Authenticate(s, jwks_path=str(t.resolve(s.jwks)), producers=producers))
+            stages.append(Authenticate(s, jwks_path=str(t.resolve(s.jwks)), producers=producers,
+                                       attestations=attestations))
         elif spec.name == "verify_signature":
             if keyring is None:
                 raise ConfigError("verify_signature needs a keyring", path="stages.verify_signature.keyring",
@@ -155,6 +168,24 @@ def build_stages(topology: Topology, *, keyring: SigningKeyring | None, schema: 
         elif spec.name == "enrich":
             stages.append(Enrich(trace=s.trace, schema=schema))
     return stages
+
+
+def attestation_setup(topology: Topology, keyring: SigningKeyring | None, worker_key: SigningKey | None,
+                      ) -> tuple[Attester | None, AttestationVerifier | None]:
+    """The DLQ attester (the worker's Ed25519 key) and the verifier of replayed attestations.
+    Both None when attestations are off or the worker has no Ed25519 key: then a replayed
+    authenticated record fails authentication, as it would without this feature."""
+    cfg = topology.dlq.attestation
+    if not cfg.enabled or topology.stage("authenticate") is None or keyring is None:
+        return None, None
+    key = worker_key or keyring.worker_key()
+    attester = Attester(key) if key is not None and key.algorithm == ED25519 else None
+    if attester is None and not cfg.trusted_keys:
+        log.warning("DLQ attestations are off: the worker has no Ed25519 worker key, so authenticated messages "
+                    "that reach the DLQ cannot be replayed with their identity (set worker_key in the keyring)")
+        return None, None
+    keys = trusted_keys(keyring, cfg.trusted_keys, default=attester.key.key_id if attester else None)
+    return attester, AttestationVerifier(keys, max_age_s=cfg.max_age_s)
 
 
 def _keyring_for(topology: Topology) -> SigningKeyring | None:
@@ -202,7 +233,9 @@ class PipelineApp:
                                   path="outputs.signing_key_id", hint="name a key with a secret/private key")
             worker_key = self.keyring.signing[kid]
         self.publisher = Publisher(topology, worker_key=worker_key)
+        self.attester, self.attestations = attestation_setup(topology, self.keyring, worker_key)
         self.schema = resolve_schema(topology.stage("enrich"), topology.base_dir)
+        self.pii_finder = pii_finder(self.schema)
         # Offset continuity (app/worker/continuity.py): a record the consumer skipped is
         # fetched and processed before anything after it is acknowledged.
         self.offsets = OffsetTracker()
@@ -219,6 +252,14 @@ class PipelineApp:
         # now for handlers that exist, and again once Faust has set up its own.
         install_redaction()
         self.app.task(_redact_after_startup)
+        # Source topics hold producers' tokens: warn when the broker keeps them longer than the
+        # topology allows (memo-031 Recommendation 5). Off the start-up path: never delays work.
+        self.retention_checks: list[RetentionCheck] | None = None
+
+        async def _check_retention() -> None:
+            await self.check_source_retention(bootstrap, broker_settings)
+
+        self.app.task(_check_retention)
         self.chains: dict[str, Chain] = {}
         self.dedups: dict[int, Dedup] = {}  # id(chain) -> its dedup stage
         # Connect-style sinks (`sinks:` in the topology): separate agents reading the outputs.
@@ -236,7 +277,8 @@ class PipelineApp:
         for source in topology.sources:
             chain = Chain(self._stages(source.topic, source.partitions),
                           dlq_topic_for=lambda t: t + topology.dlq.topic_suffix,
-                          expired_to_dlq=bool(topology.stage("policy") and topology.stage("policy").expired == "dlq"))
+                          expired_to_dlq=bool(topology.stage("policy") and topology.stage("policy").expired == "dlq"),
+                          attester=self.attester, pii=self.pii_finder)
             self.chains[source.topic] = chain
             for stage in chain.stages:
                 if isinstance(stage, Dedup):
@@ -249,9 +291,31 @@ class PipelineApp:
         if observe is not None:
             observe.attach(self)
 
+    async def check_source_retention(self, bootstrap: str, settings: BrokerSettings | None) -> list[RetentionCheck]:
+        """Compare the source topics' `retention.ms` with the topology's `sources[].retention`
+        and log the result as structured records (`event: source_retention`)."""
+        checks = await check_retention(bootstrap, self.topology.source_retention_limits(), settings=settings)
+        for c in checks:
+            fields = {"event": "source_retention", "topic": c.topic, "status": c.status,
+                      "retention_ms": c.actual_ms, "limit_ms": c.limit_ms}
+            if c.status == "too_long":
+                kept = "forever" if c.actual_ms is not None and c.actual_ms < 0 else f"{c.actual_ms} ms"
+                log.warning("source topic %s keeps records, and the producer tokens in them, for %s: longer than "
+                            "the %d ms its topology allows (sources[].retention); fix: set the topic's retention.ms "
+                            "to %d (kafka-configs --alter --add-config retention.ms=%d) or raise "
+                            "sources[].retention", c.topic, kept, c.limit_ms, c.limit_ms, c.limit_ms, extra=fields)
+            elif c.status in ("unknown", "unchecked"):
+                log.info("could not check the retention of source topic %s (%s); the topology allows %d ms",
+                         c.topic, c.detail, c.limit_ms, extra=fields)
+            else:
+                log.debug("source topic %s retention %d ms is within %d ms", c.topic, c.actual_ms, c.limit_ms,
+                          extra=fields)
+        self.retention_checks = checks
+        return checks
+
     # -- construction ----------------------------------------------------------------------
     def _stages(self, topic: str, partitions: int) -> list[Stage]:
-        return build_stages(self.topology, keyring=self.keyring, schema=self.schema,
+        return build_stages(self.topology, keyring=self.keyring, schema=self.schema, attestations=self.attestations,
                             dedup_window=lambda window_s: FaustDedupWindow(
                                 self.app, f"dedup-{topic}", window=window_s, partitions=partitions))
 

@@ -111,3 +111,48 @@ def test_mask_secrets_is_linear_on_a_hostile_payload():
     jwt = b"eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln"
     out = mask_secrets(hostile + b" " + jwt)
     assert out.endswith(b" " + b"*" * len(jwt)) and len(out) == len(hostile) + 1 + len(jwt)
+
+
+def test_pii_values_are_masked_in_the_dlq_context_but_the_payload_is_kept():
+    from app.errors import PayloadSchemaError
+    from app.observability.redaction import Redactor
+    from app.schema.pii import PiiValueFinder
+
+    email = "erin.pii@example.invalid"
+    red = Redactor()
+
+    class Parse(Stage):
+        name = "normalize"
+
+        def process(self, msg):
+            msg.envelope = new_envelope(msg.topic, {"customer_email": email}, namespace="ns")
+
+    class Check(Stage):
+        name = "enrich"
+
+        def process(self, msg):
+            raise PayloadSchemaError(f"customer_email: {email!r} does not match '^x$'")
+
+    c = Chain([Parse(), Check()], dlq_topic_for=lambda t: t + ".dlq", pii=PiiValueFinder(["customer_email"]),
+              redactor=red)
+    value = b'{"customer_email": "erin.pii@example.invalid"}'
+    res = c.run(make_msg(value))
+    assert res.outcome is Outcome.DLQ and res.dlq is not None
+    assert res.dlq.value == value  # intact: the DLQ keeps the message for replay
+    ctx = error_context(res.dlq.headers)
+    assert email not in ctx["exception.message"] and "*" * len(email) in ctx["exception.message"]
+    assert red.redact(f"failed for {email}") == "failed for [REDACTED]"  # and logs/spans mask it from now on
+    # without a PII finder nothing is masked or registered (no schema, no PII tags)
+    plain = Chain([Parse(), Check()], dlq_topic_for=lambda t: t + ".dlq").run(make_msg(value))
+    assert email in error_context(plain.dlq.headers)["exception.message"]
+
+
+def test_a_message_that_failed_before_normalize_is_read_raw_for_pii():
+    from app.schema.pii import PiiValueFinder
+
+    c = Chain([Raise("normalize", SignatureError("bad"))], dlq_topic_for=lambda t: t + ".dlq",
+              pii=PiiValueFinder(["customer_email"]))
+    raw = make_msg(b'{"customer_email": "frank@example.invalid"}')
+    assert c.run(raw).outcome is Outcome.DLQ
+    assert c._pii_values(raw) == ["frank@example.invalid"]  # no envelope yet: the raw value
+    assert c._pii_values(make_msg(b"\x00\x01")) == []

@@ -7,7 +7,7 @@ import uuid
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from app.broker.admin import TopicError, TopicPartitionMismatch, ensure_topics
+from app.broker.admin import TopicError, TopicPartitionMismatch, check_retention, ensure_topics
 from app.broker.embedded import BrokerError, EmbeddedBroker, find_free_port
 
 
@@ -91,3 +91,25 @@ async def test_unreachable_broker_is_a_broker_error() -> None:
 
 async def test_empty_declaration_is_a_no_op() -> None:
     assert await ensure_topics("127.0.0.1:1", {}) == {}
+
+
+@pytest.mark.integration
+async def test_retention_is_read_back_with_describe_configs(broker: EmbeddedBroker) -> None:
+    short, forever, plain = fresh("src-short"), fresh("src-forever"), fresh("src-plain")
+    await ensure_topics(broker.bootstrap, {short: 1, forever: 1, plain: 1},
+                        configs={short: {"retention.ms": "3600000"}, forever: {"retention.ms": "-1"}})
+    checks = {c.topic: c for c in await check_retention(
+        broker.bootstrap, {short: 3_600_000, forever: 3_600_000, plain: 3_600_000})}
+    assert (checks[short].status, checks[short].actual_ms) == ("ok", 3_600_000)
+    assert (checks[forever].status, checks[forever].actual_ms) == ("too_long", -1)
+    # The embedded broker reports only configs set on the topic: no value means its default applies.
+    assert checks[plain].status == "unknown" and "no retention.ms" in checks[plain].detail
+    tighter = (await check_retention(broker.bootstrap, {short: 1_800_000}))[0]
+    assert (tighter.status, tighter.actual_ms, tighter.limit_ms) == ("too_long", 3_600_000, 1_800_000)
+
+
+async def test_retention_check_never_raises_for_an_unreachable_broker() -> None:
+    port = find_free_port()
+    (check,) = await check_retention(f"127.0.0.1:{port}", {"orders": 60_000}, timeout=2)
+    assert check.status == "unchecked" and "DescribeConfigs failed" in check.detail
+    assert await check_retention(f"127.0.0.1:{port}", {}) == []

@@ -250,3 +250,18 @@ def test_redacted_record_still_formats_under_faust_worker_formatter() -> None:
         assert RedactionFilter().filter(record)
         out = ExtensionFormatter(stream=io.StringIO(), fmt="%(message)s").format(record)
         assert out == (msg % args if args else msg)
+
+
+def test_dependencies_never_log_message_bytes() -> None:
+    """aiokafka logs every record it sends at DEBUG ("Sending (key=%s value=%s)"): the bytes are
+    replaced by their size before anything formats them; Prism's own records keep their args."""
+    stream = io.StringIO()
+    setup = configure_logging("DEBUG", stream=stream)
+    try:
+        payload = b'{"customer_email": "dave@example.invalid"}'
+        logging.getLogger("aiokafka.producer.producer").debug("Sending (key=%s value=%s) to %s", b"k", payload, "tp")
+        logging.getLogger("prism.worker").debug("read %s", "orders")
+    finally:
+        setup.close()
+    out = stream.getvalue()
+    assert "dave@example.invalid" not in out and f"value=<{len(payload)} bytes>" in out and "read orders" in out

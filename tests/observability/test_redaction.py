@@ -71,3 +71,24 @@ def test_jwt_spans_find_what_the_old_patterns_found(text: str) -> None:
     assert jwt_spans(text) == [m.span() for m in OLD_LOG.finditer(text)]
     data = text.encode()
     assert jwt_spans(data, strict=True) == [m.span() for m in OLD_DLQ.finditer(data)]
+
+
+def test_registered_pii_values_are_masked_longest_first_and_bounded() -> None:
+    r = Redactor(max_pii_values=3)
+    assert r.register_pii(["alice", "alice@example.invalid", "ab", 42]) == 2  # too short / not text: skipped
+    assert r.redact("to alice@example.invalid from alice") == f"to {MASK} from {MASK}"
+    r.register_pii(["v-one", "v-two", "v-three"])  # pushes the oldest two out
+    assert "alice" in r.redact("alice") and r.redact("v-one v-two v-three") == f"{MASK} {MASK} {MASK}"
+    assert r.secret_count == 0  # PII values are not secrets: no trie recompile per failing message
+
+
+def test_pii_registration_stays_cheap_in_a_failure_storm() -> None:
+    import time
+
+    r = Redactor()
+    t0 = time.perf_counter()
+    for i in range(20_000):
+        r.register_pii([f"person-{i}@example.invalid"])
+    per = (time.perf_counter() - t0) / 20_000
+    assert per < 50e-6, f"{per * 1e6:.1f} us per registration"
+    assert MASK in r.redact("failed for person-19999@example.invalid")

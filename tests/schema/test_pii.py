@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,47 @@ def test_packaged_annotations_match_proto_tree() -> None:
     root = Path(__file__).resolve().parents[2]
     assert (root / "app/schema/proto/prism/annotations.proto").read_text() == \
         (root / "proto/prism/annotations.proto").read_text()
+
+
+# --- PiiValueFinder: the running worker's view of a payload's PII values
+
+def test_value_finder_walks_json_by_field_name_including_nested_pii_objects() -> None:
+    from app.schema.pii import PiiValueFinder
+
+    f = PiiValueFinder(["OrderCreated.customer_email", "shipping", "items[].holder_name"])
+    doc = {"customer_email": "alice@example.invalid", "order_id": "o-1", "total": 12345,
+           "shipping": {"street": "1 Long Road", "zip": 90210, "flag": True},
+           "items": [{"sku": "s-1", "holder_name": "Alice Smith"}, {"holder_name": "Bob Jones"}]}
+    assert sorted(f.values(json.dumps(doc).encode(), "application/json")) == sorted(
+        ["alice@example.invalid", "1 Long Road", "90210", "Alice Smith", "Bob Jones"])
+    assert f.values(b"not json", "application/json") == [] and f.values(b"", "") == []
+    assert not PiiValueFinder([]) and PiiValueFinder([]).values(b'{"email": "x@y.z"}') == []
+
+
+def test_value_finder_is_bounded_on_hostile_payloads() -> None:
+    from app.schema.pii import PiiValueFinder
+
+    f = PiiValueFinder(["email"], max_nodes=100)
+    wide = json.dumps({"email": [f"v{i:04d}@x.y" for i in range(10_000)]}).encode()
+    assert 0 < len(f.values(wide, "application/json")) < 100
+    deep = ("[" * 5000 + "]" * 5000).encode()  # RecursionError in json is caught
+    assert f.values(b'{"email": ' + deep + b"}", "application/json") == []
+
+
+def test_value_finder_reads_protobuf_payloads_with_the_schema_class() -> None:
+    from google.protobuf import descriptor_pool, message_factory
+
+    from app.schema.pii import PiiValueFinder
+    from app.schema.protoparse import compile_proto
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "topologies/schemas/order_created.proto").read_text()
+    name = "prism.examples.orders.OrderCreated"
+    f = PiiValueFinder(pii_fields("PROTOBUF", text), schema_format="PROTOBUF", schema_text=text, message_name=name)
+    pool = descriptor_pool.DescriptorPool()
+    for fd in compile_proto(text).fds.file:
+        pool.Add(fd)
+    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
+    payload = cls(order_id="o-9", customer_email="carol@example.invalid").SerializeToString()
+    assert f.values(payload, "application/protobuf") == ["carol@example.invalid"]
+    assert f.values(b"\xff\xff\xff", "application/protobuf") == []  # not this message: nothing, no raise

@@ -18,12 +18,14 @@ from app.worker.pipeline import PipelineApp
 
 
 class RunningPipeline:
-    def __init__(self, topology: Topology, bootstrap: str, data_dir: Path) -> None:
+    def __init__(self, topology: Topology, bootstrap: str, data_dir: Path, *, app_id: str | None = None) -> None:
+        """`app_id` (the consumer group): pass the same one to run a second worker that resumes
+        where a stopped one left off (e.g. after a topology fix)."""
         self.topology = topology
         self.bootstrap = bootstrap
         self.source = topology.sources[0].topic
         self.pipeline = PipelineApp(topology, bootstrap=bootstrap, data_dir=data_dir,
-                                    app_id=f"test-{uuid.uuid4().hex[:8]}", embedded=True)
+                                    app_id=app_id or f"test-{uuid.uuid4().hex[:8]}", embedded=True)
         self.worker = InProcessWorker(self.pipeline.app)
         self.producer: AIOKafkaProducer | None = None
 
