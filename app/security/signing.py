@@ -588,7 +588,7 @@ def load_signing_keyring(path: str | Path) -> SigningKeyring:
         problems.append(f"worker_key: {worker!r} is not a key with private material in this file")
     if problems:
         raise ConfigError(f"invalid signing keyring ({len(problems)} problem(s)): " + "; ".join(problems),
-                          path=str(path), hint="see docs/security.md for the keyring format")
+                          path=str(path), hint="see docs/signing.md (\"Keyring files\") for the format")
     return SigningKeyring(all_keys, by_ns, unrestricted, signing, worker)
 
 
