@@ -113,8 +113,11 @@ def signed_message(envelope: bytes) -> tuple[str, int, bytes, bytes, str, str]:
             fields[f] = body[vs:e]
     scope = _varint(fields[10], _varint(fields[10], 0)[1])[0] if 10 in fields else 0  # skip the tag, read the value
     signature = fields.get(4, b"")
-    algorithm = fields.get(5, b"").decode()
-    key_id = fields.get(9, b"").decode()
+    try:
+        algorithm = fields.get(5, b"").decode()
+        key_id = fields.get(9, b"").decode()
+    except UnicodeDecodeError:
+        raise Reject("malformed") from None  # protobuf strings are UTF-8
     if scope == 0:
         return layout, 0, envelope[:start] + envelope[end:], signature, algorithm, key_id
     if scope != 2:
