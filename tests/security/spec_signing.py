@@ -59,7 +59,7 @@ def records(buf: bytes) -> list[tuple[int, int, int, int, int]]:
         start = pos
         key, pos = _varint(buf, pos)
         field, wt = key >> 3, key & 7
-        if field == 0:
+        if field == 0 or field >= 1 << 29:
             raise Reject("malformed")
         if wt == 0:
             _, pos = _varint(buf, pos)
