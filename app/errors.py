@@ -156,6 +156,30 @@ class SignatureError(SecurityError):
     code = "bad_signature"
 
 
+class SignatureScopeError(SignatureError):
+    """`security.signature_scope` names a scope this verifier does not implement: never
+    guessed, never treated as another scope (docs/signing.md)."""
+
+    code = "unsupported_signature_scope"
+
+
+class LegacySignatureScopeError(SignatureScopeError):
+    """A legacy-scope signature (the envelope minus its whole security context) where the
+    verifier's policy does not accept it: publisher identity, classification, PII flag and
+    encryption metadata are not covered by such a signature, so they could have been changed."""
+
+    code = "legacy_signature_scope"
+
+
+class AmbiguousEnvelopeError(SignatureError):
+    """Envelope bytes whose meaning depends on how a parser merges repeated records (two
+    security contexts, two metadata records, a security field twice, a known field with the
+    wrong wire type). Protobuf would silently merge them, so what was signed and what is read
+    could differ; such envelopes are rejected instead of verified."""
+
+    code = "ambiguous_envelope"
+
+
 class UnknownKeyError(SecurityError):
     code = "unknown_key"
 

@@ -111,7 +111,13 @@ class AuthenticateStage(_Strict):
 
 class VerifySignatureStage(_Strict):
     policy: Literal["required", "optional", "off"] = "optional"
-    keyring: str  # path to a signing keyring file (see app/security/keys.py)
+    keyring: str  # path to a signing keyring file (docs/signing.md, "Keyring files")
+    #: Accept legacy-scope signatures (memo-031 Option 2: the envelope minus its security
+    #: context). A DOWNGRADE RISK: such a signature does not cover publisher, classification,
+    #: PII flag or encryption metadata, so anyone can rewrite those on a legacy-signed
+    #: envelope. Off by default (DLQ reason `legacy_signature_scope`); turn it on only while
+    #: old producers migrate (docs/signing.md).
+    accept_legacy_scope: bool = False
 
 
 class PolicyStage(_Strict):

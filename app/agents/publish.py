@@ -4,6 +4,9 @@ archive tap, re-signed with the worker's key.
 Enrichment changed the envelope after the producer signed it, so the producer's
 signature cannot hold on what Prism emits; the worker signs each output with its own key
 (id recorded in `security.signature_key_id`) so every consumer can verify what it reads.
+It always signs with scope v2, whatever scope the input was signed with: the publisher,
+classification, PII flag and encryption metadata the pipeline established are covered on
+`.v2`, `.v3` and the archive (docs/signing.md).
 The token is stripped again here (defence in depth: even a topology without an
 `authenticate` stage never forwards one). Input headers pass through, except credentials
 and CloudEvents/content-type headers that describe the *input* value, not the envelope.
@@ -17,7 +20,7 @@ from app.agents.base import Message
 from app.bindings import kafka
 from app.envelope import Layout
 from app.security.jwt_auth import strip_token
-from app.security.signing import SigningKey
+from app.security.signing import SCOPE_V2, SigningKey
 from app.topology import Topology
 
 _DROP_HEADERS = frozenset({"authorization", "proxy-authorization", "prism-auth-token", "x-auth-token", "auth-token",
@@ -53,7 +56,8 @@ class Publisher:
         source = (SOURCE_HEADER, f"{msg.topic}/{msg.partition}/{msg.offset}".encode())
         out: list[Emission] = []
         reviewed: kafka.KafkaRecord | None = None
-        records = kafka.encode_layouts(env, self._layouts, key=msg.key, headers=forwarded, sign_with=self.sign_with)
+        records = kafka.encode_layouts(env, self._layouts, key=msg.key, headers=forwarded, sign_with=self.sign_with,
+                                       scope=SCOPE_V2)
         for (suffix, layout), rec in zip(self.layouts, records, strict=True):
             rec.headers.append(source)
             out.append(Emission(f"{msg.topic}.{suffix}", rec))
@@ -61,7 +65,7 @@ class Publisher:
                 reviewed = rec
         if self.archive_topic is not None:
             if reviewed is None:
-                reviewed = kafka.encode(env, Layout.REVIEWED, key=msg.key, sign_with=self.sign_with)
+                reviewed = kafka.encode(env, Layout.REVIEWED, key=msg.key, sign_with=self.sign_with, scope=SCOPE_V2)
                 reviewed.headers.append(source)
             out.append(Emission(self.archive_topic, reviewed))
         return out

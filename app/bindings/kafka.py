@@ -45,7 +45,7 @@ from app.envelope.codec import DEFAULT_LIMITS, Layout, Limits
 from app.envelope.codec import encode as encode_envelope
 from app.envelope.model import Envelope
 from app.errors import BindingError
-from app.security.signing import SigningKey, VerificationKeys, sign
+from app.security.signing import DEFAULT_SCOPE, SigningKey, VerificationKeys, sign
 
 PREFIX = "prism-"
 TRACEPARENT = "traceparent"
@@ -168,16 +168,17 @@ def encode(
     key_fallback: KeyFallback = KeyFallback.CORRELATION_ID,
     headers: Iterable[tuple[str, bytes]] = (),
     sign_with: SigningKey | None = None,
+    scope: int = DEFAULT_SCOPE,
 ) -> KafkaRecord:
     """Build the Kafka record for `env`.
 
     `headers` (e.g. forwarded with `passthrough_headers`, or DLQ context headers) come first
     and are never overwritten; a `prism-*` one that disagrees with the envelope raises
     `BindingError`. With `sign_with`, the value is signed (`app.security.signing.sign`, which
-    also records the key id and algorithm in `env.security`).
+    also records the key id, algorithm and `scope` in `env.security`; scope v2 by default).
     """
     return encode_layouts(env, (layout,), key=key, key_fallback=key_fallback, headers=headers,
-                          sign_with=sign_with)[0]
+                          sign_with=sign_with, scope=scope)[0]
 
 
 def encode_layouts(
@@ -188,6 +189,7 @@ def encode_layouts(
     key_fallback: KeyFallback = KeyFallback.CORRELATION_ID,
     headers: Iterable[tuple[str, bytes]] = (),
     sign_with: SigningKey | None = None,
+    scope: int = DEFAULT_SCOPE,
 ) -> list[KafkaRecord]:
     """`[encode(env, layout, ...) for layout in layouts]`, record for record the same.
 
@@ -201,7 +203,7 @@ def encode_layouts(
     ts = env.published_at_ms
     out = []
     for layout in layouts:
-        value = sign(env, sign_with, layout) if sign_with is not None else encode_envelope(env, layout)
+        value = sign(env, sign_with, layout, scope=scope) if sign_with is not None else encode_envelope(env, layout)
         merged = c.merge_headers([*_LAYOUT_HEADERS[layout], *common], extra, owned=is_owned, binding="kafka")
         out.append(KafkaRecord(key=record_key, value=value, headers=merged, timestamp_ms=ts if ts > 0 else None))
     return out

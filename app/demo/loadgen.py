@@ -3,10 +3,15 @@
 The mix mirrors what producers send today (RFC-031 "Motivation"): Prism envelopes in both
 layouts (signed with the producer key, with a JWT), Kafka-header metadata, NATS-style
 headers, Redis JSON, CloudEvents in both Kafka modes, LNMP text and binary, raw bytes - and
-deliberately bad ones: truncated bytes, forged signatures, expired tokens, classified data
-sent unencrypted, timestamps from the future, expired TTLs, re-sent duplicates, a valid token
-claiming another namespace and a signed envelope replayed from another topic. The
-summary compares what the worker did with these expectations, message by message kind.
+deliberately bad ones: truncated bytes, forged signatures, signed envelopes whose
+classification was downgraded after signing (scope v2 covers the security context),
+expired tokens, classified data sent unencrypted, timestamps from the future, expired TTLs,
+re-sent duplicates, a valid token claiming another namespace and a signed envelope replayed
+from another topic. The summary compares what the worker did with these expectations,
+message by message kind.
+
+Producers sign with scope v2 (the default). There is no legacy-scope producer kind: the
+demo topology keeps `verify_signature.accept_legacy_scope` off, as it should be.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from app.envelope import Layout, encode, new_envelope
+from app.envelope import Layout, decode, encode, new_envelope
 from app.formats import cloudevents as ce
 from app.formats.lnmp import Container, LnmpEnvelope, encode_container, encode_text
 from app.security.devkeys import DevKeys
@@ -48,6 +53,7 @@ MIX: dict[str, tuple[int, str]] = {
     "ttl-expired": (3, "expired"),
     "malformed-bytes": (3, "dlq:bad_prism_envelope"),
     "forged-signature": (3, "dlq:bad_signature"),
+    "classification-downgraded": (2, "dlq:bad_signature"),
     "expired-token": (3, "dlq:token_expired"),
     "restricted-unencrypted": (3, "dlq:policy_violation"),
     "future-timestamp": (3, "dlq:invalid_envelope"),
@@ -159,6 +165,16 @@ class LoadGenerator:
     def _forged_signature(self):
         env = self._env()
         return sign(env, self.forger, Layout.REVIEWED), []
+
+    def _classification_downgraded(self):
+        # Signed as confidential + PII, then relabelled public / no PII on the way (what a
+        # legacy-scope signature let through): the signature covers the security context.
+        env = self._env()
+        sec = env.ensure_security()
+        sec.data_classification, sec.contains_pii = "confidential", True
+        tampered = decode(sign(env, self.producer_key, Layout.REVIEWED))
+        tampered.security.data_classification, tampered.security.contains_pii = "public", False
+        return encode(tampered, Layout.REVIEWED), []
 
     def _expired_token(self):
         env = self._env()

@@ -6,8 +6,8 @@ does not depend on the payload size (see `bench/bench_codec.py`).
 
 `encode` emits `[header without security][security][payload]`. Record order does not
 matter to any protobuf parser, and this order has two useful properties: the payload is
-last (a streaming reader can stop before it), and removing the security record yields
-exactly the bytes a signature covers (`app.security.signing`).
+last (a streaming reader can stop before it), and the bytes a signature covers are cut
+from exactly these runs (`app.security.signing`, docs/signing.md).
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ def _split_security(full: bytes, before: int, sec_size: int, field: int) -> tupl
 
 
 def encode_parts(env: Envelope, layout: Layout = Layout.REVIEWED) -> tuple[bytes, bytes, list[bytes | memoryview]]:
-    """(head, security record, payload record parts). `head + payload` is what a signature covers."""
+    """(head, security record, payload record parts): the runs `app.security.signing` signs."""
     header = layout_header(env, layout)
     head, sec = split_header(header, layout)
     return head, sec, payload_parts(env, layout)
@@ -296,5 +296,6 @@ def convert(data: bytes | memoryview, to: Layout, *, limits: Limits = DEFAULT_LI
         sec.ClearField("signature")
         sec.ClearField("signature_algorithm")
         sec.ClearField("signature_key_id")
+        sec.ClearField("signature_scope")
         dropped.append("security.signature: covers the original bytes only; re-sign after conversion")
     return encode(env, to), dropped

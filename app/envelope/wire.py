@@ -5,9 +5,10 @@ Why not just `ParseFromString`? Three things need the records themselves, not a 
 * header-only parsing - skip the payload record by its length prefix, keep it as a
   zero-copy `memoryview`, so the cost of reading metadata/security does not grow with
   the payload (memo-031 "Question 2");
-* signature scope - the signed bytes are the envelope minus every record of the security
-  field, cut out of the received bytes, so no re-serialisation (which protobuf does not
-  make canonical across languages) is ever needed;
+* signature scope - the signed bytes are cut from the received bytes (scope v2: the
+  security record re-framed without its signature and token; legacy: without the security
+  record), so no re-serialisation (which protobuf does not make canonical across
+  languages) is ever needed (docs/signing.md);
 * layout detection - the draft and reviewed layouts differ in field numbers and wire types.
 
 Only the top level is walked here; nested messages are left to upb.

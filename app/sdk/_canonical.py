@@ -9,8 +9,8 @@ differently after a JSONB round trip).
 
 So envelopes bound for PostgreSQL are signed over the *deterministic* encoding (map entries
 sorted by key), and the PostgreSQL reader re-encodes deterministically. The result is still
-an ordinary signature in the ordinary layout: `head + security + payload`, verified by the
-unchanged `signing.verify` (which strips the security record and checks the rest).
+an ordinary scope-v2 signature in the ordinary layout: `head + security + payload`, verified
+by the unchanged `signing.verify` (docs/signing.md).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from app._gen.prism.envelope.v1 import envelope_pb2 as pb
 from app.envelope.codec import Layout, security_record
 from app.envelope.model import Envelope
 from app.envelope.wire import LEN, encode_varint
-from app.security.signing import SigningKey, begin_signature, signature_over
+from app.security.signing import DEFAULT_SCOPE, SigningKey, begin_signature, signature_over, signed_parts
 
 _PAYLOAD_TAG = encode_varint((Layout.REVIEWED.payload_field << 3) | LEN)
 
@@ -43,9 +43,12 @@ def canonical_wire(env: Envelope) -> bytes:
     return _head(env) + security_record(env, Layout.REVIEWED) + _payload_record(env)
 
 
-def sign_canonical(env: Envelope, key: SigningKey) -> bytes:
-    """Sign `env` over its deterministic encoding (recording algorithm and key id in
+def sign_canonical(env: Envelope, key: SigningKey, *, scope: int = DEFAULT_SCOPE) -> bytes:
+    """Sign `env` over its deterministic encoding (recording algorithm, key id and scope in
     `env.security`, like `signing.sign`) and return the signed reviewed-layout bytes."""
-    sec = begin_signature(env, key)
-    sec.signature = signature_over(key, [_head(env), _payload_record(env)])
+    sec = begin_signature(env, key, scope)
+    payload = _payload_record(env)
+    parts = signed_parts(Layout.REVIEWED, scope, _head(env), security_record(env, Layout.REVIEWED),
+                         [payload] if payload else [])
+    sec.signature = signature_over(key, parts)
     return canonical_wire(env)

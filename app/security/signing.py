@@ -1,16 +1,25 @@
 """Envelope signatures (HMAC-SHA256, Ed25519) that any language can verify without
 re-serializing.
 
-Scope (memo-031 Recommendation 6): the signature covers the whole envelope except its
-security context. Protobuf encodings are not canonical across implementations, so the
-verifier never re-encodes: it cuts every top-level record of the security field out of
-the bytes it received and verifies exactly what remains. The producer side (`sign`)
-emits `head + security + payload` where `head + payload` are the signed bytes.
+Protobuf encodings are not canonical across implementations, so a verifier never
+re-encodes: it computes the signed message from the bytes it received. Which bytes are
+signed is named on the wire by `security.signature_scope` (docs/signing.md specifies both
+byte by byte; `tests/security/vectors/` holds language-neutral test vectors):
 
-Known limit of that scope, stated in the docs: the security context itself (publisher
-identity, classification, encryption metadata) is not covered. Prism's worker derives
-identity from the verified JWT, AEAD ciphertext binds its own metadata, and the worker
-re-signs what it emits with its own key.
+* scope v2 (`SIGNATURE_SCOPE_V2`, what Prism signs by default): a context string naming
+  the scope and layout, then the received bytes with the one security record re-framed
+  without its `signature` and `auth_token` records. Every other security field -
+  publisher identity, classification, PII flag, encryption metadata, key id, the scope
+  itself - is covered.
+* legacy (field absent, memo-031 Option 2): the received bytes minus every security
+  record. The security context is NOT covered, so a verifier accepts it only when told to
+  (`accept_legacy_scope`): that is a downgrade an attacker can exploit on any
+  legacy-signed envelope by rewriting its classification or publisher.
+
+Before either, the record layout must be unambiguous: at most one record of each singular
+top-level field and of each security-context field, each with its declared wire type.
+Otherwise protobuf would merge the duplicates and what was signed could differ from what
+is read (`AmbiguousEnvelopeError`).
 """
 
 from __future__ import annotations
@@ -39,13 +48,50 @@ from app.envelope.codec import (
     split_header,
 )
 from app.envelope.model import Envelope, SecurityContext
-from app.envelope.wire import LEN, scan
-from app.errors import AlgorithmError, ConfigError, DecodeError, SignatureError, UnknownKeyError
+from app.envelope.wire import LEN, VARINT, encode_varint, read_varint, scan
+from app.errors import (
+    AlgorithmError,
+    AmbiguousEnvelopeError,
+    ConfigError,
+    DecodeError,
+    LegacySignatureScopeError,
+    SignatureError,
+    SignatureScopeError,
+    UnknownKeyError,
+)
 
 HMAC_SHA256 = "hmac-sha256"
 ED25519 = "ed25519"
 ALGORITHMS = frozenset({HMAC_SHA256, ED25519})
 MIN_HMAC_KEY_BYTES = 32
+
+#: `security.signature_scope` values (the same numbers in both layouts' enums).
+SCOPE_LEGACY = 0
+SCOPE_V2 = 2
+SCOPE_NAMES = {SCOPE_LEGACY: "legacy", SCOPE_V2: "v2"}
+#: What `sign` uses unless told otherwise.
+DEFAULT_SCOPE = SCOPE_V2
+
+#: Scope v2's signed message starts with this context string, so a signature made for one
+#: scope or layout can never be presented as one for another (docs/signing.md).
+SCOPE_V2_CONTEXT = {lay: b"prism-envelope-signature/v2/" + lay.value.encode() + b"\x00" for lay in Layout}
+
+#: Fields the signed message leaves out of the security record in scope v2.
+_SEC_AUTH_TOKEN, _SEC_SIGNATURE, _SEC_SCOPE = 3, 4, 10
+#: SecurityContext fields and their wire types (identical in both layouts). A signed
+#: envelope may hold each at most once, with this wire type.
+_SEC_WIRE = {1: LEN, 2: LEN, 3: LEN, 4: LEN, 5: LEN, 6: LEN, 7: VARINT, 8: LEN, 9: LEN, 10: VARINT}
+_SEC_NAMES = {1: "publisher_id", 2: "publisher_team", 3: "auth_token", 4: "signature", 5: "signature_algorithm",
+              6: "encryption", 7: "contains_pii", 8: "data_classification", 9: "signature_key_id",
+              10: "signature_scope"}
+#: Singular top-level fields per layout (name, wire type). `extensions` is a map (repeated)
+#: and unknown fields are covered as bytes, so neither is limited.
+_TOP_SINGULAR = {
+    Layout.DRAFT: {1: ("envelope_version", VARINT), 2: ("metadata", LEN), 3: ("payload", LEN),
+                   4: ("security", LEN), 5: ("observability", LEN), 6: ("schema", LEN)},
+    Layout.REVIEWED: {1: ("metadata", LEN), 2: ("security", LEN), 3: ("observability", LEN),
+                      4: ("schema", LEN), 99: ("payload", LEN)},
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,13 +137,20 @@ class VerificationKey:
 
 @dataclass(slots=True)
 class VerificationKeys:
-    """The keys a verifier trusts, by key id (a namespace's keyring)."""
+    """The keys a verifier trusts, by key id (a namespace's keyring).
+
+    `accept_legacy_scope` is the verifier's default for legacy-scope signatures (see the
+    module docs): off, because such a signature leaves publisher, classification, PII flag
+    and encryption metadata unprotected. Turn it on only while old producers migrate.
+    """
 
     keys: dict[str, VerificationKey] = field(default_factory=dict)
+    accept_legacy_scope: bool = False
 
     @classmethod
-    def of(cls, keys: Iterable[VerificationKey | SigningKey]) -> VerificationKeys:
-        out = cls()
+    def of(cls, keys: Iterable[VerificationKey | SigningKey], *, accept_legacy_scope: bool = False
+           ) -> VerificationKeys:
+        out = cls(accept_legacy_scope=accept_legacy_scope)
         for k in keys:
             out.add(k.verification_key() if isinstance(k, SigningKey) else k)
         return out
@@ -127,6 +180,7 @@ class VerificationKeys:
 class SignatureInfo:
     key_id: str
     algorithm: str
+    scope: int = SCOPE_V2
 
 
 @functools.lru_cache(maxsize=256)
@@ -142,15 +196,22 @@ def _mac(secret: bytes, parts: list[bytes | memoryview]) -> bytes:
     return m.digest()
 
 
-def begin_signature(env: Envelope, key: SigningKey) -> SecurityContext:
-    """Record algorithm and key id in `env.security` and clear any old signature: the
-    state in which the signed bytes are computed (they exclude the security context)."""
+def begin_signature(env: Envelope, key: SigningKey, scope: int = DEFAULT_SCOPE) -> SecurityContext:
+    """Record algorithm, key id and scope in `env.security` and clear any old signature:
+    the state in which the signed message is computed."""
     if key.algorithm not in ALGORITHMS:
         raise AlgorithmError(f"signature algorithm {key.algorithm!r} is not supported",
                              hint=f"use one of {sorted(ALGORITHMS)}")
+    if scope not in SCOPE_NAMES:
+        raise SignatureScopeError(f"signature scope {scope} is not one Prism signs with",
+                                  hint=f"use SCOPE_V2 ({SCOPE_V2})")
     sec = env.ensure_security()
     sec.signature_algorithm = key.algorithm
     sec.signature_key_id = key.key_id
+    if scope == SCOPE_LEGACY:
+        sec.ClearField("signature_scope")  # absent on the wire: what legacy producers emit
+    else:
+        sec.signature_scope = scope
     sec.ClearField("signature")
     return sec
 
@@ -164,75 +225,221 @@ def signature_over(key: SigningKey, parts: list[bytes | memoryview]) -> bytes:
     return key.private_key.sign(b"".join(parts))
 
 
-def sign(env: Envelope, key: SigningKey, layout: Layout = Layout.REVIEWED) -> bytes:
+def scope_v2_security(record: bytes | memoryview, layout: Layout) -> bytes:
+    """A serialized security record (tag, length, value) as scope v2 signs it: the records
+    of `signature` and `auth_token` removed, the rest kept byte for byte in their order,
+    re-framed with the minimal tag and length varints."""
+    view = memoryview(record)
+    recs = scan(view)
+    if len(recs) != 1 or recs[0][0] != layout.security_field or recs[0][1] != LEN:
+        raise DecodeError("expected exactly one security record", path="security")
+    _, _, _, vstart, end = recs[0]
+    return _reframe(view, scan(view, vstart, end), vstart, end, layout)
+
+
+def _reframe(view: memoryview, inner: list[tuple[int, int, int, int, int]], vstart: int, end: int,
+             layout: Layout) -> bytes:
+    kept: list[memoryview] = []
+    run = vstart
+    for fno, _, start, _, rend in inner:
+        if fno in (_SEC_AUTH_TOKEN, _SEC_SIGNATURE):
+            if start > run:
+                kept.append(view[run:start])
+            run = rend
+    if run < end:
+        kept.append(view[run:end])
+    body = b"".join(kept)
+    return encode_varint((layout.security_field << 3) | LEN) + encode_varint(len(body)) + body
+
+
+def signed_parts(layout: Layout, scope: int, head: bytes | memoryview, security: bytes | memoryview,
+                 payload: list[bytes | memoryview]) -> list[bytes | memoryview]:
+    """The signed message of an envelope written as `head + security + payload` (what every
+    Prism encoder emits), for the producer side."""
+    if scope == SCOPE_LEGACY:
+        return [head, *payload]
+    if scope == SCOPE_V2:
+        return [SCOPE_V2_CONTEXT[layout], head, scope_v2_security(security, layout), *payload]
+    raise SignatureScopeError(f"signature scope {scope} is not supported", path="security.signature_scope")
+
+
+def sign(env: Envelope, key: SigningKey, layout: Layout = Layout.REVIEWED, *, scope: int = DEFAULT_SCOPE) -> bytes:
     """Sign the envelope with `key` and return the wire bytes in `layout`.
 
-    Also records algorithm and key id in `env.security` (the signature value itself is
-    only in the returned bytes' security record, and in `env` afterwards).
+    Also records algorithm, key id and scope in `env.security` (the signature value itself
+    is only in the returned bytes' security record, and in `env` afterwards). `scope`
+    defaults to v2; `SCOPE_LEGACY` exists for tests and for feeding old verifiers.
     """
-    sec = begin_signature(env, key)
+    sec = begin_signature(env, key, scope)
     header = layout_header(env, layout)  # converted once for the draft layout
-    head, _ = split_header(header, layout)
+    head, sec_record = split_header(header, layout)
     payload = payload_parts(env, layout)
-    sig = signature_over(key, [head, *payload])
+    sig = signature_over(key, signed_parts(layout, scope, head, sec_record, payload))
     sec.signature = sig
     header.security.signature = sig
     return b"".join([head, security_bytes(header.security, layout), *payload])
 
 
-def verify(data: bytes | memoryview, keys: VerificationKeys, *, layout: Layout | None = None) -> SignatureInfo:
-    """Verify the signature on received envelope bytes. Raises `SignatureError` if it is
-    missing, malformed or wrong (comparison is constant-time), `UnknownKeyError` if the
-    named key is not trusted."""
+@dataclass(frozen=True, slots=True)
+class SignedMessage:
+    """What a signature on received bytes covers: `parts` concatenated is the signed message."""
+
+    layout: Layout
+    scope: int
+    parts: list[bytes | memoryview]
+
+    def joined(self) -> bytes:
+        return b"".join(self.parts)
+
+
+def signed_message(data: bytes | memoryview, *, layout: Layout | None = None) -> SignedMessage:
+    """The signed message of received envelope bytes, per the scope they declare (what a
+    verifier in any language must reproduce; docs/signing.md). Raises like `verify` does
+    for unsigned, ambiguous or unsupported-scope envelopes."""
     view = memoryview(data)
     records = scan(view)
     lay = layout or _detect(records)
-    signed, sec_bytes = _signed_runs(view, records, lay)
-    if not sec_bytes:
-        raise _not_signed("envelope is not signed (no security context)")
-    # The two layouts' SecurityContext share field numbers 1-9 but not the nested
-    # EncryptionMetadata, so each is read with its own class.
-    sec = vpb.SecurityContext() if lay is Layout.REVIEWED else dpb.SecurityContext()
-    try:
-        sec.MergeFromString(b"".join(sec_bytes))
-    except Exception as exc:
-        raise DecodeError("security context is not valid protobuf", path="security") from exc
-    return _check(sec.signature, sec.signature_algorithm, sec.signature_key_id, signed, keys)
+    sec_rec, inner, scope = _security_record(view, records, lay)
+    return SignedMessage(lay, scope, _message_parts(view, sec_rec, inner, lay, scope))
+
+
+def check_unambiguous(data: bytes | memoryview, *, layout: Layout | None = None) -> None:
+    """Raise `AmbiguousEnvelopeError` if the bytes repeat a singular top-level field or a
+    security-context field, or give one of them the wrong wire type (also for unsigned
+    envelopes: a verifier that reads the merged parse could be fooled about whether and
+    by whom the envelope was signed)."""
+    view = memoryview(data)
+    records = scan(view)
+    lay = layout or _detect(records)
+    _security_record(view, records, lay, required=False)
+
+
+def verify(data: bytes | memoryview, keys: VerificationKeys, *, layout: Layout | None = None,
+           accept_legacy_scope: bool | None = None) -> SignatureInfo:
+    """Verify the signature on received envelope bytes. Raises `SignatureError` if it is
+    missing, malformed or wrong (comparison is constant-time), `UnknownKeyError` if the
+    named key is not trusted, `AmbiguousEnvelopeError` if the record layout is ambiguous,
+    `LegacySignatureScopeError` for a legacy-scope signature unless `accept_legacy_scope`
+    (default: `keys.accept_legacy_scope`), `SignatureScopeError` for an unknown scope."""
+    view = memoryview(data)
+    records = scan(view)
+    lay = layout or _detect(records)
+    sec_rec, inner, scope = _security_record(view, records, lay)
+    sec = _parse_security(view[sec_rec[3]:sec_rec[4]], lay)
+    return _verify_scoped(view, sec_rec, inner, scope, lay, sec, keys, accept_legacy_scope)
 
 
 def verify_and_decode(
-    data: bytes | memoryview, keys: VerificationKeys, *, layout: Layout | None = None, limits: Limits = DEFAULT_LIMITS
+    data: bytes | memoryview, keys: VerificationKeys, *, layout: Layout | None = None, limits: Limits = DEFAULT_LIMITS,
+    accept_legacy_scope: bool | None = None,
 ) -> tuple[Envelope, SignatureInfo]:
     """Decode and verify in one pass over the records (what a consumer normally wants)."""
     view = memoryview(data)
     records = scan(view)
     lay = layout or _detect(records)
-    signed, sec_bytes = _signed_runs(view, records, lay)
+    sec_rec, inner, scope = _security_record(view, records, lay)
     env = decode_records(view, records, lay, limits)
     sec = env.security
-    if not sec_bytes or sec is None:
+    if sec is None:  # pragma: no cover - _security_record found the record
         raise _not_signed("envelope is not signed (no security context)")
-    return env, _check(sec.signature, sec.signature_algorithm, sec.signature_key_id, signed, keys)
+    return env, _verify_scoped(view, sec_rec, inner, scope, lay, sec, keys, accept_legacy_scope)
 
 
-def _signed_runs(
-    view: memoryview, records: list[tuple[int, int, int, int, int]], lay: Layout
-) -> tuple[list[memoryview], list[memoryview]]:
-    sf = lay.security_field
-    signed: list[memoryview] = []
-    sec_bytes: list[memoryview] = []
-    run = 0
-    for fno, wt, start, vstart, end in records:
-        if fno == sf:
-            if wt != LEN:
-                raise DecodeError(f"security field {sf} must be length-delimited", path=f"byte {start}")
-            if start > run:
-                signed.append(view[run:start])
-            sec_bytes.append(view[vstart:end])
-            run = end
-    if run < len(view):
-        signed.append(view[run:])
-    return signed, sec_bytes
+_Rec = tuple[int, int, int, int, int]
+
+
+def _security_record(view: memoryview, records: list[_Rec], lay: Layout, *, required: bool = True
+                     ) -> tuple[_Rec, list[_Rec], int]:
+    """The one security record, its inner records and the declared scope, after the
+    ambiguity checks. The scope is read from the wire as an unsigned varint (not through
+    the int32 enum, which would wrap 2**32 + 2 to 2), as docs/signing.md says."""
+    singular = _TOP_SINGULAR[lay]
+    seen: dict[int, _Rec] = {}
+    for rec in records:
+        spec = singular.get(rec[0])
+        if spec is None:
+            continue
+        name, wt = spec
+        if rec[0] in seen:
+            raise AmbiguousEnvelopeError(
+                f"{name} (field {rec[0]}) appears more than once in the envelope; protobuf would merge the copies, "
+                "so what was signed and what is read could differ", path=f"byte {rec[2]}",
+                hint="a producer writes each context once; a second copy was appended or the encoder is broken")
+        if rec[1] != wt:
+            raise AmbiguousEnvelopeError(f"{name} (field {rec[0]}) has wire type {rec[1]}, not {wt}",
+                                         path=f"byte {rec[2]}", hint="the bytes are not an envelope of this layout")
+        seen[rec[0]] = rec
+    sec_rec = seen.get(lay.security_field)
+    if sec_rec is None:
+        if required:
+            raise _not_signed("envelope is not signed (no security context)")
+        return (0, 0, 0, 0, 0), [], SCOPE_LEGACY
+    inner = scan(view, sec_rec[3], sec_rec[4])
+    fields: set[int] = set()
+    scope = SCOPE_LEGACY
+    for fno, wt, start, _, rend in inner:
+        expected = _SEC_WIRE.get(fno)
+        if expected is None:
+            continue  # an unknown (newer) field: covered byte for byte in scope v2
+        name = _SEC_NAMES[fno]
+        if fno in fields:
+            raise AmbiguousEnvelopeError(f"security.{name} appears more than once in the security context",
+                                         path=f"byte {start}", hint="each security field is written once")
+        if wt != expected:
+            raise AmbiguousEnvelopeError(f"security.{name} has wire type {wt}, not {expected}",
+                                         path=f"byte {start}", hint="the security context is malformed")
+        fields.add(fno)
+        if fno == _SEC_SCOPE:
+            scope = read_varint(view, read_varint(view, start, rend)[1], rend)[0]
+    return sec_rec, inner, scope
+
+
+def _parse_security(value: memoryview, lay: Layout) -> vpb.SecurityContext | dpb.SecurityContext:
+    # The two layouts' SecurityContext share field numbers 1-10 but not the nested
+    # EncryptionMetadata, so each is read with its own class.
+    sec = vpb.SecurityContext() if lay is Layout.REVIEWED else dpb.SecurityContext()
+    try:
+        sec.MergeFromString(value)
+    except Exception as exc:
+        raise DecodeError("security context is not valid protobuf", path="security") from exc
+    return sec
+
+
+def _message_parts(view: memoryview, sec_rec: _Rec, inner: list[_Rec], lay: Layout, scope: int
+                   ) -> list[bytes | memoryview]:
+    _, _, start, vstart, end = sec_rec
+    parts: list[bytes | memoryview] = []
+    if scope == SCOPE_V2:
+        parts.append(SCOPE_V2_CONTEXT[lay])
+    elif scope != SCOPE_LEGACY:
+        raise SignatureScopeError(f"signature scope {scope} is not supported by this verifier",
+                                  path="security.signature_scope",
+                                  hint=f"supported: {', '.join(f'{v} ({n})' for v, n in SCOPE_NAMES.items())}; "
+                                       "upgrade the verifier or have the producer sign with scope v2")
+    if start > 0:
+        parts.append(view[:start])
+    if scope == SCOPE_V2:
+        parts.append(_reframe(view, inner, vstart, end, lay))
+    if end < len(view):
+        parts.append(view[end:])
+    return parts
+
+
+def _verify_scoped(view: memoryview, sec_rec: _Rec, inner: list[_Rec], scope: int, lay: Layout,
+                   sec: vpb.SecurityContext | dpb.SecurityContext, keys: VerificationKeys,
+                   accept_legacy_scope: bool | None) -> SignatureInfo:
+    if not sec.signature:
+        raise _not_signed("envelope is not signed")
+    if scope == SCOPE_LEGACY and not (keys.accept_legacy_scope if accept_legacy_scope is None
+                                      else accept_legacy_scope):
+        raise LegacySignatureScopeError(
+            "envelope is signed with the legacy scope, which does not cover its security context "
+            "(publisher, classification, PII flag, encryption metadata could have been changed)",
+            path="security.signature_scope",
+            hint="sign with scope v2 (Prism SDK default), or set verify_signature.accept_legacy_scope "
+                 "while old producers migrate (a downgrade risk: docs/signing.md)")
+    parts = _message_parts(view, sec_rec, inner, lay, scope)
+    return _check(sec.signature, sec.signature_algorithm, sec.signature_key_id, parts, keys, scope)
 
 
 def _not_signed(message: str) -> SignatureError:
@@ -240,7 +447,8 @@ def _not_signed(message: str) -> SignatureError:
                           hint="sign it in the producer, or set the namespace's signature policy to optional")
 
 
-def _check(signature: bytes, alg: str, key_id: str, signed: list[memoryview], keys: VerificationKeys) -> SignatureInfo:
+def _check(signature: bytes, alg: str, key_id: str, signed: list[bytes | memoryview], keys: VerificationKeys,
+           scope: int) -> SignatureInfo:
     if not signature:
         raise _not_signed("envelope is not signed")
     if alg not in ALGORITHMS:
@@ -250,12 +458,12 @@ def _check(signature: bytes, alg: str, key_id: str, signed: list[memoryview], ke
         if alg == HMAC_SHA256:
             assert k.secret is not None
             if hmac.compare_digest(_mac(k.secret, signed), signature):
-                return SignatureInfo(k.key_id, alg)
+                return SignatureInfo(k.key_id, alg, scope)
         else:
             assert k.public_key is not None
             try:
                 k.public_key.verify(signature, b"".join(signed))
-                return SignatureInfo(k.key_id, alg)
+                return SignatureInfo(k.key_id, alg, scope)
             except InvalidSignature:
                 pass
     raise SignatureError("signature does not match the envelope (forged or tampered)", path="security.signature",
@@ -380,7 +588,7 @@ def load_signing_keyring(path: str | Path) -> SigningKeyring:
         problems.append(f"worker_key: {worker!r} is not a key with private material in this file")
     if problems:
         raise ConfigError(f"invalid signing keyring ({len(problems)} problem(s)): " + "; ".join(problems),
-                          path=str(path), hint="see docs/security.md for the keyring format")
+                          path=str(path), hint="see docs/signing.md (\"Keyring files\") for the format")
     return SigningKeyring(all_keys, by_ns, unrestricted, signing, worker)
 
 

@@ -16,7 +16,7 @@ from app.errors import DecryptionError, PayloadError, SignatureError, UnknownKey
 from app.sdk import EncryptionOptions, PrismClient, PrismPublishOptions
 from app.security import keys as keymod
 from app.security.algorithms import KEY_ML_KEM_768, KEY_SYMMETRIC_256
-from app.security.signing import SigningKey, VerificationKeys, sign
+from app.security.signing import SCOPE_V2, SigningKey, VerificationKeys, sign
 
 pytestmark = pytest.mark.integration
 
@@ -64,6 +64,7 @@ async def test_signed_and_encrypted_messages_are_verified_and_decrypted_on_every
     good, stranger, unsigned_err, encrypted = got
     assert good.message_id == ok_id and good.verified_key_id == "orders-producer-1"
     assert good.payload() == {"order_id": 1} and good.labels == LABELS
+    assert good.security.signature_scope == SCOPE_V2 == encrypted.security.signature_scope  # the SDK's default
     assert isinstance(stranger, UnknownKeyError) and "somebody-else" in str(stranger)
     assert isinstance(unsigned_err, SignatureError) and "not signed" in str(unsigned_err)
     assert encrypted.message_id == enc_id and encrypted.verified_key_id == "prism-worker-1"
@@ -138,3 +139,26 @@ def test_canonical_signature_survives_a_jsonb_round_trip():
         except SignatureError:
             reordered += 1
     assert reordered > 0  # the ordinary encoding really is not reproducible through JSONB
+
+
+def test_canonical_signature_is_scope_v2_and_binds_the_security_context_through_jsonb():
+    """The PostgreSQL path signs with scope v2 too: classification and PII flag survive the
+    JSONB round trip signed, and a document edited in the table no longer verifies."""
+    import json
+
+    from app.bindings import postgres as pgb
+    from app.envelope import new_envelope
+    from app.sdk._canonical import canonical_wire, sign_canonical
+    from app.security.signing import verify
+
+    env = new_envelope("t.x", {"i": 1}, namespace="ns", labels=LABELS, data_classification="restricted",
+                       contains_pii=True)
+    env.ensure_security().publisher_id = "svc-orders"
+    sign_canonical(env, PRODUCER)
+    doc = json.loads(json.dumps(pgb.encode(env).envelope))
+    assert verify(canonical_wire(pgb.from_document(doc)), TRUSTED).scope == SCOPE_V2
+    for field, value in (("data_classification", "public"), ("contains_pii", False), ("publisher_id", "svc-x")):
+        edited = json.loads(json.dumps(doc))
+        edited["security"][field] = value
+        with pytest.raises(SignatureError, match="forged or tampered"):
+            verify(canonical_wire(pgb.from_document(edited)), TRUSTED)

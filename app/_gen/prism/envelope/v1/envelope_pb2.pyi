@@ -24,6 +24,11 @@ class ContentEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CONTENT_ENCODING_ZSTD: _ClassVar[ContentEncoding]
     CONTENT_ENCODING_CUSTOM: _ClassVar[ContentEncoding]
 
+class SignatureScope(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SIGNATURE_SCOPE_LEGACY: _ClassVar[SignatureScope]
+    SIGNATURE_SCOPE_V2: _ClassVar[SignatureScope]
+
 class EncryptionType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ENCRYPTION_TYPE_UNSPECIFIED: _ClassVar[EncryptionType]
@@ -41,6 +46,8 @@ CONTENT_ENCODING_GZIP: ContentEncoding
 CONTENT_ENCODING_SNAPPY: ContentEncoding
 CONTENT_ENCODING_ZSTD: ContentEncoding
 CONTENT_ENCODING_CUSTOM: ContentEncoding
+SIGNATURE_SCOPE_LEGACY: SignatureScope
+SIGNATURE_SCOPE_V2: SignatureScope
 ENCRYPTION_TYPE_UNSPECIFIED: EncryptionType
 ENCRYPTION_TYPE_SYMMETRIC: EncryptionType
 ENCRYPTION_TYPE_ASYMMETRIC: EncryptionType
@@ -99,7 +106,7 @@ class PrismMetadata(_message.Message):
     def __init__(self, message_id: _Optional[str] = ..., topic: _Optional[str] = ..., namespace: _Optional[str] = ..., published_at_ms: _Optional[int] = ..., content_type: _Optional[_Union[ContentType, str]] = ..., priority: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., content_encoding: _Optional[_Union[ContentEncoding, str]] = ..., correlation_id: _Optional[str] = ..., causality_parent: _Optional[str] = ..., content_type_custom: _Optional[str] = ..., content_encoding_custom: _Optional[str] = ...) -> None: ...
 
 class SecurityContext(_message.Message):
-    __slots__ = ("publisher_id", "publisher_team", "auth_token", "signature", "signature_algorithm", "encryption", "contains_pii", "data_classification", "signature_key_id")
+    __slots__ = ("publisher_id", "publisher_team", "auth_token", "signature", "signature_algorithm", "encryption", "contains_pii", "data_classification", "signature_key_id", "signature_scope")
     PUBLISHER_ID_FIELD_NUMBER: _ClassVar[int]
     PUBLISHER_TEAM_FIELD_NUMBER: _ClassVar[int]
     AUTH_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +116,7 @@ class SecurityContext(_message.Message):
     CONTAINS_PII_FIELD_NUMBER: _ClassVar[int]
     DATA_CLASSIFICATION_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_SCOPE_FIELD_NUMBER: _ClassVar[int]
     publisher_id: str
     publisher_team: str
     auth_token: str
@@ -118,7 +126,8 @@ class SecurityContext(_message.Message):
     contains_pii: bool
     data_classification: str
     signature_key_id: str
-    def __init__(self, publisher_id: _Optional[str] = ..., publisher_team: _Optional[str] = ..., auth_token: _Optional[str] = ..., signature: _Optional[bytes] = ..., signature_algorithm: _Optional[str] = ..., encryption: _Optional[_Union[EncryptionMetadata, _Mapping]] = ..., contains_pii: _Optional[bool] = ..., data_classification: _Optional[str] = ..., signature_key_id: _Optional[str] = ...) -> None: ...
+    signature_scope: SignatureScope
+    def __init__(self, publisher_id: _Optional[str] = ..., publisher_team: _Optional[str] = ..., auth_token: _Optional[str] = ..., signature: _Optional[bytes] = ..., signature_algorithm: _Optional[str] = ..., encryption: _Optional[_Union[EncryptionMetadata, _Mapping]] = ..., contains_pii: _Optional[bool] = ..., data_classification: _Optional[str] = ..., signature_key_id: _Optional[str] = ..., signature_scope: _Optional[_Union[SignatureScope, str]] = ...) -> None: ...
 
 class EncryptionMetadata(_message.Message):
     __slots__ = ("key_id", "encryption_type", "algorithm", "public_key_id", "iv", "aad", "encapsulated_key", "algorithm_params")
