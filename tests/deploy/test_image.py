@@ -169,6 +169,12 @@ def test_worker_from_image_becomes_ready_non_root_without_compiler(
                     check=False).stdout.strip()
     assert found == "", f"the runtime image carries build tools: {found}"
 
+    # `podman stop` / a Kubernetes rollout sends SIGTERM to PID 1: the worker stops cleanly (exit 0)
+    # well before the grace period ends in a SIGKILL (exit 137).
+    _podman("stop", "--time", "60", container_name, timeout=90)
+    state = _podman("inspect", "--format", "{{.State.ExitCode}}", container_name).stdout.strip()
+    assert state == "0", f"the worker exited with {state} on SIGTERM:\n{_podman('logs', container_name).stderr[-2000:]}"
+
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def registry_store(request: pytest.FixtureRequest) -> Iterator[list[str]]:
