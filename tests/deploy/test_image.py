@@ -41,6 +41,7 @@ PODMAN = ["podman", *shlex.split(os.environ.get("PRISM_PODMAN_ARGS", "--runtime 
 RUN_FLAGS = ["--network", "host", "--ulimit", "nofile=16384:16384", "--ulimit", "nproc=4096:4096"]
 BUILD_TIMEOUT = 1800  # a cold build (debootstrap + every wheel) takes minutes; cached, seconds
 READY_TIMEOUT = 120.0
+PG_DSN = os.environ.get("PRISM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 def _which(tool: str) -> str | None:
@@ -168,6 +169,12 @@ def test_worker_from_image_becomes_ready_non_root_without_compiler(
                     check=False).stdout.strip()
     assert found == "", f"the runtime image carries build tools: {found}"
 
+    # `podman stop` / a Kubernetes rollout sends SIGTERM to PID 1: the worker stops cleanly (exit 0)
+    # well before the grace period ends in a SIGKILL (exit 137).
+    _podman("stop", "--time", "60", container_name, timeout=90)
+    state = _podman("inspect", "--format", "{{.State.ExitCode}}", container_name).stdout.strip()
+    assert state == "0", f"the worker exited with {state} on SIGTERM:\n{_podman('logs', container_name).stderr[-2000:]}"
+
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def registry_store(request: pytest.FixtureRequest) -> Iterator[list[str]]:
@@ -176,11 +183,15 @@ def registry_store(request: pytest.FixtureRequest) -> Iterator[list[str]]:
     if request.param == "sqlite":
         yield []
         return
-    from app.schema.store import PostgresStore
-    from tests.schema.conftest import PG_DSN, _pg_available
+    import psycopg
 
-    problem = _pg_available()
-    require(problem is None, f"PostgreSQL at {PG_DSN} ({problem})")
+    from app.schema.store import PostgresStore
+
+    try:
+        with psycopg.connect(PG_DSN, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error as exc:
+        require(False, f"PostgreSQL at {PG_DSN} (PRISM_TEST_PG_DSN): {exc}")
     schema = f"prism_image_test_{uuid.uuid4().hex[:10]}"
     try:
         yield ["--store", f"{PG_DSN}?schema={schema}"]
