@@ -201,9 +201,10 @@ def test_prism_run_stops_on_bad_management_settings_before_any_broker(tmp_path: 
     topology = Path(__file__).resolve().parents[2] / "topologies" / "orders-created.yaml"
     env = {**os.environ, "PRISM_ADMIN_USERS_FILE": str(tmp_path / "missing.yaml")}
     env.pop("PRISM_BROKER_URL", None)
-    r = subprocess.run([sys.executable, "-m", "app.cli.main", "run", "--topology", str(topology), "--no-dev-keys",
-                        "--data-dir", str(tmp_path / "data")], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 2, r.stdout + r.stderr
-    assert "cannot read users file" in r.stdout + r.stderr and "missing.yaml" in r.stdout + r.stderr
-    assert "embedded broker on" not in r.stdout  # nothing was started
+    for extra in ([], ["--processes", "2"]):  # one worker, or a supervisor of two
+        r = subprocess.run([sys.executable, "-m", "app.cli.main", "run", "--topology", str(topology), "--no-dev-keys",
+                            "--data-dir", str(tmp_path / "data"), *extra], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "cannot read users file" in r.stdout + r.stderr and "missing.yaml" in r.stdout + r.stderr
+        assert "embedded broker on" not in r.stdout and "supervisor (pid" not in r.stdout  # nothing was started
