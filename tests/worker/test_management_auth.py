@@ -84,7 +84,12 @@ def test_table_mentions_every_mounted_view(tmp_path: Path) -> None:
                for m in ("get", "post", "put", "patch", "delete") if getattr(v, m) is not getattr(View, m)}
     assert len(mounted) == len(RULES) and mounted == set(RULES), sorted(mounted ^ set(RULES))
     assert rule_for("DELETE", "/connectors/{name}") == ADMIN and rule_for("HEAD", "/metrics") == OPEN
-    assert {RULES[("GET", p)] for p in ("/metrics", "/healthz", "/readyz")} == {OPEN}
+    assert {k for k, v in RULES.items() if v == OPEN} == {("GET", "/metrics"), ("GET", "/healthz"),
+                                                           ("GET", "/readyz")}
+    assert all(v == ADMIN for (m, _), v in RULES.items() if m != "GET")  # every mutation needs admin
+    assert {k for k, v in RULES.items() if v == ADMIN} == {("PUT", "/connectors/{name}/pause"),
+                                                            ("PUT", "/connectors/{name}/resume"),
+                                                            ("POST", "/connectors/{name}/restart")}
 
 
 @pytest.mark.parametrize("who", CLIENTS)
