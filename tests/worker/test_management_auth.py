@@ -175,6 +175,24 @@ async def test_https_management_api(tmp_path: Path, users_file: Path) -> None:
         assert (await request(url, "PUT", "/connectors/orders-pipeline/pause", "admin", ssl=trust))[0] == 404
         with pytest.raises(aiohttp.ClientError):  # plaintext is not served on the TLS port
             await request(url.replace("https", "http"), "GET", "/healthz")
+        # prism status over HTTPS: trusts the worker's certificate with --cafile (PRISM_ADMIN_CAFILE)
+        import asyncio
+
+        import typer
+        from typer.testing import CliRunner
+
+        from app.cli.ops import register
+
+        cli, dlq = typer.Typer(), typer.Typer()
+        cli.add_typer(dlq, name="dlq")
+        register(cli, dlq)
+        args = ["status", "--url", url, "--json", "--interval", "0.1", "--user", "reader", "--password",
+                USERS["reader"][0]]
+        res = await asyncio.to_thread(CliRunner().invoke, cli, [*args, "--cafile", str(certfile)])
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.output)["topologies"] == []  # no pipeline attached to this web server
+        res = await asyncio.to_thread(CliRunner().invoke, cli, args, env={"PRISM_ADMIN_CAFILE": None})
+        assert res.exit_code == 2 and "CERTIFICATE_VERIFY_FAILED" in res.output, res.output
 
 
 @pytest.mark.parametrize(("env", "says"), [
