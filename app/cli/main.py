@@ -119,8 +119,12 @@ def run(
     port = None if not settings.embedded else find_free_port()
     bootstrap = f"127.0.0.1:{port}" if settings.embedded else settings.bootstrap
     if processes > 1:
+        from app.worker.management import ManagementSettings
         from app.worker.supervisor import child_data_dir
 
+        # The children read PRISM_ADMIN_* / PRISM_WEB_SSL_* themselves: a bad value is reported
+        # here once, before any broker, not as N workers crash-looping.
+        ManagementSettings.from_env()
         # validation only (keys, JWKS, schema, archive settings): the children build their own
         PipelineApp(topo, bootstrap=bootstrap, data_dir=child_data_dir(data_dir, topo.name, 0),
                     embedded=settings.embedded, broker_settings=None if settings.embedded else settings)

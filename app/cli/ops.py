@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import ssl
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -33,9 +36,19 @@ console = Console()
 # --------------------------------------------------------------------------- status
 
 
-def _get(url: str, timeout: float = 10.0, headers: dict[str, str] | None = None) -> Any:
+@dataclass(frozen=True)
+class WorkerClient:
+    """How `prism status` talks to a worker: credentials and, for HTTPS, whom to trust."""
+
+    headers: Mapping[str, str] = field(default_factory=dict)
+    context: ssl.SSLContext | None = None
+
+
+def _get(url: str, timeout: float = 10.0, client: WorkerClient | None = None) -> Any:
+    client = client or WorkerClient()
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=dict(client.headers)), timeout=timeout,
+                                    context=client.context) as r:
             body = r.read()
             return json.loads(body) if "json" in r.headers.get("Content-Type", "") else body.decode()
     except urllib.error.HTTPError as exc:
@@ -70,51 +83,51 @@ def metric_totals(text: str) -> dict[str, float]:
     return out
 
 
-def _supervisor_doc(url: str, headers: dict[str, str] | None = None) -> dict[str, Any] | None:
+def _supervisor_doc(url: str, client: WorkerClient | None = None) -> dict[str, Any] | None:
     """The supervisor's `/workers` document when `url` is a `prism run --processes N` supervisor."""
     try:
-        doc = _get(url + "/workers", headers=headers)
+        doc = _get(url + "/workers", client=client)
     except PrismError:
         return None  # a single worker (Faust answers 404) - or nothing there, reported by the caller
     return doc if isinstance(doc, dict) and doc.get("kind") == "supervisor" else None
 
 
-def collect_status(url: str, interval: float = 1.0, headers: dict[str, str] | None = None) -> dict[str, Any]:
+def collect_status(url: str, interval: float = 1.0, client: WorkerClient | None = None) -> dict[str, Any]:
     """Everything `prism status` prints: per topology its info, status, DLQ depth; rates from
-    two /metrics scrapes `interval` seconds apart. `headers` carry the credentials.
+    two /metrics scrapes `interval` seconds apart. `client` carries credentials and TLS trust.
 
     For a supervisor (`prism run --processes N --web-port P`): its children (state, restarts,
     last exit) and then the same for every child that is up."""
     url = url.rstrip("/")
-    sup = _supervisor_doc(url, headers)
+    sup = _supervisor_doc(url, client)
     if sup is not None:
         workers = []
         for child in sup["children"]:
             entry: dict[str, Any] = {"index": child["index"], "url": child.get("web_url")}
             if child.get("web_url") and child.get("state") == "ready":
                 try:
-                    entry["status"] = collect_status(child["web_url"], interval, headers)
+                    entry["status"] = collect_status(child["web_url"], interval, client)
                 except PrismError as exc:
                     entry["error"] = str(exc)
             workers.append(entry)
         return {"url": url, "supervisor": sup, "workers": workers}
-    return _collect_worker(url, interval, headers)
+    return _collect_worker(url, interval, client)
 
 
-def _collect_worker(url: str, interval: float, headers: dict[str, str] | None) -> dict[str, Any]:
-    before = metric_totals(_get(url + "/metrics"))
+def _collect_worker(url: str, interval: float, client: WorkerClient | None) -> dict[str, Any]:
+    before = metric_totals(_get(url + "/metrics", client=client))
     t0 = time.monotonic()
     out: dict[str, Any] = {"url": url, "topologies": []}
-    for name in _get(url + "/connectors", headers=headers):
-        info = _get(f"{url}/connectors/{name}", headers=headers)
-        status = _get(f"{url}/connectors/{name}/status", headers=headers)
+    for name in _get(url + "/connectors", client=client):
+        info = _get(f"{url}/connectors/{name}", client=client)
+        status = _get(f"{url}/connectors/{name}/status", client=client)
         try:
-            dlq = _get(f"{url}/connectors/{name}/dlq", timeout=30, headers=headers)
+            dlq = _get(f"{url}/connectors/{name}/dlq", timeout=30, client=client)
         except PrismError:
             dlq = {"total": None, "partitions": []}
         out["topologies"].append({"name": name, "info": info, "status": status, "dlq": dlq})
     time.sleep(max(0.0, interval - (time.monotonic() - t0)))
-    after = metric_totals(_get(url + "/metrics"))
+    after = metric_totals(_get(url + "/metrics", client=client))
     dt = max(1e-3, time.monotonic() - t0)
     out["totals"] = after
     out["rates_per_s"] = {k: round((after[k] - before[k]) / dt, 2) for k in after}
@@ -278,11 +291,19 @@ def register(app: typer.Typer, dlq_app: typer.Typer) -> None:
                                                      help="its password (prefer the env var)")] = None,
         token: Annotated[str | None, typer.Option(envvar="PRISM_ADMIN_TOKEN",
                                                   help="bearer JWT (wins over --user)")] = None,
+        cafile: Annotated[Path | None, typer.Option(envvar="PRISM_ADMIN_CAFILE",
+                                                    help="PEM CA(s) to trust for an https:// --url")] = None,
     ) -> None:
         """Topology, per-partition lag, rates, DLQ depth and table sizes of a running worker."""
         from app.security.http_auth import client_auth_header
 
-        doc = collect_status(url, interval, client_auth_header(user=user, password=password, token=token))
+        try:
+            context = ssl.create_default_context(cafile=str(cafile)) if cafile else None
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"cannot load CA file: {exc}", path=str(cafile),
+                              hint="pass the PEM certificate (or CA) the worker serves") from None
+        client = WorkerClient(client_auth_header(user=user, password=password, token=token), context)
+        doc = collect_status(url, interval, client)
         if json_out:
             typer.echo(json.dumps(doc, indent=2, sort_keys=True))
         else:

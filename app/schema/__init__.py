@@ -8,6 +8,7 @@ The package is layered so that each layer can be used without the ones above it:
 - :mod:`app.schema.pii`       ``(prism.pii)`` annotations, PII-name detection, audit
 - :mod:`app.schema.store`     SQLite / PostgreSQL storage
 - :mod:`app.schema.registry`  the registry's rules (immutability, policy, approvals, audit log)
+- :mod:`app.schema.authz`     who may call which route (one table) and the auth middleware
 - :mod:`app.schema.service`   FastAPI app: Prism API + Confluent Schema Registry REST subset
 - :mod:`app.schema.resolve`   start-up resolution into an immutable ``ResolvedSchema``
 - :mod:`app.schema.cli`       ``prism schema ...`` (typer sub-app)

@@ -86,12 +86,13 @@ class Child:
     ready_at: float | None = None
     next_start: float | None = None
     ready_info: dict[str, Any] = field(default_factory=dict)
+    scheme: str = "http"  # https when the children serve TLS (PRISM_WEB_SSL_CERTFILE)
 
     def to_dict(self) -> dict[str, Any]:
         return {"index": self.index, "pid": self.process.pid if self.process.running else None,
                 "state": self.state, "restarts": self.restarts, "last_exit": self.last_exit,
                 "last_exit_at": self.last_exit_at, "data_dir": str(self.data_dir), "writer_id": self.writer_id,
-                "web_url": f"http://127.0.0.1:{self.web_port}" if self.web_port else None,
+                "web_url": f"{self.scheme}://127.0.0.1:{self.web_port}" if self.web_port else None,
                 "event_loop": self.ready_info.get("event_loop"), "log": str(self.process.log_path)}
 
 
@@ -130,7 +131,8 @@ class Supervisor:
             child_env["PRISM_WEB_PORT"] = str(port) if port else ""  # "" beats an inherited value
             proc = WorkerProcess(TARGET, log_path=cdir / "worker.log", ready_file=cdir / "ready.json",
                                  env=child_env, loglevel=loglevel)
-            self.children.append(Child(i, proc, cdir, writer, port))
+            tls = bool({**os.environ, **env}.get("PRISM_WEB_SSL_CERTFILE"))
+            self.children.append(Child(i, proc, cdir, writer, port, scheme="https" if tls else "http"))
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:

@@ -113,6 +113,22 @@ def test_each_rule_is_the_one_its_paths_find(rule: Rule) -> None:
         assert rule_for("HEAD", concrete(rule.path)) is rule
 
 
+def test_the_table_says_what_the_docs_say() -> None:
+    """The policy itself, written out independently of the table (the role matrix only checks
+    that the middleware enforces whatever the table says)."""
+    by_need: dict[str, set[tuple[str, str]]] = {}
+    for r in RULES:
+        by_need.setdefault(r.need, set()).add((r.method, r.path))
+    assert by_need[OPEN] == {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics")}
+    assert by_need[WRITE] == {("POST", "/subjects/{subject}/versions"), ("POST", "/v1/schemas"),
+                              ("POST", "/v1/approvals")}
+    assert {(m, p) for m, p in by_need[ADMIN] if m in ("GET", "POST")} == {
+        ("GET", "/v1/audit"), ("GET", "/v1/pii/audit"), ("POST", "/v1/approvals/{approval_id}/{decision}")}
+    assert all(r.need == ADMIN for r in RULES if r.method in ("PUT", "DELETE"))  # config, mode, policies, deletes
+    assert {r.method for r in RULES if r.need == READ} <= {"GET", "POST"}
+    assert next(r for r in RULES if r.path == "/v1/schemas").admin_if is not None  # compatibility_mode
+
+
 def test_mode_and_unknown_routes() -> None:
     assert rule_for("GET", "/mode").need == READ and rule_for("GET", "/mode/orders.created").need == READ
     for m in ("PUT", "DELETE"):

@@ -87,3 +87,38 @@ def test_serve_fails_fast_on_auth_and_tls_settings(tmp_path: Path, users_file: P
     assert r.returncode == 2 and "cannot load TLS certificate" in r.stderr
     r = _serve("--users-file", str(users_file), "--ssl-certfile", str(certfile))
     assert r.returncode == 2 and "needs both --ssl-certfile and --ssl-keyfile" in r.stderr
+
+
+def test_confluent_client_static_bearer_token(registry: Registry, users_file: Path, tmp_path: Path) -> None:
+    """confluent-kafka's bearer mode (STATIC_TOKEN) against JWT verification on a real server."""
+    import json
+    import time
+
+    import jwt
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from jwt.algorithms import RSAAlgorithm
+
+    from app.security.http_auth import auth_from_settings
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    (tmp_path / "jwks.json").write_text(json.dumps({"keys": [
+        {**json.loads(RSAAlgorithm.to_jwk(key.public_key())), "kid": "k1"}]}))
+    (tmp_path / "jwt.yaml").write_text(json.dumps({"jwks_file": "jwks.json", "issuers": ["https://idp"],
+                                                   "audience": "prism-registry"}))
+    auth = auth_from_settings(users_file=users_file, jwt_config=tmp_path / "jwt.yaml", allow_anonymous=None,
+                              realm="prism-schema-registry", where="t")
+
+    def conf(url: str, roles: list[str]) -> dict[str, str]:
+        token = jwt.encode({"iss": "https://idp", "aud": "prism-registry", "sub": "ci", "roles": roles,
+                            "exp": int(time.time()) + 300}, key, algorithm="RS256", headers={"kid": "k1"})
+        return {"url": url, "bearer.auth.credentials.source": "STATIC_TOKEN", "bearer.auth.token": token,
+                "bearer.auth.logical.cluster": "lsrc-prism"}
+
+    with serve_registry(registry, auth) as url:
+        sid = SchemaRegistryClient(conf(url, ["write:orders."])).register_schema("orders.b-value",
+                                                                                Schema(AVRO, "AVRO"))
+        assert SchemaRegistryClient(conf(url, ["read"])).get_schema(sid).schema_str == AVRO
+        with pytest.raises(SchemaRegistryError) as e:
+            SchemaRegistryClient(conf(url, ["read"])).register_schema("orders.c-value", Schema(AVRO, "AVRO"))
+        assert (e.value.http_status_code, e.value.error_code) == (403, 40301)
+    assert registry.audit_log("orders.b-value", 1)[0]["actor"] == "ci"

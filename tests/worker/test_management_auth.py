@@ -84,7 +84,12 @@ def test_table_mentions_every_mounted_view(tmp_path: Path) -> None:
                for m in ("get", "post", "put", "patch", "delete") if getattr(v, m) is not getattr(View, m)}
     assert len(mounted) == len(RULES) and mounted == set(RULES), sorted(mounted ^ set(RULES))
     assert rule_for("DELETE", "/connectors/{name}") == ADMIN and rule_for("HEAD", "/metrics") == OPEN
-    assert {RULES[("GET", p)] for p in ("/metrics", "/healthz", "/readyz")} == {OPEN}
+    assert {k for k, v in RULES.items() if v == OPEN} == {("GET", "/metrics"), ("GET", "/healthz"),
+                                                           ("GET", "/readyz")}
+    assert all(v == ADMIN for (m, _), v in RULES.items() if m != "GET")  # every mutation needs admin
+    assert {k for k, v in RULES.items() if v == ADMIN} == {("PUT", "/connectors/{name}/pause"),
+                                                            ("PUT", "/connectors/{name}/resume"),
+                                                            ("POST", "/connectors/{name}/restart")}
 
 
 @pytest.mark.parametrize("who", CLIENTS)
@@ -170,6 +175,24 @@ async def test_https_management_api(tmp_path: Path, users_file: Path) -> None:
         assert (await request(url, "PUT", "/connectors/orders-pipeline/pause", "admin", ssl=trust))[0] == 404
         with pytest.raises(aiohttp.ClientError):  # plaintext is not served on the TLS port
             await request(url.replace("https", "http"), "GET", "/healthz")
+        # prism status over HTTPS: trusts the worker's certificate with --cafile (PRISM_ADMIN_CAFILE)
+        import asyncio
+
+        import typer
+        from typer.testing import CliRunner
+
+        from app.cli.ops import register
+
+        cli, dlq = typer.Typer(), typer.Typer()
+        cli.add_typer(dlq, name="dlq")
+        register(cli, dlq)
+        args = ["status", "--url", url, "--json", "--interval", "0.1", "--user", "reader", "--password",
+                USERS["reader"][0]]
+        res = await asyncio.to_thread(CliRunner().invoke, cli, [*args, "--cafile", str(certfile)])
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.output)["topologies"] == []  # no pipeline attached to this web server
+        res = await asyncio.to_thread(CliRunner().invoke, cli, args, env={"PRISM_ADMIN_CAFILE": None})
+        assert res.exit_code == 2 and "CERTIFICATE_VERIFY_FAILED" in res.output, res.output
 
 
 @pytest.mark.parametrize(("env", "says"), [
@@ -201,9 +224,10 @@ def test_prism_run_stops_on_bad_management_settings_before_any_broker(tmp_path: 
     topology = Path(__file__).resolve().parents[2] / "topologies" / "orders-created.yaml"
     env = {**os.environ, "PRISM_ADMIN_USERS_FILE": str(tmp_path / "missing.yaml")}
     env.pop("PRISM_BROKER_URL", None)
-    r = subprocess.run([sys.executable, "-m", "app.cli.main", "run", "--topology", str(topology), "--no-dev-keys",
-                        "--data-dir", str(tmp_path / "data")], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 2, r.stdout + r.stderr
-    assert "cannot read users file" in r.stdout + r.stderr and "missing.yaml" in r.stdout + r.stderr
-    assert "embedded broker on" not in r.stdout  # nothing was started
+    for extra in ([], ["--processes", "2"]):  # one worker, or a supervisor of two
+        r = subprocess.run([sys.executable, "-m", "app.cli.main", "run", "--topology", str(topology), "--no-dev-keys",
+                            "--data-dir", str(tmp_path / "data"), *extra], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "cannot read users file" in r.stdout + r.stderr and "missing.yaml" in r.stdout + r.stderr
+        assert "embedded broker on" not in r.stdout and "supervisor (pid" not in r.stdout  # nothing was started
