@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import statistics
 import time
 from pathlib import Path
 
@@ -146,8 +145,9 @@ def test_unknown_users_cost_a_hash_verification_with_the_strongest_parameters(tm
             run(auth.authenticate(basic_header(user, "wrong-password")))
         return time.perf_counter() - t0
 
-    known = statistics.median(timed("strong") for _ in range(5))
-    unknown = statistics.median(timed("nobody-by-that-name") for _ in range(5))
+    # the fastest of several runs: the intrinsic cost, least disturbed by other load on the machine
+    known = min(timed("strong") for _ in range(5))
+    unknown = min(timed("nobody-by-that-name") for _ in range(5))
     assert unknown > 0.5 * known, (unknown, known)  # same Argon2 work, not an early return
 
 
