@@ -500,7 +500,8 @@ def hash_password_cmd(
     if stdin:
         password = sys.stdin.readline().rstrip("\r\n")
     else:
-        password = typer.prompt("password", hide_input=True, confirmation_prompt=True)
+        # on stderr, so `prism schema hash-password --user u >> users.yaml` writes only the entry
+        password = typer.prompt("password", hide_input=True, confirmation_prompt=True, err=True)
     if len(password) < 12:
         typer.echo("❌ the password is shorter than 12 characters; use a long random one "
                    "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(24))')", err=True)

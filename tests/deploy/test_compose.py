@@ -86,7 +86,9 @@ def test_prism_healthchecks_probe_the_ports_the_commands_open(services: dict[str
     assert argv[:2] == ["schema", "serve"], argv
     port = argv[argv.index("--port") + 1]
     assert argv[argv.index("--host") + 1] == "0.0.0.0", "the registry must listen beyond the container's loopback"
-    assert f"127.0.0.1:{port}/" in " ".join(registry["healthcheck"]["test"])
+    assert f"127.0.0.1:{port}/readyz" in " ".join(registry["healthcheck"]["test"]), "an open route, no credentials"
+    # the registry refuses to start without authentication settings; anonymous callers may read, no more
+    assert "--allow-anonymous" in argv and argv[argv.index("--allow-anonymous") + 1] == "read", argv
 
 
 def test_depends_on_waits_for_health(services: dict[str, dict[str, Any]]) -> None:

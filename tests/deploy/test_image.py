@@ -206,7 +206,8 @@ def test_registry_from_image_stores_and_serves_a_schema(image: str, container_na
                                                         registry_store: list[str]) -> None:
     port = find_free_port()
     _podman("run", "--detach", "--name", container_name, *RUN_FLAGS,
-            image, "schema", "serve", "--host", "127.0.0.1", "--port", str(port), *registry_store)
+            image, "schema", "serve", "--host", "127.0.0.1", "--port", str(port), *registry_store,
+            "--allow-anonymous", "write")  # explicit, for this test only: the image serves and stores
     base = f"http://127.0.0.1:{port}"
     _wait_for(container_name, f"{base}/schemas/types", lambda status, _body: status == 200, "registry")
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import statistics
 import time
 from pathlib import Path
 
@@ -146,8 +145,9 @@ def test_unknown_users_cost_a_hash_verification_with_the_strongest_parameters(tm
             run(auth.authenticate(basic_header(user, "wrong-password")))
         return time.perf_counter() - t0
 
-    known = statistics.median(timed("strong") for _ in range(5))
-    unknown = statistics.median(timed("nobody-by-that-name") for _ in range(5))
+    # the fastest of several runs: the intrinsic cost, least disturbed by other load on the machine
+    known = min(timed("strong") for _ in range(5))
+    unknown = min(timed("nobody-by-that-name") for _ in range(5))
     assert unknown > 0.5 * known, (unknown, known)  # same Argon2 work, not an early return
 
 
@@ -267,4 +267,6 @@ def test_hash_password_cli(tmp_path: Path) -> None:
     bad = runner.invoke(schema_app, ["hash-password", "--stdin", "--roles", "root"], input="x" * 20 + "\n")
     assert bad.exit_code == 2 and "unknown role" in bad.output
     prompted = runner.invoke(schema_app, ["hash-password"], input="prompted-password-1\nprompted-password-1\n")
-    assert prompted.exit_code == 0 and "$argon2id$" in prompted.output
+    # the prompt goes to stderr (CliRunner echoes the hidden input's newlines on stdout; a tty does not)
+    assert prompted.exit_code == 0 and prompted.stdout.strip().startswith("$argon2id$")
+    assert "password" in prompted.stderr and "password" not in prompted.stdout
