@@ -4,20 +4,11 @@ confluent-kafka's client and raw HTTP; real uvicorn server, SQLite and PostgreSQ
 from __future__ import annotations
 
 import httpx
-import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+from tests.schema.confluent_support import A1, A2
+from tests.schema.confluent_support import refused as _code
 from tests.support import creds
-
-A1 = '{"type":"record","name":"R","fields":[{"name":"a","type":"int"}]}'
-A2 = '{"type":"record","name":"R","fields":[{"name":"a","type":"int"},{"name":"b","type":"int","default":0}]}'
-
-
-def _code(fn) -> tuple[int, int]:  # type: ignore[no-untyped-def]
-    with pytest.raises(SchemaRegistryError) as e:
-        fn()
-    return e.value.http_status_code, e.value.error_code
 
 
 def test_version_soft_then_permanent(live_server) -> None:  # type: ignore[no-untyped-def]

@@ -5,21 +5,13 @@ for IMPORT with explicit ids; real uvicorn server, SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import httpx
-import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+from tests.schema.confluent_support import A1, A2
+from tests.schema.confluent_support import refused as _code
 from tests.support import creds
 
-A1 = '{"type":"record","name":"R","fields":[{"name":"a","type":"int"}]}'
-A2 = '{"type":"record","name":"R","fields":[{"name":"a","type":"int"},{"name":"b","type":"int","default":0}]}'
 A_BREAKING = '{"type":"record","name":"R","fields":[{"name":"a","type":"string"}]}'
-
-
-def _code(fn) -> tuple[int, int]:  # type: ignore[no-untyped-def]
-    with pytest.raises(SchemaRegistryError) as e:
-        fn()
-    return e.value.http_status_code, e.value.error_code
 
 
 def test_modes_with_the_confluent_client(live_server) -> None:  # type: ignore[no-untyped-def]
