@@ -130,7 +130,7 @@ def run(
                     embedded=settings.embedded, broker_settings=None if settings.embedded else settings)
         _check_ports(web_port, processes)
         supervisor = _supervisor(topology, topo, processes=processes, bootstrap=bootstrap, embedded=settings.embedded,
-                                 data_dir=data_dir, web_port=web_port, loglevel=loglevel)
+                                 data_dir=data_dir, web_port=web_port, loglevel=loglevel, web_bind=web_bind)
         pipeline = None
     else:
         from app.worker.archive_service import SHARD_ENV, check_writer_id, default_writer_id, parse_shard
@@ -190,7 +190,7 @@ def _check_ports(web_port: int | None, processes: int) -> None:
 
 
 def _supervisor(topology_file: Path, topo: Any, *, processes: int, bootstrap: str, embedded: bool, data_dir: Path,
-                web_port: int | None, loglevel: str) -> Any:
+                web_port: int | None, loglevel: str, web_bind: str = "127.0.0.1") -> Any:
     """The supervisor of `prism run --processes N` (validated, nothing started yet)."""
     from app.worker.supervisor import Supervisor
 
@@ -206,7 +206,7 @@ def _supervisor(topology_file: Path, topo: Any, *, processes: int, bootstrap: st
         console.print(f"[yellow]warning[/] {processes} processes for at most {most} partitions per source topic: "
                       f"{processes - most} will hold no source partition (standbys for a rebalance)")
     return Supervisor(processes=processes, topology_name=topo.name, data_dir=data_dir, env=env, web_port=web_port,
-                      loglevel=loglevel)
+                      web_bind=web_bind, loglevel=loglevel)
 
 
 @app.command()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import socket
 import time
 import weakref
 from collections import Counter
@@ -574,7 +575,8 @@ def app_from_env() -> faust.App:
     Reads PRISM_TOPOLOGY, PRISM_BOOTSTRAP, PRISM_DATA_DIR, PRISM_APP_ID, PRISM_EMBEDDED
     (1 when the broker is the embedded one; otherwise the broker credentials come from
     PRISM_SECURITY_PROTOCOL etc. as for `prism run`), PRISM_ARCHIVE (archive location; unset: no
-    archive tap), PRISM_ARCHIVE_WRITER_ID and PRISM_ARCHIVE_SHARD (app/worker/archive_service.py)."""
+    archive tap), PRISM_ARCHIVE_WRITER_ID and PRISM_ARCHIVE_SHARD (app/worker/archive_service.py),
+    PRISM_WEB_PORT and PRISM_WEB_BIND (the interface the web port listens on; default 127.0.0.1)."""
     import os
 
     from app.topology import load_topology
@@ -591,8 +593,10 @@ def app_from_env() -> faust.App:
     settings = None
     if not embedded and os.environ.get("PRISM_BROKER_URL"):
         settings = BrokerSettings.from_env()  # SASL/SSL for a real cluster, validated as in `prism run`
+    bind = os.environ.get("PRISM_WEB_BIND") or "127.0.0.1"
     return PipelineApp(topo, bootstrap=os.environ["PRISM_BOOTSTRAP"], data_dir=os.environ["PRISM_DATA_DIR"],
                        app_id=os.environ.get("PRISM_APP_ID"), embedded=embedded, broker_settings=settings,
                        web_port=int(port) if port else None, observe=Observer.from_env(),
+                       web_bind=bind, web_host=socket.gethostname() if bind in ("0.0.0.0", "::") else bind,
                        archive_location=os.environ.get("PRISM_ARCHIVE") or None,
                        archive_shard=parse_shard(os.environ.get(SHARD_ENV))).app

@@ -105,7 +105,8 @@ class Supervisor:
     """
 
     def __init__(self, *, processes: int, topology_name: str, data_dir: Path, env: Mapping[str, str],
-                 web_port: int | None = None, loglevel: str = "warning", backoff: Backoff | None = None,
+                 web_port: int | None = None, web_bind: str = "127.0.0.1", loglevel: str = "warning",
+                 backoff: Backoff | None = None,
                  stop_timeout: float = 60.0, status_file: Path | None = None) -> None:
         if processes < 1:
             raise ValueError("processes must be >= 1")
@@ -114,6 +115,9 @@ class Supervisor:
         self.backoff = backoff or Backoff()
         self.stop_timeout = stop_timeout
         self.web_port = web_port
+        #: where the supervisor's status site and every child's web port listen (`--web-bind`):
+        #: 0.0.0.0 in a container, so the orchestrator's probes reach them
+        self.web_bind = web_bind
         self.status_file = status_file or data_dir / topology_name / "supervisor.json"
         self.stopping = False
         self.started_at = time.time()
@@ -129,6 +133,7 @@ class Supervisor:
             child_env = {**env, "PRISM_DATA_DIR": str(cdir), WRITER_ID_ENV: writer,
                          SHARD_ENV: f"{i}/{processes}"}
             child_env["PRISM_WEB_PORT"] = str(port) if port else ""  # "" beats an inherited value
+            child_env["PRISM_WEB_BIND"] = web_bind
             proc = WorkerProcess(TARGET, log_path=cdir / "worker.log", ready_file=cdir / "ready.json",
                                  env=child_env, loglevel=loglevel)
             tls = bool({**os.environ, **env}.get("PRISM_WEB_SSL_CERTFILE"))
@@ -232,7 +237,7 @@ class Supervisor:
 
     # -- HTTP --------------------------------------------------------------------------------------
     async def serve(self, port: int) -> Any:
-        """``/readyz``, ``/healthz``, ``/workers`` on 127.0.0.1:``port``; returns the aiohttp runner."""
+        """``/readyz``, ``/healthz``, ``/workers`` on ``web_bind``:``port``; returns the aiohttp runner."""
         from aiohttp import web
 
         async def readyz(_request: web.Request) -> web.Response:
@@ -251,7 +256,7 @@ class Supervisor:
         web_app.router.add_get("/workers", workers)
         runner = web.AppRunner(web_app, access_log=None)
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await web.TCPSite(runner, self.web_bind, port).start()
         return runner
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from app.errors import ConfigError
 from app.worker.supervisor import Backoff, Supervisor
-from tests.worker.conftest import ROOT
+from tests.worker.conftest import ROOT, make_topology
 
 
 def test_backoff_doubles_to_the_cap() -> None:
@@ -94,3 +94,45 @@ def test_cli_refuses_a_bad_writer_id_before_starting_anything(tmp_path: Path) ->
 def test_cli_refuses_a_bad_process_count(tmp_path: Path, n: str) -> None:
     res = _prism_run(tmp_path, "--processes", n)
     assert res.returncode == 2 and "Traceback" not in res.stdout + res.stderr
+
+
+async def test_web_bind_reaches_the_status_site_and_every_child(tmp_path: Path) -> None:
+    """In a pod `--web-bind 0.0.0.0`: the supervisor's probes and each child's web port must
+    listen on every interface (127.0.0.2 stands for "not loopback 127.0.0.1" here), not only
+    on 127.0.0.1, or no kubelet probe reaches them."""
+    import httpx
+
+    sup = Supervisor(processes=2, topology_name="t", data_dir=tmp_path, env=_failing_env(tmp_path),
+                     web_port=_free_port(), web_bind="0.0.0.0")
+    assert [c.process.env["PRISM_WEB_BIND"] for c in sup.children] == ["0.0.0.0", "0.0.0.0"]
+    runner = await sup.serve(sup.web_port)
+    try:
+        async with httpx.AsyncClient() as client:
+            r = await client.get(f"http://127.0.0.2:{sup.web_port}/healthz", timeout=5)
+        assert r.status_code == 200 and r.json()["status"] == "ok"
+    finally:
+        await runner.cleanup()
+    default = Supervisor(processes=1, topology_name="t", data_dir=tmp_path, env=_failing_env(tmp_path))
+    assert default.children[0].process.env["PRISM_WEB_BIND"] == "127.0.0.1"
+
+
+def test_a_child_built_from_the_environment_listens_where_prism_web_bind_says(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dev_keys) -> None:  # type: ignore[no-untyped-def]
+    from app.worker.pipeline import app_from_env
+
+    make_topology(tmp_path, dev_keys)
+    monkeypatch.setenv("PRISM_TOPOLOGY", str(tmp_path / "topology.yaml"))
+    monkeypatch.setenv("PRISM_BOOTSTRAP", "127.0.0.1:1")
+    monkeypatch.setenv("PRISM_DATA_DIR", str(tmp_path / "d"))
+    monkeypatch.setenv("PRISM_EMBEDDED", "1")
+    monkeypatch.setenv("PRISM_WEB_PORT", str(_free_port()))
+    monkeypatch.setenv("PRISM_WEB_BIND", "0.0.0.0")
+    app = app_from_env()
+    assert app.conf.web_bind == "0.0.0.0"
+    assert app.conf.web_host == socket.gethostname()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
