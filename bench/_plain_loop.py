@@ -5,8 +5,8 @@ measured exactly like the worker's:
     python -m bench._plain_loop TOPOLOGY BOOTSTRAP GROUP N STATS_JSON
 
 Same topology file, same stage chain (`build_stages`, as `PipelineApp` builds it), same
-`Publisher` (both layouts, re-signed), same outputs on the same topics, the worker's client
-settings (2000 records per poll, 4 MiB partition fetches, 20 ms fetch wait on the embedded
+`Publisher` (both layouts, re-signed), same outputs on the same topics written the worker's way (`app/worker/batch_send.py`), the worker's client
+settings (batches of 500 records like its `take_events`, 4 MiB partition fetches, 20 ms fetch wait on the embedded
 broker, 5 ms linger, 256 KiB batches), uvloop and the worker's GC tuning. At-least-once like
 the worker: a batch's outputs are acknowledged by the broker before its offsets are committed.
 What it leaves out is what Faust gives the worker: group lifecycle beyond aiokafka's own
@@ -38,6 +38,7 @@ async def run(topology_path: str, bootstrap: str, group: str, n: int, stats_path
     from app.agents.publish import Publisher
     from app.tables.dedup import DedupWindow
     from app.topology import load_topology
+    from app.worker.batch_send import OutRecord, send_batched
     from app.worker.faust_app import tune_gc
     from app.worker.pipeline import _keyring_for, build_stages, resolve_schema
 
@@ -66,8 +67,9 @@ async def run(topology_path: str, bootstrap: str, group: str, n: int, stats_path
     done = 0
     try:
         while done < n:
-            batch = await consumer.getmany(timeout_ms=500, max_records=2000)
-            futures, emitted = [], []
+            batch = await consumer.getmany(timeout_ms=500, max_records=500)  # the worker's batch_size
+            items: list[list[OutRecord]] = []
+            emitted = []
             for records in batch.values():
                 for r in records:
                     msg = Message(topic=r.topic, partition=r.partition, offset=r.offset, value=r.value or b"",
@@ -79,18 +81,17 @@ async def run(topology_path: str, bootstrap: str, group: str, n: int, stats_path
                         emissions = publisher.emissions(msg)
                         chain.stats.stage_ns["publish"] += clock() - t0
                         chain.stats.stage_calls["publish"] += 1
-                        for e in emissions:
-                            rec = e.record
-                            futures.append(await producer.send(e.topic, rec.value, key=rec.key, headers=rec.headers,
-                                                               timestamp_ms=rec.timestamp_ms))
+                        items.append([(e.topic, e.record.key, e.record.value, e.record.timestamp_ms,
+                                       e.record.headers) for e in emissions])
                         emitted.append(msg)
                     elif result.outcome is Outcome.DLQ:
                         d = result.dlq
                         assert d is not None
-                        futures.append(await producer.send(d.topic, d.value, key=d.key, headers=d.headers,
-                                                           timestamp_ms=d.timestamp_ms))
+                        items.append([(d.topic, d.key, d.value, d.timestamp_ms, d.headers)])
                     done += 1
-            await asyncio.gather(*futures)
+            errors = await send_batched(producer, items)  # the worker's output path, without Faust
+            if any(e is not None for e in errors):
+                raise RuntimeError(f"writing outputs failed: {next(e for e in errors if e is not None)!r}")
             if dedup is not None:
                 for msg in emitted:
                     dedup.record_emitted(msg)

@@ -139,7 +139,7 @@ class Contender:
         self.label, self.version, self.processes, self.plain = label, version, processes, plain
 
     def start(self, topology: Path, bootstrap: str, name: str, data_dir: Path, n: int,
-              log_dir: Path) -> list[subprocess.Popen[bytes]]:
+              log_dir: Path, extra_env: dict[str, str] | None = None) -> list[subprocess.Popen[bytes]]:
         from app.broker.embedded import with_parent_death_signal
 
         procs = []
@@ -154,7 +154,7 @@ class Contender:
                 cmd = [str(self.version.python), "-m", "app.worker.faust_app", WORKER_TARGET, "--loglevel", "warning"]
                 env = {**base_env, "PRISM_TOPOLOGY": str(topology), "PRISM_BOOTSTRAP": bootstrap,
                        "PRISM_DATA_DIR": str(data_dir / f"proc-{i}"), "PRISM_APP_ID": f"prism-{name}",
-                       "PRISM_EMBEDDED": "1"}
+                       "PRISM_EMBEDDED": "1", **(extra_env or {})}
             data_dir.mkdir(parents=True, exist_ok=True)
             procs.append(subprocess.Popen(with_parent_death_signal(cmd), cwd=self.version.root, env=env,
                                           stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))
@@ -255,11 +255,8 @@ async def latency(bootstrap: str, tmp: Path, keys: Any, head: Version, rate: flo
     topology = bench_topology(head, tmp, keys, topic, name)
     await ensure_topics(bootstrap, {t: PARTITIONS for t in (topic, f"{topic}.v2", f"{topic}.v3", f"{topic}.dlq")})
     ready = tmp / f"{name}.ready"
-    os.environ[READY_FILE_ENV] = str(ready)  # inherited by the worker only (popped below)
-    try:
-        procs = Contender("head", head).start(topology, bootstrap, name, tmp / name, n, tmp / "logs")
-    finally:
-        os.environ.pop(READY_FILE_ENV, None)
+    procs = Contender("head", head).start(topology, bootstrap, name, tmp / name, n, tmp / "logs",
+                                          extra_env={READY_FILE_ENV: str(ready)})
     try:
         deadline = time.monotonic() + 120
         while not ready.exists():
@@ -358,12 +355,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-release", action="store_true", help="skip the release contender")
     ap.add_argument("--scale", action="store_true", help="also run this tree with 2 worker processes")
     ap.add_argument("--latency", action="store_true", help="added latency at half of head's rate vs a raw loop")
-    ap.add_argument("--quick", action="store_true", help="1 round of 2,000 messages: checks the harness end to end")
+    ap.add_argument("--quick", action="store_true", help="1 round of 4,000 messages: checks the harness end to end")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, topologies)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.quick:
-        args.n, args.rounds = 2_000, 1
+        args.n, args.rounds = 4_000, 1
     from app.worker.faust_app import use_uvloop
 
     use_uvloop()
