@@ -32,7 +32,8 @@ Measure: a checker in this process reads ``<source>.v3`` and counts records; the
 is the records between the 10 % and the 90 % marks over the time between them (start-up, group
 join and the tail excluded), and CPU per message is the contender's processes' CPU time
 (``/proc/<pid>/stat`` utime + stime, every thread) over the same window - the whole worker
-process, not one thread. Rounds interleave the contenders (order rotated every round) so that
+process, not one thread. The broker's CPU per message over the same window is reported too:
+on two cores the broker, not the worker, can be what bounds the rate. Rounds interleave the contenders (order rotated every round) so that
 load swings on a shared machine hit them alike; ratios are taken within a round, and the
 median round is reported.
 
@@ -176,7 +177,7 @@ def stop(procs: list[subprocess.Popen[bytes]], timeout: float = 30.0) -> None:
 
 
 async def measure(bootstrap: str, out_topic: str, n: int, procs: list[subprocess.Popen[bytes]],
-                  timeout_s: float = 900.0) -> dict[str, float]:
+                  broker_pid: int | None = None, timeout_s: float = 900.0) -> dict[str, float]:
     """Count `out_topic`'s records until `n`; the 10 %..90 % window's rate and CPU per message."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                                 fetch_max_wait_ms=20)  # Tansu answers long polls late (app/worker/offsets.py)
@@ -199,16 +200,17 @@ async def measure(bootstrap: str, out_topic: str, n: int, procs: list[subprocess
             now = time.perf_counter()
             for mark in (0.1, 0.9):
                 if mark not in marks and count >= mark * n:
-                    marks[mark] = (now, cpu_seconds(pids), count)
+                    marks[mark] = (now, cpu_seconds(pids), count, cpu_seconds([broker_pid] if broker_pid else []))
     finally:
         await consumer.stop()
-    (t10, c10, k10), (t90, c90, k90) = marks[0.1], marks[0.9]
+    (t10, c10, k10, b10), (t90, c90, k90, b90) = marks[0.1], marks[0.9]
     k = max(k90 - k10, 1)
     return {"msgs_per_s": k / max(t90 - t10, 1e-9), "cpu_us_per_msg": (c90 - c10) / k * 1e6,
-            "window_msgs": k, "outputs": count}
+            "broker_cpu_us_per_msg": (b90 - b10) / k * 1e6, "window_msgs": k, "outputs": count}
 
 
-async def run_one(c: Contender, bootstrap: str, tmp: Path, keys: Any, n: int) -> dict[str, Any]:
+async def run_one(c: Contender, bootstrap: str, tmp: Path, keys: Any, n: int,
+                  broker_pid: int | None = None) -> dict[str, Any]:
     from app.broker.admin import ensure_topics
     from bench.bench_pipeline import make_messages, preload
 
@@ -220,7 +222,11 @@ async def run_one(c: Contender, bootstrap: str, tmp: Path, keys: Any, n: int) ->
     load_before = os.getloadavg()[0]
     procs = c.start(topology, bootstrap, name, tmp / name, n, tmp / "logs")
     try:
-        out = await measure(bootstrap, f"{topic}.v3", n, procs)
+        out = await measure(bootstrap, f"{topic}.v3", n, procs, broker_pid)
+        if c.plain:  # it exits by itself after n inputs, once it has written its stage figures
+            deadline = time.monotonic() + 30
+            while procs[0].poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
     finally:
         stop(procs)
     out["load_1m"] = round((load_before + os.getloadavg()[0]) / 2, 2)
@@ -298,10 +304,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 one: dict[str, Any] = {}
                 order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
                 for c in order:
-                    one[c.label] = await run_one(c, broker.bootstrap, tmp, keys, args.n)
-                    print(f"[round {r + 1}/{args.rounds}] {c.label}: "
-                          f"{one[c.label]['msgs_per_s']:.0f} msg/s, {one[c.label]['cpu_us_per_msg']:.0f} us CPU/msg "
-                          f"(load {one[c.label]['load_1m']})", flush=True)
+                    one[c.label] = res = await run_one(c, broker.bootstrap, tmp, keys, args.n, broker.pid)
+                    print(f"[round {r + 1}/{args.rounds}] {c.label}: {res['msgs_per_s']:.0f} msg/s, "
+                          f"{res['cpu_us_per_msg']:.0f} us CPU/msg, broker {res['broker_cpu_us_per_msg']:.0f} us/msg "
+                          f"(load {res['load_1m']})", flush=True)
                 result["rounds"].append(one)
             rounds = result["rounds"]
             result["ratios"] = {
@@ -312,7 +318,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 "head2p_vs_head_cpu": _median_round(rounds, "head-2p", "head", "cpu_us_per_msg"),
             }
             result["medians"] = {c.label: {k: statistics.median(r[c.label][k] for r in rounds)
-                                           for k in ("msgs_per_s", "cpu_us_per_msg")} for c in contenders}
+                                           for k in ("msgs_per_s", "cpu_us_per_msg", "broker_cpu_us_per_msg")}
+                                       for c in contenders}
             floor = signing_floor(tmp / "keys")
             result["signatures_cpu_us_per_msg"] = floor["two_signatures_cpu_us_per_msg"]
             plain_stages = [r["plain"].get("stage_cpu_us_per_message", {}) for r in rounds]
