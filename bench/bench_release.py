@@ -38,8 +38,9 @@ load swings on a shared machine hit them alike; ratios are taken within a round,
 median round is reported.
 
 ``--latency``: end-to-end p50/p99 at half of ``head``'s measured maximum rate (load client in
-its own process, send timestamp in a header, read back from ``.v3``) against a raw aiokafka
-passthrough loop at the same rate (``bench_pipeline.run_raw``), each on its own topic.
+its own process, send timestamp in a header, read back from ``.v3``) for a raw aiokafka
+passthrough loop (``bench_pipeline.run_raw``), a ``head`` worker and a ``release`` worker at the
+same rate, one after the other, each on its own topics; added = worker - raw loop.
 """
 
 from __future__ import annotations
@@ -236,8 +237,10 @@ async def run_one(c: Contender, bootstrap: str, tmp: Path, keys: Any, n: int,
     return out
 
 
-async def latency(bootstrap: str, tmp: Path, keys: Any, head: Version, rate: float, n: int) -> dict[str, Any]:
-    """Added end-to-end latency of a `head` worker over a raw passthrough loop at `rate` msg/s."""
+async def latency(bootstrap: str, tmp: Path, keys: Any, versions: list[Version], rate: float,
+                  n: int) -> dict[str, Any]:
+    """End-to-end p50/p99 at `rate` msg/s: a raw passthrough loop, then a worker of each version
+    (one after the other, each on its own fresh topics); added = worker - raw loop."""
     from app.broker.admin import ensure_topics
     from app.worker.faust_app import READY_FILE_ENV
     from bench.bench_pipeline import run_raw
@@ -255,25 +258,29 @@ async def latency(bootstrap: str, tmp: Path, keys: Any, head: Version, rate: flo
     await asyncio.sleep(0.5)
     raw = await client(raw_topic, raw_topic + ".raw-out")
     await task
-
-    name = f"lat-{uuid.uuid4().hex[:6]}"
-    topic = f"bench.lat.{uuid.uuid4().hex[:6]}"
-    topology = bench_topology(head, tmp, keys, topic, name)
-    await ensure_topics(bootstrap, {t: PARTITIONS for t in (topic, f"{topic}.v2", f"{topic}.v3", f"{topic}.dlq")})
-    ready = tmp / f"{name}.ready"
-    procs = Contender("head", head).start(topology, bootstrap, name, tmp / name, n, tmp / "logs",
-                                          extra_env={READY_FILE_ENV: str(ready)})
-    try:
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            if time.monotonic() > deadline or procs[0].poll() is not None:
-                raise RuntimeError(f"the latency worker did not get ready; see {tmp / 'logs'}")
-            await asyncio.sleep(0.1)
-        chain = await client(topic, f"{topic}.v3")
-    finally:
-        stop(procs)
-    return {"rate_msgs_per_s": rate, "raw": raw, "head": chain,
-            "added_p50_ms": chain["p50_ms"] - raw["p50_ms"], "added_p99_ms": chain["p99_ms"] - raw["p99_ms"]}
+    out: dict[str, Any] = {"rate_msgs_per_s": rate, "raw": raw}
+    for version in versions:
+        name = f"lat-{uuid.uuid4().hex[:6]}"
+        topic = f"bench.lat.{uuid.uuid4().hex[:6]}"
+        topology = bench_topology(version, tmp, keys, topic, name)
+        await ensure_topics(bootstrap, {t: PARTITIONS for t in (topic, f"{topic}.v2", f"{topic}.v3", f"{topic}.dlq")})
+        ready = tmp / f"{name}.ready"
+        procs = Contender(version.label, version).start(topology, bootstrap, name, tmp / name, n, tmp / "logs",
+                                                        extra_env={READY_FILE_ENV: str(ready)})
+        try:
+            deadline = time.monotonic() + 120
+            while not ready.exists():
+                if time.monotonic() > deadline or procs[0].poll() is not None:
+                    raise RuntimeError(f"the latency worker did not get ready; see {tmp / 'logs'}")
+                await asyncio.sleep(0.1)
+            res = await client(topic, f"{topic}.v3")
+        finally:
+            stop(procs)
+        res["added_p50_ms"], res["added_p99_ms"] = res["p50_ms"] - raw["p50_ms"], res["p99_ms"] - raw["p99_ms"]
+        out[version.label] = res
+        print(f"latency at {rate:.0f} msg/s: {version.label} p50 {res['p50_ms']:.0f} ms / p99 {res['p99_ms']:.0f} ms, "
+              f"raw loop {raw['p50_ms']:.0f} / {raw['p99_ms']:.0f}", flush=True)
+    return out
 
 
 def _median_round(rounds: list[dict[str, Any]], a: str, b: str, key: str) -> float | None:
@@ -337,8 +344,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 result["plain_stage_cpu_us_per_message"] = stages
             if args.latency:
                 rate = result["medians"]["head"]["msgs_per_s"] / 2
-                result["latency_half_max"] = await latency(broker.bootstrap, tmp, keys, head, rate,
-                                                           min(args.n, max(500, int(rate * 15))))
+                result["latency_half_max"] = await latency(
+                    broker.bootstrap, tmp, keys, [c.version for c in contenders if c.label in ("head", "release")],
+                    rate, min(args.n, max(500, int(rate * 15))))
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
