@@ -214,7 +214,9 @@ class FaustDedupWindow(DedupWindow):
         return self._entry_at(message_id.encode())
 
     def _entry_at(self, key: bytes) -> tuple[int, int] | None:
-        raw = self.table.get(key)
+        # The store itself, as `record` writes it: `Table.get` would look the key up twice when
+        # present (`in`, then `[]`) behind the table's sensor hooks, on every message's check.
+        raw = self.table.data.get(key)
         return None if raw is None else _decode_entry(raw)
 
     def _store(self, message_id: str, first_seen_ms: int, partition: int) -> None:
