@@ -20,7 +20,7 @@ drift hits both alike; medians over turns and of the paired ratios are reported.
 load generator's mix plus bench messages) is written once, then every emission's and DLQ
 record's topic, key, value, headers and timestamp are written as JSON; run it under two
 code versions with the same keys folder and compare the files. Random trace/span ids are
-made deterministic (seeded `secrets.token_hex` in the trace-context module) and the wall
+made deterministic (seeded `getrandbits` in the trace-context module) and the wall
 clock is frozen at the corpus' creation time (error texts such as "expired N s ago").
 """
 
@@ -289,7 +289,7 @@ def dump_outputs(corpus_path: Path, out_path: Path, keys_dir: Path) -> None:
     import app.observability.tracecontext as tc
 
     rng = random.Random(1234)
-    tc.secrets.token_hex = lambda nbytes=32: rng.randbytes(nbytes).hex()  # type: ignore[assignment,misc]
+    tc.getrandbits = rng.getrandbits  # type: ignore[attr-defined]
     doc = json.loads(corpus_path.read_text())
     corpus, frozen = doc["items"], doc["now"] + 5.0
     time.time = lambda: frozen  # error texts say "expired N s ago": freeze the wall clock

@@ -214,7 +214,9 @@ class FaustDedupWindow(DedupWindow):
         return self._entry_at(message_id.encode())
 
     def _entry_at(self, key: bytes) -> tuple[int, int] | None:
-        raw = self.table.get(key)
+        # The store itself, as `record` writes it: `Table.get` would look the key up twice when
+        # present (`in`, then `[]`) behind the table's sensor hooks, on every message's check.
+        raw = self.table.data.get(key)
         return None if raw is None else _decode_entry(raw)
 
     def _store(self, message_id: str, first_seen_ms: int, partition: int) -> None:
@@ -290,17 +292,8 @@ class FaustDedupWindow(DedupWindow):
         """
         self._store_persisted_offsets()
         batch, self._unsent = self._unsent, []
-        topic = self.table.changelog_topic.get_topic_name() if batch else ""
-        producer = self._app.producer
-        for i, record in enumerate(batch):
-            key, value, partition = record
-            try:
-                fut = await producer.send(topic, key, value, partition, None, None)
-            except BaseException:
-                self._unsent[:0] = batch[i:]  # not handed to the producer: keep for the next flush
-                raise
-            self._inflight.add(fut)
-            fut.add_done_callback(functools.partial(self._changelog_sent, record))
+        if batch:
+            await self._send_changelog(batch)
         if wait and self._inflight:  # this flush's records and any still in flight from earlier ones
             results = await asyncio.gather(*self._inflight, return_exceptions=True)
             self._store_persisted_offsets()
@@ -308,14 +301,55 @@ class FaustDedupWindow(DedupWindow):
             if errors:
                 raise errors[0]
 
-    def _changelog_sent(self, record: tuple[bytes, bytes, int], fut: asyncio.Future[Any]) -> None:
+    async def _send_changelog(self, batch: list[tuple[bytes, bytes, int]]) -> None:
+        """Hand `batch` to the aiokafka producer beneath Faust's, one `send_batch` per changelog
+        partition (`app/worker/batch_send.py` explains why: half the CPU of one `send` per
+        record). The records are the ones `send(topic, key, value, partition)` wrote - no
+        headers, the producer's clock as timestamp. Records not handed over when a call raises
+        are queued again."""
+        topic = self.table.changelog_topic.get_topic_name()
+        producer = self._app.producer._ensure_producer()
+        by_partition: dict[int, list[tuple[bytes, bytes, int]]] = {}
+        for record in batch:
+            by_partition.setdefault(record[2], []).append(record)
+        queues = list(by_partition.values())
+        for j, records in enumerate(queues):
+            builder, in_builder, k = producer.create_batch(), [], 0
+            try:
+                while k < len(records):
+                    key, value, _ = records[k]
+                    if builder.append(timestamp=None, key=key, value=value, headers=[]) is None:
+                        if not in_builder:
+                            raise RuntimeError(f"a {len(key) + len(value)}-byte changelog record does not fit "
+                                               "an empty producer batch")
+                        await self._hand_over(producer, topic, builder, in_builder)
+                        builder, in_builder = producer.create_batch(), []
+                        continue  # the same record again, into the fresh batch
+                    in_builder.append(records[k])
+                    k += 1
+                if in_builder:
+                    await self._hand_over(producer, topic, builder, in_builder)
+                    in_builder = []
+            except BaseException:
+                # not handed to the producer (appended to an unsent batch, or not yet): next flush
+                self._unsent[:0] = in_builder + records[k:] + [r for rest in queues[j + 1:] for r in rest]
+                raise
+
+    async def _hand_over(self, producer: Any, topic: str, builder: Any,
+                         records: list[tuple[bytes, bytes, int]]) -> None:
+        fut = await producer.send_batch(builder, topic, partition=records[0][2])
+        self._inflight.add(fut)
+        fut.add_done_callback(functools.partial(self._changelog_sent, list(records)))
+
+    def _changelog_sent(self, records: list[tuple[bytes, bytes, int]], fut: asyncio.Future[Any]) -> None:
         self._inflight.discard(fut)
         if fut.cancelled() or fut.exception() is not None:
-            self._unsent.append(record)
+            self._unsent.extend(records)
             return
-        md = fut.result()
-        if md.offset > self._acked.get(md.topic_partition, -1):
-            self._acked[md.topic_partition] = md.offset
+        md = fut.result()  # the batch's metadata: its first record's offset
+        last = md.offset + len(records) - 1
+        if last > self._acked.get(md.topic_partition, -1):
+            self._acked[md.topic_partition] = last
 
     def _store_persisted_offsets(self) -> None:
         acked, self._acked = self._acked, {}

@@ -60,6 +60,7 @@ from app.tables.counters import FaustTopicCounters
 from app.tables.dedup import DedupWindow, FaustDedupWindow
 from app.tables.sequence import FaustSequenceTracker
 from app.topology import EnrichStage, Topology
+from app.worker.batch_send import OutRecord, send_batched
 from app.worker.continuity import HoleFetcher, OffsetTracker
 from app.worker.faust_app import make_app
 
@@ -490,29 +491,18 @@ class PipelineApp:
         """Send every item's records, in order, then await all their deliveries together;
         returns per item None (all its records written) or the error that failed it.
 
-        One coroutine for the whole batch, like the tuned passthrough: a task per message
-        (gathering one `send` coroutine per item) cost ~10-20 us of event-loop work per message.
-        An item whose `send` raises sends none of its later records, as before."""
-        errors: list[BaseException | None] = [None] * len(items)
-        futures: list[Any] = []
-        owners: list[int] = []
-        for i, item in enumerate(items):
-            try:
-                if isinstance(item, DlqRecord):
-                    futures.append(await producer.send(item.topic, item.key, item.value, None, _ts(item.timestamp_ms),
-                                                       item.headers))
-                    owners.append(i)
-                    continue
-                for e in item:
-                    futures.append(await producer.send(e.topic, e.record.key, e.record.value, None,
-                                                       _ts(e.record.timestamp_ms), e.record.headers))
-                    owners.append(i)
-            except Exception as exc:  # refused before it was queued: the item failed
-                errors[i] = exc
-        for i, r in zip(owners, await asyncio.gather(*futures, return_exceptions=True), strict=True):
-            if errors[i] is None and isinstance(r, BaseException):
-                errors[i] = r
-        return errors
+        One producer call per topic-partition and batch (`app/worker/batch_send.py`), through
+        the aiokafka producer beneath Faust's: the same accumulator, so Faust's flush before
+        each offset commit still covers these records. An item whose record is refused sends
+        none of its later records, as before."""
+        records: list[list[OutRecord]] = []
+        for item in items:
+            if isinstance(item, DlqRecord):
+                records.append([(item.topic, item.key, item.value, _ts_ms(item.timestamp_ms), item.headers)])
+            else:
+                records.append([(e.topic, e.record.key, e.record.value, _ts_ms(e.record.timestamp_ms),
+                                 e.record.headers) for e in item])
+        return await send_batched(producer._ensure_producer(), records)
 
     def _count_written(self, item: list[Emission] | DlqRecord) -> None:
         if isinstance(item, DlqRecord):
@@ -556,8 +546,10 @@ def _faust_message(msg: Message) -> Any:
                         msg.key, msg.value, None)
 
 
-def _ts(ms: int | None) -> float | None:
-    return ms / 1000 if ms else None
+def _ts_ms(ms: int | None) -> int | None:
+    """The record timestamp exactly as Faust's `send(timestamp=ms / 1000)` computed it (seconds
+    and back), so batching did not change a byte of what is written."""
+    return int(ms / 1000 * 1000.0) if ms else None
 
 
 def _backoff(attempt: int, initial_ms: int, max_ms: int) -> float:

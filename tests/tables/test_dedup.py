@@ -127,16 +127,39 @@ class _Md:
         self.topic_partition, self.partition, self.offset = (topic, partition), partition, offset
 
 
+class _Builder:
+    def __init__(self, room: int) -> None:
+        self.records: list[tuple[bytes, bytes, Any, Any]] = []
+        self.room = room
+
+    def append(self, *, timestamp: Any, key: bytes, value: bytes, headers: Any) -> Any:
+        if len(self.records) >= self.room:
+            return None
+        self.records.append((key, value, timestamp, headers))
+        return object()
+
+
 class _Producer:
-    """Records sends; the test settles each send's future."""
+    """aiokafka's batch API beneath Faust's producer; the test settles each batch's future."""
 
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes, bytes, int, asyncio.Future[Any]]] = []
+    def __init__(self, room: int = 100) -> None:
+        self.sent: list[tuple[str, list[tuple[bytes, bytes, Any, Any]], int, asyncio.Future[Any]]] = []
+        self.room = room
 
-    async def send(self, topic: str, key: bytes, value: bytes, partition: int, ts: Any, headers: Any) -> Any:
+    def _ensure_producer(self) -> _Producer:
+        return self
+
+    def create_batch(self) -> _Builder:
+        return _Builder(self.room)
+
+    async def send_batch(self, batch: _Builder, topic: str, *, partition: int) -> Any:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.sent.append((topic, key, value, partition, fut))
+        self.sent.append((topic, batch.records, partition, fut))
         return fut
+
+
+def _keys(sent: tuple[str, list[tuple[bytes, bytes, Any, Any]], int, Any]) -> list[bytes]:
+    return [r[0] for r in sent[1]]
 
 
 def test_deferred_changelog_requeues_failed_sends_and_persists_acked_offsets() -> None:
@@ -149,26 +172,58 @@ def test_deferred_changelog_requeues_failed_sends_and_persists_acked_offsets() -
     persisted: dict[Any, int] = {}
     dedup.table.changelog_topic = SimpleNamespace(get_topic_name=lambda: "app-dedup-changelog")
     dedup.table.set_persisted_offset = persisted.__setitem__  # FakeTable is its own store
-    producer = app.producer = _Producer()
+    producer = app.producer = _Producer(room=2)
     dedup._app = app
 
     async def scenario() -> None:
-        for i, part in enumerate((0, 1, 1)):
+        for i, part in enumerate((0, 1, 1, 1)):
             dedup.record(f"id-{i}", now=5.0, partition=part)
-        assert dedup.unsent == 3 and dedup.entry("id-2") == (5000, 1)  # in the store already
+        assert dedup.unsent == 4 and dedup.entry("id-2") == (5000, 1)  # in the store already
         await dedup.flush_changelog(wait=False)
-        assert dedup.unsent == 0 and [s[1] for s in producer.sent] == [b"id-0", b"id-1", b"id-2"]
-        assert [s[3] for s in producer.sent] == [0, 1, 1] and producer.sent[0][2] == _ENTRY.pack(5000, 0)
-        producer.sent[0][4].set_result(_Md("app-dedup-changelog", 0, 7))
-        producer.sent[1][4].set_exception(RuntimeError("broker gone"))
-        producer.sent[2][4].set_result(_Md("app-dedup-changelog", 1, 3))
+        # one batch per changelog partition, split when full; records as `send` wrote them
+        assert dedup.unsent == 0 and [(_keys(s), s[2]) for s in producer.sent] == [
+            ([b"id-0"], 0), ([b"id-1", b"id-2"], 1), ([b"id-3"], 1)]
+        assert producer.sent[0][1][0] == (b"id-0", _ENTRY.pack(5000, 0), None, [])
+        producer.sent[0][3].set_result(_Md("app-dedup-changelog", 0, 7))
+        producer.sent[1][3].set_exception(RuntimeError("broker gone"))
+        producer.sent[2][3].set_result(_Md("app-dedup-changelog", 1, 3))
         await asyncio.sleep(0)  # done callbacks
-        assert dedup.unsent == 1  # the failed record, queued again
-        await dedup.flush_changelog(wait=False)  # resends it, stores the acknowledged offsets
+        assert dedup.unsent == 2  # the failed batch's records, queued again
+        await dedup.flush_changelog(wait=False)  # resends them, stores the acknowledged offsets
         assert persisted == {("app-dedup-changelog", 0): 7, ("app-dedup-changelog", 1): 3}
-        assert producer.sent[3][1] == b"id-1" and dedup.unsent == 0
-        producer.sent[3][4].set_result(_Md("app-dedup-changelog", 1, 4))
+        assert _keys(producer.sent[3]) == [b"id-1", b"id-2"] and dedup.unsent == 0
+        producer.sent[3][3].set_result(_Md("app-dedup-changelog", 1, 4))  # its first record's offset
         await dedup.flush_changelog()  # wait=True: nothing to send, offsets stored
-        assert persisted[("app-dedup-changelog", 1)] == 4
+        assert persisted[("app-dedup-changelog", 1)] == 5  # the batch's last record: 4 + 2 - 1
+
+    asyncio.run(scenario())
+
+
+def test_changelog_records_not_handed_over_are_kept_for_the_next_flush() -> None:
+    from types import SimpleNamespace
+
+    class Refusing(_Producer):
+        async def send_batch(self, batch: _Builder, topic: str, *, partition: int) -> Any:
+            if partition == 1:
+                raise RuntimeError("producer closed")
+            return await super().send_batch(batch, topic, partition=partition)
+
+    app = FakeApp()
+    dedup = FaustDedupWindow(app, window=10)
+    dedup.table.changelog_topic = SimpleNamespace(get_topic_name=lambda: "app-dedup-changelog")
+    producer = app.producer = Refusing()
+    dedup._app = app
+
+    async def scenario() -> None:
+        for i, part in enumerate((0, 1, 2, 1)):
+            dedup.record(f"id-{i}", now=5.0, partition=part)
+        try:
+            await dedup.flush_changelog(wait=False)
+            raise AssertionError("no error")
+        except RuntimeError as exc:
+            assert "producer closed" in str(exc)
+        # partition 0 went out; partition 1's records and partition 2's (not reached) wait
+        assert [_keys(s) for s in producer.sent] == [[b"id-0"]]
+        assert sorted(k for k, _, _ in dedup._unsent) == [b"id-1", b"id-2", b"id-3"]
 
     asyncio.run(scenario())

@@ -1,5 +1,6 @@
-"""`PipelineApp._send_all`: a batch's records sent in order from one coroutine, deliveries
-awaited together, failures reported per item (what `_write_all` retries or sends to the DLQ)."""
+"""`PipelineApp._send_all`: a batch's records handed to the aiokafka producer beneath Faust's in
+item order (one batch per topic-partition, `app/worker/batch_send.py`), deliveries awaited
+together, failures reported per item (what `_write_all` retries or sends to the DLQ)."""
 
 from __future__ import annotations
 
@@ -9,39 +10,37 @@ from app.agents.dlq import DlqRecord
 from app.agents.publish import Emission
 from app.bindings.kafka import KafkaRecord
 from app.worker.pipeline import PipelineApp
+from tests.worker.test_batch_send import FakeAiokafka
 
 
-class FakeProducer:
-    def __init__(self, refuse: set[str] = frozenset(), fail: set[str] = frozenset()) -> None:
-        self.sent: list[tuple[str, bytes]] = []
-        self.refuse, self.fail = refuse, fail
+class FaustProducer:
+    """What `_send_all` is given: Faust's producer, whose aiokafka producer does the work."""
 
-    async def send(self, topic, key, value, partition, timestamp, headers):
-        if value.decode() in self.refuse:
-            raise RuntimeError(f"refused {value!r}")
-        self.sent.append((topic, value))
-        fut = asyncio.get_running_loop().create_future()
-        if value.decode() in self.fail:
-            fut.set_exception(OSError(f"lost {value!r}"))
-        else:
-            fut.set_result(None)
-        return fut
+    def __init__(self, inner: FakeAiokafka) -> None:
+        self.inner = inner
+
+    def _ensure_producer(self) -> FakeAiokafka:
+        return self.inner
 
 
-def _item(*names: str) -> list[Emission]:
-    return [Emission(f"t.{n[-2:]}", KafkaRecord(key=b"k", value=n.encode(), headers=[], timestamp_ms=1000))
-            for n in names]
+def _item(*names: str, size: int = 0) -> list[Emission]:
+    return [Emission(f"t.{n[-2:]}", KafkaRecord(key=b"k", value=n.encode() + b"." * size, headers=[],
+                                                timestamp_ms=1000)) for n in names]
 
 
 def test_records_go_out_in_order_and_failures_stay_with_their_item() -> None:
-    items = [_item("a.v2", "a.v3"), _item("b.v2", "b.v3"), DlqRecord("t.dlq", None, b"c"), _item("d.v2", "d.v3")]
-    p = FakeProducer(refuse={"b.v2"}, fail={"d.v3"})
-    errors = asyncio.run(PipelineApp._send_all(None, p, items))  # type: ignore[arg-type]  # self is unused
-    # b's first send was refused: its .v3 is not sent; every other record is, in order
-    assert [v for _, v in p.sent] == [b"a.v2", b"a.v3", b"c", b"d.v2", b"d.v3"]
-    assert errors[0] is None and errors[2] is None
-    assert isinstance(errors[1], RuntimeError) and isinstance(errors[3], OSError)
+    items = [_item("a.v2", "a.v3"), _item("b.v2", size=5000) + _item("b.v3"), DlqRecord("t.dlq", None, b"c"),
+             _item("d.v2", "d.v3")]
+    inner = FakeAiokafka(fail={b"d.v3"}, room=100)
+    errors = asyncio.run(PipelineApp._send_all(None, FaustProducer(inner), items))  # type: ignore[arg-type]
+    # b's first record was refused (too large): its .v3 is not sent; every other record is, in
+    # order, one batch per topic-partition
+    assert inner.batches == [("t.v2", [b"a.v2", b"d.v2"]), ("t.v3", [b"a.v3", b"d.v3"]), ("t.dlq", [b"c"])]
+    assert errors[2] is None
+    assert type(errors[1]).__name__ == "MessageSizeTooLargeError"
+    # d.v3's batch failed, and a.v3 was in it: both items are retried (at-least-once)
+    assert isinstance(errors[3], OSError) and isinstance(errors[0], OSError)
 
 
 def test_nothing_to_send() -> None:
-    assert asyncio.run(PipelineApp._send_all(None, FakeProducer(), [])) == []  # type: ignore[arg-type]
+    assert asyncio.run(PipelineApp._send_all(None, FaustProducer(FakeAiokafka()), [])) == []  # type: ignore[arg-type]

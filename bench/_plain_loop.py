@@ -1,0 +1,113 @@
+"""The framework-overhead baseline for `bench.bench_release`: Prism's stages and outputs in a
+plain aiokafka consume -> produce loop, no Faust. Run as its own process so that its CPU is
+measured exactly like the worker's:
+
+    python -m bench._plain_loop TOPOLOGY BOOTSTRAP GROUP N STATS_JSON
+
+Same topology file, same stage chain (`build_stages`, as `PipelineApp` builds it), same
+`Publisher` (both layouts, re-signed), same outputs on the same topics written the worker's way (`app/worker/batch_send.py`), the worker's client
+settings (batches of 500 records like its `take_events`, 4 MiB partition fetches, 20 ms fetch wait on the embedded
+broker, 5 ms linger, 256 KiB batches), uvloop and the worker's GC tuning. At-least-once like
+the worker: a batch's outputs are acknowledged by the broker before its offsets are committed.
+What it leaves out is what Faust gives the worker: group lifecycle beyond aiokafka's own
+consumer group, the RocksDB dedup table and its changelog (the dedup window here is an
+in-memory dict, `DedupWindow`), tables, web server, offset-continuity guard. So
+worker CPU / this loop's CPU - 1 is the framework's share of the worker's cost.
+
+After N inputs it writes the chain's per-stage CPU µs per message (thread CPU clock) to
+STATS_JSON and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+MIB = 1024 * 1024
+
+
+async def run(topology_path: str, bootstrap: str, group: str, n: int, stats_path: str) -> None:
+    import bench.bench_stages as bench_stages
+    from app.agents.base import Message
+    from app.agents.chain import Chain, Outcome
+    from app.agents.dedup import Dedup
+    from app.agents.publish import Publisher
+    from app.tables.dedup import DedupWindow
+    from app.topology import load_topology
+    from app.worker.batch_send import OutRecord, send_batched
+    from app.worker.faust_app import tune_gc
+    from app.worker.pipeline import _keyring_for, build_stages, resolve_schema
+
+    bench_stages.use_cpu_clock()
+    clock = bench_stages.CLOCK  # this thread's CPU time, as the chain's stage timer now reads
+    topo = load_topology(topology_path)
+    keyring = _keyring_for(topo)
+    assert keyring is not None
+    stages = build_stages(topo, keyring=keyring, schema=resolve_schema(topo.stage("enrich"), topo.base_dir),
+                          dedup_window=lambda window_s: DedupWindow({}, window=window_s))
+    dedup = next((s for s in stages if isinstance(s, Dedup)), None)
+    policy = topo.stage("policy")
+    chain = Chain(stages, dlq_topic_for=lambda t: t + topo.dlq.topic_suffix,
+                  expired_to_dlq=bool(policy and policy.expired == "dlq"))
+    kid = topo.outputs.signing_key_id or keyring.worker_key_id
+    publisher = Publisher(topo, worker_key=keyring.signing[kid] if topo.outputs.sign else None)
+    consumer = AIOKafkaConsumer(*[s.topic for s in topo.sources], bootstrap_servers=bootstrap, group_id=group,
+                                enable_auto_commit=False, auto_offset_reset="earliest",
+                                session_timeout_ms=6000, heartbeat_interval_ms=1000,
+                                max_partition_fetch_bytes=4 * MIB, fetch_max_wait_ms=20)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, max_batch_size=256 * 1024,
+                                max_request_size=4 * MIB)
+    await consumer.start()
+    await producer.start()
+    tune_gc()
+    done = 0
+    try:
+        while done < n:
+            batch = await consumer.getmany(timeout_ms=500, max_records=500)  # the worker's batch_size
+            items: list[list[OutRecord]] = []
+            emitted = []
+            for records in batch.values():
+                for r in records:
+                    msg = Message(topic=r.topic, partition=r.partition, offset=r.offset, value=r.value or b"",
+                                  key=r.key, headers=[(k, v) for k, v in (r.headers or ()) if v is not None],
+                                  timestamp_ms=r.timestamp if r.timestamp and r.timestamp > 0 else None)
+                    result = chain.run(msg)
+                    if result.outcome is Outcome.EMITTED:
+                        t0 = clock()
+                        emissions = publisher.emissions(msg)
+                        chain.stats.stage_ns["publish"] += clock() - t0
+                        chain.stats.stage_calls["publish"] += 1
+                        items.append([(e.topic, e.record.key, e.record.value, e.record.timestamp_ms,
+                                       e.record.headers) for e in emissions])
+                        emitted.append(msg)
+                    elif result.outcome is Outcome.DLQ:
+                        d = result.dlq
+                        assert d is not None
+                        items.append([(d.topic, d.key, d.value, d.timestamp_ms, d.headers)])
+                    done += 1
+            errors = await send_batched(producer, items)  # the worker's output path, without Faust
+            if any(e is not None for e in errors):
+                raise RuntimeError(f"writing outputs failed: {next(e for e in errors if e is not None)!r}")
+            if dedup is not None:
+                for msg in emitted:
+                    dedup.record_emitted(msg)
+                dedup.end_batch()
+            if batch:
+                await consumer.commit()
+    finally:
+        await consumer.stop()
+        await producer.stop()
+    Path(stats_path).write_text(json.dumps({"stage_cpu_us_per_message": chain.stats.stage_us_per_message(),
+                                            "read": done}))
+
+
+if __name__ == "__main__":
+    from app.worker.faust_app import use_uvloop
+
+    use_uvloop()
+    t, b, g, count, out = sys.argv[1:6]
+    asyncio.run(run(t, b, g, int(count), out))

@@ -1,0 +1,387 @@
+"""Release comparison (issue 14): the worker `prism run` runs, this tree against a previous
+release, on the same embedded broker and the same backlog, in interleaved rounds.
+
+    .venv/bin/python -m bench.bench_release --quick                       # smoke test, ~1-2 min
+    .venv/bin/python -m bench.bench_release --n 20000 --rounds 3 --scale --latency \
+        --json bench/results/release.json
+
+Contenders, each a set of processes of its own, measured from outside:
+
+* ``release`` - the previous release (``--baseline``, default ``d2afe54``), exported with
+  ``git archive`` into a cache folder with its own venv (``make venv`` there, once; the
+  repository itself is not touched: no worktree is registered in the shared ``.git``);
+* ``head`` - this tree;
+* ``head-2p`` (``--scale``) - this tree with two worker processes in one consumer group, what
+  ``prism run --processes 2`` starts;
+* ``plain`` - this tree's stages and outputs in a plain aiokafka consume -> produce loop
+  (``bench/_plain_loop.py``): the framework-overhead baseline.
+
+A worker is what ``prism run`` runs: ``python -m app.worker.faust_app
+app.worker.pipeline:app_from_env`` with the topology in ``PRISM_TOPOLOGY`` and
+``PRISM_EMBEDDED=1`` (the embedded broker's workarounds, as ``prism run`` applies them to the
+broker it starts) - the exact command ``prism run --processes N`` gives its children. Each
+version runs its own shipped ``topologies/orders-created.yaml`` with a fresh name (= fresh
+consumer group and tables), a fresh source topic, the bench keys and the archive tap off (a
+separate consumer; this measures the pipeline).
+
+Backlog: ``bench_pipeline.make_messages`` (signed reviewed envelopes, JWT, 1 KB JSON), the
+same N payloads written to each contender's own source topic before it starts (outputs are
+named after the source topic, so contenders cannot share one).
+
+Measure: a checker in this process reads ``<source>.v3`` and counts records; the steady rate
+is the records between the 10 % and the 90 % marks over the time between them (start-up, group
+join and the tail excluded), and CPU per message is the contender's processes' CPU time
+(``/proc/<pid>/stat`` utime + stime, every thread) over the same window - the whole worker
+process, not one thread. The broker's CPU per message over the same window is reported too:
+on two cores the broker, not the worker, can be what bounds the rate. Rounds interleave the contenders (order rotated every round) so that
+load swings on a shared machine hit them alike; ratios are taken within a round, and the
+median round is reported.
+
+``--latency``: end-to-end p50/p99 at half of ``head``'s measured maximum rate (load client in
+its own process, send timestamp in a header, read back from ``.v3``) for a raw aiokafka
+passthrough loop (``bench_pipeline.run_raw``), a ``head`` worker and a ``release`` worker at the
+same rate, one after the other, each on its own topics; added = worker - raw loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTITIONS = 4
+DEFAULT_BASELINE = "d2afe54"
+WORKER_TARGET = "app.worker.pipeline:app_from_env"
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Version:
+    """A source tree with its own interpreter."""
+
+    label: str
+    root: Path
+    python: Path
+
+
+def head_version() -> Version:
+    return Version("head", ROOT, Path(sys.executable))
+
+
+def release_version(rev: str, cache: Path, *, fresh: bool = False) -> Version:
+    """`rev` exported into `cache/prism-<sha>` with its own venv (built once, then reused)."""
+    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", f"{rev}^{{commit}}"], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    folder = cache / f"prism-{sha[:12]}"
+    stamp = folder / ".venv" / ".installed"
+    if fresh and folder.exists():
+        shutil.rmtree(folder)
+    if not stamp.exists():
+        if folder.exists():
+            shutil.rmtree(folder)  # a half-built export from an interrupted run
+        folder.mkdir(parents=True)
+        tar = subprocess.run(["git", "-C", str(ROOT), "archive", sha], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(folder)], input=tar, check=True)
+        print(f"building the venv of {rev} ({sha[:12]}) in {folder} (once; reused by later runs)", flush=True)
+        subprocess.run(["make", "-s", "venv", f"PY={sys.executable}"], cwd=folder, check=True,
+                       stdout=subprocess.DEVNULL)
+    return Version(rev, folder, folder / ".venv" / "bin" / "python")
+
+
+def bench_topology(version: Version, out_dir: Path, keys: Any, topic: str, name: str) -> Path:
+    """The version's shipped topology with a fresh name and source topic, the bench keys, no archive."""
+    doc = yaml.safe_load((version.root / "topologies/orders-created.yaml").read_text())
+    doc["name"] = name
+    doc["sources"][0].update(topic=topic, partitions=PARTITIONS)
+    for st in doc["stages"]:
+        if "authenticate" in st:
+            st["authenticate"]["jwks"] = str(keys.jwks_path)
+        if "verify_signature" in st:
+            st["verify_signature"]["keyring"] = str(keys.signing_path)
+        if "enrich" in st and st["enrich"].get("schema", {}).get("path"):
+            st["enrich"]["schema"]["path"] = str(version.root / "topologies" / st["enrich"]["schema"]["path"])
+    doc.setdefault("archive", {})["enabled"] = False
+    path = out_dir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of the processes (all their threads), from /proc."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total / _TICK
+
+
+class Contender:
+    """How to start one contender's processes for a topology, and what to pass them."""
+
+    def __init__(self, label: str, version: Version, processes: int = 1, plain: bool = False) -> None:
+        self.label, self.version, self.processes, self.plain = label, version, processes, plain
+
+    def start(self, topology: Path, bootstrap: str, name: str, data_dir: Path, n: int,
+              log_dir: Path, extra_env: dict[str, str] | None = None) -> list[subprocess.Popen[bytes]]:
+        from app.broker.embedded import with_parent_death_signal
+
+        procs = []
+        base_env = {k: v for k, v in os.environ.items() if not k.startswith("PRISM_")}
+        for i in range(self.processes):
+            log = open(log_dir / f"{name}-{i}.log", "wb")  # noqa: SIM115 - the child holds it
+            if self.plain:
+                cmd = [str(self.version.python), "-m", "bench._plain_loop", str(topology), bootstrap,
+                       f"prism-{name}", str(n), str(data_dir / "plain-stats.json")]
+                env = base_env
+            else:
+                cmd = [str(self.version.python), "-m", "app.worker.faust_app", WORKER_TARGET, "--loglevel", "warning"]
+                env = {**base_env, "PRISM_TOPOLOGY": str(topology), "PRISM_BOOTSTRAP": bootstrap,
+                       "PRISM_DATA_DIR": str(data_dir / f"proc-{i}"), "PRISM_APP_ID": f"prism-{name}",
+                       "PRISM_EMBEDDED": "1", **(extra_env or {})}
+            data_dir.mkdir(parents=True, exist_ok=True)
+            procs.append(subprocess.Popen(with_parent_death_signal(cmd), cwd=self.version.root, env=env,
+                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))
+            log.close()
+        return procs
+
+
+def stop(procs: list[subprocess.Popen[bytes]], timeout: float = 30.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+async def measure(bootstrap: str, out_topic: str, n: int, procs: list[subprocess.Popen[bytes]],
+                  broker_pid: int | None = None, timeout_s: float = 900.0) -> dict[str, float]:
+    """Count `out_topic`'s records until `n`; the 10 %..90 % window's rate and CPU per message."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                fetch_max_wait_ms=20)  # Tansu answers long polls late (app/worker/offsets.py)
+    await consumer.start()
+    tps = [TopicPartition(out_topic, p) for p in range(PARTITIONS)]
+    consumer.assign(tps)
+    await consumer.seek_to_beginning(*tps)
+    pids = [p.pid for p in procs]
+    count, marks = 0, {}
+    t_start = time.monotonic()
+    try:
+        while count < n:
+            if time.monotonic() - t_start > timeout_s:
+                raise TimeoutError(f"{out_topic}: {count} of {n} outputs after {timeout_s:.0f}s")
+            if any(p.poll() not in (None, 0) for p in procs):
+                raise RuntimeError(f"a contender process exited with {[p.poll() for p in procs]} "
+                                   f"({count} of {n} outputs on {out_topic}); see its log")
+            batch = await consumer.getmany(timeout_ms=100)
+            count += sum(len(rs) for rs in batch.values())
+            now = time.perf_counter()
+            for mark in (0.1, 0.9):
+                if mark not in marks and count >= mark * n:
+                    marks[mark] = (now, cpu_seconds(pids), count, cpu_seconds([broker_pid] if broker_pid else []))
+    finally:
+        await consumer.stop()
+    (t10, c10, k10, b10), (t90, c90, k90, b90) = marks[0.1], marks[0.9]
+    k = max(k90 - k10, 1)
+    return {"msgs_per_s": k / max(t90 - t10, 1e-9), "cpu_us_per_msg": (c90 - c10) / k * 1e6,
+            "broker_cpu_us_per_msg": (b90 - b10) / k * 1e6, "window_msgs": k, "outputs": count}
+
+
+async def run_one(c: Contender, bootstrap: str, tmp: Path, keys: Any, n: int,
+                  broker_pid: int | None = None) -> dict[str, Any]:
+    from app.broker.admin import ensure_topics
+    from bench.bench_pipeline import make_messages, preload
+
+    name = f"rel-{c.label}-{uuid.uuid4().hex[:6]}"
+    topic = f"bench.rel.{uuid.uuid4().hex[:8]}"
+    topology = bench_topology(c.version, tmp, keys, topic, name)
+    await ensure_topics(bootstrap, {t: PARTITIONS for t in (topic, f"{topic}.v2", f"{topic}.v3", f"{topic}.dlq")})
+    await preload(bootstrap, topic, make_messages(keys, topic, n))
+    load_before = os.getloadavg()[0]
+    procs = c.start(topology, bootstrap, name, tmp / name, n, tmp / "logs")
+    try:
+        out = await measure(bootstrap, f"{topic}.v3", n, procs, broker_pid)
+        if c.plain:  # it exits by itself after n inputs, once it has written its stage figures
+            deadline = time.monotonic() + 30
+            while procs[0].poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+    finally:
+        stop(procs)
+    out["load_1m"] = round((load_before + os.getloadavg()[0]) / 2, 2)
+    stats = tmp / name / "plain-stats.json"
+    if c.plain and stats.exists():
+        out["stage_cpu_us_per_message"] = json.loads(stats.read_text())["stage_cpu_us_per_message"]
+    return out
+
+
+async def latency(bootstrap: str, tmp: Path, keys: Any, versions: list[Version], rate: float,
+                  n: int) -> dict[str, Any]:
+    """End-to-end p50/p99 at `rate` msg/s: a raw passthrough loop, then a worker of each version
+    (one after the other, each on its own fresh topics); added = worker - raw loop."""
+    from app.broker.admin import ensure_topics
+    from app.worker.faust_app import READY_FILE_ENV
+    from bench.bench_pipeline import run_raw
+
+    async def client(topic: str, out_topic: str) -> dict[str, float]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench._latency_client", bootstrap, topic, out_topic, str(rate), str(n),
+            str(keys.folder), stdout=asyncio.subprocess.PIPE, cwd=str(ROOT))
+        out, _ = await asyncio.wait_for(proc.communicate(), 600)
+        return dict(json.loads(out.decode().strip().splitlines()[-1]))
+
+    raw_topic = f"bench.latraw.{uuid.uuid4().hex[:6]}"
+    await ensure_topics(bootstrap, {raw_topic: PARTITIONS, raw_topic + ".raw-out": PARTITIONS})
+    task = asyncio.create_task(run_raw(bootstrap, raw_topic, n))
+    await asyncio.sleep(0.5)
+    raw = await client(raw_topic, raw_topic + ".raw-out")
+    await task
+    out: dict[str, Any] = {"rate_msgs_per_s": rate, "raw": raw}
+    for version in versions:
+        name = f"lat-{uuid.uuid4().hex[:6]}"
+        topic = f"bench.lat.{uuid.uuid4().hex[:6]}"
+        topology = bench_topology(version, tmp, keys, topic, name)
+        await ensure_topics(bootstrap, {t: PARTITIONS for t in (topic, f"{topic}.v2", f"{topic}.v3", f"{topic}.dlq")})
+        ready = tmp / f"{name}.ready"
+        procs = Contender(version.label, version).start(topology, bootstrap, name, tmp / name, n, tmp / "logs",
+                                                        extra_env={READY_FILE_ENV: str(ready)})
+        try:
+            deadline = time.monotonic() + 120
+            while not ready.exists():
+                if time.monotonic() > deadline or procs[0].poll() is not None:
+                    raise RuntimeError(f"the latency worker did not get ready; see {tmp / 'logs'}")
+                await asyncio.sleep(0.1)
+            res = await client(topic, f"{topic}.v3")
+        finally:
+            stop(procs)
+        res["added_p50_ms"], res["added_p99_ms"] = res["p50_ms"] - raw["p50_ms"], res["p99_ms"] - raw["p99_ms"]
+        out[version.label] = res
+        print(f"latency at {rate:.0f} msg/s: {version.label} p50 {res['p50_ms']:.0f} ms / p99 {res['p99_ms']:.0f} ms, "
+              f"raw loop {raw['p50_ms']:.0f} / {raw['p99_ms']:.0f}", flush=True)
+    return out
+
+
+def _median_round(rounds: list[dict[str, Any]], a: str, b: str, key: str) -> float | None:
+    vals = [r[a][key] / r[b][key] for r in rounds if a in r and b in r and r[b][key]]
+    return statistics.median(vals) if vals else None
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    from app.broker.embedded import EmbeddedBroker
+    from app.security.devkeys import ensure_dev_keys
+    from bench.bench_pipeline import signing_floor
+
+    head = head_version()
+    contenders = [Contender("head", head)]
+    if not args.no_release:
+        contenders.insert(0, Contender("release", release_version(args.baseline, args.cache, fresh=args.fresh)))
+    contenders.append(Contender("plain", head, plain=True))
+    if args.scale:
+        contenders.append(Contender("head-2p", head, processes=2))
+    tmp = Path(tempfile.mkdtemp(prefix="prism-bench-release-"))
+    (tmp / "logs").mkdir()
+    keys = ensure_dev_keys(tmp / "keys")
+    result: dict[str, Any] = {"n": args.n, "baseline": args.baseline, "partitions": PARTITIONS,
+                              "payload": "1 KB JSON, signed (Ed25519), with JWT", "rounds": []}
+    try:
+        async with EmbeddedBroker(log_dir=tmp / "broker") as broker:
+            for r in range(args.rounds):
+                one: dict[str, Any] = {}
+                order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
+                for c in order:
+                    one[c.label] = res = await run_one(c, broker.bootstrap, tmp, keys, args.n, broker.pid)
+                    print(f"[round {r + 1}/{args.rounds}] {c.label}: {res['msgs_per_s']:.0f} msg/s, "
+                          f"{res['cpu_us_per_msg']:.0f} us CPU/msg, broker {res['broker_cpu_us_per_msg']:.0f} us/msg "
+                          f"(load {res['load_1m']})", flush=True)
+                result["rounds"].append(one)
+            rounds = result["rounds"]
+            result["ratios"] = {
+                "head_vs_release_msgs": _median_round(rounds, "head", "release", "msgs_per_s"),
+                "head_vs_release_cpu": _median_round(rounds, "head", "release", "cpu_us_per_msg"),
+                "head_vs_plain_cpu": _median_round(rounds, "head", "plain", "cpu_us_per_msg"),
+                "head2p_vs_head_msgs": _median_round(rounds, "head-2p", "head", "msgs_per_s"),
+                "head2p_vs_head_cpu": _median_round(rounds, "head-2p", "head", "cpu_us_per_msg"),
+            }
+            result["medians"] = {c.label: {k: statistics.median(r[c.label][k] for r in rounds)
+                                           for k in ("msgs_per_s", "cpu_us_per_msg", "broker_cpu_us_per_msg")}
+                                       for c in contenders}
+            floor = signing_floor(tmp / "keys")
+            result["signatures_cpu_us_per_msg"] = floor["two_signatures_cpu_us_per_msg"]
+            plain_stages = [r["plain"].get("stage_cpu_us_per_message", {}) for r in rounds]
+            if all(plain_stages):
+                stages = {k: statistics.median(s.get(k, 0.0) for s in plain_stages) for k in plain_stages[0]}
+                med = result["medians"]
+                stage_sum = sum(stages.values())
+                result["breakdown_us_per_msg"] = {
+                    "stages_without_signatures": stage_sum - floor["two_signatures_cpu_us_per_msg"],
+                    "signatures": floor["two_signatures_cpu_us_per_msg"],
+                    "consume_and_sends (plain loop minus stages)": med["plain"]["cpu_us_per_msg"] - stage_sum,
+                    "framework (worker minus plain loop)": med["head"]["cpu_us_per_msg"] - med["plain"]["cpu_us_per_msg"],
+                    "worker total": med["head"]["cpu_us_per_msg"],
+                }
+                result["plain_stage_cpu_us_per_message"] = stages
+            if args.latency:
+                rate = result["medians"]["head"]["msgs_per_s"] / 2
+                result["latency_half_max"] = await latency(
+                    broker.bootstrap, tmp, keys, [c.version for c in contenders if c.label in ("head", "release")],
+                    rate, min(args.n, max(500, int(rate * 15))))
+    finally:
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"kept {tmp}")
+    print(json.dumps({k: v for k, v in result.items() if k != "rounds"}, indent=2))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--n", type=int, default=20_000, help="backlog messages per contender run")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--baseline", default=DEFAULT_BASELINE, help="the release to compare against (a git revision)")
+    ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "prism-bench-release",
+                    help="where the baseline's export and venv are kept between runs")
+    ap.add_argument("--fresh", action="store_true", help="rebuild the baseline's export and venv")
+    ap.add_argument("--no-release", action="store_true", help="skip the release contender")
+    ap.add_argument("--scale", action="store_true", help="also run this tree with 2 worker processes")
+    ap.add_argument("--latency", action="store_true", help="added latency at half of head's rate vs a raw loop")
+    ap.add_argument("--quick", action="store_true", help="1 round of 4,000 messages: checks the harness end to end")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, topologies)")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.n, args.rounds = 4_000, 1
+    from app.worker.faust_app import use_uvloop
+
+    use_uvloop()
+    asyncio.run(main_async(args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
