@@ -33,28 +33,19 @@ MIB = 1024 * 1024
 async def run(topology_path: str, bootstrap: str, group: str, n: int, stats_path: str) -> None:
     import bench.bench_stages as bench_stages
     from app.agents.base import Message
-    from app.agents.chain import Chain, Outcome
-    from app.agents.dedup import Dedup
-    from app.agents.publish import Publisher
-    from app.tables.dedup import DedupWindow
+    from app.agents.chain import Outcome
     from app.topology import load_topology
     from app.worker.batch_send import OutRecord, send_batched
     from app.worker.faust_app import tune_gc
-    from app.worker.pipeline import _keyring_for, build_stages, resolve_schema
+    from app.worker.pipeline import _keyring_for
 
     bench_stages.use_cpu_clock()
     clock = bench_stages.CLOCK  # this thread's CPU time, as the chain's stage timer now reads
     topo = load_topology(topology_path)
     keyring = _keyring_for(topo)
     assert keyring is not None
-    stages = build_stages(topo, keyring=keyring, schema=resolve_schema(topo.stage("enrich"), topo.base_dir),
-                          dedup_window=lambda window_s: DedupWindow({}, window=window_s))
-    dedup = next((s for s in stages if isinstance(s, Dedup)), None)
-    policy = topo.stage("policy")
-    chain = Chain(stages, dlq_topic_for=lambda t: t + topo.dlq.topic_suffix,
-                  expired_to_dlq=bool(policy and policy.expired == "dlq"))
-    kid = topo.outputs.signing_key_id or keyring.worker_key_id
-    publisher = Publisher(topo, worker_key=keyring.signing[kid] if topo.outputs.sign else None)
+    h = bench_stages.harness_for(topo, keyring)
+    chain, publisher, dedup = h.chain, h.publisher, h.dedup
     consumer = AIOKafkaConsumer(*[s.topic for s in topo.sources], bootstrap_servers=bootstrap, group_id=group,
                                 enable_auto_commit=False, auto_offset_reset="earliest",
                                 session_timeout_ms=6000, heartbeat_interval_ms=1000,

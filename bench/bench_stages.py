@@ -77,28 +77,33 @@ class Harness:
 
 def build(keys_dir: Path) -> Harness:
     """Chain + Publisher for the orders-created topology, built as `PipelineApp._stages` does."""
-    from app.agents.chain import Chain
-    from app.agents.dedup import Dedup
-    from app.agents.publish import Publisher
     from app.security.devkeys import ensure_dev_keys
     from app.security.signing import load_signing_keyring
-    from app.tables.dedup import DedupWindow
     from app.topology import load_topology
-    from app.worker.pipeline import build_stages, resolve_schema
     from bench.bench_pipeline import bench_topology
 
     keys = ensure_dev_keys(keys_dir)
     topo = load_topology(bench_topology(keys_dir, keys, TOPIC, None))
-    keyring = load_signing_keyring(keys.signing_path)
-    schema = resolve_schema(topo.stage("enrich"), topo.base_dir)
-    stages = build_stages(topo, keyring=keyring, schema=schema,
+    return harness_for(topo, load_signing_keyring(keys.signing_path))
+
+
+def harness_for(topo: Any, keyring: Any) -> Harness:
+    """The broker-free chain and publisher of `topo`, built as `PipelineApp` builds them; the
+    dedup window is a plain dict (the one thing that differs from the worker)."""
+    from app.agents.chain import Chain
+    from app.agents.dedup import Dedup
+    from app.agents.publish import Publisher
+    from app.tables.dedup import DedupWindow
+    from app.worker.pipeline import build_stages, resolve_schema
+
+    stages = build_stages(topo, keyring=keyring, schema=resolve_schema(topo.stage("enrich"), topo.base_dir),
                           dedup_window=lambda window_s: DedupWindow({}, window=window_s))
     dedup = next((st for st in stages if isinstance(st, Dedup)), None)
     policy = topo.stage("policy")
     chain = Chain(stages, dlq_topic_for=lambda t: t + topo.dlq.topic_suffix,
                   expired_to_dlq=bool(policy and policy.expired == "dlq"))
     kid = topo.outputs.signing_key_id or keyring.worker_key_id
-    return Harness(chain, Publisher(topo, worker_key=keyring.signing[kid]), dedup)
+    return Harness(chain, Publisher(topo, worker_key=keyring.signing[kid] if topo.outputs.sign else None), dedup)
 
 
 def run(h: Harness, inputs: Iterable[Input], *, partition_of: Any = None, keep: bool = True) -> list[tuple[str, Any]]:
