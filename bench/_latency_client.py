@@ -22,8 +22,9 @@ from app.security.devkeys import ensure_dev_keys
 from bench.bench_pipeline import PARTITIONS, make_messages
 
 
-async def run(bootstrap: str, topic: str, out_topic: str, rate: float, n: int, keys_dir: str) -> dict:
-    values = make_messages(ensure_dev_keys(Path(keys_dir)), topic, n)
+async def run(bootstrap: str, topic: str, out_topic: str, rate: float, n: int, keys_dir: str,
+              scope: int | None = None) -> dict:
+    values = make_messages(ensure_dev_keys(Path(keys_dir)), topic, n, scope=scope)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                                 fetch_max_wait_ms=20)  # Tansu answers long-polls late (app/worker/offsets.py)
     await consumer.start()
@@ -60,4 +61,5 @@ async def run(bootstrap: str, topic: str, out_topic: str, rate: float, n: int, k
 
 if __name__ == "__main__":
     b, t, o, r, n, k = sys.argv[1:7]
-    print(json.dumps(asyncio.run(run(b, t, o, float(r), int(n), k))))
+    scope = int(sys.argv[7]) if len(sys.argv) > 7 else None  # signature scope (bench_pipeline.make_messages)
+    print(json.dumps(asyncio.run(run(b, t, o, float(r), int(n), k, scope))))

@@ -58,7 +58,12 @@ def payload_1kb(i: int) -> dict:
             "items": [{"sku": "SKU-0001", "qty": 2}]}
 
 
-def make_messages(keys: DevKeys, topic: str, n: int) -> list[bytes]:
+def make_messages(keys: DevKeys, topic: str, n: int, *, scope: int | None = None) -> list[bytes]:
+    """`n` signed envelopes. `scope`: the signature scope (default: Prism's, v2); releases from
+    before scope v2 (`d2afe54`) verify only `SCOPE_LEGACY` signatures - the same bytes with the
+    security context unsigned - so a comparison feeds each version what its producers send."""
+    from app.security.signing import DEFAULT_SCOPE
+
     token = keys.mint_token("svc-orders", ttl_s=7200)
     key = keys.keyring.signing["dev-producer-1"]
     out = []
@@ -66,7 +71,7 @@ def make_messages(keys: DevKeys, topic: str, n: int) -> list[bytes]:
         env = new_envelope(topic, payload_1kb(i), namespace="order-events", correlation_id=f"c-{i}")
         sec = env.ensure_security()
         sec.auth_token, sec.data_classification = token, "internal"
-        out.append(sign(env, key, Layout.REVIEWED))
+        out.append(sign(env, key, Layout.REVIEWED, scope=DEFAULT_SCOPE if scope is None else scope))
     return out
 
 

@@ -25,7 +25,8 @@ consumer group and tables), a fresh source topic, the bench keys and the archive
 separate consumer; this measures the pipeline).
 
 Backlog: ``bench_pipeline.make_messages`` (signed reviewed envelopes, JWT, 1 KB JSON), the
-same N payloads written to each contender's own source topic before it starts (outputs are
+same N payloads - signed with the scope each version verifies (v2 here, the legacy scope for
+the release: the same bytes without the security context covered) - written to each contender's own source topic before it starts (outputs are
 named after the source topic, so contenders cannot share one).
 
 Measure: a checker in this process reads ``<source>.v3`` and counts records; the steady rate
@@ -78,6 +79,18 @@ class Version:
     label: str
     root: Path
     python: Path
+
+
+def signature_scope(version: Version | None) -> int:
+    """The signature scope `version`'s worker verifies: scope v2 for this tree, the legacy scope
+    for a release from before it (its verifier knows no `signature_scope` field and would send
+    every v2-signed input to the DLQ, so no `.v3` mark would ever be reached)."""
+    from app.security.signing import SCOPE_LEGACY, SCOPE_V2
+
+    if version is None or version.root == ROOT:
+        return SCOPE_V2
+    signing = (version.root / "app" / "security" / "signing.py").read_text(encoding="utf-8")
+    return SCOPE_V2 if "SCOPE_V2" in signing else SCOPE_LEGACY
 
 
 def head_version() -> Version:
@@ -219,7 +232,7 @@ async def run_one(c: Contender, bootstrap: str, tmp: Path, keys: Any, n: int,
     topic = f"bench.rel.{uuid.uuid4().hex[:8]}"
     topology = bench_topology(c.version, tmp, keys, topic, name)
     await ensure_topics(bootstrap, {t: PARTITIONS for t in (topic, f"{topic}.v2", f"{topic}.v3", f"{topic}.dlq")})
-    await preload(bootstrap, topic, make_messages(keys, topic, n))
+    await preload(bootstrap, topic, make_messages(keys, topic, n, scope=signature_scope(c.version)))
     load_before = os.getloadavg()[0]
     procs = c.start(topology, bootstrap, name, tmp / name, n, tmp / "logs")
     try:
@@ -245,10 +258,10 @@ async def latency(bootstrap: str, tmp: Path, keys: Any, versions: list[Version],
     from app.worker.faust_app import READY_FILE_ENV
     from bench.bench_pipeline import run_raw
 
-    async def client(topic: str, out_topic: str) -> dict[str, float]:
+    async def client(topic: str, out_topic: str, version: Version | None = None) -> dict[str, float]:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bench._latency_client", bootstrap, topic, out_topic, str(rate), str(n),
-            str(keys.folder), stdout=asyncio.subprocess.PIPE, cwd=str(ROOT))
+            str(keys.folder), str(signature_scope(version)), stdout=asyncio.subprocess.PIPE, cwd=str(ROOT))
         out, _ = await asyncio.wait_for(proc.communicate(), 600)
         return dict(json.loads(out.decode().strip().splitlines()[-1]))
 
@@ -273,7 +286,7 @@ async def latency(bootstrap: str, tmp: Path, keys: Any, versions: list[Version],
                 if time.monotonic() > deadline or procs[0].poll() is not None:
                     raise RuntimeError(f"the latency worker did not get ready; see {tmp / 'logs'}")
                 await asyncio.sleep(0.1)
-            res = await client(topic, f"{topic}.v3")
+            res = await client(topic, f"{topic}.v3", version)
         finally:
             stop(procs)
         res["added_p50_ms"], res["added_p99_ms"] = res["p50_ms"] - raw["p50_ms"], res["p99_ms"] - raw["p99_ms"]
