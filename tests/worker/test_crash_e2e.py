@@ -25,12 +25,12 @@ from tests.worker.conftest import make_topology
 N = 24_000
 
 
-async def _produce_backlog(bootstrap: str, topic: str) -> None:
+async def _produce_backlog(bootstrap: str, topic: str, n: int = N) -> None:
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=512 * 1024)
     await p.start()
     try:
         futs = []
-        for i in range(N):
+        for i in range(n):
             if i % 2:
                 value = encode(new_envelope(topic, {"i": i}, namespace="order-events"))
                 futs.append(await p.send(topic, value, key=str(i % 97).encode()))

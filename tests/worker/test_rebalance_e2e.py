@@ -35,11 +35,14 @@ from app.broker.admin import ensure_topics
 from tests.worker import independent
 from tests.worker.conftest import ROOT, make_topology
 from tests.worker.test_crash_e2e import ArchiveWatcher, _produce_backlog, _Rec
-from tests.worker.test_crash_e2e import N as PRODUCED
 from tests.worker.test_run_e2e import start_prism_run, stop, wait_for
 
 ROUNDS = int(os.environ.get("PRISM_REBALANCE_ROUNDS", "1"))
 PARTITIONS = 4
+#: Inputs: enough that >= 20k are still in flight at the first kill even when the workers that
+#: became ready first have taken a few thousand before the last one is ready (seen: 4,252 of
+#: 24,000 with three idle-machine workers, which left 19,748 in flight).
+PRODUCED = 30_000
 
 
 def _status(path: Path) -> dict[str, Any] | None:
@@ -73,7 +76,7 @@ async def test_kill_9_in_a_group_no_survivor_crashes_nothing_lost(broker, tmp_pa
                          archive={"enabled": True, "path": str(archive)})
     source = topo.sources[0].topic
     await ensure_topics(broker.bootstrap, topo.topics())
-    await _produce_backlog(broker.bootstrap, source)  # the backlog, before any worker runs
+    await _produce_backlog(broker.bootstrap, source, PRODUCED)  # the backlog, before any worker runs
     data, log = tmp_path / "data", tmp_path / "supervisor.log"
     status_file = data / topo.name / "supervisor.json"
     topics = {source + ".dlq": PARTITIONS, source + ".v3": PARTITIONS}
