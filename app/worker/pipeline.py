@@ -2,17 +2,18 @@
 
 Data flow per source topic (one agent each):
 
-    source topic --take_events--> Chain(normalize ... enrich) --> Publisher --> .v2 / .v3 / archive
+    source topic --BatchSource--> Chain(normalize ... enrich) --> Publisher --> .v2 / .v3 / archive
                                          \\--> any failure -------------------> <topic>.dlq
 
-Why batches: Faust's per-event machinery costs ~150 us/message on these machines, far more
-than Prism's stages. The agent takes up to `batch_size` events, runs the synchronous chain
-over each, and awaits all produce futures of the batch together; only then does the stream
-move on (and acknowledge), so a crash never loses a message (at-least-once) and the dedup
-stage turns redeliveries into "duplicate".
+Why batches: Faust's per-event machinery costs more per message than several of Prism's
+stages. The source topic is read beneath it (`app/worker/batch_source.py`): the conductor
+appends fetched records to a list, one task takes up to `batch_size` of them, runs the
+synchronous chain over each and writes all outputs of the batch together; only then are the
+messages acknowledged, so a crash never loses a message (at-least-once) and the dedup stage
+turns redeliveries into "duplicate". Faust keeps the group, rebalances, tables, commits.
 
-Faust routes table writes by the *current event*. Inside a batch the current event would
-be the last one taken, so the agent sets it per message before running the chain.
+Faust routes table writes by the *current event*. Inside a batch there is no event, so the
+batch sets a stand-in holding the message (`CurrentMessage`) before each message's writes.
 
 Writes that fail are retried with capped, jittered exponential backoff; a message whose
 outputs still cannot be written goes to the DLQ (Kafka Connect's DLQ does not cover the
@@ -23,6 +24,7 @@ blocking is the only behaviour that neither drops nor duplicates beyond at-least
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import socket
@@ -61,6 +63,7 @@ from app.tables.dedup import DedupWindow, FaustDedupWindow
 from app.tables.sequence import FaustSequenceTracker
 from app.topology import EnrichStage, Topology
 from app.worker.batch_send import OutRecord, send_batched
+from app.worker.batch_source import BatchSource, CurrentMessage
 from app.worker.continuity import HoleFetcher, OffsetTracker
 from app.worker.faust_app import make_app
 
@@ -263,6 +266,7 @@ class PipelineApp:
 
         self.app.task(_check_retention)
         self.chains: dict[str, Chain] = {}
+        self.sources: list[BatchSource] = []
         self.dedups: dict[int, Dedup] = {}  # id(chain) -> its dedup stage
         # Connect-style sinks (`sinks:` in the topology): separate agents reading the outputs.
         self.sinks = register_sinks(self.app, topology, bootstrap=bootstrap) if topology.sinks else []
@@ -287,7 +291,11 @@ class PipelineApp:
                     self.dedups[id(chain)] = stage
             topic = self.app.topic(source.topic, key_type=bytes, value_type=bytes, partitions=source.partitions,
                                    key_serializer="raw", value_serializer="raw")
-            self.app.agent(topic, name=f"prism-{source.topic}")(self._agent_for(chain))
+            # Beneath Faust's per-event path (app/worker/batch_source.py): whole fetched batches.
+            batches = BatchSource(self.app, topic, functools.partial(self._process_batch, chain),
+                                  batch_size=batch_size, within=batch_within_s)
+            self.sources.append(batches)
+            self.app.task(self._feeder(batches))
         # Observability (app/worker/observe.py): metrics, health, stage spans, management API.
         self.observe = observe
         if observe is not None:
@@ -321,45 +329,54 @@ class PipelineApp:
                             dedup_window=lambda window_s: FaustDedupWindow(
                                 self.app, f"dedup-{topic}", window=window_s, partitions=partitions))
 
-    # -- the agent -------------------------------------------------------------------------
-    def _agent_for(self, chain: Chain) -> Callable[[Any], Awaitable[None]]:
-        async def agent(stream: Any) -> None:
-            async for events in stream.take_events(self.batch_size, within=self.batch_within_s):
-                await self._process_batch(chain, events)
-        return agent
+    # -- the batches -----------------------------------------------------------------------
+    def _feeder(self, source: BatchSource) -> Callable[[], Awaitable[None]]:
+        async def feed() -> None:
+            try:
+                await source.run()
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # a bug, not bad input (that goes to the DLQ): restart clean
+                log.exception("processing %s failed; the worker stops and its unacknowledged messages are "
+                              "read again on restart", source.topic.get_topic_name())
+                await self.app.crash(exc)
+                raise
+        return feed
 
-    async def _process_batch(self, chain: Chain, events: list[Any]) -> None:
+    async def _process_batch(self, chain: Chain, batch: list[Any]) -> None:
+        """Run one fetched batch (Faust `Message`s of one source topic) through the chain, write
+        every output, record the dedup ids, then acknowledge each message."""
         producer = self.app.producer
         pending: list[tuple[Message, list[Emission] | DlqRecord]] = []
-        event_of: dict[int, Any] = {}
+        current_of: dict[int, CurrentMessage] = {}  # id(Message) -> what Faust's tables read
         outcomes: Counter[tuple[str, int, str]] = Counter()
-        last_event_of_partition: dict[tuple[str, int], Any] = {}
+        last_of_partition: dict[tuple[str, int], CurrentMessage] = {}
         obs = self.observe
         observed: list[tuple[Message, Any]] | None = None if obs is None else []
         if obs is not None:
             obs.batch_started()
         offsets, repaired = self.offsets, list[Message]()
-        for event in events:
-            _current_event.set(weakref.ref(event))
-            m = event.message
-            last_event_of_partition[(m.topic, m.partition)] = event
+        for m in batch:
+            current = CurrentMessage(m)
+            _current_event.set(weakref.ref(current))
+            last_of_partition[(m.topic, m.partition)] = current
             if not offsets.advance(m.topic, m.partition, m.offset):
-                # Records the consumer skipped come first, in order, routed like this event.
+                # Records the consumer skipped come first, in order, routed like this one.
                 for msg in await self._missing_before(m.topic, m.partition, m.offset):
-                    event_of[id(msg)] = event
+                    current_of[id(msg)] = current
                     repaired.append(msg)
                     outcomes[(msg.topic, msg.partition, self._run_one(chain, msg, pending, observed))] += 1
             msg = Message(topic=m.topic, partition=m.partition, offset=m.offset, value=m.value or b"", key=m.key,
                           headers=[(k, v) for k, v in (m.headers or []) if v is not None],
                           timestamp_ms=int(m.timestamp * 1000) if m.timestamp else None)
-            event_of[id(msg)] = event
+            current_of[id(msg)] = current
             outcomes[(m.topic, m.partition, self._run_one(chain, msg, pending, observed))] += 1
 
         written = await self._write_all(chain, producer, pending)
         dedup = self.dedups.get(id(chain))
         if dedup is not None:
             for msg in written:
-                _current_event.set(weakref.ref(event_of[id(msg)]))
+                _current_event.set(weakref.ref(current_of[id(msg)]))
                 dedup.record_emitted(msg)
             # The ids' changelog records, handed to the producer together (retried until it takes
             # them); Faust flushes the producer before committing, so they are durable before
@@ -369,17 +386,21 @@ class PipelineApp:
         # One counter write per (topic, partition, outcome) per batch, not per message: every
         # table write is also a changelog record.
         for (topic, partition, outcome), n in outcomes.items():
-            _current_event.set(weakref.ref(last_event_of_partition[(topic, partition)]))
+            _current_event.set(weakref.ref(last_of_partition[(topic, partition)]))
             self.counters.incr(topic, outcome, n, partition=partition)
+        _current_event.set(None)
         # Counted only now, when every message of the batch has its outcome written: a reader
         # that sees `read == n` can rely on all n being accounted for.
         if obs is not None and observed is not None:
-            obs.batch_done(chain, events[0].message.topic, observed)
-        # Acknowledge repaired records like the batch's own events (Faust does those when this
-        # returns): now that their outputs are written, and so that commits move past them.
+            obs.batch_done(chain, batch[0].topic, observed)
+        # Acknowledged only now that their outputs are written, so commits never pass an
+        # unwritten message; repaired records like the batch's own.
+        ack = self.app.consumer.ack
         for msg in repaired:
-            self.app.consumer.ack(_faust_message(msg))
-        self.stats.read += len(events) + len(repaired)
+            ack(_faust_message(msg))
+        for m in batch:
+            ack(m)
+        self.stats.read += len(batch) + len(repaired)
         if self.on_batch is not None:
             self.on_batch(self.stats)
 

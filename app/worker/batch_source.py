@@ -1,0 +1,205 @@
+"""Source topics handed to the stage chain in whole batches, beneath Faust's per-event path.
+
+Faust delivers every fetched record through its conductor to each subscribed channel: it wraps
+the record in an `Event`, decodes key and value, puts it on the channel's queue; the agent's
+stream takes it off again, checks flow control and the consumer generation, tracks it for
+acknowledgement, calls two sensors, sets the task-local current event, and after the body
+acknowledges it and calls two more sensors. `take_events` then gathers the events into a list.
+For Prism, whose chain works on whole batches anyway, all of that is per-record overhead
+between the fetch and the chain (BENCHMARKS.md, "Release comparison").
+
+:class:`BatchSource` keeps what Faust is good at and takes out only that path:
+
+* **Faust still owns** the consumer group (subscription, rebalances, flow control), fetching,
+  offset tracking and commits, the tables and their changelogs, the web server and shutdown.
+  The source topic is registered with the conductor as a channel, so the consumer subscribes
+  to it exactly as if an agent read it.
+* **For this topic's partitions** the conductor's per-partition handler appends the fetched
+  `Message` to a list (:class:`BatchBuffer`); no `Event`, no channel queue, no stream. The
+  handler keeps the conductor's two waits (flow control, the producer buffer's ebb) and blocks
+  while the buffer is full, which stops the fetch loop as a full stream queue would.
+* **One task per source topic** takes up to ``batch_size`` messages (waiting at most
+  ``within`` seconds for more once it has one), drops those from an earlier consumer
+  generation or taken while flow control is suspended (a rebalance: they will be fetched again
+  from the committed offset, exactly what the stream does), tracks the rest for
+  acknowledgement and runs the batch. The caller acknowledges each message once its outputs are
+  written (`consumer.ack`), so commits never pass an unwritten message: at-least-once holds.
+
+Rebalance and shutdown go through Faust's usual sequence: flow control is suspended and cleared
+(:meth:`BatchBuffer.clear`: buffered, untracked messages are dropped), then Faust waits until
+every tracked message is acknowledged (`stream_wait_empty`), i.e. for the batch in flight,
+before it commits and gives the partitions up or stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+__all__ = ["BatchBuffer", "BatchSource", "CurrentMessage"]
+
+log = logging.getLogger("prism.worker")
+
+
+class CurrentMessage:
+    """What Faust's tables read from the current event: `.message` (its topic, partition,
+    offset, timestamp). Set as the task-local current event while a message's table writes
+    run, so they route to the message's partition and changelog partition."""
+
+    __slots__ = ("__weakref__", "message")
+
+    def __init__(self, message: Any) -> None:
+        self.message = message
+
+
+class BatchBuffer:
+    """The fetched messages of one source topic, waiting for the chain.
+
+    `put` never waits (it is on the fetch loop's path); the handler waits for room with
+    :meth:`wait_room` only when :meth:`full`. Managed by Faust's flow control, which calls
+    :meth:`clear` on every rebalance and at shutdown."""
+
+    def __init__(self, maxsize: int) -> None:
+        if maxsize < 1:
+            raise ValueError("maxsize must be >= 1")
+        self.maxsize = maxsize
+        self._items: list[Any] = []
+        self._nonempty = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._want = 0  # a taker waiting for this many items (0: none)
+        self._enough = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def full(self) -> bool:
+        return len(self._items) >= self.maxsize
+
+    def put(self, message: Any) -> None:
+        items = self._items
+        items.append(message)
+        if len(items) == 1:
+            self._nonempty.set()
+        if self._want and len(items) >= self._want:
+            self._enough.set()
+        if len(items) >= self.maxsize:
+            self._room.clear()
+
+    async def wait_room(self) -> None:
+        await self._room.wait()
+
+    def clear(self) -> None:
+        """Drop everything buffered (flow control's clear on a rebalance or at shutdown): none
+        of it was tracked or acknowledged, so the committed offsets still lie before it and the
+        consumer fetches it again."""
+        self._items = []
+        self._nonempty.clear()
+        self._room.set()
+
+    async def take(self, max_n: int, within: float) -> list[Any]:
+        """Up to `max_n` messages: waits for the first, then at most `within` seconds for the
+        batch to fill (Faust's `take_events` contract)."""
+        while not self._items:
+            await self._nonempty.wait()
+        if len(self._items) < max_n and within > 0:
+            self._want = max_n
+            self._enough.clear()
+            try:
+                await asyncio.wait_for(self._enough.wait(), within)
+            except TimeoutError:
+                pass
+            finally:
+                self._want = 0
+        items = self._items
+        batch, self._items = items[:max_n], items[max_n:]
+        if not self._items:
+            self._nonempty.clear()
+        if len(self._items) < self.maxsize:
+            self._room.set()
+        return batch
+
+
+Process = Callable[[list[Any]], Awaitable[None]]
+
+
+class BatchSource:
+    """One source topic read beneath the conductor's per-event path (see the module docstring).
+
+    Construct before the app starts; :meth:`run` is the task that feeds ``process``."""
+
+    def __init__(self, app: Any, topic: Any, process: Process, *, batch_size: int, within: float,
+                 buffer_size: int | None = None) -> None:
+        self.app = app
+        self.topic = topic
+        self.process = process
+        self.batch_size = batch_size
+        self.within = within
+        self.buffer = BatchBuffer(buffer_size or max(int(app.conf.stream_buffer_maxsize), batch_size))
+        self.names = frozenset(topic.topics)
+        app.flow_control.manage_queue(self.buffer)  # cleared with the agents' queues on a rebalance
+        conductor = app.topics
+        install_handler_hook(conductor)
+        conductor._prism_batch_sources.append(self)
+        conductor.add(topic)  # the consumer subscribes to it as for an agent's channel
+
+    def handler(self) -> Callable[[Any], Awaitable[None]]:
+        """The conductor's per-partition callback for this topic (built per assignment)."""
+        app = self.app
+        acquire_flow_control = app.flow_control.acquire
+        wait_until_producer_ebb = app.producer.buffer.wait_until_ebb
+        buffer = self.buffer
+        put, full = buffer.put, buffer.full
+
+        async def on_message(message: Any) -> None:
+            await acquire_flow_control()
+            await wait_until_producer_ebb()
+            while full():
+                await buffer.wait_room()
+            put(message)
+
+        return on_message
+
+    async def run(self) -> None:
+        """Take batches and process them until cancelled (at app shutdown, after Faust's wait
+        for the batch in flight)."""
+        app = self.app
+        consumer = app.consumer
+        flow = app.flow_control
+        while True:
+            batch = await self.buffer.take(self.batch_size, self.within)
+            generation = app.consumer_generation_id
+            if not flow.is_active():
+                continue  # a rebalance or shutdown began: these are fetched again
+            current = [m for m in batch if m.generation_id == generation]
+            if not current:
+                continue
+            unacked = consumer._unacked_messages
+            for m in current:
+                if not m.tracked:
+                    m.tracked = True
+                    unacked.add(m)
+            await self.process(current)
+
+
+def install_handler_hook(conductor: Any) -> None:
+    """Make the conductor build :meth:`BatchSource.handler` for the partitions of batch-source
+    topics, and its own handler for every other topic (sinks' agents, table changelogs)."""
+    if getattr(conductor, "_prism_batch_sources", None) is not None:
+        return
+    conductor._prism_batch_sources = []
+    original = conductor._build_handler
+
+    def build_handler(tp: Any, channels: Any) -> Any:
+        for source in conductor._prism_batch_sources:
+            if tp.topic in source.names:
+                if len(channels) != 1:
+                    # Another channel (an agent) on the same topic would get nothing from this
+                    # handler: refuse instead of silently starving it.
+                    raise RuntimeError(f"topic {tp.topic} is a batch source and may have no other subscriber")
+                return source.handler()
+        return original(tp, channels)
+
+    conductor._build_handler = build_handler

@@ -1,0 +1,105 @@
+"""The batch source's buffer and its conductor hook, without a broker (the end-to-end
+guarantees - crash, SIGTERM, continuity, rebalance - are the e2e tests in this folder)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+from types import SimpleNamespace
+
+import pytest
+
+from app.worker.batch_source import BatchBuffer, CurrentMessage, install_handler_hook
+
+
+async def test_take_returns_at_most_max_n_in_arrival_order() -> None:
+    buf = BatchBuffer(100)
+    for i in range(7):
+        buf.put(i)
+    assert await buf.take(5, within=0.5) == [0, 1, 2, 3, 4]
+    assert await buf.take(5, within=0) == [5, 6]
+    assert len(buf) == 0
+
+
+async def test_take_waits_for_the_first_then_at_most_within_for_more() -> None:
+    buf = BatchBuffer(100)
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.01, buf.put, "a")
+    started = loop.time()
+    batch = await asyncio.wait_for(buf.take(10, within=0.05), 2)
+    assert batch == ["a"]
+    assert loop.time() - started >= 0.05  # waited for more once it had one
+
+
+async def test_take_returns_as_soon_as_the_batch_is_full() -> None:
+    buf = BatchBuffer(100)
+    loop = asyncio.get_running_loop()
+    buf.put(0)
+    for i in range(1, 3):
+        loop.call_soon(buf.put, i)
+    # `within` is far longer than the test may take: only a full batch ends the wait
+    assert await asyncio.wait_for(buf.take(3, within=30), 2) == [0, 1, 2]
+
+
+async def test_full_buffer_blocks_the_producer_until_a_take_makes_room() -> None:
+    buf = BatchBuffer(2)
+    buf.put(1)
+    buf.put(2)
+    assert buf.full()
+    waiter = asyncio.ensure_future(buf.wait_room())
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    assert await buf.take(1, within=0) == [1]
+    await asyncio.wait_for(waiter, 1)
+    assert not buf.full()
+
+
+async def test_clear_drops_everything_and_makes_room() -> None:
+    buf = BatchBuffer(2)
+    buf.put(1)
+    buf.put(2)
+    buf.clear()
+    assert len(buf) == 0 and not buf.full()
+    await asyncio.wait_for(buf.wait_room(), 1)
+    taker = asyncio.ensure_future(buf.take(1, within=0))
+    await asyncio.sleep(0.01)
+    assert not taker.done()  # nothing left to take
+    buf.put(3)
+    assert await asyncio.wait_for(taker, 1) == [3]
+
+
+def test_buffer_size_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="maxsize"):
+        BatchBuffer(0)
+
+
+def test_current_message_is_what_faust_tables_read_and_can_be_weakly_referenced() -> None:
+    msg = SimpleNamespace(topic="t", partition=3)
+    current = CurrentMessage(msg)
+    ref = weakref.ref(current)  # Faust keeps the current event as a weak reference
+    assert ref().message.partition == 3
+    del current
+    gc.collect()
+    assert ref() is None
+
+
+class _Conductor:
+    def __init__(self) -> None:
+        self.built: list[str] = []
+
+    def _build_handler(self, tp: object, channels: object) -> str:
+        self.built.append("faust")
+        return "faust-handler"
+
+
+def test_hook_builds_the_batch_handler_only_for_batch_source_topics() -> None:
+    conductor = _Conductor()
+    install_handler_hook(conductor)
+    install_handler_hook(conductor)  # idempotent
+    source = SimpleNamespace(names=frozenset({"orders"}), handler=lambda: "batch-handler")
+    conductor._prism_batch_sources.append(source)
+    assert conductor._build_handler(SimpleNamespace(topic="orders", partition=0), {"chan"}) == "batch-handler"
+    assert conductor._build_handler(SimpleNamespace(topic="other", partition=0), {"chan"}) == "faust-handler"
+    with pytest.raises(RuntimeError, match="no other subscriber"):
+        conductor._build_handler(SimpleNamespace(topic="orders", partition=1), {"chan", "agent"})
