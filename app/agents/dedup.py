@@ -9,7 +9,8 @@ The stage only *checks*. An id is recorded (`record_emitted`) after the message'
 are written: if the worker dies in between, the redelivered message is emitted again (a
 duplicate downstream, at-least-once) - recording first would make the redelivery look
 like a duplicate of an output that never reached Kafka, and lose it. Ids seen earlier in
-the same batch are caught by `pending`.
+the same batch, or in an earlier batch whose writes are still in flight, are caught by
+`pending`.
 """
 
 from __future__ import annotations
@@ -26,13 +27,27 @@ class Dedup(Stage):
 
     def __init__(self, window: DedupWindow) -> None:
         self.window = window
+        #: ids checked and not yet recorded, of every batch in flight (the worker overlaps the
+        #: writes of one batch with the chain of the next)
         self.pending: set[str] = set()
+        self._batches: dict[int, list[str]] = {}
+        self._batch = 0
+
+    def begin_batch(self) -> int:
+        """Start a batch; its ids stay `pending` until :meth:`end_batch` with the returned token,
+        so a later batch run before this one's ids are recorded still sees them."""
+        self._batch += 1
+        self._batches[self._batch] = []
+        return self._batch
 
     def process(self, msg: Message) -> None:
         mid = msg.env.message_id
         if mid in self.pending or self.window.seen(mid, time.time()):
             raise DuplicateError(f"message id {mid} already processed", path="metadata.message_id")
         self.pending.add(mid)
+        ids = self._batches.get(self._batch)
+        if ids is not None:
+            ids.append(mid)
 
     def record_emitted(self, msg: Message) -> None:
         """Remember `msg`'s id; call once its outputs are written (Faust's current event must
@@ -49,5 +64,13 @@ class Dedup(Stage):
         if flush is not None:
             await flush(wait=False)
 
-    def end_batch(self) -> None:
-        self.pending.clear()
+    def end_batch(self, token: int | None = None) -> None:
+        """Forget the pending ids of the batch `token` (after its ids were recorded, or its
+        outputs failed); without a token, of every batch (one batch at a time)."""
+        if token is None:
+            self.pending.clear()
+            self._batches.clear()
+            return
+        pending = self.pending
+        for mid in self._batches.pop(token, ()):
+            pending.discard(mid)

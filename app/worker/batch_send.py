@@ -41,13 +41,18 @@ __all__ = ["OutRecord", "send_batched"]
 OutRecord = tuple[str, bytes | None, bytes | None, int | None, Sequence[tuple[str, bytes]]]
 
 
-async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]]) -> list[BaseException | None]:
+async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
+                       handed_over: asyncio.Future[None] | None = None) -> list[BaseException | None]:
     """Queue every item's records, then await the deliveries; per item None or its error.
 
     `producer` is a started `aiokafka.AIOKafkaProducer` (Faust's is `app.producer._ensure_producer()`).
+    `handed_over`, if given, is resolved once every record is queued, before the deliveries are
+    awaited (the worker starts the next batch's writes then, keeping batch order).
     """
     errors: list[BaseException | None] = [None] * len(items)
     if not items:
+        if handed_over is not None and not handed_over.done():
+            handed_over.set_result(None)
         return errors
     metadata = producer.client.cluster
     partitioner = producer._partitioner
@@ -92,6 +97,8 @@ async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]]) -> l
             errors[i] = exc
     for tp in list(open_batches):
         await hand_over(tp)
+    if handed_over is not None and not handed_over.done():
+        handed_over.set_result(None)
     results = await asyncio.gather(*(f for f, _ in sent), return_exceptions=True)
     for (_, owners), r in zip(sent, results, strict=True):
         if isinstance(r, BaseException):

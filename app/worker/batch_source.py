@@ -22,8 +22,12 @@ between the fetch and the chain (BENCHMARKS.md, "Release comparison").
   ``within`` seconds for more once it has one), drops those from an earlier consumer
   generation or taken while flow control is suspended (a rebalance: they will be fetched again
   from the committed offset, exactly what the stream does), tracks the rest for
-  acknowledgement and runs the batch. The caller acknowledges each message once its outputs are
-  written (`consumer.ack`), so commits never pass an unwritten message: at-least-once holds.
+  acknowledgement and runs the batch through the chain. The caller acknowledges each message
+  once its outputs are written (`consumer.ack`), so commits never pass an unwritten message:
+  at-least-once holds.
+* **Batches overlap** (``depth``, 2 by default): while the broker acknowledges one batch's
+  writes, the chain runs over the next - the worker no longer sits idle for a round trip per
+  batch. The writes, dedup records and acknowledgements still happen in batch order.
 
 Rebalance and shutdown go through Faust's usual sequence: flow control is suspended and cleared
 (:meth:`BatchBuffer.clear`: buffered, untracked messages are dropped), then Faust waits until
@@ -35,7 +39,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 __all__ = ["BatchBuffer", "BatchSource", "CurrentMessage"]
@@ -122,21 +127,28 @@ class BatchBuffer:
         return batch
 
 
-Process = Callable[[list[Any]], Awaitable[None]]
+#: runs a batch through the chain; returns the coroutine that writes its outputs and
+#: acknowledges it, after awaiting the previous batch's (the second argument) if any
+Start = Callable[[list[Any], Awaitable[None] | None], Awaitable[Coroutine[Any, Any, None]]]
 
 
 class BatchSource:
     """One source topic read beneath the conductor's per-event path (see the module docstring).
 
-    Construct before the app starts; :meth:`run` is the task that feeds ``process``."""
+    Construct before the app starts; :meth:`run` is the task that feeds ``start``. ``depth``
+    batches may be in flight: the chain runs over the next batch while the broker acknowledges
+    the writes of the one before (1: strictly one after the other)."""
 
-    def __init__(self, app: Any, topic: Any, process: Process, *, batch_size: int, within: float,
-                 buffer_size: int | None = None) -> None:
+    def __init__(self, app: Any, topic: Any, start: Start, *, batch_size: int, within: float,
+                 buffer_size: int | None = None, depth: int = 2) -> None:
+        if depth < 1:
+            raise ValueError("depth must be >= 1")
         self.app = app
         self.topic = topic
-        self.process = process
+        self.start = start
         self.batch_size = batch_size
         self.within = within
+        self.depth = depth
         self.buffer = BatchBuffer(buffer_size or max(int(app.conf.stream_buffer_maxsize), batch_size))
         self.names = frozenset(topic.topics)
         app.flow_control.manage_queue(self.buffer)  # cleared with the agents' queues on a rebalance
@@ -164,24 +176,34 @@ class BatchSource:
 
     async def run(self) -> None:
         """Take batches and process them until cancelled (at app shutdown, after Faust's wait
-        for the batch in flight)."""
+        for the batches in flight)."""
         app = self.app
         consumer = app.consumer
         flow = app.flow_control
-        while True:
-            batch = await self.buffer.take(self.batch_size, self.within)
-            generation = app.consumer_generation_id
-            if not flow.is_active():
-                continue  # a rebalance or shutdown began: these are fetched again
-            current = [m for m in batch if m.generation_id == generation]
-            if not current:
-                continue
-            unacked = consumer._unacked_messages
-            for m in current:
-                if not m.tracked:
-                    m.tracked = True
-                    unacked.add(m)
-            await self.process(current)
+        inflight: deque[asyncio.Future[None]] = deque()
+        try:
+            while True:
+                while inflight and inflight[0].done():
+                    inflight.popleft().result()  # a failed batch raises here
+                batch = await self.buffer.take(self.batch_size, self.within)
+                generation = app.consumer_generation_id
+                if not flow.is_active():
+                    continue  # a rebalance or shutdown began: these are fetched again
+                current = [m for m in batch if m.generation_id == generation]
+                if not current:
+                    continue
+                unacked = consumer._unacked_messages
+                for m in current:
+                    if not m.tracked:
+                        m.tracked = True
+                        unacked.add(m)
+                finish = await self.start(current, inflight[-1] if inflight else None)
+                inflight.append(asyncio.ensure_future(finish))
+                while len(inflight) >= self.depth:
+                    await inflight.popleft()
+        finally:
+            for fut in inflight:
+                fut.cancel()
 
 
 def install_handler_hook(conductor: Any) -> None:

@@ -31,7 +31,7 @@ import socket
 import time
 import weakref
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,6 +72,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("prism.worker")
 LNMP_SEQUENCE_EXT = "lnmp.sequence"
+#: messages run through the chain between two turns of the event loop
+YIELD_EVERY = 100
 
 
 @dataclass
@@ -268,6 +270,8 @@ class PipelineApp:
         self.chains: dict[str, Chain] = {}
         self.sources: list[BatchSource] = []
         self.dedups: dict[int, Dedup] = {}  # id(chain) -> its dedup stage
+        # id(chain) -> resolved once that chain's latest batch has handed its outputs to the producer
+        self._handed_over: dict[int, asyncio.Future[None]] = {}
         # Connect-style sinks (`sinks:` in the topology): separate agents reading the outputs.
         self.sinks = register_sinks(self.app, topology, bootstrap=bootstrap) if topology.sinks else []
         self.archive: Any = None
@@ -292,7 +296,7 @@ class PipelineApp:
             topic = self.app.topic(source.topic, key_type=bytes, value_type=bytes, partitions=source.partitions,
                                    key_serializer="raw", value_serializer="raw")
             # Beneath Faust's per-event path (app/worker/batch_source.py): whole fetched batches.
-            batches = BatchSource(self.app, topic, functools.partial(self._process_batch, chain),
+            batches = BatchSource(self.app, topic, functools.partial(self._start_batch, chain),
                                   batch_size=batch_size, within=batch_within_s)
             self.sources.append(batches)
             self.app.task(self._feeder(batches))
@@ -344,8 +348,16 @@ class PipelineApp:
         return feed
 
     async def _process_batch(self, chain: Chain, batch: list[Any]) -> None:
-        """Run one fetched batch (Faust `Message`s of one source topic) through the chain, write
-        every output, record the dedup ids, then acknowledge each message."""
+        """Run one batch start to finish (no overlap with another batch)."""
+        await (await self._start_batch(chain, batch, None))
+
+    async def _start_batch(self, chain: Chain, batch: list[Any], previous: Awaitable[None] | None,
+                           ) -> Coroutine[Any, Any, None]:
+        """Run one fetched batch (Faust `Message`s of one source topic) through the chain and
+        return the coroutine that finishes it: writes every output, then - after `previous`,
+        the batch before it, has finished - records the dedup ids, counts and acknowledges each
+        message. `BatchSource` runs that coroutine as a task while the next batch goes through
+        the chain, so the broker's round trip no longer leaves the worker idle."""
         producer = self.app.producer
         pending: list[tuple[Message, list[Emission] | DlqRecord]] = []
         current_of: dict[int, CurrentMessage] = {}  # id(Message) -> what Faust's tables read
@@ -355,14 +367,22 @@ class PipelineApp:
         observed: list[tuple[Message, Any]] | None = None if obs is None else []
         if obs is not None:
             obs.batch_started()
+        dedup = self.dedups.get(id(chain))
+        token = dedup.begin_batch() if dedup is not None else None
         offsets, repaired = self.offsets, list[Message]()
-        for m in batch:
+        for i, m in enumerate(batch):
+            if i and not i % YIELD_EVERY:
+                # Let the loop breathe within a long batch: the previous batch's produce
+                # requests go out, heartbeats and fetches run.
+                await asyncio.sleep(0)
             current = CurrentMessage(m)
             _current_event.set(weakref.ref(current))
             last_of_partition[(m.topic, m.partition)] = current
             if not offsets.advance(m.topic, m.partition, m.offset):
                 # Records the consumer skipped come first, in order, routed like this one.
-                for msg in await self._missing_before(m.topic, m.partition, m.offset):
+                for j, msg in enumerate(await self._missing_before(m.topic, m.partition, m.offset)):
+                    if j and not j % YIELD_EVERY:
+                        await asyncio.sleep(0)  # a hole can hold thousands of records
                     current_of[id(msg)] = current
                     repaired.append(msg)
                     outcomes[(msg.topic, msg.partition, self._run_one(chain, msg, pending, observed))] += 1
@@ -371,38 +391,50 @@ class PipelineApp:
                           timestamp_ms=int(m.timestamp * 1000) if m.timestamp else None)
             current_of[id(msg)] = current
             outcomes[(m.topic, m.partition, self._run_one(chain, msg, pending, observed))] += 1
-
-        written = await self._write_all(chain, producer, pending)
-        dedup = self.dedups.get(id(chain))
-        if dedup is not None:
-            for msg in written:
-                _current_event.set(weakref.ref(current_of[id(msg)]))
-                dedup.record_emitted(msg)
-            # The ids' changelog records, handed to the producer together (retried until it takes
-            # them); Faust flushes the producer before committing, so they are durable before
-            # the batch's offsets are.
-            await self._retrying(dedup.flush, "the dedup changelog")
-            dedup.end_batch()
-        # One counter write per (topic, partition, outcome) per batch, not per message: every
-        # table write is also a changelog record.
-        for (topic, partition, outcome), n in outcomes.items():
-            _current_event.set(weakref.ref(last_of_partition[(topic, partition)]))
-            self.counters.incr(topic, outcome, n, partition=partition)
         _current_event.set(None)
-        # Counted only now, when every message of the batch has its outcome written: a reader
-        # that sees `read == n` can rely on all n being accounted for.
-        if obs is not None and observed is not None:
-            obs.batch_done(chain, batch[0].topic, observed)
-        # Acknowledged only now that their outputs are written, so commits never pass an
-        # unwritten message; repaired records like the batch's own.
-        ack = self.app.consumer.ack
-        for msg in repaired:
-            ack(_faust_message(msg))
-        for m in batch:
-            ack(m)
-        self.stats.read += len(batch) + len(repaired)
-        if self.on_batch is not None:
-            self.on_batch(self.stats)
+        after = self._handed_over.get(id(chain))
+        handed_over = self._handed_over[id(chain)] = asyncio.get_running_loop().create_future()
+
+        async def finish() -> None:
+            # Outputs go to the producer in batch order: after the previous batch's.
+            try:
+                written = await self._write_all(chain, producer, pending, after=after, handed_over=handed_over)
+            finally:
+                if not handed_over.done():
+                    handed_over.set_result(None)
+            if previous is not None:
+                await previous
+            if dedup is not None:
+                for msg in written:
+                    _current_event.set(weakref.ref(current_of[id(msg)]))
+                    dedup.record_emitted(msg)
+                # The ids' changelog records, handed to the producer together (retried until it
+                # takes them); Faust flushes the producer before committing, so they are durable
+                # before the batch's offsets are.
+                await self._retrying(dedup.flush, "the dedup changelog")
+                dedup.end_batch(token)
+            # One counter write per (topic, partition, outcome) per batch, not per message: every
+            # table write is also a changelog record.
+            for (topic, partition, outcome), n in outcomes.items():
+                _current_event.set(weakref.ref(last_of_partition[(topic, partition)]))
+                self.counters.incr(topic, outcome, n, partition=partition)
+            _current_event.set(None)
+            # Counted only now, when every message of the batch has its outcome written: a
+            # reader that sees `read == n` can rely on all n being accounted for.
+            if obs is not None and observed is not None:
+                obs.batch_done(chain, batch[0].topic, observed)
+            # Acknowledged only now that their outputs are written, so commits never pass an
+            # unwritten message; repaired records like the batch's own.
+            ack = self.app.consumer.ack
+            for rec in repaired:
+                ack(_faust_message(rec))
+            for m in batch:
+                ack(m)
+            self.stats.read += len(batch) + len(repaired)
+            if self.on_batch is not None:
+                self.on_batch(self.stats)
+
+        return finish()
 
     def _run_one(self, chain: Chain, msg: Message, pending: list[tuple[Message, list[Emission] | DlqRecord]],
                  observed: list[tuple[Message, Any]] | None) -> str:
@@ -474,14 +506,23 @@ class PipelineApp:
         self.stats.sequence[str(verdict.status)] += 1
 
     async def _write_all(self, chain: Chain, producer: Any, pending: list[tuple[Message, list[Emission] | DlqRecord]],
-                         ) -> list[Message]:
-        """Write everything; returns the messages whose outputs (not DLQ copies) were written."""
+                         *, after: asyncio.Future[None] | None = None,
+                         handed_over: asyncio.Future[None] | None = None) -> list[Message]:
+        """Write everything; returns the messages whose outputs (not DLQ copies) were written.
+
+        `after`: the previous batch's hand-over; this batch's first attempt waits for it, so
+        the records of consecutive batches reach each output partition in batch order (retries
+        of a failed write may land after later batches' records, as Kafka producer retries can).
+        `handed_over` is resolved once this batch's first attempt has handed everything over."""
         dlq_cfg = self.topology.dlq
         todo = pending
         attempt = 1
         emitted: list[Message] = []
+        if after is not None:
+            await after
         while todo:
-            results = await self._send_all(producer, [item for _, item in todo])
+            results = await self._send_all(producer, [item for _, item in todo], handed_over)
+            handed_over = None
             failed = [(m, item, r) for (m, item), r in zip(todo, results, strict=True) if r is not None]
             for (m, item), r in zip(todo, results, strict=True):
                 if r is None:
@@ -508,7 +549,8 @@ class PipelineApp:
             todo = nxt
         return emitted
 
-    async def _send_all(self, producer: Any, items: list[list[Emission] | DlqRecord]) -> list[BaseException | None]:
+    async def _send_all(self, producer: Any, items: list[list[Emission] | DlqRecord],
+                        handed_over: asyncio.Future[None] | None = None) -> list[BaseException | None]:
         """Send every item's records, in order, then await all their deliveries together;
         returns per item None (all its records written) or the error that failed it.
 
@@ -523,7 +565,7 @@ class PipelineApp:
             else:
                 records.append([(e.topic, e.record.key, e.record.value, _ts_ms(e.record.timestamp_ms),
                                  e.record.headers) for e in item])
-        return await send_batched(producer._ensure_producer(), records)
+        return await send_batched(producer._ensure_producer(), records, handed_over=handed_over)
 
     def _count_written(self, item: list[Emission] | DlqRecord) -> None:
         if isinstance(item, DlqRecord):

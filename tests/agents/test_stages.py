@@ -185,6 +185,28 @@ def test_dedup_window():
         stage.process(again)
 
 
+def test_dedup_pending_ids_outlive_their_batch_until_it_ends():
+    """The worker overlaps batches: batch 2 runs the chain before batch 1's ids are recorded,
+    so batch 1's ids must stay pending (and only they leave when batch 1 ends)."""
+    stage = Dedup(DedupWindow({}, window=60))
+    b1 = stage.begin_batch()
+    first = _policy_msg()
+    stage.process(first)
+    b2 = stage.begin_batch()
+    with pytest.raises(DuplicateError):
+        stage.process(_policy_msg(message_id=first.env.message_id))  # batch 1 not recorded yet
+    second = _policy_msg()
+    stage.process(second)
+    stage.record_emitted(first)
+    stage.end_batch(b1)
+    assert first.env.message_id not in stage.pending and second.env.message_id in stage.pending
+    with pytest.raises(DuplicateError):
+        stage.process(_policy_msg(message_id=first.env.message_id))  # now the window has it
+    stage.end_batch(b2)  # batch 2's outputs failed: its id is free again for the redelivery
+    stage.begin_batch()
+    stage.process(_policy_msg(message_id=second.env.message_id))
+
+
 def test_enrich_trace_and_schema():
     stage = Enrich(trace=True, schema=SchemaInfo(url="file:///s.proto", version="v2", format="protobuf",
                                                  hash="sha256:ab", name="OrderCreated", pii_fields=("email",)))
