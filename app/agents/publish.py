@@ -47,6 +47,16 @@ class Publisher:
         self._layouts = tuple(layout for _, layout in self.layouts)
         self.sign_with = worker_key if topology.outputs.sign else None
         self.archive_topic = topology.archive.topic if topology.archive.enabled else None  # None: reads .v3
+        #: Which record the archive tap reuses: the (last) reviewed one, as the loop once found it.
+        self._reviewed_at = max((i for i, lay in enumerate(self._layouts) if lay is Layout.REVIEWED), default=None)
+        self._topics: dict[str, tuple[str, ...]] = {}
+
+    def _output_topics(self, topic: str) -> tuple[str, ...]:
+        """`<topic>.<suffix>` per layout, built once per input topic rather than per message."""
+        names = self._topics.get(topic)
+        if names is None:
+            names = self._topics[topic] = tuple(f"{topic}.{suffix}" for suffix, _ in self.layouts)
+        return names
 
     def emissions(self, msg: Message) -> list[Emission]:
         env = msg.env
@@ -54,15 +64,13 @@ class Publisher:
         forwarded = [(k, v) for k, v in kafka.passthrough_headers(msg.headers)
                      if v is not None and _forwardable(k.lower())] if msg.headers else []
         source = (SOURCE_HEADER, f"{msg.topic}/{msg.partition}/{msg.offset}".encode())
-        out: list[Emission] = []
-        reviewed: kafka.KafkaRecord | None = None
         records = kafka.encode_layouts(env, self._layouts, key=msg.key, headers=forwarded, sign_with=self.sign_with,
                                        scope=SCOPE_V2)
-        for (suffix, layout), rec in zip(self.layouts, records, strict=True):
+        out: list[Emission] = []
+        for topic, rec in zip(self._output_topics(msg.topic), records, strict=True):
             rec.headers.append(source)
-            out.append(Emission(f"{msg.topic}.{suffix}", rec))
-            if layout is Layout.REVIEWED:
-                reviewed = rec
+            out.append(Emission(topic, rec))
+        reviewed = records[self._reviewed_at] if self._reviewed_at is not None else None
         if self.archive_topic is not None:
             if reviewed is None:
                 reviewed = kafka.encode(env, Layout.REVIEWED, key=msg.key, sign_with=self.sign_with, scope=SCOPE_V2)

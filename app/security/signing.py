@@ -27,12 +27,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from app._gen.prism.envelope.draft import envelope_pb2 as dpb
 from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
@@ -278,6 +279,46 @@ def sign(env: Envelope, key: SigningKey, layout: Layout = Layout.REVIEWED, *, sc
     sec.signature = sig
     header.security.signature = sig
     return b"".join([head, security_bytes(header.security, layout), *payload])
+
+
+def sign_layouts(env: Envelope, key: SigningKey, layouts: Sequence[Layout], *, scope: int = DEFAULT_SCOPE
+                 ) -> list[bytes]:
+    """`[sign(env, key, layout, scope=scope) for layout in layouts]`, byte for byte the same
+    (and the same `env.security` afterwards), for a writer of several layouts (the worker's
+    publisher writes every message as `.v2` and `.v3`).
+
+    What `sign` would repeat per layout is done once (`begin_signature`), and scope v2's
+    re-framing of the security record is skipped when it cannot change a byte: the record
+    was just serialized from a message whose `signature` is cleared, with minimal tag and
+    length varints, so unless it holds an `auth_token` - or, reviewed layout only, unknown
+    fields that `_reframe` might cut (a mistyped field 3 or 4 from an input) - it already
+    is the scope-v2 form. Otherwise `scope_v2_security` re-frames it as `sign` does.
+    """
+    sec = begin_signature(env, key, scope)
+    out: list[bytes] = []
+    sig = b""
+    for layout in layouts:
+        header = layout_header(env, layout)  # the model itself for the reviewed layout
+        head, sec_record = split_header(header, layout)
+        payload = payload_parts(env, layout)
+        hsec = header.security
+        if scope == SCOPE_V2:
+            if layout is Layout.REVIEWED:
+                as_is = not hsec.HasField("auth_token") and not len(UnknownFieldSet(hsec))
+            else:  # reviewed_to_draft copies known fields only; proto3 omits an empty token
+                as_is = not hsec.auth_token
+            v2_sec = sec_record if as_is else scope_v2_security(sec_record, layout)
+            parts = [SCOPE_V2_CONTEXT[layout], head, v2_sec, *payload]
+        else:
+            parts = signed_parts(layout, scope, head, sec_record, payload)
+        sig = signature_over(key, parts)
+        hsec.signature = sig
+        out.append(b"".join([head, security_bytes(hsec, layout), *payload]))
+        if layout is Layout.REVIEWED:
+            sec.ClearField("signature")  # the next layout is converted from the unsigned model
+    if out:
+        sec.signature = sig  # as after the last `sign`
+    return out
 
 
 @dataclass(frozen=True, slots=True)
