@@ -297,5 +297,6 @@ def convert(data: bytes | memoryview, to: Layout, *, limits: Limits = DEFAULT_LI
         sec.ClearField("signature_algorithm")
         sec.ClearField("signature_key_id")
         sec.ClearField("signature_scope")
+        sec.ClearField("sibling_digest")
         dropped.append("security.signature: covers the original bytes only; re-sign after conversion")
     return encode(env, to), dropped

@@ -32,6 +32,7 @@ from app.errors import (
 )
 from app.security.signing import (
     SCOPE_LEGACY,
+    SCOPE_PAIR,
     SCOPE_V2,
     SigningKey,
     VerificationKeys,
@@ -482,7 +483,7 @@ def _prism_verdict(data: bytes, keys: VerificationKeys) -> PrismError | None:
 
 @settings(max_examples=150, deadline=None)
 @given(env=envelopes(), layout=st.sampled_from(list(Layout)), key=st.sampled_from([HMAC_KEY, ED_KEY]),
-       scope=st.sampled_from([SCOPE_V2, SCOPE_LEGACY]), edit=st.data())
+       scope=st.sampled_from([SCOPE_V2, SCOPE_LEGACY, SCOPE_PAIR]), edit=st.data())
 def test_spec_and_verifier_agree_on_edited_bytes(env, layout, key, scope, edit):
     """Random edits of signed bytes (flip, insert, delete, append a copy of a record): what
     Prism's verifier accepts, the independent spec implementation accepts, and the reverse,
@@ -520,8 +521,8 @@ def _sign_each(env: Envelope, key: SigningKey, layouts: list[Layout], scope: int
 
 
 @settings(max_examples=120, deadline=None)
-@given(env=envelopes(), key=st.sampled_from([HMAC_KEY, ED_KEY]), scope=st.sampled_from([SCOPE_V2, SCOPE_LEGACY]),
-       layouts=st.lists(st.sampled_from(list(Layout)), min_size=1, max_size=3), token=st.booleans())
+@given(env=envelopes(), key=st.sampled_from([HMAC_KEY, ED_KEY]),
+       scope=st.sampled_from([SCOPE_V2, SCOPE_LEGACY, SCOPE_PAIR]), layouts=st.lists(st.sampled_from(list(Layout)), min_size=1, max_size=3), token=st.booleans())
 def test_sign_layouts_is_sign_per_layout_byte_for_byte(env, key, scope, layouts, token):
     """The publisher's one-pass signer skips work, never changes a byte: same outputs and the
     same `env.security` afterwards as calling `sign` once per layout, tokens and unknown
