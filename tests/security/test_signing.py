@@ -411,10 +411,14 @@ def test_repeated_or_mistyped_security_fields_are_rejected(key, layout):
                   _record(4, b"\x00" * len(sig)) + value,    # a second signature before the real one
                   value + bytes([0x50, 0x00]),               # scope twice (legacy appended)
                   value + bytes([0x40, 0x01]),               # data_classification (LEN) as a varint
-                  value + _record(7, b"\x00")):              # contains_pii (varint) as a LEN record
+                  value + _record(7, b"\x00"),               # contains_pii (varint) as a LEN record
+                  value + _record(11, bytes(32)) * 2,        # sibling_digest twice
+                  value + bytes([0x58, 0x01])):              # sibling_digest (LEN) as a varint
         bad = data[:sec.start] + _record(layout.security_field, inner) + data[sec.end:]
         with pytest.raises(AmbiguousEnvelopeError, match=r"security\."):
             verify(bad, KEYS)
+        with pytest.raises(AmbiguousEnvelopeError):  # unsigned readers run the same check
+            check_unambiguous(bad)
         assert spec_signing.verify(bad, SPEC_KEYS) == "ambiguous_envelope"
 
 
