@@ -365,7 +365,7 @@ def _sign_pair(env: Envelope, key: SigningKey, sec: SecurityContext, layouts: Se
     digest, so a reader of either layout alone can rebuild the statement. One Ed25519
     signature instead of two is ~36 µs less per published message.
     """
-    parts = []
+    parts: list[tuple[Layout, vpb.SecurityContext | dpb.SecurityContext, bytes, list[bytes | memoryview], bytes]] = []
     for layout in (Layout.DRAFT, Layout.REVIEWED):  # the draft first: converted from the unsigned model
         header = layout_header(env, layout)
         head, sec_record = split_header(header, layout)
@@ -378,7 +378,7 @@ def _sign_pair(env: Envelope, key: SigningKey, sec: SecurityContext, layouts: Se
         parts.append((layout, header.security, head, payload, h.digest()))
     (_, _, _, _, draft_digest), (_, _, _, _, reviewed_digest) = parts
     sig = signature_over(key, [SCOPE_PAIR_CONTEXT + draft_digest + reviewed_digest])
-    written = {}
+    written: dict[Layout, bytes] = {}
     for layout, hsec, head, payload, _ in parts:
         hsec.signature = sig
         hsec.sibling_digest = reviewed_digest if layout is Layout.DRAFT else draft_digest
