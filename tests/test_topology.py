@@ -58,3 +58,17 @@ def test_dlq_attestation_settings(tmp_path: Path) -> None:
         _load(tmp_path, dlq={"attestation": {"max_age_s": 5}})
     with pytest.raises(ConfigError, match=r"dlq\.attestation\.trust_everyone: Extra inputs"):
         _load(tmp_path, dlq={"attestation": {"trust_everyone": True}})
+
+
+def test_output_signature_scope_defaults_to_pair_and_accepts_only_known_scopes(tmp_path: Path) -> None:
+    assert _load(tmp_path).outputs.signature_scope == "pair"
+    doc = yaml.safe_load((ROOT / "topologies/orders-created.yaml").read_text())
+    for value, ok in (("v2", True), ("pair", True), ("legacy", False), ("v3", False)):
+        doc["outputs"]["signature_scope"] = value
+        path = tmp_path / f"scope-{value}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        if ok:
+            assert load_topology(path).outputs.signature_scope == value
+        else:
+            with pytest.raises(ConfigError, match=r"outputs\.signature_scope"):
+                load_topology(path)

@@ -7,8 +7,9 @@ with `optional` they pass as unsigned. Keys are per namespace: a key the keyring
 scopes to namespace A never verifies an envelope claiming B (`key_not_allowed_for_namespace`),
 nor does a key the topology's `producers:` does not declare for B.
 
-Scope: signatures must use scope v2 (the whole envelope except signature and token)
-unless the topology sets `accept_legacy_scope`; a legacy-scope one is rejected with its
+Scope: signatures must use scope v2 (the whole envelope except signature and token), or
+the pair scope a Prism worker writes its `.v2`/`.v3` copies with (so one worker can read
+another's output), unless the topology sets `accept_legacy_scope`; a legacy-scope one is rejected with its
 own reason (`legacy_signature_scope`), an unknown scope with `unsupported_signature_scope`.
 Every envelope input, signed or not, must also be unambiguous (`ambiguous_envelope`): a
 second security record with an empty signature would otherwise make a signed envelope

@@ -45,7 +45,7 @@ from app.envelope.codec import DEFAULT_LIMITS, Layout, Limits
 from app.envelope.codec import encode as encode_envelope
 from app.envelope.model import Envelope
 from app.errors import BindingError
-from app.security.signing import DEFAULT_SCOPE, SigningKey, VerificationKeys, sign
+from app.security.signing import DEFAULT_SCOPE, SigningKey, VerificationKeys, sign_layouts
 
 PREFIX = "prism-"
 TRACEPARENT = "traceparent"
@@ -201,11 +201,14 @@ def encode_layouts(
     common = _envelope_headers(env)
     record_key = partition_key(env, key, key_fallback)
     ts = env.published_at_ms
+    timestamp = ts if ts > 0 else None
+    values = (sign_layouts(env, sign_with, layouts, scope=scope) if sign_with is not None
+              else [encode_envelope(env, layout) for layout in layouts])
     out = []
-    for layout in layouts:
-        value = sign(env, sign_with, layout, scope=scope) if sign_with is not None else encode_envelope(env, layout)
-        merged = c.merge_headers([*_LAYOUT_HEADERS[layout], *common], extra, owned=is_owned, binding="kafka")
-        out.append(KafkaRecord(key=record_key, value=value, headers=merged, timestamp_ms=ts if ts > 0 else None))
+    for layout, value in zip(layouts, values, strict=True):
+        ours = [*_LAYOUT_HEADERS[layout], *common]
+        merged = c.merge_headers(ours, extra, owned=is_owned, binding="kafka") if extra else ours
+        out.append(KafkaRecord(key=record_key, value=value, headers=merged, timestamp_ms=timestamp))
     return out
 
 

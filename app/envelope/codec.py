@@ -21,7 +21,7 @@ from app._gen.prism.envelope.draft import envelope_pb2 as dpb
 from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
 from app.envelope.layouts import draft_to_reviewed, reviewed_to_draft
 from app.envelope.model import Envelope, Payload
-from app.envelope.wire import LEN, VARINT, encode_varint, scan, strip_field
+from app.envelope.wire import LEN, VARINT, encode_varint, read_varint, scan, strip_field
 from app.errors import DecodeError, LayoutError, SizeLimitError, WireTypeError
 
 
@@ -237,6 +237,9 @@ def layout_header(env: Envelope, layout: Layout) -> vpb.PrismEnvelope | dpb.Pris
 def split_header(header: vpb.PrismEnvelope | dpb.PrismEnvelope, layout: Layout) -> tuple[bytes, bytes]:
     """Serialize a layout header as (head without security, security record)."""
     full = header.SerializeToString()
+    cut = _cut_after_prefix(full, layout)
+    if cut is not None:
+        return cut
     if not header.HasField("security"):
         return full, b""
     if layout is Layout.REVIEWED:
@@ -246,6 +249,32 @@ def split_header(header: vpb.PrismEnvelope | dpb.PrismEnvelope, layout: Layout) 
         if header.HasField("metadata"):
             before += _record_size(1, header.metadata)
     return _split_security(full, before, _record_size(1, header.security), layout.security_field)
+
+
+#: What upb writes before the security record, in field-number order: (tag byte, wire type).
+_BEFORE_SECURITY = {Layout.REVIEWED: ((0x0A, LEN),), Layout.DRAFT: ((0x08, VARINT), (0x12, LEN))}
+
+
+def _cut_after_prefix(full: bytes, layout: Layout) -> tuple[bytes, bytes] | None:
+    """`split_header`'s common case, read off the bytes: step over the records numbered
+    below the security field (reviewed: metadata; draft: version, metadata) and cut the
+    security record if it comes next. Every encoder's header looks like that, and walking
+    two records costs less than asking upb for their sizes (this runs twice per published
+    message). None when the bytes look otherwise (no security record, another order): the
+    caller then takes the general path, which finds the same record wherever it is."""
+    n = len(full)
+    pos = 0
+    for tag, wt in _BEFORE_SECURITY[layout]:
+        if pos < n and full[pos] == tag:
+            value, pos = read_varint(full, pos + 1, n)
+            if wt == LEN:
+                pos += value
+    if pos < n and full[pos] == _SECURITY_TAG_BYTE[layout]:
+        length, start = read_varint(full, pos + 1, n)
+        end = start + length
+        if end <= n:
+            return full[:pos] + full[end:], full[pos:end]
+    return None
 
 
 def payload_parts(env: Envelope, layout: Layout) -> list[bytes | memoryview]:
@@ -266,6 +295,7 @@ def _encode_len(n: int) -> bytes:
 
 _PAYLOAD_TAG = {lay: encode_varint((lay.payload_field << 3) | LEN) for lay in Layout}
 _SECURITY_TAG = {lay: encode_varint((lay.security_field << 3) | LEN) for lay in Layout}
+_SECURITY_TAG_BYTE = {lay: tag[0] for lay, tag in _SECURITY_TAG.items()}  # one byte: fields 2 and 4
 
 
 def security_record(env: Envelope, layout: Layout = Layout.REVIEWED) -> bytes:
@@ -297,5 +327,6 @@ def convert(data: bytes | memoryview, to: Layout, *, limits: Limits = DEFAULT_LI
         sec.ClearField("signature_algorithm")
         sec.ClearField("signature_key_id")
         sec.ClearField("signature_scope")
+        sec.ClearField("sibling_digest")
         dropped.append("security.signature: covers the original bytes only; re-sign after conversion")
     return encode(env, to), dropped

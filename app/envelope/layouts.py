@@ -109,6 +109,8 @@ def draft_to_reviewed(d: dpb.PrismEnvelope) -> tuple[vpb.PrismEnvelope, list[str
             vs.contains_pii = True
         if ds.signature_scope:
             vs.signature_scope = ds.signature_scope  # same numbers in both layouts' enums
+        if ds.sibling_digest:
+            vs.sibling_digest = ds.sibling_digest
         if ds.HasField("encryption"):
             de, ve = ds.encryption, vs.encryption
             ve.key_id, ve.algorithm = de.key_id, de.algorithm
@@ -176,6 +178,7 @@ def reviewed_to_draft(v: vpb.PrismEnvelope, *, report: bool = True) -> tuple[dpb
         ds.signature = vs.signature
         ds.contains_pii = vs.contains_pii
         ds.signature_scope = vs.signature_scope
+        ds.sibling_digest = vs.sibling_digest
         if vs.HasField("encryption"):
             ve, de = vs.encryption, ds.encryption
             de.SetInParent()

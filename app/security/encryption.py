@@ -443,7 +443,8 @@ def decrypt_to_envelope(
     plaintext = decrypt_envelope(env, provider, policy=policy, audit=audit, require_aad=require_aad)
     out = env.copy()
     sec = out.header.security
-    for name in ("encryption", "signature", "signature_algorithm", "signature_key_id", "signature_scope"):
+    for name in ("encryption", "signature", "signature_algorithm", "signature_key_id", "signature_scope",
+                 "sibling_digest"):
         sec.ClearField(name)
     out.payload = Payload(plaintext, env.payload.type_url)
     return out

@@ -8,7 +8,7 @@ from app.agents.dlq import PREFIX, build_dlq_record, error_context, mask_secrets
 from app.agents.publish import Publisher
 from app.envelope import Layout, decode, encode, new_envelope
 from app.errors import DuplicateError, ExpiredError, SignatureError
-from app.security.signing import VerificationKeys, verify
+from app.security.signing import SCOPE_PAIR, SCOPE_V2, VerificationKeys, verify
 from app.topology import Archive, Outputs, Topology
 from tests.agents.conftest import make_msg
 
@@ -101,6 +101,39 @@ def test_publisher_dual_publishes_signed_layouts_and_archive(dev_keys):
         assert "x-team" in names and "Authorization" not in names and "ce_id" not in names
     assert out["arch"].value == out["orders.created.v3"].value
     assert all(("prism-source", b"orders.created/0/0") in r.headers for r in out.values())
+    # by default one pair-scope signature covers both copies
+    assert verify(out["orders.created.v2"].value, keys).scope == SCOPE_PAIR
+    assert decode(out["orders.created.v2"].value).security.signature == \
+        decode(out["orders.created.v3"].value).security.signature
+
+
+def _publish(pub: Publisher) -> dict:
+    msg = make_msg(b"", key=b"K")
+    msg.envelope = new_envelope("orders.created", {"a": 1}, namespace="ns")
+    return {e.topic: e.record.value for e in pub.emissions(msg)}
+
+
+def test_publisher_signature_scope_v2_signs_each_copy_on_its_own(dev_keys):
+    """`outputs.signature_scope: v2` for consumers whose verifier predates the pair scope:
+    each copy gets its own scope-v2 signature, and the archive reuses the `.v3` copy."""
+    key = dev_keys.keyring.worker_key()
+    keys = VerificationKeys.of([key])
+    out = _publish(Publisher(_topology(signature_scope="v2"), worker_key=key))
+    v2, v3 = out["orders.created.v2"], out["orders.created.v3"]
+    assert verify(v2, keys).scope == verify(v3, keys).scope == SCOPE_V2
+    assert decode(v2).security.signature != decode(v3).security.signature
+    assert not decode(v3).security.HasField("sibling_digest") and out["arch"] == v3
+
+
+@pytest.mark.parametrize("layouts", [["v2"], ["v3"]])
+def test_publisher_single_layout_signs_scope_v2(dev_keys, layouts):
+    """Nothing to pair with one layout: scope v2, whatever `signature_scope` says (the archive
+    copy of a v2-only topology is signed on its own, as before)."""
+    key = dev_keys.keyring.worker_key()
+    keys = VerificationKeys.of([key])
+    out = _publish(Publisher(_topology(layouts=layouts), worker_key=key))
+    assert {verify(v, keys).scope for v in out.values()} == {SCOPE_V2}
+    assert set(out) == {f"orders.created.{layouts[0]}", "arch"}
 
 
 @pytest.mark.timeout(30)

@@ -13,7 +13,7 @@ from app.bindings.kafka import KafkaRecord, KeyFallback
 from app.bindings.tracecontext import TRACESTATE_EXTENSION
 from app.envelope import Layout, new_envelope
 from app.errors import BindingError, SignatureError
-from app.security.signing import SigningKey, VerificationKeys, verify
+from app.security.signing import SCOPE_PAIR, SigningKey, VerificationKeys, verify
 from tests.bindings.strategies import binding_envelopes, wire_equivalent
 
 HMAC = SigningKey.hmac_sha256("worker-hmac", bytes(range(32)))
@@ -63,6 +63,19 @@ def test_signed_values_verify_after_decode(env, layout, key):
     out = kafka.decode(rec, verify_with=KEYS)
     assert out.security is not None and out.security.signature_key_id == key.key_id
     assert verify(rec.value, KEYS).key_id == key.key_id
+
+
+@settings(max_examples=40, deadline=None)
+@given(binding_envelopes(), st.sampled_from([HMAC, ED]))
+def test_pair_signed_layouts_each_verify_after_decode(env, key):
+    """`encode_layouts` with the pair scope (the worker's default): one signature, two
+    records, each verified on its own by `decode(..., verify_with=...)`."""
+    draft, reviewed = kafka.encode_layouts(env, [Layout.DRAFT, Layout.REVIEWED], sign_with=key, scope=SCOPE_PAIR)
+    for rec in (draft, reviewed):
+        out = kafka.decode(rec, verify_with=KEYS)
+        assert out.security.signature_scope == SCOPE_PAIR
+        assert verify(rec.value, KEYS).key_id == key.key_id
+    assert kafka.decode(draft).security.signature == kafka.decode(reviewed).security.signature
 
 
 def test_tampered_signed_value_is_refused():

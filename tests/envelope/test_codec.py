@@ -194,3 +194,21 @@ def test_repr_redacts_token():
 def test_payload_equality_and_default_limits():
     assert Payload(b"a", "u") == Payload(b"a", "u")
     assert DEFAULT_LIMITS.max_message_bytes == 16 * 1024 * 1024
+
+
+@settings(max_examples=150, deadline=None)
+@given(envelopes())
+def test_split_header_cuts_the_one_security_record_whatever_the_header_holds(env):
+    """`split_header` reads the security record's position off the bytes when it follows
+    the lower-numbered records; the result must be what a full record walk finds: the
+    serialized header minus every security record, and those records."""
+    from app.envelope.codec import layout_header, split_header
+    from app.envelope.wire import scan, strip_field
+
+    for layout in Layout:
+        header = layout_header(env, layout)
+        full = header.SerializeToString()
+        head, sec = split_header(header, layout)
+        assert head == b"".join(strip_field(full, layout.security_field))
+        assert sec == b"".join(full[r[2]:r[4]] for r in scan(full) if r[0] == layout.security_field)
+        assert bool(sec) == header.HasField("security")

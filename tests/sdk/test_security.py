@@ -11,12 +11,12 @@ import os
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from app.envelope.codec import Layout
+from app.envelope.codec import Layout, decode
 from app.errors import DecryptionError, PayloadError, SignatureError, UnknownKeyError
 from app.sdk import EncryptionOptions, PrismClient, PrismPublishOptions
 from app.security import keys as keymod
 from app.security.algorithms import KEY_ML_KEM_768, KEY_SYMMETRIC_256
-from app.security.signing import SCOPE_V2, SigningKey, VerificationKeys, sign
+from app.security.signing import SCOPE_PAIR, SCOPE_V2, SigningKey, VerificationKeys, sign, sign_layouts
 
 pytestmark = pytest.mark.integration
 
@@ -89,6 +89,33 @@ async def test_tampered_bytes_fail_verification(redis_url, topic):
             async with asyncio.timeout(10), client.subscribe(topic, group="g", verify_with=TRUSTED) as sub:
                 await sub.receive(timeout=5)
         assert info.value.delivery.ref  # the stream entry id, for the DLQ record
+
+
+@pytest.mark.parametrize("layout", list(Layout))
+async def test_worker_pair_signed_copies_verify_through_the_sdk(redis_url, topic, layout):
+    """What the worker publishes by default (one pair-scope signature for the `.v2` and `.v3`
+    copies): an SDK consumer of either copy verifies it alone, and a copy carrying the wrong
+    sibling digest is refused."""
+    import redis.asyncio as aredis
+
+    from app.bindings import redis as rb
+
+    async with PrismClient(redis_url, namespace="order-events") as client:
+        env = client.build_envelope(topic, {"amount": 10})
+        copies = dict(zip(Layout, sign_layouts(env, WORKER, list(Layout), scope=SCOPE_PAIR), strict=True))
+        good = rb.encode_stream_fields(env, layout)
+        good["envelope"] = copies[layout]
+        other = copies[Layout.REVIEWED if layout is Layout.DRAFT else Layout.DRAFT]
+        swapped = dict(good, envelope=copies[layout].replace(
+            decode(copies[layout]).security.sibling_digest, decode(other).security.sibling_digest))
+        r = aredis.Redis.from_url(redis_url.split("?")[0])
+        for fields in (good, swapped):
+            await r.xadd(client.backend.key(topic), fields)
+        await r.aclose()
+        got = await receive_all(client, topic, 2, verify_with=TRUSTED)
+    assert got[0].verified_key_id == "prism-worker-1" and got[0].payload() == {"amount": 10}
+    assert got[0].security.signature_scope == SCOPE_PAIR
+    assert isinstance(got[1], SignatureError) and "forged or tampered" in str(got[1])
 
 
 async def test_encrypted_payload_needs_the_right_keys(redis_url, topic, keyring):

@@ -19,7 +19,7 @@ SINGULAR = {  # docs/signing.md "Step 2": top-level fields that may appear once,
     "reviewed": {1: 2, 2: 2, 3: 2, 4: 2, 99: 2},
 }
 SECURITY_FIELD = {"draft": 4, "reviewed": 2}
-SECURITY_WIRE = {1: 2, 2: 2, 3: 2, 4: 2, 5: 2, 6: 2, 7: 0, 8: 2, 9: 2, 10: 0}
+SECURITY_WIRE = {1: 2, 2: 2, 3: 2, 4: 2, 5: 2, 6: 2, 7: 0, 8: 2, 9: 2, 10: 0, 11: 2}
 
 
 class Reject(Exception):
@@ -120,13 +120,21 @@ def signed_message(envelope: bytes) -> tuple[str, int, bytes, bytes, str, str]:
         raise Reject("malformed") from None  # protobuf strings are UTF-8
     if scope == 0:
         return layout, 0, envelope[:start] + envelope[end:], signature, algorithm, key_id
-    if scope != 2:
+    if scope not in (2, 3):
         raise Reject("unsupported_signature_scope")
-    kept = b"".join(body[s:e] for f, _, s, _, e in inner if f not in (3, 4))
+    cut = (3, 4) if scope == 2 else (3, 4, 11)  # pair: sibling_digest is left out of the digest too
+    kept = b"".join(body[s:e] for f, _, s, _, e in inner if f not in cut)
     tag = bytes([SECURITY_FIELD[layout] << 3 | 2])
-    context = b"prism-envelope-signature/v2/" + layout.encode() + b"\x00"
-    message = context + envelope[:start] + tag + _put_varint(len(kept)) + kept + envelope[end:]
-    return layout, 2, message, signature, algorithm, key_id
+    rest = envelope[:start] + tag + _put_varint(len(kept)) + kept + envelope[end:]
+    if scope == 2:
+        return layout, 2, b"prism-envelope-signature/v2/" + layout.encode() + b"\x00" + rest, signature, algorithm, \
+            key_id
+    sibling = fields.get(11, b"")  # docs/signing.md "Step 5", pair scope
+    if len(sibling) != 32:
+        raise Reject("bad_signature")
+    own = hashlib.sha256(rest).digest()
+    draft, reviewed = (own, sibling) if layout == "draft" else (sibling, own)
+    return layout, 3, b"prism-envelope-signature/pair\x00" + draft + reviewed, signature, algorithm, key_id
 
 
 def verify(envelope: bytes, keys: dict[str, tuple[str, bytes]], *, accept_legacy_scope: bool = False) -> str:

@@ -15,6 +15,7 @@ from app.errors import PrismError
 from app.security.signing import (
     ED25519,
     HMAC_SHA256,
+    SCOPE_PAIR_CONTEXT,
     SCOPE_V2_CONTEXT,
     SigningKey,
     VerificationKey,
@@ -56,8 +57,9 @@ def _prism_verdict(data: bytes, keys: VerificationKeys) -> str:
 
 
 def test_the_vector_files_cover_what_issue_13_asks() -> None:
-    assert {d["key"]["algorithm"] for d in DOCS.values()} == {HMAC_SHA256, ED25519}
-    for doc in DOCS.values():
+    v2_docs = [doc for name, doc in DOCS.items() if name.startswith("scope-v2-")]
+    assert {d["key"]["algorithm"] for d in v2_docs} == {HMAC_SHA256, ED25519}
+    for doc in v2_docs:
         names = {v["name"] for v in doc["vectors"]}
         for layout in ("draft", "reviewed"):
             for case in ("valid", "tampered-classification", "tampered-pii", "tampered-publisher", "legacy-scope",
@@ -68,6 +70,26 @@ def test_the_vector_files_cover_what_issue_13_asks() -> None:
                             "unsupported_signature_scope"}
         assert {k: bytes.fromhex(v) for k, v in doc["scope_v2_context_hex"].items()} == {
             lay.value: ctx for lay, ctx in SCOPE_V2_CONTEXT.items()}
+
+
+def test_the_pair_vector_files_cover_both_layouts_and_the_sibling_digest() -> None:
+    pair_docs = [doc for name, doc in DOCS.items() if name.startswith("scope-pair-")]
+    assert {d["key"]["algorithm"] for d in pair_docs} == {HMAC_SHA256, ED25519}
+    for doc in pair_docs:
+        assert bytes.fromhex(doc["scope_pair_context_hex"]) == SCOPE_PAIR_CONTEXT
+        names = {v["name"] for v in doc["vectors"]}
+        for layout in ("draft", "reviewed"):
+            for case in ("valid", "tampered-classification", "tampered-pii", "tampered-publisher", "tampered-payload",
+                         "tampered-sibling-digest", "missing-sibling-digest", "swapped-sibling", "relabelled-v2",
+                         "duplicated-sibling-digest", "mistyped-sibling-digest"):
+                assert f"{layout}/{case}" in names
+        for v in doc["vectors"]:
+            if v["expected"] == "valid":  # the statement: context, draft digest, reviewed digest
+                message = bytes.fromhex(v["signed_message_hex"])
+                assert len(message) == len(SCOPE_PAIR_CONTEXT) + 64 and message.startswith(SCOPE_PAIR_CONTEXT)
+        valid = {v["layout"]: bytes.fromhex(v["signed_message_hex"]) for v in doc["vectors"]
+                 if v["name"].endswith("/valid")}
+        assert valid["draft"] == valid["reviewed"]  # both copies rebuild the one signed statement
 
 
 @pytest.mark.parametrize(("file", "vector"), CASES, ids=[f"{f}:{v['name']}" for f, v in CASES])
@@ -83,8 +105,9 @@ def test_vector(file: str, vector: dict) -> None:
         message = bytes.fromhex(vector["signed_message_hex"])
         assert signed_message(data).joined() == message
         assert spec_signing.signed_message(data)[2] == message
-    else:
-        assert vector["expected"] in {"ambiguous_envelope", "unsupported_signature_scope"}
+    else:  # (a pair-scope copy without a usable sibling_digest has no statement to rebuild)
+        assert vector["expected"] in {"ambiguous_envelope", "unsupported_signature_scope"} or \
+            vector["name"].endswith("/missing-sibling-digest")
 
 
 def test_vector_keys_are_the_documented_derivation() -> None:

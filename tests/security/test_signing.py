@@ -32,11 +32,13 @@ from app.errors import (
 )
 from app.security.signing import (
     SCOPE_LEGACY,
+    SCOPE_PAIR,
     SCOPE_V2,
     SigningKey,
     VerificationKeys,
     check_unambiguous,
     sign,
+    sign_layouts,
     signed_message,
     verify,
     verify_and_decode,
@@ -409,10 +411,14 @@ def test_repeated_or_mistyped_security_fields_are_rejected(key, layout):
                   _record(4, b"\x00" * len(sig)) + value,    # a second signature before the real one
                   value + bytes([0x50, 0x00]),               # scope twice (legacy appended)
                   value + bytes([0x40, 0x01]),               # data_classification (LEN) as a varint
-                  value + _record(7, b"\x00")):              # contains_pii (varint) as a LEN record
+                  value + _record(7, b"\x00"),               # contains_pii (varint) as a LEN record
+                  value + _record(11, bytes(32)) * 2,        # sibling_digest twice
+                  value + bytes([0x58, 0x01])):              # sibling_digest (LEN) as a varint
         bad = data[:sec.start] + _record(layout.security_field, inner) + data[sec.end:]
         with pytest.raises(AmbiguousEnvelopeError, match=r"security\."):
             verify(bad, KEYS)
+        with pytest.raises(AmbiguousEnvelopeError):  # unsigned readers run the same check
+            check_unambiguous(bad)
         assert spec_signing.verify(bad, SPEC_KEYS) == "ambiguous_envelope"
 
 
@@ -481,7 +487,7 @@ def _prism_verdict(data: bytes, keys: VerificationKeys) -> PrismError | None:
 
 @settings(max_examples=150, deadline=None)
 @given(env=envelopes(), layout=st.sampled_from(list(Layout)), key=st.sampled_from([HMAC_KEY, ED_KEY]),
-       scope=st.sampled_from([SCOPE_V2, SCOPE_LEGACY]), edit=st.data())
+       scope=st.sampled_from([SCOPE_V2, SCOPE_LEGACY, SCOPE_PAIR]), edit=st.data())
 def test_spec_and_verifier_agree_on_edited_bytes(env, layout, key, scope, edit):
     """Random edits of signed bytes (flip, insert, delete, append a copy of a record): what
     Prism's verifier accepts, the independent spec implementation accepts, and the reverse,
@@ -512,3 +518,40 @@ def test_spec_and_verifier_agree_on_edited_bytes(env, layout, key, scope, edit):
             assert isinstance(prism, DecodeError) and not isinstance(prism, SignatureError), (kind, accept, prism)
             with pytest.raises(DecodeError):
                 decode(bytes(data))
+
+
+def _sign_each(env: Envelope, key: SigningKey, layouts: list[Layout], scope: int) -> list[bytes]:
+    return [sign(env, key, layout, scope=scope) for layout in layouts]
+
+
+@settings(max_examples=120, deadline=None)
+@given(env=envelopes(), key=st.sampled_from([HMAC_KEY, ED_KEY]),
+       scope=st.sampled_from([SCOPE_V2, SCOPE_LEGACY, SCOPE_PAIR]), layouts=st.lists(st.sampled_from(list(Layout)), min_size=1, max_size=3), token=st.booleans())
+def test_sign_layouts_is_sign_per_layout_byte_for_byte(env, key, scope, layouts, token):
+    """The publisher's one-pass signer skips work, never changes a byte: same outputs and the
+    same `env.security` afterwards as calling `sign` once per layout, tokens and unknown
+    security fields included (the cases where it must fall back to re-framing)."""
+    if token:
+        env.ensure_security().auth_token = "tok"
+    # The same object both times: map entries (`extensions`) of a decoded copy may serialize
+    # in another order, and both signers leave `env` in a state they both start from.
+    expected = _sign_each(env, key, layouts, scope)
+    after_sign = env.header.__deepcopy__()
+    fast = sign_layouts(env, key, layouts, scope=scope)
+    assert fast == expected
+    assert env.header == after_sign
+    for data, layout in zip(fast, layouts, strict=True):
+        assert verify(data, LEGACY_OK, layout=layout).key_id == key.key_id
+
+
+@SIGNERS
+def test_sign_layouts_with_a_mistyped_signature_record_from_the_input(key):
+    """An input whose security context holds field 4 as a varint keeps it as an unknown
+    field (upb cannot store it as `signature`); scope v2 cuts every field-4 record, so the
+    one-pass signer must re-frame exactly like `sign` does rather than sign the record as is."""
+    env = rich_envelope()
+    env.header.security.ClearField("auth_token")  # (a token alone would take the re-framing path)
+    env.header.security.MergeFromString(bytes([0x20, 0x05]) + _record(15, b"future"))
+    layouts = [Layout.DRAFT, Layout.REVIEWED]
+    expected = _sign_each(env, key, layouts, SCOPE_V2)
+    assert sign_layouts(env, key, layouts) == expected

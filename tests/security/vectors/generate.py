@@ -3,8 +3,11 @@
     .venv/bin/python -m tests.security.vectors.generate          # rewrite the JSON files
     .venv/bin/python -m tests.security.vectors.generate --check  # exit 1 if they are stale
 
-Writes one file per algorithm next to this script (`scope-v2-hmac-sha256.json`,
-`scope-v2-ed25519.json`), each with both wire layouts. Everything is deterministic: the
+Writes two files per algorithm next to this script, each with both wire layouts: scope v2
+(`scope-v2-hmac-sha256.json`, `scope-v2-ed25519.json`) and the pair scope, one signature
+for a message's draft and reviewed copies (`scope-pair-hmac-sha256.json`,
+`scope-pair-ed25519.json`; each pair vector stands alone: the copy's `sibling_digest`
+names the other copy). Everything is deterministic: the
 keys come from fixed labels (TEST KEYS ONLY, published on purpose), Ed25519 and HMAC are
 deterministic, and the envelope holds at most one entry per map (in both layouts) because
 protobuf writes map entries in an order that changes from process to process. `tests/security/test_signature_vectors.py` checks every vector with
@@ -37,10 +40,14 @@ from app.security.signing import (
     ED25519,
     HMAC_SHA256,
     SCOPE_LEGACY,
+    SCOPE_PAIR,
+    SCOPE_PAIR_CONTEXT,
+    SCOPE_V2,
     SCOPE_V2_CONTEXT,
     SigningKey,
     VerificationKeys,
     sign,
+    sign_layouts,
     signed_message,
     verify,
 )
@@ -163,6 +170,82 @@ def cases(key: SigningKey, layout: Layout) -> list[tuple[str, str, bytes, str, s
     ]
 
 
+def pair_cases(key: SigningKey, layout: Layout) -> list[tuple[str, str, bytes, str, str]]:
+    """Like `cases`, for one copy of a pair-scope signature (docs/signing.md, "pair")."""
+    copies = dict(zip(Layout, sign_layouts(envelope(), key, list(Layout), scope=SCOPE_PAIR), strict=True))
+    data, sibling = copies[layout], copies[Layout.REVIEWED if layout is Layout.DRAFT else Layout.DRAFT]
+    md_field = 2 if layout is Layout.DRAFT else 1
+    md = next(r for r in iter_records(data) if r.field == md_field)
+
+    def sec_set(name: str, value: object) -> Callable[[Envelope], None]:
+        def change(env: Envelope) -> None:
+            if value is None:
+                env.header.security.ClearField(name)
+            else:
+                setattr(env.header.security, name, value)
+        return change
+
+    def payload(env: Envelope) -> None:
+        from app.envelope.model import Payload
+        env.payload = Payload(b'{"order_id":4243,"email":"jane@example.com"}', env.payload.type_url)
+
+    def swap(env: Envelope) -> None:
+        theirs = decode(sibling).security
+        env.header.security.signature, env.header.security.sibling_digest = theirs.signature, theirs.sibling_digest
+
+    def sibling_record(value: bytes) -> bytes:
+        rec = next(r for r in iter_records(value) if r.field == 11)
+        return value[rec.start:rec.end]
+
+    def without_sibling(value: bytes) -> bytes:
+        return value.replace(sibling_record(value), b"")
+
+    def flip_sibling(value: bytes) -> bytes:
+        rec = sibling_record(value)
+        return without_sibling(value) + rec[:2] + bytes([rec[2] ^ 0x01]) + rec[3:]
+
+    def scope_4(value: bytes) -> bytes:
+        assert b"\x50\x03" in value
+        return value.replace(b"\x50\x03", b"\x50\x04")
+
+    bad, ambiguous = "bad_signature", "ambiguous_envelope"
+    return [
+        ("valid", "signed with the pair scope as the worker emits it; sibling_digest names the other layout's copy",
+         data, "valid", "valid"),
+        ("valid-token-stripped", "auth_token removed after signing: still valid",
+         _edit(data, layout, sec_set("auth_token", None)), "valid", "valid"),
+        ("tampered-classification", "data_classification restricted -> public after signing",
+         _edit(data, layout, sec_set("data_classification", "public")), bad, bad),
+        ("tampered-pii", "contains_pii true -> false after signing",
+         _edit(data, layout, sec_set("contains_pii", False)), bad, bad),
+        ("tampered-publisher", "publisher_id svc-orders -> svc-mallory after signing",
+         _edit(data, layout, sec_set("publisher_id", "svc-mallory")), bad, bad),
+        ("tampered-encryption-key", "encryption.key_id changed after signing",
+         _edit(data, layout, lambda e: setattr(e.header.security.encryption, "key_id", "kek-mallory")), bad, bad),
+        ("tampered-payload", "payload changed after signing", _edit(data, layout, payload), bad, bad),
+        ("tampered-sibling-digest", "one bit of sibling_digest flipped: the statement was never signed",
+         _replace_security(data, layout, flip_sibling), bad, bad),
+        ("missing-sibling-digest", "sibling_digest removed: the statement cannot be rebuilt",
+         _replace_security(data, layout, without_sibling), bad, bad),
+        ("swapped-sibling", "signature and sibling_digest taken from the other layout's copy (whose digest names "
+         "this copy): the statement would name this copy twice", _edit(data, layout, swap), bad, bad),
+        ("relabelled-v2", "signature_scope pair -> v2: the v2 message differs from the pair statement",
+         _edit(data, layout, sec_set("signature_scope", SCOPE_V2)), bad, bad),
+        ("downgraded-scope", "signature_scope removed (relabelled legacy)",
+         _edit(data, layout, sec_set("signature_scope", None)), "legacy_signature_scope", bad),
+        ("duplicated-sibling-digest", "sibling_digest written twice inside the security record",
+         _replace_security(data, layout, lambda v: v + sibling_record(v)), ambiguous, ambiguous),
+        ("mistyped-sibling-digest", "a second sibling_digest as a varint",
+         _replace_security(data, layout, lambda v: v + b"\x58\x01"), ambiguous, ambiguous),
+        ("second-security-record", "a second security record (public, no PII) appended to a valid envelope",
+         data + _record(layout.security_field, _record(8, b"public") + b"\x38\x00"), ambiguous, ambiguous),
+        ("duplicated-metadata", "the metadata record appended a second time", data + data[md.start:md.end],
+         ambiguous, ambiguous),
+        ("unknown-scope", "signature_scope 4: not a scope this verifier knows", _replace_security(data, layout, scope_4),
+         "unsupported_signature_scope", "unsupported_signature_scope"),
+    ]
+
+
 def _verdict(data: bytes, keyring: VerificationKeys, accept_legacy: bool) -> str:
     try:
         verify(data, keyring, accept_legacy_scope=accept_legacy)
@@ -174,14 +257,14 @@ def _verdict(data: bytes, keyring: VerificationKeys, accept_legacy: bool) -> str
 def build() -> dict[str, str]:
     """File name -> JSON text, exactly as committed."""
     out: dict[str, str] = {}
-    for alg, key in keys().items():
+    for (prefix, make, context), (alg, key) in ((kind, k) for kind in _KINDS for k in keys().items()):
         keyring = VerificationKeys.of([key])
         vectors = []
         for layout in Layout:
-            for name, description, data, expected, expected_legacy in cases(key, layout):
+            for name, description, data, expected, expected_legacy in make(key, layout):
                 vec: dict[str, object] = {"name": f"{layout.value}/{name}", "layout": layout.value,
                                           "description": description, "envelope_hex": data.hex()}
-                with contextlib.suppress(PrismError):  # ambiguous or unknown scope: no signed message
+                with contextlib.suppress(PrismError):  # ambiguous, unknown scope, no sibling: no signed message
                     vec["signed_message_hex"] = signed_message(data).joined().hex()
                 vec["expected"] = expected
                 vec["expected_accept_legacy_scope"] = expected_legacy
@@ -190,10 +273,16 @@ def build() -> dict[str, str]:
                     raise AssertionError(f"{alg} {vec['name']}: the verifier says {got}, "
                                          f"the spec says {(expected, expected_legacy)}")
                 vectors.append(vec)
-        doc = {"note": NOTE, "scope_v2_context_hex": {lay.value: SCOPE_V2_CONTEXT[lay].hex() for lay in Layout},
-               "key": _key_doc(key), "vectors": vectors}
-        out[f"scope-v2-{alg}.json"] = json.dumps(doc, indent=1) + "\n"
+        doc = {"note": NOTE, **context, "key": _key_doc(key), "vectors": vectors}
+        out[f"{prefix}-{alg}.json"] = json.dumps(doc, indent=1) + "\n"
     return out
+
+
+#: (file prefix, cases, context strings recorded in the file), one file per kind and algorithm.
+_KINDS = (
+    ("scope-v2", cases, {"scope_v2_context_hex": {lay.value: SCOPE_V2_CONTEXT[lay].hex() for lay in Layout}}),
+    ("scope-pair", pair_cases, {"scope_pair_context_hex": SCOPE_PAIR_CONTEXT.hex()}),
+)
 
 
 def main() -> int:

@@ -15,8 +15,10 @@ class SignatureScope(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SIGNATURE_SCOPE_LEGACY: _ClassVar[SignatureScope]
     SIGNATURE_SCOPE_V2: _ClassVar[SignatureScope]
+    SIGNATURE_SCOPE_PAIR: _ClassVar[SignatureScope]
 SIGNATURE_SCOPE_LEGACY: SignatureScope
 SIGNATURE_SCOPE_V2: SignatureScope
+SIGNATURE_SCOPE_PAIR: SignatureScope
 
 class PrismEnvelope(_message.Message):
     __slots__ = ("envelope_version", "metadata", "payload", "security", "observability", "schema", "extensions")
@@ -68,7 +70,7 @@ class PrismMetadata(_message.Message):
     def __init__(self, message_id: _Optional[str] = ..., topic: _Optional[str] = ..., namespace: _Optional[str] = ..., published_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., content_type: _Optional[str] = ..., content_encoding: _Optional[str] = ..., priority: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., correlation_id: _Optional[str] = ..., causality_parent: _Optional[str] = ...) -> None: ...
 
 class SecurityContext(_message.Message):
-    __slots__ = ("publisher_id", "publisher_team", "auth_token", "signature", "signature_algorithm", "encryption", "contains_pii", "data_classification", "signature_key_id", "signature_scope")
+    __slots__ = ("publisher_id", "publisher_team", "auth_token", "signature", "signature_algorithm", "encryption", "contains_pii", "data_classification", "signature_key_id", "signature_scope", "sibling_digest")
     PUBLISHER_ID_FIELD_NUMBER: _ClassVar[int]
     PUBLISHER_TEAM_FIELD_NUMBER: _ClassVar[int]
     AUTH_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +81,7 @@ class SecurityContext(_message.Message):
     DATA_CLASSIFICATION_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_KEY_ID_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_SCOPE_FIELD_NUMBER: _ClassVar[int]
+    SIBLING_DIGEST_FIELD_NUMBER: _ClassVar[int]
     publisher_id: str
     publisher_team: str
     auth_token: str
@@ -89,7 +92,8 @@ class SecurityContext(_message.Message):
     data_classification: str
     signature_key_id: str
     signature_scope: SignatureScope
-    def __init__(self, publisher_id: _Optional[str] = ..., publisher_team: _Optional[str] = ..., auth_token: _Optional[str] = ..., signature: _Optional[bytes] = ..., signature_algorithm: _Optional[str] = ..., encryption: _Optional[_Union[EncryptionMetadata, _Mapping]] = ..., contains_pii: _Optional[bool] = ..., data_classification: _Optional[str] = ..., signature_key_id: _Optional[str] = ..., signature_scope: _Optional[_Union[SignatureScope, str]] = ...) -> None: ...
+    sibling_digest: bytes
+    def __init__(self, publisher_id: _Optional[str] = ..., publisher_team: _Optional[str] = ..., auth_token: _Optional[str] = ..., signature: _Optional[bytes] = ..., signature_algorithm: _Optional[str] = ..., encryption: _Optional[_Union[EncryptionMetadata, _Mapping]] = ..., contains_pii: _Optional[bool] = ..., data_classification: _Optional[str] = ..., signature_key_id: _Optional[str] = ..., signature_scope: _Optional[_Union[SignatureScope, str]] = ..., sibling_digest: _Optional[bytes] = ...) -> None: ...
 
 class EncryptionMetadata(_message.Message):
     __slots__ = ("key_id", "algorithm", "iv", "aad")
