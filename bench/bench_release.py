@@ -244,6 +244,7 @@ async def run_one(c: Contender, bootstrap: str, tmp: Path, keys: Any, n: int,
     finally:
         stop(procs)
     out["load_1m"] = round((load_before + os.getloadavg()[0]) / 2, 2)
+    out["source_topic"] = topic  # what a caller checks the outputs of (bench_peers)
     stats = tmp / name / "plain-stats.json"
     if c.plain and stats.exists():
         out["stage_cpu_us_per_message"] = json.loads(stats.read_text())["stage_cpu_us_per_message"]
