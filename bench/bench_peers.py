@@ -59,6 +59,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from bench._peer_procs import transform
+from bench._timing import per_call_us
 from bench.bench_release import PARTITIONS, ROOT, Contender, head_version, measure, run_one, stop
 
 #: Quix Streams, pinned: the version its figures are for. Installed into a venv of its own.
@@ -266,6 +268,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     "cpu_us_per_msg": statistics.median(r["prism"]["cpu_us_per_msg"] / r[label]["cpu_us_per_msg"]
                                                         for r in rounds)}
             for label in labels if label != "prism"}
+    # What the shared transform alone costs, so a reader can subtract it from the peers' CPU per
+    # message and see their framework's share (wall time of one call, best-of-N median).
+    sample = peer_value(0)
+    result["transform_us_per_call"] = per_call_us(lambda: transform(sample))
     print(json.dumps({k: v for k, v in result.items() if k != "rounds"}, indent=2))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
