@@ -41,7 +41,6 @@ run is recorded: the machine is shared.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
@@ -57,11 +56,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-
 from bench._peer_procs import transform
 from bench._timing import per_call_us
-from bench.bench_release import PARTITIONS, ROOT, Contender, head_version, measure, run_one, stop
+from bench.bench_release import (
+    PARTITIONS,
+    ROOT,
+    Contender,
+    backlog_args,
+    contender_env,
+    head_version,
+    measure,
+    read_from_start,
+    report,
+    round_medians,
+    run_on_uvloop,
+    run_one,
+    spawn,
+    stop,
+)
 
 #: Quix Streams, pinned: the version its figures are for. Installed into a venv of its own.
 QUIX_REQUIREMENT = "quixstreams==3.28.1"
@@ -119,12 +131,7 @@ async def read_back(bootstrap: str, topic: str, identity: Callable[[bytes], str]
     """Every record of `topic`, identified: how many inputs are missing and how many came out more
     than once. Reads until the topic has been quiet for `idle_s` (the embedded broker's high
     watermarks are wrong, see app/worker/offsets.py, so "the end" is a quiet topic)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                fetch_max_wait_ms=20, max_partition_fetch_bytes=4 * 1024 * 1024)
-    await consumer.start()
-    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
-    consumer.assign(tps)
-    await consumer.seek_to_beginning(*tps)
+    consumer = await read_from_start(bootstrap, topic)
     seen: Counter[str] = Counter()
     quiet_since, t0 = time.monotonic(), time.monotonic()
     try:
@@ -149,14 +156,9 @@ class Peer:
 
     def start(self, bootstrap: str, src: str, dst: str, group: str, state_dir: Path,
               log_dir: Path) -> list[subprocess.Popen[bytes]]:
-        from app.broker.embedded import with_parent_death_signal
-
         state_dir.mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PRISM_")}
         cmd = [str(self.python), "-m", "bench._peer_procs", self.label, bootstrap, src, dst, group, str(state_dir)]
-        with open(log_dir / f"{group}.log", "wb") as log:
-            return [subprocess.Popen(with_parent_death_signal(cmd), cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=log, stderr=subprocess.STDOUT)]
+        return [spawn(cmd, ROOT, contender_env(), log_dir / f"{group}.log")]
 
 
 async def run_peer(peer: Peer, bootstrap: str, tmp: Path, n: int, broker_pid: int | None) -> dict[str, Any]:
@@ -256,9 +258,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         else:
             print(f"kept {tmp}")
     rounds = result["rounds"]
-    result["medians"] = {label: {k: statistics.median(r[label][k] for r in rounds)
-                                 for k in ("msgs_per_s", "cpu_us_per_msg", "broker_cpu_us_per_msg", "load_1m")}
-                         for label in labels}
+    result["medians"] = round_medians(rounds, labels,
+                                      ("msgs_per_s", "cpu_us_per_msg", "broker_cpu_us_per_msg", "load_1m"))
     for label in labels:
         result["medians"][label]["missing_total"] = sum(r[label]["check"]["missing"] for r in rounds)
         result["medians"][label]["duplicates_total"] = sum(r[label]["check"]["duplicates"] for r in rounds)
@@ -272,32 +273,17 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     # message and see their framework's share (wall time of one call, best-of-N median).
     sample = peer_value(0)
     result["transform_us_per_call"] = per_call_us(lambda: transform(sample))
-    print(json.dumps({k: v for k, v in result.items() if k != "rounds"}, indent=2))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+    report(result, args.json)
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    ap.add_argument("--n", type=int, default=20_000, help="backlog messages per contender run")
-    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated, from: " + ", ".join(CONTENDERS))
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "prism-bench-peers",
                     help="where the Quix Streams venv is kept between runs")
     ap.add_argument("--fresh", action="store_true", help="rebuild the Quix Streams venv")
-    ap.add_argument("--quick", action="store_true", help="1 round of 4,000 messages: checks the harness end to end")
-    ap.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, topologies)")
-    ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.n, args.rounds = 4_000, 1
-    from app.worker.faust_app import use_uvloop
-
-    use_uvloop()
-    asyncio.run(main_async(args))
-    return 0
+    return run_on_uvloop(main_async, backlog_args(ap, argv))
 
 
 if __name__ == "__main__":
