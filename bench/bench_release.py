@@ -58,6 +58,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,21 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / _TICK
 
 
+def contender_env() -> dict[str, str]:
+    """This process's environment without PRISM_* variables: a contender gets only what its
+    runner passes it, not the settings of whoever started the benchmark."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("PRISM_")}
+
+
+def spawn(cmd: list[str], cwd: Path, env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """A contender process, output to `log_path`, killed with this one (PR_SET_PDEATHSIG)."""
+    from app.broker.embedded import with_parent_death_signal
+
+    with open(log_path, "wb") as log:  # the child holds its own copy of the descriptor
+        return subprocess.Popen(with_parent_death_signal(cmd), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT)
+
+
 class Contender:
     """How to start one contender's processes for a topology, and what to pass them."""
 
@@ -155,12 +171,9 @@ class Contender:
 
     def start(self, topology: Path, bootstrap: str, name: str, data_dir: Path, n: int,
               log_dir: Path, extra_env: dict[str, str] | None = None) -> list[subprocess.Popen[bytes]]:
-        from app.broker.embedded import with_parent_death_signal
-
         procs = []
-        base_env = {k: v for k, v in os.environ.items() if not k.startswith("PRISM_")}
+        base_env = contender_env()
         for i in range(self.processes):
-            log = open(log_dir / f"{name}-{i}.log", "wb")  # noqa: SIM115 - the child holds it
             if self.plain:
                 cmd = [str(self.version.python), "-m", "bench._plain_loop", str(topology), bootstrap,
                        f"prism-{name}", str(n), str(data_dir / "plain-stats.json")]
@@ -171,9 +184,7 @@ class Contender:
                        "PRISM_DATA_DIR": str(data_dir / f"proc-{i}"), "PRISM_APP_ID": f"prism-{name}",
                        "PRISM_EMBEDDED": "1", **(extra_env or {})}
             data_dir.mkdir(parents=True, exist_ok=True)
-            procs.append(subprocess.Popen(with_parent_death_signal(cmd), cwd=self.version.root, env=env,
-                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))
-            log.close()
+            procs.append(spawn(cmd, self.version.root, env, log_dir / f"{name}-{i}.log"))
         return procs
 
 
@@ -190,15 +201,22 @@ def stop(procs: list[subprocess.Popen[bytes]], timeout: float = 30.0) -> None:
             p.wait()
 
 
-async def measure(bootstrap: str, out_topic: str, n: int, procs: list[subprocess.Popen[bytes]],
-                  broker_pid: int | None = None, timeout_s: float = 900.0) -> dict[str, float]:
-    """Count `out_topic`'s records until `n`; the 10 %..90 % window's rate and CPU per message."""
+async def read_from_start(bootstrap: str, topic: str) -> AIOKafkaConsumer:
+    """A started consumer on every partition of `topic` from its first record, outside any group
+    (a checker must not take partitions from the contender's group)."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                                 fetch_max_wait_ms=20)  # Tansu answers long polls late (app/worker/offsets.py)
     await consumer.start()
-    tps = [TopicPartition(out_topic, p) for p in range(PARTITIONS)]
+    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
     consumer.assign(tps)
     await consumer.seek_to_beginning(*tps)
+    return consumer
+
+
+async def measure(bootstrap: str, out_topic: str, n: int, procs: list[subprocess.Popen[bytes]],
+                  broker_pid: int | None = None, timeout_s: float = 900.0) -> dict[str, float]:
+    """Count `out_topic`'s records until `n`; the 10 %..90 % window's rate and CPU per message."""
+    consumer = await read_from_start(bootstrap, out_topic)
     pids = [p.pid for p in procs]
     count, marks = 0, {}
     t_start = time.monotonic()
@@ -244,6 +262,7 @@ async def run_one(c: Contender, bootstrap: str, tmp: Path, keys: Any, n: int,
     finally:
         stop(procs)
     out["load_1m"] = round((load_before + os.getloadavg()[0]) / 2, 2)
+    out["source_topic"] = topic  # what a caller checks the outputs of (bench_peers)
     stats = tmp / name / "plain-stats.json"
     if c.plain and stats.exists():
         out["stage_cpu_us_per_message"] = json.loads(stats.read_text())["stage_cpu_us_per_message"]
@@ -296,6 +315,11 @@ async def latency(bootstrap: str, tmp: Path, keys: Any, versions: list[Version],
     return out
 
 
+def round_medians(rounds: list[dict[str, Any]], labels: list[str], keys: tuple[str, ...]) -> dict[str, Any]:
+    """Per contender, the median over rounds of each figure in `keys`."""
+    return {label: {k: statistics.median(r[label][k] for r in rounds) for k in keys} for label in labels}
+
+
 def _median_round(rounds: list[dict[str, Any]], a: str, b: str, key: str) -> float | None:
     vals = [r[a][key] / r[b][key] for r in rounds if a in r and b in r and r[b][key]]
     return statistics.median(vals) if vals else None
@@ -337,9 +361,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 "head2p_vs_head_msgs": _median_round(rounds, "head-2p", "head", "msgs_per_s"),
                 "head2p_vs_head_cpu": _median_round(rounds, "head-2p", "head", "cpu_us_per_msg"),
             }
-            result["medians"] = {c.label: {k: statistics.median(r[c.label][k] for r in rounds)
-                                           for k in ("msgs_per_s", "cpu_us_per_msg", "broker_cpu_us_per_msg")}
-                                       for c in contenders}
+            result["medians"] = round_medians(rounds, [c.label for c in contenders],
+                                              ("msgs_per_s", "cpu_us_per_msg", "broker_cpu_us_per_msg"))
             floor = signing_floor(tmp / "keys")
             result["signatures_cpu_us_per_msg"] = floor["two_signatures_cpu_us_per_msg"]
             plain_stages = [r["plain"].get("stage_cpu_us_per_message", {}) for r in rounds]
@@ -365,17 +388,43 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             print(f"kept {tmp}")
-    print(json.dumps({k: v for k, v in result.items() if k != "rounds"}, indent=2))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+    report(result, args.json)
     return result
+
+
+def report(result: dict[str, Any], path: Path | None) -> None:
+    """Print the summary (everything but the per-round figures); write all of it to `path`."""
+    print(json.dumps({k: v for k, v in result.items() if k != "rounds"}, indent=2))
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2))
+
+
+def backlog_args(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The options of every backlog benchmark (this one, bench_peers) added, `argv` parsed,
+    `--quick` applied: the same backlog size and rounds mean the same thing in each."""
+    ap.add_argument("--n", type=int, default=20_000, help="backlog messages per contender run")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="1 round of 4,000 messages: checks the harness end to end")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, topologies)")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.n, args.rounds = 4_000, 1
+    return args
+
+
+def run_on_uvloop(main_async: Callable[[argparse.Namespace], Awaitable[Any]], args: argparse.Namespace) -> int:
+    """Run the benchmark on uvloop, as the worker runs: the checker shares the cores with it."""
+    from app.worker.faust_app import use_uvloop
+
+    use_uvloop()
+    asyncio.run(main_async(args))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    ap.add_argument("--n", type=int, default=20_000, help="backlog messages per contender run")
-    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--baseline", default=DEFAULT_BASELINE, help="the release to compare against (a git revision)")
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "prism-bench-release",
                     help="where the baseline's export and venv are kept between runs")
@@ -383,17 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-release", action="store_true", help="skip the release contender")
     ap.add_argument("--scale", action="store_true", help="also run this tree with 2 worker processes")
     ap.add_argument("--latency", action="store_true", help="added latency at half of head's rate vs a raw loop")
-    ap.add_argument("--quick", action="store_true", help="1 round of 4,000 messages: checks the harness end to end")
-    ap.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, topologies)")
-    ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.n, args.rounds = 4_000, 1
-    from app.worker.faust_app import use_uvloop
-
-    use_uvloop()
-    asyncio.run(main_async(args))
-    return 0
+    return run_on_uvloop(main_async, backlog_args(ap, argv))
 
 
 if __name__ == "__main__":
