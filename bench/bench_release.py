@@ -364,15 +364,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             result["medians"] = round_medians(rounds, [c.label for c in contenders],
                                               ("msgs_per_s", "cpu_us_per_msg", "broker_cpu_us_per_msg"))
             floor = signing_floor(tmp / "keys")
-            result["signatures_cpu_us_per_msg"] = floor["two_signatures_cpu_us_per_msg"]
+            result["signatures_cpu_us_per_msg"] = floor["signatures_cpu_us_per_msg"]
             plain_stages = [r["plain"].get("stage_cpu_us_per_message", {}) for r in rounds]
             if all(plain_stages):
                 stages = {k: statistics.median(s.get(k, 0.0) for s in plain_stages) for k in plain_stages[0]}
                 med = result["medians"]
                 stage_sum = sum(stages.values())
                 result["breakdown_us_per_msg"] = {
-                    "stages_without_signatures": stage_sum - floor["two_signatures_cpu_us_per_msg"],
-                    "signatures": floor["two_signatures_cpu_us_per_msg"],
+                    "stages_without_signatures": stage_sum - floor["signatures_cpu_us_per_msg"],
+                    "signatures": floor["signatures_cpu_us_per_msg"],
                     "consume_and_sends (plain loop minus stages)": med["plain"]["cpu_us_per_msg"] - stage_sum,
                     "framework (worker minus plain loop)": med["head"]["cpu_us_per_msg"] - med["plain"]["cpu_us_per_msg"],
                     "worker total": med["head"]["cpu_us_per_msg"],
