@@ -47,11 +47,15 @@ class Normalize(Stage):
                         # the same input record always gets the same generated id, so a
                         # redelivery after a crash is caught by dedup
                         id_seed=f"{msg.topic}/{msg.partition}/{msg.offset}".encode())
-        msg.shape = str(res.shape)
-        msg.envelope = res.envelope
-        msg.original_is_envelope = res.shape in ENVELOPE_SHAPES
-        msg.generated_id = any(n.startswith("metadata.message_id generated") for n in res.notes)
-        sec = res.envelope.security
+        shape = res.shape
+        msg.shape = shape.value
+        msg.envelope = env = res.envelope
+        msg.original_is_envelope = shape in ENVELOPE_SHAPES
+        if res.records is not None:  # the walk verify_signature reuses (Message.scanned)
+            msg.scanned = (msg.value, res.records, res.layout)  # type: ignore[assignment]
+        notes = res.notes
+        msg.generated_id = bool(notes) and any(n.startswith("metadata.message_id generated") for n in notes)
+        sec = env.security
         if sec is not None and sec.auth_token:
             msg.secrets.append(sec.auth_token.encode())
             token = sec.auth_token
@@ -61,11 +65,11 @@ class Normalize(Stage):
                 # replayed DLQ record's token is all '*': nothing to hide.)
                 default_redactor().register_secret(token)
         declared = self.formats.get(msg.topic, "auto")
-        if declared != "auto" and res.shape not in _ACCEPTS[declared]:
-            raise FormatError(f"source {msg.topic!r} is declared as {declared!r} but the message is {res.shape.value}",
+        if declared != "auto" and shape not in _ACCEPTS[declared]:
+            raise FormatError(f"source {msg.topic!r} is declared as {declared!r} but the message is {shape.value}",
                               path="sources[].format",
                               hint="fix the producer, or set the source's format to `auto`")
-        claimed = res.envelope.topic
+        claimed = env.header.metadata.topic
         # An empty topic is not a claim: the validate stage reports it as a missing field.
         if claimed and claimed not in self.accepted_topics.get(msg.topic, (msg.topic,)):
             raise TopicMismatchError(

