@@ -15,11 +15,13 @@ from app.envelope import Layout, encode, new_envelope
 from app.envelope.wire import encode_varint, scan
 from app.errors import (
     AmbiguousEnvelopeError,
+    KeyNamespaceError,
     SignatureError,
     ValidationError,
 )
+from app.security.producers import ProducerBindings
 from app.security.signing import sign
-from app.topology import NormalizeStage, ValidateStage, VerifySignatureStage
+from app.topology import NormalizeStage, ProducerSpec, ValidateStage, VerifySignatureStage
 from tests.agents.conftest import make_msg
 
 NS = {"orders.created": "order-events"}
@@ -100,3 +102,18 @@ def test_validate_checks_required_fields_unless_normalize_did() -> None:
     with pytest.raises(ValidationError) as e:
         Validate(ValidateStage()).process(direct)
     assert "metadata.message_id" in str(e.value)
+
+
+# --------------------------------------------------------------------------- producers key memo
+
+
+def test_the_key_memo_remembers_successes_only_and_apart_from_principals() -> None:
+    b = ProducerBindings([ProducerSpec(principals=["orders-key"], namespaces=["billing"]),
+                          ProducerSpec(key_ids=["orders-key"], namespaces=["order-events"])], ["orders.created"])
+    b.check_principal("orders-key", "billing", "orders.created")  # a principal spelled like the key
+    for _ in range(2):  # a refusal is refused again, never remembered
+        with pytest.raises(KeyNamespaceError):
+            b.check_key("orders-key", "billing", "orders.created")
+    for _ in range(2):
+        b.check_key("orders-key", "order-events", "orders.created")
+    assert set(b._keys_seen) == {("orders-key", "order-events", "orders.created")}
