@@ -5,9 +5,12 @@ stage timing gives the same outcomes as timing every stage."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
-from app.agents.base import Message
+from app.agents.base import Message, Stage
+from app.agents.chain import Chain, Outcome
 from app.agents.normalize import Normalize
 from app.agents.validate import Validate
 from app.agents.verify_signature import VerifySignature
@@ -15,6 +18,8 @@ from app.envelope import Layout, encode, new_envelope
 from app.envelope.wire import encode_varint, scan
 from app.errors import (
     AmbiguousEnvelopeError,
+    DuplicateError,
+    ExpiredError,
     KeyNamespaceError,
     SignatureError,
     ValidationError,
@@ -117,3 +122,56 @@ def test_the_key_memo_remembers_successes_only_and_apart_from_principals() -> No
     for _ in range(2):
         b.check_key("orders-key", "order-events", "orders.created")
     assert set(b._keys_seen) == {("orders-key", "order-events", "orders.created")}
+
+
+# --------------------------------------------------------------------------- sampled stage timing
+
+
+class _Named(Stage):
+    def __init__(self, name: str, exc: BaseException | None = None, every: int = 0) -> None:
+        self.name, self.exc, self.every, self.calls = name, exc, every, 0
+
+    def process(self, msg: Message) -> None:
+        self.calls += 1
+        if self.exc is not None and (not self.every or self.calls % self.every == 0):
+            raise self.exc
+
+
+def _chain(*stages: Stage, every: int) -> Chain:
+    c = Chain(list(stages), dlq_topic_for=lambda t: t + ".dlq")
+    c.stage_timing_every = every
+    return c
+
+
+def test_stages_are_timed_on_one_message_in_n_and_the_chain_on_every_one() -> None:
+    c = _chain(_Named("normalize"), _Named("validate"), every=4)
+    for i in range(10):
+        assert c.run(make_msg(b"x", offset=i)).outcome is Outcome.EMITTED
+    s = c.stats
+    assert s.chain_calls == 10 and s.chain_ns > 0
+    assert s.stage_calls == {"normalize": 3, "validate": 3}  # messages 0, 4 and 8
+    assert set(s.stage_us_per_message()) == {"normalize", "validate"}
+
+
+@pytest.mark.parametrize("exc", [ExpiredError("ttl"), DuplicateError("dup"), SignatureError("forged"),
+                                 KeyError("a bug")])
+@pytest.mark.parametrize("expired_to_dlq", [False, True])
+def test_untimed_messages_end_exactly_as_timed_ones(exc, expired_to_dlq) -> None:
+    results = {}
+    for every in (1, 1000):  # every message timed / all but the first untimed
+        c = _chain(_Named("normalize"), _Named("policy", exc, every=2), _Named("enrich"), every=every)
+        c.expired_to_dlq = expired_to_dlq
+        out = [c.run(make_msg(b"x", offset=i)) for i in range(6)]
+        results[every] = ([(r.outcome, r.stage, r.reason, r.dlq.value if r.dlq else None) for r in out],
+                          dict(c.stats.outcomes), dict(c.stats.dlq_reasons), c.stages[2].calls)
+    assert results[1] == results[1000]
+    outcomes = [o for o, *_ in results[1][0]]
+    assert outcomes.count(Outcome.EMITTED) == 3 and results[1][3] == 3  # enrich never saw a failed message
+
+
+def test_with_a_tracing_scope_every_message_is_timed() -> None:
+    c = _chain(_Named("normalize"), every=16)
+    c.stage_scope = lambda stage, msg: contextlib.nullcontext()
+    for i in range(5):
+        c.run(make_msg(b"x", offset=i))
+    assert c.stats.stage_calls["normalize"] == 5
