@@ -140,7 +140,7 @@ def decode_records(
 
     if records:
         f, wt, start, vstart, end = records[-1]
-        if f == pf and wt == LEN and all(r[0] != pf for r in records[:-1]):
+        if f == pf and wt == LEN and [r[0] for r in records].count(pf) == 1:
             # Fast path (what Prism itself emits): one payload record, last on the wire.
             if start > limits.max_header_bytes:
                 raise SizeLimitError(

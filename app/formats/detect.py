@@ -100,6 +100,7 @@ PRISM_HINT_PREFIX = "prism-"
 #: (app/security/attestation.py) that a replayed record of any shape carries.
 PRISM_NON_HINTS = frozenset({"prism-auth-token", "prism-dlq-attestation"})
 _LNMP_FIELD_LINE = re.compile(r"[ \t]*F[0-9]{1,5}(?::(?:ra|sa|i|f|b|s|r))?[ \t]*=")
+_NO_NAMES: frozenset[str] = frozenset()
 _LAYOUT_OF = {InputShape.PRISM_DRAFT: Layout.DRAFT, InputShape.PRISM_REVIEWED: Layout.REVIEWED}
 _NATS_MARKERS = frozenset(n for n in legacy.NATS_HEADERS)
 _KAFKA_MARKERS = frozenset(legacy.KAFKA_HEADERS)
@@ -194,12 +195,15 @@ def _is_lnmp_text_record(value: bytes) -> bool:
 def _detect(value: bytes, pairs: list[tuple[str, bytes]], limits: Limits = DEFAULT_LIMITS,
             dropped: list[str] | None = None) -> tuple[InputShape, Envelope | None, Records | None]:
     """(shape, envelope, records): the last two only for a valid envelope (`_valid_envelope`)."""
-    names = {n for n, _ in pairs}
-    ct = _content_type(pairs)
-    if ct.startswith(ce.STRUCTURED_PREFIX):
-        return InputShape.CLOUDEVENT_STRUCTURED, None, None
-    if any(n.startswith(ce.CE_PREFIX) for n in names):
-        return InputShape.CLOUDEVENT_BINARY, None, None
+    if pairs:
+        names = {n for n, _ in pairs}
+        ct = _content_type(pairs)
+        if ct.startswith(ce.STRUCTURED_PREFIX):
+            return InputShape.CLOUDEVENT_STRUCTURED, None, None
+        if any(n.startswith(ce.CE_PREFIX) for n in names):
+            return InputShape.CLOUDEVENT_BINARY, None, None
+    else:  # the usual envelope on Kafka: no header can declare anything
+        names, ct = _NO_NAMES, ""
     valid = _valid_envelope(value, limits, dropped if dropped is not None else []) if value else None
     if valid is not None:
         env, layout, records = valid
@@ -266,10 +270,10 @@ def normalize(
         raise SizeLimitError(f"message is {size} bytes, over the {limits.max_message_bytes}-byte limit",
                              hint="raise Limits.max_message_bytes or have the producer split the message")
     data = bytes(value)
-    pairs = header_pairs(headers)
+    pairs = header_pairs(headers) if headers else []
     dropped: list[str] = []
     shape, env, records = _detect(data, pairs, limits, dropped)
-    notes: list[str] = [f"dropped converting the draft layout: {d}" for d in dropped]
+    notes: list[str] = [f"dropped converting the draft layout: {d}" for d in dropped] if dropped else []
     error: type[FormatError] = FormatError
 
     if shape in (InputShape.PRISM_REVIEWED, InputShape.PRISM_DRAFT):
