@@ -408,8 +408,10 @@ def read_incoming(envelope: Envelope | None, headers: HeadersLike | None = None)
     from the place whose `traceparent` was valid.
     """
     obs = envelope.observability if envelope is not None else None
-    if obs is not None and (obs.trace_id or obs.span_id):
-        tp = _from_envelope_fields(obs.trace_id, obs.span_id, obs.trace_flags)
+    if obs is not None:
+        trace_id, span_id = obs.trace_id, obs.span_id  # each read of a protobuf string builds a new str
+    if obs is not None and (trace_id or span_id):
+        tp = _from_envelope_fields(trace_id, span_id, obs.trace_flags)
         if tp is not None:
             ext = envelope.extensions  # type: ignore[union-attr]
             state = parse_tracestate(ext[TRACESTATE_EXTENSION]) if TRACESTATE_EXTENSION in ext else _EMPTY_STATE
