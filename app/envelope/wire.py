@@ -85,6 +85,9 @@ def scan(buf: memoryview | bytes, start: int = 0, end: int | None = None) -> lis
             if b < 0x80:
                 length = b
                 value_start = pos + 1
+            elif pos + 1 < end and buf[pos + 1] < 0x80:  # 128 B - 16 KB: the security context, a payload
+                length = (b & 0x7F) | (buf[pos + 1] << 7)
+                value_start = pos + 2
             else:
                 length, value_start = read_varint(buf, pos, end)
             pos = value_start + length
