@@ -99,7 +99,10 @@ def scan(buf: memoryview | bytes, start: int = 0, end: int | None = None) -> lis
                 )
             append((field, wt, rec_start, value_start, pos))
         elif wt == VARINT:
-            _, pos = read_varint(buf, pos, end)
+            if pos < end and buf[pos] < 0x80:  # a one-byte value (flags, small enums)
+                pos += 1
+            else:
+                _, pos = read_varint(buf, pos, end)
             append((field, wt, rec_start, rec_start, pos))
         elif wt in (I64, I32):
             pos += 8 if wt == I64 else 4

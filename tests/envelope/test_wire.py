@@ -56,3 +56,11 @@ def test_a_length_cut_inside_its_varint_is_truncated(prefix):
 
 def test_a_non_minimal_two_byte_length_is_read_as_its_value():
     assert [(r.value_start, r.end) for r in iter_records(b"\x12\x81\x00x")] == [(3, 4)]
+
+
+@pytest.mark.parametrize("n", [0, 1, 127, 128, 2**35])
+def test_varint_records_of_every_size_end_where_their_value_ends(n):
+    data = b"\x08" + encode_varint(n) + b"\x12\x01z"
+    recs = list(iter_records(data))
+    assert [(r.field, r.start, r.end) for r in recs] == [(1, 0, 1 + len(encode_varint(n))),
+                                                          (2, 1 + len(encode_varint(n)), len(data))]
