@@ -496,7 +496,7 @@ def continue_or_start(
         flags = inc.traceparent.propagated_flags()
         state = inc.tracestate
     else:
-        trace_id, parent, state = new_trace_id(), None, TraceState()
+        trace_id, parent, state = new_trace_id(), None, _EMPTY_STATE  # immutable: one shared empty state
         flags = FLAG_RANDOM | (FLAG_SAMPLED if sampled else 0)
     write_envelope_context(envelope, trace_id, new_span_id(), parent, flags, state)
     return TraceContinuation(trace_id, parent, flags)
