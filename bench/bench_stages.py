@@ -294,8 +294,50 @@ def compare(baseline: str, n: int, rounds: int, chunk: int, clock: str = "cpu",
 # --------------------------------------------------------------------------- output equivalence
 
 
+def _edge_cases(keys: Any, n: int) -> list[tuple[bytes, list[tuple[str, bytes]]]]:
+    """Envelopes that exercise the signature checks the demo mix never reaches: legacy scope,
+    draft layout, a second security record (signed and unsigned), a repeated metadata record,
+    a security record with the wrong wire type, a tampered payload, disagreeing prism-* headers."""
+    from app.envelope import Layout, encode, new_envelope
+    from app.security.signing import SCOPE_LEGACY, sign
+
+    token = keys.mint_token("svc-orders", ttl_s=7200)
+    key = keys.keyring.signing["dev-producer-1"]
+    empty_security = b"\x12\x00"  # reviewed layout: field 2, length 0
+    out: list[tuple[bytes, list[tuple[str, bytes]]]] = []
+    for i in range(n):
+        def env(i: int = i) -> Any:
+            e = new_envelope(TOPIC, {"order_id": f"edge-{i}", "n": i}, namespace="order-events",
+                             message_id=f"01900000-0000-7000-8000-{i:012d}")
+            e.ensure_security().auth_token = token
+            return e
+        v2 = sign(env(), key)
+        meta = v2[: v2.index(b"\x12")]  # the leading metadata record (field 1), as encoded
+        kind = i % 9
+        if kind == 0:
+            out.append((sign(env(), key, scope=SCOPE_LEGACY), []))
+        elif kind == 1:
+            out.append((sign(env(), key, Layout.DRAFT), []))
+        elif kind == 2:
+            out.append((v2 + empty_security, []))
+        elif kind == 3:
+            out.append((encode(env()) + empty_security, []))
+        elif kind == 4:
+            out.append((v2 + meta, []))
+        elif kind == 5:
+            out.append((v2 + b"\x10\x01", []))
+        elif kind == 6:
+            out.append((v2.replace(b"edge-", b"EDGE-"), []))
+        elif kind == 7:
+            out.append((v2, [("prism-message-id", b"not-the-id"), ("prism-auth-token", token.encode())]))
+        else:
+            out.append((v2, [("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")]))
+    return out
+
+
 def dump_corpus(path: Path, keys_dir: Path, n: int) -> None:
-    """A varied corpus: the demo load generator's mix (good, bad, duplicates) + bench messages."""
+    """A varied corpus: the demo load generator's mix (good, bad, duplicates) + bench messages
+    + signature edge cases (`_edge_cases`)."""
     from app.demo.loadgen import LoadGenerator
     from app.security.devkeys import ensure_dev_keys
 
@@ -311,6 +353,9 @@ def dump_corpus(path: Path, keys_dir: Path, n: int) -> None:
         corpus.append({"value": v.hex(), "headers": [["traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-"
                                                       b"00f067aa0ba902b7-01".hex()]],
                        "key": k.hex() if k else None, "ts": ts})
+    for i, (v, hs) in enumerate(_edge_cases(keys, n // 10)):
+        corpus.append({"value": v.hex(), "headers": [[k, hv.hex()] for k, hv in hs], "key": str(i % 64).encode().hex(),
+                       "ts": now + n + i})
     path.write_text(json.dumps({"now": now / 1000, "items": corpus}))
 
 
