@@ -65,6 +65,8 @@ class ChainStats:
         return {k: self.stage_ns[k] / 1000 / max(1, self.stage_calls[k]) for k in self.stage_ns}
 
 
+_EMITTED = Outcome.EMITTED  # once per message: a module name, not an EnumType attribute lookup
+
 #: `Chain.stage_timing_every` by default: ~30 timed messages per 500-message batch
 STAGE_TIMING_EVERY = 16
 
@@ -124,7 +126,7 @@ class Chain:
             return Result(Outcome.DUPLICATE, stage.name, exc.code)  # type: ignore[union-attr]
         except Exception as exc:  # PrismError, or a bug: either way the DLQ, never a crash
             return self._dlq(msg, stage, exc)  # type: ignore[arg-type]
-        return Result(Outcome.EMITTED)
+        return Result(_EMITTED)
 
     def _run_timed(self, msg: Message) -> Result:
         stats = self.stats
@@ -151,7 +153,7 @@ class Chain:
             finally:
                 stats.stage_ns[stage.name] += clock() - t0
                 stats.stage_calls[stage.name] += 1
-        return Result(Outcome.EMITTED)
+        return Result(_EMITTED)
 
     def _dlq(self, msg: Message, stage: Stage | str, exc: BaseException) -> Result:
         name = stage if isinstance(stage, str) else stage.name

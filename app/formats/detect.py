@@ -102,6 +102,10 @@ PRISM_NON_HINTS = frozenset({"prism-auth-token", "prism-dlq-attestation"})
 _LNMP_FIELD_LINE = re.compile(r"[ \t]*F[0-9]{1,5}(?::(?:ra|sa|i|f|b|s|r))?[ \t]*=")
 _NO_NAMES: frozenset[str] = frozenset()
 _LAYOUT_OF = {InputShape.PRISM_DRAFT: Layout.DRAFT, InputShape.PRISM_REVIEWED: Layout.REVIEWED}
+# Module-level names for the members the per-message paths test (an EnumType attribute
+# lookup costs ~80 ns on CPython 3.11; a frozenset test ~40 ns where a tuple of members ~200 ns).
+_PRISM_DRAFT, _PRISM_REVIEWED, _DRAFT = InputShape.PRISM_DRAFT, InputShape.PRISM_REVIEWED, Layout.DRAFT
+_PRISM_SHAPES = frozenset({_PRISM_DRAFT, _PRISM_REVIEWED})
 _NATS_MARKERS = frozenset(n for n in legacy.NATS_HEADERS)
 _KAFKA_MARKERS = frozenset(legacy.KAFKA_HEADERS)
 
@@ -207,7 +211,7 @@ def _detect(value: bytes, pairs: list[tuple[str, bytes]], limits: Limits = DEFAU
     valid = _valid_envelope(value, limits, dropped if dropped is not None else []) if value else None
     if valid is not None:
         env, layout, records = valid
-        return (InputShape.PRISM_DRAFT if layout is Layout.DRAFT else InputShape.PRISM_REVIEWED), env, records
+        return (_PRISM_DRAFT if layout is _DRAFT else _PRISM_REVIEWED), env, records
     if _prism_hints(names) or _envelope_prefix(value):
         env, layout = None, Layout.REVIEWED
         with contextlib.suppress(EnvelopeError):
@@ -276,7 +280,7 @@ def normalize(
     notes: list[str] = [f"dropped converting the draft layout: {d}" for d in dropped] if dropped else []
     error: type[FormatError] = FormatError
 
-    if shape in (InputShape.PRISM_REVIEWED, InputShape.PRISM_DRAFT):
+    if shape in _PRISM_SHAPES:
         env = _prism(data, pairs, env, notes, limits)
         if records is not None:
             return NormalizeResult(env, shape, notes, records, _LAYOUT_OF[shape])
@@ -308,7 +312,7 @@ def normalize(
         env = decoded.envelope
         notes += decoded.notes
     assert env is not None
-    if shape not in (InputShape.PRISM_REVIEWED, InputShape.PRISM_DRAFT):
+    if shape not in _PRISM_SHAPES:
         # Legacy shapes carry no ids/timestamps of their own: fill them in. A Prism envelope
         # is the producer's promise of complete metadata; one that breaks it is rejected by
         # the validate stage (memo-031 "missing required fields"), never silently patched.
