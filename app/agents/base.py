@@ -42,7 +42,8 @@ class Message:
     #: topic/partition/offset, so a replay takes the attested original id instead
     generated_id: bool = False
     #: normalize's walk of `value` when it decoded as an envelope with no required-field
-    #: problem: (the very `value` object walked, its top-level records, their layout).
+    #: problem and `value` is immutable `bytes`: (that very object, its top-level records,
+    #: their layout).
     #: verify_signature runs its checks on these records instead of walking the bytes again;
     #: keeping `value` lets it make sure they describe the bytes it verifies. It also tells
     #: validate that `required_problems` already found nothing (nothing between normalize

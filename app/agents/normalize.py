@@ -52,8 +52,8 @@ class Normalize(Stage):
         msg.shape = str(shape)
         msg.envelope = env = res.envelope
         msg.original_is_envelope = shape in ENVELOPE_SHAPES
-        if res.records is not None:  # the walk verify_signature reuses (Message.scanned)
-            msg.scanned = (msg.value, res.records, res.layout)  # type: ignore[assignment]
+        if res.records is not None and type(msg.value) is bytes:  # immutable: the walk stays true
+            msg.scanned = (msg.value, res.records, res.layout)  # type: ignore[assignment]  # Message.scanned
         notes = res.notes
         msg.generated_id = bool(notes) and any(n.startswith("metadata.message_id generated") for n in notes)
         header = env.header

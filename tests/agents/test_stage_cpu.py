@@ -175,3 +175,12 @@ def test_with_a_tracing_scope_every_message_is_timed() -> None:
     for i in range(5):
         c.run(make_msg(b"x", offset=i))
     assert c.stats.stage_calls["normalize"] == 5
+
+
+def test_a_mutable_value_gets_no_shared_walk(dev_keys) -> None:
+    """A bytearray could change after normalize walked it: verify_signature walks it itself."""
+    msg = make_msg(bytearray(_signed(dev_keys)))  # type: ignore[arg-type]
+    Normalize(NormalizeStage(), namespaces=NS, formats={}).process(msg)
+    assert msg.original_is_envelope and msg.scanned is None
+    _verify(dev_keys).process(msg)
+    assert msg.signature is not None
