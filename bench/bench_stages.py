@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.bench_stages [--n 20000] [--passes 5]        # µs / message / stage
     .venv/bin/python -m bench.bench_stages --profile prof.out               # cProfile one pass
     .venv/bin/python -m bench.bench_stages --baseline HEAD~3 [--rounds 40]  # before/after, interleaved
+    .venv/bin/python -m bench.bench_stages --baseline HEAD~3 --stage-timing-every 1  # every stage timed
 
 Input: `bench.bench_pipeline.make_messages` (signed reviewed envelopes, JWT, 1 KB JSON) over
 `topologies/orders-created.yaml` with development keys, run the way
@@ -22,7 +23,7 @@ variants run as worker processes that take turns, 1000 messages at a time, so ma
 drift hits both alike; medians over turns and of the paired ratios are reported.
 
 `--dump-corpus`/`--dump-outputs` check behaviour rather than speed: a fixed corpus (the demo
-load generator's mix plus bench messages) is written once, then every emission's and DLQ
+load generator's mix, bench messages and signature edge cases) is written once, then every emission's and DLQ
 record's topic, key, value, headers and timestamp are written as JSON; run it under two
 code versions with the same keys folder and compare the files. Random trace/span ids are
 made deterministic (seeded `getrandbits` in the trace-context module) and the wall
