@@ -104,7 +104,7 @@ class Chain:
             if self.stage_scope is None and self._untimed:
                 self._untimed -= 1
                 return self._run_untimed(msg)
-            self._untimed = self.stage_timing_every - 1
+            self._untimed = max(self.stage_timing_every, 1) - 1  # 0 or less: time every message
             return self._run_timed(msg)
         finally:
             stats.chain_ns += clock() - t0

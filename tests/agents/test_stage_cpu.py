@@ -169,6 +169,14 @@ def test_untimed_messages_end_exactly_as_timed_ones(exc, expired_to_dlq) -> None
     assert outcomes.count(Outcome.EMITTED) == 3 and results[1][3] == 3  # enrich never saw a failed message
 
 
+@pytest.mark.parametrize("every", [1, 0, -3])
+def test_an_interval_of_one_or_less_times_every_message(every) -> None:
+    c = _chain(_Named("normalize"), every=every)
+    for i in range(5):
+        c.run(make_msg(b"x", offset=i))
+    assert c.stats.stage_calls["normalize"] == 5 and c.stats.chain_calls == 5
+
+
 def test_with_a_tracing_scope_every_message_is_timed() -> None:
     c = _chain(_Named("normalize"), every=16)
     c.stage_scope = lambda stage, msg: contextlib.nullcontext()
