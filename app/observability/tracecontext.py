@@ -416,12 +416,17 @@ def read_incoming(envelope: Envelope | None, headers: HeadersLike | None = None)
             ext = envelope.extensions  # type: ignore[union-attr]
             state = parse_tracestate(ext[TRACESTATE_EXTENSION]) if TRACESTATE_EXTENSION in ext else _EMPTY_STATE
             return Incoming(tp, state, "envelope")
-    tps, tss = header_values(headers)
-    if len(tps) == 1:  # a duplicated traceparent is invalid (conformance suite)
-        tp = parse_traceparent(tps[0])
-        if tp is not None:
-            return Incoming(tp, parse_tracestate(tss) if tss else _EMPTY_STATE, "headers")
-    return Incoming(None, _EMPTY_STATE, "none")
+    if headers:  # (most envelopes on Kafka carry none)
+        tps, tss = header_values(headers)
+        if len(tps) == 1:  # a duplicated traceparent is invalid (conformance suite)
+            tp = parse_traceparent(tps[0])
+            if tp is not None:
+                return Incoming(tp, parse_tracestate(tss) if tss else _EMPTY_STATE, "headers")
+    return _NO_INCOMING
+
+
+#: "no valid incoming context" (immutable, so one instance serves every message)
+_NO_INCOMING = Incoming(None, _EMPTY_STATE, "none")
 
 
 def carrier_from(envelope: Envelope | None, headers: HeadersLike | None = None) -> dict[str, str]:
