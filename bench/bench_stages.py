@@ -3,12 +3,18 @@
     .venv/bin/python -m bench.bench_stages [--n 20000] [--passes 5]        # µs / message / stage
     .venv/bin/python -m bench.bench_stages --profile prof.out               # cProfile one pass
     .venv/bin/python -m bench.bench_stages --baseline HEAD~3 [--rounds 40]  # before/after, interleaved
+    .venv/bin/python -m bench.bench_stages --baseline HEAD~3 --stage-timing-every 1  # every stage timed
 
 Input: `bench.bench_pipeline.make_messages` (signed reviewed envelopes, JWT, 1 KB JSON) over
 `topologies/orders-created.yaml` with development keys, run the way
 `app/worker/pipeline.py` `_process_batch` runs them (batches of 500, publish timed as
 "publish", dedup ids recorded after the batch), minus Faust: the dedup window is an
-in-memory `DedupWindow` over a dict. The numbers are the chain's own `stats.stage_ns`.
+in-memory `DedupWindow` over a dict. The per-stage numbers are the chain's own
+`stats.stage_ns` / `stats.stage_calls` (the mean over the messages whose stages the chain
+timed: one in `Chain.stage_timing_every`, or every one with `--stage-timing-every 1`, which
+also works on code older than the sampling). The `chain` row is timed here, around every
+`chain.run` call, in both variants alike: the whole chain including the chain's own timing
+overhead, which the per-stage numbers cannot show.
 
 Why subprocesses for `--baseline`: the old and the new code are both the `app` package, so
 they cannot share one interpreter. The baseline's `app/` (and `topologies/`, `bench/`) is
@@ -17,7 +23,7 @@ variants run as worker processes that take turns, 1000 messages at a time, so ma
 drift hits both alike; medians over turns and of the paired ratios are reported.
 
 `--dump-corpus`/`--dump-outputs` check behaviour rather than speed: a fixed corpus (the demo
-load generator's mix plus bench messages) is written once, then every emission's and DLQ
+load generator's mix, bench messages and signature edge cases) is written once, then every emission's and DLQ
 record's topic, key, value, headers and timestamp are written as JSON; run it under two
 code versions with the same keys folder and compare the files. Random trace/span ids are
 made deterministic (seeded `getrandbits` in the trace-context module) and the wall
@@ -45,6 +51,10 @@ ROOT = Path(__file__).resolve().parents[1]
 TOPIC = "orders.created"
 BATCH = 500
 STAGES = ("normalize", "validate", "authenticate", "verify_signature", "policy", "dedup", "enrich", "publish")
+#: the extra row: all of `chain.run` per message, timed by the harness (module docs)
+CHAIN = "chain"
+#: `--stage-timing-every`: None keeps the chain's own default
+TIMING_EVERY: int | None = None
 
 Input = tuple[bytes, list[tuple[str, bytes]], bytes | None, int | None]  # value, headers, key, timestamp_ms
 
@@ -73,6 +83,9 @@ class Harness:
     chain: Any
     publisher: Any
     dedup: Any
+    #: harness-timed `chain.run` total (CHAIN row) and its number of calls
+    chain_ns: int = 0
+    chain_calls: int = 0
 
 
 def build(keys_dir: Path) -> Harness:
@@ -103,6 +116,8 @@ def harness_for(topo: Any, keyring: Any) -> Harness:
     chain = Chain(stages, dlq_topic_for=lambda t: t + topo.dlq.topic_suffix,
                   expired_to_dlq=bool(policy and policy.expired == "dlq"))
     kid = topo.outputs.signing_key_id or keyring.worker_key_id
+    if TIMING_EVERY is not None:
+        chain.stage_timing_every = TIMING_EVERY  # a plain attribute on code without sampling: no effect
     return Harness(chain, Publisher(topo, worker_key=keyring.signing[kid] if topo.outputs.sign else None), dedup)
 
 
@@ -119,13 +134,16 @@ def run(h: Harness, inputs: Iterable[Input], *, partition_of: Any = None, keep: 
     clock = CLOCK
     results: list[tuple[str, Any]] = []
     items = list(inputs)
+    chain_ns = 0
     for b in range(0, len(items), BATCH):
         emitted: list[Any] = []
         for i, (value, headers, key, ts) in enumerate(items[b:b + BATCH], start=b):
             part = partition_of(key) if partition_of else i % 4
             msg = Message(topic=TOPIC, partition=part, offset=i, value=value, key=key,
                           headers=[(k, v) for k, v in headers if v is not None], timestamp_ms=ts)
+            t0 = clock()
             result = chain.run(msg)
+            chain_ns += clock() - t0
             if result.outcome is Outcome.EMITTED:
                 try:
                     t0 = clock()
@@ -144,6 +162,8 @@ def run(h: Harness, inputs: Iterable[Input], *, partition_of: Any = None, keep: 
             for msg in emitted:
                 dedup.record_emitted(msg)
             dedup.end_batch()
+    h.chain_ns += chain_ns
+    h.chain_calls += len(items)
     return results
 
 
@@ -164,7 +184,7 @@ def one_pass(keys_dir: Path, inputs: list[Input]) -> dict[str, float]:
     out = run(h, inputs, keep=False)
     assert all(o == "emitted" for o, _ in out), {o for o, _ in out}  # dropped work would prove nothing
     us = h.chain.stats.stage_us_per_message()
-    return {k: us.get(k, 0.0) for k in STAGES}
+    return {**{k: us.get(k, 0.0) for k in STAGES}, CHAIN: h.chain_ns / 1000 / max(1, h.chain_calls)}
 
 
 def worker(n: int, passes: int, keys_dir: Path) -> list[dict[str, float]]:
@@ -178,7 +198,7 @@ def _table(columns: dict[str, dict[str, float]]) -> str:
     names = list(columns)
     lines = ["| stage | " + " | ".join(names) + (" | change (paired) |" if ratio else " |"),
              "|---|" + "---|" * (len(names) + (1 if ratio else 0))]
-    for stage in (*STAGES, "total"):
+    for stage in (*STAGES, "total", CHAIN):
         row = f"| {stage} | " + " | ".join(f"{columns[c][stage]:.1f}" for c in names)
         if ratio:
             row += f" | {(ratio[stage] - 1) * 100:+.0f} %"
@@ -187,7 +207,7 @@ def _table(columns: dict[str, dict[str, float]]) -> str:
 
 
 def _medians(samples: list[dict[str, float]]) -> dict[str, float]:
-    med = {k: statistics.median(s[k] for s in samples) for k in STAGES}
+    med = {k: statistics.median(s[k] for s in samples) for k in (*STAGES, CHAIN)}
     med["total"] = statistics.median(sum(s[k] for k in STAGES) for s in samples)
     return med
 
@@ -210,14 +230,17 @@ def serve(n: int, chunk: int, keys_dir: Path) -> None:
             h, pos = build(keys_dir), 0  # a fresh window: the same ids again would be duplicates
             stats = h.chain.stats
         ns0, calls0 = dict(stats.stage_ns), dict(stats.stage_calls)
+        chain0, chain_calls0 = h.chain_ns, h.chain_calls
         out = run(h, inputs[pos:pos + chunk], keep=False)
         assert all(o == "emitted" for o, _ in out), {o for o, _ in out}
         pos += chunk
-        print(json.dumps({k: (stats.stage_ns[k] - ns0.get(k, 0)) / 1000 / max(1, stats.stage_calls[k] - calls0.get(k, 0))
-                          for k in STAGES}), flush=True)
+        print(json.dumps({**{k: (stats.stage_ns[k] - ns0.get(k, 0)) / 1000 / max(1, stats.stage_calls[k] - calls0.get(k, 0))
+                             for k in STAGES},
+                          CHAIN: (h.chain_ns - chain0) / 1000 / max(1, h.chain_calls - chain_calls0)}), flush=True)
 
 
-def compare(baseline: str, n: int, rounds: int, chunk: int, clock: str = "cpu") -> dict[str, dict[str, float]]:
+def compare(baseline: str, n: int, rounds: int, chunk: int, clock: str = "cpu",
+            timing_every: int | None = None) -> dict[str, dict[str, float]]:
     """Baseline (`git archive` of `baseline`) against the working tree.
 
     Both run as long-lived worker processes and take turns, one chunk of `chunk` messages at a
@@ -241,7 +264,8 @@ def compare(baseline: str, n: int, rounds: int, chunk: int, clock: str = "cpu") 
     for name, cwd in variants.items():
         procs[name] = subprocess.Popen(
             [sys.executable, "-m", "bench.bench_stages", "--serve", "--n", str(n), "--chunk", str(chunk),
-             "--keys", str(keys_dir), "--clock", clock], cwd=str(cwd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             "--keys", str(keys_dir), "--clock", clock,
+             *(["--stage-timing-every", str(timing_every)] if timing_every is not None else [])], cwd=str(cwd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     samples: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     try:
         for name, p in procs.items():
@@ -261,8 +285,9 @@ def compare(baseline: str, n: int, rounds: int, chunk: int, clock: str = "cpu") 
     result = {name: _medians(s) for name, s in samples.items()}
     before, after = samples.values()
     ratios = {k: statistics.median(a[k] / b[k] for a, b in zip(after, before, strict=True) if b[k])
-              for k in STAGES}
-    ratios["total"] = statistics.median(sum(a.values()) / sum(b.values()) for a, b in zip(after, before, strict=True))
+              for k in (*STAGES, CHAIN)}
+    ratios["total"] = statistics.median(sum(a[k] for k in STAGES) / sum(b[k] for k in STAGES)
+                                        for a, b in zip(after, before, strict=True))
     result["paired after/before"] = ratios
     return result
 
@@ -270,8 +295,50 @@ def compare(baseline: str, n: int, rounds: int, chunk: int, clock: str = "cpu") 
 # --------------------------------------------------------------------------- output equivalence
 
 
+def _edge_cases(keys: Any, n: int) -> list[tuple[bytes, list[tuple[str, bytes]]]]:
+    """Envelopes that exercise the signature checks the demo mix never reaches: legacy scope,
+    draft layout, a second security record (signed and unsigned), a repeated metadata record,
+    a security record with the wrong wire type, a tampered payload, disagreeing prism-* headers."""
+    from app.envelope import Layout, encode, new_envelope
+    from app.security.signing import SCOPE_LEGACY, sign
+
+    token = keys.mint_token("svc-orders", ttl_s=7200)
+    key = keys.keyring.signing["dev-producer-1"]
+    empty_security = b"\x12\x00"  # reviewed layout: field 2, length 0
+    out: list[tuple[bytes, list[tuple[str, bytes]]]] = []
+    for i in range(n):
+        def env(i: int = i) -> Any:
+            e = new_envelope(TOPIC, {"order_id": f"edge-{i}", "n": i}, namespace="order-events",
+                             message_id=f"01900000-0000-7000-8000-{i:012d}")
+            e.ensure_security().auth_token = token
+            return e
+        v2 = sign(env(), key)
+        meta = v2[: v2.index(b"\x12")]  # the leading metadata record (field 1), as encoded
+        kind = i % 9
+        if kind == 0:
+            out.append((sign(env(), key, scope=SCOPE_LEGACY), []))
+        elif kind == 1:
+            out.append((sign(env(), key, Layout.DRAFT), []))
+        elif kind == 2:
+            out.append((v2 + empty_security, []))
+        elif kind == 3:
+            out.append((encode(env()) + empty_security, []))
+        elif kind == 4:
+            out.append((v2 + meta, []))
+        elif kind == 5:
+            out.append((v2 + b"\x10\x01", []))
+        elif kind == 6:
+            out.append((v2.replace(b"edge-", b"EDGE-"), []))
+        elif kind == 7:
+            out.append((v2, [("prism-message-id", b"not-the-id"), ("prism-auth-token", token.encode())]))
+        else:
+            out.append((v2, [("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")]))
+    return out
+
+
 def dump_corpus(path: Path, keys_dir: Path, n: int) -> None:
-    """A varied corpus: the demo load generator's mix (good, bad, duplicates) + bench messages."""
+    """A varied corpus: the demo load generator's mix (good, bad, duplicates) + bench messages
+    + signature edge cases (`_edge_cases`)."""
     from app.demo.loadgen import LoadGenerator
     from app.security.devkeys import ensure_dev_keys
 
@@ -287,6 +354,9 @@ def dump_corpus(path: Path, keys_dir: Path, n: int) -> None:
         corpus.append({"value": v.hex(), "headers": [["traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-"
                                                       b"00f067aa0ba902b7-01".hex()]],
                        "key": k.hex() if k else None, "ts": ts})
+    for i, (v, hs) in enumerate(_edge_cases(keys, n // 10)):
+        corpus.append({"value": v.hex(), "headers": [[k, hv.hex()] for k, hv in hs], "key": str(i % 64).encode().hex(),
+                       "ts": now + n + i})
     path.write_text(json.dumps({"now": now / 1000, "items": corpus}))
 
 
@@ -331,12 +401,16 @@ def main() -> None:
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                     help="time stages by thread CPU time (default) or wall time, as the worker does")
+    ap.add_argument("--stage-timing-every", type=int, default=None,
+                    help="time the stages of one message in N (default: the chain's own; 1 times every message)")
     ap.add_argument("--dump-corpus", type=Path, default=None)
     ap.add_argument("--dump-outputs", nargs=2, type=Path, metavar=("CORPUS", "OUT"), default=None)
     args = ap.parse_args()
     keys_dir = args.keys or Path(tempfile.mkdtemp(prefix="prism-bench-keys-"))
     if args.clock == "cpu":
         use_cpu_clock()
+    global TIMING_EVERY
+    TIMING_EVERY = args.stage_timing_every
     if args.dump_corpus:
         dump_corpus(args.dump_corpus, keys_dir, args.n)
     elif args.dump_outputs:
@@ -344,7 +418,7 @@ def main() -> None:
     elif args.serve:
         serve(args.n, args.chunk, keys_dir)
     elif args.baseline:
-        res = compare(args.baseline, args.n, args.rounds, args.chunk, args.clock)
+        res = compare(args.baseline, args.n, args.rounds, args.chunk, args.clock, args.stage_timing_every)
         print(f"\n{args.clock} µs per message, medians of {args.rounds} interleaved turns of {args.chunk} messages\n")
         print(_table(res))
     elif args.profile:

@@ -74,14 +74,14 @@ class Authenticate(Stage):
     def process(self, msg: Message) -> None:
         principal = self._authenticate(msg)
         if self.producers is not None:
-            self.producers.check_principal(principal, msg.env.namespace, msg.topic)
+            self.producers.check_principal(principal, msg.env.header.metadata.namespace, msg.topic)
 
     def _authenticate(self, msg: Message) -> str | None:
         """Verify the token if any, apply its identity, strip it. Returns the verified principal;
         a bare `return` (no token, or policy off) is None: the message is anonymous."""
         env = msg.env
-        sec = env.security
-        token = sec.auth_token if sec is not None else ""
+        header = env.header  # Envelope.security, inlined (a property and a HasField per call)
+        token = header.security.auth_token if header.HasField("security") else ""
         try:
             if self.policy == "off":
                 return

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from app.envelope import Envelope
+from app.envelope.codec import Layout
 from app.security.jwt_auth import Identity
 from app.security.signing import SignatureInfo
 
@@ -40,6 +41,14 @@ class Message:
     #: normalize generated the message id (the input carried none): derived from this record's
     #: topic/partition/offset, so a replay takes the attested original id instead
     generated_id: bool = False
+    #: normalize's walk of `value` when it decoded as an envelope with no required-field
+    #: problem and `value` is immutable `bytes`: (that very object, its top-level records,
+    #: their layout).
+    #: verify_signature runs its checks on these records instead of walking the bytes again;
+    #: keeping `value` lets it make sure they describe the bytes it verifies. It also tells
+    #: validate that `required_problems` already found nothing (nothing between normalize
+    #: and validate - the topology fixes the order - touches a required field).
+    scanned: tuple[bytes, list[tuple[int, int, int, int, int]], Layout] | None = None
 
     @property
     def env(self) -> Envelope:

@@ -43,6 +43,11 @@ class Enrich(Stage):
     def __init__(self, *, trace: bool, schema: SchemaInfo | None) -> None:
         self.trace = trace
         self.schema = schema
+        #: what of the per-message work the schema makes possible at all, decided once
+        self._stamps = schema is not None and bool(schema.url or schema.version or schema.name)
+        self._may_track = (schema is not None and schema.resolved is not None and schema.format == "protobuf"
+                           and bool(schema.resolved.deprecated_fields))
+        self._reads_payload = schema is not None and (schema.checker is not None or self._may_track)
 
     def process(self, msg: Message) -> None:
         env = msg.env
@@ -51,14 +56,15 @@ class Enrich(Stage):
         s = self.schema
         if s is None:
             return
-        if s.url or s.version or s.name:
+        if self._stamps:
             sc = env.ensure_schema()
             sc.schema_url, sc.schema_version, sc.schema_format = s.url, s.version, s.format
             sc.schema_hash, sc.schema_name, sc.compatibility_mode = s.hash, s.name, s.compatibility
         if s.pii_fields:
             env.ensure_security().contains_pii = True
-        track_deprecated = (s.resolved is not None and s.format == "protobuf" and bool(s.resolved.deprecated_fields)
-                            and env.content_type == "application/protobuf")
+        if not self._reads_payload:  # no checker, and no deprecated field this schema could report
+            return
+        track_deprecated = self._may_track and env.content_type == "application/protobuf"
         if env.is_encrypted or (s.checker is None and not track_deprecated):
             return
         body = env.payload_bytes()

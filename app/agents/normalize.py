@@ -41,35 +41,40 @@ class Normalize(Stage):
             t: frozenset([t]) for t in namespaces}
 
     def process(self, msg: Message) -> None:
-        res = normalize(msg.value, msg.headers, topic=msg.topic, namespace=self.namespaces[msg.topic],
+        topic = msg.topic
+        res = normalize(msg.value, msg.headers, topic=topic, namespace=self.namespaces[topic],
                         default_content_type=self.settings.default_content_type, key=msg.key,
                         now_ms=msg.timestamp_ms,
                         # the same input record always gets the same generated id, so a
                         # redelivery after a crash is caught by dedup
-                        id_seed=f"{msg.topic}/{msg.partition}/{msg.offset}".encode())
-        msg.shape = str(res.shape)
-        msg.envelope = res.envelope
-        msg.original_is_envelope = res.shape in ENVELOPE_SHAPES
-        msg.generated_id = any(n.startswith("metadata.message_id generated") for n in res.notes)
-        sec = res.envelope.security
-        if sec is not None and sec.auth_token:
-            msg.secrets.append(sec.auth_token.encode())
-            token = sec.auth_token
+                        id_seed=f"{topic}/{msg.partition}/{msg.offset}".encode())
+        shape = res.shape
+        msg.shape = str(shape)
+        msg.envelope = env = res.envelope
+        msg.original_is_envelope = shape in ENVELOPE_SHAPES
+        if res.records is not None and type(msg.value) is bytes:  # immutable: the walk stays true
+            msg.scanned = (msg.value, res.records, res.layout)  # type: ignore[assignment]  # Message.scanned
+        notes = res.notes
+        msg.generated_id = bool(notes) and any(n.startswith("metadata.message_id generated") for n in notes)
+        header = env.header
+        token = header.security.auth_token if header.HasField("security") else ""  # one read: each builds a str
+        if token:
+            msg.secrets.append(token.encode())
             if not (token.startswith("eyJ") and token.count(".") >= 2) and token.strip("*"):
                 # Opaque tokens have no recognisable shape: tell the log redactor about them.
                 # (JWTs are masked by their shape; registering each would only cost CPU. A
                 # replayed DLQ record's token is all '*': nothing to hide.)
                 default_redactor().register_secret(token)
-        declared = self.formats.get(msg.topic, "auto")
-        if declared != "auto" and res.shape not in _ACCEPTS[declared]:
-            raise FormatError(f"source {msg.topic!r} is declared as {declared!r} but the message is {res.shape.value}",
+        declared = self.formats.get(topic, "auto")
+        if declared != "auto" and shape not in _ACCEPTS[declared]:
+            raise FormatError(f"source {topic!r} is declared as {declared!r} but the message is {shape.value}",
                               path="sources[].format",
                               hint="fix the producer, or set the source's format to `auto`")
-        claimed = res.envelope.topic
+        claimed = header.metadata.topic
         # An empty topic is not a claim: the validate stage reports it as a missing field.
-        if claimed and claimed not in self.accepted_topics.get(msg.topic, (msg.topic,)):
+        if claimed and claimed not in self.accepted_topics.get(topic, (topic,)):
             raise TopicMismatchError(
-                f"envelope claims topic {claimed[:200]!r} but was read from source topic {msg.topic!r}",
+                f"envelope claims topic {claimed[:200]!r} but was read from source topic {topic!r}",
                 path="metadata.topic",
                 hint="produce the envelope to the topic it names (a copy from another topic is a replay), "
                      "or list that name in the source's topic_aliases")

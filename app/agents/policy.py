@@ -23,17 +23,20 @@ class Policy(Stage):
 
     def process(self, msg: Message) -> None:
         env = msg.env
-        md = env.metadata
-        if env.is_expired(int(time.time() * 1000)):
+        header = env.header  # read directly: Envelope.is_expired / .security / .is_encrypted, inlined
+        md = header.metadata
+        ttl = md.ttl_seconds
+        if ttl > 0 and int(time.time() * 1000) >= md.published_at_ms + ttl * 1000:
             raise ExpiredError(f"TTL of {md.ttl_seconds}s passed before processing", path="metadata.ttl_seconds")
         if not md.HasField("priority"):
             md.priority = self.settings.default_priority
-        sec = env.security
+        sec = header.security if header.HasField("security") else None
         classification = sec.data_classification if sec is not None else ""
-        if classification in self.needs_encryption and not env.is_encrypted:
+        encrypted = sec is not None and sec.HasField("encryption")
+        if classification in self.needs_encryption and not encrypted:
             raise PolicyError(f"{classification} data must be encrypted end to end",
                               path="security.data_classification",
                               hint="encrypt the payload in the producer (Prism SDK `encryption=`), "
                                    "or correct the classification")
-        if env.is_encrypted:
+        if encrypted:
             self.algorithms.check(sec.encryption.algorithm, decrypt=True)  # type: ignore[union-attr]

@@ -18,6 +18,10 @@ class Validate(Stage):
 
     def process(self, msg: Message) -> None:
         env = msg.env
-        problems = required_problems(env) + sanity_problems(env, policy=self.policy)
+        # `msg.scanned` is set only for an envelope whose required fields normalize already
+        # checked and found complete (and nothing since could unset one): not again here.
+        problems = sanity_problems(env, policy=self.policy)
+        if msg.scanned is None:
+            problems = required_problems(env) + problems
         if problems:
             raise ValidationError(problems)

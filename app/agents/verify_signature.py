@@ -40,15 +40,22 @@ class VerifySignature(Stage):
             return
         env = msg.env
         if msg.original_is_envelope:
-            sec = env.security
+            # normalize's walk of these very bytes, if it made one (Message.scanned): every
+            # check below runs on it exactly as on a fresh walk
+            scanned = msg.scanned
+            value = msg.value
+            records, layout = (scanned[1], scanned[2]) if scanned is not None and scanned[0] is value else (None, None)
+            header = env.header
+            sec = header.security if header.HasField("security") else None
             if sec is not None and sec.signature:
-                check_keyring_scope(self.keyring, sec.signature_key_id, env.namespace)
-                msg.signature = verify(msg.value, self.keyring.keys_for(env.namespace),
-                                       accept_legacy_scope=self.accept_legacy_scope)
+                namespace = header.metadata.namespace
+                check_keyring_scope(self.keyring, sec.signature_key_id, namespace)
+                msg.signature = verify(value, self.keyring.keys_for(namespace),
+                                       accept_legacy_scope=self.accept_legacy_scope, layout=layout, records=records)
                 if self.producers is not None:  # the topology's `producers:` key_ids (app/security/producers.py)
-                    self.producers.check_key(msg.signature.key_id, env.namespace, msg.topic)
+                    self.producers.check_key(msg.signature.key_id, namespace, msg.topic)
                 return
-            check_unambiguous(msg.value)
+            check_unambiguous(value, layout=layout, records=records)
         if self.policy == "required":
             what = "envelope is not signed" if msg.original_is_envelope else f"{msg.shape} input carries no signature"
             raise SignatureError(what, path="security.signature",

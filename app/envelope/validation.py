@@ -23,7 +23,7 @@ CLASSIFICATIONS = frozenset({"public", "internal", "confidential", "restricted"}
 def required_problems(env: Envelope) -> list[FieldProblem]:
     """Problems that make an envelope unusable anywhere (missing ids, payload, ...)."""
     p: list[FieldProblem] = []
-    h = env.header
+    h = env.header  # the contexts read straight off the header: this runs on every message
     if not h.HasField("metadata"):
         p.append(FieldProblem("metadata", "is required but absent"))
     md = h.metadata
@@ -41,8 +41,8 @@ def required_problems(env: Envelope) -> list[FieldProblem]:
         p.append(FieldProblem("metadata.ttl_seconds", f"must be >= 0, got {md.ttl_seconds}"))
     if not env.payload.present:
         p.append(FieldProblem("payload", "is required but absent"))
-    sec = env.security
-    if sec is not None:
+    if h.HasField("security"):
+        sec = h.security
         if sec.HasField("data_classification") and sec.data_classification not in CLASSIFICATIONS:
             p.append(FieldProblem("security.data_classification",
                                   f"must be one of {sorted(CLASSIFICATIONS)}, got {sec.data_classification!r}"))
@@ -54,8 +54,8 @@ def required_problems(env: Envelope) -> list[FieldProblem]:
                 p.append(FieldProblem("security.encryption.key_id", "is required for an encrypted payload"))
             if not enc.algorithm:
                 p.append(FieldProblem("security.encryption.algorithm", "is required for an encrypted payload"))
-    obs = env.observability
-    if obs is not None:
+    if h.HasField("observability"):
+        obs = h.observability
         if obs.trace_id and not _HEX32.fullmatch(obs.trace_id):
             p.append(FieldProblem("observability.trace_id", "must be 32 lowercase hex characters (W3C)"))
         if obs.span_id and not _HEX16.fullmatch(obs.span_id):
@@ -84,40 +84,61 @@ class SanityPolicy:
     max_label_length: int = 256
 
 
-def sanity_problems(env: Envelope, *, now_ms: int | None = None,
-                    policy: SanityPolicy = SanityPolicy()) -> list[FieldProblem]:
-    """Future timestamps, over-long ids and control characters in producer metadata."""
-    now = now_ms if now_ms is not None else int(time.time() * 1000)
-    md = env.metadata
+_ID_FIELDS = ("message_id", "correlation_id", "causality_parent")
+_NAME_FIELDS = ("topic", "namespace")
+_WHO_FIELDS = ("publisher_id", "publisher_team")
+
+
+def _string_problems(ids: tuple[str, ...], names: tuple[str, ...], who: tuple[str, ...],
+                     policy: SanityPolicy) -> list[FieldProblem]:
+    """`sanity_problems`' findings on the metadata ids/names and the publisher strings, field by field."""
     p: list[FieldProblem] = []
-    if md.published_at_ms > now + policy.max_future_skew_ms:
-        p.append(FieldProblem("metadata.published_at_ms",
-                              f"is {(md.published_at_ms - now) // 1000}s in the future "
-                              f"(allowed skew {policy.max_future_skew_ms // 1000}s)"))
-    elif 0 < md.published_at_ms < now - policy.max_age_ms:
-        p.append(FieldProblem("metadata.published_at_ms", "is unrealistically old"))
-    for name in ("message_id", "correlation_id", "causality_parent"):
-        val = getattr(md, name)
+    for name, val in zip(_ID_FIELDS, ids, strict=True):
         if len(val) > policy.max_id_length:
             p.append(FieldProblem(f"metadata.{name}", f"is {len(val)} chars, over {policy.max_id_length}"))
         if _CONTROL.search(val):
             p.append(FieldProblem(f"metadata.{name}", "contains control characters"))
-    for name in ("topic", "namespace"):
-        val = getattr(md, name)
+    for name, val in zip(_NAME_FIELDS, names, strict=True):
         if len(val) > policy.max_name_length:
             p.append(FieldProblem(f"metadata.{name}", f"is {len(val)} chars, over {policy.max_name_length}"))
         if _CONTROL.search(val):
             p.append(FieldProblem(f"metadata.{name}", "contains control characters"))
-    sec = env.security
-    if sec is not None:
-        for name in ("publisher_id", "publisher_team"):
-            if _CONTROL.search(getattr(sec, name)):
-                p.append(FieldProblem(f"security.{name}", "contains control characters"))
-    obs = env.observability
-    if obs is not None:
-        if len(obs.labels) > policy.max_label_count:
-            p.append(FieldProblem("observability.labels", f"has {len(obs.labels)} entries, over {policy.max_label_count}"))
-        for k, v in obs.labels.items():
+    for name, val in zip(_WHO_FIELDS, who, strict=False):  # `who` is empty without a security context
+        if _CONTROL.search(val):
+            p.append(FieldProblem(f"security.{name}", "contains control characters"))
+    return p
+
+
+def sanity_problems(env: Envelope, *, now_ms: int | None = None,
+                    policy: SanityPolicy = SanityPolicy()) -> list[FieldProblem]:
+    """Future timestamps, over-long ids and control characters in producer metadata."""
+    now = now_ms if now_ms is not None else int(time.time() * 1000)
+    h = env.header
+    md = h.metadata
+    p: list[FieldProblem] = []
+    published = md.published_at_ms
+    if published > now + policy.max_future_skew_ms:
+        p.append(FieldProblem("metadata.published_at_ms",
+                              f"is {(published - now) // 1000}s in the future "
+                              f"(allowed skew {policy.max_future_skew_ms // 1000}s)"))
+    elif 0 < published < now - policy.max_age_ms:
+        p.append(FieldProblem("metadata.published_at_ms", "is unrealistically old"))
+    ids = (md.message_id, md.correlation_id, md.causality_parent)
+    names = (md.topic, md.namespace)
+    sec = h.security if h.HasField("security") else None
+    who = (sec.publisher_id, sec.publisher_team) if sec is not None else ()
+    # One length test per group and one regex search over all the strings (a control
+    # character is one character: joining cannot make or hide one) find the usual "no
+    # problem" at once; only then are the fields named one by one.
+    if (max(map(len, ids)) > policy.max_id_length or max(map(len, names)) > policy.max_name_length
+            or _CONTROL.search("".join((*ids, *names, *who)))):
+        p += _string_problems(ids, names, who, policy)
+    obs = h.observability if h.HasField("observability") else None
+    labels = obs.labels if obs is not None else None
+    if labels:
+        if len(labels) > policy.max_label_count:
+            p.append(FieldProblem("observability.labels", f"has {len(labels)} entries, over {policy.max_label_count}"))
+        for k, v in labels.items():
             if len(k) + len(v) > policy.max_label_length or _CONTROL.search(k) or _CONTROL.search(v):
                 p.append(FieldProblem(f"observability.labels[{k[:32]!r}]", "is too long or has control characters"))
     return p

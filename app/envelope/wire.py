@@ -85,6 +85,9 @@ def scan(buf: memoryview | bytes, start: int = 0, end: int | None = None) -> lis
             if b < 0x80:
                 length = b
                 value_start = pos + 1
+            elif pos + 1 < end and buf[pos + 1] < 0x80:  # 128 B - 16 KB: the security context, a payload
+                length = (b & 0x7F) | (buf[pos + 1] << 7)
+                value_start = pos + 2
             else:
                 length, value_start = read_varint(buf, pos, end)
             pos = value_start + length
@@ -96,7 +99,10 @@ def scan(buf: memoryview | bytes, start: int = 0, end: int | None = None) -> lis
                 )
             append((field, wt, rec_start, value_start, pos))
         elif wt == VARINT:
-            _, pos = read_varint(buf, pos, end)
+            if pos < end and buf[pos] < 0x80:  # a one-byte value (flags, small enums)
+                pos += 1
+            else:
+                _, pos = read_varint(buf, pos, end)
             append((field, wt, rec_start, rec_start, pos))
         elif wt in (I64, I32):
             pos += 8 if wt == I64 else 4

@@ -408,18 +408,25 @@ def read_incoming(envelope: Envelope | None, headers: HeadersLike | None = None)
     from the place whose `traceparent` was valid.
     """
     obs = envelope.observability if envelope is not None else None
-    if obs is not None and (obs.trace_id or obs.span_id):
-        tp = _from_envelope_fields(obs.trace_id, obs.span_id, obs.trace_flags)
+    if obs is not None:
+        trace_id, span_id = obs.trace_id, obs.span_id  # each read of a protobuf string builds a new str
+    if obs is not None and (trace_id or span_id):
+        tp = _from_envelope_fields(trace_id, span_id, obs.trace_flags)
         if tp is not None:
             ext = envelope.extensions  # type: ignore[union-attr]
             state = parse_tracestate(ext[TRACESTATE_EXTENSION]) if TRACESTATE_EXTENSION in ext else _EMPTY_STATE
             return Incoming(tp, state, "envelope")
-    tps, tss = header_values(headers)
-    if len(tps) == 1:  # a duplicated traceparent is invalid (conformance suite)
-        tp = parse_traceparent(tps[0])
-        if tp is not None:
-            return Incoming(tp, parse_tracestate(tss) if tss else _EMPTY_STATE, "headers")
-    return Incoming(None, _EMPTY_STATE, "none")
+    if headers:  # (most envelopes on Kafka carry none)
+        tps, tss = header_values(headers)
+        if len(tps) == 1:  # a duplicated traceparent is invalid (conformance suite)
+            tp = parse_traceparent(tps[0])
+            if tp is not None:
+                return Incoming(tp, parse_tracestate(tss) if tss else _EMPTY_STATE, "headers")
+    return _NO_INCOMING
+
+
+#: "no valid incoming context" (immutable, so one instance serves every message)
+_NO_INCOMING = Incoming(None, _EMPTY_STATE, "none")
 
 
 def carrier_from(envelope: Envelope | None, headers: HeadersLike | None = None) -> dict[str, str]:
@@ -494,7 +501,7 @@ def continue_or_start(
         flags = inc.traceparent.propagated_flags()
         state = inc.tracestate
     else:
-        trace_id, parent, state = new_trace_id(), None, TraceState()
+        trace_id, parent, state = new_trace_id(), None, _EMPTY_STATE  # immutable: one shared empty state
         flags = FLAG_RANDOM | (FLAG_SAMPLED if sampled else 0)
     write_envelope_context(envelope, trace_id, new_span_id(), parent, flags, state)
     return TraceContinuation(trace_id, parent, flags)

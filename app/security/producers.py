@@ -63,7 +63,8 @@ def _short(value: str) -> str:
 
 class ProducerBindings:
     """The compiled `producers:` rules of one topology. Lookups are memoized per
-    (principal, namespace, topic): producers reuse one identity for many messages."""
+    (principal, namespace, topic) and (signing key, namespace, topic): producers reuse one
+    identity and one key for many messages."""
 
     def __init__(self, specs: Sequence[ProducerSpec], source_topics: Iterable[str]) -> None:
         every = frozenset(source_topics)
@@ -76,6 +77,9 @@ class ProducerBindings:
         #: key binding is on once any entry names key_ids (otherwise only the keyring's scope applies)
         self.binds_keys = any(r.key_ids for r in self.rules)
         self._seen: dict[tuple[str | None, str, str], None] = {}
+        #: (key id, namespace, topic) that `check_key` allowed: its own memo, as a key id may
+        #: spell the same as a principal (successes only; the rules never change)
+        self._keys_seen: dict[tuple[str, str, str], None] = {}
 
     @classmethod
     def from_topology(cls, topology: Topology) -> ProducerBindings | None:
@@ -115,6 +119,9 @@ class ProducerBindings:
         A no-op while no entry names key_ids."""
         if not self.binds_keys:
             return
+        memo = (key_id, namespace, topic)
+        if memo in self._keys_seen:
+            return
         rules = [r for r in self.rules if key_id in r.key_ids]
         who = f"signing key {_short(key_id)}"
         if not rules:
@@ -125,6 +132,9 @@ class ProducerBindings:
                      "or sign with a key declared there")
         _allow(rules, who, namespace, topic, path="security.signature_key_id", ns_error=KeyNamespaceError,
                topic_error=KeyTopicError)
+        if len(self._keys_seen) > 10_000:
+            self._keys_seen.clear()
+        self._keys_seen[memo] = None
 
 
 def _allow(rules: list[_Rule], who: str, namespace: str, topic: str, *, path: str,

@@ -410,26 +410,33 @@ def signed_message(data: bytes | memoryview, *, layout: Layout | None = None) ->
     return SignedMessage(lay, scope, _message_parts(view, sec_rec, inner, lay, scope))
 
 
-def check_unambiguous(data: bytes | memoryview, *, layout: Layout | None = None) -> None:
+def check_unambiguous(data: bytes | memoryview, *, layout: Layout | None = None,
+                      records: list[_Rec] | None = None) -> None:
     """Raise `AmbiguousEnvelopeError` if the bytes repeat a singular top-level field or a
     security-context field, or give one of them the wrong wire type (also for unsigned
     envelopes: a verifier that reads the merged parse could be fooled about whether and
-    by whom the envelope was signed)."""
+    by whom the envelope was signed). `records`: as for `verify`."""
     view = memoryview(data)
-    records = scan(view)
+    if records is None:
+        records = scan(view)
     lay = layout or _detect(records)
     _security_record(view, records, lay, required=False)
 
 
 def verify(data: bytes | memoryview, keys: VerificationKeys, *, layout: Layout | None = None,
-           accept_legacy_scope: bool | None = None) -> SignatureInfo:
+           accept_legacy_scope: bool | None = None, records: list[_Rec] | None = None) -> SignatureInfo:
     """Verify the signature on received envelope bytes. Raises `SignatureError` if it is
     missing, malformed or wrong (comparison is constant-time), `UnknownKeyError` if the
     named key is not trusted, `AmbiguousEnvelopeError` if the record layout is ambiguous,
     `LegacySignatureScopeError` for a legacy-scope signature unless `accept_legacy_scope`
-    (default: `keys.accept_legacy_scope`), `SignatureScopeError` for an unknown scope."""
+    (default: `keys.accept_legacy_scope`), `SignatureScopeError` for an unknown scope.
+
+    `records`, when given, must be `wire.scan(data)` of these very bytes: a caller that
+    already walked them (the worker's normalize stage) saves the second walk. Every check
+    below still runs on them."""
     view = memoryview(data)
-    records = scan(view)
+    if records is None:
+        records = scan(view)
     lay = layout or _detect(records)
     sec_rec, inner, scope = _security_record(view, records, lay)
     sec = _parse_security(view[sec_rec[3]:sec_rec[4]], lay)
