@@ -51,14 +51,18 @@ class Authenticate(Stage):
         )
         self.authenticator = Authenticator(self.config)
         self._cache: OrderedDict[bytes, tuple[Identity, float]] = OrderedDict()
-        self._keyring_version = object()
+        self._keyring_version = -1
 
     def _identity(self, token: str) -> Identity:
         now = time.time()
-        version = getattr(self.authenticator.keyring, "version", None)
-        if version is not self._keyring_version:
+        # A cache hit never reaches the keyring, so give it its (interval-limited, stat-only)
+        # chance to notice a changed JWKS file here: a key removed from the file must stop
+        # verifying cached tokens too, not only new ones.
+        keyring = self.authenticator.keyring
+        keyring.refresh()
+        if keyring.version != self._keyring_version:
             self._cache.clear()
-            self._keyring_version = version
+            self._keyring_version = keyring.version
         digest = hashlib.sha256(token.encode()).digest()
         hit = self._cache.get(digest)
         if hit is not None and hit[1] > now:

@@ -311,6 +311,8 @@ class JwksKeyring:
         self._lock = threading.Lock()
         self._checked_at = time.monotonic()
         self.last_reload_error: str | None = None
+        #: bumped by every reload that loaded keys: caches of verified tokens compare it
+        self.version = 0
         self._stamp = self._stat()
         if self._stamp is None:
             raise ConfigError(f"JWKS file {str(self.path)!r} does not exist or cannot be read", path="jwt.jwks_file",
@@ -326,6 +328,7 @@ class JwksKeyring:
         ring._lock = threading.Lock()
         ring._checked_at = time.monotonic()
         ring.last_reload_error = None
+        ring.version = 0
         ring._stamp = None
         ring.keys, ring.skipped = parse_jwks(doc, source="JWKS")
         return ring
@@ -368,6 +371,7 @@ class JwksKeyring:
                 return False
             self._stamp = stamp
             self.keys, self.skipped = keys, skipped
+            self.version += 1
             self.last_reload_error = None
             log.info("JWKS reloaded from %s: %d usable key(s), %d skipped", self.path, len(keys), len(skipped))
             return True

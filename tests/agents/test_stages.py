@@ -88,6 +88,27 @@ def test_authenticate_sets_identity_and_strips_token(dev_keys):
     stage.process(_with_token(dev_keys.mint_token("svc-orders", team="commerce")))  # cached path too
 
 
+def test_authenticate_cache_forgets_tokens_of_a_key_removed_from_the_jwks(dev_keys, tmp_path):
+    """A cached token must not outlive its key: once the JWKS file drops the key (rotation after
+    a leak), the same token is refused, without waiting for the cache entry to expire."""
+    import json
+    import shutil
+
+    from app.errors import AuthError
+
+    jwks = tmp_path / "jwks.json"
+    shutil.copy(dev_keys.jwks_path, jwks)
+    stage = Authenticate(AuthenticateStage(policy="required", jwks=str(jwks), issuer="https://auth.prism.dev",
+                                           audience="prism", algorithms=["EdDSA"]), jwks_path=str(jwks))
+    stage.authenticator.keyring.reload_interval_seconds = 0  # re-check the file on every message
+    token = dev_keys.mint_token("svc-orders")
+    stage.process(_with_token(token))
+    stage.process(_with_token(token))  # served from the cache
+    jwks.write_text(json.dumps({"keys": []}))  # the key is revoked
+    with pytest.raises(AuthError, match="not in the JWKS"):
+        stage.process(_with_token(token))
+
+
 @pytest.mark.parametrize(
     ("token_of", "error"),
     [
