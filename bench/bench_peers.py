@@ -48,10 +48,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
-from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,7 +63,8 @@ from bench.bench_release import (
     contender_env,
     head_version,
     measure,
-    read_from_start,
+    prism_identity,
+    read_back,
     report,
     round_medians,
     run_on_uvloop,
@@ -111,40 +109,11 @@ def peer_identity(value: bytes) -> str:
     return str(json.loads(value)["order_id"])
 
 
-def prism_identity(value: bytes) -> str:
-    """Which input a Prism `.v3` output came from: the envelope's correlation id, set per input
-    by `bench_pipeline.make_messages` and carried through the pipeline."""
-    from app.envelope import decode
-
-    return decode(value).header.metadata.correlation_id
-
-
 def expected_identities(n: int) -> tuple[set[str], set[str]]:
     """The identities of inputs 0..n-1: (Prism's correlation ids, the peers' order ids)."""
     from bench.bench_pipeline import payload_1kb
 
     return {f"c-{i}" for i in range(n)}, {payload_1kb(i)["order_id"] for i in range(n)}
-
-
-async def read_back(bootstrap: str, topic: str, identity: Callable[[bytes], str], expected: set[str],
-                    idle_s: float = 3.0, timeout_s: float = 120.0) -> dict[str, int]:
-    """Every record of `topic`, identified: how many inputs are missing and how many came out more
-    than once. Reads until the topic has been quiet for `idle_s` (the embedded broker's high
-    watermarks are wrong, see app/worker/offsets.py, so "the end" is a quiet topic)."""
-    consumer = await read_from_start(bootstrap, topic)
-    seen: Counter[str] = Counter()
-    quiet_since, t0 = time.monotonic(), time.monotonic()
-    try:
-        while time.monotonic() - quiet_since < idle_s and time.monotonic() - t0 < timeout_s:
-            batch = await consumer.getmany(timeout_ms=200, max_records=5000)
-            if any(batch.values()):
-                quiet_since = time.monotonic()
-            for records in batch.values():
-                seen.update(identity(r.value or b"") for r in records)
-    finally:
-        await consumer.stop()
-    return {"records": sum(seen.values()), "missing": len(expected - seen.keys()),
-            "duplicates": sum(c - 1 for c in seen.values() if c > 1), "unexpected": len(seen.keys() - expected)}
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,6 +214,35 @@ async def read_from_start(bootstrap: str, topic: str) -> AIOKafkaConsumer:
     return consumer
 
 
+def prism_identity(value: bytes) -> str:
+    """Which input a Prism `.v3` output came from: the envelope's correlation id, set per input
+    by `bench_pipeline.make_messages` and carried through the pipeline."""
+    from app.envelope import decode
+
+    return decode(value).header.metadata.correlation_id
+
+
+async def read_back(bootstrap: str, topic: str, identity: Callable[[bytes], str], expected: set[str],
+                    idle_s: float = 3.0, timeout_s: float = 120.0) -> dict[str, int]:
+    """Every record of `topic`, identified: how many inputs are missing and how many came out more
+    than once. Reads until the topic has been quiet for `idle_s` (the embedded broker's high
+    watermarks are wrong, see app/worker/offsets.py, so "the end" is a quiet topic)."""
+    consumer = await read_from_start(bootstrap, topic)
+    seen: Counter[str] = Counter()
+    quiet_since, t0 = time.monotonic(), time.monotonic()
+    try:
+        while time.monotonic() - quiet_since < idle_s and time.monotonic() - t0 < timeout_s:
+            batch = await consumer.getmany(timeout_ms=200, max_records=5000)
+            if any(batch.values()):
+                quiet_since = time.monotonic()
+            for records in batch.values():
+                seen.update(identity(r.value or b"") for r in records)
+    finally:
+        await consumer.stop()
+    return {"records": sum(seen.values()), "missing": len(expected - seen.keys()),
+            "duplicates": sum(c - 1 for c in seen.values() if c > 1), "unexpected": len(seen.keys() - expected)}
+
+
 async def measure(bootstrap: str, out_topic: str, n: int, procs: list[subprocess.Popen[bytes]],
                   broker_pid: int | None = None, timeout_s: float = 900.0) -> dict[str, float]:
     """Count `out_topic`'s records until `n`; the 10 %..90 % window's rate and CPU per message."""
@@ -262,6 +292,9 @@ async def run_one(c: Contender, bootstrap: str, tmp: Path, keys: Any, n: int,
     finally:
         stop(procs)
     out["load_1m"] = round((load_before + os.getloadavg()[0]) / 2, 2)
+    if c.version.root == ROOT and not c.plain:
+        # exactly once? every input's `.v3` copy, counted by correlation id (after the CPU window)
+        out["outputs"] = await read_back(bootstrap, f"{topic}.v3", prism_identity, {f"c-{i}" for i in range(n)})
     out["source_topic"] = topic  # what a caller checks the outputs of (bench_peers)
     stats = tmp / name / "plain-stats.json"
     if c.plain and stats.exists():

@@ -112,6 +112,38 @@ def _replace_security(data: bytes, layout: Layout, value: Callable[[bytes], byte
     return data[:rec.start] + _record(layout.security_field, value(data[rec.value_start:rec.end])) + data[rec.end:]
 
 
+def sec_set(name: str, value: object) -> Callable[[Envelope], None]:
+    """An edit that sets (or, with None, clears) one security-context field."""
+    def change(env: Envelope) -> None:
+        if value is None:
+            env.header.security.ClearField(name)
+        else:
+            setattr(env.header.security, name, value)
+    return change
+
+
+def payload(env: Envelope) -> None:
+    """An edit that swaps the payload for another order's."""
+    from app.envelope.model import Payload
+    env.payload = Payload(b'{"order_id":4243,"email":"jane@example.com"}', env.payload.type_url)
+
+
+def tampered_cases(data: bytes, layout: Layout) -> list[tuple[str, str, bytes, str, str]]:
+    """The covered fields every scope must protect, each changed after signing: bad_signature."""
+    bad = "bad_signature"
+    return [
+        ("tampered-classification", "data_classification restricted -> public after signing",
+         _edit(data, layout, sec_set("data_classification", "public")), bad, bad),
+        ("tampered-pii", "contains_pii true -> false after signing",
+         _edit(data, layout, sec_set("contains_pii", False)), bad, bad),
+        ("tampered-publisher", "publisher_id svc-orders -> svc-mallory after signing",
+         _edit(data, layout, sec_set("publisher_id", "svc-mallory")), bad, bad),
+        ("tampered-encryption-key", "encryption.key_id changed after signing",
+         _edit(data, layout, lambda e: setattr(e.header.security.encryption, "key_id", "kek-mallory")), bad, bad),
+        ("tampered-payload", "payload changed after signing", _edit(data, layout, payload), bad, bad),
+    ]
+
+
 def cases(key: SigningKey, layout: Layout) -> list[tuple[str, str, bytes, str, str]]:
     """(name, description, envelope bytes, expected verdict, expected verdict when the legacy
     scope is accepted) for one key and layout. The verdicts are stated here, from the spec;
@@ -120,18 +152,6 @@ def cases(key: SigningKey, layout: Layout) -> list[tuple[str, str, bytes, str, s
     legacy = sign(envelope(), key, layout, scope=SCOPE_LEGACY)
     md_field = 2 if layout is Layout.DRAFT else 1
     md = next(r for r in iter_records(v2) if r.field == md_field)
-
-    def sec_set(name: str, value: object) -> Callable[[Envelope], None]:
-        def change(env: Envelope) -> None:
-            if value is None:
-                env.header.security.ClearField(name)
-            else:
-                setattr(env.header.security, name, value)
-        return change
-
-    def payload(env: Envelope) -> None:
-        from app.envelope.model import Payload
-        env.payload = Payload(b'{"order_id":4243,"email":"jane@example.com"}', env.payload.type_url)
 
     def scope_7(value: bytes) -> bytes:
         assert value.endswith(b"\x50\x02")  # the scope record is the security record's last field
@@ -142,15 +162,7 @@ def cases(key: SigningKey, layout: Layout) -> list[tuple[str, str, bytes, str, s
         ("valid", "signed with scope v2 as Prism emits it", v2, "valid", "valid"),
         ("valid-token-stripped", "auth_token removed after signing (what the worker does): still valid",
          _edit(v2, layout, sec_set("auth_token", None)), "valid", "valid"),
-        ("tampered-classification", "data_classification restricted -> public after signing",
-         _edit(v2, layout, sec_set("data_classification", "public")), bad, bad),
-        ("tampered-pii", "contains_pii true -> false after signing",
-         _edit(v2, layout, sec_set("contains_pii", False)), bad, bad),
-        ("tampered-publisher", "publisher_id svc-orders -> svc-mallory after signing",
-         _edit(v2, layout, sec_set("publisher_id", "svc-mallory")), bad, bad),
-        ("tampered-encryption-key", "encryption.key_id changed after signing",
-         _edit(v2, layout, lambda e: setattr(e.header.security.encryption, "key_id", "kek-mallory")), bad, bad),
-        ("tampered-payload", "payload changed after signing", _edit(v2, layout, payload), bad, bad),
+        *tampered_cases(v2, layout),
         ("downgraded-scope", "a v2 signature whose signature_scope was removed (relabelled legacy): refused by "
          "default, and a legacy-accepting verifier finds it does not match",
          _edit(v2, layout, sec_set("signature_scope", None)), legacy_refused, bad),
@@ -177,18 +189,6 @@ def pair_cases(key: SigningKey, layout: Layout) -> list[tuple[str, str, bytes, s
     md_field = 2 if layout is Layout.DRAFT else 1
     md = next(r for r in iter_records(data) if r.field == md_field)
 
-    def sec_set(name: str, value: object) -> Callable[[Envelope], None]:
-        def change(env: Envelope) -> None:
-            if value is None:
-                env.header.security.ClearField(name)
-            else:
-                setattr(env.header.security, name, value)
-        return change
-
-    def payload(env: Envelope) -> None:
-        from app.envelope.model import Payload
-        env.payload = Payload(b'{"order_id":4243,"email":"jane@example.com"}', env.payload.type_url)
-
     def swap(env: Envelope) -> None:
         theirs = decode(sibling).security
         env.header.security.signature, env.header.security.sibling_digest = theirs.signature, theirs.sibling_digest
@@ -214,15 +214,7 @@ def pair_cases(key: SigningKey, layout: Layout) -> list[tuple[str, str, bytes, s
          data, "valid", "valid"),
         ("valid-token-stripped", "auth_token removed after signing: still valid",
          _edit(data, layout, sec_set("auth_token", None)), "valid", "valid"),
-        ("tampered-classification", "data_classification restricted -> public after signing",
-         _edit(data, layout, sec_set("data_classification", "public")), bad, bad),
-        ("tampered-pii", "contains_pii true -> false after signing",
-         _edit(data, layout, sec_set("contains_pii", False)), bad, bad),
-        ("tampered-publisher", "publisher_id svc-orders -> svc-mallory after signing",
-         _edit(data, layout, sec_set("publisher_id", "svc-mallory")), bad, bad),
-        ("tampered-encryption-key", "encryption.key_id changed after signing",
-         _edit(data, layout, lambda e: setattr(e.header.security.encryption, "key_id", "kek-mallory")), bad, bad),
-        ("tampered-payload", "payload changed after signing", _edit(data, layout, payload), bad, bad),
+        *tampered_cases(data, layout),
         ("tampered-sibling-digest", "one bit of sibling_digest flipped: the statement was never signed",
          _replace_security(data, layout, flip_sibling), bad, bad),
         ("missing-sibling-digest", "sibling_digest removed: the statement cannot be rebuilt",
