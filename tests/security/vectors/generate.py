@@ -204,9 +204,9 @@ def pair_cases(key: SigningKey, layout: Layout) -> list[tuple[str, str, bytes, s
         rec = sibling_record(value)
         return without_sibling(value) + rec[:2] + bytes([rec[2] ^ 0x01]) + rec[3:]
 
-    def scope_4(value: bytes) -> bytes:
+    def scope_9(value: bytes) -> bytes:
         assert b"\x50\x03" in value
-        return value.replace(b"\x50\x03", b"\x50\x04")
+        return value.replace(b"\x50\x03", b"\x50\x09")
 
     bad, ambiguous = "bad_signature", "ambiguous_envelope"
     return [
@@ -233,7 +233,7 @@ def pair_cases(key: SigningKey, layout: Layout) -> list[tuple[str, str, bytes, s
          data + _record(layout.security_field, _record(8, b"public") + b"\x38\x00"), ambiguous, ambiguous),
         ("duplicated-metadata", "the metadata record appended a second time", data + data[md.start:md.end],
          ambiguous, ambiguous),
-        ("unknown-scope", "signature_scope 4: not a scope this verifier knows", _replace_security(data, layout, scope_4),
+        ("unknown-scope", "signature_scope 9: not a scope this verifier knows", _replace_security(data, layout, scope_9),
          "unsupported_signature_scope", "unsupported_signature_scope"),
     ]
 
