@@ -8,7 +8,9 @@ Data flow per source topic (one agent each):
 Why batches: Faust's per-event machinery costs more per message than several of Prism's
 stages. The source topic is read beneath it (`app/worker/batch_source.py`): the conductor
 appends fetched records to a list, one task takes up to `batch_size` of them, runs the
-synchronous chain over each and writes all outputs of the batch together; only then are the
+synchronous chain over each (the publisher prepares each message's copies), signs the batch's
+outputs with one signature (`Publisher.finish`, scope batch: docs/signing.md) and writes all
+outputs of the batch together; only then are the
 messages acknowledged, so a crash never loses a message (at-least-once) and the dedup stage
 turns redeliveries into "duplicate". Faust keeps the group, rebalances, tables, commits.
 
