@@ -30,7 +30,7 @@ from app.agents.base import Message
 from app.bindings import kafka
 from app.envelope import Layout
 from app.security.jwt_auth import strip_token
-from app.security.signing import SCOPE_BATCH, SCOPE_PAIR, SCOPE_V2, SigningKey
+from app.security.signing import MAX_TREE_SIZE, SCOPE_BATCH, SCOPE_PAIR, SCOPE_V2, SigningKey
 from app.topology import Topology
 
 _DROP_HEADERS = frozenset({"authorization", "proxy-authorization", "prism-auth-token", "x-auth-token", "auth-token",
@@ -117,7 +117,12 @@ class Publisher:
         signature covers every pending message (`kafka.finish_batch_records`); a failure here
         concerns the whole batch (the key), not one message."""
         pending = [p.pending for p in prepared if p.pending is not None]
-        signed = iter(kafka.finish_batch_records(pending, self.sign_with)) if pending and self.sign_with else iter(())
+        done: list[list[kafka.KafkaRecord]] = []
+        if pending and self.sign_with is not None:
+            # one tree per MAX_TREE_SIZE messages (a repaired hole can make a batch that long)
+            for at in range(0, len(pending), MAX_TREE_SIZE):
+                done += kafka.finish_batch_records(pending[at:at + MAX_TREE_SIZE], self.sign_with)
+        signed = iter(done)
         out: list[list[Emission]] = []
         for p in prepared:
             if p.emissions is not None:

@@ -226,3 +226,26 @@ def test_a_message_that_failed_before_normalize_is_read_raw_for_pii():
     assert c.run(raw).outcome is Outcome.DLQ
     assert c._pii_values(raw) == ["frank@example.invalid"]  # no envelope yet: the raw value
     assert c._pii_values(make_msg(b"\x00\x01")) == []
+
+
+def test_publisher_splits_a_batch_longer_than_the_tree_limit(dev_keys, monkeypatch):
+    """A batch longer than `MAX_TREE_SIZE` (a repaired hole can make one) gets one tree per
+    `MAX_TREE_SIZE` messages rather than being refused."""
+    import app.agents.publish as publish
+
+    monkeypatch.setattr(publish, "MAX_TREE_SIZE", 2)
+    key = dev_keys.keyring.worker_key()
+    keys = VerificationKeys.of([key])
+    pub = Publisher(_topology(), worker_key=key)
+    prepared = []
+    for i in range(5):
+        msg = make_msg(b"", key=b"K", offset=i)
+        msg.envelope = new_envelope("orders.created", {"a": i}, namespace="ns")
+        prepared.append(pub.prepare(msg))
+    trees = []
+    for emissions in pub.finish(prepared):
+        v3 = next(e.record.value for e in emissions if e.topic == "orders.created.v3")
+        assert verify(v3, keys).scope == SCOPE_BATCH
+        sec = decode(v3).security
+        trees.append((sec.tree_index, sec.tree_size))
+    assert trees == [(0, 2), (1, 2), (0, 2), (1, 2), (0, 1)]
