@@ -345,7 +345,9 @@ def sign_layouts(env: Envelope, key: SigningKey, layouts: Sequence[Layout], *, s
     is the scope-v2 form. Otherwise `scope_v2_security` re-frames it as `sign` does.
 
     With `SCOPE_PAIR`, the one signature covers both layouts (`_sign_pair`); `layouts`
-    then picks which copies are returned (the statement always names both).
+    then picks which copies are returned (the statement always names both). With
+    `SCOPE_BATCH` the message is signed as a batch of one (`sign_batch`); a writer of many
+    messages should use `sign_batch` (or `prepare_batch` / `finish_batch`) and sign once.
     """
     if scope == SCOPE_BATCH:
         return sign_batch([env], key, layouts)[0]
