@@ -198,11 +198,12 @@ class Outputs(_Strict):
     sign: bool = True
     signing_key_id: str | None = None      # worker's key in the keyring; default: keyring's current
     keyring: str | None = None
-    #: `pair`: one signature covers a message's `.v2` and `.v3` copies (scope 3, docs/signing.md;
-    #: one Ed25519 signature per message instead of two). `v2`: each copy signed on its own with
-    #: scope v2, for consumers whose verifier does not know the pair scope yet. With a single
-    #: layout there is nothing to pair, and scope v2 is used either way.
-    signature_scope: Literal["pair", "v2"] = "pair"
+    #: `batch`: one signature per worker batch over a Merkle tree of every message's `.v2` and
+    #: `.v3` copies (scope 4, docs/signing.md; ~1/500 of an Ed25519 signature per message).
+    #: `pair`: one signature covers a message's two copies (scope 3). `v2`: each copy signed on
+    #: its own with scope v2, for consumers whose verifier knows neither. With a single layout
+    #: there is nothing to pair, and scope v2 is used either way.
+    signature_scope: Literal["batch", "pair", "v2"] = "batch"
 
     @field_validator("layouts")
     @classmethod

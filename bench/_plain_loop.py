@@ -5,7 +5,8 @@ measured exactly like the worker's:
     python -m bench._plain_loop TOPOLOGY BOOTSTRAP GROUP N STATS_JSON
 
 Same topology file, same stage chain (`build_stages`, as `PipelineApp` builds it), same
-`Publisher` (both layouts, re-signed), same outputs on the same topics written the worker's way (`app/worker/batch_send.py`), the worker's client
+`Publisher` (both layouts, re-signed; `prepare` per message and one `finish` per batch, as
+the worker signs a batch at once), same outputs on the same topics written the worker's way (`app/worker/batch_send.py`), the worker's client
 settings (batches of 500 records like its `take_events`, 4 MiB partition fetches, 20 ms fetch wait on the embedded
 broker, 5 ms linger, 256 KiB batches), uvloop and the worker's GC tuning. At-least-once like
 the worker: a batch's outputs are acknowledged by the broker before its offsets are committed.
@@ -24,6 +25,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
@@ -46,6 +48,10 @@ async def run(topology_path: str, bootstrap: str, group: str, n: int, stats_path
     assert keyring is not None
     h = bench_stages.harness_for(topo, keyring)
     chain, publisher, dedup = h.chain, h.publisher, h.dedup
+    two_phase = hasattr(publisher, "prepare")  # an older Publisher signs in `emissions`
+
+    def _out(emissions: list[Any]) -> list[OutRecord]:
+        return [(e.topic, e.record.key, e.record.value, e.record.timestamp_ms, e.record.headers) for e in emissions]
     consumer = AIOKafkaConsumer(*[s.topic for s in topo.sources], bootstrap_servers=bootstrap, group_id=group,
                                 enable_auto_commit=False, auto_offset_reset="earliest",
                                 session_timeout_ms=6000, heartbeat_interval_ms=1000,
@@ -59,7 +65,8 @@ async def run(topology_path: str, bootstrap: str, group: str, n: int, stats_path
     try:
         while done < n:
             batch = await consumer.getmany(timeout_ms=500, max_records=500)  # the worker's batch_size
-            items: list[list[OutRecord]] = []
+            items: list[list[OutRecord] | None] = []
+            prepared: list[tuple[int, Any]] = []  # (index in items, Prepared)
             emitted = []
             for records in batch.values():
                 for r in records:
@@ -69,18 +76,25 @@ async def run(topology_path: str, bootstrap: str, group: str, n: int, stats_path
                     result = chain.run(msg)
                     if result.outcome is Outcome.EMITTED:
                         t0 = clock()
-                        emissions = publisher.emissions(msg)
+                        if two_phase:
+                            prepared.append((len(items), publisher.prepare(msg)))
+                            items.append(None)  # filled in once the batch is signed
+                        else:
+                            items.append(_out(publisher.emissions(msg)))
                         chain.stats.stage_ns["publish"] += clock() - t0
                         chain.stats.stage_calls["publish"] += 1
-                        items.append([(e.topic, e.record.key, e.record.value, e.record.timestamp_ms,
-                                       e.record.headers) for e in emissions])
                         emitted.append(msg)
                     elif result.outcome is Outcome.DLQ:
                         d = result.dlq
                         assert d is not None
                         items.append([(d.topic, d.key, d.value, d.timestamp_ms, d.headers)])
                     done += 1
-            errors = await send_batched(producer, items)  # the worker's output path, without Faust
+            if prepared:
+                t0 = clock()
+                for (at, _), emissions in zip(prepared, publisher.finish([p for _, p in prepared]), strict=True):
+                    items[at] = _out(emissions)
+                chain.stats.stage_ns["publish"] += clock() - t0
+            errors = await send_batched(producer, [it for it in items if it is not None])  # the worker's output path, without Faust
             if any(e is not None for e in errors):
                 raise RuntimeError(f"writing outputs failed: {next(e for e in errors if e is not None)!r}")
             if dedup is not None:

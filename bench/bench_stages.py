@@ -8,7 +8,9 @@
 Input: `bench.bench_pipeline.make_messages` (signed reviewed envelopes, JWT, 1 KB JSON) over
 `topologies/orders-created.yaml` with development keys, run the way
 `app/worker/pipeline.py` `_process_batch` runs them (batches of 500, publish timed as
-"publish", dedup ids recorded after the batch), minus Faust: the dedup window is an
+"publish": each message's `Publisher.prepare` plus the batch's `Publisher.finish`, which
+signs the batch once - or `emissions` per message on code from before that split; dedup ids
+recorded after the batch), minus Faust: the dedup window is an
 in-memory `DedupWindow` over a dict. The per-stage numbers are the chain's own
 `stats.stage_ns` / `stats.stage_calls` (the mean over the messages whose stages the chain
 timed: one in `Chain.stage_timing_every`, or every one with `--stage-timing-every 1`, which
@@ -135,8 +137,10 @@ def run(h: Harness, inputs: Iterable[Input], *, partition_of: Any = None, keep: 
     results: list[tuple[str, Any]] = []
     items = list(inputs)
     chain_ns = 0
+    two_phase = hasattr(publisher, "prepare")  # the baseline may predate prepare/finish
     for b in range(0, len(items), BATCH):
         emitted: list[Any] = []
+        prepared: list[tuple[int, Any]] = []  # (index in results, Prepared)
         for i, (value, headers, key, ts) in enumerate(items[b:b + BATCH], start=b):
             part = partition_of(key) if partition_of else i % 4
             msg = Message(topic=TOPIC, partition=part, offset=i, value=value, key=key,
@@ -147,10 +151,12 @@ def run(h: Harness, inputs: Iterable[Input], *, partition_of: Any = None, keep: 
             if result.outcome is Outcome.EMITTED:
                 try:
                     t0 = clock()
-                    emissions = publisher.emissions(msg)
+                    out = publisher.prepare(msg) if two_phase else publisher.emissions(msg)
                     chain.stats.stage_ns["publish"] += clock() - t0
                     chain.stats.stage_calls["publish"] += 1
-                    results.append(("emitted", emissions if keep else None))
+                    if two_phase:
+                        prepared.append((len(results), out))
+                    results.append(("emitted", out if keep else None))
                     emitted.append(msg)
                 except Exception as exc:
                     result = chain.dlq_for_publish_failure(msg, exc)
@@ -158,6 +164,12 @@ def run(h: Harness, inputs: Iterable[Input], *, partition_of: Any = None, keep: 
                 results.append(("dlq", result.dlq if keep else None))
             elif result.outcome is not Outcome.EMITTED:
                 results.append((str(result.outcome), result.reason))
+        if prepared:  # phase 2, as the worker: the batch's outputs signed at once, order kept
+            t0 = clock()
+            done = publisher.finish([p for _, p in prepared])
+            chain.stats.stage_ns["publish"] += clock() - t0
+            for (at, _), emissions in zip(prepared, done, strict=True):
+                results[at] = ("emitted", emissions if keep else None)
         if dedup is not None:
             for msg in emitted:
                 dedup.record_emitted(msg)

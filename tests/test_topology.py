@@ -60,10 +60,10 @@ def test_dlq_attestation_settings(tmp_path: Path) -> None:
         _load(tmp_path, dlq={"attestation": {"trust_everyone": True}})
 
 
-def test_output_signature_scope_defaults_to_pair_and_accepts_only_known_scopes(tmp_path: Path) -> None:
-    assert _load(tmp_path).outputs.signature_scope == "pair"
+def test_output_signature_scope_defaults_to_batch_and_accepts_only_known_scopes(tmp_path: Path) -> None:
+    assert _load(tmp_path).outputs.signature_scope == "batch"
     doc = yaml.safe_load((ROOT / "topologies/orders-created.yaml").read_text())
-    for value, ok in (("v2", True), ("pair", True), ("legacy", False), ("v3", False)):
+    for value, ok in (("v2", True), ("pair", True), ("batch", True), ("legacy", False), ("v3", False)):
         doc["outputs"]["signature_scope"] = value
         path = tmp_path / f"scope-{value}.yaml"
         path.write_text(yaml.safe_dump(doc))

@@ -4,11 +4,15 @@ archive tap, re-signed with the worker's key.
 Enrichment changed the envelope after the producer signed it, so the producer's
 signature cannot hold on what Prism emits; the worker signs each output with its own key
 (id recorded in `security.signature_key_id`) so every consumer can verify what it reads.
-By default it signs both copies of a message with ONE signature (scope `pair`: the
-signature covers the SHA-256 digests of the `.v2` and the `.v3` bytes, and each copy carries
-the other's digest), because an Ed25519 signature is the largest single cost of a message
-here (~36 µs). `outputs.signature_scope: v2` signs each copy on its own with scope v2, for
-consumers that cannot verify the pair scope yet; a single-layout topology always uses v2.
+By default it signs a whole batch with ONE signature (scope `batch`: a Merkle tree whose
+leaves are each message's `.v2` and `.v3` digests; each copy carries the signature, the
+other copy's digest and its audit path), because an Ed25519 signature was the largest single
+cost of a message here (~36 µs). So publishing is two steps: `prepare` per message (headers,
+both copies' bytes and digests: everything that can fail for one message) and `finish` per
+batch (one signature, final bytes). `outputs.signature_scope: pair` signs each message's two
+copies once (scope `pair`), `v2` each copy on its own, for consumers that cannot verify the
+newer scopes yet; with those, `prepare` already signs and `finish` only hands the records
+over. A single-layout topology always uses v2.
 Whatever scope the input was signed with, the publisher, classification, PII flag and
 encryption metadata the pipeline established are covered on `.v2`, `.v3` and the archive
 (docs/signing.md).
@@ -19,13 +23,14 @@ and CloudEvents/content-type headers that describe the *input* value, not the en
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.agents.base import Message
 from app.bindings import kafka
 from app.envelope import Layout
 from app.security.jwt_auth import strip_token
-from app.security.signing import SCOPE_PAIR, SCOPE_V2, SigningKey
+from app.security.signing import MAX_TREE_SIZE, SCOPE_BATCH, SCOPE_PAIR, SCOPE_V2, SigningKey
 from app.topology import Topology
 
 _DROP_HEADERS = frozenset({"authorization", "proxy-authorization", "prism-auth-token", "x-auth-token", "auth-token",
@@ -46,13 +51,26 @@ class Emission:
     record: kafka.KafkaRecord
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A message's outputs before the batch is signed (`Publisher.prepare`): the final
+    emissions already (scopes v2 and pair sign per message), or the pending records that
+    `Publisher.finish` completes with the batch's signature."""
+
+    topics: tuple[str, ...]
+    emissions: list[Emission] | None = None
+    pending: kafka.PendingRecords | None = None
+
+
 class Publisher:
     def __init__(self, topology: Topology, *, worker_key: SigningKey | None) -> None:
         self.layouts = [(suffix, LAYOUT_OF[suffix]) for suffix in topology.outputs.layouts]
         self._layouts = tuple(layout for _, layout in self.layouts)
         self.sign_with = worker_key if topology.outputs.sign else None
         both = set(self._layouts) == {Layout.DRAFT, Layout.REVIEWED}
-        self.scope = SCOPE_PAIR if both and topology.outputs.signature_scope == "pair" else SCOPE_V2
+        wanted = topology.outputs.signature_scope
+        self.scope = (SCOPE_BATCH if both and wanted == "batch" else SCOPE_PAIR if both and wanted == "pair"
+                      else SCOPE_V2)
         self.archive_topic = topology.archive.topic if topology.archive.enabled else None  # None: reads .v3
         #: Which record the archive tap reuses: the (last) reviewed one, as the loop once found it.
         self._reviewed_at = max((i for i, lay in enumerate(self._layouts) if lay is Layout.REVIEWED), default=None)
@@ -66,21 +84,59 @@ class Publisher:
         return names
 
     def emissions(self, msg: Message) -> list[Emission]:
+        """One message's emissions on its own (a batch of one): `finish([prepare(msg)])[0]`."""
+        return self.finish([self.prepare(msg)])[0]
+
+    def prepare(self, msg: Message) -> Prepared:
+        """Everything of publishing `msg` but the batch signature: strip the token, headers,
+        both copies encoded and (scope batch) hashed. Raises for this message alone, so the
+        caller can send it to the DLQ and keep the rest of the batch."""
         env = msg.env
         strip_token(env)
         forwarded = [(k, v) for k, v in kafka.passthrough_headers(msg.headers)
                      if v is not None and _forwardable(k.lower())] if msg.headers else []
         source = (SOURCE_HEADER, f"{msg.topic}/{msg.partition}/{msg.offset}".encode())
+        topics = self._output_topics(msg.topic)
+        if self.scope == SCOPE_BATCH and self.sign_with is not None:
+            pending = kafka.prepare_batch_records(env, self._layouts, self.sign_with, key=msg.key, headers=forwarded)
+            for rec in pending.records:
+                rec.headers.append(source)  # the same lists end up in the signed records
+            return Prepared(topics, pending=pending)
         records = kafka.encode_layouts(env, self._layouts, key=msg.key, headers=forwarded, sign_with=self.sign_with,
                                        scope=self.scope)
-        out: list[Emission] = []
-        for topic, rec in zip(self._output_topics(msg.topic), records, strict=True):
+        for rec in records:
             rec.headers.append(source)
-            out.append(Emission(topic, rec))
         reviewed = records[self._reviewed_at] if self._reviewed_at is not None else None
+        if self.archive_topic is not None and reviewed is None:
+            reviewed = kafka.encode(env, Layout.REVIEWED, key=msg.key, sign_with=self.sign_with, scope=self.scope)
+            reviewed.headers.append(source)
+        return Prepared(topics, emissions=self._emissions(topics, records, reviewed))
+
+    def finish(self, prepared: Sequence[Prepared]) -> list[list[Emission]]:
+        """The batch's emissions, per prepared message in order. With scope batch, ONE
+        signature covers every pending message (`kafka.finish_batch_records`); a failure here
+        concerns the whole batch (the key), not one message."""
+        pending = [p.pending for p in prepared if p.pending is not None]
+        done: list[list[kafka.KafkaRecord]] = []
+        if pending and self.sign_with is not None:
+            # one tree per MAX_TREE_SIZE messages (a repaired hole can make a batch that long)
+            for at in range(0, len(pending), MAX_TREE_SIZE):
+                done += kafka.finish_batch_records(pending[at:at + MAX_TREE_SIZE], self.sign_with)
+        signed = iter(done)
+        out: list[list[Emission]] = []
+        for p in prepared:
+            if p.emissions is not None:
+                out.append(p.emissions)
+            else:
+                records = next(signed)
+                reviewed = records[self._reviewed_at] if self._reviewed_at is not None else None
+                out.append(self._emissions(p.topics, records, reviewed))
+        return out
+
+    def _emissions(self, topics: tuple[str, ...], records: list[kafka.KafkaRecord],
+                   reviewed: kafka.KafkaRecord | None) -> list[Emission]:
+        out = [Emission(topic, rec) for topic, rec in zip(topics, records, strict=True)]
         if self.archive_topic is not None:
-            if reviewed is None:
-                reviewed = kafka.encode(env, Layout.REVIEWED, key=msg.key, sign_with=self.sign_with, scope=self.scope)
-                reviewed.headers.append(source)
+            assert reviewed is not None
             out.append(Emission(self.archive_topic, reviewed))
         return out

@@ -8,8 +8,8 @@ scopes to namespace A never verifies an envelope claiming B (`key_not_allowed_fo
 nor does a key the topology's `producers:` does not declare for B.
 
 Scope: signatures must use scope v2 (the whole envelope except signature and token), or
-the pair scope a Prism worker writes its `.v2`/`.v3` copies with (so one worker can read
-another's output), unless the topology sets `accept_legacy_scope`; a legacy-scope one is rejected with its
+the pair or batch scope a Prism worker writes its `.v2`/`.v3` copies with (so one worker can
+read another's output; a batch's signature is verified once, docs/signing.md), unless the topology sets `accept_legacy_scope`; a legacy-scope one is rejected with its
 own reason (`legacy_signature_scope`), an unknown scope with `unsupported_signature_scope`.
 Every envelope input, signed or not, must also be unambiguous (`ambiguous_envelope`): a
 second security record with an empty signature would otherwise make a signed envelope

@@ -45,7 +45,15 @@ from app.envelope.codec import DEFAULT_LIMITS, Layout, Limits
 from app.envelope.codec import encode as encode_envelope
 from app.envelope.model import Envelope
 from app.errors import BindingError
-from app.security.signing import DEFAULT_SCOPE, SigningKey, VerificationKeys, sign_layouts
+from app.security.signing import (
+    DEFAULT_SCOPE,
+    PreparedMessage,
+    SigningKey,
+    VerificationKeys,
+    finish_batch,
+    prepare_batch,
+    sign_layouts,
+)
 
 PREFIX = "prism-"
 TRACEPARENT = "traceparent"
@@ -204,12 +212,58 @@ def encode_layouts(
     timestamp = ts if ts > 0 else None
     values = (sign_layouts(env, sign_with, layouts, scope=scope) if sign_with is not None
               else [encode_envelope(env, layout) for layout in layouts])
+    return _records(layouts, values, common, extra, record_key, timestamp)
+
+
+def _records(layouts: Sequence[Layout], values: Sequence[bytes], common: list[tuple[str, bytes]],
+             extra: list[tuple[str, bytes]], record_key: bytes | None, timestamp: int | None) -> list[KafkaRecord]:
     out = []
     for layout, value in zip(layouts, values, strict=True):
         ours = [*_LAYOUT_HEADERS[layout], *common]
         merged = c.merge_headers(ours, extra, owned=is_owned, binding="kafka") if extra else ours
         out.append(KafkaRecord(key=record_key, value=value, headers=merged, timestamp_ms=timestamp))
     return out
+
+
+@dataclass(slots=True)
+class PendingRecords:
+    """One message's records in several layouts, complete except for their values, which a
+    batch-scope signature fills in (`prepare_batch_records`, then `finish_batch_records`).
+    `records` hold empty values until then; their headers lists are final and shared with
+    what `finish_batch_records` returns, so headers appended to them meanwhile are kept."""
+
+    prepared: PreparedMessage
+    records: list[KafkaRecord]
+
+
+def prepare_batch_records(
+    env: Envelope,
+    layouts: Sequence[Layout],
+    sign_with: SigningKey,
+    *,
+    key: bytes | None = None,
+    key_fallback: KeyFallback = KeyFallback.CORRELATION_ID,
+    headers: Iterable[tuple[str, bytes]] = (),
+) -> PendingRecords:
+    """The per-message half of `encode_layouts` with a batch-scope signature: headers, key,
+    timestamp and both copies' bytes and digests (`app.security.signing.prepare_batch`).
+    Everything that can fail for this message alone (a header that disagrees with the
+    envelope, an encoding error) fails here, before the batch is signed."""
+    extra = list(headers)
+    common = _envelope_headers(env)
+    record_key = partition_key(env, key, key_fallback)
+    ts = env.published_at_ms
+    prepared = prepare_batch(env, sign_with, layouts)
+    records = _records(layouts, [b""] * len(layouts), common, extra, record_key, ts if ts > 0 else None)
+    return PendingRecords(prepared, records)
+
+
+def finish_batch_records(pending: Sequence[PendingRecords], sign_with: SigningKey) -> list[list[KafkaRecord]]:
+    """Sign prepared messages with one batch-scope signature (`finish_batch`); per message,
+    its records as `encode_layouts` would return them, values signed."""
+    values = finish_batch([p.prepared for p in pending], sign_with)
+    return [[KafkaRecord(key=r.key, value=v, headers=r.headers, timestamp_ms=r.timestamp_ms)
+             for r, v in zip(p.records, vs, strict=True)] for p, vs in zip(pending, values, strict=True)]
 
 
 def _text_headers(headers: Sequence[tuple[str, bytes | None]] | None) -> list[tuple[str, str]]:

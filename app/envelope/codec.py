@@ -333,5 +333,7 @@ def convert(data: bytes | memoryview, to: Layout, *, limits: Limits = DEFAULT_LI
         sec.ClearField("signature_key_id")
         sec.ClearField("signature_scope")
         sec.ClearField("sibling_digest")
+        for name in ("tree_index", "tree_size", "tree_path"):
+            sec.ClearField(name)
         dropped.append("security.signature: covers the original bytes only; re-sign after conversion")
     return encode(env, to), dropped

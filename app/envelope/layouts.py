@@ -111,6 +111,10 @@ def draft_to_reviewed(d: dpb.PrismEnvelope) -> tuple[vpb.PrismEnvelope, list[str
             vs.signature_scope = ds.signature_scope  # same numbers in both layouts' enums
         if ds.sibling_digest:
             vs.sibling_digest = ds.sibling_digest
+        if ds.tree_size:  # batch scope: index, size and path travel together
+            vs.tree_index, vs.tree_size = ds.tree_index, ds.tree_size
+            if ds.tree_path:
+                vs.tree_path = ds.tree_path
         if ds.HasField("encryption"):
             de, ve = ds.encryption, vs.encryption
             ve.key_id, ve.algorithm = de.key_id, de.algorithm
@@ -179,6 +183,7 @@ def reviewed_to_draft(v: vpb.PrismEnvelope, *, report: bool = True) -> tuple[dpb
         ds.contains_pii = vs.contains_pii
         ds.signature_scope = vs.signature_scope
         ds.sibling_digest = vs.sibling_digest
+        ds.tree_index, ds.tree_size, ds.tree_path = vs.tree_index, vs.tree_size, vs.tree_path
         if vs.HasField("encryption"):
             ve, de = vs.encryption, ds.encryption
             de.SetInParent()

@@ -444,7 +444,7 @@ def decrypt_to_envelope(
     out = env.copy()
     sec = out.header.security
     for name in ("encryption", "signature", "signature_algorithm", "signature_key_id", "signature_scope",
-                 "sibling_digest"):
+                 "sibling_digest", "tree_index", "tree_size", "tree_path"):
         sec.ClearField(name)
     out.payload = Payload(plaintext, env.payload.type_url)
     return out

@@ -8,7 +8,9 @@ Data flow per source topic (one agent each):
 Why batches: Faust's per-event machinery costs more per message than several of Prism's
 stages. The source topic is read beneath it (`app/worker/batch_source.py`): the conductor
 appends fetched records to a list, one task takes up to `batch_size` of them, runs the
-synchronous chain over each and writes all outputs of the batch together; only then are the
+synchronous chain over each (the publisher prepares each message's copies), signs the batch's
+outputs with one signature (`Publisher.finish`, scope batch: docs/signing.md) and writes all
+outputs of the batch together; only then are the
 messages acknowledged, so a crash never loses a message (at-least-once) and the dedup stage
 turns redeliveries into "duplicate". Faust keeps the group, rebalances, tables, commits.
 
@@ -47,7 +49,7 @@ from app.agents.dlq import DlqRecord
 from app.agents.enrich import Enrich, SchemaInfo
 from app.agents.normalize import Normalize
 from app.agents.policy import Policy
-from app.agents.publish import Emission, Publisher
+from app.agents.publish import Emission, Prepared, Publisher
 from app.agents.validate import Validate
 from app.agents.verify_signature import VerifySignature
 from app.broker.admin import BrokerSettings, RetentionCheck, check_retention
@@ -359,7 +361,7 @@ class PipelineApp:
         message. `BatchSource` runs that coroutine as a task while the next batch goes through
         the chain, so the broker's round trip no longer leaves the worker idle."""
         producer = self.app.producer
-        pending: list[tuple[Message, list[Emission] | DlqRecord]] = []
+        prepared: list[tuple[Message, Prepared | DlqRecord]] = []
         current_of: dict[int, CurrentMessage] = {}  # id(Message) -> what Faust's tables read
         outcomes: Counter[tuple[str, int, str]] = Counter()
         last_of_partition: dict[tuple[str, int], CurrentMessage] = {}
@@ -385,13 +387,15 @@ class PipelineApp:
                         await asyncio.sleep(0)  # a hole can hold thousands of records
                     current_of[id(msg)] = current
                     repaired.append(msg)
-                    outcomes[(msg.topic, msg.partition, self._run_one(chain, msg, pending, observed))] += 1
+                    outcomes[(msg.topic, msg.partition, self._run_one(chain, msg, prepared, observed))] += 1
             msg = Message(topic=m.topic, partition=m.partition, offset=m.offset, value=m.value or b"", key=m.key,
                           headers=[(k, v) for k, v in (m.headers or []) if v is not None],
                           timestamp_ms=int(m.timestamp * 1000) if m.timestamp else None)
             current_of[id(msg)] = current
-            outcomes[(m.topic, m.partition, self._run_one(chain, msg, pending, observed))] += 1
+            outcomes[(m.topic, m.partition, self._run_one(chain, msg, prepared, observed))] += 1
         _current_event.set(None)
+        # Phase 2: the batch's outputs signed at once (scope batch: one signature), in order.
+        pending = self._sign_prepared(chain, prepared, outcomes, observed)
         after = self._handed_over.get(id(chain))
         handed_over = self._handed_over[id(chain)] = asyncio.get_running_loop().create_future()
 
@@ -436,17 +440,19 @@ class PipelineApp:
 
         return finish()
 
-    def _run_one(self, chain: Chain, msg: Message, pending: list[tuple[Message, list[Emission] | DlqRecord]],
+    def _run_one(self, chain: Chain, msg: Message, pending: list[tuple[Message, Prepared | DlqRecord]],
                  observed: list[tuple[Message, Any]] | None) -> str:
-        """Run the chain (and build the emissions) for one message; returns its outcome."""
+        """Run the chain (and prepare the outputs: everything but the batch's signature) for
+        one message; returns its outcome. A message whose encoding fails goes to the DLQ here,
+        alone, as before."""
         result = chain.run(msg)
         if result.outcome is Outcome.EMITTED:
             try:
                 t0 = time.perf_counter_ns()
-                emissions = self.publisher.emissions(msg)
+                prepared = self.publisher.prepare(msg)
                 chain.stats.stage_ns["publish"] += time.perf_counter_ns() - t0
                 chain.stats.stage_calls["publish"] += 1
-                pending.append((msg, emissions))
+                pending.append((msg, prepared))
             except Exception as exc:  # encoding/signing failed: DLQ, never crash
                 result = chain.dlq_for_publish_failure(msg, exc)
             else:
@@ -457,6 +463,39 @@ class PipelineApp:
         if observed is not None:
             observed.append((msg, result))
         return str(result.outcome)
+
+    def _sign_prepared(self, chain: Chain, prepared: list[tuple[Message, Prepared | DlqRecord]],
+                       outcomes: Counter[tuple[str, int, str]], observed: list[tuple[Message, Any]] | None,
+                       ) -> list[tuple[Message, list[Emission] | DlqRecord]]:
+        """The batch's prepared outputs made final by `Publisher.finish` (one signature for
+        the batch with scope batch), each item in its place, so the output order is the input
+        order. Timed as "publish" (its per-message share: `prepare` counted the calls).
+
+        `finish` can only fail for the whole batch (the worker key itself), never for one
+        message: then every message it was to sign goes to the DLQ, as a failed encoding would."""
+        items = [item for _, item in prepared if isinstance(item, Prepared)]
+        t0 = time.perf_counter_ns()
+        try:
+            done = iter(self.publisher.finish(items))
+            failure: Exception | None = None
+        except Exception as exc:  # signing failed: DLQ, never crash
+            done, failure = iter(()), exc
+        chain.stats.stage_ns["publish"] += time.perf_counter_ns() - t0
+        out: list[tuple[Message, list[Emission] | DlqRecord]] = []
+        for msg, item in prepared:
+            if not isinstance(item, Prepared):
+                out.append((msg, item))
+            elif failure is None:
+                out.append((msg, next(done)))
+            else:
+                result = chain.dlq_for_publish_failure(msg, failure)
+                assert result.dlq is not None
+                out.append((msg, result.dlq))
+                outcomes[(msg.topic, msg.partition, str(Outcome.EMITTED))] -= 1
+                outcomes[(msg.topic, msg.partition, str(Outcome.DLQ))] += 1
+                if observed is not None:
+                    observed[:] = [(m, result if m is msg else r) for m, r in observed]
+        return out
 
     async def _missing_before(self, topic: str, partition: int, offset: int) -> list[Message]:
         """The source records between the last one processed on this partition and `offset`

@@ -8,7 +8,7 @@ from app.agents.dlq import PREFIX, build_dlq_record, error_context, mask_secrets
 from app.agents.publish import Publisher
 from app.envelope import Layout, decode, encode, new_envelope
 from app.errors import DuplicateError, ExpiredError, SignatureError
-from app.security.signing import SCOPE_PAIR, SCOPE_V2, VerificationKeys, verify
+from app.security.signing import SCOPE_BATCH, SCOPE_PAIR, SCOPE_V2, VerificationKeys, verify
 from app.topology import Archive, Outputs, Topology
 from tests.agents.conftest import make_msg
 
@@ -101,10 +101,47 @@ def test_publisher_dual_publishes_signed_layouts_and_archive(dev_keys):
         assert "x-team" in names and "Authorization" not in names and "ce_id" not in names
     assert out["arch"].value == out["orders.created.v3"].value
     assert all(("prism-source", b"orders.created/0/0") in r.headers for r in out.values())
-    # by default one pair-scope signature covers both copies
-    assert verify(out["orders.created.v2"].value, keys).scope == SCOPE_PAIR
+    # by default one batch-scope signature covers both copies (here a batch of one)
+    assert verify(out["orders.created.v2"].value, keys).scope == SCOPE_BATCH
     assert decode(out["orders.created.v2"].value).security.signature == \
         decode(out["orders.created.v3"].value).security.signature
+
+
+def test_publisher_batch_scope_signs_a_batch_once_in_order(dev_keys):
+    """`prepare` per message, `finish` per batch: one signature for every copy of the batch,
+    each copy verifying alone, the emissions in the order the messages were prepared."""
+    key = dev_keys.keyring.worker_key()
+    keys = VerificationKeys.of([key])
+    pub = Publisher(_topology(), worker_key=key)
+    prepared = []
+    for i in range(5):
+        msg = make_msg(b"", key=b"K", offset=i)
+        msg.envelope = new_envelope("orders.created", {"a": i}, namespace="ns")
+        prepared.append(pub.prepare(msg))
+    batch = pub.finish(prepared)
+    assert len(batch) == 5
+    sigs = set()
+    for i, emissions in enumerate(batch):
+        out = {e.topic: e.record for e in emissions}
+        assert out["arch"].value == out["orders.created.v3"].value
+        assert ("prism-source", f"orders.created/0/{i}".encode()) in out["orders.created.v3"].headers
+        for topic, layout in (("orders.created.v2", Layout.DRAFT), ("orders.created.v3", Layout.REVIEWED)):
+            assert verify(out[topic].value, keys, layout=layout).scope == SCOPE_BATCH
+            sec = decode(out[topic].value).security
+            assert (sec.tree_index, sec.tree_size) == (i, 5)
+            assert decode(out[topic].value).payload_json() == {"a": i}
+            sigs.add(sec.signature)
+    assert len(sigs) == 1
+
+
+def test_publisher_signature_scope_pair_signs_each_message_once(dev_keys):
+    key = dev_keys.keyring.worker_key()
+    keys = VerificationKeys.of([key])
+    out = _publish(Publisher(_topology(signature_scope="pair"), worker_key=key))
+    v2, v3 = out["orders.created.v2"], out["orders.created.v3"]
+    assert verify(v2, keys).scope == verify(v3, keys).scope == SCOPE_PAIR
+    assert decode(v2).security.signature == decode(v3).security.signature
+    assert not decode(v3).security.HasField("tree_size") and out["arch"] == v3
 
 
 def _publish(pub: Publisher) -> dict:
@@ -189,3 +226,26 @@ def test_a_message_that_failed_before_normalize_is_read_raw_for_pii():
     assert c.run(raw).outcome is Outcome.DLQ
     assert c._pii_values(raw) == ["frank@example.invalid"]  # no envelope yet: the raw value
     assert c._pii_values(make_msg(b"\x00\x01")) == []
+
+
+def test_publisher_splits_a_batch_longer_than_the_tree_limit(dev_keys, monkeypatch):
+    """A batch longer than `MAX_TREE_SIZE` (a repaired hole can make one) gets one tree per
+    `MAX_TREE_SIZE` messages rather than being refused."""
+    import app.agents.publish as publish
+
+    monkeypatch.setattr(publish, "MAX_TREE_SIZE", 2)
+    key = dev_keys.keyring.worker_key()
+    keys = VerificationKeys.of([key])
+    pub = Publisher(_topology(), worker_key=key)
+    prepared = []
+    for i in range(5):
+        msg = make_msg(b"", key=b"K", offset=i)
+        msg.envelope = new_envelope("orders.created", {"a": i}, namespace="ns")
+        prepared.append(pub.prepare(msg))
+    trees = []
+    for emissions in pub.finish(prepared):
+        v3 = next(e.record.value for e in emissions if e.topic == "orders.created.v3")
+        assert verify(v3, keys).scope == SCOPE_BATCH
+        sec = decode(v3).security
+        trees.append((sec.tree_index, sec.tree_size))
+    assert trees == [(0, 2), (1, 2), (0, 2), (1, 2), (0, 1)]

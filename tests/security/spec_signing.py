@@ -19,7 +19,8 @@ SINGULAR = {  # docs/signing.md "Step 2": top-level fields that may appear once,
     "reviewed": {1: 2, 2: 2, 3: 2, 4: 2, 99: 2},
 }
 SECURITY_FIELD = {"draft": 4, "reviewed": 2}
-SECURITY_WIRE = {1: 2, 2: 2, 3: 2, 4: 2, 5: 2, 6: 2, 7: 0, 8: 2, 9: 2, 10: 0, 11: 2}
+SECURITY_WIRE = {1: 2, 2: 2, 3: 2, 4: 2, 5: 2, 6: 2, 7: 0, 8: 2, 9: 2, 10: 0, 11: 2, 12: 0, 13: 0, 14: 2}
+MAX_TREE_SIZE = 65536  # docs/signing.md, batch scope
 
 
 class Reject(Exception):
@@ -120,9 +121,10 @@ def signed_message(envelope: bytes) -> tuple[str, int, bytes, bytes, str, str]:
         raise Reject("malformed") from None  # protobuf strings are UTF-8
     if scope == 0:
         return layout, 0, envelope[:start] + envelope[end:], signature, algorithm, key_id
-    if scope not in (2, 3):
+    if scope not in (2, 3, 4):
         raise Reject("unsupported_signature_scope")
-    cut = (3, 4) if scope == 2 else (3, 4, 11)  # pair: sibling_digest is left out of the digest too
+    # pair: sibling_digest is left out of the digest too; batch: and the three tree fields
+    cut = {2: (3, 4), 3: (3, 4, 11), 4: (3, 4, 11, 12, 13, 14)}[scope]
     kept = b"".join(body[s:e] for f, _, s, _, e in inner if f not in cut)
     tag = bytes([SECURITY_FIELD[layout] << 3 | 2])
     rest = envelope[:start] + tag + _put_varint(len(kept)) + kept + envelope[end:]
@@ -134,7 +136,37 @@ def signed_message(envelope: bytes) -> tuple[str, int, bytes, bytes, str, str]:
         raise Reject("bad_signature")
     own = hashlib.sha256(rest).digest()
     draft, reviewed = (own, sibling) if layout == "draft" else (sibling, own)
-    return layout, 3, b"prism-envelope-signature/pair\x00" + draft + reviewed, signature, algorithm, key_id
+    if scope == 3:
+        return layout, 3, b"prism-envelope-signature/pair\x00" + draft + reviewed, signature, algorithm, key_id
+    # batch scope: the leaf, then the root its audit path leads to
+    index = _varint(fields[12], _varint(fields[12], 0)[1])[0] if 12 in fields else 0
+    size = _varint(fields[13], _varint(fields[13], 0)[1])[0] if 13 in fields else 0
+    path = fields.get(14, b"")
+    if not 1 <= size <= MAX_TREE_SIZE or index >= size or len(path) % 32:
+        raise Reject("bad_signature")
+    hashes = [path[i:i + 32] for i in range(0, len(path), 32)]
+    root = path_root(hashlib.sha256(b"\x00" + draft + reviewed).digest(), index, size, hashes)
+    return layout, 4, b"prism-envelope-signature/batch\x00" + size.to_bytes(8, "big") + root, signature, algorithm, \
+        key_id
+
+
+def path_root(leaf: bytes, m: int, n: int, path: list[bytes]) -> bytes:
+    """The root that audit path `path` (nearest the leaf first) gives leaf `m` of `n`,
+    following RFC 9162 §2.1.3.1's recursive definition of PATH(m, D[n]) backwards: with k
+    the largest power of two below n, the last hash is the other subtree's root. A path of
+    the wrong length is rejected."""
+    if n == 1:
+        if path:
+            raise Reject("bad_signature")
+        return leaf
+    if not path:
+        raise Reject("bad_signature")
+    k = 1
+    while k * 2 < n:
+        k *= 2
+    if m < k:
+        return hashlib.sha256(b"\x01" + path_root(leaf, m, k, path[:-1]) + path[-1]).digest()
+    return hashlib.sha256(b"\x01" + path[-1] + path_root(leaf, m - k, n - k, path[:-1])).digest()
 
 
 def verify(envelope: bytes, keys: dict[str, tuple[str, bytes]], *, accept_legacy_scope: bool = False) -> str:

@@ -15,6 +15,7 @@ from app.errors import PrismError
 from app.security.signing import (
     ED25519,
     HMAC_SHA256,
+    SCOPE_BATCH_CONTEXT,
     SCOPE_PAIR_CONTEXT,
     SCOPE_V2_CONTEXT,
     SigningKey,
@@ -92,6 +93,28 @@ def test_the_pair_vector_files_cover_both_layouts_and_the_sibling_digest() -> No
         assert valid["draft"] == valid["reviewed"]  # both copies rebuild the one signed statement
 
 
+def test_the_batch_vector_files_cover_the_tree_fields() -> None:
+    batch_docs = [doc for name, doc in DOCS.items() if name.startswith("scope-batch-")]
+    assert {d["key"]["algorithm"] for d in batch_docs} == {HMAC_SHA256, ED25519}
+    for doc in batch_docs:
+        assert bytes.fromhex(doc["scope_batch_context_hex"]) == SCOPE_BATCH_CONTEXT
+        size = doc["batch_size"]
+        assert size & (size - 1)  # not a power of two: the tree is unbalanced
+        names = {v["name"] for v in doc["vectors"]}
+        for layout in ("draft", "reviewed"):
+            for case in ("valid", "valid-last-leaf", "tampered-classification", "tampered-pii", "tampered-publisher",
+                         "tampered-encryption-key", "tampered-payload", "tampered-sibling-digest",
+                         "tampered-tree-index", "tampered-tree-size", "index-out-of-range", "flipped-path-hash",
+                         "truncated-path", "ragged-path", "moved-to-other-batch", "relabelled-pair",
+                         "duplicated-tree-index", "duplicated-tree-size", "mistyped-tree-path"):
+                assert f"{layout}/{case}" in names
+        valid = [bytes.fromhex(v["signed_message_hex"]) for v in doc["vectors"] if v["expected"] == "valid"]
+        # every valid copy, of either layout and either message, rebuilds the one signed statement
+        assert len(valid) == 6 and len(set(valid)) == 1
+        assert valid[0] == SCOPE_BATCH_CONTEXT + size.to_bytes(8, "big") + valid[0][-32:]
+        assert len(valid[0]) == len(SCOPE_BATCH_CONTEXT) + 8 + 32
+
+
 @pytest.mark.parametrize(("file", "vector"), CASES, ids=[f"{f}:{v['name']}" for f, v in CASES])
 def test_vector(file: str, vector: dict) -> None:
     doc = DOCS[file]
@@ -105,9 +128,11 @@ def test_vector(file: str, vector: dict) -> None:
         message = bytes.fromhex(vector["signed_message_hex"])
         assert signed_message(data).joined() == message
         assert spec_signing.signed_message(data)[2] == message
-    else:  # (a pair-scope copy without a usable sibling_digest has no statement to rebuild)
+    else:  # (a pair- or batch-scope copy without a usable sibling_digest, or a batch copy whose
+        # tree fields cannot describe a leaf of the tree, has no statement to rebuild)
         assert vector["expected"] in {"ambiguous_envelope", "unsupported_signature_scope"} or \
-            vector["name"].endswith("/missing-sibling-digest")
+            vector["name"].endswith(("/missing-sibling-digest", "/index-out-of-range", "/truncated-path",
+                                     "/ragged-path"))
 
 
 def test_vector_keys_are_the_documented_derivation() -> None:

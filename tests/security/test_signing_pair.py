@@ -229,7 +229,7 @@ def test_unknown_scope_still_refused_and_v2_still_accepted():
     data = _pair(HMAC_KEY)[Layout.REVIEWED]
     value, inner = _inner(data, Layout.REVIEWED)
     scope = next(r for r in inner if r.field == 10)
-    bad = _with_security_value(data, Layout.REVIEWED, value[:scope.start] + bytes([0x50, 0x04]) + value[scope.end:])
+    bad = _with_security_value(data, Layout.REVIEWED, value[:scope.start] + bytes([0x50, 0x09]) + value[scope.end:])
     with pytest.raises(SignatureScopeError):
         verify(bad, LEGACY_OK)
     assert spec_signing.verify(bad, SPEC_KEYS) == "unsupported_signature_scope"

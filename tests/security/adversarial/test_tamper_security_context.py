@@ -19,7 +19,7 @@ import pytest
 from app.envelope import Layout, decode, encode, new_envelope
 from app.envelope.wire import encode_varint, iter_records
 from app.errors import SignatureError
-from app.security.signing import SCOPE_LEGACY, SCOPE_PAIR, VerificationKeys, sign, verify
+from app.security.signing import SCOPE_BATCH, SCOPE_LEGACY, VerificationKeys, sign, verify
 from tests.worker.conftest import dev_keys, make_topology  # noqa: F401 - dev_keys is a fixture used by name
 from tests.worker.harness import RunningPipeline
 
@@ -95,13 +95,13 @@ async def test_security_context_attacks_end_in_the_dlq(broker, tmp_path: Path, d
             assert ids == [control_id], (suffix, ids)
             assert not set(attack_ids.values()) & set(ids)
 
-        # --- the worker's outputs: one pair-scope signature for both copies, verifiable with
-        # its public key only, each copy on its own ---------------------------------------------
+        # --- the worker's outputs: one batch-scope signature for both copies (and the batch),
+        # verifiable with its public key only, each copy on its own ------------------------------
         worker_key = VerificationKeys.of([dev_keys.keyring.verify_all.keys["prism-worker-1"]])
         v3 = out[f"{topic}.v3"][0].value
         v2 = out[f"{topic}.v2"][0].value
-        assert verify(v3, worker_key).scope == SCOPE_PAIR
-        assert verify(v2, worker_key).scope == SCOPE_PAIR
+        assert verify(v3, worker_key).scope == SCOPE_BATCH
+        assert verify(v2, worker_key).scope == SCOPE_BATCH
         assert decode(v3).security.signature == decode(v2).security.signature
         assert decode(v3).security.publisher_id == "svc-orders"
 

@@ -7,7 +7,9 @@ Writes two files per algorithm next to this script, each with both wire layouts:
 (`scope-v2-hmac-sha256.json`, `scope-v2-ed25519.json`) and the pair scope, one signature
 for a message's draft and reviewed copies (`scope-pair-hmac-sha256.json`,
 `scope-pair-ed25519.json`; each pair vector stands alone: the copy's `sibling_digest`
-names the other copy). Everything is deterministic: the
+names the other copy), and the batch scope, one signature for a batch of five messages, so
+that the Merkle tree is unbalanced (`scope-batch-hmac-sha256.json`, `scope-batch-ed25519.json`;
+each vector is one copy, which carries its audit path). Everything is deterministic: the
 keys come from fixed labels (TEST KEYS ONLY, published on purpose), Ed25519 and HMAC are
 deterministic, and the envelope holds at most one entry per map (in both layouts) because
 protobuf writes map entries in an order that changes from process to process. `tests/security/test_signature_vectors.py` checks every vector with
@@ -39,6 +41,8 @@ from app.errors import PrismError
 from app.security.signing import (
     ED25519,
     HMAC_SHA256,
+    SCOPE_BATCH,
+    SCOPE_BATCH_CONTEXT,
     SCOPE_LEGACY,
     SCOPE_PAIR,
     SCOPE_PAIR_CONTEXT,
@@ -47,6 +51,7 @@ from app.security.signing import (
     SigningKey,
     VerificationKeys,
     sign,
+    sign_batch,
     sign_layouts,
     signed_message,
     verify,
@@ -80,10 +85,11 @@ def _key_doc(key: SigningKey) -> dict[str, str]:
             "public_key_hex": key.private_key.public_key().public_bytes_raw().hex()}
 
 
-def envelope() -> Envelope:
-    """Restricted, PII, encrypted-looking, with a token: every field the attacks touch."""
+def envelope(n: int = 13) -> Envelope:
+    """Restricted, PII, encrypted-looking, with a token: every field the attacks touch. `n`
+    varies the message id (the batch vectors sign several messages)."""
     env = new_envelope("orders.created", {"order_id": 4242, "email": "jane@example.com"},
-                       namespace="order-events", message_id="0190a000-0000-7000-8000-000000000013",
+                       namespace="order-events", message_id=f"0190a000-0000-7000-8000-{n:012d}",
                        published_at_ms=1767225600000, priority=7, correlation_id="corr-13",
                        labels={"tier": "gold"},  # no extension: the draft layout adds prism.enc.encryption_type
                        data_classification="restricted", contains_pii=True)
@@ -204,9 +210,9 @@ def pair_cases(key: SigningKey, layout: Layout) -> list[tuple[str, str, bytes, s
         rec = sibling_record(value)
         return without_sibling(value) + rec[:2] + bytes([rec[2] ^ 0x01]) + rec[3:]
 
-    def scope_4(value: bytes) -> bytes:
+    def scope_9(value: bytes) -> bytes:
         assert b"\x50\x03" in value
-        return value.replace(b"\x50\x03", b"\x50\x04")
+        return value.replace(b"\x50\x03", b"\x50\x09")
 
     bad, ambiguous = "bad_signature", "ambiguous_envelope"
     return [
@@ -233,7 +239,89 @@ def pair_cases(key: SigningKey, layout: Layout) -> list[tuple[str, str, bytes, s
          data + _record(layout.security_field, _record(8, b"public") + b"\x38\x00"), ambiguous, ambiguous),
         ("duplicated-metadata", "the metadata record appended a second time", data + data[md.start:md.end],
          ambiguous, ambiguous),
-        ("unknown-scope", "signature_scope 4: not a scope this verifier knows", _replace_security(data, layout, scope_4),
+        ("unknown-scope", "signature_scope 9: not a scope this verifier knows", _replace_security(data, layout, scope_9),
+         "unsupported_signature_scope", "unsupported_signature_scope"),
+    ]
+
+
+#: The batch vectors: copies of messages 3 and 4 of a batch of five (leaves 0-3 form a full
+#: subtree, leaf 4 hangs off the root alone: audit paths of three hashes and of one).
+BATCH_SIZE, BATCH_INDEX = 5, 3
+
+
+def _batch(key: SigningKey, first: int) -> list[dict[Layout, bytes]]:
+    signed = sign_batch([envelope(first + i) for i in range(BATCH_SIZE)], key, list(Layout))
+    return [dict(zip(Layout, copies, strict=True)) for copies in signed]
+
+
+def batch_cases(key: SigningKey, layout: Layout) -> list[tuple[str, str, bytes, str, str]]:
+    """Like `pair_cases`, for one copy of a batch-scope signature (docs/signing.md, "batch")."""
+    batch, other = _batch(key, 13), _batch(key, 113)
+    data, last = batch[BATCH_INDEX][layout], batch[BATCH_SIZE - 1][layout]
+    md_field = 2 if layout is Layout.DRAFT else 1
+    md = next(r for r in iter_records(data) if r.field == md_field)
+
+    def field_record(value: bytes, fno: int) -> bytes:
+        rec = next(r for r in iter_records(value) if r.field == fno)
+        return value[rec.start:rec.end]
+
+    def flip_path(value: bytes) -> bytes:
+        rec = field_record(value, 14)
+        return value.replace(rec, rec[:3] + bytes([rec[3] ^ 0x01]) + rec[4:])
+
+    def moved(env: Envelope) -> None:
+        theirs = decode(other[BATCH_INDEX][layout]).security
+        sec = env.header.security
+        sec.signature, sec.tree_size, sec.tree_path = theirs.signature, theirs.tree_size, theirs.tree_path
+
+    def path_edit(cut: Callable[[bytes], bytes]) -> Callable[[Envelope], None]:
+        return lambda env: setattr(env.header.security, "tree_path", cut(env.header.security.tree_path))
+
+    def scope_9(value: bytes) -> bytes:
+        assert b"\x50\x04" in value
+        return value.replace(b"\x50\x04", b"\x50\x09")
+
+    bad, ambiguous = "bad_signature", "ambiguous_envelope"
+    return [
+        ("valid", f"copy of message {BATCH_INDEX} of a batch of {BATCH_SIZE}, as the worker emits it; the audit "
+         "path has three hashes", data, "valid", "valid"),
+        ("valid-last-leaf", f"copy of message {BATCH_SIZE - 1}, the leaf alone on the right of the unbalanced "
+         "tree; the audit path has one hash", last, "valid", "valid"),
+        ("valid-token-stripped", "auth_token removed after signing: still valid",
+         _edit(data, layout, sec_set("auth_token", None)), "valid", "valid"),
+        *tampered_cases(data, layout),
+        ("tampered-sibling-digest", "sibling_digest replaced by another message's: a leaf the tree does not hold",
+         _edit(data, layout, sec_set("sibling_digest", decode(batch[0][layout]).security.sibling_digest)), bad, bad),
+        ("missing-sibling-digest", "sibling_digest removed: the leaf cannot be rebuilt",
+         _edit(data, layout, sec_set("sibling_digest", None)), bad, bad),
+        ("tampered-tree-index", "tree_index 3 -> 2: the path leads to another root",
+         _edit(data, layout, sec_set("tree_index", 2)), bad, bad),
+        ("tampered-tree-size", "tree_size 5 -> 6: the size is signed, and the path no longer fits",
+         _edit(data, layout, sec_set("tree_size", 6)), bad, bad),
+        ("index-out-of-range", "tree_index 5 in a tree of 5",
+         _edit(data, layout, sec_set("tree_index", BATCH_SIZE)), bad, bad),
+        ("flipped-path-hash", "one bit of the audit path flipped", _replace_security(data, layout, flip_path), bad, bad),
+        ("truncated-path", "the audit path's last hash removed",
+         _edit(data, layout, path_edit(lambda p: p[:-32])), bad, bad),
+        ("ragged-path", "the audit path one byte short of whole hashes",
+         _edit(data, layout, path_edit(lambda p: p[:-1])), bad, bad),
+        ("moved-to-other-batch", "signature, tree_size and tree_path taken from the same position of another "
+         "batch: the leaf is not in that tree", _edit(data, layout, moved), bad, bad),
+        ("relabelled-pair", "signature_scope batch -> pair: the pair statement differs from the batch statement",
+         _edit(data, layout, sec_set("signature_scope", SCOPE_PAIR)), bad, bad),
+        ("downgraded-scope", "signature_scope removed (relabelled legacy)",
+         _edit(data, layout, sec_set("signature_scope", None)), "legacy_signature_scope", bad),
+        ("duplicated-tree-index", "tree_index written twice inside the security record",
+         _replace_security(data, layout, lambda v: v + field_record(v, 12)), ambiguous, ambiguous),
+        ("duplicated-tree-size", "tree_size 4 appended after tree_size 5",
+         _replace_security(data, layout, lambda v: v + b"\x68\x04"), ambiguous, ambiguous),
+        ("mistyped-tree-path", "a second tree_path as a varint",
+         _replace_security(data, layout, lambda v: v + b"\x70\x01"), ambiguous, ambiguous),
+        ("second-security-record", "a second security record (public, no PII) appended to a valid envelope",
+         data + _record(layout.security_field, _record(8, b"public") + b"\x38\x00"), ambiguous, ambiguous),
+        ("duplicated-metadata", "the metadata record appended a second time", data + data[md.start:md.end],
+         ambiguous, ambiguous),
+        ("unknown-scope", "signature_scope 9: not a scope this verifier knows", _replace_security(data, layout, scope_9),
          "unsupported_signature_scope", "unsupported_signature_scope"),
     ]
 
@@ -274,6 +362,8 @@ def build() -> dict[str, str]:
 _KINDS = (
     ("scope-v2", cases, {"scope_v2_context_hex": {lay.value: SCOPE_V2_CONTEXT[lay].hex() for lay in Layout}}),
     ("scope-pair", pair_cases, {"scope_pair_context_hex": SCOPE_PAIR_CONTEXT.hex()}),
+    ("scope-batch", batch_cases, {"scope_batch_context_hex": SCOPE_BATCH_CONTEXT.hex(),
+                                  "batch_size": BATCH_SIZE, "scope": SCOPE_BATCH}),
 )
 
 

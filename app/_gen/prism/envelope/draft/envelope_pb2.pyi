@@ -16,9 +16,11 @@ class SignatureScope(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SIGNATURE_SCOPE_LEGACY: _ClassVar[SignatureScope]
     SIGNATURE_SCOPE_V2: _ClassVar[SignatureScope]
     SIGNATURE_SCOPE_PAIR: _ClassVar[SignatureScope]
+    SIGNATURE_SCOPE_BATCH: _ClassVar[SignatureScope]
 SIGNATURE_SCOPE_LEGACY: SignatureScope
 SIGNATURE_SCOPE_V2: SignatureScope
 SIGNATURE_SCOPE_PAIR: SignatureScope
+SIGNATURE_SCOPE_BATCH: SignatureScope
 
 class PrismEnvelope(_message.Message):
     __slots__ = ("envelope_version", "metadata", "payload", "security", "observability", "schema", "extensions")
@@ -70,7 +72,7 @@ class PrismMetadata(_message.Message):
     def __init__(self, message_id: _Optional[str] = ..., topic: _Optional[str] = ..., namespace: _Optional[str] = ..., published_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., content_type: _Optional[str] = ..., content_encoding: _Optional[str] = ..., priority: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., correlation_id: _Optional[str] = ..., causality_parent: _Optional[str] = ...) -> None: ...
 
 class SecurityContext(_message.Message):
-    __slots__ = ("publisher_id", "publisher_team", "auth_token", "signature", "signature_algorithm", "encryption", "contains_pii", "data_classification", "signature_key_id", "signature_scope", "sibling_digest")
+    __slots__ = ("publisher_id", "publisher_team", "auth_token", "signature", "signature_algorithm", "encryption", "contains_pii", "data_classification", "signature_key_id", "signature_scope", "sibling_digest", "tree_index", "tree_size", "tree_path")
     PUBLISHER_ID_FIELD_NUMBER: _ClassVar[int]
     PUBLISHER_TEAM_FIELD_NUMBER: _ClassVar[int]
     AUTH_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +84,9 @@ class SecurityContext(_message.Message):
     SIGNATURE_KEY_ID_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_SCOPE_FIELD_NUMBER: _ClassVar[int]
     SIBLING_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    TREE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TREE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TREE_PATH_FIELD_NUMBER: _ClassVar[int]
     publisher_id: str
     publisher_team: str
     auth_token: str
@@ -93,7 +98,10 @@ class SecurityContext(_message.Message):
     signature_key_id: str
     signature_scope: SignatureScope
     sibling_digest: bytes
-    def __init__(self, publisher_id: _Optional[str] = ..., publisher_team: _Optional[str] = ..., auth_token: _Optional[str] = ..., signature: _Optional[bytes] = ..., signature_algorithm: _Optional[str] = ..., encryption: _Optional[_Union[EncryptionMetadata, _Mapping]] = ..., contains_pii: _Optional[bool] = ..., data_classification: _Optional[str] = ..., signature_key_id: _Optional[str] = ..., signature_scope: _Optional[_Union[SignatureScope, str]] = ..., sibling_digest: _Optional[bytes] = ...) -> None: ...
+    tree_index: int
+    tree_size: int
+    tree_path: bytes
+    def __init__(self, publisher_id: _Optional[str] = ..., publisher_team: _Optional[str] = ..., auth_token: _Optional[str] = ..., signature: _Optional[bytes] = ..., signature_algorithm: _Optional[str] = ..., encryption: _Optional[_Union[EncryptionMetadata, _Mapping]] = ..., contains_pii: _Optional[bool] = ..., data_classification: _Optional[str] = ..., signature_key_id: _Optional[str] = ..., signature_scope: _Optional[_Union[SignatureScope, str]] = ..., sibling_digest: _Optional[bytes] = ..., tree_index: _Optional[int] = ..., tree_size: _Optional[int] = ..., tree_path: _Optional[bytes] = ...) -> None: ...
 
 class EncryptionMetadata(_message.Message):
     __slots__ = ("key_id", "algorithm", "iv", "aad")
