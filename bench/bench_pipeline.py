@@ -209,43 +209,71 @@ async def run_faust_structure(bootstrap: str, topic: str, n: int, data_dir: Path
     return clock.result(first[0])
 
 
-def signing_floor(keys_dir: Path, n: int = 300, repeat: int = 8) -> dict[str, float]:
+def signing_floor(keys_dir: Path, n: int = 300, repeat: int = 8, batch: int = 500) -> dict[str, float]:
     """Loop-thread CPU µs per input message of the worker's output signatures, alone.
 
     The emissions of `n` bench inputs (the broker-free chain + publisher of `bench_stages`,
     so the same keys, topology and byte sizes as the chain phase) are signed again with the
     worker key, `repeat` times, timed with the thread's CPU clock, the way the publisher signs
-    them: with the pair scope (the default, docs/signing.md) one signature over a statement
-    naming both copies' SHA-256 digests; with scope v2 one signature per layout. Every chain
-    that runs as a Faust agent pays at least the passthrough's per-message cost P plus these
-    signatures S, so P / (P + S) bounds the chain / passthrough ratio from above, with every
-    other stage free.
+    them (docs/signing.md): with the batch scope (the default) both copies' SHA-256 digests,
+    the leaf, the Merkle tree and its paths per message, and one signature per `batch` messages
+    (the worker's batch size); with the pair scope one signature per message over both copies'
+    digests; with scope v2 one signature per layout. Every chain that runs as a Faust agent
+    pays at least the passthrough's per-message cost P plus these signatures S, so P / (P + S)
+    bounds the chain / passthrough ratio from above, with every other stage free.
     """
     import hashlib
 
-    from app.security.signing import SCOPE_PAIR, signature_over
+    from app.security.signing import (
+        SCOPE_BATCH,
+        SCOPE_PAIR,
+        batch_statement,
+        leaf_hash,
+        merkle_tree,
+        signature_over,
+    )
     from bench.bench_stages import _bench_inputs, build, run
 
     h = build(keys_dir)
     key = h.publisher.sign_with
     assert key is not None, "the bench topology signs its outputs"
-    pair = h.publisher.scope == SCOPE_PAIR
+    scope = h.publisher.scope
     values = [e.record.value for outcome, ems in run(h, _bench_inputs(keys_dir, n)) if outcome == "emitted"
               for e in ems if e.topic.endswith((".v2", ".v3"))]
     assert len(values) == 2 * n, len(values)  # both layouts of every input
+    pairs = [(values[i], values[i + 1]) for i in range(0, len(values), 2)]
     context = b"prism-envelope-signature/pair\0"
-    t0 = time.thread_time()
-    for _ in range(repeat):
-        if pair:
-            for i in range(0, len(values), 2):
-                statement = context + hashlib.sha256(values[i]).digest() + hashlib.sha256(values[i + 1]).digest()
-                signature_over(key, [statement])
-        else:
-            for v in values:
-                signature_over(key, [v])
-    per_message = (time.thread_time() - t0) / (repeat * n) * 1e6
+    sha256 = hashlib.sha256
+    clock = time.thread_time
+    if scope == SCOPE_BATCH:
+        # per message: two digests and the leaf; per batch of `batch` messages: the tree with
+        # every audit path, and one signature over the statement
+        t0 = clock()
+        for _ in range(repeat):
+            leaves = [leaf_hash(sha256(a).digest(), sha256(b).digest()) for a, b in pairs]
+        per_leaf = (clock() - t0) / (repeat * n)
+        full = (leaves * (batch // len(leaves) + 1))[:batch]
+        t0 = clock()
+        for _ in range(repeat):
+            root, _paths = merkle_tree(full)
+            signature_over(key, [batch_statement(batch, root)])
+        per_batch = (clock() - t0) / repeat
+        per_message = (per_leaf + per_batch / batch) * 1e6
+        signatures_per_msg = 1 / batch
+    else:
+        t0 = clock()
+        for _ in range(repeat):
+            if scope == SCOPE_PAIR:
+                for a, b in pairs:
+                    signature_over(key, [context + sha256(a).digest() + sha256(b).digest()])
+            else:
+                for v in values:
+                    signature_over(key, [v])
+        per_message = (clock() - t0) / (repeat * n) * 1e6
+        signatures_per_msg = 1 if scope == SCOPE_PAIR else 2
+    names = {SCOPE_BATCH: "batch", SCOPE_PAIR: "pair"}
     return {"signatures_cpu_us_per_msg": per_message, "algorithm": key.algorithm,
-            "scope": "pair" if pair else "v2", "signatures_per_msg": 1 if pair else 2,
+            "scope": names.get(scope, "v2"), "signatures_per_msg": signatures_per_msg,
             "signed_bytes_per_layout": sum(map(len, values)) / len(values)}
 
 
