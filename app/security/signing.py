@@ -725,21 +725,28 @@ def _message_parts(view: memoryview, sec_rec: _Rec, inner: list[_Rec], lay: Layo
     return parts
 
 
+def _copy_digests(view: memoryview, sec_rec: _Rec, inner: list[_Rec], lay: Layout, cut: frozenset[int],
+                  sibling: memoryview | None, scope: str) -> tuple[bytes, bytes]:
+    """(this copy's digest, its sibling's from `sibling_digest`), for the pair and batch scopes:
+    the copy as received with the `cut` fields of its security record left out."""
+    if sibling is None or len(sibling) != DIGEST_BYTES:
+        raise SignatureError(f"{scope}-scope signature without a {DIGEST_BYTES}-byte sibling_digest",
+                             path="security.sibling_digest",
+                             hint="the envelope was changed after signing, or its producer is broken")
+    _, _, start, vstart, end = sec_rec
+    h = hashlib.sha256(view[:start])
+    h.update(_reframe(view, inner, vstart, end, lay, cut))
+    h.update(view[end:])
+    return h.digest(), bytes(sibling)
+
+
 def _pair_statement(view: memoryview, sec_rec: _Rec, inner: list[_Rec], lay: Layout) -> list[bytes | memoryview]:
     """The pair scope's signed message for received bytes of one layout: this copy's digest
     is recomputed, the sibling's is taken from `sibling_digest`, and both are put in layout
     order. A wrong sibling digest only yields a statement the key never signed."""
-    _, _, start, vstart, end = sec_rec
     sibling = next((view[r[3]:r[4]] for r in inner if r[0] == _SEC_SIBLING), None)
-    if sibling is None or len(sibling) != DIGEST_BYTES:
-        raise SignatureError(f"pair-scope signature without a {DIGEST_BYTES}-byte sibling_digest",
-                             path="security.sibling_digest",
-                             hint="the envelope was changed after signing, or its producer is broken")
-    h = hashlib.sha256(view[:start])
-    h.update(_reframe(view, inner, vstart, end, lay, _CUT_PAIR))
-    h.update(view[end:])
-    own = h.digest()
-    return [SCOPE_PAIR_CONTEXT, own, sibling] if lay is Layout.DRAFT else [SCOPE_PAIR_CONTEXT, sibling, own]
+    own, other = _copy_digests(view, sec_rec, inner, lay, _CUT_PAIR, sibling, "pair")
+    return [SCOPE_PAIR_CONTEXT, own, other] if lay is Layout.DRAFT else [SCOPE_PAIR_CONTEXT, other, own]
 
 
 def _batch_statement(view: memoryview, sec_rec: _Rec, inner: list[_Rec], lay: Layout) -> list[bytes | memoryview]:
@@ -747,7 +754,6 @@ def _batch_statement(view: memoryview, sec_rec: _Rec, inner: list[_Rec], lay: La
     (cut of `_CUT_BATCH`), the sibling's from `sibling_digest`, the leaf of both in layout
     order, then the root its audit path leads to (`root_from_path`). Any wrong tree field only
     yields a root, and so a statement, that the key never signed."""
-    _, _, start, vstart, end = sec_rec
     sibling: memoryview | None = None
     index, size, path = 0, 0, memoryview(b"")
     for fno, _, rstart, vs, rend in inner:
@@ -759,15 +765,8 @@ def _batch_statement(view: memoryview, sec_rec: _Rec, inner: list[_Rec], lay: La
             size = read_varint(view, read_varint(view, rstart, rend)[1], rend)[0]
         elif fno == _SEC_TREE_PATH:
             path = view[vs:rend]
-    if sibling is None or len(sibling) != DIGEST_BYTES:
-        raise SignatureError(f"batch-scope signature without a {DIGEST_BYTES}-byte sibling_digest",
-                             path="security.sibling_digest",
-                             hint="the envelope was changed after signing, or its producer is broken")
-    h = hashlib.sha256(view[:start])
-    h.update(_reframe(view, inner, vstart, end, lay, _CUT_BATCH))
-    h.update(view[end:])
-    own = h.digest()
-    leaf = leaf_hash(own, bytes(sibling)) if lay is Layout.DRAFT else leaf_hash(bytes(sibling), own)
+    own, other = _copy_digests(view, sec_rec, inner, lay, _CUT_BATCH, sibling, "batch")
+    leaf = leaf_hash(own, other) if lay is Layout.DRAFT else leaf_hash(other, own)
     return [batch_statement(size, root_from_path(leaf, index, size, path))]
 
 

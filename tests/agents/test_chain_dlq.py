@@ -107,17 +107,23 @@ def test_publisher_dual_publishes_signed_layouts_and_archive(dev_keys):
         decode(out["orders.created.v3"].value).security.signature
 
 
+def _prepare(pub: Publisher, n: int) -> list:
+    """`n` messages of one key prepared by `pub`, as the worker's batch would."""
+    prepared = []
+    for i in range(n):
+        msg = make_msg(b"", key=b"K", offset=i)
+        msg.envelope = new_envelope("orders.created", {"a": i}, namespace="ns")
+        prepared.append(pub.prepare(msg))
+    return prepared
+
+
 def test_publisher_batch_scope_signs_a_batch_once_in_order(dev_keys):
     """`prepare` per message, `finish` per batch: one signature for every copy of the batch,
     each copy verifying alone, the emissions in the order the messages were prepared."""
     key = dev_keys.keyring.worker_key()
     keys = VerificationKeys.of([key])
     pub = Publisher(_topology(), worker_key=key)
-    prepared = []
-    for i in range(5):
-        msg = make_msg(b"", key=b"K", offset=i)
-        msg.envelope = new_envelope("orders.created", {"a": i}, namespace="ns")
-        prepared.append(pub.prepare(msg))
+    prepared = _prepare(pub, 5)
     batch = pub.finish(prepared)
     assert len(batch) == 5
     sigs = set()
@@ -237,11 +243,7 @@ def test_publisher_splits_a_batch_longer_than_the_tree_limit(dev_keys, monkeypat
     key = dev_keys.keyring.worker_key()
     keys = VerificationKeys.of([key])
     pub = Publisher(_topology(), worker_key=key)
-    prepared = []
-    for i in range(5):
-        msg = make_msg(b"", key=b"K", offset=i)
-        msg.envelope = new_envelope("orders.created", {"a": i}, namespace="ns")
-        prepared.append(pub.prepare(msg))
+    prepared = _prepare(pub, 5)
     trees = []
     for emissions in pub.finish(prepared):
         v3 = next(e.record.value for e in emissions if e.topic == "orders.created.v3")

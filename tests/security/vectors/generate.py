@@ -188,12 +188,27 @@ def cases(key: SigningKey, layout: Layout) -> list[tuple[str, str, bytes, str, s
     ]
 
 
+def structural_cases(data: bytes, layout: Layout, scope_9: Callable[[bytes], bytes],
+                     ) -> list[tuple[str, str, bytes, str, str]]:
+    """A second security record, a repeated metadata record and an unknown scope value - the
+    same refusals for the pair and batch scopes' copies."""
+    ambiguous = "ambiguous_envelope"
+    md_field = 2 if layout is Layout.DRAFT else 1
+    md = next(r for r in iter_records(data) if r.field == md_field)
+    return [
+        ("second-security-record", "a second security record (public, no PII) appended to a valid envelope",
+         data + _record(layout.security_field, _record(8, b"public") + b"\x38\x00"), ambiguous, ambiguous),
+        ("duplicated-metadata", "the metadata record appended a second time", data + data[md.start:md.end],
+         ambiguous, ambiguous),
+        ("unknown-scope", "signature_scope 9: not a scope this verifier knows", _replace_security(data, layout, scope_9),
+         "unsupported_signature_scope", "unsupported_signature_scope"),
+    ]
+
+
 def pair_cases(key: SigningKey, layout: Layout) -> list[tuple[str, str, bytes, str, str]]:
     """Like `cases`, for one copy of a pair-scope signature (docs/signing.md, "pair")."""
     copies = dict(zip(Layout, sign_layouts(envelope(), key, list(Layout), scope=SCOPE_PAIR), strict=True))
     data, sibling = copies[layout], copies[Layout.REVIEWED if layout is Layout.DRAFT else Layout.DRAFT]
-    md_field = 2 if layout is Layout.DRAFT else 1
-    md = next(r for r in iter_records(data) if r.field == md_field)
 
     def swap(env: Envelope) -> None:
         theirs = decode(sibling).security
@@ -235,12 +250,7 @@ def pair_cases(key: SigningKey, layout: Layout) -> list[tuple[str, str, bytes, s
          _replace_security(data, layout, lambda v: v + sibling_record(v)), ambiguous, ambiguous),
         ("mistyped-sibling-digest", "a second sibling_digest as a varint",
          _replace_security(data, layout, lambda v: v + b"\x58\x01"), ambiguous, ambiguous),
-        ("second-security-record", "a second security record (public, no PII) appended to a valid envelope",
-         data + _record(layout.security_field, _record(8, b"public") + b"\x38\x00"), ambiguous, ambiguous),
-        ("duplicated-metadata", "the metadata record appended a second time", data + data[md.start:md.end],
-         ambiguous, ambiguous),
-        ("unknown-scope", "signature_scope 9: not a scope this verifier knows", _replace_security(data, layout, scope_9),
-         "unsupported_signature_scope", "unsupported_signature_scope"),
+        *structural_cases(data, layout, scope_9),
     ]
 
 
@@ -258,8 +268,6 @@ def batch_cases(key: SigningKey, layout: Layout) -> list[tuple[str, str, bytes, 
     """Like `pair_cases`, for one copy of a batch-scope signature (docs/signing.md, "batch")."""
     batch, other = _batch(key, 13), _batch(key, 113)
     data, last = batch[BATCH_INDEX][layout], batch[BATCH_SIZE - 1][layout]
-    md_field = 2 if layout is Layout.DRAFT else 1
-    md = next(r for r in iter_records(data) if r.field == md_field)
 
     def field_record(value: bytes, fno: int) -> bytes:
         rec = next(r for r in iter_records(value) if r.field == fno)
@@ -317,12 +325,7 @@ def batch_cases(key: SigningKey, layout: Layout) -> list[tuple[str, str, bytes, 
          _replace_security(data, layout, lambda v: v + b"\x68\x04"), ambiguous, ambiguous),
         ("mistyped-tree-path", "a second tree_path as a varint",
          _replace_security(data, layout, lambda v: v + b"\x70\x01"), ambiguous, ambiguous),
-        ("second-security-record", "a second security record (public, no PII) appended to a valid envelope",
-         data + _record(layout.security_field, _record(8, b"public") + b"\x38\x00"), ambiguous, ambiguous),
-        ("duplicated-metadata", "the metadata record appended a second time", data + data[md.start:md.end],
-         ambiguous, ambiguous),
-        ("unknown-scope", "signature_scope 9: not a scope this verifier knows", _replace_security(data, layout, scope_9),
-         "unsupported_signature_scope", "unsupported_signature_scope"),
+        *structural_cases(data, layout, scope_9),
     ]
 
 
