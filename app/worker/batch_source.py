@@ -156,6 +156,7 @@ class BatchSource:
         install_handler_hook(conductor)
         conductor._prism_batch_sources.append(self)
         conductor.add(topic)  # the consumer subscribes to it as for an agent's channel
+        install_direct_drain(app.consumer, conductor._prism_batch_sources)
 
     def handler(self) -> Callable[[Any], Awaitable[None]]:
         """The conductor's per-partition callback for this topic (built per assignment)."""
@@ -225,3 +226,93 @@ def install_handler_hook(conductor: Any) -> None:
         return original(tp, channels)
 
     conductor._build_handler = build_handler
+
+
+def install_direct_drain(consumer: Any, sources: list[BatchSource]) -> None:
+    """Give `consumer` a fetch loop that appends the records of batch-source partitions to their
+    list itself, and hands every other record to the conductor as Faust does.
+
+    Faust's loop (`Consumer._drain_messages`) delivers each record with
+    ``await self.wait_first(callback(message), self.suspend_flow.wait())``: two coroutines and
+    a copied context per record, then the conductor's handler takes an `asyncio.Lock` to look
+    the partition's callback up, and only then does :meth:`BatchSource.handler` append the
+    record - about a tenth of the worker's CPU (BENCHMARKS.md, "Release comparison"). This loop
+    is Faust 0.15.3's, line for line (stop checks, yielding every 100 records, read offsets,
+    gaps, `commit_every`), except that a batch-source record is appended directly when nothing
+    could make the handler wait: flow control active, the list not full, the producer buffer
+    not over its limit. Otherwise it takes Faust's path, handler and all, so flow control,
+    back-pressure and a rebalance abandoning the delivery behave exactly as before.
+
+    Installed only when the consumer has the private attributes the loop uses; otherwise the
+    conductor path stays (a log line says so)."""
+    if getattr(consumer, "_prism_direct_drain", False):
+        return
+    needed = ("_drain_messages", "_read_offset", "_add_gap", "_commit_every", "_n_acked", "suspend_flow",
+              "wait_first", "getmany", "callback")
+    if not all(hasattr(consumer, name) for name in needed):
+        log.warning("Faust's consumer lacks %s: batch sources take the conductor path",
+                    [n for n in needed if not hasattr(consumer, n)])
+        return
+    consumer._prism_direct_drain = True
+    app = consumer.app
+    flow = app.flow_control
+    pbuf = app.producer.buffer
+
+    def direct_buffer(topic: str) -> BatchBuffer | None:
+        for source in sources:
+            if topic in source.names:
+                return source.buffer
+        return None
+
+    async def drain_messages(fetcher: Any) -> None:
+        callback = consumer.callback
+        getmany = consumer.getmany
+        consumer_should_stop = consumer._stopped.is_set
+        fetcher_should_stop = fetcher._stopped.is_set
+        get_read_offset = consumer._read_offset.__getitem__
+        set_read_offset = consumer._read_offset.__setitem__
+        acks_enabled_for = app.topics.acks_enabled_for
+        commit_every = consumer._commit_every
+        buffers: dict[str, BatchBuffer | None] = {}
+        yield_every = 100
+        num_since_yield = 0
+        sleep = asyncio.sleep
+        try:
+            while not (consumer_should_stop() or fetcher_should_stop()):
+                ait = getmany(timeout=1.0)
+                await consumer.sleep(0)
+                if consumer.should_stop:
+                    continue
+                async for tp, message in ait:
+                    num_since_yield += 1
+                    if num_since_yield > yield_every:
+                        await sleep(0)
+                        num_since_yield = 0
+                    offset = message.offset
+                    r_offset = get_read_offset(tp)
+                    if r_offset is not None and offset < r_offset:
+                        continue  # Faust drops these too (already read)
+                    gap = offset - (r_offset or 0)
+                    if gap > 1 and r_offset and acks_enabled_for(message.topic):
+                        await consumer._add_gap(tp, r_offset + 1, offset)
+                    if commit_every is not None and consumer._n_acked >= commit_every:
+                        consumer._n_acked = 0
+                        await consumer.commit()
+                    topic = tp.topic
+                    buf = buffers[topic] if topic in buffers else buffers.setdefault(topic, direct_buffer(topic))
+                    if (buf is not None and flow.is_active() and not buf.full()
+                            and pbuf.size <= pbuf.max_messages):
+                        buf.put(message)
+                    else:
+                        await consumer.wait_first(callback(message), consumer.suspend_flow.wait())
+                    set_read_offset(tp, offset)
+        except consumer.consumer_stopped_errors:
+            if consumer.transport.app.should_stop:
+                return
+            raise
+        except asyncio.CancelledError:
+            if consumer.transport.app.should_stop:
+                return
+            raise
+
+    consumer._drain_messages = drain_messages
