@@ -42,7 +42,7 @@ class Dedup(Stage):
 
     def process(self, msg: Message) -> None:
         mid = msg.env.message_id
-        if mid in self.pending or self.window.seen(mid, time.time()):
+        if mid in self.pending or self.window.seen(mid, time.time(), partition=msg.partition):
             raise DuplicateError(f"message id {mid} already processed", path="metadata.message_id")
         self.pending.add(mid)
         ids = self._batches.get(self._batch)

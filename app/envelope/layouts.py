@@ -21,6 +21,7 @@ numbering in both layouts and are copied through their wire bytes, unknown field
 
 from __future__ import annotations
 
+from google.protobuf.timestamp_pb2 import Timestamp
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from app._gen.prism.envelope.draft import envelope_pb2 as dpb
@@ -208,3 +209,24 @@ def reviewed_to_draft(v: vpb.PrismEnvelope, *, report: bool = True) -> tuple[dpb
         d.schema.MergeFromString(v.schema.SerializeToString())
         d.schema.SetInParent()
     return d, dropped
+
+
+def draft_metadata(vm: vpb.PrismMetadata) -> dpb.PrismMetadata:
+    """`reviewed_to_draft`'s metadata mapping, as one message built at once (what the fast
+    draft encoder in `app.envelope.codec.draft_split` serializes)."""
+    ms = vm.published_at_ms
+    return dpb.PrismMetadata(
+        message_id=vm.message_id, topic=vm.topic, namespace=vm.namespace,
+        published_at=Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000),
+        content_type=get_content_type(vm), content_encoding=get_content_encoding(vm),
+        priority=vm.priority, ttl_seconds=vm.ttl_seconds, correlation_id=vm.correlation_id,
+        causality_parent=vm.causality_parent)
+
+
+def draft_security_as_is(vs: vpb.SecurityContext) -> bool:
+    """True when the reviewed security context's bytes read as a draft `SecurityContext` give
+    exactly `reviewed_to_draft`'s security: no encryption (its nested message differs between the
+    layouts) and no unknown fields (the mapping drops them). Fields 1-5 and 7-14 have the same
+    numbers and wire types in both, and a zero value read into a plain proto3 field is not written
+    again, as the field-by-field copy does not write it."""
+    return not vs.HasField("encryption") and not len(UnknownFieldSet(vs))

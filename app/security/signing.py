@@ -55,6 +55,7 @@ from app.envelope.codec import (
     Limits,
     _detect,
     decode_records,
+    draft_split,
     layout_header,
     payload_parts,
     security_bytes,
@@ -396,16 +397,23 @@ def _pair_copies(env: Envelope, cut_fields: frozenset[int]) -> tuple[list[_Copy]
     explicitly). The pair (`_CUT_PAIR`) and batch (`_CUT_BATCH`) scopes share this."""
     copies: list[_Copy] = []
     digests: list[bytes] = []
-    for layout in (Layout.DRAFT, Layout.REVIEWED):  # the draft first: converted from the unsigned model
-        header = layout_header(env, layout)
-        head, sec_record = split_header(header, layout)
+    reviewed = env.header
+    head_r, sec_r = split_header(reviewed, Layout.REVIEWED)
+    fast = draft_split(reviewed, head_r)  # the draft copy from the reviewed bytes, when it can
+    if fast is not None:
+        head_d, sec_d = fast
+        draft = (head_d, security_bytes(sec_d, Layout.DRAFT), sec_d)
+    else:
+        header_d = layout_header(env, Layout.DRAFT)
+        draft = (*split_header(header_d, Layout.DRAFT), header_d.security)
+    for layout, (head, sec_record, hsec) in ((Layout.DRAFT, draft), (Layout.REVIEWED, (head_r, sec_r, reviewed.security))):
         payload = payload_parts(env, layout)
-        cut = sec_record if _as_is(header.security, layout) else scope_v2_security(sec_record, layout, cut_fields)
+        cut = sec_record if _as_is(hsec, layout) else scope_v2_security(sec_record, layout, cut_fields)
         h = hashlib.sha256(head)
         h.update(cut)
         for part in payload:
             h.update(part)
-        copies.append((layout, header.security, head, payload))
+        copies.append((layout, hsec, head, payload))
         digests.append(h.digest())
     return copies, digests[0], digests[1]
 

@@ -132,8 +132,9 @@ class DedupWindow:
         self._validate(message_id)
         self._store(message_id, int((self.clock() if now is None else now) * 1000), int(partition))
 
-    def seen(self, message_id: str, now: float | None = None) -> bool:
-        """Read-only: is ``message_id`` inside the window?"""
+    def seen(self, message_id: str, now: float | None = None, *, partition: int | None = None) -> bool:
+        """Read-only: is ``message_id`` inside the window? (``partition``: where a partitioned
+        store keeps it; a plain mapping ignores it.)"""
         self._validate(message_id)
         return self._live_entry(message_id, self.clock() if now is None else now) is not None
 
@@ -222,6 +223,28 @@ class FaustDedupWindow(DedupWindow):
     def _store(self, message_id: str, first_seen_ms: int, partition: int) -> None:
         self.table[message_id.encode()] = _ENTRY.pack(first_seen_ms, partition)
 
+    def _partition_db(self, partition: int) -> Any:
+        """The RocksDB database of `partition`, or None for a store that has none (the memory
+        store). Faust's RocksDB store keeps one per partition and, inside an agent, routes a
+        read or write to the current event's; with the partition known, the worker's per-message
+        read and write go to it directly, not through the store's mapping layers (key encoding,
+        the current-event lookup, the key index: ~5 % of the worker's CPU in a profile)."""
+        db_for = getattr(self.table.data, "_db_for_partition", None)
+        return None if db_for is None else db_for(partition)
+
+    def seen(self, message_id: str, now: float | None = None, *, partition: int | None = None) -> bool:
+        """:meth:`DedupWindow.seen`; with ``partition``, one ``get`` on that partition's database
+        (where Faust's own read inside the agent would look: the current event's partition)."""
+        db = None if partition is None else self._partition_db(partition)
+        if db is None:
+            return super().seen(message_id, now)
+        self._validate(message_id)
+        raw = db.get(message_id.encode())
+        if raw is None:
+            return False
+        first_ms = _decode_entry(raw)[0]
+        return ((self.clock() if now is None else now) * 1000 - first_ms) < self.window * 1000
+
     def _scan(self) -> Iterator[tuple[bytes, int, int]]:
         for key, raw in self.table.items():
             if raw is not None:
@@ -269,7 +292,11 @@ class FaustDedupWindow(DedupWindow):
         self._validate(message_id)
         key = message_id.encode()
         value = _ENTRY.pack(int((self.clock() if now is None else now) * 1000), int(part))
-        self.table.data[key] = value  # the RocksDB store alone: no changelog record, no callbacks
+        db = self._partition_db(int(part))
+        if db is not None:
+            db.put(key, value)  # the RocksDB store alone: no changelog record, no callbacks
+        else:
+            self.table.data[key] = value
         self._unsent.append((key, value, int(part)))
 
     @property

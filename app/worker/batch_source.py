@@ -283,11 +283,15 @@ def install_direct_drain(consumer: Any, sources: list[BatchSource]) -> None:
                 await consumer.sleep(0)
                 if consumer.should_stop:
                     continue
+                # The producer buffer only changes while this loop awaits: its size (a property
+                # reading the app's settings) is checked again after every await, not per record.
+                ebb = pbuf.size <= pbuf.max_messages
                 async for tp, message in ait:
                     num_since_yield += 1
                     if num_since_yield > yield_every:
                         await sleep(0)
                         num_since_yield = 0
+                        ebb = pbuf.size <= pbuf.max_messages
                     offset = message.offset
                     r_offset = get_read_offset(tp)
                     if r_offset is not None and offset < r_offset:
@@ -295,16 +299,18 @@ def install_direct_drain(consumer: Any, sources: list[BatchSource]) -> None:
                     gap = offset - (r_offset or 0)
                     if gap > 1 and r_offset and acks_enabled_for(message.topic):
                         await consumer._add_gap(tp, r_offset + 1, offset)
+                        ebb = pbuf.size <= pbuf.max_messages
                     if commit_every is not None and consumer._n_acked >= commit_every:
                         consumer._n_acked = 0
                         await consumer.commit()
+                        ebb = pbuf.size <= pbuf.max_messages
                     topic = tp.topic
                     buf = buffers[topic] if topic in buffers else buffers.setdefault(topic, direct_buffer(topic))
-                    if (buf is not None and flow.is_active() and not buf.full()
-                            and pbuf.size <= pbuf.max_messages):
+                    if buf is not None and ebb and flow.is_active() and not buf.full():
                         buf.put(message)
                     else:
                         await consumer.wait_first(callback(message), consumer.suspend_flow.wait())
+                        ebb = pbuf.size <= pbuf.max_messages
                     set_read_offset(tp, offset)
         except consumer.consumer_stopped_errors:
             if consumer.transport.app.should_stop:

@@ -227,3 +227,37 @@ def test_changelog_records_not_handed_over_are_kept_for_the_next_flush() -> None
         assert sorted(k for k, _, _ in dedup._unsent) == [b"id-1", b"id-2", b"id-3"]
 
     asyncio.run(scenario())
+
+
+def test_faust_binding_reads_and_writes_the_partitions_rocksdb_directly(tmp_path: Any) -> None:
+    """The worker's per-message read and write go to the partition's RocksDB database itself;
+    what they store is exactly what Faust's own store path reads (inside an event of that
+    partition) and what the window's other methods see."""
+    import weakref
+
+    import faust
+    from faust.streams import _current_event
+
+    from app.worker.batch_source import CurrentMessage
+
+    app = faust.App(f"t-dedup-{tmp_path.name}", broker="kafka://localhost:1", store="rocksdb://", datadir=tmp_path)
+    dedup = FaustDedupWindow(app, "dedup", window=10, partitions=4)
+    assert type(dedup.table.data).__module__ == "faust.stores.rocksdb"
+    dedup.record("a", now=1.0, partition=2)
+    assert dedup.seen("a", now=2.0, partition=2)
+    assert not dedup.seen("a", now=2.0, partition=1)  # another partition's database
+    assert not dedup.seen("a", now=11.0, partition=2)  # expired: the window is [1, 11)
+    assert not dedup.seen("b", now=2.0, partition=2)
+
+    class _Msg:
+        topic, partition = "src", 2
+
+    current = CurrentMessage(_Msg())  # held: the context keeps only a weak reference
+    token = _current_event.set(weakref.ref(current))
+    try:  # Faust's path, routed by the current event, finds the same bytes
+        assert dedup.table.data.get(b"a") == (1000).to_bytes(8, "big") + (2).to_bytes(4, "big")
+        assert dedup.check("a", now=3.0, partition=2).duplicate  # reads through the store
+        dedup.table.data[b"c"] = (2000).to_bytes(8, "big") + (2).to_bytes(4, "big")  # written Faust's way
+    finally:
+        _current_event.reset(token)
+    assert dedup.seen("c", now=3.0, partition=2) and not dedup.seen("c", now=3.0, partition=0)

@@ -148,3 +148,49 @@ async def test_nothing_to_send() -> None:
 async def test_every_item_of_a_successful_batch_succeeds(n: int) -> None:
     p = FakeAiokafka(room=10)
     assert await send_batched(p, [[("t", None, b"v%d" % i, 1, [])] for i in range(n)]) == [None] * n
+
+
+class _SizedCluster:
+    """Topics with different partition counts (the memo must not assume one count per key)."""
+
+    counts = {"seven": 7, "three": 3}
+
+    def partitions_for_topic(self, topic):
+        return set(range(self.counts[topic]))
+
+    def available_partitions_for_topic(self, topic):
+        return set(range(self.counts[topic]))
+
+
+async def test_keys_land_where_aiokafkas_default_partitioner_puts_them() -> None:
+    """Each key is hashed once per call (the pure-Python murmur2 is the costly part) and placed
+    exactly as `DefaultPartitioner` places it, for every topic's partition count; a custom
+    partitioner is still called per record."""
+    from aiokafka.partitioner import DefaultPartitioner
+
+    class Placing(FakeAiokafka):
+        def __init__(self, partitioner) -> None:
+            super().__init__(room=10_000)
+            self.client = _Client()
+            self.client.cluster = _SizedCluster()
+            self._partitioner = partitioner
+            self.placed: dict[tuple[str, int], list[bytes]] = {}
+
+        async def send_batch(self, batch, topic, *, partition):
+            self.placed[(topic, partition)] = batch.records
+            return await super().send_batch(batch, topic, partition=partition)
+
+    keys = [f"order-{i:06d}-{'x' * (i % 23)}".encode() for i in range(200)]
+    items = [[(t, k, k + t.encode(), None, []) for t in ("seven", "three")] for k in keys]
+    producer = Placing(DefaultPartitioner())
+    assert await send_batched(producer, items) == [None] * len(items)
+    reference = DefaultPartitioner()
+    for topic, n in _SizedCluster.counts.items():
+        for k in keys:
+            want = reference(k, list(range(n)), list(range(n)))
+            assert k + topic.encode() in producer.placed[(topic, want)]
+
+    calls: list[bytes | None] = []
+    custom = Placing(lambda key, all_parts, available: calls.append(key) or all_parts[-1])
+    assert await send_batched(custom, items[:5]) == [None] * 5
+    assert calls == [k for k in keys[:5] for _ in range(2)]
