@@ -13,7 +13,7 @@ Metric names (prometheus_client adds `_total` to counters):
     prism_expired_messages_total{topic,stage}
     prism_signature_failures_total{topic,reason}
     prism_auth_failures_total{topic,reason}
-    prism_stage_latency_seconds{topic,stage}          histogram
+    prism_stage_latency_seconds{topic,stage}          histogram (stage "chain": the whole chain)
     prism_consumer_lag{topic,partition}               gauge, messages
     prism_table_size{table}                           gauge, keys
 
