@@ -232,23 +232,41 @@ def install_direct_drain(consumer: Any, sources: list[BatchSource]) -> None:
     """Give `consumer` a fetch loop that appends the records of batch-source partitions to their
     list itself, and hands every other record to the conductor as Faust does.
 
-    Faust's loop (`Consumer._drain_messages`) delivers each record with
-    ``await self.wait_first(callback(message), self.suspend_flow.wait())``: two coroutines and
-    a copied context per record, then the conductor's handler takes an `asyncio.Lock` to look
-    the partition's callback up, and only then does :meth:`BatchSource.handler` append the
-    record - about a tenth of the worker's CPU (BENCHMARKS.md, "Release comparison"). This loop
-    is Faust 0.15.3's, line for line (stop checks, yielding every 100 records, read offsets,
-    gaps, `commit_every`), except that a batch-source record is appended directly when nothing
-    could make the handler wait: flow control active, the list not full, the producer buffer
-    not over its limit. Otherwise it takes Faust's path, handler and all, so flow control,
-    back-pressure and a rebalance abandoning the delivery behave exactly as before.
+    Faust's loop (`Consumer._drain_messages` over `Consumer.getmany`) handles each record on its
+    own: an async generator step, a round-robin scheduler step, the partition's high watermark
+    read through the consumer thread's objects, then ``await self.wait_first(callback(message),
+    self.suspend_flow.wait())`` - two coroutines and a copied context - and the conductor's
+    handler takes an `asyncio.Lock` to look the partition's callback up before
+    :meth:`BatchSource.handler` appends the record. That was a fifth of the worker's CPU
+    (BENCHMARKS.md, "Release comparison").
+
+    This loop does what those two do - Faust 0.15.3's, step for step - with the per-record work
+    moved to where it changes:
+
+    * the fetch is Faust's own (`_wait_next_records`: flow control, active partitions, the
+      consumer thread), and a fetch made while flow control is stopped seeks back to the
+      committed offsets, as `getmany` does;
+    * flow control and the consumer generation are checked before the first record and again
+      after every await - the only points where they can change (Faust checks them per record,
+      between which nothing else runs) - and a change abandons the rest of the fetch, as
+      `getmany` does; the producer buffer's size likewise;
+    * the high watermark is tracked, and the partition's activity checked, once per partition
+      per fetch instead of per record (the value cannot change within one fetch);
+    * when every fetched partition is a batch source's, their records are taken partition by
+      partition; otherwise in Faust's round-robin order (its fairness between agents' topics);
+    * per record, as Faust: read-offset and gap bookkeeping, `commit_every`, yielding every 100
+      records; a batch-source record is appended directly when nothing could make the handler
+      wait (flow control active, the list not full, the producer buffer not over its limit),
+      otherwise it takes Faust's path, handler and all, so back-pressure and a rebalance
+      abandoning the delivery behave exactly as before.
 
     Installed only when the consumer has the private attributes the loop uses; otherwise the
     conductor path stays (a log line says so)."""
     if getattr(consumer, "_prism_direct_drain", False):
         return
     needed = ("_drain_messages", "_read_offset", "_add_gap", "_commit_every", "_n_acked", "suspend_flow",
-              "wait_first", "getmany", "callback")
+              "wait_first", "_wait_next_records", "_to_message", "_buffered_partitions", "perform_seek",
+              "scheduler", "highwater", "callback")
     if not all(hasattr(consumer, name) for name in needed):
         log.warning("Faust's consumer lacks %s: batch sources take the conductor path",
                     [n for n in needed if not hasattr(consumer, n)])
@@ -266,32 +284,68 @@ def install_direct_drain(consumer: Any, sources: list[BatchSource]) -> None:
 
     async def drain_messages(fetcher: Any) -> None:
         callback = consumer.callback
-        getmany = consumer.getmany
         consumer_should_stop = consumer._stopped.is_set
         fetcher_should_stop = fetcher._stopped.is_set
         get_read_offset = consumer._read_offset.__getitem__
         set_read_offset = consumer._read_offset.__setitem__
         acks_enabled_for = app.topics.acks_enabled_for
         commit_every = consumer._commit_every
+        to_message = consumer._to_message
+        highwater = consumer.highwater
         buffers: dict[str, BatchBuffer | None] = {}
         yield_every = 100
         num_since_yield = 0
         sleep = asyncio.sleep
         try:
             while not (consumer_should_stop() or fetcher_should_stop()):
-                ait = getmany(timeout=1.0)
                 await consumer.sleep(0)
                 if consumer.should_stop:
                     continue
-                # The producer buffer only changes while this loop awaits: its size (a property
-                # reading the app's settings) is checked again after every await, not per record.
+                records, active = await consumer._wait_next_records(1.0)
+                generation = app.consumer_generation_id
+                if records is None or consumer.should_stop:
+                    continue
+                if not consumer.flow_active:
+                    try:  # fetched while flow control stopped: Faust seeks back to the committed offsets
+                        await consumer.perform_seek()
+                    except Exception as exc:
+                        log.warning("exception performing seek when flow not active %s", exc)
+                    continue
+                for tp in records:
+                    if tp.topic not in buffers:
+                        buffers[tp.topic] = direct_buffer(tp.topic)
+                if all(buffers[tp.topic] is not None for tp in records):
+                    pairs: Any = ((tp, r) for tp, recs in records.items() for r in recs)
+                else:
+                    pairs = consumer.scheduler.iterate(records)
+                monitor = app.monitor
+                buffered = consumer._buffered_partitions
+                taken: dict[Any, bool] = {}  # tp -> active (and its high watermark tracked)
+                # Flow, generation and the producer buffer only change while this loop awaits:
+                # checked now and after every await, not per record.
+                live = consumer.flow_active and app.consumer_generation_id == generation
                 ebb = pbuf.size <= pbuf.max_messages
-                async for tp, message in ait:
+                awaited = False
+                for tp, record in pairs:
+                    if awaited:  # has a rebalance begun, has the producer buffer filled meanwhile?
+                        live = consumer.flow_active and app.consumer_generation_id == generation
+                        ebb = pbuf.size <= pbuf.max_messages
+                        awaited = False
+                    if not live:
+                        break  # a rebalance began: the rest is fetched again (as Faust's getmany)
+                    take = taken.get(tp)
+                    if take is None:
+                        take = taken[tp] = active is None or tp in active or tp in buffered
+                        if take:
+                            monitor.track_tp_end_offset(tp, highwater(tp))
+                    if not take:
+                        continue
+                    message = to_message(tp, record)
                     num_since_yield += 1
                     if num_since_yield > yield_every:
                         await sleep(0)
                         num_since_yield = 0
-                        ebb = pbuf.size <= pbuf.max_messages
+                        awaited = True
                     offset = message.offset
                     r_offset = get_read_offset(tp)
                     if r_offset is not None and offset < r_offset:
@@ -299,18 +353,17 @@ def install_direct_drain(consumer: Any, sources: list[BatchSource]) -> None:
                     gap = offset - (r_offset or 0)
                     if gap > 1 and r_offset and acks_enabled_for(message.topic):
                         await consumer._add_gap(tp, r_offset + 1, offset)
-                        ebb = pbuf.size <= pbuf.max_messages
+                        awaited = True
                     if commit_every is not None and consumer._n_acked >= commit_every:
                         consumer._n_acked = 0
                         await consumer.commit()
-                        ebb = pbuf.size <= pbuf.max_messages
-                    topic = tp.topic
-                    buf = buffers[topic] if topic in buffers else buffers.setdefault(topic, direct_buffer(topic))
+                        awaited = True
+                    buf = buffers[tp.topic]
                     if buf is not None and ebb and flow.is_active() and not buf.full():
                         buf.put(message)
                     else:
                         await consumer.wait_first(callback(message), consumer.suspend_flow.wait())
-                        ebb = pbuf.size <= pbuf.max_messages
+                        awaited = True
                     set_read_offset(tp, offset)
         except consumer.consumer_stopped_errors:
             if consumer.transport.app.should_stop:
