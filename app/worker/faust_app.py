@@ -150,7 +150,7 @@ def _write_ready_file(path: Path, app: faust.App) -> None:
 
 
 #: Allocations (net of frees) between young-generation collections; CPython's default is 700.
-GC_GEN0_THRESHOLD = 20_000
+GC_GEN0_THRESHOLD = 100_000
 
 
 def tune_gc() -> None:
