@@ -25,7 +25,9 @@ verified principal in the request state; :func:`actor_of` is the only source of 
 actor (client headers such as ``X-Prism-Actor`` are ignored).
 
 Refusals use Confluent's codes: 401 + ``WWW-Authenticate`` + ``{"error_code": 40101}``
-without (usable) credentials, 403 + ``{"error_code": 40301}`` when the roles do not allow.
+without (usable) credentials, 403 + ``{"error_code": 40301}`` when the roles do not allow;
+429 + ``Retry-After`` + ``{"error_code": 42901}`` from an address over the failed-attempt
+limit (:class:`app.security.http_auth.FailureLimiter`).
 An anonymous request that needs more than the anonymous roles gets 401: it should retry
 with credentials.
 """
@@ -33,6 +35,7 @@ with credentials.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Callable
@@ -42,9 +45,11 @@ from typing import Any
 from app.errors import ConfigError
 from app.security.http_auth import (
     ERROR_FORBIDDEN,
+    ERROR_TOO_MANY_FAILURES,
     ERROR_UNAUTHENTICATED,
     HttpAuth,
     Principal,
+    TooManyFailures,
     Unauthenticated,
     auth_from_settings,
 )
@@ -207,10 +212,15 @@ class RegistryAuthMiddleware:
             await self.app(scope, receive, send)
             return
         headers = [v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"]
+        peer = scope.get("client")  # the socket peer (behind a proxy: what the server was told to trust)
         try:
-            principal = await self.auth.authenticate(headers)
+            principal = await self.auth.authenticate(headers, client=peer[0] if peer else None)
         except Unauthenticated as exc:
             await self._refuse(scope, receive, send, 401, ERROR_UNAUTHENTICATED, f"Unauthorized: {exc.message}")
+            return
+        except TooManyFailures as exc:
+            await self._refuse(scope, receive, send, 429, ERROR_TOO_MANY_FAILURES, f"Too Many Requests: {exc.message}",
+                               retry_after=exc.retry_after)
             return
         scope.setdefault("state", {})["principal"] = principal
         need, subject = rule.need, None
@@ -253,10 +263,13 @@ class RegistryAuthMiddleware:
         await self._refuse(scope, receive, send, 403, ERROR_FORBIDDEN,
                            f"Forbidden: user {principal.name[:100]!r} may not {what} (needs {needs})")
 
-    async def _refuse(self, scope: Any, receive: Any, send: Any, status: int, code: int, message: str) -> None:
+    async def _refuse(self, scope: Any, receive: Any, send: Any, status: int, code: int, message: str, *,
+                      retry_after: float | None = None) -> None:
         headers = [(b"content-type", CONFLUENT_CT.encode())]
         if status == 401:
             headers += [(b"www-authenticate", c.encode()) for c in self.auth.challenges()]
+        if retry_after is not None:
+            headers.append((b"retry-after", str(max(1, math.ceil(retry_after))).encode()))
         body = json.dumps({"error_code": code, "message": message}).encode()
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -302,7 +315,7 @@ def registry_auth_from_env(env: Any = None) -> HttpAuth:
     env = os.environ if env is None else env
     auth = auth_from_settings(users_file=env.get(ENV_USERS_FILE) or None, jwt_config=env.get(ENV_JWT_CONFIG) or None,
                               allow_anonymous=env.get(ENV_ALLOW_ANONYMOUS), realm="prism-schema-registry",
-                              where=ENV_ALLOW_ANONYMOUS)
+                              where=ENV_ALLOW_ANONYMOUS, env=env)
     if not auth.configured:
         raise ConfigError("the schema registry has no authentication configured",
                           path=f"{ENV_USERS_FILE} / {ENV_JWT_CONFIG} / {ENV_ALLOW_ANONYMOUS}",

@@ -37,6 +37,13 @@ Attacker-facing choices, each with a test:
   blocks the event loop that serves everyone else.
 * Two ``Authorization`` headers, an unknown scheme, bad base64, non-UTF-8 or a header over
   8 KiB are refused (401), never guessed at.
+* Failed attempts are limited per client address (:class:`FailureLimiter`: 10 in 60 s by
+  default, ``PRISM_AUTH_MAX_FAILURES`` / ``PRISM_AUTH_FAILURE_WINDOW_S``): past the limit every
+  request from that address that carries credentials gets 429 with ``Retry-After`` *before*
+  any hash is verified, so guessing is bounded and a flood of wrong passwords cannot keep the
+  Argon2 threads busy. Successes do not reset the count (valid low-privilege credentials must
+  not buy more guesses at another account), and a locked address gets 429 even for right or
+  cached credentials (anything else would tell the guesser which guess was right).
 """
 
 from __future__ import annotations
@@ -68,6 +75,8 @@ ANONYMOUS = "anonymous"
 #: Confluent Schema Registry's error codes for the two refusals.
 ERROR_UNAUTHENTICATED = 40101
 ERROR_FORBIDDEN = 40301
+#: Prism's, in Confluent's scheme (HTTP status * 100 + n): too many failed attempts
+ERROR_TOO_MANY_FAILURES = 42901
 
 
 class Unauthenticated(AuthError):
@@ -80,6 +89,76 @@ class Forbidden(AuthError):
     """Authenticated, but the roles do not allow the request (HTTP 403)."""
 
     code = "forbidden"
+
+
+class TooManyFailures(AuthError):
+    """Too many failed attempts from this client address (HTTP 429, ``Retry-After``)."""
+
+    code = "too_many_failures"
+
+    def __init__(self, message: str, *, retry_after: float, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.retry_after = retry_after
+
+
+ENV_MAX_FAILURES = "PRISM_AUTH_MAX_FAILURES"
+ENV_FAILURE_WINDOW = "PRISM_AUTH_FAILURE_WINDOW_S"
+
+
+class FailureLimiter:
+    """Failed authentications per client address over a sliding window (module docs).
+
+    Memory is bounded: at most ``max_clients`` addresses are remembered (least recently failed
+    first out), each with at most ``max_failures`` timestamps."""
+
+    def __init__(self, max_failures: int = 10, window_s: float = 60.0, *, max_clients: int = 65_536,
+                 clock: Any = time.monotonic) -> None:
+        if max_failures < 1 or not window_s > 0:
+            raise ConfigError(f"failure limit must be >= 1 attempt in > 0 s, got {max_failures} in {window_s} s",
+                              path=f"{ENV_MAX_FAILURES} / {ENV_FAILURE_WINDOW}")
+        self.max_failures, self.window_s, self.max_clients = max_failures, float(window_s), max_clients
+        self.clock = clock
+        self._failures: OrderedDict[str, list[float]] = OrderedDict()
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> FailureLimiter:
+        import os
+
+        env = os.environ if env is None else env
+        try:
+            n = int(env.get(ENV_MAX_FAILURES, "10"))
+            w = float(env.get(ENV_FAILURE_WINDOW, "60"))
+        except ValueError:
+            raise ConfigError("failure limit settings must be numbers", path=f"{ENV_MAX_FAILURES} / {ENV_FAILURE_WINDOW}",
+                              hint="e.g. PRISM_AUTH_MAX_FAILURES=10 PRISM_AUTH_FAILURE_WINDOW_S=60") from None
+        return cls(n, w)
+
+    def _recent(self, client: str, now: float) -> list[float]:
+        times = self._failures.get(client)
+        if not times:
+            return []
+        cut = now - self.window_s
+        if times[0] <= cut:
+            times[:] = [t for t in times if t > cut]
+        return times
+
+    def retry_after(self, client: str) -> float | None:
+        """Seconds until `client` may try again, or None when it may now."""
+        now = self.clock()
+        times = self._recent(client, now)
+        if len(times) < self.max_failures:
+            return None
+        return max(times[0] + self.window_s - now, 0.001)
+
+    def failed(self, client: str) -> None:
+        now = self.clock()
+        times = self._recent(client, now)
+        times.append(now)
+        del times[:-self.max_failures]  # only the newest max_failures matter
+        self._failures[client] = times
+        self._failures.move_to_end(client)
+        while len(self._failures) > self.max_clients:
+            self._failures.popitem(last=False)
 
 
 # --------------------------------------------------------------------------- roles
@@ -325,8 +404,10 @@ class HttpAuth:
 
     def __init__(self, *, users: Mapping[str, UserRecord] | None = None, bearer: BearerAuth | None = None,
                  anonymous_roles: Iterable[str] = (), realm: str = "prism", cache_seconds: float = 60.0,
-                 cache_size: int = 4096) -> None:
+                 cache_size: int = 4096, limiter: FailureLimiter | None = None) -> None:
         self.users = dict(users or {})
+        #: failed attempts per client address (None: unlimited, for in-process tools only)
+        self.limiter = limiter
         self.bearer = bearer
         self.anonymous_roles = frozenset(anonymous_roles)
         self.realm = realm
@@ -363,12 +444,29 @@ class HttpAuth:
     def anonymous(self) -> Principal:
         return Principal(ANONYMOUS, self.anonymous_roles, "anonymous")
 
-    async def authenticate(self, authorization: list[str] | str | None) -> Principal:
+    async def authenticate(self, authorization: list[str] | str | None, client: str | None = None) -> Principal:
         """The principal of a request's ``Authorization`` header value(s); anonymous when there
-        is none. Raises :class:`Unauthenticated` for anything malformed or not verifying."""
+        is none. Raises :class:`Unauthenticated` for anything malformed or not verifying, and
+        :class:`TooManyFailures` when `client` (the peer address) is over the failure limit."""
         values = [authorization] if isinstance(authorization, str) else list(authorization or [])
         if not values:
             return self.anonymous()
+        limiter = self.limiter if client is not None else None
+        if limiter is not None:
+            wait = limiter.retry_after(client)  # type: ignore[arg-type]
+            if wait is not None:
+                raise TooManyFailures(f"too many failed authentication attempts from {client[:100]}",  # type: ignore[index]
+                                      retry_after=wait, path="Authorization",
+                                      hint=f"wait {wait:.0f} s; the limit is {limiter.max_failures} failures "
+                                           f"in {limiter.window_s:g} s per client address")
+        try:
+            return await self._authenticate(values)
+        except Unauthenticated:
+            if limiter is not None:
+                limiter.failed(client)  # type: ignore[arg-type]
+            raise
+
+    async def _authenticate(self, values: list[str]) -> Principal:
         if len(values) > 1:
             raise Unauthenticated("more than one Authorization header", path="Authorization")
         header = values[0]
@@ -445,10 +543,12 @@ def _decode_basic(token: str) -> tuple[str, str]:
 
 
 def auth_from_settings(*, users_file: str | Path | None, jwt_config: str | Path | None,
-                       allow_anonymous: str | Iterable[str] | None, realm: str, where: str) -> HttpAuth:
+                       allow_anonymous: str | Iterable[str] | None, realm: str, where: str,
+                       env: Mapping[str, str] | None = None) -> HttpAuth:
     """Build an :class:`HttpAuth` from the three settings every surface has (files validated
     now, so a bad file stops the start-up). ``allow_anonymous``: roles (``read``, ...) for
-    requests without credentials, or ``none``/empty for none."""
+    requests without credentials, or ``none``/empty for none. ``env``: where the failed-attempt
+    limit is read from (:meth:`FailureLimiter.from_env`; the process environment by default)."""
     users = load_users(users_file) if users_file else None
     bearer = BearerAuth.from_file(jwt_config) if jwt_config else None
     anon: frozenset[str] = frozenset()
@@ -458,7 +558,7 @@ def auth_from_settings(*, users_file: str | Path | None, jwt_config: str | Path 
             anon = parse_roles(text, where=f"{where} allow-anonymous")
     elif allow_anonymous:
         anon = parse_roles(list(allow_anonymous), where=f"{where} allow-anonymous")
-    return HttpAuth(users=users, bearer=bearer, anonymous_roles=anon, realm=realm)
+    return HttpAuth(users=users, bearer=bearer, anonymous_roles=anon, realm=realm, limiter=FailureLimiter.from_env(env))
 
 
 def basic_header(user: str, password: str) -> str:

@@ -36,6 +36,7 @@ import asyncio
 import contextvars
 import json
 import logging
+import math
 import os
 import ssl
 from collections.abc import Mapping
@@ -46,7 +47,14 @@ from faust.web import View
 
 from app.errors import ConfigError
 from app.observability.metrics import CONTENT_TYPE
-from app.security.http_auth import ROLE_ADMIN, HttpAuth, Principal, Unauthenticated, auth_from_settings
+from app.security.http_auth import (
+    ROLE_ADMIN,
+    HttpAuth,
+    Principal,
+    TooManyFailures,
+    Unauthenticated,
+    auth_from_settings,
+)
 from app.worker.faust_app import event_loop_name
 
 if TYPE_CHECKING:
@@ -106,7 +114,7 @@ class ManagementSettings:
         anonymous = env.get(ENV_ALLOW_ANONYMOUS, READ)
         auth = auth_from_settings(users_file=env.get(ENV_USERS_FILE) or None,
                                   jwt_config=env.get(ENV_JWT_CONFIG) or None, allow_anonymous=anonymous,
-                                  realm="prism-worker", where=ENV_ALLOW_ANONYMOUS)
+                                  realm="prism-worker", where=ENV_ALLOW_ANONYMOUS, env=env)
         if auth.anonymous_roles - {READ}:
             raise ConfigError(f"anonymous requests may at most read, not {sorted(auth.anonymous_roles - {READ})}",
                               path=ENV_ALLOW_ANONYMOUS, hint="use read or none; give operators credentials")
@@ -363,9 +371,12 @@ class _GuardedView(View):
         need = rule_for(request.method, self.template)
         if need != OPEN:
             try:
-                principal = await self._auth.authenticate(request.headers.getall("Authorization", []))
+                principal = await self._auth.authenticate(request.headers.getall("Authorization", []),
+                                                          client=request.remote)
             except Unauthenticated as exc:
                 return self._refuse(401, f"Unauthorized: {exc.message}")
+            except TooManyFailures as exc:
+                return self._refuse(429, f"Too Many Requests: {exc.message}", retry_after=exc.retry_after)
             if not _allowed(principal, need):
                 what = f"{request.method} {self.template}"
                 if principal.anonymous:
@@ -376,8 +387,10 @@ class _GuardedView(View):
             _PRINCIPAL.set(principal.name)
         return await super().dispatch(request)
 
-    def _refuse(self, status: int, message: str) -> Any:
+    def _refuse(self, status: int, message: str, *, retry_after: float | None = None) -> Any:
         headers = {"WWW-Authenticate": ", ".join(self._auth.challenges())} if status == 401 else None
+        if retry_after is not None:
+            headers = {"Retry-After": str(max(1, math.ceil(retry_after)))}
         return self.json({"error_code": status, "message": message}, status=status, headers=headers)
 
 

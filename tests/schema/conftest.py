@@ -16,7 +16,7 @@ import pytest
 
 from app.schema.registry import Registry
 from app.schema.store import PostgresStore, SqliteStore
-from app.security.http_auth import HttpAuth, auth_from_settings
+from app.security.http_auth import FailureLimiter, HttpAuth, auth_from_settings
 from tests.support import creds, write_users_file
 
 
@@ -28,8 +28,13 @@ def users_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def auth(users_file: Path) -> HttpAuth:
     """The registry's authentication for tests: the USERS above, no anonymous access."""
-    return auth_from_settings(users_file=users_file, jwt_config=None, allow_anonymous=None,
+    auth = auth_from_settings(users_file=users_file, jwt_config=None, allow_anonymous=None,
                               realm="prism-schema-registry", where="tests")
+    # Shared by every test of the session, all from one test-client address: the default
+    # limit (10 failures a minute) would let one test's deliberate wrong passwords lock the
+    # next test out. The limit itself is tested with an auth of its own (test_authz.py).
+    auth.limiter = FailureLimiter(10_000, 60)
+    return auth
 
 PG_DSN = os.environ.get("PRISM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 

@@ -453,3 +453,24 @@ def test_jwt_attacks_are_401(jwt_client: TestClient, idp: Idp, registry: Registr
         assert body["error_code"] == 40101 and says in body["message"], (name, body)
         assert token not in body["message"]
     assert registry.policy().compatibility.value == "BACKWARD"
+
+
+def test_an_address_over_the_failure_limit_gets_429_with_retry_after(registry: Registry, users_file: Path,
+                                                                     monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Password guessing over HTTP: after the limit, every credentialed request from that
+    address - the right password included - gets Confluent-style 429 before any hash is
+    checked; another address is unaffected."""
+    monkeypatch.setenv("PRISM_AUTH_MAX_FAILURES", "3")
+    auth = auth_from_settings(users_file=users_file, jwt_config=None, allow_anonymous=None,
+                              realm="prism-schema-registry", where="tests")
+    app = create_app(seeded(registry), auth=auth)
+    attacker, other = TestClient(app, client=("203.0.113.9", 40000)), TestClient(app, client=("198.51.100.7", 40000))
+    for guess in ("a", "b", "c"):
+        assert attacker.get("/subjects", auth=("admin", guess)).status_code == 401
+    for headers in (auth_headers("admin"), {"Authorization": "Basic " + base64.b64encode(b"admin:d").decode()}):
+        r = attacker.get("/subjects", headers=headers)
+        assert r.status_code == 429, r.text
+        assert r.json()["error_code"] == 42901 and "too many failed authentication attempts" in r.json()["message"]
+        assert 1 <= int(r.headers["retry-after"]) <= 60
+    assert attacker.get("/healthz").status_code == 200  # open routes take no credentials: not limited
+    assert other.get("/subjects", headers=auth_headers("admin")).status_code == 200

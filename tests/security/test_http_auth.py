@@ -16,8 +16,10 @@ from typer.testing import CliRunner
 from app.errors import ConfigError
 from app.security import http_auth
 from app.security.http_auth import (
+    FailureLimiter,
     HttpAuth,
     Principal,
+    TooManyFailures,
     Unauthenticated,
     auth_from_settings,
     basic_header,
@@ -270,3 +272,86 @@ def test_hash_password_cli(tmp_path: Path) -> None:
     # the prompt goes to stderr (CliRunner echoes the hidden input's newlines on stdout; a tty does not)
     assert prompted.exit_code == 0 and prompted.stdout.strip().startswith("$argon2id$")
     assert "password" in prompted.stderr and "password" not in prompted.stdout
+
+
+# --------------------------------------------------------------------------- failed-attempt limit
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_failures_are_limited_per_address_in_a_sliding_window() -> None:
+    clock = _Clock()
+    lim = FailureLimiter(3, 60, clock=clock)
+    for _ in range(3):
+        assert lim.retry_after("10.0.0.1") is None
+        lim.failed("10.0.0.1")
+        clock.now += 10
+    assert lim.retry_after("10.0.0.1") == pytest.approx(30)  # the first failure leaves the window at +60
+    assert lim.retry_after("10.0.0.2") is None  # another address is not affected
+    clock.now += 30
+    assert lim.retry_after("10.0.0.1") is None  # one slot free again, not a full reset
+    lim.failed("10.0.0.1")
+    assert lim.retry_after("10.0.0.1") == pytest.approx(10)
+
+
+def test_the_limiter_remembers_a_bounded_number_of_addresses() -> None:
+    lim = FailureLimiter(2, 60, max_clients=100)
+    for i in range(1000):
+        lim.failed(f"10.0.{i // 256}.{i % 256}")
+    assert len(lim._failures) == 100
+    assert all(len(t) <= 2 for t in lim._failures.values())
+
+
+@pytest.mark.parametrize("env", [{"PRISM_AUTH_MAX_FAILURES": "0"}, {"PRISM_AUTH_FAILURE_WINDOW_S": "-1"},
+                                 {"PRISM_AUTH_MAX_FAILURES": "ten"}])
+def test_bad_limit_settings_stop_the_start_up(env: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match="PRISM_AUTH_MAX_FAILURES"):
+        FailureLimiter.from_env(env)
+
+
+def test_over_the_limit_even_right_or_cached_credentials_are_refused_before_any_hash(
+        auth: HttpAuth, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    auth.limiter = FailureLimiter(3, 60, clock=clock)
+    verified = []
+    real = http_auth._verify_hash
+    monkeypatch.setattr(http_auth, "_verify_hash", lambda h, pw: verified.append(pw) or real(h, pw))
+    good = basic_header("alice", "alice-secret-1")
+    assert run(auth.authenticate(good, client="203.0.113.9")).name == "alice"  # cached from now on
+    for _ in range(3):
+        with pytest.raises(Unauthenticated):
+            run(auth.authenticate(basic_header("alice", "guess"), client="203.0.113.9"))
+    # successes did not reset the count, and now nothing with credentials is even checked:
+    # answering right guesses differently would tell the guesser which one was right
+    n = len(verified)
+    for header in (basic_header("alice", "guess-4"), good, basic_header("bob", "bob-secret-12"), "Bearer x",
+                   "Basic !!!"):
+        with pytest.raises(TooManyFailures) as info:
+            run(auth.authenticate(header, client="203.0.113.9"))
+        assert info.value.retry_after == pytest.approx(60) and "3 failures in 60 s" in info.value.hint
+    assert len(verified) == n  # no Argon2 work for a locked address
+    assert run(auth.authenticate(None, client="203.0.113.9")).anonymous  # no credentials: not limited
+    assert run(auth.authenticate(good, client="198.51.100.7")).name == "alice"  # another address
+    clock.now += 61
+    assert run(auth.authenticate(good, client="203.0.113.9")).name == "alice"
+
+
+def test_malformed_headers_count_as_failures_too(auth: HttpAuth) -> None:
+    auth.limiter = FailureLimiter(2, 60)
+    for header in ("Digest x", "Basic !!!"):
+        with pytest.raises(Unauthenticated):
+            run(auth.authenticate(header, client="192.0.2.1"))
+    with pytest.raises(TooManyFailures):
+        run(auth.authenticate(basic_header("alice", "alice-secret-1"), client="192.0.2.1"))
+
+
+def test_surfaces_built_from_settings_are_limited(tmp_path: Path, hashes: dict[str, str]) -> None:
+    f = users_yaml(tmp_path / "u.yaml", [{"user": "alice", "hash": hashes["alice"], "roles": ["admin"]}])
+    auth = auth_from_settings(users_file=f, jwt_config=None, allow_anonymous=None, realm="r", where="t")
+    assert auth.limiter is not None and (auth.limiter.max_failures, auth.limiter.window_s) == (10, 60.0)

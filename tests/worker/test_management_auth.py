@@ -231,3 +231,19 @@ def test_prism_run_stops_on_bad_management_settings_before_any_broker(tmp_path: 
         assert r.returncode == 2, r.stdout + r.stderr
         assert "cannot read users file" in r.stdout + r.stderr and "missing.yaml" in r.stdout + r.stderr
         assert "embedded broker on" not in r.stdout and "supervisor (pid" not in r.stdout  # nothing was started
+
+
+async def test_an_address_over_the_failure_limit_gets_429(tmp_path: Path, users_file: Path) -> None:
+    """Password guessing at the worker: past PRISM_AUTH_MAX_FAILURES, even the right password
+    gets 429 with Retry-After, before any hash is verified."""
+    env = {"PRISM_ADMIN_USERS_FILE": str(users_file), "PRISM_AUTH_MAX_FAILURES": "2"}
+    async with web(tmp_path, settings_of(env)) as url:
+        for guess in ("a", "b"):
+            status, _, _ = await request(url, "POST", "/connectors/orders-pipeline/restart",
+                                         headers={"Authorization": basic_header("admin", guess)})
+            assert status == 401
+        status, body, headers = await request(url, "POST", "/connectors/orders-pipeline/restart", "admin")
+        assert status == 429 and body["error_code"] == 429, body
+        assert "too many failed authentication attempts" in body["message"]
+        assert 1 <= int(headers["Retry-After"]) <= 60
+        assert (await request(url, "GET", "/healthz"))[0] == 200  # probes carry no credentials
