@@ -45,8 +45,10 @@ def _forwardable(lowered: str) -> bool:
     return lowered not in _DROP_HEADERS and not lowered.startswith("ce_")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Emission:
+    """One output record and its topic (not frozen, like `KafkaRecord`: two per message)."""
+
     topic: str
     record: kafka.KafkaRecord
 

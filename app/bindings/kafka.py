@@ -71,9 +71,13 @@ class KeyFallback(enum.StrEnum):
     NONE = "none"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class KafkaRecord:
-    """What to hand to a Kafka producer (`send(topic, value, key, headers, timestamp_ms)`)."""
+    """What to hand to a Kafka producer (`send(topic, value, key, headers, timestamp_ms)`).
+
+    Not frozen: a frozen dataclass sets each field through `object.__setattr__` (0.72 against
+    0.32 µs per record here), the worker builds two records per message, and a batch-scope
+    signature fills the value of records built before it (`finish_batch_records`)."""
 
     key: bytes | None
     value: bytes
@@ -229,8 +233,8 @@ def _records(layouts: Sequence[Layout], values: Sequence[bytes], common: list[tu
 class PendingRecords:
     """One message's records in several layouts, complete except for their values, which a
     batch-scope signature fills in (`prepare_batch_records`, then `finish_batch_records`).
-    `records` hold empty values until then; their headers lists are final and shared with
-    what `finish_batch_records` returns, so headers appended to them meanwhile are kept."""
+    `records` hold empty values until then and are what `finish_batch_records` returns, values
+    filled in, so headers appended to them meanwhile are kept."""
 
     prepared: PreparedMessage
     records: list[KafkaRecord]
@@ -260,10 +264,15 @@ def prepare_batch_records(
 
 def finish_batch_records(pending: Sequence[PendingRecords], sign_with: SigningKey) -> list[list[KafkaRecord]]:
     """Sign prepared messages with one batch-scope signature (`finish_batch`); per message,
-    its records as `encode_layouts` would return them, values signed."""
+    its records as `encode_layouts` would return them, values signed (filled into the pending
+    records themselves, which are then complete: finish each batch once)."""
     values = finish_batch([p.prepared for p in pending], sign_with)
-    return [[KafkaRecord(key=r.key, value=v, headers=r.headers, timestamp_ms=r.timestamp_ms)
-             for r, v in zip(p.records, vs, strict=True)] for p, vs in zip(pending, values, strict=True)]
+    out: list[list[KafkaRecord]] = []
+    for p, vs in zip(pending, values, strict=True):
+        for r, v in zip(p.records, vs, strict=True):
+            r.value = v
+        out.append(p.records)
+    return out
 
 
 def _text_headers(headers: Sequence[tuple[str, bytes | None]] | None) -> list[tuple[str, str]]:
