@@ -53,7 +53,7 @@ class Emission:
     record: kafka.KafkaRecord
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per message, like Emission
 class Prepared:
     """A message's outputs before the batch is signed (`Publisher.prepare`): the final
     emissions already (scopes v2 and pair sign per message), or the pending records that
