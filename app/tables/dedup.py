@@ -29,7 +29,9 @@ Faust would write, so recovery reads them like its own - and stores the persiste
 offset per partition once they are acknowledged, as Faust does after its own sends.
 Measured (bench/bench_pipeline.py, BENCHMARKS.md): a write through ``Table.__setitem__`` cost
 60-110 µs in the worker (a future, the producer buffer, two RocksDB puts and callbacks per key);
-the direct write and send cost ~15-20 µs. ``check`` and the expiry deletes keep Faust's path.
+the direct write and send cost ~15-20 µs. The stage's read (:meth:`FaustDedupWindow.seen` with
+the partition) and the write go to the partition's RocksDB database itself, where Faust's store
+would route them by the current event. ``check`` and the expiry deletes keep Faust's path.
 
 Encoding: the Faust table stores raw bytes - the id's UTF-8 as key, 12 bytes
 (``>qi``: first_seen_ms, partition) as value - not Faust's default JSON. Every write is
