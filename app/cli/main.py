@@ -124,13 +124,14 @@ def run(
 
         # The children read PRISM_ADMIN_* / PRISM_WEB_SSL_* themselves: a bad value is reported
         # here once, before any broker, not as N workers crash-looping.
-        ManagementSettings.from_env()
+        management = ManagementSettings.from_env()
         # validation only (keys, JWKS, schema, archive settings): the children build their own
         PipelineApp(topo, bootstrap=bootstrap, data_dir=child_data_dir(data_dir, topo.name, 0),
                     embedded=settings.embedded, broker_settings=None if settings.embedded else settings)
         _check_ports(web_port, processes)
         supervisor = _supervisor(topology, topo, processes=processes, bootstrap=bootstrap, embedded=settings.embedded,
-                                 data_dir=data_dir, web_port=web_port, loglevel=loglevel, web_bind=web_bind)
+                                 data_dir=data_dir, web_port=web_port, loglevel=loglevel, web_bind=web_bind,
+                                 management=management)
         pipeline = None
     else:
         from app.worker.archive_service import SHARD_ENV, check_writer_id, default_writer_id, parse_shard
@@ -158,7 +159,8 @@ def run(
             from app.worker.supervisor import supervise
 
             console.print(f"supervisor (pid {os.getpid()}) starting {processes} workers for topology "
-                          f"[bold]{topo.name}[/]" + (f"; status on http://127.0.0.1:{web_port}/workers" if web_port else "")
+                          f"[bold]{topo.name}[/]" + (f"; status on {'https' if supervisor.management.ssl_context else 'http'}://127.0.0.1:{web_port}/workers"
+                          if web_port else "")
                           + f"; state in {supervisor.status_file}")
             raise typer.Exit(asyncio.run(supervise(supervisor, web_port=web_port)))
         console.print(f"worker for topology [bold]{topo.name}[/] reading {[s.topic for s in topo.sources]}")
@@ -190,7 +192,7 @@ def _check_ports(web_port: int | None, processes: int) -> None:
 
 
 def _supervisor(topology_file: Path, topo: Any, *, processes: int, bootstrap: str, embedded: bool, data_dir: Path,
-                web_port: int | None, loglevel: str, web_bind: str = "127.0.0.1") -> Any:
+                web_port: int | None, loglevel: str, web_bind: str = "127.0.0.1", management: Any = None) -> Any:
     """The supervisor of `prism run --processes N` (validated, nothing started yet)."""
     from app.worker.supervisor import Supervisor
 
@@ -206,7 +208,7 @@ def _supervisor(topology_file: Path, topo: Any, *, processes: int, bootstrap: st
         console.print(f"[yellow]warning[/] {processes} processes for at most {most} partitions per source topic: "
                       f"{processes - most} will hold no source partition (standbys for a rebalance)")
     return Supervisor(processes=processes, topology_name=topo.name, data_dir=data_dir, env=env, web_port=web_port,
-                      web_bind=web_bind, loglevel=loglevel)
+                      web_bind=web_bind, loglevel=loglevel, management=management)
 
 
 @app.command()

@@ -44,6 +44,12 @@ class WorkerClient:
     context: ssl.SSLContext | None = None
 
 
+class WorkerRefused(PrismError):
+    """The worker (or supervisor) answered 401, 403 or 429: credentials, not the address."""
+
+    code = "worker_refused"
+
+
 def _get(url: str, timeout: float = 10.0, client: WorkerClient | None = None) -> Any:
     client = client or WorkerClient()
     try:
@@ -53,9 +59,13 @@ def _get(url: str, timeout: float = 10.0, client: WorkerClient | None = None) ->
             return json.loads(body) if "json" in r.headers.get("Content-Type", "") else body.decode()
     except urllib.error.HTTPError as exc:
         if exc.code in (401, 403):
-            raise PrismError(f"worker refused {url} (HTTP {exc.code})",
-                             hint="pass --user/--password or --token (PRISM_ADMIN_USER / PRISM_ADMIN_PASSWORD / "
-                                  "PRISM_ADMIN_TOKEN) for a user with the read role") from None
+            raise WorkerRefused(f"worker refused {url} (HTTP {exc.code})",
+                                hint="pass --user/--password or --token (PRISM_ADMIN_USER / PRISM_ADMIN_PASSWORD / "
+                                     "PRISM_ADMIN_TOKEN) for a user with the read role") from None
+        if exc.code == 429:
+            raise WorkerRefused(f"worker refused {url} (HTTP 429: too many failed authentication attempts)",
+                                hint=f"wait {exc.headers.get('Retry-After', 'a minute')} s, then retry with the right "
+                                     "credentials") from None
         raise PrismError(f"worker answered {exc.code} for {url}",
                          hint="check the topology name and that the worker is running") from None
     except (urllib.error.URLError, OSError) as exc:
@@ -87,6 +97,8 @@ def _supervisor_doc(url: str, client: WorkerClient | None = None) -> dict[str, A
     """The supervisor's `/workers` document when `url` is a `prism run --processes N` supervisor."""
     try:
         doc = _get(url + "/workers", client=client)
+    except WorkerRefused:
+        raise  # a guarded supervisor (or worker): say so, do not guess it is something else
     except PrismError:
         return None  # a single worker (Faust answers 404) - or nothing there, reported by the caller
     return doc if isinstance(doc, dict) and doc.get("kind") == "supervisor" else None

@@ -361,6 +361,38 @@ def register_views(app: faust.App, observer: Observer, settings: ManagementSetti
         app.page(path, name=f"prism-{path}")(type(view.__name__, (view,), {"template": path}))
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a request is refused: Kafka Connect's error shape, plus the headers it needs."""
+
+    status: int
+    message: str
+    headers: dict[str, str] | None = None
+
+    def body(self) -> dict[str, Any]:
+        return {"error_code": self.status, "message": self.message}
+
+
+async def authorize(auth: HttpAuth, need: str, what: str, authorization: list[str], remote: str | None
+                    ) -> Principal | Refusal:
+    """The principal allowed to do `what` (needing `need`), or why not: one place for the
+    worker's views and the supervisor's status site (`app/worker/supervisor.py`)."""
+    try:
+        principal = await auth.authenticate(authorization, client=remote)
+    except Unauthenticated as exc:
+        return Refusal(401, f"Unauthorized: {exc.message}", {"WWW-Authenticate": ", ".join(auth.challenges())})
+    except TooManyFailures as exc:
+        return Refusal(429, f"Too Many Requests: {exc.message}", {"Retry-After": str(max(1, math.ceil(exc.retry_after)))})
+    if _allowed(principal, need):
+        return principal
+    if principal.anonymous:
+        extra = "" if auth.accepts_credentials else (
+            f" (none are configured: set {ENV_USERS_FILE} or {ENV_JWT_CONFIG} on the worker)")
+        return Refusal(401, f"Unauthorized: {what} needs credentials with the {need} role{extra}",
+                       {"WWW-Authenticate": ", ".join(auth.challenges())})
+    return Refusal(403, f"Forbidden: user {principal.name[:100]!r} may not {what} (needs {need})")
+
+
 class _GuardedView(View):
     """A Faust view that authenticates and authorizes per :data:`RULES` before dispatching."""
 
@@ -370,28 +402,12 @@ class _GuardedView(View):
     async def dispatch(self, request: Any) -> Any:
         need = rule_for(request.method, self.template)
         if need != OPEN:
-            try:
-                principal = await self._auth.authenticate(request.headers.getall("Authorization", []),
-                                                          client=request.remote)
-            except Unauthenticated as exc:
-                return self._refuse(401, f"Unauthorized: {exc.message}")
-            except TooManyFailures as exc:
-                return self._refuse(429, f"Too Many Requests: {exc.message}", retry_after=exc.retry_after)
-            if not _allowed(principal, need):
-                what = f"{request.method} {self.template}"
-                if principal.anonymous:
-                    extra = "" if self._auth.accepts_credentials else (
-                        f" (none are configured: set {ENV_USERS_FILE} or {ENV_JWT_CONFIG} on the worker)")
-                    return self._refuse(401, f"Unauthorized: {what} needs credentials with the {need} role{extra}")
-                return self._refuse(403, f"Forbidden: user {principal.name[:100]!r} may not {what} (needs {need})")
-            _PRINCIPAL.set(principal.name)
+            verdict = await authorize(self._auth, need, f"{request.method} {self.template}",
+                                      request.headers.getall("Authorization", []), request.remote)
+            if isinstance(verdict, Refusal):
+                return self.json(verdict.body(), status=verdict.status, headers=verdict.headers)
+            _PRINCIPAL.set(verdict.name)
         return await super().dispatch(request)
-
-    def _refuse(self, status: int, message: str, *, retry_after: float | None = None) -> Any:
-        headers = {"WWW-Authenticate": ", ".join(self._auth.challenges())} if status == 401 else None
-        if retry_after is not None:
-            headers = {"Retry-After": str(max(1, math.ceil(retry_after)))}
-        return self.json({"error_code": status, "message": message}, status=status, headers=headers)
 
 
 def _allowed(principal: Principal, need: str) -> bool:

@@ -43,6 +43,7 @@ from typing import Any
 
 from app.worker.archive_service import SHARD_ENV, WRITER_ID_ENV, check_writer_id, default_writer_id
 from app.worker.faust_app import WorkerProcess, event_loop_name
+from app.worker.management import READ, ManagementSettings, Refusal, authorize
 
 __all__ = ["Backoff", "Child", "Supervisor", "child_data_dir"]
 
@@ -107,7 +108,8 @@ class Supervisor:
     def __init__(self, *, processes: int, topology_name: str, data_dir: Path, env: Mapping[str, str],
                  web_port: int | None = None, web_bind: str = "127.0.0.1", loglevel: str = "warning",
                  backoff: Backoff | None = None,
-                 stop_timeout: float = 60.0, status_file: Path | None = None) -> None:
+                 stop_timeout: float = 60.0, status_file: Path | None = None,
+                 management: ManagementSettings | None = None) -> None:
         if processes < 1:
             raise ValueError("processes must be >= 1")
         self.processes = processes
@@ -119,6 +121,9 @@ class Supervisor:
         #: 0.0.0.0 in a container, so the orchestrator's probes reach them
         self.web_bind = web_bind
         self.status_file = status_file or data_dir / topology_name / "supervisor.json"
+        #: who may read `/workers`, and TLS: the children's own settings (PRISM_ADMIN_*,
+        #: PRISM_WEB_SSL_*), so the supervisor's status is guarded like a child's status route
+        self.management = management or ManagementSettings.default()
         self.stopping = False
         self.started_at = time.time()
         self._last_written: str | None = None
@@ -241,13 +246,25 @@ class Supervisor:
         from aiohttp import web
 
         async def readyz(_request: web.Request) -> web.Response:
+            # Open (probes carry no credentials), so only what a probe needs: readiness and
+            # each child's state. Pids, paths, writer ids and addresses are in /workers.
             doc = self.status()
-            return web.json_response(doc, status=200 if doc["ready"] else 503)
+            probe = {k: doc[k] for k in ("kind", "topology", "processes", "ready", "stopping", "restarts")}
+            probe["children"] = [{k: c[k] for k in ("index", "state", "restarts", "last_exit")} for c in doc["children"]]
+            return web.json_response(probe, status=200 if doc["ready"] else 503)
 
         async def healthz(_request: web.Request) -> web.Response:
             return web.json_response({"status": "ok", "pid": os.getpid()})
 
-        async def workers(_request: web.Request) -> web.Response:
+        auth = self.management.auth
+
+        async def workers(request: web.Request) -> web.Response:
+            # a read, like GET /connectors/{name}/status on a child: anonymous unless
+            # PRISM_ADMIN_ALLOW_ANONYMOUS=none, then credentials with the read role
+            verdict = await authorize(auth, READ, "GET /workers", request.headers.getall("Authorization", []),
+                                      request.remote)
+            if isinstance(verdict, Refusal):
+                return web.json_response(verdict.body(), status=verdict.status, headers=verdict.headers)
             return web.json_response(self.status())
 
         web_app = web.Application()
@@ -256,7 +273,7 @@ class Supervisor:
         web_app.router.add_get("/workers", workers)
         runner = web.AppRunner(web_app, access_log=None)
         await runner.setup()
-        await web.TCPSite(runner, self.web_bind, port).start()
+        await web.TCPSite(runner, self.web_bind, port, ssl_context=self.management.ssl_context).start()
         return runner
 
 

@@ -136,3 +136,55 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+async def test_the_status_site_guards_workers_like_a_childs_status_route(tmp_path: Path) -> None:
+    """`/workers` is a read: anonymous by default, credentials with the read role under
+    PRISM_ADMIN_ALLOW_ANONYMOUS=none (wrong ones 401, then 429 past the failure limit); the
+    probes stay open."""
+    import httpx
+
+    from app.security.http_auth import basic_header
+    from app.worker.management import ManagementSettings
+    from tests.support import creds, write_users_file
+
+    users = write_users_file(tmp_path / "users.yaml")
+    open_sup = Supervisor(processes=1, topology_name="t", data_dir=tmp_path, env=_failing_env(tmp_path))
+    closed = ManagementSettings.from_env({"PRISM_ADMIN_USERS_FILE": str(users), "PRISM_ADMIN_ALLOW_ANONYMOUS": "none",
+                                          "PRISM_AUTH_MAX_FAILURES": "2"})
+    closed_sup = Supervisor(processes=1, topology_name="t", data_dir=tmp_path / "c", env=_failing_env(tmp_path),
+                            management=closed)
+    for sup, port in ((open_sup, _free_port()), (closed_sup, _free_port())):
+        sup.web_port = port
+    runners = [await open_sup.serve(open_sup.web_port), await closed_sup.serve(closed_sup.web_port)]
+    try:
+        async with httpx.AsyncClient(timeout=5) as client:
+            r = await client.get(f"http://127.0.0.1:{open_sup.web_port}/workers")
+            assert r.status_code == 200 and r.json()["processes"] == 1
+            base = f"http://127.0.0.1:{closed_sup.web_port}"
+            r = await client.get(base + "/workers")
+            assert r.status_code == 401 and "needs credentials with the read role" in r.json()["message"]
+            assert r.headers["WWW-Authenticate"].startswith("Basic")
+            r = await client.get(base + "/workers", headers={"Authorization": basic_header(*creds("reader"))})
+            assert r.status_code == 200 and r.json()["processes"] == 1
+            # `prism status` says it needs credentials rather than taking the port for a worker
+            from app.cli.ops import WorkerClient, WorkerRefused, _supervisor_doc
+
+            with pytest.raises(WorkerRefused, match="HTTP 401"):
+                await asyncio.to_thread(_supervisor_doc, base)
+            reader = WorkerClient(headers={"Authorization": basic_header(*creds("reader"))})
+            doc = await asyncio.to_thread(_supervisor_doc, base, reader)
+            assert doc is not None and doc["kind"] == "supervisor"
+            for guess in ("a", "b"):
+                r = await client.get(base + "/workers", headers={"Authorization": basic_header("admin", guess)})
+                assert r.status_code == 401
+            r = await client.get(base + "/workers", headers={"Authorization": basic_header(*creds("admin"))})
+            assert r.status_code == 429 and 1 <= int(r.headers["Retry-After"]) <= 60
+            assert (await client.get(base + "/healthz")).status_code == 200
+            r = await client.get(base + "/readyz")  # open, probe-sized: no pids, paths or writer ids
+            assert r.status_code == 503 and r.json()["children"] == [
+                {"index": 0, "state": "starting", "restarts": 0, "last_exit": None}]
+            assert "pid" not in r.text and "writer_id" not in r.text and str(tmp_path) not in r.text
+    finally:
+        for runner in runners:
+            await runner.cleanup()
