@@ -108,11 +108,13 @@ class DedupWindow:
                 yield key, int(value[0]), int(value[1])
 
     # -- the window ----------------------------------------------------------------------------
+    def _is_live(self, first_seen_ms: int, now: float) -> bool:
+        """Inside the window; an expired entry counts as never seen, even before the sweep."""
+        return now * 1000 - first_seen_ms < self.window * 1000
+
     def _live_entry(self, message_id: str, now: float) -> tuple[int, int] | None:
         entry = self.entry(message_id)
-        if entry is None or now * 1000 - entry[0] >= self.window * 1000:
-            return None  # absent, or expired: treat as never seen, even before the sweep removes it
-        return entry
+        return entry if entry is not None and self._is_live(entry[0], now) else None
 
     def check(self, message_id: str, now: float | None = None, *, partition: int = 0) -> DedupVerdict:
         """Check-and-record: a duplicate if seen inside the window, otherwise remember it now."""
@@ -151,7 +153,7 @@ class DedupWindow:
         value = self._entry_at(key)
         if value is None:
             return False
-        if (self.clock() if now is None else now) * 1000 - value[0] < self.window * 1000:
+        if self._is_live(value[0], self.clock() if now is None else now):
             return False  # re-recorded since it was queued for expiry
         self._delete(key)
         return True
@@ -242,10 +244,7 @@ class FaustDedupWindow(DedupWindow):
             return super().seen(message_id, now)
         self._validate(message_id)
         raw = db.get(message_id.encode())
-        if raw is None:
-            return False
-        first_ms = _decode_entry(raw)[0]
-        return ((self.clock() if now is None else now) * 1000 - first_ms) < self.window * 1000
+        return raw is not None and self._is_live(_decode_entry(raw)[0], self.clock() if now is None else now)
 
     def _scan(self) -> Iterator[tuple[bytes, int, int]]:
         for key, raw in self.table.items():
