@@ -118,6 +118,21 @@ class PrismWorker(faust.Worker):
         super().on_setup_root_logger(logger, level)
         logger.setLevel(level or logging.WARNING)
 
+    def _on_sigusr1(self) -> None:
+        """``kill -USR1``: the consumer snapshot and every task's await chain
+        (:mod:`app.worker.diagnose`) - together they say where a stalled worker waits. Replaces
+        mode's dump, which prints every frame's locals (messages, tokens, keys)."""
+        from app.worker.diagnose import consumer_snapshot, task_stacks
+
+        try:
+            snapshot = json.dumps(consumer_snapshot(self.app), default=str)
+            stacks = task_stacks(self.loop)
+        except Exception as exc:  # never let a diagnostic take the worker down
+            snapshot, stacks = f"<snapshot failed: {exc!r}>", []
+        text = "\n".join([f"prism consumer snapshot: {snapshot}", f"prism tasks: {len(stacks)}",
+                           *(f"  {line}" for line in stacks), "prism diagnosis end"])
+        print(text, file=self.stderr, flush=True)
+
     async def on_startup_finished(self) -> None:
         await super().on_startup_finished()
         tune_gc()
@@ -475,6 +490,25 @@ class WorkerProcess:
                                    f"{self.log_tail()}")
             time.sleep(delay)  # polling interval
             delay = min(delay * 2, 0.2)
+
+    def diagnose(self, timeout: float = 5.0, limit: int = 20_000) -> str:
+        """Ask a running worker where it waits (SIGUSR1: consumer snapshot and every task's
+        await chain, see :mod:`app.worker.diagnose`) and return what it wrote."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return f"(worker not running, exit status {self.returncode})\n{self.log_tail(limit)}"
+        before = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + timeout
+        text = ""
+        while time.monotonic() < deadline and "prism diagnosis end" not in text:
+            time.sleep(0.1)  # polling interval
+            with open(self.log_path, "rb") as f:
+                f.seek(before)
+                text = f.read().decode("utf-8", "replace")
+        return text[-limit:] if "prism diagnosis end" in text else \
+            f"(no diagnosis within {timeout:g}s: is its event loop blocked?)\n{self.log_tail(limit)}"
 
     def log_tail(self, limit: int = 4000) -> str:
         if not self.log_path.exists():

@@ -6,7 +6,6 @@ the DLQ). Duplicates are reported, not forbidden: on this broker delivery is at-
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 import uuid
@@ -100,11 +99,15 @@ class ArchiveWatcher:
                 self.seen[h["prism-source"].decode()] += 1
                 self.v3_ids[h["prism-message-id"].decode()] += 1
 
-    async def wait_until(self, n_distinct: int, timeout: float) -> None:
+    async def wait_until(self, n_distinct: int, timeout: float, *workers: WorkerProcess) -> None:
+        """Poll until `n_distinct` inputs are accounted for; on timeout, the failure carries each
+        running worker's own account of where it waits (WorkerProcess.diagnose)."""
         deadline = time.monotonic() + timeout
         while len(self.seen) < n_distinct:
             if time.monotonic() > deadline:
-                raise AssertionError(f"only {len(self.seen)} of {n_distinct} inputs accounted for in {timeout}s")
+                where = "".join(f"\n--- worker pid {w.pid} ---\n{w.diagnose()}" for w in workers)
+                raise AssertionError(
+                    f"only {len(self.seen)} of {n_distinct} inputs accounted for in {timeout}s{where}")
             await self.poll()
 
 
@@ -128,8 +131,11 @@ async def test_kill_9_mid_stream_loses_nothing(broker, tmp_path: Path, dev_keys,
         first.kill()                                  # ... kill -9: no shutdown, no commit, no flush
         assert in_flight >= 20_000, in_flight
         second.start(timeout=90)                      # same data dir: RocksDB tables + changelogs
-        with contextlib.suppress(AssertionError):  # reported below, from a complete re-read
-            await watch.wait_until(N, timeout=240)
+        stalled = ""
+        try:  # the verdict comes below, from a complete re-read
+            await watch.wait_until(N, 240, second)
+        except AssertionError as exc:  # what the worker said it waited for, printed with the verdict
+            stalled = str(exc)
         await asyncio.sleep(1.0)
         await watch.poll()
     finally:
@@ -157,7 +163,7 @@ async def test_kill_9_mid_stream_loses_nothing(broker, tmp_path: Path, dev_keys,
     if lost or len(stored) != N:  # say exactly which inputs, and what the worker logs say
         print("broker stored", len(stored), "of", N, "produced inputs; missing outputs for:",
               sorted(stored - set(watch.seen))[:20])
-        print("worker 2 log tail:", second.log_tail(3000))
+        print("worker 2 log tail:", stalled or second.log_tail(3000))
         _explain_missing(broker.bootstrap, env["PRISM_APP_ID"], source, sorted(stored - set(watch.seen)))
     # records Faust dropped and the agent fetched itself (app/worker/continuity.py)
     repairs = sum((tmp_path / f).read_text(errors="replace").count("the consumer skipped") for f in ("w1.log", "w2.log"))

@@ -5,6 +5,7 @@ duplicate output for the messages that were in flight at shutdown."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from pathlib import Path
@@ -50,7 +51,16 @@ async def test_sigterm_mid_stream_no_loss_no_duplicates(broker, tmp_path: Path, 
         ready = first.wait_ready(5)  # the deployed worker runs with tune_gc applied
         assert ready["gc"]["threshold"][0] == GC_GEN0_THRESHOLD and ready["gc"]["frozen"] > 10_000, ready
         assert ready["event_loop"] == "uvloop", ready  # the subprocess entry installs it before the app exists
-        await watch.wait_until(500, timeout=60)
+        await watch.wait_until(500, 60, first)
+        # kill -USR1 mid-stream: the stall snapshot describes the live consumer and costs nothing
+        # the exactly-once verdict below could notice
+        dump = first.diagnose()
+        line = next(ln for ln in dump.splitlines() if ln.startswith("prism consumer snapshot: "))
+        snap = json.loads(line.split(": ", 1)[1])
+        assert snap["consumer"]["flow_active"] is True and snap["rebalancing"] is False, snap
+        assert {f"{source}/0", f"{source}/1"} <= set(snap["partitions"]), snap
+        assert snap["batch_sources"][0]["topics"] == [source], snap
+        assert "drain_messages" in dump and "prism diagnosis end" in dump, dump  # the tasks follow
         t0 = time.monotonic()
         code = first.stop(timeout=30)             # SIGTERM: finish the batch, commit, flush
         stop_s = time.monotonic() - t0
@@ -58,7 +68,7 @@ async def test_sigterm_mid_stream_no_loss_no_duplicates(broker, tmp_path: Path, 
         at_stop = len(watch.seen)
         assert code == 0, first.log_tail()
         second.start(timeout=60)
-        await watch.wait_until(N, timeout=60)
+        await watch.wait_until(N, 60, second)
     finally:
         first.kill()
         second.stop()
