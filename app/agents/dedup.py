@@ -16,6 +16,7 @@ the same batch, or in an earlier batch whose writes are still in flight, are cau
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 from app.agents.base import Message, Stage
 from app.errors import DuplicateError
@@ -55,6 +56,11 @@ class Dedup(Stage):
         # `process` found the id not live and `pending` kept later copies in the batch out:
         # record without reading it again.
         self.window.record(msg.env.message_id, time.time(), partition=msg.partition)
+
+    def record_emitted_all(self, msgs: Iterable[Message]) -> None:
+        """:meth:`record_emitted` for a batch's written messages at once (one clock read, one
+        store write batch per partition); each id is routed by its message's partition."""
+        self.window.record_many(((m.env.message_id, m.partition) for m in msgs), time.time())
 
     async def flush(self) -> None:
         """Hand the batch's recorded ids to the producer (their changelog records); call after the

@@ -27,9 +27,9 @@ no commit and ``auto_offset_reset=earliest`` - against the start of the log.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import time
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,10 +129,16 @@ class HoleFetcher:
 
     async def expected_start(self, topic: str, partition: int) -> int | None:
         """Where the first record of a freshly assigned partition should be: the committed
-        offset, else the log start when the reset policy is `earliest`, else unknown."""
+        offset, else the log start when the reset policy is `earliest`, else unknown.
+
+        Bounded by `timeout_s` like :meth:`fetch`: aiokafka retries an offset fetch (and the
+        coordinator lookup before it) for as long as the broker answers with a retriable
+        error, and an unbounded wait here holds the partition's first batch - and so the
+        whole worker - without a word. On timeout the client is dropped, so the caller's retry
+        starts from a fresh connection and coordinator lookup."""
         from aiokafka import TopicPartition
 
-        async with self._lock:
+        async with self._lock, self._bounded(f"the start offset of {topic}[{partition}]"):
             c = await self._ensure()
             tp = TopicPartition(topic, partition)
             committed = await c.committed(tp)
@@ -142,6 +148,21 @@ class HoleFetcher:
                 return None
             return int((await c.beginning_offsets([tp]))[tp])
 
+    @contextlib.asynccontextmanager
+    async def _bounded(self, what: str) -> AsyncIterator[None]:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                yield
+        except TimeoutError:
+            await self._drop()
+            raise TimeoutError(f"could not read {what} from the broker within {self.timeout_s:g}s") from None
+
+    async def _drop(self) -> None:
+        c, self._consumer = self._consumer, None
+        if c is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(c.stop(), 5)
+
     async def fetch(self, hole: Hole) -> list[Any]:
         """Every record in the hole, in offset order (none for a legitimately empty range).
 
@@ -150,22 +171,19 @@ class HoleFetcher:
         """
         from aiokafka import TopicPartition
 
-        async with self._lock:
+        async with self._lock, self._bounded(str(hole)):
             c = await self._ensure()
             tp = TopicPartition(hole.topic, hole.partition)
             c.assign([tp])
             c.seek(tp, hole.start)
             out: list[Any] = []
-            deadline = time.monotonic() + self.timeout_s
             while await c.position(tp) < hole.end:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"could not read {hole} from the broker within {self.timeout_s:g}s")
                 batch = await c.getmany(tp, timeout_ms=200, max_records=max(1, hole.end - hole.start))
                 out.extend(r for r in batch.get(tp, ()) if hole.start <= r.offset < hole.end)
             c.unsubscribe()
             return out
 
     async def stop(self) -> None:
-        if self._consumer is not None:
-            c, self._consumer = self._consumer, None
+        c, self._consumer = self._consumer, None
+        if c is not None:
             await c.stop()

@@ -362,7 +362,6 @@ class PipelineApp:
         the chain, so the broker's round trip no longer leaves the worker idle."""
         producer = self.app.producer
         prepared: list[tuple[Message, Prepared | DlqRecord]] = []
-        current_of: dict[int, CurrentMessage] = {}  # id(Message) -> what Faust's tables read
         outcomes: Counter[tuple[str, int, str]] = Counter()
         last_of_partition: dict[tuple[str, int], CurrentMessage] = {}
         obs = self.observe
@@ -385,13 +384,11 @@ class PipelineApp:
                 for j, msg in enumerate(await self._missing_before(m.topic, m.partition, m.offset)):
                     if j and not j % YIELD_EVERY:
                         await asyncio.sleep(0)  # a hole can hold thousands of records
-                    current_of[id(msg)] = current
                     repaired.append(msg)
                     outcomes[(msg.topic, msg.partition, self._run_one(chain, msg, prepared, observed))] += 1
             msg = Message(topic=m.topic, partition=m.partition, offset=m.offset, value=m.value or b"", key=m.key,
                           headers=[(k, v) for k, v in (m.headers or []) if v is not None],
                           timestamp_ms=int(m.timestamp * 1000) if m.timestamp else None)
-            current_of[id(msg)] = current
             outcomes[(m.topic, m.partition, self._run_one(chain, msg, prepared, observed))] += 1
         _current_event.set(None)
         # Phase 2: the batch's outputs signed at once (scope batch: one signature), in order.
@@ -409,9 +406,8 @@ class PipelineApp:
             if previous is not None:
                 await previous
             if dedup is not None:
-                for msg in written:
-                    _current_event.set(weakref.ref(current_of[id(msg)]))
-                    dedup.record_emitted(msg)
+                # Each id goes to its message's partition explicitly (no current event needed).
+                dedup.record_emitted_all(written)
                 # The ids' changelog records, handed to the producer together (retried until it
                 # takes them); Faust flushes the producer before committing, so they are durable
                 # before the batch's offsets are.

@@ -261,3 +261,47 @@ def test_faust_binding_reads_and_writes_the_partitions_rocksdb_directly(tmp_path
     finally:
         _current_event.reset(token)
     assert dedup.seen("c", now=3.0, partition=2) and not dedup.seen("c", now=3.0, partition=0)
+
+
+def test_record_many_is_record_for_each_id() -> None:
+    backend: dict[str, Any] = {}
+    DedupWindow(backend, window=10).record_many([("a", 0), ("b", 3)], now=2.0)
+    assert backend == {"a": [2000, 0], "b": [2000, 3]}
+    with pytest.raises(ValueError):
+        DedupWindow({}, window=10).record_many([("ok", 0), ("", 1)], now=1.0)
+
+
+def test_faust_binding_records_a_batch_with_one_write_per_partition(tmp_path: Any) -> None:
+    """The worker records a batch's ids with one RocksDB write batch per partition: the same
+    bytes in the same partition databases as one `record` per id, the changelog records queued
+    the same way, and expired ids drained with the quota of as many single records."""
+    import faust
+
+    def window(name: str) -> FaustDedupWindow:
+        app = faust.App(f"t-many-{name}-{tmp_path.name}", broker="kafka://localhost:1", store="rocksdb://",
+                        datadir=tmp_path / name)
+        return FaustDedupWindow(app, "dedup", window=10, partitions=4, max_deletes_per_event=1)
+
+    ids = [(f"id-{i}", i % 3) for i in range(9)]
+    one, many = window("one"), window("many")
+    for mid, part in ids:
+        one.record(mid, now=5.0, partition=part)
+    many.record_many(ids, now=5.0)
+    for mid, part in ids:
+        raw = many._partition_db(part).get(mid.encode())
+        assert raw is not None and raw == one._partition_db(part).get(mid.encode())
+        assert many.seen(mid, now=6.0, partition=part) and not many.seen(mid, now=6.0, partition=3)
+    assert sorted(many._unsent) == sorted(one._unsent) and many.unsent == 9
+
+    with pytest.raises(ValueError):
+        many.record_many([("", 0)], now=1.0)
+
+
+def test_faust_binding_record_many_drains_expired_ids_with_the_quota_of_single_records() -> None:
+    dedup = FaustDedupWindow(FakeApp(), "dedup", window=10, max_deletes_per_event=1)
+    dedup.record_many([("old-0", 0), ("old-1", 0), ("old-2", 0), ("old-p1", 1)], now=0.0)
+    assert asyncio.run(dedup.scan_expired(now=10.5)) == 4
+    dedup.record_many([("new-0", 0), ("new-1", 0)], now=10.5)  # two records on partition 0: quota 2 x 1
+    assert sum(dedup.entry(f"old-{i}") is None for i in range(3)) == 2
+    assert dedup.entry("old-p1") is not None and dedup.pending_expiry == 2  # partition 1 untouched
+    assert dedup.entry("new-0") == (10_500, 0) and dedup.unsent == 6

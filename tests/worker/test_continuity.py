@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from app.worker.continuity import Hole, OffsetTracker
+import asyncio
+import time
+
+import pytest
+
+from app.worker.continuity import Hole, HoleFetcher, OffsetTracker
 
 
 def test_consecutive_offsets_take_the_fast_path() -> None:
@@ -57,3 +62,41 @@ def test_forgotten_partitions_start_afresh() -> None:
     t.forget([("a", 0)])
     assert not t.known("a", 0) and t.known("a", 1)
     assert len(t) == 1
+
+
+class _SilentBroker:
+    """Accepts connections and never answers: a broker (or a coordinator) that hangs."""
+
+    def __init__(self) -> None:
+        self.server: asyncio.AbstractServer | None = None
+        self.writers: list[asyncio.StreamWriter] = []
+
+    async def __aenter__(self) -> str:
+        async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.writers.append(writer)
+            await reader.read()  # read requests forever, answer none
+
+        self.server = await asyncio.start_server(hold, "127.0.0.1", 0)
+        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        for w in self.writers:
+            w.close()
+        self.server.close()
+
+
+async def test_start_offset_read_is_bounded_and_starts_afresh_after_a_hang() -> None:
+    """A hung offset read used to hold the partition's first batch (and the worker) silently;
+    now it raises after `timeout_s`, naming what it read, and drops the client so that the
+    caller's retry makes a new connection and coordinator lookup."""
+    async with _SilentBroker() as bootstrap:
+        fetcher = HoleFetcher(bootstrap, group_id="g", timeout_s=0.5)
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"could not read the start offset of src\[3\] from the broker within 0.5s"):
+            await fetcher.expected_start("src", 3)
+        assert time.monotonic() - t0 < 10
+        assert fetcher._consumer is None
+        with pytest.raises(TimeoutError, match=r"could not read src\[1\] offset 5..9 from the broker within 0.5s"):
+            await fetcher.fetch(Hole("src", 1, 5, 10))
+        await fetcher.stop()
