@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
 __all__ = ["BatchBuffer", "BatchSource", "CurrentMessage"]
@@ -205,6 +205,46 @@ class BatchSource:
         finally:
             for fut in inflight:
                 fut.cancel()
+
+
+def ack_all(consumer: Any, messages: Iterable[Any]) -> int:
+    """``consumer.ack(m)`` for every message, under one acquisition of Faust's ack lock and with
+    one wake-up of a commit waiting for acknowledgements, instead of one of each per message.
+    Faust 0.15.3's bookkeeping, step for step (``Consumer.ack``); returns how many were newly
+    acknowledged. A test holds it to ``Consumer.ack`` on the same messages."""
+    from faust.types.tuples import ack_lock
+    from mode.utils.futures import notify
+
+    committed_offset, acked_index, acked = consumer._committed_offset, consumer._acked_index, consumer._acked
+    unacked = consumer._unacked_messages
+    enabled_for = consumer.app.topics.acks_enabled_for
+    enabled: dict[str, bool] = {}
+    n = 0
+    with ack_lock:
+        try:
+            for m in messages:
+                if m.acked:
+                    continue
+                m.acked = True
+                topic = m.topic
+                on = enabled.get(topic)
+                if on is None:
+                    on = enabled[topic] = enabled_for(topic)
+                if not on:
+                    continue
+                tp, offset = m.tp, m.offset
+                committed = committed_offset[tp]
+                if committed is None or offset >= committed:
+                    index = acked_index[tp]
+                    if offset not in index:
+                        unacked.discard(m)
+                        index.add(offset)
+                        acked[tp].append(offset)
+                        n += 1
+        finally:
+            consumer._n_acked += n
+            notify(consumer._waiting_for_ack)
+    return n
 
 
 def install_handler_hook(conductor: Any) -> None:

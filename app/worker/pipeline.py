@@ -65,7 +65,7 @@ from app.tables.dedup import DedupWindow, FaustDedupWindow
 from app.tables.sequence import FaustSequenceTracker
 from app.topology import EnrichStage, Topology
 from app.worker.batch_send import OutRecord, send_batched
-from app.worker.batch_source import BatchSource, CurrentMessage
+from app.worker.batch_source import BatchSource, CurrentMessage, ack_all
 from app.worker.continuity import HoleFetcher, OffsetTracker
 from app.worker.faust_app import make_app
 
@@ -425,11 +425,10 @@ class PipelineApp:
                 obs.batch_done(chain, batch[0].topic, observed)
             # Acknowledged only now that their outputs are written, so commits never pass an
             # unwritten message; repaired records like the batch's own.
-            ack = self.app.consumer.ack
-            for rec in repaired:
-                ack(_faust_message(rec))
-            for m in batch:
-                ack(m)
+            consumer = self.app.consumer
+            if repaired:
+                ack_all(consumer, [_faust_message(rec) for rec in repaired])
+            ack_all(consumer, batch)
             self.stats.read += len(batch) + len(repaired)
             if self.on_batch is not None:
                 self.on_batch(self.stats)

@@ -103,3 +103,48 @@ def test_hook_builds_the_batch_handler_only_for_batch_source_topics() -> None:
     assert conductor._build_handler(SimpleNamespace(topic="other", partition=0), {"chan"}) == "faust-handler"
     with pytest.raises(RuntimeError, match="no other subscriber"):
         conductor._build_handler(SimpleNamespace(topic="orders", partition=1), {"chan", "agent"})
+
+
+def test_ack_all_keeps_fausts_ack_bookkeeping(tmp_path) -> None:
+    """`ack_all` against `Consumer.ack` on two real (unstarted) Faust consumers fed the same
+    messages: already acknowledged, below the committed offset, repeated offsets, a topic whose
+    acks are off, and the commit waiter woken."""
+    from faust.types import TP
+    from faust.types.tuples import ConsumerMessage
+
+    from app.worker.batch_source import ack_all
+    from app.worker.faust_app import make_app
+
+    def consumer(name: str):  # type: ignore[no-untyped-def]
+        app = make_app(f"t-ack-{name}", "127.0.0.1:1", tmp_path / name, embedded=True)
+        app.topics._acking_topics.add("src")  # what the started conductor's index holds; "quiet": acks off
+        c = app.consumer
+        c._committed_offset[TP("src", 1)] = 10
+        return c
+
+    def messages(c):  # type: ignore[no-untyped-def]
+        out = []
+        for topic, part, offset in [("src", 0, 0), ("src", 0, 1), ("src", 0, 1), ("src", 1, 9), ("src", 1, 10),
+                                    ("src", 1, 12), ("quiet", 0, 5), ("src", 0, 2)]:
+            m = ConsumerMessage(topic, part, offset, 1.0, 0, [], b"k", b"v", None, 1, 1, TP(topic, part),
+                                generation_id=0)
+            m.tracked = True
+            c._unacked_messages.add(m)
+            out.append(m)
+        out[-1].acked = True  # acknowledged before: skipped by both
+        return out
+
+    one, many = consumer("one"), consumer("many")
+    ones, manys = messages(one), messages(many)
+    for m in ones:
+        one.ack(m)
+    waiter = many._waiting_for_ack = many.loop.create_future()
+    assert ack_all(many, manys) == 4
+    assert waiter.done()
+    for attr in ("_acked", "_acked_index"):
+        assert {tp: v for tp, v in getattr(many, attr).items() if v} == \
+            {tp: v for tp, v in getattr(one, attr).items() if v}, attr
+    assert many._n_acked == one._n_acked == 4
+    assert [m.acked for m in manys] == [m.acked for m in ones] == [True] * 8
+    assert {(m.topic, m.partition, m.offset) for m in many._unacked_messages} == \
+        {(m.topic, m.partition, m.offset) for m in one._unacked_messages}
