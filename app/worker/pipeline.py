@@ -363,7 +363,7 @@ class PipelineApp:
         producer = self.app.producer
         prepared: list[tuple[Message, Prepared | DlqRecord]] = []
         outcomes: Counter[tuple[str, int, str]] = Counter()
-        last_of_partition: dict[tuple[str, int], CurrentMessage] = {}
+        stand_in_of: dict[tuple[str, int], CurrentMessage] = {}
         obs = self.observe
         observed: list[tuple[Message, Any]] | None = None if obs is None else []
         if obs is not None:
@@ -371,14 +371,20 @@ class PipelineApp:
         dedup = self.dedups.get(id(chain))
         token = dedup.begin_batch() if dedup is not None else None
         offsets, repaired = self.offsets, list[Message]()
+        active: CurrentMessage | None = None
         for i, m in enumerate(batch):
             if i and not i % YIELD_EVERY:
                 # Let the loop breathe within a long batch: the previous batch's produce
                 # requests go out, heartbeats and fetches run.
                 await asyncio.sleep(0)
-            current = CurrentMessage(m)
-            _current_event.set(weakref.ref(current))
-            last_of_partition[(m.topic, m.partition)] = current
+            # Faust's (non-windowed) tables route a write by the current event's topic and
+            # partition only: one stand-in per partition of the batch, set when it changes.
+            current = stand_in_of.get((m.topic, m.partition))
+            if current is None:
+                current = stand_in_of[(m.topic, m.partition)] = CurrentMessage(m)
+            if current is not active:
+                _current_event.set(weakref.ref(current))
+                active = current
             if not offsets.advance(m.topic, m.partition, m.offset):
                 # Records the consumer skipped come first, in order, routed like this one.
                 for j, msg in enumerate(await self._missing_before(m.topic, m.partition, m.offset)):
@@ -416,7 +422,7 @@ class PipelineApp:
             # One counter write per (topic, partition, outcome) per batch, not per message: every
             # table write is also a changelog record.
             for (topic, partition, outcome), n in outcomes.items():
-                _current_event.set(weakref.ref(last_of_partition[(topic, partition)]))
+                _current_event.set(weakref.ref(stand_in_of[(topic, partition)]))
                 self.counters.incr(topic, outcome, n, partition=partition)
             _current_event.set(None)
             # Counted only now, when every message of the batch has its outcome written: a
