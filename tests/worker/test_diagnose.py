@@ -30,3 +30,27 @@ def test_snapshot_reports_what_it_cannot_read_instead_of_raising() -> None:
     assert snap["generation"] == 7
     assert snap["flow_control_active"].startswith("<unavailable: RuntimeError: no flow_control here")
     assert snap["consumer"] is None and snap["batch_sources"] == []
+
+
+async def test_task_stacks_name_code_locations_not_local_values() -> None:
+    """What kill -USR1 prints must not leak what a task holds: a token in a local variable of a
+    suspended coroutine appears nowhere, its await chain does (function, file, line)."""
+    import asyncio
+
+    from app.worker.diagnose import task_stacks
+
+    release = asyncio.Event()
+
+    async def holds_a_secret() -> None:
+        token = "eyJhbGciOiJFZERTQSJ9.secret-token"  # the value that must not appear
+        await release.wait()
+        assert token
+
+    task = asyncio.create_task(holds_a_secret(), name="secret-holder")
+    await asyncio.sleep(0)
+    lines = task_stacks()
+    release.set()
+    await task
+    mine = next(line for line in lines if line.startswith("secret-holder: "))
+    assert "holds_a_secret (" in mine and "test_diagnose.py:" in mine and "wait (" in mine, mine
+    assert not any("secret-token" in line for line in lines)
