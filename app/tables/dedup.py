@@ -138,8 +138,7 @@ class DedupWindow:
         with :meth:`seen`, then records once the outputs are written): one table write instead
         of a read and a write.
         """
-        self._validate(message_id)
-        self._store(message_id, int((self.clock() if now is None else now) * 1000), int(partition))
+        self.record_many([(message_id, partition)], now)
 
     def record_many(self, entries: Iterable[tuple[str, int]], now: float | None = None) -> None:
         """:meth:`record` for each ``(message_id, partition)``, all first seen ``now``."""
@@ -300,17 +299,7 @@ class FaustDedupWindow(DedupWindow):
         """:meth:`DedupWindow.record` inside an agent (the current event routes the store write),
         draining a few expired ids first like :meth:`check`. The changelog record is only queued:
         call :meth:`flush_changelog` before the batch's source offsets may be committed."""
-        part = current_partition() if partition is None else partition
-        self._drain(part, now)
-        self._validate(message_id)
-        key = message_id.encode()
-        value = _ENTRY.pack(int((self.clock() if now is None else now) * 1000), int(part))
-        db = self._partition_db(int(part))
-        if db is not None:
-            db.put(key, value)  # the RocksDB store alone: no changelog record, no callbacks
-        else:
-            self.table.data[key] = value
-        self._unsent.append((key, value, int(part)))
+        self.record_many([(message_id, current_partition() if partition is None else partition)], now)
 
     def record_many(self, entries: Iterable[tuple[str, int]], now: float | None = None) -> None:
         """:meth:`record` for a batch's ids: one RocksDB write batch per partition instead of
