@@ -149,6 +149,28 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / _TICK
 
 
+def thread_cpu_seconds(pids: list[int]) -> tuple[float, float]:
+    """utime + stime of the processes' main threads, and of all their other threads (a Faust
+    worker's consumer thread, RocksDB's background threads), from /proc/<pid>/task."""
+    main = other = 0
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except FileNotFoundError:
+            continue
+        for tid in tids:
+            try:
+                fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            ticks = int(fields[11]) + int(fields[12])
+            if tid == str(pid):
+                main += ticks
+            else:
+                other += ticks
+    return main / _TICK, other / _TICK
+
+
 def contender_env() -> dict[str, str]:
     """This process's environment without PRISM_* variables: a contender gets only what its
     runner passes it, not the settings of whoever started the benchmark."""
@@ -262,12 +284,14 @@ async def measure(bootstrap: str, out_topic: str, n: int, procs: list[subprocess
             now = time.perf_counter()
             for mark in (0.1, 0.9):
                 if mark not in marks and count >= mark * n:
-                    marks[mark] = (now, cpu_seconds(pids), count, cpu_seconds([broker_pid] if broker_pid else []))
+                    marks[mark] = (now, cpu_seconds(pids), count, cpu_seconds([broker_pid] if broker_pid else []),
+                                   thread_cpu_seconds(pids))
     finally:
         await consumer.stop()
-    (t10, c10, k10, b10), (t90, c90, k90, b90) = marks[0.1], marks[0.9]
+    (t10, c10, k10, b10, (m10, o10)), (t90, c90, k90, b90, (m90, o90)) = marks[0.1], marks[0.9]
     k = max(k90 - k10, 1)
     return {"msgs_per_s": k / max(t90 - t10, 1e-9), "cpu_us_per_msg": (c90 - c10) / k * 1e6,
+            "main_thread_cpu_us_per_msg": (m90 - m10) / k * 1e6, "other_threads_cpu_us_per_msg": (o90 - o10) / k * 1e6,
             "broker_cpu_us_per_msg": (b90 - b10) / k * 1e6, "window_msgs": k, "outputs": count}
 
 
@@ -383,7 +407,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 for c in order:
                     one[c.label] = res = await run_one(c, broker.bootstrap, tmp, keys, args.n, broker.pid)
                     print(f"[round {r + 1}/{args.rounds}] {c.label}: {res['msgs_per_s']:.0f} msg/s, "
-                          f"{res['cpu_us_per_msg']:.0f} us CPU/msg, broker {res['broker_cpu_us_per_msg']:.0f} us/msg "
+                          f"{res['cpu_us_per_msg']:.0f} us CPU/msg (main thread {res['main_thread_cpu_us_per_msg']:.0f}, "
+                          f"other threads {res['other_threads_cpu_us_per_msg']:.0f}), broker {res['broker_cpu_us_per_msg']:.0f} us/msg "
                           f"(load {res['load_1m']})", flush=True)
                 result["rounds"].append(one)
             rounds = result["rounds"]
@@ -395,7 +420,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 "head2p_vs_head_cpu": _median_round(rounds, "head-2p", "head", "cpu_us_per_msg"),
             }
             result["medians"] = round_medians(rounds, [c.label for c in contenders],
-                                              ("msgs_per_s", "cpu_us_per_msg", "broker_cpu_us_per_msg"))
+                                              ("msgs_per_s", "cpu_us_per_msg", "main_thread_cpu_us_per_msg",
+                                               "other_threads_cpu_us_per_msg", "broker_cpu_us_per_msg"))
             floor = signing_floor(tmp / "keys")
             result["signatures_cpu_us_per_msg"] = floor["signatures_cpu_us_per_msg"]
             plain_stages = [r["plain"].get("stage_cpu_us_per_message", {}) for r in rounds]
