@@ -137,16 +137,18 @@ def bench_topology(version: Version, out_dir: Path, keys: Any, topic: str, name:
     return path
 
 
+def _stat_ticks(path: str) -> int:
+    """utime + stime from a /proc `stat` file (fields 14 and 15); 0 once the process or thread is gone."""
+    try:
+        fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
 def cpu_seconds(pids: list[int]) -> float:
-    """utime + stime of the processes (all their threads), from /proc."""
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-    return total / _TICK
+    """utime + stime of the processes (all their threads, also those that have exited), from /proc."""
+    return sum(_stat_ticks(f"/proc/{pid}/stat") for pid in pids) / _TICK
 
 
 def thread_cpu_seconds(pids: list[int]) -> tuple[float, float]:
@@ -159,11 +161,7 @@ def thread_cpu_seconds(pids: list[int]) -> tuple[float, float]:
         except FileNotFoundError:
             continue
         for tid in tids:
-            try:
-                fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            ticks = int(fields[11]) + int(fields[12])
+            ticks = _stat_ticks(f"/proc/{pid}/task/{tid}/stat")
             if tid == str(pid):
                 main += ticks
             else:
