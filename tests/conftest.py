@@ -21,3 +21,10 @@ def broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
         yield embedded
     finally:
         embedded.stop()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Stop the PostgreSQL, Redis and NATS servers this run started (tests/servers.py)."""
+    from tests import servers
+
+    servers.stop_all()

@@ -23,12 +23,10 @@ from app.bindings import nats as nb
 from app.bindings import postgres as pg
 from app.bindings import redis as rb
 from app.envelope import Layout, new_envelope
+from tests import servers
 from tests.bindings.strategies import binding_envelopes, subject_topics, wire_equivalent
 
 pytestmark = pytest.mark.integration
-PG_DSN = os.environ.get("PRISM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
-REDIS_URL = os.environ.get("PRISM_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-NATS_URL = os.environ.get("PRISM_TEST_NATS_URL", "nats://127.0.0.1:4222")
 
 
 def unavailable(what: str, exc: Exception) -> None:
@@ -44,9 +42,9 @@ def unavailable(what: str, exc: Exception) -> None:
 def pg_conn():
     psycopg = pytest.importorskip("psycopg")
     try:
-        conn = psycopg.connect(PG_DSN, autocommit=True, connect_timeout=3)
+        conn = psycopg.connect(servers.pg_dsn(), autocommit=True, connect_timeout=3)
     except Exception as exc:
-        unavailable(f"PostgreSQL at {PG_DSN}", exc)
+        unavailable(f"PostgreSQL at {servers.pg_dsn()}", exc)
     schema = f"prism_bindings_{uuid.uuid4().hex[:10]}"  # private schema: concurrent tests never collide
     conn.execute(f"CREATE SCHEMA {schema}")
     conn.execute(f"SET search_path TO {schema}")
@@ -101,11 +99,11 @@ def test_postgres_gin_containment_query_on_inline_json(pg_conn):
 @pytest.fixture(scope="module")
 def redis_client():
     redis = pytest.importorskip("redis")
-    client = redis.Redis.from_url(REDIS_URL, decode_responses=False, socket_connect_timeout=3)
+    client = redis.Redis.from_url(servers.redis_url(), decode_responses=False, socket_connect_timeout=3)
     try:
         client.ping()
     except Exception as exc:
-        unavailable(f"Redis at {REDIS_URL}", exc)
+        unavailable(f"Redis at {servers.redis_url()}", exc)
     yield client
     client.close()
 
@@ -143,9 +141,9 @@ def test_redis_pubsub_round_trip(redis_client):
 async def _nats():
     nats_mod = pytest.importorskip("nats")
     try:
-        return await nats_mod.connect(NATS_URL, connect_timeout=2, max_reconnect_attempts=0, allow_reconnect=False)
+        return await nats_mod.connect(servers.nats_url(), connect_timeout=2, max_reconnect_attempts=0, allow_reconnect=False)
     except Exception as exc:
-        unavailable(f"NATS at {NATS_URL}", exc)
+        unavailable(f"NATS at {servers.nats_url()}", exc)
 
 
 async def test_nats_headers_survive_a_real_server():

@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from app.broker.embedded import EmbeddedBroker, find_free_port
+from tests import servers
 from tests.support import require
 
 pytestmark = pytest.mark.integration
@@ -41,7 +42,6 @@ PODMAN = ["podman", *shlex.split(os.environ.get("PRISM_PODMAN_ARGS", "--runtime 
 RUN_FLAGS = ["--network", "host", "--ulimit", "nofile=16384:16384", "--ulimit", "nproc=4096:4096"]
 BUILD_TIMEOUT = 1800  # a cold build (debootstrap + every wheel) takes minutes; cached, seconds
 READY_TIMEOUT = 120.0
-PG_DSN = os.environ.get("PRISM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 def _which(tool: str) -> str | None:
@@ -188,15 +188,15 @@ def registry_store(request: pytest.FixtureRequest) -> Iterator[list[str]]:
     from app.schema.store import PostgresStore
 
     try:
-        with psycopg.connect(PG_DSN, connect_timeout=3) as conn:
+        with psycopg.connect(servers.pg_dsn(), connect_timeout=3) as conn:
             conn.execute("SELECT 1")
     except psycopg.Error as exc:
-        require(False, f"PostgreSQL at {PG_DSN} (PRISM_TEST_PG_DSN): {exc}")
+        require(False, f"PostgreSQL at {servers.pg_dsn()} (PRISM_TEST_PG_DSN): {exc}")
     schema = f"prism_image_test_{uuid.uuid4().hex[:10]}"
     try:
-        yield ["--store", f"{PG_DSN}?schema={schema}"]
+        yield ["--store", f"{servers.pg_dsn()}?schema={schema}"]
     finally:
-        store = PostgresStore(PG_DSN, pg_schema=schema)
+        store = PostgresStore(servers.pg_dsn(), pg_schema=schema)
         store.drop()
         store.close()
 

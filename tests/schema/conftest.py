@@ -17,6 +17,7 @@ import pytest
 from app.schema.registry import Registry
 from app.schema.store import PostgresStore, SqliteStore
 from app.security.http_auth import FailureLimiter, HttpAuth, auth_from_settings
+from tests import servers
 from tests.support import creds, write_users_file
 
 
@@ -36,14 +37,17 @@ def auth(users_file: Path) -> HttpAuth:
     auth.limiter = FailureLimiter(10_000, 60)
     return auth
 
-PG_DSN = os.environ.get("PRISM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+
+def pg_dsn() -> str:
+    """The test run's own PostgreSQL (tests/servers.py), started on first use."""
+    return servers.pg_dsn()
 
 
 def _pg_available() -> str | None:
     try:
         import psycopg
 
-        with psycopg.connect(PG_DSN, connect_timeout=3) as conn:
+        with psycopg.connect(pg_dsn(), connect_timeout=3) as conn:
             conn.execute("SELECT 1")
         return None
     except Exception as e:  # any failure means "no usable server"
@@ -62,9 +66,9 @@ def store(request: pytest.FixtureRequest, tmp_path) -> Iterator:  # type: ignore
     problem = _pg_available()
     if problem:
         if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"PostgreSQL required under CI=true but unavailable at {PG_DSN}: {problem}")
+            pytest.fail(f"PostgreSQL required under CI=true but unavailable at {pg_dsn()}: {problem}")
         pytest.skip(f"PostgreSQL unavailable: {problem}")
-    s = PostgresStore(PG_DSN, pg_schema=f"prism_reg_test_{uuid.uuid4().hex[:10]}")
+    s = PostgresStore(pg_dsn(), pg_schema=f"prism_reg_test_{uuid.uuid4().hex[:10]}")
     yield s
     s.drop()
     s.close()

@@ -27,7 +27,7 @@ from app.schema.registry import Registry
 from app.schema.service import create_app
 from app.schema.store import PostgresStore, SqliteStore, SqlStore
 from app.security.http_auth import HttpAuth
-from tests.schema.conftest import PG_DSN, free_port
+from tests.schema.conftest import free_port, pg_dsn
 from tests.support import auth_headers, write_users_file
 
 
@@ -40,7 +40,7 @@ def _record(n: int) -> str:
 def sibling(store: SqlStore) -> Iterator[Registry]:
     """A second registry on the same database through its own connection."""
     other: SqlStore = SqliteStore(store.path) if isinstance(store, SqliteStore) \
-        else PostgresStore(PG_DSN, pg_schema=store.pg_schema)  # type: ignore[attr-defined]
+        else PostgresStore(pg_dsn(), pg_schema=store.pg_schema)  # type: ignore[attr-defined]
     yield Registry(other)
     other.close()
 

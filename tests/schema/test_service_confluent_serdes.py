@@ -27,7 +27,7 @@ from google.protobuf import descriptor_pool, message_factory
 
 from app.schema.protoparse import compile_proto
 from app.schema.store import PostgresStore
-from tests.schema.conftest import PG_DSN, _pg_available, free_port
+from tests.schema.conftest import _pg_available, free_port, pg_dsn
 from tests.support import creds, write_users_file
 
 MONEY = 'syntax = "proto3";\npackage common;\nmessage Money {\n  string currency = 1;\n  int64 units = 2;\n}\n'
@@ -200,10 +200,10 @@ def serve_process(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[st
         problem = _pg_available()
         if problem:
             if os.environ.get("CI", "").lower() == "true":
-                pytest.fail(f"PostgreSQL required under CI=true but unavailable at {PG_DSN}: {problem}")
+                pytest.fail(f"PostgreSQL required under CI=true but unavailable at {pg_dsn()}: {problem}")
             pytest.skip(f"PostgreSQL unavailable: {problem}")
         pg_schema = f"prism_reg_test_{uuid.uuid4().hex[:10]}"
-        store_url = f"{PG_DSN}?schema={pg_schema}"
+        store_url = f"{pg_dsn()}?schema={pg_schema}"
     port = free_port()
     log = (tmp_path / "serve.log").open("wb")
     users = write_users_file(tmp_path / "users.yaml")
@@ -228,7 +228,7 @@ def serve_process(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[st
         proc.wait(timeout=20)
         log.close()
         if pg_schema:
-            store = PostgresStore(PG_DSN, pg_schema=pg_schema)
+            store = PostgresStore(pg_dsn(), pg_schema=pg_schema)
             store.drop()
             store.close()
 

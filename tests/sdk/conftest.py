@@ -12,18 +12,15 @@ A missing server skips the test locally and FAILS it under CI=true.
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from app.broker.embedded import BrokerBinaryNotFound, EmbeddedBroker, resolve_broker_binary
+from tests import servers
 from tests.support import require
 
-REDIS = os.environ.get("PRISM_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-NATS = os.environ.get("PRISM_TEST_NATS_URL", "nats://127.0.0.1:4222")
-PG = os.environ.get("PRISM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 BACKENDS = ["kafka", "redis", "nats", "postgres"]
 
 
@@ -50,13 +47,13 @@ def kafka_url(kafka_broker: EmbeddedBroker) -> str:
 def redis_url() -> Iterator[str]:
     import redis
 
-    client = redis.Redis.from_url(REDIS, socket_connect_timeout=3)
+    client = redis.Redis.from_url(servers.redis_url(), socket_connect_timeout=3)
     try:
         client.ping()
     except Exception as exc:
-        require(False, f"Redis at {REDIS}: {exc!r}")
+        require(False, f"Redis at {servers.redis_url()}: {exc!r}")
     prefix = f"prism-test:sdk:{uuid.uuid4().hex[:12]}:"
-    yield f"{REDIS}?prefix={prefix}&claim_idle_ms=2000"
+    yield f"{servers.redis_url()}?prefix={prefix}&claim_idle_ms=2000"
     keys = list(client.scan_iter(match=prefix + "*"))
     if keys:
         client.delete(*keys)
@@ -66,7 +63,7 @@ def redis_url() -> Iterator[str]:
 async def _nats_cleanup(prefix: str) -> None:
     import nats
 
-    nc = await nats.connect(NATS, connect_timeout=3)
+    nc = await nats.connect(servers.nats_url(), connect_timeout=3)
     try:
         js = nc.jetstream()
         for info in await js.streams_info():
@@ -81,7 +78,7 @@ def nats_url() -> Iterator[str]:
     import nats
 
     async def ping() -> None:
-        nc = await nats.connect(NATS, connect_timeout=3, max_reconnect_attempts=0)
+        nc = await nats.connect(servers.nats_url(), connect_timeout=3, max_reconnect_attempts=0)
         try:
             await nc.jetstream().account_info()
         finally:
@@ -90,9 +87,9 @@ def nats_url() -> Iterator[str]:
     try:
         asyncio.run(ping())
     except Exception as exc:
-        require(False, f"NATS JetStream at {NATS}: {exc!r}")
+        require(False, f"NATS JetStream at {servers.nats_url()}: {exc!r}")
     prefix = f"PRISMTEST{uuid.uuid4().hex[:10]}"
-    yield f"{NATS}?stream_prefix={prefix}&storage=memory"
+    yield f"{servers.nats_url()}?stream_prefix={prefix}&storage=memory"
     asyncio.run(_nats_cleanup(prefix))
 
 
@@ -101,11 +98,11 @@ def pg_url() -> Iterator[str]:
     import psycopg
 
     try:
-        conn = psycopg.connect(PG, autocommit=True, connect_timeout=3)
+        conn = psycopg.connect(servers.pg_dsn(), autocommit=True, connect_timeout=3)
     except Exception as exc:
-        require(False, f"PostgreSQL at {PG}: {exc!r}")
+        require(False, f"PostgreSQL at {servers.pg_dsn()}: {exc!r}")
     schema = f"prism_sdk_{uuid.uuid4().hex[:10]}"
-    yield f"{PG}?schema={schema}&poll_ms=200"
+    yield f"{servers.pg_dsn()}?schema={schema}&poll_ms=200"
     conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
     conn.close()
 

@@ -1,4 +1,4 @@
-"""Fixtures for the sink tests: signed envelopes, and the real local servers.
+"""Fixtures for the sink tests: signed envelopes, and the test run's own servers.
 
 Every test gets fresh stream keys, channels, schemas, JetStream streams and buckets, so tests
 never see each other's data. A server that is down skips the test locally and FAILS it under
@@ -7,8 +7,6 @@ CI=true (tests.support.require)."""
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 
@@ -17,20 +15,10 @@ import pytest
 from app.envelope import Layout, encode, new_envelope
 from app.security.signing import SigningKey, sign
 from app.sinks.base import SinkRecord
+from tests import servers
 from tests.support import require
 
-REDIS_URL = os.environ.get("PRISM_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-PG_DSN = os.environ.get("PRISM_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
-NATS_URL = os.environ.get("PRISM_TEST_NATS_URL", "nats://127.0.0.1:4222")
 WORKER_KEY = SigningKey.hmac_sha256("worker-test", b"k" * 32)
-
-
-def _tcp(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=2):
-            return True
-    except OSError:
-        return False
 
 
 def make_records(n: int, *, topic: str | None = None, layout: Layout = Layout.REVIEWED, signed: bool = True,
@@ -59,20 +47,18 @@ def records() -> Callable[..., list[SinkRecord]]:
 
 @pytest.fixture
 def redis_url() -> str:
-    require(_tcp("127.0.0.1", 6379), f"Redis at {REDIS_URL} is required for this integration test")
-    return REDIS_URL
+    """The test run's own Redis (started on first use; tests/servers.py)."""
+    return servers.redis_url()
 
 
 @pytest.fixture
 def nats_url() -> str:
-    require(_tcp("127.0.0.1", 4222), f"NATS at {NATS_URL} is required for this integration test")
-    return NATS_URL
+    return servers.nats_url()
 
 
 @pytest.fixture
 def pg_dsn() -> str:
-    require(_tcp("127.0.0.1", 5432), f"PostgreSQL at {PG_DSN} is required for this integration test")
-    return PG_DSN
+    return servers.pg_dsn()
 
 
 @pytest.fixture
