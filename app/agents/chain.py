@@ -186,6 +186,7 @@ class Chain:
         except Exception:  # a payload that cannot even be read (bad compression): nothing to find
             return []
 
-    def dlq_for_publish_failure(self, msg: Message, exc: BaseException) -> Result:
-        """Route a message whose final writes failed after retries (Connect's DLQ gap)."""
-        return self._dlq(msg, "publish", exc)
+    def dlq_for_publish_failure(self, msg: Message, exc: BaseException, *, stage: str = "publish") -> Result:
+        """Route a message whose final writes failed after retries (Connect's DLQ gap), or that
+        the worker refused before the chain (`stage="normalize"`: over the input size limit)."""
+        return self._dlq(msg, stage, exc)

@@ -15,12 +15,22 @@ A message whose identity was verified before it failed also gets a `prism-dlq-at
 header: that identity, signed by the worker and bound to this record's value and headers
 (`app.security.attestation`). It replaces the masked token on replay. The token itself is
 never in the DLQ.
+
+A DLQ copy must itself be writable, or the message would be in neither place: `fit_dlq_record`
+cuts a copy down to the DLQ topic's size limit (`app.worker.limits`). The `prism.errors.*`
+headers and the reason always stay; the value is truncated and described by
+`prism.errors.value.sha256` (of the whole DLQ value, the digest an attestation binds) and
+`prism.errors.value.length`; the full value stays in the source topic at the recorded
+topic/partition/offset for its retention.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from app.agents.base import Message
 from app.errors import PrismError
@@ -29,6 +39,12 @@ from app.security.attestation import HEADER as ATTESTATION_HEADER
 from app.security.attestation import Attester
 
 PREFIX = "prism.errors."
+#: On a DLQ copy cut down to its topic's size limit (`fit_dlq_record`).
+VALUE_TRUNCATED = PREFIX + "value.truncated"
+VALUE_SHA256 = PREFIX + "value.sha256"
+VALUE_LENGTH = PREFIX + "value.length"
+HEADERS_TRUNCATED = PREFIX + "headers.truncated"
+KEY_SHA256 = PREFIX + "key.sha256"
 _BEARER = re.compile(rb"(?i)(bearer\s+)([A-Za-z0-9._~+/=-]{8,})")
 _SECRET_HEADERS = frozenset({"authorization", "prism-auth-token", "x-auth-token", "auth-token", "ce_authtoken",
                              "proxy-authorization", "cookie"})
@@ -107,6 +123,43 @@ def build_dlq_record(msg: Message, *, stage: str, stage_class: str, error: BaseE
         if hk not in present:
             headers.append((hk, mask_secrets(val.encode(), context_known)))
     return DlqRecord(dlq_topic, msg.key, value, headers, msg.timestamp_ms, reason)
+
+
+def _size(key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]) -> int:
+    return int(DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers))
+
+
+def fit_dlq_record(rec: DlqRecord, limit: int) -> DlqRecord:
+    """`rec` as it can be written to a topic that accepts records of at most `limit` bytes
+    (`app.worker.limits.record_size`): unchanged when it fits. Otherwise the value is cut to
+    what fits and marked (`prism.errors.value.truncated`, `.value.sha256`, `.value.length`); if
+    the headers alone do not fit, the original headers' values are emptied (their digest in
+    `prism.errors.headers.truncated`), and then the key replaced by its digest. The
+    `prism.errors.*` context headers - the reason above all - always stay.
+
+    Why here and not by retrying: a record over the limit is refused for good, and a DLQ write
+    that can never succeed used to hold the batch, and every later batch's offsets, forever."""
+    if _size(rec.key, rec.value, rec.headers) <= limit:
+        return rec
+    value = rec.value
+    headers = [*rec.headers, (VALUE_TRUNCATED, b"true"), (VALUE_SHA256, hashlib.sha256(value).hexdigest().encode()),
+               (VALUE_LENGTH, str(len(value)).encode())]
+    key = rec.key
+    if _size(key, b"", headers) > limit:
+        original = [(k, v) for k, v in headers if not k.startswith(PREFIX)]
+        digest = hashlib.sha256(b"".join(k.encode() + b"\0" + v + b"\0" for k, v in original)).hexdigest()
+        headers = [(k, b"") for k, _ in original] + [(k, v) for k, v in headers if k.startswith(PREFIX)]
+        headers.append((HEADERS_TRUNCATED, digest.encode()))
+        if _size(key, b"", headers) > limit:
+            headers = [(k, v) for k, v in headers if k.startswith(PREFIX)]
+        if _size(key, b"", headers) > limit and key is not None:
+            headers.append((KEY_SHA256, hashlib.sha256(key).hexdigest().encode()))
+            key = None
+    room = limit - _size(key, b"", headers) - 8  # the value's length varint grows with it
+    cut = value[:max(0, room)]
+    while cut and _size(key, cut, headers) > limit:
+        cut = cut[:-max(1, len(cut) // 100)]
+    return replace(rec, key=key, value=cut, headers=headers)
 
 
 def strip_error_headers(headers: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:

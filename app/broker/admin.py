@@ -39,6 +39,7 @@ __all__ = [
     "TopicPartitionMismatch",
     "check_retention",
     "ensure_topics",
+    "read_max_message_bytes",
     "validate_topic_name",
 ]
 
@@ -442,3 +443,62 @@ async def check_retention(
             found[name] = RetentionCheck(name, limit, actual, status)
     return [found.get(t) or RetentionCheck(t, ms, None, "unchecked", "the broker did not describe this topic")
             for t, ms in limits.items()]
+
+
+# --------------------------------------------------------------------------- size limits
+
+
+async def read_max_message_bytes(
+    bootstrap: str | Sequence[str],
+    topics: Sequence[str],
+    *,
+    settings: BrokerSettings | None = None,
+    timeout: float = 15.0,
+) -> tuple[dict[str, int | None], dict[str, str]]:
+    """Each topic's ``max.message.bytes`` (DescribeConfigs): the largest record batch the broker
+    accepts on it, which the worker's write limits (``app.worker.limits``) must respect.
+
+    Returns ``(values, why)``: ``values[topic]`` is None where the broker did not report it, and
+    ``why[topic]`` says why (the embedded broker reports only configs set on the topic; a broker
+    may refuse DescribeConfigs). Never raises for a broker problem: the caller falls back to the
+    configured producer limit and says so."""
+    values: dict[str, int | None] = {t: None for t in topics}
+    why: dict[str, str] = {}
+    if not topics:
+        return values, why
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    servers = bootstrap if isinstance(bootstrap, str) else ",".join(bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=servers, request_timeout_ms=int(timeout * 1000),
+                                **(settings.aiokafka_kwargs() if settings else {}))
+    try:
+        await asyncio.wait_for(admin.start(), timeout)
+        responses = await asyncio.wait_for(admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, t) for t in topics]), timeout)
+    except Exception as exc:  # unsupported API, unreachable broker, no DescribeConfigs ACL
+        return values, {t: f"DescribeConfigs failed: {exc!r}" for t in topics}
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+    for response in responses:
+        for res in response.to_object().get("resources", []):
+            name = res.get("resource_name")
+            if name not in values:
+                continue
+            if res.get("error_code"):
+                why[name] = f"broker error {res['error_code']}: {res.get('error_message') or ''}".strip()
+                continue
+            value = next((e.get("config_value") for e in res.get("config_entries") or []
+                          if e.get("config_names") == "max.message.bytes"), None)
+            try:
+                values[name] = int(value) if value is not None else None
+            except ValueError:
+                why[name] = f"max.message.bytes is {value!r}"
+                continue
+            if value is None:
+                why[name] = "the broker reports no max.message.bytes for this topic"
+    for t in topics:
+        if values[t] is None:
+            why.setdefault(t, "the broker did not describe this topic")
+    return values, why

@@ -63,6 +63,8 @@ class HealthState:
         self.started = False
         self.stopping = False
         self.failed: str | None = None
+        #: why the worker stopped consuming (a write it cannot complete, e.g. its DLQ); None: it did not
+        self.blocked: str | None = None
         self.broker_connected = False
         self.broker_error: str | None = None
         self.assignment_received = False
@@ -82,6 +84,11 @@ class HealthState:
     def mark_failed(self, reason: str) -> None:
         """An unrecoverable error: liveness fails so the orchestrator restarts the worker."""
         self.failed = self._redactor.redact(reason)[:200]
+
+    def set_blocked(self, reason: str | None) -> None:
+        """Not ready while a write cannot complete and consumption is stopped (None: resumed).
+        Readiness only: the worker is alive and retrying, a restart would not help."""
+        self.blocked = None if reason is None else self._redactor.redact(reason)[:300]
 
     def beat(self) -> None:
         """Event-loop heartbeat (see `run_heartbeat`)."""
@@ -131,6 +138,8 @@ class HealthState:
             "assignment": {"ok": self.assignment_received, "partitions": len(self.partitions)},
             "tables": {"ok": not pending, "recovering": pending, "total": len(self.tables)},
         }
+        if self.blocked is not None:
+            checks["writes"] = {"ok": False, "reason": self.blocked}
         return HealthReport(all(c["ok"] for c in checks.values()), checks)
 
 

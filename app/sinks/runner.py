@@ -37,7 +37,7 @@ from typing import Any
 import faust
 
 from app.agents.base import Message
-from app.agents.dlq import DlqRecord
+from app.agents.dlq import DlqRecord, fit_dlq_record
 from app.errors import ConfigError, PrismError
 from app.sinks.base import Sink, SinkRecord, SinkStats
 from app.sinks.delivery import Delivery, OutagePolicy, dlq_topic_of
@@ -169,6 +169,11 @@ class SinkAgent:
             await ensure_topics(self.bootstrap, {t: self._dlq_partitions.get(t, 1) for t in {r.topic for r in recs}})
         self._dlq_topics_ready = True
         producer = self.app.producer
+        # A sink's DLQ copy carries a whole output record plus context headers: cut it to what the
+        # producer can send (app/worker/limits.py), or the dead letter would fail - and be
+        # retried - forever.
+        limit = int(self.app.conf.producer_max_request_size)
+        recs = [fit_dlq_record(r, limit) for r in recs]
         futs = [await producer.send(r.topic, r.key, r.value, None, r.timestamp_ms / 1000 if r.timestamp_ms else None,
                                     r.headers) for r in recs]
         await asyncio.gather(*futs)

@@ -13,8 +13,9 @@ change:
 * the partition: aiokafka's own partitioner over the same partition lists (`_partition`);
 * the record: the same key, value, headers and millisecond timestamp, the same producer
   serializers and compression (the builder comes from the producer, `create_batch`);
-* the size limit: a record larger than `max_request_size` is refused before it is queued,
-  with aiokafka's `MessageSizeTooLargeError`;
+* the size limit: a record larger than `max_request_size` (or than `limit_for(topic)`, the
+  topic's limit from `app/worker/limits.py`) is refused before it is queued, with aiokafka's
+  `MessageSizeTooLargeError` - a last guard: the worker checks sizes before it gets here;
 * the order: per topic-partition, records are appended in item order, and batches of one
   topic-partition are handed over in order.
 
@@ -29,7 +30,7 @@ before. The producer must be started; records go through the same accumulator as
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiokafka.errors import MessageSizeTooLargeError
@@ -43,7 +44,8 @@ OutRecord = tuple[str, bytes | None, bytes | None, int | None, Sequence[tuple[st
 
 
 async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
-                       handed_over: asyncio.Future[None] | None = None) -> list[BaseException | None]:
+                       handed_over: asyncio.Future[None] | None = None,
+                       limit_for: Callable[[str], int] | None = None) -> list[BaseException | None]:
     """Queue every item's records, then await the deliveries; per item None or its error.
 
     `producer` is a started `aiokafka.AIOKafkaProducer` (Faust's is `app.producer._ensure_producer()`).
@@ -79,10 +81,11 @@ async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
                     await producer.client._wait_on_metadata(topic)  # as `send` does, once per topic
                     parts = partitions[topic] = (list(metadata.partitions_for_topic(topic)),
                                                  list(metadata.available_partitions_for_topic(topic)))
-                if estimate(key, value, headers) > max_request:
+                limit = max_request if limit_for is None else min(max_request, limit_for(topic))
+                if estimate(key, value, headers) > limit:
                     raise MessageSizeTooLargeError(
                         f"the record for {topic} is {estimate(key, value, headers)} bytes when serialized, larger "
-                        f"than the producer's max_request_size ({max_request})")
+                        f"than its limit ({limit}; the producer's max_request_size is {max_request})")
                 if key is not None and hashes is not None:
                     h = hashes.get(key)
                     if h is None:

@@ -344,6 +344,16 @@ class Observer:
                 self.in_flight = 0
                 self._idle.set()
 
+    def batch_abandoned(self) -> None:
+        """A batch left unacknowledged at shutdown (`PipelineApp`): no longer in flight, not counted."""
+        self.in_flight = max(0, self.in_flight - 1)
+        if self.in_flight == 0:
+            self._idle.set()
+
+    def set_blocked(self, reason: str | None) -> None:
+        """The worker cannot write its DLQ (`reason`) and stopped fetching, or can again (None)."""
+        self.health.set_blocked(reason)
+
     async def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no batch is in flight (pause/restart, shutdown). False on timeout."""
         try:

@@ -17,10 +17,19 @@ turns redeliveries into "duplicate". Faust keeps the group, rebalances, tables, 
 Faust routes table writes by the *current event*. Inside a batch there is no event, so the
 batch sets a stand-in holding the message (`CurrentMessage`) before each message's writes.
 
-Writes that fail are retried with capped, jittered exponential backoff; a message whose
-outputs still cannot be written goes to the DLQ (Kafka Connect's DLQ does not cover the
-final writes; this one does). If even the DLQ cannot be written, the agent keeps retrying:
-blocking is the only behaviour that neither drops nor duplicates beyond at-least-once.
+Every record's size is checked before it is sent, against its topic's limit
+(`app/worker/limits.py`): an input too large for any output is dead-lettered as `too_large`
+before the chain runs, a message whose outputs would not fit is dead-lettered as `too_large`
+instead of written, and a DLQ copy is cut down to what its topic accepts
+(`app.agents.dlq.fit_dlq_record`). Writes that fail are retried with capped, jittered
+exponential backoff; a write refused for good (size, authorization, invalid topic) is not
+retried, and a message whose outputs still cannot be written goes to the DLQ (Kafka Connect's
+DLQ does not cover the final writes; this one does). If even the DLQ cannot be written, the
+worker says so (an ERROR line, `/readyz` 503 with the reason), stops fetching and keeps
+retrying: blocking is the only behaviour that neither drops nor duplicates beyond
+at-least-once, and it is never silent. On shutdown a batch whose writes have not finished
+within `WRITE_DRAIN_S` (or are being retried) is abandoned unacknowledged and read again on
+restart, so SIGTERM ends the worker in every state.
 """
 
 from __future__ import annotations
@@ -45,15 +54,15 @@ from app.agents.authenticate import Authenticate
 from app.agents.base import Message, Stage
 from app.agents.chain import Chain, Outcome
 from app.agents.dedup import Dedup
-from app.agents.dlq import DlqRecord
+from app.agents.dlq import DlqRecord, fit_dlq_record
 from app.agents.enrich import Enrich, SchemaInfo
 from app.agents.normalize import Normalize
 from app.agents.policy import Policy
 from app.agents.publish import Emission, Prepared, Publisher
 from app.agents.validate import Validate
 from app.agents.verify_signature import VerifySignature
-from app.broker.admin import BrokerSettings, RetentionCheck, check_retention
-from app.errors import ConfigError, PrismError, SinkError
+from app.broker.admin import BrokerSettings, RetentionCheck, check_retention, read_max_message_bytes
+from app.errors import ConfigError, PrismError, SinkError, SizeLimitError
 from app.observability.logging import install_redaction
 from app.schema.pii import PiiValueFinder
 from app.security.attestation import AttestationVerifier, Attester, trusted_keys
@@ -68,14 +77,41 @@ from app.worker.batch_send import OutRecord, send_batched
 from app.worker.batch_source import BatchSource, CurrentMessage, ack_all
 from app.worker.continuity import HoleFetcher, OffsetTracker
 from app.worker.faust_app import make_app
+from app.worker.limits import WriteLimits, record_size
 
 if TYPE_CHECKING:
     from app.worker.observe import Observer
 
 log = logging.getLogger("prism.worker")
 LNMP_SEQUENCE_EXT = "lnmp.sequence"
+#: The producer's `max_request_size` in bytes for `app_from_env` (default: faust_app's 4 MiB).
+MAX_REQUEST_ENV = "PRISM_MAX_REQUEST_BYTES"
 #: messages run through the chain between two turns of the event loop
 YIELD_EVERY = 100
+#: Once shutdown began, how long a batch's writes may still take before the batch is abandoned
+#: unacknowledged (read again on restart). Well inside the documented drain (docs/operations.md).
+WRITE_DRAIN_S = 20.0
+#: Below this many bytes (value + key + headers + slack) a record fits any sane limit without
+#: the exact (slower) size computation.
+_SLACK = 4096
+
+
+class _Abandoned(Exception):
+    """The worker is stopping and this batch's writes did not finish: leave it unacknowledged."""
+
+
+def _is_size_error(err: BaseException) -> bool:
+    from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError
+
+    return isinstance(err, MessageSizeTooLargeError | RecordTooLargeError | RecordListTooLargeError)
+
+
+def _is_permanent(err: BaseException) -> bool:
+    """A write error that retrying cannot fix: the record's size, the topic's name or the
+    worker's permission to write it."""
+    from aiokafka.errors import InvalidTopicError, TopicAuthorizationFailedError
+
+    return _is_size_error(err) or isinstance(err, InvalidTopicError | TopicAuthorizationFailedError)
 
 
 @dataclass
@@ -89,6 +125,12 @@ class RunStats:
     sequence: Counter[str] = field(default_factory=Counter)
     #: source records the consumer skipped and the agent fetched itself (app/worker/continuity.py)
     holes_repaired: int = 0
+    #: messages dead-lettered as `too_large` (input over the input limit or outputs over theirs)
+    too_large: int = 0
+    #: DLQ copies cut down to their topic's size limit
+    dlq_truncated: int = 0
+    #: batches abandoned unacknowledged at shutdown (read again on restart)
+    abandoned_batches: int = 0
 
 
 def resolve_schema(settings: EnrichStage | None, base_dir: Path) -> SchemaInfo | None:
@@ -269,6 +311,24 @@ class PipelineApp:
             await self.check_source_retention(bootstrap, broker_settings)
 
         self.app.task(_check_retention)
+        # Size limits (app/worker/limits.py): the configured producer limit now, the topics'
+        # max.message.bytes once the broker answered; the first batch's writes wait for that.
+        outputs = [t for s in topology.sources for t in self.publisher._output_topics(s.topic)]
+        if self.publisher.archive_topic is not None:
+            outputs.append(self.publisher.archive_topic)
+        self.write_topics = tuple(dict.fromkeys(outputs + [s.topic + topology.dlq.topic_suffix
+                                                           for s in topology.sources]))
+        self.limits = WriteLimits(int(self.app.conf.producer_max_request_size),
+                                  output_topics=tuple(dict.fromkeys(outputs)))
+        self._limits_read = asyncio.Event()
+        #: why the worker cannot write its DLQ (None: it can); /readyz reports it
+        self.blocked: str | None = None
+        self._abandoning = False
+
+        async def _read_limits() -> None:
+            await self.read_write_limits(bootstrap, broker_settings)
+
+        self.app.task(_read_limits)
         self.chains: dict[str, Chain] = {}
         self.sources: list[BatchSource] = []
         self.dedups: dict[int, Dedup] = {}  # id(chain) -> its dedup stage
@@ -328,6 +388,21 @@ class PipelineApp:
                           extra=fields)
         self.retention_checks = checks
         return checks
+
+    async def read_write_limits(self, bootstrap: str, settings: BrokerSettings | None) -> WriteLimits:
+        """Read the written topics' `max.message.bytes` and log every limit in one line (a
+        WARNING when a topic's limit is unknown and the configured producer limit stands in)."""
+        try:
+            values, why = await read_max_message_bytes(bootstrap, list(self.write_topics), settings=settings)
+            self.limits = self.limits.with_broker(values, why)
+        finally:
+            self._limits_read.set()
+        line = self.limits.describe(self.write_topics)
+        fields = {"event": "write_limits", "max_request_size": self.limits.max_request_size,
+                  "input_limit": self.limits.input_limit,
+                  "topics": {t: self.limits.limit_for(t) for t in self.write_topics}}
+        (log.warning if self.limits.unknown else log.info)("%s", line, extra=fields)
+        return self.limits
 
     # -- construction ----------------------------------------------------------------------
     def _stages(self, topic: str, partitions: int) -> list[Stage]:
@@ -399,18 +474,29 @@ class PipelineApp:
         _current_event.set(None)
         # Phase 2: the batch's outputs signed at once (scope batch: one signature), in order.
         pending = self._sign_prepared(chain, prepared, outcomes, observed)
+        if not self._limits_read.is_set():
+            await self._limits_read.wait()  # the first batch only: the topics' limits are being read
+        self._fit(chain, pending, outcomes, observed)
         after = self._handed_over.get(id(chain))
         handed_over = self._handed_over[id(chain)] = asyncio.get_running_loop().create_future()
 
         async def finish() -> None:
             # Outputs go to the producer in batch order: after the previous batch's.
             try:
-                written = await self._write_all(chain, producer, pending, after=after, handed_over=handed_over)
-            finally:
-                if not handed_over.done():
-                    handed_over.set_result(None)
-            if previous is not None:
-                await previous
+                try:
+                    written = await self._write_all(chain, producer, pending, after=after, handed_over=handed_over)
+                finally:
+                    if not handed_over.done():
+                        handed_over.set_result(None)
+                if previous is not None:
+                    await previous
+                if self._abandoning:
+                    raise _Abandoned  # an earlier batch was abandoned: acknowledging this one could skip it
+            except _Abandoned:
+                self._abandon(batch, dedup, token)
+                if obs is not None:
+                    obs.batch_abandoned()
+                return
             if dedup is not None:
                 # Each id goes to its message's partition explicitly (no current event needed).
                 dedup.record_emitted_all(written)
@@ -445,8 +531,20 @@ class PipelineApp:
                  observed: list[tuple[Message, Any]] | None) -> str:
         """Run the chain (and prepare the outputs: everything but the batch's signature) for
         one message; returns its outcome. A message whose encoding fails goes to the DLQ here,
-        alone, as before."""
-        result = chain.run(msg)
+        alone, as before; one larger than the input limit, without running the chain."""
+        size = len(msg.value) + len(msg.key or b"")
+        if msg.headers:
+            size += sum(len(k) + len(v) for k, v in msg.headers)
+        limit = self.limits.input_limit
+        if size > limit:
+            self.stats.too_large += 1
+            result = chain.dlq_for_publish_failure(msg, SizeLimitError(
+                f"message is {size} bytes (key, value and headers), over the {limit}-byte input limit: its "
+                f"outputs could not be written (limits: {self.limits.output_limit} bytes per output record)",
+                hint="have the producer split the message, or raise max.message.bytes of the output topics "
+                     "and the worker's producer_max_request_size"), stage="normalize")
+        else:
+            result = chain.run(msg)
         if result.outcome is Outcome.EMITTED:
             try:
                 t0 = time.perf_counter_ns()
@@ -545,6 +643,142 @@ class PipelineApp:
         verdict = self.sequences.observe(source, int.from_bytes(raw, "big"))
         self.stats.sequence[str(verdict.status)] += 1
 
+    def _fit(self, chain: Chain, pending: list[tuple[Message, list[Emission] | DlqRecord]],
+             outcomes: Counter[tuple[str, int, str]], observed: list[tuple[Message, Any]] | None) -> None:
+        """Check every record of the batch against its topic's limit before anything is sent
+        (`app/worker/limits.py`): a message with an output that would not fit goes to the DLQ as
+        `too_large` instead, and every DLQ copy is cut down to what its topic accepts. In place.
+
+        Records far below the limit (bytes + slack) skip the exact size computation."""
+        limits = self.limits
+        for i, (msg, item) in enumerate(pending):
+            if isinstance(item, DlqRecord):
+                pending[i] = (msg, self._fit_dlq(item))
+                continue
+            over: tuple[str, int, int] | None = None
+            for e in item:
+                rec = e.record
+                limit = limits.limit_for(e.topic)
+                rough = len(rec.value) + len(rec.key or b"") + _SLACK
+                if rec.headers:
+                    rough += sum(len(k) + len(v) for k, v in rec.headers)
+                if rough <= limit:
+                    continue
+                size = record_size(rec.key, rec.value, rec.headers)
+                if size > limit:
+                    over = (e.topic, size, limit)
+                    break
+            if over is None:
+                continue
+            topic, size, limit = over
+            self.stats.too_large += 1
+            result = chain.dlq_for_publish_failure(msg, SizeLimitError(
+                f"the output record for {topic} would be {size} bytes, over the topic's {limit}-byte limit "
+                f"({limits.describe([topic])})",
+                hint="have the producer send smaller messages, or raise the topic's max.message.bytes and the "
+                     "worker's producer_max_request_size"))
+            assert result.dlq is not None
+            pending[i] = (msg, self._fit_dlq(result.dlq))
+            outcomes[(msg.topic, msg.partition, str(Outcome.EMITTED))] -= 1
+            outcomes[(msg.topic, msg.partition, str(Outcome.DLQ))] += 1
+            if observed is not None:
+                observed[:] = [(m, result if m is msg else r) for m, r in observed]
+
+    def _fit_dlq(self, rec: DlqRecord) -> DlqRecord:
+        fitted = fit_dlq_record(rec, self.limits.limit_for(rec.topic))
+        if fitted is not rec:
+            self.stats.dlq_truncated += 1
+            log.warning("the DLQ copy of %s/%s@%s (%s) is %d bytes, over the %d-byte limit of %s: written with its "
+                        "value truncated to %d bytes (prism.errors.value.sha256 and .length describe the original)",
+                        _header(rec, "topic"), _header(rec, "partition"), _header(rec, "offset"), rec.reason,
+                        record_size(rec.key, rec.value, rec.headers), self.limits.limit_for(rec.topic), rec.topic,
+                        len(fitted.value))
+        return fitted
+
+    def _abandon(self, batch: list[Any], dedup: Dedup | None, token: int | None) -> None:
+        """Leave a batch unacknowledged at shutdown: it is read again on restart (at-least-once).
+        Untracked so Faust's stop does not wait for it; every later batch is abandoned too, so
+        no commit can pass it (Faust commits past a single unacknowledged offset)."""
+        self._abandoning = True
+        self.stats.abandoned_batches += 1
+        unacked = self.app.consumer._unacked_messages
+        for m in batch:
+            unacked.discard(m)
+        if dedup is not None:
+            dedup.end_batch(token)
+        log.warning("shutdown: abandoned a batch of %d message(s) whose writes had not finished; they are not "
+                    "acknowledged and are read again on restart", len(batch))
+
+    def _stopping(self) -> bool:
+        return bool(self.app.should_stop)
+
+    async def _stop_aware(self, aw: Awaitable[Any], *, drain_s: float) -> Any:
+        """Await `aw`; once the worker is stopping, for at most `drain_s` more seconds, then
+        raise `_Abandoned` (its writes are left to the producer; the batch is read again)."""
+        task = asyncio.ensure_future(aw)
+        while True:
+            if self._stopping():
+                done, _ = await asyncio.wait({task}, timeout=drain_s)
+                if not done:
+                    task.cancel()
+                    raise _Abandoned
+                return task.result()
+            done, _ = await asyncio.wait({task}, timeout=0.5)
+            if done:
+                return task.result()
+
+    async def _pause_sleep(self, seconds: float) -> None:
+        """Sleep for a retry's backoff; raise `_Abandoned` as soon as the worker stops."""
+        deadline = time.monotonic() + seconds
+        while True:
+            if self._stopping():
+                raise _Abandoned
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            await asyncio.sleep(min(left, 0.1))
+
+    async def _set_blocked(self, reason: str | None) -> None:
+        """Stop fetching and report not ready while the DLQ cannot be written (`reason`), or
+        fetch again (None). Never silent: an ERROR line when it starts, a WARNING when it ends."""
+        if (reason is None) == (self.blocked is None):
+            self.blocked = reason if reason is not None else None
+            return
+        self.blocked = reason
+        if reason is not None:
+            log.error("the worker cannot write its DLQ: %s. It stops fetching and reports not ready (/readyz) "
+                      "until the write succeeds; it keeps retrying. Fix the DLQ topic (size limit, ACL, "
+                      "existence) or the broker", reason)
+        else:
+            log.warning("the DLQ is writable again; the worker fetches again")
+        if self.observe is not None:
+            self.observe.set_blocked(reason)
+        paused_by_operator = self.observe is not None and self.topology.name in self.observe.paused
+        if reason is None and paused_by_operator:
+            return
+        try:
+            await self._set_fetching(paused=reason is not None)
+        except Exception as exc:  # the consumer is stopping or not started: nothing to pause
+            log.warning("could not %s fetching: %r", "pause" if reason else "resume", exc)
+
+    async def _set_fetching(self, *, paused: bool) -> None:
+        """aiokafka's own pause/resume of the source partitions, in the consumer thread (why not
+        Faust's: app/worker/management.py, `set_fetching`)."""
+        from aiokafka.structs import TopicPartition
+
+        consumer = self.app.consumer
+        sources = {s.topic for s in self.topology.sources}
+        tps = [TopicPartition(tp.topic, tp.partition) for tp in consumer.assignment() if tp.topic in sources]
+
+        async def apply() -> None:
+            client = consumer._thread._ensure_consumer()
+            if paused:
+                client.pause(*tps)
+            else:
+                client.resume(*tps)
+
+        await consumer._thread.call_thread(apply)
+
     async def _write_all(self, chain: Chain, producer: Any, pending: list[tuple[Message, list[Emission] | DlqRecord]],
                          *, after: asyncio.Future[None] | None = None,
                          handed_over: asyncio.Future[None] | None = None) -> list[Message]:
@@ -553,15 +787,22 @@ class PipelineApp:
         `after`: the previous batch's hand-over; this batch's first attempt waits for it, so
         the records of consecutive batches reach each output partition in batch order (retries
         of a failed write may land after later batches' records, as Kafka producer retries can).
-        `handed_over` is resolved once this batch's first attempt has handed everything over."""
+        `handed_over` is resolved once this batch's first attempt has handed everything over.
+
+        Outputs refused for good (`_is_permanent`: size, authorization, topic) go to the DLQ at
+        once, others after `dlq.max_attempts`. A DLQ copy the broker refuses for its size is cut
+        down further (the broker's limit is lower than the configured one); a DLQ write that
+        keeps failing blocks the worker loudly (`_set_blocked`). Raises `_Abandoned` when the
+        worker stops while retrying, or its first attempt outlasts `WRITE_DRAIN_S`."""
         dlq_cfg = self.topology.dlq
         todo = pending
         attempt = 1
         emitted: list[Message] = []
         if after is not None:
-            await after
+            await self._stop_aware(after, drain_s=WRITE_DRAIN_S)
         while todo:
-            results = await self._send_all(producer, [item for _, item in todo], handed_over)
+            results = await self._stop_aware(self._send_all(producer, [item for _, item in todo], handed_over),
+                                             drain_s=WRITE_DRAIN_S)
             handed_over = None
             failed = [(m, item, r) for (m, item), r in zip(todo, results, strict=True) if r is not None]
             for (m, item), r in zip(todo, results, strict=True):
@@ -570,22 +811,45 @@ class PipelineApp:
                     if isinstance(item, list):
                         emitted.append(m)
             if not failed:
+                if self.blocked is not None:
+                    await self._set_blocked(None)
                 return emitted
             attempt += 1
             self.stats.publish_retries += len(failed)
-            await asyncio.sleep(_backoff(attempt, dlq_cfg.backoff_initial_ms, dlq_cfg.backoff_max_ms))
             nxt: list[tuple[Message, list[Emission] | DlqRecord]] = []
+            dlq_failures: list[str] = []
             for m, item, err in failed:
                 m.attempts = attempt
-                if isinstance(item, list) and attempt > dlq_cfg.max_attempts:
-                    log.warning("giving up on outputs of %s/%s@%s after %d attempts: %s", m.topic, m.partition,
-                                m.offset, attempt - 1, err)
-                    res = chain.dlq_for_publish_failure(m, SinkError(f"writing outputs failed: {err}",
-                                                                       hint="check the broker / sink is reachable"))
+                if isinstance(item, list) and (attempt > dlq_cfg.max_attempts or _is_permanent(err)):
+                    log.warning("giving up on outputs of %s/%s@%s after %d attempt(s)%s: %s", m.topic, m.partition,
+                                m.offset, attempt - 1, " (refused for good)" if _is_permanent(err) else "", err)
+                    if _is_size_error(err):
+                        self.stats.too_large += 1
+                        cause: PrismError = SizeLimitError(f"the broker refused an output record: {err}",
+                                                           hint="raise the topic's max.message.bytes or have the "
+                                                                "producer send smaller messages")
+                    else:
+                        cause = SinkError(f"writing outputs failed: {err}", hint="check the broker / sink is reachable")
+                    res = chain.dlq_for_publish_failure(m, cause)
                     assert res.dlq is not None
-                    nxt.append((m, res.dlq))
+                    nxt.append((m, self._fit_dlq(res.dlq)))
+                elif isinstance(item, DlqRecord):
+                    if _is_size_error(err):
+                        # the broker's limit is below the one configured or reported: learn it
+                        size = record_size(item.key, item.value, item.headers)
+                        self.limits = self.limits.lowered(item.topic, size // 2)
+                        log.warning("the broker refused a %d-byte DLQ record for %s (%s); its limit is lower than "
+                                    "known: now %d bytes", size, item.topic, err, self.limits.limit_for(item.topic))
+                        nxt.append((m, self._fit_dlq(item)))
+                    else:
+                        nxt.append((m, item))
+                        if attempt > dlq_cfg.max_attempts or _is_permanent(err):
+                            dlq_failures.append(f"{item.topic}: {err!r} ({attempt - 1} attempts)")
                 else:
                     nxt.append((m, item))
+            if dlq_failures and self.blocked is None:
+                await self._set_blocked("; ".join(dlq_failures[:3]))
+            await self._pause_sleep(_backoff(attempt, dlq_cfg.backoff_initial_ms, dlq_cfg.backoff_max_ms))
             todo = nxt
         return emitted
 
@@ -605,7 +869,8 @@ class PipelineApp:
             else:
                 records.append([(e.topic, e.record.key, e.record.value, _ts_ms(e.record.timestamp_ms),
                                  e.record.headers) for e in item])
-        return await send_batched(producer._ensure_producer(), records, handed_over=handed_over)
+        return await send_batched(producer._ensure_producer(), records, handed_over=handed_over,
+                                  limit_for=self.limits.limit_for)
 
     def _count_written(self, item: list[Emission] | DlqRecord) -> None:
         if isinstance(item, DlqRecord):
@@ -642,6 +907,11 @@ def _message_from_record(r: Any) -> Message:
                    timestamp_ms=r.timestamp if r.timestamp and r.timestamp > 0 else None)
 
 
+def _header(rec: DlqRecord, name: str) -> str:
+    """A `prism.errors.<name>` context header of a DLQ record, for log lines."""
+    return next((v.decode(errors="replace") for k, v in rec.headers if k == "prism.errors." + name), "?")
+
+
 def _faust_message(msg: Message) -> Any:
     from faust.types import Message as FaustMessage
 
@@ -671,7 +941,9 @@ def app_from_env() -> faust.App:
     (1 when the broker is the embedded one; otherwise the broker credentials come from
     PRISM_SECURITY_PROTOCOL etc. as for `prism run`), PRISM_ARCHIVE (archive location; unset: no
     archive tap), PRISM_ARCHIVE_WRITER_ID and PRISM_ARCHIVE_SHARD (app/worker/archive_service.py),
-    PRISM_WEB_PORT and PRISM_WEB_BIND (the interface the web port listens on; default 127.0.0.1)."""
+    PRISM_WEB_PORT and PRISM_WEB_BIND (the interface the web port listens on; default 127.0.0.1),
+    PRISM_MAX_REQUEST_BYTES (the producer's max_request_size; default 4 MiB: the largest record
+    the worker writes, app/worker/limits.py)."""
     import os
 
     from app.topology import load_topology
@@ -689,9 +961,16 @@ def app_from_env() -> faust.App:
     if not embedded and os.environ.get("PRISM_BROKER_URL"):
         settings = BrokerSettings.from_env()  # SASL/SSL for a real cluster, validated as in `prism run`
     bind = os.environ.get("PRISM_WEB_BIND") or "127.0.0.1"
+    overrides: dict[str, Any] = {}
+    max_request = os.environ.get(MAX_REQUEST_ENV)
+    if max_request:
+        if not max_request.isdigit() or int(max_request) < 64 * 1024:
+            raise ConfigError(f"{MAX_REQUEST_ENV}={max_request!r} is not a byte count of at least 65536",
+                              hint="set the producer's max_request_size in bytes, e.g. 4194304")
+        overrides["producer_max_request_size"] = int(max_request)
     return PipelineApp(topo, bootstrap=os.environ["PRISM_BOOTSTRAP"], data_dir=os.environ["PRISM_DATA_DIR"],
                        app_id=os.environ.get("PRISM_APP_ID"), embedded=embedded, broker_settings=settings,
                        web_port=int(port) if port else None, observe=Observer.from_env(),
                        web_bind=bind, web_host=socket.gethostname() if bind in ("0.0.0.0", "::") else bind,
                        archive_location=os.environ.get("PRISM_ARCHIVE") or None,
-                       archive_shard=parse_shard(os.environ.get(SHARD_ENV))).app
+                       archive_shard=parse_shard(os.environ.get(SHARD_ENV)), **overrides).app

@@ -1,0 +1,113 @@
+"""Size limits of every record the worker writes, known before anything is sent.
+
+Why: a record the broker (or the producer) will refuse is refused for good. Before this module
+the worker found that out by sending: the producer raised `MessageSizeTooLargeError`, the
+outputs were retried, the message's DLQ copy (the same size plus context headers) failed the
+same way and was retried forever, and the batch - and with it every later batch's offsets -
+never completed. Now each write path has one limit, computed from configuration and the broker:
+
+* **per topic** the smaller of the producer's `max_request_size` (aiokafka refuses a larger
+  record before queueing it) and the topic's `max.message.bytes` (the broker refuses a larger
+  record batch). The topic value is read with DescribeConfigs at start-up; where the broker
+  does not report it (the embedded broker reports only configs set on a topic) the configured
+  producer limit is used and the start-up line says so;
+* **a record's size** is what aiokafka itself checks: the exact bytes about to be sent (key,
+  value, header names and values) plus the record and batch overhead
+  (`DefaultRecordBatchBuilder.estimate_size_in_bytes`, the bound aiokafka compares with
+  `max_request_size`; uncompressed, so it is never below what the broker sees);
+* **the input limit** follows: an input record larger than the smallest output limit minus
+  `OUTPUT_OVERHEAD` (what the envelope, the worker's signature and its headers add) could never
+  be written to the outputs, so it is dead-lettered as `too_large` before the chain decodes it -
+  and never above the envelope codec's own limit (`Limits.max_message_bytes`, 16 MiB);
+* **changelog records** (dedup ids, counters, sequences) are small by construction: their keys
+  are bounded by the validate stage; the limit is reported, not checked per record.
+
+`app.agents.dlq.fit_dlq_record` uses the DLQ topic's limit to cut a DLQ copy down to what fits,
+so the DLQ write itself can never fail on size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+from app.envelope.codec import DEFAULT_LIMITS
+
+__all__ = ["OUTPUT_OVERHEAD", "WriteLimits", "record_size"]
+
+#: What an output record may add to its input's bytes: the envelope's metadata, the worker's
+#: signature and batch audit path, the `prism-source` header, trace context. Generous: an input
+#: this close to the limit whose outputs still do not fit is caught by the exact check.
+OUTPUT_OVERHEAD = 64 * 1024
+
+_estimate = DefaultRecordBatchBuilder.estimate_size_in_bytes
+
+
+def record_size(key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]]) -> int:
+    """The bytes aiokafka counts for one record in a batch of its own (key, value, headers,
+    record and batch overhead): what it compares with `max_request_size`."""
+    return int(_estimate(key, value, headers))
+
+
+@dataclass(frozen=True, slots=True)
+class WriteLimits:
+    """The size limit of every topic the worker writes, and the input limit that follows.
+
+    `topic_limits`: topic -> its `max.message.bytes` as the broker reported it; topics missing
+    from it use `max_request_size` alone (`unknown` lists them, with why, for the start-up line).
+    """
+
+    max_request_size: int
+    topic_limits: Mapping[str, int] = field(default_factory=dict)
+    unknown: Mapping[str, str] = field(default_factory=dict)
+    envelope_limit: int = DEFAULT_LIMITS.max_message_bytes
+    output_topics: tuple[str, ...] = ()
+
+    def limit_for(self, topic: str) -> int:
+        """The largest record (`record_size`) that `topic` accepts from this worker."""
+        broker = self.topic_limits.get(topic)
+        return self.max_request_size if broker is None else min(self.max_request_size, broker)
+
+    @property
+    def output_limit(self) -> int:
+        """The smallest limit among the output topics (`.v2`, `.v3`, archive)."""
+        return min((self.limit_for(t) for t in self.output_topics), default=self.max_request_size)
+
+    @property
+    def input_limit(self) -> int:
+        """The largest input record (key + value + headers) whose outputs can fit."""
+        return max(1, min(self.envelope_limit, self.output_limit - OUTPUT_OVERHEAD))
+
+    def fits(self, topic: str, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]]) -> bool:
+        return record_size(key, value, headers) <= self.limit_for(topic)
+
+    def with_broker(self, reported: Mapping[str, int | None], why: Mapping[str, str] | None = None) -> WriteLimits:
+        """These limits with the topics' `max.message.bytes` as the broker reported them (None:
+        not reported; `why` says why, per topic)."""
+        known = {t: v for t, v in reported.items() if v is not None and v > 0}
+        unknown = {t: (why or {}).get(t, "not reported by the broker") for t, v in reported.items()
+                   if v is None or v <= 0}
+        return WriteLimits(self.max_request_size, known, unknown, self.envelope_limit, self.output_topics)
+
+    def lowered(self, topic: str, limit: int) -> WriteLimits:
+        """These limits with `topic`'s lowered to `limit` (at least 1 KiB): the broker refused a
+        record the known limit allowed, so its real limit is lower than configured or reported."""
+        topics = dict(self.topic_limits)
+        topics[topic] = max(1024, min(limit, self.limit_for(topic)))
+        unknown = {t: why for t, why in self.unknown.items() if t != topic}
+        return WriteLimits(self.max_request_size, topics, unknown, self.envelope_limit, self.output_topics)
+
+    def describe(self, topics: Iterable[str]) -> str:
+        """One line for the start-up log: every limit and where it came from."""
+        parts = []
+        for t in topics:
+            if t in self.topic_limits:
+                src = f"max.message.bytes={self.topic_limits[t]}"
+            else:
+                src = f"max.message.bytes unknown ({self.unknown.get(t, 'not read')}); configured limit used"
+            parts.append(f"{t}: {self.limit_for(t)} ({src})")
+        return (f"write limits: producer max_request_size={self.max_request_size}; " + "; ".join(parts)
+                + f"; input limit {self.input_limit} bytes (smallest output limit {self.output_limit} minus "
+                  f"{OUTPUT_OVERHEAD} overhead, at most the envelope limit {self.envelope_limit})")
