@@ -277,12 +277,8 @@ def kcat_args(cfg: ClientConfig) -> list[str]:
 def prism_env(cfg: ClientConfig) -> dict[str, str]:
     """The ``PRISM_*`` variables that point a Prism worker at this listener.
 
-    Prism's broker settings have no client certificate, so a mutual-TLS listener cannot be
-    expressed; that raises instead of silently producing a configuration that fails later.
+    A mutual-TLS listener's client certificate becomes ``PRISM_SSL_CERTFILE``/``PRISM_SSL_KEYFILE``.
     """
-    if "ssl_certfile" in cfg:
-        raise ValueError("Prism has no client-certificate setting (PRISM_SSL_CAFILE only): "
-                         "use a PLAINTEXT or SASL_SSL listener for a Prism worker")
     env = {"PRISM_BROKER_URL": cfg["bootstrap_servers"],
            "PRISM_SECURITY_PROTOCOL": cfg.get("security_protocol", "PLAINTEXT")}
     if "sasl_mechanism" in cfg:
@@ -290,6 +286,8 @@ def prism_env(cfg: ClientConfig) -> dict[str, str]:
                    PRISM_SASL_PASSWORD=cfg["sasl_password"])
     if "ssl_cafile" in cfg:
         env["PRISM_SSL_CAFILE"] = cfg["ssl_cafile"]
+    if "ssl_certfile" in cfg:
+        env.update(PRISM_SSL_CERTFILE=cfg["ssl_certfile"], PRISM_SSL_KEYFILE=cfg["ssl_keyfile"])
     return env
 
 
@@ -356,6 +354,18 @@ def _free_ports(count: int) -> list[int]:
     finally:
         for sock in socks:
             sock.close()
+
+
+def _cluster_id() -> str:
+    """A random KRaft cluster id (Kafka's base64url Uuid form).
+
+    Like Kafka's own ``Uuid.randomUuid()``, never one starting with ``-``: the storage tool's
+    argument parser would read ``-t -abc...`` as an option and fail (it happened here).
+    """
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -491,7 +501,7 @@ class ApacheKafka:
                                   {k: str(v) for k, v in (broker_config or {}).items()}, heap,
                                   start_timeout, stop_timeout, tuple(extra_jvm_args))
         self.secure = any(p != "PLAINTEXT" for p in listeners)
-        self.cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        self.cluster_id = _cluster_id()
         self.nodes: dict[int, KafkaNode] = {}
         self.ca: CertificateAuthority | None = None
         self._broker_cert: CertFiles | None = None
