@@ -22,6 +22,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from app.errors import ConfigError
 
 STAGE_ORDER = ("normalize", "validate", "authenticate", "verify_signature", "policy", "dedup", "enrich")
+#: Data classifications, lowest first (app/envelope/validation.py CLASSIFICATIONS).
+Classification = Literal["public", "internal", "confidential", "restricted"]
 InputFormat = Literal["auto", "prism", "cloudevents", "kafka-headers", "nats-headers", "redis-json", "lnmp", "raw"]
 
 
@@ -70,6 +72,11 @@ class Source(_Strict):
     format: InputFormat = "auto"
     partitions: Annotated[int, Field(ge=1, le=1024)] = 4
     namespace: str | None = None  # overrides the topology default for legacy inputs
+    #: The lowest classification a message from a producer that is not authenticated (no
+    #: verified token, key bound to a publisher, or DLQ attestation) may carry from this
+    #: source: a lower or absent one is raised to it, before the policy stage
+    #: (app/agents/identity.py; docs/topologies.md "Classification floor"). null: no floor.
+    classification_floor: Classification | None = None
     #: how long the broker keeps this topic's records (they carry producers' tokens): set as
     #: `retention.ms` when Prism creates the topic, checked by the worker at start-up.
     #: null: leave the broker's default (and skip the check).
@@ -122,7 +129,7 @@ class VerifySignatureStage(_Strict):
 
 class PolicyStage(_Strict):
     default_priority: Annotated[int, Field(ge=0, le=10)] = 5
-    require_encryption_for: list[Literal["public", "internal", "confidential", "restricted"]] = [
+    require_encryption_for: list[Classification] = [
         "confidential", "restricted"]
     allowed_algorithms: list[str] | None = None  # None: every non-deprecated algorithm
     fips_mode: bool = False

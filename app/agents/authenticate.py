@@ -23,6 +23,7 @@ import time
 from collections import OrderedDict
 
 from app.agents.base import Message, Stage
+from app.agents.identity import Method
 from app.errors import AttestationMismatchError, AuthError
 from app.security.attestation import AttestationVerifier, header_value
 from app.security.jwt_auth import Authenticator, Identity, JwtConfig, apply_identity, strip_token
@@ -101,6 +102,7 @@ class Authenticate(Stage):
                                          "security.auth_token), or set authenticate.policy to optional")
                 return
             msg.identity = self._identity(token)
+            msg.identity_method = Method.TOKEN
             apply_identity(env, msg.identity)
             return msg.identity.publisher_id
         finally:
@@ -121,4 +123,5 @@ class Authenticate(Stage):
             # so the message keeps its id (and dedup recognises a second replay).
             env.metadata.message_id = att.message_id
         msg.identity = att.identity
+        msg.identity_method = Method.ATTESTATION
         apply_identity(env, att.identity)

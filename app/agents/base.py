@@ -38,6 +38,14 @@ class Message:
     #: the identity the authenticate stage verified (from the token, or from a replayed DLQ
     #: record's attestation); what a DLQ copy attests so a replay keeps it
     identity: Identity | None = None
+    #: how `identity` was verified: "token" or "attestation" (app/agents/identity.py Method)
+    identity_method: str = ""
+    #: the publisher id and team the input *stated* (normalize's reading, before any verifier
+    #: overwrote them): a claim, kept visible on outputs only as `prism.claimed.*`
+    claimed: tuple[str, str] | None = None
+    #: the identity rule (app/agents/identity.py) has run: publisher fields state only a verified
+    #: identity, the method is recorded, the classification floor applied
+    settled: bool = False
     #: normalize generated the message id (the input carried none): derived from this record's
     #: topic/partition/offset, so a replay takes the attested original id instead
     generated_id: bool = False

@@ -57,7 +57,14 @@ class Normalize(Stage):
         notes = res.notes
         msg.generated_id = bool(notes) and any(n.startswith("metadata.message_id generated") for n in notes)
         header = env.header
-        token = header.security.auth_token if header.HasField("security") else ""  # one read: each builds a str
+        if header.HasField("security"):
+            sec = header.security
+            token = sec.auth_token  # one read: each builds a str
+            # the publisher the input states: a claim until a verifier confirms it (app/agents/identity.py)
+            msg.claimed = (sec.publisher_id, sec.publisher_team)
+        else:
+            token = ""
+            msg.claimed = ("", "")
         if token:
             msg.secrets.append(token.encode())
             if not (token.startswith("eyJ") and token.count(".") >= 2) and token.strip("*"):

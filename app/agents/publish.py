@@ -17,8 +17,14 @@ Whatever scope the input was signed with, the publisher, classification, PII fla
 encryption metadata the pipeline established are covered on `.v2`, `.v3` and the archive
 (docs/signing.md).
 The token is stripped again here (defence in depth: even a topology without an
-`authenticate` stage never forwards one). Input headers pass through, except credentials
-and CloudEvents/content-type headers that describe the *input* value, not the envelope.
+`authenticate` stage never forwards one). Input headers pass through, except credentials,
+CloudEvents/content-type headers that describe the *input* value, not the envelope, and the
+legacy headers that state a publisher or a classification (`publisher-id`, `X-Publisher-Id`,
+`data-classification`, ...): they are claims, and the envelope already carries them as such
+(`prism.claimed.*`), under the worker's signature, next to what was verified.
+Also in defence in depth, a message that reaches `prepare` without the identity rule having
+run (a chain built by hand, without `app.agents.identity.insert_identity_stage`) is settled
+here; the worker's chain always runs it before the policy stage.
 """
 
 from __future__ import annotations
@@ -27,14 +33,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.agents.base import Message
+from app.agents.identity import IdentityRule, settle
 from app.bindings import kafka
 from app.envelope import Layout
+from app.formats.legacy import KAFKA_HEADERS, NATS_HEADERS
 from app.security.jwt_auth import strip_token
 from app.security.signing import MAX_TREE_SIZE, SCOPE_BATCH, SCOPE_PAIR, SCOPE_V2, SigningKey
 from app.topology import Topology
 
+#: Input headers that state who published or how the data is classified: never forwarded.
+_CLAIM_FIELDS = frozenset({"publisher_id", "publisher_team", "data_classification"})
+_CLAIM_HEADERS = frozenset(name for table in (KAFKA_HEADERS, NATS_HEADERS) for name, logical in table.items()
+                           if logical in _CLAIM_FIELDS)
 _DROP_HEADERS = frozenset({"authorization", "proxy-authorization", "prism-auth-token", "x-auth-token", "auth-token",
-                           "cookie", "content-type"})
+                           "cookie", "content-type"}) | _CLAIM_HEADERS
 LAYOUT_OF = {"v2": Layout.DRAFT, "v3": Layout.REVIEWED}
 #: On every output record: the input record it came from (`topic/partition/offset`), like
 #: Connect's error context but for successes - provenance for the archive and for audits.
@@ -77,6 +89,9 @@ class Publisher:
         #: Which record the archive tap reuses: the (last) reviewed one, as the loop once found it.
         self._reviewed_at = max((i for i, lay in enumerate(self._layouts) if lay is Layout.REVIEWED), default=None)
         self._topics: dict[str, tuple[str, ...]] = {}
+        #: the identity rule for messages that reach `prepare` unsettled (module docs); without
+        #: the keyring's key bindings, so a key-signed message is treated as unverified there
+        self._identity = IdentityRule.of(topology, None)
 
     def _output_topics(self, topic: str) -> tuple[str, ...]:
         """`<topic>.<suffix>` per layout, built once per input topic rather than per message."""
@@ -95,6 +110,8 @@ class Publisher:
         caller can send it to the DLQ and keep the rest of the batch."""
         env = msg.env
         strip_token(env)
+        if not msg.settled:
+            settle(msg, self._identity)
         forwarded = [(k, v) for k, v in kafka.passthrough_headers(msg.headers)
                      if v is not None and _forwardable(k.lower())] if msg.headers else []
         source = (SOURCE_HEADER, f"{msg.topic}/{msg.partition}/{msg.offset}".encode())

@@ -20,6 +20,10 @@ identifier" - who produced the record - while a Prism namespace is an isolation 
 transport and its ACLs decide; letting a record choose its own namespace would let a producer
 write into another tenant. The same choice is made for CloudEvents `source`.
 
+The source is only ever a claim: the worker's identity rule (app/agents/identity.py) states a
+publisher on its outputs only when a verifier established it, and otherwise keeps the source
+as `prism.claimed.publisher_id` (the LNMP sequence table still groups records by it).
+
 Why the sequence is an extension: the envelope has no sequence field, and a fixed 8-byte
 big-endian value lets the pipeline's sequence table compare sequences without parsing text.
 """

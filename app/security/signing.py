@@ -42,6 +42,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -871,6 +872,19 @@ def _check(signature: bytes, alg: str, key_id: str, signed: list[bytes | memoryv
 # --------------------------------------------------------------------------- keyring files
 
 
+@dataclass(frozen=True, slots=True)
+class KeyPublisher:
+    """The publisher a signing key belongs to (a keyring entry's `publisher_id`/`publisher_team`):
+    what a signature verified with that key proves about who sent the message."""
+
+    publisher_id: str
+    publisher_team: str | None = None
+
+
+#: The development keyring's producer key belongs to the demo's order service (`write_dev_keyring`).
+DEV_PRODUCER = KeyPublisher("svc-orders", "commerce")
+
+
 @dataclass(slots=True)
 class SigningKeyring:
     """Signature keys from a file: who may sign for which namespace, and the worker's own key.
@@ -882,10 +896,16 @@ class SigningKeyring:
             algorithm: hmac-sha256
             secret_b64: <32+ random bytes, base64>
             namespaces: [order-events]      # optional: restrict to these namespaces
+            publisher_id: svc-orders        # optional: the publisher this key belongs to
+            publisher_team: commerce        # optional (needs publisher_id)
           - id: prism-worker-1
             algorithm: ed25519
             private_key_b64: <32-byte Ed25519 seed>   # or public_key_b64 to verify only
         worker_key: prism-worker-1                     # optional: what the worker re-signs with
+
+    `publisher_id` binds a key to one publisher: a signature that verifies with it establishes
+    that publisher's identity (method `key`, app/agents/identity.py), as a verified JWT does.
+    A key without it proves only that a holder of the key signed, not who that is.
     """
 
     verify_all: VerificationKeys
@@ -893,6 +913,8 @@ class SigningKeyring:
     unrestricted: VerificationKeys
     signing: dict[str, SigningKey]
     worker_key_id: str | None = None
+    #: key id -> the publisher the key is bound to (`publisher_id`/`publisher_team` in the file)
+    publishers: dict[str, KeyPublisher] = field(default_factory=dict)
     _merged: dict[str, VerificationKeys] = field(default_factory=dict, repr=False)
 
     def keys_for(self, namespace: str) -> VerificationKeys:
@@ -936,6 +958,7 @@ def load_signing_keyring(path: str | Path) -> SigningKeyring:
     all_keys, unrestricted = VerificationKeys(), VerificationKeys()
     by_ns: dict[str, VerificationKeys] = {}
     signing: dict[str, SigningKey] = {}
+    publishers: dict[str, KeyPublisher] = {}
     for i, raw in enumerate(doc["keys"]):
         where = f"keys[{i}]"
         if not isinstance(raw, dict) or not isinstance(raw.get("id"), str) or not raw["id"]:
@@ -973,6 +996,9 @@ def load_signing_keyring(path: str | Path) -> SigningKeyring:
             problems.append(f"{where}: {exc.message}")
             continue
         all_keys.add(vk)
+        bound = _key_publisher(raw, where, problems)
+        if bound is not None:
+            publishers[kid] = bound
         namespaces = raw.get("namespaces")
         if namespaces is None:
             unrestricted.add(vk)
@@ -984,14 +1010,38 @@ def load_signing_keyring(path: str | Path) -> SigningKeyring:
     worker = doc.get("worker_key")
     if worker is not None and worker not in signing:
         problems.append(f"worker_key: {worker!r} is not a key with private material in this file")
+    if worker is not None and worker in publishers:
+        # The worker key signs every output, whoever published it: bound to one publisher, the
+        # worker's own output read back would claim that publisher's identity by key.
+        problems.append(f"worker_key: {worker!r} is bound to publisher {publishers[worker].publisher_id!r}; "
+                        "the worker key signs for every publisher - bind producer keys only")
     if problems:
         raise ConfigError(f"invalid signing keyring ({len(problems)} problem(s)): " + "; ".join(problems),
                           path=str(path), hint="see docs/signing.md (\"Keyring files\") for the format")
-    return SigningKeyring(all_keys, by_ns, unrestricted, signing, worker)
+    return SigningKeyring(all_keys, by_ns, unrestricted, signing, worker, publishers)
 
 
-def write_dev_keyring(path: str | Path, *, namespaces: Iterable[str] = ()) -> SigningKeyring:
-    """Create a development keyring: one HMAC producer key and the worker's Ed25519 key."""
+def _key_publisher(raw: dict[str, Any], where: str, problems: list[str]) -> KeyPublisher | None:
+    """A key entry's `publisher_id`/`publisher_team` binding; None when it has none (a problem
+    is recorded when it is malformed: a half-stated binding must not silently mean none)."""
+    pid, team = raw.get("publisher_id"), raw.get("publisher_team")
+    if pid is None and team is None:
+        return None
+    if not isinstance(pid, str) or not pid.strip() or pid != pid.strip():
+        problems.append(f"{where}: `publisher_id` must be a non-empty string without surrounding spaces"
+                        + (" (publisher_team needs it)" if pid is None else ""))
+        return None
+    if team is not None and (not isinstance(team, str) or not team.strip() or team != team.strip()):
+        problems.append(f"{where}: `publisher_team` must be a non-empty string without surrounding spaces")
+        return None
+    return KeyPublisher(pid, team)
+
+
+def write_dev_keyring(path: str | Path, *, namespaces: Iterable[str] = (),
+                      publisher: KeyPublisher | None = DEV_PRODUCER) -> SigningKeyring:
+    """Create a development keyring: one HMAC producer key and the worker's Ed25519 key. The
+    producer key is bound to `publisher` (the demo's order service, whose tokens the dev
+    issuer mints), so what it signs carries a verified identity (method `key`)."""
     import base64
     import json
     import os
@@ -1003,7 +1053,10 @@ def write_dev_keyring(path: str | Path, *, namespaces: Iterable[str] = ()) -> Si
         "keys": [
             {"id": "dev-producer-1", "algorithm": HMAC_SHA256,
              "secret_b64": base64.b64encode(os.urandom(32)).decode(), **({"namespaces": list(namespaces)}
-                                                                         if namespaces else {})},
+                                                                         if namespaces else {}),
+             **({"publisher_id": publisher.publisher_id} if publisher is not None else {}),
+             **({"publisher_team": publisher.publisher_team} if publisher is not None and publisher.publisher_team
+                else {})},
             {"id": "prism-worker-1", "algorithm": ED25519, "private_key_b64": base64.b64encode(seed).decode()},
         ],
         "worker_key": "prism-worker-1",

@@ -56,6 +56,7 @@ from app.agents.chain import Chain, Outcome
 from app.agents.dedup import Dedup
 from app.agents.dlq import DlqRecord, fit_dlq_record
 from app.agents.enrich import Enrich, SchemaInfo
+from app.agents.identity import IdentityRule, insert_identity_stage, stated_publisher
 from app.agents.normalize import Normalize
 from app.agents.policy import Policy
 from app.agents.publish import Emission, Prepared, Publisher
@@ -218,7 +219,8 @@ def build_stages(topology: Topology, *, keyring: SigningKeyring | None, schema: 
             stages.append(Dedup(dedup_window(float(s.window_s))))
         elif spec.name == "enrich":
             stages.append(Enrich(trace=s.trace, schema=schema))
-    return stages
+    # always: publisher fields state only a verified identity (app/agents/identity.py)
+    return insert_identity_stage(stages, IdentityRule.of(t, keyring))
 
 
 def attestation_setup(topology: Topology, keyring: SigningKeyring | None, worker_key: SigningKey | None,
@@ -638,8 +640,7 @@ class PipelineApp:
         raw = msg.env.extensions.get(LNMP_SEQUENCE_EXT)
         if raw is None or len(raw) != 8:
             return
-        sec = msg.env.security
-        source = (sec.publisher_id if sec is not None and sec.publisher_id else "") or msg.env.namespace
+        source = stated_publisher(msg.env) or msg.env.namespace  # an LNMP source is a claim, still its sequence
         verdict = self.sequences.observe(source, int.from_bytes(raw, "big"))
         self.stats.sequence[str(verdict.status)] += 1
 

@@ -37,6 +37,9 @@ from tests.worker import independent
 from tests.worker.conftest import make_topology
 
 STAGES = ["normalize", "validate", "authenticate", "verify_signature", "policy", "dedup", "enrich"]
+#: what the worker runs (and traces): the topology's stages, and the identity rule after the
+#: verifying ones (app/agents/identity.py; no topology names it)
+CHAIN = [*STAGES[:4], "identity", *STAGES[4:]]
 
 
 class ObservedPipeline:
@@ -210,8 +213,8 @@ async def test_one_trace_from_producer_through_stages_to_consumer(broker, tmp_pa
         while s.parent is not None:
             s = by_id[s.parent.span_id]
             chain.append(s.name.split(" ")[0])
-        assert chain == [*reversed(STAGES), "publish"], chain
-        assert all(x.attributes.get("prism.outcome") == "emitted" for x in mine if x.name.split(" ")[0] in STAGES)
+        assert chain == [*reversed(CHAIN), "publish"], chain
+        assert all(x.attributes.get("prism.outcome") == "emitted" for x in mine if x.name.split(" ")[0] in CHAIN)
     legacy = [s for s in spans if s.name.startswith("normalize") and
               s.context.trace_id not in {ps.context.trace_id for ps in producer_spans}]
     assert len(legacy) == 1 and legacy[0].parent is None  # garbage traceparent: a new root

@@ -32,6 +32,10 @@ Attribute mapping (full table with the reasons in docs/formats.md):
 | partitionkey / record key   | extensions["kafka.key"]                                            |
 | prism* extensions           | the remaining envelope fields (priority, ttl, schema version ...)  |
 
+`source` (and `prismpublisherteam`) is a producer claim like any other shape's publisher: on
+the worker's outputs it stays the publisher only when a verifier established that identity,
+and is otherwise kept as `prism.claimed.publisher_id` (app/agents/identity.py).
+
 `metadata.topic` and `metadata.namespace` come from the transport (the Kafka topic the event was
 read from, the configured namespace), never from the event: an event must not pick its tenant.
 The auth token never leaves Prism and a signature cannot survive (it covers envelope bytes):
