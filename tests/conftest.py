@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 
 from app.broker.embedded import EmbeddedBroker
+from tests.brokers import BrokerUnderTest
 from tests.support import require_broker_binary
+
+#: Apache Kafka for any test folder: ``kafka`` (session broker), ``kafka_cluster`` (3 nodes),
+#: ``kafka_secure`` (SASL_SSL + mTLS, ACLs) - tests/kafka/fixtures.py.
+pytest_plugins = ["tests.kafka.fixtures"]
 
 
 @pytest.fixture
@@ -19,6 +24,24 @@ def broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
     embedded.start()
     try:
         yield embedded
+    finally:
+        embedded.stop()
+
+
+
+@pytest.fixture(params=["embedded", "kafka"])
+def any_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerUnderTest]:
+    """The test runs twice: on a fresh embedded broker, and on the session's Apache Kafka
+    broker (fresh topic names and group ids per test keep them apart)."""
+    if request.param == "kafka":
+        kafka = request.getfixturevalue("kafka")
+        yield BrokerUnderTest("kafka", kafka.bootstrap)
+        return
+    require_broker_binary()
+    embedded = EmbeddedBroker(log_dir=tmp_path / "broker", startup_timeout=20)
+    embedded.start()
+    try:
+        yield BrokerUnderTest("embedded", embedded.bootstrap)
     finally:
         embedded.stop()
 

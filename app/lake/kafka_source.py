@@ -19,6 +19,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from app.broker.metadata import partitions_of
 from app.errors import ArchiveError
 from app.lake.archive import ArchiveRecord, ArchiveSink
 
@@ -85,10 +86,9 @@ async def _partitions(consumer: AIOKafkaConsumer, topic: str, bootstrap: str, ti
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
-        await consumer.topics()  # refreshes metadata
-        parts = consumer.partitions_for_topic(topic)
+        parts = await partitions_of(consumer, topic)
         if parts:
-            return set(parts)
+            return parts
         if loop.time() >= deadline:
             raise ArchiveError(f"topic {topic!r} does not exist on {bootstrap}",
                                hint="start the pipeline with the archive tap enabled, or create the topic")

@@ -403,7 +403,9 @@ class PipelineApp:
         fields = {"event": "write_limits", "max_request_size": self.limits.max_request_size,
                   "input_limit": self.limits.input_limit,
                   "topics": {t: self.limits.limit_for(t) for t in self.write_topics}}
-        (log.warning if self.limits.unknown else log.info)("%s", line, extra=fields)
+        # WARNING either way: the worker runs at `-l warn` by default, and an operator must see
+        # the limits it enforces (issue: "the worker says at start-up what the limits are").
+        log.warning("%s", line, extra=fields)
         return self.limits
 
     # -- construction ----------------------------------------------------------------------

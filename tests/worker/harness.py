@@ -10,7 +10,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from app.broker.admin import ensure_topics
+from app.broker.admin import BrokerSettings, ensure_topics
 from app.demo.runner import read_all
 from app.topology import Topology
 from app.worker.faust_app import InProcessWorker
@@ -18,20 +18,27 @@ from app.worker.pipeline import PipelineApp
 
 
 class RunningPipeline:
-    def __init__(self, topology: Topology, bootstrap: str, data_dir: Path, *, app_id: str | None = None) -> None:
+    def __init__(self, topology: Topology, bootstrap: str, data_dir: Path, *, app_id: str | None = None,
+                 embedded: bool = True, settings: BrokerSettings | None = None) -> None:
         """`app_id` (the consumer group): pass the same one to run a second worker that resumes
-        where a stopped one left off (e.g. after a topology fix)."""
+        where a stopped one left off (e.g. after a topology fix). `embedded`: the broker is the
+        embedded one (its workarounds on); False for Apache Kafka (`BrokerUnderTest.embedded`).
+        `settings`: credentials of a secured cluster, used by the worker, the topic set-up, the
+        test producer and `outputs()` (tests/kafka/test_worker_security.py)."""
+        self.settings = settings
         self.topology = topology
         self.bootstrap = bootstrap
         self.source = topology.sources[0].topic
         self.pipeline = PipelineApp(topology, bootstrap=bootstrap, data_dir=data_dir,
-                                    app_id=app_id or f"test-{uuid.uuid4().hex[:8]}", embedded=True)
+                                    app_id=app_id or f"test-{uuid.uuid4().hex[:8]}", embedded=embedded,
+                                    broker_settings=settings)
         self.worker = InProcessWorker(self.pipeline.app)
         self.producer: AIOKafkaProducer | None = None
 
     async def __aenter__(self) -> RunningPipeline:
-        await ensure_topics(self.bootstrap, self.topology.topics())
-        self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=5)
+        await ensure_topics(self.bootstrap, self.topology.topics(), settings=self.settings)
+        self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=5,
+                                         **(self.settings.aiokafka_kwargs() if self.settings else {}))
         await self.producer.start()
         await self.worker.start()
         return self
@@ -62,4 +69,5 @@ class RunningPipeline:
             names.append(t.archive.topic)
         s = self.pipeline.summary()
         expected = s["emitted"] * len(names[:-1]) + s["dlq"]
-        return await read_all(self.bootstrap, {n: topics[n] for n in names}, expected_total=expected, timeout=30)
+        return await read_all(self.bootstrap, {n: topics[n] for n in names}, expected_total=expected, timeout=30,
+                              settings=self.settings)

@@ -18,6 +18,7 @@ from app.broker.admin import ensure_topics
 from app.demo.runner import read_all
 from app.envelope import encode, new_envelope
 from app.worker.faust_app import WorkerProcess
+from tests.brokers import BrokerUnderTest
 from tests.worker import independent
 from tests.worker.conftest import make_topology
 
@@ -111,7 +112,8 @@ class ArchiveWatcher:
             await self.poll()
 
 
-async def test_kill_9_mid_stream_loses_nothing(broker, tmp_path: Path, dev_keys, capsys) -> None:
+async def test_kill_9_mid_stream_loses_nothing(any_broker: BrokerUnderTest, tmp_path: Path, dev_keys, capsys) -> None:
+    broker = any_broker  # runs on the embedded broker and on Apache Kafka
     topo = make_topology(tmp_path, dev_keys, partitions=4)
     source = topo.sources[0].topic
     topics = topo.topics()
@@ -119,7 +121,7 @@ async def test_kill_9_mid_stream_loses_nothing(broker, tmp_path: Path, dev_keys,
     await _produce_backlog(broker.bootstrap, source)
     env = {"PRISM_TOPOLOGY": str(tmp_path / "topology.yaml"), "PRISM_BOOTSTRAP": broker.bootstrap,
            "PRISM_DATA_DIR": str(tmp_path / "data"), "PRISM_APP_ID": f"crash-{uuid.uuid4().hex[:8]}",
-           "PRISM_EMBEDDED": "1"}
+           **broker.worker_env()}
     watch = ArchiveWatcher(broker.bootstrap, {source + ".dlq": 4, source + ".v3": 4})
     await watch.start()
     first = WorkerProcess("app.worker.pipeline:app_from_env", log_path=tmp_path / "w1.log", env=env)

@@ -6,15 +6,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from app.demo.runner import print_report, run_demo
-from tests.support import require_broker_binary
+from tests.brokers import BrokerUnderTest
 from tests.worker.conftest import make_topology
 
 
-async def test_every_kind_of_input_ends_where_it_should(tmp_path: Path, dev_keys) -> None:
-    require_broker_binary()
+async def test_every_kind_of_input_ends_where_it_should(any_broker: BrokerUnderTest, tmp_path: Path, dev_keys,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the embedded broker the demo starts its own (as `make demo` does); on Apache Kafka it
+    is pointed at the cluster through PRISM_BROKER_URL, as a user would run it."""
+    if any_broker.embedded:
+        monkeypatch.delenv("PRISM_BROKER_URL", raising=False)
+    else:
+        monkeypatch.setenv("PRISM_BROKER_URL", any_broker.bootstrap)
     topo = make_topology(tmp_path, dev_keys)
     console = Console(record=True, width=140)
     report = await run_demo(topo, messages=1500, rate=0, data_dir=tmp_path / "demo", keys_dir=dev_keys.folder,

@@ -10,8 +10,9 @@ Every oversized message is followed by a good one, which must come out on `.v3`;
 keep advancing (the committed offsets reach the end), `/readyz` must stay 200, the worker's
 RSS must stay bounded, and SIGTERM must end it promptly.
 
-The broker is a parameter (`size_broker`: a bootstrap string). The embedded broker runs here;
-an Apache Kafka parametrization plugs in by adding a param.
+It runs on the embedded broker and on Apache Kafka (`any_broker`). On Kafka the limits come
+from the broker (the output and DLQ topics keep Kafka's default `max.message.bytes`, ~1 MiB);
+the source topic is made to accept 64 MiB, so that the oversized inputs can be produced at all.
 """
 
 from __future__ import annotations
@@ -22,11 +23,9 @@ import socket
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 
@@ -35,6 +34,7 @@ from app.broker.admin import ensure_topics
 from app.demo.runner import read_all
 from app.worker.faust_app import WorkerProcess
 from app.worker.limits import OUTPUT_OVERHEAD
+from tests.brokers import BrokerUnderTest
 from tests.worker.conftest import make_topology
 
 MIB = 1024 * 1024
@@ -44,15 +44,6 @@ INPUT_LIMIT = MAX_REQUEST - OUTPUT_OVERHEAD
 #: RSS the worker may grow by over the whole run (it starts at ~220 MB; a 50 MB input is read
 #: once by the consumer and once by the worker, and must not be held after it was dead-lettered)
 RSS_GROWTH_LIMIT_MB = 400
-
-
-@pytest.fixture(params=["embedded"])
-def size_broker(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The bootstrap string of the broker under test."""
-    if request.param == "embedded":
-        yield request.getfixturevalue("broker").bootstrap
-    else:  # pragma: no cover - other brokers are added as params
-        raise AssertionError(f"unknown broker {request.param}")
 
 
 def _free_port() -> int:
@@ -93,15 +84,15 @@ async def _committed(bootstrap: str, group: str, topic: str, partitions: int) ->
         await c.stop()
 
 
-async def test_every_size_around_the_limits(size_broker: str, tmp_path: Path, dev_keys: Any) -> None:
-    bootstrap = size_broker
+async def test_every_size_around_the_limits(any_broker: BrokerUnderTest, tmp_path: Path, dev_keys: Any) -> None:
+    bootstrap = any_broker.bootstrap
     topo = make_topology(tmp_path, dev_keys, partitions=2)
     source = topo.sources[0].topic
-    await ensure_topics(bootstrap, topo.topics())
+    await ensure_topics(bootstrap, topo.topics(), configs={source: {"max.message.bytes": str(64 * MIB)}})
     port = _free_port()
     group = f"size-{uuid.uuid4().hex[:8]}"
     env = {"PRISM_TOPOLOGY": str(tmp_path / "topology.yaml"), "PRISM_BOOTSTRAP": bootstrap,
-           "PRISM_DATA_DIR": str(tmp_path / "data"), "PRISM_APP_ID": group, "PRISM_EMBEDDED": "1",
+           "PRISM_DATA_DIR": str(tmp_path / "data"), "PRISM_APP_ID": group, **any_broker.worker_env(),
            "PRISM_WEB_PORT": str(port), "PRISM_MAX_REQUEST_BYTES": str(MAX_REQUEST)}
     worker = WorkerProcess("app.worker.pipeline:app_from_env", log_path=tmp_path / "w.log", env=env)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_request_size=64 * MIB, linger_ms=0)

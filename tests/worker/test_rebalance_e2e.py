@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 
 from app.broker.admin import ensure_topics
+from tests.brokers import BrokerUnderTest
 from tests.worker import independent
 from tests.worker.conftest import ROOT, make_topology
 from tests.worker.test_crash_e2e import ArchiveWatcher, _produce_backlog, _Rec
@@ -69,8 +70,9 @@ def _delta_ids(table: str) -> list[str]:
 
 
 @pytest.mark.parametrize("processes", [2, 3])
-async def test_kill_9_in_a_group_no_survivor_crashes_nothing_lost(broker, tmp_path: Path, dev_keys, capsys,
+async def test_kill_9_in_a_group_no_survivor_crashes_nothing_lost(any_broker: BrokerUnderTest, tmp_path: Path, dev_keys, capsys,
                                                                   processes: int) -> None:
+    broker = any_broker  # runs on the embedded broker and on Apache Kafka
     archive = tmp_path / "archive"
     topo = make_topology(tmp_path, dev_keys, partitions=PARTITIONS,
                          archive={"enabled": True, "path": str(archive)})

@@ -14,6 +14,7 @@ from app.broker.admin import ensure_topics
 from app.demo.runner import read_all
 from app.envelope import encode, new_envelope
 from app.worker.faust_app import GC_GEN0_THRESHOLD, WorkerProcess
+from tests.brokers import BrokerUnderTest
 from tests.worker.conftest import make_topology
 from tests.worker.test_crash_e2e import ArchiveWatcher
 
@@ -33,14 +34,15 @@ async def _produce(bootstrap: str, topic: str) -> None:
         await p.stop()
 
 
-async def test_sigterm_mid_stream_no_loss_no_duplicates(broker, tmp_path: Path, dev_keys, capsys) -> None:
+async def test_sigterm_mid_stream_no_loss_no_duplicates(any_broker: BrokerUnderTest, tmp_path: Path, dev_keys, capsys) -> None:
+    broker = any_broker  # runs on the embedded broker and on Apache Kafka
     topo = make_topology(tmp_path, dev_keys, partitions=2)
     source = topo.sources[0].topic
     await ensure_topics(broker.bootstrap, topo.topics())
     await _produce(broker.bootstrap, source)
     env = {"PRISM_TOPOLOGY": str(tmp_path / "topology.yaml"), "PRISM_BOOTSTRAP": broker.bootstrap,
            "PRISM_DATA_DIR": str(tmp_path / "data"), "PRISM_APP_ID": f"term-{uuid.uuid4().hex[:8]}",
-           "PRISM_EMBEDDED": "1"}
+           **broker.worker_env()}
     topics = {source + ".dlq": 2, source + ".v3": 2}
     watch = ArchiveWatcher(broker.bootstrap, topics)
     await watch.start()

@@ -39,6 +39,7 @@ from typing import Any
 
 from app.bindings import _common as c
 from app.bindings import kafka as kb
+from app.broker.metadata import partitions_of
 from app.envelope.codec import encode as encode_envelope
 from app.envelope.model import Envelope
 from app.errors import PublishError, SubscribeError
@@ -202,9 +203,9 @@ async def read_partitions(backend: KafkaBackend, topic: str, start: dict[int, in
     await consumer.start()
     out: list[Any] = []
     try:
-        if topic not in await consumer.topics():  # lists all topics: never auto-creates this one
+        parts = sorted(await partitions_of(consumer, topic))  # never auto-creates the topic
+        if not parts:
             return out
-        parts = sorted(consumer.partitions_for_topic(topic) or ())
         tps = [TopicPartition(topic, p) for p in parts]
         consumer.assign(tps)
         for tp in tps:
