@@ -5,6 +5,7 @@ together, failures reported per item (what `_write_all` retries or sends to the 
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 from app.agents.dlq import DlqRecord
 from app.agents.publish import Emission
@@ -23,6 +24,12 @@ class FaustProducer:
         return self.inner
 
 
+#: What `_send_all` reads of its PipelineApp: the write limits (none that these records reach,
+#: so that the producer's own refusal is what is tested here; the limits are tested in
+#: test_write_limits.py).
+APP = SimpleNamespace(limits=SimpleNamespace(limit_for=lambda topic: 1 << 30))
+
+
 def _item(*names: str, size: int = 0) -> list[Emission]:
     return [Emission(f"t.{n[-2:]}", KafkaRecord(key=b"k", value=n.encode() + b"." * size, headers=[],
                                                 timestamp_ms=1000)) for n in names]
@@ -32,7 +39,7 @@ def test_records_go_out_in_order_and_failures_stay_with_their_item() -> None:
     items = [_item("a.v2", "a.v3"), _item("b.v2", size=5000) + _item("b.v3"), DlqRecord("t.dlq", None, b"c"),
              _item("d.v2", "d.v3")]
     inner = FakeAiokafka(fail={b"d.v3"}, room=100)
-    errors = asyncio.run(PipelineApp._send_all(None, FaustProducer(inner), items))  # type: ignore[arg-type]
+    errors = asyncio.run(PipelineApp._send_all(APP, FaustProducer(inner), items))  # type: ignore[arg-type]
     # b's first record was refused (too large): its .v3 is not sent; every other record is, in
     # order, one batch per topic-partition
     assert inner.batches == [("t.v2", [b"a.v2", b"d.v2"]), ("t.v3", [b"a.v3", b"d.v3"]), ("t.dlq", [b"c"])]
@@ -43,4 +50,4 @@ def test_records_go_out_in_order_and_failures_stay_with_their_item() -> None:
 
 
 def test_nothing_to_send() -> None:
-    assert asyncio.run(PipelineApp._send_all(None, FaustProducer(FakeAiokafka()), [])) == []  # type: ignore[arg-type]
+    assert asyncio.run(PipelineApp._send_all(APP, FaustProducer(FakeAiokafka()), [])) == []  # type: ignore[arg-type]
