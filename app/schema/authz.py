@@ -1,4 +1,5 @@
-"""Who may call which registry route: ONE table, and the ASGI middleware that enforces it.
+"""Who may call which registry route: ONE table, the ASGI middleware that enforces it, and
+the per-request decision that routes with a subject in their input make.
 
 Every route of :mod:`app.schema.service` (Confluent subset, Prism ``/v1``, operations, UI,
 OpenAPI) has a rule in :data:`RULES`; ``tests/schema/test_authz.py`` enumerates the app's
@@ -11,13 +12,25 @@ Permissions (roles in :mod:`app.security.http_auth`):
   none, and none of them shows a subject or a schema (metrics are labelled by route template);
 - ``read``: every read, plus what only reads (compatibility checks, ``POST /subjects/{s}``
   lookups, consumer version reports);
-- ``write`` on a subject: registering under it; the subject comes from the path, or for the
-  two ``/v1`` routes that carry it in the body (``POST /v1/schemas`` ``topic``, ``POST
-  /v1/approvals`` ``subject``) from the JSON body, read here the way FastAPI reads it
-  (``json.loads``: for a duplicated key the last one counts, in both places);
+- ``write`` on a subject: registering under it (``POST /subjects/{s}/versions``, ``POST
+  /v1/schemas`` ``topic``) and asking for an approval (``POST /v1/approvals`` ``subject``);
 - ``admin``: global and subject configuration, ``/mode``, every DELETE, deciding approvals,
-  policies, the audit log and the PII audit. ``POST /v1/schemas`` with a
-  ``metadata.compatibility_mode`` sets the subject's policy, so it needs ``admin`` too.
+  policies, the audit log and the PII audit. A ``POST /v1/schemas`` that changes which policy
+  governs its subject - ``metadata.compatibility_mode``, or a ``namespace`` other than the one
+  the subject is in - needs ``admin`` too (unless ``dry_run``).
+
+Two halves, and why. The middleware authenticates and applies the route-level part of the
+rule before anything is parsed (so the fast read path and every handler only ever see
+authorized requests). A ``write`` rule depends on *which* subject, and on fields that may
+raise the need to admin; that part is decided by :func:`decide`, which the route calls from
+a FastAPI dependency with the path parameters and the **validated request model the handler
+itself receives** - never the raw JSON. A value the handler reads one way cannot be read
+another way by the check (the attack this replaced: ``"dry_run": "false"`` was a true
+string to a raw-JSON check and ``False`` to the model). Until :func:`decide` has allowed the
+request, :func:`actor_of` refuses to name an actor, so a write route that forgot its
+decision fails instead of writing; ``create_app`` refuses to build an app in which a
+``write`` route has no deciding dependency, and every route checks that the rule the
+middleware applied is the rule of the route the router chose (:func:`check_routed`).
 
 The middleware runs before the fast read path (``_FastReads``) and inside the request
 counter, so refused requests are counted but never served from a cache. It stores the
@@ -58,32 +71,30 @@ CONFLUENT_CT = "application/vnd.schemaregistry.v1+json"
 OPEN, READ, WRITE, ADMIN = "open", "read", "write", "admin"
 #: service._EncodedSlashes hides an encoded '/' inside a segment as this while routing.
 _ENCODED_SLASH, _ENCODED_SLASH_KEY = "\x00", "prism.encoded_slash"
-#: Bodies read for a subject check are bounded (a schema text is rarely over a few MB).
-MAX_INSPECTED_BODY = 16 * 1024 * 1024
+#: Request-state keys (``request.state.<key>``) the middleware and :func:`decide` share.
+STATE_PRINCIPAL, STATE_RULE, STATE_PENDING = "principal", "authz_rule", "authz_pending"
+#: Marks a dependency callable as the one that makes a route's :func:`decide` call.
+DECIDES_ATTR = "__prism_authz_decides__"
 
 ENV_USERS_FILE = "PRISM_REGISTRY_USERS_FILE"
 ENV_JWT_CONFIG = "PRISM_REGISTRY_JWT_CONFIG"
 ENV_ALLOW_ANONYMOUS = "PRISM_REGISTRY_ALLOW_ANONYMOUS"
 
 
-def _compat_mode_needs_admin(body: Any) -> bool:
-    meta = body.get("metadata") if isinstance(body, dict) else None
-    return bool(isinstance(meta, dict) and meta.get("compatibility_mode") and not body.get("dry_run"))
-
-
 @dataclass(frozen=True, slots=True)
 class Rule:
     """``method`` + ``path`` template (FastAPI syntax) -> the permission it needs.
 
-    ``need`` is read/write/admin. For ``write``, the subject is the ``{subject}`` path
-    parameter, or ``body_subject`` names the JSON body field holding it. ``admin_if`` raises
-    the need to admin for bodies it returns True for."""
+    ``need`` is open/read/write/admin. ``write`` is decided in two steps: the middleware only
+    checks that the principal may write somewhere; the route's deciding dependency calls
+    :func:`decide` with the subject (and whether the request needs admin) taken from the
+    validated values the handler receives. ``subject_from`` says where that subject comes
+    from, for the documentation and the tests."""
 
     method: str
     path: str
     need: str
-    body_subject: str | None = None
-    admin_if: Callable[[Any], bool] | None = None
+    subject_from: str | None = None
 
     def regex(self) -> re.Pattern[str]:
         parts = re.split(r"(\{[^}]+\})", self.path)
@@ -99,7 +110,7 @@ RULES: tuple[Rule, ...] = (
     Rule("GET", "/contexts", READ),
     Rule("GET", "/subjects", READ),
     Rule("GET", "/subjects/{subject}/versions", READ),
-    Rule("POST", "/subjects/{subject}/versions", WRITE),
+    Rule("POST", "/subjects/{subject}/versions", WRITE, subject_from="path"),
     Rule("POST", "/subjects/{subject}", READ),  # lookup: does this schema exist under the subject?
     Rule("DELETE", "/subjects/{subject}", ADMIN),
     Rule("GET", "/subjects/{subject}/versions/{version}", READ),
@@ -125,7 +136,7 @@ RULES: tuple[Rule, ...] = (
     Rule("POST", "/compatibility/subjects/{subject}/versions/{version}", READ),
     Rule("POST", "/compatibility/subjects/{subject}/versions", READ),
     # ---- Prism /v1
-    Rule("POST", "/v1/schemas", WRITE, body_subject="topic", admin_if=_compat_mode_needs_admin),
+    Rule("POST", "/v1/schemas", WRITE, subject_from="body.topic"),  # admin: see decide() callers
     Rule("GET", "/v1/schemas/{schema_id}", READ),
     Rule("GET", "/v1/subjects", READ),
     Rule("GET", "/v1/subjects/{subject}/versions", READ),
@@ -139,7 +150,7 @@ RULES: tuple[Rule, ...] = (
     Rule("PUT", "/v1/policies/{namespace}", ADMIN),
     Rule("GET", "/v1/audit", ADMIN),
     Rule("GET", "/v1/pii/audit", ADMIN),
-    Rule("POST", "/v1/approvals", WRITE, body_subject="subject"),
+    Rule("POST", "/v1/approvals", WRITE, subject_from="body.subject"),
     Rule("GET", "/v1/approvals", READ),
     Rule("POST", "/v1/approvals/{approval_id}/{decision}", ADMIN),
     Rule("POST", "/v1/consumers", READ),  # a consumer reports the version it reads
@@ -158,7 +169,7 @@ RULES: tuple[Rule, ...] = (
 DEFAULT_RULE = Rule("*", "*", ADMIN)
 
 _COMPILED = [(r.method, r.regex(), r) for r in RULES]
-_REGEX = {id(r): rx for _, rx, r in _COMPILED}
+_BY_TEMPLATE = {(r.method, r.path): r for r in RULES}
 
 
 def rule_for(method: str, path: str) -> Rule:
@@ -171,11 +182,12 @@ def rule_for(method: str, path: str) -> Rule:
 
 
 def explicit_rule(method: str, template: str) -> Rule | None:
-    """The rule written for exactly this route template (for the route-coverage test)."""
-    return next((r for r in RULES if r.method == method and r.path == template), None)
+    """The rule written for exactly this route template (route coverage, :func:`check_routed`)."""
+    return _BY_TEMPLATE.get(("GET" if method == "HEAD" else method, template))
 
 
 def allowed(principal: Principal, need: str, subject: str | None) -> bool:
+    """Whether ``principal`` has ``need`` (on ``subject`` for ``write``)."""
     if need == OPEN:
         return True
     if need == READ:
@@ -186,11 +198,74 @@ def allowed(principal: Principal, need: str, subject: str | None) -> bool:
 
 
 def actor_of(request: Any) -> str:
-    """The audit actor: the verified principal's name. Never a client-supplied header."""
-    principal = getattr(request.state, "principal", None)
+    """The audit actor: the verified principal's name. Never a client-supplied header.
+
+    Every mutating handler asks for its actor before it writes, so this is also where a
+    ``write`` route that never made its :func:`decide` call is stopped (500, nothing written)."""
+    state = request.scope.get("state") or {}
+    principal = state.get(STATE_PRINCIPAL)
     if principal is None:  # the middleware always sets it; refuse to invent an actor
         raise RuntimeError("no authenticated principal on this request (is RegistryAuthMiddleware installed?)")
+    if state.get(STATE_PENDING):
+        raise RuntimeError("this write route did not decide its authorization (authz.decide) before writing")
     return str(principal.name)
+
+
+class Refused(Exception):
+    """A refusal decided inside a route (:func:`decide`, :func:`check_routed`); the service
+    turns it into the same response the middleware sends (:func:`refusal_response`)."""
+
+    def __init__(self, status: int, code: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def _refusal(principal: Principal, method: str, what_path: str, subject: str | None, need: str) -> Refused:
+    what = f"{method} {what_path!r}"
+    needs = f"{need} on subject {subject[:200]!r}" if need == WRITE and subject else need
+    if principal.anonymous:
+        return Refused(401, ERROR_UNAUTHENTICATED, f"Unauthorized: {what} needs credentials with the {needs} role")
+    return Refused(403, ERROR_FORBIDDEN, f"Forbidden: user {principal.name[:100]!r} may not {what} (needs {needs})")
+
+
+def decide(request: Any, *, subject: str | None, admin: bool = False) -> None:
+    """The per-subject half of a ``write`` rule, made by the route from the values its handler
+    will use: ``subject`` from the route's path parameter or its validated body model,
+    ``admin`` when the validated request also changes a policy. Raises :class:`Refused`.
+
+    Only callable on a request the middleware passed as ``write`` (anything else is a
+    programming error, not a client's)."""
+    state = request.scope.get("state") or {}
+    principal, rule = state.get(STATE_PRINCIPAL), state.get(STATE_RULE)
+    if principal is None or rule is None or rule.need != WRITE:
+        raise RuntimeError(f"authz.decide on a request whose rule is {getattr(rule, 'need', None)!r}, not write")
+    need = ADMIN if admin else WRITE
+    if not allowed(principal, need, subject):
+        raise _refusal(principal, request.scope["method"], rule.path, subject, need)
+    state[STATE_PENDING] = False
+
+
+def decides(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark ``func`` as a route dependency that calls :func:`decide` (``create_app`` checks
+    that every ``write`` route has one)."""
+    setattr(func, DECIDES_ATTR, True)
+    return func
+
+
+def has_decision(dependant: Any) -> bool:
+    """Whether a FastAPI ``Dependant`` (or one of its sub-dependencies) is marked :func:`decides`."""
+    return any(getattr(d.call, DECIDES_ATTR, False) or has_decision(d) for d in dependant.dependencies)
+
+
+def check_routed(scope: Any, template: str) -> None:
+    """Called by the route the router chose: the rule the middleware applied (looked up on the
+    path) must be this route's own rule, else the request is refused - authorization and
+    routing never act on two readings of one path."""
+    applied = (scope.get("state") or {}).get(STATE_RULE)
+    own = explicit_rule(scope["method"], template) or DEFAULT_RULE
+    if applied is not None and applied is not own:
+        raise Refused(403, ERROR_FORBIDDEN, f"Forbidden: {scope['method']} {template!r} was authorized as "
+                                            f"{applied.method} {applied.path!r}")
 
 
 # --------------------------------------------------------------------------- middleware
@@ -222,86 +297,46 @@ class RegistryAuthMiddleware:
             await self._refuse(scope, receive, send, 429, ERROR_TOO_MANY_FAILURES, f"Too Many Requests: {exc.message}",
                                retry_after=exc.retry_after)
             return
-        scope.setdefault("state", {})["principal"] = principal
-        need, subject = rule.need, None
-        if need == WRITE and rule.body_subject is None:
-            m = _REGEX[id(rule)].fullmatch(scope["path"])
-            subject = m.group("subject") if m else None
-            if subject is not None and scope.get(_ENCODED_SLASH_KEY):
-                subject = subject.replace(_ENCODED_SLASH, "/")  # the subject the route will see
-        if need == WRITE and rule.body_subject is not None:
+        state = scope.setdefault("state", {})
+        state[STATE_PRINCIPAL], state[STATE_RULE] = principal, rule
+        need = rule.need
+        if need == WRITE:
+            # Which subject, and whether the request also needs admin, is decided by the route
+            # from its validated input (decide()); here only: may this principal write at all?
             if not principal.can_write_some():
                 await self._deny(scope, receive, send, principal, rule, None, need)
                 return
-            body = await _read_body(receive)
-            if body is None:
-                await self._refuse(scope, receive, send, 413, 41301,
-                                   f"request body over {MAX_INSPECTED_BODY} bytes")
-                return
-            receive = _replay(body)
-            try:
-                doc = json.loads(body)
-            except (ValueError, RecursionError):
-                doc = None
-            value = doc.get(rule.body_subject) if isinstance(doc, dict) else None
-            subject = value if isinstance(value, str) else None  # unknown subject: only global writers
-            if rule.admin_if is not None and rule.admin_if(doc):
-                need = ADMIN
-        if not allowed(principal, need, subject):
-            await self._deny(scope, receive, send, principal, rule, subject, need)
+            state[STATE_PENDING] = True
+        elif not allowed(principal, need, None):
+            await self._deny(scope, receive, send, principal, rule, None, need)
             return
         await self.app(scope, receive, send)
 
     async def _deny(self, scope: Any, receive: Any, send: Any, principal: Principal, rule: Rule,
                     subject: str | None, need: str) -> None:
-        what = f"{scope['method']} {rule.path if rule is not DEFAULT_RULE else scope['path'][:200]!r}"
-        needs = f"{need} on subject {subject[:200]!r}" if need == WRITE and subject else need
-        if principal.anonymous:
-            await self._refuse(scope, receive, send, 401, ERROR_UNAUTHENTICATED,
-                               f"Unauthorized: {what} needs credentials with the {needs} role")
-            return
-        await self._refuse(scope, receive, send, 403, ERROR_FORBIDDEN,
-                           f"Forbidden: user {principal.name[:100]!r} may not {what} (needs {needs})")
+        path = rule.path if rule is not DEFAULT_RULE else scope["path"][:200]
+        r = _refusal(principal, scope["method"], path, subject, need)
+        await self._refuse(scope, receive, send, r.status, r.code, r.message)
 
     async def _refuse(self, scope: Any, receive: Any, send: Any, status: int, code: int, message: str, *,
                       retry_after: float | None = None) -> None:
-        headers = [(b"content-type", CONFLUENT_CT.encode())]
-        if status == 401:
-            headers += [(b"www-authenticate", c.encode()) for c in self.auth.challenges()]
-        if retry_after is not None:
-            headers.append((b"retry-after", str(max(1, math.ceil(retry_after))).encode()))
-        body = json.dumps({"error_code": code, "message": message}).encode()
-        headers.append((b"content-length", str(len(body)).encode()))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
+        status, headers, body = refusal_response(self.auth, status, code, message, retry_after=retry_after)
+        raw = [(k.lower().encode(), v.encode()) for k, v in headers]
+        raw.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": body})
 
 
-async def _read_body(receive: Any) -> bytes | None:
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_INSPECTED_BODY:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
-
-
-def _replay(body: bytes) -> Any:
-    sent = [False]
-
-    async def receive() -> dict[str, Any]:
-        if not sent[0]:
-            sent[0] = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return {"type": "http.disconnect"}
-
-    return receive
+def refusal_response(auth: HttpAuth, status: int, code: int, message: str, *,
+                     retry_after: float | None = None) -> tuple[int, list[tuple[str, str]], bytes]:
+    """Status, headers and body of a refusal: one shape whether the middleware or a route's
+    :func:`decide` refuses (401 carries the challenges, 429 ``Retry-After``)."""
+    headers = [("Content-Type", CONFLUENT_CT)]
+    if status == 401:
+        headers += [("WWW-Authenticate", c) for c in auth.challenges()]
+    if retry_after is not None:
+        headers.append(("Retry-After", str(max(1, math.ceil(retry_after)))))
+    return status, headers, json.dumps({"error_code": code, "message": message}).encode()
 
 
 # --------------------------------------------------------------------------- configuration
@@ -324,5 +359,6 @@ def registry_auth_from_env(env: Any = None) -> HttpAuth:
     return auth
 
 
-__all__ = ["ADMIN", "DEFAULT_RULE", "OPEN", "READ", "RULES", "WRITE", "RegistryAuthMiddleware", "Rule", "actor_of",
-           "allowed", "explicit_rule", "registry_auth_from_env", "rule_for"]
+__all__ = ["ADMIN", "DEFAULT_RULE", "OPEN", "READ", "RULES", "WRITE", "Refused", "RegistryAuthMiddleware", "Rule",
+           "actor_of", "allowed", "check_routed", "decide", "decides", "explicit_rule", "has_decision",
+           "refusal_response", "registry_auth_from_env", "rule_for"]

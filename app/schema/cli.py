@@ -368,7 +368,8 @@ def policy_set(
             "pii_policy": "enforce" if require_pii_tags else pii_policy,
             "approval_required": None if approval_required_for is None else approval_required_for == "breaking"}
     try:
-        r = _api(registry, "PUT", f"/v1/policies/{_q(namespace or '__global__')}", body)
+        # ns:<name> always means the namespace (a plain name would mean a subject of that name)
+        r = _api(registry, "PUT", f"/v1/policies/{_q(f'ns:{namespace}' if namespace else '__global__')}", body)
     except ApiError as e:
         typer.echo(f"❌ {e}", err=True)
         raise typer.Exit(1) from None
@@ -377,7 +378,9 @@ def policy_set(
 
 @policy_app.command("get")
 def policy_get(namespace: Annotated[str, typer.Option()], registry: RegistryOpt = DEFAULT_REGISTRY) -> None:
-    typer.echo(json.dumps(_api(registry, "GET", f"/v1/policies/{_q(namespace)}"), indent=2))
+    """Print a namespace's effective policy (``__global__`` for the global one)."""
+    scope = namespace if namespace == "__global__" else f"ns:{namespace}"
+    typer.echo(json.dumps(_api(registry, "GET", f"/v1/policies/{_q(scope)}"), indent=2))
 
 
 @schema_app.command("approve-request")

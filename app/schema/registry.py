@@ -160,6 +160,18 @@ class Policy:
                 "approval_required": self.approval_required, "source": self.source}
 
 
+@dataclass(frozen=True, slots=True)
+class PolicyTarget:
+    """A policy scope as ``/v1/policies/{scope}`` names it (see :meth:`Registry.policy_target`):
+    ``kind`` global/namespace/subject, ``scope`` the stored key, and the ``subject`` or
+    ``namespace`` argument :meth:`Registry.policy` and :meth:`Registry.set_policy` take."""
+
+    kind: str
+    scope: str
+    subject: str | None
+    namespace: str | None
+
+
 @dataclass(frozen=True)
 class RegisteredVersion:
     subject: str
@@ -543,6 +555,30 @@ class Registry:
     def _namespace_for(self, subject: str) -> str:
         rows = self.store.versions(subject, include_deleted=True)
         return rows[-1].namespace if rows else namespace_of(subject)
+
+    def namespace_for(self, subject: str) -> str:
+        """The namespace whose policy governs ``subject`` now: its latest version's, else the
+        default derived from its name. A registration naming another namespace moves the
+        subject under another policy (the service makes that an admin decision)."""
+        return self._namespace_for(subject)
+
+    def policy_target(self, name: str) -> PolicyTarget:
+        """What ``/v1/policies/{name}`` addresses - one reading for its GET and its PUT, in the
+        scope keys ``GET /v1/policies`` lists: ``__global__``; ``ns:<namespace>``; otherwise the
+        subject of that name when the registry knows one (a version, even soft-deleted, or a
+        subject-level setting such as ``PUT /config/{s}`` or a registration's
+        ``compatibility_mode``), else the namespace of that name.
+
+        Why not "always a namespace" (as it once was): ``GET /v1/policies`` lists subject
+        settings under the subject's name, so reading that name back as a namespace showed a
+        different policy (BACKWARD) than the one registrations applied (NONE)."""
+        if name == GLOBAL_SCOPE:
+            return PolicyTarget("global", GLOBAL_SCOPE, None, None)
+        if name.startswith("ns:"):
+            return PolicyTarget("namespace", name, None, name[3:])
+        if self.store.get_config(name) is not None or self.store.versions(name, include_deleted=True):
+            return PolicyTarget("subject", name, name, None)
+        return PolicyTarget("namespace", f"ns:{name}", None, name)
 
     def set_policy(self, *, actor: str, subject: str | None = None, namespace: str | None = None,
                    compatibility: str | None = None, pii_policy: str | None = None,

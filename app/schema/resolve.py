@@ -256,9 +256,9 @@ def resolve_schema_config(config: Mapping[str, Any], *, git: GitSchemaSource | N
             text, fmt, number = v["schema"], SchemaFormat.parse(v["format"]), str(v["version"])
             label = v.get("label") or f"v{number}"
             url = f"{base}/v1/subjects/{subject}/versions/{number}"
-            if compatibility is None:
-                compatibility = _http_json(f"{base}/v1/policies/{urllib.parse.quote(v['namespace'], safe='')}") \
-                    .get("compatibility", "BACKWARD")
+            if compatibility is None:  # the subject's effective policy (subject -> namespace -> global),
+                # the one its registrations are checked with - not only its namespace's
+                compatibility = _http_json(f"{base}/v1/policies/{q}").get("compatibility", "BACKWARD")
         else:
             v = _http_json(f"{base}/subjects/{q}/versions/{urllib.parse.quote(version, safe='')}")
             text, fmt, number = v["schema"], SchemaFormat.parse(v.get("schemaType")), str(v["version"])

@@ -17,6 +17,23 @@ bearer JWT) and authorized against one route table in :mod:`app.schema.authz`; t
 actor is always the verified principal (``anonymous`` only where anonymous access is
 explicitly allowed). Client-supplied actor headers are ignored.
 
+One reading of every request, for the check and the handler alike:
+
+- request bodies are parsed once, by FastAPI, into the models below; a route whose
+  authorization depends on its input (``write`` rules) decides it in a dependency that
+  receives that validated model (or path parameter) and hands the same object to the
+  handler (:func:`app.schema.authz.decide`);
+- the models are strict (:data:`_STRICT`): ``"false"``, ``"0"``, ``0`` or ``null`` is not a
+  boolean, ``"3"`` is not an integer - a value means what its JSON type says or is refused
+  (422), so no reader can convert it into something else. The Prism ``/v1`` models also refuse
+  unknown fields (``"Dry_Run"``, ``"dryRun"``, ``"schema_"``: a field that looks like one
+  but is not would otherwise be silently ignored); the Confluent ones accept them (Confluent
+  clients send fields this registry does not use), still strictly typed;
+- a JSON body with a duplicated key (at any depth) is refused (422): ``json.loads`` keeps
+  the last one, a proxy or WAF in front may keep the first;
+- one body-size limit, :data:`MAX_BODY_BYTES`, for every route, enforced on the bytes
+  received (``Content-Length`` or not) before authentication (:class:`_BodyLimit`).
+
 Run: ``prism schema serve`` (or ``uvicorn app.schema.service:app`` with ``PRISM_REGISTRY_DB``
 and the ``PRISM_REGISTRY_USERS_FILE`` / ``_JWT_CONFIG`` / ``_ALLOW_ANONYMOUS`` settings).
 """
@@ -30,19 +47,19 @@ import re
 import time
 from typing import Any
 
-from fastapi import Body, FastAPI, Query, Request
+from fastapi import Body, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.schema import authz
 from app.schema.authz import RegistryAuthMiddleware, actor_of, registry_auth_from_env
 from app.schema.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from app.schema.metrics import UNMATCHED_ROUTE
 from app.schema.model import SchemaFormat
 from app.schema.registry import (
-    GLOBAL_SCOPE,
     InvalidSchema,
     InvalidVersion,
     Registry,
@@ -54,6 +71,16 @@ from app.schema.store import open_store
 from app.security.http_auth import HttpAuth
 
 CONFLUENT_CT = "application/vnd.schemaregistry.v1+json"
+#: The one request-body limit of every route (a schema text is rarely over a few MB).
+MAX_BODY_BYTES = 16 * 1024 * 1024
+#: Error code of a refused oversized body (Confluent has none; 413 + the HTTP status, as 40101 is 401 + 01).
+ERROR_BODY_TOO_LARGE = 41301
+
+#: Every request model: strict types (no "false" -> False, "3" -> 3), fields by their JSON
+#: name only (``schema``, never also ``schema_``).
+_STRICT = ConfigDict(strict=True, populate_by_name=False)
+#: Prism /v1 models also refuse unknown fields (a misspelt or case-variant field is an error).
+_STRICT_CLOSED = ConfigDict(strict=True, populate_by_name=False, extra="forbid")
 
 
 class ConfluentJSON(JSONResponse):
@@ -69,32 +96,52 @@ class SchemaBody(BaseModel):
     id: int | None = Field(None, description="IMPORT mode only: the schema's id in the registry it comes from")
     version: int | None = Field(None, description="IMPORT mode only: the version number to import it as")
 
-    model_config = {"populate_by_name": True, "extra": "allow"}
+    model_config = ConfigDict(strict=True, populate_by_name=False, extra="allow")
 
 
 class ModeBody(BaseModel):
     mode: str
+
+    model_config = _STRICT
 
 
 class ConfigBody(BaseModel):
     compatibility: str | None = None
     compatibilityLevel: str | None = None
 
-    model_config = {"extra": "allow"}
+    model_config = ConfigDict(strict=True, populate_by_name=False, extra="allow")
 
 
 class PrismRegisterBody(BaseModel):
-    """RFC-030 ``POST /v1/schemas``."""
+    """RFC-030 ``POST /v1/schemas``. :meth:`policy_change` is the one reading of "does this
+    request set the subject's compatibility policy" - the authorization check and the handler
+    both call it on the same validated instance."""
 
     namespace: str | None = None
     topic: str = Field(description="subject (topic) name, e.g. orders.created")
     version: str | None = Field(None, description="label such as 'v2' (numbers are assigned by the registry)")
     format: str = "protobuf"
     schema_: str = Field(alias="schema", description="schema text (or base64 of it)")
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    dry_run: bool = False
+    metadata: dict[str, Any] = Field(default_factory=dict, description=(
+        "stored with the version; compatibility_mode (a string) also sets the subject's policy (admin)"))
+    dry_run: bool = Field(False, description="a JSON boolean: check and report, store nothing")
 
-    model_config = {"populate_by_name": True}
+    model_config = _STRICT_CLOSED
+
+    @model_validator(mode="after")
+    def _compatibility_mode_is_text(self) -> PrismRegisterBody:
+        """``metadata.compatibility_mode`` changes a policy, so it gets a type too: a string
+        (or null / absent). ``0``, ``false`` or ``["NONE"]`` would otherwise be "no change" to
+        one reader and something else to the next."""
+        mode = self.metadata.get("compatibility_mode")
+        if mode is not None and not isinstance(mode, str):
+            raise ValueError("metadata.compatibility_mode must be a string such as \"BACKWARD\"")
+        return self
+
+    def policy_change(self) -> str | None:
+        """The compatibility mode this request sets on its subject, or None (also for dry runs)."""
+        mode = self.metadata.get("compatibility_mode")
+        return mode if isinstance(mode, str) and mode and not self.dry_run else None
 
 
 class PrismCheckBody(BaseModel):
@@ -103,13 +150,15 @@ class PrismCheckBody(BaseModel):
     mode: str | None = None
     version: str | None = None
 
-    model_config = {"populate_by_name": True}
+    model_config = _STRICT_CLOSED
 
 
 class PolicyBody(BaseModel):
     compatibility: str | None = None
     pii_policy: str | None = None
     approval_required: bool | None = None
+
+    model_config = _STRICT_CLOSED
 
 
 class ApprovalBody(BaseModel):
@@ -118,13 +167,15 @@ class ApprovalBody(BaseModel):
     format: str = "protobuf"
     reason: str = ""
 
-    model_config = {"populate_by_name": True}
+    model_config = _STRICT_CLOSED
 
 
 class ConsumerReport(BaseModel):
     subject: str
     version: int
     consumer_id: str
+
+    model_config = _STRICT_CLOSED
 
 
 def _actor(request: Request) -> str:
@@ -181,11 +232,12 @@ def _schema_json(reg: Registry, schema_id: int) -> dict[str, Any]:
 
 
 def create_app(registry: Registry | None = None, *, store_url: str | None = None,
-               auth: HttpAuth | None = None) -> FastAPI:
+               auth: HttpAuth | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """Build the app around ``registry`` (or a store opened from ``store_url`` / ``PRISM_REGISTRY_DB``).
 
     ``auth`` says who may do what (:mod:`app.schema.authz`); without it the settings come from
-    the environment, and none at all is a :class:`~app.errors.ConfigError` (never an open registry)."""
+    the environment, and none at all is a :class:`~app.errors.ConfigError` (never an open registry).
+    ``max_body_bytes`` is the request-body limit of every route (tests use a small one)."""
     auth = auth if auth is not None else registry_auth_from_env()
     reg = registry or Registry(open_store(store_url or os.environ.get("PRISM_REGISTRY_DB")))
     app = FastAPI(title="Prism Schema Registry", version="1.0",
@@ -198,8 +250,18 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
     # authorized, and only then may the fast path answer from its cache.
     app.add_middleware(_FastReads, registry=reg)
     app.add_middleware(RegistryAuthMiddleware, auth=auth)
+    app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)  # before authentication: no Argon2 for 40 MB
     app.add_middleware(_CountRequests, registry=reg)
     app.add_middleware(_EncodedSlashes)
+
+    @app.exception_handler(authz.Refused)
+    async def refused(_: Request, exc: authz.Refused) -> Response:
+        status, headers, body = authz.refusal_response(auth, exc.status, exc.code, exc.message)
+        out = Response(body, status_code=status, media_type=CONFLUENT_CT)
+        for k, v in headers:
+            if k.lower() != "content-type":
+                out.headers.append(k, v)
+        return out
 
     @app.exception_handler(RegistryError)
     async def registry_error(_: Request, exc: RegistryError) -> JSONResponse:
@@ -220,6 +282,26 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
     async def store_error(_: Request, exc: Exception) -> JSONResponse:
         return ConfluentJSON({"error_code": 50001, "message": f"Error in the backend data store: {exc}"},
                              status_code=500)
+
+    # ---- the deciding dependencies of the write routes (authz.decide): each receives the
+    # value the handler will receive - FastAPI's path parameter, or the validated model - and
+    # returns it, so the handler acts on exactly what was authorized.
+    @authz.decides
+    def subject_writer(request: Request, subject: str) -> str:
+        authz.decide(request, subject=subject)
+        return subject
+
+    @authz.decides
+    def register_writer(request: Request, body: PrismRegisterBody) -> PrismRegisterBody:
+        moves = (body.namespace is not None and not body.dry_run
+                 and body.namespace != reg.namespace_for(body.topic))
+        authz.decide(request, subject=body.topic, admin=body.policy_change() is not None or moves)
+        return body
+
+    @authz.decides
+    def approval_writer(request: Request, body: ApprovalBody) -> ApprovalBody:
+        authz.decide(request, subject=body.subject)
+        return body
 
     def fmt_of(body_type: str | None, operation: str) -> SchemaFormat:
         try:
@@ -250,7 +332,8 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
         return [v.version for v in reg.versions(subject, include_deleted=deleted)]
 
     @app.post("/subjects/{subject}/versions", response_class=ConfluentJSON, tags=["confluent"])
-    def register(subject: str, request: Request, body: SchemaBody, normalize: bool = False) -> dict[str, Any]:
+    def register(request: Request, body: SchemaBody, subject: str = Depends(subject_writer),
+                 normalize: bool = False) -> dict[str, Any]:
         res = reg.register(subject, _text(reg, body), fmt_of(body.schemaType, "register"), actor=_actor(request),
                            references=body.references, schema_id=body.id, version=body.version)
         out = {"id": res.version.id, "version": res.version.version, "subject": subject, "schema": body.schema_}
@@ -385,12 +468,11 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
 
     # ----------------------------------------------------------------------- Prism /v1 --
     @app.post("/v1/schemas", tags=["prism"])
-    def v1_register(body: PrismRegisterBody, request: Request) -> dict[str, Any]:
+    def v1_register(request: Request, body: PrismRegisterBody = Depends(register_writer)) -> dict[str, Any]:
         text = _maybe_b64(body.schema_)
         meta = dict(body.metadata)
-        if body.metadata.get("compatibility_mode") and not body.dry_run:
-            reg.set_policy(actor=_actor(request), subject=body.topic,
-                           compatibility=str(body.metadata["compatibility_mode"]))
+        if (mode := body.policy_change()) is not None:  # the same call register_writer authorized
+            reg.set_policy(actor=_actor(request), subject=body.topic, compatibility=mode)
         res = reg.register(body.topic, text, fmt_of(body.format, "register"), actor=_actor(request), namespace=body.namespace,
                            label=body.version, metadata=meta, dry_run=body.dry_run)
         rv = res.version
@@ -467,19 +549,26 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
 
     @app.get("/v1/policies", tags=["prism"])
     def v1_policies() -> list[dict[str, Any]]:
-        return [{"scope": c.scope, "compatibility": c.compatibility, "pii_policy": c.pii_policy,
-                 "approval_required": c.approval_required} for c in reg.store.configs()]
+        """Every stored setting, by the scope key ``GET|PUT /v1/policies/{scope}`` take."""
+        return [{"scope": c.scope, "kind": reg.policy_target(c.scope).kind, "compatibility": c.compatibility,
+                 "pii_policy": c.pii_policy, "approval_required": c.approval_required} for c in reg.store.configs()]
 
     @app.get("/v1/policies/{namespace}", tags=["prism"])
     def v1_get_policy(namespace: str) -> dict[str, Any]:
-        """``__global__`` addresses the global policy."""
-        return reg.policy(namespace=None if namespace == GLOBAL_SCOPE else namespace).to_dict()
+        """The effective policy of a scope (``__global__``, ``ns:<namespace>``, or a name: the
+        subject of that name if the registry knows one, else the namespace) - resolved the way
+        a registration resolves it, so it shows what the writes made it."""
+        target = reg.policy_target(namespace)
+        return {**reg.policy(target.subject, target.namespace).to_dict(), "scope": target.scope, "kind": target.kind}
 
     @app.put("/v1/policies/{namespace}", tags=["prism"])
     def v1_put_policy(namespace: str, body: PolicyBody, request: Request) -> dict[str, Any]:
-        return reg.set_policy(actor=_actor(request), namespace=None if namespace == GLOBAL_SCOPE else namespace,
-                              compatibility=body.compatibility,
-                              pii_policy=body.pii_policy, approval_required=body.approval_required).to_dict()
+        """Writes the scope the GET of the same name reads (:meth:`Registry.policy_target`)."""
+        target = reg.policy_target(namespace)
+        pol = reg.set_policy(actor=_actor(request), subject=target.subject, namespace=target.namespace,
+                             compatibility=body.compatibility, pii_policy=body.pii_policy,
+                             approval_required=body.approval_required)
+        return {**pol.to_dict(), "scope": target.scope, "kind": target.kind}
 
     @app.get("/v1/audit", tags=["prism"])
     def v1_audit(subject: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
@@ -491,7 +580,7 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
                 for e in reg.pii_audit()]
 
     @app.post("/v1/approvals", tags=["prism"])
-    def v1_request_approval(body: ApprovalBody, request: Request) -> dict[str, Any]:
+    def v1_request_approval(request: Request, body: ApprovalBody = Depends(approval_writer)) -> dict[str, Any]:
         row = reg.request_approval(body.subject, _maybe_b64(body.schema_), fmt_of(body.format, "approval"),
                                    actor=_actor(request), reason=body.reason)
         return _approval_json(row)
@@ -545,6 +634,11 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
 
         return PAGE
 
+    missing = [f"{sorted(r.methods)} {r.path}" for r in app.routes if isinstance(r, APIRoute)
+               for m in r.methods if (rule := authz.explicit_rule(m, r.path)) is not None
+               and rule.need == authz.WRITE and not authz.has_decision(r.dependant)]
+    if missing:  # a write route would be open to every writer: refuse to build the app
+        raise RuntimeError(f"write routes without an authz.decides dependency: {missing}")
     app.state.started_at = time.time()
     return app
 
@@ -576,7 +670,9 @@ class _EncodedSlashes:
 
 
 class _SlashRoute(APIRoute):
-    """Restores the '/' :class:`_EncodedSlashes` hid in a path parameter."""
+    """Every registry route: restores the '/' :class:`_EncodedSlashes` hid in a path
+    parameter, refuses a request the middleware authorized under another route's rule
+    (:func:`app.schema.authz.check_routed`), and parses JSON bodies with :class:`_JsonRequest`."""
 
     def matches(self, scope: Any) -> Any:
         match, child = super().matches(scope)
@@ -584,6 +680,104 @@ class _SlashRoute(APIRoute):
             child["path_params"] = {k: v.replace(_SLASH, "/") if isinstance(v, str) else v
                                     for k, v in child["path_params"].items()}
         return match, child
+
+    def get_route_handler(self) -> Any:
+        handler = super().get_route_handler()
+        template = self.path
+
+        async def checked(request: Request) -> Response:
+            authz.check_routed(request.scope, template)
+            response: Response = await handler(_JsonRequest(request.scope, request.receive))
+            return response
+
+        return checked
+
+
+class DuplicateKey(json.JSONDecodeError):
+    """A JSON object with the same key twice (FastAPI reports it as a 422 ``json_invalid``)."""
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise DuplicateKey(f"duplicate key {k[:100]!r}", "", 0)
+        out[k] = v
+    return out
+
+
+def _no_constants(name: str) -> Any:
+    raise json.JSONDecodeError(f"{name} is not JSON", "", 0)
+
+
+class _JsonRequest(Request):
+    """The request a route's body is parsed from: strict JSON. A duplicated key (Python keeps
+    the last one, other parsers the first) and ``NaN``/``Infinity`` (not JSON) are refused."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            self._json = json.loads(body, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+        return self._json
+
+
+class _BodyTooLarge(Exception):
+    """Raised into the reader of a body that went over the limit (never reaches a client)."""
+
+
+class _BodyLimit:
+    """One request-body limit for every route, counted on the bytes actually received: a
+    ``Content-Length`` over it is refused before anything is read; a body without one (chunked)
+    is cut off when it crosses the limit - whoever is reading gets an exception, and whatever
+    the app answers then is replaced by the 413. Pure ASGI, like the other middlewares."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for key, value in scope["headers"]:
+            if key == b"content-length" and value.strip().isdigit() and int(value) > self.max_bytes:
+                await self._refuse(send)
+                return
+        seen, over, started = 0, False, False
+
+        async def counted() -> Any:
+            nonlocal seen, over
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    over = True
+                    raise _BodyTooLarge
+            return message
+
+        async def guarded(message: Any) -> None:
+            nonlocal started
+            if over and not started:
+                return  # the app's answer to a cut-off body is replaced below
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, guarded)
+        except Exception:
+            if not over:
+                raise
+        if over and not started:
+            await self._refuse(send)
+
+    async def _refuse(self, send: Any) -> None:
+        limit = self.max_bytes
+        body = json.dumps({"error_code": ERROR_BODY_TOO_LARGE,
+                           "message": f"Request body too large: the limit is {limit} bytes"
+                                      f"{f' ({limit // 1048576} MiB)' if limit % 1048576 == 0 else ''}"}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", CONFLUENT_CT.encode()), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
 
 
 class _CountRequests:

@@ -88,6 +88,12 @@ def test_resolve_from_prism_and_confluent_registry(live_server, monkeypatch) -> 
     c = resolve_schema_config({"registry_type": "confluent", "url": live_server.url,
                                "subject": "orders.created", "version": "latest"})
     assert c.hash == r.hash and c.version == "v1" and c.compatibility == "FULL"
+    # a subject-level setting is what registrations apply: both registry types report it (the
+    # prism one read the namespace's policy and said FULL)
+    live_server.registry.set_policy(actor="t", subject="orders.created", compatibility="NONE")
+    for kind in ("prism", "confluent"):
+        got = resolve_schema_config({"registry_type": kind, "url": live_server.url, "subject": "orders.created"})
+        assert got.compatibility == "NONE", kind
     with pytest.raises(SchemaTampered):
         resolve_schema_config({"registry_type": "confluent", "url": live_server.url, "subject": "orders.created",
                                "expected_hash": "sha256:" + "0" * 64})
