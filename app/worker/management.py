@@ -26,6 +26,15 @@ format) or a bearer JWT (``PRISM_ADMIN_JWT_CONFIG``), through the same
 :mod:`app.security.http_auth` as the schema registry. With no credentials configured the
 mutating routes are simply closed (401). Refusals look like Kafka Connect's:
 ``{"error_code": 401|403, "message": ...}``, 401 with ``WWW-Authenticate``.
+
+Every route the web server serves goes through the table, Faust's own included: the check is
+an aiohttp middleware on the server (:func:`_guard`), keyed by the template of the route the
+router matched - not a per-view hook that a route mounted some other way would skip. Faust's
+built-in views (``/router/...``, ``/table/...`` - which answer whether a key such as a message
+id is in a table -, ``/graph``, statistics and its index page at ``/``) are switched off:
+Prism uses none of them (no ``@table_route``). Were one mounted anyway (a Faust upgrade, an
+``APP_WEB_*`` setting), it would need ``admin``, and ``tests/worker/test_management_auth.py``
+enumerates the running router's routes and fails on any the table does not name.
 ``PRISM_WEB_SSL_CERTFILE`` + ``PRISM_WEB_SSL_KEYFILE`` serve all of it over HTTPS (Faust's
 ``web_ssl_context``). Every setting is validated when the worker is built.
 """
@@ -43,7 +52,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from aiohttp import web as aiohttp_web
 from faust.web import View
+from faust.web.base import BlueprintManager
 
 from app.errors import ConfigError
 from app.observability.metrics import CONTENT_TYPE
@@ -89,11 +100,34 @@ RULES: Mapping[tuple[str, str], str] = {
     ("PUT", "/connectors/{name}/pause"): ADMIN,
     ("PUT", "/connectors/{name}/resume"): ADMIN,
     ("POST", "/connectors/{name}/restart"): ADMIN,
+    # Faust serves HEAD on every view (as its GET); a HEAD has the rule of the template's GET.
+    # These views have no GET (HEAD answers 405) and their HEAD is an admin's like their write.
+    ("HEAD", "/connectors/{name}/pause"): ADMIN,
+    ("HEAD", "/connectors/{name}/resume"): ADMIN,
+    ("HEAD", "/connectors/{name}/restart"): ADMIN,
 }
 
 
+def _rule(method: str, template: str) -> str | None:
+    rule = RULES.get((method, template))
+    return RULES.get(("GET", template)) if rule is None and method == "HEAD" else rule
+
+
 def rule_for(method: str, template: str) -> str:
-    return RULES.get(("GET" if method == "HEAD" else method, template), ADMIN)
+    """What a request to route ``template`` needs (``HEAD`` is ``GET`` unless it has a rule of
+    its own); ``admin`` without a rule."""
+    return _rule(method, template) or ADMIN
+
+
+def served_routes(app: faust.App) -> list[tuple[str, str]]:
+    """(method, template) of every route the worker's aiohttp router holds (what it serves)."""
+    return sorted((r.method, r.resource.canonical) for r in app.web.web_app.router.routes()  # type: ignore[attr-defined]
+                  if r.resource is not None)
+
+
+def unclassified_routes(app: faust.App) -> list[tuple[str, str]]:
+    """Served routes without a rule of their own in :data:`RULES` (they fall back to ``admin``)."""
+    return [(m, t) for m, t in served_routes(app) if _rule(m, t) is None]
 
 
 @dataclass(frozen=True)
@@ -276,12 +310,20 @@ async def dlq_depth(observer: Observer) -> dict[str, Any]:
 
 
 def register_views(app: faust.App, observer: Observer, settings: ManagementSettings | None = None) -> None:
-    """Mount every view on `app`'s Faust web server (call before the app starts)."""
+    """Mount every view on `app`'s Faust web server, switch Faust's own views off and install
+    the authorization guard in front of all of it (call before the app starts)."""
     obs = observer
     auth = (settings or ManagementSettings.default()).auth
+    server = app.web
+    if server.blueprints.applied:
+        raise RuntimeError("register_views must run before the web server is initialized")
+    # Faust's built-in views (router, tables, graph, stats, index) are blueprints; Prism mounts
+    # its views with app.page and uses none of them, so none is applied.
+    server.blueprints = BlueprintManager()
+    server.web_app.middlewares.append(_guard(auth))  # type: ignore[attr-defined]
 
     class View(_GuardedView):
-        _auth = auth
+        pass
 
     def _known(view: View, name: str) -> None:
         p = obs.pipeline
@@ -393,20 +435,45 @@ async def authorize(auth: HttpAuth, need: str, what: str, authorization: list[st
     return Refusal(403, f"Forbidden: user {principal.name[:100]!r} may not {what} (needs {need})")
 
 
-class _GuardedView(View):
-    """A Faust view that authenticates and authorizes per :data:`RULES` before dispatching."""
+#: aiohttp request key: the rule :func:`_guard` applied (its views check it is there).
+_AUTHORIZED = aiohttp_web.RequestKey("prism_authorized_need", str)
 
-    _auth: HttpAuth
+
+def _guard(auth: HttpAuth) -> Any:
+    """The aiohttp middleware that authorizes every request of the worker's web server by the
+    template of the route the router matched, per :data:`RULES` (no rule: ``admin``). Requests
+    that match no route go on to aiohttp's own 404/405 (nothing is served)."""
+
+    @aiohttp_web.middleware
+    async def guard(request: Any, handler: Any) -> Any:
+        info = request.match_info
+        if info.http_exception is not None or info.route.resource is None:
+            return await handler(request)
+        template = info.route.resource.canonical
+        need = rule_for(request.method, template)
+        if need != OPEN:
+            verdict = await authorize(auth, need, f"{request.method} {template}",
+                                      request.headers.getall("Authorization", []), request.remote)
+            if isinstance(verdict, Refusal):
+                return aiohttp_web.json_response(verdict.body(), status=verdict.status, headers=verdict.headers)
+            _PRINCIPAL.set(verdict.name)
+        request[_AUTHORIZED] = need
+        return await handler(request)
+
+    return guard
+
+
+class _GuardedView(View):
+    """A Prism view: refuses to run unless :func:`_guard` authorized the request for this
+    view's own template (a view reached without the guard - mounted on another server, or the
+    guard removed - is closed, not open)."""
+
     template: str = ""
 
     async def dispatch(self, request: Any) -> Any:
-        need = rule_for(request.method, self.template)
-        if need != OPEN:
-            verdict = await authorize(self._auth, need, f"{request.method} {self.template}",
-                                      request.headers.getall("Authorization", []), request.remote)
-            if isinstance(verdict, Refusal):
-                return self.json(verdict.body(), status=verdict.status, headers=verdict.headers)
-            _PRINCIPAL.set(verdict.name)
+        if request.get(_AUTHORIZED) != rule_for(request.method, self.template):
+            return self.json({"error_code": 500, "message": "request not authorized by the management guard"},
+                             status=500)
         return await super().dispatch(request)
 
 
