@@ -134,6 +134,44 @@ def _parse_servers(raw: str) -> tuple[list[str], list[str]]:
     return servers, problems
 
 
+def _check_client_cert(env: Mapping[str, str], protocol: str,
+                       problems: list[str]) -> tuple[Path | None, Path | None, str | None]:
+    """Validate ``PRISM_SSL_CERTFILE``/``PRISM_SSL_KEYFILE``/``PRISM_SSL_KEY_PASSWORD``, appending to
+    ``problems``. Why here and not at connect time: a key that does not match its certificate, or a
+    typo in a path, otherwise surfaces as a TLS alert from the broker that names neither file."""
+    cert_text = (env.get("PRISM_SSL_CERTFILE") or "").strip()
+    key_text = (env.get("PRISM_SSL_KEYFILE") or "").strip()
+    key_password = env.get("PRISM_SSL_KEY_PASSWORD") or None
+    certfile = Path(cert_text).expanduser() if cert_text else None
+    keyfile = Path(key_text).expanduser() if key_text else None
+    if certfile is None and keyfile is None:
+        if key_password is not None:
+            problems.append("PRISM_SSL_KEY_PASSWORD: set, but there is no PRISM_SSL_KEYFILE; set both "
+                            "PRISM_SSL_CERTFILE and PRISM_SSL_KEYFILE, or unset it")
+        return None, None, None
+    before = len(problems)
+    if protocol not in ("SSL", "SASL_SSL"):
+        problems.append(f"PRISM_SSL_CERTFILE/PRISM_SSL_KEYFILE: set, but PRISM_SECURITY_PROTOCOL={protocol} "
+                        "does not use TLS; use SSL (mutual TLS) or SASL_SSL, or unset them")
+    if certfile is None:
+        problems.append("PRISM_SSL_CERTFILE: required with PRISM_SSL_KEYFILE (the client certificate "
+                        "that goes with the key)")
+    if keyfile is None:
+        problems.append("PRISM_SSL_KEYFILE: required with PRISM_SSL_CERTFILE (the private key of the "
+                        "client certificate)")
+    for name, path in (("PRISM_SSL_CERTFILE", certfile), ("PRISM_SSL_KEYFILE", keyfile)):
+        if path is not None and not path.is_file():
+            problems.append(f"{name}: {str(path)!r} does not exist or is not a file")
+    if len(problems) == before and certfile is not None and keyfile is not None:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(str(certfile), str(keyfile), key_password)
+        except (OSError, ssl.SSLError) as exc:
+            why = "wrong PRISM_SSL_KEY_PASSWORD or " if key_password else ""
+            problems.append(f"PRISM_SSL_CERTFILE/PRISM_SSL_KEYFILE: {str(certfile)!r} and {str(keyfile)!r} do not "
+                            f"load as a PEM certificate and its private key ({why}not a matching pair: {exc})")
+    return certfile, keyfile, key_password
+
+
 @dataclass(frozen=True)
 class BrokerSettings:
     """Where the Kafka cluster is and how to authenticate to it.
@@ -148,12 +186,17 @@ class BrokerSettings:
     sasl_username: str | None = None
     sasl_password: str | None = field(default=None, repr=False)
     ssl_cafile: Path | None = None
+    #: client certificate (PEM chain, leaf first) for mutual TLS; the broker's principal is its subject
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    ssl_key_password: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> BrokerSettings:
         """Read and validate ``PRISM_BROKER_URL``, ``PRISM_SECURITY_PROTOCOL``,
-        ``PRISM_SASL_MECHANISM``, ``PRISM_SASL_USERNAME``, ``PRISM_SASL_PASSWORD`` and
-        ``PRISM_SSL_CAFILE``.
+        ``PRISM_SASL_MECHANISM``, ``PRISM_SASL_USERNAME``, ``PRISM_SASL_PASSWORD``,
+        ``PRISM_SSL_CAFILE`` and the client certificate for mutual TLS, ``PRISM_SSL_CERTFILE``,
+        ``PRISM_SSL_KEYFILE`` and (for an encrypted key) ``PRISM_SSL_KEY_PASSWORD``.
 
         Raises:
             BrokerSettingsError: listing every problem found, each prefixed with its variable.
@@ -209,6 +252,8 @@ class BrokerSettings:
                 except (OSError, ssl.SSLError) as exc:
                     problems.append(f"PRISM_SSL_CAFILE: {str(cafile)!r} is not a readable PEM CA bundle ({exc})")
 
+        certfile, keyfile, key_password = _check_client_cert(env, protocol, problems)
+
         if not servers and not url_problems and protocol != "PLAINTEXT":
             problems.append(f"PRISM_SECURITY_PROTOCOL: {protocol} needs a real cluster, but PRISM_BROKER_URL is "
                             "empty (the embedded broker has no authentication); set PRISM_BROKER_URL or "
@@ -222,6 +267,9 @@ class BrokerSettings:
             sasl_username=username if sasl else None,
             sasl_password=password if sasl else None,
             ssl_cafile=cafile,
+            ssl_certfile=certfile,
+            ssl_keyfile=keyfile,
+            ssl_key_password=key_password,
         )
 
     @property
@@ -238,7 +286,27 @@ class BrokerSettings:
         """A verifying TLS context for SSL/SASL_SSL (``PRISM_SSL_CAFILE`` or the system CAs)."""
         if self.security_protocol not in ("SSL", "SASL_SSL"):
             return None
-        return ssl.create_default_context(cafile=str(self.ssl_cafile) if self.ssl_cafile else None)
+        context = ssl.create_default_context(cafile=str(self.ssl_cafile) if self.ssl_cafile else None)
+        if self.ssl_certfile is not None and self.ssl_keyfile is not None:
+            context.load_cert_chain(str(self.ssl_certfile), str(self.ssl_keyfile), self.ssl_key_password)
+        return context
+
+    @property
+    def principal(self) -> str | None:
+        """The Kafka principal these settings authenticate as, for ACL advice (None: anonymous).
+
+        SASL: ``User:<username>``. Mutual TLS: ``User:<certificate subject>`` in RFC 2253 form,
+        which is what a broker without ``ssl.principal.mapping.rules`` uses; brokers with mapping
+        rules shorten it (e.g. to the CN), which the client cannot see."""
+        if self.security_protocol.startswith("SASL_"):
+            return f"User:{self.sasl_username}"
+        if self.ssl_certfile is not None:
+            from cryptography import x509
+
+            with contextlib.suppress(OSError, ValueError):
+                cert = x509.load_pem_x509_certificate(self.ssl_certfile.read_bytes())
+                return f"User:{cert.subject.rfc4514_string()}"
+        return "User:ANONYMOUS" if self.bootstrap_servers else None
 
     def aiokafka_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for aiokafka producers, consumers and admin clients."""

@@ -108,6 +108,7 @@ def run(
     from app.worker.pipeline import PipelineApp
 
     use_uvloop()  # first: the Faust app built below binds the event loop that exists then
+    checked = None  # the supervisor's validation-only pipeline (--processes)
     _check_web_bind(web_bind)
     if dev_keys:
         ensure_dev_keys(Path("var/dev-keys"))
@@ -126,8 +127,8 @@ def run(
         # here once, before any broker, not as N workers crash-looping.
         management = ManagementSettings.from_env()
         # validation only (keys, JWKS, schema, archive settings): the children build their own
-        PipelineApp(topo, bootstrap=bootstrap, data_dir=child_data_dir(data_dir, topo.name, 0),
-                    embedded=settings.embedded, broker_settings=None if settings.embedded else settings)
+        checked = PipelineApp(topo, bootstrap=bootstrap, data_dir=child_data_dir(data_dir, topo.name, 0),
+                              embedded=settings.embedded, broker_settings=None if settings.embedded else settings)
         _check_ports(web_port, processes)
         supervisor = _supervisor(topology, topo, processes=processes, bootstrap=bootstrap, embedded=settings.embedded,
                                  data_dir=data_dir, web_port=web_port, loglevel=loglevel, web_bind=web_bind,
@@ -143,8 +144,14 @@ def run(
                                archive_shard=parse_shard(os.environ.get(SHARD_ENV)),
                                # metrics, health and the management API on --web-port; tracing per
                                # PRISM_TRACES_EXPORTER (none by default)
+        if broker is None:  # a real cluster: auth and TLS first, one line, no retry loop
+            from app.broker.preflight import plan_for, preflight
+
+            preflight(settings)
                                observe=Observer.from_env(),
                                # web_host names this worker in `status` (worker_id): the pod's hostname
+        if broker is None:  # then the ACLs (the topics exist now); the supervisor checks once for all
+            preflight(settings, plan_for(pipeline if pipeline is not None else checked))
                                # when listening on every interface
                                web_bind=web_bind, web_host=socket.gethostname() if web_bind in ("0.0.0.0", "::")
                                else web_bind)

@@ -59,7 +59,7 @@ import faust
 
 from app.broker.admin import BrokerSettings
 from app.broker.embedded import with_parent_death_signal
-from app.errors import ConfigError
+from app.errors import ConfigError, PrismError
 from app.worker.dispatch import install_fast_dispatch
 from app.worker.offsets import install_listoffsets_workaround
 
@@ -403,8 +403,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         use_uvloop()  # before the app exists: it binds the loop it is built on
     try:
         app = load_app(args.target)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except PrismError as exc:  # configuration, and the broker preflight (auth, TLS, ACLs)
+        print(f"error [{exc.code}] {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
     run_worker(app, loglevel=args.loglevel, uvloop=not args.no_uvloop)
 

@@ -971,9 +971,15 @@ def app_from_env() -> faust.App:
             raise ConfigError(f"{MAX_REQUEST_ENV}={max_request!r} is not a byte count of at least 65536",
                               hint="set the producer's max_request_size in bytes, e.g. 4194304")
         overrides["producer_max_request_size"] = int(max_request)
-    return PipelineApp(topo, bootstrap=os.environ["PRISM_BOOTSTRAP"], data_dir=os.environ["PRISM_DATA_DIR"],
+    pipeline = PipelineApp(topo, bootstrap=os.environ["PRISM_BOOTSTRAP"], data_dir=os.environ["PRISM_DATA_DIR"],
                        app_id=os.environ.get("PRISM_APP_ID"), embedded=embedded, broker_settings=settings,
                        web_port=int(port) if port else None, observe=Observer.from_env(),
                        web_bind=bind, web_host=socket.gethostname() if bind in ("0.0.0.0", "::") else bind,
                        archive_location=os.environ.get("PRISM_ARCHIVE") or None,
-                       archive_shard=parse_shard(os.environ.get(SHARD_ENV)), **overrides).app
+                       archive_shard=parse_shard(os.environ.get(SHARD_ENV)), **overrides)
+    if settings is not None:
+        from app.broker.preflight import plan_for, preflight
+
+        # auth, TLS and ACLs as one error line now, not a retry loop inside Faust (app/broker/preflight.py)
+        preflight(settings, plan_for(pipeline))
+    return pipeline.app

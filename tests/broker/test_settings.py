@@ -157,3 +157,43 @@ def test_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PRISM_BROKER_URL", "from-env:9092")
     assert BrokerSettings.from_env().bootstrap == "from-env:9092"
+
+
+def _client_cert(tmp_path: Path) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "worker-1")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now)
+            .not_valid_after(now + dt.timedelta(days=1)).sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / "client.crt", tmp_path / "client.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_client_certificate_loads_into_the_context(tmp_path: Path, ca_file: Path) -> None:
+    cert, key = _client_cert(tmp_path)
+    settings = BrokerSettings.from_env({"PRISM_BROKER_URL": "b:9093", "PRISM_SECURITY_PROTOCOL": "SSL",
+                                        "PRISM_SSL_CAFILE": str(ca_file), "PRISM_SSL_CERTFILE": str(cert),
+                                        "PRISM_SSL_KEYFILE": str(key)})
+    assert settings.ssl_certfile == cert and settings.ssl_keyfile == key
+    assert isinstance(settings.ssl_context(), ssl.SSLContext)
+    assert settings.principal == "User:CN=worker-1"
+
+
+def test_client_certificate_problems_are_listed_at_once(tmp_path: Path) -> None:
+    _, key = _client_cert(tmp_path)
+    other_cert, _ = _client_cert(tmp_path / "x" if (tmp_path / "x").mkdir() is None else tmp_path)
+    problems = problems_of({"PRISM_BROKER_URL": "b", "PRISM_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+                            "PRISM_SASL_MECHANISM": "PLAIN", "PRISM_SASL_USERNAME": "u", "PRISM_SASL_PASSWORD": "p",
+                            "PRISM_SSL_CERTFILE": str(tmp_path / "missing.crt")})
+    assert any(p.startswith("PRISM_SSL_CERTFILE/PRISM_SSL_KEYFILE: set, but") for p in problems)
+    assert any(p.startswith("PRISM_SSL_KEYFILE: required") for p in problems)
+    assert any(p.startswith("PRISM_SSL_CERTFILE: ") and "does not exist" in p for p in problems)
+    mismatched = problems_of({"PRISM_BROKER_URL": "b", "PRISM_SECURITY_PROTOCOL": "SSL",
+                              "PRISM_SSL_CERTFILE": str(other_cert), "PRISM_SSL_KEYFILE": str(key)})
+    assert len(mismatched) == 1 and "not a matching pair" in mismatched[0]
+    assert problems_of({"PRISM_BROKER_URL": "b", "PRISM_SECURITY_PROTOCOL": "SSL",
+                        "PRISM_SSL_KEY_PASSWORD": "x"})[0].startswith("PRISM_SSL_KEY_PASSWORD: set, but")
