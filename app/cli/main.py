@@ -4,7 +4,6 @@ problems as one clear line (what, where, how to fix) with exit code 2, never a t
 from __future__ import annotations
 
 import asyncio
-import functools
 import ipaddress
 import json
 import os
@@ -19,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from app.cli.output import friendly as _friendly
 from app.errors import ConfigError, PrismError
 
 app = typer.Typer(help="Prism: uniform, signed, validated pub/sub envelopes (RFC-031).", no_args_is_help=True,
@@ -37,18 +37,8 @@ DEFAULT_TOPOLOGY = Path("topologies/orders-created.yaml")
 
 
 def friendly(fn: F) -> F:
-    """Turn Prism's typed errors into one readable line and exit code 2."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except PrismError as exc:
-            # one line, never wrapped or markup-interpreted: scripts and people grep it
-            err_console.print(f"[bold red]error[/] {escape(f'[{exc.code}] {exc}')}", soft_wrap=True)
-            raise typer.Exit(2) from None
-
-    return wrapper  # type: ignore[return-value]
+    """Turn Prism's typed errors into one readable line and exit code 2 (app/cli/output.py)."""
+    return _friendly(fn)
 
 
 def _mount_optional() -> None:
@@ -108,7 +98,6 @@ def run(
     from app.worker.pipeline import PipelineApp
 
     use_uvloop()  # first: the Faust app built below binds the event loop that exists then
-    checked = None  # the supervisor's validation-only pipeline (--processes)
     _check_web_bind(web_bind)
     if dev_keys:
         ensure_dev_keys(Path("var/dev-keys"))
@@ -119,6 +108,7 @@ def run(
     # connection error.
     port = None if not settings.embedded else find_free_port()
     bootstrap = f"127.0.0.1:{port}" if settings.embedded else settings.bootstrap
+    checked = None  # the supervisor's validation-only pipeline (--processes)
     if processes > 1:
         from app.worker.management import ManagementSettings
         from app.worker.supervisor import child_data_dir
@@ -144,14 +134,8 @@ def run(
                                archive_shard=parse_shard(os.environ.get(SHARD_ENV)),
                                # metrics, health and the management API on --web-port; tracing per
                                # PRISM_TRACES_EXPORTER (none by default)
-        if broker is None:  # a real cluster: auth and TLS first, one line, no retry loop
-            from app.broker.preflight import plan_for, preflight
-
-            preflight(settings)
                                observe=Observer.from_env(),
                                # web_host names this worker in `status` (worker_id): the pod's hostname
-        if broker is None:  # then the ACLs (the topics exist now); the supervisor checks once for all
-            preflight(settings, plan_for(pipeline if pipeline is not None else checked))
                                # when listening on every interface
                                web_bind=web_bind, web_host=socket.gethostname() if web_bind in ("0.0.0.0", "::")
                                else web_bind)
@@ -160,17 +144,24 @@ def run(
         broker = EmbeddedBroker(port=port, log_dir=data_dir / "broker").start()
         console.print(f"embedded broker on {bootstrap} (set PRISM_BROKER_URL to use a Kafka cluster)")
     try:
+        if broker is None:  # a real cluster: auth and TLS first, one line, no retry loop
+            from app.broker.preflight import plan_for, preflight
+
+            preflight(settings)
         asyncio.run(ensure_topics(bootstrap, topo.topics(), settings=None if broker else settings,
                                   configs=topo.topic_configs()))
+        if broker is None:  # then the ACLs (the topics exist now); the supervisor checks once for all
+            preflight(settings, plan_for(pipeline if pipeline is not None else checked))
         if pipeline is None:
             from app.worker.supervisor import supervise
 
             console.print(f"supervisor (pid {os.getpid()}) starting {processes} workers for topology "
-                          f"[bold]{topo.name}[/]" + (f"; status on {'https' if supervisor.management.ssl_context else 'http'}://127.0.0.1:{web_port}/workers"
+                          f"[bold]{escape(topo.name)}[/]" + (f"; status on {'https' if supervisor.management.ssl_context else 'http'}://127.0.0.1:{web_port}/workers"
                           if web_port else "")
                           + f"; state in {supervisor.status_file}")
             raise typer.Exit(asyncio.run(supervise(supervisor, web_port=web_port)))
-        console.print(f"worker for topology [bold]{topo.name}[/] reading {[s.topic for s in topo.sources]}")
+        console.print(f"worker for topology [bold]{escape(topo.name)}[/] reading "
+                      f"{escape(str([s.topic for s in topo.sources]))}")
         run_worker(pipeline.app, loglevel=loglevel)
     finally:
         if broker is not None:
@@ -268,29 +259,15 @@ def envelope_inspect(path: Annotated[str, typer.Argument(help="file with one env
                      payload: Annotated[bool, typer.Option(help="include the payload")] = False,
                      loose: Annotated[bool, typer.Option("--loose", help=_LOOSE_HELP)] = False) -> None:
     """Print an envelope (either layout) or an LNMP message (binary or text) as JSON. Auth tokens are shown redacted."""
-    from google.protobuf.json_format import MessageToDict
-
     from app.cli import lnmp_inspect
-    from app.envelope import decode, detect_layout
+    from app.cli.envelope_view import envelope_doc
 
     data = _read_input(path)
     if lnmp_inspect.is_lnmp(data):
         reading = lnmp_inspect.read(data, source=path, strict=not loose)
         console.print_json(json.dumps(lnmp_inspect.inspect_doc(reading, payload=payload)))
         return
-    env = decode(data)
-    doc = MessageToDict(env.header, preserving_proto_field_name=True)
-    if doc.get("security", {}).get("auth_token"):
-        doc["security"]["auth_token"] = "<redacted>"
-    doc["layout"] = detect_layout(data).value
-    doc["payload"] = {"type_url": env.payload.type_url, "bytes": len(env.payload)}
-    if payload and not env.is_encrypted:
-        body = env.payload_bytes()
-        try:
-            doc["payload"]["json"] = json.loads(body)
-        except ValueError:
-            doc["payload"]["base64"] = __import__("base64").b64encode(body).decode()
-    console.print_json(json.dumps(doc))
+    console.print_json(json.dumps(envelope_doc(data, payload=payload)))
 
 
 @envelope_app.command("validate")
@@ -317,9 +294,9 @@ def envelope_validate(path: Annotated[str, typer.Argument(help="file with one en
     problems = required_problems(env) + sanity_problems(env)
     if problems:
         for p in problems:
-            console.print(f"[red]✗[/] {p}")
+            console.print(f"[red]✗[/] {escape(str(p))}", soft_wrap=True)
         raise typer.Exit(1)
-    console.print(f"[green]✓[/] valid envelope {env.message_id}")
+    console.print(f"[green]✓[/] valid envelope {escape(env.message_id)}")
 
 
 @envelope_app.command("convert")
@@ -338,9 +315,9 @@ def envelope_convert(
         raise typer.BadParameter("--to must be 'draft' or 'reviewed'") from None
     out, dropped = convert(_read_input(path), layout)
     output.write_bytes(out)
-    console.print(f"wrote {len(out)} bytes ({layout.value} layout) to {output}")
+    console.print(f"wrote {len(out)} bytes ({layout.value} layout) to {escape(str(output))}")
     for d in dropped:
-        console.print(f"[yellow]dropped[/] {d}")
+        console.print(f"[yellow]dropped[/] {escape(str(d))}", soft_wrap=True)
 
 
 # --------------------------------------------------------------------------- topics / dlq
@@ -383,12 +360,19 @@ def topics_create(
         if override < MIN_SOURCE_RETENTION_MS:
             raise ConfigError(f"{source_retention!r} is under one minute", path="--source-retention",
                               hint="records could be deleted before the worker reads them")
+    from app.cli.dlq import LEDGER_CONFIGS, ledger_topics
+
     bootstrap, settings = _bootstrap()
     configs = topo.topic_configs(source_retention_ms=override)
-    states = asyncio.run(ensure_topics(bootstrap, topo.topics(), settings=settings, configs=configs))
+    # the DLQ replay ledgers too (compacted, app/cli/dlq.py), so a replay needs no create ACL
+    ledgers = ledger_topics(topo)
+    topics = {**topo.topics(), **ledgers}
+    states = asyncio.run(ensure_topics(bootstrap, topics, settings=settings,
+                                       configs={**configs, **{name: LEDGER_CONFIGS for name in ledgers}}))
     for name, state in sorted(states.items()):
         extra = f", retention.ms={configs[name]['retention.ms']}" if name in configs and state == "created" else ""
-        console.print(f"{state:>8}  {name} ({topo.topics()[name]} partitions{extra})")
+        extra += ", cleanup.policy=compact" if name in ledgers and state == "created" else ""
+        console.print(f"{state:>8}  {name} ({topics[name]} partitions{extra})", markup=False, highlight=False)
     limits = {name: int(cfg["retention.ms"]) for name, cfg in configs.items() if states.get(name) == "exists"}
     for c in asyncio.run(check_retention(bootstrap, limits, settings=settings)):
         if c.status == "too_long":
@@ -405,18 +389,40 @@ def topics_create(
 def dlq_replay(
     topology: Annotated[Path, typer.Option("--topology", "-t")] = DEFAULT_TOPOLOGY,
     reason: Annotated[str | None, typer.Option(help="only records with this prism.errors.reason")] = None,
+    record: Annotated[list[str] | None, typer.Option(
+        "--record", metavar="P@O", help="only this DLQ record, PARTITION@OFFSET as `prism dlq list` prints it "
+                                       "(repeatable)")] = None,
+    range_: Annotated[list[str] | None, typer.Option(
+        "--range", metavar="P@FIRST-LAST", help="only the DLQ records of partition P from offset FIRST to LAST, "
+                                                "both included (repeatable)")] = None,
+    source: Annotated[str | None, typer.Option(
+        help="only this source topic's DLQ (needed with --record/--range when the topology has several)")] = None,
     limit: Annotated[int, typer.Option(min=0, help="at most this many records (0: all)")] = 0,
-    dry_run: Annotated[bool, typer.Option(help="only count what would be replayed")] = False,
+    dry_run: Annotated[bool, typer.Option(help="only show what would be replayed; write nothing")] = False,
+    force: Annotated[bool, typer.Option(
+        help="replay records the ledger lists as replayed already (each is reported as forced)")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="the report as JSON")] = False,
 ) -> None:
-    """Re-inject DLQ records into their source topic after a fix (error headers removed)."""
-    from app.cli.dlq import replay
+    """Re-inject DLQ records into their source topic after a fix: same partition, same key, error
+    headers removed; each at most once, unless --force (ledger: <dlq topic>.replayed).
+
+    Records whose headers name another source topic, a partition the source lacks, or that were
+    cut to fit the DLQ are never replayed (docs/operations.md, "DLQ replay")."""
+    from app.cli.dlq import choose_sources, parse_selection, print_report, replay
     from app.topology import load_topology
 
     topo = load_topology(topology)
+    # selectors are checked before any broker is contacted
+    for s in choose_sources(topo, source, bool(record or range_)):
+        parse_selection(record or [], range_ or [], s.partitions, s.topic + topo.dlq.topic_suffix)
     bootstrap, settings = _bootstrap()
-    n = asyncio.run(replay(topo, bootstrap, settings=settings, reason=reason, limit=limit, dry_run=dry_run,
-                           console=console))
-    console.print(f"{'would replay' if dry_run else 'replayed'} {n} record(s)")
+    report = asyncio.run(replay(topo, bootstrap, settings=settings, reason=reason, records=record or [],
+                                ranges=range_ or [], source=source, limit=limit, dry_run=dry_run, force=force,
+                                console=err_console))
+    if json_out:
+        typer.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        print_report(report, console)
 
 
 _built = False

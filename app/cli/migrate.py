@@ -15,6 +15,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
+from app.cli.output import print_error
 from app.errors import PrismError
 
 console = Console()
@@ -30,7 +31,7 @@ def _friendly(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except PrismError as exc:
-            err_console.print(f"[bold red]error[/] [{exc.code}] {exc}")
+            print_error(exc, err_console)  # the code and text escaped: `[bad_config]` is no markup tag
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]

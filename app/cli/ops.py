@@ -25,7 +25,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
+from app.cli.output import friendly
 from app.errors import ConfigError, PrismError
 
 DEFAULT_URL = "http://127.0.0.1:6066"
@@ -146,34 +148,43 @@ def _collect_worker(url: str, interval: float, client: WorkerClient | None) -> d
     return out
 
 
+def _cells(*values: Any) -> list[Text]:
+    """Table cells from data: rich reads a `str` cell as markup, so a `[` in a topic, state or
+    error would vanish (or `[/x]` crash the command); a `Text` is shown as it is."""
+    return [Text(str(v)) for v in values]
+
+
 def print_status(doc: dict[str, Any], con: Console) -> None:
+    """`prism status` for people (`--json` prints `doc` itself). Data is escaped: see app/cli/output.py."""
     if "supervisor" in doc:
         _print_supervisor(doc, con)
         return
     rates, totals = doc["rates_per_s"], doc["totals"]
     for t in doc["topologies"]:
         st, info, dlq = t["status"], t["info"], t["dlq"]
-        con.print(f"[bold]{t['name']}[/] {st['connector']['state']}  stages: {' -> '.join(info['stages'])}")
-        con.print(f"  outputs: {', '.join(info['outputs'])}   dlq: {', '.join(info['dlq'])}")
+        con.print(f"[bold]{escape(str(t['name']))}[/] {escape(str(st['connector']['state']))}  "
+                  f"stages: {escape(' -> '.join(map(str, info['stages'])))}")
+        con.print(f"  outputs: {', '.join(map(str, info['outputs']))}   dlq: {', '.join(map(str, info['dlq']))}",
+                  markup=False, highlight=False)
         table = Table(title="source partitions")
         for col in ("topic", "partition", "committed", "highwater", "lag", "state"):
             table.add_column(col, justify="right" if col in ("partition", "committed", "highwater", "lag") else "left")
         for task in st["tasks"]:
-            table.add_row(task["topic"], str(task["partition"]), str(task["committed"]), str(task["highwater"]),
-                          str(task["lag"]), task["state"])
+            table.add_row(*_cells(task["topic"], task["partition"], task["committed"], task["highwater"],
+                                  task["lag"], task["state"]))
         con.print(table)
-        depth = Table(title=f"DLQ depth (total {dlq.get('total')})")
+        depth = Table(title=escape(f"DLQ depth (total {dlq.get('total')})"))
         depth.add_column("topic")
         depth.add_column("partition", justify="right")
         depth.add_column("records", justify="right")
         for part in dlq.get("partitions", []):
-            depth.add_row(part["topic"], str(part["partition"]), str(part["depth"]))
+            depth.add_row(*_cells(part["topic"], part["partition"], part["depth"]))
         con.print(depth)
         tables = Table(title="tables")
         tables.add_column("table")
         tables.add_column("keys", justify="right")
         for name, size in sorted(st.get("tables", {}).items()):
-            tables.add_row(name, str(size))
+            tables.add_row(*_cells(name, size))
         con.print(tables)
     rt = Table(title="throughput")
     rt.add_column("counter")
@@ -186,19 +197,19 @@ def print_status(doc: dict[str, Any], con: Console) -> None:
 
 def _print_supervisor(doc: dict[str, Any], con: Console) -> None:
     sup = doc["supervisor"]
-    con.print(f"[bold]supervisor[/] pid {sup['pid']}  topology {sup['topology']}  {sup['processes']} processes  "
+    con.print(f"[bold]supervisor[/] pid {sup['pid']}  topology {escape(str(sup['topology']))}  {sup['processes']} processes  "
               f"{'[green]ready[/]' if sup['ready'] else '[red]not ready[/]'}  restarts {sup['restarts']}")
     table = Table(title="worker processes")
     for col in ("#", "pid", "state", "restarts", "last exit", "event loop", "web", "writer id"):
         table.add_column(col)
     for c in sup["children"]:
-        table.add_row(str(c["index"]), str(c["pid"] or "-"), c["state"], str(c["restarts"]),
-                      "-" if c["last_exit"] is None else str(c["last_exit"]), str(c.get("event_loop") or "-"),
-                      str(c.get("web_url") or "-"), c["writer_id"])
+        table.add_row(*_cells(c["index"], c["pid"] or "-", c["state"], c["restarts"],
+                              "-" if c["last_exit"] is None else c["last_exit"], c.get("event_loop") or "-",
+                              c.get("web_url") or "-", c["writer_id"]))
     con.print(table)
     for w in doc["workers"]:
         if "status" in w:
-            con.print(f"\n[bold]worker {w['index']}[/] ({w['url']})")
+            con.print(f"\n[bold]worker {w['index']}[/] ({escape(str(w['url']))})")
             print_status(w["status"], con)
         elif "error" in w:
             con.print(f"\n[bold]worker {w['index']}[/]: [red]{escape(w['error'])}[/]")
@@ -244,26 +255,91 @@ def dlq_row(rec: Any) -> dict[str, Any]:
 
 
 async def read_dlq(topology: Any, bootstrap: str, *, settings: Any = None, reason: str | None = None,
-                   since: float | None = None, limit: int = 0, con: Console | None = None) -> list[Any]:
-    """DLQ records of every source of `topology`, filtered, oldest first."""
-    from app.demo.runner import read_all
+                   since: float | None = None, limit: int = 0, con: Console | None = None,
+                   sources: list[str] | None = None) -> list[Any]:
+    """DLQ records of every source of `topology` (or of `sources`), filtered, oldest first. Read to
+    the end offsets (app/cli/dlq.py `read_to_end`), not "until quiet", so a slow broker cannot hide
+    records."""
+    from app.cli.dlq import read_to_end
 
-    topics = {s.topic + topology.dlq.topic_suffix: s.partitions for s in topology.sources}
+    topics = {s.topic + topology.dlq.topic_suffix: s.partitions for s in topology.sources
+              if sources is None or s.topic in sources}
+    records: list[Any] = []
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=con or console, transient=True) as progress:
-        progress.add_task(f"reading {', '.join(topics)}", total=None)
-        records = await read_all(bootstrap, topics, expected_total=0, timeout=60, settings=settings)
+                  console=con or Console(stderr=True), transient=True) as progress:
+        progress.add_task(escape(f"reading {', '.join(topics)}"), total=None)
+        for topic, partitions in topics.items():
+            records.extend(await read_to_end(bootstrap, topic, partitions, settings=settings))
     out = []
-    for recs in records.values():
-        for r in recs:
-            row = dlq_row(r)
-            if reason is not None and row["reason"] != reason:
-                continue
-            if since is not None and (r.timestamp or 0) / 1000 < since:
-                continue
-            out.append(r)
+    for r in records:
+        row = dlq_row(r)
+        if reason is not None and row["reason"] != reason:
+            continue
+        if since is not None and (r.timestamp or 0) / 1000 < since:
+            continue
+        out.append(r)
     out.sort(key=lambda r: (r.timestamp or 0, r.topic, r.partition, r.offset))
     return out[:limit] if limit else out
+
+
+def dlq_table(rows: list[dict[str, Any]]) -> Table:
+    """`prism dlq list` for people, readable at 80 columns (a pipe, `less`, a small terminal).
+
+    Why this shape: seven side-by-side columns left the error a few characters wide and its text
+    was cut at 120 characters - usually in the middle of the `fix:` hint, the part an operator
+    needs. Now two narrow columns carry a few short lines each, and the error column takes the
+    rest of the width and wraps the whole message (never cut). Cells are `Text`: record data is
+    never read as markup."""
+    table = Table(title=f"{len(rows)} DLQ record(s)", show_lines=True, expand=True)
+    table.add_column("record", no_wrap=True)
+    table.add_column("source, reason, attested identity", overflow="fold", max_width=26)
+    table.add_column("error and fix", overflow="fold", ratio=1, min_width=30)
+    for row in rows:
+        when = (row["timestamp"] or "")[:19].replace("T", "\n")
+        topic, _, where = row["source"].rpartition("/")
+        identity = f"\nas {row['attested_identity']}" if row["attested_identity"] else ""
+        table.add_row(Text(f"{row['dlq_partition']}@{row['dlq_offset']}\n{when}"),
+                      Text(f"{topic} {where}\n{row['reason']}\n({row['stage']}){identity}"), Text(row["error"]))
+    return table
+
+
+def dlq_show_doc(rec: Any) -> dict[str, Any]:
+    """`prism dlq show --json`: the row of `dlq list`, the key, the headers (secret ones redacted)
+    and the value - decoded (an envelope with its token redacted, JSON, text or hex), with its
+    size and SHA-256. The raw bytes are what `--export FILE` writes."""
+    import hashlib
+
+    from app.agents.dlq import _SECRET_HEADERS, mask_secrets
+    from app.cli.envelope_view import REDACTED, value_doc
+
+    value = rec.value or b""
+    headers = {k: REDACTED if k.lower() in _SECRET_HEADERS and v else mask_secrets(v or b"").decode(errors="replace")
+               for k, v in rec.headers or []}
+    return {**dlq_row(rec), "key": None if rec.key is None else mask_secrets(rec.key).decode(errors="replace"),
+            "headers": headers, "value_bytes": len(value), "value_sha256": hashlib.sha256(value).hexdigest(),
+            "value": value_doc(value)}
+
+
+def print_dlq_record(doc: dict[str, Any], con: Console) -> None:
+    """`prism dlq show` for people: what failed and why, then the decoded value."""
+    def say(text: str) -> None:
+        con.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    say(f"{doc['dlq_topic']} {doc['dlq_partition']}@{doc['dlq_offset']}  ({doc['timestamp'] or 'no timestamp'})")
+    say(f"source     {doc['source']}")
+    say(f"failed     {doc['reason']} at stage {doc['stage']} (attempts {doc['attempts'] or '?'})")
+    say(f"error      {doc['error']}")
+    if doc["attested_identity"]:
+        say(f"identity   {doc['attested_identity']} (attested; the worker verifies it on replay)")
+    say(f"key        {doc['key'] if doc['key'] is not None else '(none)'}")
+    say("headers")
+    for k, v in doc["headers"].items():
+        say(f"  {k}: {v}")
+    value = doc["value"]
+    say(f"value      {doc['value_bytes']} bytes, sha256 {doc['value_sha256']}, {value['kind']}"
+        + (f" (not an envelope: {value['not_an_envelope']})" if value.get("not_an_envelope") else ""))
+    body = {k: v for k, v in value.items() if k not in ("kind", "not_an_envelope")}
+    con.print_json(json.dumps(body, default=str))
 
 
 def _bootstrap() -> tuple[str, Any]:
@@ -275,24 +351,11 @@ def _bootstrap() -> tuple[str, Any]:
     return settings.bootstrap, settings
 
 
-def _friendly(fn: Any) -> Any:
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except PrismError as exc:
-            Console(stderr=True).print(f"[bold red]error[/] [{exc.code}] {exc}", soft_wrap=True, markup=False)
-            raise typer.Exit(2) from None
-    return wrapper
-
-
 def register(app: typer.Typer, dlq_app: typer.Typer) -> None:
     """Add `status` to `app` and `list`/`show` to `dlq_app`."""
 
     @app.command("status")
-    @_friendly
+    @friendly
     def status(
         url: Annotated[str, typer.Option(help="the worker's web address (prism run --web-port)")] = DEFAULT_URL,
         json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
@@ -322,7 +385,7 @@ def register(app: typer.Typer, dlq_app: typer.Typer) -> None:
             print_status(doc, console)
 
     @dlq_app.command("list")
-    @_friendly
+    @friendly
     def dlq_list(
         topology: Annotated[Path, typer.Option("--topology", "-t")] = DEFAULT_TOPOLOGY,
         reason: Annotated[str | None, typer.Option(help="only this prism.errors.reason")] = None,
@@ -341,41 +404,59 @@ def register(app: typer.Typer, dlq_app: typer.Typer) -> None:
         if json_out:
             typer.echo(json.dumps(rows, indent=2))
             return
-        table = Table(title=f"{len(rows)} DLQ record(s)")
-        for col in ("dlq_offset", "timestamp", "source", "stage", "reason", "error", "attested identity"):
-            table.add_column(col, overflow="fold")
-        for row in rows:
-            table.add_row(f"{row['dlq_partition']}@{row['dlq_offset']}", row["timestamp"] or "", row["source"],
-                          row["stage"], row["reason"], row["error"][:120], row["attested_identity"])
-        console.print(table)
+        console.print(dlq_table(rows))
 
     @dlq_app.command("show")
-    @_friendly
+    @friendly
     def dlq_show(
-        ref: Annotated[str, typer.Argument(help="PARTITION@OFFSET in the DLQ topic (as `prism dlq list` prints)")],
+        ref: Annotated[str, typer.Argument(metavar="RECORD",
+                                           help="PARTITION@OFFSET in the DLQ topic (as `prism dlq list` prints)")],
         topology: Annotated[Path, typer.Option("--topology", "-t")] = DEFAULT_TOPOLOGY,
-        json_out: Annotated[bool, typer.Option("--json")] = False,
+        source: Annotated[str | None, typer.Option(
+            help="the source topic whose DLQ holds it (needed when the topology has several)")] = None,
+        json_out: Annotated[bool, typer.Option("--json", help="the record as one JSON document")] = False,
+        export: Annotated[Path | None, typer.Option(
+            "--export", metavar="FILE",
+            help="write the record's value bytes to FILE (for `prism envelope inspect FILE`)")] = None,
     ) -> None:
-        """One DLQ record in full: error context, headers (secrets already masked), value preview."""
+        """One DLQ record in full: error context, headers (secrets masked), the value decoded (an
+        envelope with its token redacted); --export writes the value's bytes."""
+        from app.cli.dlq import choose_sources, parse_ref
         from app.topology import load_topology
 
-        try:
-            part, off = (int(x) for x in ref.split("@", 1))
-        except ValueError:
-            raise ConfigError(f"{ref!r} is not PARTITION@OFFSET", hint="e.g. 0@42, as `prism dlq list` prints") \
-                from None
         topo = load_topology(topology)
+        if len(topo.sources) > 1 and source is None:
+            raise ConfigError(f"topology {topo.name!r} has {len(topo.sources)} DLQ topics", path="--source",
+                              hint="add --source TOPIC (one of " + ", ".join(s.topic for s in topo.sources) + ")")
+        chosen = choose_sources(topo, source, True)[0]
+        dlq_topic = chosen.topic + topo.dlq.topic_suffix
+        part, off = parse_ref(ref, chosen.partitions, dlq_topic, option="RECORD")
+        if export is not None and export.is_dir():
+            raise ConfigError(f"--export {str(export)!r} is a directory", path="--export",
+                              hint="name a file, e.g. --export record.bin")
         bootstrap, settings = _bootstrap()
-        recs = asyncio.run(read_dlq(topo, bootstrap, settings=settings))
+        recs = asyncio.run(read_dlq(topo, bootstrap, settings=settings, sources=[chosen.topic]))
         match = [r for r in recs if r.partition == part and r.offset == off]
         if not match:
-            raise PrismError(f"no DLQ record at partition {part} offset {off}", hint="list them with `prism dlq list`")
+            raise PrismError(f"no record at {part}@{off} in {dlq_topic}", path=ref,
+                             hint="list them with `prism dlq list`")
         rec = match[0]
-        doc = {**dlq_row(rec), "key": (rec.key or b"").decode(errors="replace"),
-               "headers": {k: (v or b"").decode(errors="replace") for k, v in rec.headers or []},
-               "value_bytes": len(rec.value or b""),
-               "value_preview": (rec.value or b"")[:512].decode(errors="replace")}
+        doc = dlq_show_doc(rec)
+        if export is not None:
+            try:
+                export.write_bytes(rec.value or b"")
+            except OSError as exc:
+                raise ConfigError(f"cannot write {export}: {exc.strerror}", path="--export",
+                                  hint="name a writable file") from None
+            doc["exported_to"] = str(export)
         if json_out:
-            typer.echo(json.dumps(doc, indent=2))
-        else:
-            console.print_json(json.dumps(doc))
+            typer.echo(json.dumps(doc, indent=2, default=str))
+            return
+        print_dlq_record(doc, console)
+        if export is not None:
+            note = (f"read it with: prism envelope inspect {export} --payload" if doc["value"]["kind"] == "envelope"
+                    else "it is not an envelope (see value above), so `prism envelope inspect` will refuse it")
+            truncated = " - cut to fit the DLQ topic, not the whole record" if "value.truncated" in " ".join(
+                doc["headers"]) else ""
+            console.print(f"wrote {doc['value_bytes']} value bytes to {export}{truncated}; {note}", markup=False,
+                          highlight=False, soft_wrap=True)

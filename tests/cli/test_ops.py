@@ -75,6 +75,7 @@ async def test_status_and_dlq_commands(broker, tmp_path: Path, dev_keys, monkeyp
         assert doc["totals"]["in"] == len(records)
         res = await asyncio.to_thread(runner.invoke, _cli(), ["status", "--url", p.url, "--interval", "0.2"])
         assert res.exit_code == 0 and "source partitions" in res.output and topo.name in res.output
+        assert "[/" not in res.output and "[bold" not in res.output, res.output  # markup rendered, not printed
     res = runner.invoke(_cli(), ["status", "--url", p.url])
     assert res.exit_code == 2 and "cannot reach the worker" in res.output
 
@@ -92,13 +93,14 @@ async def test_status_and_dlq_commands(broker, tmp_path: Path, dev_keys, monkeyp
     assert len(json.loads(res.output)) == 2
     res = await asyncio.to_thread(runner.invoke, _cli(), ["dlq", "list", "-t", topo_file])
     assert res.exit_code == 0 and f"{dlq_total} DLQ record(s)" in res.output
+    assert "[/" not in res.output and "[bold" not in res.output, res.output
     ref = f"{auth[0]['dlq_partition']}@{auth[0]['dlq_offset']}"
     res = await asyncio.to_thread(runner.invoke, _cli(), ["dlq", "show", ref, "-t", topo_file, "--json"])
     assert res.exit_code == 0, res.output
     shown = json.loads(res.output)
     assert shown["reason"] == auth[0]["reason"] and expired not in res.output
-    res = await asyncio.to_thread(runner.invoke, _cli(), ["dlq", "show", "9@999", "-t", topo_file])
-    assert res.exit_code == 2
+    res = await asyncio.to_thread(runner.invoke, _cli(), ["dlq", "show", "1@999", "-t", topo_file])
+    assert res.exit_code == 2 and "error [prism_error] no record at 1@999" in res.output, res.output
 
 
 def test_status_prints_a_supervisor_and_escapes_child_errors() -> None:

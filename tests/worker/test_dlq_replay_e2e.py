@@ -1,10 +1,12 @@
 """DLQ replay end to end on the real embedded broker: authenticated messages fail for a curable
 reason (tests/worker/replay.py), the cause is fixed, `prism dlq replay` re-injects them, and
 every message reaches `.v3` exactly once with the identity its token proved - although the DLQ
-never held the token."""
+never held the token. Replaying twice is a no-op (the ledger); `--force` sends again, to the
+records' original partitions, where dedup keeps `.v3` at one copy each."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 
@@ -48,13 +50,30 @@ async def test_replayed_dlq_records_keep_their_verified_identity(broker, tmp_pat
     # The fix: the policy change, rolled out by restarting the worker on the same consumer group.
     fixed = fixed_topology(topo, tmp_path / "fixed")
     async with RunningPipeline(fixed, broker.bootstrap, tmp_path / "w", app_id=group) as p2:
-        out = await cli_replay(fixed, broker.bootstrap)
+        out = await cli_replay(fixed, broker.bootstrap, "--reason", "policy_violation")
         assert f"replayed {N} record(s)" in out, out
         await p2.wait_read(N)
+        # The same command again - a user's second try: the ledger makes it a no-op that says why.
+        again = await cli_replay(fixed, broker.bootstrap, "--reason", "policy_violation")
+        assert f"replayed 0 record(s); skipped {N}: already_replayed {N}" in again, again
+        assert again.count("--force replays it again") == N
+        await asyncio.sleep(1.0)
+        assert p2.pipeline.stats.read == N  # nothing was sent
+        s2 = p2.pipeline.summary()
+        assert s2["emitted"] == N and s2["dlq"] == 0, s2["dlq_reasons"]
+        # --force sends every record again, each to the partition it was first read from with its
+        # key, so the worker's per-partition dedup window meets its id: still nothing twice on .v3
+        # (before, keyless replays were spread over partitions and emitted a second time).
+        forced = await cli_replay(fixed, broker.bootstrap, "--force")
+        assert f"replayed {N} record(s) ({N} again, forced)" in forced, forced
+        await p2.wait_read(2 * N)
         v3 = (await read_all(broker.bootstrap, {src + ".v3": 2}, expected_total=N, timeout=30))[src + ".v3"]
-    s2 = p2.pipeline.summary()
-    assert p2.pipeline.stats.read == N, s2  # only the replays: the originals were not read again
-    assert s2["emitted"] == N and s2["dlq"] == 0, s2["dlq_reasons"]
+    s3 = p2.pipeline.summary()
+    assert p2.pipeline.stats.read == 2 * N, s3  # only the replays: the originals were not read again
+    assert s3["emitted"] == N and s3["duplicate"] == N and s3["dlq"] == 0, s3
+    originals = {(attestation_doc(r)["message_id"], attestation_doc(r)["partition"]) for r in dlq}
+    # each emitted from the source partition it was first read from (prism-source: topic/partition/offset)
+    assert {(decode(r.value).message_id, int(dict(r.headers)["prism-source"].split(b"/")[-2])) for r in v3} == originals
 
     assert len(v3) == N  # each message exactly once
     assert all(HEADER not in dict(r.headers) for r in v3)  # a DLQ artifact, not forwarded

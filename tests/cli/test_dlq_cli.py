@@ -1,0 +1,306 @@
+"""`prism dlq list|show|replay` and `prism status` as an operator meets them: the real CLI in its
+own process (stdout a pipe, so rich lays out for 80 columns), on a DLQ topic of the embedded
+broker seeded with DLQ copies built by the worker's own DLQ writer.
+
+What is held: selectors are checked with one clear error line before any broker is contacted;
+no command prints rich markup literally (`[bold red]error[/]` was printed by `status` and `dlq`);
+`dlq list` fits 80 columns and wraps the whole error with its fix hint; `dlq show` decodes the
+envelope (token redacted), `--json` is one JSON document and `--export FILE` writes bytes that
+`prism envelope inspect FILE` reads. The replay itself - ledger, selection, routing, refusing
+records whose headers claim another topic - is held by `test_replay_ledger_selection_and_routing`
+here and, with a worker, by tests/worker/test_dlq_replay_e2e.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from app.agents.base import Message
+from app.agents.dlq import VALUE_TRUNCATED, build_dlq_record
+from app.cli.dlq import BadSelector, Selection, ledger_topic, parse_selection, read_to_end, replay, topic_exists
+from app.demo.runner import read_all
+from app.envelope import encode, new_envelope
+from app.errors import NamespaceNotAllowedError
+from app.topology import Topology
+from tests.worker.conftest import dev_keys, make_topology  # noqa: F401 - fixtures (broker: tests/conftest.py)
+
+ROOT = Path(__file__).resolve().parents[2]
+#: long enough that the old `dlq list` cut it (at 120 characters of the error)
+FIX_HINT = ("bind the principal 'svc-orders' to namespace 'billing' under `producers:` in the topology, or have "
+            "the producer claim one of its own namespaces ('order-events')")
+
+
+def prism(*args: str, env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess[str]:
+    """The real `prism` CLI; `env` values of None remove the variable."""
+    full = {**os.environ, "COLUMNS": "80"}
+    for k, v in (env or {}).items():
+        if v is None:
+            full.pop(k, None)
+        else:
+            full[k] = v
+    return subprocess.run([sys.executable, "-m", "app.cli.main", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120, env=full)
+
+
+def assert_no_markup(text: str) -> None:
+    assert "[/" not in text and "[bold" not in text and "[red" not in text, text
+
+
+def assert_clean_error(res: subprocess.CompletedProcess[str], code: str, *fragments: str) -> None:
+    out = res.stdout + res.stderr
+    assert res.returncode == 2, out
+    assert "Traceback" not in out, out
+    assert f"error [{code}] " in res.stderr, out
+    assert "; fix: " in res.stderr, out
+    assert_no_markup(out)
+    for f in fragments:
+        assert f in out, out
+
+
+# --------------------------------------------------------------------------- selectors
+
+
+def test_selection_parses_records_and_ranges() -> None:
+    sel = parse_selection(["0@5", " 1@0 "], ["1@10-20", "0@7-7"], 2, "t.dlq")
+    assert sel == Selection(frozenset({(0, 5), (1, 0)}), ((1, 10, 20), (0, 7, 7)))
+    assert sel.matches(0, 5) and sel.matches(1, 10) and sel.matches(1, 20) and sel.matches(0, 7)
+    assert not sel.matches(1, 21) and not sel.matches(0, 6) and not sel.matches(1, 5)
+    assert parse_selection([], [], 2, "t.dlq").everything
+
+
+@pytest.mark.parametrize(
+    ("records", "ranges", "fragment"),
+    [
+        (["0-5"], [], "'0-5' is not PARTITION@OFFSET"),
+        (["@5"], [], "is not PARTITION@OFFSET"),
+        (["a@1"], [], "is not PARTITION@OFFSET"),
+        (["-1@1"], [], "is not PARTITION@OFFSET"),
+        (["2@1"], [], "has partitions 0..1, not 2"),
+        (["0@99999999999999999999"], [], "is not PARTITION@OFFSET"),
+        (["0@9999999999999999999"], [], "larger than Kafka's largest"),
+        ([], ["0@5"], "is not PARTITION@FIRST-LAST"),
+        ([], ["0@9-3"], "ends before it starts"),
+        ([], ["5@1-3"], "not 5"),
+    ],
+)
+def test_bad_selectors_are_refused(records: list[str], ranges: list[str], fragment: str) -> None:
+    with pytest.raises(BadSelector) as e:
+        parse_selection(records, ranges, 2, "t.dlq")
+    assert fragment in str(e.value) and e.value.hint and e.value.path in ("--record", "--range")
+
+
+def test_bad_selectors_through_the_cli(tmp_path: Path, dev_keys) -> None:  # noqa: F811
+    """One error line each, exit 2, before any broker is contacted (the address is unreachable)."""
+    topo = make_topology(tmp_path, dev_keys, partitions=2)
+    t = str(tmp_path / "topology.yaml")
+    env = {"PRISM_BROKER_URL": "127.0.0.1:1"}
+    assert_clean_error(prism("dlq", "replay", "-t", t, "--record", "0:5", env=env), "bad_selector",
+                       "--record '0:5' is not PARTITION@OFFSET (at --record)", "0@42")
+    assert_clean_error(prism("dlq", "replay", "-t", t, "--range", "1@9-3", env=env), "bad_selector",
+                       "ends before it starts", "1@3-9")
+    assert_clean_error(prism("dlq", "replay", "-t", t, "--record", "4@1", env=env), "bad_selector",
+                       f"{topo.sources[0].topic}.dlq has partitions 0..1, not 4")
+    assert_clean_error(prism("dlq", "replay", "-t", t, "--source", "payments.created", env=env), "bad_selector",
+                       "'payments.created' is not a source", topo.sources[0].topic)
+    assert_clean_error(prism("dlq", "show", "zero", "-t", t, env=env), "bad_selector",
+                       "RECORD 'zero' is not PARTITION@OFFSET (at RECORD)")
+
+
+def test_errors_are_one_line_without_markup(tmp_path: Path, dev_keys) -> None:  # noqa: F811
+    """The class of bug: `prism status` and `prism dlq` printed `[bold red]error[/]` literally."""
+    make_topology(tmp_path, dev_keys, partitions=2)
+    t = str(tmp_path / "topology.yaml")
+    assert_clean_error(prism("status", "--url", "http://127.0.0.1:1", "--interval", "0.1"), "prism_error",
+                       "cannot reach the worker")
+    no_broker = {"PRISM_BROKER_URL": None}
+    for args in (("dlq", "list", "-t", t), ("dlq", "show", "0@1", "-t", t), ("dlq", "replay", "-t", t)):
+        assert_clean_error(prism(*args, env=no_broker), "prism_error", "no broker configured", "PRISM_BROKER_URL")
+    assert_clean_error(prism("dlq", "list", "-t", str(tmp_path / "missing.yaml")), "bad_config", "missing.yaml")
+    assert_clean_error(prism("status", "--cafile", str(tmp_path / "none.pem")), "bad_config", "cannot load CA file")
+
+
+# --------------------------------------------------------------------------- on a broker
+
+
+def _dlq_copies(topo: Topology, keys: Any, n: int) -> tuple[list[Any], list[str]]:
+    """`n` DLQ copies as the worker writes them (app.agents.dlq.build_dlq_record): envelopes whose
+    token claimed a namespace its principal may not, every other one keyless. Record i was read
+    from source partition i % 2 at offset 100 + i. Returns (copies, the tokens)."""
+    src = topo.sources[0].topic
+    out, tokens = [], []
+    for i in range(n):
+        token = keys.mint_token(f"svc-{i}")
+        tokens.append(token)
+        env = new_envelope(src, {"order_id": i, "note": "[bold]not markup[/]"}, namespace="billing",
+                           message_id=f"m-{i}")
+        env.ensure_security().auth_token = token
+        msg = Message(topic=src, partition=i % 2, offset=100 + i, value=encode(env),
+                      key=None if i % 2 else f"order-{i}".encode(),
+                      headers=[("Authorization", f"Bearer {token}".encode()), ("trace", f"t-{i}".encode())],
+                      timestamp_ms=1_700_000_000_000 + i, secrets=[token.encode()])
+        err = NamespaceNotAllowedError(f"token of 'svc-{i}' may not claim namespace 'billing'",
+                                       path="metadata.namespace", hint=FIX_HINT)
+        out.append(build_dlq_record(msg, stage="authenticate", stage_class="Authenticate", error=err,
+                                    dlq_topic=src + ".dlq"))
+    return out, tokens
+
+
+async def _seed(bootstrap: str, records: list[Any], partitions: list[int]) -> list[tuple[int, int]]:
+    """Write DLQ copies to their DLQ topic, copy i to DLQ partition `partitions[i]` - on purpose not
+    the source partition its headers name. Returns each copy's DLQ (partition, offset)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        where = []
+        for rec, part in zip(records, partitions, strict=True):
+            meta = await producer.send_and_wait(rec.topic, rec.value, key=rec.key, headers=rec.headers,
+                                                partition=part, timestamp_ms=rec.timestamp_ms)
+            where.append((meta.partition, meta.offset))
+        return where
+    finally:
+        await producer.stop()
+
+
+async def _cli(*args: str, bootstrap: str) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(prism, *args, env={"PRISM_BROKER_URL": bootstrap})
+
+
+async def test_dlq_list_show_and_export(broker, tmp_path: Path, dev_keys) -> None:  # noqa: F811
+    from app.broker.admin import ensure_topics
+
+    topo = make_topology(tmp_path, dev_keys, partitions=2)
+    await ensure_topics(broker.bootstrap, topo.topics())
+    copies, tokens = _dlq_copies(topo, dev_keys, 3)
+    where = await _seed(broker.bootstrap, copies, [1, 1, 0])
+    t = str(tmp_path / "topology.yaml")
+
+    res = await _cli("dlq", "list", "-t", t, bootstrap=broker.bootstrap)
+    assert res.returncode == 0, res.stderr
+    assert_no_markup(res.stdout)
+    lines = res.stdout.splitlines()
+    assert "3 DLQ record(s)" in res.stdout and max(len(line) for line in lines) <= 80, res.stdout
+    # the error column (the last) holds the whole message with its fix hint, wrapped, not cut
+    column = "".join(line.split("│")[-2] for line in lines if line.count("│") >= 4)
+    squeeze = "".join
+    assert squeeze(FIX_HINT.split()) in squeeze(column.split()), res.stdout
+    assert column.count("fix:") == 3
+    assert not any(tok in res.stdout for tok in tokens)
+
+    ref = f"{where[0][0]}@{where[0][1]}"
+    res = await _cli("dlq", "show", ref, "-t", t, bootstrap=broker.bootstrap)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert_no_markup(out.replace("[bold]not markup[/]", ""))  # the payload's own text is data
+    assert "namespace_not_allowed at stage authenticate" in out and FIX_HINT in out
+    assert '"layout": "reviewed"' in out and '"message_id": "m-0"' in out and '"order_id": 0' in out
+    assert '"auth_token": "<redacted>"' in out and "Authorization: <redacted>" in out
+    assert "\ufffd" not in out and not any(tok in out for tok in tokens)
+
+    res = await _cli("dlq", "show", ref, "-t", t, "--json", "--export", str(tmp_path / "v.bin"),
+                     bootstrap=broker.bootstrap)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)  # the whole of stdout is one JSON document
+    assert (doc["dlq_partition"], doc["dlq_offset"], doc["reason"]) == (*where[0], "namespace_not_allowed")
+    assert doc["value"]["kind"] == "envelope" and doc["value"]["envelope"]["security"]["auth_token"] == "<redacted>"
+    assert doc["key"] == "order-0" and doc["headers"]["prism.errors.partition"] == "0"
+    assert doc["value_bytes"] == len(copies[0].value) and doc["exported_to"] == str(tmp_path / "v.bin")
+    assert (tmp_path / "v.bin").read_bytes() == copies[0].value
+    res = await asyncio.to_thread(prism, "envelope", "inspect", str(tmp_path / "v.bin"), "--payload")
+    assert res.returncode == 0, res.stderr
+    inspected = json.loads(res.stdout)
+    assert inspected["metadata"]["message_id"] == "m-0" and inspected["payload"]["json"]["order_id"] == 0
+    assert inspected == doc["value"]["envelope"]  # one view of one record
+
+    res = await _cli("dlq", "show", ref, "-t", t, "--export", str(tmp_path / "w.bin"), bootstrap=broker.bootstrap)
+    assert res.returncode == 0 and "prism envelope inspect" in res.stdout and (tmp_path / "w.bin").exists()
+    res = await _cli("dlq", "show", "0@999", "-t", t, bootstrap=broker.bootstrap)
+    assert_clean_error(res, "prism_error", "no record at 0@999")
+
+    res = await _cli("dlq", "replay", "-t", t, "--dry-run", bootstrap=broker.bootstrap)
+    assert res.returncode == 0, res.stderr
+    assert_no_markup(res.stdout + res.stderr)
+    assert "would replay 3 record(s)" in res.stdout
+    assert not await topic_exists(broker.bootstrap, ledger_topic(topo.sources[0].topic + ".dlq"))  # wrote nothing
+
+
+async def test_replay_ledger_selection_and_routing(broker, tmp_path: Path, dev_keys) -> None:  # noqa: F811
+    """Each record goes back to the partition its headers name with its key; the ledger makes a
+    repeat a no-op unless forced; `--record` and `--range` select; and records whose headers
+    claim another topic, a partition the source lacks, or that were cut, are never replayed."""
+    from dataclasses import replace
+
+    from app.broker.admin import ensure_topics
+
+    topo = make_topology(tmp_path, dev_keys, partitions=2)
+    src = topo.sources[0].topic
+    await ensure_topics(broker.bootstrap, topo.topics())
+    good, _ = _dlq_copies(topo, dev_keys, 6)
+
+    def forge(rec: Any, **headers: bytes) -> Any:
+        names = {"prism.errors." + k.replace("_", "."): v for k, v in headers.items()}
+        return replace(rec, headers=[(k, names.get(k, v)) for k, v in rec.headers])
+
+    victim = f"payments.created.{src.rsplit('.', 1)[-1]}"
+    bad = [forge(good[0], topic=victim.encode()),  # an attacker with DLQ write access aims at another topic
+           forge(good[1], partition=b"7"),  # a partition the source does not have
+           forge(good[2], partition=b"-1"),
+           replace(good[3], headers=[*good[3].headers, (VALUE_TRUNCATED, b"true")])]  # cut to fit the DLQ
+    where = await _seed(broker.bootstrap, good + bad, [(i + 1) % 2 for i in range(len(good) + len(bad))])
+    refs = [f"{p}@{o}" for p, o in where]
+
+    async def run(**kw: Any) -> Any:
+        return await replay(topo, broker.bootstrap, **kw)
+
+    first = await run(records=[refs[0]])
+    assert [(o.action, o.dlq_partition, o.dlq_offset) for o in first.outcomes] == [("replayed", *where[0])]
+    assert first.outcomes[0].target_partition == 0  # from the header; it sat on DLQ partition 1
+    part, lo = where[0]
+    in_range = [i for i, w in enumerate(where[:6]) if w[0] == part]
+    second = await run(ranges=[f"{part}@{lo}-{where[in_range[-1]][1]}"])
+    assert second.skipped_by_why() == {"already_replayed": 1}
+    assert second.count("replayed") == len(in_range) - 1
+    rest = await run()
+    assert rest.count("replayed") == 6 - len(in_range)
+    assert rest.skipped_by_why() == {"already_replayed": len(in_range), "foreign_source": 1,
+                                     "bad_coordinates": 2, "truncated": 1}
+    foreign = next(o for o in rest.outcomes if o.why == "foreign_source")
+    assert victim in foreign.detail and "never replayed" in foreign.detail
+    again = await run()
+    assert again.count("replayed") == 0 and again.skipped_by_why()["already_replayed"] == 6
+    dry = await run(dry_run=True, force=True)
+    assert dry.count("would_replay") == 6 and dry.count("replayed") == 0
+    forced = await run(records=[refs[1]], force=True)
+    (o,) = forced.outcomes
+    assert (o.action, o.why, o.replays_before) == ("replayed", "forced", 1) and "--force" in o.detail
+
+    # what the source topic holds: each good record once (the forced one twice), on the partition
+    # it was read from, with its key, without the DLQ context headers; nothing reached `victim`
+    out = (await read_all(broker.bootstrap, {src: 2}, expected_total=7, timeout=20))[src]
+    assert len(out) == 7
+    seen: dict[bytes, list[Any]] = {}
+    for r in out:
+        seen.setdefault(r.value, []).append(r)
+    for i, rec in enumerate(good):
+        copies = seen[rec.value]
+        assert len(copies) == (2 if i == 1 else 1)
+        for c in copies:
+            assert c.partition == i % 2 and c.key == rec.key and c.timestamp == rec.timestamp_ms
+            assert not any(k.startswith("prism.errors.") for k, _ in c.headers)
+            assert dict(c.headers)["Authorization"] == dict(rec.headers)["Authorization"]  # masked, as in the DLQ
+    assert not await topic_exists(broker.bootstrap, victim)
+
+    # the ledger: compacted-topic entries keyed by DLQ PARTITION@OFFSET, the forced one counted twice
+    ledger = await read_to_end(broker.bootstrap, ledger_topic(src + ".dlq"), 1)
+    latest = {r.key.decode(): json.loads(r.value) for r in ledger}
+    assert set(latest) == set(refs[:6])
+    entry = latest[refs[1]]
+    assert (entry["replays"], entry["forced"], entry["source_partition"], entry["source_offset"]) == (2, True, 1, 101)
+    assert entry["dlq_topic"] == src + ".dlq" and len(entry["value_sha256"]) == 64 and "@" in entry["by"]
