@@ -133,6 +133,14 @@ class LnmpError(FormatError):
     code = "bad_lnmp"
 
 
+class UnknownSourceError(LnmpError):
+    """An LNMP message names a `source` that is not one of the service identifiers its
+    topology source lists (`sources[].lnmp.known_sources`; LNMP spec v1 section 9.1: validate
+    untrusted metadata against known identifiers)."""
+
+    code = "unknown_source"
+
+
 class CloudEventError(FormatError):
     code = "bad_cloudevent"
 

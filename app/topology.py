@@ -59,6 +59,36 @@ def parse_duration_ms(value: str | int) -> int:
     return ms
 
 
+_LNMP_SOURCE_ID = re.compile(r"^[^\x00-\x1f\x7f]{1,256}$")
+
+
+class LnmpSource(_Strict):
+    """How a source reads LNMP (LNMP spec v1): `mode` strict (default; a malformed envelope is
+    an error, DLQ reason `bad_lnmp`) or loose (section 9 leniency: a malformed envelope is ignored
+    or, when only `metadata_length` is wrong, every TLV that parses whole is kept; the record
+    always flows). `known_sources`: the service identifiers LNMP producers on this topic may
+    name as `source`; any other is refused (DLQ reason `unknown_source`, section 9.1). Omitted:
+    no check. The LNMP source is a claim either way (app/agents/identity.py)."""
+
+    mode: Literal["strict", "loose"] = "strict"
+    known_sources: list[str] | None = None
+
+    @field_validator("known_sources")
+    @classmethod
+    def _known(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("is an empty list, which would refuse every LNMP message that names a source; list "
+                             "the service identifiers, or omit the key (no check)")
+        bad = [s for s in v if not _LNMP_SOURCE_ID.match(s)]
+        if bad:
+            raise ValueError(f"{[b[:64] for b in bad]} are not LNMP source identifiers: 1-256 characters, no control "
+                             "characters (exact names; no wildcards)")
+        _no_repeats(v, "known_sources")
+        return v
+
+
 class Source(_Strict):
     """A topic the pipeline reads.
 
@@ -77,6 +107,9 @@ class Source(_Strict):
     #: source: a lower or absent one is raised to it, before the policy stage
     #: (app/agents/identity.py; docs/topologies.md "Classification floor"). null: no floor.
     classification_floor: Classification | None = None
+    #: LNMP reading rules for this source (strict/loose, known source identifiers); None: strict,
+    #: no source check. Only for `format: auto` or `lnmp` (checked at load).
+    lnmp: LnmpSource | None = None
     #: how long the broker keeps this topic's records (they carry producers' tokens): set as
     #: `retention.ms` when Prism creates the topic, checked by the worker at start-up.
     #: null: leave the broker's default (and skip the check).
@@ -437,6 +470,7 @@ class Topology(_Strict):
         dupes = sorted({t for t in topics if topics.count(t) > 1})
         if dupes:
             raise ValueError(f"sources: topic(s) {dupes} listed twice; each source topic once")
+        problems: list[str] = []
         for i, src in enumerate(self.sources):
             if src.topic in src.topic_aliases:
                 raise ValueError(f"sources[{i}].topic_aliases: {src.topic!r} is the source topic itself; list only "
@@ -444,11 +478,16 @@ class Topology(_Strict):
             repeated = sorted({a for a in src.topic_aliases if src.topic_aliases.count(a) > 1})
             if repeated:
                 raise ValueError(f"sources[{i}].topic_aliases: {repeated} listed twice; list each name once")
+            if src.lnmp is not None and src.format not in ("auto", "lnmp"):
+                problems.append(f"sources[{i}].lnmp: the source's format is {src.format!r}, which never reads LNMP, "
+                                "so these settings would never apply - remove `lnmp:` or set format to auto or lnmp")
             stolen = sorted(set(src.topic_aliases) & set(topics))
             if stolen:
                 raise ValueError(
                     f"sources[{i}].topic_aliases: {stolen} are other sources of this topology; an alias would "
                     f"let envelopes of that source be replayed onto {src.topic!r} - remove the alias")
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     @model_validator(mode="after")

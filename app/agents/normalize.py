@@ -10,10 +10,10 @@ lake partition could file it under that topic. The check is always on; it costs 
 from __future__ import annotations
 
 from app.agents.base import Message, Stage
-from app.errors import FormatError, TopicMismatchError
+from app.errors import FormatError, TopicMismatchError, UnknownSourceError
 from app.formats.detect import InputShape, normalize
 from app.observability.redaction import default_redactor
-from app.topology import NormalizeStage
+from app.topology import LnmpSource, NormalizeStage
 
 # Which detected shapes a source's declared `format` accepts.
 _ACCEPTS: dict[str, frozenset[InputShape]] = {
@@ -26,14 +26,23 @@ _ACCEPTS: dict[str, frozenset[InputShape]] = {
     "raw": frozenset(InputShape),
 }
 ENVELOPE_SHAPES = _ACCEPTS["prism"]
+LNMP_SHAPES = _ACCEPTS["lnmp"]
 
 
 class Normalize(Stage):
     name = "normalize"
 
     def __init__(self, settings: NormalizeStage, *, namespaces: dict[str, str], formats: dict[str, str],
-                 accepted_topics: dict[str, frozenset[str]] | None = None) -> None:
+                 accepted_topics: dict[str, frozenset[str]] | None = None,
+                 lnmp: dict[str, LnmpSource] | None = None) -> None:
         self.settings = settings
+        #: source topic -> its LNMP rules (sources[].lnmp); topics not named read LNMP strictly
+        self.lnmp = lnmp or {}
+        #: source topics whose LNMP is read in loose mode (decided once, not per message)
+        self._loose = frozenset(t for t, cfg in self.lnmp.items() if cfg.mode == "loose")
+        #: source topic -> the LNMP `source` identifiers it accepts (only topics that list them)
+        self._known_sources = {t: frozenset(cfg.known_sources) for t, cfg in self.lnmp.items()
+                               if cfg.known_sources is not None}
         self.namespaces = namespaces  # source topic -> namespace for inputs that carry none
         self.formats = formats        # source topic -> declared format
         #: source topic -> envelope topics it accepts (itself, plus `topic_aliases`)
@@ -47,7 +56,8 @@ class Normalize(Stage):
                         now_ms=msg.timestamp_ms,
                         # the same input record always gets the same generated id, so a
                         # redelivery after a crash is caught by dedup
-                        id_seed=f"{topic}/{msg.partition}/{msg.offset}".encode())
+                        id_seed=f"{topic}/{msg.partition}/{msg.offset}".encode(),
+                        strict=topic not in self._loose)
         shape = res.shape
         msg.shape = str(shape)
         msg.envelope = env = res.envelope
@@ -72,6 +82,9 @@ class Normalize(Stage):
                 # (JWTs are masked by their shape; registering each would only cost CPU. A
                 # replayed DLQ record's token is all '*': nothing to hide.)
                 default_redactor().register_secret(token)
+        known = self._known_sources.get(topic)
+        if known is not None and shape in LNMP_SHAPES:
+            self._check_lnmp_source(topic, msg.claimed[0], known)
         declared = self.formats.get(topic, "auto")
         if declared != "auto" and shape not in _ACCEPTS[declared]:
             raise FormatError(f"source {topic!r} is declared as {declared!r} but the message is {shape.value}",
@@ -85,3 +98,16 @@ class Normalize(Stage):
                 path="metadata.topic",
                 hint="produce the envelope to the topic it names (a copy from another topic is a replay), "
                      "or list that name in the source's topic_aliases")
+
+    @staticmethod
+    def _check_lnmp_source(topic: str, source: str, known: frozenset[str]) -> None:
+        """LNMP spec v1 section 9.1: a `source` is untrusted metadata; where the topology lists the
+        known service identifiers, an unknown one is refused before any later stage reads it.
+        A message that names no source claims nothing and passes (there is nothing to check; the
+        identity rule records it as unverified either way)."""
+        if source and source not in known:
+            raise UnknownSourceError(
+                f"LNMP source {source[:128]!r} is not a known service identifier of source topic {topic!r}",
+                path="lnmp.source (TLV 0x11 / #ENVELOPE source= / lnmp.source header)",
+                hint=f"add it to sources[topic={topic}].lnmp.known_sources if it is a real service, or fix the "
+                     "producer's source identifier")

@@ -27,7 +27,9 @@ docs/formats.md for what is wrong with that example):
   bad UTF-8, malformed header lines; loose mode ignores a malformed envelope, keeps the record
   and says why in `warnings`. When `metadata_length` disagrees with a TLV chain that is itself
   consistent (too short, too long, past the input, or 0 with bit 15 set), loose mode recovers
-  the chain and says so (`_recover_chain`: only when the record boundary is unambiguous).
+  the chain and says so (`_recover_chain`: only when the record boundary is unambiguous);
+  when the boundary is ambiguous, it keeps every TLV entry that parses whole inside the
+  declared block (`_salvage_whole_entries`) and the record starts where the header says.
   Container damage that hides where the record starts (bad magic, unknown version, metadata
   longer than the input with no recoverable chain) is an error in both modes.
 * zero overhead: without an envelope, encoding returns the record object itself (text) or the
@@ -311,11 +313,74 @@ def decode_container(data: bytes | memoryview, *, strict: bool = True) -> Contai
                 assert problem is not None
                 raise problem
             elif problem is not None:
-                envelope = None
                 mode_metadata = bytes(block[: min(fixed, mlen)])
-                warnings.append(f"envelope ignored (loose mode): {problem}")
+                kept = _salvage_whole_entries(block[fixed:]) if mlen >= fixed else None
+                if kept is None:
+                    envelope = None
+                    warnings.append(f"envelope ignored (loose mode): {problem}")
+                else:
+                    envelope, count = kept
+                    warnings.append(
+                        f"metadata_length declares {mlen} bytes, which does not end on a TLV boundary ({problem}); "
+                        f"kept the {count} whole TLV entr{'y' if count == 1 else 'ies'} inside it, record starts at "
+                        f"byte {HEADER_LEN + mlen} as declared (loose mode)")
     return Container(record=record, envelope=envelope, mode=mode, flags=flags & ~FLAG_EXT_METADATA,
                      mode_metadata=mode_metadata, warnings=tuple(warnings))
+
+
+def _salvage_whole_entries(chain: memoryview) -> tuple[LnmpEnvelope, int] | None:
+    """Loose mode, when `_recover_chain` cannot place the record boundary: the TLV entries that
+    parse whole inside the declared block (LNMP spec v1 Appendix A and section 9: be lenient in
+    what you accept, but never guess where the record starts).
+
+    Applies only when the declared length disagrees with the self-delimiting chain - walking the
+    entries by their own lengths does not land exactly on the declared end (an entry runs past
+    it, or 1-2 bytes of a TLV header are left). A chain that fills the block exactly but breaks
+    a rule (duplicate, order, bad value) is a broken chain, not a length disagreement: it stays
+    ignored, as before. What is kept is the longest prefix of whole entries that also obeys the
+    rules (ascending types, 8-byte numbers, UTF-8 strings); unknown types are kept verbatim, as
+    `decode_tlv` keeps them. The record stays where the header says it starts, so no record byte
+    ever becomes metadata. Returns (envelope, entries kept), or None when nothing applies."""
+    end = len(chain)
+    pos = 0
+    whole: list[tuple[int, memoryview]] = []
+    while end - pos >= 3:
+        length = (chain[pos + 1] << 8) | chain[pos + 2]
+        if pos + 3 + length > end:
+            break
+        whole.append((chain[pos], chain[pos + 3 : pos + 3 + length]))
+        pos += 3 + length
+    if pos == end:
+        return None  # the lengths agree: the chain itself is broken
+    values: dict[int, object] = {}
+    extra: list[tuple[int, bytes]] = []
+    last = -1
+    for t, value in whole:
+        if t <= last:
+            break
+        if t in (Tlv.TIMESTAMP, Tlv.SEQUENCE):
+            if len(value) != 8:
+                break
+            values[t] = int.from_bytes(value, "big")
+        elif t in (Tlv.SOURCE, Tlv.TRACE_ID):
+            try:
+                values[t] = str(value, "utf-8")
+            except UnicodeDecodeError:
+                break
+        else:
+            extra.append((t, bytes(value)))
+        last = t
+    count = len(values) + len(extra)
+    if not count:
+        return None
+    env = LnmpEnvelope(
+        timestamp=values.get(Tlv.TIMESTAMP),  # type: ignore[arg-type]
+        source=values.get(Tlv.SOURCE),  # type: ignore[arg-type]
+        trace_id=values.get(Tlv.TRACE_ID),  # type: ignore[arg-type]
+        sequence=values.get(Tlv.SEQUENCE),  # type: ignore[arg-type]
+        extra_tlv=tuple(extra),
+    )
+    return env, count
 
 
 _ENVELOPE_TYPES = frozenset(t.value for t in (Tlv.TIMESTAMP, Tlv.SOURCE, Tlv.TRACE_ID, Tlv.SEQUENCE))

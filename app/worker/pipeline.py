@@ -202,7 +202,8 @@ def build_stages(topology: Topology, *, keyring: SigningKeyring | None, schema: 
         if spec.name == "normalize":
             stages.append(Normalize(s, namespaces={x.topic: x.namespace or t.namespace for x in t.sources},
                                     formats={x.topic: x.format for x in t.sources},
-                                    accepted_topics=t.accepted_topics()))
+                                    accepted_topics=t.accepted_topics(),
+                                    lnmp={x.topic: x.lnmp for x in t.sources if x.lnmp is not None}))
         elif spec.name == "validate":
             stages.append(Validate(s))
         elif spec.name == "authenticate":

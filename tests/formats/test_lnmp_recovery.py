@@ -86,21 +86,66 @@ def test_recovered_metadata_reaches_the_prism_envelope_with_a_note() -> None:
     assert any("declares 31 bytes" in n for n in mapped.notes)
 
 
-@pytest.mark.parametrize(("wire", "why"), [
-    # the record starts with bytes that read as a further entry (0x13, length 1 fits): ambiguous
-    (container(40, record=b"\x13\x00\x01xyz"), "continuation"),
-    # a duplicated entry the declared length covers: the chain is broken, not the length
-    (container(len(CHAIN) + 4, chain=CHAIN + bytes.fromhex("120001") + b"z"), "duplicate"),
-    # the chain runs to the end of the input: no record would be left
-    (container(20, record=b""), "no record"),
-    # nothing readable where the chain should start
-    (container(20, chain=b"\xff\x00\x00" + CHAIN), "no chain"),
+TS_ONLY = lnmp.LnmpEnvelope(timestamp=ENV.timestamp)
+
+
+@pytest.mark.parametrize(("wire", "why", "kept"), [
+    # the record starts with bytes that read as a further entry (0x13, length 1 fits): ambiguous,
+    # but all three entries are whole inside the declared 40 bytes
+    (container(40, record=b"\x13\x00\x01xyz"), "continuation", ENV),
+    # the chain runs to the end of the input: no record would be left; the timestamp is whole
+    # inside the declared 20 bytes, the source is cut
+    (container(20, record=b""), "no record", TS_ONLY),
+    # nothing readable where the chain should start: the one whole, in-order entry is kept
+    (container(20, chain=b"\xff\x00\x00" + CHAIN), "no chain", lnmp.LnmpEnvelope(extra_tlv=((0xFF, b""),))),
 ])
-def test_ambiguous_boundaries_are_not_recovered(wire: bytes, why: str) -> None:
+def test_ambiguous_boundaries_keep_the_whole_entries_inside_the_declared_block(
+        wire: bytes, why: str, kept: lnmp.LnmpEnvelope) -> None:
+    """Recovery past the declared length is refused (the boundary is ambiguous), but every TLV
+    that parses whole inside the declared block comes back; the record starts where the header
+    says, so no record byte becomes metadata. Strict mode refuses all of them."""
+    with pytest.raises(LnmpError):
+        lnmp.decode_container(wire)
     c = lnmp.decode_container(wire, strict=False)
-    assert c.envelope is None, why
-    assert c.warnings and "envelope ignored" in c.warnings[0]
+    assert c.envelope == kept, why
+    [warning] = c.warnings
+    assert "does not end on a TLV boundary" in warning and "whole TLV entr" in warning
     assert bytes(c.record) == wire[12 + struct.unpack_from(">I", wire, 8)[0]:]
+
+
+def test_a_broken_chain_whose_length_agrees_is_still_ignored() -> None:
+    """A duplicated entry the declared length accounts for: the lengths agree, the chain breaks
+    a rule - not a length disagreement, so loose mode ignores the envelope as before."""
+    wire = container(len(CHAIN) + 4, chain=CHAIN + bytes.fromhex("120001") + b"z")
+    c = lnmp.decode_container(wire, strict=False)
+    assert c.envelope is None
+    assert c.warnings and "envelope ignored" in c.warnings[0]
+    assert bytes(c.record) == RECORD
+
+
+@settings(max_examples=300, deadline=None)
+@given(env=st.builds(lnmp.LnmpEnvelope, timestamp=st.none() | st.integers(0, lnmp.U64_MAX),
+                     source=st.none() | st.text(max_size=40), trace_id=st.none() | st.text(max_size=60),
+                     sequence=st.none() | st.integers(0, lnmp.U64_MAX)).filter(lambda e: not e.is_empty()),
+       cut=st.integers(1, 200))
+def test_a_short_length_keeps_exactly_the_entries_it_covers(env: lnmp.LnmpEnvelope, cut: int) -> None:
+    """A declared length cut inside the chain, with a record that could continue it (so the
+    boundary is ambiguous): loose mode returns exactly the entries that lie whole before the cut."""
+    chain = lnmp.tlv_entries(env)
+    ends = [sum(3 + len(v) for _, v in chain[:i + 1]) for i in range(len(chain))]
+    mlen = min(cut, ends[-1] - 1)
+    if mlen in ends:
+        return  # a consistent reading, nothing to salvage
+    wire = container(mlen, chain=lnmp.encode_tlv(env), record=b"\x14\x00\x00")  # a would-be next entry
+    c = lnmp.decode_container(wire, strict=False)
+    whole = [e for e, end in zip(chain, ends, strict=True) if end <= mlen]
+    if not whole:
+        assert c.envelope is None
+        return
+    names = {lnmp.Tlv.TIMESTAMP: "timestamp", lnmp.Tlv.SOURCE: "source", lnmp.Tlv.TRACE_ID: "trace_id",
+             lnmp.Tlv.SEQUENCE: "sequence"}
+    assert c.envelope == lnmp.LnmpEnvelope(**{names[lnmp.Tlv(t)]: getattr(env, names[lnmp.Tlv(t)])
+                                              for t, _ in whole})
 
 
 envelopes = st.builds(

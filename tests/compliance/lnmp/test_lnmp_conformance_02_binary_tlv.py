@@ -66,6 +66,23 @@ def test_appendix_a_as_printed_is_rejected_and_the_corrected_one_decodes() -> No
     assert c.envelope.trace_id == "abc-123-x" and bytes(c.record) == b"REC"
 
 
+def test_appendix_a_as_printed_loose_mode_returns_timestamp_source_and_trace_id() -> None:
+    """Appendix A's container (metadata_length 31 for a 38-byte self-delimiting chain): strict
+    mode refuses it, loose mode gives back every TLV that parses whole - its timestamp, source
+    and trace id - with a warning naming both lengths (LNMP spec v1 Appendix A and section 9)."""
+    chain = (bytes.fromhex("100008") + bytes.fromhex("0000018C9A3B2F28")
+             + bytes.fromhex("11000C") + b"auth-service" + bytes.fromhex("120009") + b"abc-123-x")
+    printed = b"LNMP" + bytes([0x01, 0x02]) + bytes.fromhex("8000") + bytes.fromhex("0000001F") + chain + b"REC"
+    with pytest.raises(LnmpError):
+        lnmp.decode_container(printed, strict=True)
+    c = lnmp.decode_container(printed, strict=False)
+    assert c.envelope is not None
+    assert (c.envelope.timestamp, c.envelope.source, c.envelope.trace_id) == (1703394619176, "auth-service",
+                                                                              "abc-123-x")
+    assert bytes(c.record) == b"REC"
+    assert any("declares 31 bytes" in w for w in c.warnings)
+
+
 def test_stream_mode_fixed_metadata_precedes_the_chain() -> None:
     stream_md = bytes.fromhex("000010000200")  # chunk 4096, SC32, no flags
     c = lnmp.Container(record=b"chunks", envelope=lnmp.LnmpEnvelope(sequence=7), mode=lnmp.Mode.STREAM,
