@@ -14,6 +14,7 @@ from app.cli.ops import dlq_row
 from app.demo.runner import read_all
 from app.envelope import decode
 from app.security.attestation import HEADER
+from tests.brokers import BrokerUnderTest
 from tests.worker.conftest import make_topology
 from tests.worker.harness import RunningPipeline
 from tests.worker.replay import attestation_doc, authenticated_messages, cli_replay, fixed_topology
@@ -21,14 +22,16 @@ from tests.worker.replay import attestation_doc, authenticated_messages, cli_rep
 N = 24
 
 
-async def test_replayed_dlq_records_keep_their_verified_identity(broker, tmp_path: Path, dev_keys) -> None:
+async def test_replayed_dlq_records_keep_their_verified_identity(any_broker: BrokerUnderTest, tmp_path: Path,
+                                                                dev_keys) -> None:
+    broker = any_broker  # the embedded broker and Apache Kafka
     topo = make_topology(tmp_path, dev_keys, partitions=2)
     src = topo.sources[0].topic
     group = f"test-replay-{uuid.uuid4().hex[:8]}"
     messages = authenticated_messages(src, dev_keys, N)
     tokens = [dict(h).get("Authorization", b"")[7:] for _, h, _ in messages if h]
 
-    async with RunningPipeline(topo, broker.bootstrap, tmp_path / "w", app_id=group) as p:
+    async with RunningPipeline(topo, broker.bootstrap, tmp_path / "w", app_id=group, embedded=broker.embedded) as p:
         for value, headers, _ in messages:
             await p.send(value, headers=headers)
         await p.wait_read(N)
@@ -49,7 +52,7 @@ async def test_replayed_dlq_records_keep_their_verified_identity(broker, tmp_pat
 
     # The fix: the policy change, rolled out by restarting the worker on the same consumer group.
     fixed = fixed_topology(topo, tmp_path / "fixed")
-    async with RunningPipeline(fixed, broker.bootstrap, tmp_path / "w", app_id=group) as p2:
+    async with RunningPipeline(fixed, broker.bootstrap, tmp_path / "w", app_id=group, embedded=broker.embedded) as p2:
         out = await cli_replay(fixed, broker.bootstrap, "--reason", "policy_violation")
         assert f"replayed {N} record(s)" in out, out
         await p2.wait_read(N)

@@ -34,7 +34,7 @@ import yaml
 from app.demo.runner import read_all
 from app.security.devkeys import DevKeys
 from app.topology import Topology, load_topology
-from tests.support import require_broker_binary
+from tests.brokers import BrokerUnderTest
 from tests.worker.conftest import dev_keys, make_topology  # noqa: F401  (dev_keys: re-exported fixture)
 from tests.worker.harness import RunningPipeline
 
@@ -141,7 +141,8 @@ class Session:
         self.adversary = adversary
         self.topology = topology
         self.pipeline = RunningPipeline(topology, adversary.broker.bootstrap,
-                                        adversary.tmp_path / f"w-{uuid.uuid4().hex[:6]}")
+                                        adversary.tmp_path / f"w-{uuid.uuid4().hex[:6]}",
+                                        embedded=adversary.broker.embedded)
         self.sent = 0
         self.labels: set[str] = set()
 
@@ -177,6 +178,6 @@ class Session:
 
 
 @pytest.fixture
-def adversary(broker: Any, tmp_path: Path, dev_keys: DevKeys) -> Adversary:  # noqa: F811
-    require_broker_binary()
-    return Adversary(broker, tmp_path, dev_keys)
+def adversary(any_broker: BrokerUnderTest, tmp_path: Path, dev_keys: DevKeys) -> Adversary:  # noqa: F811
+    """Every attack runs on the embedded broker and on Apache Kafka (`any_broker`)."""
+    return Adversary(any_broker, tmp_path, dev_keys)

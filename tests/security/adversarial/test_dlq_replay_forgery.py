@@ -25,6 +25,7 @@ from app.demo.runner import read_all
 from app.envelope import decode
 from app.security.attestation import DOMAIN, HEADER
 from app.security.devkeys import DevKeys, ensure_dev_keys
+from tests.brokers import BrokerUnderTest
 from tests.worker.conftest import make_topology
 from tests.worker.harness import RunningPipeline
 from tests.worker.replay import attestation_doc, authenticated_messages, fixed_topology
@@ -54,12 +55,13 @@ def _with_attestation(headers: list[tuple[str, bytes]], raw: bytes | None) -> li
     return [*out, (HEADER, raw)] if raw is not None else out
 
 
-async def test_forged_replays_never_reach_v3(broker, tmp_path: Path, dev_keys: DevKeys) -> None:
+async def test_forged_replays_never_reach_v3(any_broker: BrokerUnderTest, tmp_path: Path, dev_keys: DevKeys) -> None:
+    broker = any_broker  # the embedded broker and Apache Kafka
     topo = make_topology(tmp_path, dev_keys, partitions=1)
     src = topo.sources[0].topic
     group = f"test-forgery-{uuid.uuid4().hex[:8]}"
     messages = authenticated_messages(src, dev_keys, 4)
-    async with RunningPipeline(topo, broker.bootstrap, tmp_path / "w", app_id=group) as p:
+    async with RunningPipeline(topo, broker.bootstrap, tmp_path / "w", app_id=group, embedded=broker.embedded) as p:
         for value, headers, _ in messages:
             await p.send(value, headers=headers)
         await p.wait_read(len(messages))
@@ -94,7 +96,7 @@ async def test_forged_replays_never_reach_v3(broker, tmp_path: Path, dev_keys: D
     }
 
     fixed = fixed_topology(topo, tmp_path / "fixed")  # the policy is fixed: genuine replays now pass
-    async with RunningPipeline(fixed, broker.bootstrap, tmp_path / "w", app_id=group) as p2:
+    async with RunningPipeline(fixed, broker.bootstrap, tmp_path / "w", app_id=group, embedded=broker.embedded) as p2:
         sent: dict[int, str] = {}
         for name, (key, value, headers, _) in forged.items():
             sent[(await p2.send(value, headers=headers, key=key)).offset] = name

@@ -20,6 +20,7 @@ from app.envelope import Layout, decode, encode, new_envelope
 from app.envelope.wire import encode_varint, iter_records
 from app.errors import SignatureError
 from app.security.signing import SCOPE_BATCH, SCOPE_LEGACY, VerificationKeys, sign, verify
+from tests.brokers import BrokerUnderTest
 from tests.worker.conftest import dev_keys, make_topology  # noqa: F401 - dev_keys is a fixture used by name
 from tests.worker.harness import RunningPipeline
 
@@ -37,7 +38,9 @@ def _replace_in_security(data: bytes, layout: Layout, field: int, value: bytes) 
     return data[:sec.start] + _record(layout.security_field, kept + _record(field, value)) + data[sec.end:]
 
 
-async def test_security_context_attacks_end_in_the_dlq(broker, tmp_path: Path, dev_keys) -> None:  # noqa: F811
+async def test_security_context_attacks_end_in_the_dlq(any_broker: BrokerUnderTest, tmp_path: Path,
+                                                      dev_keys) -> None:  # noqa: F811
+    broker = any_broker  # the embedded broker and Apache Kafka
     topo = make_topology(tmp_path, dev_keys, partitions=2)
     topic = topo.sources[0].topic
     producer = dev_keys.keyring.signing["dev-producer-1"]
@@ -75,7 +78,7 @@ async def test_security_context_attacks_end_in_the_dlq(broker, tmp_path: Path, d
     control_id = control.message_id
     attack_ids = {name: decode(value).message_id for name, (value, _) in attacks.items()}
 
-    async with RunningPipeline(topo, broker.bootstrap, tmp_path / "w") as p:
+    async with RunningPipeline(topo, broker.bootstrap, tmp_path / "w", embedded=broker.embedded) as p:
         for name, (value, _) in attacks.items():
             await p.send(value, key=name.encode())
         await p.send(sign(control, producer), key=b"control")
