@@ -14,6 +14,9 @@ Permissions (roles in :mod:`app.security.http_auth`):
   lookups, consumer version reports);
 - ``write`` on a subject: registering under it (``POST /subjects/{s}/versions``, ``POST
   /v1/schemas`` ``topic``) and asking for an approval (``POST /v1/approvals`` ``subject``);
+  creating an association (``POST /associations``) needs it on every subject named *and* on
+  the topic's default subject ``<topic>-key|value`` (the topic's owner decides what its
+  clients resolve to);
 - ``admin``: global and subject configuration, ``/mode``, every DELETE, deciding approvals,
   policies, the audit log and the PII audit. A ``POST /v1/schemas`` that changes which policy
   governs its subject - ``metadata.compatibility_mode``, or a ``namespace`` other than the one
@@ -135,6 +138,16 @@ RULES: tuple[Rule, ...] = (
     Rule("DELETE", "/mode/{subject}", ADMIN),
     Rule("POST", "/compatibility/subjects/{subject}/versions/{version}", READ),
     Rule("POST", "/compatibility/subjects/{subject}/versions", READ),
+    # Associations (app/schema/associations.py). confluent-kafka's serializers AND deserializers
+    # look the topic up before their first message, so the lookups are plain reads. Creating one
+    # binds a topic to a subject for every default-configured client: write on each subject and
+    # on the topic's own default subject (<topic>-key|value), decided from the validated body.
+    # Deleting is admin, as every DELETE here.
+    Rule("GET", "/associations/subjects/{subject}", READ),
+    Rule("GET", "/associations/resources/{resource_namespace}/{resource_name}", READ),
+    Rule("GET", "/associations/resources/{resource_id}", READ),
+    Rule("POST", "/associations", WRITE, subject_from="body.associations[].subject + body.resourceName"),
+    Rule("DELETE", "/associations/resources/{resource_id}", ADMIN),
     # ---- Prism /v1
     Rule("POST", "/v1/schemas", WRITE, subject_from="body.topic"),  # admin: see decide() callers
     Rule("GET", "/v1/schemas/{schema_id}", READ),

@@ -7,6 +7,8 @@ Two surfaces over one :class:`~app.schema.registry.Registry`:
   ``/config[/{s}]``, ``/compatibility/subjects/{s}/versions[/{v}]`` — with Confluent's
   content type ``application/vnd.schemaregistry.v1+json`` and its ``{"error_code", "message"}``
   errors on every failure, unknown routes (404) and methods (405) included; ``/mode``;
+  ``/associations`` (:mod:`app.schema.associations`: confluent-kafka's serializers and
+  deserializers look the topic up before their first message, so it must answer readers);
   protobuf in Confluent's serialized form (docs/schema-registry.md, "Confluent conformance");
 - the Prism API under ``/v1`` (RFC-030): namespaces, PII, policies, approvals, audit log,
   active consumers, plus ``/metrics`` (Prometheus text via prometheus_client, see
@@ -54,6 +56,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.schema import associations as assoc
 from app.schema import authz
 from app.schema.authz import RegistryAuthMiddleware, actor_of, registry_auth_from_env
 from app.schema.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -299,6 +302,12 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
         return body
 
     @authz.decides
+    def association_writer(request: Request, body: assoc.AssociationRequestBody) -> assoc.AssociationRequestBody:
+        for subject in body.subjects_to_write():  # each subject bound, and the topic's own default subject
+            authz.decide(request, subject=subject)
+        return body
+
+    @authz.decides
     def approval_writer(request: Request, body: ApprovalBody) -> ApprovalBody:
         authz.decide(request, subject=body.subject)
         return body
@@ -465,6 +474,45 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
     def compat_all(subject: str, body: SchemaBody, verbose: bool = False, normalize: bool = False) -> dict[str, Any]:
         return _compat_body(reg.check(subject, _text(reg, body), fmt_of(body.schemaType, "check"),
                                       references=body.references), verbose)
+
+    # ---- associations (Confluent): confluent-kafka's serializers and deserializers ask for the
+    # topic's associated subject before their first message (app/schema/associations.py).
+    @app.get("/associations/subjects/{subject}", response_class=ConfluentJSON, tags=["confluent"])
+    def associations_by_subject(subject: str, resourceType: str | None = None,
+                                associationType: list[str] | None = Query(None), lifecycle: str | None = None,
+                                offset: int = 0, limit: int = -1) -> list[dict[str, Any]]:
+        return assoc.by_subject(reg, subject, resource_type=resourceType, association_types=associationType,
+                                lifecycle=lifecycle, offset=offset, limit=limit)
+
+    @app.get("/associations/resources/{resource_namespace}/{resource_name}", response_class=ConfluentJSON,
+             tags=["confluent"])
+    def associations_by_resource_name(resource_namespace: str, resource_name: str, resourceType: str | None = None,
+                                      associationType: list[str] | None = Query(None),
+                                      lifecycle: str | None = None, offset: int = 0,
+                                      limit: int = -1) -> list[dict[str, Any]]:
+        return assoc.by_resource_name(reg, resource_namespace, resource_name, resource_type=resourceType,
+                                      association_types=associationType, lifecycle=lifecycle, offset=offset,
+                                      limit=limit)
+
+    @app.get("/associations/resources/{resource_id}", response_class=ConfluentJSON, tags=["confluent"])
+    def associations_by_resource_id(resource_id: str, resourceType: str | None = None,
+                                    associationType: list[str] | None = Query(None), lifecycle: str | None = None,
+                                    offset: int = 0, limit: int = -1) -> list[dict[str, Any]]:
+        return assoc.by_resource_id(reg, resource_id, resource_type=resourceType, association_types=associationType,
+                                    lifecycle=lifecycle, offset=offset, limit=limit)
+
+    @app.post("/associations", response_class=ConfluentJSON, tags=["confluent"])
+    def create_association(request: Request, body: assoc.AssociationRequestBody = Depends(association_writer),
+                           dryRun: bool = False) -> dict[str, Any]:
+        return assoc.create(reg, body, actor=_actor(request), dry_run=dryRun)
+
+    @app.delete("/associations/resources/{resource_id}", status_code=204, tags=["confluent"])
+    def delete_associations(resource_id: str, request: Request, resourceType: str | None = None,
+                            associationType: list[str] | None = Query(None), cascadeLifecycle: bool = False,
+                            dryRun: bool = False) -> Response:
+        assoc.delete(reg, resource_id, actor=_actor(request), resource_type=resourceType,
+                     association_types=associationType, cascade_lifecycle=cascadeLifecycle, dry_run=dryRun)
+        return Response(status_code=204)
 
     # ----------------------------------------------------------------------- Prism /v1 --
     @app.post("/v1/schemas", tags=["prism"])

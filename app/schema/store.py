@@ -60,6 +60,16 @@ _DDL = [
     # Confluent's /mode (READWRITE, READONLY, READONLY_OVERRIDE, IMPORT) per subject or global
     # (scope '__global__'); a table of its own so that older databases gain it on open.
     "CREATE TABLE IF NOT EXISTS modes (scope TEXT PRIMARY KEY, mode TEXT NOT NULL)",
+    # Confluent's associations (a topic's key/value bound to a subject; app/schema/associations.py).
+    # One subject per (resource, key|value): the unique key is what makes a second, different
+    # association for the same topic a conflict (40903) instead of an ambiguity for serializers.
+    """CREATE TABLE IF NOT EXISTS associations (
+        guid TEXT PRIMARY KEY, subject TEXT NOT NULL, resource_name TEXT NOT NULL,
+        resource_namespace TEXT NOT NULL, resource_id TEXT NOT NULL, resource_type TEXT NOT NULL,
+        association_type TEXT NOT NULL, lifecycle TEXT NOT NULL, frozen INTEGER NOT NULL DEFAULT 0,
+        created_at DOUBLE PRECISION NOT NULL, UNIQUE (resource_id, resource_type, association_type))""",
+    "CREATE INDEX IF NOT EXISTS associations_by_name ON associations (resource_name, resource_type)",
+    "CREATE INDEX IF NOT EXISTS associations_by_subject ON associations (subject)",
     # (WHERE 1 = 1: SQLite cannot parse INSERT ... SELECT ... ON CONFLICT without a WHERE.)
     """INSERT INTO consumer_versions (subject, consumer_id, version, last_seen)
         SELECT subject, consumer_id, version, last_seen FROM consumers WHERE 1 = 1
@@ -120,6 +130,19 @@ class ApprovalRow:
     decided_by: str | None
     created_at: float
     decided_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class AssociationRow:
+    guid: str
+    subject: str
+    resource_name: str
+    resource_namespace: str
+    resource_id: str
+    resource_type: str
+    association_type: str
+    lifecycle: str
+    frozen: bool
 
 
 class Store(Protocol):
@@ -347,6 +370,43 @@ class SqlStore:
 
     def delete_mode(self, scope: str) -> None:
         self._q("DELETE FROM modes WHERE scope = ?", (scope,))
+
+    # -- associations -----------------------------------------------------------------------
+    _ASCOLS = ("guid, subject, resource_name, resource_namespace, resource_id, resource_type, association_type, "
+               "lifecycle, frozen")
+
+    @staticmethod
+    def _asrow(r: tuple) -> AssociationRow:
+        return AssociationRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bool(r[8]))
+
+    def associations(self, *, resource_type: str, resource_name: str | None = None,
+                     resource_namespace: str | None = None, resource_id: str | None = None,
+                     subject: str | None = None) -> list[AssociationRow]:
+        """Associations of one resource type, filtered by whichever of name, namespace, id and
+        subject are given (``None``: any), in a stable order (pagination depends on it)."""
+        sql, args = f"SELECT {self._ASCOLS} FROM associations WHERE resource_type = ?", [resource_type]
+        for col, val in (("resource_name", resource_name), ("resource_namespace", resource_namespace),
+                         ("resource_id", resource_id), ("subject", subject)):
+            if val is not None:
+                sql, args = f"{sql} AND {col} = ?", [*args, val]
+        return [self._asrow(r) for r in self._q(sql + " ORDER BY resource_id, association_type", args)]
+
+    def put_associations(self, rows: Sequence[AssociationRow]) -> None:
+        """Insert or update (lifecycle, frozen) the rows in one transaction: a request that
+        binds a topic's key and value lands whole or not at all."""
+        with self._tx() as cur:
+            for a in rows:
+                cur.execute(self._sql(
+                    f"INSERT INTO associations ({self._ASCOLS}, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (resource_id, resource_type, association_type) DO UPDATE SET "
+                    "lifecycle = excluded.lifecycle, frozen = excluded.frozen"),
+                    (a.guid, a.subject, a.resource_name, a.resource_namespace, a.resource_id, a.resource_type,
+                     a.association_type, a.lifecycle, int(a.frozen), time.time()))
+
+    def delete_associations(self, guids: Sequence[str]) -> None:
+        with self._tx() as cur:
+            for g in guids:
+                cur.execute(self._sql("DELETE FROM associations WHERE guid = ?"), (g,))
 
     # -- audit log --------------------------------------------------------------------------
     def append_audit(self, actor: str, action: str, subject: str | None, version: int | None,

@@ -35,7 +35,8 @@ V1 = 'syntax = "proto3";\nmessage OrderCreated { string order_id = 1; double tot
 V2 = 'syntax = "proto3";\nmessage OrderCreated { string order_id = 1; double total = 3; optional double tax = 4; }\n'
 CT = "application/vnd.schemaregistry.v1+json"
 PARAMS = {"subject": "orders.created", "version": "1", "schema_id": "1", "namespace": "orders",
-          "approval_id": "1", "decision": "approve"}
+          "approval_id": "1", "decision": "approve", "resource_namespace": "-", "resource_name": "orders.created",
+          "resource_id": "lkc-1:orders.created"}
 CLIENTS = ("anonymous", "reader", "writer", "admin")
 
 
@@ -66,6 +67,9 @@ def body_for(rule: Rule) -> dict | None:
         return {"subject": "orders.created", "schema": V2, "format": "protobuf"}
     if rule.path == "/v1/consumers":
         return {"subject": "orders.created", "version": 1, "consumer_id": "c1"}
+    if rule.path == "/associations":
+        return {"resourceName": "orders.created", "resourceNamespace": "lkc-1", "resourceId": "lkc-1:orders.created",
+                "resourceType": "topic", "associations": [{"subject": "orders.created", "associationType": "value"}]}
     return {"schema": V2, "schemaType": "PROTOBUF", "compatibility": "FULL"}
 
 
@@ -121,13 +125,19 @@ def test_the_table_says_what_the_docs_say() -> None:
         by_need.setdefault(r.need, set()).add((r.method, r.path))
     assert by_need[OPEN] == {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics")}
     assert by_need[WRITE] == {("POST", "/subjects/{subject}/versions"), ("POST", "/v1/schemas"),
-                              ("POST", "/v1/approvals")}
+                              ("POST", "/v1/approvals"), ("POST", "/associations")}
     assert {(m, p) for m, p in by_need[ADMIN] if m in ("GET", "POST")} == {
         ("GET", "/v1/audit"), ("GET", "/v1/pii/audit"), ("POST", "/v1/approvals/{approval_id}/{decision}")}
     assert all(r.need == ADMIN for r in RULES if r.method in ("PUT", "DELETE"))  # config, mode, policies, deletes
     assert {r.method for r in RULES if r.need == READ} <= {"GET", "POST"}
     assert {r.path: r.subject_from for r in RULES if r.need == WRITE} == {
-        "/subjects/{subject}/versions": "path", "/v1/schemas": "body.topic", "/v1/approvals": "body.subject"}
+        "/subjects/{subject}/versions": "path", "/v1/schemas": "body.topic", "/v1/approvals": "body.subject",
+        "/associations": "body.associations[].subject + body.resourceName"}
+    # confluent-kafka's serializers and deserializers look associations up: a read, never admin
+    assert {r.path for r in RULES if r.path.startswith("/associations") and r.method == "GET"} == {
+        "/associations/subjects/{subject}", "/associations/resources/{resource_namespace}/{resource_name}",
+        "/associations/resources/{resource_id}"}
+    assert all(r.need == READ for r in RULES if r.path.startswith("/associations") and r.method == "GET")
 
 
 def test_mode_and_unknown_routes() -> None:

@@ -7,6 +7,7 @@ bytes through the embedded broker with a real produce/consume."""
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -314,3 +315,103 @@ def test_custom_options_defined_by_an_import_survive_the_serialized_form(live_se
     assert "option (acme.retention_days) = 30;" in stored
     assert '(acme.sensitivity) = "high"' in stored and "(acme.level) = LEVEL_HIGH" in stored
     assert "(acme.rule) = { min_len: 3" in stored
+
+
+# --------------------------------------------------------------------------- least privilege
+# confluent-kafka 2.16's serializers AND deserializers first ask GET
+# /associations/resources/-/{topic} (the associated subject name strategy). These tests run every
+# format with the users a real deployment gives producers and consumers - `writer`
+# (write:orders.) and `reader` (read) - never admin, so a route that silently needs admin fails.
+
+
+@functools.cache
+def _shared_order_class():  # type: ignore[no-untyped-def]
+    """One Order class for a whole test: a serializer refuses instances of another build."""
+    return _order_class()
+
+
+def _writer_serializer(fmt: str, client: SchemaRegistryClient, *, auto_register: bool = True):  # type: ignore[no-untyped-def]
+    if fmt == "avro":
+        return AvroSerializer(client, AVRO, conf={"auto.register.schemas": auto_register})
+    if fmt == "json":
+        return JSONSerializer(JSON_SCHEMA, client, conf={"auto.register.schemas": auto_register})
+    # The import is registered as a reference subject too; the writer may only write under
+    # orders., so the team names its reference subjects there (a reference subject strategy).
+    return ProtobufSerializer(_shared_order_class(), client, {
+        "auto.register.schemas": auto_register, "use.deprecated.format": False,
+        "reference.subject.name.strategy": lambda ctx, dep: f"orders.refs.{dep.name}"})
+
+
+def _reader_deserializer(fmt: str, client: SchemaRegistryClient):  # type: ignore[no-untyped-def]
+    if fmt == "avro":
+        return AvroDeserializer(client)
+    if fmt == "json":
+        return JSONDeserializer(None, schema_registry_client=client)
+    return ProtobufDeserializer(_shared_order_class(), {"use.deprecated.format": False}, client)
+
+
+def _value(fmt: str):  # type: ignore[no-untyped-def]
+    if fmt == "avro":
+        return {"celsius": 21.5, "unit": "C"}
+    if fmt == "json":
+        return {"url": "/a", "n": 2}
+    msg = _shared_order_class()(order_id="o-1", card="4111", status=1)
+    msg.total.currency, msg.total.units = "EUR", 1250
+    return msg
+
+
+@pytest.mark.parametrize("fmt", ["avro", "json", "protobuf"])
+def test_serdes_with_least_privilege_users(live_server, fmt: str) -> None:  # type: ignore[no-untyped-def]
+    topic = f"orders.{fmt}-{uuid.uuid4().hex[:8]}"
+    value = _value(fmt)
+    # the producer: registers (auto.register.schemas) with write:orders. only
+    data = _writer_serializer(fmt, SchemaRegistryClient(live_server.sr_conf("writer")))(value, _ctx(topic))
+    assert data[0] == 0
+    # another producer process that only looks the schema up (auto.register.schemas=False)
+    again = _writer_serializer(fmt, SchemaRegistryClient(live_server.sr_conf("writer")), auto_register=False)
+    assert again(value, _ctx(topic))[:5] == data[:5]
+    # the consumer: read only
+    back = _reader_deserializer(fmt, SchemaRegistryClient(live_server.sr_conf("reader")))(data, _ctx(topic))
+    assert back == value
+    # a reader serializing with lookups only works too (it never writes) ...
+    lookup = _writer_serializer(fmt, SchemaRegistryClient(live_server.sr_conf("reader")), auto_register=False)
+    assert lookup(value, _ctx(topic))[:5] == data[:5]
+    # ... but a reader cannot register a new subject, nor a writer outside its prefix: 403, not a silent pass
+    with pytest.raises(SchemaRegistryError) as e:
+        _writer_serializer(fmt, SchemaRegistryClient(live_server.sr_conf("reader")))(value, _ctx(f"{topic}-new"))
+    assert (e.value.http_status_code, e.value.error_code) == (403, 40301)
+    with pytest.raises(SchemaRegistryError) as e:
+        _writer_serializer(fmt, SchemaRegistryClient(live_server.sr_conf("writer")))(value, _ctx(f"pay.{fmt}-x"))
+    assert (e.value.http_status_code, e.value.error_code) == (403, 40301)
+
+
+@pytest.mark.parametrize("fmt", ["avro", "json", "protobuf"])
+def test_serdes_follow_an_association_with_least_privilege_users(live_server, fmt: str) -> None:  # type: ignore[no-untyped-def]
+    """The writer binds its topic to a subject that is not ``<topic>-value`` (POST
+    /associations); serializer and deserializer then use that subject, as writer and reader."""
+    from confluent_kafka.schema_registry import AssociationCreateOrUpdateInfo, AssociationCreateOrUpdateRequest
+
+    topic = f"orders.assoc-{fmt}-{uuid.uuid4().hex[:8]}"
+    subject = f"orders.contracts.{fmt}-{uuid.uuid4().hex[:6]}"
+    value = _value(fmt)
+    writer = SchemaRegistryClient(live_server.sr_conf("writer"))
+    # the subject needs a live version before it can be associated (40907 otherwise)
+    with pytest.raises(SchemaRegistryError) as e:
+        writer.create_association(AssociationCreateOrUpdateRequest(
+            resource_name=topic, resource_namespace="lkc-test", resource_id=f"id-{topic}", resource_type="topic",
+            associations=[AssociationCreateOrUpdateInfo(subject=subject, association_type="value")]))
+    assert (e.value.http_status_code, e.value.error_code) == (409, 40907)
+    seed = _writer_serializer(fmt, writer)
+    seed(value, _ctx(subject))  # registers under <subject>-value (the topic strategy)
+    registered = f"{subject}-value"
+    resp = writer.create_association(AssociationCreateOrUpdateRequest(
+        resource_name=topic, resource_namespace="lkc-test", resource_id=f"id-{topic}", resource_type="topic",
+        associations=[AssociationCreateOrUpdateInfo(subject=registered, association_type="value")]))
+    assert resp.associations[0].subject == registered
+    data = _writer_serializer(fmt, SchemaRegistryClient(live_server.sr_conf("writer")))(value, _ctx(topic))
+    reader = SchemaRegistryClient(live_server.sr_conf("reader"))
+    assert [a.subject for a in reader.get_associations_by_resource_name(topic, "-", "topic", ["value"])] == [registered]
+    assert _reader_deserializer(fmt, reader)(data, _ctx(topic)) == value
+    # the serializer used the associated subject: nothing was registered under <topic>-value
+    assert f"{topic}-value" not in reader.get_subjects()
+    assert int.from_bytes(data[1:5], "big") == reader.get_latest_version(registered).schema_id
