@@ -9,7 +9,12 @@ lake partition could file it under that topic. The check is always on; it costs 
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections import Counter
+
 from app.agents.base import Message, Stage
+from app.envelope.layouts import KNOWN_ENVELOPE_VERSION, PRODUCER_VERSION_EXT
 from app.errors import FormatError, TopicMismatchError, UnknownSourceError
 from app.formats.detect import InputShape, normalize
 from app.observability.redaction import default_redactor
@@ -27,6 +32,12 @@ _ACCEPTS: dict[str, frozenset[InputShape]] = {
 }
 ENVELOPE_SHAPES = _ACCEPTS["prism"]
 LNMP_SHAPES = _ACCEPTS["lnmp"]
+log = logging.getLogger("prism.worker")
+#: newer envelope versions already warned about in this process: one line per version, not per message
+_WARNED_VERSIONS: set[int] = set()
+_WARN_LOCK = threading.Lock()
+#: distinct newer versions counted per stage; more are counted as -1 (a bounded metric label)
+MAX_VERSIONS = 16
 
 
 class Normalize(Stage):
@@ -43,6 +54,10 @@ class Normalize(Stage):
         #: source topic -> the LNMP `source` identifiers it accepts (only topics that list them)
         self._known_sources = {t: frozenset(cfg.known_sources) for t, cfg in self.lnmp.items()
                                if cfg.known_sources is not None}
+        #: draft envelopes read whose `envelope_version` is newer than this build knows, per
+        #: version, since the last `drain_newer_versions` (the worker's metrics read them per batch)
+        self.newer_versions: Counter[int] = Counter()
+        self._versions_seen: set[int] = set()
         self.namespaces = namespaces  # source topic -> namespace for inputs that carry none
         self.formats = formats        # source topic -> declared format
         #: source topic -> envelope topics it accepts (itself, plus `topic_aliases`)
@@ -65,6 +80,8 @@ class Normalize(Stage):
         if res.records is not None and type(msg.value) is bytes:  # immutable: the walk stays true
             msg.scanned = (msg.value, res.records, res.layout)  # type: ignore[assignment]  # Message.scanned
         notes = res.notes
+        if shape is InputShape.PRISM_DRAFT and notes:  # a newer version always leaves a note
+            self._newer_version(res.envelope, topic)
         msg.generated_id = bool(notes) and any(n.startswith("metadata.message_id generated") for n in notes)
         header = env.header
         if header.HasField("security"):
@@ -111,3 +128,39 @@ class Normalize(Stage):
                 path="lnmp.source (TLV 0x11 / #ENVELOPE source= / lnmp.source header)",
                 hint=f"add it to sources[topic={topic}].lnmp.known_sources if it is a real service, or fix the "
                      "producer's source identifier")
+
+    def _newer_version(self, env: object, topic: str) -> None:
+        """RFC-031 Backward Compatibility: a draft envelope of a newer `envelope_version` is
+        processed on a best-effort basis (every known field read, unknown ones carried - see
+        app/envelope/layouts.py). Counted per version, and logged once per version per process."""
+        raw = env.extensions.get(PRODUCER_VERSION_EXT)  # type: ignore[attr-defined]
+        if raw is None:
+            return
+        try:
+            version = int(raw)
+        except ValueError:
+            return
+        if version not in self._versions_seen:
+            if len(self._versions_seen) >= MAX_VERSIONS:
+                version = -1  # counted, under one bounded label value
+            else:
+                self._versions_seen.add(version)
+        self.newer_versions[version] += 1
+        if version in _WARNED_VERSIONS:
+            return
+        with _WARN_LOCK:
+            if version in _WARNED_VERSIONS:
+                return
+            _WARNED_VERSIONS.add(version)
+        log.warning("draft envelopes with envelope_version %s on %s are newer than this worker's %d: processed on a "
+                    "best-effort basis (known fields read, unknown fields carried in prism.unknown.* extensions); "
+                    "upgrade the worker (logged once per version; counted in "
+                    "prism_envelope_version_newer_total)", version if version >= 0 else "(one of many)", topic,
+                    KNOWN_ENVELOPE_VERSION,
+                    extra={"event": "envelope_version_newer", "version": version, "topic": topic})
+
+    def drain_newer_versions(self) -> Counter[int]:
+        """The newer-version counts since the last call (and reset them): the observer adds them
+        to its counter once per batch, so the per-message path only increments a dict entry."""
+        out, self.newer_versions = self.newer_versions, Counter()
+        return out

@@ -19,7 +19,13 @@ from google.protobuf.message import DecodeError as _PbDecodeError
 
 from app._gen.prism.envelope.draft import envelope_pb2 as dpb
 from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
-from app.envelope.layouts import draft_metadata, draft_security_as_is, draft_to_reviewed, reviewed_to_draft
+from app.envelope.layouts import (
+    draft_metadata,
+    draft_security_as_is,
+    draft_to_reviewed,
+    has_unknown_metadata,
+    reviewed_to_draft,
+)
 from app.envelope.model import Envelope, Payload
 from app.envelope.wire import LEN, VARINT, encode_varint, read_varint, scan, strip_field
 from app.errors import DecodeError, LayoutError, SizeLimitError, WireTypeError
@@ -274,7 +280,7 @@ def draft_split(header: vpb.PrismEnvelope, reviewed_head: bytes) -> tuple[bytes,
     if not (header.HasField("metadata") and header.HasField("security")):
         return None
     sec = header.security
-    if not draft_security_as_is(sec):
+    if not draft_security_as_is(sec) or has_unknown_metadata(header.metadata):
         return None
     n = len(reviewed_head)
     if n < 2 or reviewed_head[0] != 0x0A:

@@ -4,13 +4,28 @@ Both layouts carry the same information with different field numbers and types; 
 mapping below is lossless for every field both have. What the other side cannot hold is
 listed in the returned `dropped` list (never silently lost):
 
-* draft -> reviewed: `envelope_version` other than 1 (the reviewed layout has no version
-  field), sub-millisecond precision of `published_at`, unknown fields of the draft's
-  top level / metadata / security / encryption (their numbers mean nothing in the other
-  layout);
+* draft -> reviewed: sub-millisecond precision of `published_at`;
 * reviewed -> draft: explicit presence of zero values (`priority=0`, `ttl_seconds=0`,
   `contains_pii=false`, an empty `aad`, ...), which proto3 plain fields cannot tell from
-  "unset", and unknown fields as above.
+  "unset".
+
+Evolution signals (RFC-031 "Backward Compatibility"; docs/formats.md, "Envelope evolution"):
+
+* **Unknown fields survive.** A newer producer's fields that this build does not know, in the
+  top level, metadata, security or encryption message, have no counterpart in the other layout
+  (the same number means something else there), so they are never re-emitted on their numbers
+  in the other layout. They travel as their exact wire records in the extension
+  `prism.unknown.<layout>[.<message path>]` (e.g. `prism.unknown.draft.metadata`) and are put
+  back on their own numbers when the envelope is converted back to the layout they came from:
+  draft -> reviewed -> draft (what the worker does for every `.v2` copy) keeps them byte for
+  byte. Restoring only ever adds fields the target message does not know, so such an extension
+  cannot set a known field. Observability and schema contexts have the same numbering in both
+  layouts and are copied through their wire bytes, unknown fields included.
+* **A newer `envelope_version`** (> `KNOWN_ENVELOPE_VERSION`) is read on a best-effort basis:
+  every field this build knows is converted, unknown ones are kept as above, and the producer's
+  version is recorded in the extension `prism.producer_envelope_version` (decimal text), which
+  the normalize stage counts and warns about once per version. The draft the worker writes
+  is always `envelope_version = 1`: it writes the layout it knows.
 
 The revision-2 encryption fields the draft lacks (`encryption_type`, `public_key_id`,
 `encapsulated_key`, `algorithm_params`) are carried in draft `extensions` under
@@ -32,6 +47,19 @@ from app.envelope.model import (
     set_content_encoding,
     set_content_type,
 )
+from app.envelope.wire import scan
+from app.errors import EnvelopeError
+
+#: The draft `envelope_version` this build writes and fully understands.
+KNOWN_ENVELOPE_VERSION = 1
+#: Extension holding a newer producer's `envelope_version` (decimal text), set on decode.
+PRODUCER_VERSION_EXT = "prism.producer_envelope_version"
+#: Prefix of the extensions that carry unknown fields across a layout change.
+UNKNOWN_EXT_PREFIX = "prism.unknown."
+_DRAFT_UNKNOWN = UNKNOWN_EXT_PREFIX + "draft"
+_REVIEWED_UNKNOWN = UNKNOWN_EXT_PREFIX + "reviewed"
+#: message paths whose unknown fields are carried (observability/schema are copied as wire bytes)
+_CARRIED_PATHS = ("", ".metadata", ".security", ".security.encryption")
 
 ENC_EXT_PREFIX = "prism.enc."
 _ENC_TYPE_KEY = ENC_EXT_PREFIX + "encryption_type"
@@ -44,11 +72,60 @@ _SEC_STRINGS = ("publisher_id", "publisher_team", "auth_token", "signature_algor
                 "data_classification", "signature_key_id")
 
 
-def _unknown(msg: object, path: str, dropped: list[str]) -> None:
-    ufs = UnknownFieldSet(msg)  # type: ignore[arg-type]
-    if len(ufs):
-        numbers = sorted({f.field_number for f in ufs})
-        dropped.append(f"{path}: unknown field(s) {numbers} have no counterpart in the other layout")
+def _unknown_records(msg: object) -> bytes:
+    """The wire records of `msg`'s unknown fields, exactly as received ("" when none). Only
+    called once `UnknownFieldSet` said there are some: serializing costs a little."""
+    if not len(UnknownFieldSet(msg)):  # type: ignore[arg-type]
+        return b""
+    raw = msg.SerializeToString()  # type: ignore[attr-defined]
+    known = msg.DESCRIPTOR.fields_by_number  # type: ignore[attr-defined]
+    return b"".join(raw[r[2]:r[4]] for r in scan(raw) if r[0] not in known)
+
+
+def _sub(msg: object, path: str) -> object | None:
+    """The nested message at `path` (".security.encryption"), or None when it is not set."""
+    for name in path.split(".")[1:]:
+        if not msg.HasField(name):  # type: ignore[attr-defined]
+            return None
+        msg = getattr(msg, name)
+    return msg
+
+
+def _carry_unknown(src: object, prefix: str, ext: dict[str, bytes]) -> None:
+    """Put `src`'s unknown fields (top level, metadata, security, encryption) into `ext` under
+    `<prefix><path>`: they cannot be written on their numbers in the other layout."""
+    for path in _CARRIED_PATHS:
+        msg = _sub(src, path)
+        if msg is not None:
+            records = _unknown_records(msg)
+            if records:
+                ext[prefix + path] = records
+
+
+def _restore_unknown(dst: object, prefix: str, ext: dict[str, bytes]) -> None:
+    """Put fields carried by `_carry_unknown` back on their own numbers in `dst` (the layout
+    they came from) and remove their extensions. Only records whose numbers `dst` does not
+    know are merged, so an extension can never set a known field (a producer could otherwise
+    smuggle, say, a classification past the fields it is read from); a malformed value stays
+    where it is, an extension like any other."""
+    for path in _CARRIED_PATHS:
+        key = prefix + path
+        raw = ext.get(key)
+        if raw is None:
+            continue
+        msg = dst
+        for name in path.split(".")[1:]:
+            msg = getattr(msg, name)
+        known = msg.DESCRIPTOR.fields_by_number  # type: ignore[attr-defined]
+        try:
+            records = scan(raw)
+        except EnvelopeError:
+            continue
+        keep = b"".join(raw[r[2]:r[4]] for r in records if r[0] not in known)
+        if path:
+            msg.SetInParent()  # type: ignore[attr-defined]
+        msg.MergeFromString(keep)  # type: ignore[attr-defined]
+        del ext[key]
 
 
 def _zero_presence(msg: object, path: str, dropped: list[str]) -> None:
@@ -68,9 +145,6 @@ def draft_to_reviewed(d: dpb.PrismEnvelope) -> tuple[vpb.PrismEnvelope, list[str
     """Map a draft header (its payload is handled by the codec) to the reviewed model."""
     dropped: list[str] = []
     v = vpb.PrismEnvelope()
-    if d.envelope_version not in (0, 1):
-        dropped.append(f"envelope_version: {d.envelope_version} (the reviewed layout has no version field)")
-    _unknown(d, "envelope", dropped)
 
     if d.HasField("metadata"):
         dm, vm = d.metadata, v.metadata
@@ -94,7 +168,6 @@ def draft_to_reviewed(d: dpb.PrismEnvelope) -> tuple[vpb.PrismEnvelope, list[str
             vm.correlation_id = dm.correlation_id
         if dm.causality_parent:
             vm.causality_parent = dm.causality_parent
-        _unknown(dm, "metadata", dropped)
 
     ext = dict(d.extensions)
     if d.HasField("security"):
@@ -131,10 +204,17 @@ def draft_to_reviewed(d: dpb.PrismEnvelope) -> tuple[vpb.PrismEnvelope, list[str
                 ve.encapsulated_key = ext[_ENC_ENCAP_KEY]
             if _ENC_PARAMS_KEY in ext:
                 ve.algorithm_params = ext[_ENC_PARAMS_KEY].decode()
-            _unknown(de, "security.encryption", dropped)
-        _unknown(ds, "security", dropped)
     for k in _ENC_KEYS:
         ext.pop(k, None)
+    _carry_unknown(d, _DRAFT_UNKNOWN, ext)
+    if any(k.startswith(_REVIEWED_UNKNOWN) for k in ext):
+        _restore_unknown(v, _REVIEWED_UNKNOWN, ext)
+    if d.envelope_version > KNOWN_ENVELOPE_VERSION:
+        ext[PRODUCER_VERSION_EXT] = str(d.envelope_version).encode()
+        dropped.append(f"envelope_version: {d.envelope_version} is newer than {KNOWN_ENVELOPE_VERSION}; read on a "
+                       f"best-effort basis (kept in extensions[{PRODUCER_VERSION_EXT!r}])")
+    elif d.envelope_version < 0:
+        dropped.append(f"envelope_version: {d.envelope_version} is not a version (read as {KNOWN_ENVELOPE_VERSION})")
     v.extensions.update(ext)
 
     if d.HasField("observability"):
@@ -154,18 +234,14 @@ def reviewed_to_draft(v: vpb.PrismEnvelope, *, report: bool = True) -> tuple[dpb
     the conversion itself.
     """
     dropped: list[str] = []
-    d = dpb.PrismEnvelope(envelope_version=1)
+    d = dpb.PrismEnvelope(envelope_version=KNOWN_ENVELOPE_VERSION)
     if report:
-        _unknown(v, "envelope", dropped)
         _zero_presence(v.metadata, "metadata", dropped)
         if v.HasField("security"):
             _zero_presence(v.security, "security", dropped)
 
     if v.HasField("metadata"):
-        vm = v.metadata
-        d.metadata.CopyFrom(draft_metadata(vm))
-        if report:
-            _unknown(vm, "metadata", dropped)
+        d.metadata.CopyFrom(draft_metadata(v.metadata))
 
     d.extensions.update(v.extensions)
     if v.HasField("security"):
@@ -190,10 +266,15 @@ def reviewed_to_draft(v: vpb.PrismEnvelope, *, report: bool = True) -> tuple[dpb
                 d.extensions[_ENC_ENCAP_KEY] = ve.encapsulated_key
             if ve.HasField("algorithm_params"):
                 d.extensions[_ENC_PARAMS_KEY] = ve.algorithm_params.encode()
-            if report:
-                _unknown(ve, "security.encryption", dropped)
-        if report:
-            _unknown(vs, "security", dropped)
+    carried: dict[str, bytes] = {}
+    _carry_unknown(v, _REVIEWED_UNKNOWN, carried)
+    if carried:
+        d.extensions.update(carried)
+    if any(k.startswith(_DRAFT_UNKNOWN) for k in d.extensions):
+        ext = dict(d.extensions)
+        _restore_unknown(d, _DRAFT_UNKNOWN, ext)
+        d.ClearField("extensions")
+        d.extensions.update(ext)
 
     if v.HasField("observability"):
         d.observability.MergeFromString(v.observability.SerializeToString())
@@ -207,7 +288,8 @@ def reviewed_to_draft(v: vpb.PrismEnvelope, *, report: bool = True) -> tuple[dpb
 def draft_metadata(vm: vpb.PrismMetadata) -> dpb.PrismMetadata:
     """The draft metadata for reviewed metadata: the one mapping, used by `reviewed_to_draft`
     and by the fast draft encoder (`app.envelope.codec.draft_split`). Unknown fields are not
-    carried (their numbers mean nothing in the other layout)."""
+    written here (their numbers mean nothing in the other layout): `reviewed_to_draft` carries
+    them in extensions, and `draft_split` leaves such a header to it."""
     ms = vm.published_at_ms
     return dpb.PrismMetadata(
         message_id=vm.message_id, topic=vm.topic, namespace=vm.namespace,
@@ -224,3 +306,9 @@ def draft_security_as_is(vs: vpb.SecurityContext) -> bool:
     numbers and wire types in both, and a zero value read into a plain proto3 field is not written
     again, as the field-by-field copy does not write it."""
     return not vs.HasField("encryption") and not len(UnknownFieldSet(vs))
+
+
+def has_unknown_metadata(vm: vpb.PrismMetadata) -> bool:
+    """True when reviewed metadata holds fields this build does not know: `draft_metadata`
+    would drop them, so the fast draft encoder leaves the header to `reviewed_to_draft`."""
+    return bool(len(UnknownFieldSet(vm)))

@@ -14,6 +14,8 @@ Metric names (prometheus_client adds `_total` to counters):
     prism_signature_failures_total{topic,reason}
     prism_auth_failures_total{topic,reason}
     prism_stage_latency_seconds{topic,stage}          histogram (stage "chain": the whole chain)
+    prism_envelope_version_newer_total{topic,version} draft envelopes newer than the worker knows
+                                                      (version "other" past 16 distinct values)
     prism_consumer_lag{topic,partition}               gauge, messages
     prism_table_size{table}                           gauge, keys
 
@@ -162,6 +164,9 @@ class PipelineMetrics:
                                      ["topic", "reason"], namespace=ns, registry=r)
         self.stage_latency = Histogram("stage_latency_seconds", "Time a stage spent on one message",
                                        ["topic", "stage"], namespace=ns, registry=r, buckets=tuple(latency_buckets))
+        self.envelope_version_newer = Counter(
+            "envelope_version_newer", "Draft envelopes whose envelope_version is newer than this worker knows "
+            "(processed best-effort)", ["topic", "version"], namespace=ns, registry=r)
         self.consumer_lag = Gauge("consumer_lag", "Messages between the committed offset and the high watermark",
                                   ["topic", "partition"], namespace=ns, registry=r)
         self.table_size = Gauge("table_size", "Keys in a worker table", ["table"], namespace=ns, registry=r)
@@ -210,6 +215,11 @@ class PipelineMetrics:
 
     def auth_failure(self, topic: str, reason: str) -> None:
         self._child(self.auth_failures, (topic, self._clean_reason(reason))).inc()
+
+    def newer_envelope_version(self, topic: str, version: int, n: int = 1) -> None:
+        """Count `n` draft envelopes of a newer `envelope_version` (RFC-031 Backward
+        Compatibility); the normalize stage bounds the distinct versions (-1: "other")."""
+        self._child(self.envelope_version_newer, (topic, str(version) if version >= 0 else "other")).inc(n)
 
     # -- latency and gauges ------------------------------------------------------------------------
     def observe_latency(self, topic: str, stage: str, seconds: float) -> None:

@@ -436,6 +436,10 @@ class Observer:
         if chain_calls > 0:
             m.observe_latency(topic, CHAIN_STAGE, (cs.chain_ns - snap.chain_ns) / chain_calls / 1e9)
         snap.chain_ns, snap.chain_calls = cs.chain_ns, cs.chain_calls
+        drain = getattr(chain.stages[0], "drain_newer_versions", None) if chain.stages else None
+        if drain is not None:  # normalize: draft envelopes newer than this build (RFC-031 compatibility)
+            for version, n in drain().items():
+                m.newer_envelope_version(topic, version, n)
 
     # -- scrape-time gauges -----------------------------------------------------------------
     def partition_status(self) -> list[dict[str, Any]]:

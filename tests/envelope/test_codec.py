@@ -105,7 +105,7 @@ def test_unknown_fields_survive_round_trip():
     assert decode(again).payload == env.payload
 
 
-def test_draft_unknown_fields_are_reported_not_silently_lost():
+def test_draft_unknown_fields_survive_not_silently_lost():
     d = dpb.PrismEnvelope(envelope_version=1)
     d.metadata.message_id, d.metadata.topic, d.metadata.namespace = "m", "t", "n"
     d.metadata.published_at.seconds = 10
@@ -116,7 +116,9 @@ def test_draft_unknown_fields_are_reported_not_silently_lost():
     env = decode(data, dropped=dropped)
     assert env.published_at_ms == 10123
     assert any("sub-millisecond" in x for x in dropped)
-    assert any("unknown field(s) [7]" in x for x in dropped)
+    # RFC-031 Backward Compatibility: carried, not dropped (tests/envelope/test_evolution.py)
+    assert not any("unknown" in x for x in dropped)
+    assert env.extensions["prism.unknown.draft"] == b"\x3a\x01x"
 
 
 def test_compression_transparent_on_decode():
