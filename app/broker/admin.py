@@ -172,6 +172,24 @@ def _check_client_cert(env: Mapping[str, str], protocol: str,
     return certfile, keyfile, key_password
 
 
+def _replication_factor(raw: str, cluster: bool, problems: list[str]) -> int:
+    """``PRISM_REPLICATION_FACTOR`` as a number (1 when unset), appending to ``problems``.
+
+    Checked at start-up because Kafka only refuses a factor larger than the cluster when a topic
+    is created - for a table changelog that is after the worker has joined its group."""
+    if not raw:
+        return 1
+    if not raw.isdigit() or not 1 <= int(raw) <= 32767:
+        problems.append(f"PRISM_REPLICATION_FACTOR: {raw!r} is not a whole number from 1 to 32767 (the number of "
+                        "brokers each topic Prism creates is replicated to, e.g. 3)")
+        return 1
+    if int(raw) > 1 and not cluster:
+        problems.append(f"PRISM_REPLICATION_FACTOR: {raw} needs a Kafka cluster, but PRISM_BROKER_URL is empty "
+                        "(the embedded broker is one node); set PRISM_BROKER_URL or unset it")
+        return 1
+    return int(raw)
+
+
 @dataclass(frozen=True)
 class BrokerSettings:
     """Where the Kafka cluster is and how to authenticate to it.
@@ -190,13 +208,19 @@ class BrokerSettings:
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
     ssl_key_password: str | None = field(default=None, repr=False)
+    #: replication factor of every topic Prism creates (the topology's and Faust's changelogs):
+    #: ``PRISM_REPLICATION_FACTOR``; 1 unless set, since a replicated topic needs that many brokers
+    replication_factor: int = 1
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> BrokerSettings:
         """Read and validate ``PRISM_BROKER_URL``, ``PRISM_SECURITY_PROTOCOL``,
         ``PRISM_SASL_MECHANISM``, ``PRISM_SASL_USERNAME``, ``PRISM_SASL_PASSWORD``,
         ``PRISM_SSL_CAFILE`` and the client certificate for mutual TLS, ``PRISM_SSL_CERTFILE``,
-        ``PRISM_SSL_KEYFILE`` and (for an encrypted key) ``PRISM_SSL_KEY_PASSWORD``.
+        ``PRISM_SSL_KEYFILE`` and (for an encrypted key) ``PRISM_SSL_KEY_PASSWORD``, and
+        ``PRISM_REPLICATION_FACTOR`` (the replication factor of the topics Prism creates, its
+        table changelogs included: without it a table on a 3-broker cluster lives on one broker,
+        and that broker's loss stops the worker).
 
         Raises:
             BrokerSettingsError: listing every problem found, each prefixed with its variable.
@@ -253,6 +277,8 @@ class BrokerSettings:
                     problems.append(f"PRISM_SSL_CAFILE: {str(cafile)!r} is not a readable PEM CA bundle ({exc})")
 
         certfile, keyfile, key_password = _check_client_cert(env, protocol, problems)
+        replication = _replication_factor(get("PRISM_REPLICATION_FACTOR"), bool(servers) or bool(url_problems),
+                                          problems)
 
         if not servers and not url_problems and protocol != "PLAINTEXT":
             problems.append(f"PRISM_SECURITY_PROTOCOL: {protocol} needs a real cluster, but PRISM_BROKER_URL is "
@@ -270,6 +296,7 @@ class BrokerSettings:
             ssl_certfile=certfile,
             ssl_keyfile=keyfile,
             ssl_key_password=key_password,
+            replication_factor=replication,
         )
 
     @property
@@ -340,7 +367,7 @@ async def ensure_topics(
     topics: Mapping[str, int],
     *,
     settings: BrokerSettings | None = None,
-    replication_factor: int = 1,
+    replication_factor: int | None = None,
     configs: Mapping[str, Mapping[str, str]] | None = None,
     timeout: float = 30.0,
 ) -> dict[str, TopicState]:
@@ -353,7 +380,8 @@ async def ensure_topics(
         bootstrap: ``host:port[,host:port]`` or a list of them.
         topics: topic name -> declared partition count.
         settings: SASL/SSL settings for a real cluster (``None``: PLAINTEXT).
-        replication_factor: replication factor for created topics (1 on the embedded broker).
+        replication_factor: replication factor for created topics (default: ``settings``'
+            ``PRISM_REPLICATION_FACTOR``, else 1 - the embedded broker has one node).
         configs: optional per-topic configs for created topics, e.g.
             ``{"x-changelog": {"cleanup.policy": "compact"}}``. Existing topics are not altered.
         timeout: overall seconds for the admin requests and for new topics to become visible.
@@ -371,6 +399,8 @@ async def ensure_topics(
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
             raise TopicError(f"topic {name!r} declares {partitions!r} partitions",
                              hint="declare a whole number of partitions >= 1")
+    if replication_factor is None:
+        replication_factor = settings.replication_factor if settings is not None else 1
     if replication_factor < 1:
         raise TopicError(f"replication factor {replication_factor} is invalid", hint="use 1 or more")
     if not topics:

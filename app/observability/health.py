@@ -11,7 +11,8 @@ The worker updates one `HealthState` from its lifecycle hooks (Faust: `on_startu
 * Readiness (`/readyz`) answers "is this worker processing its share?": started, not
   shutting down, broker connected, partition assignment received (possibly empty: a group
   with more members than partitions leaves some idle, and they are still healthy), and
-  every registered table recovered from its changelog.
+  every registered table recovered from its changelog, writes going through and the leaders
+  of its partitions reachable (`kafka`: app/worker/kafka_health.py).
 
 Reasons shown in the JSON are short codes/exception class names, passed through the
 redactor (a broker error can quote a SASL URL with a password).
@@ -65,6 +66,9 @@ class HealthState:
         self.failed: str | None = None
         #: why the worker stopped consuming (a write it cannot complete, e.g. its DLQ); None: it did not
         self.blocked: str | None = None
+        #: what is wrong with the Kafka cluster as the worker sees it (app/worker/kafka_health.py)
+        self.kafka_problem: str | None = None
+        self._kafka_since: float | None = None
         self.broker_connected = False
         self.broker_error: str | None = None
         self.assignment_received = False
@@ -89,6 +93,16 @@ class HealthState:
         """Not ready while a write cannot complete and consumption is stopped (None: resumed).
         Readiness only: the worker is alive and retrying, a restart would not help."""
         self.blocked = None if reason is None else self._redactor.redact(reason)[:300]
+
+    def set_kafka_problem(self, reason: str | None) -> None:
+        """Not ready while writes fail or a partition's leader is lost (None: all clear again).
+        Readiness only, like `set_blocked`: restarting the worker does not bring a broker back."""
+        if reason is None:
+            self.kafka_problem = self._kafka_since = None
+            return
+        if self._kafka_since is None:
+            self._kafka_since = self._clock()
+        self.kafka_problem = self._redactor.redact(reason)[:500]
 
     def beat(self) -> None:
         """Event-loop heartbeat (see `run_heartbeat`)."""
@@ -140,6 +154,10 @@ class HealthState:
         }
         if self.blocked is not None:
             checks["writes"] = {"ok": False, "reason": self.blocked}
+        if self.kafka_problem is not None:
+            since = self._kafka_since if self._kafka_since is not None else self._clock()
+            checks["kafka"] = {"ok": False, "reason": self.kafka_problem,
+                               "for_seconds": round(self._clock() - since, 1)}
         return HealthReport(all(c["ok"] for c in checks.values()), checks)
 
 

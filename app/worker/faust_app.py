@@ -218,7 +218,7 @@ def make_app(
     partitions: int = 4,
     embedded: bool = False,
     settings: BrokerSettings | None = None,
-    replication_factor: int = 1,
+    replication_factor: int | None = None,
     standby_replicas: int = 0,
     processing_guarantee: str = "at_least_once",
     fast_dispatch: bool = True,
@@ -236,6 +236,9 @@ def make_app(
             source topic: declare topics with ``ensure_topics`` first).
         embedded: the broker is the embedded Tansu one: installs the ListOffsets workaround.
         settings: SASL/SSL credentials for a real cluster.
+        replication_factor: ``topic_replication_factor``, the replication factor of the topics
+            Faust creates (table changelogs); default: ``settings.replication_factor``
+            (``PRISM_REPLICATION_FACTOR``), else 1.
         standby_replicas: ``table_standby_replicas`` (0: one worker per group in tests and demo;
             standbys only help with several workers).
         processing_guarantee: ``at_least_once``; ``exactly_once`` needs Kafka transactions,
@@ -263,7 +266,8 @@ def make_app(
         datadir=str(datadir),
         store="rocksdb://",
         topic_partitions=partitions,
-        topic_replication_factor=replication_factor,
+        topic_replication_factor=replication_factor if replication_factor is not None
+        else settings.replication_factor if settings is not None else 1,
         table_standby_replicas=standby_replicas,
         processing_guarantee=processing_guarantee,
         web_enabled=web_port is not None,

@@ -78,6 +78,7 @@ from app.worker.batch_send import OutRecord, send_batched
 from app.worker.batch_source import BatchSource, CurrentMessage, ack_all
 from app.worker.continuity import HoleFetcher, OffsetTracker
 from app.worker.faust_app import make_app
+from app.worker.kafka_health import WriteWatch, leader_problems
 from app.worker.limits import WriteLimits, record_size
 
 if TYPE_CHECKING:
@@ -326,6 +327,8 @@ class PipelineApp:
         self._limits_read = asyncio.Event()
         #: why the worker cannot write its DLQ (None: it can); /readyz reports it
         self.blocked: str | None = None
+        #: write attempts in flight and the last failure: /readyz while the cluster is in trouble
+        self.write_watch = WriteWatch()
         self._abandoning = False
 
         async def _read_limits() -> None:
@@ -805,8 +808,14 @@ class PipelineApp:
         if after is not None:
             await self._stop_aware(after, drain_s=WRITE_DRAIN_S)
         while todo:
-            results = await self._stop_aware(self._send_all(producer, [item for _, item in todo], handed_over),
-                                             drain_s=WRITE_DRAIN_S)
+            watch = self.write_watch.begin()
+            try:
+                results = await self._stop_aware(self._send_all(producer, [item for _, item in todo], handed_over),
+                                                 drain_s=WRITE_DRAIN_S)
+            except BaseException:
+                self.write_watch.discard(watch)
+                raise
+            self.write_watch.end(watch, next((r for r in results if r is not None), None))
             handed_over = None
             failed = [(m, item, r) for (m, item), r in zip(todo, results, strict=True) if r is not None]
             for (m, item), r in zip(todo, results, strict=True):
@@ -885,6 +894,34 @@ class PipelineApp:
                 self.stats.written[e.topic] += 1
 
     # -- reporting -----------------------------------------------------------------------------
+    def kafka_problem(self) -> str | None:
+        """Why writes do not go through right now (None: they do), with the cause the producer's
+        metadata names - a partition without a leader, a leader it cannot reach
+        (app/worker/kafka_health.py)."""
+
+        def explain() -> list[str]:
+            producer = getattr(self.app.producer, "_producer", None)
+            if producer is None:
+                return []
+            client = producer.client
+            # the partitions with undelivered batches: the ones a stalled write waits for
+            queued = getattr(getattr(producer, "_message_accumulator", None), "_batches", None) or {}
+            parts = [(tp.topic, tp.partition) for tp, batches in list(queued.items()) if batches]
+            return leader_problems(client, parts or [
+                (t, p) for t in self.write_topics for p in (client.cluster.partitions_for_topic(t) or ())])
+
+        return self.write_watch.problem(explain)
+
+    def source_problems(self) -> list[str]:
+        """Assigned source partitions whose leader the consumer has no metadata for or cannot reach."""
+        try:
+            client = self.app.consumer._thread._consumer._client
+            assigned = [(tp.topic, tp.partition) for tp in self.app.consumer.assignment()]
+        except Exception:  # not started yet
+            return []
+        sources = {s.topic for s in self.topology.sources}
+        return leader_problems(client, [(t, p) for t, p in assigned if t in sources])
+
     def summary(self) -> dict[str, Any]:
         outcomes: Counter[str] = Counter()
         reasons: Counter[str] = Counter()
