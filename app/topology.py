@@ -13,6 +13,7 @@ Stage names map one-to-one onto modules in `app/agents/` (`authenticate` ->
 from __future__ import annotations
 
 import re
+from datetime import date, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -233,7 +234,34 @@ class StageSpec(_Strict):
     settings: Any
 
 
+class Migration(_Strict):
+    """The `.v2` sunset (RFC-031 "Breaking Change Procedure"; app/sunset.py): from
+    `deprecation_date` every `.v2` record carries the `prism-deprecation` header; from
+    `cutoff_date` the worker writes `.v3` only. Dates are ISO 8601 (a date is midnight UTC)."""
+
+    deprecation_date: datetime
+    cutoff_date: datetime
+
+    @field_validator("deprecation_date", "cutoff_date", mode="before")
+    @classmethod
+    def _date(cls, v: Any) -> datetime:
+        from app.sunset import to_utc
+
+        if not isinstance(v, date | datetime | str):
+            raise ValueError(f"{v!r} is not an ISO 8601 date (2025-06-01) or date-time (2025-06-01T00:00:00Z)")
+        return to_utc(v)
+
+    @model_validator(mode="after")
+    def _order(self) -> Migration:
+        if self.cutoff_date <= self.deprecation_date:
+            raise ValueError(f"cutoff_date {self.cutoff_date} must come after deprecation_date "
+                             f"{self.deprecation_date}: consumers need the time between them to move to .v3")
+        return self
+
+
 class Outputs(_Strict):
+    #: The `.v2` sunset: deprecation and cutoff dates (None: `.v2` is written as long as listed).
+    migration: Migration | None = None
     layouts: list[Literal["v2", "v3"]] = ["v2", "v3"]
     sign: bool = True
     signing_key_id: str | None = None      # worker's key in the keyring; default: keyring's current
@@ -251,6 +279,13 @@ class Outputs(_Strict):
         if not v or len(set(v)) != len(v):
             raise ValueError("must name v2, v3 or both, each once")
         return v
+
+    @model_validator(mode="after")
+    def _migration_needs_both(self) -> Outputs:
+        if self.migration is not None and set(self.layouts) != {"v2", "v3"}:
+            raise ValueError(f"migration: sunsets .v2 in favour of .v3, so layouts must be [v2, v3] (got "
+                             f"{self.layouts}) - add the missing layout, or remove migration:")
+        return self
 
 
 class DlqAttestation(_Strict):

@@ -25,10 +25,17 @@ legacy headers that state a publisher or a classification (`publisher-id`, `X-Pu
 Also in defence in depth, a message that reaches `prepare` without the identity rule having
 run (a chain built by hand, without `app.agents.identity.insert_identity_stage`) is settled
 here; the worker's chain always runs it before the policy stage.
+
+The `.v2` sunset (`outputs.migration`, app/sunset.py) is decided here, per message, from the
+publisher's clock: from the deprecation date every `.v2` record gets the `prism-deprecation`
+header (headers are not signed, so the signatures are the same bytes as without it); after the
+cutoff the message is written to `.v3` alone, signed with scope v2 as in any single-layout
+topology (there is no sibling copy to pair with). A phase change is logged once, when it happens.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,14 +46,19 @@ from app.envelope import Layout
 from app.formats.legacy import KAFKA_HEADERS, NATS_HEADERS
 from app.security.jwt_auth import strip_token
 from app.security.signing import MAX_TREE_SIZE, SCOPE_BATCH, SCOPE_PAIR, SCOPE_V2, SigningKey
+from app.sunset import DEPRECATION_HEADER, Clock, Phase, Sunset, clock_from_env, iso
 from app.topology import Topology
+
+log = logging.getLogger("prism.worker")
 
 #: Input headers that state who published or how the data is classified: never forwarded.
 _CLAIM_FIELDS = frozenset({"publisher_id", "publisher_team", "data_classification"})
 _CLAIM_HEADERS = frozenset(name for table in (KAFKA_HEADERS, NATS_HEADERS) for name, logical in table.items()
                            if logical in _CLAIM_FIELDS)
 _DROP_HEADERS = frozenset({"authorization", "proxy-authorization", "prism-auth-token", "x-auth-token", "auth-token",
-                           "cookie", "content-type"}) | _CLAIM_HEADERS
+                           "cookie", "content-type",
+                           # the worker's own verdict (enrich, validation: warn); a producer's is a forgery
+                           "prism-schema-validation"}) | _CLAIM_HEADERS
 LAYOUT_OF = {"v2": Layout.DRAFT, "v3": Layout.REVIEWED}
 #: On every output record: the input record it came from (`topic/partition/offset`), like
 #: Connect's error context but for successes - provenance for the archive and for audits.
@@ -74,10 +86,12 @@ class Prepared:
     topics: tuple[str, ...]
     emissions: list[Emission] | None = None
     pending: kafka.PendingRecords | None = None
+    #: which of `topics` is the reviewed copy (the archive tap reuses it); None: there is none
+    reviewed_at: int | None = None
 
 
 class Publisher:
-    def __init__(self, topology: Topology, *, worker_key: SigningKey | None) -> None:
+    def __init__(self, topology: Topology, *, worker_key: SigningKey | None, clock: Clock | None = None) -> None:
         self.layouts = [(suffix, LAYOUT_OF[suffix]) for suffix in topology.outputs.layouts]
         self._layouts = tuple(layout for _, layout in self.layouts)
         self.sign_with = worker_key if topology.outputs.sign else None
@@ -92,6 +106,55 @@ class Publisher:
         #: the identity rule for messages that reach `prepare` unsettled (module docs); without
         #: the keyring's key bindings, so a key-signed message is treated as unverified there
         self._identity = IdentityRule.of(topology, None)
+        #: the `.v2` sunset (None: no `outputs.migration`); its clock decides the phase per message
+        mig = topology.outputs.migration
+        self.sunset = (Sunset(mig.deprecation_date, mig.cutoff_date, clock or clock_from_env())
+                       if mig is not None else None)
+        self._draft_at = next((i for i, lay in enumerate(self._layouts) if lay is Layout.DRAFT), None)
+        self._v3_topics: dict[str, tuple[str, ...]] = {}
+        self._deprecation: dict[str, tuple[str, bytes]] = {}
+        self.phase: Phase | None = None
+        if self.sunset is not None:
+            self._enter(self.sunset.phase(), at_start=True)
+
+    def _enter(self, phase: Phase, *, at_start: bool = False) -> None:
+        """Log the sunset phase at start-up and once whenever it changes (never per message)."""
+        self.phase = phase
+        sun = self.sunset
+        assert sun is not None
+        dep, cut = iso(sun.deprecation), iso(sun.cutoff)
+        fields = {"event": "v2_sunset", "phase": str(phase), "deprecation_date": dep, "cutoff_date": cut}
+        when = "at start-up" if at_start else "now"
+        if phase is Phase.STOPPED:
+            log.warning("the .v2 cutoff %s has passed (outputs.migration): this worker writes .v3 only, %s; .v2 "
+                        "consumers must read .v3 (prism migrate status lists who still reads .v2)", cut, when,
+                        extra=fields)
+        elif phase is Phase.DEPRECATED:
+            log.warning(".v2 outputs are deprecated since %s (outputs.migration): every .v2 record carries the %s "
+                        "header, and this worker stops writing .v2 at the cutoff %s", dep, DEPRECATION_HEADER, cut,
+                        extra=fields)
+        else:
+            log.info(".v2 outputs are deprecated from %s and stop at %s (outputs.migration)", dep, cut, extra=fields)
+
+    def _current_phase(self) -> Phase | None:
+        sun = self.sunset
+        if sun is None:
+            return None
+        phase = sun.phase()
+        if phase is not self.phase:
+            self._enter(phase)
+        return phase
+
+    def migration_status(self) -> dict[str, object] | None:
+        """The sunset's state for `/connectors/{name}/status` (None without `outputs.migration`)."""
+        return None if self.sunset is None else self.sunset.status()
+
+    def _deprecation_header(self, topic: str) -> tuple[str, bytes]:
+        hdr = self._deprecation.get(topic)
+        if hdr is None:
+            assert self.sunset is not None
+            hdr = self._deprecation[topic] = (DEPRECATION_HEADER, self.sunset.header_value(f"{topic}.v3"))
+        return hdr
 
     def _output_topics(self, topic: str) -> tuple[str, ...]:
         """`<topic>.<suffix>` per layout, built once per input topic rather than per message."""
@@ -114,22 +177,36 @@ class Publisher:
             settle(msg, self._identity)
         forwarded = [(k, v) for k, v in kafka.passthrough_headers(msg.headers)
                      if v is not None and _forwardable(k.lower())] if msg.headers else []
+        if msg.out_headers:  # what a stage added for the outputs (enrich: prism-schema-validation)
+            forwarded = [*forwarded, *msg.out_headers]
         source = (SOURCE_HEADER, f"{msg.topic}/{msg.partition}/{msg.offset}".encode())
+        phase = self._current_phase()
+        if phase is Phase.STOPPED:  # after the .v2 cutoff: .v3 alone, scope v2 (nothing to pair with)
+            topics = self._v3_topics.get(msg.topic) or self._v3_topics.setdefault(msg.topic, (f"{msg.topic}.v3",))
+            records = kafka.encode_layouts(env, (Layout.REVIEWED,), key=msg.key, headers=forwarded,
+                                           sign_with=self.sign_with, scope=SCOPE_V2)
+            records[0].headers.append(source)
+            return Prepared(topics, emissions=self._emissions(topics, records, records[0]), reviewed_at=0)
         topics = self._output_topics(msg.topic)
+        deprecated = phase is Phase.DEPRECATED and self._draft_at is not None
         if self.scope == SCOPE_BATCH and self.sign_with is not None:
             pending = kafka.prepare_batch_records(env, self._layouts, self.sign_with, key=msg.key, headers=forwarded)
             for rec in pending.records:
                 rec.headers.append(source)  # the same lists end up in the signed records
-            return Prepared(topics, pending=pending)
+            if deprecated:
+                pending.records[self._draft_at].headers.append(self._deprecation_header(msg.topic))  # type: ignore[index]
+            return Prepared(topics, pending=pending, reviewed_at=self._reviewed_at)
         records = kafka.encode_layouts(env, self._layouts, key=msg.key, headers=forwarded, sign_with=self.sign_with,
                                        scope=self.scope)
         for rec in records:
             rec.headers.append(source)
+        if deprecated:
+            records[self._draft_at].headers.append(self._deprecation_header(msg.topic))  # type: ignore[index]
         reviewed = records[self._reviewed_at] if self._reviewed_at is not None else None
         if self.archive_topic is not None and reviewed is None:
             reviewed = kafka.encode(env, Layout.REVIEWED, key=msg.key, sign_with=self.sign_with, scope=self.scope)
             reviewed.headers.append(source)
-        return Prepared(topics, emissions=self._emissions(topics, records, reviewed))
+        return Prepared(topics, emissions=self._emissions(topics, records, reviewed), reviewed_at=self._reviewed_at)
 
     def finish(self, prepared: Sequence[Prepared]) -> list[list[Emission]]:
         """The batch's emissions, per prepared message in order. With scope batch, ONE
@@ -148,7 +225,7 @@ class Publisher:
                 out.append(p.emissions)
             else:
                 records = next(signed)
-                reviewed = records[self._reviewed_at] if self._reviewed_at is not None else None
+                reviewed = records[p.reviewed_at] if p.reviewed_at is not None else None
                 out.append(self._emissions(p.topics, records, reviewed))
         return out
 

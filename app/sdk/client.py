@@ -41,6 +41,8 @@ from app.sdk.usage import DEFAULT_INTERVAL_S, VersionReporter
 from app.security.encryption import encrypt_envelope
 from app.security.keys import DataKeyProvider, KeyProvider
 from app.security.signing import SigningKey, VerificationKeys
+from app.sunset import DEPRECATION_HEADER
+from app.sunset import parse_header as parse_deprecation
 
 log = logging.getLogger("prism.sdk")
 
@@ -395,6 +397,8 @@ class Subscription:
         self._start_lock = asyncio.Lock()
         self._reporter = client.version_reporter
         self._consumer_id = client.consumer_id or settings.group
+        #: `prism-deprecation` header values already warned about (one warning per value, not per message)
+        self._deprecations_seen: set[bytes] = set()
         #: Counters: messages decoded, and of those dropped as expired.
         self.stats = {"received": 0, "expired": 0}
 
@@ -484,6 +488,9 @@ class Subscription:
             exc.delivery = UnreadableMessage(d, exc)  # type: ignore[attr-defined]
             raise
         self.stats["received"] += 1
+        notice = d.header(DEPRECATION_HEADER)
+        if notice is not None and notice not in self._deprecations_seen:
+            self._warn_deprecated(notice)
         if self.drop_expired and env.is_expired():
             self.stats["expired"] += 1
             log.debug("dropping expired message %s on %s", env.message_id, self.topic)
@@ -512,6 +519,20 @@ class Subscription:
                 err.expected, err.actual = exc.expected, exc.actual  # type: ignore[attr-defined]
                 raise err from None
         return msg
+
+    def _warn_deprecated(self, notice: bytes) -> None:
+        """The worker marks `.v2` records from the deprecation date on (`outputs.migration`,
+        app/sunset.py): say once per subscription (and per notice) which topic replaces this one
+        and when this one stops, so the owner of a `.v2` consumer hears it before the cutoff."""
+        if len(self._deprecations_seen) >= 16:  # a bounded memory of notices
+            return
+        self._deprecations_seen.add(notice)
+        p = parse_deprecation(notice)
+        log.warning("topic %s is deprecated since %s and stops receiving messages at the cutoff %s; move consumer "
+                    "group %r to %s", self.topic, p.get("deprecated", "?"), p.get("sunset", "?"), self.group,
+                    p.get("successor", "the .v3 topic"),
+                    extra={"event": "v2_deprecated", "topic": self.topic, "cutoff": p.get("sunset", ""),
+                           "successor": p.get("successor", ""), "group": self.group})
 
     def __repr__(self) -> str:
         return f"Subscription(topic={self.topic!r}, group={self.group!r}, backend={self.client.backend.scheme})"

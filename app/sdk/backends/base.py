@@ -147,6 +147,11 @@ class Delivery(abc.ABC):
     def ref(self) -> str:
         return ""
 
+    def header(self, name: str) -> bytes | None:
+        """The value of the transport header `name` (lowercase), or None. Only the Kafka
+        backend has headers the worker writes (e.g. `prism-deprecation` on `.v2`)."""
+        return None
+
 
 class BackendSubscription(abc.ABC):
     @abc.abstractmethod

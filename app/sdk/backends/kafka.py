@@ -262,6 +262,12 @@ class _KafkaDelivery(Delivery):
     def ref(self) -> str:
         return f"{self.tp.partition}:{self.record.offset}"
 
+    def header(self, name: str) -> bytes | None:
+        for key, value in self.record.headers or ():
+            if key.lower() == name:
+                return bytes(value) if value is not None else None
+        return None
+
     async def ack(self) -> None:
         await self.sub.ack(self)
 
