@@ -177,8 +177,6 @@ class Publisher:
             settle(msg, self._identity)
         forwarded = [(k, v) for k, v in kafka.passthrough_headers(msg.headers)
                      if v is not None and _forwardable(k.lower())] if msg.headers else []
-        if msg.out_headers:  # what a stage added for the outputs (enrich: prism-schema-validation)
-            forwarded = [*forwarded, *msg.out_headers]
         source = (SOURCE_HEADER, f"{msg.topic}/{msg.partition}/{msg.offset}".encode())
         phase = self._current_phase()
         if phase is Phase.STOPPED:  # after the .v2 cutoff: .v3 alone, scope v2 (nothing to pair with)
