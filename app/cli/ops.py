@@ -342,6 +342,22 @@ def print_dlq_record(doc: dict[str, Any], con: Console) -> None:
     con.print_json(json.dumps(body, default=str))
 
 
+def print_group_lag(doc: dict[str, Any], con: Console) -> None:
+    """``prism status --group``: one row per partition, committed offset against the log end."""
+    con.print(Text(f"group {doc['group']}: lag {doc['lag']} "
+                   f"(committed offsets against the log end, {doc['end_from'].replace('_', ' ')})"))
+    if not doc["partitions"]:
+        con.print(Text("no committed offsets and no such topics: nothing to report"))
+        return
+    table = Table()
+    for col in ("topic", "partition", "committed", "log end", "lag"):
+        table.add_column(col, justify="left" if col == "topic" else "right")
+    for p in doc["partitions"]:
+        table.add_row(*_cells(p["topic"], p["partition"], "-" if p["committed"] is None else p["committed"],
+                              p["log_end"], p["lag"]))
+    con.print(table)
+
+
 def _bootstrap() -> tuple[str, Any]:
     from app.broker.admin import BrokerSettings
 
@@ -368,9 +384,25 @@ def register(app: typer.Typer, dlq_app: typer.Typer) -> None:
                                                   help="bearer JWT (wins over --user)")] = None,
         cafile: Annotated[Path | None, typer.Option(envvar="PRISM_ADMIN_CAFILE",
                                                     help="PEM CA(s) to trust for an https:// --url")] = None,
+        group: Annotated[str | None, typer.Option(
+            help="read GROUP's lag from the broker (PRISM_BROKER_URL) instead of a worker: works with "
+                 "no worker running (a topology's group is prism-<topology name>)")] = None,
+        topic: Annotated[list[str] | None, typer.Option(
+            help="with --group: only this topic (repeatable; default: every topic the group committed on)")] = None,
     ) -> None:
-        """Topology, per-partition lag, rates, DLQ depth and table sizes of a running worker."""
+        """Topology, per-partition lag, rates, DLQ depth and table sizes of a running worker;
+        with --group, a consumer group's lag straight from the broker."""
         from app.security.http_auth import client_auth_header
+
+        if group is not None:
+            from app.worker.lag import read_group_lag_from_env
+
+            lag_doc = read_group_lag_from_env(group, topic).to_dict()
+            if json_out:
+                typer.echo(json.dumps(lag_doc, indent=2, sort_keys=True))
+            else:
+                print_group_lag(lag_doc, console)
+            return
 
         try:
             context = ssl.create_default_context(cafile=str(cafile)) if cafile else None

@@ -207,13 +207,14 @@ def connector_status(observer: Observer) -> dict[str, Any]:
     rows = observer.partition_status()
     tasks = [{"id": i, "state": "PAUSED" if r["paused"] else "RUNNING", "worker_id": worker_id, **r}
              for i, r in enumerate(rows)]
-    lag = sum(r["lag"] or 0 for r in rows)
+    # The group's lag on every source partition, assigned to this worker or not (app/worker/lag.py):
+    # while a rebalance leaves nothing assigned, the tasks are empty but the lag is still there.
+    group = observer.group_lag()
+    lag = group["lag"] if group is not None else sum(r["lag"] or 0 for r in rows)
     return {"name": p.topology.name, "connector": {"state": connector_state(observer), "worker_id": worker_id},
-            "tasks": tasks, "type": "pipeline", "lag": lag, "batches": observer.batches,
+            "tasks": tasks, "type": "pipeline", "lag": lag, "group_lag": group, "batches": observer.batches,
             "in_flight_batches": observer.in_flight, "tables": observer.table_sizes(),
-            "readiness": observer.health.readiness().to_dict(),
-            # the .v2 sunset (outputs.migration): its phase, and whether .v2 is still written
-            **({"migration": mig} if (mig := p.publisher.migration_status()) is not None else {})}
+            "readiness": observer.health.readiness().to_dict()}
 
 
 def _source_tps(observer: Observer) -> list[Any]:
@@ -526,6 +527,9 @@ OPENAPI: dict[str, Any] = {
                 "connector": {"type": "object", "properties": {"state": {"enum": list(CONNECTOR_STATES)},
                                                                "worker_id": {"type": "string"}}},
                 "tasks": {"type": "array", "items": _TASK}, "lag": {"type": "integer"},
+                "group_lag": {"type": ["object", "null"], "description": (
+                    "the consumer group's committed offsets against the log end offsets on every source "
+                    "partition (app/worker/lag.py): group, lag, at, end_from, error, partitions")},
                 "tables": {"type": "object", "additionalProperties": {"type": "integer"}}}}, extra=_404)},
         "/connectors/{name}/pause": {"parameters": _NAME, "put": _op(
             "Pause fetching the source partitions", {"type": "object"}, status="202", extra=_404)},

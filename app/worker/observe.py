@@ -9,9 +9,10 @@ library (`app.observability`) into the worker:
   several per message per stage. Stage latency is the per-batch MEAN per message of each
   stage (`ChainStats.stage_ns` deltas), observed once per stage per batch: the histogram's
   `_count` therefore counts batches, its `_sum / _count` is the mean latency and its buckets
-  show how the batch means are distributed. Consumer lag (fetch high watermark minus the
-  committed offset - never ListOffsets, which the embedded broker answers wrongly) and table
-  sizes are computed when `/metrics` is scraped, table sizes at most every
+  show how the batch means are distributed. Consumer lag is the group's committed offsets
+  against the log end offsets, read from the broker in the background by `app.worker.lag`
+  (right while paused, rebalancing or with nothing assigned: never what this worker last
+  fetched); table sizes are computed when `/metrics` is scraped, at most every
   `table_size_interval_s` (RocksDB counts by iterating).
 * **Health**: a `HealthState` fed by Faust's `on_partitions_assigned/revoked` signals, table
   recovery (`app.in_recovery`), the consumer's broker connections and the shutdown signal.
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
     from app.agents.base import Message, Stage
     from app.agents.chain import Chain
     from app.envelope.model import Envelope
+    from app.worker.lag import LagMonitor
     from app.worker.management import ManagementSettings
     from app.worker.pipeline import PipelineApp
 
@@ -70,8 +72,6 @@ ENV_WEB_PORT = "PRISM_WEB_PORT"
 PUBLISH_STAGE = "publish"
 #: `prism_stage_latency_seconds{stage=...}` of the whole stage chain per message (every message timed)
 CHAIN_STAGE = "chain"
-#: seconds a source partition's leader must stay unreachable before /readyz reports it
-SOURCE_GRACE_S = 2.0
 
 
 # --------------------------------------------------------------------------- tracing scope
@@ -262,7 +262,6 @@ class Observer:
         self.batches = 0
         self._pause_task: asyncio.Future[None] | None = None
         self.started_at = time.time()
-        self._source_trouble_since: float | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, service_name: str = "prism-worker") -> Observer:
@@ -276,6 +275,9 @@ class Observer:
         return cls(metrics=PipelineMetrics(label_allowlist=allow, redactor=red),
                    tracing=configure_tracing_from_env(service_name, env), redactor=red,
                    management=ManagementSettings.from_env(env))
+
+    #: the broker-side lag reader (app/worker/lag.py), set by attach()
+    lag_monitor: LagMonitor | None = None
 
     @property
     def tracing_enabled(self) -> bool:
@@ -294,13 +296,18 @@ class Observer:
         app.on_partitions_assigned.connect(self._on_assigned)
         app.on_partitions_revoked.connect(self._on_revoked)
         app.on_before_shutdown.connect(self._on_before_shutdown)
+        # Lag from the broker (app/worker/lag.py), read in the background so that neither a
+        # scrape nor /status waits on it: the group's committed offsets against the log end.
+        from app.worker.lag import monitor_for_pipeline
+
+        self.lag_monitor = monitor_for_pipeline(pipeline)
+        app.task(self.lag_monitor.run)
 
         async def _started() -> None:
             self.health.mark_started()
             self._refresh_health()
         app.task(_started)
         app.task(_heartbeat(self.health))
-        app.task(self._watch_kafka)
         if app.conf.web_enabled:
             from app.worker.management import register_views
 
@@ -447,7 +454,10 @@ class Observer:
 
     # -- scrape-time gauges -----------------------------------------------------------------
     def partition_status(self) -> list[dict[str, Any]]:
-        """Per assigned source partition: committed offset, high watermark, lag, paused."""
+        """Per source partition assigned to this worker: the group's committed offset, the log
+        end offset (``highwater``) and the lag between them as the broker last reported them
+        (:attr:`lag_monitor`; None before the first read), and whether it is paused. Not this
+        consumer's fetch positions: those froze while paused and made lag read 0."""
         pipeline = self.pipeline
         if pipeline is None:
             return []
@@ -461,26 +471,28 @@ class Observer:
         except Exception:  # not started yet
             return []
         paused = pipeline.topology.name in self.paused
+        snap = self.lag_monitor.latest if self.lag_monitor is not None else None
         rows = []
         for tp in sorted(assignment):
             if tp.topic not in sources:
                 continue
-            committed = consumer._committed_offset.get(tp)
-            try:
-                hw = consumer.highwater(tp)
-            except Exception:
-                hw = None
-            lag = None
-            if hw is not None and hw >= 0:
-                lag = max(0, hw - (committed or 0))
-            rows.append({"topic": tp.topic, "partition": tp.partition, "committed": committed, "highwater": hw,
-                         "lag": lag, "paused": paused})
+            p = snap.get(tp.topic, tp.partition) if snap is not None else None
+            rows.append({"topic": tp.topic, "partition": tp.partition, "committed": p.committed if p else None,
+                         "highwater": p.log_end if p else None, "lag": p.lag if p else None, "paused": paused})
         return rows
 
+    def group_lag(self) -> dict[str, Any] | None:
+        """The group's lag on every source partition, assigned here or not (``GroupLag.to_dict``)."""
+        snap = self.lag_monitor.latest if self.lag_monitor is not None else None
+        return snap.to_dict() if snap is not None else None
+
     def refresh_gauges(self) -> None:
-        for row in self.partition_status():
-            if row["lag"] is not None:
-                self.metrics.set_consumer_lag(row["topic"], row["partition"], row["lag"])
+        # Every partition of the group, assigned here or not: lag belongs to the group, and it
+        # must not vanish while a rebalance leaves this worker with nothing assigned.
+        snap = self.lag_monitor.latest if self.lag_monitor is not None else None
+        for part in snap.partitions if snap is not None else ():
+            if part.lag is not None:
+                self.metrics.set_consumer_lag(part.topic, part.partition, part.lag)
         now = time.monotonic()
         if self.pipeline is not None and now - self._tables_at >= self.table_size_interval_s:
             self._tables_at = now
@@ -508,44 +520,6 @@ class Observer:
         connected = _broker_connected(app)
         if connected is not None:
             self.health.set_broker_connected(connected, None if connected else "no broker connection")
-        self._refresh_kafka()
-
-    def _refresh_kafka(self) -> None:
-        """Writes failing, a lost partition leader, an unreachable broker: into /readyz while it
-        lasts, with a WARNING when it starts and when it ends (app/worker/kafka_health.py).
-        A source partition's leader must stay unreachable for `SOURCE_GRACE_S` to count: the
-        consumer opens its connections lazily, right after an assignment none is open yet."""
-        pipeline = self.pipeline
-        if pipeline is None or not self.health.started or self.health.stopping:
-            return
-        try:
-            problems = [p] if (p := pipeline.kafka_problem()) else []
-            source = pipeline.source_problems()
-        except Exception as exc:  # never let a probe fail on a diagnostic
-            log.debug("kafka health check failed: %r", exc)
-            return
-        now = time.monotonic()
-        if source:
-            self._source_trouble_since = self._source_trouble_since or now
-            if now - self._source_trouble_since >= SOURCE_GRACE_S:
-                problems.append("fetching: " + "; ".join(source[:4]))
-        else:
-            self._source_trouble_since = None
-        before = self.health.kafka_problem
-        since = self.health._kafka_since
-        self.health.set_kafka_problem("; ".join(problems) if problems else None)
-        if problems and before is None:
-            log.warning("Kafka trouble: %s. /readyz reports it (503) until it clears; nothing is committed past "
-                        "an unwritten output", self.health.kafka_problem)
-        elif not problems and before is not None:
-            log.warning("Kafka trouble over after %.1f s (was: %s)", now - (since or now), before)
-
-    async def _watch_kafka(self) -> None:
-        """Evaluate the Kafka checks every second, so that the log says when trouble starts and
-        ends even when nothing probes /readyz."""
-        while True:
-            await asyncio.sleep(1.0)
-            self._refresh_kafka()
 
     def exposition(self) -> bytes:
         self.refresh_gauges()
