@@ -214,7 +214,9 @@ def connector_status(observer: Observer) -> dict[str, Any]:
     return {"name": p.topology.name, "connector": {"state": connector_state(observer), "worker_id": worker_id},
             "tasks": tasks, "type": "pipeline", "lag": lag, "group_lag": group, "batches": observer.batches,
             "in_flight_batches": observer.in_flight, "tables": observer.table_sizes(),
-            "readiness": observer.health.readiness().to_dict()}
+            "readiness": observer.health.readiness().to_dict(),
+            # the .v2 sunset (outputs.migration): its phase, and whether .v2 is still written
+            **({"migration": mig} if (mig := p.publisher.migration_status()) is not None else {})}
 
 
 def _source_tps(observer: Observer) -> list[Any]:

@@ -72,6 +72,8 @@ ENV_WEB_PORT = "PRISM_WEB_PORT"
 PUBLISH_STAGE = "publish"
 #: `prism_stage_latency_seconds{stage=...}` of the whole stage chain per message (every message timed)
 CHAIN_STAGE = "chain"
+#: seconds a source partition's leader must stay unreachable before /readyz reports it
+SOURCE_GRACE_S = 2.0
 
 
 # --------------------------------------------------------------------------- tracing scope
@@ -262,6 +264,7 @@ class Observer:
         self.batches = 0
         self._pause_task: asyncio.Future[None] | None = None
         self.started_at = time.time()
+        self._source_trouble_since: float | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, service_name: str = "prism-worker") -> Observer:
@@ -308,6 +311,7 @@ class Observer:
             self._refresh_health()
         app.task(_started)
         app.task(_heartbeat(self.health))
+        app.task(self._watch_kafka)
         if app.conf.web_enabled:
             from app.worker.management import register_views
 
@@ -520,6 +524,44 @@ class Observer:
         connected = _broker_connected(app)
         if connected is not None:
             self.health.set_broker_connected(connected, None if connected else "no broker connection")
+        self._refresh_kafka()
+
+    def _refresh_kafka(self) -> None:
+        """Writes failing, a lost partition leader, an unreachable broker: into /readyz while it
+        lasts, with a WARNING when it starts and when it ends (app/worker/kafka_health.py).
+        A source partition's leader must stay unreachable for `SOURCE_GRACE_S` to count: the
+        consumer opens its connections lazily, right after an assignment none is open yet."""
+        pipeline = self.pipeline
+        if pipeline is None or not self.health.started or self.health.stopping:
+            return
+        try:
+            problems = [p] if (p := pipeline.kafka_problem()) else []
+            source = pipeline.source_problems()
+        except Exception as exc:  # never let a probe fail on a diagnostic
+            log.debug("kafka health check failed: %r", exc)
+            return
+        now = time.monotonic()
+        if source:
+            self._source_trouble_since = self._source_trouble_since or now
+            if now - self._source_trouble_since >= SOURCE_GRACE_S:
+                problems.append("fetching: " + "; ".join(source[:4]))
+        else:
+            self._source_trouble_since = None
+        before = self.health.kafka_problem
+        since = self.health._kafka_since
+        self.health.set_kafka_problem("; ".join(problems) if problems else None)
+        if problems and before is None:
+            log.warning("Kafka trouble: %s. /readyz reports it (503) until it clears; nothing is committed past "
+                        "an unwritten output", self.health.kafka_problem)
+        elif not problems and before is not None:
+            log.warning("Kafka trouble over after %.1f s (was: %s)", now - (since or now), before)
+
+    async def _watch_kafka(self) -> None:
+        """Evaluate the Kafka checks every second, so that the log says when trouble starts and
+        ends even when nothing probes /readyz."""
+        while True:
+            await asyncio.sleep(1.0)
+            self._refresh_kafka()
 
     def exposition(self) -> bytes:
         self.refresh_gauges()
