@@ -5,13 +5,21 @@ management API (the shape Kafka Connect users know from its REST API).
 | --- | --- | --- |
 | GET | /metrics | Prometheus text (the worker's own registry) |
 | GET | /healthz, /readyz | liveness / readiness JSON (200 or 503) |
-| GET | /connectors | names of the topologies this worker runs (a JSON list, like Connect) |
-| GET | /connectors/{name} | stages, sources, outputs, DLQ topics |
+| GET | /connectors | names of the topologies this worker runs (a JSON list; ``?expand=status|info``) |
+| GET | /connectors/{name} | Connect's {name, config, tasks, type} + stages, sources, outputs, DLQ topics |
+| GET | /connectors/{name}/config | the topology as Connect's flat string map |
+| GET | /connectors/{name}/topics | the topics it reads and writes, ``{name: {"topics": [...]}}`` |
 | GET | /connectors/{name}/status | state + one "task" per assigned source partition with its lag |
-| PUT | /connectors/{name}/pause, /resume | stop / restart fetching the source partitions (202) |
-| POST | /connectors/{name}/restart | let the in-flight batch finish, refetch, clear a failed state (202) |
+| PUT | /connectors/{name}/pause, /resume | stop / restart fetching the source partitions (202, no body) |
+| POST | /connectors/{name}/restart | let the in-flight batch finish, refetch, clear a failed state
+  (204; 202 with the status with ``includeTasks``/``onlyFailed``) |
 | GET | /connectors/{name}/dlq | DLQ depth (records) per partition |
 | GET | /openapi.json | the OpenAPI 3.1 document of all of the above |
+
+Where Connect has the same route, the answer has Connect's shape - status codes, key sets,
+``{"error_code", "message"}`` error bodies (also for an unknown route, 404, and a wrong method,
+405) - checked against a real Kafka Connect by ``tests/kafka/test_connect_parity.py``; every
+remaining difference is listed in docs/operations.md, "Prism vs Kafka Connect REST".
 
 Why Faust views (`app.page`) and not a second server: one port per worker, the one the
 orchestrator already probes, started by Faust only after table recovery (before that the
@@ -96,6 +104,8 @@ RULES: Mapping[tuple[str, str], str] = {
     ("GET", "/connectors"): READ,
     ("GET", "/connectors/{name}"): READ,
     ("GET", "/connectors/{name}/status"): READ,
+    ("GET", "/connectors/{name}/config"): READ,
+    ("GET", "/connectors/{name}/topics"): READ,
     ("GET", "/connectors/{name}/dlq"): READ,
     ("PUT", "/connectors/{name}/pause"): ADMIN,
     ("PUT", "/connectors/{name}/resume"): ADMIN,
@@ -187,6 +197,48 @@ def topology_info(observer: Observer) -> dict[str, Any]:
             "sinks": [getattr(s, "name", "") for s in t.sinks]}
 
 
+def topology_topics(observer: Observer) -> list[str]:
+    """Every Kafka topic the topology reads or writes (sources, outputs, archive tap, DLQs), sorted:
+    what Connect's ``GET /connectors/{name}/topics`` lists for a connector."""
+    info = topology_info(observer)
+    return sorted({s["topic"] for s in info["sources"]} | set(info["outputs"]) | set(info["dlq"]))
+
+
+def _config_value(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def topology_config(observer: Observer) -> dict[str, str]:
+    """The topology as Connect's connector config: a flat map of strings (top-level keys; a nested
+    value as compact JSON), ``name`` included as Connect includes it. No secrets can be in it:
+    a topology names hosts and key files only, credentials come from the environment."""
+    p = observer.pipeline
+    assert p is not None
+    doc = p.topology.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return {str(k): _config_value(v) for k, v in doc.items()}
+
+
+def connector_info(observer: Observer) -> dict[str, Any]:
+    """``GET /connectors/{name}``: Connect's ``{name, config, tasks, type}`` (one task id per assigned
+    source partition, as in the status) plus Prism's own keys (:func:`topology_info`)."""
+    info = topology_info(observer)
+    name = info["name"]
+    tasks = [{"connector": name, "task": i} for i in range(len(observer.partition_status()))]
+    return {**info, "config": topology_config(observer), "tasks": tasks}
+
+
+def prism_version() -> str:
+    """The installed Prism version: Connect 4.x reports the plugin version of connector and tasks."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("prism-envelope")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def connector_state(observer: Observer) -> str:
     p = observer.pipeline
     assert p is not None
@@ -205,13 +257,17 @@ def connector_status(observer: Observer) -> dict[str, Any]:
     assert p is not None
     worker_id = f"{p.app.conf.web_host}:{p.app.conf.web_port}"
     rows = observer.partition_status()
-    tasks = [{"id": i, "state": "PAUSED" if r["paused"] else "RUNNING", "worker_id": worker_id, **r}
-             for i, r in enumerate(rows)]
+    version = prism_version()
+    tasks = [{"id": i, "state": "PAUSED" if r["paused"] else "RUNNING", "worker_id": worker_id, "version": version,
+              **r} for i, r in enumerate(rows)]
     # The group's lag on every source partition, assigned to this worker or not (app/worker/lag.py):
     # while a rebalance leaves nothing assigned, the tasks are empty but the lag is still there.
     group = observer.group_lag()
     lag = group["lag"] if group is not None else sum(r["lag"] or 0 for r in rows)
-    return {"name": p.topology.name, "connector": {"state": connector_state(observer), "worker_id": worker_id},
+    connector: dict[str, Any] = {"state": connector_state(observer), "worker_id": worker_id, "version": version}
+    if observer.health.failed is not None:  # Connect carries the failure as "trace" on FAILED only
+        connector["trace"] = observer.health.failed
+    return {"name": p.topology.name, "connector": connector,
             "tasks": tasks, "type": "pipeline", "lag": lag, "group_lag": group, "batches": observer.batches,
             "in_flight_batches": observer.in_flight, "tables": observer.table_sizes(),
             "readiness": observer.health.readiness().to_dict(),
@@ -325,15 +381,19 @@ def register_views(app: faust.App, observer: Observer, settings: ManagementSetti
     # Faust's built-in views (router, tables, graph, stats, index) are blueprints; Prism mounts
     # its views with app.page and uses none of them, so none is applied.
     server.blueprints = BlueprintManager()
+    server.web_app.middlewares.append(_connect_errors)  # type: ignore[attr-defined]
     server.web_app.middlewares.append(_guard(auth))  # type: ignore[attr-defined]
 
     class View(_GuardedView):
         pass
 
-    def _known(view: View, name: str) -> None:
+    def _unknown(name: str, message: str) -> Any:
+        """None when ``name`` is the topology this worker runs, else Connect's 404 for it
+        (``message``: Connect's own wording for that route, with ``{name}``)."""
         p = obs.pipeline
-        if p is None or name != p.topology.name:
-            raise view.NotFound(f"no connector named {name!r}")
+        if p is not None and name == p.topology.name:
+            return None
+        return aiohttp_web.json_response({"error_code": 404, "message": message.format(name=name)}, status=404)
 
     class Metrics(View):
         async def get(self, request: Any) -> Any:
@@ -359,42 +419,77 @@ def register_views(app: faust.App, observer: Observer, settings: ManagementSetti
     class Connectors(View):
         async def get(self, request: Any) -> Any:
             p = obs.pipeline
-            return self.json([p.topology.name] if p is not None else [])
+            names = [p.topology.name] if p is not None else []
+            expand = request.query.getall("expand", [])
+            if not expand:
+                return self.json(names)
+            # Connect: {name: {"status": ..., "info": ...}} with what was asked; unknown values ignored
+            out: dict[str, dict[str, Any]] = {}
+            for n in names:
+                out[n] = {}
+                if "status" in expand:
+                    out[n]["status"] = connector_status(obs)
+                if "info" in expand:
+                    out[n]["info"] = connector_info(obs)
+            return self.json(out)
 
     class Connector(View):
         async def get(self, request: Any, name: str) -> Any:
-            _known(self, name)
-            return self.json(topology_info(obs))
+            return _unknown(name, "Connector {name} not found") or self.json(connector_info(obs))
+
+    class Config(View):
+        async def get(self, request: Any, name: str) -> Any:
+            return _unknown(name, "Connector {name} not found") or self.json(topology_config(obs))
+
+    class Topics(View):
+        async def get(self, request: Any, name: str) -> Any:
+            return (_unknown(name, "Connector {name} not found")
+                    or self.json({name: {"topics": topology_topics(obs)}}))
 
     class Status(View):
         async def get(self, request: Any, name: str) -> Any:
-            _known(self, name)
-            return self.json(connector_status(obs))
+            return _unknown(name, "No status found for connector {name}") or self.json(connector_status(obs))
 
     class Pause(View):
         async def put(self, request: Any, name: str) -> Any:
-            _known(self, name)
+            if (refused := _unknown(name, "Unknown connector {name}")) is not None:
+                return refused
             await pause(obs)
             log.warning("connector %r paused by %r", name, _PRINCIPAL.get())
-            return self.json({"name": name, "state": "PAUSED"}, status=202)
+            return aiohttp_web.Response(status=202)  # Connect: 202 without a body
 
     class Resume(View):
         async def put(self, request: Any, name: str) -> Any:
-            _known(self, name)
+            if (refused := _unknown(name, "Unknown connector {name}")) is not None:
+                return refused
             await resume(obs)
             log.warning("connector %r resumed by %r", name, _PRINCIPAL.get())
-            return self.json({"name": name, "state": connector_state(obs)}, status=202)
+            return aiohttp_web.Response(status=202)
 
     class Restart(View):
         async def post(self, request: Any, name: str) -> Any:
-            _known(self, name)
-            log.warning("connector %r restarted by %r", name, _PRINCIPAL.get())
-            finished = await restart(obs)
-            return self.json({"name": name, "restarted": True, "in_flight_finished": finished}, status=202)
+            """Connect's answers: 204 without a body for a plain restart; with ``includeTasks`` or
+            ``onlyFailed`` (Connect reads anything but "true" as false) 202 and the status.
+            ``onlyFailed`` restarts only a FAILED topology. The restart itself is synchronous
+            (the in-flight batch finishes first), so the status is the one after it, and
+            ``Prism-In-Flight-Finished`` says whether the batch finished in time."""
+            if (refused := _unknown(name, "Unknown connector: {name}")) is not None:
+                return refused
+            include_tasks = request.query.get("includeTasks", "false").lower() == "true"
+            only_failed = request.query.get("onlyFailed", "false").lower() == "true"
+            finished = True
+            if not only_failed or connector_state(obs) == "FAILED":
+                log.warning("connector %r restarted by %r", name, _PRINCIPAL.get())
+                finished = await restart(obs)
+            headers = {"Prism-In-Flight-Finished": str(finished).lower()}
+            if not include_tasks and not only_failed:
+                return aiohttp_web.Response(status=204, headers=headers)
+            return aiohttp_web.json_response(connector_status(obs), status=202, headers=headers)
 
     class Dlq(View):
         async def get(self, request: Any, name: str) -> Any:
-            _known(self, name)
+            if (refused := _unknown(name, "Connector {name} not found")) is not None:
+                return refused
             try:
                 return self.json(await asyncio.wait_for(dlq_depth(obs), 20))
             except (TimeoutError, OSError) as exc:
@@ -403,6 +498,7 @@ def register_views(app: faust.App, observer: Observer, settings: ManagementSetti
     for path, view in (("/metrics", Metrics), ("/healthz", Healthz), ("/readyz", Readyz),
                        ("/openapi.json", OpenApi), ("/connectors", Connectors),
                        ("/connectors/{name}", Connector), ("/connectors/{name}/status", Status),
+                       ("/connectors/{name}/config", Config), ("/connectors/{name}/topics", Topics),
                        ("/connectors/{name}/pause", Pause), ("/connectors/{name}/resume", Resume),
                        ("/connectors/{name}/restart", Restart), ("/connectors/{name}/dlq", Dlq)):
         app.page(path, name=f"prism-{path}")(type(view.__name__, (view,), {"template": path}))
@@ -438,6 +534,22 @@ async def authorize(auth: HttpAuth, need: str, what: str, authorization: list[st
         return Refusal(401, f"Unauthorized: {what} needs credentials with the {need} role{extra}",
                        {"WWW-Authenticate": ", ".join(auth.challenges())})
     return Refusal(403, f"Forbidden: user {principal.name[:100]!r} may not {what} (needs {need})")
+
+
+@aiohttp_web.middleware
+async def _connect_errors(request: Any, handler: Any) -> Any:
+    """aiohttp's own refusals (no such route: 404, a method the route lacks: 405) in Connect's error
+    body, ``{"error_code": 405, "message": "HTTP 405 Method Not Allowed"}``, as Connect's Jersey
+    answers them: a Connect client reads every error the same way. Outermost, so the guard's and
+    the views' answers pass through untouched."""
+    try:
+        return await handler(request)
+    except aiohttp_web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return aiohttp_web.json_response({"error_code": exc.status, "message": f"HTTP {exc.status} {exc.reason}"},
+                                         status=exc.status, headers={k: v for k, v in exc.headers.items()
+                                                                     if k.lower() == "allow"})
 
 
 #: aiohttp request key: the rule :func:`_guard` applied (its views check it is there).
@@ -497,7 +609,9 @@ def _op(summary: str, schema: dict[str, Any] | None = None, status: str = "200",
 
 _NAME = [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"},
           "description": "topology name (GET /connectors lists them)"}]
-_404 = {"404": {"description": "no topology with that name on this worker"}}
+_ERROR = {"type": "object", "properties": {"error_code": {"type": "integer"}, "message": {"type": "string"}}}
+_404 = {"404": {"description": "no topology with that name on this worker",
+                "content": {JSON: {"schema": _ERROR}}}}
 _HEALTH = {"type": "object", "properties": {"status": {"enum": ["ok", "fail"]}, "checks": {"type": "object"}}}
 _READY = {"type": "object", "properties": {**_HEALTH["properties"], "event_loop": {"type": "string"},
                                           "pid": {"type": "integer"}}}
@@ -516,13 +630,24 @@ OPENAPI: dict[str, Any] = {
         "/healthz": {"get": _op("Liveness", _HEALTH, extra={"503": {"description": "not live"}})},
         "/readyz": {"get": _op("Readiness", _READY, extra={"503": {"description": "not ready"}})},
         "/openapi.json": {"get": _op("This document", {"type": "object"})},
-        "/connectors": {"get": _op("Topologies run by this worker", {"type": "array", "items": {"type": "string"}})},
+        "/connectors": {"get": {**_op("Topologies run by this worker (with expand: {name: {status, info}})", {
+            "oneOf": [{"type": "array", "items": {"type": "string"}}, {"type": "object"}]}),
+            "parameters": [{"name": "expand", "in": "query", "required": False,
+                            "schema": {"type": "array", "items": {"enum": ["status", "info"]}}}]}},
         "/connectors/{name}": {"parameters": _NAME, "get": _op("Topology: stages, sources, outputs", {
             "type": "object", "properties": {
                 "name": {"type": "string"}, "stages": {"type": "array", "items": {"type": "string"}},
                 "sources": {"type": "array", "items": {"type": "object"}},
                 "outputs": {"type": "array", "items": {"type": "string"}},
-                "dlq": {"type": "array", "items": {"type": "string"}}}}, extra=_404)},
+                "dlq": {"type": "array", "items": {"type": "string"}},
+                "config": {"type": "object", "additionalProperties": {"type": "string"}},
+                "tasks": {"type": "array", "items": {"type": "object", "properties": {
+                    "connector": {"type": "string"}, "task": {"type": "integer"}}}}}}, extra=_404)},
+        "/connectors/{name}/config": {"parameters": _NAME, "get": _op("The topology as a flat string map", {
+            "type": "object", "additionalProperties": {"type": "string"}}, extra=_404)},
+        "/connectors/{name}/topics": {"parameters": _NAME, "get": _op("Topics read and written", {
+            "type": "object", "additionalProperties": {"type": "object", "properties": {
+                "topics": {"type": "array", "items": {"type": "string"}}}}}, extra=_404)},
         "/connectors/{name}/status": {"parameters": _NAME, "get": _op("State and per-partition lag", {
             "type": "object", "properties": {
                 "name": {"type": "string"},
@@ -534,12 +659,15 @@ OPENAPI: dict[str, Any] = {
                     "partition (app/worker/lag.py): group, lag, at, end_from, error, partitions")},
                 "tables": {"type": "object", "additionalProperties": {"type": "integer"}}}}, extra=_404)},
         "/connectors/{name}/pause": {"parameters": _NAME, "put": _op(
-            "Pause fetching the source partitions", {"type": "object"}, status="202", extra=_404)},
+            "Pause fetching the source partitions", status="202", extra=_404)},
         "/connectors/{name}/resume": {"parameters": _NAME, "put": _op(
-            "Resume fetching", {"type": "object"}, status="202", extra=_404)},
-        "/connectors/{name}/restart": {"parameters": _NAME, "post": _op(
-            "Finish the in-flight batch, clear a failed state, refetch", {"type": "object"}, status="202",
-            extra=_404)},
+            "Resume fetching", status="202", extra=_404)},
+        "/connectors/{name}/restart": {"parameters": [*_NAME, *(
+            {"name": q, "in": "query", "required": False, "schema": {"type": "boolean", "default": False}}
+            for q in ("includeTasks", "onlyFailed"))], "post": _op(
+            "Finish the in-flight batch, clear a failed state, refetch (onlyFailed: only if FAILED)",
+            status="204", extra={**_404, "202": {"description": "with includeTasks or onlyFailed: the status",
+                                                 "content": {JSON: {"schema": {"type": "object"}}}}})},
         "/connectors/{name}/dlq": {"parameters": _NAME, "get": _op("DLQ depth per partition", {
             "type": "object", "properties": {
                 "total": {"type": "integer"},
