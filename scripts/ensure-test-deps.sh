@@ -6,7 +6,8 @@
 #   nats-server                with their own data directories (tests/servers.py); none is
 #                              started as a system service
 #   kcat                       an independent Kafka client for the Apache Kafka tests
-#   maven, a Java runtime      fetch and run Apache Kafka (scripts/fetch-kafka.sh)
+#   maven, a Java JDK          fetch and run Apache Kafka and Kafka Connect (scripts/fetch-kafka.sh);
+#                              javac builds the Connect parity test's connector
 set -euo pipefail
 need=()
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
@@ -14,7 +15,7 @@ command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || need+=(nats-server)
 command -v kcat >/dev/null 2>&1 || need+=(kcat)
 command -v mvn >/dev/null 2>&1 || need+=(maven)
-command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
+command -v javac >/dev/null 2>&1 || need+=(openjdk-17-jdk-headless)
 [ -x /usr/bin/chromium ] || need+=(chromium)
 [ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
 command -v podman >/dev/null 2>&1 || need+=(podman)
