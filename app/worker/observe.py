@@ -541,7 +541,7 @@ class Observer:
             log.debug("kafka health check failed: %r", exc)
             return
         now = time.monotonic()
-        if source:
+        if source and not self.paused:  # a paused topology fetches nothing: its idle connections may close
             self._source_trouble_since = self._source_trouble_since or now
             if now - self._source_trouble_since >= SOURCE_GRACE_S:
                 problems.append("fetching: " + "; ".join(source[:4]))
