@@ -36,7 +36,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from google.protobuf.message import DecodeError as _PbDecodeError
 from google.protobuf.message import Message
 
 from app._gen.prism.envelope.draft import envelope_pb2 as dpb
@@ -148,10 +147,13 @@ def _envelope_prefix(value: bytes) -> bool:
     """True when the value *starts* like a Prism envelope: its leading metadata record is a
     complete, well-formed metadata block with a message id and a topic.
 
-    Such bytes are a broken envelope (truncated, corrupted further on), not opaque raw data:
-    they are rejected with a precise error instead of being forwarded as a RAW payload, which
-    would also forward anything inside them (an auth token, say) verbatim. Random bytes pass
-    this test with negligible probability.
+    Such bytes are a broken envelope (truncated, corrupted further on, a string field that is
+    not UTF-8), not opaque raw data: they are rejected with a precise error instead of being
+    forwarded as a RAW payload, which would also forward anything inside them (an auth token,
+    say) verbatim. The block is checked as records (tags and lengths), not parsed as a protobuf
+    message: a parse also validates UTF-8, and an envelope whose namespace is broken UTF-8 came
+    out as raw bytes (an outside attack pass found it). Random bytes pass this test with
+    negligible probability.
     """
     try:
         key, pos = read_varint(value, 0, len(value))
@@ -167,10 +169,13 @@ def _envelope_prefix(value: bytes) -> bool:
         length, pos = read_varint(value, pos, len(value))
         if pos + length > len(value):
             return False
-        md = md_class.FromString(value[pos : pos + length])
-    except (EnvelopeError, _PbDecodeError):
+        fields = md_class.DESCRIPTOR.fields_by_name
+        wanted = {fields["message_id"].number, fields["topic"].number}
+        present = {f for f, wire_type, _, value_start, end in scan(value, pos, pos + length)
+                   if f in wanted and wire_type == 2 and end > value_start}
+    except EnvelopeError:
         return False
-    return bool(md.message_id and md.topic)
+    return present == wanted
 
 
 def _is_utf8(value: bytes) -> bool:
@@ -331,9 +336,11 @@ def _prism(data: bytes, pairs: list[tuple[str, bytes]], env: Envelope | None, no
             raise
         except EnvelopeError as exc:
             raise PrismShapeError(f"value looks like a Prism envelope (prism-* headers or a leading metadata "
-                                  f"block) but does not decode: {exc}",
-                                  path="value", hint="the producer sent truncated or corrupted envelope bytes; "
-                                                     "re-send the complete envelope") from None
+                                  f"block) but does not decode: {exc.message}",
+                                  path=exc.path or "value",
+                                  hint=f"{exc.hint + '; ' if exc.hint else ''}the producer sent truncated or "
+                                       "corrupted envelope bytes: re-send the complete envelope, encoded "
+                                       "by a Prism SDK") from None
         notes += [f"dropped converting the draft layout: {d}" for d in dropped]
     if not pairs:  # nothing to cross-check, no token to take (the usual envelope on Kafka)
         return env

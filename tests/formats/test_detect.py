@@ -280,3 +280,35 @@ def test_incomplete_prism_envelope_is_passed_on_unpatched() -> None:
     the validate stage reports every problem (ValidationError) and routes it to the DLQ."""
     r = normalize(b"\x08\x01", [("prism-envelope-version", b"1")], topic="t", namespace="n")
     assert r.shape is S.PRISM_DRAFT and r.envelope.message_id == "" and not r.envelope.payload.present
+
+
+# --------------------------------------------------------------------------- decided edge cases
+# (docs/formats.md, "Broken envelopes and LNMP-looking text")
+
+
+@pytest.mark.parametrize("layout", [Layout.REVIEWED, Layout.DRAFT])
+def test_an_envelope_with_a_string_that_is_not_utf8_is_refused_not_raw(layout: Layout) -> None:
+    """A namespace of broken UTF-8 made the metadata block fail to parse, so the envelope was
+    forwarded as an opaque raw payload - token and all. It is a broken envelope: refused."""
+    raw = encode(new_envelope("orders.created", {"a": 1}, namespace="order-events"), layout)
+    bad = raw.replace(b"order-events", b"order-\xff\xfeents")  # same length: only the bytes are wrong
+    assert len(bad) == len(raw)
+    assert detect(bad) is (InputShape.PRISM_REVIEWED if layout is Layout.REVIEWED else InputShape.PRISM_DRAFT)
+    with pytest.raises(PrismShapeError, match="bad UTF-8") as info:
+        normalize(bad, [], topic="orders.created", namespace="order-events")
+    assert info.value.path == "value" and "re-send the complete envelope" in (info.value.hint or "")
+
+
+def test_lnmp_looking_text_is_a_raw_payload_unless_declared() -> None:
+    """Text with an LNMP-like line among others cannot be told from a log line: without an LNMP
+    header or content type it is a raw payload, kept byte for byte. Declared as LNMP text it is
+    an LNMP record (whose body Prism never interprets), kept byte for byte too - in neither case
+    is anything dropped or rewritten."""
+    text = b"F12=14532\nthis line is not an LNMP field\n"
+    assert detect(text) is InputShape.RAW
+    result = normalize(text, [], topic="t", namespace="n")
+    assert result.envelope.payload_bytes() == text
+    declared = [("content-type", le.CONTENT_TYPE_TEXT.encode())]
+    assert detect(text, declared) is InputShape.LNMP_TEXT
+    as_lnmp = normalize(text, declared, topic="t", namespace="n")
+    assert as_lnmp.envelope.payload_bytes() == text and as_lnmp.envelope.content_type == le.CONTENT_TYPE_TEXT
