@@ -64,7 +64,8 @@ COPY --from=builder /opt/prism/venv /opt/prism/venv
 COPY --from=app /opt/prism/app /opt/prism/app
 # Working directory: the relative defaults (topologies/..., var/data, var/dev-keys, the
 # registry's sqlite file) resolve here. The topologies are root-owned (read-only for prism);
-# /srv/prism/var is the one place to mount a volume for state (RocksDB tables, dev keys).
+# /srv/prism/var is the one place to mount a volume for state (RocksDB tables, the keys).
+# The worker makes no keys: `prism keys init` (once, into that volume) or a mounted Secret.
 WORKDIR /srv/prism
 COPY topologies ./topologies
 USER 10001:10001

@@ -26,8 +26,8 @@ proto-check: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/prism demo
 
-run: $(STAMP)
-	$(BIN)/prism run --topology topologies/orders-created.yaml
+run: $(STAMP)   # a try-out: throwaway keys if none exist (`prism keys init` makes a set to share)
+	$(BIN)/prism run --topology topologies/orders-created.yaml --dev-keys
 
 test: $(STAMP)
 	@bash scripts/ensure-test-deps.sh

@@ -196,6 +196,10 @@ class EmbeddedBroker:
         startup_timeout: seconds to wait for the first successful ``Metadata`` answer.
         stop_timeout: seconds between SIGTERM and SIGKILL.
         cluster_id: the cluster id the broker reports.
+        outlive_parent: start the broker so that it survives this process (no parent-death
+            signal); after :meth:`start`, :meth:`release` hands it over (``prism broker start``,
+            :mod:`app.broker.local`). Without it the broker dies with its parent, as a private
+            broker of one worker or test must.
     """
 
     def __init__(
@@ -208,6 +212,7 @@ class EmbeddedBroker:
         startup_timeout: float = 20.0,
         stop_timeout: float = 5.0,
         cluster_id: str = "prism-embedded",
+        outlive_parent: bool = False,
     ) -> None:
         if port is not None and not 0 < port < 65536:
             raise BrokerError(f"invalid broker port {port}", hint="use a port between 1 and 65535")
@@ -220,6 +225,7 @@ class EmbeddedBroker:
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
         self.cluster_id = cluster_id
+        self.outlive_parent = outlive_parent
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
         self._log_path: Path | None = None
@@ -344,7 +350,8 @@ class EmbeddedBroker:
                 "--storage-engine", _STORAGE,
                 "--cluster-id", self.cluster_id,
             ]
-            cmd = with_parent_death_signal(cmd)
+            if not self.outlive_parent:
+                cmd = with_parent_death_signal(cmd)
             env = {**os.environ, "NO_COLOR": "1"}
             self._log_file = open(self._log_path, "ab")  # noqa: SIM115 - closed in stop()
             log.debug("starting embedded broker: %s", " ".join(cmd))
@@ -433,6 +440,28 @@ class EmbeddedBroker:
                 shutil.rmtree(self._own_log_dir, ignore_errors=True)
                 self._own_log_dir = None
                 self._log_path = None
+
+    def release(self) -> int:
+        """Let a started broker run on after this object and this process are gone; returns its pid.
+
+        Only for a broker started with ``outlive_parent=True`` (a parent-death signal would still
+        take it down); stopping it is then up to whoever holds the pid (``prism broker stop``)."""
+        with self._lock:
+            if not self.outlive_parent:
+                raise BrokerError("this broker dies with its parent; it cannot be released",
+                                  hint="create it with outlive_parent=True")
+            proc = self._proc
+            if proc is None or proc.poll() is not None:
+                raise BrokerError("the embedded broker is not running", hint="start() it first")
+            if self._finalizer is not None:
+                self._finalizer.detach()
+                self._finalizer = None
+            if self._log_file is not None:  # the broker keeps its own descriptor of the log
+                self._log_file.close()
+                self._log_file = None
+            proc.returncode = 0  # never reaped here: keeps Popen.__del__ from warning about a live child
+            self._proc = None
+            return proc.pid
 
     async def astop(self) -> None:
         """Async :meth:`stop` (waits for the process in a thread, not on the event loop)."""

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from app.cli.output import friendly as _friendly
-from app.errors import ConfigError, PrismError
+from app.errors import ConfigError
 
 app = typer.Typer(help="Prism: uniform, signed, validated pub/sub envelopes (RFC-031).", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -29,6 +29,17 @@ topics_app = typer.Typer(help="Topic administration.", no_args_is_help=True)
 app.add_typer(envelope_app, name="envelope")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(topics_app, name="topics")
+
+
+def _mount_keys_and_broker() -> None:
+    from app.cli.broker import broker_app
+    from app.cli.keys import keys_app
+
+    app.add_typer(keys_app, name="keys")
+    app.add_typer(broker_app, name="broker")
+
+
+_mount_keys_and_broker()
 
 console = Console()
 err_console = Console(stderr=True)
@@ -80,7 +91,11 @@ def run(
         help="interface the web port listens on; 0.0.0.0 in a container, so the orchestrator's probes reach it")
     ] = "127.0.0.1",
     loglevel: Annotated[str, typer.Option(help="worker log level")] = "warning",
-    dev_keys: Annotated[bool, typer.Option(help="create development keys under var/dev-keys if missing")] = True,
+    dev_keys: Annotated[bool, typer.Option(
+        "--dev-keys/--no-dev-keys",
+        help="create throwaway development keys where the topology expects keys, if missing (a try-out on one "
+             "machine; other workers will not share them). Without it a worker without keys refuses to start: "
+             "make a shared key set with `prism keys init`")] = False,
     processes: Annotated[int, typer.Option(
         "--processes", "-p", min=1, max=256,
         help="worker processes in one consumer group (like Kafka Connect's tasks.max); >1 runs a supervisor "
@@ -88,69 +103,100 @@ def run(
 ) -> None:
     """Run the pipeline worker for a topology (long-running; SIGTERM stops it cleanly).
 
-    Without PRISM_BROKER_URL the embedded Kafka-protocol broker is started and stopped with the worker."""
+    Without PRISM_BROKER_URL it uses the local broker of `prism broker start` when one runs, else it
+    starts a private embedded broker that stops with the worker. Every configuration problem
+    (topology, environment, keys, web settings) is reported at once, before any broker is touched."""
     from app.broker.admin import BrokerSettings, ensure_topics
     from app.broker.embedded import EmbeddedBroker, find_free_port
-    from app.security.devkeys import ensure_dev_keys
+    from app.cli.output import ProblemCollector
+    from app.security.devkeys import check_topology_keys
     from app.topology import load_topology
-    from app.worker.faust_app import run_worker, use_uvloop
+    from app.worker.faust_app import check_loglevel, run_worker, use_uvloop
     from app.worker.observe import Observer
     from app.worker.pipeline import PipelineApp
 
     use_uvloop()  # first: the Faust app built below binds the event loop that exists then
-    _check_web_bind(web_bind)
-    if dev_keys:
-        ensure_dev_keys(Path("var/dev-keys"))
-    topo = load_topology(topology)
-    settings = BrokerSettings.from_env()
-    # Everything that can be wrong in configuration (keys, JWKS, schema) is checked by building
-    # the pipeline BEFORE any broker is touched: fail fast, with the config error, not a
-    # connection error.
-    port = None if not settings.embedded else find_free_port()
-    bootstrap = f"127.0.0.1:{port}" if settings.embedded else settings.bootstrap
-    checked = None  # the supervisor's validation-only pipeline (--processes)
+    # Every check that does not need another's result runs, and all their problems are reported
+    # together (one error line each): an operator fixes them in one round, not one per start.
+    found = ProblemCollector()
+    found.attempt(_check_web_bind, web_bind)
+    found.attempt(check_loglevel, loglevel)
+    topo = found.attempt(load_topology, topology)
+    settings = found.attempt(BrokerSettings.from_env)
+    if topo is not None and not dev_keys:
+        found.attempt(check_topology_keys, topo, topology)
+    management = observer = None
+    writer_id: str | None = None
+    shard: Any = None
     if processes > 1:
         from app.worker.management import ManagementSettings
-        from app.worker.supervisor import child_data_dir
 
         # The children read PRISM_ADMIN_* / PRISM_WEB_SSL_* themselves: a bad value is reported
         # here once, before any broker, not as N workers crash-looping.
-        management = ManagementSettings.from_env()
+        management = found.attempt(ManagementSettings.from_env)
+        found.attempt(_check_ports, web_port, processes)
+        from app.worker.archive_service import WRITER_ID_ENV, check_writer_id
+
+        if os.environ.get(WRITER_ID_ENV, "").strip():  # each child appends -p<i>: the base must be valid
+            found.attempt(check_writer_id, os.environ[WRITER_ID_ENV].strip() + "-p0")
+    else:
+        from app.worker.archive_service import SHARD_ENV, check_writer_id, default_writer_id, parse_shard
+
+        # metrics, health and the management API on --web-port; tracing per PRISM_TRACES_EXPORTER
+        observer = found.attempt(Observer.from_env)
+        writer_id = found.attempt(lambda: check_writer_id(default_writer_id()))
+        shard = found.attempt(parse_shard, os.environ.get(SHARD_ENV))
+    found.raise_if_any()
+    assert topo is not None and settings is not None
+    if dev_keys:
+        _dev_keys_for(topo, topology)
+    local = None
+    if settings.embedded:
+        from app.broker.local import find_running
+
+        local = find_running()
+    # Everything else that can be wrong in configuration (key contents, JWKS, schema) is checked
+    # by building the pipeline BEFORE any broker is touched: the config error, not a connection error.
+    port = None if not settings.embedded or local is not None else find_free_port()
+    bootstrap = settings.bootstrap if not settings.embedded else local.bootstrap if local is not None \
+        else f"127.0.0.1:{port}"
+    checked = None  # the supervisor's validation-only pipeline (--processes)
+    if processes > 1:
+        from app.worker.supervisor import child_data_dir
+
         # validation only (keys, JWKS, schema, archive settings): the children build their own
         checked = PipelineApp(topo, bootstrap=bootstrap, data_dir=child_data_dir(data_dir, topo.name, 0),
                               embedded=settings.embedded, broker_settings=None if settings.embedded else settings)
-        _check_ports(web_port, processes)
         supervisor = _supervisor(topology, topo, processes=processes, bootstrap=bootstrap, embedded=settings.embedded,
                                  data_dir=data_dir, web_port=web_port, loglevel=loglevel, web_bind=web_bind,
                                  management=management)
         pipeline = None
     else:
-        from app.worker.archive_service import SHARD_ENV, check_writer_id, default_writer_id, parse_shard
-
         pipeline = PipelineApp(topo, bootstrap=bootstrap, data_dir=data_dir / topo.name, embedded=settings.embedded,
                                web_port=web_port, broker_settings=None if settings.embedded else settings,
-                               archive_location=topo.archive.path,
-                               archive_writer_id=check_writer_id(default_writer_id()),
-                               archive_shard=parse_shard(os.environ.get(SHARD_ENV)),
-                               # metrics, health and the management API on --web-port; tracing per
-                               # PRISM_TRACES_EXPORTER (none by default)
-                               observe=Observer.from_env(),
+                               archive_location=topo.archive.path, archive_writer_id=writer_id, archive_shard=shard,
+                               observe=observer,
                                # web_host names this worker in `status` (worker_id): the pod's hostname
                                # when listening on every interface
                                web_bind=web_bind, web_host=socket.gethostname() if web_bind in ("0.0.0.0", "::")
                                else web_bind)
     broker = None
-    if settings.embedded:
+    if local is not None:
+        console.print(f"using the {escape(local.describe())}: it keeps the topics (and the DLQ) after this worker "
+                      "stops; set PRISM_BROKER_URL to use a Kafka cluster", soft_wrap=True)
+    elif settings.embedded:
         broker = EmbeddedBroker(port=port, log_dir=data_dir / "broker").start()
-        console.print(f"embedded broker on {bootstrap} (set PRISM_BROKER_URL to use a Kafka cluster)")
+        console.print(f"embedded broker on {bootstrap}, private to this worker: its topics (the DLQ too) are gone "
+                      "when it stops; `prism broker start` runs one that outlives workers, or set PRISM_BROKER_URL "
+                      "to use a Kafka cluster", soft_wrap=True)
     try:
-        if broker is None:  # a real cluster: auth and TLS first, one line, no retry loop
+        if not settings.embedded:  # a real cluster: auth and TLS first, one line, no retry loop
             from app.broker.preflight import plan_for, preflight
 
             preflight(settings)
-        asyncio.run(ensure_topics(bootstrap, topo.topics(), settings=None if broker else settings,
+        asyncio.run(ensure_topics(bootstrap, topo.topics(), settings=None if settings.embedded else settings,
                                   configs=topo.topic_configs()))
-        if broker is None:  # then the ACLs (the topics exist now); the supervisor checks once for all
+        if not settings.embedded:  # then the ACLs (the topics exist now); the supervisor checks once for all
             preflight(settings, plan_for(pipeline if pipeline is not None else checked))
         if pipeline is None:
             from app.worker.supervisor import supervise
@@ -166,6 +212,21 @@ def run(
     finally:
         if broker is not None:
             broker.stop()
+
+
+def _dev_keys_for(topo: Any, topology_file: Path) -> None:
+    """`--dev-keys`: create the missing key files where the topology expects them, once, in this
+    process - so the children of `--processes N` all read this one set - and say that they are
+    throwaway keys no other worker shares."""
+    from app.security.devkeys import check_topology_keys, display_path, ensure_dev_keys, topology_key_files
+
+    missing = {f: p for f, p in topology_key_files(topo).items() if not p.exists()}
+    for folder in sorted({p.parent for p in missing.values()}):
+        ensure_dev_keys(folder)
+        console.print(f"[yellow]warning[/] --dev-keys: created throwaway development keys in {escape(str(display_path(folder)))}; "
+                      "workers on other machines or containers will not trust what this one signs - use `prism keys "
+                      "init` for a key set the group shares", soft_wrap=True)
+    check_topology_keys(topo, topology_file)  # a topology naming other file names than the dev set
 
 
 def _check_ports(web_port: int | None, processes: int) -> None:
@@ -324,13 +385,10 @@ def envelope_convert(
 
 
 def _bootstrap() -> tuple[str, Any]:
-    from app.broker.admin import BrokerSettings
+    """PRISM_BROKER_URL, else the running local broker (`prism broker start`), said on stderr."""
+    from app.broker.local import cli_bootstrap
 
-    settings = BrokerSettings.from_env()
-    if settings.embedded:
-        raise PrismError("no broker configured", hint="set PRISM_BROKER_URL=host:port of your Kafka cluster "
-                                                      "(the embedded broker lives only as long as `prism run`)")
-    return settings.bootstrap, settings
+    return cli_bootstrap(lambda line: err_console.print(line, markup=False, highlight=False, soft_wrap=True))
 
 
 @topics_app.command("create")
@@ -439,6 +497,12 @@ def build_app() -> typer.Typer:
 
         register(envelope_app)  # prism envelope migrate | check-compat
         register_ops(app, dlq_app)  # prism status, prism dlq list | show
+        from app.cli.migrate_status import migrate_app
+
+        app.add_typer(migrate_app, name="migrate")  # prism migrate status (the .v2 sunset)
+        from app.cli.audit import register as register_audit
+
+        register_audit(app)  # prism audit
         _built = True
     return app
 

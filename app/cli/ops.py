@@ -359,12 +359,12 @@ def print_group_lag(doc: dict[str, Any], con: Console) -> None:
 
 
 def _bootstrap() -> tuple[str, Any]:
-    from app.broker.admin import BrokerSettings
+    """PRISM_BROKER_URL, else the running local broker (`prism broker start`), said on stderr
+    so that --json output stays one document."""
+    from app.broker.local import cli_bootstrap
+    from app.cli.output import err_console
 
-    settings = BrokerSettings.from_env()
-    if settings.embedded:
-        raise PrismError("no broker configured", hint="set PRISM_BROKER_URL=host:port of your Kafka cluster")
-    return settings.bootstrap, settings
+    return cli_bootstrap(lambda line: err_console.print(line, markup=False, highlight=False, soft_wrap=True))
 
 
 def register(app: typer.Typer, dlq_app: typer.Typer) -> None:
@@ -411,10 +411,16 @@ def register(app: typer.Typer, dlq_app: typer.Typer) -> None:
                               hint="pass the PEM certificate (or CA) the worker serves") from None
         client = WorkerClient(client_auth_header(user=user, password=password, token=token), context)
         doc = collect_status(url, interval, client)
+        from app.broker.local import status_doc, status_line
+
+        local = status_doc()  # the `prism broker` a worker without PRISM_BROKER_URL uses
         if json_out:
-            typer.echo(json.dumps(doc, indent=2, sort_keys=True))
+            typer.echo(json.dumps({**doc, **({"local_broker": local} if local is not None else {})}, indent=2,
+                                  sort_keys=True))
         else:
             print_status(doc, console)
+            if local is not None:
+                console.print(status_line(local), markup=False, highlight=False, soft_wrap=True)
 
     @dlq_app.command("list")
     @friendly

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -25,6 +25,7 @@ from rich.markup import escape
 from app.errors import PrismError
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 #: Errors go to stderr, so `--json` output on stdout stays parseable.
 err_console = Console(stderr=True)
 
@@ -39,6 +40,60 @@ def print_error(exc: PrismError, console: Console | None = None) -> None:
     (console or err_console).print(error_line(exc), soft_wrap=True, highlight=False)
 
 
+class Problems(PrismError):
+    """Several independent configuration problems, found in one pass and reported together.
+
+    Why: `prism run` checked the topology, the broker variables, the keys and the web settings
+    one after the other and stopped at the first, so an operator fixed one problem per start.
+    Each problem keeps its own code and is printed as its own error line."""
+
+    code = "bad_config"
+
+    def __init__(self, problems: list[PrismError]) -> None:
+        self.problems = problems
+        super().__init__(f"{len(problems)} configuration problems; nothing was started")
+
+
+class ProblemCollector:
+    """Run independent checks, keep every `PrismError` they raise, then raise them all at once."""
+
+    def __init__(self) -> None:
+        self.problems: list[PrismError] = []
+
+    def attempt(self, check: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+        """`check(*args, **kwargs)`, or None after recording the problem it raised."""
+        try:
+            return check(*args, **kwargs)
+        except Problems as exc:
+            self.problems.extend(exc.problems)
+        except PrismError as exc:
+            self.problems.append(exc)
+        return None
+
+    def raise_if_any(self) -> None:
+        if len(self.problems) == 1:
+            raise self.problems[0]
+        if self.problems:
+            raise Problems(self.problems)
+
+
+def print_problems(exc: PrismError, console: Console | None = None) -> None:
+    """One error line per problem (a `Problems` lists each), then how many there were."""
+    if isinstance(exc, Problems):
+        for p in exc.problems:
+            print_error(p, console)
+        (console or err_console).print(escape(str(exc)), soft_wrap=True, highlight=False, markup=True)
+        return
+    print_error(exc, console)
+
+
+def fail(exc: PrismError, exit_code: int = 2) -> NoReturn:
+    """Print `exc` as the one error line and exit with `exit_code` (for commands whose errors
+    are not raised through `friendly`, e.g. the registry CLI's exit-1 refusals)."""
+    print_error(exc)
+    raise typer.Exit(exit_code)
+
+
 def friendly(fn: F) -> F:
     """Turn Prism's typed errors into one readable line and exit code 2, never a traceback."""
 
@@ -47,7 +102,7 @@ def friendly(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except PrismError as exc:
-            print_error(exc)
+            print_problems(exc)
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]

@@ -286,3 +286,32 @@ def print_report(report: DemoReport, topology: Topology, console: Console) -> No
         console.print(f"[bold red]{len(report.mismatches)} mismatch(es):[/]")
         for m in report.mismatches[:20]:
             console.print(f"  {m}")
+    print_next_steps(topology, console)
+
+
+def print_next_steps(topology: Topology, console: Console) -> None:
+    """The demo's closing "what next": from the demo's private, throwaway broker and keys to a
+    worker whose DLQ outlives it - the order that makes "fix, restart the worker, replay" work."""
+    from rich.markup import escape
+
+    from app.broker.local import find_running
+    from app.security.devkeys import display_path
+
+    guess = topology.base_dir / f"{topology.name}.yaml"  # the shipped topologies are named after themselves
+    src = escape(str(display_path(guess))) if guess.exists() else "TOPOLOGY.yaml"
+    running = find_running()
+    broker = (f"prism broker status                   # {escape(running.describe())}: running" if running is not None
+              else "prism broker start                    # a local broker on 127.0.0.1:9092 that outlives workers")
+    console.print("[bold]what next[/] (the demo's broker and topics are gone; its keys were throwaway):")
+    from app.security.devkeys import topology_key_files
+
+    have_keys = all(f.exists() for f in topology_key_files(topology).values())
+    keys = ("prism keys init --force               # the demo's keys serve `prism run` here; a fresh set to share"
+            if have_keys else "prism keys init                       # the key set your workers share (once)")
+    for line in (keys,
+                 broker,
+                 f"prism run -t {src} --web-port 6066   # the worker, on that broker",
+                 "prism status                          # lag, rates, DLQ depth (the worker's --web-port)",
+                 "prism dlq list                        # why records failed; fix, restart the worker, then",
+                 "prism dlq replay                      # each DLQ record back to its source, once"):
+        console.print(f"  {line}", highlight=False)

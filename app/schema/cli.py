@@ -19,10 +19,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
+from app.cli.output import fail
+from app.errors import PrismError
 from app.schema.compat import check as compat_check
 from app.schema.model import CompatibilityMode, SchemaError, SchemaFormat
 from app.schema.pii import PiiPolicy, audit, check_policy
@@ -51,6 +53,24 @@ def _credentials(
     _CREDENTIALS.update(user=user, password=password, token=token)
 
 
+def _fail(code: str, what: str, *, where: str | None = None, fix: str | None = None, exit_code: int = 2) -> NoReturn:
+    """Print the one error line every prism command uses, `error [code] what (at where); fix: how`
+    (app/cli/output.py), and exit. The registry commands printed their own style before (an icon,
+    the text, a `hint:` on a second line), so an operator's grep for `error [` missed them."""
+    err = PrismError(what, path=where, hint=fix)
+    err.code = code
+    fail(err, exit_code)
+
+
+def _api_fail(e: ApiError, where: str, exit_code: int = 1) -> NoReturn:
+    """A registry refusal (an HTTP error answer) as the one error line."""
+    body = e.body if isinstance(e.body, dict) else {}
+    code = body.get("error_code")
+    _fail("registry_refused", f"the registry answered HTTP {e.status}" + (f" ({code})" if code else "")
+          + f": {body.get('message', e.body) if body else e.body}", where=where,
+          fix="see the message; `prism schema list` shows subjects and versions")
+
+
 class ApiError(Exception):
     def __init__(self, status: int, body: Any) -> None:
         msg = body.get("message") if isinstance(body, dict) else str(body)
@@ -75,19 +95,19 @@ def _api(base: str, method: str, path: str, body: Any = None) -> Any:
                 msg = json.loads(raw).get("message", raw)
             except (ValueError, AttributeError):
                 msg = raw
-            typer.echo(f"❌ registry {base} refused: HTTP {e.code}: {msg}\n   hint: pass credentials with "
-                       "--user/--password or --token (PRISM_REGISTRY_USER / PRISM_REGISTRY_PASSWORD / "
-                       "PRISM_REGISTRY_TOKEN)" + (" for a user with the needed role" if e.code == 403 else ""),
-                       err=True)
-            raise typer.Exit(2) from None
+            _fail("registry_unauthorized" if e.code == 401 else "registry_forbidden",
+                  f"the registry refused the request: HTTP {e.code}: {msg}", where=f"{method} {base}{path}",
+                  fix="pass credentials with --user/--password or --token (PRISM_REGISTRY_USER / "
+                      "PRISM_REGISTRY_PASSWORD / PRISM_REGISTRY_TOKEN)"
+                      + (" for a user with the needed role" if e.code == 403 else ""))
         try:
             parsed = json.loads(raw)
         except ValueError:
             parsed = raw
         raise ApiError(e.code, parsed) from None
     except urllib.error.URLError as e:
-        typer.echo(f"❌ cannot reach registry {base}: {e.reason}", err=True)
-        raise typer.Exit(2) from None
+        _fail("registry_unreachable", f"cannot reach the registry: {e.reason}", where=base,
+              fix="start it (`prism schema serve`) or pass --registry URL (PRISM_REGISTRY_URL)")
 
 
 def _q(s: str) -> str:
@@ -98,16 +118,16 @@ def _read(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except OSError as e:
-        typer.echo(f"❌ cannot read {path}: {e}", err=True)
-        raise typer.Exit(2) from None
+        _fail("bad_input", f"cannot read the file: {e.strerror or e}", where=str(path),
+              fix="check the path and its permissions")
 
 
 def _fmt(path: Path, fmt: str | None) -> SchemaFormat:
     try:
         return SchemaFormat.parse(fmt) if fmt else SchemaFormat.from_filename(path.name)
     except ValueError as e:
-        typer.echo(f"❌ {e}", err=True)
-        raise typer.Exit(2) from None
+        _fail("bad_format", str(e), where="--format" if fmt else str(path),
+              fix="pass --format protobuf|avro|json, or name the file .proto, .avsc or .json")
 
 
 def _mode(mode: str) -> CompatibilityMode:
@@ -115,8 +135,7 @@ def _mode(mode: str) -> CompatibilityMode:
     try:
         return CompatibilityMode.parse(alias.get(mode.lower(), mode))
     except ValueError as e:
-        typer.echo(f"❌ {e}", err=True)
-        raise typer.Exit(2) from None
+        _fail("bad_mode", str(e), where="--mode", fix="use backward, forward, full, their *_transitive forms or none")
 
 
 def _print_findings(findings: list[dict[str, Any]] | list[Any]) -> None:
@@ -151,12 +170,12 @@ def register(
                                                    "version": version, "namespace": namespace, "metadata": meta})
     except ApiError as e:
         body = e.body if isinstance(e.body, dict) else {}
+        if e.status not in (409, 422) or (e.status == 422 and not body.get("findings")):
+            _api_fail(e, f"--topic {topic}")  # an error, not a compatibility or PII verdict
         if e.status == 409:
             typer.echo("❌ Registration blocked: Breaking changes detected")
-        elif e.status == 422 and body.get("findings"):
-            typer.echo("❌ Registration blocked by PII policy")
         else:
-            typer.echo(f"❌ {e}")
+            typer.echo("❌ Registration blocked by PII policy")
         _print_findings(body.get("findings", []))
         if e.status == 409 and "approval" in str(body.get("message", "")):
             typer.echo(f"ℹ️  Policy requires approval for breaking changes\n   Create approval request: "
@@ -186,8 +205,7 @@ def list_(
             return
         rows = _api(registry, "GET", f"/v1/subjects/{_q(topic)}/versions")
     except ApiError as e:
-        typer.echo(f"❌ {e}", err=True)
-        raise typer.Exit(1) from None
+        _api_fail(e, f"--topic {topic}" if topic else "--namespace")
     typer.echo(f"{'VERSION':9} {'LABEL':8} {'STATUS':10} {'CONSUMERS':10} PUBLISHED")
     for r in rows:
         day = dt.datetime.fromtimestamp(r["created_at"], dt.UTC).date().isoformat()
@@ -205,8 +223,7 @@ def get(
     try:
         r = _api(registry, "GET", f"/v1/subjects/{_q(topic)}/versions/{_q(version)}")
     except ApiError as e:
-        typer.echo(f"❌ {e}", err=True)
-        raise typer.Exit(1) from None
+        _api_fail(e, f"--topic {topic} --version {version}")
     if output is None:
         typer.echo(r["schema"], nl=False)
         return
@@ -250,8 +267,7 @@ def check(
             try:
                 producer = _api(registry, "GET", f"/v1/subjects/{_q(topic)}/versions/latest")
             except ApiError as e:
-                typer.echo(f"❌ {e}", err=True)
-                raise typer.Exit(2) from None
+                _api_fail(e, f"--topic {topic}", exit_code=2)
             f = SchemaFormat.parse(producer["format"])
             label = producer.get("label") or f"v{producer['version']}"
             # "Can my consumer read the producer's data?" is a reader/writer question: the consumer
@@ -263,11 +279,11 @@ def check(
             result = compat_check(f, producer["schema"], [("consumer schema", _read(consumer_schema))], swapped)
             _report(result, f"producer schema {label}")
         else:
-            typer.echo("❌ use --topic with --consumer-schema, or --old with --new", err=True)
-            raise typer.Exit(2)
+            _fail("bad_usage", "nothing to compare", where="prism schema check",
+                  fix="use --topic with --consumer-schema, or --old with --new")
     except SchemaError as e:
-        typer.echo(f"❌ invalid schema: {e}", err=True)
-        raise typer.Exit(2) from None
+        _fail("invalid_schema", f"invalid schema: {e}", where=str(new or consumer_schema or ""),
+              fix="fix the schema so that it parses")
     if not result.is_compatible:
         raise typer.Exit(1)
 
@@ -292,8 +308,8 @@ def validate(
 
         parse_schema(f, text)
     except SchemaError as e:
-        typer.echo(f"❌ invalid schema: {e}")
-        raise typer.Exit(1) from None
+        _fail("invalid_schema", f"invalid schema: {e}", where=str(file), fix="fix the schema so that it parses",
+              exit_code=1)
     typer.echo(f"✅ {file} is a valid {f.value} schema")
     failed = False
     pii = check_policy(f, text, PiiPolicy.parse(pii_policy))
@@ -310,16 +326,15 @@ def validate(
                 res = _api(registry, "POST", f"/v1/subjects/{_q(topic)}/check",
                            {"schema": text, "format": f.value, "mode": mode})
             except ApiError as e:
-                typer.echo(f"❌ {e}", err=True)
-                raise typer.Exit(2) from None
+                _api_fail(e, f"--topic {topic}", exit_code=2)
             ok = res["is_compatible"]
             typer.echo(f"{'✅' if ok else '❌ NOT'} {mode.lower()} compatible with {topic} (registry)")
             _print_findings([*res["breaking_changes"], *res["warnings"]])
             failed |= not ok
             result = None
         else:
-            typer.echo("❌ --check-* needs --against FILE or --topic", err=True)
-            raise typer.Exit(2)
+            _fail("bad_usage", f"--check-{mode.lower()} needs something to compare with", where=f"--check-{mode.lower()}",
+                  fix="add --against FILE (offline) or --topic SUBJECT (the registry)")
         if result is not None:
             failed |= not result.is_compatible
     if failed:
@@ -362,8 +377,8 @@ def policy_set(
 ) -> None:
     """Set a namespace's (or the global) policy."""
     if not namespace and not global_:
-        typer.echo("❌ pass --namespace NAME or --global", err=True)
-        raise typer.Exit(2)
+        _fail("bad_usage", "no policy scope given", where="prism schema policy set",
+              fix="pass --namespace NAME or --global")
     body = {"compatibility": _mode(compatibility).value if compatibility else None,
             "pii_policy": "enforce" if require_pii_tags else pii_policy,
             "approval_required": None if approval_required_for is None else approval_required_for == "breaking"}
@@ -371,8 +386,7 @@ def policy_set(
         # ns:<name> always means the namespace (a plain name would mean a subject of that name)
         r = _api(registry, "PUT", f"/v1/policies/{_q(f'ns:{namespace}' if namespace else '__global__')}", body)
     except ApiError as e:
-        typer.echo(f"❌ {e}", err=True)
-        raise typer.Exit(1) from None
+        _api_fail(e, f"--namespace {namespace}" if namespace else "--global")
     typer.echo(f"✅ policy for {namespace or 'global'}: {json.dumps(r)}")
 
 
@@ -408,8 +422,7 @@ def approve(
     try:
         r = _api(registry, "POST", f"/v1/approvals/{id}/{'reject' if reject else 'approve'}", {})
     except ApiError as e:
-        typer.echo(f"❌ {e}", err=True)
-        raise typer.Exit(1) from None
+        _api_fail(e, f"--id {id}")
     typer.echo(f"✅ request #{id} {r['status']} by {r['decided_by']}")
 
 
@@ -424,24 +437,23 @@ def codegen(
 ) -> None:
     """Generate Python code (``*_pb2.py`` + ``.pyi``) from a protobuf schema file or registry version."""
     if language.lower() not in ("python", "py"):
-        typer.echo(f"❌ language {language!r} is not supported (python only)", err=True)
-        raise typer.Exit(2)
+        _fail("bad_usage", f"language {language!r} is not supported", where="--language",
+              fix="use --language python (the only one)")
     if file is not None:
         text, name = _read(file), file.name
     elif topic:
         r = _api(registry, "GET", f"/v1/subjects/{_q(topic)}/versions/{_q(version)}")
         if r["format"] != "PROTOBUF":
-            typer.echo("❌ codegen supports protobuf schemas only", err=True)
-            raise typer.Exit(2)
+            _fail("bad_usage", f"{topic} version {version} is a {r['format']} schema; codegen supports protobuf only",
+                  where=f"--topic {topic}", fix="pick a protobuf subject")
         text, name = r["schema"], topic.replace(".", "_").replace("-", "_") + ".proto"
     else:
-        typer.echo("❌ pass --file or --topic", err=True)
-        raise typer.Exit(2)
+        _fail("bad_usage", "no schema given", where="prism schema codegen", fix="pass --file FILE or --topic SUBJECT")
     try:
         written = generate_python(text, name, output)
     except SchemaError as e:
-        typer.echo(f"❌ {e}", err=True)
-        raise typer.Exit(1) from None
+        _fail("invalid_schema", str(e), where=str(file) if file is not None else f"--topic {topic}",
+              fix="fix the schema so that it compiles", exit_code=1)
     for p in written:
         typer.echo(f"✅ generated {p}")
 
@@ -498,17 +510,15 @@ def hash_password_cmd(
     try:
         role_set = parse_roles(roles, where="--roles")
     except ConfigError as e:
-        typer.echo(f"❌ {e}", err=True)
-        raise typer.Exit(2) from None
+        fail(e)
     if stdin:
         password = sys.stdin.readline().rstrip("\r\n")
     else:
         # on stderr, so `prism schema hash-password --user u >> users.yaml` writes only the entry
         password = typer.prompt("password", hide_input=True, confirmation_prompt=True, err=True)
     if len(password) < 12:
-        typer.echo("❌ the password is shorter than 12 characters; use a long random one "
-                   "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(24))')", err=True)
-        raise typer.Exit(2)
+        _fail("weak_password", "the password is shorter than 12 characters", where="password",
+              fix="use a long random one (e.g. python -c 'import secrets; print(secrets.token_urlsafe(24))')")
     digest = hash_password(password)
     if user is None:
         typer.echo(digest)
@@ -524,14 +534,14 @@ def _check_tls(certfile: Path | None, keyfile: Path | None) -> None:
     if certfile is None and keyfile is None:
         return
     if certfile is None or keyfile is None:
-        typer.echo("❌ TLS needs both --ssl-certfile and --ssl-keyfile", err=True)
-        raise typer.Exit(2)
+        _fail("bad_config", "TLS needs both a certificate and its key",
+              where="--ssl-keyfile" if keyfile is None else "--ssl-certfile",
+              fix="pass both --ssl-certfile and --ssl-keyfile")
     try:
         ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(str(certfile), str(keyfile))
     except (OSError, ssl.SSLError) as e:
-        typer.echo(f"❌ cannot load TLS certificate {certfile} / key {keyfile}: {e}\n"
-                   "   hint: pass a PEM certificate (chain) and its unencrypted PEM private key", err=True)
-        raise typer.Exit(2) from None
+        _fail("bad_config", f"cannot load the TLS certificate and key: {e}", where=f"{certfile} / {keyfile}",
+              fix="pass a PEM certificate (chain) and its unencrypted PEM private key")
 
 
 @schema_app.command()
@@ -582,8 +592,7 @@ def serve(
     try:
         auth = registry_auth_from_env(auth_env)
     except ConfigError as e:
-        typer.echo(f"❌ {e}", err=True)
-        raise typer.Exit(2) from None
+        fail(e)
     _check_tls(ssl_certfile, ssl_keyfile)
     if auth.accepts_credentials and ssl_certfile is None and host not in ("127.0.0.1", "::1", "localhost"):
         typer.echo(f"⚠️  serving credentials over plain HTTP on {host}: pass --ssl-certfile/--ssl-keyfile "
@@ -594,10 +603,8 @@ def serve(
     try:
         open_store(store).close()
     except Exception as e:
-        typer.echo(f"❌ cannot open registry store {store or 'sqlite:///prism-registry.db'!r}: {e}\n"
-                   "   hint: check the URL (--store / PRISM_REGISTRY_DB) and that the database is reachable",
-                   err=True)
-        raise typer.Exit(2) from None
+        _fail("bad_store", f"cannot open registry store {store or 'sqlite:///prism-registry.db'!r}: {e}",
+              where="--store", fix="check the URL (--store / PRISM_REGISTRY_DB) and that the database is reachable")
     if store:
         os.environ["PRISM_REGISTRY_DB"] = store
     metrics_dir = None

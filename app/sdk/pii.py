@@ -37,23 +37,39 @@ class PiiAccessWarning(UserWarning):
 
 
 class PiiPolicy:
-    """Which fields are PII for one subscription, and where to report reads of them."""
+    """Which fields are PII for one subscription, and where to report reads of them.
 
-    __slots__ = ("contains_pii_flag", "fields", "message_id", "topic")
+    The warning names the field and the topic, never the message: Python's default filter shows
+    a warning once per call site and text, and a message id in the text made every message's read
+    a new warning - a consumer saw one per `payload()` read. The audit log line (INFO,
+    `prism.sdk.pii`) still names every message."""
+
+    __slots__ = ("_flag_warned", "contains_pii_flag", "fields", "message_id", "topic")
 
     def __init__(self, fields: Iterable[str], *, topic: str = "", message_id: str = "",
-                 contains_pii_flag: bool = False) -> None:
+                 contains_pii_flag: bool = False, _flag_warned: set[str] | None = None) -> None:
         self.fields = frozenset(fields)
         self.topic = topic
         self.message_id = message_id
         self.contains_pii_flag = contains_pii_flag
+        #: topics whose contains_pii flag was already warned about, shared by the subscription's messages
+        self._flag_warned: set[str] = set() if _flag_warned is None else _flag_warned
 
     def for_message(self, topic: str, message_id: str, contains_pii: bool) -> PiiPolicy:
-        return PiiPolicy(self.fields, topic=topic, message_id=message_id, contains_pii_flag=contains_pii)
+        return PiiPolicy(self.fields, topic=topic, message_id=message_id, contains_pii_flag=contains_pii,
+                         _flag_warned=self._flag_warned)
+
+    def first_flag_on(self, topic: str) -> bool:
+        """True the first time a flagged message of `topic` is read without a field list (then False)."""
+        if topic in self._flag_warned:
+            return False
+        self._flag_warned.add(topic)
+        return True
 
     def report(self, path: str) -> None:
-        text = f"read PII field {path!r} of message {self.message_id} on topic {self.topic!r}"
-        log.info("%s", text, extra={"prism_pii": {"field": path, "topic": self.topic, "message_id": self.message_id}})
+        log.info("read PII field %r of message %s on topic %r", path, self.message_id, self.topic,
+                 extra={"prism_pii": {"field": path, "topic": self.topic, "message_id": self.message_id}})
+        text = f"read PII field {path!r} on topic {self.topic!r}"
         # Point the warning at the consumer's line, not at this module's wrappers.
         frame, level = sys._getframe(0), 1
         while frame.f_back is not None and frame.f_code.co_filename == __file__:
@@ -90,8 +106,9 @@ class PiiDict(dict):
                 self._policy.report(full)
 
     def __getitem__(self, key: Any) -> Any:
+        value = super().__getitem__(key)  # a key the payload lacks raises KeyError without a PII report
         self._check(key)
-        return _wrap(super().__getitem__(key), _join(self._path, str(key)), self._policy)
+        return _wrap(value, _join(self._path, str(key)), self._policy)
 
     def get(self, key: Any, default: Any = None) -> Any:
         if key in self:

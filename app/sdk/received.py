@@ -215,12 +215,14 @@ class ReceivedEnvelope:
         value = self._payload_cache[key]
         if self._pii is None:
             return value
-        if not self._pii.fields and self.envelope.header.security.contains_pii and "flag" not in self._payload_cache:
-            self._payload_cache["flag"] = True
-            warnings.warn(f"message {self.message_id} on topic {self.topic!r} is flagged contains_pii; "
-                          "no PII field list is configured to say which fields", PiiAccessWarning, stacklevel=2)
-        return guard(value, self._pii.for_message(self.topic, self.message_id,
-                                                  self.envelope.header.security.contains_pii))
+        contains_pii = self.envelope.header.security.contains_pii
+        # Only a payload flagged as PII, and once per subscription and topic (not per message:
+        # the flag is on every message of a schema with PII fields): the advice is the same each time.
+        if not self._pii.fields and contains_pii and self._pii.first_flag_on(self.topic):
+            warnings.warn(f"messages on topic {self.topic!r} are flagged contains_pii and no PII field list is "
+                          "configured to say which fields: pass subscribe(schema=...) or pii_fields=[...] so that "
+                          "reads of PII fields are reported", PiiAccessWarning, stacklevel=2)
+        return guard(value, self._pii.for_message(self.topic, self.message_id, contains_pii))
 
     def _parse(self, cls: type[Message] | None) -> Any:
         env = self._plain_envelope()

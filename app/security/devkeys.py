@@ -1,9 +1,19 @@
-"""Development keys for the embedded demo: never for production.
+"""Key sets for a worker: generated on purpose, never behind the operator's back.
 
-`ensure_dev_keys(dir)` creates (once) a signing keyring (`signing.json`: an HMAC producer
-key and the worker's Ed25519 key), an Ed25519 token-issuer key (`issuer.pem`, private)
-and its JWKS (`jwks.json`, public only), all mode 0600 in a folder that is git-ignored.
-`DevKeys.mint_token(...)` issues JWTs the demo topology accepts.
+A key set is three files in one directory: a signing keyring (`signing.json`: an HMAC producer
+key and the worker's Ed25519 key), an Ed25519 token-issuer key (`issuer.pem`, private) and its
+JWKS (`jwks.json`, public only), all mode 0600 in a 0700 directory.
+
+* `init_keys(dir)` - `prism keys init`: a fresh set, written once (never over an existing one
+  unless forced), to be shared by every worker of a consumer group (a volume, a Secret).
+* `ensure_dev_keys(dir)` - `prism demo` and `prism run --dev-keys`: creates whatever is missing,
+  for a throwaway try-out on one machine.
+* `check_topology_keys(topology)` - what `prism run` does instead of generating keys: the key
+  files a topology names must exist. `prism run` used to create development keys silently
+  wherever none were configured - in containers too, so two workers of one group each signed
+  with their own throwaway key and consumers rejected part of the stream.
+
+`DevKeys.mint_token(...)` issues JWTs the shipped topology accepts (tests, the demo).
 """
 
 from __future__ import annotations
@@ -25,7 +35,8 @@ from cryptography.hazmat.primitives.serialization import (
     load_pem_private_key,
 )
 
-from app.security.signing import SigningKeyring, load_signing_keyring, write_dev_keyring
+from app.errors import ConfigError, PrismError
+from app.security.signing import SigningKeyring, dev_keyring_doc, load_signing_keyring, write_dev_keyring
 
 ISSUER = "https://auth.prism.dev"
 AUDIENCE = "prism"
@@ -72,7 +83,111 @@ def ensure_dev_keys(folder: str | Path) -> DevKeys:
         os.chmod(pem, 0o600)
     jwks = folder / "jwks.json"
     if not jwks.exists():
-        pub = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-        jwks.write_text(json.dumps({"keys": [{"kty": "OKP", "crv": "Ed25519", "x": _b64url(pub),
-                                              "kid": TOKEN_KID, "alg": "EdDSA", "use": "sig"}]}, indent=2))
+        jwks.write_text(json.dumps(_jwks_doc(key), indent=2))
+        os.chmod(jwks, 0o600)
     return DevKeys(folder, keyring, key)
+
+
+def _jwks_doc(key: Ed25519PrivateKey) -> dict[str, object]:
+    pub = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return {"keys": [{"kty": "OKP", "crv": "Ed25519", "x": _b64url(pub), "kid": TOKEN_KID, "alg": "EdDSA",
+                      "use": "sig"}]}
+
+
+#: The files of a key set, in the order `prism keys init` writes and reports them.
+KEY_FILES = ("signing.json", "issuer.pem", "jwks.json")
+
+
+class KeysExistError(PrismError):
+    """`prism keys init` would replace keys that workers and producers may already use."""
+
+    code = "keys_exist"
+
+
+class NoKeysError(ConfigError):
+    """A worker without the keys its topology names (and no `--dev-keys`)."""
+
+    code = "no_keys"
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write `data` with mode 0600 from the first byte (no window in which the umask's mode
+    lets another user read a private key), atomically (a reader never sees half a key)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def existing_key_files(folder: str | Path) -> list[Path]:
+    """The files of a key set already present in `folder`."""
+    return [Path(folder) / name for name in KEY_FILES if (Path(folder) / name).exists()]
+
+
+def init_keys(folder: str | Path, *, force: bool = False) -> DevKeys:
+    """Write a fresh key set into `folder` (created 0700); refuse to replace an existing file
+    unless `force`: workers, producers and consumers may already sign or verify with it."""
+    folder = Path(folder)
+    present = existing_key_files(folder)
+    if present and not force:
+        raise KeysExistError(f"{', '.join(p.name for p in present)} already in {folder}", path=str(folder),
+                             hint="keep them (every worker of the group must use the same keys), or pass --force "
+                                  "to replace them - producers and consumers then need the new keys too")
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(folder, 0o700)
+    key = Ed25519PrivateKey.generate()
+    _write_private(folder / "signing.json", json.dumps(dev_keyring_doc(), indent=2).encode())
+    _write_private(folder / "issuer.pem", key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+    _write_private(folder / "jwks.json", json.dumps(_jwks_doc(key), indent=2).encode())
+    return DevKeys(folder, load_signing_keyring(folder / "signing.json"), key)
+
+
+def topology_key_files(topology: object) -> dict[str, Path]:
+    """The local key files a topology names, by the field that names them (URLs are not files)."""
+    files: dict[str, Path] = {}
+    resolve = topology.resolve  # type: ignore[attr-defined]
+    stage = topology.stage  # type: ignore[attr-defined]
+    auth = stage("authenticate")
+    if auth is not None and auth.policy != "off" and "://" not in auth.jwks:
+        files["authenticate.jwks"] = resolve(auth.jwks)
+    verify = stage("verify_signature")
+    if verify is not None:
+        files["verify_signature.keyring"] = resolve(verify.keyring)
+    outputs = topology.outputs  # type: ignore[attr-defined]
+    if outputs.keyring:
+        files["outputs.keyring"] = resolve(outputs.keyring)
+    return files
+
+
+def check_topology_keys(topology: object, topology_file: str | Path) -> dict[str, Path]:
+    """Raise `NoKeysError` (with the command that makes them) when a key file the topology
+    names does not exist; returns the missing ones otherwise (none)."""
+    missing = {field: path for field, path in topology_key_files(topology).items() if not path.exists()}
+    if missing:
+        raise NoKeysError(
+            "no keys: " + "; ".join(f"{field} names {display_path(path)}, which does not exist"
+                                    for field, path in missing.items()),
+            path=str(topology_file), hint=keys_init_hint(topology_file, missing))
+    return missing
+
+
+def keys_init_hint(topology_file: str | Path, missing: dict[str, Path]) -> str:
+    """How to make the missing keys: `prism keys init` for the directory the topology names (so the
+    next `prism run` finds them), or `--dev-keys` for a throwaway try-out."""
+    dirs = sorted({str(display_path(p.parent)) for p in missing.values()})
+    where = f" --dir {dirs[0]}" if len(dirs) == 1 else ""
+    return (f"run `prism keys init{where}` once and give every worker of the group that same directory "
+            "(a shared volume or Secret), or pass --dev-keys for a throwaway try-out")
+
+
+def display_path(path: Path) -> Path:
+    """`path` relative to the working directory when it is inside it (shorter, copy-pastable)."""
+    path = Path(os.path.normpath(path))
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return path

@@ -1042,14 +1042,28 @@ def write_dev_keyring(path: str | Path, *, namespaces: Iterable[str] = (),
     """Create a development keyring: one HMAC producer key and the worker's Ed25519 key. The
     producer key is bound to `publisher` (the demo's order service, whose tokens the dev
     issuer mints), so what it signs carries a verified identity (method `key`)."""
-    import base64
     import json
+    import os
+
+    doc = dev_keyring_doc(namespaces=namespaces, publisher=publisher)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2))
+    os.chmod(path, 0o600)
+    return load_signing_keyring(path)
+
+
+def dev_keyring_doc(*, namespaces: Iterable[str] = (), publisher: KeyPublisher | None = DEV_PRODUCER) -> dict[str, Any]:
+    """A fresh keyring document (new random keys): one HMAC producer key bound to `publisher`
+    and the worker's Ed25519 key. `prism keys init` and the development keys share it, so the
+    shipped topology (which names `dev-producer-1` in `producers:`) works with either."""
+    import base64
     import os
 
     from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
     seed = Ed25519PrivateKey.generate().private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-    doc = {
+    return {
         "keys": [
             {"id": "dev-producer-1", "algorithm": HMAC_SHA256,
              "secret_b64": base64.b64encode(os.urandom(32)).decode(), **({"namespaces": list(namespaces)}
@@ -1061,8 +1075,3 @@ def write_dev_keyring(path: str | Path, *, namespaces: Iterable[str] = (),
         ],
         "worker_key": "prism-worker-1",
     }
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2))
-    os.chmod(path, 0o600)
-    return load_signing_keyring(path)

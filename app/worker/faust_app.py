@@ -56,6 +56,7 @@ from types import TracebackType
 from typing import IO, Any, NoReturn, Self
 
 import faust
+from faust.exceptions import AlreadyConfiguredWarning
 
 from app.broker.admin import BrokerSettings
 from app.broker.embedded import with_parent_death_signal
@@ -139,6 +140,28 @@ class PrismWorker(faust.Worker):
         ready_file = os.environ.get(READY_FILE_ENV)
         if ready_file:
             _write_ready_file(Path(ready_file), self.app)
+        log.warning("%s", ready_line(self.app))
+
+
+def ready_line(app: faust.App) -> str:
+    """The one line a worker logs once it is ready (tables recovered, agents running).
+
+    Why: an operator could not tell from the log when a worker was ready, nor what it had joined;
+    the broker's address in particular appeared only in a debug line. Logged at WARNING so it
+    shows at the default level (like the write-limits line): topology, group, the source
+    partitions this worker holds, broker and web address."""
+    group = str(app.conf.id)
+    topology = group.removeprefix("prism-")
+    held: dict[str, list[int]] = {}
+    with contextlib.suppress(Exception):  # no consumer yet: partitions unknown, the line still says the rest
+        for tp in app.consumer.assignment():
+            if not tp.topic.endswith("-changelog"):  # the tables' changelogs follow the source partitions
+                held.setdefault(tp.topic, []).append(tp.partition)
+    parts = ", ".join(f"{t}[{','.join(map(str, sorted(ps)))}]" for t, ps in sorted(held.items())) or "none yet"
+    brokers = ",".join(f"{u.host}:{u.port}" for u in app.conf.broker)
+    web = f"http://{app.conf.web_bind}:{app.conf.web_port}" if app.conf.web_enabled else "off"
+    return (f"prism worker ready: topology {topology}, group {group}, partitions {parts}, broker {brokers}, "
+            f"web {web}, pid {os.getpid()}")
 
 
 def event_loop_name(loop: asyncio.AbstractEventLoop | None = None) -> str:
@@ -242,7 +265,9 @@ def make_app(
         standby_replicas: ``table_standby_replicas`` (0: one worker per group in tests and demo;
             standbys only help with several workers).
         processing_guarantee: ``at_least_once``; ``exactly_once`` needs Kafka transactions,
-            which the embedded broker does not have.
+            which the embedded broker does not have (refused here, in one line). Faust itself stays
+            ``at_least_once`` either way: Prism's batch path owns the transactions
+            (app/worker/transactions.py), not Faust's TransactionManager.
         fast_dispatch: deliver fetched records to the conductor without four asyncio tasks per
             record (:mod:`app.worker.dispatch`); False keeps Faust's stock path (A/B benchmarks).
         **overrides: any other Faust setting; wins over the tuned defaults.
@@ -250,11 +275,10 @@ def make_app(
     servers = [s for s in (bootstrap.split(",") if isinstance(bootstrap, str) else bootstrap) if s.strip()]
     if not servers:
         raise ConfigError("no Kafka bootstrap servers given", hint="pass host:port of the broker")
-    if embedded and processing_guarantee != "at_least_once":
-        raise ConfigError(
-            f"processing_guarantee={processing_guarantee} needs Kafka transactions, which the embedded "
-            "broker does not support", hint="use at_least_once (dedup by message_id downstream) or set "
-            "PRISM_BROKER_URL to a real Kafka cluster")
+    from app.worker.transactions import AT_LEAST_ONCE, check_guarantee, refusal
+
+    if check_guarantee(processing_guarantee) != AT_LEAST_ONCE and embedded:
+        raise ConfigError(refusal("the embedded broker has none"), path="processing_guarantee")
     if not 1 <= partitions <= 10_000:
         raise ConfigError(f"topic_partitions={partitions} is out of range", hint="use 1..10000")
     datadir = Path(data_dir)
@@ -269,7 +293,7 @@ def make_app(
         topic_replication_factor=replication_factor if replication_factor is not None
         else settings.replication_factor if settings is not None else 1,
         table_standby_replicas=standby_replicas,
-        processing_guarantee=processing_guarantee,
+        processing_guarantee="at_least_once",  # also under exactly_once: see the docstring
         web_enabled=web_port is not None,
         web_port=web_port if web_port is not None else 6066,
         web_bind="127.0.0.1",
@@ -280,6 +304,10 @@ def make_app(
         TableManager=_table_manager(),
     )
     conf.update(overrides)
+    # Faust warns (AlreadyConfiguredWarning) whenever a setting is applied again with the value it
+    # already has - the worker command does it on every start (web_enabled, web_port); noise an
+    # operator can do nothing about, filtered where the app is built.
+    warnings.filterwarnings("ignore", category=AlreadyConfiguredWarning)
     app = faust.App(app_id, **conf)
     if embedded:
         install_listoffsets_workaround(app)
@@ -368,24 +396,32 @@ _FAUST_LEVELS = {"critical": "crit", "crit": "crit", "error": "error", "warning"
                  "info": "info", "debug": "debug"}
 
 
+def check_loglevel(loglevel: str) -> str:
+    """The Faust CLI's name for `loglevel`; a ConfigError for an unknown one (checked with the
+    other start-up settings, not after the broker and the topics)."""
+    level = _FAUST_LEVELS.get(loglevel.lower())
+    if level is None:
+        raise ConfigError(f"unknown log level {loglevel!r}", path="--loglevel",
+                          hint=f"use one of {', '.join(_FAUST_LEVELS)}")
+    return level
+
+
 def run_worker(app: faust.App, *, loglevel: str = "warning", uvloop: bool = True) -> NoReturn:
     """Run ``app`` as a Faust worker in this process (blocks; exits the process when stopped).
 
     This is what ``faust -A app worker -l warning`` does, plus uvloop. SIGTERM and SIGINT stop the
     worker cleanly (offsets committed, RocksDB closed).
     """
-    level = _FAUST_LEVELS.get(loglevel.lower())
-    if level is None:
-        raise ConfigError(f"unknown log level {loglevel!r}", hint=f"use one of {', '.join(_FAUST_LEVELS)}")
+    level = check_loglevel(loglevel)
     if uvloop:
         use_uvloop()
         bound = getattr(app, "_loop", None)
         if bound is not None and event_loop_name(bound) != "uvloop":
             log.warning("the Faust app was built on a %s loop before uvloop was installed: it keeps that loop; "
                         "call use_uvloop() before building the app", event_loop_name(bound))
-    # The worker command re-applies --with/--without-web to the already-used setting, which
-    # Faust reports as a (harmless, same-value) AlreadyConfiguredWarning on every start.
-    warnings.filterwarnings("ignore", message=".*'web_enabled' that was already used.*")
+    # The worker command re-applies --with/--without-web and --web-port to already-used settings
+    # (a harmless, same-value AlreadyConfiguredWarning each; make_app filters them too).
+    warnings.filterwarnings("ignore", category=AlreadyConfiguredWarning)
     argv = [sys.argv[0] or "prism-worker", "worker", "--loglevel", level]
     if not app.conf.web_enabled:
         argv.append("--without-web")

@@ -76,11 +76,18 @@ def test_bad_broker_environment() -> None:
 
 
 def test_missing_key_files_fail_at_startup(tmp_path: Path) -> None:
+    from app.security.devkeys import ensure_dev_keys
+
+    jwks = ensure_dev_keys(tmp_path / "keys").jwks_path
     doc = VALID.replace("../var/dev-keys/signing.json", str(tmp_path / "missing-signing.json"))
     path = tmp_path / "t.yaml"
     path.write_text(doc.replace("schemas/order_created.proto", str(ROOT / "topologies/schemas/order_created.proto"))
-                    .replace("../var/dev-keys/jwks.json", str(ROOT / "var/dev-keys/jwks.json")))
+                    .replace("../var/dev-keys/jwks.json", str(jwks)))
     res = prism("run", "--topology", str(path), "--no-dev-keys", "--data-dir", str(tmp_path / "d"),
+                env={"PRISM_BROKER_URL": "127.0.0.1:1"})
+    assert_clean_error(res, "no_keys", "verify_signature.keyring", "missing-signing.json", "prism keys init")
+    (tmp_path / "missing-signing.json").write_text("{}")  # there, but not a keyring: the contents are checked too
+    res = prism("run", "--topology", str(path), "--data-dir", str(tmp_path / "d"),
                 env={"PRISM_BROKER_URL": "127.0.0.1:1"})
     assert_clean_error(res, "bad_config", "signing keyring", "missing-signing.json")
 

@@ -66,8 +66,16 @@ def test_nothing_is_installed_or_bind_mounted_at_start(services: dict[str, dict[
     assert not any(str(svc.get("image", "")).startswith("python:") for svc in services.values())
 
 
+def _one_shot(services: dict[str, dict[str, Any]]) -> set[str]:
+    """Jobs that run to completion before others start (`prism keys init`): no healthcheck, no restart."""
+    return {name for name, svc in services.items() if str(svc.get("restart")) == "no"}
+
+
 def test_every_service_has_a_healthcheck(services: dict[str, dict[str, Any]]) -> None:
     for name, svc in services.items():
+        if name in _one_shot(services):
+            assert not svc.get("healthcheck"), f"{name} runs once; waiters use service_completed_successfully"
+            continue
         check = svc.get("healthcheck") or {}
         test = check.get("test")
         assert test and not check.get("disable"), f"{name} has no healthcheck"
@@ -93,11 +101,14 @@ def test_prism_healthchecks_probe_the_ports_the_commands_open(services: dict[str
 
 def test_depends_on_waits_for_health(services: dict[str, dict[str, Any]]) -> None:
     worker_deps = services["prism"].get("depends_on") or {}
-    assert {"kafka", "registry"} <= set(worker_deps), worker_deps
+    assert {"kafka", "registry", "keys"} <= set(worker_deps), worker_deps  # keys: one set, made before the worker
     for name, svc in services.items():
         deps = svc.get("depends_on") or {}
         assert isinstance(deps, dict), f"{name}: depends_on must name a condition per service"
         for dep, spec in deps.items():
             assert dep in services, f"{name} depends on unknown service {dep}"
+            if dep in _one_shot(services):
+                assert spec == {"condition": "service_completed_successfully"}, f"{name} -> {dep}: {spec}"
+                continue
             assert spec == {"condition": "service_healthy"}, f"{name} -> {dep}: {spec}"
             assert services[dep].get("healthcheck"), f"{name} waits for {dep}, which has no healthcheck"

@@ -100,6 +100,7 @@ def container_name() -> Iterator[str]:
         yield name
     finally:
         subprocess.run([*PODMAN, "rm", "--force", "--time", "5", name], capture_output=True, timeout=60)
+        subprocess.run([*PODMAN, "volume", "rm", "--force", f"{name}-var"], capture_output=True, timeout=60)
 
 
 def _wait_for(name: str, url: str, ready: Callable[[int, bytes], bool], what: str) -> bytes:
@@ -127,7 +128,17 @@ def _wait_for(name: str, url: str, ready: Callable[[int, bytes], bool], what: st
 def test_worker_from_image_becomes_ready_non_root_without_compiler(
         image: str, broker: EmbeddedBroker, container_name: str) -> None:
     port = find_free_port()
-    _podman("run", "--detach", "--name", container_name, *RUN_FLAGS,
+    volume = f"{container_name}-var"  # /srv/prism/var: the keys (and tables), as in docker-compose.yml
+    # A worker never makes its own keys: without them it refuses to start and names `prism keys init`.
+    refused = _podman("run", "--rm", *RUN_FLAGS, "--volume", f"{volume}:/srv/prism/var",
+                      "--env", f"PRISM_BROKER_URL={broker.bootstrap}",
+                      image, "run", "--topology", "topologies/orders-created.yaml", check=False)
+    assert refused.returncode == 2 and "error [no_keys]" in refused.stderr and "prism keys init" in refused.stderr, \
+        refused.stdout + refused.stderr
+    made = _podman("run", "--rm", *RUN_FLAGS, "--volume", f"{volume}:/srv/prism/var", image, "keys", "init",
+                   check=False)
+    assert made.returncode == 0 and "reads these files already" in made.stdout, made.stdout + made.stderr
+    _podman("run", "--detach", "--name", container_name, *RUN_FLAGS, "--volume", f"{volume}:/srv/prism/var",
             "--env", f"PRISM_BROKER_URL={broker.bootstrap}",
             image, "run", "--topology", "topologies/orders-created.yaml", "--web-port", str(port))
 

@@ -178,7 +178,7 @@ def test_serve_refuses_a_bad_store_url() -> None:
                           "--allow-anonymous", "read"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2
-    assert "cannot open registry store 'mysql://x/y'" in res.stderr and "hint:" in res.stderr
+    assert "error [bad_store] cannot open registry store 'mysql://x/y'" in res.stderr and "; fix: " in res.stderr
 
 
 def test_a_failed_change_notice_does_not_fail_the_committed_write(registry: Registry, monkeypatch, caplog) -> None:

@@ -166,3 +166,39 @@ def test_flagged_message_without_a_field_list_warns_once_per_message():
     with warnings.catch_warnings():
         warnings.simplefilter("error", PiiAccessWarning)
         assert msg.payload() == {"x": 1}
+
+
+def test_pii_warnings_are_one_per_call_site_not_one_per_message():
+    """The warning text names field and topic, never the message: Python's default filter then
+    shows it once per call site, instead of once for every message a consumer reads. A message
+    not flagged contains_pii, without a field list, never warns; a flagged one warns once per
+    subscription and topic."""
+    from app.envelope import new_envelope
+    from app.sdk.received import ReceivedEnvelope
+
+    subscription = PiiPolicy(())
+    plain = ReceivedEnvelope(new_envelope("t", {"x": 1}, namespace="n"), delivery=None, pii=subscription)  # type: ignore[arg-type]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PiiAccessWarning)
+        assert plain.payload() == {"x": 1}
+    flagged = [ReceivedEnvelope(new_envelope("t", {"x": i}, namespace="n", contains_pii=True), delivery=None,
+                                pii=subscription) for i in range(3)]  # type: ignore[arg-type]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for m in flagged:
+            m.payload()
+    assert len(seen) == 1 and "topic 't'" in str(seen[0].message)
+    assert all(m.message_id not in str(seen[0].message) for m in flagged)
+
+    fields = PiiPolicy({"email"})
+    texts = set()
+    for i in range(3):
+        data = guard({"email": f"a{i}@b", "n": i}, fields.for_message("t", f"m-{i}", True))
+        with pytest.warns(PiiAccessWarning) as record:
+            data["email"]
+        texts.add(str(record[0].message))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", PiiAccessWarning)
+            with pytest.raises(KeyError):
+                data["phone"]  # absent: no report of a read that did not happen
+    assert texts == {"read PII field 'email' on topic 't'"}  # the same text each message: shown once per site
