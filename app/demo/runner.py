@@ -314,4 +314,4 @@ def print_next_steps(topology: Topology, console: Console) -> None:
                  "prism status                          # lag, rates, DLQ depth (the worker's --web-port)",
                  "prism dlq list                        # why records failed; fix, restart the worker, then",
                  "prism dlq replay                      # each DLQ record back to its source, once"):
-        console.print(f"  {line}", highlight=False)
+        console.print(f"  {line}", highlight=False, soft_wrap=True)  # commands are copied: never wrapped
