@@ -519,3 +519,18 @@ class PayloadSchemaError(EnvelopeError):
     """The payload does not conform to its namespace's schema (enrich.schema.validate_payloads)."""
 
     code = "payload_schema_mismatch"
+
+
+class SchemaValidationError(PayloadSchemaError):
+    """A payload does not match its schema under `validation: strict` (worker: DLQ reason
+    `schema_validation_failed`), or an SDK `publish(..., schema_validation=True)` refused it
+    before anything was sent (RFC-030 Workflow 1). `violations` lists each problem with its
+    field path (`$.items[2].price`); `path` is the first one's."""
+
+    code = "schema_validation_failed"
+
+    def __init__(self, message: str, *, violations: list | tuple = (), path: str | None = None,
+                 hint: str | None = None, schema_version: str = "") -> None:
+        self.violations = list(violations)
+        self.schema_version = schema_version
+        super().__init__(message, path=path or (self.violations[0].path if self.violations else None), hint=hint)

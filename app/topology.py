@@ -18,13 +18,27 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from app.errors import ConfigError
 
 STAGE_ORDER = ("normalize", "validate", "authenticate", "verify_signature", "policy", "dedup", "enrich")
 #: Data classifications, lowest first (app/envelope/validation.py CLASSIFICATIONS).
 Classification = Literal["public", "internal", "confidential", "restricted"]
+#: Schema validation of payloads (RFC-030 "Migration Path"): off, warn (log, count, forward with
+#: the `prism-schema-validation` header) or strict (DLQ as `schema_validation_failed`).
+ValidationMode = Annotated[Literal["off", "warn", "strict"],
+                           # YAML 1.1 reads a bare `off` as false: take it as the word it was
+                           BeforeValidator(lambda v: "off" if v is False else v)]
 InputFormat = Literal["auto", "prism", "cloudevents", "kafka-headers", "nats-headers", "redis-json", "lnmp", "raw"]
 
 
@@ -486,6 +500,16 @@ SinkSpec = Annotated[
 ]
 
 
+_NAMESPACE_NAME = re.compile(r"^[A-Za-z0-9._:/@+-]{1,256}$")
+
+
+class NamespaceSettings(_Strict):
+    """Per-namespace settings (`namespaces: {order-events: {validation: strict}}`): a message's
+    namespace is its envelope's, so one topology can roll validation out namespace by namespace."""
+
+    validation: ValidationMode | None = None  # None: the topology's `validation`
+
+
 class Topology(_Strict):
     name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
     namespace: str
@@ -498,6 +522,40 @@ class Topology(_Strict):
     sinks: Annotated[list[SinkSpec], AfterValidator(_unique_sink_names)] = []
     #: who may claim which namespaces on which source topics; None: only the source-topic binding
     producers: list[ProducerSpec] | None = None
+    #: payload schema validation for every namespace (RFC-030 rollout: off -> warn -> strict)
+    validation: ValidationMode = "off"
+    #: per-namespace overrides, keyed by the envelope's namespace
+    namespaces: dict[str, NamespaceSettings] = {}
+
+    @model_validator(mode="after")
+    def _check_validation(self) -> Topology:
+        """Every problem of the validation settings at once: a mode other than off needs the
+        schema it validates against, and the debug switch `validate_payloads` (strict by
+        another name) may not contradict it."""
+        problems: list[str] = []
+        for ns in self.namespaces:
+            if not _NAMESPACE_NAME.fullmatch(ns):
+                problems.append(f"namespaces.{ns[:64]!r}: not a namespace name (letters, digits and . _ : / @ + -)")
+        modes = {"validation": self.validation} | {f"namespaces.{ns}.validation": s.validation
+                                                   for ns, s in self.namespaces.items() if s.validation}
+        enrich = self.stage("enrich")
+        ref = enrich.schema_ if enrich is not None else None
+        for where, mode in modes.items():
+            if mode != "off" and ref is None:
+                problems.append(f"{where}: {mode} needs a schema to validate against - add "
+                                "`- enrich: {schema: {...}}` to the stages, or set validation: off")
+        if ref is not None and ref.validate_payloads and any(m != "off" for m in modes.values()):
+            problems.append("stages.enrich.schema.validate_payloads: the older switch for strict validation of every "
+                            "namespace; with `validation` settings it is ambiguous - remove it and write "
+                            "`validation: strict`")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def validation_modes(self) -> tuple[str, dict[str, str]]:
+        """(default mode, namespace -> mode) as the enrich stage applies them. The older
+        `validate_payloads` switch keeps its own path (DLQ reason `payload_schema_mismatch`)."""
+        return self.validation, {ns: s.validation for ns, s in self.namespaces.items() if s.validation}
 
     @model_validator(mode="after")
     def _check_sources(self) -> Topology:

@@ -8,6 +8,9 @@
 #   kcat                       an independent Kafka client for the Apache Kafka tests
 #   maven, a Java JDK          fetch and run Apache Kafka and Kafka Connect (scripts/fetch-kafka.sh);
 #                              javac builds the Connect parity test's connector
+#   prometheus                 evaluates every Grafana dashboard query against a running worker
+#                              and registry (tests/worker/test_dashboard_prometheus.py); the test
+#                              starts its own on a free port, never the system service
 set -euo pipefail
 need=()
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
@@ -21,6 +24,7 @@ command -v javac >/dev/null 2>&1 || need+=(openjdk-17-jdk-headless)
 command -v podman >/dev/null 2>&1 || need+=(podman)
 [ -x /usr/sbin/runc ] || [ -x /usr/bin/runc ] || need+=(runc)
 [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
+command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing ${need[*]} (Debian packages) for the integration tests"

@@ -57,6 +57,9 @@ class Message:
     #: validate that `required_problems` already found nothing (nothing between normalize
     #: and validate - the topology fixes the order - touches a required field).
     scanned: tuple[bytes, list[tuple[int, int, int, int, int]], Layout] | None = None
+    #: headers a stage adds to this message's outputs (not to its DLQ copy, which keeps the
+    #: record as received): `prism-schema-validation` from enrich under `validation: warn`
+    out_headers: list[tuple[str, bytes]] | None = None
 
     @property
     def env(self) -> Envelope:

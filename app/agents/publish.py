@@ -56,9 +56,7 @@ _CLAIM_FIELDS = frozenset({"publisher_id", "publisher_team", "data_classificatio
 _CLAIM_HEADERS = frozenset(name for table in (KAFKA_HEADERS, NATS_HEADERS) for name, logical in table.items()
                            if logical in _CLAIM_FIELDS)
 _DROP_HEADERS = frozenset({"authorization", "proxy-authorization", "prism-auth-token", "x-auth-token", "auth-token",
-                           "cookie", "content-type",
-                           # the worker's own verdict (enrich, validation: warn); a producer's is a forgery
-                           "prism-schema-validation"}) | _CLAIM_HEADERS
+                           "cookie", "content-type"}) | _CLAIM_HEADERS
 LAYOUT_OF = {"v2": Layout.DRAFT, "v3": Layout.REVIEWED}
 #: On every output record: the input record it came from (`topic/partition/offset`), like
 #: Connect's error context but for successes - provenance for the archive and for audits.
@@ -178,32 +176,35 @@ class Publisher:
         forwarded = [(k, v) for k, v in kafka.passthrough_headers(msg.headers)
                      if v is not None and _forwardable(k.lower())] if msg.headers else []
         source = (SOURCE_HEADER, f"{msg.topic}/{msg.partition}/{msg.offset}".encode())
+        # ours, after `prism-source` (an input's `prism-*` headers were dropped above, so a
+        # producer cannot forge them): what a stage added, e.g. enrich's prism-schema-validation
+        added = (source, *msg.out_headers) if msg.out_headers else (source,)
         phase = self._current_phase()
         if phase is Phase.STOPPED:  # after the .v2 cutoff: .v3 alone, scope v2 (nothing to pair with)
             topics = self._v3_topics.get(msg.topic) or self._v3_topics.setdefault(msg.topic, (f"{msg.topic}.v3",))
             records = kafka.encode_layouts(env, (Layout.REVIEWED,), key=msg.key, headers=forwarded,
                                            sign_with=self.sign_with, scope=SCOPE_V2)
-            records[0].headers.append(source)
+            records[0].headers.extend(added)
             return Prepared(topics, emissions=self._emissions(topics, records, records[0]), reviewed_at=0)
         topics = self._output_topics(msg.topic)
         deprecated = phase is Phase.DEPRECATED and self._draft_at is not None
         if self.scope == SCOPE_BATCH and self.sign_with is not None:
             pending = kafka.prepare_batch_records(env, self._layouts, self.sign_with, key=msg.key, headers=forwarded)
             for rec in pending.records:
-                rec.headers.append(source)  # the same lists end up in the signed records
+                rec.headers.extend(added)  # the same lists end up in the signed records
             if deprecated:
                 pending.records[self._draft_at].headers.append(self._deprecation_header(msg.topic))  # type: ignore[index]
             return Prepared(topics, pending=pending, reviewed_at=self._reviewed_at)
         records = kafka.encode_layouts(env, self._layouts, key=msg.key, headers=forwarded, sign_with=self.sign_with,
                                        scope=self.scope)
         for rec in records:
-            rec.headers.append(source)
+            rec.headers.extend(added)
         if deprecated:
             records[self._draft_at].headers.append(self._deprecation_header(msg.topic))  # type: ignore[index]
         reviewed = records[self._reviewed_at] if self._reviewed_at is not None else None
         if self.archive_topic is not None and reviewed is None:
             reviewed = kafka.encode(env, Layout.REVIEWED, key=msg.key, sign_with=self.sign_with, scope=self.scope)
-            reviewed.headers.append(source)
+            reviewed.headers.extend(added)
         return Prepared(topics, emissions=self._emissions(topics, records, reviewed), reviewed_at=self._reviewed_at)
 
     def finish(self, prepared: Sequence[Prepared]) -> list[list[Emission]]:

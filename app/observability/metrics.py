@@ -6,9 +6,11 @@ and `/metrics` shows exactly this worker.
 
 Metric names (prometheus_client adds `_total` to counters):
 
-    prism_messages_in_total{topic,stage,<allowlisted labels>}
-    prism_messages_out_total{topic,stage,<allowlisted labels>}
-    prism_dlq_messages_total{topic,stage,reason,<allowlisted labels>}
+    prism_messages_in_total{topic,stage,namespace,schema_version,<allowlisted labels>}
+    prism_messages_out_total{topic,stage,namespace,schema_version,<allowlisted labels>}
+    prism_dlq_messages_total{topic,stage,reason,namespace,schema_version,<allowlisted labels>}
+    prism_schema_validations_total{topic,namespace,schema_version,mode,result}
+                                                      payloads validated (RFC-030; result valid|invalid|skipped)
     prism_dedup_hits_total{topic,stage}
     prism_expired_messages_total{topic,stage}
     prism_signature_failures_total{topic,reason}
@@ -26,6 +28,12 @@ passed through the redactor (a token planted in a label never reaches `/metrics`
 `max_values_per_label` distinct values were seen for that label, new values are counted
 under `__other__`. Missing labels are the empty string. The same distinct-value cap guards
 `reason` labels, which should be `PrismError.code` values but are caller-supplied text.
+
+`namespace` and `schema_version` (RFC-030 "Observability": which namespaces and schema
+versions flow) are read from every envelope (metadata.namespace, schema.schema_version) and
+kept under the same guard: the namespace is a producer's claim, so its values are truncated,
+redacted and capped exactly like an allowlisted label's. A message that failed before it had
+an envelope (or before enrich stamped a schema) has the empty string.
 """
 
 from __future__ import annotations
@@ -50,7 +58,10 @@ OTHER = "__other__"
 DEFAULT_LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )
-_RESERVED = frozenset({"topic", "stage", "reason", "partition", "table", "le", "quantile"})
+_RESERVED = frozenset({"topic", "stage", "reason", "partition", "table", "le", "quantile", "namespace",
+                       "schema_version", "mode", "result"})
+#: the labels every message metric carries ahead of the allowlisted ones (module docs)
+BUILTIN_LABELS = ("namespace", "schema_version")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _REASON_CLEAN = re.compile(r"[^a-z0-9_.:\-]")
 
@@ -99,11 +110,32 @@ class LabelGuard:
                                   path="metrics.label_allowlist", hint="give them distinct names (pass a mapping)")
             names.append(metric_name)
         self.keys: tuple[str, ...] = tuple(mapping)
-        self.names: tuple[str, ...] = tuple(names)
+        #: metric label names, the built-in ones first (what `of` returns values for)
+        self.names: tuple[str, ...] = (*BUILTIN_LABELS, *names)
         self.max_value_length = max_value_length
         self.redactor = redactor
         self._bounds = [_BoundedValues(max_values_per_label) for _ in self.keys]
         self._empty = ("",) * len(self.keys)
+        #: `of(None)`: every label empty
+        self.empty: tuple[str, ...] = ("",) * len(self.names)
+        # built-in labels: raw value -> guarded value, so each distinct value is redacted once
+        self._ns_bound = _BoundedValues(max_values_per_label)
+        self._ver_bound = _BoundedValues(max_values_per_label)
+        self._seen_ns: dict[str, str] = {}
+        self._seen_ver: dict[str, str] = {}
+        self._memo_limit = 4 * max_values_per_label
+
+    def _builtin(self, value: str, seen: dict[str, str], bound: _BoundedValues) -> str:
+        out = seen.get(value)
+        if out is None:
+            out = value[: self.max_value_length]
+            if out and self.redactor is not None:
+                out = self.redactor.redact(out)
+            out = bound(out) if out else out
+            if len(seen) < self._memo_limit:
+                seen[value] = out
+        return out
+
 
     def values(self, labels: Mapping[str, str] | None) -> tuple[str, ...]:
         if not self.keys:
@@ -122,10 +154,17 @@ class LabelGuard:
         return tuple(out)
 
     def of(self, envelope: Envelope | None) -> tuple[str, ...]:
+        """(namespace, schema_version, *allowlisted) of `envelope`, guarded."""
+        if envelope is None:
+            return self.empty
+        h = envelope.header
+        ns = self._builtin(h.metadata.namespace, self._seen_ns, self._ns_bound)
+        ver = self._builtin(h.schema.schema_version, self._seen_ver, self._ver_bound) if h.HasField("schema") else ""
         if not self.keys:
-            return ()
-        obs = envelope.observability if envelope is not None else None
-        return self.values(obs.labels if obs is not None else None)
+            return ns, ver
+        obs = envelope.observability
+        return ns, ver, *self.values(obs.labels if obs is not None else None)
+
 
 
 class PipelineMetrics:
@@ -164,6 +203,10 @@ class PipelineMetrics:
                                      ["topic", "reason"], namespace=ns, registry=r)
         self.stage_latency = Histogram("stage_latency_seconds", "Time a stage spent on one message",
                                        ["topic", "stage"], namespace=ns, registry=r, buckets=tuple(latency_buckets))
+        self.schema_validations = Counter(
+            "schema_validations", "Payloads validated against their schema (RFC-030), by validation mode and "
+            "result (valid, invalid, skipped: encrypted)", ["topic", "namespace", "schema_version", "mode", "result"],
+            namespace=ns, registry=r)
         self.envelope_version_newer = Counter(
             "envelope_version_newer", "Draft envelopes whose envelope_version is newer than this worker knows "
             "(processed best-effort)", ["topic", "version"], namespace=ns, registry=r)
@@ -215,6 +258,14 @@ class PipelineMetrics:
 
     def auth_failure(self, topic: str, reason: str) -> None:
         self._child(self.auth_failures, (topic, self._clean_reason(reason))).inc()
+
+    def schema_validation(self, topic: str, namespace: str, schema_version: str, mode: str, result: str,
+                          n: int = 1) -> None:
+        """Count `n` validated payloads; namespace and version go through the label guard."""
+        g = self.labels
+        ns = g._builtin(namespace, g._seen_ns, g._ns_bound)
+        ver = g._builtin(schema_version, g._seen_ver, g._ver_bound)
+        self._child(self.schema_validations, (topic, ns, ver, mode, result)).inc(n)
 
     def newer_envelope_version(self, topic: str, version: int, n: int = 1) -> None:
         """Count `n` draft envelopes of a newer `envelope_version` (RFC-031 Backward

@@ -28,7 +28,8 @@ from google.protobuf.message import Message
 from app._gen.prism.envelope.v1 import envelope_pb2 as pb
 from app.envelope.codec import Layout
 from app.envelope.model import Envelope, Payload, new_envelope
-from app.errors import ConfigError, PrismError, SchemaAssertionError
+from app.envelope.validation import required_problems
+from app.errors import ConfigError, PrismError, SchemaAssertionError, ValidationError
 from app.observability.tracecontext import write_envelope_context
 from app.schema.assertion import OnMismatch, SchemaAssertion, SchemaMismatchError
 from app.sdk._ids import fast_uuid7
@@ -38,6 +39,7 @@ from app.sdk.options import DEFAULT_OPTIONS, PrismPublishOptions, current_otel_c
 from app.sdk.pii import PiiPolicy
 from app.sdk.received import ReceivedEnvelope
 from app.sdk.usage import DEFAULT_INTERVAL_S, VersionReporter
+from app.sdk.validation import SchemaMetrics, SchemaValidation
 from app.security.encryption import encrypt_envelope
 from app.security.keys import DataKeyProvider, KeyProvider
 from app.security.signing import SigningKey, VerificationKeys
@@ -123,7 +125,12 @@ class PrismClient:
     (claimed identity; the worker replaces it with the JWT's), `auth_token` (a JWT string or
     a callable returning one, for the worker's `authenticate` stage).
 
-    `registry_url` (a Prism schema registry): subscriptions report the schema versions they
+    `metrics` (a prometheus_client `CollectorRegistry`, or an `app.sdk.validation.SchemaMetrics`):
+    count publish-time schema validations and the schema versions subscribers read
+    (`prism_sdk_schema_*`, docs/observability.md); serve that registry from the application.
+
+    `registry_url` (a Prism schema registry): `publish(..., schema_version=...)` validates
+    against that version of the topic's subject; subscriptions report the schema versions they
     read, as `consumer_id` (default: the subscription's group), at most once per version per
     `report_interval_s`, in the background - see `app.sdk.usage`. A registry that is down
     never delays or fails a message.
@@ -145,6 +152,7 @@ class PrismClient:
         registry_url: str | None = None,
         consumer_id: str | None = None,
         report_interval_s: float = DEFAULT_INTERVAL_S,
+        metrics: Any = None,
     ) -> None:
         if not namespace:
             raise ConfigError("namespace must not be empty", path="PrismClient(namespace=)",
@@ -165,6 +173,9 @@ class PrismClient:
         self.consumer_id = consumer_id
         self.version_reporter: VersionReporter | None = (
             VersionReporter(registry_url, interval=report_interval_s) if registry_url else None)
+        self.schema_metrics: SchemaMetrics | None = (
+            metrics if isinstance(metrics, SchemaMetrics) or metrics is None else SchemaMetrics(metrics))
+        self._validation = SchemaValidation(registry_url, self.schema_metrics)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def connect(self) -> Self:
@@ -201,13 +212,15 @@ class PrismClient:
         """The envelope `publish` would send (encrypted when asked, not yet signed)."""
         return self._build(topic, payload, options or DEFAULT_OPTIONS)[0]
 
-    def _build(self, topic: str, payload: Any, o: PrismPublishOptions) -> tuple[Envelope, bool, bytes | None]:
+    def _build(self, topic: str, payload: Any, o: PrismPublishOptions,
+               schema: Any = None) -> tuple[Envelope, bool, bytes | None]:
         """(`build_envelope`, plain, wire): plain means the envelope holds nothing but the
         metadata of a dict/list payload published with the default options (`Outgoing.plain`);
-        wire is then its reviewed-layout encoding (None otherwise)."""
+        wire is then its reviewed-layout encoding (None otherwise). `schema`: the one this
+        publish was validated against, stamped instead of the client's."""
         if not topic:
             raise ConfigError("topic must not be empty", path="publish(topic=)")
-        schema = self.schema
+        schema = self.schema if schema is None else schema
         plain = o is DEFAULT_OPTIONS and schema is None and isinstance(payload, dict | list)
         wire = None
         if plain:
@@ -222,7 +235,7 @@ class PrismClient:
                     True if schema is not None and schema.contains_pii else None),
             )
             if schema is not None:
-                self._schema_context(env, payload)
+                self._schema_context(env, payload, schema)
         tc = trace_context_of(o.trace_context) if o.trace_context is not None else current_otel_context()
         if tc is not None:
             plain = False
@@ -241,13 +254,14 @@ class PrismClient:
             encrypt_envelope(env, e.provider, key_id=e.key_id, algorithm=e.algorithm, policy=e.policy)
         return env, plain, wire if plain else None
 
-    def _schema_context(self, env: Envelope, payload: Any) -> None:
+    def _schema_context(self, env: Envelope, payload: Any, schema: Any = None) -> None:
         from app.schema.resolve import deprecated_fields_used
 
+        schema = self.schema if schema is None else schema
         # Before encryption: the payload bytes new_envelope already serialized (no second pass).
-        used = deprecated_fields_used(env.payload_bytes(), self.schema) if isinstance(payload, Message) else []
+        used = deprecated_fields_used(env.payload_bytes(), schema) if isinstance(payload, Message) else []
         sc = env.ensure_schema()
-        for name, value in self.schema.schema_context(used).items():
+        for name, value in schema.schema_context(used).items():
             if name == "deprecated_fields_used":
                 sc.deprecated_fields_used.extend(value)
             elif value:
@@ -262,16 +276,32 @@ class PrismClient:
             return Outgoing(env.topic, env, layout, None, None, wire if layout is Layout.REVIEWED else None, True)
         return Outgoing(env.topic, env, self.layout, sign_with, o.key)
 
-    async def publish(self, topic: str, payload: Any, options: PrismPublishOptions | None = None) -> str:
+    async def publish(self, topic: str, payload: Any, options: PrismPublishOptions | None = None, *,
+                      schema_validation: bool = False, schema_version: str | int | None = None) -> str:
         """Wrap `payload` in an envelope, publish it, and return its message id once the
         backend confirmed it (Kafka acks, XADD reply, JetStream PubAck, committed INSERT).
 
         `payload`: a dict/list (JSON), a protobuf message, bytes, or str. Raises `PublishError`
         when the backend does not confirm; retrying with `options.message_id` set to the
         returned/previous id keeps idempotent consumers and sinks exactly-once.
+
+        `schema_validation=True` (RFC-030 Workflow 1): validate the payload first, against the
+        client's `schema` or, with `schema_version`, that version of the subject named like the
+        topic in `registry_url`; a payload that does not match raises `SchemaValidationError`
+        (field paths in `.violations`) and nothing is sent. The envelope then carries the
+        schema context of the version it was validated against.
         """
         o = options or DEFAULT_OPTIONS
-        env, plain, wire = self._build(topic, payload, o)
+        schema = None
+        if schema_validation:
+            schema = await self._validation.schema_for(topic, self.schema, None if schema_version is None
+                                                       else str(schema_version))
+            ct = o.content_type if o is not DEFAULT_OPTIONS else None
+            self._validation.check(schema, self.namespace, payload, ct)
+        elif schema_version is not None:
+            raise ConfigError("schema_version= is only used with schema_validation=True",
+                              path="publish(schema_version=)", hint="pass schema_validation=True as well")
+        env, plain, wire = self._build(topic, payload, o, schema)
         if not self._connected:
             await self.connect()
         await self.backend.publish([self._outgoing(env, o, plain, wire)])
@@ -280,7 +310,16 @@ class PrismClient:
     async def publish_envelope(self, env: Envelope, *, signing_key: SigningKey | None = None,
                                key: bytes | None = None, wire: bytes | None = None) -> str:
         """Publish an envelope built elsewhere (`build_envelope`, a decoded message being
-        forwarded). `wire` sends already-encoded bytes verbatim, keeping their signature."""
+        forwarded). `wire` sends already-encoded bytes verbatim, keeping their signature.
+
+        The envelope's required fields (message id, topic, namespace, publish time, payload, and
+        the rest of memo-031's list) are checked first: an envelope missing them raises
+        `ValidationError` listing every problem, and nothing is sent (memo-031 recommendation 1).
+        """
+        problems = required_problems(env)
+        if problems:
+            raise ValidationError(problems, hint="build it with PrismClient.build_envelope or "
+                                                 "app.envelope.new_envelope, which set them all")
         if not self._connected:
             await self.connect()
         await self.backend.publish([Outgoing(env.topic, env, self.layout, signing_key or self.signing_key, key,
@@ -396,6 +435,7 @@ class Subscription:
         self._closed = False
         self._start_lock = asyncio.Lock()
         self._reporter = client.version_reporter
+        self._schema_metrics = getattr(client, "schema_metrics", None)  # tests build subscriptions on stand-ins
         self._consumer_id = client.consumer_id or settings.group
         #: `prism-deprecation` header values already warned about (one warning per value, not per message)
         self._deprecations_seen: set[bytes] = set()
@@ -481,6 +521,18 @@ class Subscription:
                 break
         return out
 
+    def _count_received(self, env: Envelope, sc: Any) -> None:
+        """prism_sdk_schema_messages_received_total: the version read and, with an assertion,
+        whether it is the one this subscriber expects (RFC-030 "Observability")."""
+        assert self._schema_metrics is not None
+        version = sc.schema_version if sc is not None else ""
+        if self.assertion is None:
+            result = "unchecked"
+        else:
+            a = self.assertion
+            result = "match" if a._norm(version) == a._norm(a.expected_version) else "mismatch"
+        self._schema_metrics.received_message(env.namespace, version, result)
+
     async def _accept(self, d: Delivery) -> ReceivedEnvelope | None:
         try:
             env = d.decode(self.verify_with)
@@ -504,6 +556,8 @@ class Subscription:
         sc = env.schema
         if self._reporter is not None and sc is not None and sc.schema_url:
             self._reporter.seen(self._consumer_id, sc.schema_url)
+        if self._schema_metrics is not None:
+            self._count_received(env, sc)
         if self.assertion is not None:
             try:
                 self.assertion.check(sc.schema_version if sc is not None else None,

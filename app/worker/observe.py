@@ -387,7 +387,7 @@ class Observer:
         publish_in: Counter[tuple[str, ...]] = Counter()
         result_reasons: Counter[str] = Counter()
         for msg, res in observed:
-            lv = guard.of(msg.envelope) if guard.keys else ()
+            lv = guard.of(msg.envelope)  # namespace, schema_version, allowlisted labels
             seen[lv] += 1
             out = res.outcome
             if out is Outcome.EMITTED:
@@ -425,7 +425,7 @@ class Observer:
         if pipeline is not None:
             written = pipeline.stats.written
             suffix = pipeline.topology.dlq.topic_suffix
-            empty = ("",) * len(guard.keys)
+            empty = guard.empty
             for out_topic, total in written.items():
                 delta = total - self._written[out_topic]
                 if delta and not out_topic.endswith(suffix):
@@ -437,7 +437,7 @@ class Observer:
             extra = total - snap.dlq_reasons[reason] - result_reasons.get(reason, 0)
             if extra > 0:  # routed to the DLQ by the final writes (after retries)
                 m._child(m.dlq_messages, (topic, PUBLISH_STAGE, m._clean_reason(reason),
-                                          *("",) * len(guard.keys))).inc(extra)
+                                          *guard.empty)).inc(extra)
         snap.dlq_reasons = Counter(cs.dlq_reasons)
         for st, ns in cs.stage_ns.items():
             calls = cs.stage_calls[st] - snap.stage_calls[st]
@@ -451,6 +451,11 @@ class Observer:
         if chain_calls > 0:
             m.observe_latency(topic, CHAIN_STAGE, (cs.chain_ns - snap.chain_ns) / chain_calls / 1e9)
         snap.chain_ns, snap.chain_calls = cs.chain_ns, cs.chain_calls
+        for stage in chain.stages:  # enrich: payloads validated against the schema (RFC-030)
+            drain_validations = getattr(stage, "drain_validations", None)
+            if drain_validations is not None:
+                for (namespace, version, mode, result), n in drain_validations().items():
+                    m.schema_validation(topic, namespace, version, mode, result, n)
         drain = getattr(chain.stages[0], "drain_newer_versions", None) if chain.stages else None
         if drain is not None:  # normalize: draft envelopes newer than this build (RFC-031 compatibility)
             for version, n in drain().items():

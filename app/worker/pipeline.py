@@ -135,8 +135,11 @@ class RunStats:
     abandoned_batches: int = 0
 
 
-def resolve_schema(settings: EnrichStage | None, base_dir: Path) -> SchemaInfo | None:
-    """Resolve the namespace's schema once, at start-up (no per-message registry calls)."""
+def resolve_schema(settings: EnrichStage | None, base_dir: Path, *, validate: bool = False) -> SchemaInfo | None:
+    """Resolve the namespace's schema once, at start-up (no per-message registry calls).
+    `validate`: some namespace's validation mode is warn or strict, so the payload validator
+    is compiled now (once per schema id) and a schema no validator exists for fails here."""
+
     if settings is None:
         return None
     ref = settings.schema_
@@ -173,9 +176,19 @@ def resolve_schema(settings: EnrichStage | None, base_dir: Path) -> SchemaInfo |
         except Exception as exc:
             raise ConfigError(f"cannot build the payload validator: {exc}", path="stages.enrich.schema",
                               hint="validate_payloads needs a protobuf, JSON Schema or Avro schema") from exc
+    validator = None
+    if validate:
+        from app.schema.payload_check import validator_for
+
+        try:
+            validator = validator_for(r)
+        except Exception as exc:
+            raise ConfigError(f"cannot build the payload validator: {exc}", path="validation",
+                              hint="validation needs a protobuf, JSON Schema or Avro schema") from exc
     return SchemaInfo(url=ctx["schema_url"], version=ctx["schema_version"], format=ctx["schema_format"],
                       hash=ctx["schema_hash"], name=ctx["schema_name"], compatibility=ctx["compatibility_mode"],
-                      pii_fields=tuple(r.pii_fields) + tuple(settings.pii_fields), resolved=r, checker=checker)
+                      pii_fields=tuple(r.pii_fields) + tuple(settings.pii_fields), resolved=r, checker=checker,
+                      validator=validator)
 
 
 def pii_finder(schema: SchemaInfo | None) -> PiiValueFinder | None:
@@ -220,7 +233,8 @@ def build_stages(topology: Topology, *, keyring: SigningKeyring | None, schema: 
         elif spec.name == "dedup":
             stages.append(Dedup(dedup_window(float(s.window_s))))
         elif spec.name == "enrich":
-            stages.append(Enrich(trace=s.trace, schema=schema))
+            default, per_namespace = t.validation_modes()
+            stages.append(Enrich(trace=s.trace, schema=schema, validation=default, namespace_validation=per_namespace))
     # always: publisher fields state only a verified identity (app/agents/identity.py)
     return insert_identity_stage(stages, IdentityRule.of(t, keyring))
 
@@ -289,7 +303,9 @@ class PipelineApp:
             worker_key = self.keyring.signing[kid]
         self.publisher = Publisher(topology, worker_key=worker_key)
         self.attester, self.attestations = attestation_setup(topology, self.keyring, worker_key)
-        self.schema = resolve_schema(topology.stage("enrich"), topology.base_dir)
+        default_mode, ns_modes = topology.validation_modes()
+        self.schema = resolve_schema(topology.stage("enrich"), topology.base_dir,
+                                     validate=default_mode != "off" or any(m != "off" for m in ns_modes.values()))
         self.pii_finder = pii_finder(self.schema)
         # Offset continuity (app/worker/continuity.py): a record the consumer skipped is
         # fetched and processed before anything after it is acknowledged.

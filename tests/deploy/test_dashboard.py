@@ -51,7 +51,24 @@ def worker_metrics() -> dict[str, set[str]]:
     m.observe_latency("orders.created", "validate", 0.0002)
     m.set_consumer_lag("orders.created", 0, 12)
     m.set_table_size("dedup", 3)
+    m.newer_envelope_version("orders.created", 3)
+    m.schema_validation("orders.created", "order-events", "v2", "warn", "invalid")
     return exported(m.exposition().decode())
+
+
+@pytest.fixture(scope="module")
+def sdk_metrics() -> dict[str, set[str]]:
+    """What a producer/consumer serving `PrismClient(metrics=...)` exports (app/sdk/validation.py)."""
+    from prometheus_client import generate_latest
+
+    from app.sdk.validation import SchemaMetrics
+
+    m = SchemaMetrics()
+    m.validated("order-events", "v2", False, 0.0001)
+    m.received_message("order-events", "v2", "match")
+    return exported(generate_latest(m.registry).decode())
+
+
 
 
 @pytest.fixture(scope="module")
@@ -141,14 +158,17 @@ def test_dashboard_is_importable_grafana_json():
 def test_dashboard_covers_what_operators_need():
     titles = " | ".join(p["title"] for p in panels()).lower()
     for topic in ("outcomes", "dlq by reason", "consumer lag", "stage latency p99", "signature failures",
-                  "authentication failures", "requests by status", "compatibility verdicts"):
+                  "authentication failures", "requests by status", "compatibility verdicts",
+                  "namespace and schema version", "schema validations", "sdk publish-time validations",
+                  "subscribers by schema version"):
         assert topic in titles, topic
 
 
-def test_every_query_parses_and_uses_only_exported_metrics_and_labels(worker_metrics, registry_metrics):
+def test_every_query_parses_and_uses_only_exported_metrics_and_labels(worker_metrics, registry_metrics,
+                                                                      sdk_metrics):
     from app.topology import STAGE_ORDER
 
-    available = {**worker_metrics, **registry_metrics}
+    available = {**worker_metrics, **registry_metrics, **sdk_metrics}
     assert "prism_stage_latency_seconds_bucket" in available and "prism_schema_registry_requests_total" in available
     used: set[str] = set()
     for title, expr in queries():

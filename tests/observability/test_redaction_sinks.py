@@ -58,7 +58,8 @@ def test_no_sink_ever_sees_a_canary():
         tracing.shutdown()
     output = logs.getvalue()
     assert "validated token" in output and "denied" in output and "Traceback" in output
-    assert 'prism_dlq_messages_total{reason="auth_failed"' in exposition
+    assert any(line.startswith("prism_dlq_messages_total{") and 'reason="auth_failed"' in line
+               and 'namespace="orders"' in line for line in exposition.splitlines())
     for sink_name, text in (("logs", output), ("spans", spans), ("metrics", exposition)):
         for canary in (TOKEN, KEY.hex(), KEY[:16].hex(), PII, LABEL):
             assert canary not in text, f"{canary[:24]}... leaked into {sink_name}"

@@ -273,10 +273,11 @@ def test_stage_span_records_metrics(tracing):
                                                    metrics=m):
         raise DuplicateError("seen")
     r = m.registry
-    assert r.get_sample_value("prism_messages_in_total", {"topic": "in", "stage": "route"}) == 5
-    assert r.get_sample_value("prism_messages_out_total", {"topic": "out", "stage": "route"}) == 3
+    ns = {"namespace": "n", "schema_version": ""}  # every message metric names the envelope's namespace
+    assert r.get_sample_value("prism_messages_in_total", {"topic": "in", "stage": "route", **ns}) == 5
+    assert r.get_sample_value("prism_messages_out_total", {"topic": "out", "stage": "route", **ns}) == 3
     assert r.get_sample_value("prism_dlq_messages_total",
-                              {"topic": "in", "stage": "route", "reason": "bad_signature"}) == 1
+                              {"topic": "in", "stage": "route", "reason": "bad_signature", **ns}) == 1
     assert r.get_sample_value("prism_dedup_hits_total", {"topic": "in", "stage": "route"}) == 1
     assert r.get_sample_value("prism_stage_latency_seconds_count", {"topic": "in", "stage": "route"}) == 5
 
