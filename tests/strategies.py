@@ -29,6 +29,7 @@ def envelopes(draw: st.DrawFn, *, allow_encoding: bool = True) -> Envelope:
         ttl_seconds=draw(st.none() | st.integers(0, 10**7)),
         correlation_id=draw(st.none() | _text),
         causality_parent=draw(st.none() | _text),
+        producer_sdk_version=draw(st.none() | _text),
         labels=draw(st.dictionaries(_text, _text, max_size=3)),
         extensions=draw(st.dictionaries(_text.filter(lambda k: not k.startswith("prism.enc.")),
                                         st.binary(max_size=16), max_size=3)),

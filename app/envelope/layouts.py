@@ -168,6 +168,8 @@ def draft_to_reviewed(d: dpb.PrismEnvelope) -> tuple[vpb.PrismEnvelope, list[str
             vm.correlation_id = dm.correlation_id
         if dm.causality_parent:
             vm.causality_parent = dm.causality_parent
+        if dm.producer_sdk_version:
+            vm.producer_sdk_version = dm.producer_sdk_version
 
     ext = dict(d.extensions)
     if d.HasField("security"):
@@ -296,7 +298,7 @@ def draft_metadata(vm: vpb.PrismMetadata) -> dpb.PrismMetadata:
         published_at=Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000),
         content_type=get_content_type(vm), content_encoding=get_content_encoding(vm),
         priority=vm.priority, ttl_seconds=vm.ttl_seconds, correlation_id=vm.correlation_id,
-        causality_parent=vm.causality_parent)
+        causality_parent=vm.causality_parent, producer_sdk_version=vm.producer_sdk_version)
 
 
 def draft_security_as_is(vs: vpb.SecurityContext) -> bool:

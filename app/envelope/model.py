@@ -277,6 +277,13 @@ class Envelope:
         return md.priority if md.HasField("priority") else DEFAULT_PRIORITY
 
     @property
+    def producer_sdk_version(self) -> str:
+        """The version of the SDK that built the envelope ("" when a producer sent it without a
+        Prism SDK): what `prism migrate status` and `prism_producer_sdk_outputs_total` count, so
+        a sunset can tell which producers still have to upgrade (memo-031 migration tracking)."""
+        return self.header.metadata.producer_sdk_version
+
+    @property
     def is_encrypted(self) -> bool:
         sec = self.security
         return sec is not None and sec.HasField("encryption")
@@ -377,6 +384,7 @@ def new_envelope(
     extensions: Mapping[str, bytes] | None = None,
     data_classification: str | None = None,
     contains_pii: bool | None = None,
+    producer_sdk_version: str | None = None,
 ) -> Envelope:
     """Build a complete, valid envelope with memo-031's defaults.
 
@@ -418,6 +426,8 @@ def new_envelope(
         md.correlation_id = correlation_id
     if causality_parent:
         md.causality_parent = causality_parent
+    if producer_sdk_version:
+        md.producer_sdk_version = producer_sdk_version
     if labels:
         header.observability.labels.update(labels)
     if extensions:

@@ -18,6 +18,9 @@ Metric names (prometheus_client adds `_total` to counters):
     prism_stage_latency_seconds{topic,stage}          histogram (stage "chain": the whole chain)
     prism_envelope_version_newer_total{topic,version} draft envelopes newer than the worker knows
                                                       (version "other" past 16 distinct values)
+    prism_producer_sdk_outputs_total{topic,sdk_version} messages emitted, by the SDK that published them
+                                                      (metadata.producer_sdk_version; "none" without one,
+                                                      "invalid" if not <name>/<version>, "other" past 16)
     prism_consumer_lag{topic,partition}               gauge, messages
     prism_table_size{table}                           gauge, keys
 
@@ -63,6 +66,8 @@ _RESERVED = frozenset({"topic", "stage", "reason", "partition", "table", "le", "
 #: the labels every message metric carries ahead of the allowlisted ones (module docs)
 BUILTIN_LABELS = ("namespace", "schema_version")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+#: distinct producer SDK versions per worker before new ones are counted as "other"
+MAX_SDK_VERSIONS = 16
 _REASON_CLEAN = re.compile(r"[^a-z0-9_.:\-]")
 
 
@@ -210,6 +215,10 @@ class PipelineMetrics:
         self.envelope_version_newer = Counter(
             "envelope_version_newer", "Draft envelopes whose envelope_version is newer than this worker knows "
             "(processed best-effort)", ["topic", "version"], namespace=ns, registry=r)
+        self.producer_sdk_outputs = Counter(
+            "producer_sdk_outputs", "Messages emitted to the outputs, by the producer SDK version in their envelope "
+            "(memo-031 migration tracking)", ["topic", "sdk_version"], namespace=ns, registry=r)
+        self._sdk_versions = _BoundedValues(MAX_SDK_VERSIONS)
         self.consumer_lag = Gauge("consumer_lag", "Messages between the committed offset and the high watermark",
                                   ["topic", "partition"], namespace=ns, registry=r)
         self.table_size = Gauge("table_size", "Keys in a worker table", ["table"], namespace=ns, registry=r)
@@ -271,6 +280,19 @@ class PipelineMetrics:
         """Count `n` draft envelopes of a newer `envelope_version` (RFC-031 Backward
         Compatibility); the normalize stage bounds the distinct versions (-1: "other")."""
         self._child(self.envelope_version_newer, (topic, str(version) if version >= 0 else "other")).inc(n)
+
+    def producer_sdk_output(self, topic: str, sdk_version: str, n: int = 1) -> None:
+        """Count `n` messages of source `topic` emitted with this `producer_sdk_version`. The value
+        is the producer's claim, so the label is bounded: "none" (no SDK stamped it), "invalid"
+        (not `<name>/<version>`), at most MAX_SDK_VERSIONS distinct values, then "other"."""
+        from app.sdk.version import version_label
+
+        label = version_label(sdk_version)
+        if label not in ("none", "invalid"):
+            label = self._sdk_versions(label)
+            if label == OTHER:
+                label = "other"
+        self._child(self.producer_sdk_outputs, (topic, label)).inc(n)
 
     # -- latency and gauges ------------------------------------------------------------------------
     def observe_latency(self, topic: str, stage: str, seconds: float) -> None:

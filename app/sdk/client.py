@@ -40,6 +40,7 @@ from app.sdk.pii import PiiPolicy
 from app.sdk.received import ReceivedEnvelope
 from app.sdk.usage import DEFAULT_INTERVAL_S, VersionReporter
 from app.sdk.validation import SchemaMetrics, SchemaValidation
+from app.sdk.version import SDK_VERSION
 from app.security.encryption import encrypt_envelope
 from app.security.keys import DataKeyProvider, KeyProvider
 from app.security.signing import SigningKey, VerificationKeys
@@ -57,7 +58,8 @@ _CONTENT_TYPE_JSON = pb.CONTENT_TYPE_JSON
 
 
 def _json_envelope(topic: str, payload: Any, namespace: str) -> tuple[Envelope, bytes]:
-    """`new_envelope(topic, payload, namespace=namespace, message_id=fast_uuid7())` for a
+    """`new_envelope(topic, payload, namespace=namespace, message_id=fast_uuid7(),
+    producer_sdk_version=SDK_VERSION)` for a
     dict/list payload, and its reviewed-layout encoding: the same envelope and the same bytes
     as `codec.encode` (tests/sdk/test_publish_path.py pins both) without the general
     builder's option handling, which a default publish does not need.
@@ -75,6 +77,7 @@ def _json_envelope(topic: str, payload: Any, namespace: str) -> tuple[Envelope, 
     md.namespace = namespace
     md.published_at_ms = int(time.time() * 1000)
     md.content_type = _CONTENT_TYPE_JSON
+    md.producer_sdk_version = SDK_VERSION
     header.payload.value = value
     wire = header.SerializeToString()
     header.ClearField("payload")
@@ -233,6 +236,7 @@ class PrismClient:
                 labels=o.labels, extensions=o.extensions or None, data_classification=o.data_classification,
                 contains_pii=o.contains_pii if o.contains_pii is not None else (
                     True if schema is not None and schema.contains_pii else None),
+                producer_sdk_version=SDK_VERSION,  # memo-031: adoption is counted per SDK version
             )
             if schema is not None:
                 self._schema_context(env, payload, schema)

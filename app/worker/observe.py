@@ -386,12 +386,15 @@ class Observer:
         stopped: Counter[tuple[tuple[str, ...], str]] = Counter()
         publish_in: Counter[tuple[str, ...]] = Counter()
         result_reasons: Counter[str] = Counter()
+        sdk_versions: Counter[str] = Counter()  # emitted messages by producer SDK version (memo-031)
         for msg, res in observed:
             lv = guard.of(msg.envelope)  # namespace, schema_version, allowlisted labels
             seen[lv] += 1
             out = res.outcome
             if out is Outcome.EMITTED:
                 publish_in[lv] += 1
+                env = msg.envelope
+                sdk_versions[env.header.metadata.producer_sdk_version if env is not None else ""] += 1
                 continue
             st = res.stage
             if st == PUBLISH_STAGE:
@@ -420,6 +423,8 @@ class Observer:
                     m._child(m.messages_out, (topic, st, *lv)).inc(reached)
         for lv, n in publish_in.items():
             m._child(m.messages_in, (topic, PUBLISH_STAGE, *lv)).inc(n)
+        for sdk_version, n in sdk_versions.items():
+            m.producer_sdk_output(topic, sdk_version, n)
         # outputs written (per output topic) and DLQ records from failed final writes
         pipeline = self.pipeline
         if pipeline is not None:

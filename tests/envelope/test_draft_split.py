@@ -44,6 +44,8 @@ def headers(draw: st.DrawFn) -> vpb.PrismEnvelope:
         m.correlation_id = draw(_text)
     if draw(st.booleans()):
         m.causality_parent = draw(_text)
+    if draw(st.booleans()):
+        m.producer_sdk_version = draw(_text)
     s = h.security
     s.SetInParent()
     for name in ("publisher_id", "publisher_team", "signature_algorithm", "data_classification", "signature_key_id"):

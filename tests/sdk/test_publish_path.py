@@ -22,6 +22,7 @@ from app.sdk import PrismClient, PrismPublishOptions
 from app.sdk.backends.base import PlainTemplates
 from app.sdk.client import _json_envelope
 from app.sdk.options import DEFAULT_OPTIONS
+from app.sdk.version import SDK_VERSION
 from app.security.signing import SigningKey
 
 json_values = st.recursive(
@@ -37,8 +38,9 @@ payloads = st.dictionaries(st.text(max_size=10), json_values, max_size=6) | st.l
 def test_json_envelope_is_new_envelope_and_its_bytes_are_the_codecs(payload, topic, namespace):
     env, wire = _json_envelope(topic, payload, namespace)
     ref = new_envelope(topic, payload, namespace=namespace, message_id=env.message_id,
-                       published_at_ms=env.published_at_ms)
+                       published_at_ms=env.published_at_ms, producer_sdk_version=SDK_VERSION)
     assert env == ref
+    assert env.producer_sdk_version == SDK_VERSION
     assert env.header.SerializeToString() == ref.header.SerializeToString()
     assert not env.header.HasField("payload")  # the model keeps the payload outside the header
     assert wire == encode(ref, Layout.REVIEWED)
@@ -158,3 +160,18 @@ def test_plain_postgres_rows_are_the_bindings(payload, topic):
         assert client.backend._row(client._outgoing(env, DEFAULT_OPTIONS, plain, wire)) == pg.encode(env).params()
     # A topic that could be mistaken for a slot marker gets no template, the others do.
     assert bool(client.backend._doc_templates[(topic, "ns")]) == ("\x01" not in topic)
+
+
+@pytest.mark.parametrize("layout", list(Layout))
+def test_both_paths_stamp_the_sdk_version_and_it_survives_both_layouts(layout):
+    """memo-031 migration tracking: the lean path and the general path both write
+    `producer_sdk_version`, and it reads back from either layout's bytes."""
+    from app.envelope.codec import decode
+
+    client = PrismClient(URLS["kafka"], namespace="ns", layout=layout)
+    plain_env, plain, _ = client._build("t", {"a": 1}, DEFAULT_OPTIONS)
+    general_env, general, _ = client._build("t", {"a": 1}, PrismPublishOptions(correlation_id="c"))
+    assert plain and not general
+    for env in (plain_env, general_env):
+        assert env.producer_sdk_version == SDK_VERSION
+        assert decode(encode(env, layout)).producer_sdk_version == SDK_VERSION

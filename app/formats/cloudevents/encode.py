@@ -45,6 +45,7 @@ from app.formats.cloudevents.extensions import (
     A_SCHEMA_FORMAT,
     A_SCHEMA_HASH,
     A_SCHEMA_VERSION,
+    A_SDK_VERSION,
     A_SPAN_ID,
     A_TEAM,
     A_TRACE_FLAGS,
@@ -94,6 +95,8 @@ def envelope_attributes(env: Envelope) -> tuple[dict[str, Any], bytes | None, li
         a[A_CORRELATION] = md.correlation_id
     if md.causality_parent:
         a[A_CAUSALITY] = md.causality_parent
+    if md.producer_sdk_version:
+        a[A_SDK_VERSION] = md.producer_sdk_version
     if md.HasField("content_encoding"):
         a[A_ENCODING] = env.content_encoding
     if sec is not None:

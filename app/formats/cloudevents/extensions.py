@@ -51,10 +51,11 @@ A_PARENT_SPAN = "prismparentspanid"
 A_BAGGAGE = "prismbaggage"
 A_LABELS = "prismlabels"
 A_EXTENSIONS = "prismextensions"
+A_SDK_VERSION = "prismsdkversion"  # metadata.producer_sdk_version (CloudEvents names: at most 20 characters)
 PRISM_ATTRIBUTES = frozenset({
     A_TYPE_URL, A_PRIORITY, A_TTL, A_CORRELATION, A_CAUSALITY, A_ENCODING, A_TEAM, A_PII, A_ENCRYPTION,
     A_SCHEMA_VERSION, A_SCHEMA_FORMAT, A_SCHEMA_HASH, A_COMPAT, A_DEPRECATED, A_TRACE_ID, A_SPAN_ID,
-    A_TRACE_FLAGS, A_PARENT_SPAN, A_BAGGAGE, A_LABELS, A_EXTENSIONS,
+    A_TRACE_FLAGS, A_PARENT_SPAN, A_BAGGAGE, A_LABELS, A_EXTENSIONS, A_SDK_VERSION,
 })
 
 
@@ -87,6 +88,8 @@ def _apply_prism_attributes(env: Envelope, t: Mapping[str, str], where: str, not
         md.correlation_id = t[A_CORRELATION]
     if A_CAUSALITY in t:
         md.causality_parent = t[A_CAUSALITY]
+    if A_SDK_VERSION in t:
+        md.producer_sdk_version = t[A_SDK_VERSION]
     if A_ENCODING in t:
         set_content_encoding(md, t[A_ENCODING])
     if A_TEAM in t:

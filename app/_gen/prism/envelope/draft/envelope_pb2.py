@@ -26,7 +26,7 @@ from google.protobuf import any_pb2 as google_dot_protobuf_dot_any__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#prism/envelope/draft/envelope.proto\x12\x14prism.envelope.draft\x1a\x19google/protobuf/any.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb4\x03\n\rPrismEnvelope\x12\x18\n\x10\x65nvelope_version\x18\x01 \x01(\x05\x12\x35\n\x08metadata\x18\x02 \x01(\x0b\x32#.prism.envelope.draft.PrismMetadata\x12%\n\x07payload\x18\x03 \x01(\x0b\x32\x14.google.protobuf.Any\x12\x37\n\x08security\x18\x04 \x01(\x0b\x32%.prism.envelope.draft.SecurityContext\x12\x41\n\robservability\x18\x05 \x01(\x0b\x32*.prism.envelope.draft.ObservabilityContext\x12\x33\n\x06schema\x18\x06 \x01(\x0b\x32#.prism.envelope.draft.SchemaContext\x12G\n\nextensions\x18\x63 \x03(\x0b\x32\x33.prism.envelope.draft.PrismEnvelope.ExtensionsEntry\x1a\x31\n\x0f\x45xtensionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"\x80\x02\n\rPrismMetadata\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x30\n\x0cpublished_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0c\x63ontent_type\x18\x05 \x01(\t\x12\x18\n\x10\x63ontent_encoding\x18\x06 \x01(\t\x12\x10\n\x08priority\x18\x07 \x01(\x05\x12\x13\n\x0bttl_seconds\x18\x08 \x01(\x03\x12\x16\n\x0e\x63orrelation_id\x18\t \x01(\t\x12\x18\n\x10\x63\x61usality_parent\x18\n \x01(\t\"\x9f\x03\n\x0fSecurityContext\x12\x14\n\x0cpublisher_id\x18\x01 \x01(\t\x12\x16\n\x0epublisher_team\x18\x02 \x01(\t\x12\x12\n\nauth_token\x18\x03 \x01(\t\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x1b\n\x13signature_algorithm\x18\x05 \x01(\t\x12<\n\nencryption\x18\x06 \x01(\x0b\x32(.prism.envelope.draft.EncryptionMetadata\x12\x14\n\x0c\x63ontains_pii\x18\x07 \x01(\x08\x12\x1b\n\x13\x64\x61ta_classification\x18\x08 \x01(\t\x12\x18\n\x10signature_key_id\x18\t \x01(\t\x12=\n\x0fsignature_scope\x18\n \x01(\x0e\x32$.prism.envelope.draft.SignatureScope\x12\x16\n\x0esibling_digest\x18\x0b \x01(\x0c\x12\x12\n\ntree_index\x18\x0c \x01(\x04\x12\x11\n\ttree_size\x18\r \x01(\x04\x12\x11\n\ttree_path\x18\x0e \x01(\x0c\"P\n\x12\x45ncryptionMetadata\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x11\n\talgorithm\x18\x02 \x01(\t\x12\n\n\x02iv\x18\x03 \x01(\x0c\x12\x0b\n\x03\x61\x61\x64\x18\x04 \x01(\x0c\"\xd7\x02\n\x14ObservabilityContext\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x0f\n\x07span_id\x18\x02 \x01(\t\x12\x16\n\x0eparent_span_id\x18\x03 \x01(\t\x12\x13\n\x0btrace_flags\x18\x04 \x01(\x05\x12H\n\x07\x62\x61ggage\x18\x05 \x03(\x0b\x32\x37.prism.envelope.draft.ObservabilityContext.BaggageEntry\x12\x46\n\x06labels\x18\x06 \x03(\x0b\x32\x36.prism.envelope.draft.ObservabilityContext.LabelsEntry\x1a.\n\x0c\x42\x61ggageEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb8\x01\n\rSchemaContext\x12\x12\n\nschema_url\x18\x01 \x01(\t\x12\x16\n\x0eschema_version\x18\x02 \x01(\t\x12\x15\n\rschema_format\x18\x03 \x01(\t\x12\x13\n\x0bschema_hash\x18\x04 \x01(\t\x12\x13\n\x0bschema_name\x18\x05 \x01(\t\x12\x1a\n\x12\x63ompatibility_mode\x18\x06 \x01(\t\x12\x1e\n\x16\x64\x65precated_fields_used\x18\x07 \x03(\t*\x7f\n\x0eSignatureScope\x12\x1a\n\x16SIGNATURE_SCOPE_LEGACY\x10\x00\x12\x16\n\x12SIGNATURE_SCOPE_V2\x10\x02\x12\x18\n\x14SIGNATURE_SCOPE_PAIR\x10\x03\x12\x19\n\x15SIGNATURE_SCOPE_BATCH\x10\x04\"\x04\x08\x01\x10\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#prism/envelope/draft/envelope.proto\x12\x14prism.envelope.draft\x1a\x19google/protobuf/any.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb4\x03\n\rPrismEnvelope\x12\x18\n\x10\x65nvelope_version\x18\x01 \x01(\x05\x12\x35\n\x08metadata\x18\x02 \x01(\x0b\x32#.prism.envelope.draft.PrismMetadata\x12%\n\x07payload\x18\x03 \x01(\x0b\x32\x14.google.protobuf.Any\x12\x37\n\x08security\x18\x04 \x01(\x0b\x32%.prism.envelope.draft.SecurityContext\x12\x41\n\robservability\x18\x05 \x01(\x0b\x32*.prism.envelope.draft.ObservabilityContext\x12\x33\n\x06schema\x18\x06 \x01(\x0b\x32#.prism.envelope.draft.SchemaContext\x12G\n\nextensions\x18\x63 \x03(\x0b\x32\x33.prism.envelope.draft.PrismEnvelope.ExtensionsEntry\x1a\x31\n\x0f\x45xtensionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"\x9e\x02\n\rPrismMetadata\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x11\n\tnamespace\x18\x03 \x01(\t\x12\x30\n\x0cpublished_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0c\x63ontent_type\x18\x05 \x01(\t\x12\x18\n\x10\x63ontent_encoding\x18\x06 \x01(\t\x12\x10\n\x08priority\x18\x07 \x01(\x05\x12\x13\n\x0bttl_seconds\x18\x08 \x01(\x03\x12\x16\n\x0e\x63orrelation_id\x18\t \x01(\t\x12\x18\n\x10\x63\x61usality_parent\x18\n \x01(\t\x12\x1c\n\x14producer_sdk_version\x18\r \x01(\t\"\x9f\x03\n\x0fSecurityContext\x12\x14\n\x0cpublisher_id\x18\x01 \x01(\t\x12\x16\n\x0epublisher_team\x18\x02 \x01(\t\x12\x12\n\nauth_token\x18\x03 \x01(\t\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x1b\n\x13signature_algorithm\x18\x05 \x01(\t\x12<\n\nencryption\x18\x06 \x01(\x0b\x32(.prism.envelope.draft.EncryptionMetadata\x12\x14\n\x0c\x63ontains_pii\x18\x07 \x01(\x08\x12\x1b\n\x13\x64\x61ta_classification\x18\x08 \x01(\t\x12\x18\n\x10signature_key_id\x18\t \x01(\t\x12=\n\x0fsignature_scope\x18\n \x01(\x0e\x32$.prism.envelope.draft.SignatureScope\x12\x16\n\x0esibling_digest\x18\x0b \x01(\x0c\x12\x12\n\ntree_index\x18\x0c \x01(\x04\x12\x11\n\ttree_size\x18\r \x01(\x04\x12\x11\n\ttree_path\x18\x0e \x01(\x0c\"P\n\x12\x45ncryptionMetadata\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x11\n\talgorithm\x18\x02 \x01(\t\x12\n\n\x02iv\x18\x03 \x01(\x0c\x12\x0b\n\x03\x61\x61\x64\x18\x04 \x01(\x0c\"\xd7\x02\n\x14ObservabilityContext\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x0f\n\x07span_id\x18\x02 \x01(\t\x12\x16\n\x0eparent_span_id\x18\x03 \x01(\t\x12\x13\n\x0btrace_flags\x18\x04 \x01(\x05\x12H\n\x07\x62\x61ggage\x18\x05 \x03(\x0b\x32\x37.prism.envelope.draft.ObservabilityContext.BaggageEntry\x12\x46\n\x06labels\x18\x06 \x03(\x0b\x32\x36.prism.envelope.draft.ObservabilityContext.LabelsEntry\x1a.\n\x0c\x42\x61ggageEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb8\x01\n\rSchemaContext\x12\x12\n\nschema_url\x18\x01 \x01(\t\x12\x16\n\x0eschema_version\x18\x02 \x01(\t\x12\x15\n\rschema_format\x18\x03 \x01(\t\x12\x13\n\x0bschema_hash\x18\x04 \x01(\t\x12\x13\n\x0bschema_name\x18\x05 \x01(\t\x12\x1a\n\x12\x63ompatibility_mode\x18\x06 \x01(\t\x12\x1e\n\x16\x64\x65precated_fields_used\x18\x07 \x03(\t*\x7f\n\x0eSignatureScope\x12\x1a\n\x16SIGNATURE_SCOPE_LEGACY\x10\x00\x12\x16\n\x12SIGNATURE_SCOPE_V2\x10\x02\x12\x18\n\x14SIGNATURE_SCOPE_PAIR\x10\x03\x12\x19\n\x15SIGNATURE_SCOPE_BATCH\x10\x04\"\x04\x08\x01\x10\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,24 +39,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OBSERVABILITYCONTEXT_BAGGAGEENTRY']._serialized_options = b'8\001'
   _globals['_OBSERVABILITYCONTEXT_LABELSENTRY']._loaded_options = None
   _globals['_OBSERVABILITYCONTEXT_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_SIGNATURESCOPE']._serialized_start=1852
-  _globals['_SIGNATURESCOPE']._serialized_end=1979
+  _globals['_SIGNATURESCOPE']._serialized_start=1882
+  _globals['_SIGNATURESCOPE']._serialized_end=2009
   _globals['_PRISMENVELOPE']._serialized_start=122
   _globals['_PRISMENVELOPE']._serialized_end=558
   _globals['_PRISMENVELOPE_EXTENSIONSENTRY']._serialized_start=509
   _globals['_PRISMENVELOPE_EXTENSIONSENTRY']._serialized_end=558
   _globals['_PRISMMETADATA']._serialized_start=561
-  _globals['_PRISMMETADATA']._serialized_end=817
-  _globals['_SECURITYCONTEXT']._serialized_start=820
-  _globals['_SECURITYCONTEXT']._serialized_end=1235
-  _globals['_ENCRYPTIONMETADATA']._serialized_start=1237
-  _globals['_ENCRYPTIONMETADATA']._serialized_end=1317
-  _globals['_OBSERVABILITYCONTEXT']._serialized_start=1320
-  _globals['_OBSERVABILITYCONTEXT']._serialized_end=1663
-  _globals['_OBSERVABILITYCONTEXT_BAGGAGEENTRY']._serialized_start=1570
-  _globals['_OBSERVABILITYCONTEXT_BAGGAGEENTRY']._serialized_end=1616
-  _globals['_OBSERVABILITYCONTEXT_LABELSENTRY']._serialized_start=1618
-  _globals['_OBSERVABILITYCONTEXT_LABELSENTRY']._serialized_end=1663
-  _globals['_SCHEMACONTEXT']._serialized_start=1666
-  _globals['_SCHEMACONTEXT']._serialized_end=1850
+  _globals['_PRISMMETADATA']._serialized_end=847
+  _globals['_SECURITYCONTEXT']._serialized_start=850
+  _globals['_SECURITYCONTEXT']._serialized_end=1265
+  _globals['_ENCRYPTIONMETADATA']._serialized_start=1267
+  _globals['_ENCRYPTIONMETADATA']._serialized_end=1347
+  _globals['_OBSERVABILITYCONTEXT']._serialized_start=1350
+  _globals['_OBSERVABILITYCONTEXT']._serialized_end=1693
+  _globals['_OBSERVABILITYCONTEXT_BAGGAGEENTRY']._serialized_start=1600
+  _globals['_OBSERVABILITYCONTEXT_BAGGAGEENTRY']._serialized_end=1646
+  _globals['_OBSERVABILITYCONTEXT_LABELSENTRY']._serialized_start=1648
+  _globals['_OBSERVABILITYCONTEXT_LABELSENTRY']._serialized_end=1693
+  _globals['_SCHEMACONTEXT']._serialized_start=1696
+  _globals['_SCHEMACONTEXT']._serialized_end=1880
 # @@protoc_insertion_point(module_scope)

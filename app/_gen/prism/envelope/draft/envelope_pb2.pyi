@@ -48,7 +48,7 @@ class PrismEnvelope(_message.Message):
     def __init__(self, envelope_version: _Optional[int] = ..., metadata: _Optional[_Union[PrismMetadata, _Mapping]] = ..., payload: _Optional[_Union[_any_pb2.Any, _Mapping]] = ..., security: _Optional[_Union[SecurityContext, _Mapping]] = ..., observability: _Optional[_Union[ObservabilityContext, _Mapping]] = ..., schema: _Optional[_Union[SchemaContext, _Mapping]] = ..., extensions: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
 
 class PrismMetadata(_message.Message):
-    __slots__ = ("message_id", "topic", "namespace", "published_at", "content_type", "content_encoding", "priority", "ttl_seconds", "correlation_id", "causality_parent")
+    __slots__ = ("message_id", "topic", "namespace", "published_at", "content_type", "content_encoding", "priority", "ttl_seconds", "correlation_id", "causality_parent", "producer_sdk_version")
     MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,7 @@ class PrismMetadata(_message.Message):
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
     CAUSALITY_PARENT_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_SDK_VERSION_FIELD_NUMBER: _ClassVar[int]
     message_id: str
     topic: str
     namespace: str
@@ -69,7 +70,8 @@ class PrismMetadata(_message.Message):
     ttl_seconds: int
     correlation_id: str
     causality_parent: str
-    def __init__(self, message_id: _Optional[str] = ..., topic: _Optional[str] = ..., namespace: _Optional[str] = ..., published_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., content_type: _Optional[str] = ..., content_encoding: _Optional[str] = ..., priority: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., correlation_id: _Optional[str] = ..., causality_parent: _Optional[str] = ...) -> None: ...
+    producer_sdk_version: str
+    def __init__(self, message_id: _Optional[str] = ..., topic: _Optional[str] = ..., namespace: _Optional[str] = ..., published_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., content_type: _Optional[str] = ..., content_encoding: _Optional[str] = ..., priority: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., correlation_id: _Optional[str] = ..., causality_parent: _Optional[str] = ..., producer_sdk_version: _Optional[str] = ...) -> None: ...
 
 class SecurityContext(_message.Message):
     __slots__ = ("publisher_id", "publisher_team", "auth_token", "signature", "signature_algorithm", "encryption", "contains_pii", "data_classification", "signature_key_id", "signature_scope", "sibling_digest", "tree_index", "tree_size", "tree_path")

@@ -82,7 +82,7 @@ class PrismEnvelope(_message.Message):
     def __init__(self, metadata: _Optional[_Union[PrismMetadata, _Mapping]] = ..., security: _Optional[_Union[SecurityContext, _Mapping]] = ..., observability: _Optional[_Union[ObservabilityContext, _Mapping]] = ..., schema: _Optional[_Union[SchemaContext, _Mapping]] = ..., extensions: _Optional[_Mapping[str, bytes]] = ..., payload: _Optional[_Union[_any_pb2.Any, _Mapping]] = ...) -> None: ...
 
 class PrismMetadata(_message.Message):
-    __slots__ = ("message_id", "topic", "namespace", "published_at_ms", "content_type", "priority", "ttl_seconds", "content_encoding", "correlation_id", "causality_parent", "content_type_custom", "content_encoding_custom")
+    __slots__ = ("message_id", "topic", "namespace", "published_at_ms", "content_type", "priority", "ttl_seconds", "content_encoding", "correlation_id", "causality_parent", "content_type_custom", "content_encoding_custom", "producer_sdk_version")
     MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,7 @@ class PrismMetadata(_message.Message):
     CAUSALITY_PARENT_FIELD_NUMBER: _ClassVar[int]
     CONTENT_TYPE_CUSTOM_FIELD_NUMBER: _ClassVar[int]
     CONTENT_ENCODING_CUSTOM_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_SDK_VERSION_FIELD_NUMBER: _ClassVar[int]
     message_id: str
     topic: str
     namespace: str
@@ -107,7 +108,8 @@ class PrismMetadata(_message.Message):
     causality_parent: str
     content_type_custom: str
     content_encoding_custom: str
-    def __init__(self, message_id: _Optional[str] = ..., topic: _Optional[str] = ..., namespace: _Optional[str] = ..., published_at_ms: _Optional[int] = ..., content_type: _Optional[_Union[ContentType, str]] = ..., priority: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., content_encoding: _Optional[_Union[ContentEncoding, str]] = ..., correlation_id: _Optional[str] = ..., causality_parent: _Optional[str] = ..., content_type_custom: _Optional[str] = ..., content_encoding_custom: _Optional[str] = ...) -> None: ...
+    producer_sdk_version: str
+    def __init__(self, message_id: _Optional[str] = ..., topic: _Optional[str] = ..., namespace: _Optional[str] = ..., published_at_ms: _Optional[int] = ..., content_type: _Optional[_Union[ContentType, str]] = ..., priority: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., content_encoding: _Optional[_Union[ContentEncoding, str]] = ..., correlation_id: _Optional[str] = ..., causality_parent: _Optional[str] = ..., content_type_custom: _Optional[str] = ..., content_encoding_custom: _Optional[str] = ..., producer_sdk_version: _Optional[str] = ...) -> None: ...
 
 class SecurityContext(_message.Message):
     __slots__ = ("publisher_id", "publisher_team", "auth_token", "signature", "signature_algorithm", "encryption", "contains_pii", "data_classification", "signature_key_id", "signature_scope", "sibling_digest", "tree_index", "tree_size", "tree_path")
