@@ -331,6 +331,14 @@ class EncryptionError(CryptoError):
     code = "encryption_failed"
 
 
+class WorkerEncryptionError(EncryptionError):
+    """The worker could not encrypt a classified payload that arrived in plaintext with the
+    keys of the topology's `encryption:` block (key rotated away, wrong type, expired): the
+    message goes to the DLQ instead of leaving the worker unencrypted."""
+
+    code = "worker_encryption_failed"
+
+
 # --------------------------------------------------------------------------- observability
 
 
@@ -348,6 +356,15 @@ class AuditError(CryptoError):
     """The audit sink failed, so the encryption operation was refused (RFC-031: every one is audited)."""
 
     code = "audit_failed"
+
+
+class DeliveryAuditError(SecurityError):
+    """An SDK subscription could not write the audit record of a `confidential` or
+    `restricted` delivery (RFC-031 data classification), so the message was not handed to the
+    application: it was given back to the backend (nack) and is delivered again later."""
+
+    code = "delivery_audit_failed"
+    transient = True
 
 
 # --------------------------------------------------------------------------- lakehouse

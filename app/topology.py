@@ -34,6 +34,7 @@ from app.errors import ConfigError
 STAGE_ORDER = ("normalize", "validate", "authenticate", "verify_signature", "policy", "dedup", "enrich")
 #: Data classifications, lowest first (app/envelope/validation.py CLASSIFICATIONS).
 Classification = Literal["public", "internal", "confidential", "restricted"]
+CLASSIFICATIONS = ("public", "internal", "confidential", "restricted")
 #: Schema validation of payloads (RFC-030 "Migration Path"): off, warn (log, count, forward with
 #: the `prism-schema-validation` header) or strict (DLQ as `schema_validation_failed`).
 ValidationMode = Annotated[Literal["off", "warn", "strict"],
@@ -510,6 +511,89 @@ class NamespaceSettings(_Strict):
     validation: ValidationMode | None = None  # None: the topology's `validation`
 
 
+# --------------------------------------------------------------------------- encryption
+# The worker's keys (docs/encryption.md, "Encryption in the worker"). Checked at load here
+# (shape, algorithm, provider fit); the key files themselves at start-up by
+# app/security/worker_encryption.py, every problem at once.
+
+
+class KmsSettings(_Strict):
+    """`encryption.kms` for `provider: aws-kms` (app.security.keys.AwsKmsProvider)."""
+
+    default_key_id: str | None = None                # key ARN, key id or alias/...
+    namespace_keys: dict[str, str] = {}              # namespace -> key
+    region: str | None = None
+    endpoint_url: str | None = None
+    encryption_context: dict[str, str] = {}
+
+
+class EncryptionSettings(_Strict):
+    """`encryption:` - which keys the worker uses to encrypt classified payloads that arrived
+    in plaintext (instead of sending them to the DLQ as `policy_violation`).
+
+    The block holds key *references* only (a provider and key ids or rotation groups); the key
+    material stays in the provider. For asymmetric, post-quantum and hybrid algorithms the
+    worker holds public keys only, so it can encrypt for consumers but never decrypt.
+    """
+
+    #: file | k8s-secrets | aws-kms (checked in `_check`, with the rest, so every problem is listed)
+    provider: str
+    #: file: a keyring file; k8s-secrets: the directory the Secret is mounted at
+    path: str | None = None
+    #: k8s-secrets: how often (at most) the mount is checked for a rotated Secret
+    refresh_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    kms: KmsSettings | None = None
+    #: classifications the worker encrypts when a message arrives with them in plaintext
+    encrypt_unencrypted: list[str]
+    algorithm: str
+    #: a fixed key id (or public key id); None: the provider's current key of the rotation group
+    key_id: str | None = None
+    #: the rotation group (default: the algorithm's key type), per envelope namespace
+    purpose: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> EncryptionSettings:
+        from app.errors import AlgorithmError
+        from app.security.algorithms import SYMMETRIC, lookup
+
+        problems: list[str] = []
+        if self.provider not in ("file", "k8s-secrets", "aws-kms"):
+            problems.append(f"provider: {self.provider!r} is not one of file, k8s-secrets, aws-kms")
+        unknown = [c for c in self.encrypt_unencrypted if c not in CLASSIFICATIONS]
+        if unknown:
+            problems.append(f"encrypt_unencrypted: {unknown} are not classifications (one of {list(CLASSIFICATIONS)})")
+        if not self.encrypt_unencrypted:
+            problems.append("encrypt_unencrypted: is empty, so the worker would never use these keys - list the "
+                            "classifications to encrypt (e.g. [confidential, restricted]) or remove `encryption:`")
+        elif len(set(self.encrypt_unencrypted)) != len(self.encrypt_unencrypted):
+            problems.append(f"encrypt_unencrypted: {self.encrypt_unencrypted} names a classification twice")
+        spec = None
+        try:
+            spec = lookup(self.algorithm)
+        except AlgorithmError as exc:
+            problems.append(f"algorithm: {exc.message}" + (f" - {exc.hint}" if exc.hint else ""))
+        if self.provider in ("file", "k8s-secrets"):
+            if not self.path:
+                problems.append(f"path: provider {self.provider} needs it - the "
+                                + ("keyring file" if self.provider == "file" else "directory the Secret is mounted at"))
+            if self.kms is not None:
+                problems.append(f"kms: only for provider aws-kms (this block's provider is {self.provider})")
+        elif self.provider == "aws-kms":
+            if self.path:
+                problems.append("path: not used by provider aws-kms - remove it, or set kms.default_key_id")
+            if self.kms is None or not (self.kms.default_key_id or self.kms.namespace_keys or self.key_id):
+                problems.append("kms: provider aws-kms needs kms.default_key_id or kms.namespace_keys (or key_id)")
+            if spec is not None and spec.pattern != SYMMETRIC:
+                problems.append(f"algorithm: {spec.name} is {spec.pattern.replace('_', '-')}; provider aws-kms "
+                                "serves symmetric data keys only - use aes-256-gcm, or a file / k8s-secrets "
+                                "provider holding the recipients' public keys")
+        if "refresh_s" in self.model_fields_set and self.provider != "k8s-secrets":
+            problems.append(f"refresh_s: only provider k8s-secrets re-reads its keys (this one is {self.provider})")
+        if problems:
+            raise ValueError("; ".join(f"encryption.{p}" for p in problems))
+        return self
+
+
 class Topology(_Strict):
     name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
     namespace: str
@@ -522,6 +606,8 @@ class Topology(_Strict):
     sinks: Annotated[list[SinkSpec], AfterValidator(_unique_sink_names)] = []
     #: who may claim which namespaces on which source topics; None: only the source-topic binding
     producers: list[ProducerSpec] | None = None
+    #: the worker's encryption keys: encrypt classified payloads that arrive in plaintext
+    encryption: EncryptionSettings | None = None
     #: payload schema validation for every namespace (RFC-030 rollout: off -> warn -> strict)
     validation: ValidationMode = "off"
     #: per-namespace overrides, keyed by the envelope's namespace
@@ -556,6 +642,30 @@ class Topology(_Strict):
         """(default mode, namespace -> mode) as the enrich stage applies them. The older
         `validate_payloads` switch keeps its own path (DLQ reason `payload_schema_mismatch`)."""
         return self.validation, {ns: s.validation for ns, s in self.namespaces.items() if s.validation}
+
+    @model_validator(mode="after")
+    def _check_encryption(self) -> Topology:
+        """`encryption:` works in the policy stage and must agree with its algorithm policy."""
+        enc = self.encryption
+        if enc is None:
+            return self
+        from app.errors import AlgorithmError
+        from app.security.algorithms import AlgorithmPolicy
+
+        policy = self.stage("policy")
+        if policy is None:
+            raise ValueError("encryption: the worker encrypts in the policy stage, which this topology does not "
+                             "have - add `- policy: {}` to the stages, or remove `encryption:`")
+        problems: list[str] = []
+        try:
+            AlgorithmPolicy(fips_mode=policy.fips_mode, allowlist=set(policy.allowed_algorithms)
+                            if policy.allowed_algorithms else None).check(enc.algorithm)
+        except AlgorithmError as exc:
+            problems.append(f"encryption.algorithm: {exc.message} (stages.policy allowed_algorithms / fips_mode) - "
+                            "pick an algorithm the policy stage allows")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @model_validator(mode="after")
     def _check_sources(self) -> Topology:

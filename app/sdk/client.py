@@ -29,10 +29,11 @@ from app._gen.prism.envelope.v1 import envelope_pb2 as pb
 from app.envelope.codec import Layout
 from app.envelope.model import Envelope, Payload, new_envelope
 from app.envelope.validation import required_problems
-from app.errors import ConfigError, PrismError, SchemaAssertionError, ValidationError
+from app.errors import ConfigError, DeliveryAuditError, PrismError, SchemaAssertionError, ValidationError
 from app.observability.tracecontext import write_envelope_context
 from app.schema.assertion import OnMismatch, SchemaAssertion, SchemaMismatchError
 from app.sdk._ids import fast_uuid7
+from app.sdk.audit import AUDITED, WITHHELD_LOG_EVERY, Clearance, audit_envelope, audit_record, classification_of
 from app.sdk.backends import backend_for_url
 from app.sdk.backends.base import Backend, BackendSubscription, Delivery, Outgoing, SubscribeSettings
 from app.sdk.options import DEFAULT_OPTIONS, PrismPublishOptions, current_otel_context, trace_context_of
@@ -377,6 +378,9 @@ class PrismClient:
         drop_expired: bool = True,
         claim_idle_ms: int | None = None,
         ack_wait_s: float = 30.0,
+        clearance: str | None = None,
+        principal: str | None = None,
+        audit_topic: str | None = None,
     ) -> Subscription:
         """Subscribe `group` to `topic`; iterate the result (`async for msg in sub`).
 
@@ -395,6 +399,12 @@ class PrismClient:
           unacknowledged message of a dead consumer waits before another one gets it.
         * `batch_size` / `poll_interval` - messages fetched per round trip / how long one
           `receive()` without a timeout waits.
+        * `clearance` (`public` | `internal` | `confidential` | `restricted`; default
+          `internal`) - a message classified above it is acknowledged without being handed
+          out, and counted in `stats["withheld"]`. `confidential` and `restricted` need
+          `principal` (who reads), because each delivery of such data first writes an audit
+          record to `audit_topic` (default `prism.audit`); if that write fails the message is
+          nacked and `DeliveryAuditError` raised (`app.sdk.audit`).
 
         Errors raised while receiving carry `err.delivery` (`ReceivedEnvelope` or
         `UnreadableMessage`) so the consumer can `ack()` (drop) or `nack()` (retry) the message;
@@ -405,6 +415,7 @@ class PrismClient:
                               hint="consumers sharing a group share the work; name yours, e.g. 'billing'")
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}", path="subscribe(batch_size=)")
+        cleared = Clearance.of(clearance, principal, audit_topic, topic)
         settings = SubscribeSettings(group=group, batch_size=batch_size, ack_wait_s=ack_wait_s,
                                      claim_idle_ms=claim_idle_ms)
         assertion = None
@@ -415,7 +426,7 @@ class PrismClient:
             fields.update(schema.pii_fields)
         sub = Subscription(self, topic, settings, verify_with=verify_with, decrypt_with=decrypt_with,
                            assertion=assertion, pii=PiiPolicy(fields), payload_type=payload_type,
-                           poll_interval=poll_interval, drop_expired=drop_expired)
+                           poll_interval=poll_interval, drop_expired=drop_expired, clearance=cleared)
         self._subscriptions.add(sub)
         return sub
 
@@ -429,7 +440,7 @@ class Subscription:
     def __init__(self, client: PrismClient, topic: str, settings: SubscribeSettings, *,
                  verify_with: VerificationKeys | None, decrypt_with: KeyProvider | DataKeyProvider | None,
                  assertion: SchemaAssertion | None, pii: PiiPolicy, payload_type: type[Message] | None,
-                 poll_interval: float, drop_expired: bool) -> None:
+                 poll_interval: float, drop_expired: bool, clearance: Clearance | None = None) -> None:
         self.client, self.topic, self.settings = client, topic, settings
         self.verify_with, self.decrypt_with = verify_with, decrypt_with
         self.assertion, self.pii, self.payload_type = assertion, pii, payload_type
@@ -443,8 +454,13 @@ class Subscription:
         self._consumer_id = client.consumer_id or settings.group
         #: `prism-deprecation` header values already warned about (one warning per value, not per message)
         self._deprecations_seen: set[bytes] = set()
-        #: Counters: messages decoded, and of those dropped as expired.
-        self.stats = {"received": 0, "expired": 0}
+        #: What this subscription may receive and who it is in the audit trail (app.sdk.audit).
+        self.clearance = clearance or Clearance()
+        #: Counters: messages decoded; of those dropped as expired, withheld as classified above the
+        #: clearance; classified deliveries audited.
+        self.stats = {"received": 0, "expired": 0, "withheld": 0, "audited": 0}
+        #: withheld messages per classification
+        self.withheld: dict[str, int] = {}
 
     @property
     def group(self) -> str:
@@ -547,6 +563,10 @@ class Subscription:
         notice = d.header(DEPRECATION_HEADER)
         if notice is not None and notice not in self._deprecations_seen:
             self._warn_deprecated(notice)
+        classification = classification_of(env)  # the decoded (verified) envelope's, never a header's
+        if not self.clearance.allows(classification):
+            await self._withhold(d, env, classification)
+            return None
         if self.drop_expired and env.is_expired():
             self.stats["expired"] += 1
             log.debug("dropping expired message %s on %s", env.message_id, self.topic)
@@ -557,6 +577,8 @@ class Subscription:
             verified = env.security.signature_key_id or "(unnamed key)"
         msg = ReceivedEnvelope(env, d, decrypt_with=self.decrypt_with, payload_type=self.payload_type,
                                pii=self.pii, verified_key_id=verified)
+        if classification in AUDITED:
+            await self._audit(d, env, classification)  # before the application can see the message
         sc = env.schema
         if self._reporter is not None and sc is not None and sc.schema_url:
             self._reporter.seen(self._consumer_id, sc.schema_url)
@@ -577,6 +599,43 @@ class Subscription:
                 err.expected, err.actual = exc.expected, exc.actual  # type: ignore[attr-defined]
                 raise err from None
         return msg
+
+    async def _withhold(self, d: Delivery, env: Envelope, classification: str) -> None:
+        """Above the clearance: acknowledge (a withheld message must not come back forever),
+        count, and log the first one and then every `WITHHELD_LOG_EVERY`th."""
+        await d.ack()
+        self.stats["withheld"] += 1
+        self.withheld[classification] = self.withheld.get(classification, 0) + 1
+        n = self.stats["withheld"]
+        if n == 1 or n % WITHHELD_LOG_EVERY == 0:
+            log.warning("withheld %s message %s on %s from group %r (clearance %s); %d withheld so far",
+                        classification, env.message_id, self.topic, self.group, self.clearance.level, n,
+                        extra={"event": "classified_withheld", "topic": self.topic, "group": self.group,
+                               "classification": classification, "clearance": self.clearance.level,
+                               "withheld": n})
+
+    async def _audit(self, d: Delivery, env: Envelope, classification: str) -> None:
+        """Write the delivery's audit record; on failure give the message back and raise."""
+        c = self.clearance
+        assert c.principal is not None  # Clearance.of requires one for clearances that see audited data
+        record = audit_record(env, classification, principal=c.principal, group=self.group, backend=d.backend,
+                              ref=d.ref)
+        out = Outgoing(c.audit_topic, audit_envelope(record, c.audit_topic, self.client.namespace),
+                       self.client.layout, self.client.signing_key, env.message_id.encode())
+        try:
+            await self.client.backend.publish([out])
+        except Exception as exc:
+            await d.nack()
+            err = DeliveryAuditError(
+                f"the audit record of {classification} message {env.message_id} on {self.topic!r} could not be "
+                f"written to {c.audit_topic!r} ({type(exc).__name__}), so the message was not delivered and goes "
+                "back to the backend", path=f"subscribe(audit_topic={c.audit_topic!r})",
+                hint="check that the audit topic is writable on this backend; the message is delivered again")
+            unread = UnreadableMessage(d, err)
+            unread._settled = "nacked"
+            err.delivery = unread  # type: ignore[attr-defined]
+            raise err from None
+        self.stats["audited"] += 1
 
     def _warn_deprecated(self, notice: bytes) -> None:
         """The worker marks `.v2` records from the deprecation date on (`outputs.migration`,

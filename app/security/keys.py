@@ -774,6 +774,265 @@ def generate(
     return ring
 
 
+# --------------------------------------------------------------------------- Kubernetes-mounted secrets
+
+#: Shortest pause between two re-reads forced by an unknown key id: a producer that names a key
+#: nobody has must not turn every message into a directory scan.
+FORCED_RELOAD_MIN_S = 1.0
+
+
+def _is_private(r: KeyRecord) -> bool:
+    return r.private is not None
+
+
+class MountedSecretsKeyProvider:
+    """Keys from a Kubernetes Secret mounted as a directory (`KeyProvider`, name `k8s-secrets`).
+
+    Kubernetes writes one file per Secret key into the mount and, on an update, writes the new
+    files into a fresh hidden directory and atomically swaps the `..data` symlink the visible
+    files point through. Each visible file holds either one key in the `FileKeyring` record
+    format (a mapping with `id`, `type`, `created`, material ...) or a whole keyring document
+    (`{version, overlap, keys: [...]}`); JSON when the name ends in `.json`, YAML otherwise.
+    Hidden entries (`..data`, `..2026_...`) are skipped, so nothing is read twice.
+
+    Rotation without a restart: every call checks, at most once per `refresh_s`, whether the
+    mount changed (the `..data` link target, or for a plain directory each file's name, size,
+    mtime and inode) and then re-reads it; an unknown key id forces that check at once (at most
+    once per second), so a consumer sees a producer's new key as soon as it is mounted. No
+    thread and no inotify: a polling check costs one `readlink`. A re-read that does not
+    validate keeps the last good keys and logs an ERROR naming every problem, so a half-edited
+    Secret never takes working keys away.
+
+    `public_only=True` (the worker's mode) refuses private halves of asymmetric, post-quantum
+    and hybrid keys: those patterns hide the payload from whoever does not hold the private
+    key, and a worker that could decrypt would defeat them. At construction that is a
+    `KeyringError` listing every such key; on a later re-read the new keys are not taken.
+    """
+
+    name = "k8s-secrets"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        refresh_s: float = 30.0,
+        public_only: bool = False,
+        overlap: timedelta | None = None,
+        clock: Callable[[], datetime] = _utcnow,
+        monotonic: Callable[[], float] | None = None,
+    ) -> None:
+        import threading
+        import time
+
+        self.path = Path(path)
+        self.refresh_s = float(refresh_s)
+        self.public_only = public_only
+        self.overlap = overlap
+        self.clock = clock
+        self._monotonic = monotonic or time.monotonic
+        self._lock = threading.Lock()
+        #: times the mounted keys were re-read and taken (0 after construction)
+        self.reloads = 0
+        #: why the last re-read was not taken (None when it was, or none failed)
+        self.last_error: str | None = None
+        self._fingerprint = self._scan()
+        self._ring = self._load()
+        self._checked = self._forced = self._monotonic()
+
+    # -- reading the mount ------------------------------------------------------------------------
+    def _files(self) -> list[Path]:
+        try:
+            entries = sorted(self.path.iterdir())
+        except OSError as exc:
+            raise KeyringError(f"cannot read the mounted secret directory {self.path}: {exc.strerror}",
+                               path=str(self.path),
+                               hint="mount the Secret there (volumeMounts[].mountPath), or fix the path") from None
+        return [p for p in entries if not p.name.startswith(".") and p.is_file()]
+
+    def _scan(self) -> tuple[Any, ...]:
+        """What changes when the mount changes: kubelet's `..data` target, else every file's stat."""
+        data = self.path / "..data"
+        try:
+            if data.is_symlink():
+                return ("..data", os.readlink(data))
+            out = []
+            for p in self._files():
+                st = p.stat()
+                out.append((p.name, st.st_size, st.st_mtime_ns, st.st_ino))
+            return tuple(out)
+        except (OSError, KeyringError):
+            return ("unreadable",)
+
+    def _load(self) -> FileKeyring:
+        probs = _Problems(f"mounted secret {self.path}")
+        files = self._files()
+        if not files:
+            probs.add(str(self.path), "holds no key files")
+        records: list[KeyRecord] = []
+        overlap = self.overlap
+        for f in files:
+            fp = _Problems(f.name)
+            try:
+                text = f.read_text(encoding="utf-8")
+                data = json.loads(text) if f.suffix.lower() == ".json" else yaml.safe_load(text)
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as exc:
+                probs.add(f.name, f"cannot be read as a key ({type(exc).__name__}); each file holds one key "
+                                  "record or a keyring document")
+                continue
+            if isinstance(data, Mapping) and "keys" in data:
+                raws = data.get("keys")
+                if not isinstance(raws, list):
+                    fp.add("keys", "must be a list of keys")
+                    raws = []
+                if "overlap" in data and overlap is None:
+                    try:
+                        overlap = parse_duration(data["overlap"])
+                    except ValueError as exc:
+                        fp.add("overlap", str(exc))
+            elif isinstance(data, Mapping):
+                raws = [data]
+            else:
+                probs.add(f.name, "is not a key record (a mapping with id, type, created and material) nor a "
+                                  "keyring document (keys: [...])")
+                continue
+            for i, raw in enumerate(raws):
+                r = _parse_record(raw, i, fp)
+                if r is None:
+                    continue
+                if self.public_only and r.key_type != KEY_SYMMETRIC_256 and _is_private(r):
+                    fp.add(f"keys[{i}] (id {r.key_id!r})",
+                           f"holds the private half of a {r.key_type} key, and this provider is public-only: the "
+                           "worker must never be able to decrypt what only consumers may read - mount the public "
+                           "half only (public_pem / public / x25519_public + ml_kem_public)")
+                    continue
+                records.append(r)
+            probs.items += [f"{f.name}: {item}" for item in fp.items]
+        probs.raise_if_any()
+        return FileKeyring(records, overlap=overlap or DEFAULT_OVERLAP, clock=self.clock,
+                           source=f"mounted secret {self.path}")
+
+    def refresh(self, *, force: bool = False) -> bool:
+        """Re-read the mount if it changed (at most once per `refresh_s` unless `force`).
+        True when new keys were taken."""
+        now = self._monotonic()
+        with self._lock:
+            if not force and now - self._checked < self.refresh_s:
+                return False
+            self._checked = now
+            scan = self._scan()
+            if scan == self._fingerprint:
+                return False
+            try:
+                ring = self._load()
+            except KeyringError as exc:
+                if exc.message != self.last_error:  # once per distinct problem, not once per poll
+                    _log().error("the mounted keys in %s changed but do not load; keeping the previous keys: %s",
+                                 self.path, exc.message)
+                self.last_error = exc.message
+                return False
+            self._ring, self._fingerprint, self.last_error = ring, scan, None
+            self.reloads += 1
+            _log().info("re-read the mounted keys in %s: %d key(s)", self.path, len(ring.records))
+            return True
+
+    def _retry_unknown(self) -> bool:
+        now = self._monotonic()
+        if now - self._forced < FORCED_RELOAD_MIN_S:
+            return False
+        self._forced = now
+        return self.refresh(force=True)
+
+    def _call(self, fn: Callable[[FileKeyring], Any]) -> Any:
+        self.refresh()
+        try:
+            return fn(self._ring)
+        except UnknownKeyError:
+            if not self._retry_unknown():
+                raise
+            return fn(self._ring)
+
+    # -- KeyProvider --------------------------------------------------------------------------------
+    @property
+    def keyring(self) -> FileKeyring:
+        """The keys as last read (for inspection and tests)."""
+        return self._ring
+
+    def current_key_id(self, purpose: str, namespace: str | None = None) -> str:
+        return str(self._call(lambda ring: ring.current_key_id(purpose, namespace)))
+
+    def list_key_ids(self, key_type: str | None = None) -> list[str]:
+        self.refresh()
+        return self._ring.list_key_ids(key_type)
+
+    def get_symmetric_key(self, key_id: str, use: KeyUse) -> SymmetricKey:
+        key: SymmetricKey = self._call(lambda ring: ring.get_symmetric_key(key_id, use))
+        return key
+
+    def get_public_key(self, key_id: str) -> PublicKeyRef:
+        key: PublicKeyRef = self._call(lambda ring: ring.get_public_key(key_id))
+        return key
+
+    def get_private_key(self, key_id: str) -> PrivateKeyRef:
+        key: PrivateKeyRef = self._call(lambda ring: ring.get_private_key(key_id))
+        return key
+
+    def private_key_ids(self) -> list[str]:
+        """Ids of keys whose private half (or symmetric secret) this provider holds."""
+        return sorted(k for k, r in self._ring.records.items() if r.private is not None or r.secret is not None)
+
+    def __repr__(self) -> str:
+        return (f"MountedSecretsKeyProvider({str(self.path)!r}, {len(self._ring.records)} keys, "
+                f"public_only={self.public_only})")
+
+
+def _log() -> Any:
+    import logging
+
+    return logging.getLogger("prism.security.keys")
+
+
+def write_secret_mount(root: str | os.PathLike[str], files: Mapping[str, str], *, version: str) -> Path:
+    """Lay `files` out in `root` the way kubelet mounts a Secret, or swap them in atomically
+    the way it updates one: the files go to `..<version>/`, a temporary link to it replaces
+    `..data` with one `rename`, and each visible name is a link through `..data`. Used by the
+    tests and handy for rehearsing a rotation on a workstation."""
+    base = Path(root)
+    base.mkdir(parents=True, exist_ok=True)
+    target = base / f"..{version}"
+    target.mkdir()
+    for name, text in files.items():
+        fd = os.open(target / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    tmp = base / "..data_tmp"
+    if tmp.is_symlink():
+        tmp.unlink()
+    os.symlink(target.name, tmp)
+    old = os.readlink(base / "..data") if (base / "..data").is_symlink() else None
+    os.replace(tmp, base / "..data")
+    for entry in list(base.iterdir()):
+        if not entry.name.startswith(".") and entry.is_symlink() and entry.name not in files:
+            entry.unlink()
+    for name in files:
+        link = base / name
+        if not link.is_symlink():
+            os.symlink(f"..data/{name}", link)
+    if old and old != target.name:
+        import shutil
+
+        shutil.rmtree(base / old, ignore_errors=True)
+    return base
+
+
+def private_key_ids(provider: Any) -> list[str]:
+    """Ids of the asymmetric, post-quantum and hybrid keys whose private half `provider`
+    holds: what a worker must never have (`app.security.worker_encryption`)."""
+    ring = provider.keyring if isinstance(provider, MountedSecretsKeyProvider) else provider
+    if not isinstance(ring, FileKeyring):
+        return []
+    return sorted(k for k, r in ring.records.items() if r.key_type != KEY_SYMMETRIC_256 and r.private is not None)
+
+
 # --------------------------------------------------------------------------- AWS KMS
 
 

@@ -69,6 +69,7 @@ from app.schema.pii import PiiValueFinder
 from app.security.attestation import AttestationVerifier, Attester, trusted_keys
 from app.security.producers import ProducerBindings, check_key_ids_known, keyring_scopes
 from app.security.signing import ED25519, SigningKey, SigningKeyring, load_signing_keyring
+from app.security.worker_encryption import WorkerEncryption, build_worker_encryption
 from app.sinks.runner import register_sinks
 from app.tables.counters import FaustTopicCounters
 from app.tables.dedup import DedupWindow, FaustDedupWindow
@@ -202,11 +203,14 @@ def pii_finder(schema: SchemaInfo | None) -> PiiValueFinder | None:
 
 def build_stages(topology: Topology, *, keyring: SigningKeyring | None, schema: SchemaInfo | None,
                  dedup_window: Callable[[float], DedupWindow],
-                 attestations: AttestationVerifier | None = None) -> list[Stage]:
+                 attestations: AttestationVerifier | None = None,
+                 encryption: WorkerEncryption | None = None) -> list[Stage]:
     """The topology's stage chain, in order. `dedup_window(window_s)` supplies the dedup state:
     a RocksDB-backed Faust table in the worker, a plain dict-backed window in broker-free
     benchmarks and tests - the one thing that differs between them."""
     t = topology
+    if encryption is None and t.encryption is not None:  # callers without a PipelineApp (bench, tests)
+        encryption = build_worker_encryption(t)
     producers = ProducerBindings.from_topology(t)
     if producers is not None and keyring is not None:
         check_key_ids_known(producers, keyring.verify_all.keys, keyring_scopes(keyring), t)
@@ -229,7 +233,7 @@ def build_stages(topology: Topology, *, keyring: SigningKeyring | None, schema: 
                                   hint="set verify_signature.keyring (or outputs.keyring)")
             stages.append(VerifySignature(s, keyring=keyring, producers=producers))
         elif spec.name == "policy":
-            stages.append(Policy(s))
+            stages.append(Policy(s, encryption))
         elif spec.name == "dedup":
             stages.append(Dedup(dedup_window(float(s.window_s))))
         elif spec.name == "enrich":
@@ -303,6 +307,8 @@ class PipelineApp:
             worker_key = self.keyring.signing[kid]
         self.publisher = Publisher(topology, worker_key=worker_key)
         self.attester, self.attestations = attestation_setup(topology, self.keyring, worker_key)
+        #: the topology's `encryption:` keys, checked now (before any broker is touched)
+        self.encryption = build_worker_encryption(topology)
         default_mode, ns_modes = topology.validation_modes()
         self.schema = resolve_schema(topology.stage("enrich"), topology.base_dir,
                                      validate=default_mode != "off" or any(m != "off" for m in ns_modes.values()))
@@ -431,6 +437,7 @@ class PipelineApp:
     # -- construction ----------------------------------------------------------------------
     def _stages(self, topic: str, partitions: int) -> list[Stage]:
         return build_stages(self.topology, keyring=self.keyring, schema=self.schema, attestations=self.attestations,
+                            encryption=self.encryption,
                             dedup_window=lambda window_s: FaustDedupWindow(
                                 self.app, f"dedup-{topic}", window=window_s, partitions=partitions))
 
