@@ -149,7 +149,9 @@ def run_faust(bootstrap: str, src: str, dst: str, group: str, state_dir: str) ->
         async for events in stream.take_events(1000, within=0.5):
             await asyncio.gather(*[sink.send(key=e.key, value=transform(e.value)) for e in events])
 
-    sys.argv = [sys.argv[0], "worker", "--loglevel", "warn"]
+    # --without-web: `web_enabled=False` does not stop `faust worker` from binding port 6066, which
+    # another Faust process on a shared machine may hold (the run then dies at start-up).
+    sys.argv = [sys.argv[0], "worker", "--loglevel", "warn", "--without-web"]
     app.main()
 
 

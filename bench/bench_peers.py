@@ -14,7 +14,22 @@ Contenders, each its own process, started fresh for every run on fresh topics an
   5 ms linger, 256 KiB batches, 4 MiB fetches, root logger back at WARNING);
 * ``quix`` - Quix Streams, ``app.dataframe(src).apply(transform).to_topic(dst)``;
 * ``aiokafka`` - a raw aiokafka getmany -> send loop on uvloop, commit every second;
-* ``confluent`` - a raw confluent-kafka (librdkafka) consume -> produce loop, commit every second.
+* ``confluent`` - a raw confluent-kafka (librdkafka) consume -> produce loop, commit every second;
+* ``connect`` (``--broker kafka`` only) - Apache Kafka Connect: one distributed worker (its own JVM,
+  ``tests/kafka/connect.py``) running a topic-to-topic connector with one task
+  (``bench/connect_plugin/TopicSourceConnector.java``, compiled here with ``javac``: it reads the
+  source topic like MirrorMaker 2's MirrorSourceTask and parses each value with Connect's
+  JsonConverter), the single-message-transform chain ``InsertField$Value`` (a static field) +
+  ``ReplaceField$Value`` (a field renamed) on the parsed document, and the worker's JsonConverter
+  (``schemas.enable=false``) serializing it again - JSON parse, change, serialize, as the peers do.
+  Why not MirrorMaker 2 itself: connect-mirror is not on Maven Central for Kafka 4.4.0, and its
+  task hands records to the transforms as opaque bytes, which no stock transform parses. Connect's
+  producer gets the peers' 5 ms linger and 256 KiB batches; the rest is Connect's defaults
+  (positions flushed every second, as the raw loops commit).
+
+``--broker kafka`` runs all of it on one Apache Kafka node instead of the embedded broker
+(``bench/_brokers.py``); the prism contender then starts as ``prism run`` starts a worker on a
+cluster (``bench_release.run_one``).
 
 The peers (``bench/_peer_procs.py``) all call one function on every record: json.loads the
 document, bump a field, json.dumps. Their input is the natural one for them, JSON: the very
@@ -53,6 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench._brokers import BenchBroker, bench_broker, describe
 from bench._peer_procs import transform
 from bench._timing import per_call_us
 from bench.bench_release import (
@@ -75,7 +91,11 @@ from bench.bench_release import (
 
 #: Quix Streams, pinned: the version its figures are for. Installed into a venv of its own.
 QUIX_REQUIREMENT = "quixstreams==3.28.1"
-CONTENDERS = ("prism", "faust-tuned", "quix", "aiokafka", "confluent")
+CONTENDERS = ("prism", "faust-tuned", "quix", "aiokafka", "confluent", "connect")
+#: Contenders that need a broker other than the embedded one (Kafka Connect needs Apache Kafka).
+KAFKA_ONLY = ("connect",)
+CONNECT_PLUGIN_SOURCE = ROOT / "bench" / "connect_plugin" / "TopicSourceConnector.java"
+CONNECT_CONNECTOR = "prism.bench.TopicSourceConnector"
 
 
 def quix_python(cache: Path, *, fresh: bool = False) -> Path:
@@ -130,23 +150,102 @@ class Peer:
         return [spawn(cmd, ROOT, contender_env(), log_dir / f"{group}.log")]
 
 
-async def run_peer(peer: Peer, bootstrap: str, tmp: Path, n: int, broker_pid: int | None) -> dict[str, Any]:
-    """One run of a peer: fresh topics and group, the backlog written before it starts, measured
-    like Prism's worker (`bench_release.measure`), then stopped and its output read back."""
+async def _peer_topics(bootstrap: str, n: int) -> tuple[str, str]:
+    """Fresh source and output topics, the backlog written to the source (the keys Prism's inputs get, too)."""
     from app.broker.admin import ensure_topics
     from bench.bench_pipeline import preload
 
-    group = f"peer-{peer.label}-{uuid.uuid4().hex[:6]}"
     src = f"bench.peer.{uuid.uuid4().hex[:8]}"
     dst = f"{src}.out"
     await ensure_topics(bootstrap, {src: PARTITIONS, dst: PARTITIONS})
-    await preload(bootstrap, src, [peer_value(i) for i in range(n)])  # the keys Prism's inputs get, too
+    await preload(bootstrap, src, [peer_value(i) for i in range(n)])
+    return src, dst
+
+
+async def run_peer(peer: Peer, broker: BenchBroker, tmp: Path, n: int) -> dict[str, Any]:
+    """One run of a peer: fresh topics and group, the backlog written before it starts, measured
+    like Prism's worker (`bench_release.measure`), then stopped and its output read back."""
+    group = f"peer-{peer.label}-{uuid.uuid4().hex[:6]}"
+    src, dst = await _peer_topics(broker.bootstrap, n)
     load_before = os.getloadavg()[0]
-    procs = peer.start(bootstrap, src, dst, group, tmp / group, tmp / "logs")
+    procs = peer.start(broker.bootstrap, src, dst, group, tmp / group, tmp / "logs")
     try:
-        out = await measure(bootstrap, dst, n, procs, broker_pid)
+        out = await measure(broker.bootstrap, dst, n, procs, broker.pid)
     finally:
         stop(procs)
+    out["load_1m"] = round((load_before + os.getloadavg()[0]) / 2, 2)
+    out["output_topic"] = dst
+    return out
+
+
+@dataclass(frozen=True)
+class ConnectSetup:
+    """Kafka Connect's classpath and the compiled benchmark connector (built once per benchmark run)."""
+
+    libs: Path
+    plugin: Path
+    version: str
+
+
+def connect_setup(tmp: Path) -> ConnectSetup:
+    """Fetch Connect's jars (`scripts/fetch-kafka.sh --connect`) and compile the benchmark connector."""
+    from tests.kafka.cluster import DEFAULT_VERSION
+    from tests.kafka.connect import compile_plugin, fetch_connect
+
+    libs = fetch_connect()
+    return ConnectSetup(libs, compile_plugin(libs, tmp / "connect-plugin", CONNECT_PLUGIN_SOURCE), DEFAULT_VERSION)
+
+
+def connect_config(bootstrap: str, src: str, dst: str) -> dict[str, str]:
+    """The connector: `src` -> `dst`, JSON parsed, two stock SMTs, JSON serialized."""
+    from bench._peer_procs import BATCH_BYTES, FETCH_BYTES, LINGER_MS, MAX_RECORDS
+
+    return {
+        "connector.class": CONNECT_CONNECTOR, "tasks.max": "1",
+        "source.topic": src, "target.topic": dst, "source.bootstrap.servers": bootstrap,
+        "max.poll.records": str(MAX_RECORDS), "max.partition.fetch.bytes": str(FETCH_BYTES),
+        "key.converter": "org.apache.kafka.connect.converters.ByteArrayConverter",
+        "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "value.converter.schemas.enable": "false",
+        "transforms": "stamp,rename",
+        "transforms.stamp.type": "org.apache.kafka.connect.transforms.InsertField$Value",
+        "transforms.stamp.static.field": "processed_by",
+        "transforms.stamp.static.value": "kafka-connect",
+        "transforms.rename.type": "org.apache.kafka.connect.transforms.ReplaceField$Value",
+        "transforms.rename.renames": "customer:customer_id",
+        "producer.override.linger.ms": str(LINGER_MS), "producer.override.batch.size": str(BATCH_BYTES),
+    }
+
+
+async def run_connect(setup: ConnectSetup, broker: BenchBroker, tmp: Path, n: int) -> dict[str, Any]:
+    """One run of Kafka Connect: a fresh worker JVM (own group and storage topics) started before the
+    connector is created, so its start-up is outside the window; measured like the peers, with
+    the Connect JVM as the contender process."""
+    import asyncio
+
+    from bench._brokers import BENCH_JVM_ARGS
+    from tests.kafka.connect import ConnectWorker
+
+    src, dst = await _peer_topics(broker.bootstrap, n)
+    name = f"peer-connect-{uuid.uuid4().hex[:6]}"
+    worker = ConnectWorker(setup.libs, tmp / name, broker.bootstrap, plugin=setup.plugin, heap="512m",
+                           extra_jvm_args=BENCH_JVM_ARGS, start_timeout=180.0)
+    worker.start()  # from the main thread: the JVM's parent-death signal follows the starting thread
+    assert worker.process is not None
+    load_before = os.getloadavg()[0]
+    try:
+        status, body = worker.request("PUT", f"/connectors/{name}/config", connect_config(broker.bootstrap, src, dst))
+        if status not in (200, 201):
+            raise RuntimeError(f"creating the connector failed: {status} {body}")
+        counting = asyncio.create_task(measure(broker.bootstrap, dst, n, [worker.process], broker.pid))
+        try:  # a task that fails does not end the JVM: watch its state while the outputs are counted
+            await asyncio.to_thread(worker.wait_state, name, "RUNNING", timeout=120.0)
+        except BaseException:
+            counting.cancel()
+            raise
+        out = await counting
+    finally:
+        worker.stop()
     out["load_1m"] = round((load_before + os.getloadavg()[0]) / 2, 2)
     out["output_topic"] = dst
     return out
@@ -172,7 +271,6 @@ def confluent_available() -> bool:
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    from app.broker.embedded import EmbeddedBroker
     from app.security.devkeys import ensure_dev_keys
 
     labels = [c for c in args.contenders.split(",") if c]
@@ -182,8 +280,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     if "confluent" in labels and not confluent_available():
         print("confluent-kafka is not installed in this venv: skipping the confluent contender", flush=True)
         labels.remove("confluent")
+    if args.broker == "embedded" and any(label in KAFKA_ONLY for label in labels):
+        print(f"{', '.join(KAFKA_ONLY)}: Apache Kafka only (--broker kafka); skipped on the embedded broker", flush=True)
+        labels = [label for label in labels if label not in KAFKA_ONLY]
     here = Path(sys.executable)
-    pythons = {label: here for label in labels}
+    pythons = {label: here for label in labels if label != "connect"}
     if "quix" in labels:
         pythons["quix"] = quix_python(args.cache, fresh=args.fresh)
     prism = Contender("prism", head_version())
@@ -201,17 +302,25 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                         if "quix" in labels else {})},
         "rounds": []}
     try:
-        async with EmbeddedBroker(log_dir=tmp / "broker") as broker:
+        setup = connect_setup(tmp) if "connect" in labels else None
+        if setup is not None:
+            result["versions"]["kafka connect"] = setup.version
+        async with bench_broker(args.broker, tmp) as broker:
+            result["broker"] = describe(broker)
             for r in range(args.rounds):
                 one: dict[str, Any] = {}
                 shift = r % len(labels)
                 for label in labels[shift:] + labels[:shift]:
                     if label == "prism":
-                        res = await run_one(prism, broker.bootstrap, tmp, keys, args.n, broker.pid)
+                        res = await run_one(prism, broker, tmp, keys, args.n)
                         res["check"] = await read_back(broker.bootstrap, f"{res['source_topic']}.v3",
                                                        prism_identity, expect_prism)
                     else:
-                        res = await run_peer(Peer(label, pythons[label]), broker.bootstrap, tmp, args.n, broker.pid)
+                        if label == "connect":
+                            assert setup is not None
+                            res = await run_connect(setup, broker, tmp, args.n)
+                        else:
+                            res = await run_peer(Peer(label, pythons[label]), broker, tmp, args.n)
                         res["check"] = await read_back(broker.bootstrap, res["output_topic"], peer_identity,
                                                        expect_peer)
                     one[label] = res

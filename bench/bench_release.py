@@ -38,6 +38,11 @@ on two cores the broker, not the worker, can be what bounds the rate. Rounds int
 load swings on a shared machine hit them alike; ratios are taken within a round, and the
 median round is reported.
 
+``--broker kafka``: the same on one Apache Kafka node (``bench/_brokers.py``) instead of the embedded
+broker. A worker then gets what ``prism run`` gives its children on a cluster - ``PRISM_EMBEDDED=0``,
+``PRISM_BROKER_URL`` - so none of the embedded broker's workarounds are on, and this tree's topics
+are created from the topology as ``prism run`` creates them (``topics()``, ``topic_configs()``).
+
 ``--latency``: end-to-end p50/p99 at half of ``head``'s measured maximum rate (load client in
 its own process, send timestamp in a header, read back from ``.v3``) for a raw aiokafka
 passthrough loop (``bench_pipeline.run_raw``), a ``head`` worker and a ``release`` worker at the
@@ -59,13 +64,15 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from bench._brokers import BROKERS, BenchBroker, bench_broker, describe
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTITIONS = 4
@@ -191,7 +198,10 @@ class Contender:
         self.label, self.version, self.processes, self.plain = label, version, processes, plain
 
     def start(self, topology: Path, bootstrap: str, name: str, data_dir: Path, n: int,
-              log_dir: Path, extra_env: dict[str, str] | None = None) -> list[subprocess.Popen[bytes]]:
+              log_dir: Path, extra_env: dict[str, str] | None = None,
+              broker_env: Mapping[str, str] | None = None) -> list[subprocess.Popen[bytes]]:
+        """`broker_env`: the broker's PRISM_* variables (`BenchBroker.worker_env`); default the
+        embedded broker's."""
         procs = []
         base_env = contender_env()
         for i in range(self.processes):
@@ -203,7 +213,7 @@ class Contender:
                 cmd = [str(self.version.python), "-m", "app.worker.faust_app", WORKER_TARGET, "--loglevel", "warning"]
                 env = {**base_env, "PRISM_TOPOLOGY": str(topology), "PRISM_BOOTSTRAP": bootstrap,
                        "PRISM_DATA_DIR": str(data_dir / f"proc-{i}"), "PRISM_APP_ID": f"prism-{name}",
-                       "PRISM_EMBEDDED": "1", **(extra_env or {})}
+                       **(broker_env if broker_env is not None else {"PRISM_EMBEDDED": "1"}), **(extra_env or {})}
             data_dir.mkdir(parents=True, exist_ok=True)
             procs.append(spawn(cmd, self.version.root, env, log_dir / f"{name}-{i}.log"))
         return procs
@@ -293,20 +303,34 @@ async def measure(bootstrap: str, out_topic: str, n: int, procs: list[subprocess
             "broker_cpu_us_per_msg": (b90 - b10) / k * 1e6, "window_msgs": k, "outputs": count}
 
 
-async def run_one(c: Contender, bootstrap: str, tmp: Path, keys: Any, n: int,
-                  broker_pid: int | None = None) -> dict[str, Any]:
+async def create_topics(broker: BenchBroker, version: Version, topology: Path, topic: str) -> None:
+    """The contender's topics. On Kafka this tree's worker gets them as `prism run` creates them
+    (the topology's topics and configs); the release's topology is not read with this tree's
+    loader, and the embedded broker keeps the plain declaration it always had."""
     from app.broker.admin import ensure_topics
+
+    if broker.kind == "kafka" and version.root == ROOT:
+        from app.topology import load_topology
+
+        topo = load_topology(topology)
+        await ensure_topics(broker.bootstrap, topo.topics(), configs=topo.topic_configs())
+        return
+    await ensure_topics(broker.bootstrap, {t: PARTITIONS for t in (topic, f"{topic}.v2", f"{topic}.v3", f"{topic}.dlq")})
+
+
+async def run_one(c: Contender, broker: BenchBroker, tmp: Path, keys: Any, n: int) -> dict[str, Any]:
     from bench.bench_pipeline import make_messages, preload
 
+    bootstrap = broker.bootstrap
     name = f"rel-{c.label}-{uuid.uuid4().hex[:6]}"
     topic = f"bench.rel.{uuid.uuid4().hex[:8]}"
     topology = bench_topology(c.version, tmp, keys, topic, name)
-    await ensure_topics(bootstrap, {t: PARTITIONS for t in (topic, f"{topic}.v2", f"{topic}.v3", f"{topic}.dlq")})
+    await create_topics(broker, c.version, topology, topic)
     await preload(bootstrap, topic, make_messages(keys, topic, n, scope=signature_scope(c.version)))
     load_before = os.getloadavg()[0]
-    procs = c.start(topology, bootstrap, name, tmp / name, n, tmp / "logs")
+    procs = c.start(topology, bootstrap, name, tmp / name, n, tmp / "logs", broker_env=broker.worker_env)
     try:
-        out = await measure(bootstrap, f"{topic}.v3", n, procs, broker_pid)
+        out = await measure(bootstrap, f"{topic}.v3", n, procs, broker.pid)
         if c.plain:  # it exits by itself after n inputs, once it has written its stage figures
             deadline = time.monotonic() + 30
             while procs[0].poll() is None and time.monotonic() < deadline:
@@ -324,13 +348,15 @@ async def run_one(c: Contender, bootstrap: str, tmp: Path, keys: Any, n: int,
     return out
 
 
-async def latency(bootstrap: str, tmp: Path, keys: Any, versions: list[Version], rate: float,
+async def latency(broker: BenchBroker, tmp: Path, keys: Any, versions: list[Version], rate: float,
                   n: int) -> dict[str, Any]:
     """End-to-end p50/p99 at `rate` msg/s: a raw passthrough loop, then a worker of each version
     (one after the other, each on its own fresh topics); added = worker - raw loop."""
     from app.broker.admin import ensure_topics
     from app.worker.faust_app import READY_FILE_ENV
     from bench.bench_pipeline import run_raw
+
+    bootstrap = broker.bootstrap
 
     async def client(topic: str, out_topic: str, version: Version | None = None) -> dict[str, float]:
         proc = await asyncio.create_subprocess_exec(
@@ -353,7 +379,8 @@ async def latency(bootstrap: str, tmp: Path, keys: Any, versions: list[Version],
         await ensure_topics(bootstrap, {t: PARTITIONS for t in (topic, f"{topic}.v2", f"{topic}.v3", f"{topic}.dlq")})
         ready = tmp / f"{name}.ready"
         procs = Contender(version.label, version).start(topology, bootstrap, name, tmp / name, n, tmp / "logs",
-                                                        extra_env={READY_FILE_ENV: str(ready)})
+                                                        extra_env={READY_FILE_ENV: str(ready)},
+                                                        broker_env=broker.worker_env)
         try:
             deadline = time.monotonic() + 120
             while not ready.exists():
@@ -381,7 +408,6 @@ def _median_round(rounds: list[dict[str, Any]], a: str, b: str, key: str) -> flo
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    from app.broker.embedded import EmbeddedBroker
     from app.security.devkeys import ensure_dev_keys
     from bench.bench_pipeline import signing_floor
 
@@ -398,12 +424,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"n": args.n, "baseline": args.baseline, "partitions": PARTITIONS,
                               "payload": "1 KB JSON, signed (Ed25519), with JWT", "rounds": []}
     try:
-        async with EmbeddedBroker(log_dir=tmp / "broker") as broker:
+        async with bench_broker(args.broker, tmp) as broker:
+            result["broker"] = describe(broker)
             for r in range(args.rounds):
                 one: dict[str, Any] = {}
                 order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
                 for c in order:
-                    one[c.label] = res = await run_one(c, broker.bootstrap, tmp, keys, args.n, broker.pid)
+                    one[c.label] = res = await run_one(c, broker, tmp, keys, args.n)
                     print(f"[round {r + 1}/{args.rounds}] {c.label}: {res['msgs_per_s']:.0f} msg/s, "
                           f"{res['cpu_us_per_msg']:.0f} us CPU/msg (main thread {res['main_thread_cpu_us_per_msg']:.0f}, "
                           f"other threads {res['other_threads_cpu_us_per_msg']:.0f}), broker {res['broker_cpu_us_per_msg']:.0f} us/msg "
@@ -438,7 +465,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             if args.latency:
                 rate = result["medians"]["head"]["msgs_per_s"] / 2
                 result["latency_half_max"] = await latency(
-                    broker.bootstrap, tmp, keys, [c.version for c in contenders if c.label in ("head", "release")],
+                    broker, tmp, keys, [c.version for c in contenders if c.label in ("head", "release")],
                     rate, min(args.n, max(500, int(rate * 15))))
     finally:
         if not args.keep:
@@ -461,6 +488,8 @@ def backlog_args(ap: argparse.ArgumentParser, argv: list[str] | None) -> argpars
     """The options of every backlog benchmark (this one, bench_peers) added, `argv` parsed,
     `--quick` applied: the same backlog size and rounds mean the same thing in each."""
     ap.add_argument("--n", type=int, default=20_000, help="backlog messages per contender run")
+    ap.add_argument("--broker", choices=BROKERS, default="embedded",
+                    help="the embedded broker (Tansu), or one Apache Kafka node (bench/_brokers.py)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="1 round of 4,000 messages: checks the harness end to end")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, topologies)")

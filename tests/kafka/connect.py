@@ -34,6 +34,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,19 +93,20 @@ def javac_binary() -> str | None:
     return str(sibling) if sibling is not None and sibling.is_file() else shutil.which("javac")
 
 
-def compile_plugin(libs: Path, directory: Path) -> Path:
-    """Compile :data:`PLUGIN_SOURCE` against ``libs`` into ``directory``; returns the classes directory
-    (a classpath entry).  :class:`KafkaUnavailable` without a JDK."""
+def compile_plugin(libs: Path, directory: Path, source: Path = PLUGIN_SOURCE) -> Path:
+    """Compile ``source`` (default :data:`PLUGIN_SOURCE`) against ``libs`` into ``directory``; returns the
+    classes directory (a classpath entry).  :class:`KafkaUnavailable` without a JDK.  ``source`` is for
+    bench/bench_peers.py, whose Connect contender is a connector of its own."""
     javac = javac_binary()
     if javac is None:
         raise KafkaUnavailable("the Kafka Connect parity tests compile a connector: they need a JDK's javac "
                                "(apt-get install openjdk-17-jdk-headless)")
     classes = directory / "classes"
     classes.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([javac, "-nowarn", "-d", str(classes), "-cp", f"{libs}/*", str(PLUGIN_SOURCE)],
+    proc = subprocess.run([javac, "-nowarn", "-d", str(classes), "-cp", f"{libs}/*", str(source)],
                           capture_output=True, text=True, timeout=300, check=False)
     if proc.returncode != 0:
-        raise KafkaStartError(f"javac {PLUGIN_SOURCE.name} failed: {proc.stdout}{proc.stderr}")
+        raise KafkaStartError(f"javac {source.name} failed: {proc.stdout}{proc.stderr}")
     return classes
 
 
@@ -118,9 +120,13 @@ class ConnectWorker:
     """One distributed Kafka Connect worker (its own group and storage topics) on ``bootstrap``."""
 
     def __init__(self, libs: Path, directory: Path, bootstrap: str, *, plugin: Path | None = None,
-                 heap: str = "256m", start_timeout: float = 90.0, stop_timeout: float = 15.0) -> None:
-        """``plugin``: a classpath entry with connector classes (:func:`compile_plugin`)."""
+                 heap: str = "256m", start_timeout: float = 90.0, stop_timeout: float = 15.0,
+                 extra_jvm_args: Sequence[str] = ()) -> None:
+        """``plugin``: a classpath entry with connector classes (:func:`compile_plugin`).
+        ``extra_jvm_args`` come after the light test flags, so they override them (a benchmark asks
+        for the JIT's top tier: ``-XX:TieredStopAtLevel=4``)."""
         self.libs, self.directory, self.bootstrap, self.plugin = libs, directory, bootstrap, plugin
+        self.extra_jvm_args = tuple(extra_jvm_args)
         self.heap, self.start_timeout, self.stop_timeout = heap, start_timeout, stop_timeout
         self.group = f"connect-{uuid.uuid4().hex[:8]}"
         self.port = 0
@@ -184,7 +190,7 @@ class ConnectWorker:
         cmd = _with_parent_death_signal([
             java, "-Xms64m", f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData",
             "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={logging_config}",
-            f"-Dkafka.logs.dir={self.directory}", "-cp",
+            f"-Dkafka.logs.dir={self.directory}", *self.extra_jvm_args, "-cp",
             f"{self.libs}/*" + (f":{self.plugin}" if self.plugin is not None else ""),
             "org.apache.kafka.connect.cli.ConnectDistributed", str(props)])
         with (self.directory / "console.log").open("ab") as console:
