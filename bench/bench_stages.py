@@ -4,6 +4,7 @@
     .venv/bin/python -m bench.bench_stages --profile prof.out               # cProfile one pass
     .venv/bin/python -m bench.bench_stages --baseline HEAD~3 [--rounds 40]  # before/after, interleaved
     .venv/bin/python -m bench.bench_stages --baseline HEAD~3 --stage-timing-every 1  # every stage timed
+    .venv/bin/python -m bench.bench_stages --baseline HEAD --latency-samples  # + the latency histogram
 
 Input: `bench.bench_pipeline.make_messages` (signed reviewed envelopes, JWT, 1 KB JSON) over
 `topologies/orders-created.yaml` with development keys, run the way
@@ -23,6 +24,12 @@ they cannot share one interpreter. The baseline's `app/` (and `topologies/`, `be
 exported with `git archive` into a temporary folder (the repository is not touched); both
 variants run as worker processes that take turns, 1000 messages at a time, so machine-load
 drift hits both alike; medians over turns and of the paired ratios are reported.
+
+`--latency-samples` adds what the worker's observer does for `prism_stage_latency_seconds`: the
+chain keeps each timed message's durations (`Chain.latency_samples`) and after each batch the
+observer observes them into the histogram; that drain is billed to the `chain` row, so the row
+shows the whole cost. Code without per-message samples ignores the flag (the baseline of a
+before/after comparison then runs without them).
 
 `--dump-corpus`/`--dump-outputs` check behaviour rather than speed: a fixed corpus (the demo
 load generator's mix, bench messages and signature edge cases) is written once, then every emission's and DLQ
@@ -57,6 +64,8 @@ STAGES = ("normalize", "validate", "authenticate", "verify_signature", "policy",
 CHAIN = "chain"
 #: `--stage-timing-every`: None keeps the chain's own default
 TIMING_EVERY: int | None = None
+#: `--latency-samples`: record per-message latencies and observe them per batch (module docs)
+LATENCY_SAMPLES = False
 
 Input = tuple[bytes, list[tuple[str, bytes]], bytes | None, int | None]  # value, headers, key, timestamp_ms
 
@@ -88,6 +97,8 @@ class Harness:
     #: harness-timed `chain.run` total (CHAIN row) and its number of calls
     chain_ns: int = 0
     chain_calls: int = 0
+    #: `--latency-samples`: drains the chain's samples into a histogram after each batch
+    drain: Any = None
 
 
 def build(keys_dir: Path) -> Harness:
@@ -120,7 +131,18 @@ def harness_for(topo: Any, keyring: Any) -> Harness:
     kid = topo.outputs.signing_key_id or keyring.worker_key_id
     if TIMING_EVERY is not None:
         chain.stage_timing_every = TIMING_EVERY  # a plain attribute on code without sampling: no effect
-    return Harness(chain, Publisher(topo, worker_key=keyring.signing[kid] if topo.outputs.sign else None), dedup)
+    drain = None
+    if LATENCY_SAMPLES and hasattr(chain, "latency_samples"):  # code from before per-message samples: ignored
+        from app.agents.chain import LatencySamples
+        from app.worker.observe import Observer, _ChainSnapshot
+
+        chain.latency_samples = LatencySamples()
+        observer, snap = Observer(), _ChainSnapshot()
+
+        def drain() -> None:
+            observer._observe_latencies(chain, TOPIC, snap)
+    return Harness(chain, Publisher(topo, worker_key=keyring.signing[kid] if topo.outputs.sign else None), dedup,
+                   drain=drain)
 
 
 def run(h: Harness, inputs: Iterable[Input], *, partition_of: Any = None, keep: bool = True) -> list[tuple[str, Any]]:
@@ -152,8 +174,11 @@ def run(h: Harness, inputs: Iterable[Input], *, partition_of: Any = None, keep: 
                 try:
                     t0 = clock()
                     out = publisher.prepare(msg) if two_phase else publisher.emissions(msg)
-                    chain.stats.stage_ns["publish"] += clock() - t0
+                    ns = clock() - t0
+                    chain.stats.stage_ns["publish"] += ns
                     chain.stats.stage_calls["publish"] += 1
+                    if h.drain is not None:  # as app/worker/pipeline.py records it
+                        chain.latency_samples.stages.append(("publish", ns))
                     if two_phase:
                         prepared.append((len(results), out))
                     results.append(("emitted", out if keep else None))
@@ -174,6 +199,10 @@ def run(h: Harness, inputs: Iterable[Input], *, partition_of: Any = None, keep: 
             for msg in emitted:
                 dedup.record_emitted(msg)
             dedup.end_batch()
+        if h.drain is not None:  # the observer's per-batch histogram work, billed to the chain row
+            t0 = clock()
+            h.drain()
+            chain_ns += clock() - t0
     h.chain_ns += chain_ns
     h.chain_calls += len(items)
     return results
@@ -276,7 +305,7 @@ def compare(baseline: str, n: int, rounds: int, chunk: int, clock: str = "cpu",
     for name, cwd in variants.items():
         procs[name] = subprocess.Popen(
             [sys.executable, "-m", "bench.bench_stages", "--serve", "--n", str(n), "--chunk", str(chunk),
-             "--keys", str(keys_dir), "--clock", clock,
+             "--keys", str(keys_dir), "--clock", clock, *(["--latency-samples"] if LATENCY_SAMPLES else []),
              *(["--stage-timing-every", str(timing_every)] if timing_every is not None else [])], cwd=str(cwd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     samples: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     try:
@@ -415,14 +444,17 @@ def main() -> None:
                     help="time stages by thread CPU time (default) or wall time, as the worker does")
     ap.add_argument("--stage-timing-every", type=int, default=None,
                     help="time the stages of one message in N (default: the chain's own; 1 times every message)")
+    ap.add_argument("--latency-samples", action="store_true",
+                    help="record per-message latencies and observe them per batch, as the worker's observer")
     ap.add_argument("--dump-corpus", type=Path, default=None)
     ap.add_argument("--dump-outputs", nargs=2, type=Path, metavar=("CORPUS", "OUT"), default=None)
     args = ap.parse_args()
     keys_dir = args.keys or Path(tempfile.mkdtemp(prefix="prism-bench-keys-"))
     if args.clock == "cpu":
         use_cpu_clock()
-    global TIMING_EVERY
+    global TIMING_EVERY, LATENCY_SAMPLES
     TIMING_EVERY = args.stage_timing_every
+    LATENCY_SAMPLES = args.latency_samples
     if args.dump_corpus:
         dump_corpus(args.dump_corpus, keys_dir, args.n)
     elif args.dump_outputs:

@@ -9,9 +9,14 @@ two clock reads). Each stage is timed on a sample: one message in `stage_timing_
 Timing every stage of every message cost two clock reads (perf_counter_ns ~100 ns, the
 benchmark's thread-CPU clock ~500 ns) plus two counter updates per stage - as much as a
 small stage itself. `stage_ns`/`stage_calls` count the timed calls only, so their ratio
-stays the mean time per message of each stage (the worker's `stage_us_per_message` and
-the latency histograms read exactly that ratio); a batch smaller than the sampling
-interval may contribute no per-stage sample.
+stays the mean time per message of each stage (`stage_us_per_message` reads exactly that
+ratio); a batch smaller than the sampling interval may contribute no per-stage sample.
+
+Latency histograms need each message's own duration, not that ratio: a batch mean hides the
+slow messages a p99 is about. With `latency_samples` set (the worker's observer does), every
+timed stage call also appends `(stage, ns)` and every message its chain `ns` to a list - one
+`list.append` (~30 ns), no histogram work on the hot path; the observer drains the lists after
+each batch into `prism_stage_latency_seconds`. Unset (benchmarks, tools) nothing is kept.
 """
 
 from __future__ import annotations
@@ -65,6 +70,23 @@ class ChainStats:
         return {k: self.stage_ns[k] / 1000 / max(1, self.stage_calls[k]) for k in self.stage_ns}
 
 
+class LatencySamples:
+    """Per-message durations (ns) since the last `drain`: `(stage, ns)` of each timed stage call
+    and the chain's `ns` of every message (module docs). Plain lists, so recording is an append."""
+
+    __slots__ = ("chain", "stages")
+
+    def __init__(self) -> None:
+        self.stages: list[tuple[str, int]] = []
+        self.chain: list[int] = []
+
+    def drain(self) -> tuple[list[tuple[str, int]], list[int]]:
+        """The samples so far, and start afresh (the caller owns the returned lists)."""
+        stages, chain = self.stages, self.chain
+        self.stages, self.chain = [], []
+        return stages, chain
+
+
 _EMITTED = Outcome.EMITTED  # once per message: a module name, not an EnumType attribute lookup
 
 #: `Chain.stage_timing_every` by default: ~30 timed messages per 500-message batch
@@ -93,6 +115,8 @@ class Chain:
         #: time the stages of one message in this many (1: every message); module docs
         self.stage_timing_every = STAGE_TIMING_EVERY
         self._untimed = 0
+        #: per-message durations for latency histograms, kept only when set (module docs)
+        self.latency_samples: LatencySamples | None = None
 
     def run(self, msg: Message) -> Result:
         """Run every stage. EMITTED here means "passed every stage"; the caller counts it
@@ -107,8 +131,12 @@ class Chain:
             self._untimed = max(self.stage_timing_every, 1) - 1  # 0 or less: time every message
             return self._run_timed(msg)
         finally:
-            stats.chain_ns += clock() - t0
+            ns = clock() - t0
+            stats.chain_ns += ns
             stats.chain_calls += 1
+            samples = self.latency_samples
+            if samples is not None:
+                samples.chain.append(ns)
 
     def _run_untimed(self, msg: Message) -> Result:
         """`_run_timed` without the per-stage clock reads: the same outcomes and accounting."""
@@ -132,6 +160,7 @@ class Chain:
         stats = self.stats
         clock = time.perf_counter_ns
         scope = self.stage_scope
+        samples = self.latency_samples
         for stage in self.stages:
             t0 = clock()
             try:
@@ -151,8 +180,11 @@ class Chain:
             except Exception as exc:  # PrismError, or a bug: either way the DLQ, never a crash
                 return self._dlq(msg, stage, exc)
             finally:
-                stats.stage_ns[stage.name] += clock() - t0
+                ns = clock() - t0
+                stats.stage_ns[stage.name] += ns
                 stats.stage_calls[stage.name] += 1
+                if samples is not None:
+                    samples.stages.append((stage.name, ns))
         return Result(_EMITTED)
 
     def _dlq(self, msg: Message, stage: Stage | str, exc: BaseException) -> Result:

@@ -23,6 +23,7 @@ Metric names (prometheus_client adds `_total` to counters):
                                                       "invalid" if not <name>/<version>, "other" past 16)
     prism_consumer_lag{topic,partition}               gauge, messages
     prism_table_size{table}                           gauge, keys
+    process_*, python_info, python_gc_*               the process (app.observability.runtime_metrics)
 
 Cardinality guard for the envelope's `observability.labels` (producer-controlled, so
 unbounded by nature): only keys in `label_allowlist` become metric labels; every other key
@@ -51,6 +52,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from app.errors import ConfigError
+from app.observability.runtime_metrics import add_runtime_collectors
 
 if TYPE_CHECKING:
     from app.envelope.model import Envelope
@@ -187,7 +189,11 @@ class PipelineMetrics:
         latency_buckets: Iterable[float] = DEFAULT_LATENCY_BUCKETS,
         redactor: Redactor | None = None,
     ) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        if registry is None:
+            # a private registry has no process/runtime collectors of its own (runtime_metrics.py)
+            registry = CollectorRegistry(auto_describe=True)
+            add_runtime_collectors(registry)
+        self.registry = registry
         self.labels = LabelGuard(label_allowlist, max_value_length=max_label_value_length,
                                  max_values_per_label=max_values_per_label, redactor=redactor)
         extra = self.labels.names

@@ -25,6 +25,10 @@ Cardinality is bounded by construction: ``route`` is the route *template*
 ``__unmatched__``), ``method`` is one of the HTTP methods or ``OTHER``, ``status`` is a
 three-digit code, and every other label takes values from a fixed set in the code. Subject
 names, which clients choose, are never labels.
+
+Besides its own metrics, ``/metrics`` serves ``process_*`` and ``python_*``
+(:mod:`app.observability.runtime_metrics`): of this process, or with ``--workers N`` of the
+supervisor and its workers together, as one process.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
+from app.observability.runtime_metrics import add_process_tree_collectors, add_runtime_collectors
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 UNMATCHED_ROUTE = "__unmatched__"
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
@@ -48,7 +54,13 @@ class RegistryMetrics:
     """All registry metrics, in ``self.registry``. Hot-path methods cache label children."""
 
     def __init__(self, registry: CollectorRegistry | None = None, namespace: str = "prism_schema_registry") -> None:
-        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+        if registry is None:
+            # a private registry has no process/runtime collectors of its own (runtime_metrics.py)
+            registry = CollectorRegistry(auto_describe=True)
+            if self.multiprocess_dir is None:
+                add_runtime_collectors(registry)
+        self.registry = registry
         r, ns = self.registry, namespace
         self.requests = Counter("requests", "HTTP requests by route template, method and status code",
                                 ["route", "method", "status"], namespace=ns, registry=r)
@@ -56,7 +68,6 @@ class RegistryMetrics:
                                           ["route", "method"], namespace=ns, registry=r, buckets=LATENCY_BUCKETS)
         self.cache_lookups = Counter("cache_lookups", "Lookups in the registry's in-memory caches",
                                      ["cache", "result"], namespace=ns, registry=r)
-        self.multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
         self._ratio_name = f"{ns}_cache_hit_ratio"
         if self.multiprocess_dir is None:
             self.cache_hit_ratio = Gauge("cache_hit_ratio", _RATIO_HELP, namespace=ns, registry=r)
@@ -131,6 +142,8 @@ class RegistryMetrics:
         merged = CollectorRegistry()
         collector = MultiProcessCollector(merged, path=self.multiprocess_dir)
         merged.register(_RatioFromCounters(collector, self._ratio_name))
+        # the pod's server as one process: the uvicorn supervisor and its workers (runtime_metrics.py)
+        add_process_tree_collectors(merged)
         return generate_latest(merged)
 
 

@@ -6,14 +6,19 @@ library (`app.observability`) into the worker:
 * **Metrics** (`PipelineMetrics`, one registry per worker). The chain already accounts for
   every message (`Result` per message, `ChainStats` per stage); the observer turns one
   *batch* of results into counter increments - a handful of `inc(n)` per batch instead of
-  several per message per stage. Stage latency is the per-batch MEAN per message of each
-  stage (`ChainStats.stage_ns` deltas), observed once per stage per batch: the histogram's
-  `_count` therefore counts batches, its `_sum / _count` is the mean latency and its buckets
-  show how the batch means are distributed. Consumer lag is the group's committed offsets
-  against the log end offsets, read from the broker in the background by `app.worker.lag`
-  (right while paused, rebalancing or with nothing assigned: never what this worker last
+  several per message per stage. Stage latency is a true per-message histogram: the chain
+  keeps each timed message's own duration (`Chain.latency_samples`, a list append on the hot
+  path) and the observer observes every one of them after the batch - the whole chain
+  (`stage="chain"`) and publish for every message, the other stages for the messages the
+  chain times (one in `Chain.stage_timing_every`, every one while tracing). Publish is the
+  message's own `prepare` plus its share of the batch's one signature (`Publisher.finish`).
+  `_count` counts timed messages, `_sum / _count` is the mean, and the buckets hold the
+  distribution a p99 is read from (a batch mean hid the slow messages). Consumer lag is the
+  group's committed offsets against the log end offsets, read from the broker in the
+  background by `app.worker.lag` (right while paused, rebalancing or with nothing assigned: never what this worker last
   fetched); table sizes are computed when `/metrics` is scraped, at most every
-  `table_size_interval_s` (RocksDB counts by iterating).
+  `table_size_interval_s` (RocksDB counts by iterating), and so are the archive tap's totals
+  (`prism_archive_*`, app/observability/archive_metrics.py).
 * **Health**: a `HealthState` fed by Faust's `on_partitions_assigned/revoked` signals, table
   recovery (`app.in_recovery`), the consumer's broker connections and the shutdown signal.
 * **Tracing**: with an exporter other than `none`, a span per stage per message via
@@ -41,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from app.agents.chain import Outcome, Result
+from app.agents.chain import LatencySamples, Outcome, Result
 from app.errors import PrismError
 from app.observability import tracecontext as tc
 from app.observability.health import HealthState, run_heartbeat
@@ -219,11 +224,11 @@ def _pass_unsampled(incoming: tc.Incoming, env: Envelope | None) -> bool:
 
 @dataclass
 class _ChainSnapshot:
-    stage_ns: Counter[str] = field(default_factory=Counter)
-    stage_calls: Counter[str] = field(default_factory=Counter)
+    """A chain's totals at the last batch, to count each batch's share of them."""
+
     dlq_reasons: Counter[str] = field(default_factory=Counter)
-    chain_ns: int = 0
-    chain_calls: int = 0
+    #: `ChainStats.stage_ns["publish"]`: prepare of every message plus each batch's finish
+    publish_ns: int = 0
 
 
 class Observer:
@@ -293,9 +298,14 @@ class Observer:
         app = pipeline.app
         for chain in pipeline.chains.values():
             chain.stage_scope = self.stage_tracer
+            chain.latency_samples = LatencySamples()  # drained by every batch_done
             self._snap[id(chain)] = _ChainSnapshot()
         for name in _table_names(app):
             self.health.register_table(name)
+        # the archive tap's totals, read at scrape time (app/observability/archive_metrics.py)
+        from app.observability.archive_metrics import ArchiveCollector
+
+        self.metrics.registry.register(ArchiveCollector(lambda: getattr(pipeline.archive, "sink", None)))
         app.on_partitions_assigned.connect(self._on_assigned)
         app.on_partitions_revoked.connect(self._on_revoked)
         app.on_before_shutdown.connect(self._on_before_shutdown)
@@ -444,18 +454,7 @@ class Observer:
                 m._child(m.dlq_messages, (topic, PUBLISH_STAGE, m._clean_reason(reason),
                                           *guard.empty)).inc(extra)
         snap.dlq_reasons = Counter(cs.dlq_reasons)
-        for st, ns in cs.stage_ns.items():
-            calls = cs.stage_calls[st] - snap.stage_calls[st]
-            if calls > 0:
-                m.observe_latency(topic, st, (ns - snap.stage_ns[st]) / calls / 1e9)
-        snap.stage_ns = Counter(cs.stage_ns)
-        snap.stage_calls = Counter(cs.stage_calls)
-        # The whole chain, timed on every message (the stages themselves are sampled): one
-        # more `stage` value, CHAIN_STAGE, so a dashboard needs no new metric.
-        chain_calls = cs.chain_calls - snap.chain_calls
-        if chain_calls > 0:
-            m.observe_latency(topic, CHAIN_STAGE, (cs.chain_ns - snap.chain_ns) / chain_calls / 1e9)
-        snap.chain_ns, snap.chain_calls = cs.chain_ns, cs.chain_calls
+        self._observe_latencies(chain, topic, snap)
         for stage in chain.stages:  # enrich: payloads validated against the schema (RFC-030)
             drain_validations = getattr(stage, "drain_validations", None)
             if drain_validations is not None:
@@ -465,6 +464,36 @@ class Observer:
         if drain is not None:  # normalize: draft envelopes newer than this build (RFC-031 compatibility)
             for version, n in drain().items():
                 m.newer_envelope_version(topic, version, n)
+
+    def _observe_latencies(self, chain: Chain, topic: str, snap: _ChainSnapshot) -> None:
+        """Each timed message's own durations since the last batch into the latency histogram
+        (module docs); without samples (a chain not attached here) nothing is observed."""
+        samples = chain.latency_samples
+        if samples is None:
+            return
+        stage_samples, chain_samples = samples.drain()
+        cs = chain.stats
+        m = self.metrics
+        # publish: `prepare` was sampled per message; the batch's one `finish` (the signature) is
+        # in stage_ns only, so each message gets an equal share of it
+        publish = [ns for st, ns in stage_samples if st == PUBLISH_STAGE]
+        finish_share = 0.0
+        if publish:
+            finish_ns = cs.stage_ns[PUBLISH_STAGE] - snap.publish_ns - sum(publish)
+            finish_share = max(finish_ns, 0) / len(publish)
+        children: dict[str, Any] = {}
+        for st, ns in stage_samples:
+            child = children.get(st)
+            if child is None:
+                child = children[st] = m._child(m.stage_latency, (topic, st))
+            child.observe(((ns + finish_share) if st == PUBLISH_STAGE else ns) / 1e9)
+        # The whole chain, timed on every message (the stages themselves are sampled): one
+        # more `stage` value, CHAIN_STAGE, so a dashboard needs no new metric.
+        if chain_samples:
+            observe = m._child(m.stage_latency, (topic, CHAIN_STAGE)).observe
+            for ns in chain_samples:
+                observe(ns / 1e9)
+        snap.publish_ns = cs.stage_ns[PUBLISH_STAGE]
 
     # -- scrape-time gauges -----------------------------------------------------------------
     def partition_status(self) -> list[dict[str, Any]]:

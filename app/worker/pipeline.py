@@ -580,8 +580,11 @@ class PipelineApp:
             try:
                 t0 = time.perf_counter_ns()
                 prepared = self.publisher.prepare(msg)
-                chain.stats.stage_ns["publish"] += time.perf_counter_ns() - t0
+                ns = time.perf_counter_ns() - t0
+                chain.stats.stage_ns["publish"] += ns
                 chain.stats.stage_calls["publish"] += 1
+                if chain.latency_samples is not None:  # this message's own share (app/agents/chain.py)
+                    chain.latency_samples.stages.append(("publish", ns))
                 pending.append((msg, prepared))
             except Exception as exc:  # encoding/signing failed: DLQ, never crash
                 result = chain.dlq_for_publish_failure(msg, exc)

@@ -89,3 +89,45 @@ def parse_prism(argv: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
 
 def command_line(c: dict[str, Any]) -> list[str]:
     return [*c.get("command", []), *c.get("args", [])]
+
+
+# --------------------------------------------------------------------------- what Prometheus sees
+
+#: Labels Prometheus puts on every scraped series through the ServiceMonitor (deploy/monitoring):
+#: the dashboard's pod/instance variables and the alert rules use them, the code never exports them.
+SCRAPE_TARGET_LABELS = frozenset({"job", "instance", "namespace", "pod", "service", "endpoint", "container"})
+#: kube-state-metrics series the lake panels and alerts read (the CronJob exports nothing itself),
+#: with their labels as kube-state-metrics v2 exports them.
+KUBE_STATE_METRICS: dict[str, frozenset[str]] = {
+    "kube_cronjob_status_last_successful_time": frozenset({"namespace", "cronjob"}),
+    "kube_job_status_failed": frozenset({"namespace", "job_name", "reason"}),
+    "kube_job_status_succeeded": frozenset({"namespace", "job_name"}),
+    "kube_job_status_active": frozenset({"namespace", "job_name"}),
+    "kube_pod_container_resource_limits": frozenset({"namespace", "pod", "uid", "container", "node", "resource",
+                                                     "unit"}),
+}
+
+
+def archive_metrics() -> dict[str, set[str]]:
+    """The archive tap's families (app/observability/archive_metrics.py) as a worker exports them."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from app.observability.archive_metrics import ArchiveCollector
+
+    registry = CollectorRegistry()
+    registry.register(ArchiveCollector(lambda: None))
+    out: dict[str, set[str]] = {}
+    for fam in text_string_to_metric_families(generate_latest(registry).decode()):
+        out[fam.name + ("_total" if fam.type == "counter" else "")] = set()
+    return out
+
+
+def as_scraped(exported: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Series names -> labels as Prometheus stores them: every exported series with the target
+    labels, `up` (Prometheus' own, per target), and kube-state-metrics' series."""
+    out = {name: set(labels) | SCRAPE_TARGET_LABELS for name, labels in exported.items()}
+    out["up"] = set(SCRAPE_TARGET_LABELS)
+    for name, labels in KUBE_STATE_METRICS.items():
+        out[name] = set(labels) | SCRAPE_TARGET_LABELS
+    return out

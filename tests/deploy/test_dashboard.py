@@ -13,7 +13,7 @@ import promql_parser
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.deploy.conftest import DEPLOY
+from tests.deploy.conftest import DEPLOY, KUBE_STATE_METRICS, archive_metrics, as_scraped
 
 DASHBOARD = DEPLOY / "grafana" / "prism-dashboard.json"
 #: Grafana's built-in interval variables, replaced by a duration for parsing.
@@ -52,6 +52,7 @@ def worker_metrics() -> dict[str, set[str]]:
     m.set_consumer_lag("orders.created", 0, 12)
     m.set_table_size("dedup", 3)
     m.newer_envelope_version("orders.created", 3)
+    m.producer_sdk_output("orders.created", "prism-python/0.1.0")
     m.schema_validation("orders.created", "order-events", "v2", "warn", "invalid")
     return exported(m.exposition().decode())
 
@@ -169,6 +170,8 @@ def test_every_query_parses_and_uses_only_exported_metrics_and_labels(worker_met
     from app.topology import STAGE_ORDER
 
     available = {**worker_metrics, **registry_metrics, **sdk_metrics}
+    # as Prometheus stores them: target labels (pod, instance, ...), `up`, kube-state-metrics
+    available = as_scraped({**available, **archive_metrics()})
     assert "prism_stage_latency_seconds_bucket" in available and "prism_schema_registry_requests_total" in available
     used: set[str] = set()
     for title, expr in queries():
@@ -193,7 +196,8 @@ def test_every_query_parses_and_uses_only_exported_metrics_and_labels(worker_met
     left_off = {"prism_schema_registry_cache_lookups"}  # the hit-ratio panel summarises it
     for name in available:
         base = re.sub(r"_(total|bucket|count|sum|created)$", "", name)
-        if name.startswith("prism_") and base not in left_off:
+        if name.startswith(("prism_", "process_")) and base not in left_off | {"process_virtual_memory_bytes",
+                                                                            "process_max_fds", "process_start_time_seconds"}:
             assert base in families, f"{name} is exported but on no panel"
 
 
@@ -204,3 +208,33 @@ def test_a_misspelt_metric_or_label_would_be_caught(worker_metrics):
     assert name in worker_metrics and not matchers <= worker_metrics[name]
     with pytest.raises(Exception):  # noqa: B017 - whatever the parser raises
         analyse("sum by (reason (rate(prism_dlq_messages_total[5m]))")
+
+
+def test_worker_panels_filter_by_pod_and_instance_and_sre_rows_exist():
+    """An SRE narrows the worker panels to one pod or instance, reads CPU and memory from the
+    process_* metrics, and sees the archive tap and the lake job; the emitted series follow the
+    source-topic filter (outputs are named `<source topic>.<layout>`)."""
+    d = dashboard()
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    for name in ("pod", "instance"):
+        assert variables[name]["includeAll"] and variables[name]["multi"], name
+        # no allValue: "All" means the listed worker pods, not every pod Prometheus knows
+        assert "allValue" not in variables[name], name
+    worker = {"prism_messages_in_total", "prism_messages_out_total", "prism_dlq_messages_total",
+              "prism_stage_latency_seconds_bucket", "prism_consumer_lag", "process_cpu_seconds_total",
+              "prism_archive_records_total"}
+    for title, expr in queries():
+        if title.startswith("variable") or "and on (pod)" in expr:
+            continue
+        for name, _ in analyse(expr)[0]:
+            if name in worker:
+                assert 'pod=~"$pod"' in expr and 'instance=~"$instance"' in expr, (title, expr)
+    emitted = [e for t, e in queries() if "prism_messages_out_total" in e and 'stage="publish"' in e]
+    assert emitted and all("$topic" in e for e in emitted), emitted
+    titles = " | ".join(p["title"] for p in panels()).lower()
+    for topic in ("worker cpu", "worker memory", "registry cpu", "registry memory", "archived records",
+                  "archive rolls", "lake compaction"):
+        assert topic in titles, topic
+    used = {name for _, expr in queries() for name, _ in analyse(expr)[0]}
+    assert {"process_cpu_seconds_total", "process_resident_memory_bytes"} <= used
+    assert used & set(KUBE_STATE_METRICS), "the lake panels read kube-state-metrics"

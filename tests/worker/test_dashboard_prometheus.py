@@ -71,7 +71,9 @@ class Prometheus:
         self.url = f"http://127.0.0.1:{self.port}"
         config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
                   "scrape_configs": [{"job_name": job, "metrics_path": "/metrics",
-                                      "static_configs": [{"targets": [target]}]} for job, target in targets.items()]}
+                                      # `pod`: the target label the ServiceMonitor (deploy/monitoring) adds
+                                      "static_configs": [{"targets": [target], "labels": {"pod": f"{job}-0"}}]}
+                                     for job, target in targets.items()]}
         (folder / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
         self.log = (folder / "prometheus.log").open("wb")
         self.proc = subprocess.Popen([binary, f"--config.file={folder / 'prometheus.yml'}",
@@ -119,9 +121,16 @@ class Prometheus:
 
 
 def as_grafana_sends_it(expr: str) -> str:
-    """Grafana's variables filled in: every topic, and a rate window of several 1 s scrapes."""
+    """Grafana's variables filled in: every topic, pod and instance, and a rate window of several
+    1 s scrapes."""
     expr = re.sub(r"\$__rate_interval|\$\{__rate_interval\}|\$__interval|\$__range", "30s", expr)
-    return expr.replace("$topic", ".*")
+    return expr.replace("$topic", ".*").replace("$pod", ".*").replace("$instance", ".*")
+
+
+#: Panels whose series this test cannot produce: kube-state-metrics (the lake job's panels) does
+#: not run here, the worker's topology has no archive tap, and no producer sends an envelope
+#: newer than the worker. tests/deploy/test_dashboard.py still checks their names and labels.
+NOT_PRODUCED_HERE = re.compile(r"\b(kube_\w+|prism_archive_\w+|prism_envelope_version_newer_total)\b")
 
 
 def registry_traffic(url: str, subject: str) -> None:
@@ -250,8 +259,8 @@ async def _wait_for_series(prom: Prometheus, timeout: float) -> list[tuple[str, 
     """Queries still empty after `timeout` (a rate needs two scrapes of a series)."""
     deadline = time.monotonic() + timeout
     while True:
-        missing = [(title, expr) for title, expr in queries()
-                   if not await asyncio.to_thread(prom.query, as_grafana_sends_it(expr))]
+        missing = [(title, expr) for title, expr in queries() if not NOT_PRODUCED_HERE.search(expr)
+                   and not await asyncio.to_thread(prom.query, as_grafana_sends_it(expr))]
         if not missing or time.monotonic() > deadline:
             return missing
         await asyncio.sleep(1.0)

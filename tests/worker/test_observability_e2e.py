@@ -143,9 +143,12 @@ async def test_metrics_health_and_management_add_up(broker, tmp_path: Path, dev_
             assert total(text, "prism_messages_out_total", stage="publish", topic=f"{src}.{layout}") == len(ok)
         assert "x" not in {k for labels, _ in samples(text, "prism_messages_in_total") for k in labels}
         assert total(text, "prism_stage_latency_seconds_count", stage="enrich") >= 1
-        # the whole chain, every message timed: one observation per batch, a positive mean
-        assert total(text, "prism_stage_latency_seconds_count", stage="chain") >= 1
+        # a per-message histogram, not batch means: the whole chain and publish are observed
+        # once per message, the sampled stages once per timed message
+        assert total(text, "prism_stage_latency_seconds_count", stage="chain") == len(published)
         assert total(text, "prism_stage_latency_seconds_sum", stage="chain") > 0
+        assert total(text, "prism_stage_latency_seconds_count", stage="publish") == len(ok)
+        assert 1 <= total(text, "prism_stage_latency_seconds_count", stage="normalize") <= len(published)
         lags = samples(text, "prism_consumer_lag")
         assert {lb["partition"] for lb, _ in lags} == {"0", "1"} and all(v >= 0 for _, v in lags)
         assert {lb["table"] for lb, _ in samples(text, "prism_table_size")} >= {f"dedup-{src}"}
