@@ -378,10 +378,11 @@ def classify(rec: Any, source: Source, ledger: dict[str, LedgerEntry], *, force:
 async def replay(topology: Topology, bootstrap: str, *, settings: Any = None, reason: str | None = None,
                  records: Sequence[str] = (), ranges: Sequence[str] = (), source: str | None = None,
                  limit: int = 0, dry_run: bool = False, force: bool = False,
-                 console: Console | None = None) -> ReplayReport:
+                 console: Console | None = None, by: str | None = None) -> ReplayReport:
     """Replay the selected DLQ records of `topology` (module docs). Every selector is checked,
     and every selected DLQ topic read, before anything is written; a `--record` that is not in
-    the DLQ is an error, not a silent no-op."""
+    the DLQ is an error, not a silent no-op. `by`: who replays, for the ledger (default: the
+    OS user at this host; the operator console passes its authenticated user)."""
     selection_given = bool(records or ranges)
     sources = choose_sources(topology, source, selection_given)
     suffix = topology.dlq.topic_suffix
@@ -440,20 +441,20 @@ async def replay(topology: Topology, bootstrap: str, *, settings: Any = None, re
     try:
         for s, ledger_name, chosen in plans:
             for i in range(0, len(chosen), _CHUNK):
-                await _replay_chunk(producer, s, ledger_name, chosen[i:i + _CHUNK], force=force)
+                await _replay_chunk(producer, s, ledger_name, chosen[i:i + _CHUNK], force=force, by=by)
     finally:
         await producer.stop()
     return report
 
 
 async def _replay_chunk(producer: AIOKafkaProducer, source: Source, ledger_name: str,
-                        chunk: list[tuple[Any, Outcome]], *, force: bool) -> None:
+                        chunk: list[tuple[Any, Outcome]], *, force: bool, by: str | None = None) -> None:
     """Send a chunk of replays, then - once every one is acknowledged - their ledger entries."""
     sends = [await producer.send(source.topic, rec.value, key=rec.key, partition=outcome.target_partition,
                                  headers=strip_error_headers(list(rec.headers or [])), timestamp_ms=rec.timestamp)
              for rec, outcome in chunk]
     metas = await asyncio.gather(*sends)
-    by, now = _operator(), int(time.time() * 1000)
+    by, now = by or _operator(), int(time.time() * 1000)
     entries = []
     for (rec, outcome), meta in zip(chunk, metas, strict=True):
         outcome.action, outcome.target_offset = "replayed", meta.offset

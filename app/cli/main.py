@@ -54,7 +54,8 @@ def friendly(fn: F) -> F:
 
 def _mount_optional() -> None:
     """Sub-apps owned by other packages; mounted when importable."""
-    for module, attr, name in (("app.schema.cli", "schema_app", "schema"), ("app.lake.cli", "lake_app", "lake")):
+    for module, attr, name in (("app.schema.cli", "schema_app", "schema"), ("app.lake.cli", "lake_app", "lake"),
+                               ("app.console.cli", "console_app", "console")):
         try:
             mod = __import__(module, fromlist=[attr])
         except ImportError:

@@ -576,17 +576,24 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
 
     @app.get("/v1/subjects/{subject}/diff", tags=["prism"])
     def v1_diff(subject: str, from_version: str = Query(alias="from"),
-                to_version: str = Query("latest", alias="to")) -> dict[str, Any]:
+                to_version: str = Query("latest", alias="to"), mode: str | None = None) -> dict[str, Any]:
+        """The verdict of one version pair under the subject's configured compatibility (the
+        mode a registration would apply; ``mode`` asks another), and a line diff of the two
+        schemas' pretty forms (:mod:`app.schema.pretty`)."""
         a, b = reg.get(subject, _ver(from_version)), reg.get(subject, _ver(to_version))
         from app.schema.compat import check as compat_check
+        from app.schema.model import CompatibilityMode
+        from app.schema.pretty import schema_diff
+        from app.schema.registry import InvalidCompatibilityLevel
 
+        try:
+            eff = CompatibilityMode.parse(mode) if mode else reg.policy(subject).compatibility
+        except ValueError as e:
+            raise InvalidCompatibilityLevel(str(e)) from e
         # Compared with their references resolved, like a registration would.
         res = compat_check(b.format, reg.effective(b.format, b.schema, b.references).comparable,
-                           [(f"v{a.version}", reg.effective(a.format, a.schema, a.references).comparable)], "FULL")
-        import difflib
-
-        text = "\n".join(difflib.unified_diff(a.schema.splitlines(), b.schema.splitlines(),
-                                              f"v{a.version}", f"v{b.version}", lineterm=""))
+                           [(f"v{a.version}", reg.effective(a.format, a.schema, a.references).comparable)], eff)
+        text = "\n".join(schema_diff(b.format, a.schema, b.schema, f"v{a.version}", f"v{b.version}"))
         return {"from": a.version, "to": b.version, "text_diff": text, **res.to_dict()}
 
     @app.delete("/v1/subjects/{subject}/versions/{version}", tags=["prism"])

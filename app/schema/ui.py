@@ -4,6 +4,15 @@ No build step and no framework: a static page that calls the ``/v1`` JSON API, s
 can never show something the API would not. It lists namespaces and subjects, a subject's
 versions (with active consumers), the schema text, the PII fields, and the diff plus
 compatibility verdict between two versions.
+
+Three things this page once got wrong, each fixed where it came from: the verdict was labelled
+"(FULL)" whatever the subject's compatibility (it now shows the mode the ``/v1`` diff checked,
+the subject's configured one); Avro and JSON schemas were printed as stored, often one line
+(they are indented now, :mod:`app.schema.pretty` on the server side); and every ``fetch`` failed
+when the page was opened as ``https://user:password@host/ui`` (a relative URL resolves against
+a base with credentials, which fetch refuses) - requests now go to ``location.origin``, which
+never carries them, and the browser adds the credentials it authenticated with. The operator
+console (:mod:`app.console`) is the full-featured successor.
 """
 
 PAGE = """<!doctype html>
@@ -29,7 +38,10 @@ PAGE = """<!doctype html>
 <script>
 const $ = (id) => document.getElementById(id);
 const esc = (s) => String(s).replace(/[&<>"]/g, c => ({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;'}[c]));
-async function j(url){ const r = await fetch(url); if(!r.ok) throw new Error(url+': '+r.status); return r.json(); }
+const api = (path) => new URL(path, location.origin);  // never the credentials of the page's URL
+const pretty = (fmt, text) => { if (fmt === 'PROTOBUF') return text;
+  try { return JSON.stringify(JSON.parse(text), null, 2); } catch (e) { return text; } };
+async function j(url){ const r = await fetch(api(url), {credentials: 'same-origin'}); if(!r.ok) throw new Error(url+': '+r.status); return r.json(); }
 async function loadSubjects(){
   const subs = await j('/v1/subjects');
   const byNs = {};
@@ -49,12 +61,12 @@ async function show(subject, version){
       `<td><code>${esc(x.hash.slice(0,19))}…</code></td><td>${x.active_consumers}</td><td>${new Date(x.created_at*1000).toISOString()}</td></tr>`).join('') + '</table>';
   document.querySelectorAll('#vtable a').forEach(a => a.onclick = (e) => { e.preventDefault(); show(subject, +a.dataset.v); });
   const one = await j(`/v1/subjects/${encodeURIComponent(subject)}/versions/${v}`);
-  $('schema').textContent = one.schema;
+  $('schema').textContent = pretty(one.format, one.schema);
   const pii = (one.metadata && one.metadata.pii_fields) || [];
   $('pii').innerHTML = `<h3>PII fields (v${v})</h3><ul id="piilist">` + (pii.map(p => `<li>${esc(p)}</li>`).join('') || '<li><i>none</i></li>') + '</ul>';
   if (v > 1) {
     const d = await j(`/v1/subjects/${encodeURIComponent(subject)}/diff?from=${vs[0].version === v ? v : vs[vs.findIndex(x=>x.version===v)-1].version}&to=${v}`);
-    const verdict = d.is_compatible ? '<span class="ok">compatible (FULL)</span>' : '<span class="breaking">breaking (FULL)</span>';
+    const verdict = d.is_compatible ? `<span class="ok">compatible (${esc(d.mode)})</span>` : `<span class="breaking">breaking (${esc(d.mode)})</span>`;
     $('diffbox').innerHTML = `<h3>Diff v${d.from} → v${d.to}: <span id="verdict">${verdict}</span></h3>` +
       '<ul id="findings">' + d.breaking_changes.map(f => `<li class="breaking">${esc(f.path)}: ${esc(f.reason)}</li>`).join('') +
       d.warnings.map(f => `<li class="warning">${esc(f.path)}: ${esc(f.reason)}</li>`).join('') + '</ul>' +

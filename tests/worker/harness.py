@@ -19,19 +19,20 @@ from app.worker.pipeline import PipelineApp
 
 class RunningPipeline:
     def __init__(self, topology: Topology, bootstrap: str, data_dir: Path, *, app_id: str | None = None,
-                 embedded: bool = True, settings: BrokerSettings | None = None) -> None:
+                 embedded: bool = True, settings: BrokerSettings | None = None, **pipeline_kw: Any) -> None:
         """`app_id` (the consumer group): pass the same one to run a second worker that resumes
         where a stopped one left off (e.g. after a topology fix). `embedded`: the broker is the
         embedded one (its workarounds on); False for Apache Kafka (`BrokerUnderTest.embedded`).
         `settings`: credentials of a secured cluster, used by the worker, the topic set-up, the
-        test producer and `outputs()` (tests/kafka/test_worker_security.py)."""
+        test producer and `outputs()` (tests/kafka/test_worker_security.py). `pipeline_kw`: more
+        `PipelineApp` arguments, e.g. `web_port` and `observe` for the management API."""
         self.settings = settings
         self.topology = topology
         self.bootstrap = bootstrap
         self.source = topology.sources[0].topic
         self.pipeline = PipelineApp(topology, bootstrap=bootstrap, data_dir=data_dir,
                                     app_id=app_id or f"test-{uuid.uuid4().hex[:8]}", embedded=embedded,
-                                    broker_settings=settings)
+                                    broker_settings=settings, **pipeline_kw)
         self.worker = InProcessWorker(self.pipeline.app)
         self.producer: AIOKafkaProducer | None = None
 

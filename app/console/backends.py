@@ -1,0 +1,297 @@
+"""The console's back ends: the registry's REST API, the workers' management APIs and the
+Kafka topics (DLQ, replay ledger, outputs).
+
+Nothing here re-implements what the CLI does: the pipeline status and rates are
+``prism status``'s (:func:`app.cli.ops.collect_status`), a DLQ row and a record's decoded,
+redacted view are ``prism dlq list|show``'s (:func:`app.cli.ops.dlq_row`,
+:func:`app.cli.ops.dlq_show_doc`), and a replay is ``prism dlq replay``'s
+(:func:`app.cli.dlq.replay`, ledger included). What this module adds is the glue a browser
+needs: which pipeline a DLQ belongs to (asked of the worker that runs it), counts by reason,
+and finding a replayed record again on the pipeline's outputs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from rich.console import Console
+
+from app.console.settings import ConsoleSettings
+from app.errors import PrismError
+from app.topology import Dlq, NormalizeStage, Source, StageSpec, Topology
+
+
+class BackendError(PrismError):
+    """A back end did not answer as expected; shown on the page, never as a stack trace."""
+
+    code = "backend_unavailable"
+
+
+def _quiet() -> Console:
+    """The CLI helpers draw progress bars; in a server they go nowhere."""
+    return Console(file=io.StringIO(), stderr=False)
+
+
+# --------------------------------------------------------------------------- registry
+
+
+class RegistryClient:
+    """The registry's ``/v1`` API with the console's own credentials."""
+
+    def __init__(self, settings: ConsoleSettings) -> None:
+        self.url = settings.registry_url
+        self._client = httpx.AsyncClient(base_url=settings.registry_url or "http://registry.invalid",
+                                         headers=dict(settings.registry_headers), timeout=15.0,
+                                         verify=settings.registry_ssl or True)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def get(self, path: str, **params: Any) -> Any:
+        if self.url is None:
+            raise BackendError("no schema registry configured", hint="start the console with --registry URL")
+        try:
+            r = await self._client.get(path, params={k: v for k, v in params.items() if v is not None})
+        except httpx.HTTPError as exc:
+            raise BackendError(f"registry {self.url} unreachable: {type(exc).__name__}",
+                               hint="check --registry and that the registry runs") from None
+        if r.status_code in (401, 403):
+            raise BackendError(f"registry refused the console (HTTP {r.status_code}) for {path}",
+                               hint="give the console registry credentials with the read role (admin for the "
+                                    "audit log): PRISM_REGISTRY_USER / PRISM_REGISTRY_PASSWORD or PRISM_REGISTRY_TOKEN")
+        if r.status_code == 404:
+            raise BackendError(f"registry has no {path}", hint="check the subject name and version")
+        if r.status_code >= 400:
+            try:
+                detail = r.json().get("message", "")
+            except ValueError:
+                detail = r.text[:200]
+            raise BackendError(f"registry answered {r.status_code} for {path}: {detail}")
+        return r.json()
+
+    async def subjects(self) -> list[dict[str, Any]]:
+        return list(await self.get("/v1/subjects"))
+
+    async def policy(self, name: str) -> dict[str, Any]:
+        return dict(await self.get(f"/v1/policies/{_seg(name)}"))
+
+
+def _seg(value: str) -> str:
+    """One path segment (subjects may contain '/': the registry reads it encoded)."""
+    from urllib.parse import quote
+
+    return quote(value, safe="")
+
+
+# --------------------------------------------------------------------------- workers
+
+
+@dataclass
+class Pipeline:
+    """One topology as the workers that run it report it."""
+
+    name: str
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    dlq_reasons: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def states(self) -> list[str]:
+        return [w["status"]["connector"]["state"] for w in self.workers]
+
+    @property
+    def lag(self) -> int:
+        """The group's lag (every worker of the group reports the same; the largest is the newest)."""
+        return max((w["status"].get("lag") or 0 for w in self.workers), default=0)
+
+    @property
+    def dlq_depth(self) -> int | None:
+        totals = [w["dlq"].get("total") for w in self.workers if w["dlq"].get("total") is not None]
+        return max(totals) if totals else None
+
+    def rate(self, key: str) -> float:
+        return round(sum(w["rates_per_s"].get(key, 0.0) for w in self.workers), 1)
+
+    def total(self, key: str) -> float:
+        return sum(w["totals"].get(key, 0.0) for w in self.workers)
+
+
+def dlq_reasons(metrics_text: str) -> Counter[str]:
+    """DLQ'd messages by reason since each worker started (``prism_dlq_messages_total``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: Counter[str] = Counter()
+    for fam in text_string_to_metric_families(metrics_text):
+        for s in fam.samples:
+            if s.name == "prism_dlq_messages_total":
+                out[s.labels.get("reason", "?")] += int(s.value)
+    return out
+
+
+def _flatten(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """A worker's ``collect_status`` document, or each of a supervisor's children's."""
+    if "supervisor" not in doc:
+        return [doc]
+    return [w["status"] for w in doc["workers"] if "status" in w]
+
+
+class Workers:
+    """The workers' management APIs, through ``prism status``'s reader."""
+
+    def __init__(self, settings: ConsoleSettings) -> None:
+        from app.cli.ops import WorkerClient
+
+        self.urls = settings.worker_urls
+        self.interval = settings.rate_interval_s
+        self.client = WorkerClient(headers=dict(settings.worker_headers), context=settings.worker_ssl)
+
+    def _collect(self, url: str) -> tuple[list[dict[str, Any]], Counter[str]]:
+        from app.cli.ops import _get, collect_status
+
+        docs = _flatten(collect_status(url, self.interval, self.client))
+        reasons: Counter[str] = Counter()
+        for d in docs:
+            reasons += dlq_reasons(_get(d["url"] + "/metrics", client=self.client))
+        return docs, reasons
+
+    async def pipelines(self) -> tuple[list[Pipeline], list[str]]:
+        """Every pipeline any worker runs (merged by name), and one line per worker that did not
+        answer. The workers are asked at once; each takes ``rate_interval_s`` (two scrapes)."""
+        results = await asyncio.gather(*(asyncio.to_thread(self._collect, u) for u in self.urls),
+                                       return_exceptions=True)
+        by_name: dict[str, Pipeline] = {}
+        errors: list[str] = []
+        for url, res in zip(self.urls, results, strict=True):
+            if isinstance(res, BaseException):
+                errors.append(f"{url}: {res}")
+                continue
+            docs, reasons = res
+            for doc in docs:
+                for t in doc["topologies"]:
+                    p = by_name.setdefault(t["name"], Pipeline(t["name"], info=t["info"]))
+                    p.workers.append({"url": doc["url"], "status": t["status"], "dlq": t["dlq"],
+                                      "rates_per_s": doc["rates_per_s"], "totals": doc["totals"]})
+                    if len(doc["topologies"]) == 1:  # the worker's metrics are this pipeline's
+                        p.dlq_reasons += reasons
+        return sorted(by_name.values(), key=lambda p: p.name), errors
+
+    async def info(self, name: str) -> dict[str, Any]:
+        """``GET /connectors/{name}`` from the first worker that runs it."""
+        from app.cli.ops import _get
+
+        last: Exception | None = None
+        for url in self.urls:
+            try:
+                return dict(await asyncio.to_thread(_get, f"{url}/connectors/{_seg(name)}", 10.0, self.client))
+            except PrismError as exc:
+                last = exc
+        raise BackendError(f"no worker runs pipeline {name!r}" + (f" ({last})" if last else ""),
+                           hint="check the --worker URLs and that the pipeline's worker is up")
+
+
+def replay_topology(info: dict[str, Any]) -> Topology:
+    """The part of a topology a DLQ read and a replay use - name, namespace, sources with their
+    partitions, DLQ suffix - from the worker's ``GET /connectors/{name}`` (the worker runs it, so
+    it is the topology the records came from; the console needs no copy of the file). Replays
+    still write only to these sources, never to a topic a DLQ header names (app/cli/dlq.py)."""
+    sources = [Source(topic=s["topic"], partitions=int(s["partitions"])) for s in info["sources"]]
+    first_dlq, first_src = info["dlq"][0], sources[0].topic
+    if not first_dlq.startswith(first_src):
+        raise BackendError(f"pipeline {info.get('name')!r}: DLQ {first_dlq!r} is not named after its source")
+    # stages: only the one every topology starts with (a replay runs none of them)
+    return Topology(name=info["name"], namespace=info["namespace"], sources=sources,
+                    stages=[StageSpec(name="normalize", settings=NormalizeStage())],
+                    dlq=Dlq(topic_suffix=first_dlq[len(first_src):]))
+
+
+# --------------------------------------------------------------------------- Kafka
+
+
+class Kafka:
+    """DLQ records, replays and outputs, with the console's broker credentials."""
+
+    def __init__(self, settings: ConsoleSettings) -> None:
+        self.bootstrap = settings.bootstrap
+        self.settings = settings.broker_settings
+        self.window = settings.trace_window
+
+    def _need(self) -> str:
+        if not self.bootstrap:
+            raise BackendError("no Kafka broker configured",
+                               hint="start the console with --broker HOST:PORT (or PRISM_BROKER_URL)")
+        return self.bootstrap
+
+    async def dlq_records(self, topology: Topology, source: str | None = None) -> list[Any]:
+        """Every DLQ record of the pipeline (or of one source), oldest first: `prism dlq list`."""
+        from app.cli.ops import read_dlq
+
+        try:
+            return await read_dlq(topology, self._need(), settings=self.settings, con=_quiet(),
+                                  sources=[source] if source else None)
+        except (TimeoutError, OSError) as exc:
+            raise BackendError(f"cannot read the DLQ: {type(exc).__name__}: {exc}") from None
+
+    async def ledger(self, topology: Topology) -> dict[str, dict[str, Any]]:
+        """``dlq topic -> {PARTITION@OFFSET: ledger entry}``: which records were replayed, by whom."""
+        from dataclasses import asdict
+
+        from app.cli.dlq import ledger_topic, read_ledger, read_to_end, topic_exists
+
+        out: dict[str, dict[str, Any]] = {}
+        for s in topology.sources:
+            dlq = s.topic + topology.dlq.topic_suffix
+            name = ledger_topic(dlq)
+            if not await topic_exists(self._need(), name, settings=self.settings):
+                out[dlq] = {}
+                continue
+            entries = read_ledger(await read_to_end(self._need(), name, 1, settings=self.settings))
+            out[dlq] = {k: asdict(v) for k, v in entries.items()}
+        return out
+
+    async def replay(self, topology: Topology, source: str, ref: str, *, force: bool, by: str) -> Any:
+        """Replay one DLQ record (`prism dlq replay --source S --record P@O [--force]`)."""
+        from app.cli.dlq import replay
+
+        return await replay(topology, self._need(), settings=self.settings, records=[ref], source=source,
+                            force=force, console=_quiet(), by=by)
+
+    async def find_output(self, topic: str, partitions: int, marker: bytes) -> Any | None:
+        """The record of output ``topic`` (``partitions``: its source's count, as Prism creates
+        it) whose ``prism-source`` header is ``marker`` (``topic/partition/offset`` of the input it
+        came from), looked for in the last ``trace_window`` records of each partition; None when
+        it is not (yet) there."""
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        from app.cli.dlq import topic_exists
+        from app.worker.offsets import true_end_offsets
+
+        if not await topic_exists(self._need(), topic, settings=self.settings):  # never create it by asking
+            return None
+        consumer = AIOKafkaConsumer(bootstrap_servers=self._need(), group_id=None, enable_auto_commit=False,
+                                    auto_offset_reset="earliest",
+                                    **(self.settings.aiokafka_kwargs() if self.settings else {}))
+        await consumer.start()
+        try:
+            tps = [TopicPartition(topic, p) for p in range(partitions)]
+            consumer.assign(tps)
+            begin = await consumer.beginning_offsets(tps)
+            ends = await true_end_offsets(consumer, tps)
+            for tp in tps:
+                consumer.seek(tp, max(begin.get(tp, 0), ends.get(tp, 0) - self.window))
+            pending = {tp for tp in tps if await consumer.position(tp) < ends.get(tp, 0)}
+            deadline = asyncio.get_running_loop().time() + 30
+            while pending and asyncio.get_running_loop().time() < deadline:
+                batch = await consumer.getmany(*pending, timeout_ms=500, max_records=5000)
+                for recs in batch.values():
+                    for rec in recs:
+                        if any(k == "prism-source" and v == marker for k, v in rec.headers or ()):
+                            return rec
+                pending = {tp for tp in pending if await consumer.position(tp) < ends[tp]}
+            return None
+        finally:
+            await consumer.stop()

@@ -1,0 +1,79 @@
+"""``prism console``: run the operator console (uvicorn)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from app.cli.output import friendly
+
+console_app = typer.Typer(help="The operator console in the browser.", invoke_without_command=True)
+
+
+@console_app.callback()
+@friendly
+def console(
+    registry: Annotated[str | None, typer.Option(
+        "--registry", envvar="PRISM_CONSOLE_REGISTRY_URL",
+        help="schema registry URL; the console's credentials: PRISM_REGISTRY_USER/_PASSWORD or _TOKEN")] = None,
+    worker: Annotated[list[str] | None, typer.Option(
+        "--worker", envvar="PRISM_CONSOLE_WORKER_URLS",
+        help="worker (or supervisor) management API URL(s), comma-separated or repeated; credentials: "
+             "PRISM_ADMIN_USER/_PASSWORD or _TOKEN")] = None,
+    broker: Annotated[str | None, typer.Option(
+        "--broker", help="Kafka bootstrap for the DLQ pages (default: PRISM_BROKER_URL, else the local "
+                         "`prism broker`); PRISM_SECURITY_PROTOCOL / PRISM_SASL_* apply")] = None,
+    users_file: Annotated[Path | None, typer.Option(
+        "--users-file", envvar="PRISM_CONSOLE_USERS_FILE",
+        help="YAML/JSON users file (prism schema hash-password): read role views, admin replays")] = None,
+    jwt_config: Annotated[Path | None, typer.Option(
+        "--jwt-config", envvar="PRISM_CONSOLE_JWT_CONFIG", help="bearer JWTs for scripted (read) access")] = None,
+    host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = 8090,
+    ssl_certfile: Annotated[Path | None, typer.Option("--ssl-certfile", help="PEM certificate: serve HTTPS")] = None,
+    ssl_keyfile: Annotated[Path | None, typer.Option("--ssl-keyfile", help="PEM key of --ssl-certfile")] = None,
+) -> None:
+    """Run the operator console: pipelines, DLQ browsing and replay, subjects, PII, approvals,
+    policies and the audit log. Every page needs a log-in (--users-file); it refuses to start
+    without users."""
+    import os
+
+    import uvicorn
+
+    from app.console.settings import ConsoleSettings
+    from app.console.web import create_app
+    from app.errors import ConfigError
+    from app.security.http_auth import auth_from_settings
+
+    if users_file is None:
+        raise ConfigError("the console needs its users", path="--users-file",
+                          hint="make one with `prism schema hash-password` (docs/operations.md, Console); roles: "
+                               "read to view, admin to replay")
+    if (ssl_certfile is None) != (ssl_keyfile is None):
+        raise ConfigError("--ssl-certfile and --ssl-keyfile go together", path="--ssl-certfile")
+    auth = auth_from_settings(users_file=users_file, jwt_config=jwt_config, allow_anonymous=None,
+                              realm="prism-console", where="--users-file")
+    bootstrap, broker_settings = None, None
+    if broker or (os.environ.get("PRISM_BROKER_URL") or "").strip():
+        from app.broker.admin import BrokerSettings
+
+        broker_settings = BrokerSettings.from_env({**os.environ, "PRISM_BROKER_URL": broker} if broker else None)
+        bootstrap = broker_settings.bootstrap
+    else:
+        from app.broker.local import find_running
+
+        running = find_running()
+        bootstrap = running.bootstrap if running is not None else None
+    settings = ConsoleSettings.from_env(auth, registry_url=registry, worker_urls=worker or [],
+                                        bootstrap=bootstrap, broker_settings=broker_settings)
+    if ssl_certfile is None and host not in ("127.0.0.1", "::1", "localhost"):
+        typer.echo(f"⚠️  serving log-ins over plain HTTP on {host}: pass --ssl-certfile/--ssl-keyfile or "
+                   "terminate TLS in front of the console", err=True)
+    typer.echo(f"prism console on http{'s' if ssl_certfile else ''}://{host}:{port}: registry "
+               f"{settings.registry_url or 'none'}, workers {', '.join(settings.worker_urls) or 'none'}, broker "
+               f"{bootstrap or 'none'}", err=True)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning",
+                ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
+                ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None)

@@ -1,0 +1,109 @@
+"""What the console connects to, and as whom (module docs of :mod:`app.console`)."""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from app.errors import ConfigError
+from app.security.http_auth import HttpAuth, client_auth_from_env
+
+#: The console's own users: the registry's users-file format (Argon2id hashes, roles).
+ENV_USERS_FILE = "PRISM_CONSOLE_USERS_FILE"
+ENV_JWT_CONFIG = "PRISM_CONSOLE_JWT_CONFIG"
+ENV_REGISTRY_URL = "PRISM_CONSOLE_REGISTRY_URL"
+ENV_WORKER_URLS = "PRISM_CONSOLE_WORKER_URLS"
+#: CA files for HTTPS back ends (the worker one is the one `prism status` reads).
+ENV_REGISTRY_CAFILE = "PRISM_REGISTRY_CAFILE"
+ENV_ADMIN_CAFILE = "PRISM_ADMIN_CAFILE"
+
+
+def _url(value: str, where: str) -> str:
+    text = value.strip().rstrip("/")
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{value!r} is not an http(s) URL", path=where, hint="e.g. http://127.0.0.1:8081")
+    if parts.username or parts.password:
+        raise ConfigError(f"{where} carries credentials in the URL", path=where,
+                          hint="put them in PRISM_REGISTRY_USER/_PASSWORD or PRISM_ADMIN_USER/_PASSWORD instead")
+    return text
+
+
+def split_urls(values: Sequence[str], where: str) -> list[str]:
+    """``--worker`` values, each possibly a comma-separated list, as checked URLs (order kept,
+    duplicates dropped)."""
+    out: list[str] = []
+    for v in values:
+        for part in v.split(","):
+            if part.strip():
+                u = _url(part, where)
+                if u not in out:
+                    out.append(u)
+    return out
+
+
+def _ssl_context(cafile: str | None, where: str) -> ssl.SSLContext | None:
+    if not cafile:
+        return None
+    try:
+        return ssl.create_default_context(cafile=cafile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load CA file: {exc}", path=where, hint="a PEM file of the CA that signed the "
+                                                                          "server's certificate") from None
+
+
+@dataclass(frozen=True)
+class ConsoleSettings:
+    """Everything the console needs besides its own users (``auth``).
+
+    ``registry_headers``/``worker_headers`` are the console's credentials for the back ends:
+    sent server-side only, never rendered. ``bootstrap``/``broker_settings``: the Kafka cluster
+    holding the DLQ topics (None: the DLQ pages say that no broker is configured)."""
+
+    auth: HttpAuth
+    registry_url: str | None = None
+    worker_urls: tuple[str, ...] = ()
+    registry_headers: Mapping[str, str] = field(default_factory=dict)
+    worker_headers: Mapping[str, str] = field(default_factory=dict)
+    registry_ssl: ssl.SSLContext | None = None
+    worker_ssl: ssl.SSLContext | None = None
+    bootstrap: str | None = None
+    broker_settings: Any = None
+    #: seconds a log-in lasts without a request, and at most
+    idle_timeout_s: float = 8 * 3600
+    max_session_s: float = 24 * 3600
+    #: seconds between the two /metrics scrapes a rate is computed from
+    rate_interval_s: float = 1.0
+    #: records read from the end of each output partition when looking for a replayed record
+    trace_window: int = 20_000
+
+    @classmethod
+    def from_env(cls, auth: HttpAuth, *, registry_url: str | None = None, worker_urls: Sequence[str] = (),
+                 bootstrap: str | None = None, broker_settings: Any = None,
+                 env: Mapping[str, str] | None = None) -> ConsoleSettings:
+        """Back-end credentials and CA files from the variables the CLI already reads:
+        ``PRISM_REGISTRY_USER``/``_PASSWORD``/``_TOKEN`` (+ ``PRISM_REGISTRY_CAFILE``) and
+        ``PRISM_ADMIN_USER``/``_PASSWORD``/``_TOKEN`` (+ ``PRISM_ADMIN_CAFILE``)."""
+        env = os.environ if env is None else env
+        reg = registry_url or env.get(ENV_REGISTRY_URL) or None
+        workers = list(worker_urls) or [env.get(ENV_WORKER_URLS, "")]
+        return cls(auth=auth, registry_url=_url(reg, "--registry") if reg else None,
+                   worker_urls=tuple(split_urls(workers, "--worker")),
+                   registry_headers=client_auth_from_env("PRISM_REGISTRY", env),
+                   worker_headers=client_auth_from_env("PRISM_ADMIN", env),
+                   registry_ssl=_ssl_context(env.get(ENV_REGISTRY_CAFILE), ENV_REGISTRY_CAFILE),
+                   worker_ssl=_ssl_context(env.get(ENV_ADMIN_CAFILE), ENV_ADMIN_CAFILE),
+                   bootstrap=bootstrap, broker_settings=broker_settings)
+
+
+def templates_dir() -> Path:
+    return Path(__file__).parent / "templates"
+
+
+def static_dir() -> Path:
+    return Path(__file__).parent / "static"

@@ -1,0 +1,418 @@
+"""The console's web app: server-rendered pages (Jinja2, autoescaped) and one state-changing
+action, the DLQ replay.
+
+Why server-rendered: every value shown - a schema, a DLQ payload, an error message, a header -
+comes from producers or operators and may hold markup. Jinja2's autoescaping turns all of it
+into text in one place, and the Content-Security-Policy (scripts and styles from this origin
+only, no inline script) stops anything that slipped through from running. The small script
+in ``static/console.js`` only filters tables; the pages work without it.
+
+Who may do what (one check, :func:`_authenticate`, in front of every route but the log-in page,
+its stylesheet and ``/healthz``): a session from the log-in form, or an ``Authorization`` header
+(HTTP basic against the users file, or a bearer JWT) for scripts. Any role reads; ``admin`` is
+needed to replay and to see the audit log and PII audit (the registry shows those to admins
+only). A replay is a POST that carries the session's CSRF token and passes a same-origin check.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import urllib.parse
+from collections import Counter
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import jinja2
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from app.console.backends import BackendError, Kafka, RegistryClient, Workers, replay_topology
+from app.console.sessions import COOKIE, Session, Sessions, check_same_origin, csrf_ok
+from app.console.settings import ConsoleSettings, static_dir, templates_dir
+from app.schema.pretty import pretty_schema
+from app.security.http_auth import Principal, TooManyFailures, Unauthenticated, basic_header
+
+#: Reachable without logging in: the log-in page, its two static assets, the liveness probe.
+OPEN_PATHS = frozenset({"/login", "/healthz", "/static/console.css", "/static/console.js"})
+MAX_FORM_BYTES = 16 * 1024
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+       "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+#: DLQ records listed on one page at most (the newest)
+MAX_ROWS = 500
+
+
+class NeedsLogin(Exception):
+    """No (valid) credentials: a browser is sent to the log-in page, a script gets 401."""
+
+
+class Forbidden(Exception):
+    """Authenticated, but the role does not allow it (403)."""
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["pretty"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False, default=str, sort_keys=False)
+    env.filters["when"] = _when
+    env.filters["q"] = lambda v: urllib.parse.quote(str(v), safe="")
+    return env
+
+
+def _when(value: Any) -> str:
+    """Epoch seconds or milliseconds (or an ISO string) as UTC, to the second."""
+    if value in (None, ""):
+        return ""
+    if isinstance(value, str):
+        return value[:19].replace("T", " ")
+    t = float(value)
+    t = t / 1000 if t > 1e11 else t
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """An ``application/x-www-form-urlencoded`` body (the only kind the console's forms send),
+    size-limited; the last value of a repeated field would be ambiguous, so repeats are refused."""
+    body = await request.body()
+    if len(body) > MAX_FORM_BYTES:
+        raise Forbidden("form too large")
+    pairs = urllib.parse.parse_qsl(body.decode("utf-8", errors="replace"), keep_blank_values=True)
+    out: dict[str, str] = {}
+    for k, v in pairs:
+        if k in out:
+            raise Forbidden(f"form field {k!r} sent twice")
+        out[k] = v
+    return out
+
+
+def _own_origin(request: Request) -> str:
+    return f"{request.url.scheme}://{request.headers.get('host', request.url.netloc)}"
+
+
+def create_app(settings: ConsoleSettings) -> FastAPI:
+    """The console around ``settings`` (its users: ``settings.auth``; back ends: the rest)."""
+    sessions = Sessions(settings.idle_timeout_s, settings.max_session_s)
+    registry = RegistryClient(settings)
+    workers = Workers(settings)
+    kafka = Kafka(settings)
+    env = _environment()
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> Any:
+        yield
+        await registry.close()
+
+    app = FastAPI(title="Prism console", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.sessions = sessions
+    app.mount("/static", StaticFiles(directory=str(static_dir())), name="static")
+
+    def render(request: Request, template: str, status: int = 200, **ctx: Any) -> HTMLResponse:
+        session: Session | None = getattr(request.state, "session", None)
+        principal: Principal | None = getattr(request.state, "principal", None)
+        html = env.get_template(template).render(
+            principal=principal, csrf=session.csrf if session else "", path=request.url.path,
+            is_admin=bool(principal and principal.is_admin), **ctx)
+        return HTMLResponse(html, status_code=status)
+
+    async def _authenticate(request: Request) -> None:
+        """Sets ``request.state.principal`` (and ``.session``), or raises (module docs)."""
+        session = sessions.get(request.cookies.get(COOKIE))
+        if session is not None:
+            request.state.session, request.state.principal = session, session.principal
+            return
+        header = request.headers.getlist("authorization")
+        if not header:
+            raise NeedsLogin()
+        try:
+            principal = await settings.auth.authenticate(header, request.client.host if request.client else None)
+        except Unauthenticated:
+            raise NeedsLogin() from None
+        if not principal.can_read():
+            raise Forbidden(f"{principal.name} has no role here")
+        request.state.session, request.state.principal = None, principal
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Response:
+        """Every request but :data:`OPEN_PATHS` is authenticated here, before any route runs -
+        a route added later cannot be left open by forgetting a dependency."""
+        request.state.session = request.state.principal = None
+        try:
+            if request.url.path not in OPEN_PATHS:
+                await _authenticate(request)
+            response: Response = await call_next(request)
+        except NeedsLogin:
+            if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
+                nxt = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+                response = RedirectResponse("/login?" + urllib.parse.urlencode({"next": nxt}), status_code=303)
+            else:
+                challenges = settings.auth.challenges()
+                response = JSONResponse({"error": "unauthenticated", "login": "/login"}, status_code=401,
+                                        headers={"WWW-Authenticate": ", ".join(challenges)})
+        except TooManyFailures as exc:
+            response = JSONResponse({"error": "too_many_failures"}, status_code=429,
+                                    headers={"Retry-After": str(max(1, int(exc.retry_after)))})
+        except Forbidden as exc:
+            response = render(request, "error.html", 403, title="Not allowed", message=str(exc), hint="")
+        response.headers["Content-Security-Policy"] = CSP
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "same-origin"
+        response.headers["X-Frame-Options"] = "DENY"
+        if not request.url.path.startswith("/static/"):
+            response.headers["Cache-Control"] = "no-store"
+        return response
+
+    @app.exception_handler(BackendError)
+    async def backend_error(request: Request, exc: BackendError) -> HTMLResponse:
+        return render(request, "error.html", 502, title="A back end did not answer", message=exc.message,
+                      hint=exc.hint or "")
+
+    @app.exception_handler(Forbidden)
+    async def forbidden(request: Request, exc: Forbidden) -> HTMLResponse:
+        return render(request, "error.html", 403, title="Not allowed", message=str(exc), hint="")
+
+    def need_admin(request: Request, what: str) -> Principal:
+        principal: Principal = request.state.principal
+        if not principal.is_admin:
+            raise Forbidden(f"{what} needs the admin role; {principal.name} has "
+                            f"{', '.join(sorted(principal.roles)) or 'no role'}")
+        return principal
+
+    def check_post(request: Request, form: dict[str, str]) -> None:
+        """CSRF: a session's form, with its token, from this origin."""
+        session: Session | None = request.state.session
+        if session is None:
+            raise Forbidden("state-changing requests need a log-in session (the form of a console page)")
+        if not check_same_origin(_own_origin(request), request.headers.get("origin"), request.headers.get("referer")):
+            raise Forbidden("cross-origin request refused")
+        if not csrf_ok(session, form.get("csrf")):
+            raise Forbidden("the form's CSRF token does not match this session; reload the page and try again")
+
+    def secure(request: Request) -> bool:
+        return request.url.scheme == "https"
+
+    # ------------------------------------------------------------------ log-in, log-out --
+    def _next(value: str | None) -> str:
+        """Only a local path: the log-in form must not become an open redirect."""
+        if value and value.startswith("/") and not value.startswith("//") and "\\" not in value:
+            return value
+        return "/"
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/login", response_class=HTMLResponse)
+    async def login_page(request: Request, next: str | None = None) -> HTMLResponse:
+        return render(request, "login.html", next=_next(next), error="")
+
+    @app.post("/login", response_class=HTMLResponse)
+    async def login(request: Request) -> Response:
+        form = await _form(request)
+        if not check_same_origin(_own_origin(request), request.headers.get("origin"), request.headers.get("referer")):
+            raise Forbidden("cross-origin log-in refused")
+        nxt = _next(form.get("next"))
+        user, password = form.get("user", ""), form.get("password", "")
+        try:
+            if not user or ":" in user or not settings.auth.users:
+                raise Unauthenticated("invalid user name or password")
+            principal = await settings.auth.authenticate(basic_header(user, password),
+                                                         request.client.host if request.client else None)
+        except Unauthenticated:
+            return render(request, "login.html", 401, next=nxt, error="Invalid user name or password.")
+        except TooManyFailures as exc:
+            return render(request, "login.html", 429, next=nxt,
+                          error=f"Too many failed attempts; wait {max(1, int(exc.retry_after))} s.")
+        if not principal.can_read():
+            return render(request, "login.html", 403, next=nxt, error=f"{principal.name} has no role here.")
+        token, _ = sessions.create(principal)
+        response = RedirectResponse(nxt, status_code=303)
+        response.set_cookie(COOKIE, token, httponly=True, samesite="strict", secure=secure(request), path="/")
+        return response
+
+    @app.post("/logout")
+    async def logout(request: Request) -> Response:
+        check_post(request, await _form(request))
+        sessions.end(request.cookies.get(COOKIE))
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(COOKIE, path="/")
+        return response
+
+    # ------------------------------------------------------------------------ pipelines --
+    @app.get("/", response_class=HTMLResponse)
+    async def pipelines(request: Request) -> HTMLResponse:
+        found, errors = await workers.pipelines() if workers.urls else ([], [])
+        return render(request, "pipelines.html", pipelines=found, errors=errors, worker_urls=workers.urls,
+                      interval=settings.rate_interval_s)
+
+    async def _topology(name: str) -> tuple[dict[str, Any], Any]:
+        info = await workers.info(name)
+        return info, replay_topology(info)
+
+    @app.get("/pipelines/{name}/dlq", response_class=HTMLResponse)
+    async def dlq(request: Request, name: str, reason: str | None = None, q: str | None = None,
+                  source: str | None = None) -> HTMLResponse:
+        from app.cli.ops import dlq_row
+
+        info, topology = await _topology(name)
+        if source is not None and source not in {s.topic for s in topology.sources}:
+            raise BackendError(f"{source!r} is not a source of {name}")
+        records = await kafka.dlq_records(topology, source)
+        ledger = await kafka.ledger(topology)
+        rows = []
+        for rec in records:
+            row = dlq_row(rec)
+            row["ref"] = f"{rec.partition}@{rec.offset}"
+            row["source_topic"] = rec.topic[: -len(topology.dlq.topic_suffix)] if topology.dlq.topic_suffix else rec.topic
+            row["replayed"] = ledger.get(rec.topic, {}).get(row["ref"])
+            rows.append(row)
+        by_reason = Counter(r["reason"] for r in rows)
+        needle = (q or "").strip().lower()
+        shown = [r for r in rows if (not reason or r["reason"] == reason)
+                 and (not needle or needle in " ".join(str(r[k]) for k in (
+                     "ref", "source", "stage", "reason", "error", "attested_identity", "exception")).lower())]
+        return render(request, "dlq.html", name=name, info=info, rows=shown[-MAX_ROWS:], total=len(rows),
+                      matching=len(shown), by_reason=sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0])),
+                      reason=reason or "", q=q or "", source=source or "")
+
+    async def _record(name: str, source: str, ref: str) -> tuple[Any, Any, dict[str, Any]]:
+        from app.cli.dlq import BadSelector, parse_ref
+
+        info, topology = await _topology(name)
+        chosen = [s for s in topology.sources if s.topic == source]
+        if not chosen:
+            raise BackendError(f"{source!r} is not a source of {name}")
+        try:
+            part, off = parse_ref(ref, chosen[0].partitions, source + topology.dlq.topic_suffix, option="record")
+        except BadSelector as exc:
+            raise BackendError(exc.message, hint=exc.hint or "") from None
+        match = [r for r in await kafka.dlq_records(topology, source) if r.partition == part and r.offset == off]
+        if not match:
+            raise BackendError(f"no record at {ref} in {source + topology.dlq.topic_suffix}",
+                               hint="deleted by retention, or beyond the end")
+        return topology, match[0], info
+
+    @app.get("/pipelines/{name}/dlq/{source}/{ref}", response_class=HTMLResponse)
+    async def dlq_record(request: Request, name: str, source: str, ref: str) -> HTMLResponse:
+        from app.cli.ops import dlq_show_doc
+
+        topology, rec, _ = await _record(name, source, ref)
+        doc = dlq_show_doc(rec)
+        ledger = (await kafka.ledger(topology)).get(rec.topic, {}).get(ref)
+        value = {k: v for k, v in doc["value"].items() if k not in ("kind", "not_an_envelope")}
+        return render(request, "dlq_record.html", name=name, source=source, ref=ref, doc=doc, value=value,
+                      ledger=ledger)
+
+    @app.post("/pipelines/{name}/dlq/{source}/{ref}/replay", response_class=HTMLResponse)
+    async def dlq_replay(request: Request, name: str, source: str, ref: str) -> HTMLResponse:
+        form = await _form(request)
+        check_post(request, form)
+        principal = need_admin(request, "replaying a DLQ record")
+        topology, _, _ = await _record(name, source, ref)
+        report = await kafka.replay(topology, source, ref, force=form.get("force") == "yes",
+                                    by=f"console:{principal.name}")
+        outcome = report.outcomes[0] if report.outcomes else None
+        return render(request, "replay_result.html", name=name, source=source, ref=ref, outcome=outcome)
+
+    @app.get("/pipelines/{name}/trace", response_class=HTMLResponse)
+    async def trace(request: Request, name: str, topic: str, partition: int, offset: int) -> HTMLResponse:
+        """Where the input at ``topic``/``partition``/``offset`` went: the ``.v3`` record whose
+        ``prism-source`` names it (a replayed record's new offset), decoded and redacted."""
+        from app.cli.envelope_view import value_doc
+
+        info, topology = await _topology(name)
+        if topic not in {s.topic for s in topology.sources}:
+            raise BackendError(f"{topic!r} is not a source of {name}")
+        outputs = [o for o in info["outputs"] if o.startswith(topic + ".")]
+        output = next((o for o in outputs if o.endswith(".v3")), outputs[-1] if outputs else topic + ".v3")
+        partitions = next(s.partitions for s in topology.sources if s.topic == topic)
+        rec = await kafka.find_output(output, partitions, f"{topic}/{partition}/{offset}".encode())
+        doc = None if rec is None else {"partition": rec.partition, "offset": rec.offset,
+                                        "timestamp": rec.timestamp, "value": value_doc(rec.value or b"")}
+        return render(request, "trace.html", name=name, topic=topic, partition=partition, offset=offset,
+                      output=output, found=doc)
+
+    # ------------------------------------------------------------------------- subjects --
+    @app.get("/subjects", response_class=HTMLResponse)
+    async def subjects(request: Request, q: str | None = None) -> HTMLResponse:
+        import asyncio
+
+        needle = (q or "").strip()
+        all_subjects = await registry.subjects()
+        by_id: list[dict[str, Any]] = []
+        if needle.isdigit():  # a schema id: which subjects and versions use it
+            try:
+                by_id = list(await registry.get(f"/schemas/ids/{int(needle)}/versions"))
+            except BackendError:
+                by_id = []
+        low = needle.lower()
+        shown = [s for s in all_subjects if not low or low in s["subject"].lower() or low in s["namespace"].lower()
+                 or any(b["subject"] == s["subject"] for b in by_id)][:200]
+        policies, latest = await asyncio.gather(
+            asyncio.gather(*(registry.policy(s["subject"]) for s in shown)),
+            asyncio.gather(*(registry.get(f"/v1/subjects/{_seg(s['subject'])}/versions/latest") for s in shown)))
+        rows = [{**s, "compatibility": p["compatibility"], "policy_source": p.get("source", ""), "id": v["id"]}
+                for s, p, v in zip(shown, policies, latest, strict=True)]
+        return render(request, "subjects.html", rows=rows, q=needle, total=len(all_subjects), by_id=by_id)
+
+    @app.get("/subjects/{subject:path}", response_class=HTMLResponse)
+    async def subject(request: Request, subject: str, to: int | None = None) -> HTMLResponse:
+        import asyncio
+
+        frm = request.query_params.get("from")  # a Python keyword: read by hand
+        versions = list(await registry.get(f"/v1/subjects/{_seg(subject)}/versions"))
+        if not versions:
+            raise BackendError(f"subject {subject!r} has no versions")
+        numbers = [v["version"] for v in versions]
+        to_v = to if to in numbers else numbers[-1]
+        before = [n for n in numbers if n < to_v]
+        from_v = int(frm) if frm and frm.isdigit() and int(frm) in numbers else (before[-1] if before else None)
+        seg = _seg(subject)
+        pairs = list(itertools.pairwise(numbers))
+        policy, pair_diffs, new, old = await asyncio.gather(
+            registry.policy(subject),
+            asyncio.gather(*(registry.get(f"/v1/subjects/{seg}/diff", **{"from": a, "to": b}) for a, b in pairs)),
+            registry.get(f"/v1/subjects/{seg}/versions/{to_v}"),
+            registry.get(f"/v1/subjects/{seg}/versions/{from_v}") if from_v is not None else _none())
+        verdicts = {b: d for (_, b), d in zip(pairs, pair_diffs, strict=True)}
+        selected = None
+        if from_v is not None:
+            selected = verdicts.get(to_v) if from_v == (before[-1] if before else None) else \
+                await registry.get(f"/v1/subjects/{seg}/diff", **{"from": from_v, "to": to_v})
+        return render(request, "subject.html", subject=subject, versions=versions, policy=policy, verdicts=verdicts,
+                      new=new, old=old, new_text=pretty_schema(new["format"], new["schema"]),
+                      old_text=pretty_schema(old["format"], old["schema"]) if old else "",
+                      selected=selected, from_v=from_v, to_v=to_v,
+                      diff_lines=(selected or {}).get("text_diff", "").splitlines())
+
+    # ----------------------------------------------------------------------- governance --
+    @app.get("/governance", response_class=HTMLResponse)
+    async def governance(request: Request) -> HTMLResponse:
+        import asyncio
+
+        policies, approvals, subs = await asyncio.gather(registry.get("/v1/policies"), registry.get("/v1/approvals"),
+                                                         registry.subjects())
+        latest = await asyncio.gather(*(registry.get(f"/v1/subjects/{_seg(s['subject'])}/versions/latest")
+                                        for s in subs))
+        pii = [{"subject": v["subject"], "version": v["version"], "fields": v.get("metadata", {}).get("pii_fields", [])}
+               for v in latest]
+        pii_audit = await registry.get("/v1/pii/audit") if request.state.principal.is_admin else None
+        return render(request, "governance.html", policies=policies, approvals=approvals, pii=pii,
+                      pii_audit=pii_audit)
+
+    @app.get("/audit", response_class=HTMLResponse)
+    async def audit(request: Request, subject: str | None = None, limit: int = 200) -> HTMLResponse:
+        need_admin(request, "the audit log")
+        entries = await registry.get("/v1/audit", subject=subject or None, limit=max(1, min(limit, 1000)))
+        return render(request, "audit.html", entries=entries, subject=subject or "")
+
+    return app
+
+
+async def _none() -> None:
+    return None
+
+
+def _seg(value: str) -> str:
+    return urllib.parse.quote(value, safe="")

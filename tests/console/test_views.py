@@ -1,0 +1,276 @@
+"""The console's pages with FastAPI's TestClient, against a real registry (uvicorn, SQLite):
+every route needs a log-in, roles decide who may replay and read the audit log, replays need
+the session's CSRF token from this origin, every value is rendered as text, and the verdict of
+a version pair is the one the subject's configured compatibility gives (BACKWARD vs FULL).
+
+The DLQ back end is replaced here by in-memory records (the browser test,
+tests/console/test_console_browser.py, reads and replays real ones on the embedded broker)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
+
+from app.cli.dlq import Outcome, ReplayReport
+from app.console import create_app
+from app.console.backends import Kafka, Workers
+from app.console.web import OPEN_PATHS
+from tests.console.support import (
+    BACKWARD_SUBJECT,
+    FULL_SUBJECT,
+    XSS,
+    console_settings,
+    registry_server,
+)
+from tests.support import USERS, write_users_file
+
+HTML = {"accept": "text/html"}
+SRC = "orders.created.x"
+INFO = {"name": "orders-x", "namespace": "order-events", "sources": [{"topic": SRC, "partitions": 2}],
+        "outputs": [f"{SRC}.v2", f"{SRC}.v3"], "dlq": [f"{SRC}.dlq"], "stages": ["normalize"]}
+
+
+@dataclass
+class FakeRecord:
+    topic: str
+    partition: int
+    offset: int
+    value: bytes
+    timestamp: int = 1_760_000_000_000
+    key: bytes | None = None
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+def dlq_record(offset: int, reason: str, message: str, value: bytes) -> FakeRecord:
+    return FakeRecord(f"{SRC}.dlq", 1, offset, value, headers=[
+        ("prism.errors.topic", SRC.encode()), ("prism.errors.partition", b"1"),
+        ("prism.errors.offset", str(100 + offset).encode()), ("prism.errors.stage", b"policy"),
+        ("prism.errors.reason", reason.encode()), ("prism.errors.exception.message", message.encode()),
+        ("Authorization", b"Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl")])
+
+
+RECORDS = [dlq_record(0, "policy_violation", f"confidential data must be encrypted {XSS}",
+                      b'{"order_id": "o-1", "note": "' + XSS.encode() + b'"}'),
+           dlq_record(1, "auth_failed", "token expired", b"raw bytes")]
+
+
+@pytest.fixture(scope="module")
+def users_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_users_file(tmp_path_factory.mktemp("console-users") / "users.yaml")
+
+
+@pytest.fixture
+def replays(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The DLQ back end in memory; the replays asked for are recorded."""
+    calls: list[dict[str, Any]] = []
+
+    async def info(self: Workers, name: str) -> dict[str, Any]:
+        return INFO
+
+    async def records(self: Kafka, topology: Any, source: str | None = None) -> list[Any]:
+        return list(RECORDS)
+
+    async def ledger(self: Kafka, topology: Any) -> dict[str, dict[str, Any]]:
+        return {}
+
+    async def replay(self: Kafka, topology: Any, source: str, ref: str, *, force: bool, by: str) -> ReplayReport:
+        calls.append({"source": source, "ref": ref, "force": force, "by": by,
+                      "sources": [(s.topic, s.partitions) for s in topology.sources]})
+        return ReplayReport(False, force, [Outcome(f"{SRC}.dlq", 1, 0, "policy_violation", "replayed",
+                                                   target_topic=SRC, target_partition=1, target_offset=7)])
+
+    monkeypatch.setattr(Workers, "info", info)
+    monkeypatch.setattr(Kafka, "dlq_records", records)
+    monkeypatch.setattr(Kafka, "ledger", ledger)
+    monkeypatch.setattr(Kafka, "replay", replay)
+    return calls
+
+
+@pytest.fixture
+def client(tmp_path: Path, users_file: Path, replays: list[dict[str, Any]]) -> Iterator[TestClient]:
+    with registry_server(tmp_path, users_file) as (url, _):
+        app = create_app(console_settings(users_file, registry_url=url, worker_urls=("http://127.0.0.1:9",),
+                                          bootstrap="127.0.0.1:9"))
+        with TestClient(app, base_url="http://console.test") as c:
+            yield c
+
+
+def login(c: TestClient, user: str) -> str:
+    """Logs ``user`` in through the form; returns a CSRF token of the session (from a page)."""
+    r = c.post("/login", data={"user": user, "password": USERS[user][0], "next": "/subjects"},
+               headers={"origin": "http://console.test"}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/subjects", r.text
+    cookie = r.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
+    page = c.get("/governance")
+    m = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert m, page.text
+    return m.group(1)
+
+
+def test_every_route_needs_a_login(client: TestClient) -> None:
+    paths = sorted({r.path for r in client.app.routes if isinstance(r, APIRoute)})  # type: ignore[attr-defined]
+    assert {"/", "/subjects", "/subjects/{subject:path}", "/governance", "/audit", "/pipelines/{name}/dlq",
+            "/pipelines/{name}/dlq/{source}/{ref}", "/pipelines/{name}/dlq/{source}/{ref}/replay",
+            "/pipelines/{name}/trace", "/logout"} <= set(paths)
+    for template in paths:
+        path = re.sub(r"\{[^}]+\}", "x", template)
+        if path in OPEN_PATHS:
+            continue
+        for method in ("GET", "POST"):
+            bare = client.request(method, path, follow_redirects=False)
+            assert bare.status_code in (401, 405), (method, path, bare.status_code)
+            if bare.status_code == 401:
+                assert bare.headers["www-authenticate"].startswith("Basic realm=")
+        browser = client.get(path, headers=HTML, follow_redirects=False)
+        if browser.status_code != 405:
+            assert browser.status_code == 303 and browser.headers["location"].startswith("/login?next="), path
+    # a wrong password is a 401 like none; the page never says which part was wrong
+    wrong = client.get("/", headers={"authorization": "Basic cmVhZGVyOm5vcGU="})
+    assert wrong.status_code == 401
+    assert client.get("/login").status_code == 200 and client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/static/console.css").status_code == 200
+
+
+def test_login_logout_and_no_open_redirect(client: TestClient) -> None:
+    bad = client.post("/login", data={"user": "reader", "password": "nope", "next": "/"})
+    assert bad.status_code == 401 and "Invalid user name or password." in bad.text
+    evil = client.post("/login", data={"user": "reader", "password": USERS["reader"][0], "next": "//evil.example"},
+                       follow_redirects=False)
+    assert evil.status_code == 303 and evil.headers["location"] == "/"
+    cross = client.post("/login", data={"user": "reader", "password": USERS["reader"][0]},
+                        headers={"origin": "https://evil.example"}, follow_redirects=False)
+    assert cross.status_code == 403
+    csrf = login(client, "reader")
+    assert client.get("/subjects").status_code == 200
+    assert client.post("/logout", data={"csrf": "wrong"}).status_code == 403  # log-out is CSRF-checked too
+    out = client.post("/logout", data={"csrf": csrf}, follow_redirects=False)
+    assert out.status_code == 303
+    client.cookies.clear()
+    assert client.get("/subjects", follow_redirects=False).status_code == 401
+
+
+def test_basic_credentials_work_for_scripts_but_cannot_replay(client: TestClient,
+                                                               replays: list[dict[str, Any]]) -> None:
+    from tests.support import auth_headers
+
+    assert client.get("/subjects", headers=auth_headers("admin")).status_code == 200
+    # a browser caches basic credentials and sends them cross-site: no session, no state change
+    r = client.post(f"/pipelines/orders-x/dlq/{SRC}/1@0/replay", headers=auth_headers("admin"), data={"csrf": "x"})
+    assert r.status_code == 403 and "log-in session" in r.text and replays == []
+
+
+def test_roles_reader_views_admin_replays_with_csrf(client: TestClient, replays: list[dict[str, Any]]) -> None:
+    csrf = login(client, "reader")
+    page = client.get(f"/pipelines/orders-x/dlq/{SRC}/1@0")
+    assert page.status_code == 200 and 'id="replay"' not in page.text and "Replaying needs the admin role" in page.text
+    assert client.post(f"/pipelines/orders-x/dlq/{SRC}/1@0/replay", data={"csrf": csrf}).status_code == 403
+    assert client.get("/audit").status_code == 403
+    assert replays == []
+
+    client.cookies.clear()
+    csrf = login(client, "admin")
+    page = client.get(f"/pipelines/orders-x/dlq/{SRC}/1@0")
+    assert 'id="replay"' in page.text
+    url = f"/pipelines/orders-x/dlq/{SRC}/1@0/replay"
+    assert client.post(url, data={}).status_code == 403  # no token
+    assert client.post(url, data={"csrf": "not-it"}).status_code == 403  # another token
+    assert client.post(url, data={"csrf": csrf}, headers={"origin": "https://evil.example"}).status_code == 403
+    assert client.post(url, data={"csrf": csrf}, headers={"referer": "https://evil.example/x"}).status_code == 403
+    assert replays == []
+    done = client.post(url, data={"csrf": csrf}, headers={"origin": "http://console.test"})
+    assert done.status_code == 200 and "Replayed 1@0 (policy_violation) to orders.created.x partition 1 offset 7" \
+        in done.text
+    assert 'href="/pipelines/orders-x/trace?topic=orders.created.x&amp;partition=1&amp;offset=7"' in done.text
+    # the replay is the CLI's, on the worker's topology, recorded in the ledger as the console user
+    assert replays == [{"source": SRC, "ref": "1@0", "force": False, "by": "console:admin",
+                        "sources": [(SRC, 2)]}]
+    assert client.get("/audit").status_code == 200
+
+
+def test_dlq_pages_decode_redact_and_escape(client: TestClient) -> None:
+    login(client, "reader")
+    listing = client.get("/pipelines/orders-x/dlq")
+    assert listing.status_code == 200
+    assert XSS not in listing.text and "&lt;script&gt;alert(1)&lt;/script&gt;" in listing.text
+    assert re.search(r'data-reason="policy_violation" href="[^"]*">policy_violation 1</a>', listing.text)  # by reason
+    only = client.get("/pipelines/orders-x/dlq", params={"reason": "auth_failed"})
+    assert 'data-ref="1@1"' in only.text and 'data-ref="1@0"' not in only.text
+    found = client.get("/pipelines/orders-x/dlq", params={"q": "encrypted"})
+    assert 'data-ref="1@0"' in found.text and 'data-ref="1@1"' not in found.text
+    record = client.get(f"/pipelines/orders-x/dlq/{SRC}/1@0")
+    assert XSS not in record.text and "&lt;script&gt;" in record.text
+    assert "&#34;note&#34;" in record.text  # the JSON value, pretty-printed, as text
+    assert "eyJhbGciOiJIUzI1NiJ9" not in record.text  # the token in the headers is redacted
+    assert record.headers["content-security-policy"].startswith("default-src 'none'; script-src 'self'")
+    assert client.get(f"/pipelines/orders-x/dlq/{SRC}/9@0").status_code == 502  # not a partition: said, not a 500
+
+
+def test_subjects_configured_compatibility_and_real_verdicts(client: TestClient) -> None:
+    login(client, "reader")
+    listing = client.get("/subjects", params={"q": "orders."})
+    assert listing.status_code == 200
+    rows = dict(re.findall(r'data-subject="([^"]+)">.*?<span class="mode">(\w+)</span>', listing.text, re.S))
+    assert rows == {BACKWARD_SUBJECT: "BACKWARD", FULL_SUBJECT: "FULL"}
+    assert client.get("/subjects", params={"q": "nothing-like-it"}).text.count('class="subject-row"') == 0
+    by_id = client.get("/subjects", params={"q": "2"})  # a schema id: the subjects and versions using it
+    assert 'id="by-id"' in by_id.text and f"{BACKWARD_SUBJECT} v2" in by_id.text
+
+    backward = client.get(f"/subjects/{BACKWARD_SUBJECT}")
+    full = client.get(f"/subjects/{FULL_SUBJECT}")
+    assert re.search(r'id="verdict" class="ok">compatible \(BACKWARD\)', backward.text), backward.text
+    assert re.search(r'id="verdict" class="breaking">breaking \(FULL\)', full.text), full.text
+    assert 'id="compat-mode">FULL<' in full.text
+    assert "Order.coupon" in full.text or "coupon" in re.search(r'<ul id="findings">(.*?)</ul>', full.text, re.S)[1]
+    # pretty-printed (one field per line), escaped, and a diff of the pretty forms
+    schema = re.search(r'<pre id="schema">(.*?)</pre>', backward.text, re.S)[1]
+    assert '\n  &#34;name&#34;: &#34;Order&#34;,\n' in schema and "&lt;script&gt;" in schema and XSS not in schema
+    diff = re.search(r'<pre class="diff" id="diff">(.*?)</pre>', backward.text, re.S)[1]
+    assert '<span class="del">-    {</span>' in diff and "&#34;coupon&#34;" in diff
+    assert diff.count('<span class=') > 5  # one element per line of the diff
+    # another pair, asked for: v2 against v1 of the FULL subject is the same pair
+    again = client.get(f"/subjects/{FULL_SUBJECT}", params={"from": 1, "to": 2})
+    assert "breaking (FULL)" in again.text
+
+
+def test_governance_pii_approvals_policies_and_audit(client: TestClient) -> None:
+    login(client, "reader")
+    page = client.get("/governance")
+    assert page.status_code == 200
+    assert f"<td>{BACKWARD_SUBJECT}</td>" in page.text and 'id="pii-audit"' not in page.text  # admin only
+    assert '<td>FULL</td>' in page.text and '<td>BACKWARD</td>' in page.text
+    client.cookies.clear()
+    login(client, "admin")
+    assert 'id="pii-audit"' in client.get("/governance").text
+    audit = client.get("/audit")
+    assert audit.text.count('class="audit-row"') >= 4  # the registrations and the policy changes
+
+
+def test_registry_diff_uses_the_configured_mode_and_pretty_forms(tmp_path: Path, users_file: Path) -> None:
+    """The registry's own /v1 diff (behind the old /ui page and the console): the mode is the
+    subject's, and the text diff is of indented schemas."""
+    import httpx
+
+    from tests.support import creds
+
+    with registry_server(tmp_path, users_file) as (url, _):
+        b = httpx.get(f"{url}/v1/subjects/{BACKWARD_SUBJECT}/diff", params={"from": 1, "to": 2},
+                      auth=creds("reader")).json()
+        f = httpx.get(f"{url}/v1/subjects/{FULL_SUBJECT}/diff", params={"from": 1, "to": 2},
+                      auth=creds("reader")).json()
+        asked = httpx.get(f"{url}/v1/subjects/{FULL_SUBJECT}/diff", params={"from": 1, "to": 2, "mode": "backward"},
+                          auth=creds("reader")).json()
+        bad = httpx.get(f"{url}/v1/subjects/{FULL_SUBJECT}/diff", params={"from": 1, "to": 2, "mode": "SIDEWAYS"},
+                        auth=creds("reader"))
+    assert (b["mode"], b["is_compatible"]) == ("BACKWARD", True)
+    assert (f["mode"], f["is_compatible"]) == ("FULL", False)
+    assert (asked["mode"], asked["is_compatible"]) == ("BACKWARD", True)
+    assert bad.status_code == 422
+    assert '-      "name": "coupon",' in b["text_diff"]
