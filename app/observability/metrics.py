@@ -6,10 +6,10 @@ and `/metrics` shows exactly this worker.
 
 Metric names (prometheus_client adds `_total` to counters):
 
-    prism_messages_in_total{topic,stage,namespace,schema_version,<allowlisted labels>}
-    prism_messages_out_total{topic,stage,namespace,schema_version,<allowlisted labels>}
-    prism_dlq_messages_total{topic,stage,reason,namespace,schema_version,<allowlisted labels>}
-    prism_schema_validations_total{topic,namespace,schema_version,mode,result}
+    prism_messages_in_total{topic,stage,envelope_namespace,schema_version,<allowlisted labels>}
+    prism_messages_out_total{topic,stage,envelope_namespace,schema_version,<allowlisted labels>}
+    prism_dlq_messages_total{topic,stage,reason,envelope_namespace,schema_version,<allowlisted labels>}
+    prism_schema_validations_total{topic,envelope_namespace,schema_version,mode,result}
                                                       payloads validated (RFC-030; result valid|invalid|skipped)
     prism_dedup_hits_total{topic,stage}
     prism_expired_messages_total{topic,stage}
@@ -33,7 +33,7 @@ passed through the redactor (a token planted in a label never reaches `/metrics`
 under `__other__`. Missing labels are the empty string. The same distinct-value cap guards
 `reason` labels, which should be `PrismError.code` values but are caller-supplied text.
 
-`namespace` and `schema_version` (RFC-030 "Observability": which namespaces and schema
+`envelope_namespace` and `schema_version` (RFC-030 "Observability": which namespaces and schema
 versions flow) are read from every envelope (metadata.namespace, schema.schema_version) and
 kept under the same guard: the namespace is a producer's claim, so its values are truncated,
 redacted and capped exactly like an allowlisted label's. A message that failed before it had
@@ -64,9 +64,12 @@ DEFAULT_LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )
 _RESERVED = frozenset({"topic", "stage", "reason", "partition", "table", "le", "quantile", "namespace",
+                       "envelope_namespace",
                        "schema_version", "mode", "result"})
 #: the labels every message metric carries ahead of the allowlisted ones (module docs)
-BUILTIN_LABELS = ("namespace", "schema_version")
+#: ``envelope_namespace``, not ``namespace``: Prometheus's Kubernetes discovery attaches the pod's
+#: namespace as ``namespace`` and would rename ours to ``exported_namespace``
+BUILTIN_LABELS = ("envelope_namespace", "schema_version")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 #: distinct producer SDK versions per worker before new ones are counted as "other"
 MAX_SDK_VERSIONS = 16
@@ -143,7 +146,6 @@ class LabelGuard:
                 seen[value] = out
         return out
 
-
     def values(self, labels: Mapping[str, str] | None) -> tuple[str, ...]:
         if not self.keys:
             return ()
@@ -171,7 +173,6 @@ class LabelGuard:
             return ns, ver
         obs = envelope.observability
         return ns, ver, *self.values(obs.labels if obs is not None else None)
-
 
 
 class PipelineMetrics:
@@ -216,7 +217,7 @@ class PipelineMetrics:
                                        ["topic", "stage"], namespace=ns, registry=r, buckets=tuple(latency_buckets))
         self.schema_validations = Counter(
             "schema_validations", "Payloads validated against their schema (RFC-030), by validation mode and "
-            "result (valid, invalid, skipped: encrypted)", ["topic", "namespace", "schema_version", "mode", "result"],
+            "result (valid, invalid, skipped: encrypted)", ["topic", "envelope_namespace", "schema_version", "mode", "result"],
             namespace=ns, registry=r)
         self.envelope_version_newer = Counter(
             "envelope_version_newer", "Draft envelopes whose envelope_version is newer than this worker knows "

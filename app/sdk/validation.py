@@ -12,9 +12,9 @@ per message would cost more than the validation). Validators are compiled once p
 `SchemaMetrics` puts the SDK's side of RFC-030's observability in a prometheus_client registry
 the application serves with its own `/metrics`:
 
-    prism_sdk_schema_validations_total{namespace,schema_version,result}   publish-time validations
-    prism_sdk_schema_validation_seconds{namespace}                       their cost (histogram)
-    prism_sdk_schema_messages_received_total{namespace,schema_version,result}
+    prism_sdk_schema_validations_total{envelope_namespace,schema_version,result}   publish-time validations
+    prism_sdk_schema_validation_seconds{envelope_namespace}                       their cost (histogram)
+    prism_sdk_schema_messages_received_total{envelope_namespace,schema_version,result}
                                                                          what subscribers read, and
                                                                          whether it matched their assertion
 
@@ -48,13 +48,13 @@ class SchemaMetrics:
         r = self.registry
         self.validations = Counter("prism_sdk_schema_validations", "Payloads validated before publishing "
                                    "(result valid or invalid; an invalid one was not sent)",
-                                   ["namespace", "schema_version", "result"], registry=r)
+                                   ["envelope_namespace", "schema_version", "result"], registry=r)
         self.validation_seconds = Histogram("prism_sdk_schema_validation_seconds",
-                                            "Time to validate one payload before publishing", ["namespace"],
+                                            "Time to validate one payload before publishing", ["envelope_namespace"],
                                             registry=r, buckets=VALIDATION_BUCKETS)
         self.received = Counter("prism_sdk_schema_messages_received", "Messages a subscriber read, by schema "
                                 "version and assertion result (match, mismatch, unchecked)",
-                                ["namespace", "schema_version", "result"], registry=r)
+                                ["envelope_namespace", "schema_version", "result"], registry=r)
         self._seen: set[str] = set()
 
     def _cap(self, value: str) -> str:

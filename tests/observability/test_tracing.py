@@ -273,7 +273,7 @@ def test_stage_span_records_metrics(tracing):
                                                    metrics=m):
         raise DuplicateError("seen")
     r = m.registry
-    ns = {"namespace": "n", "schema_version": ""}  # every message metric names the envelope's namespace
+    ns = {"envelope_namespace": "n", "schema_version": ""}  # every message metric names the envelope's namespace
     assert r.get_sample_value("prism_messages_in_total", {"topic": "in", "stage": "route", **ns}) == 5
     assert r.get_sample_value("prism_messages_out_total", {"topic": "out", "stage": "route", **ns}) == 3
     assert r.get_sample_value("prism_dlq_messages_total",

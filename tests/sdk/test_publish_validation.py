@@ -51,10 +51,10 @@ async def test_invalid_payload_raises_before_anything_is_sent():
     mid = await client.publish("orders.created", {"order_id": "o-2"}, schema_validation=True)
     (out,) = rec.sent
     assert out.envelope.message_id == mid and out.envelope.schema.schema_version == "v2"
-    labels = {"namespace": "order-events", "schema_version": "v2"}
+    labels = {"envelope_namespace": "order-events", "schema_version": "v2"}
     assert reg.get_sample_value("prism_sdk_schema_validations_total", {**labels, "result": "invalid"}) == 1
     assert reg.get_sample_value("prism_sdk_schema_validations_total", {**labels, "result": "valid"}) == 1
-    assert reg.get_sample_value("prism_sdk_schema_validation_seconds_count", {"namespace": "order-events"}) == 2
+    assert reg.get_sample_value("prism_sdk_schema_validation_seconds_count", {"envelope_namespace": "order-events"}) == 2
     # without schema_validation nothing is checked (the worker's validation mode decides later)
     await client.publish("orders.created", {"items": "nope"})
     assert len(rec.sent) == 2
