@@ -602,6 +602,9 @@ class Topology(_Strict):
     outputs: Outputs = Outputs()
     dlq: Dlq = Dlq()
     archive: Archive = Archive()
+    #: Kafka Streams' `processing.guarantee`: at_least_once, or exactly_once (Kafka transactions;
+    #: docs/operations.md, "Processing guarantees"); PRISM_PROCESSING_GUARANTEE overrides it
+    processing_guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
     base_dir: Path = Path(".")
     sinks: Annotated[list[SinkSpec], AfterValidator(_unique_sink_names)] = []
     #: who may claim which namespaces on which source topics; None: only the source-topic binding

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -21,12 +22,17 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from app.security.devkeys import ensure_dev_keys
 from bench.bench_pipeline import PARTITIONS, make_messages
 
+#: the reading consumer's isolation level (bench/bench_transactions.py sets read_committed)
+ISOLATION_ENV = "BENCH_ISOLATION_LEVEL"
+
 
 async def run(bootstrap: str, topic: str, out_topic: str, rate: float, n: int, keys_dir: str,
               scope: int | None = None) -> dict:
     values = make_messages(ensure_dev_keys(Path(keys_dir)), topic, n, scope=scope)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                fetch_max_wait_ms=20)  # Tansu answers long-polls late (app/worker/offsets.py)
+                                fetch_max_wait_ms=20,  # Tansu answers long-polls late (app/worker/offsets.py)
+                                # read_committed: the latency a consumer of an exactly_once worker sees
+                                isolation_level=os.environ.get(ISOLATION_ENV, "read_uncommitted"))
     await consumer.start()
     tps = [TopicPartition(out_topic, p) for p in range(PARTITIONS)]
     consumer.assign(tps)

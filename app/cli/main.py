@@ -101,6 +101,11 @@ def run(
         "--processes", "-p", min=1, max=256,
         help="worker processes in one consumer group (like Kafka Connect's tasks.max); >1 runs a supervisor "
              "that restarts crashed workers (docs/operations.md)")] = 1,
+    processing_guarantee: Annotated[str | None, typer.Option(
+        "--processing-guarantee", envvar="PRISM_PROCESSING_GUARANTEE",
+        help="at_least_once (the default) or exactly_once: each batch's outputs, DLQ records, dedup changelog "
+             "and input offsets in one Kafka transaction; consumers read with isolation.level=read_committed "
+             "(docs/operations.md). Overrides the topology's processing_guarantee")] = None,
 ) -> None:
     """Run the pipeline worker for a topology (long-running; SIGTERM stops it cleanly).
 
@@ -126,6 +131,10 @@ def run(
     settings = found.attempt(BrokerSettings.from_env)
     if topo is not None and not dev_keys:
         found.attempt(check_topology_keys, topo, topology)
+    from app.worker.transactions import EXACTLY_ONCE, GUARANTEE_ENV, check_guarantee, check_transactions, refusal
+
+    guarantee = found.attempt(check_guarantee, processing_guarantee or (topo.processing_guarantee if topo else
+                                                                         "at_least_once"), where="--processing-guarantee")
     management = observer = None
     writer_id: str | None = None
     shard: Any = None
@@ -161,13 +170,19 @@ def run(
     port = None if not settings.embedded or local is not None else find_free_port()
     bootstrap = settings.bootstrap if not settings.embedded else local.bootstrap if local is not None \
         else f"127.0.0.1:{port}"
+    if guarantee == EXACTLY_ONCE:  # never a silent downgrade: no transactions, no start (one line)
+        if settings.embedded:
+            raise ConfigError(refusal("the embedded broker has none"), path="--processing-guarantee")
+        check_transactions(bootstrap, f"prism-{topo.name}", settings)
+    os.environ[GUARANTEE_ENV] = str(guarantee)  # what the children of --processes N run with
     checked = None  # the supervisor's validation-only pipeline (--processes)
     if processes > 1:
         from app.worker.supervisor import child_data_dir
 
         # validation only (keys, JWKS, schema, archive settings): the children build their own
         checked = PipelineApp(topo, bootstrap=bootstrap, data_dir=child_data_dir(data_dir, topo.name, 0),
-                              embedded=settings.embedded, broker_settings=None if settings.embedded else settings)
+                              embedded=settings.embedded, broker_settings=None if settings.embedded else settings,
+                              processing_guarantee=guarantee)
         supervisor = _supervisor(topology, topo, processes=processes, bootstrap=bootstrap, embedded=settings.embedded,
                                  data_dir=data_dir, web_port=web_port, loglevel=loglevel, web_bind=web_bind,
                                  management=management)
@@ -176,7 +191,7 @@ def run(
         pipeline = PipelineApp(topo, bootstrap=bootstrap, data_dir=data_dir / topo.name, embedded=settings.embedded,
                                web_port=web_port, broker_settings=None if settings.embedded else settings,
                                archive_location=topo.archive.path, archive_writer_id=writer_id, archive_shard=shard,
-                               observe=observer,
+                               observe=observer, processing_guarantee=guarantee,
                                # web_host names this worker in `status` (worker_id): the pod's hostname
                                # when listening on every interface
                                web_bind=web_bind, web_host=socket.gethostname() if web_bind in ("0.0.0.0", "::")

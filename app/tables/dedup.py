@@ -59,7 +59,7 @@ try:  # the RocksDB binding Faust's store uses (faust-streaming[rocksdict])
 except ImportError:  # pragma: no cover - the memory store needs none
     _WriteBatch = None
 
-__all__ = ["DedupVerdict", "DedupWindow", "FaustDedupWindow"]
+__all__ = ["DedupVerdict", "DedupWindow", "FaustDedupWindow", "StagedRow"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +182,8 @@ class DedupWindow:
 
 
 _ENTRY = struct.Struct(">qi")  # first_seen_ms, partition
+#: exactly_once: (key, value or None for a tombstone, partition) of a batch's changelog records
+StagedRow = tuple[bytes, bytes | None, int]
 
 
 def _decode_entry(raw: bytes) -> tuple[int, int]:
@@ -408,6 +410,102 @@ class FaustDedupWindow(DedupWindow):
         last = md.offset + len(records) - 1
         if last > self._acked.get(md.topic_partition, -1):
             self._acked[md.topic_partition] = last
+
+    # -- exactly_once: staged in the batch's transaction, applied once it commits ---------------
+    def stage_many(self, entries: Iterable[tuple[str, int]], now: float | None = None) -> list[StagedRow]:
+        """What :meth:`record_many` would write for a batch's ids - and the tombstones of expired
+        ids due for deletion on those partitions - without writing anything.
+
+        Why (processing_guarantee exactly_once, app/worker/transactions.py): the rows go to the
+        changelog inside the batch's transaction and into RocksDB only after it commits
+        (:meth:`apply_staged`). Written first, an aborted transaction would leave the local store
+        remembering ids whose outputs were never committed, and the re-read input would be dropped
+        as a duplicate - a loss. Until then the dedup stage's `pending` set covers the ids.
+        Tombstones come before the puts, so an expired id recorded again ends up recorded."""
+        current = self.clock() if now is None else now
+        first_seen_ms = int(current * 1000)
+        puts: list[StagedRow] = []
+        counts: dict[int, int] = {}
+        validate, pack = self._validate, _ENTRY.pack
+        for message_id, partition in entries:
+            validate(message_id)
+            part = int(partition)
+            counts[part] = counts.get(part, 0) + 1
+            puts.append((message_id.encode(), pack(first_seen_ms, part), part))
+        tombstones: list[StagedRow] = []
+        for part, n in counts.items():
+            queue = self._pending.get(part)
+            if not queue:
+                continue
+            quota = self.max_deletes_per_event * n
+            due, self._pending[part] = queue[:quota], queue[quota:]
+            for key in due:
+                value = self._entry_at(key)
+                if value is not None and not self._is_live(value[0], current):
+                    tombstones.append((key, None, part))
+        return tombstones + puts
+
+    async def send_staged(self, producer: Any, rows: list[StagedRow]) -> list[tuple[asyncio.Future[Any], int]]:
+        """Hand `rows` to `producer` (the batch's transactional producer), one `send_batch` per
+        changelog partition and full producer batch; returns (delivery future, records in it)."""
+        topic = self.table.changelog_topic.get_topic_name()
+        by_partition: dict[int, list[StagedRow]] = {}
+        for row in rows:
+            by_partition.setdefault(row[2], []).append(row)
+        sent: list[tuple[asyncio.Future[Any], int]] = []
+        for part, records in by_partition.items():
+            builder, n = producer.create_batch(), 0
+            for key, value, _ in records:
+                if builder.append(timestamp=None, key=key, value=value, headers=[]) is None:
+                    if not n:
+                        raise RuntimeError(f"a {len(key) + len(value or b'')}-byte changelog record does not fit "
+                                           "an empty producer batch")
+                    sent.append((await producer.send_batch(builder, topic, partition=part), n))
+                    builder, n = producer.create_batch(), 0
+                    if builder.append(timestamp=None, key=key, value=value, headers=[]) is None:
+                        raise RuntimeError("a changelog record does not fit an empty producer batch")
+                n += 1
+            if n:
+                sent.append((await producer.send_batch(builder, topic, partition=part), n))
+        return sent
+
+    def apply_staged(self, rows: list[StagedRow], sent: list[tuple[asyncio.Future[Any], int]]) -> None:
+        """The committed transaction's rows into RocksDB, then each changelog partition's persisted
+        offset: the offset of the transaction's commit marker (its last record's + 1).
+
+        Why the marker: in exactly_once only the partition's transactional producer writes this
+        changelog partition (one writer: its records, then its marker), so the marker is the last
+        offset this store reflects; table recovery (`read_committed`) then starts after it and
+        has nothing to wait for. Data first, offset second: a crash between the two replays
+        records the store already holds, which is harmless (same key, same value)."""
+        by_partition: dict[int, list[StagedRow]] = {}
+        for row in rows:
+            by_partition.setdefault(row[2], []).append(row)
+        data = self.table.data
+        for part, records in by_partition.items():
+            db = self._partition_db(part)
+            if db is not None and _WriteBatch is not None and getattr(data, "use_rocksdict", False):
+                wb = _WriteBatch(raw_mode=True)
+                for key, value, _ in records:
+                    if value is None:
+                        wb.delete(key)
+                    else:
+                        wb.put(key, value)
+                db.write(wb)
+            else:
+                for key, value, _ in records:
+                    if value is None:
+                        data.pop(key, None)
+                    else:
+                        data[key] = value
+        ends: dict[Any, int] = {}
+        for fut, n in sent:
+            md = fut.result()
+            marker = md.offset + n  # last record's offset + 1
+            if marker > ends.get(md.topic_partition, -1):
+                ends[md.topic_partition] = marker
+        for tp, offset in ends.items():
+            data.set_persisted_offset(tp, offset)
 
     def _store_persisted_offsets(self) -> None:
         acked, self._acked = self._acked, {}

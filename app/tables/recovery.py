@@ -166,6 +166,8 @@ def _faust_classes() -> tuple[type, type]:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.rebuilt = []
+            if getattr(self.app, "_prism_read_committed", False):
+                self.app = _ReadCommittedView(self.app)
 
         async def _build_offsets(self, consumer: Any, tps: Any, destination: Any, title: str) -> None:
             # Active partitions: highwaters were built just before (Faust's order); reconcile
@@ -246,6 +248,30 @@ def _faust_classes() -> tuple[type, type]:
             return self._recovery
 
     return _PrismRecovery, _PrismTableManager
+
+
+class _ReadCommittedView:
+    """The app as recovery sees it under Prism's exactly_once (app/worker/transactions.py):
+    ``in_transaction`` is True, everything else is the app itself (reads and writes).
+
+    Why: Faust keeps at-least-once internally while the batch path writes the dedup changelog in
+    transactions, and its consumer reads ``read_committed``. A transactional changelog ends with a
+    commit or abort marker, an offset no record has, so recovery never "reaches" the end offset -
+    Faust's recovery knows that only when ``app.in_transaction`` (after two idle polls it takes the
+    consumer position past the end as done: ``detect_aborted_tx``). The same flag makes the
+    end-offset verification above stand aside: with ``read_committed`` the end is the last stable
+    offset, not the high watermark a fetch reports."""
+
+    in_transaction = True
+
+    def __init__(self, app: Any) -> None:
+        object.__setattr__(self, "_app", app)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._app, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._app, name, value)
 
 
 def _fetch_verified_transport(app: Any) -> bool:

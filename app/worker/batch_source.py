@@ -43,7 +43,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
-__all__ = ["BatchBuffer", "BatchSource", "CurrentMessage"]
+__all__ = ["BatchBuffer", "BatchSource", "CurrentMessage", "ack_all", "release_all"]
 
 log = logging.getLogger("prism.worker")
 
@@ -140,9 +140,11 @@ class BatchSource:
     the writes of the one before (1: strictly one after the other)."""
 
     def __init__(self, app: Any, topic: Any, start: Start, *, batch_size: int, within: float,
-                 buffer_size: int | None = None, depth: int = 2) -> None:
+                 buffer_size: int | None = None, depth: int = 2, split_partitions: bool = False) -> None:
         if depth < 1:
             raise ValueError("depth must be >= 1")
+        #: one batch per source partition (exactly_once: a batch is one partition's transaction)
+        self.split_partitions = split_partitions
         self.app = app
         self.topic = topic
         self.start = start
@@ -198,13 +200,35 @@ class BatchSource:
                     if not m.tracked:
                         m.tracked = True
                         unacked.add(m)
-                finish = await self.start(current, inflight[-1] if inflight else None)
-                inflight.append(asyncio.ensure_future(finish))
-                while len(inflight) >= self.depth:
-                    await inflight.popleft()
+                for part in _by_partition(current) if self.split_partitions else (current,):
+                    finish = await self.start(part, inflight[-1] if inflight else None)
+                    inflight.append(asyncio.ensure_future(finish))
+                    while len(inflight) >= self.depth:
+                        await inflight.popleft()
         finally:
             for fut in inflight:
                 fut.cancel()
+
+
+def _by_partition(messages: list[Any]) -> list[list[Any]]:
+    """`messages` split by partition, each part in fetch order (a partition's offsets ascending)."""
+    parts: dict[int, list[Any]] = {}
+    for m in messages:
+        parts.setdefault(m.partition, []).append(m)
+    return list(parts.values())
+
+
+def release_all(consumer: Any, messages: Iterable[Any]) -> None:
+    """Stop tracking `messages` without acknowledging them to Faust (exactly_once: their offsets
+    were committed in the batch's transaction, and Faust must not commit them again outside it).
+    Wakes a rebalance or shutdown waiting for the tracked messages (`wait_empty`), as an ack does."""
+    from mode.utils.futures import notify
+
+    unacked = consumer._unacked_messages
+    for m in messages:
+        m.acked = True
+        unacked.discard(m)
+    notify(consumer._waiting_for_ack)
 
 
 def ack_all(consumer: Any, messages: Iterable[Any]) -> int:

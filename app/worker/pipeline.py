@@ -76,11 +76,12 @@ from app.tables.dedup import DedupWindow, FaustDedupWindow
 from app.tables.sequence import FaustSequenceTracker
 from app.topology import EnrichStage, Topology
 from app.worker.batch_send import OutRecord, send_batched
-from app.worker.batch_source import BatchSource, CurrentMessage, ack_all
+from app.worker.batch_source import BatchSource, CurrentMessage, ack_all, release_all
 from app.worker.continuity import HoleFetcher, OffsetTracker
 from app.worker.faust_app import make_app
 from app.worker.kafka_health import WriteWatch, leader_problems
 from app.worker.limits import WriteLimits, record_size
+from app.worker.transactions import EXACTLY_ONCE, PartitionProducers, TransactionFailed, check_guarantee
 
 if TYPE_CHECKING:
     from app.worker.observe import Observer
@@ -278,8 +279,12 @@ class PipelineApp:
                  batch_within_s: float = 0.02, broker_settings: BrokerSettings | None = None,
                  on_batch: Callable[[RunStats], None] | None = None, archive_location: str | Path | None = None,
                  observe: Observer | None = None, archive_writer_id: str | None = None,
-                 archive_shard: tuple[int, int] | None = None, **faust_overrides: Any) -> None:
+                 archive_shard: tuple[int, int] | None = None, processing_guarantee: str | None = None,
+                 **faust_overrides: Any) -> None:
         self.topology = topology
+        #: at_least_once (default) or exactly_once (app/worker/transactions.py); the argument wins
+        #: over the topology's `processing_guarantee`
+        self.guarantee = check_guarantee(processing_guarantee or topology.processing_guarantee)
         self.batch_size = batch_size
         self.batch_within_s = batch_within_s
         self.on_batch = on_batch
@@ -289,7 +294,20 @@ class PipelineApp:
             faust_overrides.setdefault("web_ssl_context", observe.management.ssl_context)  # HTTPS management API
         self.app: faust.App = make_app(app_id or f"prism-{topology.name}", bootstrap, data_dir,
                                        web_port=web_port, partitions=max(parts), embedded=embedded,
-                                       settings=broker_settings, **faust_overrides)
+                                       settings=broker_settings, processing_guarantee=self.guarantee,
+                                       **faust_overrides)
+        #: exactly_once: the transactional producers of the owned source partitions
+        self.transactions: PartitionProducers | None = None
+        if self.guarantee == EXACTLY_ONCE:
+            from app.worker.transactions import install_read_committed
+
+            install_read_committed(self.app)
+            self.transactions = PartitionProducers(
+                str(self.app.conf.id), bootstrap, sources=[s.topic for s in topology.sources],
+                settings=broker_settings, max_request_size=int(self.app.conf.producer_max_request_size),
+                max_batch_size=int(self.app.conf.producer_max_batch_size))
+            self.transactions.wrap_rebalance(self.app)
+            self.app.on_before_shutdown.connect(self._close_transactions)
         # Every table write queues a changelog record; Faust stalls the stream whenever more
         # than 100 are pending (and logs "producer buffer full"). A batch writes one dedup
         # entry per message, so let a few batches' worth queue up.
@@ -387,7 +405,8 @@ class PipelineApp:
                                    key_serializer="raw", value_serializer="raw")
             # Beneath Faust's per-event path (app/worker/batch_source.py): whole fetched batches.
             batches = BatchSource(self.app, topic, functools.partial(self._start_batch, chain),
-                                  batch_size=batch_size, within=batch_within_s)
+                                  batch_size=batch_size, within=batch_within_s,
+                                  split_partitions=self.transactions is not None)
             self.sources.append(batches)
             self.app.task(self._feeder(batches))
         # Observability (app/worker/observe.py): metrics, health, stage spans, management API.
@@ -508,6 +527,9 @@ class PipelineApp:
         if not self._limits_read.is_set():
             await self._limits_read.wait()  # the first batch only: the topics' limits are being read
         self._fit(chain, pending, outcomes, observed)
+        if self.transactions is not None:
+            return self._finish_in_transaction(chain, batch, repaired, pending, previous, outcomes, stand_in_of,
+                                               observed, dedup, token)
         after = self._handed_over.get(id(chain))
         handed_over = self._handed_over[id(chain)] = asyncio.get_running_loop().create_future()
 
@@ -536,27 +558,139 @@ class PipelineApp:
                 # before the batch's offsets are.
                 await self._retrying(dedup.flush, "the dedup changelog")
                 dedup.end_batch(token)
-            # One counter write per (topic, partition, outcome) per batch, not per message: every
-            # table write is also a changelog record.
-            for (topic, partition, outcome), n in outcomes.items():
-                _current_event.set(weakref.ref(stand_in_of[(topic, partition)]))
-                self.counters.incr(topic, outcome, n, partition=partition)
-            _current_event.set(None)
-            # Counted only now, when every message of the batch has its outcome written: a
-            # reader that sees `read == n` can rely on all n being accounted for.
-            if obs is not None and observed is not None:
-                obs.batch_done(chain, batch[0].topic, observed)
+            self._count_batch(chain, batch, outcomes, stand_in_of, observed)
             # Acknowledged only now that their outputs are written, so commits never pass an
             # unwritten message; repaired records like the batch's own.
             consumer = self.app.consumer
             if repaired:
                 ack_all(consumer, [_faust_message(rec) for rec in repaired])
             ack_all(consumer, batch)
-            self.stats.read += len(batch) + len(repaired)
-            if self.on_batch is not None:
-                self.on_batch(self.stats)
+            self._batch_accounted(len(batch) + len(repaired))
 
         return finish()
+
+    def _count_batch(self, chain: Chain, batch: list[Any], outcomes: Counter[tuple[str, int, str]],
+                     stand_in_of: dict[tuple[str, int], CurrentMessage],
+                     observed: list[tuple[Message, Any]] | None) -> None:
+        # One counter write per (topic, partition, outcome) per batch, not per message: every
+        # table write is also a changelog record.
+        for (topic, partition, outcome), n in outcomes.items():
+            _current_event.set(weakref.ref(stand_in_of[(topic, partition)]))
+            self.counters.incr(topic, outcome, n, partition=partition)
+        _current_event.set(None)
+        # Counted only now, when every message of the batch has its outcome written: a
+        # reader that sees `read == n` can rely on all n being accounted for.
+        if self.observe is not None and observed is not None:
+            self.observe.batch_done(chain, batch[0].topic, observed)
+
+    def _batch_accounted(self, n: int) -> None:
+        self.stats.read += n
+        if self.on_batch is not None:
+            self.on_batch(self.stats)
+
+    async def _finish_in_transaction(self, chain: Chain, batch: list[Any], repaired: list[Message],
+                                     pending: list[tuple[Message, list[Emission] | DlqRecord]],
+                                     previous: Awaitable[None] | None, outcomes: Counter[tuple[str, int, str]],
+                                     stand_in_of: dict[tuple[str, int], CurrentMessage],
+                                     observed: list[tuple[Message, Any]] | None, dedup: Dedup | None,
+                                     token: int | None) -> None:
+        """exactly_once (app/worker/transactions.py): the batch - one source partition's records -
+        in one transaction of that partition's producer: outputs, DLQ records, the dedup ids'
+        changelog records and the next input offset commit together or not at all. Only then do
+        the ids enter the local dedup store and the messages stop being tracked (Faust never
+        commits them itself). Transactions run one after the other, in batch order.
+
+        A transaction that fails (fenced, timed out, refused) was aborted: the worker stops with
+        one error line and the batch is read again from the committed offset by the restarted
+        worker (or the partition's new owner)."""
+        try:
+            if previous is not None:
+                await previous
+            if self._abandoning or self._stopping():
+                raise _Abandoned  # stopping: leave it to the next owner rather than start a transaction
+        except _Abandoned:
+            self._abandon(batch, dedup, token)
+            if self.observe is not None:
+                self.observe.batch_abandoned()
+            return
+        from aiokafka.structs import TopicPartition
+
+        assert self.transactions is not None
+        txn = self.transactions
+        topic, partition = batch[0].topic, batch[0].partition
+        producer = await txn.producer_for(topic, partition)
+        next_offset = max(m.offset for m in [*batch, *repaired]) + 1
+        window = getattr(dedup, "window", None) if dedup is not None else None
+        staged: list[Any] = []
+        sent: list[Any] = []
+
+        async def body() -> dict[Any, int]:
+            written = await self._write_in_transaction(chain, producer, pending)
+            if window is not None and hasattr(window, "stage_many"):
+                staged[:] = window.stage_many(((m.env.message_id, m.partition) for m in written), time.time())
+                sent[:] = await window.send_staged(producer, staged)
+            return {TopicPartition(topic, partition): next_offset}
+
+        try:
+            await txn.run(producer, body, str(self.app.conf.id))
+        except TransactionFailed as exc:
+            self._abandoning = True  # no later batch may commit past this one
+            await txn.close([(topic, partition)])
+            log.error("exactly_once: the transaction of a batch of %d message(s) from %s[%d] was aborted (%s); the "
+                      "worker stops and the batch is read again from the last committed offset - nothing of it is "
+                      "visible to read_committed consumers", len(batch) + len(repaired), topic, partition, exc)
+            raise
+        if window is not None and staged:
+            window.apply_staged(staged, sent)
+        if dedup is not None:
+            dedup.end_batch(token)
+        self._count_batch(chain, batch, outcomes, stand_in_of, observed)
+        release_all(self.app.consumer, batch)
+        self._batch_accounted(len(batch) + len(repaired))
+
+    async def _write_in_transaction(self, chain: Chain, producer: Any,
+                                    pending: list[tuple[Message, list[Emission] | DlqRecord]]) -> list[Message]:
+        """Send the batch's records into the open transaction; returns the messages whose outputs
+        were sent. An output refused before it was queued (`_is_permanent`: its size, the topic)
+        is replaced by its DLQ copy in the same transaction, as `_write_all` does; any other
+        failure makes the transaction uncommittable, so it raises (and the batch is aborted)."""
+        direct = _StartedProducer(producer)
+        emitted: list[Message] = []
+        todo = pending
+        for _ in range(2):  # the batch, then the DLQ copies of outputs refused up front
+            results = await self._send_all(direct, [item for _, item in todo])
+            retry: list[tuple[Message, list[Emission] | DlqRecord]] = []
+            for (m, item), err in zip(todo, results, strict=True):
+                if err is None:
+                    self._count_written(item)
+                    if isinstance(item, list):
+                        emitted.append(m)
+                elif isinstance(item, list) and _is_permanent(err):
+                    if _is_size_error(err):
+                        self.stats.too_large += 1
+                    log.warning("outputs of %s/%s@%s refused (%s): dead-lettered in the same transaction",
+                                m.topic, m.partition, m.offset, err)
+                    res = chain.dlq_for_publish_failure(m, SinkError(f"writing outputs failed: {err}",
+                                                                     hint="check the output topic"))
+                    assert res.dlq is not None
+                    retry.append((m, self._fit_dlq(res.dlq)))
+                else:
+                    raise SinkError(f"writing {m.topic}/{m.partition}@{m.offset} in the transaction failed: {err!r}")
+            if not retry:
+                return emitted
+            todo = retry
+        raise SinkError("DLQ copies refused in the transaction")
+
+    async def _close_transactions(self, sender: Any, **kwargs: Any) -> None:
+        """At shutdown, once the batches in flight are done (at most `WRITE_DRAIN_S`), stop the
+        transactional producers; a transaction still open is aborted by the broker or fenced by
+        the partition's next owner."""
+        if self.transactions is None:
+            return
+        deadline = time.monotonic() + WRITE_DRAIN_S
+        while self.app.consumer._unacked_messages and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await self.transactions.close_all()
 
     def _run_one(self, chain: Chain, msg: Message, pending: list[tuple[Message, Prepared | DlqRecord]],
                  observed: list[tuple[Message, Any]] | None) -> str:
@@ -979,6 +1113,18 @@ def _header(rec: DlqRecord, name: str) -> str:
     return next((v.decode(errors="replace") for k, v in rec.headers if k == "prism.errors." + name), "?")
 
 
+class _StartedProducer:
+    """An aiokafka producer where `_send_all` expects Faust's (`_ensure_producer()`)."""
+
+    __slots__ = ("producer",)
+
+    def __init__(self, producer: Any) -> None:
+        self.producer = producer
+
+    def _ensure_producer(self) -> Any:
+        return self.producer
+
+
 def _faust_message(msg: Message) -> Any:
     from faust.types import Message as FaustMessage
 
@@ -1010,7 +1156,9 @@ def app_from_env() -> faust.App:
     archive tap), PRISM_ARCHIVE_WRITER_ID and PRISM_ARCHIVE_SHARD (app/worker/archive_service.py),
     PRISM_WEB_PORT and PRISM_WEB_BIND (the interface the web port listens on; default 127.0.0.1),
     PRISM_MAX_REQUEST_BYTES (the producer's max_request_size; default 4 MiB: the largest record
-    the worker writes, app/worker/limits.py)."""
+    the worker writes, app/worker/limits.py), PRISM_PROCESSING_GUARANTEE (overrides the
+    topology's `processing_guarantee`; exactly_once is refused at once, in one line, where the
+    broker has no transactions: app/worker/transactions.py)."""
     import os
 
     from app.topology import load_topology
@@ -1035,12 +1183,22 @@ def app_from_env() -> faust.App:
             raise ConfigError(f"{MAX_REQUEST_ENV}={max_request!r} is not a byte count of at least 65536",
                               hint="set the producer's max_request_size in bytes, e.g. 4194304")
         overrides["producer_max_request_size"] = int(max_request)
+    from app.worker.transactions import GUARANTEE_ENV, check_transactions, refusal
+
+    guarantee = check_guarantee(os.environ.get(GUARANTEE_ENV) or topo.processing_guarantee,
+                                where=GUARANTEE_ENV if os.environ.get(GUARANTEE_ENV) else "processing_guarantee")
+    if guarantee == EXACTLY_ONCE:
+        if embedded:
+            raise ConfigError(refusal("the embedded broker has none"), path="processing_guarantee")
+        check_transactions(os.environ["PRISM_BOOTSTRAP"], os.environ.get("PRISM_APP_ID") or f"prism-{topo.name}",
+                           settings)
     pipeline = PipelineApp(topo, bootstrap=os.environ["PRISM_BOOTSTRAP"], data_dir=os.environ["PRISM_DATA_DIR"],
                        app_id=os.environ.get("PRISM_APP_ID"), embedded=embedded, broker_settings=settings,
                        web_port=int(port) if port else None, observe=Observer.from_env(),
                        web_bind=bind, web_host=socket.gethostname() if bind in ("0.0.0.0", "::") else bind,
                        archive_location=os.environ.get("PRISM_ARCHIVE") or None,
-                       archive_shard=parse_shard(os.environ.get(SHARD_ENV)), **overrides)
+                       archive_shard=parse_shard(os.environ.get(SHARD_ENV)), processing_guarantee=guarantee,
+                       **overrides)
     if settings is not None:
         from app.broker.preflight import plan_for, preflight
 

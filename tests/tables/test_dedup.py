@@ -305,3 +305,40 @@ def test_faust_binding_record_many_drains_expired_ids_with_the_quota_of_single_r
     assert sum(dedup.entry(f"old-{i}") is None for i in range(3)) == 2
     assert dedup.entry("old-p1") is not None and dedup.pending_expiry == 2  # partition 1 untouched
     assert dedup.entry("new-0") == (10_500, 0) and dedup.unsent == 6
+
+
+def test_exactly_once_stages_in_the_transaction_and_applies_only_after_the_commit() -> None:
+    """processing_guarantee exactly_once (app/worker/transactions.py): the batch's ids - and the
+    tombstones of expired ids due on those partitions, before them - go to the changelog through the
+    transaction's producer and reach the local store only with `apply_staged`, after the commit; the
+    persisted offset is then the commit marker's (the last record's + 1). An aborted batch is simply
+    never applied: the store does not remember ids whose outputs were rolled back."""
+    from types import SimpleNamespace
+
+    dedup = FaustDedupWindow(FakeApp(), window=10, max_deletes_per_event=1)
+    persisted: dict[Any, int] = {}
+    dedup.table.changelog_topic = SimpleNamespace(get_topic_name=lambda: "app-dedup-changelog")
+    dedup.table.set_persisted_offset = persisted.__setitem__
+    dedup.record_many([("old", 1)], now=0.0)
+    assert asyncio.run(dedup.scan_expired(now=10.5)) == 1
+    producer = _Producer(room=2)
+
+    async def scenario() -> None:
+        rows = dedup.stage_many([("a", 0), ("b", 1), ("old", 1)], now=10.5)
+        assert [(k, v is None, p) for k, v, p in rows] == [
+            (b"old", True, 1), (b"a", False, 0), (b"b", False, 1), (b"old", False, 1)]
+        assert dedup.entry("a") is None and dedup.entry("old") == (0, 1)  # nothing applied yet
+        sent = await dedup.send_staged(producer, rows)
+        assert [(s[2], _keys(s)) for s in producer.sent] == [(1, [b"old", b"b"]), (1, [b"old"]), (0, [b"a"])]
+        assert producer.sent[0][1][0][1] is None  # a tombstone
+        producer.sent[0][3].set_result(_Md("app-dedup-changelog", 1, 10))
+        producer.sent[1][3].set_result(_Md("app-dedup-changelog", 1, 12))
+        producer.sent[2][3].set_result(_Md("app-dedup-changelog", 0, 4))
+        dedup.apply_staged(rows, sent)  # the transaction committed
+        assert dedup.entry("a") == (10_500, 0) and dedup.entry("old") == (10_500, 1)
+        assert persisted == {("app-dedup-changelog", 1): 13, ("app-dedup-changelog", 0): 5}
+        aborted = dedup.stage_many([("c", 0)], now=11.0)
+        await dedup.send_staged(producer, aborted)  # ... and the transaction aborts: never applied
+        assert dedup.entry("c") is None
+
+    asyncio.run(scenario())

@@ -24,11 +24,15 @@ def produce(bootstrap: str, topic: str, messages: list[tuple[bytes, list[tuple[s
     assert left == 0 and not errors, (left, errors[:3])
 
 
-def consume_all(bootstrap: str, topic: str, partitions: int, expected: int, timeout: float = 30.0) -> list:
+def consume_all(bootstrap: str, topic: str, partitions: int, expected: int, timeout: float = 30.0, *,
+                read_committed: bool = False) -> list:
     """Every record of `topic` from the beginning: stops 1 s after `expected` records, or
-    after 3 s without a new one, or at `timeout`."""
+    after 3 s without a new one, or at `timeout`. `read_committed`: librdkafka's
+    ``isolation.level=read_committed`` - what a consumer of an exactly_once worker configures
+    (records of aborted transactions are never returned); otherwise every record written."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"independent-{time.monotonic_ns()}",
-                  "enable.auto.commit": False})
+                  "enable.auto.commit": False,
+                  "isolation.level": "read_committed" if read_committed else "read_uncommitted"})
     c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     out: list = []
     deadline = last = time.monotonic()

@@ -148,3 +148,27 @@ def test_ack_all_keeps_fausts_ack_bookkeeping(tmp_path) -> None:
     assert [m.acked for m in manys] == [m.acked for m in ones] == [True] * 8
     assert {(m.topic, m.partition, m.offset) for m in many._unacked_messages} == \
         {(m.topic, m.partition, m.offset) for m in one._unacked_messages}
+
+
+def test_split_by_partition_keeps_each_partitions_order_and_release_wakes_waiters() -> None:
+    """exactly_once: a batch is one partition's transaction (`_by_partition`); a committed batch's
+    messages stop being tracked without a Faust ack (`release_all`), and a rebalance waiting for
+    the tracked messages is woken."""
+    from app.worker.batch_source import _by_partition, release_all
+
+    msgs = [SimpleNamespace(partition=p, offset=o, acked=False) for p, o in ((0, 1), (1, 7), (0, 2), (2, 3), (1, 8))]
+    assert [[(m.partition, m.offset) for m in part] for part in _by_partition(msgs)] == [
+        [(0, 1), (0, 2)], [(1, 7), (1, 8)], [(2, 3)]]
+
+    class Tracked:
+        acked = False
+
+    async def scenario() -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        tracked = [Tracked() for _ in range(3)]
+        consumer = SimpleNamespace(_unacked_messages=set(tracked), _waiting_for_ack=waiter)
+        release_all(consumer, tracked[:2])
+        assert consumer._unacked_messages == {tracked[2]} and tracked[0].acked and not tracked[2].acked
+        assert waiter.done()
+
+    asyncio.run(scenario())
