@@ -62,6 +62,23 @@ def _emit(doc: dict[str, Any], as_json: bool, title: str) -> None:
     Console().print(table)
 
 
+def _delta_jars(writer: str) -> tuple[dict[str, str] | None, str]:
+    """Spark settings that put the Delta jars on the classpath of the session this command starts,
+    and a note for the writer line: where the jars came from, or why there are none (then `auto`
+    writes with delta-rs; `delta-spark` fails with that reason)."""
+    from app.lake.delta_jars import DeltaJarsUnavailable, resolve
+
+    if writer == "delta-rs":
+        return None, ""
+    try:
+        jars = resolve()
+    except DeltaJarsUnavailable as exc:
+        if writer == "delta-spark":
+            _fail(exc)
+        return None, str(exc)
+    return jars.spark_conf(), jars.describe()
+
+
 @lake_app.command()
 def compact(
     archive: Annotated[str, typer.Argument(help="Archive root: a directory or s3://bucket/prefix[?endpoint_override=...].")],
@@ -80,10 +97,13 @@ def compact(
 
     # Stop Spark at the end only if this command started it (not under spark-submit or a caller's session).
     owned = existing_session() is None and "PYSPARK_GATEWAY_PORT" not in os.environ
-    spark = get_spark(master)
+    extra_conf, jars_note = _delta_jars(writer) if owned else (None, "")
+    spark = get_spark(master, extra_conf=extra_conf)
     try:
         comp = Compactor(spark, archive, table, quarantine_url=quarantine, writer=writer, max_files=max_files,
-                         storage_options=_storage_options(storage_option))
+                         storage_options=_storage_options(storage_option), jars_note=jars_note)
+        # Which writer, and why: a run that silently fell back to delta-rs must say so.
+        _err.print(f"writer: {comp.table.name} - {escape(comp.table.reason)}", highlight=False)
         plan = comp.pending()
         n = sum(len(b) for _, b in plan)
         show = not as_json and _err.is_terminal

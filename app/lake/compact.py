@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import random
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -42,7 +43,7 @@ from app.lake.decode import decode_archive_table
 from app.lake.schema import PROVENANCE_ORDER, spark_schema
 from app.lake.spark import default_parallelism
 from app.lake.storage import Store
-from app.lake.writers import Fault, Partition, make_writer
+from app.lake.writers import ConcurrentCommitError, Fault, Partition, make_writer
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -53,6 +54,8 @@ APP_ID_PREFIX = "prism.lake.compact:"
 QUARANTINE_DIR = "_quarantine"
 EXIT_OK, EXIT_FAILED, EXIT_QUARANTINED = 0, 1, 3
 _DECODE_CHUNK = 20_000
+#: Tries per batch when Delta's conflict detection refuses a commit (another compaction won).
+COMMIT_ATTEMPTS = 10
 
 
 @dataclass(slots=True)
@@ -72,6 +75,7 @@ class BatchSummary:
     committed: bool = False
     table_version: int | None = None
     columns_added: list[str] = field(default_factory=list)
+    retries: int = 0  # commits refused by Delta's conflict detection, then re-planned
     seconds: float = 0.0
 
 
@@ -81,6 +85,7 @@ class CompactSummary:
     table: str
     quarantine: str
     writer: str
+    writer_reason: str = ""
     batches: list[BatchSummary] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -96,7 +101,8 @@ class CompactSummary:
         totals = {k: self.total(k) for k in ("files", "rows_in", "rows_written", "duplicates",
                                                "quarantined_records", "quarantined_files", "tokens_dropped")}
         return {"archive": self.archive, "table": self.table, "quarantine": self.quarantine,
-                "writer": self.writer, "seconds": round(self.seconds, 3), "exit_code": self.exit_code,
+                "writer": self.writer, "writer_reason": self.writer_reason, "seconds": round(self.seconds, 3),
+                "exit_code": self.exit_code,
                 "totals": totals, "batches": [asdict(b) for b in self.batches]}
 
 
@@ -180,7 +186,7 @@ class Compactor:
 
     def __init__(self, spark: SparkSession, archive_url: str, table_url: str, *, quarantine_url: str | None = None,
                  writer: str = "auto", max_files: int = 2000, storage_options: dict[str, str] | None = None,
-                 fault: Fault | None = None) -> None:
+                 fault: Fault | None = None, jars_note: str = "") -> None:
         if max_files <= 0:
             raise ArchiveError("max_files must be positive")
         self.spark = spark
@@ -189,7 +195,7 @@ class Compactor:
         self.quarantine_url = quarantine_url or self.archive.store.child_url(QUARANTINE_DIR)
         self.quarantine = Store(self.quarantine_url)
         self.table_url = table_url
-        self.table = make_writer(spark, table_url, writer, storage_options)
+        self.table = make_writer(spark, table_url, writer, storage_options, jars_note=jars_note)
         self.max_files = max_files
         self.fault = fault
 
@@ -207,7 +213,7 @@ class Compactor:
             plan: list[tuple[str, list[list[Manifest]]]] | None = None) -> CompactSummary:
         started = time.perf_counter()
         summary = CompactSummary(self.archive.store.url_for_messages, self.table_url,
-                                 self.quarantine.url_for_messages, self.table.name)
+                                 self.quarantine.url_for_messages, self.table.name, self.table.reason)
         for writer, batches in plan if plan is not None else self.pending():
             for batch in batches:
                 result = self.run_batch(writer, batch)
@@ -233,13 +239,27 @@ class Compactor:
         s = BatchSummary(writer, manifests[0].seq, manifests[-1].seq, len(files), sum(f.rows for f in files))
         self._clear_quarantine(writer, {f.path for f in files})  # leftovers of a killed run of this batch
 
-        df, tokens = self.decoded(writer, manifests)
-        df = dedup(df)
         partitions: set[Partition] = {(f.date, f.namespace, f.topic) for f in files if f.namespace and f.topic}
-        existing = self.table.existing_ids(partitions)
-        if existing is not None:
-            df = df.join(existing, on="message_id", how="left_anti")
-        result = self.table.append(df, app_id=app_id_for(writer), version=s.last_seq, fault=self.fault)
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            # Planned afresh on every attempt: the dedup against the table must see what the
+            # concurrent writer that beat us committed (and a fresh accumulator counts tokens once).
+            try:
+                self.table.prepare(spark_schema())
+                df, tokens = self.decoded(writer, manifests)
+                df = dedup(df)
+                existing = self.table.existing_ids(partitions)
+                if existing is not None:
+                    df = df.join(existing, on="message_id", how="left_anti")
+                result = self.table.append(df, app_id=app_id_for(writer), version=s.last_seq, fault=self.fault)
+                break
+            except ConcurrentCommitError as exc:
+                if attempt == COMMIT_ATTEMPTS:
+                    raise
+                s.retries += 1
+                log.warning("%s rolls %d-%d: another writer committed first (%s); re-planning the batch "
+                            "against the new table version (attempt %d of %d)", writer, s.first_seq, s.last_seq,
+                            exc, attempt + 1, COMMIT_ATTEMPTS)
+                time.sleep(random.uniform(0.5, 1.5) * min(attempt, 4))  # two losers should not collide again at once
 
         s.committed, s.table_version = result.committed, result.table_version
         s.rows_written = result.rows_added

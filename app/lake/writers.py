@@ -47,6 +47,7 @@ INGEST_DIR = "ingest"
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 #: Delta truncates string statistics; a prefix is a valid minimum, a longer max is skipped.
 STATS_STRING_PREFIX = 32
+TABLE_DESCRIPTION = "Prism envelopes compacted from the archive (app.lake)"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 Partition = tuple[str, str | None, str | None]
@@ -70,6 +71,8 @@ class TableWriter(ABC):
     """Appends DataFrames to one Delta table, idempotently per (app_id, version)."""
 
     name: str
+    #: Why this writer was chosen, for the one line `prism lake compact` prints (set by make_writer).
+    reason: str = ""
 
     def __init__(self, spark: SparkSession, table_uri: str, storage_options: dict[str, str] | None = None) -> None:
         self.spark = spark
@@ -83,6 +86,11 @@ class TableWriter(ABC):
     @abstractmethod
     def existing_ids(self, partitions: Iterable[Partition]) -> DataFrame | None:
         """`message_id`s already in the given (date, namespace, topic) partitions; None if none."""
+
+    def prepare(self, schema: Any) -> None:
+        """Called before a batch is planned; the delta-spark writer creates the table here.
+        The delta-rs path creates it with its first commit (its commits are not re-planned)."""
+        return None
 
     @abstractmethod
     def append(self, df: DataFrame, *, app_id: str, version: int, fault: Fault | None = None) -> CommitResult:
@@ -146,10 +154,32 @@ def native_delta_available(spark: SparkSession) -> bool:
     return jvm_class_loadable(spark, NATIVE_CLASS)
 
 
+class ConcurrentCommitError(LakeError):
+    """Delta's optimistic concurrency refused this commit because another writer committed first
+    (`ConcurrentAppendException` on partitions this batch read, `ConcurrentTransactionException`
+    for the same app id, `ProtocolChangedException` when both created the table, ...). Nothing of
+    the batch is visible; the caller re-plans it against the new table version and tries again."""
+
+    code = "delta_concurrent_commit"
+
+
+def _delta_conflicts() -> tuple[type[BaseException], ...]:
+    """Delta's commit-conflict exceptions as PySpark raises them. They must be listed one by one:
+    in delta-spark 4.4.1 the converted `ConcurrentAppendException` & co. are NOT subclasses of the
+    exported `DeltaConcurrentModificationException` (the test of two concurrent compactions found it)."""
+    import delta.exceptions as dx  # importing it installs the JVM -> Python exception conversion
+
+    return tuple(getattr(dx, name) for name in dx.__all__)
+
+
 class DeltaSparkWriter(TableWriter):
     """The native path (see the module docstring). Needs the Delta jars on the classpath."""
 
     name = "delta-spark"
+
+    def __init__(self, spark: SparkSession, table_uri: str, storage_options: dict[str, str] | None = None) -> None:
+        super().__init__(spark, table_uri, storage_options)
+        self.store = Store(table_uri)
 
     def transaction_version(self, app_id: str) -> int | None:
         # Delta's own writer re-checks (txnAppId/txnVersion), so this read is an optimization;
@@ -162,6 +192,9 @@ class DeltaSparkWriter(TableWriter):
         return None if dt_ is None else dt_.transaction_version(app_id)
 
     def existing_ids(self, partitions: Iterable[Partition]) -> DataFrame | None:
+        # Read through Delta (not a file list): when this DataFrame is part of the write, Delta
+        # records the partitions it read, so a concurrent append to them fails our commit with
+        # ConcurrentAppendException instead of both commits keeping the same message id.
         from pyspark.sql import functions as F
 
         parts = list(partitions)
@@ -178,29 +211,75 @@ class DeltaSparkWriter(TableWriter):
         jvm = self.spark._jvm  # type: ignore[attr-defined]
         return bool(jvm.io.delta.tables.DeltaTable.isDeltaTable(self.spark._jsparkSession, self.table_uri))  # type: ignore[attr-defined]
 
-    def _history_head(self) -> dict[str, Any] | None:
+    def _history(self, limit: int) -> list[dict[str, Any]]:
+        """The newest `limit` commits (newest first), [] when there is no table yet."""
         from delta.tables import DeltaTable
 
         if not self._is_table():
-            return None
-        rows = DeltaTable.forPath(self.spark, self.table_uri).history(1).collect()
-        return rows[0].asDict(recursive=True) if rows else None
+            return []
+        return [r.asDict(recursive=True) for r in DeltaTable.forPath(self.spark, self.table_uri).history(limit).collect()]
+
+    def prepare(self, schema: Any) -> None:
+        # The table exists BEFORE a batch is planned, so the dedup always reads it through Delta:
+        # a plan made on "no table yet" would skip the dedup, and no conflict check could catch
+        # a concurrent writer that created the table and committed the same ids meanwhile.
+        if not self._is_table():
+            self._create(schema)
+
+    def _create(self, schema: Any) -> None:
+        """Create the table with the batch's schema as declared. A DataFrame write would create it
+        with every column nullable (Delta's rule for path writes), while the delta-rs path keeps
+        `message_id NOT NULL`: creating it explicitly gives both writers the same schema."""
+        from delta.tables import DeltaTable
+        from pyspark.errors import AnalysisException
+
+        try:
+            (DeltaTable.createIfNotExists(self.spark).location(self.table_uri).addColumns(schema)
+             .partitionedBy(*PARTITION_COLUMNS).comment(TABLE_DESCRIPTION).execute())
+        except _delta_conflicts() as exc:  # both created it; the other's commit won
+            raise ConcurrentCommitError(f"{type(exc).__name__}: {self.table_uri} was created by another writer") from exc
+        except AnalysisException as exc:
+            # Another compaction is creating the table right now: its _delta_log exists, its first
+            # commit does not yet. Like a lost commit race: re-plan once that commit is there.
+            if exc.getCondition() != "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION" or \
+                    not self._has_log_dir():
+                raise
+            raise ConcurrentCommitError(f"{self.table_uri} is being created by another writer") from exc
+
+    def _has_log_dir(self) -> bool:
+        import pyarrow.fs as pafs
+
+        info = self.store.fs.get_file_info(self.store.full("_delta_log"))
+        return info.type != pafs.FileType.NotFound or bool(self.store.list_files("_delta_log"))
 
     def append(self, df: DataFrame, *, app_id: str, version: int, fault: Fault | None = None) -> CommitResult:
         done = self.transaction_version(app_id)
         if done is not None and done >= version:
             return CommitResult(self.name, False, None)
-        before = self._history_head()
-        if fault is not None:  # delta-spark writes and commits in one call; the closest crash point
-            fault("files-written")
-        (df.write.format("delta").mode("append").partitionBy(*PARTITION_COLUMNS)
-         .option("txnAppId", app_id).option("txnVersion", version).option("mergeSchema", "true")
-         .save(self.table_uri))
-        after = self._history_head()
-        if after is None or (before is not None and after["version"] == before["version"]):
-            return CommitResult(self.name, False, None if after is None else after["version"])
-        metrics = after.get("operationMetrics") or {}
-        return CommitResult(self.name, True, after["version"], int(metrics.get("numFiles", 0)),
+        # Delta skips a write whose (txnAppId, txnVersion) is already recorded without telling the
+        # caller; a token in the commit's userMetadata says afterwards whether THIS call committed.
+        token = f"prism.lake:{app_id}:v{version}:{uuid.uuid4().hex}"
+        try:
+            head = self._history(1)
+            if not head:
+                self._create(df.schema)
+                head = self._history(1)
+            if fault is not None:  # delta-spark writes and commits in one call; the closest crash point
+                fault("files-written")
+            (df.write.format("delta").mode("append")
+             .option("txnAppId", app_id).option("txnVersion", version).option("mergeSchema", "true")
+             .option("userMetadata", token).save(self.table_uri))
+        except _delta_conflicts() as exc:
+            raise ConcurrentCommitError(f"{type(exc).__name__} on {self.table_uri}: "
+                                        f"{str(exc).strip().splitlines()[0][:300]}") from exc
+        since = head[0]["version"] if head else -1
+        newest = self._history(1)
+        latest = newest[0]["version"] if newest else since
+        ours = [c for c in self._history(max(1, latest - since)) if c.get("userMetadata") == token]
+        if not ours:
+            return CommitResult(self.name, False, latest)
+        metrics = ours[0].get("operationMetrics") or {}
+        return CommitResult(self.name, True, ours[0]["version"], int(metrics.get("numFiles", 0)),
                             int(metrics.get("numOutputRows", 0)), int(metrics.get("numOutputBytes", 0)))
 
 
@@ -259,7 +338,7 @@ class DeltaRsWriter(TableWriter):
                 self.table_uri, DeltaSchema.from_arrow(_arrow_schema(df)), actions, mode="error",
                 partition_by=list(PARTITION_COLUMNS), storage_options=self.storage_options,
                 commit_properties=commit, name="prism_envelopes",
-                description="Prism envelopes compacted from the archive (app.lake)")
+                description=TABLE_DESCRIPTION)
         else:
             dt_.update_incremental()
             if (dt_.transaction_version(app_id) or 0) >= version:  # another run won the race
@@ -303,19 +382,31 @@ class DeltaRsWriter(TableWriter):
 
 
 def make_writer(spark: SparkSession, table_uri: str, prefer: str = "auto",
-                storage_options: dict[str, str] | None = None) -> TableWriter:
-    """`auto` takes the native path when the Delta jars are loadable, else delta-rs."""
+                storage_options: dict[str, str] | None = None, *, jars_note: str = "") -> TableWriter:
+    """`auto` takes the native path when the Delta jars are loadable, else delta-rs.
+
+    `jars_note` is what the caller knows about the jars (where they came from, or why they could
+    not be had); it goes into the writer's `reason` and into the error for `delta-spark`.
+    """
     if prefer not in ("auto", "delta-spark", "delta-rs"):
         raise LakeError(f"unknown Delta writer {prefer!r}", hint="use auto, delta-spark or delta-rs")
     native = native_delta_available(spark)
+    note = f" ({jars_note})" if jars_note else ""
     if prefer == "delta-spark" and not native:
         raise LakeError(
-            f"the delta-spark writer needs the JVM class {NATIVE_CLASS}, which is not on the classpath",
-            hint="start Spark with --packages io.delta:delta-spark_2.13:<version> (see docs/lakehouse.md), "
-                 "or use --writer delta-rs")
+            f"the delta-spark writer needs the JVM class {NATIVE_CLASS}, which is not on the classpath{note}",
+            hint="let `prism lake compact` fetch the Delta jars (needs Maven and Maven Central once), start Spark "
+                 "with --jars/--packages io.delta:delta-spark_... (see docs/lakehouse.md), or use --writer delta-rs")
+    writer: TableWriter
     if prefer == "delta-spark" or (prefer == "auto" and native):
-        return DeltaSparkWriter(spark, table_uri, storage_options)
-    return DeltaRsWriter(spark, table_uri, storage_options)
+        writer = DeltaSparkWriter(spark, table_uri, storage_options)
+        writer.reason = ("--writer delta-spark" if prefer == "delta-spark"
+                         else "auto: the Delta jars are on Spark's classpath") + note
+    else:
+        writer = DeltaRsWriter(spark, table_uri, storage_options)
+        writer.reason = ("--writer delta-rs" if prefer == "delta-rs"
+                         else "auto: the Delta jars are not on Spark's classpath") + note
+    return writer
 
 
 def refuse_unsupported_features(dt_: Any) -> None:

@@ -162,3 +162,34 @@ def test_spark_submit_to_a_standalone_cluster_writes_the_local_table(cluster, sp
     rows = _rows(cluster_table)
     assert len(rows) == len(main.ids | other.ids) and rows == _rows(local_table)
     assert DeltaTable(cluster_table).version() == DeltaTable(local_table).version()
+
+
+def test_delta_spark_writer_on_the_standalone_cluster(cluster, spark, tmp_path):
+    """The native writer on `spark://`: the Delta jars from the verified cache go to the cluster
+    with `--jars` (no Ivy resolution at submit), and the table equals the local delta-rs one."""
+    from app.lake.delta_jars import DELTA_SESSION_CONF, DeltaJarsUnavailable, resolve
+
+    try:
+        jars = resolve()
+    except DeltaJarsUnavailable as exc:
+        require(False, f"the Delta jars: {exc}")
+        raise
+    archive = str(tmp_path / "archive")
+    traffic = make_traffic(80, seed=23)
+    with ArchiveSink(archive, writer_id="w1", max_file_bytes=40_000) as sink:
+        sink.write(traffic.records)
+    local_table = str(tmp_path / "local-delta-rs")
+    assert Compactor(spark, archive, local_table, writer="delta-rs").run().exit_code == 0
+
+    cluster_table = str(tmp_path / "cluster-delta-spark")
+    base = submit_command(cluster.url, archive, cluster_table)
+    conf = [arg for key, value in DELTA_SESSION_CONF.items() for arg in ("--conf", f"{key}={value}")]
+    cmd = [base[0], "--jars", ",".join(jars.jars), *conf, *base[1:], "--writer", "delta-spark"]
+    res = subprocess.run(cmd, cwd=ROOT, env=cluster.env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, f"spark-submit failed ({res.returncode}):\n{res.stderr[-4000:]}"
+    summary = json.loads(res.stdout[res.stdout.index("{"):])
+    assert summary["writer"] == "delta-spark" and summary["totals"]["rows_written"] == len(traffic.ids)
+    assert "writer: delta-spark - --writer delta-spark" in res.stdout  # spark-submit merges Python's stderr into it
+    rows = _rows(cluster_table)
+    assert len(rows) == len(traffic.ids) and rows == _rows(local_table)
+    assert DeltaTable(cluster_table).schema() == DeltaTable(local_table).schema()
