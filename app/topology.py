@@ -315,9 +315,30 @@ class DlqAttestation(_Strict):
     trusted_keys: list[str] = []
 
 
+class DlqOverflow(_Strict):
+    """`dlq.overflow`: where the whole value of a DLQ copy cut to fit its topic is kept, by
+    reference (app/worker/dlq_overflow.py). Without it a truncated copy keeps only the value's
+    digest and length, and the whole message lives only as long as the source topic keeps it."""
+
+    #: file:///absolute/dir or s3://bucket/prefix[?endpoint_override=host:port&scheme=http]
+    path: str
+
+    @field_validator("path")
+    @classmethod
+    def _location(cls, v: str) -> str:
+        if v.startswith("file://"):
+            if not v[len("file://"):].startswith("/"):
+                raise ValueError(f"{v!r}: a file:// location needs an absolute path, e.g. file:///var/lib/prism/dlq")
+        elif not v.startswith(("s3://", "s3a://")) or len(v.split("://", 1)[1].split("?", 1)[0].strip("/")) == 0:
+            raise ValueError(f"{v!r} is neither file:///absolute/dir nor s3://bucket[/prefix]")
+        return v
+
+
 class Dlq(_Strict):
     topic_suffix: str = ".dlq"
     attestation: DlqAttestation = DlqAttestation()
+    #: the whole value of a truncated DLQ copy, stored by reference; None: digest and length only
+    overflow: DlqOverflow | None = None
     max_attempts: Annotated[int, Field(ge=1, le=20)] = 3
     backoff_initial_ms: Annotated[int, Field(ge=1)] = 50
     backoff_max_ms: Annotated[int, Field(ge=1)] = 2000
@@ -458,6 +479,8 @@ class RedisPubSubSinkSpec(_SinkBase):
     channel: str | None = None                    # default: the envelope's topic
     min_subscribers: Annotated[int, Field(ge=0)] = 0  # PUBLISH reaching fewer counts as not delivered
     dedup_ttl_s: Annotated[int, Field(ge=0)] = 86_400  # 0: no replay protection
+    #: the server's proto-max-bulk-len (Redis's default 512 MB): a larger message goes to the DLQ
+    max_bulk_bytes: Annotated[int, Field(ge=1024)] = 512 * 1024 * 1024
 
 
 class RedisStreamSinkSpec(_SinkBase):
@@ -466,6 +489,8 @@ class RedisStreamSinkSpec(_SinkBase):
     stream: str | None = None                     # default: the envelope's topic
     maxlen: Annotated[int, Field(ge=1)] | None = None  # approximate trim (XADD MAXLEN ~)
     dedup_ttl_s: Annotated[int, Field(ge=1)] = 86_400
+    #: the server's proto-max-bulk-len (Redis's default 512 MB): a larger field goes to the DLQ
+    max_bulk_bytes: Annotated[int, Field(ge=1024)] = 512 * 1024 * 1024
 
 
 class PostgresSinkSpec(_SinkBase):
@@ -473,6 +498,9 @@ class PostgresSinkSpec(_SinkBase):
     dsn: str = "postgresql://127.0.0.1:5432/postgres"
     db_schema: Annotated[str, Field(alias="schema", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")] = "public"
     create_table: bool = True
+    #: the largest envelope document (JSON text) a row takes; default jsonb's own maximum,
+    #: 268435455 bytes (PostgreSQL refuses a larger jsonb value; any field is capped at 1 GB)
+    max_document_bytes: Annotated[int, Field(ge=1024, le=268_435_455)] = 268_435_455
 
 
 class NatsSinkSpec(_SinkBase):

@@ -21,13 +21,17 @@ cuts a copy down to the DLQ topic's size limit (`app.worker.limits`). The `prism
 headers and the reason always stay; the value is truncated and described by
 `prism.errors.value.sha256` (of the whole DLQ value, the digest an attestation binds) and
 `prism.errors.value.length`; the full value stays in the source topic at the recorded
-topic/partition/offset for its retention.
+topic/partition/offset for its retention - and, with `dlq.overflow` configured, for good in a
+blob store, content-addressed by that digest and named by `prism.errors.value.ref`
+(`app.worker.dlq_overflow`), so `prism dlq replay` can bring back the whole record after the
+source topic has deleted it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
@@ -45,6 +49,11 @@ VALUE_SHA256 = PREFIX + "value.sha256"
 VALUE_LENGTH = PREFIX + "value.length"
 HEADERS_TRUNCATED = PREFIX + "headers.truncated"
 KEY_SHA256 = PREFIX + "key.sha256"
+#: Where the whole value of a truncated copy is stored (`dlq.overflow`): a URL ending in its SHA-256.
+VALUE_REF = PREFIX + "value.ref"
+#: Stores a truncated copy's whole value under its SHA-256 (hex) and returns its reference, or
+#: None when it could not be stored (the copy then keeps only the digest and the length).
+Overflow = Callable[[str, bytes], str | None]
 _BEARER = re.compile(rb"(?i)(bearer\s+)([A-Za-z0-9._~+/=-]{8,})")
 _SECRET_HEADERS = frozenset({"authorization", "prism-auth-token", "x-auth-token", "auth-token", "ce_authtoken",
                              "proxy-authorization", "cookie"})
@@ -129,10 +138,12 @@ def _size(key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]) -> 
     return int(DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers))
 
 
-def fit_dlq_record(rec: DlqRecord, limit: int) -> DlqRecord:
+def fit_dlq_record(rec: DlqRecord, limit: int, overflow: Overflow | None = None) -> DlqRecord:
     """`rec` as it can be written to a topic that accepts records of at most `limit` bytes
     (`app.worker.limits.record_size`): unchanged when it fits. Otherwise the value is cut to
-    what fits and marked (`prism.errors.value.truncated`, `.value.sha256`, `.value.length`); if
+    what fits and marked (`prism.errors.value.truncated`, `.value.sha256`, `.value.length`,
+    and with an `overflow` store `.value.ref`: the whole value is stored there first, so the
+    reference in the record never points at nothing); if
     the headers alone do not fit, the original headers' values are emptied (their digest in
     `prism.errors.headers.truncated`), and then the key replaced by its digest. The
     `prism.errors.*` context headers - the reason above all - always stay.
@@ -142,8 +153,12 @@ def fit_dlq_record(rec: DlqRecord, limit: int) -> DlqRecord:
     if _size(rec.key, rec.value, rec.headers) <= limit:
         return rec
     value = rec.value
-    headers = [*rec.headers, (VALUE_TRUNCATED, b"true"), (VALUE_SHA256, hashlib.sha256(value).hexdigest().encode()),
+    digest = hashlib.sha256(value).hexdigest()
+    headers = [*rec.headers, (VALUE_TRUNCATED, b"true"), (VALUE_SHA256, digest.encode()),
                (VALUE_LENGTH, str(len(value)).encode())]
+    ref = overflow(digest, value) if overflow is not None else None
+    if ref is not None:
+        headers.append((VALUE_REF, ref.encode()))
     key = rec.key
     if _size(key, b"", headers) > limit:
         original = [(k, v) for k, v in headers if not k.startswith(PREFIX)]

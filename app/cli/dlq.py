@@ -35,8 +35,16 @@ What is never replayed (docs/operations.md, "DLQ replay"), `--force` or not:
   A sink's dead letter (its recorded topic is an output, `<source>.v3`) is one of these too.
 * `bad_coordinates`: the recorded partition is missing, not a number, or not a partition of
   the source topic.
-* `truncated`: the DLQ copy was cut to fit the DLQ topic (`prism.errors.value.truncated`, ...);
-  the whole record is only in the source topic, at the recorded offset.
+* `truncated`: the DLQ copy was cut to fit the DLQ topic (`prism.errors.value.truncated`, ...)
+  and no whole copy is stored by reference: its headers or key were cut too, or it was written
+  without `dlq.overflow`; the whole record is only in the source topic, at the recorded offset.
+
+A copy whose value alone was cut and whose whole value is stored by reference
+(`prism.errors.value.ref`, app/worker/dlq_overflow.py) is replayed whole: the value is read from
+the reference, its SHA-256 must equal `prism.errors.value.sha256` (else skipped as
+`ref_mismatch`; unreadable: `ref_unreadable`), and the record must fit the source topic's limit
+- its `max.message.bytes`, else the worker's producer limit (`PRISM_MAX_REQUEST_BYTES`, 4 MiB by
+default) - or it is skipped as `too_large` with both sizes: replaying it could only fail again.
 """
 
 from __future__ import annotations
@@ -57,9 +65,18 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from rich.console import Console
 from rich.progress import Progress
 
-from app.agents.dlq import HEADERS_TRUNCATED, KEY_SHA256, VALUE_TRUNCATED, error_context, strip_error_headers
+from app.agents.dlq import (
+    HEADERS_TRUNCATED,
+    KEY_SHA256,
+    VALUE_REF,
+    VALUE_SHA256,
+    VALUE_TRUNCATED,
+    error_context,
+    strip_error_headers,
+)
 from app.errors import ConfigError, PrismError
 from app.topology import Source, Topology
+from app.worker.limits import WriteLimits, max_request_from_env, record_size
 
 #: The ledger topic of a DLQ topic is its name plus this.
 LEDGER_SUFFIX = ".replayed"
@@ -293,8 +310,8 @@ class Outcome:
     dlq_offset: int
     reason: str
     action: Action
-    #: for `skipped`: already_replayed | foreign_source | bad_coordinates | truncated; for a
-    #: forced replay: forced
+    #: for `skipped`: already_replayed | foreign_source | bad_coordinates | truncated |
+    #: ref_unreadable | ref_mismatch | too_large; for a forced replay: forced
     why: str = ""
     detail: str = ""
     target_topic: str = ""
@@ -302,6 +319,8 @@ class Outcome:
     target_offset: int | None = None
     #: how often the ledger says this record was replayed before this run
     replays_before: int = 0
+    #: a truncated copy's whole value is replayed from this reference (`prism.errors.value.ref`)
+    value_ref: str = ""
 
 
 @dataclass(slots=True)
@@ -356,11 +375,16 @@ def classify(rec: Any, source: Source, ledger: dict[str, LedgerEntry], *, force:
                       f"(0..{source.partitions - 1}): never replayed")
         return out
     out.target_partition = partition
-    if any(_header(rec, h) is not None for h in (VALUE_TRUNCATED, HEADERS_TRUNCATED, KEY_SHA256)):
+    ref = _header(rec, VALUE_REF)
+    cut_beyond_value = any(_header(rec, h) is not None for h in (HEADERS_TRUNCATED, KEY_SHA256))
+    if cut_beyond_value or (_header(rec, VALUE_TRUNCATED) is not None and not ref):
         out.action, out.why = "skipped", "truncated"
-        out.detail = (f"the DLQ copy was cut to fit the DLQ topic; the whole record is in {source.topic} partition "
-                      f"{partition} offset {ctx.get('offset', '?')} (while its retention keeps it)")
+        what = "its headers or key were cut too" if cut_beyond_value else "no whole copy was stored (dlq.overflow)"
+        out.detail = (f"the DLQ copy was cut to fit the DLQ topic and {what}; the whole record is in {source.topic} "
+                      f"partition {partition} offset {ctx.get('offset', '?')} (while its retention keeps it)")
         return out
+    if ref:
+        out.value_ref = ref.decode(errors="replace")
     done = ledger.get(f"{rec.partition}@{rec.offset}")
     if done is not None and done.value_sha256 == hashlib.sha256(rec.value or b"").hexdigest():
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(done.replayed_at_ms / 1000))
@@ -389,6 +413,9 @@ async def replay(topology: Topology, bootstrap: str, *, settings: Any = None, re
     selections = {s.topic: parse_selection(records, ranges, s.partitions, s.topic + suffix) for s in sources}
     report = ReplayReport(dry_run=dry_run, forced=force)
     plans: list[tuple[Source, str, list[tuple[Any, Outcome]]]] = []
+    #: (dlq topic, partition, offset) -> the whole value read from a truncated copy's reference
+    values: dict[tuple[str, int, int], bytes] = {}
+    source_limits: WriteLimits | None = None
     left = limit or None
     with Progress(console=console or Console(stderr=True), transient=True) as progress:
         for s in sources:
@@ -424,6 +451,12 @@ async def replay(topology: Topology, bootstrap: str, *, settings: Any = None, re
                 if reason is not None and error_context(list(rec.headers or [])).get("reason") != reason:
                     continue
                 outcome = classify(rec, s, ledger, force=force)
+                if outcome.value_ref and outcome.action != "skipped":
+                    if source_limits is None:
+                        source_limits = await _source_limits(topology, bootstrap, settings)
+                    whole = await _resolve_ref(rec, outcome, topology, source_limits.limit_for(s.topic))
+                    if whole is not None:
+                        values[(rec.topic, rec.partition, rec.offset)] = whole
                 if outcome.action != "skipped":
                     if left is not None and left <= 0:
                         report.limited += 1
@@ -435,22 +468,71 @@ async def replay(topology: Topology, bootstrap: str, *, settings: Any = None, re
             plans.append((s, ledger_name, chosen))
     if dry_run:
         return report
+    # aiokafka's default max_request_size (1 MiB) would refuse a whole value read back by reference
+    big = max((len(v) for v in values.values()), default=0)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all",
+                                **({"max_request_size": big + 64 * 1024} if big > 960 * 1024 else {}),
                                 **(settings.aiokafka_kwargs() if settings else {}))
     await producer.start()
     try:
         for s, ledger_name, chosen in plans:
             for i in range(0, len(chosen), _CHUNK):
-                await _replay_chunk(producer, s, ledger_name, chosen[i:i + _CHUNK], force=force, by=by)
+                await _replay_chunk(producer, s, ledger_name, chosen[i:i + _CHUNK], force=force, by=by,
+                                    values=values)
     finally:
         await producer.stop()
     return report
 
 
+async def _source_limits(topology: Topology, bootstrap: str, settings: Any) -> WriteLimits:
+    """The source topics' size limits, as the worker computes them: its producer limit
+    (`PRISM_MAX_REQUEST_BYTES`, else faust_app's default) and each topic's `max.message.bytes`."""
+    from app.broker.admin import read_max_message_bytes
+    from app.worker.faust_app import TUNED_SETTINGS
+
+    max_request = max_request_from_env() or int(TUNED_SETTINGS["producer_max_request_size"])
+    topics = [s.topic for s in topology.sources]
+    values, why = await read_max_message_bytes(bootstrap, topics, settings=settings)
+    return WriteLimits(max_request).with_broker(values, why)
+
+
+async def _resolve_ref(rec: Any, outcome: Outcome, topology: Topology, limit: int) -> bytes | None:
+    """The whole value a truncated copy's reference names, verified and checked against the source
+    topic's `limit`; None (and `outcome` skipped with why) when it cannot be replayed."""
+    from app.worker.dlq_overflow import OverflowStore, read_ref
+
+    expected = (_header(rec, VALUE_SHA256) or b"").decode(errors="replace")
+    cfg = topology.dlq.overflow
+    try:
+        configured = OverflowStore(cfg.path) if cfg is not None else None
+        whole = await asyncio.to_thread(read_ref, outcome.value_ref, expected, configured)
+    except ValueError as exc:
+        outcome.action, outcome.why, outcome.detail = "skipped", "ref_mismatch", f"{exc}: never replayed"
+        return None
+    except PrismError as exc:
+        outcome.action, outcome.why = "skipped", "ref_unreadable"
+        outcome.detail = f"the whole value could not be read from {outcome.value_ref}: {exc}"
+        return None
+    size = record_size(rec.key, whole, strip_error_headers(list(rec.headers or [])))
+    if size > limit:
+        outcome.action, outcome.why = "skipped", "too_large"
+        outcome.detail = (f"the whole record ({size} bytes, value {len(whole)} bytes from {outcome.value_ref}) is "
+                          f"over the {limit}-byte limit of {outcome.target_topic}: it would be refused again - raise "
+                          "the topic's max.message.bytes and PRISM_MAX_REQUEST_BYTES first")
+        return None
+    note = f"whole value ({len(whole)} bytes) from {outcome.value_ref}, SHA-256 verified"
+    outcome.detail = f"{outcome.detail}; {note}" if outcome.detail else note
+    return whole
+
+
 async def _replay_chunk(producer: AIOKafkaProducer, source: Source, ledger_name: str,
-                        chunk: list[tuple[Any, Outcome]], *, force: bool, by: str | None = None) -> None:
-    """Send a chunk of replays, then - once every one is acknowledged - their ledger entries."""
-    sends = [await producer.send(source.topic, rec.value, key=rec.key, partition=outcome.target_partition,
+                        chunk: list[tuple[Any, Outcome]], *, force: bool, by: str | None = None,
+                        values: dict[tuple[str, int, int], bytes] | None = None) -> None:
+    """Send a chunk of replays, then - once every one is acknowledged - their ledger entries.
+    `values`: the whole values of truncated copies, read back from their references."""
+    whole = values or {}
+    sends = [await producer.send(source.topic, whole.get((rec.topic, rec.partition, rec.offset), rec.value),
+                                 key=rec.key, partition=outcome.target_partition,
                                  headers=strip_error_headers(list(rec.headers or [])), timestamp_ms=rec.timestamp)
              for rec, outcome in chunk]
     metas = await asyncio.gather(*sends)

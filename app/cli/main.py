@@ -131,6 +131,12 @@ def run(
     settings = found.attempt(BrokerSettings.from_env)
     if topo is not None and not dev_keys:
         found.attempt(check_topology_keys, topo, topology)
+    from app.worker.limits import max_request_from_env
+
+    # PRISM_MAX_REQUEST_BYTES: this process's pipeline uses the value checked here; the children
+    # of --processes N inherit the variable and read it with the same function (app_from_env)
+    max_request = found.attempt(max_request_from_env)
+    size_overrides: dict[str, Any] = {} if max_request is None else {"producer_max_request_size": max_request}
     from app.worker.transactions import EXACTLY_ONCE, GUARANTEE_ENV, check_guarantee, check_transactions, refusal
 
     guarantee = found.attempt(check_guarantee, processing_guarantee or (topo.processing_guarantee if topo else
@@ -182,7 +188,7 @@ def run(
         # validation only (keys, JWKS, schema, archive settings): the children build their own
         checked = PipelineApp(topo, bootstrap=bootstrap, data_dir=child_data_dir(data_dir, topo.name, 0),
                               embedded=settings.embedded, broker_settings=None if settings.embedded else settings,
-                              processing_guarantee=guarantee)
+                              processing_guarantee=guarantee, **size_overrides)
         supervisor = _supervisor(topology, topo, processes=processes, bootstrap=bootstrap, embedded=settings.embedded,
                                  data_dir=data_dir, web_port=web_port, loglevel=loglevel, web_bind=web_bind,
                                  management=management)
@@ -191,7 +197,7 @@ def run(
         pipeline = PipelineApp(topo, bootstrap=bootstrap, data_dir=data_dir / topo.name, embedded=settings.embedded,
                                web_port=web_port, broker_settings=None if settings.embedded else settings,
                                archive_location=topo.archive.path, archive_writer_id=writer_id, archive_shard=shard,
-                               observe=observer, processing_guarantee=guarantee,
+                               observe=observer, processing_guarantee=guarantee, **size_overrides,
                                # web_host names this worker in `status` (worker_id): the pod's hostname
                                # when listening on every interface
                                web_bind=web_bind, web_host=socket.gethostname() if web_bind in ("0.0.0.0", "::")

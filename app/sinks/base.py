@@ -18,6 +18,11 @@ writes them to one backend. The contract every sink keeps:
   backend can never hold (a poison message: it goes to the DLQ at once, whatever the outage
   policy); `write_encoded(items)` does the I/O and raises `SinkError` (transient) for
   anything the backend did, so the delivery loop (`app.sinks.delivery`) can retry it.
+* **Backend size limits.** `size_problem(item)` says (`SizeLimitError`, reason `too_large`)
+  when an encoded item is over what the backend accepts - NATS's `max_payload` as the server
+  announced it, Redis's `proto-max-bulk-len`, PostgreSQL's jsonb maximum; S3 has no practical
+  one. Such a record could never be written: it goes to the DLQ at once instead of failing -
+  and under `on_outage: wait` holding - the batch forever.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from app.envelope.codec import Layout, decode, detect_layout
 from app.envelope.model import Envelope
-from app.errors import SinkError
+from app.errors import PrismError, SinkError, SizeLimitError
 
 log = logging.getLogger("prism.sinks")
 
@@ -136,6 +141,34 @@ class Sink(abc.ABC, Generic[T]):
     @abc.abstractmethod
     async def _ping(self) -> None:
         """Raise when the backend does not answer."""
+
+    # -- size limits (module docs) -----------------------------------------------------------
+    def max_item_bytes(self) -> int | None:
+        """The largest item (`item_size`) the backend accepts; None: no practical limit or not known."""
+        return None
+
+    def item_size(self, item: T) -> int:
+        """The bytes of `item` the backend compares with `max_item_bytes`."""
+        return 0
+
+    #: where `max_item_bytes` comes from, for the DLQ reason
+    limit_source: ClassVar[str] = ""
+
+    def size_problem(self, item: T) -> PrismError | None:
+        """A `SizeLimitError` when `item` is over the backend's limit, else None."""
+        limit = self.max_item_bytes()
+        if limit is None:
+            return None
+        size = self.item_size(item)
+        if size <= limit:
+            return None
+        return SizeLimitError(f"{self.kind} sink {self.name!r}: the record is {size} bytes, over the backend's "
+                              f"{limit}-byte limit ({self.limit_source})", path=f"sinks.{self.name}",
+                              hint="raise the backend's limit (and the sink's setting), or have producers send "
+                                   "smaller messages; the record is in the DLQ")
+
+    async def refresh_limits(self) -> None:
+        """Learn limits the backend announces on connect (NATS); a no-op for configured ones."""
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:

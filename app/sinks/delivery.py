@@ -15,8 +15,11 @@ Faust acknowledges a batch's offsets only after that (`stream.take_events`). So:
   - `dlq`: after `max_attempts` failed attempts the batch goes to `<source>.dlq` with the
     `prism.errors.*` headers of `app.agents.dlq` (stage `sink:<name>`), so the stream keeps
     flowing and `prism dlq replay` can bring the records back later.
-* **poison records** (the backend can never hold them: `encode` raised) go to the DLQ at
-  once under either policy: waiting would stall the sink forever on one record.
+* **poison records** (the backend can never hold them: `encode` raised, or the encoded item is
+  over the backend's size limit, `Sink.size_problem`) go to the DLQ at once under either
+  policy: waiting would stall the sink forever on one record. The size check runs again after
+  a failed write, so a limit the backend lowered meanwhile (a NATS server restarted with a
+  smaller `max_payload`) dead-letters the records over it instead of retrying them.
 
 Shutdown and rebalance: a batch that is still waiting for its backend when the worker stops
 (or its partitions are revoked) is abandoned *unacknowledged* (`DeliveryResult.aborted`),
@@ -117,12 +120,18 @@ class Delivery:
         good: list[SinkRecord] = []
         items: list[Any] = []
         poison: list[tuple[Message, BaseException]] = []
+        await self.sink.refresh_limits()
         for r in records:
             try:
-                items.append(self.sink.encode(r))
+                item = self.sink.encode(r)
             except PrismError as exc:
                 poison.append((message_of(r), exc))
+                continue
+            too_large = self.sink.size_problem(item)
+            if too_large is not None:
+                poison.append((message_of(r), too_large))
             else:
+                items.append(item)
                 good.append(r)
         if poison:
             stats.rejected += len(poison)
@@ -138,6 +147,17 @@ class Delivery:
             try:
                 await self.sink.write_encoded(items)
             except Exception as exc:
+                good, items, over = self._split_oversized(good, items)
+                if over:  # the backend's limit is lower than when the batch was encoded
+                    stats.rejected += len(over)
+                    log.warning("sink %s: %d record(s) are over the backend's size limit and go to the DLQ (first: "
+                                "%s)", self.sink.name, len(over), over[0][1])
+                    if not await self.dead_letter(over):
+                        return DeliveryResult(aborted=True)
+                    poison += over
+                    if not items:
+                        return DeliveryResult(dlq=len(poison))
+                    continue
                 failed += 1
                 stats.failed_attempts += 1
                 stats.last_error = str(exc)[:500]
@@ -161,6 +181,21 @@ class Delivery:
                 stats.in_outage = False
                 log.warning("sink %s: backend is back after %d failed attempt(s)", self.sink.name, failed)
             return DeliveryResult(written=len(items), dlq=len(poison))
+
+    def _split_oversized(self, good: list[SinkRecord], items: list[Any],
+                         ) -> tuple[list[SinkRecord], list[Any], list[tuple[Message, BaseException]]]:
+        """(records, items) still within the backend's limit, and the DLQ entries of those over it."""
+        keep_r: list[SinkRecord] = []
+        keep_i: list[Any] = []
+        over: list[tuple[Message, BaseException]] = []
+        for r, item in zip(good, items, strict=True):
+            problem = self.sink.size_problem(item)
+            if problem is None:
+                keep_r.append(r)
+                keep_i.append(item)
+            else:
+                over.append((message_of(r), problem))
+        return keep_r, keep_i, over
 
     async def dead_letter(self, items: Sequence[tuple[Message, BaseException]]) -> bool:
         """Send `items` to their DLQ topics, retrying until it works. False: aborted."""

@@ -14,6 +14,12 @@ when the server died, stores nothing twice - within the window. An outage longer
 window can, in the worst case (publish stored, ack lost, retried after the window),
 store a second copy; raise `duplicate_window_s` to cover the longest outage you wait out.
 
+**Size limit.** The server announces its `max_payload` (1 MiB by default) in the INFO it sends
+on connect, and refuses a larger message (headers included). The sink reads it from the
+connection (`nc.max_payload`, again after a reconnect) and checks each message, headers plus
+data, before publishing: one over it goes to the DLQ as `too_large` (`Sink.size_problem`)
+instead of failing its batch on every retry.
+
 **Stream.** With `create_stream: true` the stream is created at start-up when missing
 (file storage, the sink's subjects, the configured duplicate window); an existing stream is
 used as it is.
@@ -81,6 +87,31 @@ class NatsSink(Sink[nb.NatsMessage]):
         self.duplicate_window_s = duplicate_window_s
         self._nc: Any = None
         self._js: Any = None
+        #: the server's max_payload from its INFO (None until the first connect)
+        self._max_payload: int | None = None
+
+    limit_source = "the NATS server's max_payload"
+
+    def max_item_bytes(self) -> int | None:
+        nc = self._nc
+        if nc is not None and nc.is_connected:
+            self._max_payload = int(nc.max_payload)  # a reconnect may have brought another server's INFO
+        return self._max_payload
+
+    def item_size(self, item: nb.NatsMessage) -> int:
+        # what the server compares with max_payload: the HPUB's header block plus the data
+        head = 0
+        if item.headers:
+            head = len(b"NATS/1.0\r\n\r\n") + sum(len(str(k).encode()) + len(str(v).encode()) + 4
+                                                  for k, v in item.headers.items())
+        return head + len(item.data)
+
+    async def refresh_limits(self) -> None:
+        if self._max_payload is None:  # never connected: connect now to learn it (a failure is the write's)
+            try:
+                await self.start()
+            except Exception as exc:
+                log.debug("nats sink %s: not connected, max_payload unknown yet: %s", self.name, exc)
 
     @classmethod
     def from_spec(cls, spec: NatsSinkSpec, *, default_subjects: Sequence[str] = ()) -> NatsSink:
@@ -97,6 +128,7 @@ class NatsSink(Sink[nb.NatsMessage]):
 
     async def _open(self) -> None:
         self._nc = await connect(self.url, timeout_s=self.timeout_s)
+        self._max_payload = int(self._nc.max_payload)
         self._js = self._nc.jetstream(timeout=self.timeout_s)
         if self.create_stream:
             await self._ensure_stream()

@@ -16,6 +16,11 @@ no-op. The table is created (`create_table: true`) in the configured schema at s
 could not reproduce them) and the header as protobuf JSON; `encode(decode(row), layout)`
 gives back the envelope bytes the worker wrote, signature included (tested).
 
+**Size limit.** A jsonb value is at most 268435455 bytes (PostgreSQL refuses a larger one on
+every retry). `max_document_bytes` (default that maximum) is checked in `encode`: a larger
+envelope document goes to the DLQ as `too_large`. The exact JSON length is computed only for
+envelopes whose bytes could come near the limit (base64 grows a payload by 4/3).
+
 **Queue.** `PostgresQueue.claim(n)` takes up to n unconsumed rows with
 `FOR UPDATE SKIP LOCKED` inside a transaction: concurrent consumers never get the same row
 and never block each other. `Claim.ack()` sets `consumed = true` and commits; `release()`
@@ -38,7 +43,7 @@ from app.bindings import postgres as pgb
 from app.envelope.codec import Layout
 from app.envelope.codec import encode as encode_envelope
 from app.envelope.model import Envelope
-from app.errors import ConfigError, PrismError, SinkError
+from app.errors import ConfigError, PrismError, SinkError, SizeLimitError
 from app.sinks.base import Sink, SinkRecord, WriteOutcome, url_secrets
 from app.topology import PostgresSinkSpec
 
@@ -48,6 +53,8 @@ INSERT_BATCH_SQL = (
     "ON CONFLICT (message_id) DO NOTHING"
 )
 _SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+#: PostgreSQL's largest jsonb value (a larger one is refused, on every retry)
+JSONB_MAX = 268_435_455
 
 
 def _check_schema(schema: str) -> str:
@@ -83,20 +90,30 @@ class PostgresSink(Sink[pgb.EventRow]):
     kind = "postgres"
 
     def __init__(self, name: str, *, dsn: str = "postgresql://127.0.0.1:5432/postgres", schema: str = "public",
-                 create_table: bool = True, timeout_s: float = 10.0) -> None:
+                 create_table: bool = True, timeout_s: float = 10.0, max_document_bytes: int = JSONB_MAX) -> None:
         super().__init__(name, timeout_s=timeout_s, secrets=url_secrets(dsn))
         self.dsn = dsn
         self.schema = _check_schema(schema)
         self.create_table = create_table
+        self.max_document_bytes = max_document_bytes
         self._conn: psycopg.AsyncConnection[Any] | None = None
 
     @classmethod
     def from_spec(cls, spec: PostgresSinkSpec) -> PostgresSink:
         return cls(spec.name, dsn=spec.dsn, schema=spec.db_schema, create_table=spec.create_table,
-                   timeout_s=spec.timeout_ms / 1000)
+                   timeout_s=spec.timeout_ms / 1000, max_document_bytes=spec.max_document_bytes)
 
     def encode(self, record: SinkRecord) -> pgb.EventRow:
-        return pgb.encode(record.envelope, wire=record.raw)
+        row = pgb.encode(record.envelope, wire=record.raw)
+        limit = self.max_document_bytes
+        if len(record.raw) * 2 + 65_536 > limit:  # could be near: measure the document exactly
+            size = len(row.envelope_json().encode())
+            if size > limit:
+                raise SizeLimitError(f"postgres sink {self.name!r}: the envelope document is {size} bytes, over the "
+                                     f"{limit}-byte limit (jsonb's maximum, the sink's max_document_bytes)",
+                                     path=f"sinks.{self.name}", hint="have producers send smaller messages; the "
+                                                                     "record is in the DLQ")
+        return row
 
     async def _open(self) -> None:
         self._conn = await _connect(self.dsn, self.schema, autocommit=True, timeout_s=self.timeout_s)

@@ -13,6 +13,10 @@ stream until a subscriber is back, which is what makes a Redis restart lossless 
 subscriber that reconnects). With the default 0, a message published while nobody listens
 is simply gone - use the Redis Streams sink when you need storage.
 
+**Size limit.** Redis refuses an argument longer than its `proto-max-bulk-len` (512 MB by
+default); `max_bulk_bytes` (set it to the server's value) makes a larger message go to the DLQ
+as `too_large` rather than failing its batch on every retry.
+
 **Idempotency.** A replayed record must not be published twice. A Lua script checks a dedup
 key `prism:dedup:pubsub:{<channel>}:<layout>:<message_id>`, publishes, and sets the key with
 a TTL (`dedup_ttl_s`) only when the publish counted as delivered - atomically, because
@@ -57,19 +61,29 @@ class RedisPubSubSink(Sink[PubSubItem]):
     kind = "redis-pubsub"
 
     def __init__(self, name: str, *, url: str = "redis://127.0.0.1:6379/0", channel: str | None = None,
-                 min_subscribers: int = 0, dedup_ttl_s: int = 86_400, timeout_s: float = 10.0) -> None:
+                 min_subscribers: int = 0, dedup_ttl_s: int = 86_400, timeout_s: float = 10.0,
+                 max_bulk_bytes: int = 512 * 1024 * 1024) -> None:
         super().__init__(name, timeout_s=timeout_s, secrets=url_secrets(url))
         self.url = url
         self.channel = channel
         self.min_subscribers = min_subscribers
         self.dedup_ttl_s = dedup_ttl_s
+        self.max_bulk_bytes = max_bulk_bytes
         self._client: Any = None
         self._script: Any = None
+
+    limit_source = "Redis's proto-max-bulk-len, the sink's max_bulk_bytes"
+
+    def max_item_bytes(self) -> int | None:
+        return self.max_bulk_bytes
+
+    def item_size(self, item: PubSubItem) -> int:
+        return len(item.data)
 
     @classmethod
     def from_spec(cls, spec: RedisPubSubSinkSpec) -> RedisPubSubSink:
         return cls(spec.name, url=spec.url, channel=spec.channel, min_subscribers=spec.min_subscribers,
-                   dedup_ttl_s=spec.dedup_ttl_s, timeout_s=spec.timeout_ms / 1000)
+                   dedup_ttl_s=spec.dedup_ttl_s, timeout_s=spec.timeout_ms / 1000, max_bulk_bytes=spec.max_bulk_bytes)
 
     def encode(self, record: SinkRecord) -> PubSubItem:
         channel = self.channel or channel_for(record.envelope)

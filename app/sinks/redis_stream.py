@@ -13,6 +13,10 @@ key (value: the entry id, TTL `dedup_ttl_s`). Scripts run without interleaving, 
 concurrent replays cannot both append. The `{<stream>}` hash tag puts the dedup key in the
 stream's cluster slot, so the script stays valid on Redis Cluster.
 
+**Size limit.** Redis refuses an argument longer than its `proto-max-bulk-len` (512 MB by
+default); `max_bulk_bytes` (set it to the server's value) makes an entry with a larger field -
+the envelope - go to the DLQ as `too_large` rather than failing its batch on every retry.
+
 **Durability.** Redis acknowledges XADD from memory. What survives a Redis restart is what
 its persistence (AOF/RDB) kept; the sink's part - never losing a record it was handed, even
 while Redis is down - holds either way (`on_outage: wait` waits for the server). The local
@@ -70,19 +74,29 @@ class RedisStreamSink(Sink[StreamItem]):
     kind = "redis-stream"
 
     def __init__(self, name: str, *, url: str = "redis://127.0.0.1:6379/0", stream: str | None = None,
-                 maxlen: int | None = None, dedup_ttl_s: int = 86_400, timeout_s: float = 10.0) -> None:
+                 maxlen: int | None = None, dedup_ttl_s: int = 86_400, timeout_s: float = 10.0,
+                 max_bulk_bytes: int = 512 * 1024 * 1024) -> None:
         super().__init__(name, timeout_s=timeout_s, secrets=url_secrets(url))
         self.url = url
         self.stream = stream
         self.maxlen = maxlen
         self.dedup_ttl_s = dedup_ttl_s
+        self.max_bulk_bytes = max_bulk_bytes
         self._client: Any = None
         self._script: Any = None
+
+    limit_source = "Redis's proto-max-bulk-len, the sink's max_bulk_bytes"
+
+    def max_item_bytes(self) -> int | None:
+        return self.max_bulk_bytes
+
+    def item_size(self, item: StreamItem) -> int:
+        return max((len(f) for f in item.fields), default=0)  # the limit is per argument
 
     @classmethod
     def from_spec(cls, spec: RedisStreamSinkSpec) -> RedisStreamSink:
         return cls(spec.name, url=spec.url, stream=spec.stream, maxlen=spec.maxlen, dedup_ttl_s=spec.dedup_ttl_s,
-                   timeout_s=spec.timeout_ms / 1000)
+                   timeout_s=spec.timeout_ms / 1000, max_bulk_bytes=spec.max_bulk_bytes)
 
     def encode(self, record: SinkRecord) -> StreamItem:
         stream = self.stream or channel_for(record.envelope)

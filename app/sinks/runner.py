@@ -32,7 +32,7 @@ import os
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import faust
 
@@ -47,6 +47,10 @@ from app.sinks.redis_pubsub import RedisPubSubSink
 from app.sinks.redis_stream import RedisStreamSink
 from app.sinks.s3 import S3Sink
 from app.topology import SinkSpec, Topology
+from app.worker.limits import WriteLimits, max_request_from_env, record_size
+
+if TYPE_CHECKING:
+    from app.worker.dlq_overflow import OverflowStore
 
 log = logging.getLogger("prism.sinks")
 
@@ -76,7 +80,11 @@ class SinkAgent:
     """One sink running as a Faust agent: its spec, sink, delivery loop and stats."""
 
     def __init__(self, app: faust.App, topology: Topology, spec: SinkSpec, *, bootstrap: str | None = None,
-                 sink: Sink[Any] | None = None, on_batch: Callable[[SinkAgent], None] | None = None) -> None:
+                 sink: Sink[Any] | None = None, on_batch: Callable[[SinkAgent], None] | None = None,
+                 limit_for: Callable[[str], int] | None = None, overflow: OverflowStore | None = None) -> None:
+        """`limit_for`: the DLQ topics' size limits as the pipeline worker knows them
+        (`WriteLimits.limit_for`); None (a sinks-only app): read from the broker before the first
+        dead letter. `overflow`: where a truncated dead letter's whole value goes (`dlq.overflow`)."""
         if spec.input not in topology.outputs.layouts:
             raise ConfigError(
                 f"sink {spec.name!r} reads the {spec.input} output, but the topology publishes only "
@@ -91,6 +99,12 @@ class SinkAgent:
         suffix = topology.dlq.topic_suffix
         self._dlq_partitions = {s.topic + suffix: s.partitions for s in topology.sources}
         self._dlq_topics_ready = False
+        self.limit_for = limit_for
+        self.overflow = overflow
+        #: a sinks-only app's own limits, read on the first dead letter
+        self._limits: WriteLimits | None = None
+        #: topics whose broker refused a DLQ record its known limit allowed: the limit learnt
+        self._lowered: dict[str, int] = {}
         self.delivery = Delivery(self.sink, OutagePolicy.from_spec(spec), dlq=self._send_dlq,
                                  dlq_topic_for=lambda t: dlq_topic_of(t, suffix), should_abort=self._should_abort)
         self.batches = 0
@@ -170,16 +184,56 @@ class SinkAgent:
         self._dlq_topics_ready = True
         producer = self.app.producer
         # A sink's DLQ copy carries a whole output record plus context headers: cut it to what the
-        # producer can send (app/worker/limits.py), or the dead letter would fail - and be
-        # retried - forever.
-        limit = int(self.app.conf.producer_max_request_size)
-        recs = [fit_dlq_record(r, limit) for r in recs]
+        # DLQ topic accepts - the smaller of the producer's limit and the topic's max.message.bytes
+        # (app/worker/limits.py) - or the dead letter would fail, and be retried, forever.
+        limit_for = self.limit_for or await self._own_limits(sorted({r.topic for r in recs}))
+        put = None if self.overflow is None else self.overflow.put
+        fitted = [fit_dlq_record(r, min(limit_for(r.topic), self._lowered.get(r.topic, 1 << 62)), put) for r in recs]
+        for before, after in zip(recs, fitted, strict=True):
+            if after is not before:
+                log.warning("sink %s: the DLQ copy of %s/%s@%s is over the %d-byte limit of %s: written with its value "
+                            "truncated to %d bytes", self.spec.name, *(_ctx(before, k) for k in ("topic", "partition",
+                            "offset")), limit_for(before.topic), before.topic, len(after.value))
         futs = [await producer.send(r.topic, r.key, r.value, None, r.timestamp_ms / 1000 if r.timestamp_ms else None,
-                                    r.headers) for r in recs]
-        await asyncio.gather(*futs)
+                                    r.headers) for r in fitted]
+        results = await asyncio.gather(*futs, return_exceptions=True)
+        for rec, res in zip(fitted, results, strict=True):
+            if isinstance(res, BaseException):
+                if _is_size_error(res):  # the broker's limit is below the known one: learn it, cut again on retry
+                    size = record_size(rec.key, rec.value, rec.headers)
+                    self._lowered[rec.topic] = max(1024, size // 2)
+                    log.warning("sink %s: the broker refused a %d-byte DLQ record for %s (%s); its limit is lower than "
+                                "known: now %d bytes", self.spec.name, size, rec.topic, res, self._lowered[rec.topic])
+                raise res
+
+    async def _own_limits(self, topics: list[str]) -> Callable[[str], int]:
+        """A sinks-only app's DLQ limits: the producer's, lowered to each topic's
+        `max.message.bytes` as the broker reports it (once per topic)."""
+        max_request = int(self.app.conf.producer_max_request_size)
+        if self._limits is None:
+            self._limits = WriteLimits(max_request)
+        missing = [t for t in topics if t not in self._limits.topic_limits and t not in self._limits.unknown]
+        if missing and self.bootstrap:
+            from app.broker.admin import read_max_message_bytes
+
+            values, why = await read_max_message_bytes(self.bootstrap, missing)
+            known = {**self._limits.topic_limits, **{t: v for t, v in values.items() if v}}
+            unknown = {**self._limits.unknown, **{t: why.get(t, "not reported") for t, v in values.items() if not v}}
+            self._limits = WriteLimits(max_request, known, unknown)
+        return self._limits.limit_for
 
     async def _on_shutdown(self, *args: Any, **kwargs: Any) -> None:
         await self.sink.stop()
+
+
+def _is_size_error(err: BaseException) -> bool:
+    from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError
+
+    return isinstance(err, MessageSizeTooLargeError | RecordTooLargeError | RecordListTooLargeError)
+
+
+def _ctx(rec: DlqRecord, name: str) -> str:
+    return next((v.decode(errors="replace") for k, v in rec.headers if k == "prism.errors." + name), "?")
 
 
 def _leave_unacknowledged(events: Sequence[Any]) -> None:
@@ -197,7 +251,8 @@ def _leave_unacknowledged(events: Sequence[Any]) -> None:
 
 
 def register_sinks(app: faust.App, topology: Topology, *, bootstrap: str | None = None,
-                   on_batch: Callable[[SinkAgent], None] | None = None) -> list[SinkAgent]:
+                   on_batch: Callable[[SinkAgent], None] | None = None, limit_for: Callable[[str], int] | None = None,
+                   overflow: OverflowStore | None = None) -> list[SinkAgent]:
     """Add one Faust agent per `topology.sinks` entry to `app` (call before the worker starts).
 
     `bootstrap` is the Kafka the app talks to; it is used to create DLQ topics with the
@@ -207,7 +262,8 @@ def register_sinks(app: faust.App, topology: Topology, *, bootstrap: str | None 
     existing = _REGISTERED.get(app)
     if existing is not None:
         return existing
-    agents = [SinkAgent(app, topology, spec, bootstrap=bootstrap, on_batch=on_batch) for spec in topology.sinks]
+    agents = [SinkAgent(app, topology, spec, bootstrap=bootstrap, on_batch=on_batch, limit_for=limit_for,
+                        overflow=overflow) for spec in topology.sinks]
     _REGISTERED[app] = agents
     return agents
 
@@ -227,21 +283,27 @@ def make_sink_app(topology: Topology, *, bootstrap: str, data_dir: str | Path, a
         raise ConfigError("the topology configures no sinks", path="sinks",
                           hint="add a `sinks:` list (see docs/sinks.md)")
     parts = max(s.partitions for s in topology.sources)
+    from app.worker.dlq_overflow import build_overflow
+
+    overflow = build_overflow(topology)  # checked before any broker, like the pipeline worker's
     app = make_app(app_id or f"prism-{topology.name}-sinks", bootstrap, data_dir, partitions=parts, embedded=embedded,
                    **faust_overrides)
-    return app, register_sinks(app, topology, bootstrap=bootstrap)
+    return app, register_sinks(app, topology, bootstrap=bootstrap, overflow=overflow)
 
 
 def app_from_env() -> faust.App:
     """Factory for `python -m app.worker.faust_app app.sinks.runner:app_from_env`.
 
-    Reads PRISM_TOPOLOGY, PRISM_BOOTSTRAP, PRISM_DATA_DIR, PRISM_APP_ID and PRISM_EMBEDDED."""
+    Reads PRISM_TOPOLOGY, PRISM_BOOTSTRAP, PRISM_DATA_DIR, PRISM_APP_ID, PRISM_EMBEDDED and
+    PRISM_MAX_REQUEST_BYTES (app/worker/limits.py)."""
     from app.topology import load_topology
 
     missing = [k for k in ("PRISM_TOPOLOGY", "PRISM_BOOTSTRAP", "PRISM_DATA_DIR") if not os.environ.get(k)]
     if missing:
         raise ConfigError(f"missing environment variable(s) {missing}", hint="set them before starting the sinks")
+    max_request = max_request_from_env()
+    overrides: dict[str, Any] = {} if max_request is None else {"producer_max_request_size": max_request}
     app, _ = make_sink_app(load_topology(os.environ["PRISM_TOPOLOGY"]), bootstrap=os.environ["PRISM_BOOTSTRAP"],
                            data_dir=os.environ["PRISM_DATA_DIR"], app_id=os.environ.get("PRISM_APP_ID"),
-                           embedded=os.environ.get("PRISM_EMBEDDED") == "1")
+                           embedded=os.environ.get("PRISM_EMBEDDED") == "1", **overrides)
     return app

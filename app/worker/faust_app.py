@@ -63,6 +63,8 @@ from app.broker.embedded import with_parent_death_signal
 from app.errors import ConfigError, PrismError
 from app.worker.dispatch import install_fast_dispatch
 from app.worker.offsets import install_listoffsets_workaround
+from app.worker.shutdown import clock as shutdown_clock
+from app.worker.shutdown import install as bound_shutdown
 
 __all__ = [
     "READY_FILE_ENV",
@@ -118,6 +120,14 @@ class PrismWorker(faust.Worker):
             self.spinner = None  # nothing to animate in a log file or pipe
         super().on_setup_root_logger(logger, level)
         logger.setLevel(level or logging.WARNING)
+
+    def _on_sigterm(self) -> None:
+        shutdown_clock.begin()  # every stop-time wait is bounded by the drain from now (app/worker/shutdown.py)
+        super()._on_sigterm()
+
+    def _on_sigint(self) -> None:
+        shutdown_clock.begin()
+        super()._on_sigint()
 
     def _on_sigusr1(self) -> None:
         """``kill -USR1``: the consumer snapshot and every task's await chain
@@ -313,6 +323,7 @@ def make_app(
         install_listoffsets_workaround(app)
     if fast_dispatch:
         install_fast_dispatch(app.consumer)  # after the workaround: it replaces the consumer's transport
+    bound_shutdown(app)  # SIGTERM's drain bounds the producer's and the consumer thread's stop
     return app
 
 

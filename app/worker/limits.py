@@ -28,14 +28,22 @@ so the DLQ write itself can never fail on size.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from app.envelope.codec import DEFAULT_LIMITS
+from app.errors import ConfigError
 
-__all__ = ["OUTPUT_OVERHEAD", "WriteLimits", "record_size"]
+__all__ = ["MAX_REQUEST_ENV", "OUTPUT_OVERHEAD", "WriteLimits", "max_request_from_env", "record_size"]
+
+#: The producer's `max_request_size` in bytes, for every entry point that builds a worker
+#: (`prism run`, its `--processes` children, `app_from_env`); unset: faust_app's 4 MiB.
+MAX_REQUEST_ENV = "PRISM_MAX_REQUEST_BYTES"
+#: Below this aiokafka cannot send the worker's own batches (256 KiB) plus headers sensibly.
+MIN_MAX_REQUEST = 64 * 1024
 
 #: What an output record may add to its input's bytes: the envelope's metadata, the worker's
 #: signature and batch audit path, the `prism-source` header, trace context. Generous: an input
@@ -43,6 +51,22 @@ __all__ = ["OUTPUT_OVERHEAD", "WriteLimits", "record_size"]
 OUTPUT_OVERHEAD = 64 * 1024
 
 _estimate = DefaultRecordBatchBuilder.estimate_size_in_bytes
+
+
+def max_request_from_env(environ: Mapping[str, str] | None = None) -> int | None:
+    """`PRISM_MAX_REQUEST_BYTES` as a byte count, None when unset; a `ConfigError` otherwise.
+
+    Why one reader: the variable used to be read only by the subprocess entry point, so
+    `prism run` (one process) silently ran with the default while `--processes N` children
+    obeyed it - the same setting meant two limits. Every entry point calls this with its other
+    start-up checks, so a bad value is reported before any broker is contacted."""
+    raw = (os.environ if environ is None else environ).get(MAX_REQUEST_ENV, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < MIN_MAX_REQUEST:
+        raise ConfigError(f"{MAX_REQUEST_ENV}={raw!r} is not a byte count of at least {MIN_MAX_REQUEST}",
+                          path=MAX_REQUEST_ENV, hint="set the producer's max_request_size in bytes, e.g. 4194304")
+    return int(raw)
 
 
 def record_size(key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]]) -> int:

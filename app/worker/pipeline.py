@@ -54,7 +54,7 @@ from app.agents.authenticate import Authenticate
 from app.agents.base import Message, Stage
 from app.agents.chain import Chain, Outcome
 from app.agents.dedup import Dedup
-from app.agents.dlq import DlqRecord, fit_dlq_record
+from app.agents.dlq import VALUE_REF, DlqRecord, fit_dlq_record
 from app.agents.enrich import Enrich, SchemaInfo
 from app.agents.identity import IdentityRule, insert_identity_stage, stated_publisher
 from app.agents.normalize import Normalize
@@ -78,9 +78,10 @@ from app.topology import EnrichStage, Topology
 from app.worker.batch_send import OutRecord, send_batched
 from app.worker.batch_source import BatchSource, CurrentMessage, ack_all, release_all
 from app.worker.continuity import HoleFetcher, OffsetTracker
+from app.worker.dlq_overflow import build_overflow
 from app.worker.faust_app import make_app
 from app.worker.kafka_health import WriteWatch, leader_problems
-from app.worker.limits import WriteLimits, record_size
+from app.worker.limits import WriteLimits, max_request_from_env, record_size
 from app.worker.transactions import EXACTLY_ONCE, PartitionProducers, TransactionFailed, check_guarantee
 
 if TYPE_CHECKING:
@@ -88,8 +89,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("prism.worker")
 LNMP_SEQUENCE_EXT = "lnmp.sequence"
-#: The producer's `max_request_size` in bytes for `app_from_env` (default: faust_app's 4 MiB).
-MAX_REQUEST_ENV = "PRISM_MAX_REQUEST_BYTES"
 #: messages run through the chain between two turns of the event loop
 YIELD_EVERY = 100
 #: Once shutdown began, how long a batch's writes may still take before the batch is abandoned
@@ -365,6 +364,8 @@ class PipelineApp:
         self.limits = WriteLimits(int(self.app.conf.producer_max_request_size),
                                   output_topics=tuple(dict.fromkeys(outputs)))
         self._limits_read = asyncio.Event()
+        #: where a truncated DLQ copy's whole value is kept (`dlq.overflow`; checked now, before any broker)
+        self.overflow = build_overflow(topology)
         #: why the worker cannot write its DLQ (None: it can); /readyz reports it
         self.blocked: str | None = None
         #: write attempts in flight and the last failure: /readyz while the cluster is in trouble
@@ -381,7 +382,8 @@ class PipelineApp:
         # id(chain) -> resolved once that chain's latest batch has handed its outputs to the producer
         self._handed_over: dict[int, asyncio.Future[None]] = {}
         # Connect-style sinks (`sinks:` in the topology): separate agents reading the outputs.
-        self.sinks = register_sinks(self.app, topology, bootstrap=bootstrap) if topology.sinks else []
+        self.sinks = register_sinks(self.app, topology, bootstrap=bootstrap, overflow=self.overflow,
+                                    limit_for=lambda t: self.limits.limit_for(t)) if topology.sinks else []
         self.archive: Any = None
         if archive_location is not None and topology.archive.enabled:
             from app.worker.archive_service import ArchiveService  # pulls in pyarrow: only when archiving
@@ -512,7 +514,15 @@ class PipelineApp:
                 active = current
             if not offsets.advance(m.topic, m.partition, m.offset):
                 # Records the consumer skipped come first, in order, routed like this one.
-                for j, msg in enumerate(await self._missing_before(m.topic, m.partition, m.offset)):
+                try:
+                    missing = await self._missing_before(m.topic, m.partition, m.offset)
+                except _Abandoned:  # stopping while the broker does not answer: read again on restart
+                    _current_event.set(None)
+                    self._abandon(batch, dedup, token)
+                    if obs is not None:
+                        obs.batch_abandoned()
+                    return _nothing()
+                for j, msg in enumerate(missing):
                     if j and not j % YIELD_EVERY:
                         await asyncio.sleep(0)  # a hole can hold thousands of records
                     repaired.append(msg)
@@ -556,7 +566,13 @@ class PipelineApp:
                 # The ids' changelog records, handed to the producer together (retried until it
                 # takes them); Faust flushes the producer before committing, so they are durable
                 # before the batch's offsets are.
-                await self._retrying(dedup.flush, "the dedup changelog")
+                try:
+                    await self._retrying(dedup.flush, "the dedup changelog")
+                except _Abandoned:  # outputs written, ids not durable: unacknowledged, read again
+                    self._abandon(batch, dedup, token)
+                    if obs is not None:
+                        obs.batch_abandoned()
+                    return
                 dedup.end_batch(token)
             self._count_batch(chain, batch, outcomes, stand_in_of, observed)
             # Acknowledged only now that their outputs are written, so commits never pass an
@@ -785,15 +801,28 @@ class PipelineApp:
         return [_message_from_record(r) for r in records]
 
     async def _retrying(self, call: Callable[[], Awaitable[Any]], what: str) -> Any:
+        """`call()` until it succeeds: blocking beats acknowledging blindly. Stop-aware: once the
+        worker stops, the attempt in flight gets at most `WRITE_DRAIN_S` and no retry follows -
+        `_Abandoned` is raised (the caller leaves its batch unacknowledged, read again on restart)
+        after a line naming what was abandoned. Before, a broker gone at SIGTERM kept this loop,
+        and the worker, alive until it was killed."""
         attempt = 1
         while True:
             try:
-                return await call()
-            except Exception as exc:  # broker unreachable: block rather than acknowledge blindly
-                attempt += 1
-                log.warning("reading %s failed (%r); retrying", what, exc)
-                await asyncio.sleep(_backoff(attempt, self.topology.dlq.backoff_initial_ms,
-                                             self.topology.dlq.backoff_max_ms))
+                try:
+                    return await self._stop_aware(call(), drain_s=WRITE_DRAIN_S)
+                except _Abandoned:
+                    raise
+                except Exception as exc:  # broker unreachable: block rather than acknowledge blindly
+                    attempt += 1
+                    log.warning("reading %s failed (%r); retrying", what, exc)
+                    await self._pause_sleep(_backoff(attempt, self.topology.dlq.backoff_initial_ms,
+                                                     self.topology.dlq.backoff_max_ms))
+            except _Abandoned:
+                log.warning("shutdown: abandoned %s after %d attempt(s): the worker is stopping and the broker did not "
+                            "answer; the batch is not acknowledged and is read again on restart", what, attempt,
+                            extra={"event": "shutdown_abandoned"})
+                raise
 
     async def _forget_partitions(self, sender: Any, partitions: Any = None, **kwargs: Any) -> None:
         # Revoked or (re)assigned: Faust seeks to the committed offset, expectations start afresh.
@@ -852,14 +881,16 @@ class PipelineApp:
                 observed[:] = [(m, result if m is msg else r) for m, r in observed]
 
     def _fit_dlq(self, rec: DlqRecord) -> DlqRecord:
-        fitted = fit_dlq_record(rec, self.limits.limit_for(rec.topic))
+        fitted = fit_dlq_record(rec, self.limits.limit_for(rec.topic),
+                                None if self.overflow is None else self.overflow.put)
         if fitted is not rec:
             self.stats.dlq_truncated += 1
+            ref = next((v.decode() for k, v in fitted.headers if k == VALUE_REF), None)
             log.warning("the DLQ copy of %s/%s@%s (%s) is %d bytes, over the %d-byte limit of %s: written with its "
-                        "value truncated to %d bytes (prism.errors.value.sha256 and .length describe the original)",
+                        "value truncated to %d bytes (prism.errors.value.sha256 and .length describe the original%s)",
                         _header(rec, "topic"), _header(rec, "partition"), _header(rec, "offset"), rec.reason,
                         record_size(rec.key, rec.value, rec.headers), self.limits.limit_for(rec.topic), rec.topic,
-                        len(fitted.value))
+                        len(fitted.value), f"; the whole value is at {ref}" if ref else "")
         return fitted
 
     def _abandon(self, batch: list[Any], dedup: Dedup | None, token: int | None) -> None:
@@ -1138,6 +1169,10 @@ def _ts_ms(ms: int | None) -> int | None:
     return int(ms / 1000 * 1000.0) if ms else None
 
 
+async def _nothing() -> None:
+    """The finishing step of a batch abandoned before its writes (`_start_batch`)."""
+
+
 def _backoff(attempt: int, initial_ms: int, max_ms: int) -> float:
     """Capped exponential backoff with full jitter (AWS architecture blog's recommendation)."""
     return random.uniform(0, min(max_ms, initial_ms * 2 ** (attempt - 2))) / 1000
@@ -1177,12 +1212,9 @@ def app_from_env() -> faust.App:
         settings = BrokerSettings.from_env()  # SASL/SSL for a real cluster, validated as in `prism run`
     bind = os.environ.get("PRISM_WEB_BIND") or "127.0.0.1"
     overrides: dict[str, Any] = {}
-    max_request = os.environ.get(MAX_REQUEST_ENV)
-    if max_request:
-        if not max_request.isdigit() or int(max_request) < 64 * 1024:
-            raise ConfigError(f"{MAX_REQUEST_ENV}={max_request!r} is not a byte count of at least 65536",
-                              hint="set the producer's max_request_size in bytes, e.g. 4194304")
-        overrides["producer_max_request_size"] = int(max_request)
+    max_request = max_request_from_env()  # the one reader of PRISM_MAX_REQUEST_BYTES (app/worker/limits.py)
+    if max_request is not None:
+        overrides["producer_max_request_size"] = max_request
     from app.worker.transactions import GUARANTEE_ENV, check_transactions, refusal
 
     guarantee = check_guarantee(os.environ.get(GUARANTEE_ENV) or topo.processing_guarantee,

@@ -1,0 +1,152 @@
+"""`dlq.overflow`: a truncated DLQ copy's whole value stored by reference, and replayed from it.
+
+What this guards: a DLQ copy cut to fit its topic kept only a digest and a length, and the whole
+message lived only as long as the source topic kept it (24 h by default); `prism dlq replay`
+skipped such copies. Now the whole value is written - content-addressed by the SHA-256 already
+in the header - before the DLQ record is built, the record names it (`prism.errors.value.ref`),
+and replay reads it back, verifies the digest and the source topic's limit, and replays it whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from app.agents.base import Message
+from app.agents.dlq import VALUE_LENGTH, VALUE_REF, VALUE_SHA256, VALUE_TRUNCATED, build_dlq_record, fit_dlq_record
+from app.demo.runner import read_all
+from app.errors import ConfigError, SizeLimitError
+from app.topology import load_topology
+from app.worker.dlq_overflow import OverflowStore, build_overflow, read_ref
+from app.worker.limits import MAX_REQUEST_ENV, max_request_from_env, record_size
+from tests.cli.test_dlq_cli import _seed
+from tests.worker.conftest import make_topology
+
+LIMIT = 8 * 1024
+
+
+def _dlq(topic: str, value: bytes, offset: int = 7) -> Any:
+    msg = Message(topic=topic, partition=0, offset=offset, value=value, key=b"k-1",
+                  headers=[("trace", b"t-1")], timestamp_ms=1_700_000_000_000)
+    return build_dlq_record(msg, stage="normalize", stage_class="Normalize",
+                            error=SizeLimitError("too big", path="value"), dlq_topic=topic + ".dlq")
+
+
+def test_the_whole_value_is_stored_before_the_record_and_named_in_it(tmp_path: Path) -> None:
+    store = OverflowStore(f"file://{tmp_path}/overflow")
+    value = b"v" * (5 * LIMIT)
+    rec = _dlq("orders", value)
+    written: list[str] = []
+    real_put = store.put
+
+    def put(digest: str, data: bytes) -> str | None:
+        ref = real_put(digest, data)
+        written.append(ref or "")
+        return ref
+
+    fitted = fit_dlq_record(rec, LIMIT, put)
+    h = dict(fitted.headers)
+    digest = hashlib.sha256(value).hexdigest()
+    assert h[VALUE_TRUNCATED] == b"true" and h[VALUE_SHA256] == digest.encode() and h[VALUE_LENGTH] == b"40960"
+    ref = h[VALUE_REF].decode()
+    assert written == [ref] and ref == f"file://{tmp_path}/overflow/sha256/{digest[:2]}/{digest}"
+    assert record_size(fitted.key, fitted.value, fitted.headers) <= LIMIT  # the reference fits too
+    assert read_ref(ref, digest) == value and read_ref(ref, digest, store) == value
+    # the same value again (a redelivery) is stored once; a value that fits needs no reference
+    assert fit_dlq_record(rec, LIMIT, store.put).headers == fitted.headers and store.stored == 2
+    small = _dlq("orders", b"s" * 100)
+    assert fit_dlq_record(small, LIMIT, store.put) is small
+    with pytest.raises(ValueError, match="not the recorded"):
+        read_ref(ref, "0" * 64)
+
+
+def test_a_store_that_fails_leaves_digest_and_length(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.errors import ArchiveError
+
+    store = OverflowStore(f"file://{tmp_path}/o")
+
+    def refuse(rel: str, data: bytes) -> None:
+        raise ArchiveError(f"cannot write {rel!r}: No space left on device")
+
+    monkeypatch.setattr(store.store, "write_atomic", refuse)
+    with caplog.at_level(logging.ERROR, logger="prism.worker"):
+        fitted = fit_dlq_record(_dlq("orders", b"v" * (3 * LIMIT)), LIMIT, store.put)
+    h = dict(fitted.headers)
+    assert VALUE_REF not in h and VALUE_SHA256 in h and store.failed == 1
+    assert "keeps only its digest and length" in caplog.text
+
+
+def test_the_option_is_checked_at_start_up(tmp_path: Path, dev_keys: Any, caplog: pytest.LogCaptureFixture) -> None:
+    topo = make_topology(tmp_path, dev_keys)
+    with caplog.at_level(logging.WARNING, logger="prism.worker"):
+        assert build_overflow(topo) is None
+    assert "dlq.overflow is not set" in caplog.text and "SHA-256 and length" in caplog.text
+    doc = yaml.safe_load((tmp_path / "topology.yaml").read_text())
+    for bad in ("relative/dir", "file://relative", "http://host/x", "s3://"):
+        doc["dlq"] = {"overflow": {"path": bad}}
+        (tmp_path / "bad.yaml").write_text(yaml.safe_dump(doc))
+        with pytest.raises(ConfigError, match="overflow"):
+            load_topology(tmp_path / "bad.yaml")
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    doc["dlq"] = {"overflow": {"path": f"file://{blocker}/sub"}}
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"dlq\.overflow"):
+        build_overflow(load_topology(tmp_path / "bad.yaml"))
+    doc["dlq"] = {"overflow": {"path": f"file://{tmp_path}/ok"}}
+    (tmp_path / "ok.yaml").write_text(yaml.safe_dump(doc))
+    store = build_overflow(load_topology(tmp_path / "ok.yaml"))
+    assert store is not None and (tmp_path / "ok").is_dir()
+
+
+def test_max_request_bytes_has_one_reader() -> None:
+    assert max_request_from_env({}) is None
+    assert max_request_from_env({MAX_REQUEST_ENV: "1048576"}) == 1048576
+    for bad in ("1k", "-5", "1000"):
+        with pytest.raises(ConfigError, match=MAX_REQUEST_ENV):
+            max_request_from_env({MAX_REQUEST_ENV: bad})
+
+
+async def test_replay_reads_the_whole_value_back(broker: Any, tmp_path: Path, dev_keys: Any,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.broker.admin import ensure_topics
+    from app.cli.dlq import replay
+
+    monkeypatch.setenv(MAX_REQUEST_ENV, str(256 * 1024))  # the source topic's limit, for the too_large case
+    topo = make_topology(tmp_path, dev_keys, partitions=1,
+                         dlq={"overflow": {"path": f"file://{tmp_path}/overflow"}})
+    src = topo.sources[0].topic
+    await ensure_topics(broker.bootstrap, topo.topics())
+    store = build_overflow(topo)
+    assert store is not None
+    whole = b'{"order_id": "whole", "pad": "' + b"x" * (100 * 1024) + b'"}'
+    tampered = b'{"order_id": "tampered", "pad": "' + b"y" * (50 * 1024) + b'"}'
+    huge = b'{"order_id": "huge", "pad": "' + b"z" * (300 * 1024) + b'"}'
+    recs = [fit_dlq_record(_dlq(src, v, offset=i), LIMIT, store.put)
+            for i, v in enumerate([whole, tampered, huge])]
+    no_ref = fit_dlq_record(_dlq(src, b"n" * (3 * LIMIT), offset=3), LIMIT)  # written without dlq.overflow
+    cut_headers = replace(recs[0], headers=[*recs[0].headers, ("prism.errors.headers.truncated", b"d")])
+    t_digest = hashlib.sha256(tampered).hexdigest()
+    Path(store.ref(t_digest).removeprefix("file://")).write_bytes(tampered + b"!")  # changed behind our back
+    await _seed(broker.bootstrap, [*recs, no_ref, cut_headers], [0] * 5)
+
+    report = await replay(topo, broker.bootstrap)
+    by_offset = {o.dlq_offset: o for o in report.outcomes}
+    assert by_offset[0].action == "replayed" and "SHA-256 verified" in by_offset[0].detail
+    assert (by_offset[1].action, by_offset[1].why) == ("skipped", "ref_mismatch")
+    assert (by_offset[2].action, by_offset[2].why) == ("skipped", "too_large")
+    assert "262144-byte limit" in by_offset[2].detail
+    assert (by_offset[3].why, by_offset[4].why) == ("truncated", "truncated")
+    assert "no whole copy was stored" in by_offset[3].detail and "headers or key" in by_offset[4].detail
+    out = (await read_all(broker.bootstrap, {src: 1}, expected_total=1, timeout=20))[src]
+    assert [r.value for r in out] == [whole]  # the whole value, not the truncated copy
+    assert out[0].key == b"k-1" and not any(k.startswith("prism.errors.") for k, _ in out[0].headers)
+    again = await replay(topo, broker.bootstrap)
+    assert again.skipped_by_why()["already_replayed"] == 1
