@@ -50,7 +50,8 @@ V2 = 'syntax = "proto3";\nmessage OrderCreated { string order_id = 1; double tot
 BREAKING = 'syntax = "proto3";\nmessage OrderCreated { string order_id = 1; string total = 3; }\n'
 CT = "application/vnd.schemaregistry.v1+json"
 PARAMS = {"subject": "orders.created", "version": "1", "schema_id": "1", "namespace": "orders",
-          "approval_id": "1", "decision": "approve"}
+          "approval_id": "1", "decision": "approve", "resource_namespace": "-", "resource_name": "orders.created",
+          "resource_id": "r-1"}
 CLIENTS = ("anonymous", "reader", "writer", "admin")
 
 #: Every spelling of a boolean the attack pass tried, and more: none of them is a JSON boolean.
@@ -79,6 +80,10 @@ BODIES: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
     "/config/{subject}": ({"compatibility": "NONE"}, {"compatibility": "str?", "compatibilityLevel": "str?"}),
     "/mode": ({"mode": "READWRITE"}, {"mode": "str"}),
     "/mode/{subject}": ({"mode": "READWRITE"}, {"mode": "str"}),
+    "/associations": ({"resourceName": "orders.created", "resourceNamespace": "-", "resourceType": "topic",
+                       "associations": [{"subject": "orders.created-value", "associationType": "value"}]},
+                      {"resourceName": "str?", "resourceNamespace": "str?", "resourceId": "str?",
+                       "resourceType": "str?"}),
 }
 _CONFLUENT_SCHEMA = ({"schema": V2, "schemaType": "PROTOBUF", "references": []},
                      {"schema": "str", "schemaType": "str?", "id": "int?", "version": "int?"})
@@ -479,7 +484,8 @@ def test_every_write_route_decides_from_its_validated_input(registry: Registry, 
     app = create_app(registry, auth=auth)
     writes = [r for r in app.routes if isinstance(r, APIRoute)
               for m in r.methods if (rule := authz.explicit_rule(m, r.path)) and rule.need == WRITE]
-    assert len(writes) == 3 and all(authz.has_decision(r.dependant) for r in writes)
+    # POST /v1/schemas, /v1/approvals, /subjects/{subject}/versions and /associations
+    assert len(writes) == 4 and all(authz.has_decision(r.dependant) for r in writes)
 
 
 def test_an_app_with_an_undecided_write_route_is_not_built(registry: Registry, auth: HttpAuth,

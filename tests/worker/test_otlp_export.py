@@ -26,7 +26,8 @@ from app.security.signing import sign
 from app.worker.observe import Observer
 from tests.otlp_receiver import OtlpReceiver
 from tests.worker.conftest import make_topology
-from tests.worker.test_observability_e2e import STAGES, ObservedPipeline
+from tests.worker.test_observability_e2e import CHAIN as STAGES  # every traced stage, the identity rule too
+from tests.worker.test_observability_e2e import ObservedPipeline
 
 pytestmark = pytest.mark.integration
 
