@@ -551,3 +551,20 @@ class SchemaValidationError(PayloadSchemaError):
         self.violations = list(violations)
         self.schema_version = schema_version
         super().__init__(message, path=path or (self.violations[0].path if self.violations else None), hint=hint)
+
+
+class SchemaRequiredError(ConfigError):
+    """RFC-030 "Migration Path" phase 2: the namespace's registry policy requires a schema
+    (``require_schema``) and the topic has no registered subject; the SDK raises it before
+    anything is sent (the worker refuses to start with a ``ConfigError`` instead)."""
+
+    code = "schema_required"
+
+
+class SchemaReferenceError(PayloadError):
+    """A received envelope's schema reference cannot be used to decode its payload: it names
+    no subject version or schema id, one the registry does not hold, a subject other than the
+    message's, or content whose hash differs from the envelope's ``schema_hash``. The message
+    is left as it is (ack or nack it); nothing was decoded."""
+
+    code = "schema_reference_invalid"

@@ -131,6 +131,10 @@ def run(
     settings = found.attempt(BrokerSettings.from_env)
     if topo is not None and not dev_keys:
         found.attempt(check_topology_keys, topo, topology)
+    if topo is not None:  # RFC-030 phase 2: the registry's require_schema (app/worker/schema_policy.py)
+        from app.worker.schema_policy import check_schema_policy
+
+        found.attempt(check_schema_policy, topo)
     from app.worker.limits import max_request_from_env
 
     # PRISM_MAX_REQUEST_BYTES: this process's pipeline uses the value checked here; the children

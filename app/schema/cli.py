@@ -174,6 +174,9 @@ def register(
             _api_fail(e, f"--topic {topic}")  # an error, not a compatibility or PII verdict
         if e.status == 409:
             typer.echo("❌ Registration blocked: Breaking changes detected")
+        elif any(f.get("rule") == "PII_TAG_MISSING" for f in body.get("findings", [])):
+            typer.echo("❌ Registration blocked by PII policy: a PII tag is required on every field "
+                       "(require_pii_tags)")
         else:
             typer.echo("❌ Registration blocked by PII policy")
         _print_findings(body.get("findings", []))
@@ -364,36 +367,62 @@ def audit_cmd(
         raise typer.Exit(1)
 
 
+def _policy_scope(namespace: str | None, subject: str | None, global_: bool, where: str) -> tuple[str, str]:
+    """(``/v1/policies/{scope}`` key, label) of exactly one of --namespace/--subject/--global.
+
+    ``ns:`` and ``subject:`` are explicit, so a name never means the other kind of scope (a
+    plain name is a subject only once the registry knows it)."""
+    given = [x for x in (namespace is not None, subject is not None, global_) if x]
+    if len(given) != 1:
+        _fail("bad_usage", "give exactly one policy scope", where=where,
+              fix="pass --namespace NAME, --subject SUBJECT or --global")
+    if global_ or namespace == "__global__":
+        return "__global__", "global"
+    if subject is not None:
+        return f"subject:{subject}", f"subject {subject}"
+    return f"ns:{namespace}", f"namespace {namespace}"
+
+
 @policy_app.command("set")
 def policy_set(
-    namespace: Annotated[str | None, typer.Option(help="namespace (omit with --global)")] = None,
-    global_: Annotated[bool, typer.Option("--global")] = False,
+    namespace: Annotated[str | None, typer.Option(help="namespace scope")] = None,
+    subject: Annotated[str | None, typer.Option(help="subject scope (wins over its namespace)")] = None,
+    global_: Annotated[bool, typer.Option("--global", help="the global scope")] = False,
     compatibility: Annotated[str | None, typer.Option()] = None,
-    require_pii_tags: Annotated[bool, typer.Option("--require-pii-tags", help="= --pii-policy enforce")] = False,
-    pii_policy: Annotated[str | None, typer.Option(help="enforce|warn|off")] = None,
+    require_schema: Annotated[bool | None, typer.Option(
+        "--require-schema/--no-require-schema",
+        help="topics of this scope must have a schema: workers reading them without one refuse to start, "
+             "SDK publishes without a registered subject are refused (RFC-030 phase 2)")] = None,
+    require_pii_tags: Annotated[bool | None, typer.Option(
+        "--require-pii-tags/--no-require-pii-tags",
+        help="every leaf field of a newly registered schema needs a PII tag; \"none\" is an explicit "
+             "opt-out (RFC-030 phase 3)")] = None,
+    pii_policy: Annotated[str | None, typer.Option(help="enforce|warn|off: untagged fields whose names look "
+                                                        "personal")] = None,
     approval_required_for: Annotated[str | None, typer.Option("--approval-required-for",
                                                               help="'breaking' or 'none'")] = None,
     registry: RegistryOpt = DEFAULT_REGISTRY,
 ) -> None:
-    """Set a namespace's (or the global) policy."""
-    if not namespace and not global_:
-        _fail("bad_usage", "no policy scope given", where="prism schema policy set",
-              fix="pass --namespace NAME or --global")
-    body = {"compatibility": _mode(compatibility).value if compatibility else None,
-            "pii_policy": "enforce" if require_pii_tags else pii_policy,
-            "approval_required": None if approval_required_for is None else approval_required_for == "breaking"}
+    """Set a namespace's, a subject's or the global policy (admin). Settings not given stay as they are."""
+    scope, label = _policy_scope(namespace, subject, global_, "prism schema policy set")
+    body = {"compatibility": _mode(compatibility).value if compatibility else None, "pii_policy": pii_policy,
+            "approval_required": None if approval_required_for is None else approval_required_for == "breaking",
+            "require_schema": require_schema, "require_pii_tags": require_pii_tags}
     try:
-        # ns:<name> always means the namespace (a plain name would mean a subject of that name)
-        r = _api(registry, "PUT", f"/v1/policies/{_q(f'ns:{namespace}' if namespace else '__global__')}", body)
+        r = _api(registry, "PUT", f"/v1/policies/{_q(scope)}", body)
     except ApiError as e:
-        _api_fail(e, f"--namespace {namespace}" if namespace else "--global")
-    typer.echo(f"✅ policy for {namespace or 'global'}: {json.dumps(r)}")
+        _api_fail(e, f"--{label.split()[0]}")
+    typer.echo(f"✅ policy for {label}: {json.dumps(r)}")
 
 
 @policy_app.command("get")
-def policy_get(namespace: Annotated[str, typer.Option()], registry: RegistryOpt = DEFAULT_REGISTRY) -> None:
-    """Print a namespace's effective policy (``__global__`` for the global one)."""
-    scope = namespace if namespace == "__global__" else f"ns:{namespace}"
+def policy_get(namespace: Annotated[str | None, typer.Option(help="namespace (or __global__)")] = None,
+               subject: Annotated[str | None, typer.Option()] = None,
+               global_: Annotated[bool, typer.Option("--global")] = False,
+               registry: RegistryOpt = DEFAULT_REGISTRY) -> None:
+    """Print the effective policy of a namespace, a subject or the global scope, with
+    ``require_schema`` and ``require_pii_tags`` and where the compatibility setting comes from."""
+    scope, _ = _policy_scope(namespace, subject, global_, "prism schema policy get")
     typer.echo(json.dumps(_api(registry, "GET", f"/v1/policies/{_q(scope)}"), indent=2))
 
 

@@ -101,8 +101,8 @@ class PiiField:
 
     @property
     def is_pii(self) -> bool:
-        if self.tag is not None:
-            return self.tag.lower() != "none"
+        if self.tag is not None:  # "none" (and "false", JSON's false) is the explicit opt-out
+            return self.tag.strip().lower() not in ("none", "false")
         return self.detected is not None or self.encrypt is not None
 
     @property
@@ -250,6 +250,197 @@ def check_policy(fmt: SchemaFormat | str, text: str, policy: PiiPolicy | str,
                                f"PII field is tagged for indexing ({f.index})",
                                "index a hashed or tokenized copy instead of the raw value"))
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# RFC-030 "Migration Path" phase 3: a PII tag on every leaf field (policy `require_pii_tags`)
+
+
+def _proto_leaves(text: str, imports: Mapping[str, str] | None) -> Iterator[tuple[str, bool]]:
+    """(path, has a pii tag) of every leaf field of every message in the schema's own files.
+
+    A leaf holds a value rather than another of the schema's messages: scalars, enums, bytes,
+    maps (the tag goes on the map field; its entry type is generated), and message types from
+    library files (``google.protobuf.Timestamp``), whose fields no one can tag."""
+    from app.schema.protoparse import compile_proto, string_options
+
+    schema = compile_proto(text, imports=imports)
+    own: set[str] = set()
+    entries: set[str] = set()
+    for fd in schema.user_files():
+        def index(msgs: Any, prefix: str) -> None:
+            for m in msgs:
+                full = f"{prefix}{m.name}"
+                (entries if m.options.map_entry else own).add(full)
+                index(m.nested_type, f"{full}.")
+        index(fd.message_type, f".{fd.package}." if fd.package else ".")
+    for fd in schema.user_files():
+        def walk(msgs: Any, prefix: str) -> Iterator[tuple[str, bool]]:
+            for m in msgs:
+                if m.options.map_entry:
+                    continue
+                for f in m.field:
+                    if f.type == f.TYPE_MESSAGE and f.type_name in own:
+                        continue  # its own fields are leaves (or not) where that message is defined
+                    yield f"{prefix}{m.name}.{f.name}", PII_OPTION in string_options(f.options, (PII_OPTION,))
+                yield from walk(m.nested_type, f"{prefix}{m.name}.")
+        yield from walk(fd.message_type, "")
+
+
+def _json_deref(root: Any, node: Any) -> Any:
+    """A property schema with a local ``$ref`` (``#/definitions/X``, ``#/$defs/X``) followed once."""
+    ref = node.get("$ref") if isinstance(node, dict) else None
+    if isinstance(ref, str) and ref.startswith("#/"):
+        target: Any = root
+        for part in ref[2:].split("/"):
+            target = target.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(target, dict) else None
+        if isinstance(target, dict):
+            return target
+    return node
+
+
+def _json_has_fields(root: Any, node: Any) -> bool:
+    """Whether a property's value is an object (or array of objects) with properties of its own."""
+    node = _json_deref(root, node)
+    if not isinstance(node, dict):
+        return False
+    if node.get("properties"):
+        return True
+    if any(isinstance(node.get(k), list) and any(_json_has_fields(root, b) for b in node[k])
+           for k in ("anyOf", "oneOf", "allOf")):
+        return True
+    items = node.get("items")
+    return isinstance(items, dict) and _json_has_fields(root, items)
+
+
+def _json_leaves(text: str) -> Iterator[tuple[str, bool]]:
+    root = json.loads(text)
+
+    def walk(node: Any, prefix: str, depth: int) -> Iterator[tuple[str, bool]]:
+        if not isinstance(node, dict) or depth > 32:
+            return
+        for name, sub in (node.get("properties") or {}).items():
+            if not isinstance(sub, dict):
+                continue
+            path = f"{prefix}{name}"
+            if not _json_has_fields(root, sub):
+                yield path, "x-prism-pii" in sub
+                continue
+            yield from walk(sub, f"{path}.", depth + 1)
+            if isinstance(sub.get("items"), dict):
+                yield from walk(sub["items"], f"{path}[].", depth + 1)
+            for key in ("anyOf", "oneOf", "allOf"):
+                for branch in sub.get(key) or []:
+                    yield from walk(branch, f"{path}.", depth + 1)
+        for key in ("definitions", "$defs"):
+            for dname, sub in (node.get(key) or {}).items():
+                yield from walk(sub, f"{prefix}{key}.{dname}.", depth + 1)
+
+    seen: set[str] = set()
+    for path, tagged in walk(root, "", 0):
+        if path not in seen:  # a property in two anyOf branches is one field
+            seen.add(path)
+            yield path, tagged
+
+
+def _avro_leaves(text: str) -> Iterator[tuple[str, bool]]:
+    root = json.loads(text)
+    records: set[str] = set()
+
+    def names(node: Any, ns: str) -> None:
+        if isinstance(node, list):
+            for b in node:
+                names(b, ns)
+        elif isinstance(node, dict):
+            t = node.get("type")
+            if t in ("record", "error") and isinstance(node.get("name"), str):
+                space = node.get("namespace", ns) or ""
+                name = node["name"]
+                records.update({name, name.rsplit(".", 1)[-1], f"{space}.{name}" if space and "." not in name
+                                else name})
+                for f in node.get("fields", []):
+                    names(f.get("type") if isinstance(f, dict) else None, space)
+            elif t in ("array", "map"):
+                names(node.get("items" if t == "array" else "values"), ns)
+            elif isinstance(t, dict | list):
+                names(t, ns)
+
+    names(root, root.get("namespace", "") if isinstance(root, dict) else "")
+
+    def has_record(t: Any, depth: int = 0) -> bool:
+        if depth > 32:
+            return False
+        if isinstance(t, str):
+            return t in records
+        if isinstance(t, list):
+            return any(has_record(b, depth + 1) for b in t)
+        if isinstance(t, dict):
+            kind = t.get("type")
+            if kind in ("record", "error"):
+                return True
+            if kind == "array":
+                return has_record(t.get("items"), depth + 1)
+            if kind == "map":
+                return has_record(t.get("values"), depth + 1)
+            return isinstance(kind, dict | list) and has_record(kind, depth + 1)
+        return False
+
+    seen: set[int] = set()
+
+    def walk(node: Any, prefix: str) -> Iterator[tuple[str, bool]]:
+        if isinstance(node, list):
+            for b in node:
+                yield from walk(b, prefix)
+            return
+        if not isinstance(node, dict) or id(node) in seen:
+            return
+        seen.add(id(node))
+        t = node.get("type")
+        if t in ("record", "error"):
+            rec = node.get("name", "")
+            for f in node.get("fields", []):
+                path = f"{prefix}{rec}.{f['name']}"
+                if not has_record(f.get("type")):
+                    yield path, "prism.pii" in f
+                else:
+                    yield from walk(f.get("type"), f"{path}.")
+        elif t == "array":
+            yield from walk(node.get("items"), prefix)
+        elif t == "map":
+            yield from walk(node.get("values"), prefix)
+        elif isinstance(t, dict | list):
+            yield from walk(t, prefix)
+
+    yield from walk(root, "")
+
+
+def untagged_leaves(fmt: SchemaFormat | str, text: str, imports: Mapping[str, str] | None = None) -> list[str]:
+    """Paths of the leaf fields without an explicit PII tag (``"none"`` is explicit), in schema
+    order - what a ``require_pii_tags`` policy refuses. Paths are :func:`scan`'s."""
+    fmt = SchemaFormat.parse(fmt)
+    leaves = (_proto_leaves(text, imports) if fmt is SchemaFormat.PROTOBUF
+              else _json_leaves(text) if fmt is SchemaFormat.JSON else _avro_leaves(text))
+    return [path for path, tagged in leaves if not tagged]
+
+
+def _tag_hint(fmt: SchemaFormat, path: str) -> str:
+    cat = detect_category(path.rsplit(".", 1)[-1].removesuffix("[]"))
+    value = f'"{cat}"' if cat else '"<category>" (email, phone, name, ...)'
+    if fmt is SchemaFormat.PROTOBUF:
+        return f'[(prism.pii) = {value}] (import "prism/annotations.proto"), or [(prism.pii) = "none"] if not PII'
+    key = "x-prism-pii" if fmt is SchemaFormat.JSON else "prism.pii"
+    return f'"{key}": {value} on the {"property" if fmt is SchemaFormat.JSON else "field"}, or "{key}": "none" ' \
+           "if not PII"
+
+
+def required_tag_findings(fmt: SchemaFormat | str, text: str,
+                          imports: Mapping[str, str] | None = None) -> list[Finding]:
+    """One breaking ``PII_TAG_MISSING`` finding per untagged leaf field, each with the
+    annotation that fixes it (RFC-030 phase 3: every schema says, field by field, what is PII)."""
+    fmt = SchemaFormat.parse(fmt)
+    return [Finding(Severity.BREAKING, path, "PII_TAG_MISSING",
+                    f"Field '{path}' has no PII tag; the policy requires one on every field", _tag_hint(fmt, path))
+            for path in untagged_leaves(fmt, text, imports)]
 
 
 @dataclass(frozen=True, slots=True)

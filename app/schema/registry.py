@@ -4,7 +4,10 @@
   identical content (same canonical hash) is idempotent and returns the existing version.
 - Compatibility is checked against earlier live versions under the effective mode
   (subject config -> namespace config -> global -> default BACKWARD).
-- PII policy (enforce/warn/off) is applied at registration.
+- PII policy (enforce/warn/off) is applied at registration; a ``require_pii_tags`` policy
+  (RFC-030 "Migration Path" phase 3) refuses a schema with any leaf field left untagged.
+  ``require_schema`` (phase 2) is stored and resolved here but enforced where topics are
+  used - the worker at start-up, the SDK at publish - since the registry creates no topics.
 - Breaking changes may be allowed through an *approved* approval request when the policy
   requires approval; otherwise they are rejected.
 - Every mutation is written to the audit log (who, what, when).
@@ -89,6 +92,12 @@ class PiiPolicyViolation(RegistryError):
     status, code = 422, 42201
 
 
+class PiiTagsRequired(PiiPolicyViolation):
+    """``require_pii_tags``: a leaf field has no explicit PII tag. Confluent's "Invalid schema"
+    (42201, HTTP 422) like every PII refusal, so Confluent clients show the message; the body's
+    ``findings`` list every untagged field with the annotation that fixes it."""
+
+
 class SubjectSoftDeleted(RegistryError):
     """Confluent 40404: soft delete of a subject whose versions are all soft-deleted already."""
 
@@ -154,10 +163,15 @@ class Policy:
     pii_policy: pii_mod.PiiPolicy = pii_mod.PiiPolicy.WARN
     approval_required: bool = False
     source: str = "default"
+    #: RFC-030 phase 2: topics of this scope must have a schema (enforced by workers and the SDK)
+    require_schema: bool = False
+    #: RFC-030 phase 3: every leaf field of a registered schema must carry a PII tag
+    require_pii_tags: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"compatibility": self.compatibility.value, "pii_policy": self.pii_policy.value,
-                "approval_required": self.approval_required, "source": self.source}
+                "approval_required": self.approval_required, "require_schema": self.require_schema,
+                "require_pii_tags": self.require_pii_tags, "source": self.source}
 
 
 @dataclass(frozen=True, slots=True)
@@ -530,7 +544,11 @@ class Registry:
 
     # -- policy -----------------------------------------------------------------------------
     def policy(self, subject: str | None = None, namespace: str | None = None) -> Policy:
+        """The effective policy: each setting from the narrowest scope that sets it (subject,
+        then namespace, then global), else the registry's default."""
         comp, pii, appr, source = None, None, None, "default"
+        req_schema: bool | None = None
+        req_tags: bool | None = None
         scopes = []
         if subject:
             scopes.append(("subject", subject))
@@ -548,9 +566,14 @@ class Registry:
                 pii = row.pii_policy
             if appr is None and row.approval_required is not None:
                 appr = row.approval_required
+            if req_schema is None and row.require_schema is not None:
+                req_schema = row.require_schema
+            if req_tags is None and row.require_pii_tags is not None:
+                req_tags = row.require_pii_tags
         return Policy(CompatibilityMode.parse(comp) if comp else self.default.compatibility,
                       pii_mod.PiiPolicy.parse(pii) if pii else self.default.pii_policy,
-                      bool(appr) if appr is not None else self.default.approval_required, source)
+                      bool(appr) if appr is not None else self.default.approval_required, source,
+                      bool(req_schema), bool(req_tags))
 
     def _namespace_for(self, subject: str) -> str:
         rows = self.store.versions(subject, include_deleted=True)
@@ -564,7 +587,9 @@ class Registry:
 
     def policy_target(self, name: str) -> PolicyTarget:
         """What ``/v1/policies/{name}`` addresses - one reading for its GET and its PUT, in the
-        scope keys ``GET /v1/policies`` lists: ``__global__``; ``ns:<namespace>``; otherwise the
+        scope keys ``GET /v1/policies`` lists: ``__global__``; ``ns:<namespace>``;
+        ``subject:<subject>`` (always the subject - how a policy is set on a subject before its
+        first version, e.g. ``require_pii_tags`` for a topic about to be registered); otherwise the
         subject of that name when the registry knows one (a version, even soft-deleted, or a
         subject-level setting such as ``PUT /config/{s}`` or a registration's
         ``compatibility_mode``), else the namespace of that name.
@@ -576,14 +601,19 @@ class Registry:
             return PolicyTarget("global", GLOBAL_SCOPE, None, None)
         if name.startswith("ns:"):
             return PolicyTarget("namespace", name, None, name[3:])
+        if name.startswith("subject:") and len(name) > len("subject:"):
+            subject = name[len("subject:"):]
+            return PolicyTarget("subject", subject, subject, None)
         if self.store.get_config(name) is not None or self.store.versions(name, include_deleted=True):
             return PolicyTarget("subject", name, name, None)
         return PolicyTarget("namespace", f"ns:{name}", None, name)
 
     def set_policy(self, *, actor: str, subject: str | None = None, namespace: str | None = None,
                    compatibility: str | None = None, pii_policy: str | None = None,
-                   approval_required: bool | None = None) -> Policy:
-        """Set policy at subject, namespace or (neither given) global scope."""
+                   approval_required: bool | None = None, require_schema: bool | None = None,
+                   require_pii_tags: bool | None = None) -> Policy:
+        """Set policy at subject, namespace or (neither given) global scope; a None setting
+        stays as it was."""
         try:
             comp = CompatibilityMode.parse(compatibility).value if compatibility else None
         except ValueError as e:
@@ -593,9 +623,11 @@ class Registry:
         except ValueError as e:
             raise InvalidCompatibilityLevel(f"Invalid PII policy: {pii_policy}") from e
         scope = subject if subject else (f"ns:{namespace}" if namespace else GLOBAL_SCOPE)
-        self.store.set_config(scope, comp, pii, approval_required)
+        self.store.set_config(scope, comp, pii, approval_required, require_schema=require_schema,
+                              require_pii_tags=require_pii_tags)
         self.store.append_audit(actor, "policy.set", subject, None, {
-            "scope": scope, "compatibility": comp, "pii_policy": pii, "approval_required": approval_required})
+            "scope": scope, "compatibility": comp, "pii_policy": pii, "approval_required": approval_required,
+            "require_schema": require_schema, "require_pii_tags": require_pii_tags})
         return self.policy(subject, namespace)
 
     def subject_config(self, subject: str) -> str | None:
@@ -749,6 +781,7 @@ class Registry:
                 rv = self._materialize(existing[-1])
                 self.metrics.registration(created=False)
                 return RegisterResult(rv, False, CompatResult(pol.compatibility), [])
+            self._require_tags(subject, fmt, eff, pol, actor, namespace)
             pii_findings = pii_mod.check_policy(fmt, eff.pii_text, pol.pii_policy, eff.imports or None)
             blocking_pii = [f for f in pii_findings if f.severity is Severity.BREAKING]
             if blocking_pii:
@@ -794,6 +827,31 @@ class Registry:
             self.metrics.registration(created=True)
             return RegisterResult(rv, True, compat, pii_findings, approval_id)
 
+    def _require_tags(self, subject: str, fmt: SchemaFormat, eff: Effective, pol: Policy, actor: str,
+                      namespace: str | None) -> None:
+        """Refuse a new schema with untagged leaf fields when the policy requires PII tags
+        (RFC-030 phase 3). Checked before the detection-based PII policy so one answer lists
+        every field to tag, not just the ones whose names look personal. An identical
+        re-register returns the existing version before this runs: a schema registered before
+        the policy stays usable."""
+        if not pol.require_pii_tags:
+            return
+        findings = pii_mod.required_tag_findings(fmt, eff.pii_text, eff.imports or None)
+        if not findings:
+            return
+        self.metrics.validation_failure("register", "pii_untagged")
+        self.metrics.pii_rejection("require_pii_tags")
+        self.store.append_audit(actor, "register.rejected", subject, None,
+                                {"reason": "pii_tags_required", "fields": [f.path for f in findings]})
+        ns = namespace or self._namespace_for(subject)
+        example = findings[0].hint
+        raise PiiTagsRequired(
+            f"Schema rejected: the policy of subject '{subject}' (namespace '{ns}') requires a PII tag on every "
+            f"field (require_pii_tags), and {len(findings)} field(s) have none: "
+            + ", ".join(f.path for f in findings[:50]) + (" ..." if len(findings) > 50 else "")
+            + f". Tag each field with its category, or \"none\" when it is not personal data; e.g. {example}",
+            findings)
+
     def _import(self, subject: str, text: str, fmt: SchemaFormat, h: str, refs: tuple[Reference, ...],
                 eff: Effective, schema_id: int, version: int | None, *, actor: str, namespace: str | None,
                 label: str | None, metadata: dict[str, Any] | None) -> RegisterResult:
@@ -815,6 +873,7 @@ class Registry:
                 raise OperationNotPermitted(f"Schema already registered with id {by_hash.id}; it cannot be imported "
                                             f"again as id {schema_id}")
             pol = self.policy(subject, namespace)
+            self._require_tags(subject, fmt, eff, pol, actor, namespace)
             pii_findings = pii_mod.check_policy(fmt, eff.pii_text, pol.pii_policy, eff.imports or None)
             blocking = [f for f in pii_findings if f.severity is Severity.BREAKING]
             if blocking:

@@ -157,9 +157,15 @@ class PrismCheckBody(BaseModel):
 
 
 class PolicyBody(BaseModel):
+    """``PUT /v1/policies/{scope}``: each setting given is changed, each one left out stays."""
+
     compatibility: str | None = None
     pii_policy: str | None = None
     approval_required: bool | None = None
+    #: RFC-030 "Migration Path" phase 2: topics of this scope need a schema (workers, SDK publish)
+    require_schema: bool | None = None
+    #: phase 3: every leaf field of a new schema needs a PII tag ("none" counts)
+    require_pii_tags: bool | None = None
 
     model_config = _STRICT_CLOSED
 
@@ -606,7 +612,9 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
     def v1_policies() -> list[dict[str, Any]]:
         """Every stored setting, by the scope key ``GET|PUT /v1/policies/{scope}`` take."""
         return [{"scope": c.scope, "kind": reg.policy_target(c.scope).kind, "compatibility": c.compatibility,
-                 "pii_policy": c.pii_policy, "approval_required": c.approval_required} for c in reg.store.configs()]
+                 "pii_policy": c.pii_policy, "approval_required": c.approval_required,
+                 "require_schema": c.require_schema, "require_pii_tags": c.require_pii_tags}
+                for c in reg.store.configs()]
 
     @app.get("/v1/policies/{namespace}", tags=["prism"])
     def v1_get_policy(namespace: str) -> dict[str, Any]:
@@ -622,7 +630,8 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
         target = reg.policy_target(namespace)
         pol = reg.set_policy(actor=_actor(request), subject=target.subject, namespace=target.namespace,
                              compatibility=body.compatibility, pii_policy=body.pii_policy,
-                             approval_required=body.approval_required)
+                             approval_required=body.approval_required, require_schema=body.require_schema,
+                             require_pii_tags=body.require_pii_tags)
         return {**pol.to_dict(), "scope": target.scope, "kind": target.kind}
 
     @app.get("/v1/audit", tags=["prism"])

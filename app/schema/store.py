@@ -30,8 +30,12 @@ _DDL = [
         namespace TEXT NOT NULL, label TEXT, deleted INTEGER NOT NULL DEFAULT 0,
         created_at DOUBLE PRECISION NOT NULL, created_by TEXT NOT NULL, metadata TEXT NOT NULL DEFAULT '{{}}',
         PRIMARY KEY (subject, version))""",
+    # require_schema / require_pii_tags (RFC-030 "Migration Path" phases 2 and 3) came later:
+    # older databases gain the columns in SqlStore._migrate (CREATE TABLE IF NOT EXISTS does not
+    # add columns to a table that exists).
     """CREATE TABLE IF NOT EXISTS config (
-        scope TEXT PRIMARY KEY, compatibility TEXT, pii_policy TEXT, approval_required INTEGER)""",
+        scope TEXT PRIMARY KEY, compatibility TEXT, pii_policy TEXT, approval_required INTEGER,
+        require_schema INTEGER, require_pii_tags INTEGER)""",
     """CREATE TABLE IF NOT EXISTS audit_log (
         id {pk}, at DOUBLE PRECISION NOT NULL, actor TEXT NOT NULL, action TEXT NOT NULL,
         subject TEXT, version INTEGER, detail TEXT NOT NULL DEFAULT '{{}}')""",
@@ -100,10 +104,14 @@ class VersionRow:
 
 @dataclass(frozen=True, slots=True)
 class ConfigRow:
+    """One stored policy scope; ``None`` in a setting means "not set here, inherit"."""
+
     scope: str
     compatibility: str | None
     pii_policy: str | None
     approval_required: bool | None
+    require_schema: bool | None = None
+    require_pii_tags: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,10 +190,35 @@ class SqlStore:
             cur.execute(self._sql(sql), tuple(args))
             return list(cur.fetchall()) if cur.description else []
 
+    #: Columns added to existing tables after their first release: (table, column, SQL type).
+    #: Added on open when missing, so an older database keeps working and keeps its rows.
+    _ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+        ("config", "require_schema", "INTEGER"),
+        ("config", "require_pii_tags", "INTEGER"),
+    )
+
     def _init_schema(self) -> None:
         with self._tx() as cur:
             for ddl in _DDL:
                 cur.execute(ddl.format(pk=self.pk_sql))
+            self._migrate(cur)
+
+    def _migrate(self, cur: Any) -> None:
+        """Add :attr:`_ADDED_COLUMNS` that an older database lacks (idempotent: run on every open)."""
+        for table, column, sql_type in self._ADDED_COLUMNS:
+            if column not in self._columns(cur, table):
+                self._add_column(cur, table, column, sql_type)
+
+    def _add_column(self, cur: Any, table: str, column: str, sql_type: str) -> None:
+        try:
+            cur.execute(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}")
+        except sqlite3.OperationalError as e:  # another process opening the same file added it first
+            if "duplicate column" not in str(e).lower():
+                raise
+
+    def _columns(self, cur: Any, table: str) -> set[str]:
+        cur.execute(f"PRAGMA table_info({table})")
+        return {str(r[1]) for r in cur.fetchall()}
 
     def close(self) -> None:
         with self._lock:
@@ -331,33 +364,44 @@ class SqlStore:
         self._q("DELETE FROM versions WHERE subject = ? AND version = ? AND deleted = 1", (subject, version))
 
     # -- config -----------------------------------------------------------------------------
+    _CCOLS = "scope, compatibility, pii_policy, approval_required, require_schema, require_pii_tags"
+
+    @staticmethod
+    def _crow(r: tuple) -> ConfigRow:
+        def flag(v: Any) -> bool | None:
+            return None if v is None else bool(v)
+
+        return ConfigRow(r[0], r[1], r[2], flag(r[3]), flag(r[4]), flag(r[5]))
+
     def get_config(self, scope: str) -> ConfigRow | None:
-        rows = self._q("SELECT scope, compatibility, pii_policy, approval_required FROM config WHERE scope = ?",
-                       (scope,))
-        if not rows:
-            return None
-        r = rows[0]
-        return ConfigRow(r[0], r[1], r[2], None if r[3] is None else bool(r[3]))
+        rows = self._q(f"SELECT {self._CCOLS} FROM config WHERE scope = ?", (scope,))
+        return self._crow(rows[0]) if rows else None
 
     def set_config(self, scope: str, compatibility: str | None, pii_policy: str | None,
-                   approval_required: bool | None) -> None:
+                   approval_required: bool | None, *, require_schema: bool | None = None,
+                   require_pii_tags: bool | None = None) -> None:
         """Upsert; a None argument leaves that setting as it was."""
         cur = self.get_config(scope)
-        comp = compatibility if compatibility is not None else (cur.compatibility if cur else None)
-        pii = pii_policy if pii_policy is not None else (cur.pii_policy if cur else None)
-        appr = approval_required if approval_required is not None else (cur.approval_required if cur else None)
-        self._q("INSERT INTO config (scope, compatibility, pii_policy, approval_required) VALUES (?, ?, ?, ?) "
+
+        def keep(new: Any, old: Any) -> Any:
+            return new if new is not None else old
+
+        comp = keep(compatibility, cur and cur.compatibility)
+        pii = keep(pii_policy, cur and cur.pii_policy)
+        flags = [keep(approval_required, cur and cur.approval_required),
+                 keep(require_schema, cur and cur.require_schema),
+                 keep(require_pii_tags, cur and cur.require_pii_tags)]
+        self._q(f"INSERT INTO config ({self._CCOLS}) VALUES (?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (scope) DO UPDATE SET compatibility = excluded.compatibility, "
-                "pii_policy = excluded.pii_policy, approval_required = excluded.approval_required",
-                (scope, comp, pii, None if appr is None else int(appr)))
+                "pii_policy = excluded.pii_policy, approval_required = excluded.approval_required, "
+                "require_schema = excluded.require_schema, require_pii_tags = excluded.require_pii_tags",
+                (scope, comp, pii, *(None if f is None else int(f) for f in flags)))
 
     def delete_config(self, scope: str) -> None:
         self._q("DELETE FROM config WHERE scope = ?", (scope,))
 
     def configs(self) -> list[ConfigRow]:
-        return [ConfigRow(r[0], r[1], r[2], None if r[3] is None else bool(r[3]))
-                for r in self._q("SELECT scope, compatibility, pii_policy, approval_required FROM config "
-                                 "ORDER BY scope")]
+        return [self._crow(r) for r in self._q(f"SELECT {self._CCOLS} FROM config ORDER BY scope")]
 
     # -- modes ------------------------------------------------------------------------------
     def get_mode(self, scope: str) -> str | None:
@@ -537,6 +581,17 @@ class PostgresStore(SqlStore):
 
     def change_token(self) -> int:
         return self._changes
+
+    def _add_column(self, cur: Any, table: str, column: str, sql_type: str) -> None:
+        # IF NOT EXISTS: two registry replicas opening the store at once both get here
+        cur.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {sql_type}")
+
+    def _columns(self, cur: Any, table: str) -> set[str]:
+        # current_schema() is this registry's schema (search_path), so another registry's
+        # tables in the same database are never looked at.
+        cur.execute("SELECT column_name FROM information_schema.columns "
+                    "WHERE table_schema = current_schema() AND table_name = %s", (table,))
+        return {str(r[0]) for r in cur.fetchall()}
 
     def _advance_id_sequence(self, cur: Any) -> None:
         # An identity column does not notice explicit ids: move it past the largest one.

@@ -39,6 +39,7 @@ from app.sdk.backends.base import Backend, BackendSubscription, Delivery, Outgoi
 from app.sdk.options import DEFAULT_OPTIONS, PrismPublishOptions, current_otel_context, trace_context_of
 from app.sdk.pii import PiiPolicy
 from app.sdk.received import ReceivedEnvelope
+from app.sdk.schemas import SchemaRequirement, SchemaResolver
 from app.sdk.usage import DEFAULT_INTERVAL_S, VersionReporter
 from app.sdk.validation import SchemaMetrics, SchemaValidation
 from app.sdk.version import SDK_VERSION
@@ -137,7 +138,10 @@ class PrismClient:
     against that version of the topic's subject; subscriptions report the schema versions they
     read, as `consumer_id` (default: the subscription's group), at most once per version per
     `report_interval_s`, in the background - see `app.sdk.usage`. A registry that is down
-    never delays or fails a message.
+    never delays or fails a message. Received messages decode by the schema their envelope
+    references (`await msg.decoded()`, `msg.is_pii_field()`, `msg.mask_pii()`; `self.schemas`),
+    and a publish to a namespace whose registry policy has `require_schema` needs the topic's
+    subject registered (`SchemaRequiredError` otherwise) - see `app.sdk.schemas`.
 
     The connection opens on first use, or explicitly with `connect()` / `async with`.
     """
@@ -180,6 +184,9 @@ class PrismClient:
         self.schema_metrics: SchemaMetrics | None = (
             metrics if isinstance(metrics, SchemaMetrics) or metrics is None else SchemaMetrics(metrics))
         self._validation = SchemaValidation(registry_url, self.schema_metrics)
+        #: the registry's schemas for received messages (None without registry_url)
+        self.schemas: SchemaResolver | None = SchemaResolver(registry_url) if registry_url else None
+        self._requirement: SchemaRequirement | None = SchemaRequirement(registry_url) if registry_url else None
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def connect(self) -> Self:
@@ -306,6 +313,8 @@ class PrismClient:
         elif schema_version is not None:
             raise ConfigError("schema_version= is only used with schema_validation=True",
                               path="publish(schema_version=)", hint="pass schema_validation=True as well")
+        if self._requirement is not None:  # RFC-030 phase 2: cached, a dict lookup per publish
+            await self._requirement.check(self.namespace, topic)
         env, plain, wire = self._build(topic, payload, o, schema)
         if not self._connected:
             await self.connect()
@@ -325,6 +334,8 @@ class PrismClient:
         if problems:
             raise ValidationError(problems, hint="build it with PrismClient.build_envelope or "
                                                  "app.envelope.new_envelope, which set them all")
+        if self._requirement is not None:
+            await self._requirement.check(env.namespace, env.topic)
         if not self._connected:
             await self.connect()
         await self.backend.publish([Outgoing(env.topic, env, self.layout, signing_key or self.signing_key, key,
@@ -337,12 +348,16 @@ class PrismClient:
         gets its own envelope (RFC-031 leaves multi-message envelopes an open question).
         Returns the message ids in order."""
         out: list[Outgoing] = []
+        checked: set[str] = set()
         for item in items:
             if len(item) not in (2, 3):
                 raise ConfigError(f"publish_batch item {item!r:.60} must be (topic, payload[, options])",
                                   path="publish_batch")
             topic, payload = item[0], item[1]
             o = (item[2] if len(item) == 3 else None) or DEFAULT_OPTIONS  # type: ignore[misc]
+            if self._requirement is not None and topic not in checked:  # before anything of the batch is sent
+                await self._requirement.check(self.namespace, topic)
+                checked.add(topic)
             env, plain, wire = self._build(topic, payload, o)
             out.append(self._outgoing(env, o, plain, wire))
         if not out:
@@ -450,6 +465,7 @@ class Subscription:
         self._closed = False
         self._start_lock = asyncio.Lock()
         self._reporter = client.version_reporter
+        self._schemas = getattr(client, "schemas", None)  # tests build subscriptions on stand-ins
         self._schema_metrics = getattr(client, "schema_metrics", None)  # tests build subscriptions on stand-ins
         self._consumer_id = client.consumer_id or settings.group
         #: `prism-deprecation` header values already warned about (one warning per value, not per message)
@@ -576,7 +592,7 @@ class Subscription:
         if self.verify_with is not None and env.security is not None:
             verified = env.security.signature_key_id or "(unnamed key)"
         msg = ReceivedEnvelope(env, d, decrypt_with=self.decrypt_with, payload_type=self.payload_type,
-                               pii=self.pii, verified_key_id=verified)
+                               pii=self.pii, verified_key_id=verified, schemas=self._schemas)
         if classification in AUDITED:
             await self._audit(d, env, classification)  # before the application can see the message
         sc = env.schema

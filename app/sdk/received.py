@@ -19,11 +19,12 @@ from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import Message
 
 from app.envelope.model import PROTOBUF_TYPE_URL_PREFIX, Envelope
-from app.errors import PayloadError
+from app.errors import ConfigError, PayloadError
 from app.formats.legacy import is_json_content_type
 from app.observability.tracecontext import carrier_from
 from app.sdk.backends.base import Delivery
 from app.sdk.pii import PiiAccessWarning, PiiPolicy, guard
+from app.sdk.schemas import PayloadSchema, SchemaResolver
 from app.security.encryption import decrypt_to_envelope
 from app.security.keys import DataKeyProvider, KeyProvider
 
@@ -38,8 +39,8 @@ class ReceivedEnvelope:
     `has_security` & co. when presence matters.
     """
 
-    __slots__ = ("_decrypt_with", "_delivery", "_payload_cache", "_payload_type", "_pii", "_plain", "_settled",
-                 "envelope", "verified_key_id")
+    __slots__ = ("_decrypt_with", "_delivery", "_payload_cache", "_payload_type", "_pii", "_plain", "_schema",
+                 "_schemas", "_settled", "envelope", "verified_key_id")
 
     def __init__(
         self,
@@ -50,6 +51,7 @@ class ReceivedEnvelope:
         payload_type: type[Message] | None = None,
         pii: PiiPolicy | None = None,
         verified_key_id: str | None = None,
+        schemas: SchemaResolver | None = None,
     ) -> None:
         self.envelope = envelope
         self._delivery = delivery
@@ -59,6 +61,8 @@ class ReceivedEnvelope:
         self._plain: Envelope | None = None
         self._payload_cache: dict[Any, Any] = {}
         self._settled: str | None = None
+        self._schemas = schemas
+        self._schema: PayloadSchema | None = None
         #: Key id whose signature was verified on receipt (None when no keys were configured).
         self.verified_key_id = verified_key_id
 
@@ -251,6 +255,62 @@ class ReceivedEnvelope:
                                    path="payload", hint="read it with payload_bytes()") from None
         return data
 
+    # -- the payload by its schema (RFC-030 "Consumer PII Awareness"; app/sdk/schemas.py) -------------
+    async def payload_schema(self, *, subject: str | None = None) -> PayloadSchema:
+        """The registered schema the envelope references, resolved through the client's registry
+        (cached per schema version and id) and checked: it must belong to this message's topic
+        (or to `subject`), and match the envelope's `schema_hash`. Raises `SchemaReferenceError`
+        (the message stays unsettled) or `ConfigError` without `PrismClient(registry_url=)`."""
+        if self._schema is not None and subject is None:
+            return self._schema
+        if self._schemas is None:
+            raise ConfigError("decoding by the envelope's schema needs a registry",
+                              path="PrismClient(registry_url=)",
+                              hint="create the client with registry_url='http://registry:8081'")
+        schema = await self._schemas.for_envelope(self.envelope, subjects=None if subject is None else [subject])
+        self._schema = schema
+        return schema
+
+    async def decoded(self, *, subject: str | None = None) -> Any:
+        """The payload decoded by the schema its envelope references (`payload_schema`):
+        a protobuf message of the schema's root type (or the payload's type URL, when it names
+        one of the schema's messages), the JSON value, or the Avro datum (binary Avro or a JSON
+        document). Decrypted first when encrypted. Cached per message."""
+        key = ("decoded", subject)
+        if key not in self._payload_cache:
+            schema = await self.payload_schema(subject=subject)
+            env = self._plain_envelope()
+            self._payload_cache[key] = schema.decode(self.payload_bytes(), env.content_type,
+                                                     message=_type_name(env.payload.type_url))
+        return self._payload_cache[key]
+
+    def _resolved_schema(self) -> PayloadSchema:
+        if self._schema is None:
+            raise ConfigError("the message's schema is not resolved yet", path="ReceivedEnvelope.is_pii_field",
+                              hint="await msg.decoded() or await msg.payload_schema() first")
+        return self._schema
+
+    def is_pii_field(self, path: str) -> bool:
+        """Whether `path` (`$.customer.email`) is PII by the tags of this message's schema (untagged
+        and unknown fields are not); after `decoded()` / `payload_schema()`."""
+        return self._resolved_schema().is_pii_field(path)
+
+    def mask_pii(self, value: Any = None) -> Any:
+        """A copy of `value` (default: the `decoded()` payload) with every PII field masked; the
+        input is never changed. After `decoded()` / `payload_schema()`."""
+        schema = self._resolved_schema()
+        if value is None:
+            if ("decoded", None) not in self._payload_cache:
+                raise ConfigError("nothing decoded to mask", path="ReceivedEnvelope.mask_pii",
+                                  hint="await msg.decoded() first, or pass the value")
+            value = self._payload_cache[("decoded", None)]
+        return schema.mask_pii(value)
+
     def __repr__(self) -> str:
         return (f"ReceivedEnvelope({self.envelope!r}, backend={self.backend}, ref={self.ref!r}, "
                 f"settled={self._settled})")
+
+
+def _type_name(type_url: str) -> str | None:
+    """The message name of a protobuf `Any` type URL, or None."""
+    return type_url[len(PROTOBUF_TYPE_URL_PREFIX):] or None if type_url.startswith(PROTOBUF_TYPE_URL_PREFIX) else None

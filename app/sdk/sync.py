@@ -58,6 +58,14 @@ class SyncReceivedEnvelope:
     def nack(self) -> None:
         self._loop.run(self.received.nack())
 
+    def payload_schema(self, *, subject: str | None = None) -> Any:
+        """The referenced schema (blocking; see `ReceivedEnvelope.payload_schema`)."""
+        return self._loop.run(self.received.payload_schema(subject=subject))  # type: ignore[union-attr]
+
+    def decoded(self, *, subject: str | None = None) -> Any:
+        """The payload decoded by its envelope's schema (blocking; see `ReceivedEnvelope.decoded`)."""
+        return self._loop.run(self.received.decoded(subject=subject))  # type: ignore[union-attr]
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.received, name)
 

@@ -68,7 +68,7 @@ def test_registry_workflow(live_server, tmp_path: Path) -> None:  # type: ignore
     r = run("check", "--topic", "orders.created", "--consumer-schema", str(tmp_path / "v1.proto"), "--mode",
             "backward", registry=url)
     assert r.exit_code == 0 and "producer schema v2" in r.output
-    r = run("policy", "set", "--namespace", "users", "--require-pii-tags", "--approval-required-for", "breaking",
+    r = run("policy", "set", "--namespace", "users", "--pii-policy", "enforce", "--approval-required-for", "breaking",
             registry=url)
     assert r.exit_code == 0 and '"pii_policy": "enforce"' in r.output
     r = run("register", "--file", str(tmp_path / "pii.proto"), "--topic", "users.profile", registry=url)
