@@ -84,7 +84,7 @@ def test_serve_fails_fast_on_auth_and_tls_settings(tmp_path: Path, users_file: P
     (tmp_path / "other").mkdir()
     _, other_key = self_signed_cert(tmp_path / "other")  # a key that is not the certificate's
     r = _serve("--users-file", str(users_file), "--ssl-certfile", str(certfile), "--ssl-keyfile", str(other_key))
-    assert r.returncode == 2 and "cannot load TLS certificate" in r.stderr
+    assert r.returncode == 2 and "cannot load the TLS certificate" in r.stderr
     r = _serve("--users-file", str(users_file), "--ssl-certfile", str(certfile))
     assert r.returncode == 2 and "needs both --ssl-certfile and --ssl-keyfile" in r.stderr
 
