@@ -86,7 +86,7 @@ def test_serve_fails_fast_on_auth_and_tls_settings(tmp_path: Path, users_file: P
     r = _serve("--users-file", str(users_file), "--ssl-certfile", str(certfile), "--ssl-keyfile", str(other_key))
     assert r.returncode == 2 and "cannot load the TLS certificate" in r.stderr
     r = _serve("--users-file", str(users_file), "--ssl-certfile", str(certfile))
-    assert r.returncode == 2 and "needs both --ssl-certfile and --ssl-keyfile" in r.stderr
+    assert r.returncode == 2 and "both --ssl-certfile and --ssl-keyfile" in r.stderr
 
 
 def test_confluent_client_static_bearer_token(registry: Registry, users_file: Path, tmp_path: Path) -> None:
