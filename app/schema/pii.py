@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,23 +127,30 @@ class PiiReport:
 # Field enumeration per format: (path, name, tags{pii,encrypt,index}, deprecated)
 
 
+def _proto_user_fields(schema: Any) -> Iterator[tuple[str, Any]]:
+    """(path, field descriptor) of every field of every message (map entries aside) in the
+    schema's own files; the path is ``Outer.Inner.field``."""
+    def walk(msgs: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+        for m in msgs:
+            if m.options.map_entry:
+                continue
+            for f in m.field:
+                yield f"{prefix}{m.name}.{f.name}", f
+            yield from walk(m.nested_type, f"{prefix}{m.name}.")
+
+    for fd in schema.user_files():
+        yield from walk(fd.message_type, "")
+
+
 def _proto_fields(text: str, imports: Mapping[str, str] | None = None
                   ) -> Iterator[tuple[str, str, dict[str, str], bool]]:
     from app.schema.protoparse import compile_proto, string_options
 
-    schema = compile_proto(text, imports=imports)
-    for fd in schema.user_files():
-        def walk(msgs: Any, prefix: str) -> Iterator[tuple[str, str, dict[str, str], bool]]:
-            for m in msgs:
-                if m.options.map_entry:
-                    continue
-                for f in m.field:
-                    opts = string_options(f.options, (PII_OPTION, ENCRYPT_OPTION, INDEX_OPTION))
-                    tags = {k: opts[n] for k, n in (("pii", PII_OPTION), ("encrypt", ENCRYPT_OPTION),
-                                                    ("index", INDEX_OPTION)) if n in opts}
-                    yield f"{prefix}{m.name}.{f.name}", f.name, tags, f.options.deprecated
-                yield from walk(m.nested_type, f"{prefix}{m.name}.")
-        yield from walk(fd.message_type, "")
+    for path, f in _proto_user_fields(compile_proto(text, imports=imports)):
+        opts = string_options(f.options, (PII_OPTION, ENCRYPT_OPTION, INDEX_OPTION))
+        tags = {k: opts[n] for k, n in (("pii", PII_OPTION), ("encrypt", ENCRYPT_OPTION),
+                                        ("index", INDEX_OPTION)) if n in opts}
+        yield path, f.name, tags, f.options.deprecated
 
 
 def _json_fields(text: str) -> Iterator[tuple[str, str, dict[str, str], bool]]:
@@ -167,11 +174,14 @@ def _json_fields(text: str) -> Iterator[tuple[str, str, dict[str, str], bool]]:
     yield from walk(root, "", 0)
 
 
-def _avro_fields(text: str) -> Iterator[tuple[str, str, dict[str, str], bool]]:
-    root = json.loads(text)
+def _avro_record_fields(root: Any, descend: Callable[[dict[str, Any]], bool] = lambda f: True
+                        ) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(path, field) of every field of every record defined inline in ``root``, in schema order;
+    the walk goes into a field's type where ``descend(field)``. The path is
+    ``Record.field.Inner.field``."""
     seen: set[int] = set()
 
-    def walk(node: Any, prefix: str) -> Iterator[tuple[str, str, dict[str, str], bool]]:
+    def walk(node: Any, prefix: str) -> Iterator[tuple[str, dict[str, Any]]]:
         if isinstance(node, list):
             for b in node:
                 yield from walk(b, prefix)
@@ -183,9 +193,10 @@ def _avro_fields(text: str) -> Iterator[tuple[str, str, dict[str, str], bool]]:
         if t in ("record", "error"):
             rec = node.get("name", "")
             for f in node.get("fields", []):
-                tags = {k: str(f[f"prism.{k}"]) for k in ("pii", "encrypt", "index") if f"prism.{k}" in f}
-                yield f"{prefix}{rec}.{f['name']}", f["name"], tags, bool(f.get("deprecated"))
-                yield from walk(f.get("type"), f"{prefix}{rec}.{f['name']}.")
+                path = f"{prefix}{rec}.{f['name']}"
+                yield path, f
+                if descend(f):
+                    yield from walk(f.get("type"), f"{path}.")
         elif t == "array":
             yield from walk(node.get("items"), prefix)
         elif t == "map":
@@ -194,6 +205,39 @@ def _avro_fields(text: str) -> Iterator[tuple[str, str, dict[str, str], bool]]:
             yield from walk(t, prefix)
 
     yield from walk(root, "")
+
+
+def avro_named_types(root: Any, kinds: tuple[str, ...] = ("record", "error", "enum", "fixed")) -> dict[str, Any]:
+    """The named Avro types of ``kinds`` in ``root``, by full name and by short name (the
+    names a field's type may use for them)."""
+    named: dict[str, Any] = {}
+
+    def index(node: Any, ns: str) -> None:
+        if isinstance(node, list):
+            for b in node:
+                index(b, ns)
+        elif isinstance(node, dict):
+            t = node.get("type")
+            if t in kinds and isinstance(node.get("name"), str):
+                space = node.get("namespace", ns) or ""
+                name = node["name"]
+                full = name if "." in name or not space else f"{space}.{name}"
+                named[full] = named[name.rsplit(".", 1)[-1]] = node
+                for f in node.get("fields", []) if t in ("record", "error") else []:
+                    index(f.get("type") if isinstance(f, dict) else None, space)
+            elif t in ("array", "map"):
+                index(node.get("items" if t == "array" else "values"), ns)
+            elif isinstance(t, dict | list):
+                index(t, ns)
+
+    index(root, root.get("namespace", "") if isinstance(root, dict) else "")
+    return named
+
+
+def _avro_fields(text: str) -> Iterator[tuple[str, str, dict[str, str], bool]]:
+    for path, f in _avro_record_fields(json.loads(text)):
+        tags = {k: str(f[f"prism.{k}"]) for k in ("pii", "encrypt", "index") if f"prism.{k}" in f}
+        yield path, f["name"], tags, bool(f.get("deprecated"))
 
 
 def scan(fmt: SchemaFormat | str, text: str, imports: Mapping[str, str] | None = None) -> PiiReport:
@@ -262,29 +306,15 @@ def _proto_leaves(text: str, imports: Mapping[str, str] | None) -> Iterator[tupl
     A leaf holds a value rather than another of the schema's messages: scalars, enums, bytes,
     maps (the tag goes on the map field; its entry type is generated), and message types from
     library files (``google.protobuf.Timestamp``), whose fields no one can tag."""
-    from app.schema.protoparse import compile_proto, string_options
+    from app.schema.protoparse import compile_proto, messages_by_name, string_options
 
     schema = compile_proto(text, imports=imports)
-    own: set[str] = set()
-    entries: set[str] = set()
-    for fd in schema.user_files():
-        def index(msgs: Any, prefix: str) -> None:
-            for m in msgs:
-                full = f"{prefix}{m.name}"
-                (entries if m.options.map_entry else own).add(full)
-                index(m.nested_type, f"{full}.")
-        index(fd.message_type, f".{fd.package}." if fd.package else ".")
-    for fd in schema.user_files():
-        def walk(msgs: Any, prefix: str) -> Iterator[tuple[str, bool]]:
-            for m in msgs:
-                if m.options.map_entry:
-                    continue
-                for f in m.field:
-                    if f.type == f.TYPE_MESSAGE and f.type_name in own:
-                        continue  # its own fields are leaves (or not) where that message is defined
-                    yield f"{prefix}{m.name}.{f.name}", PII_OPTION in string_options(f.options, (PII_OPTION,))
-                yield from walk(m.nested_type, f"{prefix}{m.name}.")
-        yield from walk(fd.message_type, "")
+    own = {name for name, m in messages_by_name(schema.user_files(), leading_dot=True).items()
+           if not m.options.map_entry}
+    for path, f in _proto_user_fields(schema):
+        if f.type == f.TYPE_MESSAGE and f.type_name in own:
+            continue  # its own fields are leaves (or not) where that message is defined
+        yield path, PII_OPTION in string_options(f.options, (PII_OPTION,))
 
 
 def _json_deref(root: Any, node: Any) -> Any:
@@ -345,27 +375,7 @@ def _json_leaves(text: str) -> Iterator[tuple[str, bool]]:
 
 def _avro_leaves(text: str) -> Iterator[tuple[str, bool]]:
     root = json.loads(text)
-    records: set[str] = set()
-
-    def names(node: Any, ns: str) -> None:
-        if isinstance(node, list):
-            for b in node:
-                names(b, ns)
-        elif isinstance(node, dict):
-            t = node.get("type")
-            if t in ("record", "error") and isinstance(node.get("name"), str):
-                space = node.get("namespace", ns) or ""
-                name = node["name"]
-                records.update({name, name.rsplit(".", 1)[-1], f"{space}.{name}" if space and "." not in name
-                                else name})
-                for f in node.get("fields", []):
-                    names(f.get("type") if isinstance(f, dict) else None, space)
-            elif t in ("array", "map"):
-                names(node.get("items" if t == "array" else "values"), ns)
-            elif isinstance(t, dict | list):
-                names(t, ns)
-
-    names(root, root.get("namespace", "") if isinstance(root, dict) else "")
+    records = set(avro_named_types(root, ("record", "error")))
 
     def has_record(t: Any, depth: int = 0) -> bool:
         if depth > 32:
@@ -385,33 +395,12 @@ def _avro_leaves(text: str) -> Iterator[tuple[str, bool]]:
             return isinstance(kind, dict | list) and has_record(kind, depth + 1)
         return False
 
-    seen: set[int] = set()
+    def leaf(f: dict[str, Any]) -> bool:
+        return not has_record(f.get("type"))
 
-    def walk(node: Any, prefix: str) -> Iterator[tuple[str, bool]]:
-        if isinstance(node, list):
-            for b in node:
-                yield from walk(b, prefix)
-            return
-        if not isinstance(node, dict) or id(node) in seen:
-            return
-        seen.add(id(node))
-        t = node.get("type")
-        if t in ("record", "error"):
-            rec = node.get("name", "")
-            for f in node.get("fields", []):
-                path = f"{prefix}{rec}.{f['name']}"
-                if not has_record(f.get("type")):
-                    yield path, "prism.pii" in f
-                else:
-                    yield from walk(f.get("type"), f"{path}.")
-        elif t == "array":
-            yield from walk(node.get("items"), prefix)
-        elif t == "map":
-            yield from walk(node.get("values"), prefix)
-        elif isinstance(t, dict | list):
-            yield from walk(t, prefix)
-
-    yield from walk(root, "")
+    for path, f in _avro_record_fields(root, descend=lambda f: not leaf(f)):
+        if leaf(f):
+            yield path, "prism.pii" in f
 
 
 def untagged_leaves(fmt: SchemaFormat | str, text: str, imports: Mapping[str, str] | None = None) -> list[str]:

@@ -19,7 +19,7 @@ import os
 import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,6 +68,23 @@ class ProtoSchema:
 
 def is_user_file(name: str) -> bool:
     return not name.startswith(LIBRARY_FILES_PREFIXES) and name not in LIBRARY_FILES
+
+
+def messages_by_name(files: Iterable[descriptor_pb2.FileDescriptorProto], *, leading_dot: bool = False
+                     ) -> dict[str, descriptor_pb2.DescriptorProto]:
+    """Every message of ``files``, nested ones (and map entries) included, by full name:
+    ``pkg.Outer.Inner``, or ``.pkg.Outer.Inner`` with ``leading_dot`` (how a field's
+    ``type_name`` spells it)."""
+    out: dict[str, descriptor_pb2.DescriptorProto] = {}
+
+    def index(msgs: Iterable[descriptor_pb2.DescriptorProto], prefix: str) -> None:
+        for m in msgs:
+            out[f"{prefix}{m.name}"] = m
+            index(m.nested_type, f"{prefix}{m.name}.")
+
+    for fd in files:
+        index(fd.message_type, ("." if leading_dot else "") + (f"{fd.package}." if fd.package else ""))
+    return out
 
 
 def compile_proto(

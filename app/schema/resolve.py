@@ -78,19 +78,11 @@ class ResolvedSchema:
 
 
 def _proto_tree(text: str, message: str | None) -> tuple[str, _Tree, list[str]]:
-    from app.schema.protoparse import compile_proto
+    from app.schema.protoparse import compile_proto, messages_by_name
 
     schema = compile_proto(text)
     main = schema.main
-    by_name: dict[str, Any] = {}
-
-    def index(msgs: Any, prefix: str) -> None:
-        for m in msgs:
-            by_name[f"{prefix}{m.name}"] = m
-            index(m.nested_type, f"{prefix}{m.name}.")
-
-    for fd in schema.files:
-        index(fd.message_type, f"{fd.package}." if fd.package else "")
+    by_name: dict[str, Any] = messages_by_name(schema.files)
     pkg = f"{main.package}." if main.package else ""
     if message:
         root_name = message if message in by_name else pkg + message

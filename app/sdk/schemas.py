@@ -58,6 +58,7 @@ from typing import Any
 
 from app.errors import PayloadError, SchemaReferenceError, SchemaRequiredError
 from app.schema.model import SchemaFormat
+from app.schema.pii import avro_named_types
 from app.schema.resolve import ResolvedSchema, SchemaResolutionError, build_resolved
 
 log = logging.getLogger("prism.sdk.schemas")
@@ -96,18 +97,9 @@ def _is_pii(tags: dict[str, str]) -> bool:
 
 
 def _proto_tree(text: str, root: str) -> _Node:
-    from app.schema.protoparse import compile_proto, string_options
+    from app.schema.protoparse import compile_proto, messages_by_name, string_options
 
-    schema = compile_proto(text)
-    msgs: dict[str, Any] = {}
-
-    def index(items: Any, prefix: str) -> None:
-        for m in items:
-            msgs[f"{prefix}{m.name}"] = m
-            index(m.nested_type, f"{prefix}{m.name}.")
-
-    for fd in schema.files:
-        index(fd.message_type, f".{fd.package}." if fd.package else ".")
+    msgs: dict[str, Any] = messages_by_name(compile_proto(text).files, leading_dot=True)
     memo: dict[str, _Node] = {}
 
     def build(full: str) -> _Node:
@@ -185,27 +177,7 @@ def _json_tree(text: str) -> _Node:
 
 def _avro_tree(text: str) -> _Node:
     root = json.loads(text)
-    named: dict[str, Any] = {}
-
-    def index(node: Any, ns: str) -> None:
-        if isinstance(node, list):
-            for b in node:
-                index(b, ns)
-        elif isinstance(node, dict):
-            t = node.get("type")
-            if t in ("record", "error", "enum", "fixed") and isinstance(node.get("name"), str):
-                space = node.get("namespace", ns) or ""
-                name = node["name"]
-                full = name if "." in name or not space else f"{space}.{name}"
-                named[full] = named[name.rsplit(".", 1)[-1]] = node
-                for f in node.get("fields", []) if t in ("record", "error") else []:
-                    index(f.get("type") if isinstance(f, dict) else None, space)
-            elif t in ("array", "map"):
-                index(node.get("items" if t == "array" else "values"), ns)
-            elif isinstance(t, dict | list):
-                index(t, ns)
-
-    index(root, root.get("namespace", "") if isinstance(root, dict) else "")
+    named = avro_named_types(root)
     memo: dict[int, _Node] = {}
 
     def build(t: Any, into: _Node, depth: int) -> None:
