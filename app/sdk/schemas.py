@@ -52,7 +52,7 @@ import re
 import time
 import urllib.parse
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -561,10 +561,9 @@ class SchemaResolver:
         self.fetches += 1
         return _http_json(self.registry_url + path, timeout=self.timeout_s)
 
-    # -- lookups ---------------------------------------------------------------------------------------
-    async def get(self, subject: str, version: int) -> PayloadSchema:
-        """`version` of `subject` (a number: versions never change, so the answer is cached)."""
-        key = ("sv", subject, int(version))
+    async def _cached(self, key: tuple[Any, ...], fetch: Callable[[], Awaitable[PayloadSchema]]) -> PayloadSchema:
+        """The cached schema under `key`, else `fetch()`'s (one fetch at a time: a reference many
+        messages share costs one registry call), cached under `key` and under its schema id."""
         hit = self._hit(key)
         if hit is not None:
             return hit
@@ -572,6 +571,18 @@ class SchemaResolver:
             hit = self._hit(key)
             if hit is not None:
                 return hit
+            schema = await fetch()
+            self._put(key, schema)
+            if schema.schema_id is not None:
+                self._put(("id", schema.schema_id), schema)
+            return schema
+
+    # -- lookups ---------------------------------------------------------------------------------------
+    async def get(self, subject: str, version: int) -> PayloadSchema:
+        """`version` of `subject` (a number: versions never change, so the answer is cached)."""
+        key = ("sv", subject, int(version))
+
+        async def fetch() -> PayloadSchema:
             q = urllib.parse.quote(subject, safe="")
             try:
                 doc = await asyncio.to_thread(self._get_json, f"/v1/subjects/{q}/versions/{int(version)}")
@@ -582,22 +593,16 @@ class SchemaResolver:
             except (SchemaResolutionError, KeyError, TypeError, ValueError) as exc:
                 raise self._fail(key, f"schema {subject!r} version {version} cannot be read from the registry: "
                                       f"{str(exc)[:300]}") from None
-            self._put(key, schema)
-            if schema.schema_id is not None:
-                self._put(("id", schema.schema_id), schema)
             return schema
+
+        return await self._cached(key, fetch)
 
     async def by_id(self, schema_id: int) -> PayloadSchema:
         """The schema with this id, and the subject versions it is registered under (checked by
         :meth:`for_envelope` against the message's subject)."""
         key = ("id", int(schema_id))
-        hit = self._hit(key)
-        if hit is not None:
-            return hit
-        async with self._lock:
-            hit = self._hit(key)
-            if hit is not None:
-                return hit
+
+        async def fetch() -> PayloadSchema:
             try:
                 doc = await asyncio.to_thread(self._get_json, f"/v1/schemas/{int(schema_id)}")
                 where = await asyncio.to_thread(self._get_json, f"/schemas/ids/{int(schema_id)}/versions")
@@ -611,8 +616,9 @@ class SchemaResolver:
             except (SchemaResolutionError, KeyError, TypeError, ValueError, IndexError) as exc:
                 raise self._fail(key, f"schema id {schema_id} cannot be read from the registry: "
                                       f"{str(exc)[:300]}") from None
-            self._put(key, schema)
             return schema
+
+        return await self._cached(key, fetch)
 
     async def for_envelope(self, env: Any, *, subjects: Iterable[str] | None = None) -> PayloadSchema:
         """The schema `env` references, checked (module docs). `subjects`: the subjects the
