@@ -215,13 +215,29 @@ def decode_tlv(block: bytes | memoryview) -> LnmpEnvelope:
         else:
             extra.append((t, bytes(value)))  # unknown: skipped by length, kept verbatim
         pos = start + length
+    return _envelope(values, extra)
+
+
+def _envelope(values: dict[int, object], extra: list[tuple[int, bytes]] | None = None) -> LnmpEnvelope:
+    """The envelope of decoded TLV `values` (type -> int or str) and unknown entries `extra`."""
     return LnmpEnvelope(
         timestamp=values.get(Tlv.TIMESTAMP),  # type: ignore[arg-type]
         source=values.get(Tlv.SOURCE),  # type: ignore[arg-type]
         trace_id=values.get(Tlv.TRACE_ID),  # type: ignore[arg-type]
         sequence=values.get(Tlv.SEQUENCE),  # type: ignore[arg-type]
-        extra_tlv=tuple(extra),
+        extra_tlv=tuple(extra or ()),
     )
+
+
+def _lenient_value(t: int, value: memoryview) -> int | str | None:
+    """An envelope entry's value, or None where it breaks the rules (loose mode stops there
+    instead of raising, as `decode_tlv` does): 8-byte numbers, UTF-8 strings."""
+    if t in (Tlv.TIMESTAMP, Tlv.SEQUENCE):
+        return int.from_bytes(value, "big") if len(value) == 8 else None
+    try:
+        return str(value, "utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 # --------------------------------------------------------------------------- container
@@ -358,29 +374,18 @@ def _salvage_whole_entries(chain: memoryview) -> tuple[LnmpEnvelope, int] | None
     for t, value in whole:
         if t <= last:
             break
-        if t in (Tlv.TIMESTAMP, Tlv.SEQUENCE):
-            if len(value) != 8:
+        if t in _ENVELOPE_TYPES:
+            parsed = _lenient_value(t, value)
+            if parsed is None:
                 break
-            values[t] = int.from_bytes(value, "big")
-        elif t in (Tlv.SOURCE, Tlv.TRACE_ID):
-            try:
-                values[t] = str(value, "utf-8")
-            except UnicodeDecodeError:
-                break
+            values[t] = parsed
         else:
             extra.append((t, bytes(value)))
         last = t
     count = len(values) + len(extra)
     if not count:
         return None
-    env = LnmpEnvelope(
-        timestamp=values.get(Tlv.TIMESTAMP),  # type: ignore[arg-type]
-        source=values.get(Tlv.SOURCE),  # type: ignore[arg-type]
-        trace_id=values.get(Tlv.TRACE_ID),  # type: ignore[arg-type]
-        sequence=values.get(Tlv.SEQUENCE),  # type: ignore[arg-type]
-        extra_tlv=tuple(extra),
-    )
-    return env, count
+    return _envelope(values, extra), count
 
 
 _ENVELOPE_TYPES = frozenset(t.value for t in (Tlv.TIMESTAMP, Tlv.SOURCE, Tlv.TRACE_ID, Tlv.SEQUENCE))
@@ -416,16 +421,10 @@ def _recover_chain(view: memoryview, mode: int, mlen: int) -> tuple[bytes, LnmpE
         end = pos + 3 + length
         if t not in _ENVELOPE_TYPES or t <= last or end > n:
             break
-        value = view[pos + 3 : end]
-        if t in (Tlv.TIMESTAMP, Tlv.SEQUENCE):
-            if length != 8:
-                break
-            values[t] = int.from_bytes(value, "big")
-        else:
-            try:
-                values[t] = str(value, "utf-8")
-            except UnicodeDecodeError:
-                break
+        parsed = _lenient_value(t, view[pos + 3 : end])
+        if parsed is None:
+            break
+        values[t] = parsed
         last, pos = t, end
     if not values or pos >= n or pos == declared_end:
         return None
@@ -433,13 +432,7 @@ def _recover_chain(view: memoryview, mode: int, mlen: int) -> tuple[bytes, LnmpE
         nxt_end = pos + 3 + ((view[pos + 1] << 8) | view[pos + 2])
         if nxt_end <= n and (view[pos] > last or nxt_end <= declared_end):
             return None
-    env = LnmpEnvelope(
-        timestamp=values.get(Tlv.TIMESTAMP),  # type: ignore[arg-type]
-        source=values.get(Tlv.SOURCE),  # type: ignore[arg-type]
-        trace_id=values.get(Tlv.TRACE_ID),  # type: ignore[arg-type]
-        sequence=values.get(Tlv.SEQUENCE),  # type: ignore[arg-type]
-    )
-    return bytes(view[HEADER_LEN:start]), env, pos
+    return bytes(view[HEADER_LEN:start]), _envelope(values), pos
 
 
 # --------------------------------------------------------------------------- text header
