@@ -126,20 +126,28 @@ def fetch_kafka(version: str = DEFAULT_VERSION) -> Path:
             raise KafkaUnavailable("Apache Kafka tests need Java 17+ (apt-get install openjdk-17-jre-headless)")
         if shutil.which("bash") is None:
             raise KafkaUnavailable("scripts/fetch-kafka.sh needs bash")
-        try:
-            proc = subprocess.run(["bash", str(FETCH_SCRIPT), version], capture_output=True, text=True,
-                                  timeout=900, check=False)
-        except subprocess.TimeoutExpired as exc:
-            raise KafkaUnavailable(f"fetching Apache Kafka {version} took over {exc.timeout:.0f} s") from exc
-        lines = proc.stdout.strip().splitlines()
-        if proc.returncode != 0 or not lines:
-            raise KafkaUnavailable(f"scripts/fetch-kafka.sh {version} failed (exit {proc.returncode}): "
-                                   f"{proc.stderr.strip()[-2000:]}")
-        libs = Path(lines[-1])
-        if not (libs / f"kafka_2.13-{version}.jar").is_file():
-            raise KafkaUnavailable(f"scripts/fetch-kafka.sh {version} printed {libs}, which has no kafka_2.13 jar")
+        libs = run_fetch_script([version], f"Apache Kafka {version}", f"kafka_2.13-{version}.jar", "kafka_2.13")
         _libs_cache[version] = libs
         return libs
+
+
+def run_fetch_script(args: Sequence[str], what: str, jar: str, jar_kind: str) -> Path:
+    """Run ``scripts/fetch-kafka.sh args``; the directory it prints last, which must hold ``jar``.
+    :class:`KafkaUnavailable` with the script's reason when it fails or takes over 15 minutes."""
+    shown = " ".join(args)
+    try:
+        proc = subprocess.run(["bash", str(FETCH_SCRIPT), *args], capture_output=True, text=True,
+                              timeout=900, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise KafkaUnavailable(f"fetching {what} took over {exc.timeout:.0f} s") from exc
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise KafkaUnavailable(f"scripts/fetch-kafka.sh {shown} failed (exit {proc.returncode}): "
+                               f"{proc.stderr.strip()[-2000:]}")
+    libs = Path(lines[-1])
+    if not (libs / jar).is_file():
+        raise KafkaUnavailable(f"scripts/fetch-kafka.sh {shown} printed {libs}, which has no {jar_kind} jar")
+    return libs
 
 
 def kafka_version(libs: Path) -> str:
@@ -322,6 +330,41 @@ def _with_parent_death_signal(cmd: list[str]) -> list[str]:
     """
     setpriv = shutil.which("setpriv")
     return [setpriv, "--pdeathsig", "KILL", "--", *cmd] if setpriv else cmd
+
+
+def light_jvm(java: str, heap: str) -> list[str]:
+    """``java`` with the flags that keep a test JVM light: small heap, serial GC, C1 only."""
+    return [java, "-Xms64m", f"-Xmx{heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData",
+            "-Djava.awt.headless=true"]
+
+
+def write_log4j2_config(path: Path, log_file: Path) -> str:
+    """A log4j2 configuration at ``path`` that appends INFO and above to ``log_file``; returns the
+    JVM flag that selects it."""
+    path.write_text(f"""<?xml version="1.0" encoding="UTF-8"?>
+<Configuration status="WARN">
+  <Appenders>
+    <File name="FILE" fileName="{log_file}" append="true">
+      <PatternLayout pattern="[%d] %p %m (%c)%n"/>
+    </File>
+  </Appenders>
+  <Loggers>
+    <Root level="INFO"><AppenderRef ref="FILE"/></Root>
+  </Loggers>
+</Configuration>
+""", encoding="utf-8")
+    return f"-Dlog4j2.configurationFile={path}"
+
+
+def spawn(cmd: list[str], console: Path, cwd: Path) -> subprocess.Popen[bytes]:
+    """Start ``cmd`` (no waiting) in a session of its own, its output appended to ``console``,
+    and register it for :func:`_terminate` and the atexit hook."""
+    with console.open("ab") as out:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, cwd=cwd)
+    with _LIVE_LOCK:
+        _LIVE.add(proc)
+    return proc
 
 
 def _terminate(procs: Sequence[subprocess.Popen[bytes]], timeout: float) -> None:
@@ -667,20 +710,7 @@ class ApacheKafka:
         Kafka 4 ships log4j2, Kafka 3 reload4j (``scripts/fetch-kafka.sh`` fetches the same).
         """
         if any(self.libs.glob("log4j-core-*.jar")):
-            path = node.directory / "log4j2.xml"
-            path.write_text(f"""<?xml version="1.0" encoding="UTF-8"?>
-<Configuration status="WARN">
-  <Appenders>
-    <File name="FILE" fileName="{node.log_file}" append="true">
-      <PatternLayout pattern="[%d] %p %m (%c)%n"/>
-    </File>
-  </Appenders>
-  <Loggers>
-    <Root level="INFO"><AppenderRef ref="FILE"/></Root>
-  </Loggers>
-</Configuration>
-""", encoding="utf-8")
-            return [f"-Dlog4j2.configurationFile={path}"]
+            return [write_log4j2_config(node.directory / "log4j2.xml", node.log_file)]
         path = node.directory / "log4j.properties"
         path.write_text(
             "log4j.rootLogger=INFO, FILE\n"
@@ -694,8 +724,7 @@ class ApacheKafka:
     def _jvm(self, node: KafkaNode | None = None, heap: str | None = None) -> list[str]:
         """``java`` with the flags that keep a test broker light: small heap, serial GC, C1 only."""
         assert self._java is not None
-        flags = [self._java, "-Xms64m", f"-Xmx{heap or self.settings.heap}", "-XX:+UseSerialGC",
-                 "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData", "-Djava.awt.headless=true"]
+        flags = light_jvm(self._java, heap or self.settings.heap)
         if node is not None:
             flags += [f"-Dkafka.logs.dir={node.directory}", *self._write_logging_config(node)]
         return [*flags, *self.settings.extra_jvm_args, "-cp", f"{self.libs}/*"]
@@ -747,12 +776,7 @@ class ApacheKafka:
         if node.running:
             raise RuntimeError(f"node {node.node_id} is already running (pid {node.pid})")
         cmd = _with_parent_death_signal([*self._jvm(node), "kafka.Kafka", str(node.config_file)])
-        with node.console_file.open("ab") as console:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
-                                    start_new_session=True, cwd=node.directory)
-        with _LIVE_LOCK:
-            _LIVE.add(proc)
-        node.process = proc
+        node.process = spawn(cmd, node.console_file, node.directory)
         node.starts += 1
 
     def start(self) -> ApacheKafka:

@@ -39,10 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.kafka.cluster import (
-    _LIVE,
-    _LIVE_LOCK,
     DEFAULT_VERSION,
-    FETCH_SCRIPT,
     KafkaStartError,
     KafkaUnavailable,
     _free_ports,
@@ -51,6 +48,10 @@ from tests.kafka.cluster import (
     _terminate,
     _with_parent_death_signal,
     java_binary,
+    light_jvm,
+    run_fetch_script,
+    spawn,
+    write_log4j2_config,
 )
 
 #: The source connector the parity tests run (compiled by :func:`compile_plugin`).
@@ -69,19 +70,8 @@ def fetch_connect(version: str = DEFAULT_VERSION) -> Path:
             return _libs_cache[version]
         if java_binary() is None:
             raise KafkaUnavailable("Kafka Connect tests need Java 17+ (apt-get install openjdk-17-jre-headless)")
-        try:
-            proc = subprocess.run(["bash", str(FETCH_SCRIPT), "--connect", version], capture_output=True, text=True,
-                                  timeout=900, check=False)
-        except subprocess.TimeoutExpired as exc:
-            raise KafkaUnavailable(f"fetching Kafka Connect {version} took over {exc.timeout:.0f} s") from exc
-        lines = proc.stdout.strip().splitlines()
-        if proc.returncode != 0 or not lines:
-            raise KafkaUnavailable(f"scripts/fetch-kafka.sh --connect {version} failed (exit {proc.returncode}): "
-                                   f"{proc.stderr.strip()[-2000:]}")
-        libs = Path(lines[-1])
-        if not (libs / f"connect-runtime-{version}.jar").is_file():
-            raise KafkaUnavailable(f"scripts/fetch-kafka.sh --connect {version} printed {libs}, "
-                                   "which has no connect-runtime jar")
+        libs = run_fetch_script(["--connect", version], f"Kafka Connect {version}", f"connect-runtime-{version}.jar",
+                                "connect-runtime")
         _libs_cache[version] = libs
         return libs
 
@@ -178,27 +168,12 @@ class ConnectWorker:
         (self.port,) = _free_ports(1)
         props = self.directory / "worker.properties"
         props.write_text("".join(f"{k}={v}\n" for k, v in self._properties().items()), encoding="utf-8")
-        logging_config = self.directory / "log4j2.xml"
-        logging_config.write_text(f"""<?xml version="1.0" encoding="UTF-8"?>
-<Configuration status="WARN">
-  <Appenders>
-    <File name="FILE" fileName="{self.log_file}" append="true"><PatternLayout pattern="[%d] %p %m (%c)%n"/></File>
-  </Appenders>
-  <Loggers><Root level="INFO"><AppenderRef ref="FILE"/></Root></Loggers>
-</Configuration>
-""", encoding="utf-8")
         cmd = _with_parent_death_signal([
-            java, "-Xms64m", f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData",
-            "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={logging_config}",
+            *light_jvm(java, self.heap), write_log4j2_config(self.directory / "log4j2.xml", self.log_file),
             f"-Dkafka.logs.dir={self.directory}", *self.extra_jvm_args, "-cp",
             f"{self.libs}/*" + (f":{self.plugin}" if self.plugin is not None else ""),
             "org.apache.kafka.connect.cli.ConnectDistributed", str(props)])
-        with (self.directory / "console.log").open("ab") as console:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
-                                    start_new_session=True, cwd=self.directory)
-        with _LIVE_LOCK:
-            _LIVE.add(proc)
-        self.process = proc
+        self.process = spawn(cmd, self.directory / "console.log", self.directory)
         try:
             _poll("Kafka Connect answers GET /connectors", self._listed, self.start_timeout, interval=0.5)
         except (TimeoutError, KafkaStartError) as exc:
