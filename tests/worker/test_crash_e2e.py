@@ -41,6 +41,18 @@ async def _produce_backlog(bootstrap: str, topic: str, n: int = N) -> None:
         await p.stop()
 
 
+async def produce_envelopes(bootstrap: str, topic: str, n: int) -> None:
+    """``n`` envelopes ``{"i": i}`` (namespace order-events) to ``topic``, keyed ``i % 97``."""
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=512 * 1024)
+    await p.start()
+    try:
+        futs = [await p.send(topic, encode(new_envelope(topic, {"i": i}, namespace="order-events")),
+                             key=str(i % 97).encode()) for i in range(n)]
+        await asyncio.gather(*futs)
+    finally:
+        await p.stop()
+
+
 def _explain_missing(bootstrap: str, app_id: str, source: str, missing: list[str]) -> None:
     """Tell the two possible causes of a loss apart: if the dedup changelog holds the missing
     input's message id, the worker believed its outputs were written (the broker lost an acked

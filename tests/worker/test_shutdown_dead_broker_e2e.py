@@ -21,28 +21,14 @@ from typing import Any
 
 from app.broker.admin import ensure_topics
 from app.broker.embedded import EmbeddedBroker
-from app.envelope import encode, new_envelope
 from app.worker.faust_app import WorkerProcess
 from app.worker.shutdown import SHUTDOWN_DRAIN_S
 from tests.worker.conftest import make_topology
-from tests.worker.test_crash_e2e import ArchiveWatcher
+from tests.worker.test_crash_e2e import ArchiveWatcher, produce_envelopes
 
 N = 20_000
 #: What the process may take beyond the drain: its own exit (RocksDB close, logging), measured ~1-3 s.
 MARGIN_S = 8.0
-
-
-async def _produce(bootstrap: str, topic: str) -> None:
-    from aiokafka import AIOKafkaProducer
-
-    p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=512 * 1024)
-    await p.start()
-    try:
-        futs = [await p.send(topic, encode(new_envelope(topic, {"i": i}, namespace="order-events")),
-                             key=str(i % 97).encode()) for i in range(N)]
-        await asyncio.gather(*futs)
-    finally:
-        await p.stop()
 
 
 async def test_sigterm_with_the_broker_gone_exits_within_the_drain(broker: EmbeddedBroker, tmp_path: Path,
@@ -50,7 +36,7 @@ async def test_sigterm_with_the_broker_gone_exits_within_the_drain(broker: Embed
     topo = make_topology(tmp_path, dev_keys, partitions=2)
     source = topo.sources[0].topic
     await ensure_topics(broker.bootstrap, topo.topics())
-    await _produce(broker.bootstrap, source)
+    await produce_envelopes(broker.bootstrap, source, N)
     env = {"PRISM_TOPOLOGY": str(tmp_path / "topology.yaml"), "PRISM_BOOTSTRAP": broker.bootstrap,
            "PRISM_DATA_DIR": str(tmp_path / "data"), "PRISM_APP_ID": f"dead-{uuid.uuid4().hex[:8]}",
            "PRISM_EMBEDDED": "1"}

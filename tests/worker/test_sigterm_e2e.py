@@ -4,7 +4,6 @@ duplicate output for the messages that were in flight at shutdown."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -12,26 +11,12 @@ from pathlib import Path
 
 from app.broker.admin import ensure_topics
 from app.demo.runner import read_all
-from app.envelope import encode, new_envelope
 from app.worker.faust_app import GC_GEN0_THRESHOLD, WorkerProcess
 from tests.brokers import BrokerUnderTest
 from tests.worker.conftest import make_topology
-from tests.worker.test_crash_e2e import ArchiveWatcher
+from tests.worker.test_crash_e2e import ArchiveWatcher, produce_envelopes
 
 N = 6_000
-
-
-async def _produce(bootstrap: str, topic: str) -> None:
-    from aiokafka import AIOKafkaProducer
-
-    p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=512 * 1024)
-    await p.start()
-    try:
-        futs = [await p.send(topic, encode(new_envelope(topic, {"i": i}, namespace="order-events")),
-                             key=str(i % 97).encode()) for i in range(N)]
-        await asyncio.gather(*futs)
-    finally:
-        await p.stop()
 
 
 async def test_sigterm_mid_stream_no_loss_no_duplicates(any_broker: BrokerUnderTest, tmp_path: Path, dev_keys, capsys) -> None:
@@ -39,7 +24,7 @@ async def test_sigterm_mid_stream_no_loss_no_duplicates(any_broker: BrokerUnderT
     topo = make_topology(tmp_path, dev_keys, partitions=2)
     source = topo.sources[0].topic
     await ensure_topics(broker.bootstrap, topo.topics())
-    await _produce(broker.bootstrap, source)
+    await produce_envelopes(broker.bootstrap, source, N)
     env = {"PRISM_TOPOLOGY": str(tmp_path / "topology.yaml"), "PRISM_BOOTSTRAP": broker.bootstrap,
            "PRISM_DATA_DIR": str(tmp_path / "data"), "PRISM_APP_ID": f"term-{uuid.uuid4().hex[:8]}",
            **broker.worker_env()}
