@@ -28,7 +28,6 @@ import copy
 import json
 import socket
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -37,23 +36,18 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from app.schema import authz
-from app.schema.authz import ADMIN, OPEN, READ, RULES, WRITE, Rule
+from app.schema.authz import ADMIN, RULES, WRITE, Rule
 from app.schema.registry import Registry
 from app.schema.service import MAX_BODY_BYTES, create_app
-from app.schema.store import SqliteStore
 from app.security.http_auth import HttpAuth
 from tests.schema.conftest import serve_registry
+from tests.schema.test_authz import CLIENTS, CT, V1, V2, refusal, seeded, store  # noqa: F401 - store: a fixture
 from tests.support import auth_headers
 
-V1 = 'syntax = "proto3";\nmessage OrderCreated { string order_id = 1; double total = 3; }\n'
-V2 = 'syntax = "proto3";\nmessage OrderCreated { string order_id = 1; double total = 3; optional double tax = 4; }\n'
 BREAKING = 'syntax = "proto3";\nmessage OrderCreated { string order_id = 1; string total = 3; }\n'
-CT = "application/vnd.schemaregistry.v1+json"
 PARAMS = {"subject": "orders.created", "version": "1", "schema_id": "1", "namespace": "orders",
           "approval_id": "1", "decision": "approve", "resource_namespace": "-", "resource_name": "orders.created",
           "resource_id": "r-1"}
-CLIENTS = ("anonymous", "reader", "writer", "admin")
-
 #: Every spelling of a boolean the attack pass tried, and more: none of them is a JSON boolean.
 STRING_BOOLEANS = ("false", "False", "FALSE", "0", "no", "off", "n", "f", "", "true", "True", "1", "yes", "on",
                    "y", "t")
@@ -93,35 +87,10 @@ for _path in ("/subjects/{subject}/versions", "/subjects/{subject}",
 BODY_RULES = [r for r in RULES if r.method in ("POST", "PUT") and r.path in BODIES]
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[SqliteStore]:
-    """Authorization does not depend on the storage backend: SQLite only (overrides conftest)."""
-    s = SqliteStore(str(tmp_path / "registry.db"))
-    yield s
-    s.close()
-
-
-def seeded(registry: Registry) -> Registry:
-    registry.register("orders.created", V1, "PROTOBUF", namespace="orders", actor="seed")
-    registry.request_approval("orders.created", V2, "PROTOBUF", actor="seed", reason="r")
-    return registry
-
-
 def concrete(template: str) -> str:
     import re
 
     return re.sub(r"\{(\w+)\}", lambda m: PARAMS[m.group(1)], template)
-
-
-def refusal(need: str, who: str) -> int | None:
-    """The status the middleware refuses ``who`` with for a rule needing ``need`` (None: passes)."""
-    if need == OPEN:
-        return None
-    if who == "anonymous":
-        return 401
-    if need == READ or who == "admin" or (need == WRITE and who == "writer"):
-        return None
-    return 403
 
 
 def headers_of(who: str, **extra: str) -> dict[str, str]:
