@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,3 +92,29 @@ def self_signed_cert(tmp: Path) -> tuple[Path, Path]:
     keyfile.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                           serialization.NoEncryption()))
     return certfile, keyfile
+
+
+# --------------------------------------------------------------------------- headless Chromium
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+
+def headless_chromium(*flags: str) -> Iterator[Any]:
+    """A headless Chromium WebDriver, quit afterwards: for a fixture to ``yield from``
+    (scripts/ensure-test-deps.sh installs it; skipped without it, a failure under CI=true).
+    ``flags``: Chromium flags besides the headless ones (``--window-size=W,H``)."""
+    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("chromium / chromedriver required under CI=true (Debian: chromium chromium-driver)")
+        pytest.skip("chromium not installed")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", *flags):
+        opts.add_argument(a)
+    drv = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    yield drv
+    drv.quit()

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import httpx
 import pytest
 
-from tests.support import auth_headers
+from tests.support import auth_headers, headless_chromium
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
 @pytest.fixture
 def store(tmp_path):  # type: ignore[no-untyped-def]
@@ -31,20 +26,7 @@ V2 = V1.replace('[(prism.pii) = "email"];', '[(prism.pii) = "email"];\n  optiona
 
 @pytest.fixture
 def browser():  # type: ignore[no-untyped-def]
-    if not (os.path.exists(CHROMIUM) and os.path.exists(DRIVER)):
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("chromium / chromedriver required under CI=true (Debian: chromium chromium-driver)")
-        pytest.skip("chromium not installed")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
-        opts.add_argument(a)
-    drv = webdriver.Chrome(service=Service(DRIVER), options=opts)
-    yield drv
-    drv.quit()
+    yield from headless_chromium()
 
 
 def test_ui_browse_subject_versions_diff_and_pii(live_server, browser) -> None:  # type: ignore[no-untyped-def]
