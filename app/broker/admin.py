@@ -484,6 +484,27 @@ class RetentionCheck:
     detail: str = ""
 
 
+async def _describe_topic_configs(bootstrap: str | Sequence[str], topics: Sequence[str],
+                                  settings: BrokerSettings | None, timeout: float) -> tuple[list[Any], Exception | None]:
+    """The DescribeConfigs responses for ``topics``, or ``([], why)`` when the broker could not
+    answer (unsupported API, unreachable broker, no DescribeConfigs ACL): callers report it."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    servers = bootstrap if isinstance(bootstrap, str) else ",".join(bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=servers, request_timeout_ms=int(timeout * 1000),
+                                **(settings.aiokafka_kwargs() if settings else {}))
+    try:
+        await asyncio.wait_for(admin.start(), timeout)
+        return await asyncio.wait_for(admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, t) for t in topics]), timeout), None
+    except Exception as exc:  # unsupported API, unreachable broker, no DescribeConfigs ACL
+        return [], exc
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+
+
 async def check_retention(
     bootstrap: str | Sequence[str],
     limits: Mapping[str, int],
@@ -497,25 +518,13 @@ async def check_retention(
     (the worker logs it and runs on; retention is a hygiene check, not a reason to stop)."""
     if not limits:
         return []
-    from aiokafka.admin import AIOKafkaAdminClient
-    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-
-    servers = bootstrap if isinstance(bootstrap, str) else ",".join(bootstrap)
 
     def unchecked(why: str) -> list[RetentionCheck]:
         return [RetentionCheck(t, ms, None, "unchecked", why) for t, ms in limits.items()]
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=servers, request_timeout_ms=int(timeout * 1000),
-                                **(settings.aiokafka_kwargs() if settings else {}))
-    try:
-        await asyncio.wait_for(admin.start(), timeout)
-        responses = await asyncio.wait_for(admin.describe_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, t) for t in limits]), timeout)
-    except Exception as exc:  # unsupported API, unreachable broker, no DescribeConfigs ACL
-        return unchecked(f"DescribeConfigs failed: {exc!r}")
-    finally:
-        with contextlib.suppress(Exception):
-            await admin.close()
+    responses, failed = await _describe_topic_configs(bootstrap, list(limits), settings, timeout)
+    if failed is not None:
+        return unchecked(f"DescribeConfigs failed: {failed!r}")
     found: dict[str, RetentionCheck] = {}
     for response in responses:
         for res in response.to_object().get("resources", []):
@@ -564,21 +573,9 @@ async def read_max_message_bytes(
     why: dict[str, str] = {}
     if not topics:
         return values, why
-    from aiokafka.admin import AIOKafkaAdminClient
-    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-
-    servers = bootstrap if isinstance(bootstrap, str) else ",".join(bootstrap)
-    admin = AIOKafkaAdminClient(bootstrap_servers=servers, request_timeout_ms=int(timeout * 1000),
-                                **(settings.aiokafka_kwargs() if settings else {}))
-    try:
-        await asyncio.wait_for(admin.start(), timeout)
-        responses = await asyncio.wait_for(admin.describe_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, t) for t in topics]), timeout)
-    except Exception as exc:  # unsupported API, unreachable broker, no DescribeConfigs ACL
-        return values, {t: f"DescribeConfigs failed: {exc!r}" for t in topics}
-    finally:
-        with contextlib.suppress(Exception):
-            await admin.close()
+    responses, failed = await _describe_topic_configs(bootstrap, topics, settings, timeout)
+    if failed is not None:
+        return values, {t: f"DescribeConfigs failed: {failed!r}" for t in topics}
     for response in responses:
         for res in response.to_object().get("resources", []):
             name = res.get("resource_name")
