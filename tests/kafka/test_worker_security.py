@@ -7,6 +7,7 @@ docs/deploy.md must be exactly enough for the worker to run."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -164,3 +165,41 @@ async def test_topics_create_and_the_sdk_over_sasl_ssl(kafka_secure: ApacheKafka
                            namespace="order-events") as client:
         receipt = await client.publish(source, {"amount": 2})
     assert receipt is not None
+
+
+async def test_the_archive_tap_and_prism_dlq_over_sasl_ssl(kafka_secure: ApacheKafka, tmp_path: Path,
+                                                          keys: DevKeys) -> None:
+    """The archive tap (inside the worker, the worker's principal) and `prism dlq list` (an
+    operator's principal) cross the SASL_SSL wire like the worker does: the recipe plus READ on
+    `.v3` for the tap (docs/deploy.md) is all the worker needs."""
+    archive = tmp_path / "archive"
+    topo = make_topology(tmp_path, keys, partitions=1, archive={"enabled": True, "path": str(archive)})
+    source = topo.sources[0].topic
+    app_id = f"sec-{uuid.uuid4().hex[:8]}"
+    cfg = kafka_secure.client_config("SASL_SSL", user="alice")
+    settings = BrokerSettings.from_env(prism_env(cfg))
+    await create_topics(kafka_secure, topo)
+    grant_recipe(kafka_secure, "alice", topo, app_id)
+    kafka_secure.add_acl("alice", "READ", topic=f"{source}.v3")  # the archive tap reads what it archives
+    kafka_secure.add_acl("alice", "WRITE", topic=source)  # only the test's producer needs this
+    real = keys.keyring.signing["dev-producer-1"]
+    async with RunningPipeline(topo, cfg["bootstrap_servers"], tmp_path / "w", app_id=app_id, embedded=False,
+                               settings=settings, archive_location=str(archive)) as p:
+        await p.send(sign(new_envelope(source, {"amount": 1}, namespace="order-events"), real))
+        forged = SigningKey.hmac_sha256("dev-producer-1", b"x" * 32)
+        await p.send(sign(new_envelope(source, {"amount": 2}, namespace="order-events"), forged))
+        await p.wait_read(2)
+        assert p.pipeline.archive is not None
+        await asyncio.sleep(1.0)  # the tap polls .v3 every 200 ms; what it accepted is committed on stop
+    # the tap read the one .v3 record over SASL_SSL and committed it when the worker stopped
+    from app.lake.archive import Archive
+
+    assert Archive(str(archive)).committed_offsets() == {(f"{source}.v3", 0): 0}, sorted(
+        str(f) for f in archive.rglob("*"))
+
+    operator = {**{k: v for k, v in os.environ.items() if not k.startswith("PRISM_")},
+                **prism_env(kafka_secure.admin_config())}
+    proc = subprocess.run([sys.executable, "-m", "app.cli.main", "dlq", "list", "-t", str(tmp_path / "topology.yaml"),
+                           "--json"], cwd=ROOT, env=operator, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "bad_signature" in proc.stdout, proc.stdout[-3000:]
