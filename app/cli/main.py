@@ -526,9 +526,6 @@ def build_app() -> typer.Typer:
         from app.cli.migrate_status import migrate_app
 
         app.add_typer(migrate_app, name="migrate")  # prism migrate status (the .v2 sunset)
-        from app.cli.migrate_status import migrate_app
-
-        app.add_typer(migrate_app, name="migrate")  # prism migrate status (the .v2 sunset)
         from app.cli.audit import register as register_audit
 
         register_audit(app)  # prism audit
