@@ -52,10 +52,14 @@ RUN "$VIRTUAL_ENV/bin/pip" install -q --no-deps --no-build-isolation --no-warn-s
 
 # ---- runtime: the venv and nothing to compile with -----------------------------------------------
 FROM ${BASE_IMAGE} AS runtime
+# PRISM_WEB_BIND: in a container the management port must listen on every interface, or a
+# published port (`podman run -p 6066:6066`) reaches nothing; pause/resume/restart still need an
+# admin user, and outside a container the default stays 127.0.0.1.
 ENV VIRTUAL_ENV=/opt/prism/venv \
     PATH=/opt/prism/app/bin:/opt/prism/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONUNBUFFERED=1 \
-    LANG=C.UTF-8
+    LANG=C.UTF-8 \
+    PRISM_WEB_BIND=0.0.0.0
 # A fixed uid so volumes and Kubernetes securityContext (runAsUser: 10001) can rely on it.
 RUN groupadd --gid 10001 prism \
     && useradd --uid 10001 --gid 10001 --no-log-init --home-dir /srv/prism --create-home --shell /usr/sbin/nologin prism \

@@ -112,3 +112,17 @@ def test_depends_on_waits_for_health(services: dict[str, dict[str, Any]]) -> Non
                 continue
             assert spec == {"condition": "service_healthy"}, f"{name} -> {dep}: {spec}"
             assert services[dep].get("healthcheck"), f"{name} waits for {dep}, which has no healthcheck"
+
+
+def test_the_published_management_port_reaches_the_worker(services: dict[str, dict[str, Any]]) -> None:
+    """Compose (and `podman run -p 6066:6066`) publishes the worker's port; the worker must listen
+    on every interface inside the container for that to reach it. The image says so once
+    (PRISM_WEB_BIND=0.0.0.0 in the runtime stage, which the lake stage inherits); no command
+    overrides it back to loopback."""
+    text = (ROOT / "Dockerfile").read_text()
+    runtime = text[text.index("AS runtime"):]
+    assert re.search(r"(?m)^\s+PRISM_WEB_BIND=0\.0\.0\.0\s*$", runtime.split("\nFROM ", 1)[0]), \
+        "the runtime stage must set PRISM_WEB_BIND=0.0.0.0"
+    worker = services["prism"]
+    assert "6066:6066" in [str(p) for p in worker.get("ports", [])]
+    assert "--web-bind" not in _argv(worker, "command") or "0.0.0.0" in _argv(worker, "command")
