@@ -59,6 +59,8 @@ class _Verdict:
                                          timeout=60, read_committed=True):
             table[bytes(m.key() or b"")] = m.value()
         self.dedup_ids = {k.decode() for k, v in table.items() if v is not None}
+        #: `.v3` records a consumer left at read_uncommitted would get: aborted transactions' too
+        self.v3_uncommitted = len(independent.consume_all(bootstrap, source + ".v3", parts, expected=N, timeout=90))
 
     @property
     def lost(self) -> list[str]:
@@ -123,7 +125,8 @@ async def test_kill_9_under_load(kafka, tmp_path: Path, dev_keys, capsys, guaran
         ids = set(verdict.v3_ids)
         with capsys.disabled():
             print(f"\n{guarantee} kill -9 round {r + 1}/{ROUNDS}: {N} inputs, {in_flight} in flight, "
-                  f"lost {len(verdict.lost)}, duplicates {verdict.duplicates}, dedup table {len(verdict.dedup_ids)} "
+                  f"lost {len(verdict.lost)}, duplicates {verdict.duplicates} (.v3 records read_uncommitted: "
+                  f"{verdict.v3_uncommitted}), dedup table {len(verdict.dedup_ids)} "
                   f"ids (outputs without an id there: {len(ids - verdict.dedup_ids)}, ids without an output: "
                   f"{len(verdict.dedup_ids - ids)}), {elapsed:.0f}s")
         assert in_flight >= 20_000, in_flight
@@ -135,10 +138,25 @@ async def test_kill_9_under_load(kafka, tmp_path: Path, dev_keys, capsys, guaran
         assert len(verdict.v3_ids) == N
 
 
+async def _produce_poison(bootstrap: str, topic: str, n: int) -> None:
+    """`n` envelopes claiming a namespace no producer of the topology may publish: each goes to the
+    DLQ (`namespace_not_allowed`) - inside the batch's transaction under exactly_once."""
+    from app.envelope import encode, new_envelope
+
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await p.start()
+    try:
+        await asyncio.gather(*[await p.send(topic, encode(new_envelope(topic, {"poison": i}, namespace="billing")),
+                                            key=f"poison-{i}".encode()) for i in range(n)])
+    finally:
+        await p.stop()
+
+
 async def test_zombie_is_fenced(kafka, tmp_path: Path, dev_keys, capsys) -> None:
     """A producer that takes a partition's transactional id (as the partition's next owner does)
     fences the worker: its next transaction there aborts, nothing of it is visible, the worker stops
-    with one error line, and the restarted worker processes the batch again - 0 lost, 0 duplicates."""
+    with one error line, and the restarted worker processes the batch again - 0 lost, 0 duplicates.
+    Poison messages among the fenced inputs reach the DLQ exactly once, inside the transactions."""
     bootstrap = kafka.bootstrap
     topo = make_topology(tmp_path, dev_keys, partitions=4)
     source = topo.sources[0].topic
@@ -147,7 +165,7 @@ async def test_zombie_is_fenced(kafka, tmp_path: Path, dev_keys, capsys) -> None
     env = {"PRISM_TOPOLOGY": str(tmp_path / "topology.yaml"), "PRISM_BOOTSTRAP": bootstrap,
            "PRISM_DATA_DIR": str(tmp_path / "data"), "PRISM_APP_ID": app_id, "PRISM_BROKER_URL": bootstrap,
            "PRISM_PROCESSING_GUARANTEE": "exactly_once"}
-    n = 4_000
+    n, poison = 4_000, 100
     await _produce_backlog(bootstrap, source, n // 2)
     watch = await _committed_watcher(bootstrap, source)
     worker = WorkerProcess(TARGET, log_path=tmp_path / "w1.log", env=env)
@@ -159,6 +177,7 @@ async def test_zombie_is_fenced(kafka, tmp_path: Path, dev_keys, capsys) -> None
         successor = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=transactional_id(app_id, source, 0))
         await successor.start()
         await successor.stop()
+        await _produce_poison(bootstrap, source, poison)
         await _produce_backlog(bootstrap, source, n // 2)  # partition 0's next batch is fenced
         deadline = time.monotonic() + 60
         while worker.running and time.monotonic() < deadline:
@@ -167,18 +186,20 @@ async def test_zombie_is_fenced(kafka, tmp_path: Path, dev_keys, capsys) -> None
         log = (tmp_path / "w1.log").read_text(errors="replace")
         assert "exactly_once: the transaction of a batch" in log and "ProducerFenced" in log, log[-3000:]
         again.start(timeout=120)
-        await watch.wait_until(n, 120, again)
+        await watch.wait_until(n + poison, 120, again)
         await asyncio.sleep(1.0)
     finally:
         worker.kill()
         again.stop()
         await watch.consumer.stop()
     verdict = _Verdict(bootstrap, source, app_id)
+    dlq = len(verdict.seen) - len(verdict.v3_ids)
     with capsys.disabled():
-        print(f"\nzombie fencing: {len(verdict.stored)} inputs, lost {len(verdict.lost)}, "
-              f"duplicates {verdict.duplicates}")
-    assert len(verdict.stored) == n
+        print(f"\nzombie fencing: {len(verdict.stored)} inputs ({poison} poison), lost {len(verdict.lost)}, "
+              f"duplicates {verdict.duplicates}, DLQ {dlq}")
+    assert len(verdict.stored) == n + poison
     assert verdict.lost == [] and verdict.duplicates == 0
+    assert len(verdict.v3_ids) == n and dlq == poison
     assert verdict.dedup_ids == set(verdict.v3_ids)
 
 
@@ -299,7 +320,9 @@ async def test_broker_leader_kill(kafka_cluster, tmp_path: Path, dev_keys, capsy
             in_flight = N - len(watch.seen)
             cluster.kill(victim)
             await asyncio.sleep(10)  # under load with one broker down
-            await asyncio.to_thread(cluster.start_node, victim)
+            # from this (the main) thread: a node's parent-death signal follows the thread that
+            # started it, and a thread-pool thread that exits would take the restarted broker down
+            cluster.start_node(victim)
             deadline = time.monotonic() + 300
             while len(watch.seen) < N and time.monotonic() < deadline:
                 if not workers[-1].running:  # stopped on an aborted transaction: start it again
@@ -323,3 +346,23 @@ async def test_broker_leader_kill(kafka_cluster, tmp_path: Path, dev_keys, capsy
         if guarantee == "exactly_once":
             assert verdict.duplicates == 0
             assert verdict.dedup_ids == ids
+
+
+def test_prism_run_refuses_exactly_once_on_the_embedded_broker(tmp_path: Path, dev_keys) -> None:
+    """`prism run --processing-guarantee exactly_once` without a Kafka cluster: one error line, exit
+    status non-zero, before any broker is started."""
+    import subprocess
+    import sys
+
+    from tests.worker.conftest import ROOT
+
+    make_topology(tmp_path, dev_keys, partitions=1)
+    env = {k: v for k, v in os.environ.items() if k != "PRISM_BROKER_URL"}
+    res = subprocess.run([sys.executable, "-m", "app.cli.main", "run", "--topology", str(tmp_path / "topology.yaml"),
+                          "--data-dir", str(tmp_path / "data"), "--processing-guarantee", "exactly_once"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out
+    lines = [line for line in out.splitlines() if "exactly_once" in line]
+    assert len(lines) == 1 and "the embedded broker has none; use at_least_once" in lines[0], out
+    assert not (tmp_path / "data" / "broker").exists()  # refused before a broker was started
