@@ -97,3 +97,23 @@ def test_workaround_installed_only_for_the_embedded_broker(tmp_path: Path) -> No
     assert not listoffsets_workaround_installed(real)
     thread_cls = type(embedded.transport).Consumer._new_consumer_thread
     assert thread_cls is not type(real.transport).Consumer._new_consumer_thread
+
+
+@pytest.mark.integration
+async def test_on_apache_kafka_list_offsets_is_right_so_no_workaround_is_needed(kafka) -> None:
+    """The other side of the difference: the same batched writes on Apache Kafka, where
+    ListOffsets(latest) answers the true end - which is why `make_app(embedded=False)` (every
+    worker reached through PRISM_BROKER_URL) runs Faust's stock consumer."""
+    topic = f"offsets-{uuid.uuid4().hex[:8]}"
+    written = {0: 3000, 1: 1001, 2: 1, 3: 0}
+    await ensure_topics(kafka.bootstrap, {topic: 4})
+    await produce(kafka.bootstrap, topic, written)
+    tps = [TopicPartition(topic, p) for p in written]
+    consumer = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap)
+    await consumer.start()
+    try:
+        expected = {TopicPartition(topic, p): n for p, n in written.items()}
+        assert await consumer.end_offsets(tps) == expected
+        assert await true_end_offsets(consumer, tps) == expected  # the workaround agrees where it is not needed
+    finally:
+        await consumer.stop()
