@@ -75,6 +75,10 @@ def get_spark(master: str | None = None, *, app_name: str = "prism-lake",
             .config("spark.sql.shuffle.partitions", str(max(4, 2 * (os.cpu_count() or 2))))
             .config("spark.driver.extraJavaOptions", log4j)
             .config("spark.executor.extraJavaOptions", log4j)
+            # Spark's SQL catalog makes an empty warehouse folder in the working directory when
+            # the Delta catalog starts; the lake job keeps no catalog tables, and a pod's root
+            # is read-only (deploy/base: only the lake volume and /tmp are writable).
+            .config("spark.sql.warehouse.dir", os.path.join(tempfile.gettempdir(), "prism-spark-warehouse"))
         )
     elif master:
         builder = builder.master(master)
