@@ -18,7 +18,7 @@ from app.schema.registry import PiiTagsRequired, Registry
 from app.schema.store import PostgresStore, SqliteStore
 from tests.schema.conftest import _pg_available, pg_dsn
 from tests.schema.test_cli import run
-from tests.support import creds
+from tests.support import creds, require
 
 PROTO = '''syntax = "proto3";
 package users.v1;
@@ -176,8 +176,7 @@ def test_sqlite_store_from_before_the_columns_is_migrated_on_open(tmp_path: Path
 
 def test_postgres_store_from_before_the_columns_is_migrated_on_open() -> None:
     problem = _pg_available()
-    if problem:
-        pytest.skip(f"PostgreSQL unavailable: {problem}")
+    require(problem is None, f"PostgreSQL unavailable: {problem}")  # a failure under CI=true
     import psycopg
 
     schema = f"prism_reg_old_{uuid.uuid4().hex[:10]}"
