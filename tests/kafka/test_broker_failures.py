@@ -445,8 +445,10 @@ def test_writes_blocked_readyz_says_why_and_recovers(run: Run, capsys: pytest.Ca
     cluster.kill(victim)
 
     def reported() -> bool:
-        return any(code == 503 and "kafka" in body.get("checks", {}) for t, code, body in sampler.ready
-                   if t > t_kill)
+        # the writes' own report: when the victim also leads a source partition, /readyz first says
+        # "fetching: broker unreachable", and the writes are reported once one has waited 5 s
+        return any(code == 503 and "writes failing" in str(body.get("checks", {}).get("kafka", {}).get("reason", ""))
+                   for t, code, body in sampler.ready if t > t_kill)
 
     _wait("/readyz reporting the blocked writes", reported, 60, r.worker)
     cluster.start_node(victim)
