@@ -182,6 +182,20 @@ class DedupWindow:
 
 
 _ENTRY = struct.Struct(">qi")  # first_seen_ms, partition
+
+
+async def _know_partitions(producer: Any, topic: str, partitions: Iterable[int]) -> None:
+    """Refresh the producer's metadata when it does not know one of `partitions` of `topic`.
+
+    Why: `send_batch(..., partition=p)` asserts that `p` is in the producer's cached metadata,
+    and aiokafka refreshes that cache only every `metadata_max_age_ms` (5 minutes). A worker
+    that started while the changelog topic was still being created (two workers of a group
+    starting at once, on the embedded broker) cached it with fewer partitions, and every flush
+    failed with "Unrecognized partition" until the cache aged - the batch, and the worker, held
+    for minutes (seen in the rebalance test)."""
+    known = producer.client.cluster.partitions_for_topic(topic)
+    if known is None or any(p not in known for p in partitions):
+        await producer.client.force_metadata_update()
 #: exactly_once: (key, value or None for a tombstone, partition) of a batch's changelog records
 StagedRow = tuple[bytes, bytes | None, int]
 
@@ -372,6 +386,7 @@ class FaustDedupWindow(DedupWindow):
         by_partition: dict[int, list[tuple[bytes, bytes, int]]] = {}
         for record in batch:
             by_partition.setdefault(record[2], []).append(record)
+        await _know_partitions(producer, topic, by_partition)
         queues = list(by_partition.values())
         for j, records in enumerate(queues):
             builder, in_builder, k = producer.create_batch(), [], 0
@@ -452,6 +467,7 @@ class FaustDedupWindow(DedupWindow):
         by_partition: dict[int, list[StagedRow]] = {}
         for row in rows:
             by_partition.setdefault(row[2], []).append(row)
+        await _know_partitions(producer, topic, by_partition)
         sent: list[tuple[asyncio.Future[Any], int]] = []
         for part, records in by_partition.items():
             builder, n = producer.create_batch(), 0

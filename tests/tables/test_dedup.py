@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -139,12 +140,29 @@ class _Builder:
         return object()
 
 
+class _Cluster:
+    """The producer's cached metadata: `known` partitions per topic until a forced update."""
+
+    def __init__(self, known: set[int] | None, actual: set[int]) -> None:
+        self.known, self.actual, self.updates = known, actual, 0
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        return self.known
+
+    async def force_metadata_update(self) -> bool:
+        self.updates += 1
+        self.known = set(self.actual)
+        return True
+
+
 class _Producer:
     """aiokafka's batch API beneath Faust's producer; the test settles each batch's future."""
 
-    def __init__(self, room: int = 100) -> None:
+    def __init__(self, room: int = 100, known: set[int] | None = frozenset(range(8))) -> None:  # type: ignore[assignment]
         self.sent: list[tuple[str, list[tuple[bytes, bytes, Any, Any]], int, asyncio.Future[Any]]] = []
         self.room = room
+        self.cluster = _Cluster(None if known is None else set(known), set(range(8)))
+        self.client = SimpleNamespace(cluster=self.cluster, force_metadata_update=self.cluster.force_metadata_update)
 
     def _ensure_producer(self) -> _Producer:
         return self
@@ -153,9 +171,34 @@ class _Producer:
         return _Builder(self.room)
 
     async def send_batch(self, batch: _Builder, topic: str, *, partition: int) -> Any:
+        known = self.cluster.known
+        assert known is not None and partition in known, "Unrecognized partition"  # as aiokafka does
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.sent.append((topic, batch.records, partition, fut))
         return fut
+
+
+def test_a_stale_metadata_cache_is_refreshed_before_the_changelog_is_sent() -> None:
+    """A worker that cached the changelog topic before all its partitions existed failed every
+    flush with "Unrecognized partition" until aiokafka's 5-minute metadata refresh (seen in the
+    rebalance test): the flush refreshes the cache once when it lacks a partition."""
+    app = FakeApp()
+    dedup = FaustDedupWindow(app, window=10)
+    dedup.table.changelog_topic = SimpleNamespace(get_topic_name=lambda: "app-dedup-changelog")
+    dedup.table.set_persisted_offset = lambda tp, offset: None
+    producer = app.producer = _Producer(known={0})  # partitions 1-3 not in the cache yet
+    dedup._app = app
+
+    async def scenario() -> None:
+        for i, part in enumerate((0, 3)):
+            dedup.record(f"id-{i}", now=5.0, partition=part)
+        await dedup.flush_changelog(wait=False)
+        assert producer.cluster.updates == 1 and sorted(s[2] for s in producer.sent) == [0, 3]
+        dedup.record("id-9", now=5.0, partition=3)
+        await dedup.flush_changelog(wait=False)
+        assert producer.cluster.updates == 1  # the cache knows the partition now: no second refresh
+
+    asyncio.run(scenario())
 
 
 def _keys(sent: tuple[str, list[tuple[bytes, bytes, Any, Any]], int, Any]) -> list[bytes]:
