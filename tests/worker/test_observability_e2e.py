@@ -150,6 +150,10 @@ async def test_metrics_health_and_management_add_up(broker, tmp_path: Path, dev_
         assert total(text, "prism_stage_latency_seconds_count", stage="publish") == len(ok)
         assert 1 <= total(text, "prism_stage_latency_seconds_count", stage="normalize") <= len(published)
         lags = samples(text, "prism_consumer_lag")
+        deadline = asyncio.get_running_loop().time() + 20
+        while not lags and asyncio.get_running_loop().time() < deadline:  # lag is read from the broker every 5 s
+            await asyncio.sleep(0.25)
+            lags = samples((await p.get("/metrics"))[1], "prism_consumer_lag")
         assert {lb["partition"] for lb, _ in lags} == {"0", "1"} and all(v >= 0 for _, v in lags)
         assert {lb["table"] for lb, _ in samples(text, "prism_table_size")} >= {f"dedup-{src}"}
 
