@@ -262,7 +262,10 @@ async def test_prism_answers_like_kafka_connect(connect: ConnectWorker, kafka: A
             states_are_connects(pb)
             # Connect answers before it restarts ("RESTARTING"); Prism's restart is done when it answers
             want = "RESTARTING" if "includeTasks" in query and "onlyFailed" not in query else "RUNNING"
-            assert cb["tasks"][0]["state"] == want and pb["connector"]["state"] == "RUNNING", (query, cb, pb)
+            # Connect's own task state can lag its restart of the previous round by a moment (seen
+            # once in a full run: RESTARTING where RUNNING was expected); Prism's must not
+            assert cb["tasks"][0]["state"] in {want, "RESTARTING"} and pb["connector"]["state"] == "RUNNING", (
+                query, cb, pb)
         connect.wait_state("parity", "RUNNING")
 
         # a failed connector, restarted with onlyFailed: Connect fails per task, Prism per worker, so
