@@ -36,13 +36,21 @@ async def produce(bootstrap: str, topic: str, per_partition: dict[int, int]) -> 
         await producer.stop()
 
 
+WRITTEN = {0: 3000, 1: 1001, 2: 1, 3: 0}  # records per partition: several batches, one, none
+
+
+async def batched_topic(bootstrap: str) -> tuple[str, list[TopicPartition]]:
+    """A fresh 4-partition topic holding WRITTEN records in several batches per partition."""
+    topic = f"offsets-{uuid.uuid4().hex[:8]}"
+    await ensure_topics(bootstrap, {topic: 4})
+    await produce(bootstrap, topic, WRITTEN)
+    return topic, [TopicPartition(topic, p) for p in WRITTEN]
+
+
 @pytest.mark.integration
 async def test_true_end_offsets_match_the_records_written(broker: EmbeddedBroker) -> None:
-    topic = f"offsets-{uuid.uuid4().hex[:8]}"
-    written = {0: 3000, 1: 1001, 2: 1, 3: 0}
-    await ensure_topics(broker.bootstrap, {topic: 4})
-    await produce(broker.bootstrap, topic, written)
-    tps = [TopicPartition(topic, p) for p in written]
+    topic, tps = await batched_topic(broker.bootstrap)
+    written = WRITTEN
     consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap)
     await consumer.start()
     try:
@@ -104,11 +112,8 @@ async def test_on_apache_kafka_list_offsets_is_right_so_no_workaround_is_needed(
     """The other side of the difference: the same batched writes on Apache Kafka, where
     ListOffsets(latest) answers the true end - which is why `make_app(embedded=False)` (every
     worker reached through PRISM_BROKER_URL) runs Faust's stock consumer."""
-    topic = f"offsets-{uuid.uuid4().hex[:8]}"
-    written = {0: 3000, 1: 1001, 2: 1, 3: 0}
-    await ensure_topics(kafka.bootstrap, {topic: 4})
-    await produce(kafka.bootstrap, topic, written)
-    tps = [TopicPartition(topic, p) for p in written]
+    topic, tps = await batched_topic(kafka.bootstrap)
+    written = WRITTEN
     consumer = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap)
     await consumer.start()
     try:
