@@ -178,8 +178,16 @@ def install(app: Any, shutdown: ShutdownClock | None = None) -> ShutdownClock:
 
         async def bounded_stop() -> None:
             # mode waits `shutdown_timeout` (60 s) for the thread to end: what is left of the drain
-            thread.shutdown_timeout = max(1.0, sc.remaining())
-            await stop()
+            budget = max(1.0, sc.remaining())
+            thread.shutdown_timeout = budget
+            try:
+                await stop()
+            except TimeoutError:
+                # Named like every other abandoned step (a bare TimeoutError traceback said nothing):
+                # the thread is a daemon, the process exits without it.
+                log.warning("shutdown: abandoned the consumer thread's stop after %.1f s (the group coordinator "
+                            "did not answer the leave-group): uncommitted offsets are read again on restart",
+                            budget, extra={"event": "shutdown_abandoned"})
 
         thread.stop = bounded_stop
 
