@@ -633,6 +633,11 @@ class Topology(_Strict):
     #: Kafka Streams' `processing.guarantee`: at_least_once, or exactly_once (Kafka transactions;
     #: docs/operations.md, "Processing guarantees"); PRISM_PROCESSING_GUARANTEE overrides it
     processing_guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
+    #: exactly_once: Kafka's `transaction.timeout.ms` of the transactional producers - how long a
+    #: dead worker's open transaction holds back read_committed readers when no new owner fences
+    #: it sooner; a transaction open longer (a worker paused that long) is aborted by the broker
+    #: and its batch read again. At most the broker's `transaction.max.timeout.ms` (15 min default).
+    transaction_timeout_ms: Annotated[int, Field(ge=1_000, le=900_000)] = 30_000
     base_dir: Path = Path(".")
     sinks: Annotated[list[SinkSpec], AfterValidator(_unique_sink_names)] = []
     #: who may claim which namespaces on which source topics; None: only the source-topic binding

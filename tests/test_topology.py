@@ -72,3 +72,16 @@ def test_output_signature_scope_defaults_to_batch_and_accepts_only_known_scopes(
         else:
             with pytest.raises(ConfigError, match=r"outputs\.signature_scope"):
                 load_topology(path)
+
+
+@pytest.mark.parametrize("value", [999, 900_001, "soon"])
+def test_transaction_timeout_out_of_range_names_the_key(tmp_path: Path, value) -> None:
+    doc = yaml.safe_load((ROOT / "topologies/orders-created.yaml").read_text())
+    doc["transaction_timeout_ms"] = value
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match="transaction_timeout_ms"):
+        load_topology(path)
+    doc["transaction_timeout_ms"] = 5_000
+    path.write_text(yaml.safe_dump(doc))
+    assert load_topology(path).transaction_timeout_ms == 5_000

@@ -69,6 +69,8 @@ class HealthState:
         #: what is wrong with the Kafka cluster as the worker sees it (app/worker/kafka_health.py)
         self.kafka_problem: str | None = None
         self._kafka_since: float | None = None
+        #: messages wait and nothing is processed, for no known reason (app/worker/progress.py)
+        self.stalled: str | None = None
         self.broker_connected = False
         self.broker_error: str | None = None
         self.assignment_received = False
@@ -103,6 +105,11 @@ class HealthState:
         if self._kafka_since is None:
             self._kafka_since = self._clock()
         self.kafka_problem = self._redactor.redact(reason)[:500]
+
+    def set_stalled(self, reason: str | None) -> None:
+        """Not ready while the worker is stalled (None: it made progress again). Readiness only:
+        the stall's cause is unknown, and a restart would lose the diagnosis the log carries."""
+        self.stalled = None if reason is None else self._redactor.redact(reason)[:300]
 
     def beat(self) -> None:
         """Event-loop heartbeat (see `run_heartbeat`)."""
@@ -154,6 +161,8 @@ class HealthState:
         }
         if self.blocked is not None:
             checks["writes"] = {"ok": False, "reason": self.blocked}
+        if self.stalled is not None:
+            checks["progress"] = {"ok": False, "reason": self.stalled}
         if self.kafka_problem is not None:
             since = self._kafka_since if self._kafka_since is not None else self._clock()
             checks["kafka"] = {"ok": False, "reason": self.kafka_problem,

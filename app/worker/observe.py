@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import time
@@ -61,6 +62,7 @@ from app.observability.tracing import (
     inject_into_envelope,
     stage_span,
 )
+from app.worker.progress import DEFAULT_STALL_S, ProgressWatch, stall_after_from_env
 
 if TYPE_CHECKING:
     from app.agents.base import Message, Stage
@@ -246,7 +248,8 @@ class Observer:
 
     def __init__(self, *, metrics: PipelineMetrics | None = None, health: HealthState | None = None,
                  tracing: TracingSetup | None = None, redactor: Redactor | None = None,
-                 table_size_interval_s: float = 10.0, management: ManagementSettings | None = None) -> None:
+                 table_size_interval_s: float = 10.0, management: ManagementSettings | None = None,
+                 stall_after_s: float = DEFAULT_STALL_S) -> None:
         from app.worker.management import ManagementSettings
 
         self.management = management if management is not None else ManagementSettings.default()
@@ -270,6 +273,7 @@ class Observer:
         self._pause_task: asyncio.Future[None] | None = None
         self.started_at = time.time()
         self._source_trouble_since: float | None = None
+        self.progress = ProgressWatch(stall_after_s)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, service_name: str = "prism-worker") -> Observer:
@@ -282,7 +286,7 @@ class Observer:
 
         return cls(metrics=PipelineMetrics(label_allowlist=allow, redactor=red),
                    tracing=configure_tracing_from_env(service_name, env), redactor=red,
-                   management=ManagementSettings.from_env(env))
+                   management=ManagementSettings.from_env(env), stall_after_s=stall_after_from_env(env))
 
     #: the broker-side lag reader (app/worker/lag.py), set by attach()
     lag_monitor: LagMonitor | None = None
@@ -601,6 +605,62 @@ class Observer:
         while True:
             await asyncio.sleep(1.0)
             self._refresh_kafka()
+            self._refresh_progress()
+
+    def _waiting(self) -> int | None:
+        """Messages the broker says wait on this worker's source partitions: committed offset
+        behind the log end, counted where the gap is more than 1 (a transactional producer's
+        commit marker takes one offset after the last record, so an idle exactly_once partition
+        stays 1 behind). None when the broker's numbers are missing or older than 3 reads."""
+        snap = self.lag_monitor.latest if self.lag_monitor is not None else None
+        if snap is None or snap.error or self.lag_monitor is None:
+            return None
+        if time.time() - snap.at > 3 * self.lag_monitor.interval_s + self.lag_monitor.timeout_s:
+            return None
+        lags = [r["lag"] for r in self.partition_status() if r["lag"] is not None]
+        return sum(lag for lag in lags if lag > 1)
+
+    def _stall_excuse(self) -> str | None:
+        """A reason, already reported elsewhere, for processing nothing while messages wait."""
+        pipeline, health = self.pipeline, self.health
+        assert pipeline is not None
+        app = pipeline.app
+        if health.stopping or health.failed:
+            return "stopping"
+        if pipeline.topology.name in self.paused:
+            return "paused"
+        if health.blocked is not None or health.kafka_problem is not None:
+            return "writes or Kafka"
+        if getattr(app, "rebalancing", False) or getattr(app, "in_recovery", False) or not health.assignment_received:
+            return "rebalance"
+        return None
+
+    def _refresh_progress(self) -> None:
+        """A stall with no known cause: into /readyz, and one WARNING with the diagnosis
+        (app/worker/progress.py); a WARNING again when progress resumes."""
+        pipeline = self.pipeline
+        if pipeline is None or not self.health.started:
+            return
+        try:
+            was = self.progress.stalled
+            now = self.progress.check(processed=pipeline.stats.read, waiting=self._waiting(),
+                                      excuse=self._stall_excuse())
+        except Exception as exc:  # never let a diagnostic fail the worker
+            log.debug("progress check failed: %r", exc)
+            return
+        self.health.set_stalled(now)
+        if now is not None and was is None:
+            from app.worker.diagnose import consumer_snapshot, task_stacks
+
+            try:
+                snapshot = json.dumps(consumer_snapshot(pipeline.app), default=str)
+                stacks = task_stacks()
+            except Exception as exc:  # the stall is reported even if its diagnosis fails
+                snapshot, stacks = f"<snapshot failed: {exc!r}>", []
+            log.warning("%s. /readyz reports it (503) until a batch finishes. Diagnosis - consumer: %s; tasks: %s",
+                        now, snapshot, " | ".join(stacks[:40]), extra={"event": "stalled"})
+        elif now is None and was is not None:
+            log.warning("progress again (was: %s)", was, extra={"event": "stall_over"})
 
     def exposition(self) -> bytes:
         self.refresh_gauges()

@@ -304,7 +304,8 @@ class PipelineApp:
             self.transactions = PartitionProducers(
                 str(self.app.conf.id), bootstrap, sources=[s.topic for s in topology.sources],
                 settings=broker_settings, max_request_size=int(self.app.conf.producer_max_request_size),
-                max_batch_size=int(self.app.conf.producer_max_batch_size))
+                max_batch_size=int(self.app.conf.producer_max_batch_size),
+                transaction_timeout_ms=topology.transaction_timeout_ms)
             self.transactions.wrap_rebalance(self.app)
             self.app.on_before_shutdown.connect(self._close_transactions)
         # Every table write queues a changelog record; Faust stalls the stream whenever more
@@ -567,7 +568,7 @@ class PipelineApp:
                 # takes them); Faust flushes the producer before committing, so they are durable
                 # before the batch's offsets are.
                 try:
-                    await self._retrying(dedup.flush, "the dedup changelog")
+                    await self._retrying(dedup.flush, "writing the dedup changelog", watch=self.write_watch)
                 except _Abandoned:  # outputs written, ids not durable: unacknowledged, read again
                     self._abandon(batch, dedup, token)
                     if obs is not None:
@@ -614,7 +615,8 @@ class PipelineApp:
         in one transaction of that partition's producer: outputs, DLQ records, the dedup ids'
         changelog records and the next input offset commit together or not at all. Only then do
         the ids enter the local dedup store and the messages stop being tracked (Faust never
-        commits them itself). Transactions run one after the other, in batch order.
+        commits them itself). A partition's transactions run one after the other, in batch order;
+        different partitions' run side by side (`BatchSource(split_partitions=True)`).
 
         A transaction that fails (fenced, timed out, refused) was aborted: the worker stops with
         one error line and the batch is read again from the committed offset by the restarted
@@ -787,37 +789,51 @@ class PipelineApp:
         tracker = self.offsets
         if not tracker.known(topic, partition):
             start = await self._retrying(lambda: self.hole_fetcher.expected_start(topic, partition),
-                                         f"the start offset of {topic}[{partition}]")
+                                         f"reading the start offset of {topic}[{partition}]")
             if start is not None:
                 tracker.start_at(topic, partition, start)
         hole = tracker.observe(topic, partition, offset)
         if hole is None:
             return []
-        records = await self._retrying(lambda: self.hole_fetcher.fetch(hole), str(hole))
+        records = await self._retrying(lambda: self.hole_fetcher.fetch(hole), f"reading {hole}")
         if records:
             self.stats.holes_repaired += len(records)
             log.warning("the consumer skipped %d record(s) at %s; fetched and processed them before acknowledging "
                         "anything after them", len(records), hole)
         return [_message_from_record(r) for r in records]
 
-    async def _retrying(self, call: Callable[[], Awaitable[Any]], what: str) -> Any:
+    async def _retrying(self, call: Callable[[], Awaitable[Any]], what: str, *,
+                        watch: WriteWatch | None = None) -> Any:
         """`call()` until it succeeds: blocking beats acknowledging blindly. Stop-aware: once the
         worker stops, the attempt in flight gets at most `WRITE_DRAIN_S` and no retry follows -
         `_Abandoned` is raised (the caller leaves its batch unacknowledged, read again on restart)
         after a line naming what was abandoned. Before, a broker gone at SIGTERM kept this loop,
-        and the worker, alive until it was killed."""
+        and the worker, alive until it was killed.
+
+        `watch`: a write's attempts are reported there, so `/readyz` says "writes failing: ..."
+        while this retries - a retry loop the readiness probe cannot see is a silent stall (the
+        outputs' writes were watched, the dedup changelog flush was not)."""
         attempt = 1
         while True:
             try:
+                token = watch.begin() if watch is not None else None
                 try:
-                    return await self._stop_aware(call(), drain_s=WRITE_DRAIN_S)
+                    result = await self._stop_aware(call(), drain_s=WRITE_DRAIN_S)
                 except _Abandoned:
+                    if watch is not None:
+                        watch.discard(token)
                     raise
                 except Exception as exc:  # broker unreachable: block rather than acknowledge blindly
+                    if watch is not None:
+                        watch.end(token, exc)
                     attempt += 1
-                    log.warning("reading %s failed (%r); retrying", what, exc)
+                    log.warning("%s failed (attempt %d: %r); retrying", what, attempt - 1, exc)
                     await self._pause_sleep(_backoff(attempt, self.topology.dlq.backoff_initial_ms,
                                                      self.topology.dlq.backoff_max_ms))
+                else:
+                    if watch is not None:
+                        watch.end(token, None)
+                    return result
             except _Abandoned:
                 log.warning("shutdown: abandoned %s after %d attempt(s): the worker is stopping and the broker did not "
                             "answer; the batch is not acknowledged and is read again on restart", what, attempt,

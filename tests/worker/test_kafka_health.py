@@ -116,3 +116,28 @@ def test_the_faust_app_replicates_its_changelogs_as_configured(tmp_path: Any) ->
     assert make_app("rf1", "k1:9092", tmp_path).conf.topic_replication_factor == 1
     assert make_app("rf2", "k1:9092", tmp_path, settings=settings, replication_factor=2
                     ).conf.topic_replication_factor == 2
+
+
+async def test_a_retried_changelog_flush_is_reported_to_readiness_until_it_succeeds() -> None:
+    """`PipelineApp._retrying` (the dedup changelog flush) reports its attempts to the write
+    watch: while it retries, `/readyz` says "writes failing" instead of the worker stalling with
+    200s (the outputs' writes were reported, this flush was not)."""
+    from app.worker.pipeline import PipelineApp
+
+    pipeline = object.__new__(PipelineApp)
+    pipeline.app = SimpleNamespace(should_stop=False)
+    pipeline.topology = SimpleNamespace(dlq=SimpleNamespace(backoff_initial_ms=1, backoff_max_ms=2))
+    watch = WriteWatch()
+    seen: list[str | None] = []
+    attempts = iter([ValueError("Unrecognized partition"), ValueError("Unrecognized partition"), None])
+
+    async def flush() -> str:
+        seen.append(watch.failing)
+        err = next(attempts)
+        if err is not None:
+            raise err
+        return "flushed"
+
+    assert await pipeline._retrying(flush, "writing the dedup changelog", watch=watch) == "flushed"
+    assert seen == [None, "ValueError: Unrecognized partition", "ValueError: Unrecognized partition"]
+    assert watch.failing is None and watch.oldest_age() == 0.0  # the success cleared it
