@@ -665,6 +665,9 @@ class ApacheKafka:
             "share.coordinator.state.topic.replication.factor": str(min(3, n)),
             "share.coordinator.state.topic.min.isr": str(min(2, n)),
             "group.initial.rebalance.delay.ms": "0",
+            # A transaction past its timeout is aborted within ~1 s of it, not Kafka's 10 s check
+            # interval (tests/worker/test_exactly_once_e2e.py's timeout test waits for that abort).
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
             "auto.create.topics.enable": str(s.auto_create_topics).lower(),
             "num.network.threads": "2",
             "num.io.threads": "2",

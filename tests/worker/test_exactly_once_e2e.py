@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 import uuid
 from collections import Counter
@@ -366,3 +367,81 @@ def test_prism_run_refuses_exactly_once_on_the_embedded_broker(tmp_path: Path, d
     lines = [line for line in out.splitlines() if "exactly_once" in line]
     assert len(lines) == 1 and "the embedded broker has none; use at_least_once" in lines[0], out
     assert not (tmp_path / "data" / "broker").exists()  # refused before a broker was started
+
+
+async def _open_transactions(bootstrap: str, topic: str, parts: int) -> list[int]:
+    """Partitions of `topic` with an open transaction: the last stable offset (what a
+    read_committed ListOffsets answers) behind the high watermark."""
+    from aiokafka.structs import TopicPartition
+
+    tps = [TopicPartition(topic, p) for p in range(parts)]
+    ends = {}
+    for isolation in ("read_committed", "read_uncommitted"):
+        c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, isolation_level=isolation)
+        await c.start()
+        try:
+            ends[isolation] = await c.end_offsets(tps)
+        finally:
+            await c.stop()
+    return [tp.partition for tp in tps if ends["read_committed"][tp] < ends["read_uncommitted"][tp]]
+
+
+async def test_a_transaction_that_times_out_is_aborted_and_its_batch_read_again(kafka, tmp_path: Path, dev_keys,
+                                                                                capsys) -> None:
+    """The worker is frozen (SIGSTOP) with a transaction open until the broker aborts it for its
+    `transaction_timeout_ms`; resumed, the worker's next step in that transaction is refused, it
+    stops with one error line, and the restarted worker reads the batch again: 0 lost, 0
+    duplicates, the dedup table = the outputs."""
+    bootstrap = kafka.bootstrap
+    topo = make_topology(tmp_path, dev_keys, partitions=4, transaction_timeout_ms=2_000)
+    source = topo.sources[0].topic
+    await ensure_topics(bootstrap, topo.topics())
+    app_id = f"eos-t-{uuid.uuid4().hex[:8]}"
+    env = {"PRISM_TOPOLOGY": str(tmp_path / "topology.yaml"), "PRISM_BOOTSTRAP": bootstrap,
+           "PRISM_DATA_DIR": str(tmp_path / "data"), "PRISM_APP_ID": app_id, "PRISM_BROKER_URL": bootstrap,
+           "PRISM_PROCESSING_GUARANTEE": "exactly_once"}
+    n = 12_000
+    await _produce_backlog(bootstrap, source, n)
+    watch = await _committed_watcher(bootstrap, source)
+    worker = WorkerProcess(TARGET, log_path=tmp_path / "w1.log", env=env)
+    again = WorkerProcess(TARGET, log_path=tmp_path / "w2.log", env=env)
+    caught: list[int] = []
+    try:
+        worker.start(timeout=90)
+        await watch.wait_until(1_000, 120, worker)
+        for _ in range(10):  # freeze until a transaction is caught open (usually the first try)
+            os.kill(worker.pid, signal.SIGSTOP)
+            caught = await _open_transactions(bootstrap, source + ".v3", 4)
+            if caught:
+                # the broker aborts it once its 2 s are up: the stable offset reaches the high watermark
+                deadline = time.monotonic() + 60
+                while await _open_transactions(bootstrap, source + ".v3", 4):
+                    assert time.monotonic() < deadline, "the broker did not abort the timed-out transaction"
+                    await asyncio.sleep(0.2)
+            os.kill(worker.pid, signal.SIGCONT)
+            if caught:
+                break
+            await watch.wait_until(min(n, len(watch.seen) + 200), 60, worker)
+        assert caught, "no transaction was open in 10 freezes"
+        deadline = time.monotonic() + 60
+        while worker.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert not worker.running, "a worker whose transaction was aborted must stop"
+        log = (tmp_path / "w1.log").read_text(errors="replace")
+        assert "exactly_once: the transaction of a batch" in log, log[-3000:]
+        again.start(timeout=120)
+        await watch.wait_until(n, 180, again)
+        await asyncio.sleep(1.0)
+    finally:
+        worker.kill()
+        again.stop()
+        await watch.consumer.stop()
+    verdict = _Verdict(bootstrap, source, app_id)
+    reason = next((line for line in log.splitlines() if "exactly_once: the transaction of a batch" in line), "")
+    with capsys.disabled():
+        print(f"\ntransaction timeout: open on .v3 partitions {caught} when frozen; {reason.strip()[-200:]}; "
+              f"lost {len(verdict.lost)}, duplicates {verdict.duplicates}, .v3 records read_uncommitted "
+              f"{verdict.v3_uncommitted}")
+    assert verdict.lost == [] and verdict.duplicates == 0
+    assert len(verdict.v3_ids) == n and verdict.v3_uncommitted > n  # the aborted batch's records are there
+    assert verdict.dedup_ids == set(verdict.v3_ids)
