@@ -354,6 +354,10 @@ class Archive(_Strict):
     topic: str | None = None
     path: str = "var/archive"
     partitions: Annotated[int, Field(ge=1, le=1024)] = 4
+    #: the archive tap commits its open roll (a Parquet file + manifest) at least this often -
+    #: Kafka Connect's S3 sink `rotate.interval.ms`: how stale the lake may be at most, against
+    #: more, smaller files (`prism lake optimize` merges them)
+    roll_interval_s: Annotated[float, Field(ge=1, le=3600)] = 60.0
 
 
 # --------------------------------------------------------------------------- producers

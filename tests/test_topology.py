@@ -85,3 +85,15 @@ def test_transaction_timeout_out_of_range_names_the_key(tmp_path: Path, value) -
     doc["transaction_timeout_ms"] = 5_000
     path.write_text(yaml.safe_dump(doc))
     assert load_topology(path).transaction_timeout_ms == 5_000
+
+
+def test_archive_roll_interval_is_bounded(tmp_path: Path) -> None:
+    doc = yaml.safe_load((ROOT / "topologies/orders-created.yaml").read_text())
+    doc["archive"]["roll_interval_s"] = 0.5
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"archive\.roll_interval_s"):
+        load_topology(path)
+    doc["archive"]["roll_interval_s"] = 5
+    path.write_text(yaml.safe_dump(doc))
+    assert load_topology(path).archive.roll_interval_s == 5

@@ -106,12 +106,12 @@ class ArchiveService(Service):
 
     def __init__(self, bootstrap: str, topics: list[str], location: str, *, writer_id: str | None = None,
                  consumer_kwargs: dict[str, Any] | None = None, partitions: Mapping[str, int] | None = None,
-                 shard: tuple[int, int] | None = None, **kwargs: Any) -> None:
+                 shard: tuple[int, int] | None = None, roll_interval_s: float = 60.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.bootstrap = bootstrap
         self.topics = topics
         self.writer_id = writer_id or default_writer_id()
-        self.sink = ArchiveSink(location, writer_id=self.writer_id)
+        self.sink = ArchiveSink(location, writer_id=self.writer_id, max_file_age_s=roll_interval_s)
         if shard is not None and partitions is None:
             raise ConfigError("an archive shard needs the archive topics' partition counts")
         self.assignment = shard_partitions({t: (partitions or {})[t] for t in topics}, shard) if shard else None

@@ -393,7 +393,7 @@ class PipelineApp:
             # shard only that share of the archive topics' partitions
             self.archive = self.app.add_dependency(ArchiveService(
                 bootstrap, topology.archive_source_topics(), str(archive_location), writer_id=archive_writer_id,
-                partitions=topology.topics(), shard=archive_shard,
+                partitions=topology.topics(), shard=archive_shard, roll_interval_s=topology.archive.roll_interval_s,
                 consumer_kwargs=broker_settings.aiokafka_kwargs() if broker_settings else None))
         for source in topology.sources:
             chain = Chain(self._stages(source.topic, source.partitions),
