@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.worker.batch_source import BatchBuffer, CurrentMessage, install_handler_hook
+from app.worker.batch_source import BatchBuffer, BatchSource, CurrentMessage, install_handler_hook
 
 
 async def test_take_returns_at_most_max_n_in_arrival_order() -> None:
@@ -172,3 +172,65 @@ def test_split_by_partition_keeps_each_partitions_order_and_release_wakes_waiter
         assert waiter.done()
 
     asyncio.run(scenario())
+
+
+def _source(start, *, depth: int = 2) -> BatchSource:
+    """A split-partition BatchSource over a stand-in app: only what `run` reads."""
+    src = object.__new__(BatchSource)
+    consumer = SimpleNamespace(_unacked_messages=set())
+    src.app = SimpleNamespace(consumer=consumer, consumer_generation_id=1,
+                              flow_control=SimpleNamespace(is_active=lambda: True))
+    src.buffer, src.start, src.batch_size, src.within = BatchBuffer(100), start, 10, 0.0
+    src.depth, src.split_partitions = depth, True
+    return src
+
+
+class _Msg(SimpleNamespace):
+    __hash__ = object.__hash__  # the consumer's unacked set holds messages
+
+
+def _msg(partition: int, offset: int) -> _Msg:
+    return _Msg(partition=partition, offset=offset, generation_id=1, tracked=False)
+
+
+async def test_split_partitions_finish_side_by_side_and_each_partition_in_order() -> None:
+    """exactly_once: partition 1's transaction must not wait behind partition 0's, but partition
+    0's second batch waits for its first (a partition's transactions commit in order)."""
+    release = {0: asyncio.Event()}
+    finished: list[tuple[int, int]] = []
+    previous_of: dict[tuple[int, int], object] = {}
+
+    async def start(part, previous):
+        key = (part[0].partition, part[0].offset)
+        previous_of[key] = previous
+
+        async def finish() -> None:
+            if previous is not None:
+                await previous
+            if key == (0, 0):
+                await release[0].wait()
+            finished.append(key)
+
+        return finish()
+
+    src = _source(start, depth=3)
+    task = asyncio.ensure_future(src.run())
+    try:
+        for m in (_msg(0, 0), _msg(1, 0)):
+            src.buffer.put(m)
+        await asyncio.sleep(0.05)
+        assert finished == [(1, 0)]  # partition 1 done while partition 0's first batch waits
+        for m in (_msg(0, 1), _msg(1, 1)):
+            src.buffer.put(m)
+        await asyncio.sleep(0.05)
+        assert finished == [(1, 0), (1, 1)]
+        assert previous_of[(0, 1)] is not None and not previous_of[(0, 1)].done()  # chained to (0, 0)
+        release[0].set()
+        for _ in range(100):
+            if len(finished) == 4:
+                break
+            await asyncio.sleep(0.01)
+        assert finished == [(1, 0), (1, 1), (0, 0), (0, 1)]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
