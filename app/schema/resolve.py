@@ -152,7 +152,7 @@ def deprecated_fields_used(payload: bytes | memoryview, resolved: ResolvedSchema
 def _http_json(url: str, timeout: float = 10.0) -> Any:
     """GET a registry document, with the registry credentials of ``PRISM_REGISTRY_TOKEN`` or
     ``PRISM_REGISTRY_USER``/``PRISM_REGISTRY_PASSWORD`` (never from the topology file)."""
-    from app.security.http_auth import client_auth_from_env
+    from app.security.client_auth import client_auth_from_env
 
     req = urllib.request.Request(url, headers={"Accept": "application/vnd.schemaregistry.v1+json, application/json",
                                                **client_auth_from_env("PRISM_REGISTRY")})
