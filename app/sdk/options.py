@@ -134,7 +134,7 @@ def trace_context_of(value: Any) -> TraceContext | None:
 try:
     from opentelemetry.trace import INVALID_SPAN as _NO_SPAN
     from opentelemetry.trace import get_current_span as _current_span
-except ImportError:  # pragma: no cover - opentelemetry-api is a dependency
+except ImportError:  # opentelemetry-api is the optional `[otel]` extra of the prism-client distribution
     _current_span = _NO_SPAN = None
 
 
