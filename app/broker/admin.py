@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from app.errors import BrokerError, ConfigError
+from ..errors import BrokerError, ConfigError
 
 __all__ = [
     "SASL_MECHANISMS",

@@ -30,7 +30,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from app.errors import ConfigError, SchemaValidationError
+from ..errors import ConfigError, SchemaValidationError
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -49,7 +49,7 @@ class SchemaMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
-        from app.observability.metrics import OTHER
+        from ..observability.metrics import OTHER
 
         self._other = OTHER
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
@@ -124,7 +124,7 @@ class SchemaValidation:
         async with self._lock:
             hit = self._by_version.get(key)
             if hit is None:
-                from app.schema.resolve import resolve_schema_config
+                from ..schema.resolve import resolve_schema_config
 
                 cfg = {"registry_type": "prism", "url": self.registry_url, "subject": topic, "version": str(version)}
                 hit = self._by_version[key] = await asyncio.to_thread(resolve_schema_config, cfg)
@@ -132,7 +132,7 @@ class SchemaValidation:
 
     def check(self, schema: Any, namespace: str, payload: Any, content_type: str | None = None) -> None:
         """Raise `SchemaValidationError` when `payload` does not match `schema`."""
-        from app.schema.payload_check import validator_for
+        from ..schema.payload_check import validator_for
 
         body, detected = payload_bytes(payload)
         t0 = time.perf_counter()

@@ -4,18 +4,22 @@ parameters and acknowledgement model."""
 
 from __future__ import annotations
 
+from importlib import import_module
 from urllib.parse import urlsplit
 
-from app.errors import ConfigError
-from app.sdk.backends.base import Backend, redact_url
+from ...errors import ConfigError
+from .base import Backend, redact_url
 
+#: scheme -> (module in this package, class). Module names are relative so that the same
+#: source serves `app.sdk` (the worker's tree) and `prism_client.sdk` (the client distribution);
+#: each backend is imported on first use, so a client installs only the drivers it uses.
 SCHEMES = {
-    "kafka": ("app.sdk.backends.kafka", "KafkaBackend"),
-    "redis": ("app.sdk.backends.redis", "RedisBackend"),
-    "rediss": ("app.sdk.backends.redis", "RedisBackend"),
-    "nats": ("app.sdk.backends.nats", "NatsBackend"),
-    "postgresql": ("app.sdk.backends.postgres", "PostgresBackend"),
-    "postgres": ("app.sdk.backends.postgres", "PostgresBackend"),
+    "kafka": ("kafka", "KafkaBackend"),
+    "redis": ("redis", "RedisBackend"),
+    "rediss": ("redis", "RedisBackend"),
+    "nats": ("nats", "NatsBackend"),
+    "postgresql": ("postgres", "PostgresBackend"),
+    "postgres": ("postgres", "PostgresBackend"),
 }
 
 
@@ -27,7 +31,7 @@ def backend_for_url(url: str) -> Backend:
                           hint="use kafka://host:port, redis://host:port/db, nats://host:port or "
                                "postgresql://user@host:port/db")
     module, name = SCHEMES[scheme]
-    cls = getattr(__import__(module, fromlist=[name]), name)
+    cls = getattr(import_module(f"{__name__}.{module}"), name)
     return cls(url)
 
 
