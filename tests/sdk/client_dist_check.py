@@ -77,6 +77,18 @@ def kafka_round_trip(report: dict[str, Any], url: str, topic: str) -> None:
             msg.ack()
 
 
+def missing_driver(report: dict[str, Any]) -> None:
+    """A backend whose extra is not installed: refused when the client is created, with the fix."""
+    from prism_client import PrismClient
+    from prism_client.errors import ConfigError
+
+    try:
+        PrismClient("redis://127.0.0.1:6379/0", namespace="order-events")
+        report["missing_driver"] = "accepted"
+    except ConfigError as exc:
+        report["missing_driver"] = exc.hint
+
+
 def import_every_module(report: dict[str, Any]) -> None:
     """Import every module of the wheel: only those whose extra is missing may fail, and only
     because that extra's package is missing."""
@@ -110,6 +122,7 @@ def main() -> int:
         envelope_round_trip(report)
         if len(sys.argv) == 3:
             kafka_round_trip(report, sys.argv[1], sys.argv[2])
+        missing_driver(report)
         report["after_use"] = heavy_loaded()
         import_every_module(report)
         report["app_still_theirs"] = sys.modules["app"].__file__

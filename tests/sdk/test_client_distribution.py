@@ -308,6 +308,7 @@ def test_client_installs_next_to_a_service_with_its_own_app(client_venv: ClientV
     assert report["layouts"] == {name: [True, {"order_id": 42}, "order-events"] for name in ("DRAFT", "REVIEWED")}
     assert (report["verified_key"], report["verified_hmac"], report["tampered"]) == (
         "team-key", "team-hmac", "SignatureError")
+    assert report["missing_driver"] == "pip install 'prism-client[redis]' (or pip install redis)"
     # only the modules of an extra that is not installed fail to import, for that extra's package
     assert report["import_failures"] == {
         "prism_client.observability.metrics": "ModuleNotFoundError: prometheus_client",

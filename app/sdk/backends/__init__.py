@@ -5,6 +5,7 @@ parameters and acknowledgement model."""
 from __future__ import annotations
 
 from importlib import import_module
+from importlib.util import find_spec
 from urllib.parse import urlsplit
 
 from ...errors import ConfigError
@@ -22,6 +23,17 @@ SCHEMES = {
     "postgres": ("postgres", "PostgresBackend"),
 }
 
+#: backend module -> (the driver package it imports, the distribution that has it, the prism-client
+#: extra that installs it). The client distribution installs only the Kafka driver by default;
+#: a missing one is reported when the client is created, with the command that fixes it, instead
+#: of as a bare ModuleNotFoundError on the first publish.
+DRIVERS = {
+    "kafka": ("aiokafka", "aiokafka", None),
+    "redis": ("redis", "redis", "redis"),
+    "nats": ("nats", "nats-py", "nats"),
+    "postgres": ("psycopg", "psycopg", "postgres"),
+}
+
 
 def backend_for_url(url: str) -> Backend:
     """The backend a URL names (not yet connected). Raises `ConfigError` for other schemes."""
@@ -31,8 +43,13 @@ def backend_for_url(url: str) -> Backend:
                           hint="use kafka://host:port, redis://host:port/db, nats://host:port or "
                                "postgresql://user@host:port/db")
     module, name = SCHEMES[scheme]
+    driver, dist, extra = DRIVERS[module]
+    if find_spec(driver) is None:
+        install = f"pip install 'prism-client[{extra}]' (or pip install {dist})" if extra else f"pip install {dist}"
+        raise ConfigError(f"the {scheme}:// backend needs the {dist} package, which is not installed",
+                          path=redact_url(url), hint=install)
     cls = getattr(import_module(f"{__name__}.{module}"), name)
     return cls(url)
 
 
-__all__ = ["SCHEMES", "Backend", "backend_for_url"]
+__all__ = ["DRIVERS", "SCHEMES", "Backend", "backend_for_url"]
