@@ -3,13 +3,15 @@ tests/sdk/test_client_distribution.py inside a clean venv that holds only the wh
 dependencies, from a service directory whose own package is called ``app``.
 
 Not a test module (pytest does not collect it, and the test venv has no prism_client): the test
-copies it next to the service's ``app/`` and runs it there, as ``python check_client.py
-[KAFKA_URL TOPIC]``. It prints one JSON object; the test asserts on it, so a failure shows
-everything that was observed, not just the first broken step.
+copies it next to the service's ``app/`` and runs it there, as ``python check_client.py base
+[KAFKA_URL TOPIC]`` in a venv with no extras, or ``python check_client.py extras REDIS_URL TOPIC``
+in one with ``[redis,schema,metrics,otel]``. It prints one JSON object; the test asserts on it,
+so a failure shows everything that was observed, not just the first broken step.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
 import json
@@ -77,6 +79,61 @@ def kafka_round_trip(report: dict[str, Any], url: str, topic: str) -> None:
             msg.ack()
 
 
+ORDER_SCHEMA = json.dumps({"title": "Order", "type": "object", "required": ["order_id"],
+                           "properties": {"order_id": {"type": "string"},
+                                          "email": {"type": "string", "x-prism-pii": "email"}}})
+ORDER_PROTO = """syntax = "proto3";
+package shop;
+import "prism/annotations.proto";
+message Order {
+  string order_id = 1;
+  string email = 2 [(prism.pii) = "email"];
+}
+"""
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def extras_round_trip(report: dict[str, Any], url: str, topic: str) -> None:
+    """What the extras are for: a Redis backend, publish-time validation against a JSON schema,
+    a protobuf schema compiled with protoc (its PII annotation read from the shipped
+    prism/annotations.proto), schema metrics in a Prometheus registry, and the producer's trace
+    continued through OpenTelemetry on the consumer side."""
+    from opentelemetry.trace import get_current_span
+    from prism_client import PrismClient, PrismPublishOptions
+    from prism_client.errors import SchemaValidationError
+    from prism_client.schema.resolve import build_resolved
+    from prometheus_client import CollectorRegistry
+
+    report["proto_pii"] = list(build_resolved(ORDER_PROTO, "protobuf", url="file://order.proto", version="v1",
+                                              message="shop.Order").pii_fields)
+    schema = build_resolved(ORDER_SCHEMA, "json", url="file://order.json", version="v2")
+    registry = CollectorRegistry()
+
+    async def run() -> None:
+        async with PrismClient(url, namespace="shop", schema=schema, metrics=registry) as client:
+            try:
+                await client.publish(topic, {"order_id": 5}, schema_validation=True)
+                report["invalid"] = "sent"
+            except SchemaValidationError as exc:
+                report["invalid"] = exc.path
+            sent = await client.publish(topic, {"order_id": "o-1", "email": "a@example.com"},
+                                        PrismPublishOptions(trace_context=TRACEPARENT), schema_validation=True)
+            async with client.subscribe(topic, group="billing") as sub:
+                msg = await sub.receive(timeout=30)
+                if msg is None:
+                    report["redis"] = "nothing received in 30 s"
+                    return
+                trace_id = get_current_span(msg.trace_context()).get_span_context().trace_id
+                report["redis"] = {"same_id": msg.message_id == sent, "order_id": msg.payload()["order_id"],
+                                   "schema_version": msg.envelope.schema.schema_version, "trace_id": f"{trace_id:032x}"}
+                await msg.ack()
+
+    asyncio.run(run())
+    report["validations"] = {result: registry.get_sample_value(
+        "prism_sdk_schema_validations_total",
+        {"envelope_namespace": "shop", "schema_version": "v2", "result": result}) for result in ("valid", "invalid")}
+
+
 def missing_driver(report: dict[str, Any]) -> None:
     """A backend whose extra is not installed: refused when the client is created, with the fix."""
     from prism_client import PrismClient
@@ -119,10 +176,13 @@ def main() -> int:
         report["after_import"] = heavy_loaded()
         report["absent"] = {name: importlib.util.find_spec(name) is None
                             for name in ("faust", "pyspark", "rocksdict", "app.sdk", "app.envelope")}
-        envelope_round_trip(report)
-        if len(sys.argv) == 3:
-            kafka_round_trip(report, sys.argv[1], sys.argv[2])
-        missing_driver(report)
+        if sys.argv[1:2] == ["extras"]:
+            extras_round_trip(report, sys.argv[2], sys.argv[3])
+        else:
+            envelope_round_trip(report)
+            if len(sys.argv) == 4:
+                kafka_round_trip(report, sys.argv[2], sys.argv[3])
+            missing_driver(report)
         report["after_use"] = heavy_loaded()
         import_every_module(report)
         report["app_still_theirs"] = sys.modules["app"].__file__

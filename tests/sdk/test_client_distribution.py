@@ -243,34 +243,44 @@ class ClientVenv:
     def __init__(self, wheel: Path, python: Path, service: Path) -> None:
         self.wheel, self.python, self.service = wheel, python, service
 
-    def check(self, *args: str) -> dict[str, Any]:
-        out = _run([self.python, "check_client.py", *args], "the client check in the clean venv", cwd=self.service)
+    def check(self, mode: str, *args: str) -> dict[str, Any]:
+        out = _run([self.python, "check_client.py", mode, *args], "the client check in the clean venv", cwd=self.service)
         report = json.loads(out.strip().splitlines()[-1])
         assert "error" not in report, report["error"]
         return report
 
 
-@pytest.fixture(scope="module")
-def client_venv(tmp_path_factory: pytest.TempPathFactory) -> ClientVenv:
-    """The prism-client wheel built from this checkout, installed with its dependencies (from the
-    package index or pip's cache) into a clean venv, and a service directory with its own `app`."""
-    tmp = tmp_path_factory.mktemp("client-dist")
-    dist = tmp / "dist"
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", dist, CLIENT],
-         "building the prism-client wheel (pip wheel ./clients/python)")
-    wheels = sorted(dist.glob("prism_client-*.whl"))
-    assert len(wheels) == 1, wheels
+def _install(tmp: Path, wheel: Path, extras: str = "") -> ClientVenv:
+    """A clean venv in ``tmp`` with the wheel (and ``extras``) installed from the package index or
+    pip's cache, and a service directory next to it whose own package is ``app``."""
     venv = tmp / "venv"
     _run([sys.executable, "-m", "venv", venv], "creating a clean venv")
     python = venv / "bin" / "python"
-    _run([python, "-m", "pip", "install", "--quiet", wheels[0]], "installing the wheel into the clean venv")
+    _run([python, "-m", "pip", "install", "--quiet", f"{wheel}{extras}"], f"installing the wheel{extras} into a clean venv")
     service = tmp / "service"
     (service / "app").mkdir(parents=True)
     (service / "app" / "__init__.py").write_text('"""A team\'s service: its package is called app, like every '
                                                  'FastAPI example."""\n')
     (service / "app" / "main.py").write_text('def hello() -> str:\n    return "hello from the team\'s app"\n')
     shutil.copy(Path(__file__).with_name("client_dist_check.py"), service / "check_client.py")
-    return ClientVenv(wheels[0], python, service)
+    return ClientVenv(wheel, python, service)
+
+
+@pytest.fixture(scope="module")
+def client_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The prism-client wheel, built from this checkout as a team would (pip wheel ./clients/python)."""
+    dist = tmp_path_factory.mktemp("client-wheel")
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", dist, CLIENT],
+         "building the prism-client wheel (pip wheel ./clients/python)")
+    wheels = sorted(dist.glob("prism_client-*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+@pytest.fixture(scope="module")
+def client_venv(client_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> ClientVenv:
+    """The wheel without extras: what `pip install prism-client` gives."""
+    return _install(tmp_path_factory.mktemp("client-base"), client_wheel)
 
 
 @pytest.mark.slow
@@ -294,7 +304,7 @@ def test_client_wheel_contains_prism_client_only(client_venv: ClientVenv) -> Non
 
 @pytest.mark.slow
 def test_client_installs_next_to_a_service_with_its_own_app(client_venv: ClientVenv) -> None:
-    report = client_venv.check()
+    report = client_venv.check("base")
     venv = client_venv.python.parent.parent
     assert report["app_file"] == str(client_venv.service / "app" / "main.py")
     assert report["app_says"] == "hello from the team's app"
@@ -320,7 +330,25 @@ def test_client_installs_next_to_a_service_with_its_own_app(client_venv: ClientV
 @pytest.mark.integration
 def test_client_publishes_and_subscribes_over_kafka_from_the_clean_venv(client_venv: ClientVenv, kafka_url: str,
                                                                        topic: str) -> None:
-    report = client_venv.check(kafka_url, topic)
+    report = client_venv.check("base", kafka_url, topic)
     assert report["kafka"] == {"same_id": True, "payload": {"order_id": 7}, "verified_key_id": "producer-1",
                                "sdk_version": f"prism-python/{report['version']}"}
     assert report["after_use"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_client_extras_bring_what_their_features_need(client_wheel: Path, tmp_path: Path, redis_url: str,
+                                                      topic: str) -> None:
+    """`[redis,schema,metrics,otel]`: every module imports, and each extra's feature works from
+    the clean venv (the Redis server is the test suite's own)."""
+    report = _install(tmp_path, client_wheel, "[redis,schema,metrics,otel]").check("extras", redis_url, topic)
+    assert report["import_failures"] == {}
+    assert report["proto_pii"] == ["Order.email"]  # compiled by protoc, with the shipped annotations.proto
+    assert report["invalid"] == "$.order_id"
+    assert report["validations"] == {"valid": 1.0, "invalid": 1.0}
+    assert report["redis"] == {"same_id": True, "order_id": "o-1", "schema_version": "v2",
+                               "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"}
+    assert {"faust", "pyspark", "rocksdict"} & set(report["after_use"]) == set()
+    assert report["absent"] == {"faust": True, "pyspark": True, "rocksdict": True, "app.sdk": True,
+                                "app.envelope": True}
