@@ -61,7 +61,7 @@ class CustomBuildHook(BuildHookInterface):
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
         app_dir = (Path(self.root) / ".." / ".." / "app").resolve()
         files = source_files(app_dir, list(self.config.get("sources", [])))
-        own = {f"{PACKAGE}/{p.relative_to(self.root).as_posix().split('/', 1)[1]}"
+        own = {p.relative_to(self.root).as_posix()  # prism_client/__init__.py, prism_client/py.typed
                for p in (Path(self.root) / PACKAGE).rglob("*") if p.is_file() and "__pycache__" not in p.parts}
         clash = sorted(set(files.values()) & own)
         if clash:
