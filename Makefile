@@ -2,12 +2,13 @@
 #   make demo   - embedded broker + worker + demo load, prints where every message went
 #   make test   - the whole test suite
 #   make image  - the container images (localhost/prism, localhost/prism-lake) with podman
+#   make client-wheel - the client SDK's own distribution (prism-client, import prism_client) in dist/
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: venv demo run test lint proto proto-check bench image clean
+.PHONY: venv demo run test lint proto proto-check bench image client-wheel clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -33,11 +34,15 @@ test: $(STAMP)
 	@bash scripts/ensure-test-deps.sh
 	@bash scripts/ensure-kubectl.sh
 	$(BIN)/python -m app.envelope.protogen --check
-	$(BIN)/ruff check app tests bench
+	$(BIN)/ruff check app tests bench clients
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check app tests bench
+	$(BIN)/ruff check app tests bench clients
+
+# Built from app/'s own files (clients/python/pyproject.toml says which); docs/sdk.md, "Installing the client".
+client-wheel: $(STAMP)
+	$(BIN)/python -m pip wheel --no-deps --wheel-dir dist ./clients/python
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all
@@ -46,4 +51,4 @@ image:
 	bash scripts/build-image.sh
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info

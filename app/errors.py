@@ -290,6 +290,14 @@ class SinkError(PrismError):
     transient = True
 
 
+class BrokerError(PrismError):
+    """A broker could not be started, reached or administered. Defined here rather than next to
+    the embedded broker (``app.broker.embedded`` re-exports it) because topic administration,
+    which the client SDK uses, raises it too, and the client must not carry the broker launcher."""
+
+    code = "broker_error"
+
+
 class ExpiredError(PrismError):
     """The message's TTL has passed; it is accounted as expired, not as an error."""
 

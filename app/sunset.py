@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
-from app.errors import ConfigError
+from .errors import ConfigError
 
 #: Seconds since the epoch, as `time.time()`.
 Clock = Callable[[], float]

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import quote, unquote
 
-from app.envelope.codec import DEFAULT_LIMITS, Layout, Limits, decode, detect_layout
-from app.envelope.model import Envelope, get_content_type
-from app.errors import BindingError, SizeLimitError
-from app.security.signing import VerificationKeys, verify
+from ..envelope.codec import DEFAULT_LIMITS, Layout, Limits, decode, detect_layout
+from ..envelope.model import Envelope, get_content_type
+from ..errors import BindingError, SizeLimitError
+from ..security.signing import VerificationKeys, verify
 
 #: RFC-031 `prism-envelope-version` value; sent with the draft layout only (the reviewed
 #: layout has no version field, memo-031 Recommendation 4).

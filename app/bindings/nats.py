@@ -33,13 +33,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from app.bindings import _common as c
-from app.bindings.tracecontext import traceparent_of, tracestate_of
-from app.envelope.codec import DEFAULT_LIMITS, Layout, Limits
-from app.envelope.codec import encode as encode_envelope
-from app.envelope.model import Envelope
-from app.errors import BindingError
-from app.security.signing import SigningKey, VerificationKeys, sign
+from ..envelope.codec import DEFAULT_LIMITS, Layout, Limits
+from ..envelope.codec import encode as encode_envelope
+from ..envelope.model import Envelope
+from ..errors import BindingError
+from ..security.signing import SigningKey, VerificationKeys, sign
+from . import _common as c
+from .tracecontext import traceparent_of, tracestate_of
 
 PREFIX = "Prism-"
 NATS_MSG_ID = "Nats-Msg-Id"

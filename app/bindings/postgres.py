@@ -43,11 +43,11 @@ from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
 from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from app._gen.prism.envelope.v1 import envelope_pb2 as pb
-from app.envelope.codec import Layout, detect_layout
-from app.envelope.model import Envelope, Payload
-from app.envelope.wire import iter_records
-from app.errors import BindingError, DecodeError
+from .._gen.prism.envelope.v1 import envelope_pb2 as pb
+from ..envelope.codec import Layout, detect_layout
+from ..envelope.model import Envelope, Payload
+from ..envelope.wire import iter_records
+from ..errors import BindingError, DecodeError
 
 TABLE = "prism_events"
 

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from app.bindings import _common as c
-from app.envelope.codec import DEFAULT_LIMITS, Layout, Limits
-from app.envelope.codec import decode as decode_envelope
-from app.envelope.codec import encode as encode_envelope
-from app.envelope.model import Envelope
-from app.errors import BindingError
-from app.security.signing import SigningKey, VerificationKeys, sign, verify
+from ..envelope.codec import DEFAULT_LIMITS, Layout, Limits
+from ..envelope.codec import decode as decode_envelope
+from ..envelope.codec import encode as encode_envelope
+from ..envelope.model import Envelope
+from ..errors import BindingError
+from ..security.signing import SigningKey, VerificationKeys, sign, verify
+from . import _common as c
 
 ENVELOPE_FIELD = "envelope"
 _WIRE_NAMES = {

@@ -12,8 +12,8 @@ implementation in Prism); this module only turns an envelope into header values.
 
 from __future__ import annotations
 
-from app.envelope.model import Envelope
-from app.observability.tracecontext import (
+from ..envelope.model import Envelope
+from ..observability.tracecontext import (
     TRACESTATE_EXTENSION,
     TraceParent,
     _from_envelope_fields,

@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from app.broker.embedded import BrokerError
-from app.errors import ConfigError
+from ..errors import BrokerError, ConfigError
 
 __all__ = [
     "SASL_MECHANISMS",

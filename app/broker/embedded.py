@@ -45,7 +45,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
-from app.errors import PrismError
+from app.errors import BrokerError
 
 __all__ = [
     "BrokerBinaryNotFound",
@@ -64,12 +64,6 @@ log = logging.getLogger(__name__)
 BINARY_ENV = "PRISM_TANSU_BIN"
 _STORAGE = "memory://tansu/"
 _ADDR_IN_USE_MARKERS = ("AddrInUse", "Address in use", "Address already in use")
-
-
-class BrokerError(PrismError):
-    """A broker could not be started, reached or administered."""
-
-    code = "broker_error"
 
 
 class BrokerBinaryNotFound(BrokerError):

@@ -8,8 +8,8 @@
     same = decode(legacy)                   # layout detected; payload stays a zero-copy view
 """
 
-from app.envelope.codec import DEFAULT_LIMITS, Layout, Limits, convert, decode, detect_layout, encode
-from app.envelope.model import (
+from .codec import DEFAULT_LIMITS, Layout, Limits, convert, decode, detect_layout, encode
+from .model import (
     ContentEncoding,
     ContentType,
     EncryptionMetadata,
@@ -22,7 +22,7 @@ from app.envelope.model import (
     SecurityContext,
     new_envelope,
 )
-from app.envelope.validation import SanityPolicy, required_problems, sanity_problems, validate
+from .validation import SanityPolicy, required_problems, sanity_problems, validate
 
 __all__ = [
     "DEFAULT_LIMITS",

@@ -17,18 +17,18 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError as _PbDecodeError
 
-from app._gen.prism.envelope.draft import envelope_pb2 as dpb
-from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
-from app.envelope.layouts import (
+from .._gen.prism.envelope.draft import envelope_pb2 as dpb
+from .._gen.prism.envelope.v1 import envelope_pb2 as vpb
+from ..errors import DecodeError, LayoutError, SizeLimitError, WireTypeError
+from .layouts import (
     draft_metadata,
     draft_security_as_is,
     draft_to_reviewed,
     has_unknown_metadata,
     reviewed_to_draft,
 )
-from app.envelope.model import Envelope, Payload
-from app.envelope.wire import LEN, VARINT, encode_varint, read_varint, scan, strip_field
-from app.errors import DecodeError, LayoutError, SizeLimitError, WireTypeError
+from .model import Envelope, Payload
+from .wire import LEN, VARINT, encode_varint, read_varint, scan, strip_field
 
 
 class Layout(enum.StrEnum):

@@ -15,7 +15,7 @@ import zlib
 import cramjam
 import zstandard
 
-from app.errors import CompressionError
+from ..errors import CompressionError
 
 DEFAULT_MAX_DECOMPRESSED = 64 * 1024 * 1024
 IDENTITY = frozenset({"", "none", "identity"})

@@ -39,16 +39,16 @@ from __future__ import annotations
 from google.protobuf.timestamp_pb2 import Timestamp
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from app._gen.prism.envelope.draft import envelope_pb2 as dpb
-from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
-from app.envelope.model import (
+from .._gen.prism.envelope.draft import envelope_pb2 as dpb
+from .._gen.prism.envelope.v1 import envelope_pb2 as vpb
+from ..errors import EnvelopeError
+from .model import (
     get_content_encoding,
     get_content_type,
     set_content_encoding,
     set_content_type,
 )
-from app.envelope.wire import scan
-from app.errors import EnvelopeError
+from .wire import scan
 
 #: The draft `envelope_version` this build writes and fully understands.
 KNOWN_ENVELOPE_VERSION = 1

@@ -24,11 +24,11 @@ from typing import Any as _Any
 
 from google.protobuf.message import Message
 
-from app._gen.prism.envelope.v1 import envelope_pb2 as pb
-from app.envelope import compression
-from app.envelope.ids import new_message_id
-from app.envelope.wire import LEN, encode_varint, scan
-from app.errors import DecodeError, PayloadError, Utf8Error
+from .._gen.prism.envelope.v1 import envelope_pb2 as pb
+from ..errors import DecodeError, PayloadError, Utf8Error
+from . import compression
+from .ids import new_message_id
+from .wire import LEN, encode_varint, scan
 
 PrismMetadata = pb.PrismMetadata
 SecurityContext = pb.SecurityContext

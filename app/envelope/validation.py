@@ -11,8 +11,8 @@ import re
 import time
 from dataclasses import dataclass
 
-from app.envelope.model import Envelope
-from app.errors import FieldProblem, ValidationError
+from ..errors import FieldProblem, ValidationError
+from .model import Envelope
 
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 _HEX16 = re.compile(r"[0-9a-f]{16}")

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from app.errors import LengthError, TruncatedError, WireTypeError
+from ..errors import LengthError, TruncatedError, WireTypeError
 
 VARINT, I64, LEN, SGROUP, EGROUP, I32 = 0, 1, 2, 3, 4, 5
 _MAX_FIELD = (1 << 29) - 1

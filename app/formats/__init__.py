@@ -13,6 +13,6 @@ Modules: `detect` (precedence + normalize), `legacy` (Kafka/NATS headers, Redis 
 Mapping tables and the detection precedence: docs/formats.md.
 """
 
-from app.formats.detect import InputShape, NormalizeResult, detect, normalize
+from .detect import InputShape, NormalizeResult, detect, normalize
 
 __all__ = ["InputShape", "NormalizeResult", "detect", "normalize"]

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from urllib.parse import unquote
 
-from app.bindings.tracecontext import TRACESTATE_EXTENSION, parse_traceparent
-from app.envelope.ids import new_message_id, uuid7_from_seed
-from app.envelope.model import Envelope, get_content_type, set_content_encoding, set_content_type
-from app.envelope.validation import CLASSIFICATIONS, required_problems
-from app.errors import FormatError
+from ..bindings.tracecontext import TRACESTATE_EXTENSION, parse_traceparent
+from ..envelope.ids import new_message_id, uuid7_from_seed
+from ..envelope.model import Envelope, get_content_type, set_content_encoding, set_content_type
+from ..envelope.validation import CLASSIFICATIONS, required_problems
+from ..errors import FormatError
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MAX_MS = (1 << 63) - 1

@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
 
-from app._gen.prism.envelope.draft import envelope_pb2 as dpb
-from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
-from app.envelope.codec import (
+from .._gen.prism.envelope.draft import envelope_pb2 as dpb
+from .._gen.prism.envelope.v1 import envelope_pb2 as vpb
+from ..envelope.codec import (
     DEFAULT_LIMITS,
     Layout,
     Limits,
@@ -49,14 +49,14 @@ from app.envelope.codec import (
     detect_layout,
     layout_of_records,
 )
-from app.envelope.model import Envelope, set_content_type
-from app.envelope.validation import required_problems
-from app.envelope.wire import read_varint, scan
-from app.errors import CloudEventError, EnvelopeError, FormatError, LnmpError, PrismShapeError, SizeLimitError
-from app.formats import cloudevents as ce
-from app.formats import legacy, lnmp, lnmp_bindings
-from app.formats import lnmp_envelope as lnmp_env
-from app.formats._fields import finalize, header_pairs, set_auth_token, take_auth_token
+from ..envelope.model import Envelope, set_content_type
+from ..envelope.validation import required_problems
+from ..envelope.wire import read_varint, scan
+from ..errors import CloudEventError, EnvelopeError, FormatError, LnmpError, PrismShapeError, SizeLimitError
+from . import cloudevents as ce
+from . import legacy, lnmp, lnmp_bindings
+from . import lnmp_envelope as lnmp_env
+from ._fields import finalize, header_pairs, set_auth_token, take_auth_token
 
 Headers = Sequence[tuple[str, bytes | str]]
 

@@ -22,10 +22,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.envelope.model import Envelope, Payload, get_content_type, set_content_type
-from app.errors import LegacyFormatError
-from app.formats import _json
-from app.formats._fields import Found, add_found, apply_found, header_text, set_auth_token, take_auth_token
+from ..envelope.model import Envelope, Payload, get_content_type, set_content_type
+from ..errors import LegacyFormatError
+from . import _json
+from ._fields import Found, add_found, apply_found, header_text, set_auth_token, take_auth_token
 
 #: Extension-key prefixes for metadata that maps onto no envelope field.
 HEADER_EXTENSION_PREFIX = "header."

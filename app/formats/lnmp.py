@@ -43,7 +43,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-from app.errors import LnmpError
+from ..errors import LnmpError
 
 MAGIC = b"LNMP"
 CONTAINER_VERSION = 0x01

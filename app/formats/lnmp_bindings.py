@@ -28,8 +28,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
-from app.errors import LnmpError
-from app.formats.lnmp import TEXT_KEYS, U64_MAX, LnmpEnvelope
+from ..errors import LnmpError
+from .lnmp import TEXT_KEYS, U64_MAX, LnmpEnvelope
 
 
 @dataclass(frozen=True, slots=True)

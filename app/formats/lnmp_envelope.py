@@ -34,11 +34,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.bindings.tracecontext import parse_traceparent, traceparent_of
-from app.envelope.model import Envelope, Payload, set_content_type
-from app.errors import LnmpError
-from app.formats import lnmp
-from app.formats._fields import MAX_MS
+from ..bindings.tracecontext import parse_traceparent, traceparent_of
+from ..envelope.model import Envelope, Payload, set_content_type
+from ..errors import LnmpError
+from . import lnmp
+from ._fields import MAX_MS
 
 CONTENT_TYPE_BINARY = "application/lnmp"
 CONTENT_TYPE_TEXT = "text/lnmp"

@@ -51,12 +51,12 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from app.errors import ConfigError
-from app.observability.runtime_metrics import add_runtime_collectors
+from ..errors import ConfigError
+from .runtime_metrics import add_runtime_collectors
 
 if TYPE_CHECKING:
-    from app.envelope.model import Envelope
-    from app.observability.redaction import Redactor
+    from ..envelope.model import Envelope
+    from .redaction import Redactor
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 OTHER = "__other__"
@@ -292,7 +292,7 @@ class PipelineMetrics:
         """Count `n` messages of source `topic` emitted with this `producer_sdk_version`. The value
         is the producer's claim, so the label is bounded: "none" (no SDK stamped it), "invalid"
         (not `<name>/<version>`), at most MAX_SDK_VERSIONS distinct values, then "other"."""
-        from app.sdk.version import version_label
+        from ..sdk.version import version_label
 
         label = version_label(sdk_version)
         if label not in ("none", "invalid"):

@@ -41,10 +41,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from random import getrandbits
 from typing import TYPE_CHECKING, NamedTuple
 
-from app.errors import TraceContextError
+from ..errors import TraceContextError
 
 if TYPE_CHECKING:
-    from app.envelope.model import Envelope
+    from ..envelope.model import Envelope
 
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"

@@ -14,6 +14,6 @@ The package is layered so that each layer can be used without the ones above it:
 - :mod:`app.schema.cli`       ``prism schema ...`` (typer sub-app)
 """
 
-from app.schema.model import CompatibilityMode, CompatResult, Finding, SchemaFormat, Severity
+from .model import CompatibilityMode, CompatResult, Finding, SchemaFormat, Severity
 
 __all__ = ["CompatResult", "CompatibilityMode", "Finding", "SchemaFormat", "Severity"]

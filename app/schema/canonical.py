@@ -17,7 +17,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 
-from app.schema.model import SchemaError, SchemaFormat
+from .model import SchemaError, SchemaFormat
 
 
 def canonical_bytes(fmt: SchemaFormat | str, text: str, imports: Mapping[str, str] | None = None) -> bytes:
@@ -27,7 +27,7 @@ def canonical_bytes(fmt: SchemaFormat | str, text: str, imports: Mapping[str, st
     if fmt is SchemaFormat.PROTOBUF:
         from google.protobuf import descriptor_pb2
 
-        from app.schema.protoparse import compile_proto
+        from .protoparse import compile_proto
 
         schema = compile_proto(text, imports=imports)
         fds = descriptor_pb2.FileDescriptorSet()

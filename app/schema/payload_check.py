@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from app.schema.resolve import ResolvedSchema
+from .resolve import ResolvedSchema
 
 #: problems reported per payload at most (a broken producer can fail every field)
 MAX_VIOLATIONS = 20
@@ -108,7 +108,7 @@ def build_checker(resolved: ResolvedSchema) -> Callable[[bytes, str], list[str]]
 def _protobuf_validator(resolved: ResolvedSchema) -> Validator:
     from google.protobuf import descriptor_pool, json_format, message_factory
 
-    from app.schema.protoparse import compile_proto
+    from .protoparse import compile_proto
 
     schema = compile_proto(resolved.schema_text)
     pool = descriptor_pool.DescriptorPool()

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.schema.model import Finding, SchemaFormat, Severity
+from .model import Finding, SchemaFormat, Severity
 
 PII_OPTION, ENCRYPT_OPTION, INDEX_OPTION = 50430, 50431, 50432  # keep in sync with annotations.proto
 
@@ -144,7 +144,7 @@ def _proto_user_fields(schema: Any) -> Iterator[tuple[str, Any]]:
 
 def _proto_fields(text: str, imports: Mapping[str, str] | None = None
                   ) -> Iterator[tuple[str, str, dict[str, str], bool]]:
-    from app.schema.protoparse import compile_proto, string_options
+    from .protoparse import compile_proto, string_options
 
     for path, f in _proto_user_fields(compile_proto(text, imports=imports)):
         opts = string_options(f.options, (PII_OPTION, ENCRYPT_OPTION, INDEX_OPTION))
@@ -306,7 +306,7 @@ def _proto_leaves(text: str, imports: Mapping[str, str] | None) -> Iterator[tupl
     A leaf holds a value rather than another of the schema's messages: scalars, enums, bytes,
     maps (the tag goes on the map field; its entry type is generated), and message types from
     library files (``google.protobuf.Timestamp``), whose fields no one can tag."""
-    from app.schema.protoparse import compile_proto, messages_by_name, string_options
+    from .protoparse import compile_proto, messages_by_name, string_options
 
     schema = compile_proto(text, imports=imports)
     own = {name for name, m in messages_by_name(schema.user_files(), leading_dot=True).items()
@@ -515,7 +515,7 @@ class PiiValueFinder:
             if self._proto is None:
                 from google.protobuf import descriptor_pool, message_factory
 
-                from app.schema.protoparse import compile_proto
+                from .protoparse import compile_proto
 
                 text, name, imports = self._proto_args  # type: ignore[misc]
                 schema = compile_proto(text, imports=imports)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from google.protobuf import descriptor_pb2
 
-from app.schema.model import SchemaError
+from .model import SchemaError
 
 _PKG_PROTO = Path(__file__).resolve().parent / "proto"  # ships prism/annotations.proto
 _LOCK = threading.Lock()

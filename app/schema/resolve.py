@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.schema.canonical import schema_hash
-from app.schema.model import CompatibilityMode, SchemaError, SchemaFormat
-from app.schema.pii import pii_fields as compute_pii_fields
-from app.schema.protoparse import WIRE_LEN, iter_wire
+from .canonical import schema_hash
+from .model import CompatibilityMode, SchemaError, SchemaFormat
+from .pii import pii_fields as compute_pii_fields
+from .protoparse import WIRE_LEN, iter_wire
 
 
 class SchemaResolutionError(RuntimeError):
@@ -78,7 +78,7 @@ class ResolvedSchema:
 
 
 def _proto_tree(text: str, message: str | None) -> tuple[str, _Tree, list[str]]:
-    from app.schema.protoparse import compile_proto, messages_by_name
+    from .protoparse import compile_proto, messages_by_name
 
     schema = compile_proto(text)
     main = schema.main
@@ -152,7 +152,7 @@ def deprecated_fields_used(payload: bytes | memoryview, resolved: ResolvedSchema
 def _http_json(url: str, timeout: float = 10.0) -> Any:
     """GET a registry document, with the registry credentials of ``PRISM_REGISTRY_TOKEN`` or
     ``PRISM_REGISTRY_USER``/``PRISM_REGISTRY_PASSWORD`` (never from the topology file)."""
-    from app.security.http_auth import client_auth_from_env
+    from ..security.client_auth import client_auth_from_env
 
     req = urllib.request.Request(url, headers={"Accept": "application/vnd.schemaregistry.v1+json, application/json",
                                                **client_auth_from_env("PRISM_REGISTRY")})

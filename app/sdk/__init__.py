@@ -14,11 +14,11 @@ Redis Streams, NATS JetStream and PostgreSQL, chosen by URL.
 Redis -> Kafka move) are in `app.sdk.migration`; docs/sdk.md has the whole story.
 """
 
-from app.sdk.client import PrismClient, Subscription, UnreadableMessage
-from app.sdk.options import EncryptionOptions, PrismPublishOptions, TraceContext
-from app.sdk.pii import PiiAccessWarning
-from app.sdk.received import ReceivedEnvelope
-from app.sdk.sync import SyncPrismClient, SyncReceivedEnvelope, SyncSubscription
+from .client import PrismClient, Subscription, UnreadableMessage
+from .options import EncryptionOptions, PrismPublishOptions, TraceContext
+from .pii import PiiAccessWarning
+from .received import ReceivedEnvelope
+from .sync import SyncPrismClient, SyncReceivedEnvelope, SyncSubscription
 
 __all__ = [
     "EncryptionOptions",

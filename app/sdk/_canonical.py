@@ -15,11 +15,11 @@ by the unchanged `signing.verify` (docs/signing.md).
 
 from __future__ import annotations
 
-from app._gen.prism.envelope.v1 import envelope_pb2 as pb
-from app.envelope.codec import Layout, security_record
-from app.envelope.model import Envelope
-from app.envelope.wire import LEN, encode_varint
-from app.security.signing import DEFAULT_SCOPE, SigningKey, begin_signature, signature_over, signed_parts
+from .._gen.prism.envelope.v1 import envelope_pb2 as pb
+from ..envelope.codec import Layout, security_record
+from ..envelope.model import Envelope
+from ..envelope.wire import LEN, encode_varint
+from ..security.signing import DEFAULT_SCOPE, SigningKey, begin_signature, signature_over, signed_parts
 
 _PAYLOAD_TAG = encode_varint((Layout.REVIEWED.payload_field << 3) | LEN)
 

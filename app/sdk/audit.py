@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from app.envelope.codec import decode
-from app.envelope.model import Envelope, new_envelope
-from app.errors import ConfigError, PrismError
+from ..envelope.codec import decode
+from ..envelope.model import Envelope, new_envelope
+from ..errors import ConfigError, PrismError
 
 #: Lowest first (app/envelope/validation.py CLASSIFICATIONS).
 LEVELS = ("public", "internal", "confidential", "restricted")
@@ -186,8 +186,8 @@ async def read_audit(url: str, *, audit_topic: str = DEFAULT_AUDIT_TOPIC, where:
                      limit: int = 100_000) -> tuple[list[dict[str, Any]], int]:
     """The audit records at `url` matching `where`, oldest first, read without consuming
     anything (no consumer group), and the number of other messages on the topic."""
-    from app.sdk.backends import backend_for_url
-    from app.sdk.backends.postgres import PostgresBackend
+    from .backends import backend_for_url
+    from .backends.postgres import PostgresBackend
 
     backend = backend_for_url(url)
     if isinstance(backend, PostgresBackend):

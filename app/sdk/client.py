@@ -25,31 +25,34 @@ from typing import Any, Self
 
 from google.protobuf.message import Message
 
-from app._gen.prism.envelope.v1 import envelope_pb2 as pb
-from app.envelope.codec import Layout
-from app.envelope.model import Envelope, Payload, new_envelope
-from app.envelope.validation import required_problems
-from app.errors import ConfigError, DeliveryAuditError, PrismError, SchemaAssertionError, ValidationError
-from app.observability.tracecontext import write_envelope_context
-from app.schema.assertion import OnMismatch, SchemaAssertion, SchemaMismatchError
-from app.sdk._ids import fast_uuid7
-from app.sdk.audit import AUDITED, WITHHELD_LOG_EVERY, Clearance, audit_envelope, audit_record, classification_of
-from app.sdk.backends import backend_for_url
-from app.sdk.backends.base import Backend, BackendSubscription, Delivery, Outgoing, SubscribeSettings
-from app.sdk.options import DEFAULT_OPTIONS, PrismPublishOptions, current_otel_context, trace_context_of
-from app.sdk.pii import PiiPolicy
-from app.sdk.received import ReceivedEnvelope
-from app.sdk.schemas import SchemaRequirement, SchemaResolver
-from app.sdk.usage import DEFAULT_INTERVAL_S, VersionReporter
-from app.sdk.validation import SchemaMetrics, SchemaValidation
-from app.sdk.version import SDK_VERSION
-from app.security.encryption import encrypt_envelope
-from app.security.keys import DataKeyProvider, KeyProvider
-from app.security.signing import SigningKey, VerificationKeys
-from app.sunset import DEPRECATION_HEADER
-from app.sunset import parse_header as parse_deprecation
+from .._gen.prism.envelope.v1 import envelope_pb2 as pb
+from ..envelope.codec import Layout
+from ..envelope.model import Envelope, Payload, new_envelope
+from ..envelope.validation import required_problems
+from ..errors import ConfigError, DeliveryAuditError, PrismError, SchemaAssertionError, ValidationError
+from ..observability.tracecontext import write_envelope_context
+from ..schema.assertion import OnMismatch, SchemaAssertion, SchemaMismatchError
+from ..security.encryption import encrypt_envelope
+from ..security.keys import DataKeyProvider, KeyProvider
+from ..security.signing import SigningKey, VerificationKeys
+from ..sunset import DEPRECATION_HEADER
+from ..sunset import parse_header as parse_deprecation
+from ._ids import fast_uuid7
+from .audit import AUDITED, WITHHELD_LOG_EVERY, Clearance, audit_envelope, audit_record, classification_of
+from .backends import backend_for_url
+from .backends.base import Backend, BackendSubscription, Delivery, Outgoing, SubscribeSettings
+from .options import DEFAULT_OPTIONS, PrismPublishOptions, current_otel_context, trace_context_of
+from .pii import PiiPolicy
+from .received import ReceivedEnvelope
+from .schemas import SchemaRequirement, SchemaResolver
+from .usage import DEFAULT_INTERVAL_S, VersionReporter
+from .validation import SchemaMetrics, SchemaValidation
+from .version import SDK_VERSION
 
 log = logging.getLogger("prism.sdk")
+#: `app` in the worker's tree, `prism_client` in the client distribution: hints name the import path
+#: the caller actually has.
+_PACKAGE = __name__.partition(".")[0]
 
 #: One `publish_batch` item: (topic, payload) or (topic, payload, options).
 BatchItem = tuple[str, Any] | tuple[str, Any, PrismPublishOptions | None]
@@ -267,7 +270,7 @@ class PrismClient:
         return env, plain, wire if plain else None
 
     def _schema_context(self, env: Envelope, payload: Any, schema: Any = None) -> None:
-        from app.schema.resolve import deprecated_fields_used
+        from ..schema.resolve import deprecated_fields_used
 
         schema = self.schema if schema is None else schema
         # Before encryption: the payload bytes new_envelope already serialized (no second pass).
@@ -333,7 +336,7 @@ class PrismClient:
         problems = required_problems(env)
         if problems:
             raise ValidationError(problems, hint="build it with PrismClient.build_envelope or "
-                                                 "app.envelope.new_envelope, which set them all")
+                                                 f"{_PACKAGE}.envelope.new_envelope, which set them all")
         if self._requirement is not None:
             await self._requirement.check(env.namespace, env.topic)
         if not self._connected:

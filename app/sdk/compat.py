@@ -25,17 +25,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.envelope.codec import Layout, decode, detect_layout
-from app.envelope.model import Envelope
-from app.envelope.validation import required_problems
-from app.errors import PrismError
-from app.formats.detect import InputShape, detect, normalize
-from app.schema.assertion import SchemaAssertion
-from app.sdk._canonical import canonical_wire
-from app.sdk.backends import backend_for_url
-from app.sdk.backends.base import RawMessage, redact_url
-from app.sdk.backends.postgres import PostgresBackend
-from app.security.signing import VerificationKeys, verify
+from ..envelope.codec import Layout, decode, detect_layout
+from ..envelope.model import Envelope
+from ..envelope.validation import required_problems
+from ..errors import PrismError
+from ..formats.detect import InputShape, detect, normalize
+from ..schema.assertion import SchemaAssertion
+from ..security.signing import VerificationKeys, verify
+from ._canonical import canonical_wire
+from .backends import backend_for_url
+from .backends.base import RawMessage, redact_url
+from .backends.postgres import PostgresBackend
 
 PRISM_SHAPES = frozenset({InputShape.PRISM_DRAFT, InputShape.PRISM_REVIEWED})
 MAX_PROBLEMS = 20

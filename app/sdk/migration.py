@@ -42,19 +42,19 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from app.bindings import redis as rb
-from app.envelope.codec import Layout, decode, detect_layout
-from app.envelope.ids import uuid7_from_seed
-from app.envelope.model import Envelope
-from app.errors import ConfigError, MigrationError, PrismError
-from app.formats import legacy
-from app.formats.detect import InputShape, detect, normalize
-from app.sdk.backends import backend_for_url
-from app.sdk.backends.base import Backend, Outgoing, redact_url
-from app.sdk.backends.kafka import KafkaBackend, read_partitions
-from app.sdk.backends.redis import RedisBackend
-from app.sdk.client import PrismClient
-from app.sdk.options import PrismPublishOptions
+from ..bindings import redis as rb
+from ..envelope.codec import Layout, decode, detect_layout
+from ..envelope.ids import uuid7_from_seed
+from ..envelope.model import Envelope
+from ..errors import ConfigError, MigrationError, PrismError
+from ..formats import legacy
+from ..formats.detect import InputShape, detect, normalize
+from .backends import backend_for_url
+from .backends.base import Backend, Outgoing, redact_url
+from .backends.kafka import KafkaBackend, read_partitions
+from .backends.redis import RedisBackend
+from .client import PrismClient
+from .options import PrismPublishOptions
 
 log = logging.getLogger("prism.sdk.migration")
 

@@ -12,16 +12,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.errors import ConfigError, TraceContextError
-from app.observability.tracecontext import (
+from ..errors import ConfigError, TraceContextError
+from ..observability.tracecontext import (
     FLAG_SAMPLED,
     is_valid_span_id,
     is_valid_trace_id,
     parse_traceparent,
 )
-from app.security.algorithms import AES_256_GCM, DEFAULT_POLICY, AlgorithmPolicy
-from app.security.keys import DataKeyProvider, KeyProvider
-from app.security.signing import SigningKey
+from ..security.algorithms import AES_256_GCM, DEFAULT_POLICY, AlgorithmPolicy
+from ..security.keys import DataKeyProvider, KeyProvider
+from ..security.signing import SigningKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +134,7 @@ def trace_context_of(value: Any) -> TraceContext | None:
 try:
     from opentelemetry.trace import INVALID_SPAN as _NO_SPAN
     from opentelemetry.trace import get_current_span as _current_span
-except ImportError:  # pragma: no cover - opentelemetry-api is a dependency
+except ImportError:  # opentelemetry-api is the optional `[otel]` extra of the prism-client distribution
     _current_span = _NO_SPAN = None
 
 

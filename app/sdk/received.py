@@ -18,15 +18,15 @@ from typing import Any
 from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import Message
 
-from app.envelope.model import PROTOBUF_TYPE_URL_PREFIX, Envelope
-from app.errors import ConfigError, PayloadError
-from app.formats.legacy import is_json_content_type
-from app.observability.tracecontext import carrier_from
-from app.sdk.backends.base import Delivery
-from app.sdk.pii import PiiAccessWarning, PiiPolicy, guard
-from app.sdk.schemas import PayloadSchema, SchemaResolver
-from app.security.encryption import decrypt_to_envelope
-from app.security.keys import DataKeyProvider, KeyProvider
+from ..envelope.model import PROTOBUF_TYPE_URL_PREFIX, Envelope
+from ..errors import ConfigError, PayloadError
+from ..formats.legacy import is_json_content_type
+from ..observability.tracecontext import carrier_from
+from ..security.encryption import decrypt_to_envelope
+from ..security.keys import DataKeyProvider, KeyProvider
+from .backends.base import Delivery
+from .pii import PiiAccessWarning, PiiPolicy, guard
+from .schemas import PayloadSchema, SchemaResolver
 
 log = logging.getLogger("prism.sdk")
 

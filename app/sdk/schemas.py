@@ -56,10 +56,10 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.errors import PayloadError, SchemaReferenceError, SchemaRequiredError
-from app.schema.model import SchemaFormat
-from app.schema.pii import avro_named_types
-from app.schema.resolve import ResolvedSchema, SchemaResolutionError, build_resolved
+from ..errors import PayloadError, SchemaReferenceError, SchemaRequiredError
+from ..schema.model import SchemaFormat
+from ..schema.pii import avro_named_types
+from ..schema.resolve import ResolvedSchema, SchemaResolutionError, build_resolved
 
 log = logging.getLogger("prism.sdk.schemas")
 
@@ -97,7 +97,7 @@ def _is_pii(tags: dict[str, str]) -> bool:
 
 
 def _proto_tree(text: str, root: str) -> _Node:
-    from app.schema.protoparse import compile_proto, messages_by_name, string_options
+    from ..schema.protoparse import compile_proto, messages_by_name, string_options
 
     msgs: dict[str, Any] = messages_by_name(compile_proto(text).files, leading_dot=True)
     memo: dict[str, _Node] = {}
@@ -292,7 +292,7 @@ class PayloadSchema:
         if cls is None:
             from google.protobuf import descriptor_pool, message_factory
 
-            from app.schema.protoparse import compile_proto
+            from ..schema.protoparse import compile_proto
 
             pool = descriptor_pool.DescriptorPool()
             for fd in compile_proto(self.resolved.schema_text).fds.file:
@@ -556,7 +556,7 @@ class SchemaResolver:
                                          "this topic; ack() (drop) or nack() the message")
 
     def _get_json(self, path: str) -> Any:
-        from app.schema.resolve import _http_json
+        from ..schema.resolve import _http_json
 
         self.fetches += 1
         return _http_json(self.registry_url + path, timeout=self.timeout_s)
@@ -667,7 +667,7 @@ class SchemaRequirement:
         self._warned = False
 
     def _get(self, path: str) -> Any:
-        from app.schema.resolve import _http_json
+        from ..schema.resolve import _http_json
 
         return _http_json(self.registry_url + path, timeout=self.timeout_s)
 

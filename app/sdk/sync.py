@@ -15,11 +15,11 @@ from collections.abc import Coroutine, Iterable, Iterator
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-from app.envelope.model import Envelope
-from app.errors import ConfigError
-from app.sdk.client import BatchItem, PrismClient, Subscription, UnreadableMessage
-from app.sdk.options import PrismPublishOptions
-from app.sdk.received import ReceivedEnvelope
+from ..envelope.model import Envelope
+from ..errors import ConfigError
+from .client import BatchItem, PrismClient, Subscription, UnreadableMessage
+from .options import PrismPublishOptions
+from .received import ReceivedEnvelope
 
 T = TypeVar("T")
 

@@ -53,7 +53,7 @@ class VersionReporter:
 
     def __init__(self, registry_url: str, *, interval: float = DEFAULT_INTERVAL_S, timeout: float = 2.0,
                  close_timeout: float = 1.0, auth_headers: dict[str, str] | None = None) -> None:
-        from app.security.http_auth import client_auth_from_env
+        from ..security.client_auth import client_auth_from_env
 
         self.endpoint = registry_url.rstrip("/") + "/v1/consumers"
         #: Credentials (the read role is enough): given, else PRISM_REGISTRY_TOKEN or _USER/_PASSWORD.

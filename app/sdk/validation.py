@@ -28,12 +28,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from ..errors import ConfigError, SchemaValidationError
 
-from app.errors import ConfigError, SchemaValidationError
-from app.observability.metrics import OTHER
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 #: publish-time validation buckets: 10 µs to 50 ms (RFC-030's budget is 15 ms at p99)
 VALIDATION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.015, 0.025, 0.05)
@@ -41,9 +41,17 @@ _MAX_VALUES = 100
 
 
 class SchemaMetrics:
-    """The SDK's schema metrics (module docs), in `registry` (a new private one by default)."""
+    """The SDK's schema metrics (module docs), in `registry` (a new private one by default).
+
+    prometheus_client is imported here, not at module level: only a client given `metrics=`
+    needs it, and the client distribution has it as the optional `[metrics]` extra."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        from ..observability.metrics import OTHER
+
+        self._other = OTHER
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
         self.validations = Counter("prism_sdk_schema_validations", "Payloads validated before publishing "
@@ -62,7 +70,7 @@ class SchemaMetrics:
         if value in self._seen:
             return value
         if len(self._seen) >= _MAX_VALUES:
-            return OTHER
+            return self._other
         self._seen.add(value)
         return value
 
@@ -116,7 +124,7 @@ class SchemaValidation:
         async with self._lock:
             hit = self._by_version.get(key)
             if hit is None:
-                from app.schema.resolve import resolve_schema_config
+                from ..schema.resolve import resolve_schema_config
 
                 cfg = {"registry_type": "prism", "url": self.registry_url, "subject": topic, "version": str(version)}
                 hit = self._by_version[key] = await asyncio.to_thread(resolve_schema_config, cfg)
@@ -124,7 +132,7 @@ class SchemaValidation:
 
     def check(self, schema: Any, namespace: str, payload: Any, content_type: str | None = None) -> None:
         """Raise `SchemaValidationError` when `payload` does not match `schema`."""
-        from app.schema.payload_check import validator_for
+        from ..schema.payload_check import validator_for
 
         body, detected = payload_bytes(payload)
         t0 = time.perf_counter()

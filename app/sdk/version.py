@@ -19,9 +19,15 @@ from importlib.metadata import PackageNotFoundError, version
 SDK_NAME = "prism-python"
 
 
+#: The distribution this code was installed from, by top-level package: the worker's tree
+#: (`app`, distribution prism-envelope) or the client distribution built from the same files
+#: (`prism_client`, distribution prism-client; clients/python). Both carry the same version.
+_DISTRIBUTIONS = {"app": "prism-envelope", "prism_client": "prism-client"}
+
+
 def _package_version() -> str:
     try:
-        return version("prism-envelope")
+        return version(_DISTRIBUTIONS.get(__name__.partition(".")[0], "prism-envelope"))
     except PackageNotFoundError:  # run from a source tree without `pip install -e .`
         return "0+unknown"
 

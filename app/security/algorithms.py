@@ -33,8 +33,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from app._gen.prism.envelope.v1 import envelope_pb2 as pb
-from app.errors import AlgorithmError
+from .._gen.prism.envelope.v1 import envelope_pb2 as pb
+from ..errors import AlgorithmError
 
 log = logging.getLogger("prism.security")
 

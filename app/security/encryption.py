@@ -66,16 +66,16 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from app._gen.prism.envelope.v1 import envelope_pb2 as pb
-from app.envelope.model import Envelope, Payload
-from app.errors import (
+from .._gen.prism.envelope.v1 import envelope_pb2 as pb
+from ..envelope.model import Envelope, Payload
+from ..errors import (
     AuditError,
     DecryptionError,
     EncryptionError,
     KeyNotUsableError,
     PrismError,
 )
-from app.security.algorithms import (
+from .algorithms import (
     AES_256_GCM,
     ASYMMETRIC,
     CHACHA20_POLY1305,
@@ -87,7 +87,7 @@ from app.security.algorithms import (
     AlgorithmPolicy,
     AlgorithmSpec,
 )
-from app.security.keys import (
+from .keys import (
     DataKeyProvider,
     HybridPrivateKey,
     HybridPublicKey,

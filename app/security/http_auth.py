@@ -64,6 +64,10 @@ from typing import Any
 
 from app.errors import AuthError, ConfigError
 
+# The client side (header building) lives in client_auth so that clients need no argon2/PyJWT;
+# re-exported because the CLI, the console and the tests import it from here.
+from app.security.client_auth import basic_header, client_auth_from_env, client_auth_header
+
 ROLE_READ = "read"
 ROLE_WRITE = "write"
 ROLE_ADMIN = "admin"
@@ -559,31 +563,6 @@ def auth_from_settings(*, users_file: str | Path | None, jwt_config: str | Path 
     elif allow_anonymous:
         anon = parse_roles(list(allow_anonymous), where=f"{where} allow-anonymous")
     return HttpAuth(users=users, bearer=bearer, anonymous_roles=anon, realm=realm, limiter=FailureLimiter.from_env(env))
-
-
-def basic_header(user: str, password: str) -> str:
-    """The ``Authorization`` value clients send (CLI, SDK, tests)."""
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-
-
-def client_auth_header(*, user: str | None = None, password: str | None = None,
-                       token: str | None = None) -> dict[str, str]:
-    """Headers for a client given credentials (a token wins over user/password)."""
-    if token:
-        return {"Authorization": f"Bearer {token}"}
-    if user:
-        return {"Authorization": basic_header(user, password or "")}
-    return {}
-
-
-def client_auth_from_env(prefix: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Client headers from ``<prefix>_TOKEN`` or ``<prefix>_USER`` + ``<prefix>_PASSWORD``
-    (``PRISM_REGISTRY`` for the registry, ``PRISM_ADMIN`` for a worker's management API)."""
-    import os
-
-    env = os.environ if env is None else env
-    return client_auth_header(user=env.get(f"{prefix}_USER") or None, password=env.get(f"{prefix}_PASSWORD"),
-                              token=env.get(f"{prefix}_TOKEN") or None)
 
 
 __all__ = [

@@ -46,8 +46,8 @@ from cryptography.hazmat.primitives.asymmetric.mlkem import (
 )
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
-from app.errors import KeyNotUsableError, KeyProviderError, KeyringError, UnknownKeyError
-from app.security.algorithms import (
+from ..errors import KeyNotUsableError, KeyProviderError, KeyringError, UnknownKeyError
+from .algorithms import (
     KEY_ML_KEM_768,
     KEY_ML_KEM_1024,
     KEY_RSA_3072,
@@ -1119,7 +1119,7 @@ def _kms_error(exc: Exception, op: str, key_id: str) -> Exception:
     """Map botocore errors onto Prism's hierarchy; the AWS message may name ARNs, never key material."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from app.errors import DecryptionError
+    from ..errors import DecryptionError
 
     if isinstance(exc, ClientError):
         code = exc.response.get("Error", {}).get("Code", "Unknown")

@@ -48,9 +48,9 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from google.protobuf.unknown_fields import UnknownFieldSet
 
-from app._gen.prism.envelope.draft import envelope_pb2 as dpb
-from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
-from app.envelope.codec import (
+from .._gen.prism.envelope.draft import envelope_pb2 as dpb
+from .._gen.prism.envelope.v1 import envelope_pb2 as vpb
+from ..envelope.codec import (
     DEFAULT_LIMITS,
     Layout,
     Limits,
@@ -62,9 +62,9 @@ from app.envelope.codec import (
     security_bytes,
     split_header,
 )
-from app.envelope.model import Envelope, SecurityContext
-from app.envelope.wire import LEN, VARINT, encode_varint, read_varint, scan
-from app.errors import (
+from ..envelope.model import Envelope, SecurityContext
+from ..envelope.wire import LEN, VARINT, encode_varint, read_varint, scan
+from ..errors import (
     AlgorithmError,
     AmbiguousEnvelopeError,
     ConfigError,

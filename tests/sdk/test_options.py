@@ -72,6 +72,23 @@ def test_build_envelope_sets_every_option():
         client.build_envelope("", {})
 
 
+def test_a_backend_whose_driver_is_not_installed_names_the_extra(monkeypatch):
+    """prism-client installs only the Kafka driver; the others come with extras. A missing one is
+    a ConfigError when the client is created, naming the install command (the clean-venv test in
+    test_client_distribution.py sees the real thing)."""
+    import app.sdk.backends as backends
+
+    real = backends.find_spec
+    monkeypatch.setattr(backends, "find_spec", lambda name: None if name in ("psycopg", "aiokafka") else real(name))
+    with pytest.raises(ConfigError, match=r"the postgresql:// backend needs the psycopg package") as info:
+        PrismClient("postgresql://u:secret@h/db", namespace="n")
+    assert info.value.hint == "pip install 'prism-client[postgres]' (or pip install psycopg)"
+    assert "secret" not in str(info.value)
+    with pytest.raises(ConfigError, match=r"fix: pip install aiokafka$"):
+        backend_for_url("kafka://h:9092")
+    assert backend_for_url("redis://h:6379/0").scheme == "redis"
+
+
 def test_urls_pick_backends_and_reject_what_they_do_not_understand():
     assert backend_for_url("kafka://h:9092?partitions=3").partitions == 3
     assert backend_for_url("redis://h:6379/0?prefix=p:").key("t") == "p:t"

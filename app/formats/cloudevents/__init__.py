@@ -57,20 +57,20 @@ Import from this package (`from app.formats import cloudevents as ce`); the modu
 
 # The names in __all__ plus, marked `noqa: F401`, the other public names of the module this
 # package replaced. The `prism*` attribute names (A_TYPE_URL, ...) are in `extensions`.
-from app.formats.cloudevents.attributes import (  # noqa: F401
+from .attributes import (  # noqa: F401
     EXTENSION_PREFIX,
     KEY_EXTENSION,
     RESERVED,
     SOURCE_PREFIX,
     SPECVERSION,
 )
-from app.formats.cloudevents.binary import from_kafka_binary, to_kafka_binary
-from app.formats.cloudevents.decode import Decoded, attributes_to_envelope, from_cloudevent
-from app.formats.cloudevents.encode import Converted, envelope_attributes, to_cloudevent  # noqa: F401
-from app.formats.cloudevents.extensions import PRISM_ATTRIBUTES  # noqa: F401
-from app.formats.cloudevents.kafka import CE_PREFIX, STRUCTURED_JSON, STRUCTURED_PREFIX, Record  # noqa: F401
-from app.formats.cloudevents.modes import from_kafka, is_binary, is_structured
-from app.formats.cloudevents.structured import from_kafka_structured, to_kafka_structured
+from .binary import from_kafka_binary, to_kafka_binary
+from .decode import Decoded, attributes_to_envelope, from_cloudevent
+from .encode import Converted, envelope_attributes, to_cloudevent  # noqa: F401
+from .extensions import PRISM_ATTRIBUTES  # noqa: F401
+from .kafka import CE_PREFIX, STRUCTURED_JSON, STRUCTURED_PREFIX, Record  # noqa: F401
+from .modes import from_kafka, is_binary, is_structured
+from .structured import from_kafka_structured, to_kafka_structured
 
 __all__ = [
     "KEY_EXTENSION", "STRUCTURED_JSON", "Converted", "Decoded", "Record", "attributes_to_envelope",

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from app.errors import CloudEventError
-from app.formats.cloudevents.extensions import PRISM_ATTRIBUTES
+from ...errors import CloudEventError
+from .extensions import PRISM_ATTRIBUTES
 
 SPECVERSION = "1.0"
 #: Envelope extension prefix for CloudEvents attributes Prism has no field for.

@@ -13,13 +13,13 @@ from typing import Any
 
 from cloudevents.core.bindings import kafka as ce_kafka
 
-from app.envelope.model import Envelope
-from app.errors import CloudEventError
-from app.formats._fields import header_pairs
-from app.formats.cloudevents.decode import Decoded, attributes_to_envelope
-from app.formats.cloudevents.encode import to_cloudevent
-from app.formats.cloudevents.kafka import CE_PREFIX, Record, _other_headers
-from app.formats.cloudevents.sdk import _validate_with_sdk
+from ...envelope.model import Envelope
+from ...errors import CloudEventError
+from .._fields import header_pairs
+from .decode import Decoded, attributes_to_envelope
+from .encode import to_cloudevent
+from .kafka import CE_PREFIX, Record, _other_headers
+from .sdk import _validate_with_sdk
 
 
 class _RawData:

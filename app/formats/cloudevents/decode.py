@@ -18,13 +18,13 @@ from typing import Any
 
 from cloudevents.core.base import BaseCloudEvent
 
-from app.bindings.tracecontext import TRACESTATE_EXTENSION, parse_traceparent
-from app.envelope.model import Envelope, Payload, set_content_type
-from app.envelope.validation import CLASSIFICATIONS
-from app.errors import CloudEventError
-from app.formats import _json
-from app.formats._fields import ms_from_rfc3339
-from app.formats.cloudevents.attributes import (
+from ...bindings.tracecontext import TRACESTATE_EXTENSION, parse_traceparent
+from ...envelope.model import Envelope, Payload, set_content_type
+from ...envelope.validation import CLASSIFICATIONS
+from ...errors import CloudEventError
+from .. import _json
+from .._fields import ms_from_rfc3339
+from .attributes import (
     EXTENSION_PREFIX,
     KEY_EXTENSION,
     RESERVED,
@@ -33,7 +33,7 @@ from app.formats.cloudevents.attributes import (
     _attr_text,
     _require,
 )
-from app.formats.cloudevents.extensions import _apply_prism_attributes
+from .extensions import _apply_prism_attributes
 
 
 @dataclass(slots=True)

@@ -16,12 +16,12 @@ from typing import Any
 
 from cloudevents.core.v1.event import CloudEvent
 
-from app.bindings.tracecontext import TRACESTATE_EXTENSION, traceparent_of, tracestate_of
-from app.envelope.model import Envelope, get_content_type
-from app.errors import CloudEventError
-from app.formats import _json
-from app.formats._fields import datetime_from_ms
-from app.formats.cloudevents.attributes import (
+from ...bindings.tracecontext import TRACESTATE_EXTENSION, traceparent_of, tracestate_of
+from ...envelope.model import Envelope, get_content_type
+from ...errors import CloudEventError
+from .. import _json
+from .._fields import datetime_from_ms
+from .attributes import (
     _NAME,
     EXTENSION_PREFIX,
     KEY_EXTENSION,
@@ -29,7 +29,7 @@ from app.formats.cloudevents.attributes import (
     SOURCE_PREFIX,
     SPECVERSION,
 )
-from app.formats.cloudevents.extensions import (
+from .extensions import (
     A_BAGGAGE,
     A_CAUSALITY,
     A_COMPAT,
@@ -53,7 +53,7 @@ from app.formats.cloudevents.extensions import (
     A_TTL,
     A_TYPE_URL,
 )
-from app.formats.cloudevents.sdk import _sdk_event
+from .sdk import _sdk_event
 
 
 @dataclass(slots=True)

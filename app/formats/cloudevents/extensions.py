@@ -20,11 +20,11 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from app._gen.prism.envelope.v1 import envelope_pb2 as pb
-from app.envelope.model import Envelope, Payload, set_content_encoding
-from app.errors import CloudEventError
-from app.formats import _json
-from app.formats._fields import MAX_MS
+from ..._gen.prism.envelope.v1 import envelope_pb2 as pb
+from ...envelope.model import Envelope, Payload, set_content_encoding
+from ...errors import CloudEventError
+from .. import _json
+from .._fields import MAX_MS
 
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 _HEX16 = re.compile(r"[0-9a-f]{16}")

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.envelope.model import Envelope
-from app.formats._fields import set_auth_token, take_auth_token
-from app.formats.legacy import HEADER_EXTENSION_PREFIX
+from ...envelope.model import Envelope
+from .._fields import set_auth_token, take_auth_token
+from ..legacy import HEADER_EXTENSION_PREFIX
 
 CE_PREFIX = "ce_"
 STRUCTURED_PREFIX = "application/cloudevents"

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from app.formats._fields import header_pairs
-from app.formats.cloudevents.binary import from_kafka_binary
-from app.formats.cloudevents.decode import Decoded
-from app.formats.cloudevents.kafka import CE_PREFIX, STRUCTURED_PREFIX
-from app.formats.cloudevents.structured import from_kafka_structured
+from .._fields import header_pairs
+from .binary import from_kafka_binary
+from .decode import Decoded
+from .kafka import CE_PREFIX, STRUCTURED_PREFIX
+from .structured import from_kafka_structured
 
 
 def is_structured(headers: Sequence[tuple[str, bytes]]) -> bool:

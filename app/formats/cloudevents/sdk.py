@@ -16,8 +16,8 @@ from typing import Any
 from cloudevents.core.exceptions import BaseCloudEventException
 from cloudevents.core.v1.event import CloudEvent
 
-from app.errors import CloudEventError
-from app.formats._fields import datetime_from_ms, ms_from_rfc3339
+from ...errors import CloudEventError
+from .._fields import datetime_from_ms, ms_from_rfc3339
 
 
 def _sdk_event(attributes: dict[str, Any], data: Any) -> CloudEvent:

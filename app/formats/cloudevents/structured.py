@@ -17,15 +17,15 @@ from collections.abc import Sequence
 from cloudevents.core.bindings import kafka as ce_kafka
 from cloudevents.core.formats.json import JSONFormat
 
-from app.envelope.model import Envelope
-from app.errors import CloudEventError
-from app.formats import _json
-from app.formats._fields import header_pairs
-from app.formats.cloudevents.decode import Decoded, attributes_to_envelope
-from app.formats.cloudevents.encode import envelope_attributes
-from app.formats.cloudevents.kafka import STRUCTURED_JSON, STRUCTURED_PREFIX, Record, _other_headers
-from app.formats.cloudevents.sdk import _sdk_event, _validate_with_sdk
-from app.formats.legacy import is_json_content_type
+from ...envelope.model import Envelope
+from ...errors import CloudEventError
+from .. import _json
+from .._fields import header_pairs
+from ..legacy import is_json_content_type
+from .decode import Decoded, attributes_to_envelope
+from .encode import envelope_attributes
+from .kafka import STRUCTURED_JSON, STRUCTURED_PREFIX, Record, _other_headers
+from .sdk import _sdk_event, _validate_with_sdk
 
 
 def _data_member(env: Envelope, ct: str) -> tuple[str, str] | None:

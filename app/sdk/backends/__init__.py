@@ -4,18 +4,34 @@ parameters and acknowledgement model."""
 
 from __future__ import annotations
 
+from importlib import import_module
+from importlib.util import find_spec
 from urllib.parse import urlsplit
 
-from app.errors import ConfigError
-from app.sdk.backends.base import Backend, redact_url
+from ...errors import ConfigError
+from .base import Backend, redact_url
 
+#: scheme -> (module in this package, class). Module names are relative so that the same
+#: source serves `app.sdk` (the worker's tree) and `prism_client.sdk` (the client distribution);
+#: each backend is imported on first use, so a client installs only the drivers it uses.
 SCHEMES = {
-    "kafka": ("app.sdk.backends.kafka", "KafkaBackend"),
-    "redis": ("app.sdk.backends.redis", "RedisBackend"),
-    "rediss": ("app.sdk.backends.redis", "RedisBackend"),
-    "nats": ("app.sdk.backends.nats", "NatsBackend"),
-    "postgresql": ("app.sdk.backends.postgres", "PostgresBackend"),
-    "postgres": ("app.sdk.backends.postgres", "PostgresBackend"),
+    "kafka": ("kafka", "KafkaBackend"),
+    "redis": ("redis", "RedisBackend"),
+    "rediss": ("redis", "RedisBackend"),
+    "nats": ("nats", "NatsBackend"),
+    "postgresql": ("postgres", "PostgresBackend"),
+    "postgres": ("postgres", "PostgresBackend"),
+}
+
+#: backend module -> (the driver package it imports, the distribution that has it, the prism-client
+#: extra that installs it). The client distribution installs only the Kafka driver by default;
+#: a missing one is reported when the client is created, with the command that fixes it, instead
+#: of as a bare ModuleNotFoundError on the first publish.
+DRIVERS = {
+    "kafka": ("aiokafka", "aiokafka", None),
+    "redis": ("redis", "redis", "redis"),
+    "nats": ("nats", "nats-py", "nats"),
+    "postgres": ("psycopg", "psycopg", "postgres"),
 }
 
 
@@ -27,8 +43,13 @@ def backend_for_url(url: str) -> Backend:
                           hint="use kafka://host:port, redis://host:port/db, nats://host:port or "
                                "postgresql://user@host:port/db")
     module, name = SCHEMES[scheme]
-    cls = getattr(__import__(module, fromlist=[name]), name)
+    driver, dist, extra = DRIVERS[module]
+    if find_spec(driver) is None:
+        install = f"pip install 'prism-client[{extra}]' (or pip install {dist})" if extra else f"pip install {dist}"
+        raise ConfigError(f"the {scheme}:// backend needs the {dist} package, which is not installed",
+                          path=redact_url(url), hint=install)
+    cls = getattr(import_module(f"{__name__}.{module}"), name)
     return cls(url)
 
 
-__all__ = ["SCHEMES", "Backend", "backend_for_url"]
+__all__ = ["DRIVERS", "SCHEMES", "Backend", "backend_for_url"]

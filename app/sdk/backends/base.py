@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
-from app.envelope.codec import Layout
-from app.envelope.model import Envelope
-from app.errors import ConfigError
-from app.security.signing import SigningKey, VerificationKeys
+from ...envelope.codec import Layout
+from ...envelope.model import Envelope
+from ...errors import ConfigError
+from ...security.signing import SigningKey, VerificationKeys
 
 
 @dataclass(slots=True)

@@ -37,13 +37,14 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from app.bindings import _common as c
-from app.bindings import kafka as kb
-from app.broker.metadata import partitions_of
-from app.envelope.codec import encode as encode_envelope
-from app.envelope.model import Envelope
-from app.errors import PublishError, SubscribeError
-from app.sdk.backends.base import (
+from ...bindings import _common as c
+from ...bindings import kafka as kb
+from ...broker.metadata import partitions_of
+from ...envelope.codec import encode as encode_envelope
+from ...envelope.model import Envelope
+from ...errors import PublishError, SubscribeError
+from ...security.signing import VerificationKeys, sign
+from .base import (
     Backend,
     BackendSubscription,
     Delivery,
@@ -56,7 +57,6 @@ from app.sdk.backends.base import (
     reject_unknown,
     split_url,
 )
-from app.security.signing import VerificationKeys, sign
 
 log = logging.getLogger("prism.sdk.kafka")
 _KNOWN = ("partitions", "create_topics", "acks", "linger_ms", "session_timeout_ms", "heartbeat_interval_ms",
@@ -80,7 +80,7 @@ class KafkaBackend(Backend):
         self._client_kwargs: dict[str, Any] = {}
         self._settings = None
         if params.pop("security", "") == "env":
-            from app.broker.admin import BrokerSettings
+            from ...broker.admin import BrokerSettings
 
             self._settings = BrokerSettings.from_env()
             self._client_kwargs = self._settings.aiokafka_kwargs()
@@ -115,7 +115,7 @@ class KafkaBackend(Backend):
         """Create `topic` with `partitions` partitions when missing (once per client)."""
         if not self.create_topics or topic in self._known_topics:
             return
-        from app.broker.admin import TopicPartitionMismatch, ensure_topics
+        from ...broker.admin import TopicPartitionMismatch, ensure_topics
 
         async with self._topic_lock:
             if topic in self._known_topics:

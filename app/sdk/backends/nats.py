@@ -33,12 +33,13 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlunsplit
 
-from app.bindings import _common as c
-from app.bindings import nats as nb
-from app.envelope.codec import encode as encode_envelope
-from app.envelope.model import Envelope
-from app.errors import ConfigError, PublishError, SubscribeError
-from app.sdk.backends.base import (
+from ...bindings import _common as c
+from ...bindings import nats as nb
+from ...envelope.codec import encode as encode_envelope
+from ...envelope.model import Envelope
+from ...errors import ConfigError, PublishError, SubscribeError
+from ...security.signing import VerificationKeys
+from .base import (
     Backend,
     BackendSubscription,
     Delivery,
@@ -51,7 +52,6 @@ from app.sdk.backends.base import (
     reject_unknown,
     split_url,
 )
-from app.security.signing import VerificationKeys
 
 _KNOWN = ("stream_prefix", "storage", "duplicate_window_s")
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_-]")

@@ -36,11 +36,12 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from app.bindings import postgres as pg
-from app.envelope.model import Envelope
-from app.errors import PublishError, SubscribeError
-from app.sdk._canonical import canonical_wire, sign_canonical
-from app.sdk.backends.base import (
+from ...bindings import postgres as pg
+from ...envelope.model import Envelope
+from ...errors import PublishError, SubscribeError
+from ...security.signing import VerificationKeys, verify
+from .._canonical import canonical_wire, sign_canonical
+from .base import (
     Backend,
     BackendSubscription,
     Delivery,
@@ -50,7 +51,6 @@ from app.sdk.backends.base import (
     int_param,
     redact_url,
 )
-from app.security.signing import VerificationKeys, verify
 
 CHANNEL = "prism_events"
 INSERT_NOTIFY_SQL = (

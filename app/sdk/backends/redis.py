@@ -33,12 +33,13 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from app.bindings import _common as c
-from app.bindings import redis as rb
-from app.envelope.codec import encode as encode_envelope
-from app.envelope.model import Envelope
-from app.errors import ConfigError, PublishError, SubscribeError
-from app.sdk.backends.base import (
+from ...bindings import _common as c
+from ...bindings import redis as rb
+from ...envelope.codec import encode as encode_envelope
+from ...envelope.model import Envelope
+from ...errors import ConfigError, PublishError, SubscribeError
+from ...security.signing import VerificationKeys
+from .base import (
     Backend,
     BackendSubscription,
     Delivery,
@@ -49,7 +50,6 @@ from app.sdk.backends.base import (
     int_param,
     redact_url,
 )
-from app.security.signing import VerificationKeys
 
 
 def _text(v: Any) -> str:
