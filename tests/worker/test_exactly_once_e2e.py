@@ -153,6 +153,18 @@ async def _produce_poison(bootstrap: str, topic: str, n: int) -> None:
         await p.stop()
 
 
+async def _stopped_by_an_aborted_transaction(worker: WorkerProcess, log_path: Path) -> str:
+    """Wait (60 s at most) for `worker` to stop after its transaction was aborted; its log, which
+    must carry the one error line that says so."""
+    deadline = time.monotonic() + 60
+    while worker.running and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    assert not worker.running, "a worker whose transaction was aborted must stop"
+    log = log_path.read_text(errors="replace")
+    assert "exactly_once: the transaction of a batch" in log, log[-3000:]
+    return log
+
+
 async def test_zombie_is_fenced(kafka, tmp_path: Path, dev_keys, capsys) -> None:
     """A producer that takes a partition's transactional id (as the partition's next owner does)
     fences the worker: its next transaction there aborts, nothing of it is visible, the worker stops
@@ -180,12 +192,8 @@ async def test_zombie_is_fenced(kafka, tmp_path: Path, dev_keys, capsys) -> None
         await successor.stop()
         await _produce_poison(bootstrap, source, poison)
         await _produce_backlog(bootstrap, source, n // 2)  # partition 0's next batch is fenced
-        deadline = time.monotonic() + 60
-        while worker.running and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-        assert not worker.running, "a fenced worker must stop"
-        log = (tmp_path / "w1.log").read_text(errors="replace")
-        assert "exactly_once: the transaction of a batch" in log and "ProducerFenced" in log, log[-3000:]
+        log = await _stopped_by_an_aborted_transaction(worker, tmp_path / "w1.log")
+        assert "ProducerFenced" in log, log[-3000:]
         again.start(timeout=120)
         await watch.wait_until(n + poison, 120, again)
         await asyncio.sleep(1.0)
@@ -423,12 +431,7 @@ async def test_a_transaction_that_times_out_is_aborted_and_its_batch_read_again(
                 break
             await watch.wait_until(min(n, len(watch.seen) + 200), 60, worker)
         assert caught, "no transaction was open in 10 freezes"
-        deadline = time.monotonic() + 60
-        while worker.running and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-        assert not worker.running, "a worker whose transaction was aborted must stop"
-        log = (tmp_path / "w1.log").read_text(errors="replace")
-        assert "exactly_once: the transaction of a batch" in log, log[-3000:]
+        log = await _stopped_by_an_aborted_transaction(worker, tmp_path / "w1.log")
         again.start(timeout=120)
         await watch.wait_until(n, 180, again)
         await asyncio.sleep(1.0)
