@@ -185,6 +185,7 @@ class BatchSource:
         flow = app.flow_control
         inflight: deque[asyncio.Future[None]] = deque()
         last_of: dict[int, asyncio.Future[None]] = {}  # split_partitions: each partition's last batch
+        running: set[asyncio.Future[None]] = set()     # split_partitions: every batch not finished yet
         try:
             while True:
                 while inflight and inflight[0].done():
@@ -213,6 +214,8 @@ class BatchSource:
                         finish = await self.start(part, last_of.get(key))
                         fut = last_of[key] = asyncio.ensure_future(finish)
                         parts.append(fut)
+                        running.add(fut)
+                        fut.add_done_callback(running.discard)
                     inflight.append(asyncio.ensure_future(_all_of(parts)))
                 else:
                     finish = await self.start(current, inflight[-1] if inflight else None)
@@ -224,7 +227,7 @@ class BatchSource:
         finally:
             for fut in inflight:
                 fut.cancel()
-            for fut in last_of.values():
+            for fut in list(running):  # every partition's batch, not only each one's last
                 fut.cancel()
 
 
