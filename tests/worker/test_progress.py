@@ -7,14 +7,7 @@ import pytest
 from app.errors import ConfigError
 from app.observability.health import HealthState
 from app.worker.progress import DEFAULT_STALL_S, ENV_STALL_S, ProgressWatch, stall_after_from_env
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.worker.test_kafka_health import Clock  # the same settable clock
 
 
 def test_messages_waiting_and_nothing_processed_past_the_limit_is_a_stall_until_progress() -> None:
