@@ -34,11 +34,11 @@ test: $(STAMP)
 	@bash scripts/ensure-test-deps.sh
 	@bash scripts/ensure-kubectl.sh
 	$(BIN)/python -m app.envelope.protogen --check
-	$(BIN)/ruff check app tests bench clients
+	$(BIN)/ruff check app tests bench clients conformance
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check app tests bench clients
+	$(BIN)/ruff check app tests bench clients conformance
 
 # Built from app/'s own files (clients/python/pyproject.toml says which); docs/sdk.md, "Installing the client".
 client-wheel: $(STAMP)

@@ -4,7 +4,7 @@ re-serializing.
 Protobuf encodings are not canonical across implementations, so a verifier never
 re-encodes: it computes the signed message from the bytes it received. Which bytes are
 signed is named on the wire by `security.signature_scope` (docs/signing.md specifies both
-byte by byte; `tests/security/vectors/` holds language-neutral test vectors):
+byte by byte; `conformance/signatures/` holds language-neutral test vectors):
 
 * scope v2 (`SIGNATURE_SCOPE_V2`, what Prism signs by default): a context string naming
   the scope and layout, then the received bytes with the one security record re-framed

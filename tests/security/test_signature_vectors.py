@@ -1,4 +1,4 @@
-"""The language-neutral signature vectors (tests/security/vectors/*.json, docs/signing.md):
+"""The language-neutral signature vectors (conformance/signatures/*.json, docs/signing.md):
 every vector gives the stated verdict with Prism's verifier and with the independent spec
 implementation, the signed message matches byte for byte, and the generator reproduces the
 committed files exactly (so a change of the scope cannot slip in unnoticed)."""
@@ -24,10 +24,10 @@ from app.security.signing import (
     signed_message,
     verify,
 )
+from conformance import generate_signatures as generate
 from tests.security import spec_signing
-from tests.security.vectors import generate
 
-VECTOR_DIR = Path(__file__).parent / "vectors"
+VECTOR_DIR = Path(__file__).resolve().parents[2] / "conformance" / "signatures"
 FILES = sorted(VECTOR_DIR.glob("*.json"))
 DOCS = {f.name: json.loads(f.read_text()) for f in FILES}
 CASES = [(name, v) for name, doc in DOCS.items() for v in doc["vectors"]]
@@ -147,4 +147,4 @@ def test_regenerating_gives_the_committed_files() -> None:
     built = generate.build()
     assert sorted(built) == [f.name for f in FILES]
     for name, text in built.items():
-        assert (VECTOR_DIR / name).read_text() == text, f"{name} is stale: run python -m tests.security.vectors.generate"
+        assert (VECTOR_DIR / name).read_text() == text, f"{name} is stale: run python -m conformance.generate_signatures"
