@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from app._gen.prism.envelope.v1 import envelope_pb2 as pb
 from app.agents.base import Message
@@ -34,12 +36,18 @@ from app.agents.chain import Outcome, Result
 from app.agents.policy import CLAIMED_ENCRYPTION, Policy
 from app.envelope import Envelope, Layout, decode, encode, new_envelope
 from app.envelope.model import Payload
-from app.errors import AlgorithmError, EncryptionClaimError, PolicyError
+from app.errors import AlgorithmError, EncryptionClaimError, PolicyError, PrismError
 from app.formats import cloudevents as ce
 from app.security import keys as keymod
 from app.security.algorithms import KEY_X25519_ML_KEM_1024, lookup
 from app.security.devkeys import DevKeys
-from app.security.encryption import AuditRecord, decrypt_envelope, encrypt_envelope, envelope_aad
+from app.security.encryption import (
+    AuditRecord,
+    check_encryption_claim,
+    decrypt_envelope,
+    encrypt_envelope,
+    envelope_aad,
+)
 from app.security.keys import FileKeyring
 from app.security.signing import sign, verify
 from app.security.worker_encryption import build_worker_encryption
@@ -348,3 +356,59 @@ def test_an_empty_payload_with_a_claim(tmp_path: Path, dev_keys: DevKeys) -> Non
             assert decrypt_envelope(out["v3"][0], chain.consumer, audit=no_audit) == b""
         else:
             assert (result.outcome, result.reason) == (Outcome.DLQ, "encryption_claim_invalid")
+
+
+# --------------------------------------------------------------------------- random claims, the stage
+
+
+_LENGTHS = st.sampled_from([0, 1, 11, 12, 13, 16, 384, 512, 1088, 1568])
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(algorithm=st.sampled_from([*sorted(ALGORITHMS), "kyber1024", "aes-128-gcm", ""]) | st.text(max_size=12),
+       key_id=st.text(max_size=6), etype=st.integers(0, 6), iv=st.none() | _LENGTHS, encapsulated=st.none() | _LENGTHS,
+       payload=_LENGTHS, params=st.none() | st.sampled_from(['{"mode":"wrapped"}', '{"key_wrap":"aws-kms"}', "[]",
+                                                            "{", '{"kdf":"x"}']),
+       classification=st.sampled_from(["", "public", "internal", "confidential", "restricted"]))
+def test_random_claims_through_the_stage_are_encrypted_passed_or_refused_typed(
+        tmp_path: Path, algorithm: str, key_id: str, etype: int, iv: int | None, encapsulated: int | None,
+        payload: int, params: str | None, classification: str) -> None:
+    """Whatever the claim, the stage (with `encrypt_unencrypted: [confidential, restricted]`)
+    raises a `PrismError`, or the envelope leaves it with a claim that passes the check - the
+    producer's, untouched, or the worker's own encryption - never with a claim that fails it."""
+    stage = _random_stage(tmp_path)
+    env = new_envelope("orders.created", {"card": "4111"}, namespace=NS, data_classification=classification or None)
+    meta = env.ensure_security().encryption
+    meta.algorithm, meta.key_id, meta.encryption_type = algorithm, key_id, etype
+    if iv is not None:
+        meta.iv = bytes(iv)
+    if encapsulated is not None:
+        meta.encapsulated_key = bytes(encapsulated)
+    if params is not None:
+        meta.algorithm_params = params
+    env.payload = Payload(bytes(payload), "")
+    before = env.header.security.encryption.SerializeToString()
+    try:
+        stage.process(policy_msg(env))
+    except PrismError as exc:
+        assert exc.code in {"encryption_claim_invalid", "algorithm_not_allowed"}, exc.code
+        return
+    check_encryption_claim(env)
+    worker = CLAIMED_ENCRYPTION in env.extensions
+    assert worker == (env.header.security.encryption.SerializeToString() != before)
+    assert not worker or classification in ("confidential", "restricted")
+
+
+_STAGES: dict[str, Policy] = {}
+
+
+def _random_stage(tmp_path: Path) -> Policy:
+    """One stage for every example (building the worker's keys per example costs more than it
+    tests)."""
+    if "stage" not in _STAGES:
+        FileKeyring([keymod.new_key_record("hyb-1", KEY_X25519_ML_KEM_1024, namespace=NS)]).public_only().save(
+            tmp_path / "pub.yaml")
+        topo = _policy_topology(tmp_path)
+        _STAGES["stage"] = Policy(topo.stage("policy"), build_worker_encryption(topo))
+    return _STAGES["stage"]
