@@ -60,7 +60,8 @@ class Policy(Stage):
             md.priority = self.settings.default_priority
         sec = header.security if header.HasField("security") else None
         classification = sec.data_classification if sec is not None else ""
-        worker_encrypts = self.encryption is not None and self.encryption.applies_to(classification)
+        enc = self.encryption
+        worker_encrypts = enc is not None and enc.applies_to(classification)
         if sec is not None and sec.HasField("encryption"):
             try:
                 check_encryption_claim(env, self.algorithms)  # AlgorithmError: refused, as any disallowed algorithm
@@ -69,8 +70,8 @@ class Policy(Stage):
                 if not worker_encrypts:
                     raise
             _drop_claim(env)
-        if worker_encrypts:
-            self.encryption.encrypt(env, classification)  # type: ignore[union-attr]
+        if enc is not None and worker_encrypts:
+            enc.encrypt(env, classification)
             return  # encrypted with an algorithm the topology checked against this policy at load
         if classification in self.needs_encryption:
             raise PolicyError(f"{classification} data must be encrypted end to end",

@@ -440,7 +440,7 @@ def check_encryption_claim(env: Envelope, policy: AlgorithmPolicy = DEFAULT_POLI
     Every problem is reported at once in one `EncryptionClaimError` (DLQ reason
     `encryption_claim_invalid`). Passing is necessary, not sufficient: only the consumer's key
     shows whether the bytes really are ciphertext, and a producer that deliberately fakes the
-    shape (random-length-correct fields around plaintext) is not detectable here.
+    shape (fields of the right lengths around plaintext) is not detectable here.
     """
     sec = env.security
     if sec is None or not sec.HasField("encryption"):
