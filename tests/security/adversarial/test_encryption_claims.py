@@ -1,5 +1,5 @@
-"""Plaintext that claims to be encrypted, through the real worker on the embedded broker
-(issue 31 item 4; docs/encryption.md, "Claims of encryption").
+"""Plaintext that claims to be encrypted, through the real worker on the embedded broker and on
+Apache Kafka (the suite's `adversary` fixture; issue 31 item 4; docs/encryption.md, "Claims of encryption").
 
 The source has `classification_floor: confidential`. Anonymous producers send plaintext
 labelled encrypted (every algorithm; the bare algorithm-and-key-id claim, and ones broken in a
@@ -16,17 +16,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from app.agents.policy import CLAIMED_ENCRYPTION
 from app.envelope import Envelope, Layout, decode, encode, new_envelope
 from app.security import keys as keymod
 from app.security.algorithms import KEY_ML_KEM_1024, KEY_X25519_ML_KEM_1024
-from app.security.devkeys import DevKeys
 from app.security.encryption import AuditRecord, decrypt_envelope, encrypt_envelope
 from app.security.signing import sign
 from tests.agents.test_policy_claims import ALGORITHMS, fake_claim
-from tests.brokers import BrokerUnderTest
 from tests.security.adversarial.conftest import Adversary, Attack, Landed
 
 NS = "order-events"
@@ -34,13 +30,6 @@ NS = "order-events"
 
 def no_audit(_record: AuditRecord) -> None:
     return None
-
-
-@pytest.fixture
-def adversary(broker: Any, tmp_path: Path, dev_keys: DevKeys) -> Adversary:
-    """The embedded broker only (the issue's end-to-end case); the chain-level matrix is in
-    tests/agents/test_policy_claims.py."""
-    return Adversary(BrokerUnderTest("embedded", broker.bootstrap), tmp_path, dev_keys)
 
 
 class Scenario:
