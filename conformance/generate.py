@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import generate_envelopes, generate_signatures
+from . import generate_conversion, generate_envelopes, generate_signatures
 from ._common import ERROR_KINDS, ROOT, TEST_KEYS_NOTE, dump
 
 #: (folder, kind of its files, build function, what the folder holds)
@@ -30,6 +30,8 @@ GENERATORS: list[tuple[str, Callable[[], dict[str, str]], str]] = [
      "layouts; tampered fields, relabelled scopes, ambiguous records"),
     ("envelopes", generate_envelopes.build, "decode/encode vectors for both layouts: every context present and "
      "absent, enum and custom content types, explicit zeros, unknown fields, payload location"),
+    ("conversion", generate_conversion.build, "draft <-> reviewed conversion: output bytes (when deterministic), "
+     "output fields, and the field paths reported as not carried"),
 ]
 
 #: What a conforming implementation does with each kind of vector (README.md has the details).
@@ -52,6 +54,15 @@ KINDS: dict[str, dict[str, Any]] = {
                 "the derived values must equal `effective`; the payload must be found at `payload_location` "
                 "without parsing it. Where `canonical` is true, encoding `model` in `layout` must give "
                 "envelope_hex byte for byte.",
+    },
+    "conversion": {
+        "file_fields": [],
+        "inputs": ["input_hex", "from", "to"],
+        "expect": ["output_hex", "output_wire", "output_model", "not_carried"],
+        "task": "Convert input_hex from layout `from` to layout `to`. The output parsed with the `to` layout's "
+                "message must equal output_wire, decoded into the model output_model, and where output_hex is "
+                "present it must equal it byte for byte. The field paths reported as not carried must be exactly "
+                "not_carried (a set).",
     },
 }
 

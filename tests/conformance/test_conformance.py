@@ -22,7 +22,7 @@ from google.protobuf.message import Message
 
 from app._gen.prism.envelope.draft import envelope_pb2 as dpb
 from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
-from app.envelope import Envelope, Layout, decode, detect_layout, encode
+from app.envelope import Envelope, Layout, convert, decode, detect_layout, encode
 from app.envelope.model import Payload
 from app.errors import PrismError
 from app.security.signing import (
@@ -195,9 +195,26 @@ def run_envelope(doc: dict[str, Any], v: dict[str, Any]) -> None:
     assert encode(decode(encode(rebuilt, layout)), layout) == encode(rebuilt, layout)
 
 
+def run_conversion(doc: dict[str, Any], v: dict[str, Any]) -> None:
+    data = bytes.fromhex(v["input_hex"])
+    src, dst = Layout(v["from"]), Layout(v["to"])
+    assert detect_layout(data) is src and src is not dst
+    out, dropped = convert(data, dst)
+    assert detect_layout(out) is dst
+    if "output_hex" in v:
+        assert out.hex() == v["output_hex"]
+    cls = dpb.PrismEnvelope if dst is Layout.DRAFT else vpb.PrismEnvelope
+    assert message_json(cls.FromString(out)) == v["output_wire"]
+    assert model_json(decode(out)) == v["output_model"]
+    assert {d.split(":", 1)[0] for d in dropped} == set(v["not_carried"])
+    if not v["not_carried"]:  # nothing lost: converting back gives the input's model
+        assert model_json(decode(convert(out, src)[0])) == model_json(decode(data))
+
+
 RUNNERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], None]] = {
     "signature": run_signature,
     "envelope": run_envelope,
+    "conversion": run_conversion,
 }
 
 
