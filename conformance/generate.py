@@ -17,11 +17,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import generate_conversion, generate_envelopes, generate_signatures
+from . import generate_conversion, generate_encryption, generate_envelopes, generate_signatures
 from ._common import ERROR_KINDS, ROOT, TEST_KEYS_NOTE, dump
 
 #: (folder, kind of its files, build function, what the folder holds)
@@ -32,6 +33,8 @@ GENERATORS: list[tuple[str, Callable[[], dict[str, str]], str]] = [
      "absent, enum and custom content types, explicit zeros, unknown fields, payload location"),
     ("conversion", generate_conversion.build, "draft <-> reviewed conversion: output bytes (when deterministic), "
      "output fields, and the field paths reported as not carried"),
+    ("encryption", generate_encryption.build, "AES-256-GCM, ML-KEM-1024 and X25519+ML-KEM-1024 decrypt vectors "
+     "with fixed test keys, and tampered, truncated, swapped and moved ciphertexts"),
 ]
 
 #: What a conforming implementation does with each kind of vector (README.md has the details).
@@ -63,6 +66,17 @@ KINDS: dict[str, dict[str, Any]] = {
                 "message must equal output_wire, decoded into the model output_model, and where output_hex is "
                 "present it must equal it byte for byte. The field paths reported as not carried must be exactly "
                 "not_carried (a set).",
+    },
+    "encryption": {
+        "file_fields": ["keys"],
+        "inputs": ["envelope_hex"],
+        "expect": ["expected", "plaintext_hex", "aad_hex", "ml_kem_shared_secret_hex", "x25519_shared_secret_hex",
+                   "aead_key_hex"],
+        "task": "Decode envelope_hex and decrypt its payload with the file's keys, AAD required (docs/encryption.md). "
+                "The outcome must be `expected`: 'plaintext' with exactly plaintext_hex, or the error kind. The AAD "
+                "recomputed from the envelope must equal aad_hex; where given, the intermediate secrets and the "
+                "AEAD key must match. Encryption is randomized: what an implementation encrypts must decrypt in "
+                "Python (and the other way round) in the cross-language test.",
     },
 }
 
@@ -107,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="exit 1 if a committed file differs from a fresh build")
     args = ap.parse_args(argv)
+    # The hybrid vectors use x25519-ml-kem-1024 on purpose: its once-per-policy non-FIPS warning is noise here.
+    logging.getLogger("prism.security").setLevel(logging.ERROR)
     built = build()
     if args.check:
         stale = stale_files(built)

@@ -9,6 +9,7 @@ a regenerated suite shows up in the other languages' runs.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from collections.abc import Callable
@@ -16,7 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.mlkem import MLKEM1024PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
@@ -25,6 +30,7 @@ from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
 from app.envelope import Envelope, Layout, convert, decode, detect_layout, encode
 from app.envelope.model import Payload
 from app.errors import PrismError
+from app.security.encryption import build_aad, decrypt_envelope
 from app.security.signing import (
     ED25519,
     HMAC_SHA256,
@@ -36,6 +42,7 @@ from app.security.signing import (
 )
 from conformance import generate
 from conformance._common import ERROR_KINDS, counts_as, effective_json, message_json, model_json
+from conformance.generate_encryption import keyring as encryption_keyring
 
 ROOT = Path(generate.__file__).resolve().parent
 MANIFEST = json.loads((ROOT / "manifest.json").read_text(encoding="utf-8"))
@@ -211,10 +218,39 @@ def run_conversion(doc: dict[str, Any], v: dict[str, Any]) -> None:
         assert model_json(decode(convert(out, src)[0])) == model_json(decode(data))
 
 
+def run_encryption(doc: dict[str, Any], v: dict[str, Any]) -> None:
+    env = decode(bytes.fromhex(v["envelope_hex"]))
+    assert detect_layout(bytes.fromhex(v["envelope_hex"])) is Layout(v["layout"])
+    got = _error_kind(lambda: decrypt_envelope(env, encryption_keyring(doc["keys"])))
+    assert _matches(got, "valid" if v["expected"] == "plaintext" else v["expected"]), got
+    if v["expected"] != "plaintext":
+        return
+    assert decrypt_envelope(env, encryption_keyring(doc["keys"])).hex() == v["plaintext_hex"]
+    md, enc = env.metadata, env.header.security.encryption
+    assert build_aad(md.message_id, md.namespace, md.topic, enc.algorithm, enc.key_id).hex() == v["aad_hex"]
+    key = doc["keys"][enc.key_id]
+    if key["type"] == "symmetric-256":
+        return
+    seed = key["private_seed_hex"] if key["type"] == "ml-kem-1024" else key["ml_kem_private_seed_hex"]
+    m_ss = MLKEM1024PrivateKey.from_seed_bytes(bytes.fromhex(seed)).decapsulate(enc.encapsulated_key)
+    assert m_ss.hex() == v["ml_kem_shared_secret_hex"]
+    if key["type"] == "ml-kem-1024":
+        assert v["aead_key_hex"] == m_ss.hex()
+        return
+    eph = base64.b64decode(json.loads(enc.algorithm_params)["x25519_ephemeral_public"])
+    x_ss = X25519PrivateKey.from_private_bytes(bytes.fromhex(key["x25519_private_hex"])).exchange(
+        X25519PublicKey.from_public_bytes(eph))
+    assert x_ss.hex() == v["x25519_shared_secret_hex"]
+    info = b"prism-envelope payload key" + eph + bytes.fromhex(key["x25519_public_hex"])
+    aead_key = HKDF(hashes.SHA256(), 32, salt=b"prism-envelope/x25519-ml-kem-1024/v1", info=info).derive(x_ss + m_ss)
+    assert aead_key.hex() == v["aead_key_hex"]
+
+
 RUNNERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], None]] = {
     "signature": run_signature,
     "envelope": run_envelope,
     "conversion": run_conversion,
+    "encryption": run_encryption,
 }
 
 
