@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import generate_conversion, generate_encryption, generate_envelopes, generate_signatures
+from . import generate_conversion, generate_encryption, generate_envelopes, generate_lnmp, generate_signatures
 from ._common import ERROR_KINDS, ROOT, TEST_KEYS_NOTE, dump
 
 #: (folder, kind of its files, build function, what the folder holds)
@@ -35,6 +35,8 @@ GENERATORS: list[tuple[str, Callable[[], dict[str, str]], str]] = [
      "output fields, and the field paths reported as not carried"),
     ("encryption", generate_encryption.build, "AES-256-GCM, ML-KEM-1024 and X25519+ML-KEM-1024 decrypt vectors "
      "with fixed test keys, and tampered, truncated, swapped and moved ciphertexts"),
+    ("lnmp", generate_lnmp.build, "LNMP binary containers (TLV envelope) and #ENVELOPE text headers -> LNMP fields "
+     "and envelope fields; strict-mode refusals"),
 ]
 
 #: What a conforming implementation does with each kind of vector (README.md has the details).
@@ -77,6 +79,15 @@ KINDS: dict[str, dict[str, Any]] = {
                 "recomputed from the envelope must equal aad_hex; where given, the intermediate secrets and the "
                 "AEAD key must match. Encryption is randomized: what an implementation encrypts must decrypt in "
                 "Python (and the other way round) in the cross-language test.",
+    },
+    "lnmp": {
+        "file_fields": [],
+        "inputs": ["input_hex", "strict"],
+        "expect": ["expected", "form", "lnmp", "record_hex", "model", "reencoded_hex"],
+        "task": "Decode input_hex as an LNMP message (container, #ENVELOPE text, or bare record) in strict mode. "
+                "The outcome must be `expected` ('ok' or 'bad_lnmp'). On success the message's form, its LNMP "
+                "envelope fields, its record and the envelope fields it maps to must equal form, lnmp, record_hex "
+                "and model; writing model back as LNMP must give reencoded_hex.",
     },
 }
 

@@ -30,6 +30,7 @@ from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
 from app.envelope import Envelope, Layout, convert, decode, detect_layout, encode
 from app.envelope.model import Payload
 from app.errors import PrismError
+from app.formats.lnmp_envelope import decode_message, to_lnmp
 from app.security.encryption import build_aad, decrypt_envelope
 from app.security.signing import (
     ED25519,
@@ -43,6 +44,7 @@ from app.security.signing import (
 from conformance import generate
 from conformance._common import ERROR_KINDS, counts_as, effective_json, message_json, model_json
 from conformance.generate_encryption import keyring as encryption_keyring
+from conformance.generate_lnmp import lnmp_fields
 
 ROOT = Path(generate.__file__).resolve().parent
 MANIFEST = json.loads((ROOT / "manifest.json").read_text(encoding="utf-8"))
@@ -246,11 +248,28 @@ def run_encryption(doc: dict[str, Any], v: dict[str, Any]) -> None:
     assert aead_key.hex() == v["aead_key_hex"]
 
 
+def run_lnmp(doc: dict[str, Any], v: dict[str, Any]) -> None:
+    data = bytes.fromhex(v["input_hex"])
+    assert v["strict"] is True
+    got = _error_kind(lambda: decode_message(data, strict=True))
+    assert _matches(got, "valid" if v["expected"] == "ok" else v["expected"]), got
+    if v["expected"] != "ok":
+        return
+    mapped = decode_message(data)
+    fields, record = lnmp_fields(data)
+    assert fields == v["lnmp"] and record.hex() == v["record_hex"]
+    assert bytes(mapped.envelope.payload.value) == record
+    assert model_json(mapped.envelope) == v["model"]
+    assert bytes(to_lnmp(mapped.envelope)).hex() == v["reencoded_hex"]
+    assert bytes(to_lnmp(envelope_from_model(v["model"]))).hex() == v["reencoded_hex"]
+
+
 RUNNERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], None]] = {
     "signature": run_signature,
     "envelope": run_envelope,
     "conversion": run_conversion,
     "encryption": run_encryption,
+    "lnmp": run_lnmp,
 }
 
 
