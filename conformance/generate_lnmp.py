@@ -52,8 +52,8 @@ POSITIVE: list[tuple[str, str, bytes]] = [
      container(tlv(0x10, u64(TS)) + tlv(0x12, b"4bf92f3577b34da6a3ce929d0e0e4736"))),
     ("binary/trace-id-not-w3c", "a trace_id that is not W3C trace context: kept verbatim in extensions "
      "lnmp.trace_id", container(tlv(0x12, b"req-123") + tlv(0x13, u64(1)))),
-    ("binary/traceparent-not-canonical", "a traceparent in upper case: parsed into the observability context, and "
-     "also kept verbatim (lnmp.trace_id) so re-encoding gives it back", container(tlv(
+    ("binary/traceparent-upper-case", "a traceparent in upper case is not W3C trace context (lower-case hex "
+     "only): kept verbatim in extensions lnmp.trace_id, no observability context", container(tlv(
          0x12, TRACEPARENT.upper().replace("0X", "0x").encode()))),
     ("binary/unknown-tlv", "unknown TLV types 0x14 (reserved) and 0x20: skipped by length, kept in extensions "
      "lnmp.tlv", container(tlv(0x10, u64(TS)) + tlv(0x14, b"k=v") + tlv(0x20, b"\x00\x01"))),
