@@ -27,7 +27,7 @@ from google.protobuf.message import Message
 
 from app._gen.prism.envelope.draft import envelope_pb2 as dpb
 from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
-from app.envelope import Envelope, Layout, convert, decode, detect_layout, encode
+from app.envelope import Envelope, Layout, Limits, convert, decode, detect_layout, encode
 from app.envelope.model import Payload
 from app.errors import PrismError
 from app.formats.lnmp_envelope import decode_message, to_lnmp
@@ -40,6 +40,7 @@ from app.security.signing import (
     VerificationKeys,
     signed_message,
     verify,
+    verify_and_decode,
 )
 from conformance import generate
 from conformance._common import ERROR_KINDS, counts_as, effective_json, message_json, model_json
@@ -83,6 +84,12 @@ def test_the_manifest_lists_every_vector_file_with_its_hash_and_kind() -> None:
         assert DOCS[entry["path"]]["kind"] == entry["kind"] in MANIFEST["kinds"]
         assert len(DOCS[entry["path"]]["vectors"]) == entry["vectors"] > 0
     assert set(MANIFEST["error_kinds"]) == set(ERROR_KINDS)
+
+
+def test_vector_names_are_unique_in_each_file() -> None:
+    for path, doc in DOCS.items():
+        names = [v["name"] for v in doc["vectors"]]
+        assert len(names) == len(set(names)), f"{path} repeats a vector name"
 
 
 def test_the_suite_stays_small() -> None:
@@ -264,12 +271,27 @@ def run_lnmp(doc: dict[str, Any], v: dict[str, Any]) -> None:
     assert bytes(to_lnmp(envelope_from_model(v["model"]))).hex() == v["reencoded_hex"]
 
 
+def run_negative(doc: dict[str, Any], v: dict[str, Any]) -> None:
+    data = bytes.fromhex(v["input_hex"])
+    limits = Limits(**v["limits"]) if "limits" in v else Limits()
+    got = _error_kind(lambda: decode(data, limits=limits))
+    assert _matches(got, "valid" if v["expected_decode"] == "ok" else v["expected_decode"]), got
+    if v["expected_decode"] == "ok":
+        assert model_json(decode(data, limits=limits)) == v["model"]
+    else:
+        assert "model" not in v
+    keys = _signature_keyring(doc, False)
+    got = _error_kind(lambda: verify_and_decode(data, keys, limits=limits))
+    assert _matches(got, v["expected_verify"]), got
+
+
 RUNNERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], None]] = {
     "signature": run_signature,
     "envelope": run_envelope,
     "conversion": run_conversion,
     "encryption": run_encryption,
     "lnmp": run_lnmp,
+    "negative": run_negative,
 }
 
 
