@@ -18,7 +18,7 @@ from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from app.envelope import Envelope, Layout
-from app.envelope.model import get_content_encoding, get_content_type
+from app.envelope.model import Payload, get_content_encoding, get_content_type
 from app.envelope.wire import LEN, scan
 
 ROOT = Path(__file__).resolve().parent
@@ -121,6 +121,44 @@ def _field_json(fd: FieldDescriptor, value: Any) -> Any:
     if fd.is_repeated:
         return [_scalar(fd, v) for v in value]
     return _scalar(fd, value)
+
+
+def message_from_json(msg: Message, data: Mapping[str, Any]) -> Message:
+    """Fill `msg` from the JSON form (the inverse of `message_json`): what a runner does to
+    build an envelope from a vector's `model`."""
+    fields = msg.DESCRIPTOR.fields_by_name
+    for name, value in data.items():
+        if name == "_unknown":
+            msg.MergeFromString(bytes.fromhex(value))
+            continue
+        fd = fields[name]
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            vfd = fd.message_type.fields_by_name["value"]
+            target = getattr(msg, name)
+            for k, v in value.items():
+                target[k] = bytes.fromhex(v) if vfd.type == FieldDescriptor.TYPE_BYTES else v
+        elif fd.is_repeated:
+            getattr(msg, name).extend(value)
+        elif fd.message_type is not None:
+            sub = getattr(msg, name)
+            sub.SetInParent()
+            message_from_json(sub, value)
+        elif fd.type == FieldDescriptor.TYPE_BYTES:
+            setattr(msg, name, bytes.fromhex(value))
+        else:
+            setattr(msg, name, value)
+    return msg
+
+
+def envelope_from_model(model: Mapping[str, Any]) -> Envelope:
+    """An envelope from a vector's `model` (the reviewed layout plus `payload`)."""
+    from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
+    header = dict(model)
+    payload = header.pop("payload", None)
+    env = Envelope(message_from_json(vpb.PrismEnvelope(), header))  # type: ignore[arg-type]
+    env.payload = Payload.absent() if payload is None else Payload(
+        bytes.fromhex(payload.get("value", "")), payload.get("type_url", ""))
+    return env
 
 
 def payload_json(env: Envelope) -> dict[str, Any] | None:

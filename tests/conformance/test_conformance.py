@@ -22,13 +22,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.mlkem import MLKEM1024PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import Message
 
 from app._gen.prism.envelope.draft import envelope_pb2 as dpb
 from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
-from app.envelope import Envelope, Layout, Limits, convert, decode, detect_layout, encode
-from app.envelope.model import Payload
+from app.envelope import Layout, Limits, convert, decode, detect_layout, encode
 from app.errors import PrismError
 from app.formats.lnmp_envelope import decode_message, to_lnmp
 from app.security.encryption import build_aad, decrypt_envelope
@@ -43,7 +40,14 @@ from app.security.signing import (
     verify_and_decode,
 )
 from conformance import generate
-from conformance._common import ERROR_KINDS, counts_as, effective_json, message_json, model_json
+from conformance._common import (
+    ERROR_KINDS,
+    counts_as,
+    effective_json,
+    envelope_from_model,
+    message_json,
+    model_json,
+)
 from conformance.generate_encryption import keyring as encryption_keyring
 from conformance.generate_lnmp import lnmp_fields
 
@@ -104,52 +108,6 @@ def test_every_expected_error_is_a_listed_kind() -> None:
             for key, value in v.items():
                 if key.startswith("expected") and isinstance(value, str):
                     assert value in verdicts, f"{path} {v['name']}: {key}={value!r} is not an error kind"
-
-
-# --------------------------------------------------------------------------- JSON form -> protobuf
-
-
-def message_from_json(cls: type[Message], data: dict[str, Any]) -> Message:
-    """The inverse of the JSON form (README): what another language's runner does to build
-    an envelope from `model`. Encoding the result must give the canonical bytes."""
-    msg = cls()
-    _fill(msg, data)
-    return msg
-
-
-def _fill(msg: Message, data: dict[str, Any]) -> None:
-    fields = msg.DESCRIPTOR.fields_by_name
-    for name, value in data.items():
-        if name == "_unknown":
-            msg.MergeFromString(bytes.fromhex(value))
-            continue
-        fd = fields[name]
-        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
-            vfd = fd.message_type.fields_by_name["value"]
-            target = getattr(msg, name)
-            for k, v in value.items():
-                target[k] = bytes.fromhex(v) if vfd.type == FieldDescriptor.TYPE_BYTES else v
-        elif fd.is_repeated:
-            getattr(msg, name).extend(value)
-        elif fd.message_type is not None:
-            sub = getattr(msg, name)
-            sub.SetInParent()
-            _fill(sub, value)
-        elif fd.type == FieldDescriptor.TYPE_BYTES:
-            setattr(msg, name, bytes.fromhex(value))
-        else:
-            setattr(msg, name, value)
-
-
-def envelope_from_model(model: dict[str, Any]) -> Envelope:
-    header = dict(model)
-    payload = header.pop("payload", None)
-    env = Envelope(message_from_json(vpb.PrismEnvelope, header))  # type: ignore[arg-type]
-    if payload is None:
-        env.payload = Payload.absent()
-    else:
-        env.payload = Payload(bytes.fromhex(payload.get("value", "")), payload.get("type_url", ""))
-    return env
 
 
 # --------------------------------------------------------------------------- runners by kind
