@@ -20,6 +20,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 from app.envelope import Envelope, Layout
 from app.envelope.model import Payload, get_content_encoding, get_content_type
 from app.envelope.wire import LEN, scan
+from app.errors import PrismError
 
 ROOT = Path(__file__).resolve().parent
 
@@ -200,7 +201,10 @@ def payload_location(data: bytes, layout: Layout) -> dict[str, int] | None:
         return None
     _, _, start, vstart, end = records[0]
     out = {"record_offset": start, "record_length": end - start, "any_offset": vstart, "any_length": end - vstart}
-    value = [r for r in scan(data, vstart, end) if r[0] == 2 and r[1] == LEN]
+    try:
+        value = [r for r in scan(data, vstart, end) if r[0] == 2 and r[1] == LEN]
+    except PrismError:  # not an Any (header-only vectors): only the record is located
+        value = []
     if value:
         out["value_offset"], out["value_length"] = value[-1][3], value[-1][4] - value[-1][3]
     return out

@@ -1,6 +1,7 @@
 """Prism's answer for one input, for the Go and Rust cross-language tests.
 
     python -m conformance.check decode  HEX                 # {"outcome": "ok", "layout", "model", "effective"}
+                                                            # (+ "payload_error" when the payload is not an Any)
     python -m conformance.check verify  HEX                 # {"outcome": "valid" | error kind}
     python -m conformance.check decrypt HEX                 # {"outcome": "plaintext", "plaintext_hex"} | error kind
     python -m conformance.check encrypt ALGORITHM HEX       # {"outcome": "ok", "envelope_hex"}: HEX encrypted
@@ -33,7 +34,7 @@ from app.security.encryption import decrypt_envelope, encrypt_envelope
 from app.security.signing import VerificationKeys, verify_and_decode
 
 from . import generate_signatures
-from ._common import ERROR_KINDS, ROOT, effective_json, envelope_from_model, model_json
+from ._common import ERROR_KINDS, ROOT, effective_json, envelope_from_model, message_json, model_json
 
 
 def error_kind(exc: PrismError) -> str:
@@ -58,9 +59,16 @@ def _keys() -> dict[str, dict[str, str]]:
 
 
 def cmd_decode(data: bytes) -> dict[str, Any]:
+    """The model; when the header decodes but the payload is not an `Any`, the header alone
+    and `payload_error` (decoding is header-only: the payload is read only on demand)."""
     env = decode(data)
-    return {"outcome": "ok", "layout": detect_layout(data).value, "model": model_json(env),
-            "effective": effective_json(env)}
+    out: dict[str, Any] = {"outcome": "ok", "layout": detect_layout(data).value}
+    try:
+        out["model"] = model_json(env)
+    except PrismError as exc:
+        out["model"], out["payload_error"] = message_json(env.header), error_kind(exc)
+    out["effective"] = effective_json(env)
+    return out
 
 
 def cmd_verify(data: bytes) -> dict[str, Any]:

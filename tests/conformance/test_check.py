@@ -47,6 +47,7 @@ def test_decode_and_verify_answer_every_negative_vector_with_default_limits(vect
     assert decoded["outcome"] == vector["expected_decode"], decoded
     if vector["expected_decode"] == "ok":
         assert decoded["model"] == vector["model"]
+        assert decoded.get("payload_error") == vector.get("expected_payload")
     else:
         assert decoded["python_code"] and decoded["message"]
     assert check.answer(["verify", vector["input_hex"]])["outcome"] == vector["expected_verify"]
