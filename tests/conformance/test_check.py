@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conformance import check
 
@@ -77,3 +79,23 @@ def test_unusable_command_lines_exit_non_zero_with_a_reason() -> None:
         check.answer(["encode", "draft", '{"metadata": {"nope": 1}}'])
     with pytest.raises(SystemExit):
         check.answer(["frobnicate"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.binary(max_size=300), st.sampled_from(["decode", "verify", "decrypt"]))
+def test_any_bytes_get_an_answer_never_a_traceback(data: bytes, command: str) -> None:
+    """Hostile input: whatever the bytes, the answer is an outcome (ok/valid/plaintext or an
+    error kind with Python's code), never an exception."""
+    got = check.answer([command, data.hex()])
+    assert got["outcome"] in {"ok", "valid", "plaintext"} or got["python_code"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(min_value=0, max_value=400), st.integers(min_value=0, max_value=255))
+def test_a_vector_with_one_byte_changed_gets_an_answer(at: int, value: int) -> None:
+    vector = _doc("signatures/scope-v2-hmac-sha256.json")["vectors"][0]
+    data = bytearray.fromhex(vector["envelope_hex"])
+    data[at % len(data)] = value
+    for command in ("decode", "verify"):
+        got = check.answer([command, data.hex()])
+        assert got["outcome"] in {"ok", "valid"} or got["python_code"]
