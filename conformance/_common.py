@@ -15,9 +15,9 @@ from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
-from google.protobuf.unknown_fields import UnknownFieldSet
 
 from app.envelope import Envelope, Layout
+from app.envelope.layouts import unknown_records
 from app.envelope.model import Payload, get_content_encoding, get_content_type
 from app.envelope.wire import LEN, scan
 from app.errors import PrismError
@@ -31,14 +31,16 @@ TEST_KEYS_NOTE = "TEST KEYS ONLY - derived from published labels, never use them
 #: (app/errors.py). A runner in another language maps its own errors onto these names.
 ERROR_KINDS: dict[str, dict[str, Any]] = {
     "truncated": {
-        "meaning": "the input ends inside a record: a varint, a length-delimited value or a fixed-width value "
-                   "runs past the end of the bytes",
+        "meaning": "the input ends inside a top-level record: a tag, a length, a length-delimited value or a "
+                   "fixed-width value runs past the end of the bytes (a nested message cut inside a correctly "
+                   "framed record is malformed)",
         "python_codes": ["truncated", "bad_length"],
     },
     "malformed": {
-        "meaning": "bytes that are not an envelope: field number 0, a group or invalid wire type (6, 7), a varint "
-                   "longer than 10 bytes, a known field with the wrong wire type, a nested message that is not "
-                   "valid protobuf, a string that is not UTF-8, a payload record that is not length-delimited",
+        "meaning": "bytes that are not an envelope: field number 0, a group or invalid wire type (3, 4, 6, 7), a "
+                   "varint longer than 10 bytes, a payload record that is not length-delimited, a nested message "
+                   "that is not valid protobuf, a string that is not UTF-8 (any other known field with the wrong "
+                   "wire type is kept as an unknown field, as protobuf does)",
         "python_codes": ["malformed_envelope", "wire_type", "bad_length", "bad_utf8"],
     },
     "unknown_layout": {
@@ -100,10 +102,9 @@ def message_json(msg: Message) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for fd, value in msg.ListFields():
         out[fd.name] = _field_json(fd, value)
-    if len(UnknownFieldSet(msg)):
-        raw = msg.SerializeToString()
-        known = msg.DESCRIPTOR.fields_by_number
-        out["_unknown"] = b"".join(raw[r[2]:r[4]] for r in scan(raw) if r[0] not in known).hex()
+    unknown = unknown_records(msg)
+    if unknown:
+        out["_unknown"] = unknown.hex()
     return out
 
 

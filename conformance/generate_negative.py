@@ -41,6 +41,10 @@ def _replace_record(data: bytes, field: int, new: Callable[[bytes, bytes], bytes
     return data[:r[2]] + new(data[r[2]:r[4]], data[r[3]:r[4]]) + data[r[4]:]
 
 
+def _without_field(value: bytes, field: int) -> bytes:
+    return b"".join(value[r[2]:r[4]] for r in scan(value) if r[0] != field)
+
+
 def truncations(data: bytes, layout: Layout) -> list[tuple[str, str, bytes, str]]:
     """Cut at every top-level record boundary (what is left decodes; it no longer verifies)
     and 1 byte into, and in the middle of, every record (truncated)."""
@@ -81,6 +85,12 @@ def malformed(data: bytes, layout: Layout) -> list[tuple[str, str, bytes, str]]:
         ("wire/wire-type-7", "wire type 7 (invalid)", data + b"\xa7\x03", "malformed"),
         ("wire/payload-as-varint", "the payload field as a varint", data + _rec(layout.payload_field, 0, b"\x01"),
          "malformed"),
+        ("wire/security-as-varint", "a second security field written as a varint: protobuf keeps a known field "
+         "with the wrong wire type as an unknown field, so it decodes (model `_unknown`); a verifier refuses it",
+         data + _rec(layout.security_field, 0, b"\x01"), "ok"),
+        ("wire/topic-as-varint", "the metadata's topic replaced by a varint on its number: kept as an unknown "
+         "field of the metadata, the topic is absent", _replace_record(data, md_field, lambda rec, value: _rec(
+             md_field, 2, _without_field(value, 2) + b"\x10\x07")), "ok"),
         ("nested/metadata-cut", "the metadata message cut by one byte inside a correctly framed record (a nested "
          "message that is not valid protobuf)", nested_cut, "malformed"),
         ("nested/bad-utf8-topic", "the topic is not UTF-8", bad_utf8, "malformed"),
