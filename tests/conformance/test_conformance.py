@@ -79,6 +79,23 @@ def test_the_check_mode_exits_1_on_a_stale_file(tmp_path: Path, monkeypatch: pyt
     assert generate.stale_files(built) == sorted([first, "envelopes/left-behind.json"])
 
 
+@pytest.mark.parametrize(("module", "name", "value", "stale_folder"), [
+    ("app.envelope.model", "_MIME_TO_CT", {"application/json": 1}, "envelopes/"),  # a wire mapping
+    ("app.security.encryption", "AAD_PREFIX", b"prism-envelope-aad/v2\x00", "encryption/"),  # the AAD bytes
+    ("app.envelope.layouts", "KNOWN_ENVELOPE_VERSION", 2, "conversion/"),  # the draft's version record
+])
+def test_a_change_to_the_wire_format_makes_the_suite_stale(module: str, name: str, value: object, stale_folder: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """What issue 30 asks: a change to the wire format, signing or encryption made in Python
+    alone fails the build (`--check`), until the vectors - which Go and Rust run - change too."""
+    import importlib
+    mod = importlib.import_module(module)
+    current = getattr(mod, name)
+    monkeypatch.setattr(mod, name, {**current, **value} if isinstance(current, dict) else value)
+    stale = generate.stale_files(generate.build())
+    assert any(p.startswith(stale_folder) for p in stale) and "manifest.json" in stale
+
+
 def test_the_manifest_lists_every_vector_file_with_its_hash_and_kind() -> None:
     on_disk = sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*.json") if p.name != "manifest.json")
     assert sorted(DOCS) == on_disk
