@@ -283,6 +283,12 @@ class ConfigError(PrismError):
     code = "bad_config"
 
 
+class NoRoomError(ConfigError):
+    """The output topics' size limits leave an input no usable room (app/worker/limits.py)."""
+
+    code = "no_room"
+
+
 class SinkError(PrismError):
     """Writing to an output (topic, Redis, PostgreSQL, NATS, object store) failed."""
 

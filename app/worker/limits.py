@@ -31,13 +31,15 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from app.envelope.codec import DEFAULT_LIMITS
-from app.errors import ConfigError
+from app.errors import ConfigError, NoRoomError
 
-__all__ = ["MAX_REQUEST_ENV", "OUTPUT_OVERHEAD", "WriteLimits", "max_request_from_env", "record_size"]
+__all__ = ["MAX_REQUEST_ENV", "MIN_INPUT_ROOM", "OUTPUT_OVERHEAD", "WriteLimits", "check_room", "max_request_from_env",
+           "measured_overhead", "record_size"]
 
 #: The producer's `max_request_size` in bytes, for every entry point that builds a worker
 #: (`prism run`, its `--processes` children, `app_from_env`); unset: faust_app's 4 MiB.
@@ -88,6 +90,8 @@ class WriteLimits:
     unknown: Mapping[str, str] = field(default_factory=dict)
     envelope_limit: int = DEFAULT_LIMITS.max_message_bytes
     output_topics: tuple[str, ...] = ()
+    #: what an output record may add to its input's bytes (`output_overhead`)
+    overhead: int = OUTPUT_OVERHEAD
 
     def limit_for(self, topic: str) -> int:
         """The largest record (`record_size`) that `topic` accepts from this worker."""
@@ -102,7 +106,7 @@ class WriteLimits:
     @property
     def input_limit(self) -> int:
         """The largest input record (key + value + headers) whose outputs can fit."""
-        return max(1, min(self.envelope_limit, self.output_limit - OUTPUT_OVERHEAD))
+        return max(0, min(self.envelope_limit, self.output_limit - self.overhead))
 
     def fits(self, topic: str, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]]) -> bool:
         return record_size(key, value, headers) <= self.limit_for(topic)
@@ -113,7 +117,7 @@ class WriteLimits:
         known = {t: v for t, v in reported.items() if v is not None and v > 0}
         unknown = {t: (why or {}).get(t, "not reported by the broker") for t, v in reported.items()
                    if v is None or v <= 0}
-        return WriteLimits(self.max_request_size, known, unknown, self.envelope_limit, self.output_topics)
+        return WriteLimits(self.max_request_size, known, unknown, self.envelope_limit, self.output_topics, self.overhead)
 
     def lowered(self, topic: str, limit: int) -> WriteLimits:
         """These limits with `topic`'s lowered to `limit` (at least 1 KiB): the broker refused a
@@ -121,7 +125,8 @@ class WriteLimits:
         topics = dict(self.topic_limits)
         topics[topic] = max(1024, min(limit, self.limit_for(topic)))
         unknown = {t: why for t, why in self.unknown.items() if t != topic}
-        return WriteLimits(self.max_request_size, topics, unknown, self.envelope_limit, self.output_topics)
+        return WriteLimits(self.max_request_size, topics, unknown, self.envelope_limit, self.output_topics,
+                           self.overhead)
 
     def describe(self, topics: Iterable[str]) -> str:
         """One line for the start-up log: every limit and where it came from."""
@@ -134,4 +139,65 @@ class WriteLimits:
             parts.append(f"{t}: {self.limit_for(t)} ({src})")
         return (f"write limits: producer max_request_size={self.max_request_size}; " + "; ".join(parts)
                 + f"; input limit {self.input_limit} bytes (smallest output limit {self.output_limit} minus "
-                  f"{OUTPUT_OVERHEAD} overhead, at most the envelope limit {self.envelope_limit})")
+                  f"{self.overhead} overhead, at most the envelope limit {self.envelope_limit})")
+
+
+#: Where the measured overhead cannot see: fields a stage may add from configuration (schema
+#: context, validation headers, labels). The exact check before sending still catches any output
+#: over its limit; this only keeps the input pre-check from admitting inputs that cannot fit.
+MEASURE_MARGIN = 2048
+#: Below this many bytes of room for an input the pipeline cannot carry real messages: refuse to start.
+MIN_INPUT_ROOM = 1024
+
+
+def measured_overhead(publisher: Any, topic: str, *, id_length: int) -> int:
+    """What the worker adds to an input, measured with its own publisher: the largest output
+    record (`record_size`, every output topic) built from an *empty* input whose worker-set
+    fields are at their largest - ids and names at the validate stage's `id_length`, trace and
+    schema contexts, identity extensions, the `prism-source` header with the widest partition
+    and offset, the worker's signature - plus the longest batch audit path (a tree of
+    `MAX_TREE_SIZE` leaves, which the one signed here lacks) and `MEASURE_MARGIN`.
+
+    Why measured rather than a constant (issue 31): a fixed 64 KiB left no room at all under
+    output limits of 64 KiB or less, and far more than needed above; the real figure is a few
+    KiB and depends on the layouts, the signature scope and the topology's names."""
+    import math
+
+    from app.agents.base import Message
+    from app.envelope import new_envelope
+    from app.security.signing import MAX_TREE_SIZE
+
+    wide = "w" * id_length
+    env = new_envelope(topic, b"", namespace=wide, message_id=wide, correlation_id=wide, causality_parent=wide,
+                       data_classification="confidential", contains_pii=True, producer_sdk_version="v" * 64,
+                       extensions={"prism.identity.method": b"attestation", "prism.claimed.publisher_id": wide.encode(),
+                                   "prism.claimed.publisher_team": wide.encode()})
+    obs = env.ensure_observability()
+    obs.trace_id, obs.span_id, obs.parent_span_id, obs.trace_flags = "f" * 32, "f" * 16, "f" * 16, 1
+    sch = env.ensure_schema()
+    sch.schema_url, sch.schema_version, sch.schema_format = "s" * 256, "v" * 32, "protobuf"
+    sch.schema_hash, sch.schema_name, sch.compatibility_mode = "h" * 64, wide, "FULL_TRANSITIVE"
+    sec = env.ensure_security()
+    sec.publisher_id, sec.publisher_team = wide, wide
+    msg = Message(topic=topic, partition=2**31 - 1, offset=2**63 - 1, value=b"", envelope=env, settled=True)
+    emissions = publisher.emissions(msg)
+    largest = max((record_size(e.record.key, e.record.value, e.record.headers) for e in emissions), default=0)
+    audit_path = math.ceil(math.log2(MAX_TREE_SIZE)) * (32 + 2) + 16  # hashes, their tags, index and size
+    return largest + audit_path + MEASURE_MARGIN
+
+
+def check_room(limits: WriteLimits, topics: Iterable[str]) -> None:
+    """Refuse to start when the output limits leave an input no usable room (`MIN_INPUT_ROOM`):
+    one `ConfigError` naming the tightest topic and the setting to change."""
+    if limits.input_limit >= MIN_INPUT_ROOM:
+        return
+    tight = min(topics, key=limits.limit_for, default=None)
+    where = (f"{tight} (max.message.bytes {limits.limit_for(tight)})" if tight is not None
+             else f"the producer's max_request_size {limits.max_request_size}")
+    raise NoRoomError(
+        f"the output limit of {where} leaves {limits.input_limit} bytes for an input after the "
+        f"{limits.overhead} bytes the worker adds (envelope, headers, signature and audit path): every message "
+        "would be dead-lettered as too_large", path="max.message.bytes",
+        hint=f"raise max.message.bytes of {tight or 'the output topics'} to at least "
+             f"{limits.overhead + MIN_INPUT_ROOM + 65536} (kafka-configs --alter --add-config max.message.bytes=...) "
+             f"or PRISM_MAX_REQUEST_BYTES")
