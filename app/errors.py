@@ -289,6 +289,13 @@ class NoRoomError(ConfigError):
     code = "no_room"
 
 
+class StallError(PrismError):
+    """The worker made no progress with messages waiting, and a rewind did not help: it exits
+    so that its supervisor restarts it (app/worker/progress.py)."""
+
+    code = "stalled"
+
+
 class SinkError(PrismError):
     """Writing to an output (topic, Redis, PostgreSQL, NATS, object store) failed."""
 
