@@ -108,6 +108,12 @@ class WriteLimits:
         """The largest input record (key + value + headers) whose outputs can fit."""
         return max(0, min(self.envelope_limit, self.output_limit - self.overhead))
 
+    def input_limit_for(self, outputs: Iterable[str]) -> int:
+        """The largest input record of a source whose outputs are `outputs`: each source is held
+        to its own outputs' limits, not to the tightest topic of another source."""
+        smallest = min((self.limit_for(t) for t in outputs), default=self.max_request_size)
+        return max(0, min(self.envelope_limit, smallest - self.overhead))
+
     def fits(self, topic: str, key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]]) -> bool:
         return record_size(key, value, headers) <= self.limit_for(topic)
 
@@ -186,18 +192,20 @@ def measured_overhead(publisher: Any, topic: str, *, id_length: int) -> int:
     return largest + audit_path + MEASURE_MARGIN
 
 
-def check_room(limits: WriteLimits, topics: Iterable[str]) -> None:
-    """Refuse to start when the output limits leave an input no usable room (`MIN_INPUT_ROOM`):
-    one `ConfigError` naming the tightest topic and the setting to change."""
-    if limits.input_limit >= MIN_INPUT_ROOM:
-        return
-    tight = min(topics, key=limits.limit_for, default=None)
-    where = (f"{tight} (max.message.bytes {limits.limit_for(tight)})" if tight is not None
-             else f"the producer's max_request_size {limits.max_request_size}")
-    raise NoRoomError(
-        f"the output limit of {where} leaves {limits.input_limit} bytes for an input after the "
-        f"{limits.overhead} bytes the worker adds (envelope, headers, signature and audit path): every message "
-        "would be dead-lettered as too_large", path="max.message.bytes",
-        hint=f"raise max.message.bytes of {tight or 'the output topics'} to at least "
-             f"{limits.overhead + MIN_INPUT_ROOM + 65536} (kafka-configs --alter --add-config max.message.bytes=...) "
-             f"or PRISM_MAX_REQUEST_BYTES")
+def check_room(limits: WriteLimits, sources: Mapping[str, Sequence[str]]) -> None:
+    """Refuse to start when the output limits leave a source's inputs no usable room
+    (`MIN_INPUT_ROOM`): one `NoRoomError` naming the tightest output topic and the setting."""
+    for source, outputs in sources.items():
+        room = limits.input_limit_for(outputs)
+        if room >= MIN_INPUT_ROOM:
+            continue
+        tight = min(outputs, key=limits.limit_for, default=None)
+        where = (f"{tight} (max.message.bytes {limits.limit_for(tight)})" if tight is not None
+                 else f"the producer's max_request_size {limits.max_request_size}")
+        raise NoRoomError(
+            f"the output limit of {where} leaves {room} bytes for an input of {source} after the {limits.overhead} "
+            "bytes the worker adds (envelope, headers, signature and audit path): every message would be "
+            "dead-lettered as too_large", path="max.message.bytes",
+            hint=f"raise max.message.bytes of {tight or 'the output topics'} to at least "
+                 f"{limits.overhead + 64 * 1024} (kafka-configs --alter --entity-type topics --entity-name {tight} "
+                 f"--add-config max.message.bytes=...) or PRISM_MAX_REQUEST_BYTES")

@@ -368,9 +368,12 @@ class PipelineApp:
         self.app.task(_check_retention)
         # Size limits (app/worker/limits.py): the configured producer limit now, the topics'
         # max.message.bytes once the broker answered; the first batch's writes wait for that.
-        outputs = [t for s in topology.sources for t in self.publisher._output_topics(s.topic)]
-        if self.publisher.archive_topic is not None:
-            outputs.append(self.publisher.archive_topic)
+        #: each source's output topics (its inputs' size limit follows from theirs)
+        self.source_outputs: dict[str, tuple[str, ...]] = {
+            s.topic: (*self.publisher._output_topics(s.topic),
+                      *((self.publisher.archive_topic,) if self.publisher.archive_topic is not None else ()))
+            for s in topology.sources}
+        outputs = [t for outs in self.source_outputs.values() for t in outs]
         self.write_topics = tuple(dict.fromkeys(outputs + [s.topic + topology.dlq.topic_suffix
                                                            for s in topology.sources]))
         validate = topology.stage("validate")
@@ -484,7 +487,7 @@ class PipelineApp:
         values, why = run_isolated(read_max_message_bytes(bootstrap, list(self.write_topics), settings=settings),
                                    timeout=timeout)
         limits = self.limits.with_broker(values, why)
-        check_room(limits, limits.output_topics)
+        check_room(limits, self.source_outputs)
         return limits
 
     async def _after_size_refusal(self) -> None:
@@ -505,7 +508,7 @@ class PipelineApp:
             self._limits_read.set()
         line = self.limits.describe(self.write_topics)
         try:
-            check_room(self.limits, self.limits.output_topics)
+            check_room(self.limits, self.source_outputs)
         except PrismError as exc:  # the limits changed since start-up: stop rather than dead-letter everything
             log.error("error [%s] %s", exc.code, exc)
             await self.app.crash(exc)
@@ -806,7 +809,7 @@ class PipelineApp:
         size = len(msg.value) + len(msg.key or b"")
         if msg.headers:
             size += sum(len(k) + len(v) for k, v in msg.headers)
-        limit = self.limits.input_limit
+        limit = self.limits.input_limit_for(self.source_outputs.get(msg.topic, self.limits.output_topics))
         if size > limit:
             self.stats.too_large += 1
             result = chain.dlq_for_publish_failure(msg, SizeLimitError(
