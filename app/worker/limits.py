@@ -15,10 +15,12 @@ never completed. Now each write path has one limit, computed from configuration 
   value, header names and values) plus the record and batch overhead
   (`DefaultRecordBatchBuilder.estimate_size_in_bytes`, the bound aiokafka compares with
   `max_request_size`; uncompressed, so it is never below what the broker sees);
-* **the input limit** follows: an input record larger than the smallest output limit minus
-  `OUTPUT_OVERHEAD` (what the envelope, the worker's signature and its headers add) could never
-  be written to the outputs, so it is dead-lettered as `too_large` before the chain decodes it -
-  and never above the envelope codec's own limit (`Limits.max_message_bytes`, 16 MiB);
+* **the input limit** follows, per source: an input record larger than the smallest limit of
+  its source's outputs minus the overhead the worker adds (`measured_overhead`: envelope,
+  signature and audit path, headers) could never be written to the outputs, so it is
+  dead-lettered as `too_large` before the chain decodes it - and never above the envelope
+  codec's own limit (`Limits.max_message_bytes`, 16 MiB); limits that leave no usable room stop
+  the start (`check_room`);
 * **changelog records** (dedup ids, counters, sequences) are small by construction: their keys
   are bounded by the validate stage; the limit is reported, not checked per record.
 
@@ -47,9 +49,9 @@ MAX_REQUEST_ENV = "PRISM_MAX_REQUEST_BYTES"
 #: Below this aiokafka cannot send the worker's own batches (256 KiB) plus headers sensibly.
 MIN_MAX_REQUEST = 64 * 1024
 
-#: What an output record may add to its input's bytes: the envelope's metadata, the worker's
-#: signature and batch audit path, the `prism-source` header, trace context. Generous: an input
-#: this close to the limit whose outputs still do not fit is caught by the exact check.
+#: The overhead assumed where none was measured (a `WriteLimits` built without a publisher, e.g.
+#: the sinks-only app): generous, since the exact check before sending catches what it lets by.
+#: A worker measures its own (`measured_overhead`).
 OUTPUT_OVERHEAD = 64 * 1024
 
 _estimate = DefaultRecordBatchBuilder.estimate_size_in_bytes
