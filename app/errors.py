@@ -295,6 +295,19 @@ class ConfigError(PrismError):
     code = "bad_config"
 
 
+class NoRoomError(ConfigError):
+    """The output topics' size limits leave an input no usable room (app/worker/limits.py)."""
+
+    code = "no_room"
+
+
+class StallError(PrismError):
+    """The worker made no progress with messages waiting, and a rewind did not help: it exits
+    so that its supervisor restarts it (app/worker/progress.py)."""
+
+    code = "stalled"
+
+
 class SinkError(PrismError):
     """Writing to an output (topic, Redis, PostgreSQL, NATS, object store) failed."""
 

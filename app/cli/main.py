@@ -224,6 +224,8 @@ def run(
                                   configs=topo.topic_configs()))
         if not settings.embedded:  # then the ACLs (the topics exist now); the supervisor checks once for all
             preflight(settings, plan_for(pipeline if pipeline is not None else checked))
+        # topics' size limits that leave an input no room: one error line now (app/worker/limits.py)
+        (pipeline if pipeline is not None else checked).check_write_room()
         if pipeline is None:
             from app.worker.supervisor import supervise
 

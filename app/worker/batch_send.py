@@ -19,6 +19,15 @@ change:
 * the order: per topic-partition, records are appended in item order, and batches of one
   topic-partition are handed over in order.
 
+What a batch may hold is bounded by its destination: Kafka checks a topic's `max.message.bytes`
+against the whole record batch a producer sends to a partition, not against each record, so a
+builder never grows past `limit_for(topic)` (the smaller of that and the producer's
+`max_request_size`; `app/worker/limits.py`). A batch the broker still refuses for its size (the
+limit was lowered at run time, or the broker's own `message.max.bytes` is lower) says nothing
+about any one record in it: its items fail with :class:`BatchTooLargeError`, which the caller
+retries with ``split=True`` - every record in a batch of its own - and only a record refused
+alone is too large.
+
 What changes is failure granularity: a delivery failure fails every item with a record in that
 batch, and the caller (`PipelineApp._write_all`) retries those items - a record that did reach
 the broker may then be written twice, which at-least-once already allows (and dedup by message
@@ -37,16 +46,60 @@ from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-__all__ = ["OutRecord", "send_batched"]
+__all__ = ["BatchTooLargeError", "OutRecord", "RefusedUpFront", "bounded_batch", "is_size_refusal", "send_batched"]
 
 #: (topic, key, value, timestamp_ms or None, headers)
 OutRecord = tuple[str, bytes | None, bytes | None, int | None, Sequence[tuple[str, bytes]]]
 
 
+class RefusedUpFront(MessageSizeTooLargeError):
+    """A record larger than its destination's limit, refused before anything was queued: the
+    producer's state is untouched (unlike a broker's refusal, which leaves a sequence gap)."""
+
+
+class BatchTooLargeError(Exception):
+    """The broker refused a record batch of several records for its size: retry them split.
+
+    Not a verdict on any record (module docstring): never a reason to dead-letter one."""
+
+    def __init__(self, topic: str, records: int, cause: BaseException) -> None:
+        super().__init__(f"the broker refused a batch of {records} records for {topic} for its size ({cause})")
+        self.topic = topic
+        self.records = records
+        self.cause = cause
+
+
+def is_size_refusal(err: BaseException) -> bool:
+    """The broker's or the producer's refusal of a record or batch for its size."""
+    from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError
+
+    return isinstance(err, MessageSizeTooLargeError | RecordTooLargeError | RecordListTooLargeError)
+
+
+def bounded_batch(producer: Any, max_bytes: int) -> Any:
+    """An empty `BatchBuilder` like ``producer.create_batch()`` (same compression, serializers,
+    transactional flag) that holds at most `max_bytes` - the destination's limit - instead of
+    the producer's `max_batch_size` when that is larger. A first record always goes in (the
+    caller checks a record's own size against the limit first)."""
+    from aiokafka.producer.message_accumulator import BatchBuilder
+
+    acc = getattr(producer, "_message_accumulator", None)
+    if acc is None or acc._batch_size <= max_bytes:
+        return producer.create_batch()  # the producer's own batches already fit
+    txn = acc._txn_manager
+    return BatchBuilder(min(acc._batch_size, max_bytes), acc._compression_type,
+                        is_transactional=txn is not None and txn.transactional_id is not None,
+                        key_serializer=producer._key_serializer, value_serializer=producer._value_serializer)
+
+
 async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
                        handed_over: asyncio.Future[None] | None = None,
-                       limit_for: Callable[[str], int] | None = None) -> list[BaseException | None]:
+                       limit_for: Callable[[str], int] | None = None,
+                       split: bool = False) -> list[BaseException | None]:
     """Queue every item's records, then await the deliveries; per item None or its error.
+
+    Batches are bounded by `limit_for(topic)` (module docstring); with `split` every record
+    goes in a batch of its own (the retry of a batch the broker refused for its size).
 
     `producer` is a started `aiokafka.AIOKafkaProducer` (Faust's is `app.producer._ensure_producer()`).
     `handed_over`, if given, is resolved once every record is queued, before the deliveries are
@@ -67,11 +120,13 @@ async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
     estimate = DefaultRecordBatchBuilder.estimate_size_in_bytes
     partitions: dict[str, tuple[list[int], list[int]]] = {}
     open_batches: dict[tuple[str, int], tuple[Any, set[int]]] = {}  # tp -> (builder, owning items)
-    sent: list[tuple[asyncio.Future[Any], set[int]]] = []
+    counts: dict[tuple[str, int], int] = {}  # tp -> records in its open batch
+    sent: list[tuple[asyncio.Future[Any], set[int], str, int]] = []  # (delivery, owners, topic, records)
 
     async def hand_over(tp: tuple[str, int]) -> None:
         builder, owners = open_batches.pop(tp)
-        sent.append((await producer.send_batch(builder, tp[0], partition=tp[1]), owners))
+        n = counts.pop(tp, 0)
+        sent.append((await producer.send_batch(builder, tp[0], partition=tp[1]), owners, tp[0], n))
 
     for i, records in enumerate(items):
         try:
@@ -83,7 +138,7 @@ async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
                                                  list(metadata.available_partitions_for_topic(topic)))
                 limit = max_request if limit_for is None else min(max_request, limit_for(topic))
                 if estimate(key, value, headers) > limit:
-                    raise MessageSizeTooLargeError(
+                    raise RefusedUpFront(
                         f"the record for {topic} is {estimate(key, value, headers)} bytes when serialized, larger "
                         f"than its limit ({limit}; the producer's max_request_size is {max_request})")
                 if key is not None and hashes is not None:
@@ -94,28 +149,35 @@ async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
                 else:
                     tp = (topic, partitioner(key, *parts))
                 entry = open_batches.get(tp)
+                if entry is not None and split:
+                    await hand_over(tp)  # one record per batch
+                    entry = None
                 if entry is None:
-                    entry = open_batches[tp] = (producer.create_batch(), set())
+                    entry = open_batches[tp] = (bounded_batch(producer, limit), set())
                 if entry[0].append(timestamp=ts_ms, key=key, value=value, headers=headers) is None:
                     if entry[1]:
                         await hand_over(tp)  # full: send it, start the next one with this record
-                        entry = open_batches[tp] = (producer.create_batch(), set())
+                        entry = open_batches[tp] = (bounded_batch(producer, limit), set())
                         appended = entry[0].append(timestamp=ts_ms, key=key, value=value, headers=headers)
                     else:
                         appended = None
                     if appended is None:
                         del open_batches[tp]  # nothing in it: never hand over an empty batch
-                        raise MessageSizeTooLargeError(f"the record for {topic} does not fit an empty batch")
+                        counts.pop(tp, None)
+                        raise RefusedUpFront(f"the record for {topic} does not fit an empty batch")
                 entry[1].add(i)
+                counts[tp] = counts.get(tp, 0) + 1
         except Exception as exc:  # refused before it was queued: the item failed, sends nothing more
             errors[i] = exc
     for tp in list(open_batches):
         await hand_over(tp)
     if handed_over is not None and not handed_over.done():
         handed_over.set_result(None)
-    results = await asyncio.gather(*(f for f, _ in sent), return_exceptions=True)
-    for (_, owners), r in zip(sent, results, strict=True):
+    results = await asyncio.gather(*(f for f, *_ in sent), return_exceptions=True)
+    for (_, owners, topic, n), r in zip(sent, results, strict=True):
         if isinstance(r, BaseException):
+            if n > 1 and is_size_refusal(r):
+                r = BatchTooLargeError(topic, n, r)
             for i in owners:
                 if errors[i] is None:
                     errors[i] = r

@@ -43,7 +43,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
-__all__ = ["BatchBuffer", "BatchSource", "CurrentMessage", "ack_all", "release_all"]
+__all__ = ["BatchBuffer", "BatchSource", "CurrentMessage", "ack_all", "install_seek_uncommitted", "release_all"]
 
 log = logging.getLogger("prism.worker")
 
@@ -321,6 +321,42 @@ def install_handler_hook(conductor: Any) -> None:
     conductor._build_handler = build_handler
 
 
+def install_seek_uncommitted(consumer: Any, sources: list[BatchSource]) -> None:
+    """Make Faust's ``perform_seek`` rewind *every* batch-source partition, those without a
+    committed offset included: to the committed offset, or else to the start of the log.
+
+    Why (issue 31, the exactly_once restart stall): records fetched while flow control is
+    stopped, or after a rebalance began, are dropped on the promise that the seek which follows
+    fetches them again - Faust's ``getmany`` and the loop below both do it. But
+    ``perform_seek`` seeks only partitions with a committed offset above 0 (aiokafka's
+    ``seek_to_committed``); a partition with none keeps the position the dropped fetch left,
+    which can be its end. Its records were then never processed and nothing noticed: the offset
+    tracker (app/worker/continuity.py) sees a hole only when a *later* record arrives, and on a
+    backlog read to its end none does. Seen after kill -9 restarts of exactly_once workers,
+    where a new owner's first fetch often races table recovery. With ``auto_offset_reset``
+    ``earliest`` (the worker's), the start of the log is exactly where an uncommitted
+    partition's first record is; dedup absorbs what is read twice."""
+    if getattr(consumer, "_prism_seek_uncommitted", False):
+        return
+    consumer._prism_seek_uncommitted = True
+    original = consumer.perform_seek
+
+    async def perform_seek() -> None:
+        await original()
+        names = frozenset().union(*(s.names for s in sources))
+        committed = consumer._committed_offset
+        uncommitted = [tp for tp in consumer.assignment() if tp.topic in names and committed.get(tp) is None]
+        if uncommitted:
+            from aiokafka.structs import TopicPartition
+
+            # aiokafka's own seek, in the consumer thread (Faust's consumer does not offer one)
+            await consumer._thread.seek_to_beginning(*(TopicPartition(tp.topic, tp.partition) for tp in uncommitted))
+            log.info("no committed offset for %s: read from the start of the log",
+                     ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(uncommitted)))
+
+    consumer.perform_seek = perform_seek
+
+
 def install_direct_drain(consumer: Any, sources: list[BatchSource]) -> None:
     """Give `consumer` a fetch loop that appends the records of batch-source partitions to their
     list itself, and hands every other record to the conductor as Faust does.
@@ -365,6 +401,7 @@ def install_direct_drain(consumer: Any, sources: list[BatchSource]) -> None:
                     [n for n in needed if not hasattr(consumer, n)])
         return
     consumer._prism_direct_drain = True
+    install_seek_uncommitted(consumer, sources)
     app = consumer.app
     flow = app.flow_control
     pbuf = app.producer.buffer

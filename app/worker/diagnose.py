@@ -74,6 +74,7 @@ def consumer_snapshot(app: Any) -> dict[str, Any]:
                 row["acked_pending"] = len(consumer._acked.get(tp) or ())
             with contextlib.suppress(Exception):
                 row["gaps"] = len(consumer._gap.get(tp) or ())
+            row["client"] = _safe(lambda tp=tp: _client_state(consumer, tp))
             partitions[_tp(tp)] = row
         snap["partitions"] = partitions
     sources = _safe(lambda: app.topics._prism_batch_sources)
@@ -81,6 +82,25 @@ def consumer_snapshot(app: Any) -> dict[str, Any]:
         sources = []
     snap["batch_sources"] = [{"topics": sorted(s.names), "buffered": len(s.buffer)} for s in sources]
     return snap
+
+
+def _client_state(consumer: Any, tp: Any) -> dict[str, Any] | None:
+    """The aiokafka consumer's own view of `tp` (beneath Faust's): fetch position, the committed
+    offset it was reset from, whether it still waits for a reset and whether it is paused.
+    Faust's numbers say what it handed over; these say whether aiokafka fetches at all (a
+    partition with no position is never fetched)."""
+    from aiokafka.structs import TopicPartition
+
+    client = consumer._thread._consumer
+    if client is None:
+        return None
+    assignment = client._subscription.subscription.assignment
+    state = assignment.state_value(TopicPartition(tp.topic, tp.partition))
+    if state is None:
+        return None
+    return {"position": state._position, "status": str(getattr(state, "_status", "")),
+            "highwater": state.highwater, "lso": state.lso, "waiting_for_committed": len(state._committed_futs),
+            "awaiting_reset": state.awaiting_reset, "paused": state.paused}
 
 
 def _await_chain(coro: Any, limit: int) -> list[str]:

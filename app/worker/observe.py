@@ -606,6 +606,7 @@ class Observer:
             await asyncio.sleep(1.0)
             self._refresh_kafka()
             self._refresh_progress()
+            await self._act_on_stall()
 
     def _waiting(self) -> int | None:
         """Messages the broker says wait on this worker's source partitions: committed offset
@@ -661,6 +662,32 @@ class Observer:
                         now, snapshot, " | ".join(stacks[:40]), extra={"event": "stalled"})
         elif now is None and was is not None:
             log.warning("progress again (was: %s)", was, extra={"event": "stall_over"})
+
+    async def _act_on_stall(self) -> None:
+        """A stall never persists (app/worker/progress.py): re-read from the committed offsets
+        once, then, if that did not help, stop with an error for the supervisor to restart."""
+        from app.worker.progress import Action
+
+        action = self.progress.action()
+        if action is Action.NONE or self.pipeline is None:
+            return
+        app = self.pipeline.app
+        if action is Action.RESEEK:
+            log.warning("stall: rewinding the source partitions to their committed offsets to read again what a "
+                        "fetch may have dropped", extra={"event": "stall_reseek"})
+            try:
+                await app.consumer.perform_seek()
+            except Exception as exc:  # the exit below still bounds the stall
+                log.warning("stall: the rewind failed: %r", exc)
+            return
+        from app.errors import StallError
+
+        exc = StallError(f"{self.progress.stalled}; a rewind to the committed offsets did not help within "
+                         f"{self.progress.stall_after_s:.0f} s",
+                         hint="nothing is lost: offsets were not committed past unprocessed records; the worker "
+                              "exits so that its supervisor starts it afresh - report the logged diagnosis")
+        log.error("error [%s] %s", exc.code, exc, extra={"event": "stall_exit"})
+        await app.crash(exc)
 
     def exposition(self) -> bytes:
         self.refresh_gauges()

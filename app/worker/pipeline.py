@@ -35,6 +35,7 @@ restart, so SIGTERM ends the worker in every state.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import random
@@ -75,13 +76,13 @@ from app.tables.counters import FaustTopicCounters
 from app.tables.dedup import DedupWindow, FaustDedupWindow
 from app.tables.sequence import FaustSequenceTracker
 from app.topology import EnrichStage, Topology
-from app.worker.batch_send import OutRecord, send_batched
+from app.worker.batch_send import BatchTooLargeError, OutRecord, RefusedUpFront, is_size_refusal, send_batched
 from app.worker.batch_source import BatchSource, CurrentMessage, ack_all, release_all
 from app.worker.continuity import HoleFetcher, OffsetTracker
 from app.worker.dlq_overflow import build_overflow
 from app.worker.faust_app import make_app
 from app.worker.kafka_health import WriteWatch, leader_problems
-from app.worker.limits import WriteLimits, max_request_from_env, record_size
+from app.worker.limits import WriteLimits, check_room, max_request_from_env, measured_overhead, record_size
 from app.worker.transactions import EXACTLY_ONCE, PartitionProducers, TransactionFailed, check_guarantee
 
 if TYPE_CHECKING:
@@ -97,16 +98,22 @@ WRITE_DRAIN_S = 20.0
 #: Below this many bytes (value + key + headers + slack) a record fits any sane limit without
 #: the exact (slower) size computation.
 _SLACK = 4096
+#: How often the written topics' `max.message.bytes` are read again (and after every size refusal).
+LIMITS_REFRESH_S = 60.0
+#: exactly_once: attempts of one batch's transaction when the broker refuses a batch for its size
+#: (each retry has fresh limits, a fresh producer epoch and one record per producer batch).
+SIZE_RETRIES = 3
 
 
 class _Abandoned(Exception):
     """The worker is stopping and this batch's writes did not finish: leave it unacknowledged."""
 
 
-def _is_size_error(err: BaseException) -> bool:
-    from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError
+class _SizeRefused(Exception):
+    """exactly_once: the broker refused one of the transaction's batches for its size."""
 
-    return isinstance(err, MessageSizeTooLargeError | RecordTooLargeError | RecordListTooLargeError)
+
+_is_size_error = is_size_refusal
 
 
 def _is_permanent(err: BaseException) -> bool:
@@ -134,6 +141,10 @@ class RunStats:
     dlq_truncated: int = 0
     #: batches abandoned unacknowledged at shutdown (read again on restart)
     abandoned_batches: int = 0
+    #: writes sent again one record per batch after the broker refused a batch for its size
+    batches_split: int = 0
+    #: exactly_once transactions aborted for a size refusal and run again (split, fresh limits)
+    size_retried_transactions: int = 0
 
 
 def resolve_schema(settings: EnrichStage | None, base_dir: Path, *, validate: bool = False) -> SchemaInfo | None:
@@ -357,13 +368,20 @@ class PipelineApp:
         self.app.task(_check_retention)
         # Size limits (app/worker/limits.py): the configured producer limit now, the topics'
         # max.message.bytes once the broker answered; the first batch's writes wait for that.
-        outputs = [t for s in topology.sources for t in self.publisher._output_topics(s.topic)]
-        if self.publisher.archive_topic is not None:
-            outputs.append(self.publisher.archive_topic)
+        #: each source's output topics (its inputs' size limit follows from theirs)
+        self.source_outputs: dict[str, tuple[str, ...]] = {
+            s.topic: (*self.publisher._output_topics(s.topic),
+                      *((self.publisher.archive_topic,) if self.publisher.archive_topic is not None else ()))
+            for s in topology.sources}
+        outputs = [t for outs in self.source_outputs.values() for t in outs]
         self.write_topics = tuple(dict.fromkeys(outputs + [s.topic + topology.dlq.topic_suffix
                                                            for s in topology.sources]))
+        validate = topology.stage("validate")
+        id_length = int(getattr(validate, "max_id_length", 128) or 128)
         self.limits = WriteLimits(int(self.app.conf.producer_max_request_size),
-                                  output_topics=tuple(dict.fromkeys(outputs)))
+                                  output_topics=tuple(dict.fromkeys(outputs)),
+                                  overhead=max(measured_overhead(self.publisher, s.topic, id_length=id_length)
+                                               for s in topology.sources))
         self._limits_read = asyncio.Event()
         #: where a truncated DLQ copy's whole value is kept (`dlq.overflow`; checked now, before any broker)
         self.overflow = build_overflow(topology)
@@ -375,7 +393,12 @@ class PipelineApp:
 
         async def _read_limits() -> None:
             await self.read_write_limits(bootstrap, broker_settings)
+            while True:  # a limit learned from a refusal lasts until the broker's next answer
+                await asyncio.sleep(LIMITS_REFRESH_S)
+                with contextlib.suppress(Exception):
+                    await self.refresh_write_limits()
 
+        self._limits_source = (bootstrap, broker_settings)
         self.app.task(_read_limits)
         self.chains: dict[str, Chain] = {}
         self.sources: list[BatchSource] = []
@@ -439,6 +462,42 @@ class PipelineApp:
         self.retention_checks = checks
         return checks
 
+    async def refresh_write_limits(self) -> WriteLimits:
+        """Read the topics' `max.message.bytes` again (every `LIMITS_REFRESH_S`, and after the
+        broker refused a write for its size): a limit changed at run time is followed both ways,
+        and one refusal never lowers a limit for good. Logged only when a limit changed."""
+        bootstrap, settings = self._limits_source
+        values, why = await read_max_message_bytes(bootstrap, list(self.write_topics), settings=settings)
+        before = {t: self.limits.limit_for(t) for t in self.write_topics}
+        self.limits = WriteLimits(self.limits.max_request_size, output_topics=self.limits.output_topics,
+                                  envelope_limit=self.limits.envelope_limit,
+                                  overhead=self.limits.overhead).with_broker(values, why)
+        if before != {t: self.limits.limit_for(t) for t in self.write_topics}:
+            log.warning("%s (re-read from the broker)", self.limits.describe(self.write_topics),
+                        extra={"event": "write_limits"})
+        return self.limits
+
+    def check_write_room(self, *, timeout: float = 20.0) -> WriteLimits:
+        """Start-up: read the written topics' limits now and refuse to start, with one
+        `error [no_room] ... fix:` line, when they leave an input no usable room
+        (`app/worker/limits.py`, `check_room`). Run after the topics exist, before the worker."""
+        from app.broker.preflight import run_isolated
+
+        bootstrap, settings = self._limits_source
+        values, why = run_isolated(read_max_message_bytes(bootstrap, list(self.write_topics), settings=settings),
+                                   timeout=timeout)
+        limits = self.limits.with_broker(values, why)
+        check_room(limits, self.source_outputs)
+        return limits
+
+    async def _after_size_refusal(self) -> None:
+        """The broker refused a write for its size: its limits may have changed; read them again
+        (a failure to read keeps the known ones - the retry splits the batch either way)."""
+        try:
+            await self.refresh_write_limits()
+        except Exception as exc:
+            log.warning("could not re-read the topics' size limits after a size refusal: %r", exc)
+
     async def read_write_limits(self, bootstrap: str, settings: BrokerSettings | None) -> WriteLimits:
         """Read the written topics' `max.message.bytes` and log every limit in one line (a
         WARNING when a topic's limit is unknown and the configured producer limit stands in)."""
@@ -448,6 +507,12 @@ class PipelineApp:
         finally:
             self._limits_read.set()
         line = self.limits.describe(self.write_topics)
+        try:
+            check_room(self.limits, self.source_outputs)
+        except PrismError as exc:  # the limits changed since start-up: stop rather than dead-letter everything
+            log.error("error [%s] %s", exc.code, exc)
+            await self.app.crash(exc)
+            raise
         fields = {"event": "write_limits", "max_request_size": self.limits.max_request_size,
                   "input_limit": self.limits.input_limit,
                   "topics": {t: self.limits.limit_for(t) for t in self.write_topics}}
@@ -636,28 +701,47 @@ class PipelineApp:
         assert self.transactions is not None
         txn = self.transactions
         topic, partition = batch[0].topic, batch[0].partition
-        producer = await txn.producer_for(topic, partition)
         next_offset = max(m.offset for m in [*batch, *repaired]) + 1
         window = getattr(dedup, "window", None) if dedup is not None else None
         staged: list[Any] = []
+        staged_for: list[str] = []
         sent: list[Any] = []
+        for attempt in range(1, SIZE_RETRIES + 1):
+            producer = await txn.producer_for(topic, partition)
 
-        async def body() -> dict[Any, int]:
-            written = await self._write_in_transaction(chain, producer, pending)
-            if window is not None and hasattr(window, "stage_many"):
-                staged[:] = window.stage_many(((m.env.message_id, m.partition) for m in written), time.time())
-                sent[:] = await window.send_staged(producer, staged)
-            return {TopicPartition(topic, partition): next_offset}
+            async def body(producer: Any = producer, split: bool = attempt > 1) -> dict[Any, int]:
+                written = await self._write_in_transaction(chain, producer, pending, split=split)
+                if window is not None and hasattr(window, "stage_many"):
+                    ids = [m.env.message_id for m in written]
+                    if ids != staged_for:  # staged once per outcome: staging takes due tombstones off a queue
+                        staged[:] = window.stage_many(((m.env.message_id, m.partition) for m in written),
+                                                      time.time())
+                        staged_for[:] = ids
+                    sent[:] = await window.send_staged(producer, staged)
+                return {TopicPartition(topic, partition): next_offset}
 
-        try:
-            await txn.run(producer, body, str(self.app.conf.id))
-        except TransactionFailed as exc:
-            self._abandoning = True  # no later batch may commit past this one
-            await txn.close([(topic, partition)])
-            log.error("exactly_once: the transaction of a batch of %d message(s) from %s[%d] was aborted (%s); the "
-                      "worker stops and the batch is read again from the last committed offset - nothing of it is "
-                      "visible to read_committed consumers", len(batch) + len(repaired), topic, partition, exc)
-            raise
+            try:
+                await txn.run(producer, body, str(self.app.conf.id))
+                break
+            except TransactionFailed as exc:
+                await txn.close([(topic, partition)])  # its next producer starts a fresh epoch: sequences from 0
+                if isinstance(exc.__cause__, _SizeRefused) and attempt < SIZE_RETRIES and not self._stopping():
+                    # The broker refused a batch for its size (a limit lowered at run time, or
+                    # below what it reports): nothing of the transaction is visible. Read the
+                    # limits again, fit the batch to them, and run it again one record per batch.
+                    self.stats.size_retried_transactions += 1
+                    log.warning("exactly_once: the broker refused a write of %s[%d]'s batch for its size (%s); the "
+                                "transaction was aborted and runs again with the limits read anew, one record per "
+                                "producer batch", topic, partition, exc.__cause__)
+                    await self._after_size_refusal()
+                    self._fit(chain, pending, outcomes, observed)
+                    continue
+                self._abandoning = True  # no later batch may commit past this one
+                log.error("exactly_once: the transaction of a batch of %d message(s) from %s[%d] was aborted (%s); "
+                          "the worker stops and the batch is read again from the last committed offset - nothing of "
+                          "it is visible to read_committed consumers", len(batch) + len(repaired), topic, partition,
+                          exc)
+                raise
         if window is not None and staged:
             window.apply_staged(staged, sent)
         if dedup is not None:
@@ -667,16 +751,23 @@ class PipelineApp:
         self._batch_accounted(len(batch) + len(repaired))
 
     async def _write_in_transaction(self, chain: Chain, producer: Any,
-                                    pending: list[tuple[Message, list[Emission] | DlqRecord]]) -> list[Message]:
+                                    pending: list[tuple[Message, list[Emission] | DlqRecord]], *,
+                                    split: bool = False) -> list[Message]:
         """Send the batch's records into the open transaction; returns the messages whose outputs
         were sent. An output refused before it was queued (`_is_permanent`: its size, the topic)
-        is replaced by its DLQ copy in the same transaction, as `_write_all` does; any other
-        failure makes the transaction uncommittable, so it raises (and the batch is aborted)."""
+        is replaced by its DLQ copy in the same transaction, as `_write_all` does. A batch the
+        broker refused for its size raises `_SizeRefused` (the caller aborts and runs the batch
+        again, split); any other failure makes the transaction uncommittable, so it raises."""
         direct = _StartedProducer(producer)
         emitted: list[Message] = []
         todo = pending
         for _ in range(2):  # the batch, then the DLQ copies of outputs refused up front
-            results = await self._send_all(direct, [item for _, item in todo])
+            results = await self._send_all(direct, [item for _, item in todo], split=split)
+            refused = next((e for e in results if e is not None and not isinstance(e, RefusedUpFront)
+                            and (isinstance(e, BatchTooLargeError) or _is_size_error(e))), None)
+            if refused is not None:
+                # delivered batches of this producer now have a sequence gap: nothing more can commit
+                raise _SizeRefused(str(refused))
             retry: list[tuple[Message, list[Emission] | DlqRecord]] = []
             for (m, item), err in zip(todo, results, strict=True):
                 if err is None:
@@ -718,7 +809,7 @@ class PipelineApp:
         size = len(msg.value) + len(msg.key or b"")
         if msg.headers:
             size += sum(len(k) + len(v) for k, v in msg.headers)
-        limit = self.limits.input_limit
+        limit = self.limits.input_limit_for(self.source_outputs.get(msg.topic, self.limits.output_topics))
         if size > limit:
             self.stats.too_large += 1
             result = chain.dlq_for_publish_failure(msg, SizeLimitError(
@@ -1011,14 +1102,15 @@ class PipelineApp:
         dlq_cfg = self.topology.dlq
         todo = pending
         attempt = 1
+        split = False  # after a batch refused for its size: one record per producer batch
         emitted: list[Message] = []
         if after is not None:
             await self._stop_aware(after, drain_s=WRITE_DRAIN_S)
         while todo:
             watch = self.write_watch.begin()
             try:
-                results = await self._stop_aware(self._send_all(producer, [item for _, item in todo], handed_over),
-                                                 drain_s=WRITE_DRAIN_S)
+                results = await self._stop_aware(self._send_all(producer, [item for _, item in todo], handed_over,
+                                                                 split=split), drain_s=WRITE_DRAIN_S)
             except BaseException:
                 self.write_watch.discard(watch)
                 raise
@@ -1034,6 +1126,19 @@ class PipelineApp:
                 if self.blocked is not None:
                     await self._set_blocked(None)
                 return emitted
+            if any(isinstance(err, BatchTooLargeError) or _is_size_error(err) for _, _, err in failed):
+                await self._after_size_refusal()
+            if any(isinstance(err, BatchTooLargeError) for _, _, err in failed) and not split:
+                # A batch refused for its size is no verdict on its records (batch_send.py): from
+                # now on one record per batch; when nothing else failed, without counting an
+                # attempt against any of them.
+                split = True
+                self.stats.batches_split += 1
+                log.warning("the broker refused a record batch for its size (%s); the failed item(s) are sent again, "
+                            "one record per batch", next(e for _, _, e in failed if isinstance(e, BatchTooLargeError)))
+                if all(isinstance(err, BatchTooLargeError) for _, _, err in failed):
+                    todo = [(m, item) for m, item, _ in failed]
+                    continue
             attempt += 1
             self.stats.publish_retries += len(failed)
             nxt: list[tuple[Message, list[Emission] | DlqRecord]] = []
@@ -1055,11 +1160,14 @@ class PipelineApp:
                     nxt.append((m, self._fit_dlq(res.dlq)))
                 elif isinstance(item, DlqRecord):
                     if _is_size_error(err):
-                        # the broker's limit is below the one configured or reported: learn it
+                        # Refused alone: the broker's limit is below this record, even after the
+                        # re-read above (its message.max.bytes, or compression overhead). Fit it
+                        # under its own size; the next re-read of the limits undoes this.
                         size = record_size(item.key, item.value, item.headers)
-                        self.limits = self.limits.lowered(item.topic, size // 2)
-                        log.warning("the broker refused a %d-byte DLQ record for %s (%s); its limit is lower than "
-                                    "known: now %d bytes", size, item.topic, err, self.limits.limit_for(item.topic))
+                        self.limits = self.limits.lowered(item.topic, size - 1)
+                        log.warning("the broker refused a %d-byte DLQ record for %s (%s); until the limits are read "
+                                    "again its limit is taken as %d bytes", size, item.topic, err,
+                                    self.limits.limit_for(item.topic))
                         nxt.append((m, self._fit_dlq(item)))
                     else:
                         nxt.append((m, item))
@@ -1074,7 +1182,8 @@ class PipelineApp:
         return emitted
 
     async def _send_all(self, producer: Any, items: list[list[Emission] | DlqRecord],
-                        handed_over: asyncio.Future[None] | None = None) -> list[BaseException | None]:
+                        handed_over: asyncio.Future[None] | None = None, *,
+                        split: bool = False) -> list[BaseException | None]:
         """Send every item's records, in order, then await all their deliveries together;
         returns per item None (all its records written) or the error that failed it.
 
@@ -1090,7 +1199,7 @@ class PipelineApp:
                 records.append([(e.topic, e.record.key, e.record.value, _ts_ms(e.record.timestamp_ms),
                                  e.record.headers) for e in item])
         return await send_batched(producer._ensure_producer(), records, handed_over=handed_over,
-                                  limit_for=self.limits.limit_for)
+                                  limit_for=self.limits.limit_for, split=split)
 
     def _count_written(self, item: list[Emission] | DlqRecord) -> None:
         if isinstance(item, DlqRecord):
@@ -1252,4 +1361,5 @@ def app_from_env() -> faust.App:
 
         # auth, TLS and ACLs as one error line now, not a retry loop inside Faust (app/broker/preflight.py)
         preflight(settings, plan_for(pipeline))
+    pipeline.check_write_room()  # output limits that leave no room: one error line, not a DLQ of everything
     return pipeline.app

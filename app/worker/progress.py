@@ -14,15 +14,32 @@ partitions assigned to *this* worker (the broker's own numbers, `app/worker/lag.
 has finished for `PRISM_STALL_S` seconds (default 60), and nothing already explains it
 (paused, blocked, Kafka trouble, a rebalance or table recovery, shutdown). Progress - one
 batch - clears it.
+
+A stall never persists (issue 31): at the first report the worker rewinds its source
+partitions to their committed offsets (`Action.RESEEK`: records a fetch dropped are read
+again); if that does not bring progress within another `PRISM_STALL_S`, it exits with an
+error (`Action.EXIT`, exit code 1) so that its supervisor - `prism run --processes`, a
+StatefulSet - starts it afresh. Nothing is lost either way: offsets are never committed past
+an unprocessed record, so the next consumer reads from there. The bound is 2 x `PRISM_STALL_S`
+(120 s by default) from the last progress.
 """
 
 from __future__ import annotations
 
+import enum
 import os
 import time
 from collections.abc import Callable, Mapping
 
-__all__ = ["DEFAULT_STALL_S", "ENV_STALL_S", "ProgressWatch", "stall_after_from_env"]
+__all__ = ["DEFAULT_STALL_S", "ENV_STALL_S", "Action", "ProgressWatch", "stall_after_from_env"]
+
+
+class Action(enum.Enum):
+    """What the worker does about a stall (module docstring)."""
+
+    NONE = "none"
+    RESEEK = "reseek"  # once, when the stall is first reported
+    EXIT = "exit"      # the re-seek did not help within another stall period
 
 #: Seconds without a finished batch, while messages wait, before the worker reports a stall.
 #: Far above a normal batch (milliseconds) and a rebalance (seconds), below what an operator
@@ -58,6 +75,7 @@ class ProgressWatch:
         self._since = clock()
         #: the current stall's description, None while the worker makes progress
         self.stalled: str | None = None
+        self._reseeked = False
 
     def check(self, *, processed: int, waiting: int | None, excuse: str | None) -> str | None:
         """`processed`: messages accounted so far (only grows); `waiting`: the broker's lag summed
@@ -67,6 +85,7 @@ class ProgressWatch:
         if processed != self._processed or not waiting or excuse is not None:
             self._processed, self._since = processed, now
             self.stalled = None
+            self._reseeked = False
             return None
         idle = now - self._since
         if idle < self.stall_after_s:
@@ -74,3 +93,15 @@ class ProgressWatch:
         self.stalled = (f"stalled: {waiting} message(s) wait on this worker's partitions and none was processed "
                         f"for {idle:.0f} s (no known cause: not paused, writes not failing, no rebalance)")
         return self.stalled
+
+    def action(self) -> Action:
+        """What to do about the current state (call after :meth:`check`): `RESEEK` once per stall,
+        `EXIT` once the stall has lasted twice `stall_after_s`, else `NONE`."""
+        if self.stalled is None:
+            return Action.NONE
+        if self._clock() - self._since >= 2 * self.stall_after_s:
+            return Action.EXIT
+        if not self._reseeked:
+            self._reseeked = True
+            return Action.RESEEK
+        return Action.NONE

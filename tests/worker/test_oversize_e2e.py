@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import time
 import urllib.request
@@ -33,14 +34,12 @@ from app.agents.dlq import VALUE_LENGTH, VALUE_SHA256, VALUE_TRUNCATED, error_co
 from app.broker.admin import ensure_topics
 from app.demo.runner import read_all
 from app.worker.faust_app import WorkerProcess
-from app.worker.limits import OUTPUT_OVERHEAD
 from tests.brokers import BrokerUnderTest
 from tests.worker.conftest import make_topology
 
 MIB = 1024 * 1024
 #: the worker's producer limit in this test: small, so the sizes around it are quick to move
 MAX_REQUEST = 1 * MIB
-INPUT_LIMIT = MAX_REQUEST - OUTPUT_OVERHEAD
 #: RSS the worker may grow by over the whole run (it starts at ~220 MB; a 50 MB input is read
 #: once by the consumer and once by the worker, and must not be held after it was dead-lettered)
 RSS_GROWTH_LIMIT_MB = 400
@@ -97,10 +96,17 @@ async def test_every_size_around_the_limits(any_broker: BrokerUnderTest, tmp_pat
     worker = WorkerProcess("app.worker.pipeline:app_from_env", log_path=tmp_path / "w.log", env=env)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_request_size=64 * MIB, linger_ms=0)
     # (tag, input size, expected: "v3" or "dlq")
-    sizes = [("under-input", INPUT_LIMIT - 1, "v3"), ("at-input", INPUT_LIMIT, "v3"),
-             ("over-input", INPUT_LIMIT + 1, "dlq"), ("at-request", MAX_REQUEST, "dlq"),
-             ("4mb", 4 * MIB, "dlq"), ("16mb", 16 * MIB, "dlq"), ("50mb", 50 * MIB, "dlq")]
     worker.start(timeout=90)
+    # the input limit the worker derived (its measured overhead under this producer limit), as it logs it
+    deadline = time.monotonic() + 60
+    while not (found := re.search(r"input limit (\d+) bytes", worker.log_tail(20_000))):
+        assert time.monotonic() < deadline and worker.running, worker.log_tail()
+        await asyncio.sleep(0.2)
+    input_limit = int(found.group(1))
+    assert MAX_REQUEST - 64 * 1024 < input_limit < MAX_REQUEST - 1024  # a few KiB of overhead, measured
+    sizes = [("under-input", input_limit - 1, "v3"), ("at-input", input_limit, "v3"),
+             ("over-input", input_limit + 1, "dlq"), ("at-request", MAX_REQUEST, "dlq"),
+             ("4mb", 4 * MIB, "dlq"), ("16mb", 16 * MIB, "dlq"), ("50mb", 50 * MIB, "dlq")]
     await producer.start()
     rss: list[tuple[str, float]] = [("start", _rss_mb(worker.pid or 0))]
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from app.errors import ConfigError
@@ -123,3 +125,60 @@ def test_a_paused_topology_is_never_a_stall() -> None:
         clock.now += 10
         obs._refresh_progress()
     assert obs.health.stalled is None
+
+
+def test_a_stall_is_rewound_once_then_ends_the_worker_after_a_second_period() -> None:
+    """Issue 31: a stall never persists - RESEEK at the first report, EXIT at twice the limit."""
+    from app.worker.progress import Action
+
+    clock = Clock()
+    watch = ProgressWatch(60, clock)
+    watch.check(processed=10, waiting=500, excuse=None)
+    assert watch.action() is Action.NONE
+    clock.now += 61
+    watch.check(processed=10, waiting=500, excuse=None)
+    assert watch.action() is Action.RESEEK
+    assert watch.action() is Action.NONE  # once per stall
+    clock.now += 58
+    watch.check(processed=10, waiting=500, excuse=None)
+    assert watch.action() is Action.NONE
+    clock.now += 2
+    watch.check(processed=10, waiting=500, excuse=None)
+    assert watch.action() is Action.EXIT
+    # progress ends the stall; the next one is rewound again first
+    watch.check(processed=11, waiting=500, excuse=None)
+    assert watch.action() is Action.NONE
+    clock.now += 61
+    watch.check(processed=11, waiting=500, excuse=None)
+    assert watch.action() is Action.RESEEK
+
+
+async def test_the_observer_rewinds_then_crashes_the_app_with_a_stall_error(caplog: pytest.LogCaptureFixture) -> None:
+    from app.errors import StallError
+
+    clock = Clock()
+    obs = _observer_over({0: 40})
+    obs.progress = ProgressWatch(5, clock)
+    calls: list[object] = []
+
+    async def perform_seek() -> None:
+        calls.append("seek")
+
+    async def crash(exc: BaseException) -> None:
+        calls.append(exc)
+
+    obs.pipeline.app.consumer = SimpleNamespace(perform_seek=perform_seek)
+    obs.pipeline.app.crash = crash
+    with caplog.at_level("WARNING", logger="prism.worker"):
+        obs._refresh_progress()
+        await obs._act_on_stall()
+        clock.now += 6
+        obs._refresh_progress()
+        await obs._act_on_stall()
+        assert calls == ["seek"]
+        clock.now += 5
+        obs._refresh_progress()
+        await obs._act_on_stall()
+    assert calls[0] == "seek" and isinstance(calls[1], StallError) and len(calls) == 2
+    line = next(r.getMessage() for r in caplog.records if getattr(r, "event", "") == "stall_exit")
+    assert line.startswith("error [stalled] stalled: 40 message(s)") and "fix:" in line
