@@ -227,31 +227,11 @@ func EncodeParts(env *Envelope, lay Layout) (head, sec, payload []byte, err erro
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	full, err := marshal.Marshal(h)
-	if err != nil {
-		return nil, nil, nil, (&prismerr.Error{Code: "invalid_envelope", What: "header cannot be serialized: " + err.Error(),
-			Hint: "string fields must be valid UTF-8"}).Wrap(err)
-	}
-	recs, err := Scan(full)
+	head, sec, err = SplitHeader(h, lay)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	sf := lay.SecurityField()
-	head = full[:0:0]
-	for _, r := range recs {
-		if r.Field == sf {
-			sec = append(sec, full[r.Start:r.End]...)
-		} else {
-			head = append(head, full[r.Start:r.End]...)
-		}
-	}
-	if env.Payload.Present() {
-		w := env.Payload.Wire()
-		payload = AppendVarint(nil, uint64(lay.PayloadField()<<3|WireLen))
-		payload = AppendVarint(payload, uint64(len(w)))
-		payload = append(payload, w...)
-	}
-	return head, sec, payload, nil
+	return head, sec, PayloadRecord(env, lay), nil
 }
 
 // Encode serializes the envelope in a layout as [header without security][security][payload]:
@@ -328,4 +308,53 @@ func FindPayload(data []byte, lay Layout) (loc Location, ok bool, err error) {
 		}
 	}
 	return loc, true, nil
+}
+
+// SplitHeader serializes a layout header (a *reviewedpb.PrismEnvelope or a
+// *draftpb.PrismEnvelope, as LayoutHeader returns) as (header without security, security
+// record). The signing package signs and re-assembles these runs.
+func SplitHeader(h proto.Message, lay Layout) (head, sec []byte, err error) {
+	full, err := marshal.Marshal(h)
+	if err != nil {
+		return nil, nil, (&prismerr.Error{Code: "invalid_envelope", What: "header cannot be serialized: " + err.Error(),
+			Hint: "string fields must be valid UTF-8"}).Wrap(err)
+	}
+	recs, err := Scan(full)
+	if err != nil {
+		return nil, nil, err
+	}
+	sf := lay.SecurityField()
+	head = make([]byte, 0, len(full))
+	for _, r := range recs {
+		if r.Field == sf {
+			sec = append(sec, full[r.Start:r.End]...)
+		} else {
+			head = append(head, full[r.Start:r.End]...)
+		}
+	}
+	return head, sec, nil
+}
+
+// PayloadRecord is the envelope's payload record in a layout (nil when it has none).
+func PayloadRecord(env *Envelope, lay Layout) []byte {
+	if !env.Payload.Present() {
+		return nil
+	}
+	w := env.Payload.Wire()
+	out := AppendVarint(make([]byte, 0, len(w)+6), uint64(lay.PayloadField()<<3|WireLen))
+	out = AppendVarint(out, uint64(len(w)))
+	return append(out, w...)
+}
+
+// SecurityRecord serializes a security context (either layout's message) as its top-level
+// record: tag, length, value.
+func SecurityRecord(sec proto.Message, lay Layout) ([]byte, error) {
+	body, err := marshal.Marshal(sec)
+	if err != nil {
+		return nil, (&prismerr.Error{Code: "invalid_envelope", What: "security context cannot be serialized: " + err.Error(),
+			Path: "security"}).Wrap(err)
+	}
+	out := AppendVarint(nil, uint64(lay.SecurityField()<<3|WireLen))
+	out = AppendVarint(out, uint64(len(body)))
+	return append(out, body...), nil
 }
