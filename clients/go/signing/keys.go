@@ -121,3 +121,12 @@ func (k *Keys) candidates(keyID, alg string) ([]*VerificationKey, error) {
 	}
 	return found, nil
 }
+
+// All returns the trusted keys.
+func (k *Keys) All() []*VerificationKey {
+	out := make([]*VerificationKey, 0, len(k.byID))
+	for _, key := range k.byID {
+		out = append(out, key)
+	}
+	return out
+}

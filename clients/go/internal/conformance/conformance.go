@@ -89,3 +89,38 @@ func AllEnvelopes() ([][]byte, error) {
 	}
 	return out, nil
 }
+
+// Seeds returns every byte string the suite holds that a decoder might be handed: the
+// envelopes of the signature and envelope vectors, and the inputs of every other kind
+// (any "*_hex" field named envelope_hex or input_hex of any vector file listed in
+// manifest.json, or found under the folders). It is the fuzz seed corpus.
+func Seeds() ([][]byte, error) {
+	paths, err := filepath.Glob(filepath.Join(Dir(), "*", "*.json"))
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(paths)
+	var out [][]byte
+	for _, p := range paths {
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			return nil, err
+		}
+		var f struct {
+			Vectors []map[string]any `json:"vectors"`
+		}
+		if json.Unmarshal(raw, &f) != nil {
+			continue
+		}
+		for _, v := range f.Vectors {
+			for _, k := range []string{"envelope_hex", "input_hex"} {
+				if s, ok := v[k].(string); ok {
+					if b, err := hex.DecodeString(s); err == nil {
+						out = append(out, b)
+					}
+				}
+			}
+		}
+	}
+	return out, nil
+}
