@@ -17,11 +17,19 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import generate_envelopes, generate_signatures
+from . import (
+    generate_conversion,
+    generate_encryption,
+    generate_envelopes,
+    generate_lnmp,
+    generate_negative,
+    generate_signatures,
+)
 from ._common import ERROR_KINDS, ROOT, TEST_KEYS_NOTE, dump
 
 #: (folder, kind of its files, build function, what the folder holds)
@@ -30,6 +38,14 @@ GENERATORS: list[tuple[str, Callable[[], dict[str, str]], str]] = [
      "layouts; tampered fields, relabelled scopes, ambiguous records"),
     ("envelopes", generate_envelopes.build, "decode/encode vectors for both layouts: every context present and "
      "absent, enum and custom content types, explicit zeros, unknown fields, payload location"),
+    ("conversion", generate_conversion.build, "draft <-> reviewed conversion: output bytes (when deterministic), "
+     "output fields, and the field paths reported as not carried"),
+    ("encryption", generate_encryption.build, "AES-256-GCM, ML-KEM-1024 and X25519+ML-KEM-1024 decrypt vectors "
+     "with fixed test keys, and tampered, truncated, swapped and moved ciphertexts"),
+    ("lnmp", generate_lnmp.build, "LNMP binary containers (TLV envelope) and #ENVELOPE text headers -> LNMP fields "
+     "and envelope fields; strict-mode refusals"),
+    ("negative", generate_negative.build, "truncation at every record boundary and inside every record, bad varints, "
+     "wrong wire types, duplicated records, bad UTF-8, size limits, tampered and relabelled signed envelopes"),
 ]
 
 #: What a conforming implementation does with each kind of vector (README.md has the details).
@@ -52,6 +68,43 @@ KINDS: dict[str, dict[str, Any]] = {
                 "the derived values must equal `effective`; the payload must be found at `payload_location` "
                 "without parsing it. Where `canonical` is true, encoding `model` in `layout` must give "
                 "envelope_hex byte for byte.",
+    },
+    "conversion": {
+        "file_fields": [],
+        "inputs": ["input_hex", "from", "to"],
+        "expect": ["output_hex", "output_wire", "output_model", "not_carried"],
+        "task": "Convert input_hex from layout `from` to layout `to`. The output parsed with the `to` layout's "
+                "message must equal output_wire, decoded into the model output_model, and where output_hex is "
+                "present it must equal it byte for byte. The field paths reported as not carried must be exactly "
+                "not_carried (a set).",
+    },
+    "encryption": {
+        "file_fields": ["keys"],
+        "inputs": ["envelope_hex"],
+        "expect": ["expected", "plaintext_hex", "aad_hex", "ml_kem_shared_secret_hex", "x25519_shared_secret_hex",
+                   "aead_key_hex"],
+        "task": "Decode envelope_hex and decrypt its payload with the file's keys, AAD required (docs/encryption.md). "
+                "The outcome must be `expected`: 'plaintext' with exactly plaintext_hex, or the error kind. The AAD "
+                "recomputed from the envelope must equal aad_hex; where given, the intermediate secrets and the "
+                "AEAD key must match. Encryption is randomized: what an implementation encrypts must decrypt in "
+                "Python (and the other way round) in the cross-language test.",
+    },
+    "lnmp": {
+        "file_fields": [],
+        "inputs": ["input_hex", "strict"],
+        "expect": ["expected", "form", "lnmp", "record_hex", "model", "reencoded_hex"],
+        "task": "Decode input_hex as an LNMP message (container, #ENVELOPE text, or bare record) in strict mode. "
+                "The outcome must be `expected` ('ok' or 'bad_lnmp'). On success the message's form, its LNMP "
+                "envelope fields, its record and the envelope fields it maps to must equal form, lnmp, record_hex "
+                "and model; writing model back as LNMP must give reencoded_hex.",
+    },
+    "negative": {
+        "file_fields": ["key"],
+        "inputs": ["input_hex", "limits"],
+        "expect": ["expected_decode", "model", "expected_verify"],
+        "task": "Decode input_hex (with `limits` where given): the outcome must be expected_decode ('ok', then the "
+                "model must equal `model`, or an error kind). Decode and verify it with the file's key, legacy scope "
+                "refused, checking in the README's order: the outcome must be expected_verify.",
     },
 }
 
@@ -96,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="exit 1 if a committed file differs from a fresh build")
     args = ap.parse_args(argv)
+    # The hybrid vectors use x25519-ml-kem-1024 on purpose: its once-per-policy non-FIPS warning is noise here.
+    logging.getLogger("prism.security").setLevel(logging.ERROR)
     built = build()
     if args.check:
         stale = stale_files(built)

@@ -9,6 +9,7 @@ a regenerated suite shows up in the other languages' runs.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from collections.abc import Callable
@@ -16,15 +17,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.mlkem import MLKEM1024PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from app._gen.prism.envelope.draft import envelope_pb2 as dpb
 from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
-from app.envelope import Envelope, Layout, decode, detect_layout, encode
+from app.envelope import Envelope, Layout, Limits, convert, decode, detect_layout, encode
 from app.envelope.model import Payload
 from app.errors import PrismError
+from app.formats.lnmp_envelope import decode_message, to_lnmp
+from app.security.encryption import build_aad, decrypt_envelope
 from app.security.signing import (
     ED25519,
     HMAC_SHA256,
@@ -33,9 +40,12 @@ from app.security.signing import (
     VerificationKeys,
     signed_message,
     verify,
+    verify_and_decode,
 )
 from conformance import generate
 from conformance._common import ERROR_KINDS, counts_as, effective_json, message_json, model_json
+from conformance.generate_encryption import keyring as encryption_keyring
+from conformance.generate_lnmp import lnmp_fields
 
 ROOT = Path(generate.__file__).resolve().parent
 MANIFEST = json.loads((ROOT / "manifest.json").read_text(encoding="utf-8"))
@@ -74,6 +84,12 @@ def test_the_manifest_lists_every_vector_file_with_its_hash_and_kind() -> None:
         assert DOCS[entry["path"]]["kind"] == entry["kind"] in MANIFEST["kinds"]
         assert len(DOCS[entry["path"]]["vectors"]) == entry["vectors"] > 0
     assert set(MANIFEST["error_kinds"]) == set(ERROR_KINDS)
+
+
+def test_vector_names_are_unique_in_each_file() -> None:
+    for path, doc in DOCS.items():
+        names = [v["name"] for v in doc["vectors"]]
+        assert len(names) == len(set(names)), f"{path} repeats a vector name"
 
 
 def test_the_suite_stays_small() -> None:
@@ -195,9 +211,87 @@ def run_envelope(doc: dict[str, Any], v: dict[str, Any]) -> None:
     assert encode(decode(encode(rebuilt, layout)), layout) == encode(rebuilt, layout)
 
 
+def run_conversion(doc: dict[str, Any], v: dict[str, Any]) -> None:
+    data = bytes.fromhex(v["input_hex"])
+    src, dst = Layout(v["from"]), Layout(v["to"])
+    assert detect_layout(data) is src and src is not dst
+    out, dropped = convert(data, dst)
+    assert detect_layout(out) is dst
+    if "output_hex" in v:
+        assert out.hex() == v["output_hex"]
+    cls = dpb.PrismEnvelope if dst is Layout.DRAFT else vpb.PrismEnvelope
+    assert message_json(cls.FromString(out)) == v["output_wire"]
+    assert model_json(decode(out)) == v["output_model"]
+    assert {d.split(":", 1)[0] for d in dropped} == set(v["not_carried"])
+    if not v["not_carried"]:  # nothing lost: converting back gives the input's model
+        assert model_json(decode(convert(out, src)[0])) == model_json(decode(data))
+
+
+def run_encryption(doc: dict[str, Any], v: dict[str, Any]) -> None:
+    env = decode(bytes.fromhex(v["envelope_hex"]))
+    assert detect_layout(bytes.fromhex(v["envelope_hex"])) is Layout(v["layout"])
+    got = _error_kind(lambda: decrypt_envelope(env, encryption_keyring(doc["keys"])))
+    assert _matches(got, "valid" if v["expected"] == "plaintext" else v["expected"]), got
+    if v["expected"] != "plaintext":
+        return
+    assert decrypt_envelope(env, encryption_keyring(doc["keys"])).hex() == v["plaintext_hex"]
+    md, enc = env.metadata, env.header.security.encryption
+    assert build_aad(md.message_id, md.namespace, md.topic, enc.algorithm, enc.key_id).hex() == v["aad_hex"]
+    key = doc["keys"][enc.key_id]
+    if key["type"] == "symmetric-256":
+        return
+    seed = key["private_seed_hex"] if key["type"] == "ml-kem-1024" else key["ml_kem_private_seed_hex"]
+    m_ss = MLKEM1024PrivateKey.from_seed_bytes(bytes.fromhex(seed)).decapsulate(enc.encapsulated_key)
+    assert m_ss.hex() == v["ml_kem_shared_secret_hex"]
+    if key["type"] == "ml-kem-1024":
+        assert v["aead_key_hex"] == m_ss.hex()
+        return
+    eph = base64.b64decode(json.loads(enc.algorithm_params)["x25519_ephemeral_public"])
+    x_ss = X25519PrivateKey.from_private_bytes(bytes.fromhex(key["x25519_private_hex"])).exchange(
+        X25519PublicKey.from_public_bytes(eph))
+    assert x_ss.hex() == v["x25519_shared_secret_hex"]
+    info = b"prism-envelope payload key" + eph + bytes.fromhex(key["x25519_public_hex"])
+    aead_key = HKDF(hashes.SHA256(), 32, salt=b"prism-envelope/x25519-ml-kem-1024/v1", info=info).derive(x_ss + m_ss)
+    assert aead_key.hex() == v["aead_key_hex"]
+
+
+def run_lnmp(doc: dict[str, Any], v: dict[str, Any]) -> None:
+    data = bytes.fromhex(v["input_hex"])
+    assert v["strict"] is True
+    got = _error_kind(lambda: decode_message(data, strict=True))
+    assert _matches(got, "valid" if v["expected"] == "ok" else v["expected"]), got
+    if v["expected"] != "ok":
+        return
+    mapped = decode_message(data)
+    fields, record = lnmp_fields(data)
+    assert fields == v["lnmp"] and record.hex() == v["record_hex"]
+    assert bytes(mapped.envelope.payload.value) == record
+    assert model_json(mapped.envelope) == v["model"]
+    assert bytes(to_lnmp(mapped.envelope)).hex() == v["reencoded_hex"]
+    assert bytes(to_lnmp(envelope_from_model(v["model"]))).hex() == v["reencoded_hex"]
+
+
+def run_negative(doc: dict[str, Any], v: dict[str, Any]) -> None:
+    data = bytes.fromhex(v["input_hex"])
+    limits = Limits(**v["limits"]) if "limits" in v else Limits()
+    got = _error_kind(lambda: decode(data, limits=limits))
+    assert _matches(got, "valid" if v["expected_decode"] == "ok" else v["expected_decode"]), got
+    if v["expected_decode"] == "ok":
+        assert model_json(decode(data, limits=limits)) == v["model"]
+    else:
+        assert "model" not in v
+    keys = _signature_keyring(doc, False)
+    got = _error_kind(lambda: verify_and_decode(data, keys, limits=limits))
+    assert _matches(got, v["expected_verify"]), got
+
+
 RUNNERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], None]] = {
     "signature": run_signature,
     "envelope": run_envelope,
+    "conversion": run_conversion,
+    "encryption": run_encryption,
+    "lnmp": run_lnmp,
+    "negative": run_negative,
 }
 
 
