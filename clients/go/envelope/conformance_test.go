@@ -34,49 +34,20 @@ func layoutOf(name string) envelope.Layout {
 	return envelope.Reviewed
 }
 
-// modelJSON renders a decoded envelope in the suite's JSON form: the header plus the payload.
 func modelJSON(t *testing.T, env *envelope.Envelope) any {
 	t.Helper()
-	m := conformance.ToJSON(env.Header.ProtoReflect()).(map[string]any)
-	if env.Payload.Present() {
-		p := map[string]any{}
-		tu, err := env.Payload.TypeURL()
-		if err != nil {
-			t.Fatal(err)
-		}
-		v, _ := env.Payload.Value()
-		if tu != "" {
-			p["type_url"] = tu
-		}
-		if len(v) > 0 {
-			p["value"] = hex.EncodeToString(v)
-		}
-		m["payload"] = p
-	}
-	return conformance.Normalize(m)
-}
-
-// envelopeFromModel builds an Envelope from the JSON form of the model.
-func envelopeFromModel(t *testing.T, model map[string]any) *envelope.Envelope {
-	t.Helper()
-	h := &reviewedpb.PrismEnvelope{}
-	rest := map[string]any{}
-	for k, v := range model {
-		if k != "payload" {
-			rest[k] = v
-		}
-	}
-	if err := conformance.FromJSON(rest, h.ProtoReflect()); err != nil {
+	m, err := conformance.ModelJSON(env)
+	if err != nil {
 		t.Fatal(err)
 	}
-	env := &envelope.Envelope{Header: h, Payload: envelope.AbsentPayload()}
-	if p, ok := model["payload"].(map[string]any); ok {
-		tu, _ := p["type_url"].(string)
-		var val []byte
-		if s, ok := p["value"].(string); ok {
-			val, _ = hex.DecodeString(s)
-		}
-		env.Payload = envelope.NewPayload(tu, val)
+	return m
+}
+
+func envelopeFromModel(t *testing.T, model map[string]any) *envelope.Envelope {
+	t.Helper()
+	env, err := conformance.EnvelopeFromModel(model)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return env
 }

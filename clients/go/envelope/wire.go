@@ -109,7 +109,7 @@ func Scan(buf []byte) ([]Record, error) {
 				return nil, err
 			}
 			if length > uint64(end-vs) {
-				return nil, &prismerr.Error{Code: "bad_length",
+				return nil, &prismerr.Error{Code: "truncated",
 					What: "field " + itoa(f) + " claims " + u64toa(length) + " bytes but only " + itoa(end-vs) + " remain",
 					Path: byteAt(start), Hint: "the message was truncated or corrupted in transit"}
 			}

@@ -3,37 +3,15 @@ package signing_test
 import (
 	"bytes"
 	"encoding/hex"
-	"errors"
 	"path/filepath"
 	"testing"
 
 	"github.com/prism-envelope/prism/clients/go/envelope"
 	"github.com/prism-envelope/prism/clients/go/internal/conformance"
-	"github.com/prism-envelope/prism/clients/go/prismerr"
 	"github.com/prism-envelope/prism/clients/go/signing"
 )
 
-// verdict maps a verification result onto the suite's verdict names (conformance/README.md,
-// "Error kinds").
-func verdict(err error) string {
-	if err == nil {
-		return "valid"
-	}
-	var pe *prismerr.Error
-	if !errors.As(err, &pe) {
-		return "untyped error: " + err.Error()
-	}
-	switch pe.Code {
-	case "truncated":
-		return "truncated"
-	case "bad_length", "wire_type", "bad_utf8", "malformed_envelope":
-		if pe.Code == "bad_length" && len(pe.What) > 6 && pe.What[:6] == "field " {
-			return "truncated" // a length that runs past the end
-		}
-		return "malformed"
-	}
-	return pe.Code
-}
+func verdict(err error) string { return conformance.Verdict(err, "valid") }
 
 func keysOf(t *testing.T, k conformance.Key) *signing.Keys {
 	t.Helper()

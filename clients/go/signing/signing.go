@@ -331,6 +331,7 @@ func CheckUnambiguous(data []byte, layout envelope.Layout) error {
 type VerifyOptions struct {
 	Layout            envelope.Layout
 	AcceptLegacyScope *bool
+	Limits            *envelope.Limits // VerifyAndDecode: nil means envelope.DefaultLimits
 }
 
 // Verify checks the signature on received envelope bytes. Errors (errors.Is):
@@ -350,9 +351,21 @@ func Verify(data []byte, keys *Keys, opts VerifyOptions) (Info, error) {
 	return p.verify(sig, alg, keyID, keys, opts)
 }
 
-// VerifyAndDecode verifies and decodes in one pass over the records.
+// VerifyAndDecode checks the records for ambiguity, decodes (within the size limits) and
+// verifies, in one pass over the records: what a consumer normally wants.
 func VerifyAndDecode(data []byte, keys *Keys, opts VerifyOptions) (*envelope.Envelope, Info, error) {
 	p, err := parse(data, opts.Layout, true)
+	if err != nil {
+		return nil, Info{}, err
+	}
+	limits := envelope.DefaultLimits
+	if opts.Limits != nil {
+		limits = *opts.Limits
+	}
+	if len(data) > limits.MaxMessageBytes {
+		return nil, Info{}, prismerr.Newf("too_large", "envelope is %d bytes, over the %d-byte limit", len(data), limits.MaxMessageBytes)
+	}
+	env, _, err := envelope.DecodeRecords(data, p.recs, p.lay, limits)
 	if err != nil {
 		return nil, Info{}, err
 	}
@@ -361,10 +374,6 @@ func VerifyAndDecode(data []byte, keys *Keys, opts VerifyOptions) (*envelope.Env
 		return nil, Info{}, err
 	}
 	info, err := p.verify(sig, alg, keyID, keys, opts)
-	if err != nil {
-		return nil, Info{}, err
-	}
-	env, _, err := envelope.DecodeRecords(data, p.recs, p.lay, envelope.DefaultLimits)
 	if err != nil {
 		return nil, Info{}, err
 	}

@@ -5,10 +5,13 @@ package conformance
 import (
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"runtime"
 	"sort"
+
+	"github.com/prism-envelope/prism/clients/go/prismerr"
 )
 
 // Dir is the repository's conformance/ folder.
@@ -123,4 +126,30 @@ func Seeds() ([][]byte, error) {
 		}
 	}
 	return out, nil
+}
+
+// Verdict maps a result onto the suite's error kinds (README.md, "Error kinds"); success is
+// the caller's own word ("valid", "ok", "plaintext").
+func Verdict(err error, success string) string {
+	if err == nil {
+		return success
+	}
+	var pe *prismerr.Error
+	if !errors.As(err, &pe) {
+		return "untyped error: " + err.Error()
+	}
+	switch pe.Code {
+	case "bad_length", "wire_type", "bad_utf8", "malformed_envelope":
+		return "malformed"
+	}
+	return pe.Code
+}
+
+// File reads one vector file of the suite into out.
+func File(rel string, out any) error {
+	raw, err := os.ReadFile(filepath.Join(Dir(), rel))
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(raw, out)
 }
