@@ -91,6 +91,7 @@ var parents = map[string]string{
 	"legacy_signature_scope":      "unsupported_signature_scope",
 	"ambiguous_envelope":          "bad_signature",
 	"unknown_key":                 "security_error",
+	"key_not_usable":              "security_error",
 	"algorithm_not_allowed":       "security_error",
 	"crypto_error":                "security_error",
 	"decryption_failed":           "crypto_error",
@@ -130,6 +131,7 @@ var (
 	ErrLegacyScope       = sentinel("legacy_signature_scope")
 	ErrAmbiguousEnvelope = sentinel("ambiguous_envelope")
 	ErrUnknownKey        = sentinel("unknown_key")
+	ErrKeyNotUsable      = sentinel("key_not_usable")
 	ErrAlgorithm         = sentinel("algorithm_not_allowed")
 	ErrCrypto            = sentinel("crypto_error")
 	ErrDecryption        = sentinel("decryption_failed")
