@@ -4,9 +4,18 @@ go 1.24.0
 
 require google.golang.org/protobuf v1.36.12
 
-require github.com/klauspost/compress v1.18.0
+require (
+	github.com/klauspost/compress v1.18.0
+	github.com/twmb/franz-go v1.19.5
+	github.com/twmb/franz-go/pkg/kadm v1.16.0
+)
 
 require (
-	golang.org/x/crypto v0.36.0
-	golang.org/x/sys v0.31.0 // indirect
+	github.com/pierrec/lz4/v4 v4.1.22 // indirect
+	github.com/twmb/franz-go/pkg/kmsg v1.11.2 // indirect
+)
+
+require (
+	golang.org/x/crypto v0.38.0
+	golang.org/x/sys v0.33.0 // indirect
 )

@@ -99,6 +99,7 @@ var parents = map[string]string{
 	"audit_failed":                "crypto_error",
 	"auth_failed":                 "security_error",
 	"policy_violation":            "security_error",
+	"delivery_audit_failed":       "security_error",
 
 	"bad_config":               "prism_error",
 	"bad_keyring":              "bad_config",
@@ -139,6 +140,7 @@ var (
 	ErrAudit             = sentinel("audit_failed")
 	ErrAuth              = sentinel("auth_failed")
 	ErrPolicy            = sentinel("policy_violation")
+	ErrDeliveryAudit     = sentinel("delivery_audit_failed")
 
 	ErrConfig           = sentinel("bad_config")
 	ErrKeyring          = sentinel("bad_keyring")

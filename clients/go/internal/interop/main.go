@@ -1,0 +1,309 @@
+// Command interop is the Go side of the cross-language tests (tests/clients/test_go_client.py):
+// it reads one JSON request on stdin, does what it names with the Go client, and writes one
+// JSON response on stdout. Errors are reported as {"error": code, "message": ...}, never as
+// a crash, so the Python test can assert on them.
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/prism-envelope/prism/clients/go/encryption"
+	"github.com/prism-envelope/prism/clients/go/envelope"
+	"github.com/prism-envelope/prism/clients/go/kafka"
+	"github.com/prism-envelope/prism/clients/go/prismerr"
+	"github.com/prism-envelope/prism/clients/go/signing"
+)
+
+type request struct {
+	Op          string            `json:"op"`
+	Brokers     []string          `json:"brokers"`
+	Topic       string            `json:"topic"`
+	Namespace   string            `json:"namespace"`
+	Group       string            `json:"group"`
+	Count       int               `json:"count"`
+	TimeoutS    float64           `json:"timeout_s"`
+	HMACKeyID   string            `json:"hmac_key_id"`
+	HMACHex     string            `json:"hmac_hex"`
+	Token       string            `json:"token"`
+	PublisherID string            `json:"publisher_id"`
+	Layout      string            `json:"layout"`
+	Payloads    []json.RawMessage `json:"payloads"`
+	Classify    string            `json:"classification"`
+	Clearance   string            `json:"clearance"`
+	Principal   string            `json:"principal"`
+	AuditTopic  string            `json:"audit_topic"`
+	Keyring     string            `json:"keyring"` // path of a Prism JSON keyring
+	Algorithm   string            `json:"algorithm"`
+	KeyID       string            `json:"key_id"`
+	Envelopes   []string          `json:"envelopes"` // hex
+	Plaintext   string            `json:"plaintext_hex"`
+}
+
+type result map[string]any
+
+func fail(err error) result {
+	var pe *prismerr.Error
+	if errors.As(err, &pe) {
+		return result{"error": pe.Code, "message": pe.Error()}
+	}
+	return result{"error": "untyped", "message": err.Error()}
+}
+
+func main() {
+	var req request
+	var out result
+	if err := json.NewDecoder(os.Stdin).Decode(&req); err != nil {
+		out = result{"error": "bad_request", "message": err.Error()}
+	} else {
+		out = run(req)
+	}
+	_ = json.NewEncoder(os.Stdout).Encode(out)
+}
+
+func layoutOf(s string) envelope.Layout {
+	if s == "draft" {
+		return envelope.Draft
+	}
+	return envelope.Reviewed
+}
+
+func keysOf(req request) (*signing.SigningKey, *signing.Keys, error) {
+	if req.HMACHex == "" {
+		return nil, nil, nil
+	}
+	secret, err := hex.DecodeString(req.HMACHex)
+	if err != nil {
+		return nil, nil, err
+	}
+	k, err := signing.NewHMACKey(req.HMACKeyID, secret)
+	if err != nil {
+		return nil, nil, err
+	}
+	return k, signing.NewKeys(k.VerificationKey()), nil
+}
+
+func run(req request) result {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(req.TimeoutS*float64(time.Second))+30*time.Second)
+	defer cancel()
+	switch req.Op {
+	case "decrypt": // decrypt each envelope with the keyring: plaintext hex or the error code
+		kr, err := loadKeyring(req.Keyring)
+		if err != nil {
+			return fail(err)
+		}
+		var outs []any
+		for _, h := range req.Envelopes {
+			data, _ := hex.DecodeString(h)
+			env, err := envelope.Decode(data)
+			if err == nil {
+				var p []byte
+				if p, err = encryption.Decrypt(env, kr, encryption.DecryptOptions{}); err == nil {
+					outs = append(outs, result{"plaintext_hex": hex.EncodeToString(p)})
+					continue
+				}
+			}
+			outs = append(outs, fail(err))
+		}
+		return result{"results": outs}
+	case "encrypt": // a new envelope around the plaintext, encrypted for key_id, in layout
+		kr, err := loadKeyring(req.Keyring)
+		if err != nil {
+			return fail(err)
+		}
+		plain, _ := hex.DecodeString(req.Plaintext)
+		env, err := envelope.NewBytes(req.Topic, req.Namespace, plain, envelope.Options{})
+		if err != nil {
+			return fail(err)
+		}
+		switch req.Algorithm {
+		case encryption.AES256GCM, encryption.ChaCha20Poly1305:
+			err = encryption.EncryptSymmetric(env, req.Algorithm, req.KeyID, kr.Symmetric[req.KeyID], encryption.Options{})
+		case encryption.MLKEM1024:
+			err = encryption.EncryptMLKEM1024(env, req.KeyID, kr.MLKEM1024[req.KeyID].EncapsulationKey(), encryption.Options{})
+		case encryption.X25519MLKEM1024:
+			h := kr.Hybrid[req.KeyID]
+			err = encryption.EncryptHybrid(env, req.KeyID, &encryption.HybridPublicKey{X25519: h.X25519.PublicKey(), MLKEM: h.MLKEM.EncapsulationKey()}, encryption.Options{})
+		case encryption.RSAOAEP3072, encryption.RSAOAEP4096:
+			err = encryption.EncryptRSA(env, req.KeyID, &kr.RSA[req.KeyID].PublicKey, encryption.Options{})
+		default:
+			err = fmt.Errorf("unknown algorithm %q", req.Algorithm)
+		}
+		if err != nil {
+			return fail(err)
+		}
+		data, err := envelope.Encode(env, layoutOf(req.Layout))
+		if err != nil {
+			return fail(err)
+		}
+		return result{"envelope_hex": hex.EncodeToString(data)}
+	case "sign": // sign each envelope (hex) as v2 in layout, and as a pair and a batch of all
+		key, _, err := keysOf(req)
+		if err != nil {
+			return fail(err)
+		}
+		var v2, pairs []any
+		var envs []*envelope.Envelope
+		for _, h := range req.Envelopes {
+			data, _ := hex.DecodeString(h)
+			env, err := envelope.Decode(data)
+			if err != nil {
+				return fail(err)
+			}
+			s, err := signing.Sign(env.Clone(), key, layoutOf(req.Layout), signing.ScopeV2)
+			if err != nil {
+				return fail(err)
+			}
+			d, r, err := signing.SignPair(env.Clone(), key)
+			if err != nil {
+				return fail(err)
+			}
+			v2 = append(v2, hex.EncodeToString(s))
+			pairs = append(pairs, []string{hex.EncodeToString(d), hex.EncodeToString(r)})
+			envs = append(envs, env.Clone())
+		}
+		batch, err := signing.SignBatch(envs, key)
+		if err != nil {
+			return fail(err)
+		}
+		var b []any
+		for _, c := range batch {
+			b = append(b, []string{hex.EncodeToString(c[0]), hex.EncodeToString(c[1])})
+		}
+		return result{"v2": v2, "pair": pairs, "batch": b}
+	case "publish":
+		return publish(ctx, req)
+	case "consume":
+		return consume(ctx, req)
+	}
+	return result{"error": "bad_request", "message": "unknown op " + req.Op}
+}
+
+func loadKeyring(path string) (*encryption.Keyring, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return encryption.LoadFileKeyring(raw)
+}
+
+func publish(ctx context.Context, req request) result {
+	key, _, err := keysOf(req)
+	if err != nil {
+		return fail(err)
+	}
+	cfg := kafka.Config{Brokers: req.Brokers, Namespace: req.Namespace, SigningKey: key, PublisherID: req.PublisherID,
+		Layout: layoutOf(req.Layout)}
+	if req.Token != "" {
+		cfg.Token = func(context.Context) (string, error) { return req.Token, nil }
+	}
+	c, err := kafka.New(cfg)
+	if err != nil {
+		return fail(err)
+	}
+	defer c.Close()
+	var kr *encryption.Keyring
+	if req.Keyring != "" {
+		if kr, err = loadKeyring(req.Keyring); err != nil {
+			return fail(err)
+		}
+	}
+	var ids []string
+	for _, p := range req.Payloads {
+		env, err := envelope.NewJSON(req.Topic, req.Namespace, p, envelope.Options{DataClassification: req.Classify, CorrelationID: "interop"})
+		if err != nil {
+			return fail(err)
+		}
+		if kr != nil {
+			if err := encryption.EncryptSymmetric(env, encryption.AES256GCM, req.KeyID, kr.Symmetric[req.KeyID], encryption.Options{}); err != nil {
+				return fail(err)
+			}
+		}
+		id, err := c.Publish(ctx, req.Topic, env, kafka.PublishOptions{})
+		if err != nil {
+			return fail(err)
+		}
+		ids = append(ids, id)
+	}
+	return result{"message_ids": ids}
+}
+
+func consume(ctx context.Context, req request) result {
+	_, keys, err := keysOf(req)
+	if err != nil {
+		return fail(err)
+	}
+	c, err := kafka.New(kafka.Config{Brokers: req.Brokers, Namespace: req.Namespace})
+	if err != nil {
+		return fail(err)
+	}
+	defer c.Close()
+	var kr *encryption.Keyring
+	if req.Keyring != "" {
+		if kr, err = loadKeyring(req.Keyring); err != nil {
+			return fail(err)
+		}
+	}
+	type payload = map[string]any
+	sub, err := kafka.SubscribeTyped[payload](ctx, c, req.Topic, kafka.SubscribeConfig{Group: req.Group, Keys: keys,
+		Clearance: req.Clearance, Principal: req.Principal, AuditTopic: req.AuditTopic})
+	if err != nil {
+		return fail(err)
+	}
+	defer sub.Close()
+	deadline, cancel := context.WithTimeout(ctx, time.Duration(req.TimeoutS*float64(time.Second)))
+	defer cancel()
+	var got []any
+	var errs []any
+	for len(got)+len(errs) < req.Count {
+		m, err := sub.Subscription.Next(deadline)
+		if m == nil {
+			if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+				errs = append(errs, fail(err))
+			}
+			break
+		}
+		if err != nil {
+			errs = append(errs, fail(err))
+			_ = m.Ack(ctx)
+			continue
+		}
+		env := m.Envelope
+		if kr != nil && env.IsEncrypted() {
+			if env, err = encryption.DecryptToEnvelope(env, kr, encryption.DecryptOptions{}); err != nil {
+				errs = append(errs, fail(err))
+				_ = m.Ack(ctx)
+				continue
+			}
+		}
+		p, err := envelope.JSONPayload[payload](env)
+		if err != nil {
+			errs = append(errs, fail(err))
+			_ = m.Ack(ctx)
+			continue
+		}
+		item := result{"message_id": env.Header.GetMetadata().GetMessageId(), "payload": p,
+			"classification": kafka.ClassificationOf(env), "publisher_id": env.Header.GetSecurity().GetPublisherId(),
+			"has_token": env.Header.GetSecurity().GetAuthToken() != ""}
+		if m.Signature != nil {
+			item["scope"] = m.Signature.Scope.String()
+			item["key_id"] = m.Signature.KeyID
+		}
+		headers := map[string]string{}
+		for _, h := range m.Record.Headers {
+			headers[h.Key] = string(h.Value)
+		}
+		item["headers"] = headers
+		got = append(got, item)
+		if err := m.Ack(ctx); err != nil {
+			errs = append(errs, fail(err))
+		}
+	}
+	st := sub.Stats()
+	return result{"messages": got, "errors": errs, "stats": result{"received": st.Received, "withheld": st.Withheld, "audited": st.Audited}}
+}

@@ -1,0 +1,241 @@
+"""The Go client (clients/go) against Prism's Python implementation, byte for byte.
+
+The Go side is a small program (clients/go/internal/interop) that reads one JSON request and
+answers with one JSON response. These tests check what the conformance vectors cannot:
+that what Go *produces* - random nonces, KEM encapsulations, signatures over its own
+encoding, Kafka records with their headers - is what Python accepts, and the other way
+round, over a real Apache Kafka broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.envelope import Layout, decode, encode, new_envelope
+from app.errors import DecryptionError, SignatureError
+from app.sdk import PrismClient
+from app.security.encryption import decrypt_envelope, encrypt_envelope
+from app.security.keys import FileKeyring, new_key_record
+from app.security.signing import SCOPE_BATCH, SCOPE_PAIR, SCOPE_V2, SigningKey, VerificationKeys, verify
+from tests.kafka.cluster import ApacheKafka
+from tests.support import require
+
+ROOT = Path(__file__).resolve().parents[2]
+GO_MODULE = ROOT / "clients" / "go"
+HMAC_SECRET = bytes(range(32))
+ALGORITHMS = ("aes-256-gcm", "chacha20-poly1305", "ml-kem-1024", "x25519-ml-kem-1024", "rsa-oaep-3072")
+KEY_FOR = {"aes-256-gcm": "sym-1", "chacha20-poly1305": "sym-1", "ml-kem-1024": "kem-1",
+           "x25519-ml-kem-1024": "hyb-1", "rsa-oaep-3072": "rsa-1"}
+
+
+def _go() -> str | None:
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "ensure-go.sh")], capture_output=True, text=True, check=False)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+@pytest.fixture(scope="session")
+def go_interop(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The interop program, built once per session (Go's build cache makes a rebuild cheap)."""
+    go = _go()
+    require(go is not None, "Go 1.21+ is not installed (scripts/ensure-go.sh; docs/sdk-go.md)")
+    assert go is not None
+    out = tmp_path_factory.mktemp("go") / "interop"
+    env = {**os.environ, "PATH": f"{Path(go).parent}:{os.environ.get('PATH', '')}"}
+    proc = subprocess.run([go, "build", "-o", str(out), "./internal/interop"], cwd=GO_MODULE, env=env,
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, f"go build failed:\n{proc.stderr}"
+    return out
+
+
+def call(binary: Path, request: dict[str, Any], timeout: float = 180) -> dict[str, Any]:
+    proc = subprocess.run([str(binary)], input=json.dumps(request), capture_output=True, text=True, timeout=timeout,
+                          check=False)
+    assert proc.returncode == 0, f"interop exited {proc.returncode}:\n{proc.stderr}"
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def keyring(tmp_path_factory: pytest.TempPathFactory) -> tuple[FileKeyring, Path]:
+    """One key of every type the Go client handles, saved as the JSON file both sides load."""
+    kr = FileKeyring([new_key_record("sym-1", "symmetric-256"), new_key_record("kem-1", "ml-kem-1024"),
+                      new_key_record("hyb-1", "x25519-ml-kem-1024"), new_key_record("rsa-1", "rsa-3072")])
+    path = tmp_path_factory.mktemp("keys") / "keyring.json"
+    path.write_text(json.dumps(kr.to_mapping()))
+    return kr, path
+
+
+def _plain(i: int) -> bytes:
+    return json.dumps({"order_id": i, "email": "jane@example.com", "pad": "x" * (i * 97)}).encode()
+
+
+# --------------------------------------------------------------------------- encryption
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_go_decrypts_what_python_encrypts(go_interop: Path, keyring: tuple[FileKeyring, Path], algorithm: str) -> None:
+    kr, path = keyring
+    wires, plains = [], []
+    for i, layout in enumerate((Layout.DRAFT, Layout.REVIEWED, Layout.REVIEWED)):
+        env = new_envelope("orders.created", _plain(i * 5), namespace="order-events")
+        encrypt_envelope(env, kr, key_id=KEY_FOR[algorithm], algorithm=algorithm)
+        wires.append(encode(env, layout))
+        plains.append(_plain(i * 5))
+    tampered = bytearray(wires[-1])
+    tampered[-1] ^= 1  # the last byte of the ciphertext (the GCM tag)
+    out = call(go_interop, {"op": "decrypt", "keyring": str(path), "envelopes": [w.hex() for w in [*wires, tampered]]})
+    results = out["results"]
+    assert [r.get("plaintext_hex") for r in results[:-1]] == [p.hex() for p in plains]
+    assert results[-1]["error"] == "decryption_failed"
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("layout", ["draft", "reviewed"])
+def test_python_decrypts_what_go_encrypts(go_interop: Path, keyring: tuple[FileKeyring, Path], algorithm: str,
+                                          layout: str) -> None:
+    kr, path = keyring
+    plain = _plain(7)
+    out = call(go_interop, {"op": "encrypt", "keyring": str(path), "algorithm": algorithm, "key_id": KEY_FOR[algorithm],
+                            "topic": "orders.created", "namespace": "order-events", "layout": layout,
+                            "plaintext_hex": plain.hex()})
+    env = decode(bytes.fromhex(out["envelope_hex"]))
+    assert env.security is not None and env.security.encryption.algorithm == algorithm
+    assert decrypt_envelope(env, kr) == plain
+    env.header.metadata.topic = "orders.other"  # the AAD binds the ciphertext to its envelope
+    with pytest.raises(DecryptionError):
+        decrypt_envelope(env, kr)
+
+
+# --------------------------------------------------------------------------- signatures
+
+
+def test_python_verifies_what_go_signs_in_every_scope(go_interop: Path) -> None:
+    key = SigningKey.hmac_sha256("go-hmac-1", HMAC_SECRET)
+    keys = VerificationKeys.of([key])
+    envs = [new_envelope("orders.created", {"order_id": i}, namespace="order-events", data_classification="restricted",
+                         contains_pii=True, labels={"tier": "gold"}) for i in range(5)]
+    for env in envs:
+        env.ensure_security().auth_token = "header.payload.signature"  # not covered: scope v2 cuts it
+    out = call(go_interop, {"op": "sign", "hmac_key_id": "go-hmac-1", "hmac_hex": HMAC_SECRET.hex(),
+                            "layout": "draft", "envelopes": [encode(e, Layout.REVIEWED).hex() for e in envs]})
+    signed: list[tuple[str, int]] = [(h, SCOPE_V2) for h in out["v2"]]
+    signed += [(h, SCOPE_PAIR) for pair in out["pair"] for h in pair]
+    signed += [(h, SCOPE_BATCH) for pair in out["batch"] for h in pair]
+    assert len(signed) == 5 + 10 + 10
+    for hexed, scope in signed:
+        data = bytes.fromhex(hexed)
+        assert verify(data, keys).scope == scope
+        tampered = data.replace(b"restricted", b"restrictes")
+        with pytest.raises(SignatureError):
+            verify(tampered, keys)
+
+
+# --------------------------------------------------------------------------- Kafka
+
+
+@pytest.fixture
+def topics(kafka: ApacheKafka) -> Iterator[dict[str, str]]:
+    suffix = uuid.uuid4().hex[:10]
+    yield {"topic": f"go-interop-{suffix}", "audit": f"go-audit-{suffix}", "group": f"g-{suffix}"}
+
+
+def _consume_audit(kafka: ApacheKafka, topic: str, expected: int) -> list[dict[str, Any]]:
+    """The audit records on `topic` (waits until `expected` arrived)."""
+
+    async def run() -> list[dict[str, Any]]:
+        async with PrismClient(f"kafka://{kafka.bootstrap}", namespace="order-events") as client:
+            sub = client.subscribe(topic, group=f"audit-{uuid.uuid4().hex[:8]}")
+            out: list[dict[str, Any]] = []
+            async with sub:
+                while len(out) < expected:
+                    msg = await sub.receive(timeout=60)
+                    assert msg is not None, f"only {len(out)} of {expected} audit records arrived"
+                    out.append(msg.payload())
+                    await msg.ack()
+            return out
+
+    return asyncio.run(run())
+
+
+def test_go_subscribes_to_what_python_publishes(go_interop: Path, kafka: ApacheKafka, topics: dict[str, str]) -> None:
+    key = SigningKey.hmac_sha256("py-hmac-1", HMAC_SECRET)
+    payloads = [{"order_id": i} for i in range(4)]
+
+    async def publish() -> list[str]:
+        async with PrismClient(f"kafka://{kafka.bootstrap}", namespace="order-events", signing_key=key,
+                               publisher_id="svc-orders", auth_token="jwt.for.worker") as client:
+            from app.sdk import PrismPublishOptions
+
+            ids = [await client.publish(topics["topic"], p, PrismPublishOptions(data_classification="confidential",
+                                                                                correlation_id=f"c-{p['order_id']}"))
+                   for p in payloads]
+            # above the Go subscriber's clearance: withheld, never handed out
+            await client.publish(topics["topic"], {"order_id": 99}, PrismPublishOptions(data_classification="restricted"))
+            return ids
+
+    ids = asyncio.run(publish())
+    out = call(go_interop, {"op": "consume", "brokers": [kafka.bootstrap], "topic": topics["topic"],
+                            "namespace": "order-events", "group": topics["group"], "count": len(payloads),
+                            "timeout_s": 90, "hmac_key_id": "py-hmac-1", "hmac_hex": HMAC_SECRET.hex(),
+                            "clearance": "confidential", "principal": "svc-go-billing",
+                            "audit_topic": topics["audit"]})
+    assert out.get("errors") == [] or out.get("errors") is None, out
+    got = out["messages"]
+    assert [m["message_id"] for m in got] == ids
+    assert [m["payload"] for m in got] == payloads
+    assert all(m["scope"] == "v2" and m["key_id"] == "py-hmac-1" for m in got)
+    assert all(m["publisher_id"] == "svc-orders" and m["has_token"] for m in got)
+    assert all(m["headers"]["prism-message-id"] == m["message_id"] for m in got)
+    assert all(m["headers"]["prism-envelope-layout"] == "reviewed" for m in got)
+    assert out["stats"]["audited"] == len(payloads)
+    records = _consume_audit(kafka, topics["audit"], len(payloads))
+    assert sorted(r["message_id"] for r in records) == sorted(ids)
+    assert {r["principal"] for r in records} == {"svc-go-billing"}
+    assert {r["classification"] for r in records} == {"confidential"}
+
+
+@pytest.mark.parametrize("layout", ["draft", "reviewed"])
+def test_python_subscribes_to_what_go_publishes(go_interop: Path, kafka: ApacheKafka, topics: dict[str, str],
+                                                keyring: tuple[FileKeyring, Path], layout: str) -> None:
+    kr, path = keyring
+    payloads = [{"order_id": i, "note": "ü" * i} for i in range(3)]
+    out = call(go_interop, {"op": "publish", "brokers": [kafka.bootstrap], "topic": topics["topic"],
+                            "namespace": "order-events", "layout": layout, "payloads": payloads,
+                            "hmac_key_id": "go-hmac-1", "hmac_hex": HMAC_SECRET.hex(), "token": "jwt.from.go",
+                            "publisher_id": "svc-go", "classification": "internal",
+                            "keyring": str(path), "key_id": "sym-1"})
+    assert "error" not in out, out
+    keys = VerificationKeys.of([SigningKey.hmac_sha256("go-hmac-1", HMAC_SECRET)])
+
+    async def consume() -> list[tuple[str, Any, str, str]]:
+        async with PrismClient(f"kafka://{kafka.bootstrap}", namespace="order-events") as client:
+            got = []
+            async with client.subscribe(topics["topic"], group=topics["group"], verify_with=keys,
+                                        decrypt_with=kr) as sub:
+                while len(got) < len(payloads):
+                    msg = await sub.receive(timeout=60)
+                    assert msg is not None, f"only {len(got)} of {len(payloads)} messages arrived"
+                    got.append((msg.message_id, msg.payload(), msg.security.auth_token, msg.security.publisher_id))
+                    await msg.ack()
+            return got
+
+    got = asyncio.run(consume())
+    assert [g[0] for g in got] == out["message_ids"]
+    assert [g[1] for g in got] == payloads
+    assert {(g[2], g[3]) for g in got} == {("jwt.from.go", "svc-go")}
+
+
+def test_go_toolchain_is_found() -> None:
+    """`make test-go` and these tests find the same Go (scripts/ensure-go.sh)."""
+    go = _go()
+    require(go is not None, "Go 1.21+ is not installed")
+    assert go is not None and shutil.which(go) is not None
