@@ -6,8 +6,10 @@ require google.golang.org/protobuf v1.36.12
 
 require (
 	github.com/klauspost/compress v1.18.0
+	github.com/santhosh-tekuri/jsonschema/v6 v6.0.2
 	github.com/twmb/franz-go v1.19.5
 	github.com/twmb/franz-go/pkg/kadm v1.16.0
+	golang.org/x/text v0.25.0
 )
 
 require (

@@ -28,7 +28,8 @@ from app.security.encryption import decrypt_envelope, encrypt_envelope
 from app.security.keys import FileKeyring, new_key_record
 from app.security.signing import SCOPE_BATCH, SCOPE_PAIR, SCOPE_V2, SigningKey, VerificationKeys, verify
 from tests.kafka.cluster import ApacheKafka
-from tests.support import require
+from tests.sdk.test_version_reports import registry_server  # noqa: F401 - a fixture
+from tests.support import USERS, require
 
 ROOT = Path(__file__).resolve().parents[2]
 GO_MODULE = ROOT / "clients" / "go"
@@ -239,3 +240,53 @@ def test_go_toolchain_is_found() -> None:
     go = _go()
     require(go is not None, "Go 1.21+ is not installed")
     assert go is not None and shutil.which(go) is not None
+
+
+# --------------------------------------------------------------------------- schema registry
+
+
+def test_go_resolves_masks_and_validates_against_the_registry(go_interop: Path, registry_server: Any) -> None:  # noqa: F811
+    """The Go registry client against Prism's registry: an envelope's schema reference (subject
+    version, schema id, forged), PII masking the same as Python's, validation before publish."""
+    from app.sdk.schemas import MASK
+    from tests.sdk.test_consumer_schemas import AVRO, JSON_SCHEMA, TOPIC, _envelope, _register
+
+    url, registry = registry_server
+    resolved = _register(url, registry, JSON_SCHEMA, "JSON")
+    doc = {"user_id": "u-1", "contact": {"email": "a@example.com", "city": "Lyon"},
+           "cards": [{"pan": "4111111111111111", "brand": "visa"}],
+           "address": {"street": "1 rue X"}, "prefs": {"home": {"phone": "+33 1", "lang": "fr"}}, "nickname": "ace"}
+    by_version = _envelope(doc, resolved)
+    by_id = _envelope(doc, resolved)
+    by_id.header.schema.schema_url = f"{url}/schemas/ids/{registry.get(TOPIC, 'latest').id}"
+    forged_subject = _envelope(doc, resolved)
+    forged_subject.header.schema.schema_url = f"{url}/v1/subjects/other.topic/versions/1"
+    forged_hash = _envelope(doc, resolved)
+    forged_hash.header.schema.schema_hash = "sha256:" + "0" * 64
+    avro_resolved = _register(url, registry, AVRO, "AVRO", subject="users.avro")
+    avro_doc = {"user_id": "u", "contact": {"email": "e@x", "city": "c"}, "backup": None, "phones": {"home": "1"},
+                "visits": 3}
+    avro_env = _envelope(avro_doc, avro_resolved, topic="users.avro")
+    envs = [by_version, by_id, forged_subject, forged_hash, avro_env]
+    out = call(go_interop, {"op": "registry", "registry_url": url, "user": "reader", "password": USERS["reader"][0],
+                            "envelopes": [encode(e, Layout.REVIEWED).hex() for e in envs],
+                            "topic": TOPIC, "namespace": "users", "payload": {**doc, "contact": {"email": 5}}})
+    results = out["results"]
+    expected = {"user_id": "u-1", "contact": {"email": MASK, "city": "Lyon"}, "cards": [{"pan": MASK, "brand": "visa"}],
+                "address": MASK, "prefs": {"home": {"phone": MASK, "lang": "fr"}}, "nickname": "ace"}
+    for r in results[:2]:
+        assert (r["subject"], r["version"], r["format"], r["valid"]) == (TOPIC, 1, "json", "ok"), r
+        assert r["masked"] == expected
+        assert r["pii_paths"] == ["address", "cards.pan", "contact.email", "prefs.*.phone"]  # as Python's pii_paths()
+    assert results[2]["error"] == "schema_reference_invalid" and "other.topic" in results[2]["message"]
+    assert results[3]["error"] == "schema_reference_invalid" and "hash" in results[3]["message"]
+    assert results[4]["masked"] == {**avro_doc, "contact": {"email": MASK, "city": "c"}, "phones": MASK}
+    assert results[4]["valid"] == "payload_error"  # Avro validation: not in the Go client, said so
+    assert out["validate"] == "schema_validation_failed" and out["violations"] == ["$.contact.email"]
+    assert out["schema_context"]["url"] == ""  # nothing stamped: the payload was refused
+    ok = call(go_interop, {"op": "registry", "registry_url": url, "user": "reader", "password": USERS["reader"][0],
+                           "envelopes": [], "topic": TOPIC, "namespace": "users", "payload": doc})
+    assert ok["validate"] == "ok"
+    latest = registry.get(TOPIC, "latest")
+    assert ok["schema_context"] == {"url": f"{url}/v1/subjects/{TOPIC}/versions/1", "version": "1", "format": "json",
+                                    "hash": latest.hash}

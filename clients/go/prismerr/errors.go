@@ -148,4 +148,5 @@ var (
 	ErrBinding          = sentinel("bad_binding")
 	ErrSchemaValidation = sentinel("schema_validation_failed")
 	ErrRegistry         = sentinel("schema_registry_error")
+	ErrSchemaReference  = sentinel("schema_reference_invalid")
 )

@@ -17,6 +17,7 @@ import (
 	"github.com/prism-envelope/prism/clients/go/envelope"
 	"github.com/prism-envelope/prism/clients/go/kafka"
 	"github.com/prism-envelope/prism/clients/go/prismerr"
+	"github.com/prism-envelope/prism/clients/go/registry"
 	"github.com/prism-envelope/prism/clients/go/signing"
 )
 
@@ -43,6 +44,10 @@ type request struct {
 	KeyID       string            `json:"key_id"`
 	Envelopes   []string          `json:"envelopes"` // hex
 	Plaintext   string            `json:"plaintext_hex"`
+	Registry    string            `json:"registry_url"`
+	User        string            `json:"user"`
+	Password    string            `json:"password"`
+	Payload     json.RawMessage   `json:"payload"`
 }
 
 type result map[string]any
@@ -176,6 +181,8 @@ func run(req request) result {
 			b = append(b, []string{hex.EncodeToString(c[0]), hex.EncodeToString(c[1])})
 		}
 		return result{"v2": v2, "pair": pairs, "batch": b}
+	case "registry": // resolve each envelope's schema, mask its payload, validate req.payload
+		return registryOp(ctx, req)
 	case "publish":
 		return publish(ctx, req)
 	case "consume":
@@ -306,4 +313,72 @@ func consume(ctx context.Context, req request) result {
 	}
 	st := sub.Stats()
 	return result{"messages": got, "errors": errs, "stats": result{"received": st.Received, "withheld": st.Withheld, "audited": st.Audited}}
+}
+
+func registryOp(ctx context.Context, req request) result {
+	c, err := registry.New(req.Registry)
+	if err != nil {
+		return fail(err)
+	}
+	c.Username, c.Password = req.User, req.Password
+	res := registry.NewResolver(c)
+	var outs []any
+	for _, h := range req.Envelopes {
+		data, _ := hex.DecodeString(h)
+		env, err := envelope.Decode(data)
+		if err != nil {
+			outs = append(outs, fail(err))
+			continue
+		}
+		s, err := res.ForEnvelope(ctx, env)
+		if err != nil {
+			outs = append(outs, fail(err))
+			continue
+		}
+		p, err := env.PayloadBytes()
+		if err != nil {
+			outs = append(outs, fail(err))
+			continue
+		}
+		masked, err := s.MaskJSON(p)
+		if err != nil {
+			outs = append(outs, fail(err))
+			continue
+		}
+		paths, _ := s.PIIPaths()
+		outs = append(outs, result{"subject": s.Subject, "version": s.Version, "format": s.Kind(), "masked": json.RawMessage(masked),
+			"pii_paths": paths, "valid": errString(s.Validate(p))})
+	}
+	out := result{"results": outs}
+	if len(req.Payload) > 0 { // publish-side validation: the Validator a kafka.Client uses
+		env, err := envelope.NewJSON(req.Topic, req.Namespace, req.Payload, envelope.Options{})
+		if err != nil {
+			return fail(err)
+		}
+		v := &registry.Validator{Client: c}
+		err = v.ValidateEnvelope(ctx, req.Topic, env)
+		var ve *registry.ValidationError
+		if errors.As(err, &ve) {
+			var paths []string
+			for _, x := range ve.Violations {
+				paths = append(paths, x.Path)
+			}
+			out["violations"] = paths
+		}
+		out["validate"] = errString(err)
+		sc := env.Header.GetSchema()
+		out["schema_context"] = result{"url": sc.GetSchemaUrl(), "version": sc.GetSchemaVersion(), "format": sc.GetSchemaFormat(), "hash": sc.GetSchemaHash()}
+	}
+	return out
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	var pe *prismerr.Error
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return "untyped: " + err.Error()
 }
