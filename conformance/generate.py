@@ -101,10 +101,12 @@ KINDS: dict[str, dict[str, Any]] = {
     "negative": {
         "file_fields": ["key"],
         "inputs": ["input_hex", "limits"],
-        "expect": ["expected_decode", "model", "expected_verify"],
+        "expect": ["expected_decode", "model", "expected_payload", "payload_location", "expected_verify"],
         "task": "Decode input_hex (with `limits` where given): the outcome must be expected_decode ('ok', then the "
                 "model must equal `model`, or an error kind). Decode and verify it with the file's key, legacy scope "
-                "refused, checking in the README's order: the outcome must be expected_verify.",
+                "refused, checking in the README's order: the outcome must be expected_verify. Where expected_payload "
+                "is given (header-only vectors), `model` is the header alone, the payload record must be at "
+                "payload_location, and only reading the payload fails, with expected_payload.",
     },
 }
 

@@ -13,7 +13,7 @@ from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
 from app.agents import normalize as normalize_mod
 from app.agents.chain import Chain, Outcome
 from app.agents.normalize import Normalize
-from app.envelope import Layout, decode, encode, new_envelope
+from app.envelope import Layout, convert, decode, encode, new_envelope
 from app.envelope.codec import draft_split, split_header
 from app.envelope.layouts import PRODUCER_VERSION_EXT, draft_to_reviewed, reviewed_to_draft
 from app.observability.metrics import PipelineMetrics
@@ -84,6 +84,24 @@ def test_a_carried_extension_cannot_set_a_known_field() -> None:
     assert not v.security.HasField("data_classification")
     assert v.security.SerializeToString().endswith(NEW_SEC)
     assert v.extensions["prism.unknown.reviewed.metadata"] == b"\xff\xff"
+    assert v.extensions["prism.unknown.reviewed.security"] == b"\x42\x06public"  # refused, kept, not dropped
+
+
+@pytest.mark.parametrize("layout", list(Layout))
+def test_a_known_field_with_the_wrong_wire_type_survives_a_layout_change(layout: Layout) -> None:
+    """Protobuf keeps a known field written with another wire type as an unknown field; a
+    layout change must carry it like any unknown field, not drop it (conformance/negative,
+    "wire/security-as-varint"). Restoring it cannot set the field: its wire type is wrong."""
+    sec_field = 4 if layout is Layout.DRAFT else 2
+    mistyped = bytes([sec_field << 3]) + b"\x01"  # the security field as a varint
+    data = encode(new_envelope("orders.created", {"a": 1}, namespace="order-events"), layout) + mistyped
+    other = Layout.REVIEWED if layout is Layout.DRAFT else Layout.DRAFT
+    there, _ = convert(data, other)
+    wire = (vpb.PrismEnvelope if other is Layout.REVIEWED else dpb.PrismEnvelope).FromString(there)
+    assert dict(wire.extensions) == {f"prism.unknown.{layout.value}": mistyped}  # carried in the other layout
+    back, _ = convert(there, layout)
+    assert mistyped in back and back == encode(decode(data), layout)  # put back on its number
+    assert decode(back).security is None
 
 
 def test_the_fast_draft_encoder_leaves_unknown_metadata_to_the_general_path() -> None:
