@@ -300,7 +300,7 @@ func FindPayload(data []byte, lay Layout) (loc Location, ok bool, err error) {
 	}
 	inner, err := Scan(data[loc.AnyOffset : loc.AnyOffset+loc.AnyLength])
 	if err != nil {
-		return loc, false, err
+		return loc, true, nil // not a valid Any: located all the same, only reading it fails
 	}
 	for _, r := range inner {
 		if r.Field == 2 && r.WireType == WireLen {

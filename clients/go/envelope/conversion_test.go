@@ -93,8 +93,10 @@ func TestNegativeDecodeVectors(t *testing.T) {
 				MaxMessageBytes int `json:"max_message_bytes"`
 				MaxHeaderBytes  int `json:"max_header_bytes"`
 			} `json:"limits"`
-			ExpectedDecode string         `json:"expected_decode"`
-			Model          map[string]any `json:"model"`
+			ExpectedDecode  string         `json:"expected_decode"`
+			Model           map[string]any `json:"model"`
+			ExpectedPayload string         `json:"expected_payload"`
+			PayloadLocation map[string]any `json:"payload_location"`
 		} `json:"vectors"`
 	}
 	if err := conformance.File("negative/negative.json", &file); err != nil {
@@ -114,7 +116,25 @@ func TestNegativeDecodeVectors(t *testing.T) {
 			if got := conformance.Verdict(err, "ok"); got != v.ExpectedDecode {
 				t.Fatalf("decode: got %s (%v), want %s", got, err, v.ExpectedDecode)
 			}
-			if err == nil {
+			if err == nil && v.ExpectedPayload != "" {
+				// header-only: the header decodes, the payload is found but only reading it fails
+				if env.Payload.IsParsed() {
+					t.Fatal("the payload was parsed by Decode")
+				}
+				if h := conformance.ToJSON(env.Header.ProtoReflect()); !reflect.DeepEqual(h, conformance.Normalize(v.Model)) {
+					t.Errorf("header model:\n got %v\nwant %v", h, v.Model)
+				}
+				_, perr := env.Payload.Value()
+				if got := conformance.Verdict(perr, "ok"); got != v.ExpectedPayload {
+					t.Errorf("reading the payload: got %s (%v), want %s", got, perr, v.ExpectedPayload)
+				}
+				loc, ok, lerr := envelope.FindPayload(in, envelope.Auto)
+				got := conformance.Normalize(map[string]any{"record_offset": loc.RecordOffset, "record_length": loc.RecordLength,
+					"any_offset": loc.AnyOffset, "any_length": loc.AnyLength})
+				if lerr != nil || !ok || loc.ValueOffset != -1 || !reflect.DeepEqual(got, conformance.Normalize(v.PayloadLocation)) {
+					t.Errorf("payload location: %+v %v %v, want %v", loc, ok, lerr, v.PayloadLocation)
+				}
+			} else if err == nil {
 				if m := modelJSON(t, env); !reflect.DeepEqual(m, conformance.Normalize(v.Model)) {
 					t.Errorf("model:\n got %v\nwant %v", m, v.Model)
 				}

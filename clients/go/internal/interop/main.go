@@ -15,6 +15,7 @@ import (
 
 	"github.com/prism-envelope/prism/clients/go/encryption"
 	"github.com/prism-envelope/prism/clients/go/envelope"
+	"github.com/prism-envelope/prism/clients/go/internal/conformance"
 	"github.com/prism-envelope/prism/clients/go/kafka"
 	"github.com/prism-envelope/prism/clients/go/prismerr"
 	"github.com/prism-envelope/prism/clients/go/registry"
@@ -181,6 +182,8 @@ func run(req request) result {
 			b = append(b, []string{hex.EncodeToString(c[0]), hex.EncodeToString(c[1])})
 		}
 		return result{"v2": v2, "pair": pairs, "batch": b}
+	case "check": // decode and verify each input as conformance.check does in Python
+		return check(req)
 	case "registry": // resolve each envelope's schema, mask its payload, validate req.payload
 		return registryOp(ctx, req)
 	case "publish":
@@ -381,4 +384,57 @@ func errString(err error) string {
 		return pe.Code
 	}
 	return "untyped: " + err.Error()
+}
+
+// check answers, for each input, what `python -m conformance.check decode|verify` answers:
+// the decode outcome (error kind or ok, with the model; a payload that is not an Any gives the
+// header alone and payload_error) and the verify outcome with every signature vector's key.
+func check(req request) result {
+	files, err := conformance.SignatureFiles()
+	if err != nil {
+		return fail(err)
+	}
+	keys := signing.NewKeys()
+	for _, f := range files {
+		k := f.Key
+		switch k.Algorithm {
+		case signing.HMACSHA256:
+			secret, _ := hex.DecodeString(k.SecretHex)
+			sk, err := signing.NewHMACKey(k.KeyID, secret)
+			if err != nil {
+				return fail(err)
+			}
+			keys.Add(sk.VerificationKey())
+		case signing.Ed25519:
+			pub, _ := hex.DecodeString(k.PublicKeyHex)
+			vk, err := signing.NewEd25519VerificationKey(k.KeyID, pub)
+			if err != nil {
+				return fail(err)
+			}
+			keys.Add(vk)
+		}
+	}
+	var outs []any
+	for _, h := range req.Envelopes {
+		data, _ := hex.DecodeString(h)
+		r := result{}
+		env, err := envelope.Decode(data)
+		r["decode"] = conformance.Verdict(err, "ok")
+		if err == nil {
+			if m, err := conformance.ModelJSON(env); err == nil {
+				r["model"] = m
+			} else {
+				r["model"] = conformance.ToJSON(env.Header.ProtoReflect())
+				r["payload_error"] = conformance.Verdict(err, "ok")
+			}
+		}
+		signing.ClearVerificationCache()
+		_, info, err := signing.VerifyAndDecode(data, keys, signing.VerifyOptions{})
+		r["verify"] = conformance.Verdict(err, "valid")
+		if err == nil {
+			r["scope"] = int(info.Scope)
+		}
+		outs = append(outs, r)
+	}
+	return result{"results": outs}
 }
