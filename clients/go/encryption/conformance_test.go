@@ -72,13 +72,20 @@ func vectorKeyring(t testing.TB, f vectorFile) *encryption.Keyring {
 // TestEncryptionVectors decrypts every vector of conformance/encryption/ with the default
 // policy (AAD required) and checks the plaintext, the AAD, or the error kind.
 func TestEncryptionVectors(t *testing.T) {
-	var f vectorFile
-	if err := conformance.File("encryption/vectors.json", &f); err != nil {
+	paths, err := conformance.FilesOfKind("encryption")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if len(f.Vectors) == 0 {
-		t.Fatal("no encryption vectors")
+	for _, path := range paths {
+		var f vectorFile
+		if err := conformance.File(path, &f); err != nil {
+			t.Fatal(err)
+		}
+		runEncryption(t, f)
 	}
+}
+
+func runEncryption(t *testing.T, f vectorFile) {
 	kr := vectorKeyring(t, f)
 	for _, v := range f.Vectors {
 		t.Run(v.Name, func(t *testing.T) {

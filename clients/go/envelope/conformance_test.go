@@ -54,12 +54,12 @@ func envelopeFromModel(t *testing.T, model map[string]any) *envelope.Envelope {
 
 // TestEnvelopeVectors runs every vector of conformance/envelopes/ (README.md, kind "envelope").
 func TestEnvelopeVectors(t *testing.T) {
-	paths, _ := filepath.Glob(filepath.Join(conformance.Dir(), "envelopes", "*.json"))
-	if len(paths) == 0 {
-		t.Fatal("no envelope vectors found under conformance/envelopes")
+	paths, err := conformance.FilesOfKind("envelope")
+	if err != nil {
+		t.Fatal(err)
 	}
 	for _, path := range paths {
-		raw, err := os.ReadFile(path)
+		raw, err := os.ReadFile(filepath.Join(conformance.Dir(), path))
 		if err != nil {
 			t.Fatal(err)
 		}

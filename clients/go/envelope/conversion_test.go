@@ -15,27 +15,37 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
+type conversionVector struct {
+	Name        string         `json:"name"`
+	From        string         `json:"from"`
+	To          string         `json:"to"`
+	InputHex    string         `json:"input_hex"`
+	OutputHex   *string        `json:"output_hex"`
+	OutputWire  map[string]any `json:"output_wire"`
+	OutputModel map[string]any `json:"output_model"`
+	NotCarried  []string       `json:"not_carried"`
+}
+
 // TestConversionVectors runs conformance/conversion/ (README.md, kind "conversion").
 func TestConversionVectors(t *testing.T) {
 	var file struct {
-		Vectors []struct {
-			Name        string         `json:"name"`
-			From        string         `json:"from"`
-			To          string         `json:"to"`
-			InputHex    string         `json:"input_hex"`
-			OutputHex   *string        `json:"output_hex"`
-			OutputWire  map[string]any `json:"output_wire"`
-			OutputModel map[string]any `json:"output_model"`
-			NotCarried  []string       `json:"not_carried"`
-		} `json:"vectors"`
+		Vectors []conversionVector `json:"vectors"`
 	}
-	if err := conformance.File("conversion/conversions.json", &file); err != nil {
+	paths, err := conformance.FilesOfKind("conversion")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if len(file.Vectors) == 0 {
-		t.Fatal("no conversion vectors")
+	for _, path := range paths {
+		file.Vectors = nil
+		if err := conformance.File(path, &file); err != nil {
+			t.Fatal(err)
+		}
+		runConversion(t, file.Vectors)
 	}
-	for _, v := range file.Vectors {
+}
+
+func runConversion(t *testing.T, vectors []conversionVector) {
+	for _, v := range vectors {
 		t.Run(v.Name, func(t *testing.T) {
 			in, _ := hex.DecodeString(v.InputHex)
 			if got, _ := envelope.DetectLayout(in); got != layoutOf(v.From) {
@@ -82,30 +92,39 @@ func TestConversionVectors(t *testing.T) {
 	}
 }
 
+type negativeVector struct {
+	Name     string `json:"name"`
+	InputHex string `json:"input_hex"`
+	Limits   *struct {
+		MaxMessageBytes int `json:"max_message_bytes"`
+		MaxHeaderBytes  int `json:"max_header_bytes"`
+	} `json:"limits"`
+	ExpectedDecode  string         `json:"expected_decode"`
+	Model           map[string]any `json:"model"`
+	ExpectedPayload string         `json:"expected_payload"`
+	PayloadLocation map[string]any `json:"payload_location"`
+}
+
 // TestNegativeDecodeVectors runs the decode half of conformance/negative/ (the verify half
 // is in the signing package).
 func TestNegativeDecodeVectors(t *testing.T) {
 	var file struct {
-		Vectors []struct {
-			Name     string `json:"name"`
-			InputHex string `json:"input_hex"`
-			Limits   *struct {
-				MaxMessageBytes int `json:"max_message_bytes"`
-				MaxHeaderBytes  int `json:"max_header_bytes"`
-			} `json:"limits"`
-			ExpectedDecode  string         `json:"expected_decode"`
-			Model           map[string]any `json:"model"`
-			ExpectedPayload string         `json:"expected_payload"`
-			PayloadLocation map[string]any `json:"payload_location"`
-		} `json:"vectors"`
+		Vectors []negativeVector `json:"vectors"`
 	}
-	if err := conformance.File("negative/negative.json", &file); err != nil {
+	paths, err := conformance.FilesOfKind("negative")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if len(file.Vectors) == 0 {
-		t.Fatal("no negative vectors")
+	for _, path := range paths {
+		if err := conformance.File(path, &file); err != nil {
+			t.Fatal(err)
+		}
+		runNegativeDecode(t, file.Vectors)
 	}
-	for _, v := range file.Vectors {
+}
+
+func runNegativeDecode(t *testing.T, vectors []negativeVector) {
+	for _, v := range vectors {
 		t.Run(v.Name, func(t *testing.T) {
 			in, _ := hex.DecodeString(v.InputHex)
 			opts := envelope.DecodeOptions{}

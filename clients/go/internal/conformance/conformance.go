@@ -57,13 +57,14 @@ type SignatureFile struct {
 
 // SignatureFiles loads every conformance/signatures/*.json file, sorted by name.
 func SignatureFiles() ([]SignatureFile, error) {
-	paths, err := filepath.Glob(filepath.Join(Dir(), "signatures", "*.json"))
+	paths, err := FilesOfKind("signature")
 	if err != nil {
 		return nil, err
 	}
 	sort.Strings(paths)
 	var out []SignatureFile
-	for _, p := range paths {
+	for _, rel := range paths {
+		p := filepath.Join(Dir(), rel)
 		raw, err := os.ReadFile(p)
 		if err != nil {
 			return nil, err
@@ -152,4 +153,42 @@ func File(rel string, out any) error {
 		return err
 	}
 	return json.Unmarshal(raw, out)
+}
+
+// ManifestFile is one entry of manifest.json.
+type ManifestFile struct {
+	Path    string `json:"path"`
+	Kind    string `json:"kind"`
+	Vectors int    `json:"vectors"`
+	SHA256  string `json:"sha256"`
+}
+
+// Manifest reads conformance/manifest.json's file list.
+func Manifest() ([]ManifestFile, error) {
+	var m struct {
+		Files []ManifestFile `json:"files"`
+	}
+	if err := File("manifest.json", &m); err != nil {
+		return nil, err
+	}
+	return m.Files, nil
+}
+
+// FilesOfKind lists the manifest's files of one kind (paths relative to conformance/), so
+// a runner picks up every file the suite adds.
+func FilesOfKind(kind string) ([]string, error) {
+	files, err := Manifest()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, f := range files {
+		if f.Kind == kind {
+			out = append(out, f.Path)
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("manifest.json lists no file of kind " + kind)
+	}
+	return out, nil
 }
