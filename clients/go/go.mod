@@ -9,13 +9,11 @@ require (
 	github.com/santhosh-tekuri/jsonschema/v6 v6.0.2
 	github.com/twmb/franz-go v1.19.5
 	github.com/twmb/franz-go/pkg/kadm v1.16.0
+	github.com/twmb/franz-go/pkg/kmsg v1.11.2
 	golang.org/x/text v0.25.0
 )
 
-require (
-	github.com/pierrec/lz4/v4 v4.1.22 // indirect
-	github.com/twmb/franz-go/pkg/kmsg v1.11.2 // indirect
-)
+require github.com/pierrec/lz4/v4 v4.1.22 // indirect
 
 require (
 	golang.org/x/crypto v0.38.0

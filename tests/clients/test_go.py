@@ -176,12 +176,11 @@ def test_go_subscribes_to_what_python_publishes(go_interop: Path, kafka: ApacheK
                                publisher_id="svc-orders", auth_token="jwt.for.worker") as client:
             from app.sdk import PrismPublishOptions
 
-            ids = [await client.publish(topics["topic"], p, PrismPublishOptions(data_classification="confidential",
-                                                                                correlation_id=f"c-{p['order_id']}"))
-                   for p in payloads]
-            # above the Go subscriber's clearance: withheld, never handed out
+            # first, above the Go subscriber's clearance: withheld, never handed out
             await client.publish(topics["topic"], {"order_id": 99}, PrismPublishOptions(data_classification="restricted"))
-            return ids
+            return [await client.publish(topics["topic"], p, PrismPublishOptions(data_classification="confidential",
+                                                                                 correlation_id=f"c-{p['order_id']}"))
+                    for p in payloads]
 
     ids = asyncio.run(publish())
     out = call(go_interop, {"op": "consume", "brokers": [kafka.bootstrap], "topic": topics["topic"],
@@ -198,10 +197,29 @@ def test_go_subscribes_to_what_python_publishes(go_interop: Path, kafka: ApacheK
     assert all(m["headers"]["prism-message-id"] == m["message_id"] for m in got)
     assert all(m["headers"]["prism-envelope-layout"] == "reviewed" for m in got)
     assert out["stats"]["audited"] == len(payloads)
+    assert out["stats"]["withheld"] == 1 and out["committed"] == {"0": len(payloads) + 1}  # the withheld one too
     records = _consume_audit(kafka, topics["audit"], len(payloads))
     assert sorted(r["message_id"] for r in records) == sorted(ids)
     assert {r["principal"] for r in records} == {"svc-go-billing"}
     assert {r["classification"] for r in records} == {"confidential"}
+
+
+def test_go_acks_out_of_order_and_nacks(go_interop: Path, kafka: ApacheKafka, topics: dict[str, str]) -> None:
+    """Acknowledgements as in the Python SDK's Kafka backend: acking out of order commits only
+    the end of the fully acknowledged prefix (nothing while the first message is open), and a
+    nack gives the message back (delivered again, then acknowledged)."""
+
+    async def publish() -> list[str]:
+        async with PrismClient(f"kafka://{kafka.bootstrap}", namespace="order-events") as client:
+            return [await client.publish(topics["topic"], {"order_id": i}) for i in range(5)]
+
+    ids = asyncio.run(publish())
+    out = call(go_interop, {"op": "consume", "brokers": [kafka.bootstrap], "topic": topics["topic"],
+                            "namespace": "order-events", "group": topics["group"], "count": 5, "timeout_s": 90,
+                            "nack_first": True, "ack_reverse": True})
+    assert out["errors"] is None or out["errors"] == [], out["errors"]
+    assert [m["message_id"] for m in out["messages"]] == ids  # the nacked first message came again
+    assert out["committed"] == {"0": 5}
 
 
 @pytest.mark.parametrize("layout", ["draft", "reviewed"])

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -229,23 +230,139 @@ type Subscription struct {
 	buf        []*kgo.Record
 	mu         sync.Mutex
 	stats      Stats
+	parts      map[int32]*partState
+}
+
+// partState tracks one partition's deliveries, so that a commit never skips a message that
+// is still being processed (as the Python SDK's Kafka backend does): offsets are committed
+// up to the end of the prefix of delivered offsets that are all acknowledged.
+type partState struct {
+	epoch     int     // bumped by a nack or a revocation: older deliveries are stale
+	delivered []int64 // delivered, not yet committed, in order
+	done      map[int64]bool
+}
+
+func (s *Subscription) state(p int32) *partState {
+	st := s.parts[p]
+	if st == nil {
+		st = &partState{done: map[int64]bool{}}
+		s.parts[p] = st
+	}
+	return st
+}
+
+func (s *Subscription) buffered() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.buf)
+}
+
+// Committed returns the group's committed offset of each partition of the topic (what a
+// restarted consumer of the group would resume from).
+func (s *Subscription) Committed(ctx context.Context) (map[int32]int64, error) {
+	resp, err := kadm.NewClient(s.cl).FetchOffsets(ctx, s.cfg.Group)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		return nil, brokerErr("cannot read the committed offsets", err)
+	}
+	out := map[int32]int64{}
+	for p, o := range resp[s.topic] {
+		out[p] = o.At
+	}
+	return out, nil
+}
+
+// forget drops what is known of partitions (revoked or lost in a rebalance, or nacked):
+// their un-acknowledged messages come again, and deliveries handed out before are stale.
+func (s *Subscription) forget(parts []int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	drop := map[int32]bool{}
+	for _, p := range parts {
+		drop[p] = true
+		st := s.state(p)
+		st.epoch++
+		st.delivered, st.done = nil, map[int64]bool{}
+	}
+	kept := s.buf[:0]
+	for _, r := range s.buf {
+		if !drop[r.Partition] {
+			kept = append(kept, r)
+		}
+	}
+	s.buf = kept
 }
 
 // Message is one delivery. Envelope is nil when the record could not be decoded or
-// verified: Next then also returns the typed error, and the caller decides (Ack skips it;
-// nothing is dropped silently).
+// verified: Next then also returns the typed error, and the caller decides (Ack skips it,
+// Nack has it delivered again; nothing is dropped silently).
 type Message struct {
 	Envelope  *envelope.Envelope
 	Signature *signing.Info
 	Record    *kgo.Record
 	sub       *Subscription
+	epoch     int
 }
 
-// Ack commits the message's offset: acknowledge in delivery order per partition.
+// Ack marks the message done and commits its partition up to the end of the prefix of
+// delivered messages that are all done, so a commit never skips a message still being
+// processed; messages may be acknowledged in any order. Acknowledging a stale delivery (its
+// partition was nacked or moved to another consumer since) does nothing.
 func (m *Message) Ack(ctx context.Context) error {
-	if err := m.sub.cl.CommitRecords(ctx, m.Record); err != nil {
-		return brokerErr("cannot commit the offset", err)
+	s := m.sub
+	s.mu.Lock()
+	st := s.state(m.Record.Partition)
+	if st.epoch != m.epoch {
+		s.mu.Unlock()
+		return nil
 	}
+	st.done[m.Record.Offset] = true
+	var commit int64 = -1
+	for len(st.delivered) > 0 && st.done[st.delivered[0]] {
+		commit = st.delivered[0] + 1
+		delete(st.done, st.delivered[0])
+		st.delivered = st.delivered[1:]
+	}
+	s.mu.Unlock()
+	if commit < 0 {
+		return nil
+	}
+	offsets := map[string]map[int32]kgo.EpochOffset{m.Record.Topic: {m.Record.Partition: {Epoch: m.Record.LeaderEpoch, Offset: commit}}}
+	var cerr error
+	s.cl.CommitOffsetsSync(ctx, offsets, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err != nil {
+			cerr = err
+			return
+		}
+		for _, t := range resp.Topics {
+			for _, p := range t.Partitions {
+				if e := kerr.ErrorForCode(p.ErrorCode); e != nil && cerr == nil {
+					cerr = e
+				}
+			}
+		}
+	})
+	if cerr != nil {
+		return brokerErr("cannot commit the offset", cerr)
+	}
+	return nil
+}
+
+// Nack gives the message back: its partition is rewound to it, so it and every later
+// message of the partition are fetched again (deliveries already handed out for those
+// offsets become stale).
+func (m *Message) Nack(ctx context.Context) error {
+	s := m.sub
+	s.mu.Lock()
+	stale := s.state(m.Record.Partition).epoch != m.epoch
+	s.mu.Unlock()
+	if stale {
+		return nil
+	}
+	s.forget([]int32{m.Record.Partition})
+	s.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{m.Record.Topic: {m.Record.Partition: {Epoch: -1, Offset: m.Record.Offset}}})
 	return nil
 }
 
@@ -266,15 +383,19 @@ func (c *Client) Subscribe(ctx context.Context, topic string, cfg SubscribeConfi
 			return nil, err
 		}
 	}
+	s := &Subscription{c: c, topic: topic, cfg: cfg, level: level, auditTopic: auditTopic, parts: map[int32]*partState{}}
+	lose := func(_ context.Context, _ *kgo.Client, lost map[string][]int32) { s.forget(lost[topic]) }
 	opts := append([]kgo.Opt{kgo.SeedBrokers(c.cfg.Brokers...), kgo.ConsumerGroup(cfg.Group), kgo.ConsumeTopics(topic),
 		kgo.DisableAutoCommit(), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.SessionTimeout(6 * time.Second)}, c.cfg.Opts...)
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.SessionTimeout(6 * time.Second),
+		kgo.OnPartitionsRevoked(lose), kgo.OnPartitionsLost(lose)}, c.cfg.Opts...)
 	opts = append(opts, cfg.Opts...)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, (&prismerr.Error{Code: "bad_config", What: "cannot create the Kafka consumer: " + err.Error()}).Wrap(err)
 	}
-	return &Subscription{c: c, cl: cl, topic: topic, cfg: cfg, level: level, auditTopic: auditTopic}, nil
+	s.cl = cl
+	return s, nil
 }
 
 // Close leaves the group and closes the consumer.
@@ -293,7 +414,7 @@ func (s *Subscription) Stats() Stats {
 // ctx ending returns ctx's error and no message.
 func (s *Subscription) Next(ctx context.Context) (*Message, error) {
 	for {
-		for len(s.buf) == 0 {
+		for s.buffered() == 0 {
 			fetches := s.cl.PollFetches(ctx)
 			if err := ctx.Err(); err != nil {
 				return nil, err
@@ -307,11 +428,21 @@ func (s *Subscription) Next(ctx context.Context) (*Message, error) {
 			if ferr != nil {
 				return nil, ferr
 			}
+			s.mu.Lock()
 			s.buf = append(s.buf, fetches.Records()...)
+			s.mu.Unlock()
+		}
+		s.mu.Lock()
+		if len(s.buf) == 0 {
+			s.mu.Unlock()
+			continue
 		}
 		rec := s.buf[0]
 		s.buf = s.buf[1:]
-		m := &Message{Record: rec, sub: s}
+		st := s.state(rec.Partition)
+		st.delivered = append(st.delivered, rec.Offset)
+		m := &Message{Record: rec, sub: s, epoch: st.epoch}
+		s.mu.Unlock()
 		env, info, err := DecodeRecord(rec, DecodeOptions{Keys: s.cfg.Keys, Limits: s.cfg.Limits})
 		s.mu.Lock()
 		s.stats.Received++
@@ -352,7 +483,7 @@ func (s *Subscription) audit(ctx context.Context, env *envelope.Envelope, class 
 		}
 	}
 	if err != nil {
-		s.buf = nil
+		s.forget([]int32{rec.Partition})
 		s.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{rec.Topic: {rec.Partition: {Epoch: -1, Offset: rec.Offset}}})
 		return (&prismerr.Error{Code: "delivery_audit_failed", What: "the audit record of " + class + " message " + ar.MessageID +
 			" could not be written to " + quote(s.auditTopic) + ", so the message was not delivered and will be fetched again: " + err.Error(),

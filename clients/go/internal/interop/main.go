@@ -49,6 +49,8 @@ type request struct {
 	User        string            `json:"user"`
 	Password    string            `json:"password"`
 	Payload     json.RawMessage   `json:"payload"`
+	NackFirst   bool              `json:"nack_first"`
+	AckReverse  bool              `json:"ack_reverse"`
 }
 
 type result map[string]any
@@ -270,6 +272,8 @@ func consume(ctx context.Context, req request) result {
 	defer cancel()
 	var got []any
 	var errs []any
+	var held []*kafka.Message
+	nacked := false
 	for len(got)+len(errs) < req.Count {
 		m, err := sub.Subscription.Next(deadline)
 		if m == nil {
@@ -281,6 +285,13 @@ func consume(ctx context.Context, req request) result {
 		if err != nil {
 			errs = append(errs, fail(err))
 			_ = m.Ack(ctx)
+			continue
+		}
+		if req.NackFirst && !nacked {
+			nacked = true
+			if err := m.Nack(ctx); err != nil {
+				errs = append(errs, fail(err))
+			}
 			continue
 		}
 		env := m.Envelope
@@ -310,12 +321,39 @@ func consume(ctx context.Context, req request) result {
 		}
 		item["headers"] = headers
 		got = append(got, item)
+		if req.AckReverse {
+			held = append(held, m)
+			continue
+		}
 		if err := m.Ack(ctx); err != nil {
 			errs = append(errs, fail(err))
 		}
 	}
+	committed := map[string]int64{}
+	for i := len(held) - 1; i >= 0; i-- {
+		if err := held[i].Ack(ctx); err != nil {
+			errs = append(errs, fail(err))
+		}
+		if i > 0 { // nothing may be committed while the first message is not acknowledged
+			c, err := sub.Committed(ctx)
+			if err != nil {
+				errs = append(errs, fail(err))
+			}
+			if c[0] > 0 {
+				errs = append(errs, result{"error": "committed_early", "message": fmt.Sprint(c)})
+			}
+		}
+	}
+	if c, err := sub.Committed(ctx); err == nil {
+		for p, o := range c {
+			committed[fmt.Sprint(p)] = o
+		}
+	} else {
+		errs = append(errs, fail(err))
+	}
 	st := sub.Stats()
-	return result{"messages": got, "errors": errs, "stats": result{"received": st.Received, "withheld": st.Withheld, "audited": st.Audited}}
+	return result{"messages": got, "errors": errs, "committed": committed,
+		"stats": result{"received": st.Received, "withheld": st.Withheld, "audited": st.Audited}}
 }
 
 func registryOp(ctx context.Context, req request) result {
