@@ -149,12 +149,12 @@ def topics(kafka: ApacheKafka) -> Iterator[dict[str, str]]:
     yield {"topic": f"go-interop-{suffix}", "audit": f"go-audit-{suffix}", "group": f"g-{suffix}"}
 
 
-def _consume_audit(kafka: ApacheKafka, topic: str, expected: int) -> list[dict[str, Any]]:
-    """The audit records on `topic` (waits until `expected` arrived)."""
+def _consume_audit(kafka: ApacheKafka, topic: str, expected: int, keys: VerificationKeys) -> list[dict[str, Any]]:
+    """The audit records on `topic`, each verified with `keys` (waits until `expected` arrived)."""
 
     async def run() -> list[dict[str, Any]]:
         async with PrismClient(f"kafka://{kafka.bootstrap}", namespace="order-events") as client:
-            sub = client.subscribe(topic, group=f"audit-{uuid.uuid4().hex[:8]}")
+            sub = client.subscribe(topic, group=f"audit-{uuid.uuid4().hex[:8]}", verify_with=keys)
             out: list[dict[str, Any]] = []
             async with sub:
                 while len(out) < expected:
@@ -198,7 +198,7 @@ def test_go_subscribes_to_what_python_publishes(go_interop: Path, kafka: ApacheK
     assert all(m["headers"]["prism-envelope-layout"] == "reviewed" for m in got)
     assert out["stats"]["audited"] == len(payloads)
     assert out["stats"]["withheld"] == 1 and out["committed"] == {"0": len(payloads) + 1}  # the withheld one too
-    records = _consume_audit(kafka, topics["audit"], len(payloads))
+    records = _consume_audit(kafka, topics["audit"], len(payloads), VerificationKeys.of([key]))  # signed by Go
     assert sorted(r["message_id"] for r in records) == sorted(ids)
     assert {r["principal"] for r in records} == {"svc-go-billing"}
     assert {r["classification"] for r in records} == {"confidential"}

@@ -477,9 +477,16 @@ func (s *Subscription) audit(ctx context.Context, env *envelope.Envelope, class 
 	ar := newAuditRecord(env, class, s.cfg.Principal, s.cfg.Group, ref, time.Now())
 	aenv, err := envelope.NewJSON(s.auditTopic, s.c.cfg.Namespace, ar, envelope.Options{DataClassification: "internal", CorrelationID: ar.MessageID})
 	if err == nil {
+		// signed with the client's key, in its layout, keyed by the delivered message's id (as in Python)
+		layout := s.c.layoutFor(s.auditTopic)
 		var value []byte
-		if value, err = envelope.Encode(aenv, envelope.Reviewed); err == nil {
-			err = s.c.cl.ProduceSync(ctx, NewRecord(s.auditTopic, aenv, envelope.Reviewed, value, nil)).FirstErr()
+		if s.c.cfg.SigningKey != nil {
+			value, err = signing.Sign(aenv, s.c.cfg.SigningKey, layout, signing.ScopeV2)
+		} else {
+			value, err = envelope.Encode(aenv, layout)
+		}
+		if err == nil {
+			err = s.c.cl.ProduceSync(ctx, NewRecord(s.auditTopic, aenv, layout, value, []byte(ar.MessageID))).FirstErr()
 		}
 	}
 	if err != nil {

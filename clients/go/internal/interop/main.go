@@ -246,11 +246,11 @@ func publish(ctx context.Context, req request) result {
 }
 
 func consume(ctx context.Context, req request) result {
-	_, keys, err := keysOf(req)
+	key, keys, err := keysOf(req)
 	if err != nil {
 		return fail(err)
 	}
-	c, err := kafka.New(kafka.Config{Brokers: req.Brokers, Namespace: req.Namespace})
+	c, err := kafka.New(kafka.Config{Brokers: req.Brokers, Namespace: req.Namespace, SigningKey: key}) // key signs audit records
 	if err != nil {
 		return fail(err)
 	}
