@@ -222,6 +222,24 @@ def test_go_acks_out_of_order_and_nacks(go_interop: Path, kafka: ApacheKafka, to
     assert out["committed"] == {"0": 5}
 
 
+def test_go_skips_expired_messages(go_interop: Path, kafka: ApacheKafka, topics: dict[str, str]) -> None:
+    """A message past its TTL is acknowledged and skipped, as the Python SDK's subscriber does."""
+    import time
+
+    async def publish() -> str:
+        async with PrismClient(f"kafka://{kafka.bootstrap}", namespace="order-events") as client:
+            old = new_envelope(topics["topic"], {"order_id": 1}, namespace="order-events",
+                               published_at_ms=int(time.time() * 1000) - 60_000, ttl_seconds=1)
+            await client.publish_envelope(old)
+            return await client.publish(topics["topic"], {"order_id": 2})
+
+    fresh = asyncio.run(publish())
+    out = call(go_interop, {"op": "consume", "brokers": [kafka.bootstrap], "topic": topics["topic"],
+                            "namespace": "order-events", "group": topics["group"], "count": 1, "timeout_s": 90})
+    assert [m["message_id"] for m in out["messages"]] == [fresh]
+    assert out["stats"]["expired"] == 1 and out["committed"] == {"0": 2}
+
+
 @pytest.mark.parametrize("layout", ["draft", "reviewed"])
 def test_python_subscribes_to_what_go_publishes(go_interop: Path, kafka: ApacheKafka, topics: dict[str, str],
                                                 keyring: tuple[FileKeyring, Path], layout: str) -> None:

@@ -158,3 +158,27 @@ func TestSubscribeConfigIsChecked(t *testing.T) {
 		t.Errorf("empty config: %v", err)
 	}
 }
+
+// FuzzDecodeRecord: any value with any prism-* header values decodes or fails typed.
+func FuzzDecodeRecord(f *testing.F) {
+	env, _ := envelope.NewJSON("orders.created", "order-events", map[string]int{"a": 1}, envelope.Options{})
+	for _, lay := range []envelope.Layout{envelope.Draft, envelope.Reviewed} {
+		v, _ := envelope.Encode(env, lay)
+		f.Add(v, lay.String(), "1", env.Header.Metadata.MessageId, "orders.created")
+	}
+	f.Add([]byte{}, "", "", "", "")
+	f.Add([]byte{0x0a, 0x00}, "draft", "2", "\xff", "x")
+	f.Fuzz(func(t *testing.T, value []byte, layout, version, id, topic string) {
+		r := &kgo.Record{Value: value}
+		for k, v := range map[string]string{"prism-envelope-layout": layout, "prism-envelope-version": version, "prism-message-id": id, "prism-topic": topic} {
+			if v != "" {
+				r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
+			}
+		}
+		_, _, err := kafka.DecodeRecord(r, kafka.DecodeOptions{})
+		var pe *prismerr.Error
+		if err != nil && !errors.As(err, &pe) {
+			t.Fatalf("untyped error: %v", err)
+		}
+	})
+}

@@ -207,15 +207,19 @@ type SubscribeConfig struct {
 	// such data first writes an audit record to AuditTopic (default prism.audit); if that
 	// write fails the message is not delivered and Next returns the error.
 	Clearance, Principal, AuditTopic string
+	// KeepExpired delivers messages past their TTL; by default they are acknowledged and
+	// skipped (Stats().Expired), as in the Python SDK.
+	KeepExpired bool
 	// Limits of the decoder (nil: envelope.DefaultLimits).
 	Limits *envelope.Limits
 	// Opts are extra franz-go consumer options.
 	Opts []kgo.Opt
 }
 
-// Stats count what a subscription received, withheld (above its clearance) and audited.
+// Stats count what a subscription received, withheld (above its clearance), dropped as
+// expired, and audited.
 type Stats struct {
-	Received, Withheld, Audited int
+	Received, Withheld, Expired, Audited int
 }
 
 // Subscription reads one topic in a consumer group with read_committed isolation (records
@@ -460,6 +464,17 @@ func (s *Subscription) Next(ctx context.Context) (*Message, error) {
 				return nil, err
 			}
 			continue
+		}
+		if !s.cfg.KeepExpired {
+			if exp := env.ExpiresAt(); !exp.IsZero() && !time.Now().Before(exp) {
+				s.mu.Lock()
+				s.stats.Expired++
+				s.mu.Unlock()
+				if err := m.Ack(ctx); err != nil {
+					return nil, err
+				}
+				continue
+			}
 		}
 		if audited(class) {
 			if err := s.audit(ctx, env, class, rec); err != nil {

@@ -353,7 +353,7 @@ func consume(ctx context.Context, req request) result {
 	}
 	st := sub.Stats()
 	return result{"messages": got, "errors": errs, "committed": committed,
-		"stats": result{"received": st.Received, "withheld": st.Withheld, "audited": st.Audited}}
+		"stats": result{"received": st.Received, "withheld": st.Withheld, "expired": st.Expired, "audited": st.Audited}}
 }
 
 func registryOp(ctx context.Context, req request) result {
