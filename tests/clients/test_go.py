@@ -317,7 +317,7 @@ def test_go_resolves_masks_and_validates_against_the_registry(go_interop: Path, 
     assert results[2]["error"] == "schema_reference_invalid" and "other.topic" in results[2]["message"]
     assert results[3]["error"] == "schema_reference_invalid" and "hash" in results[3]["message"]
     assert results[4]["masked"] == {**avro_doc, "contact": {"email": MASK, "city": "c"}, "phones": MASK}
-    assert results[4]["valid"] == "payload_error"  # Avro validation: not in the Go client, said so
+    assert results[4]["valid"] == "ok"  # an Avro JSON datum
     assert out["validate"] == "schema_validation_failed" and out["violations"] == ["$.contact.email"]
     assert out["schema_context"]["url"] == ""  # nothing stamped: the payload was refused
     ok = call(go_interop, {"op": "registry", "registry_url": url, "user": "reader", "password": USERS["reader"][0],
@@ -382,3 +382,37 @@ def test_go_and_python_answer_the_same_for_damaged_inputs(go_interop: Path) -> N
     assert {r["decode"] for r in out["results"]} >= {"ok", "truncated", "malformed"}
     assert {r["verify"] for r in out["results"]} >= {"valid", "bad_signature", "ambiguous_envelope", "truncated",
                                                       "malformed", "unsupported_signature_scope"}
+
+
+def test_go_validates_avro_and_json_datums_as_python_does(go_interop: Path) -> None:
+    """Publish-side validation, Go against Python's validator (fastavro, jsonschema): the same
+    verdict, and the same first failing path, for valid and broken datums."""
+    from app.schema.payload_check import validator_for
+    from app.schema.resolve import build_resolved
+    from tests.sdk.test_consumer_schemas import AVRO, JSON_SCHEMA
+
+    contact = {"email": "e@x", "city": "c"}
+    avro_datums = [
+        {"user_id": "u", "contact": contact, "backup": None, "phones": {"home": "1"}, "visits": 3},
+        {"user_id": "u", "contact": contact, "phones": {}, "visits": 3},                       # default for backup
+        {"user_id": "u", "contact": contact, "backup": contact, "phones": {}, "visits": 3},    # union: the record
+        {"user_id": "u", "contact": contact, "backup": None, "phones": {}, "visits": 3, "extra": 1},
+        {"user_id": "u", "contact": {"email": 5, "city": "c"}, "phones": {}, "visits": 3},
+        {"user_id": "u", "contact": contact, "phones": {"home": 1}, "visits": 3},
+        {"user_id": "u", "contact": contact, "phones": {}, "visits": 3.5},
+        {"user_id": "u", "contact": contact, "phones": {}, "visits": 2**31},
+        {"user_id": "u", "contact": contact, "phones": {}},
+        {"user_id": "u", "contact": contact, "backup": {"email": "x"}, "phones": {}, "visits": 1},
+        [1, 2], "text", None,
+    ]
+    json_datums = [
+        {"user_id": "u", "contact": contact}, {"contact": {"email": 5}}, {"cards": [{"pan": 1}]}, [], 3,
+    ]
+    for fmt, text, datums in (("avro", AVRO, avro_datums), ("json", JSON_SCHEMA, json_datums)):
+        validate = validator_for(build_resolved(text, fmt.upper(), url="x", version="1"))
+        payloads = [json.dumps(d) for d in datums] + ["{not json"]
+        out = call(go_interop, {"op": "validate", "schema_text": text, "algorithm": fmt, "envelopes": payloads})
+        for payload, go in zip(payloads, out["results"], strict=True):
+            violations = validate(payload.encode(), "application/json")
+            want = ("ok", None) if not violations else ("schema_validation_failed", violations[0].path)
+            assert (go["outcome"], go.get("path")) == want, (fmt, payload, go, [str(v) for v in violations])

@@ -36,12 +36,15 @@ func (e *ValidationError) Error() string { return e.Err.Error() }
 // Unwrap gives the *prismerr.Error (code schema_validation_failed) to errors.Is/As.
 func (e *ValidationError) Unwrap() error { return e.Err }
 
-// Validate checks a payload against the schema. JSON Schema is supported; other formats
-// return a payload_error saying so (never a silent pass).
+// Validate checks a payload against the schema: JSON Schema, and Avro for JSON datums.
+// Protobuf (and binary Avro) return a payload_error saying so (never a silent pass).
 func (s *Schema) Validate(payload []byte) error {
+	if s.Kind() == "avro" {
+		return validateAvroJSON(s.Text, payload) // JSON datums (content type application/json)
+	}
 	if s.Kind() != "json" {
 		return prismerr.New("payload_error", "validation of "+s.Kind()+" schemas is not implemented in the Go client",
-			"validate with the Python SDK, or use a JSON Schema subject").At("schema")
+			"validate with the Python SDK, or use a JSON Schema or Avro subject").At("schema")
 	}
 	compiled, err := s.compiled()
 	if err != nil {

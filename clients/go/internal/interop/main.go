@@ -50,6 +50,7 @@ type request struct {
 	Password    string            `json:"password"`
 	Payload     json.RawMessage   `json:"payload"`
 	NackFirst   bool              `json:"nack_first"`
+	SchemaText  string            `json:"schema_text"`
 	AckReverse  bool              `json:"ack_reverse"`
 }
 
@@ -184,6 +185,19 @@ func run(req request) result {
 			b = append(b, []string{hex.EncodeToString(c[0]), hex.EncodeToString(c[1])})
 		}
 		return result{"v2": v2, "pair": pairs, "batch": b}
+	case "validate": // validate each payload (JSON text) against a schema text of a format
+		var outs []any
+		sc := &registry.Schema{Text: req.SchemaText, Format: req.Algorithm}
+		for _, p := range req.Envelopes {
+			err := sc.Validate([]byte(p))
+			r := result{"outcome": errString(err)}
+			var ve *registry.ValidationError
+			if errors.As(err, &ve) {
+				r["path"] = ve.Violations[0].Path
+			}
+			outs = append(outs, r)
+		}
+		return result{"results": outs}
 	case "check": // decode and verify each input as conformance.check does in Python
 		return check(req)
 	case "registry": // resolve each envelope's schema, mask its payload, validate req.payload
