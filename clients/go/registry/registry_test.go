@@ -122,3 +122,30 @@ func TestMaskAndValidate(t *testing.T) {
 		t.Fatalf("deep payload: %v", err)
 	}
 }
+
+const avroProfile = `{"type":"record","name":"Profile","namespace":"users","fields":[
+ {"name":"user_id","type":"string","prism.pii":"none"},
+ {"name":"contact","type":{"type":"record","name":"Contact","fields":[{"name":"email","type":"string","prism.pii":"email"},{"name":"city","type":"string"}]}},
+ {"name":"backup","type":["null","Contact"],"default":null},
+ {"name":"phones","type":{"type":"map","values":"string"},"prism.pii":"phone"},
+ {"name":"visits","type":"int"}]}`
+
+// FuzzValidateAndMask: validating and masking any payload against JSON Schema and Avro
+// schemas gives a verdict or a typed error, never a panic.
+func FuzzValidateAndMask(f *testing.F) {
+	f.Add([]byte(`{"user_id":"u","contact":{"email":"e","city":"c"},"phones":{},"visits":1}`))
+	f.Add([]byte(`{"contact":{"email":5},"cards":[{"pan":1}],"self":{"self":{"self":{}}}}`))
+	f.Add([]byte(`[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]`))
+	f.Add([]byte(`{`))
+	schemas := []*registry.Schema{{Text: profile, Format: "JSON"}, {Text: avroProfile, Format: "AVRO"}}
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		for _, s := range schemas {
+			for _, err := range []error{s.Validate(payload), func() error { _, err := s.MaskJSON(payload); return err }()} {
+				var pe *prismerr.Error
+				if err != nil && !errors.As(err, &pe) {
+					t.Fatalf("untyped error: %v", err)
+				}
+			}
+		}
+	})
+}
