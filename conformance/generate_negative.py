@@ -73,7 +73,14 @@ def malformed(data: bytes, layout: Layout) -> list[tuple[str, str, bytes, str]]:
     bad_utf8 = _replace_record(data, md_field, lambda rec, value: _rec(
         md_field, 2, value.replace(b"orders.created", b"orders.\xffreated")))
     nested_cut = _replace_record(data, md_field, lambda rec, value: _rec(md_field, 2, value[:-1]))
+    out = []
+    if layout is Layout.DRAFT:  # the base carries prism.enc.encryption_type = ENCRYPTION_TYPE_SYMMETRIC
+        assert b"ENCRYPTION_TYPE_SYMMETRIC" in data
+        out.append(("nested/unknown-encryption-type-name", "prism.enc.encryption_type names no EncryptionType "
+                    "(ENCRYPTION_TYPE_SYMMETRIX, same length): the draft cannot be read as the model",
+                    data.replace(b"ENCRYPTION_TYPE_SYMMETRIC", b"ENCRYPTION_TYPE_SYMMETRIX"), "malformed"))
     return [
+        *out,
         ("varint/unterminated-tag", "a tag byte with the continuation bit set at the end of the input",
          data + b"\x80", "truncated"),
         ("varint/length-past-end", "a length-delimited record whose length runs past the end",

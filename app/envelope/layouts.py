@@ -225,7 +225,7 @@ def draft_to_reviewed(d: dpb.PrismEnvelope) -> tuple[vpb.PrismEnvelope, list[str
             if de.aad:
                 ve.aad = de.aad
             if _ENC_TYPE_KEY in ext:
-                ve.encryption_type = vpb.EncryptionType.Value(ext[_ENC_TYPE_KEY].decode())
+                ve.encryption_type = _enc_type_value(ext[_ENC_TYPE_KEY].decode())
             if _ENC_PUB_KEY in ext:
                 ve.public_key_id = ext[_ENC_PUB_KEY].decode()
             if _ENC_ENCAP_KEY in ext:
@@ -287,7 +287,7 @@ def reviewed_to_draft(v: vpb.PrismEnvelope, *, report: bool = True) -> tuple[dpb
             de.SetInParent()
             de.key_id, de.algorithm, de.iv, de.aad = ve.key_id, ve.algorithm, ve.iv, ve.aad
             if ve.encryption_type:
-                d.extensions[_ENC_TYPE_KEY] = vpb.EncryptionType.Name(ve.encryption_type).encode()
+                d.extensions[_ENC_TYPE_KEY] = _enc_type_name(ve.encryption_type).encode()
             if ve.HasField("public_key_id"):
                 d.extensions[_ENC_PUB_KEY] = ve.public_key_id.encode()
             if ve.HasField("encapsulated_key"):
@@ -311,6 +311,19 @@ def reviewed_to_draft(v: vpb.PrismEnvelope, *, report: bool = True) -> tuple[dpb
         d.schema.MergeFromString(v.schema.SerializeToString())
         d.schema.SetInParent()
     return d, dropped
+
+
+def _enc_type_name(value: int) -> str:
+    """`prism.enc.encryption_type` for an `EncryptionType`: its name, or the bare number when this
+    build does not know it (proto3 keeps unknown enum numbers; `Name` would raise ValueError and
+    the draft encoder would crash on a value a reviewed producer sent)."""
+    return vpb.EncryptionType.Name(value) if value in vpb.EncryptionType.values() else str(value)
+
+
+def _enc_type_value(text: str) -> int:
+    """The inverse of `_enc_type_name`: a name, or a number (an unknown name raises ValueError,
+    which the decoder reports as a `DecodeError`)."""
+    return int(text) if text.isascii() and text.isdigit() else vpb.EncryptionType.Value(text)
 
 
 def draft_metadata(vm: vpb.PrismMetadata) -> dpb.PrismMetadata:

@@ -285,3 +285,15 @@ def test_every_kind_in_the_manifest_has_a_runner() -> None:
 def test_vector(path: str, index: int) -> None:
     doc = DOCS[path]
     RUNNERS[doc["kind"]](doc, doc["vectors"][index])
+
+
+def test_a_broken_encryption_file_stops_the_generator_with_a_reason(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pinned ML-KEM ciphertexts come from the committed file; a file mangled by a merge
+    must stop regeneration (which would otherwise draw new ones) with a way out."""
+    from conformance import generate_encryption
+    (tmp_path / "encryption").mkdir()
+    (tmp_path / "encryption" / "vectors.json").write_text("<<<<<<< HEAD\n", encoding="utf-8")
+    monkeypatch.setattr(generate_encryption, "ROOT", tmp_path)
+    with pytest.raises(SystemExit, match="git checkout"):
+        generate_encryption.build()

@@ -16,6 +16,7 @@ from app.agents.normalize import Normalize
 from app.envelope import Layout, convert, decode, encode, new_envelope
 from app.envelope.codec import draft_split, split_header
 from app.envelope.layouts import PRODUCER_VERSION_EXT, draft_to_reviewed, reviewed_to_draft
+from app.errors import DecodeError
 from app.observability.metrics import PipelineMetrics
 from app.topology import NormalizeStage
 from tests.agents.conftest import make_msg
@@ -158,3 +159,24 @@ def test_the_number_of_distinct_versions_counted_is_bounded() -> None:
         chain.run(make_msg(_draft(v), offset=v))
     counts = stage.drain_newer_versions()
     assert len(counts) == normalize_mod.MAX_VERSIONS + 1 and counts[-1] == 5
+
+
+def test_an_encryption_type_this_build_does_not_name_survives_the_draft_layout() -> None:
+    """A reviewed producer's `encryption_type` from a newer enum (proto3 keeps the number): the
+    draft encoder writes the number into `prism.enc.encryption_type` instead of raising
+    ValueError (which crashed `.v2` publishing), and the draft decoder reads it back; a name
+    no build knows stays a typed `DecodeError`."""
+    env = new_envelope("orders.created", b"\x00" * 32, namespace="ns")
+    enc = env.ensure_security().encryption
+    enc.key_id, enc.algorithm, enc.encryption_type = "k1", "aes-256-gcm", 77
+    wire = encode(env, Layout.DRAFT)
+    assert dpb.PrismEnvelope.FromString(wire).extensions["prism.enc.encryption_type"] == b"77"
+    assert decode(wire).header.security.encryption.encryption_type == 77
+    enc.encryption_type = vpb.ENCRYPTION_TYPE_HYBRID
+    wire = encode(env, Layout.DRAFT)
+    assert dpb.PrismEnvelope.FromString(wire).extensions["prism.enc.encryption_type"] == b"ENCRYPTION_TYPE_HYBRID"
+    assert decode(wire).header.security.encryption.encryption_type == vpb.ENCRYPTION_TYPE_HYBRID
+    draft = dpb.PrismEnvelope.FromString(wire)
+    draft.extensions["prism.enc.encryption_type"] = b"ENCRYPTION_TYPE_QUANTUM_FOAM"
+    with pytest.raises(DecodeError, match="inconsistent"):
+        decode(draft.SerializeToString())
