@@ -206,7 +206,7 @@ func DraftToReviewed(d *draftpb.PrismEnvelope) (*reviewedpb.PrismEnvelope, []str
 				ve.Aad = de.Aad
 			}
 			if raw, ok := ext[encTypeKey]; ok {
-				t, ok := reviewedpb.EncryptionType_value[string(raw)]
+				t, ok := encTypeValue(string(raw))
 				if !ok {
 					return nil, nil, prismerr.New("malformed_envelope", "envelope header is inconsistent: unknown encryption type "+quote(string(raw)),
 						"").At("extensions[" + encTypeKey + "]")
@@ -300,11 +300,7 @@ func ReviewedToDraft(v *reviewedpb.PrismEnvelope) (*draftpb.PrismEnvelope, []str
 		if ve := vs.Encryption; ve != nil {
 			ds.Encryption = &draftpb.EncryptionMetadata{KeyId: ve.KeyId, Algorithm: ve.Algorithm, Iv: ve.Iv, Aad: ve.Aad}
 			if ve.EncryptionType != 0 {
-				name, ok := reviewedpb.EncryptionType_name[int32(ve.EncryptionType)]
-				if !ok {
-					return nil, nil, prismerr.Newf("malformed_envelope", "encryption_type %d has no name the draft layout can carry", ve.EncryptionType).At("security.encryption.encryption_type")
-				}
-				ext[encTypeKey] = []byte(name)
+				ext[encTypeKey] = []byte(encTypeName(ve.EncryptionType))
 			}
 			if ve.PublicKeyId != nil {
 				ext[encPubKey] = []byte(*ve.PublicKeyId)
@@ -341,6 +337,26 @@ func ReviewedToDraft(v *reviewedpb.PrismEnvelope) (*draftpb.PrismEnvelope, []str
 		}
 	}
 	return d, dropped, nil
+}
+
+// encTypeName is prism.enc.encryption_type for an EncryptionType: its name, or the bare
+// number when this build does not know it (proto3 keeps unknown enum numbers).
+func encTypeName(t reviewedpb.EncryptionType) string {
+	if name, ok := reviewedpb.EncryptionType_name[int32(t)]; ok {
+		return name
+	}
+	return strconv.Itoa(int(t))
+}
+
+// encTypeValue is the inverse of encTypeName: a name, or a decimal number (ASCII digits
+// only, within int32); anything else is not an encryption type.
+func encTypeValue(text string) (reviewedpb.EncryptionType, bool) {
+	if text != "" && strings.Trim(text, "0123456789") == "" {
+		n, err := strconv.ParseInt(text, 10, 32)
+		return reviewedpb.EncryptionType(n), err == nil
+	}
+	v, ok := reviewedpb.EncryptionType_value[text]
+	return reviewedpb.EncryptionType(v), ok
 }
 
 // DraftMetadata is the draft metadata for reviewed metadata.
