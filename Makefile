@@ -51,6 +51,9 @@ test: $(STAMP)
 # (the conformance vectors and the fuzz seed corpus included). Go's build and module caches
 # (~/.cache/go-build, ~/go/pkg/mod) make a second run take seconds.
 test-go: $(STAMP)
+	@if ! bash scripts/ensure-go.sh >/dev/null; then \
+	  case "$$CI" in 1|true|yes) echo "CI=true: the Go client's tests need Go (see above)" >&2; exit 1 ;; esac; \
+	  echo "SKIPPED the Go client's tests (clients/go): no Go toolchain; they fail under CI=true" >&2; exit 0; fi
 	@GO="$$(bash scripts/ensure-go.sh)" && export PATH="$$(dirname "$$GO"):$$PATH" && \
 	  PYTHON=$(abspath $(BIN))/python clients/go/scripts/protogen.sh --check && \
 	  cd clients/go && go vet ./... && \
