@@ -258,9 +258,14 @@ func (s *Schema) tree() (*node, error) {
 		t, err = jsonTree(s.Text)
 	case "avro":
 		t, err = avroTree(s.Text)
+	case "protobuf":
+		md, perr := s.rootMessage()
+		if perr != nil {
+			return nil, perr
+		}
+		return protoTree(md), nil
 	default:
-		return nil, prismerr.New("payload_error", "PII masking of "+s.Kind()+" schemas is not implemented in the Go client",
-			"mask protobuf payloads with the Python SDK, or register the topic's schema as JSON Schema or Avro").At("schema")
+		return nil, prismerr.New("payload_error", "PII masking of "+s.Kind()+" schemas is not implemented in the Go client", "").At("schema")
 	}
 	if err != nil {
 		return nil, prismerr.New("payload_error", "the schema is not valid JSON: "+err.Error(), "").At("schema")

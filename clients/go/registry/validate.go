@@ -36,9 +36,17 @@ func (e *ValidationError) Error() string { return e.Err.Error() }
 // Unwrap gives the *prismerr.Error (code schema_validation_failed) to errors.Is/As.
 func (e *ValidationError) Unwrap() error { return e.Err }
 
-// Validate checks a payload against the schema: JSON Schema, and Avro for JSON datums.
-// Protobuf (and binary Avro) return a payload_error saying so (never a silent pass).
-func (s *Schema) Validate(payload []byte) error {
+// Validate checks a JSON payload against the schema (JSON Schema, Avro JSON datums, the
+// protobuf JSON mapping). Binary Avro is not read by the Go client (a payload_error says so).
+func (s *Schema) Validate(payload []byte) error { return s.ValidateAs(payload, "application/json") }
+
+// ValidateAs checks a payload of a content type: protobuf schemas read application/protobuf
+// (the wire format) or a JSON content type (the protobuf JSON mapping); JSON Schema and Avro
+// read JSON.
+func (s *Schema) ValidateAs(payload []byte, contentType string) error {
+	if s.Kind() == "protobuf" {
+		return s.validateProto(payload, contentType)
+	}
 	if s.Kind() == "avro" {
 		return validateAvroJSON(s.Text, payload) // JSON datums (content type application/json)
 	}
@@ -164,7 +172,7 @@ func (v *Validator) ValidateEnvelope(ctx context.Context, topic string, env *env
 	if err != nil {
 		return err
 	}
-	if err := s.Validate(payload); err != nil {
+	if err := s.ValidateAs(payload, envelope.ContentType(env.Header.GetMetadata())); err != nil {
 		return err
 	}
 	sc := env.Header.Schema

@@ -51,6 +51,7 @@ type request struct {
 	Payload     json.RawMessage   `json:"payload"`
 	NackFirst   bool              `json:"nack_first"`
 	SchemaText  string            `json:"schema_text"`
+	ContentType string            `json:"content_type"`
 	AckReverse  bool              `json:"ack_reverse"`
 }
 
@@ -185,12 +186,30 @@ func run(req request) result {
 			b = append(b, []string{hex.EncodeToString(c[0]), hex.EncodeToString(c[1])})
 		}
 		return result{"v2": v2, "pair": pairs, "batch": b}
-	case "validate": // validate each payload (JSON text) against a schema text of a format
+	case "validate": // validate each payload (JSON text, or hex with a protobuf content type) against a schema
 		var outs []any
 		sc := &registry.Schema{Text: req.SchemaText, Format: req.Algorithm}
 		for _, p := range req.Envelopes {
-			err := sc.Validate([]byte(p))
+			payload := []byte(p)
+			if req.ContentType == "application/protobuf" {
+				payload, _ = hex.DecodeString(p)
+			}
+			err := sc.ValidateAs(payload, req.ContentType)
 			r := result{"outcome": errString(err)}
+			if err == nil {
+				if req.ContentType == "application/protobuf" {
+					if m, err := sc.MaskProto(payload); err == nil {
+						r["masked_hex"] = hex.EncodeToString(m)
+					} else {
+						r["mask_error"] = errString(err)
+					}
+				} else if m, err := sc.MaskJSON(payload); err == nil {
+					r["masked"] = json.RawMessage(m)
+				}
+			}
+			if paths, err := sc.PIIPaths(); err == nil {
+				r["pii_paths"] = paths
+			}
 			var ve *registry.ValidationError
 			if errors.As(err, &ve) {
 				r["path"] = ve.Violations[0].Path
