@@ -137,10 +137,16 @@ func FuzzValidateAndMask(f *testing.F) {
 	f.Add([]byte(`{"contact":{"email":5},"cards":[{"pan":1}],"self":{"self":{"self":{}}}}`))
 	f.Add([]byte(`[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]`))
 	f.Add([]byte(`{`))
-	schemas := []*registry.Schema{{Text: profile, Format: "JSON"}, {Text: avroProfile, Format: "AVRO"}}
+	schemas := []*registry.Schema{{Text: profile, Format: "JSON"}, {Text: avroProfile, Format: "AVRO"},
+		{Text: "syntax = \"proto3\";\nimport \"prism/annotations.proto\";\nmessage P { string email = 1 [(prism.pii) = \"email\"]; repeated P kids = 2; map<string, P> by = 3; }", Format: "PROTOBUF"}}
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		for _, s := range schemas {
-			for _, err := range []error{s.Validate(payload), func() error { _, err := s.MaskJSON(payload); return err }()} {
+			_, perr := s.MaskProto(payload)
+			if s.Kind() != "protobuf" {
+				perr = nil
+			}
+			for _, err := range []error{s.Validate(payload), s.ValidateAs(payload, "application/protobuf"), perr,
+				func() error { _, err := s.MaskJSON(payload); return err }()} {
 				var pe *prismerr.Error
 				if err != nil && !errors.As(err, &pe) {
 					t.Fatalf("untyped error: %v", err)
