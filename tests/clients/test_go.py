@@ -52,7 +52,7 @@ def go_interop(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert go is not None
     out = tmp_path_factory.mktemp("go") / "interop"
     env = {**os.environ, "PATH": f"{Path(go).parent}:{os.environ.get('PATH', '')}"}
-    proc = subprocess.run([go, "build", "-o", str(out), "./internal/interop"], cwd=GO_MODULE, env=env,
+    proc = subprocess.run([go, "build", "-buildvcs=false", "-o", str(out), "./internal/interop"], cwd=GO_MODULE, env=env,
                           capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, f"go build failed:\n{proc.stderr}"
     return out

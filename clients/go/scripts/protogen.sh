@@ -22,7 +22,7 @@ MODULE="github.com/prism-envelope/prism/clients/go"
 
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
-(cd "$HERE" && go build -o "$TMP/protoc-gen-go" google.golang.org/protobuf/cmd/protoc-gen-go)
+(cd "$HERE" && go build -buildvcs=false -o "$TMP/protoc-gen-go" google.golang.org/protobuf/cmd/protoc-gen-go)
 
 INCLUDE="$("$PYTHON" -c 'import grpc_tools, os; print(os.path.join(os.path.dirname(grpc_tools.__file__), "_proto"))')"
 # The .proto files have no go_package option (they are shared with Python); the M flags
