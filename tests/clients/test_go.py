@@ -454,3 +454,26 @@ def test_go_compiles_validates_and_masks_protobuf_schemas(go_interop: Path) -> N
         violations = validate(payload.encode(), "application/json")
         assert go["outcome"] == ("ok" if not violations else "schema_validation_failed"), (payload, go)
     assert out["results"][0]["masked"] == schema.mask_pii(json.loads(as_json[0]))
+
+
+def test_the_quick_start_builds_in_a_new_module(go_interop: Path, tmp_path: Path) -> None:
+    """docs/sdk-go.md's quick start, copied into a fresh Go module that requires the client by
+    its module path (replaced by this checkout, as the page says), builds: the module is
+    consumable the way Go projects consume modules."""
+    import re
+
+    go = _go()
+    assert go is not None  # go_interop required it
+    page = (ROOT / "docs" / "sdk-go.md").read_text(encoding="utf-8")
+    program = next(b for b in re.findall(r"```go\n(.*?)```", page, re.S) if b.startswith("package main"))
+    (tmp_path / "cmd").mkdir()
+    (tmp_path / "cmd" / "main.go").write_text(program, encoding="utf-8")
+    env = {**os.environ, "GOFLAGS": "-mod=mod -buildvcs=false", "PATH": f"{Path(go).parent}:{os.environ.get('PATH', '')}"}
+    module = "github.com/prism-envelope/prism/clients/go"
+    for args in (["mod", "init", "example.com/shop"],
+                 ["mod", "edit", f"-require={module}@v0.0.0", f"-replace={module}={GO_MODULE}"],
+                 ["mod", "tidy"], ["vet", "./..."], ["build", "-o", str(tmp_path / "shop"), "./cmd"]):
+        proc = subprocess.run([go, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+                              check=False)
+        assert proc.returncode == 0, f"go {' '.join(args)}:\n{proc.stderr}"
+    assert (tmp_path / "shop").stat().st_size > 0
