@@ -143,6 +143,8 @@ var (
 	ErrDeliveryAudit     = sentinel("delivery_audit_failed")
 
 	ErrConfig           = sentinel("bad_config")
+	ErrFormat           = sentinel("bad_input_format")
+	ErrLNMP             = sentinel("bad_lnmp")
 	ErrKeyring          = sentinel("bad_keyring")
 	ErrBroker           = sentinel("broker_error")
 	ErrBinding          = sentinel("bad_binding")

@@ -145,3 +145,6 @@ func scalarFromJSON(fd protoreflect.FieldDescriptor, val any, parent protoreflec
 	}
 	return protoreflect.Value{}, fmt.Errorf("unsupported kind %s for %s", fd.Kind(), fd.FullName())
 }
+
+// ToJSONRaw is ToJSON without the normalization: integers keep their exact value.
+func ToJSONRaw(m protoreflect.Message) map[string]any { return toJSON(m) }

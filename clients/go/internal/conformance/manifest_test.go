@@ -18,13 +18,11 @@ var RunByGo = map[string]string{
 	"conversion": "envelope.TestConversionVectors",
 	"negative":   "envelope.TestNegativeDecodeVectors, signing.TestNegativeVerifyVectors",
 	"encryption": "encryption.TestEncryptionVectors",
+	"lnmp":       "lnmp.TestLNMPVectors",
 }
 
-// NotInGoClient are the kinds the Go client does not implement, with why. LNMP is an input
-// format of the worker (app/formats/lnmp*.py), not part of the client SDK's parity table.
-var NotInGoClient = map[string]string{
-	"lnmp": "LNMP input format: the worker's, not the client SDK's (docs/sdk-go.md)",
-}
+// NotInGoClient are the kinds the Go client does not implement, with why (none today).
+var NotInGoClient = map[string]string{}
 
 // TestManifest: every file of manifest.json exists with its recorded SHA-256 (a hand edit
 // fails here), and its kind is run by a Go runner or named in NotInGoClient - a kind added

@@ -7,8 +7,19 @@ import (
 	"github.com/prism-envelope/prism/clients/go/gen/reviewedpb"
 )
 
-// ModelJSON renders a decoded envelope in the suite's JSON form: the header plus the payload.
+// ModelJSON renders a decoded envelope in the suite's JSON form: the header plus the payload,
+// normalized as Normalize does (numbers as float64, to compare with decoded vectors).
 func ModelJSON(env *envelope.Envelope) (any, error) {
+	m, err := ModelRaw(env)
+	if err != nil {
+		return nil, err
+	}
+	return Normalize(m), nil
+}
+
+// ModelRaw is ModelJSON without the normalization: integers keep their exact value (what a
+// JSON encoder should write, e.g. for the cross-language tests).
+func ModelRaw(env *envelope.Envelope) (map[string]any, error) {
 	m := toJSON(env.Header.ProtoReflect())
 	if env.Payload.Present() {
 		p := map[string]any{}
@@ -25,7 +36,7 @@ func ModelJSON(env *envelope.Envelope) (any, error) {
 		}
 		m["payload"] = p
 	}
-	return Normalize(m), nil
+	return m, nil
 }
 
 // EnvelopeFromModel builds an Envelope from the JSON form of the model.

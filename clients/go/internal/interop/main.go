@@ -17,6 +17,7 @@ import (
 	"github.com/prism-envelope/prism/clients/go/envelope"
 	"github.com/prism-envelope/prism/clients/go/internal/conformance"
 	"github.com/prism-envelope/prism/clients/go/kafka"
+	"github.com/prism-envelope/prism/clients/go/lnmp"
 	"github.com/prism-envelope/prism/clients/go/prismerr"
 	"github.com/prism-envelope/prism/clients/go/registry"
 	"github.com/prism-envelope/prism/clients/go/signing"
@@ -213,6 +214,25 @@ func run(req request) result {
 			var ve *registry.ValidationError
 			if errors.As(err, &ve) {
 				r["path"] = ve.Violations[0].Path
+			}
+			outs = append(outs, r)
+		}
+		return result{"results": outs}
+	case "lnmp": // map each LNMP input to an envelope (model) and back (re-encoded), or the error code
+		var outs []any
+		for _, h := range req.Envelopes {
+			data, _ := hex.DecodeString(h)
+			env, err := lnmp.ToEnvelope(data)
+			if err != nil {
+				outs = append(outs, result{"outcome": errString(err)})
+				continue
+			}
+			m, _ := conformance.ModelRaw(env)
+			r := result{"outcome": "ok", "model": m}
+			if out, err := lnmp.FromEnvelope(env); err == nil {
+				r["reencoded_hex"] = hex.EncodeToString(out)
+			} else {
+				r["reencode_error"] = errString(err)
 			}
 			outs = append(outs, r)
 		}
@@ -492,10 +512,10 @@ func check(req request) result {
 		env, err := envelope.Decode(data)
 		r["decode"] = conformance.Verdict(err, "ok")
 		if err == nil {
-			if m, err := conformance.ModelJSON(env); err == nil {
+			if m, err := conformance.ModelRaw(env); err == nil {
 				r["model"] = m
 			} else {
-				r["model"] = conformance.ToJSON(env.Header.ProtoReflect())
+				r["model"] = conformance.ToJSONRaw(env.Header.ProtoReflect())
 				r["payload_error"] = conformance.Verdict(err, "ok")
 			}
 		}
