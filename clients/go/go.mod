@@ -1,0 +1,25 @@
+module github.com/prism-envelope/prism/clients/go
+
+go 1.24.0
+
+require google.golang.org/protobuf v1.36.12
+
+require (
+	github.com/bufbuild/protocompile v0.14.1
+	github.com/klauspost/compress v1.18.0
+	github.com/santhosh-tekuri/jsonschema/v6 v6.0.2
+	github.com/twmb/franz-go v1.19.5
+	github.com/twmb/franz-go/pkg/kadm v1.16.0
+	github.com/twmb/franz-go/pkg/kmsg v1.11.2
+	golang.org/x/text v0.25.0
+)
+
+require (
+	github.com/pierrec/lz4/v4 v4.1.22 // indirect
+	golang.org/x/sync v0.14.0 // indirect
+)
+
+require (
+	golang.org/x/crypto v0.38.0
+	golang.org/x/sys v0.33.0 // indirect
+)

@@ -1,0 +1,531 @@
+// Command interop is the Go side of the cross-language tests (tests/clients/test_go_client.py):
+// it reads one JSON request on stdin, does what it names with the Go client, and writes one
+// JSON response on stdout. Errors are reported as {"error": code, "message": ...}, never as
+// a crash, so the Python test can assert on them.
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/prism-envelope/prism/clients/go/encryption"
+	"github.com/prism-envelope/prism/clients/go/envelope"
+	"github.com/prism-envelope/prism/clients/go/internal/conformance"
+	"github.com/prism-envelope/prism/clients/go/kafka"
+	"github.com/prism-envelope/prism/clients/go/lnmp"
+	"github.com/prism-envelope/prism/clients/go/prismerr"
+	"github.com/prism-envelope/prism/clients/go/registry"
+	"github.com/prism-envelope/prism/clients/go/signing"
+)
+
+type request struct {
+	Op          string            `json:"op"`
+	Brokers     []string          `json:"brokers"`
+	Topic       string            `json:"topic"`
+	Namespace   string            `json:"namespace"`
+	Group       string            `json:"group"`
+	Count       int               `json:"count"`
+	TimeoutS    float64           `json:"timeout_s"`
+	HMACKeyID   string            `json:"hmac_key_id"`
+	HMACHex     string            `json:"hmac_hex"`
+	Token       string            `json:"token"`
+	PublisherID string            `json:"publisher_id"`
+	Layout      string            `json:"layout"`
+	Payloads    []json.RawMessage `json:"payloads"`
+	Classify    string            `json:"classification"`
+	Clearance   string            `json:"clearance"`
+	Principal   string            `json:"principal"`
+	AuditTopic  string            `json:"audit_topic"`
+	Keyring     string            `json:"keyring"` // path of a Prism JSON keyring
+	Algorithm   string            `json:"algorithm"`
+	KeyID       string            `json:"key_id"`
+	Envelopes   []string          `json:"envelopes"` // hex
+	Plaintext   string            `json:"plaintext_hex"`
+	Registry    string            `json:"registry_url"`
+	User        string            `json:"user"`
+	Password    string            `json:"password"`
+	Payload     json.RawMessage   `json:"payload"`
+	NackFirst   bool              `json:"nack_first"`
+	SchemaText  string            `json:"schema_text"`
+	ContentType string            `json:"content_type"`
+	AckReverse  bool              `json:"ack_reverse"`
+}
+
+type result map[string]any
+
+func fail(err error) result {
+	var pe *prismerr.Error
+	if errors.As(err, &pe) {
+		return result{"error": pe.Code, "message": pe.Error()}
+	}
+	return result{"error": "untyped", "message": err.Error()}
+}
+
+func main() {
+	var req request
+	var out result
+	if err := json.NewDecoder(os.Stdin).Decode(&req); err != nil {
+		out = result{"error": "bad_request", "message": err.Error()}
+	} else {
+		out = run(req)
+	}
+	_ = json.NewEncoder(os.Stdout).Encode(out)
+}
+
+func layoutOf(s string) envelope.Layout {
+	if s == "draft" {
+		return envelope.Draft
+	}
+	return envelope.Reviewed
+}
+
+func keysOf(req request) (*signing.SigningKey, *signing.Keys, error) {
+	if req.HMACHex == "" {
+		return nil, nil, nil
+	}
+	secret, err := hex.DecodeString(req.HMACHex)
+	if err != nil {
+		return nil, nil, err
+	}
+	k, err := signing.NewHMACKey(req.HMACKeyID, secret)
+	if err != nil {
+		return nil, nil, err
+	}
+	return k, signing.NewKeys(k.VerificationKey()), nil
+}
+
+func run(req request) result {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(req.TimeoutS*float64(time.Second))+30*time.Second)
+	defer cancel()
+	switch req.Op {
+	case "decrypt": // decrypt each envelope with the keyring: plaintext hex or the error code
+		kr, err := loadKeyring(req.Keyring)
+		if err != nil {
+			return fail(err)
+		}
+		var outs []any
+		for _, h := range req.Envelopes {
+			data, _ := hex.DecodeString(h)
+			env, err := envelope.Decode(data)
+			if err == nil {
+				var p []byte
+				if p, err = encryption.Decrypt(env, kr, encryption.DecryptOptions{}); err == nil {
+					outs = append(outs, result{"plaintext_hex": hex.EncodeToString(p)})
+					continue
+				}
+			}
+			outs = append(outs, fail(err))
+		}
+		return result{"results": outs}
+	case "encrypt": // a new envelope around the plaintext, encrypted for key_id, in layout
+		kr, err := loadKeyring(req.Keyring)
+		if err != nil {
+			return fail(err)
+		}
+		plain, _ := hex.DecodeString(req.Plaintext)
+		env, err := envelope.NewBytes(req.Topic, req.Namespace, plain, envelope.Options{})
+		if err != nil {
+			return fail(err)
+		}
+		switch req.Algorithm {
+		case encryption.AES256GCM, encryption.ChaCha20Poly1305:
+			err = encryption.EncryptSymmetric(env, req.Algorithm, req.KeyID, kr.Symmetric[req.KeyID], encryption.Options{})
+		case encryption.MLKEM1024:
+			err = encryption.EncryptMLKEM1024(env, req.KeyID, kr.MLKEM1024[req.KeyID].EncapsulationKey(), encryption.Options{})
+		case encryption.X25519MLKEM1024:
+			h := kr.Hybrid[req.KeyID]
+			err = encryption.EncryptHybrid(env, req.KeyID, &encryption.HybridPublicKey{X25519: h.X25519.PublicKey(), MLKEM: h.MLKEM.EncapsulationKey()}, encryption.Options{})
+		case encryption.RSAOAEP3072, encryption.RSAOAEP4096:
+			err = encryption.EncryptRSA(env, req.KeyID, &kr.RSA[req.KeyID].PublicKey, encryption.Options{})
+		default:
+			err = fmt.Errorf("unknown algorithm %q", req.Algorithm)
+		}
+		if err != nil {
+			return fail(err)
+		}
+		data, err := envelope.Encode(env, layoutOf(req.Layout))
+		if err != nil {
+			return fail(err)
+		}
+		return result{"envelope_hex": hex.EncodeToString(data)}
+	case "sign": // sign each envelope (hex) as v2 in layout, and as a pair and a batch of all
+		key, _, err := keysOf(req)
+		if err != nil {
+			return fail(err)
+		}
+		var v2, pairs []any
+		var envs []*envelope.Envelope
+		for _, h := range req.Envelopes {
+			data, _ := hex.DecodeString(h)
+			env, err := envelope.Decode(data)
+			if err != nil {
+				return fail(err)
+			}
+			s, err := signing.Sign(env.Clone(), key, layoutOf(req.Layout), signing.ScopeV2)
+			if err != nil {
+				return fail(err)
+			}
+			d, r, err := signing.SignPair(env.Clone(), key)
+			if err != nil {
+				return fail(err)
+			}
+			v2 = append(v2, hex.EncodeToString(s))
+			pairs = append(pairs, []string{hex.EncodeToString(d), hex.EncodeToString(r)})
+			envs = append(envs, env.Clone())
+		}
+		batch, err := signing.SignBatch(envs, key)
+		if err != nil {
+			return fail(err)
+		}
+		var b []any
+		for _, c := range batch {
+			b = append(b, []string{hex.EncodeToString(c[0]), hex.EncodeToString(c[1])})
+		}
+		return result{"v2": v2, "pair": pairs, "batch": b}
+	case "validate": // validate each payload (JSON text, or hex with a protobuf content type) against a schema
+		var outs []any
+		sc := &registry.Schema{Text: req.SchemaText, Format: req.Algorithm}
+		for _, p := range req.Envelopes {
+			payload := []byte(p)
+			if req.ContentType == "application/protobuf" {
+				payload, _ = hex.DecodeString(p)
+			}
+			err := sc.ValidateAs(payload, req.ContentType)
+			r := result{"outcome": errString(err)}
+			if err == nil {
+				if req.ContentType == "application/protobuf" {
+					if m, err := sc.MaskProto(payload); err == nil {
+						r["masked_hex"] = hex.EncodeToString(m)
+					} else {
+						r["mask_error"] = errString(err)
+					}
+				} else if m, err := sc.MaskJSON(payload); err == nil {
+					r["masked"] = json.RawMessage(m)
+				}
+			}
+			if paths, err := sc.PIIPaths(); err == nil {
+				r["pii_paths"] = paths
+			}
+			var ve *registry.ValidationError
+			if errors.As(err, &ve) {
+				r["path"] = ve.Violations[0].Path
+			}
+			outs = append(outs, r)
+		}
+		return result{"results": outs}
+	case "lnmp": // map each LNMP input to an envelope (model) and back (re-encoded), or the error code
+		var outs []any
+		for _, h := range req.Envelopes {
+			data, _ := hex.DecodeString(h)
+			env, err := lnmp.ToEnvelope(data)
+			if err != nil {
+				outs = append(outs, result{"outcome": errString(err)})
+				continue
+			}
+			m, _ := conformance.ModelRaw(env)
+			r := result{"outcome": "ok", "model": m}
+			if out, err := lnmp.FromEnvelope(env); err == nil {
+				r["reencoded_hex"] = hex.EncodeToString(out)
+			} else {
+				r["reencode_error"] = errString(err)
+			}
+			outs = append(outs, r)
+		}
+		return result{"results": outs}
+	case "check": // decode and verify each input as conformance.check does in Python
+		return check(req)
+	case "registry": // resolve each envelope's schema, mask its payload, validate req.payload
+		return registryOp(ctx, req)
+	case "publish":
+		return publish(ctx, req)
+	case "consume":
+		return consume(ctx, req)
+	}
+	return result{"error": "bad_request", "message": "unknown op " + req.Op}
+}
+
+func loadKeyring(path string) (*encryption.Keyring, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return encryption.LoadFileKeyring(raw)
+}
+
+func publish(ctx context.Context, req request) result {
+	key, _, err := keysOf(req)
+	if err != nil {
+		return fail(err)
+	}
+	cfg := kafka.Config{Brokers: req.Brokers, Namespace: req.Namespace, SigningKey: key, PublisherID: req.PublisherID,
+		Layout: layoutOf(req.Layout)}
+	if req.Token != "" {
+		cfg.Token = func(context.Context) (string, error) { return req.Token, nil }
+	}
+	c, err := kafka.New(cfg)
+	if err != nil {
+		return fail(err)
+	}
+	defer c.Close()
+	var kr *encryption.Keyring
+	if req.Keyring != "" {
+		if kr, err = loadKeyring(req.Keyring); err != nil {
+			return fail(err)
+		}
+	}
+	var ids []string
+	for _, p := range req.Payloads {
+		env, err := envelope.NewJSON(req.Topic, req.Namespace, p, envelope.Options{DataClassification: req.Classify, CorrelationID: "interop"})
+		if err != nil {
+			return fail(err)
+		}
+		if kr != nil {
+			if err := encryption.EncryptSymmetric(env, encryption.AES256GCM, req.KeyID, kr.Symmetric[req.KeyID], encryption.Options{}); err != nil {
+				return fail(err)
+			}
+		}
+		id, err := c.Publish(ctx, req.Topic, env, kafka.PublishOptions{})
+		if err != nil {
+			return fail(err)
+		}
+		ids = append(ids, id)
+	}
+	return result{"message_ids": ids}
+}
+
+func consume(ctx context.Context, req request) result {
+	key, keys, err := keysOf(req)
+	if err != nil {
+		return fail(err)
+	}
+	c, err := kafka.New(kafka.Config{Brokers: req.Brokers, Namespace: req.Namespace, SigningKey: key}) // key signs audit records
+	if err != nil {
+		return fail(err)
+	}
+	defer c.Close()
+	var kr *encryption.Keyring
+	if req.Keyring != "" {
+		if kr, err = loadKeyring(req.Keyring); err != nil {
+			return fail(err)
+		}
+	}
+	type payload = map[string]any
+	sub, err := kafka.SubscribeTyped[payload](ctx, c, req.Topic, kafka.SubscribeConfig{Group: req.Group, Keys: keys,
+		Clearance: req.Clearance, Principal: req.Principal, AuditTopic: req.AuditTopic})
+	if err != nil {
+		return fail(err)
+	}
+	defer sub.Close()
+	deadline, cancel := context.WithTimeout(ctx, time.Duration(req.TimeoutS*float64(time.Second)))
+	defer cancel()
+	var got []any
+	var errs []any
+	var held []*kafka.Message
+	nacked := false
+	for len(got)+len(errs) < req.Count {
+		m, err := sub.Subscription.Next(deadline)
+		if m == nil {
+			if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+				errs = append(errs, fail(err))
+			}
+			break
+		}
+		if err != nil {
+			errs = append(errs, fail(err))
+			_ = m.Ack(ctx)
+			continue
+		}
+		if req.NackFirst && !nacked {
+			nacked = true
+			if err := m.Nack(ctx); err != nil {
+				errs = append(errs, fail(err))
+			}
+			continue
+		}
+		env := m.Envelope
+		if kr != nil && env.IsEncrypted() {
+			if env, err = encryption.DecryptToEnvelope(env, kr, encryption.DecryptOptions{}); err != nil {
+				errs = append(errs, fail(err))
+				_ = m.Ack(ctx)
+				continue
+			}
+		}
+		p, err := envelope.JSONPayload[payload](env)
+		if err != nil {
+			errs = append(errs, fail(err))
+			_ = m.Ack(ctx)
+			continue
+		}
+		item := result{"message_id": env.Header.GetMetadata().GetMessageId(), "payload": p,
+			"classification": kafka.ClassificationOf(env), "publisher_id": env.Header.GetSecurity().GetPublisherId(),
+			"has_token": env.Header.GetSecurity().GetAuthToken() != ""}
+		if m.Signature != nil {
+			item["scope"] = m.Signature.Scope.String()
+			item["key_id"] = m.Signature.KeyID
+		}
+		headers := map[string]string{}
+		for _, h := range m.Record.Headers {
+			headers[h.Key] = string(h.Value)
+		}
+		item["headers"] = headers
+		got = append(got, item)
+		if req.AckReverse {
+			held = append(held, m)
+			continue
+		}
+		if err := m.Ack(ctx); err != nil {
+			errs = append(errs, fail(err))
+		}
+	}
+	committed := map[string]int64{}
+	for i := len(held) - 1; i >= 0; i-- {
+		if err := held[i].Ack(ctx); err != nil {
+			errs = append(errs, fail(err))
+		}
+		if i > 0 { // nothing may be committed while the first message is not acknowledged
+			c, err := sub.Committed(ctx)
+			if err != nil {
+				errs = append(errs, fail(err))
+			}
+			if c[0] > 0 {
+				errs = append(errs, result{"error": "committed_early", "message": fmt.Sprint(c)})
+			}
+		}
+	}
+	if c, err := sub.Committed(ctx); err == nil {
+		for p, o := range c {
+			committed[fmt.Sprint(p)] = o
+		}
+	} else {
+		errs = append(errs, fail(err))
+	}
+	st := sub.Stats()
+	return result{"messages": got, "errors": errs, "committed": committed,
+		"stats": result{"received": st.Received, "withheld": st.Withheld, "expired": st.Expired, "audited": st.Audited}}
+}
+
+func registryOp(ctx context.Context, req request) result {
+	c, err := registry.New(req.Registry)
+	if err != nil {
+		return fail(err)
+	}
+	c.Username, c.Password = req.User, req.Password
+	res := registry.NewResolver(c)
+	var outs []any
+	for _, h := range req.Envelopes {
+		data, _ := hex.DecodeString(h)
+		env, err := envelope.Decode(data)
+		if err != nil {
+			outs = append(outs, fail(err))
+			continue
+		}
+		s, err := res.ForEnvelope(ctx, env)
+		if err != nil {
+			outs = append(outs, fail(err))
+			continue
+		}
+		p, err := env.PayloadBytes()
+		if err != nil {
+			outs = append(outs, fail(err))
+			continue
+		}
+		masked, err := s.MaskJSON(p)
+		if err != nil {
+			outs = append(outs, fail(err))
+			continue
+		}
+		paths, _ := s.PIIPaths()
+		outs = append(outs, result{"subject": s.Subject, "version": s.Version, "format": s.Kind(), "masked": json.RawMessage(masked),
+			"pii_paths": paths, "valid": errString(s.Validate(p))})
+	}
+	out := result{"results": outs}
+	if len(req.Payload) > 0 { // publish-side validation: the Validator a kafka.Client uses
+		env, err := envelope.NewJSON(req.Topic, req.Namespace, req.Payload, envelope.Options{})
+		if err != nil {
+			return fail(err)
+		}
+		v := &registry.Validator{Client: c}
+		err = v.ValidateEnvelope(ctx, req.Topic, env)
+		var ve *registry.ValidationError
+		if errors.As(err, &ve) {
+			var paths []string
+			for _, x := range ve.Violations {
+				paths = append(paths, x.Path)
+			}
+			out["violations"] = paths
+		}
+		out["validate"] = errString(err)
+		sc := env.Header.GetSchema()
+		out["schema_context"] = result{"url": sc.GetSchemaUrl(), "version": sc.GetSchemaVersion(), "format": sc.GetSchemaFormat(), "hash": sc.GetSchemaHash()}
+	}
+	return out
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	var pe *prismerr.Error
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return "untyped: " + err.Error()
+}
+
+// check answers, for each input, what `python -m conformance.check decode|verify` answers:
+// the decode outcome (error kind or ok, with the model; a payload that is not an Any gives the
+// header alone and payload_error) and the verify outcome with every signature vector's key.
+func check(req request) result {
+	files, err := conformance.SignatureFiles()
+	if err != nil {
+		return fail(err)
+	}
+	keys := signing.NewKeys()
+	for _, f := range files {
+		k := f.Key
+		switch k.Algorithm {
+		case signing.HMACSHA256:
+			secret, _ := hex.DecodeString(k.SecretHex)
+			sk, err := signing.NewHMACKey(k.KeyID, secret)
+			if err != nil {
+				return fail(err)
+			}
+			keys.Add(sk.VerificationKey())
+		case signing.Ed25519:
+			pub, _ := hex.DecodeString(k.PublicKeyHex)
+			vk, err := signing.NewEd25519VerificationKey(k.KeyID, pub)
+			if err != nil {
+				return fail(err)
+			}
+			keys.Add(vk)
+		}
+	}
+	var outs []any
+	for _, h := range req.Envelopes {
+		data, _ := hex.DecodeString(h)
+		r := result{}
+		env, err := envelope.Decode(data)
+		r["decode"] = conformance.Verdict(err, "ok")
+		if err == nil {
+			if m, err := conformance.ModelRaw(env); err == nil {
+				r["model"] = m
+			} else {
+				r["model"] = conformance.ToJSONRaw(env.Header.ProtoReflect())
+				r["payload_error"] = conformance.Verdict(err, "ok")
+			}
+		}
+		signing.ClearVerificationCache()
+		_, info, err := signing.VerifyAndDecode(data, keys, signing.VerifyOptions{})
+		r["verify"] = conformance.Verdict(err, "valid")
+		if err == nil {
+			r["scope"] = int(info.Scope)
+		}
+		outs = append(outs, r)
+	}
+	return result{"results": outs}
+}

@@ -1,0 +1,522 @@
+"""The Go client (clients/go) against Prism's Python implementation, byte for byte.
+
+The Go side is a small program (clients/go/internal/interop) that reads one JSON request and
+answers with one JSON response. These tests check what the conformance vectors cannot:
+that what Go *produces* - random nonces, KEM encapsulations, signatures over its own
+encoding, Kafka records with their headers - is what Python accepts, and the other way
+round, over a real Apache Kafka broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.envelope import Layout, decode, encode, new_envelope
+from app.errors import DecryptionError, SignatureError
+from app.sdk import PrismClient
+from app.security.encryption import decrypt_envelope, encrypt_envelope
+from app.security.keys import FileKeyring, new_key_record
+from app.security.signing import SCOPE_BATCH, SCOPE_PAIR, SCOPE_V2, SigningKey, VerificationKeys, verify
+from tests.kafka.cluster import ApacheKafka
+from tests.sdk.test_version_reports import registry_server  # noqa: F401 - a fixture
+from tests.support import USERS, require
+
+ROOT = Path(__file__).resolve().parents[2]
+GO_MODULE = ROOT / "clients" / "go"
+HMAC_SECRET = bytes(range(32))
+ALGORITHMS = ("aes-256-gcm", "chacha20-poly1305", "ml-kem-1024", "x25519-ml-kem-1024", "rsa-oaep-3072")
+KEY_FOR = {"aes-256-gcm": "sym-1", "chacha20-poly1305": "sym-1", "ml-kem-1024": "kem-1",
+           "x25519-ml-kem-1024": "hyb-1", "rsa-oaep-3072": "rsa-1"}
+
+
+def _go() -> str | None:
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "ensure-go.sh")], capture_output=True, text=True, check=False)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+@pytest.fixture(scope="session")
+def go_interop(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The interop program, built once per session (Go's build cache makes a rebuild cheap)."""
+    go = _go()
+    require(go is not None, "Go 1.21+ is not installed (scripts/ensure-go.sh; docs/sdk-go.md)")
+    assert go is not None
+    out = tmp_path_factory.mktemp("go") / "interop"
+    env = {**os.environ, "PATH": f"{Path(go).parent}:{os.environ.get('PATH', '')}"}
+    proc = subprocess.run([go, "build", "-buildvcs=false", "-o", str(out), "./internal/interop"], cwd=GO_MODULE, env=env,
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, f"go build failed:\n{proc.stderr}"
+    return out
+
+
+def call(binary: Path, request: dict[str, Any], timeout: float = 180) -> dict[str, Any]:
+    proc = subprocess.run([str(binary)], input=json.dumps(request), capture_output=True, text=True, timeout=timeout,
+                          check=False)
+    assert proc.returncode == 0, f"interop exited {proc.returncode}:\n{proc.stderr}"
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def keyring(tmp_path_factory: pytest.TempPathFactory) -> tuple[FileKeyring, Path]:
+    """One key of every type the Go client handles, saved as the JSON file both sides load."""
+    kr = FileKeyring([new_key_record("sym-1", "symmetric-256"), new_key_record("kem-1", "ml-kem-1024"),
+                      new_key_record("hyb-1", "x25519-ml-kem-1024"), new_key_record("rsa-1", "rsa-3072")])
+    path = tmp_path_factory.mktemp("keys") / "keyring.json"
+    path.write_text(json.dumps(kr.to_mapping()))
+    return kr, path
+
+
+def _plain(i: int) -> bytes:
+    return json.dumps({"order_id": i, "email": "jane@example.com", "pad": "x" * (i * 97)}).encode()
+
+
+# --------------------------------------------------------------------------- encryption
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_go_decrypts_what_python_encrypts(go_interop: Path, keyring: tuple[FileKeyring, Path], algorithm: str) -> None:
+    kr, path = keyring
+    wires, plains = [], []
+    for i, layout in enumerate((Layout.DRAFT, Layout.REVIEWED, Layout.REVIEWED)):
+        env = new_envelope("orders.created", _plain(i * 5), namespace="order-events")
+        encrypt_envelope(env, kr, key_id=KEY_FOR[algorithm], algorithm=algorithm)
+        wires.append(encode(env, layout))
+        plains.append(_plain(i * 5))
+    tampered = bytearray(wires[-1])
+    tampered[-1] ^= 1  # the last byte of the ciphertext (the GCM tag)
+    out = call(go_interop, {"op": "decrypt", "keyring": str(path), "envelopes": [w.hex() for w in [*wires, tampered]]})
+    results = out["results"]
+    assert [r.get("plaintext_hex") for r in results[:-1]] == [p.hex() for p in plains]
+    assert results[-1]["error"] == "decryption_failed"
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("layout", ["draft", "reviewed"])
+def test_python_decrypts_what_go_encrypts(go_interop: Path, keyring: tuple[FileKeyring, Path], algorithm: str,
+                                          layout: str) -> None:
+    kr, path = keyring
+    plain = _plain(7)
+    out = call(go_interop, {"op": "encrypt", "keyring": str(path), "algorithm": algorithm, "key_id": KEY_FOR[algorithm],
+                            "topic": "orders.created", "namespace": "order-events", "layout": layout,
+                            "plaintext_hex": plain.hex()})
+    env = decode(bytes.fromhex(out["envelope_hex"]))
+    assert env.security is not None and env.security.encryption.algorithm == algorithm
+    assert decrypt_envelope(env, kr) == plain
+    env.header.metadata.topic = "orders.other"  # the AAD binds the ciphertext to its envelope
+    with pytest.raises(DecryptionError):
+        decrypt_envelope(env, kr)
+
+
+# --------------------------------------------------------------------------- signatures
+
+
+def test_python_verifies_what_go_signs_in_every_scope(go_interop: Path) -> None:
+    key = SigningKey.hmac_sha256("go-hmac-1", HMAC_SECRET)
+    keys = VerificationKeys.of([key])
+    envs = [new_envelope("orders.created", {"order_id": i}, namespace="order-events", data_classification="restricted",
+                         contains_pii=True, labels={"tier": "gold"}) for i in range(5)]
+    for env in envs:
+        env.ensure_security().auth_token = "header.payload.signature"  # not covered: scope v2 cuts it
+    out = call(go_interop, {"op": "sign", "hmac_key_id": "go-hmac-1", "hmac_hex": HMAC_SECRET.hex(),
+                            "layout": "draft", "envelopes": [encode(e, Layout.REVIEWED).hex() for e in envs]})
+    signed: list[tuple[str, int]] = [(h, SCOPE_V2) for h in out["v2"]]
+    signed += [(h, SCOPE_PAIR) for pair in out["pair"] for h in pair]
+    signed += [(h, SCOPE_BATCH) for pair in out["batch"] for h in pair]
+    assert len(signed) == 5 + 10 + 10
+    for hexed, scope in signed:
+        data = bytes.fromhex(hexed)
+        assert verify(data, keys).scope == scope
+        tampered = data.replace(b"restricted", b"restrictes")
+        with pytest.raises(SignatureError):
+            verify(tampered, keys)
+
+
+# --------------------------------------------------------------------------- Kafka
+
+
+@pytest.fixture
+def topics(kafka: ApacheKafka) -> Iterator[dict[str, str]]:
+    suffix = uuid.uuid4().hex[:10]
+    yield {"topic": f"go-interop-{suffix}", "audit": f"go-audit-{suffix}", "group": f"g-{suffix}"}
+
+
+def _consume_audit(kafka: ApacheKafka, topic: str, expected: int, keys: VerificationKeys) -> list[dict[str, Any]]:
+    """The audit records on `topic`, each verified with `keys` (waits until `expected` arrived)."""
+
+    async def run() -> list[dict[str, Any]]:
+        async with PrismClient(f"kafka://{kafka.bootstrap}", namespace="order-events") as client:
+            sub = client.subscribe(topic, group=f"audit-{uuid.uuid4().hex[:8]}", verify_with=keys)
+            out: list[dict[str, Any]] = []
+            async with sub:
+                while len(out) < expected:
+                    msg = await sub.receive(timeout=60)
+                    assert msg is not None, f"only {len(out)} of {expected} audit records arrived"
+                    out.append(msg.payload())
+                    await msg.ack()
+            return out
+
+    return asyncio.run(run())
+
+
+def test_go_subscribes_to_what_python_publishes(go_interop: Path, kafka: ApacheKafka, topics: dict[str, str]) -> None:
+    key = SigningKey.hmac_sha256("py-hmac-1", HMAC_SECRET)
+    payloads = [{"order_id": i} for i in range(4)]
+
+    async def publish() -> list[str]:
+        async with PrismClient(f"kafka://{kafka.bootstrap}", namespace="order-events", signing_key=key,
+                               publisher_id="svc-orders", auth_token="jwt.for.worker") as client:
+            from app.sdk import PrismPublishOptions
+
+            # first, above the Go subscriber's clearance: withheld, never handed out
+            await client.publish(topics["topic"], {"order_id": 99}, PrismPublishOptions(data_classification="restricted"))
+            return [await client.publish(topics["topic"], p, PrismPublishOptions(data_classification="confidential",
+                                                                                 correlation_id=f"c-{p['order_id']}"))
+                    for p in payloads]
+
+    ids = asyncio.run(publish())
+    out = call(go_interop, {"op": "consume", "brokers": [kafka.bootstrap], "topic": topics["topic"],
+                            "namespace": "order-events", "group": topics["group"], "count": len(payloads),
+                            "timeout_s": 90, "hmac_key_id": "py-hmac-1", "hmac_hex": HMAC_SECRET.hex(),
+                            "clearance": "confidential", "principal": "svc-go-billing",
+                            "audit_topic": topics["audit"]})
+    assert out.get("errors") == [] or out.get("errors") is None, out
+    got = out["messages"]
+    assert [m["message_id"] for m in got] == ids
+    assert [m["payload"] for m in got] == payloads
+    assert all(m["scope"] == "v2" and m["key_id"] == "py-hmac-1" for m in got)
+    assert all(m["publisher_id"] == "svc-orders" and m["has_token"] for m in got)
+    assert all(m["headers"]["prism-message-id"] == m["message_id"] for m in got)
+    assert all(m["headers"]["prism-envelope-layout"] == "reviewed" for m in got)
+    assert out["stats"]["audited"] == len(payloads)
+    assert out["stats"]["withheld"] == 1 and out["committed"] == {"0": len(payloads) + 1}  # the withheld one too
+    records = _consume_audit(kafka, topics["audit"], len(payloads), VerificationKeys.of([key]))  # signed by Go
+    assert sorted(r["message_id"] for r in records) == sorted(ids)
+    assert {r["principal"] for r in records} == {"svc-go-billing"}
+    assert {r["classification"] for r in records} == {"confidential"}
+
+
+def test_go_acks_out_of_order_and_nacks(go_interop: Path, kafka: ApacheKafka, topics: dict[str, str]) -> None:
+    """Acknowledgements as in the Python SDK's Kafka backend: acking out of order commits only
+    the end of the fully acknowledged prefix (nothing while the first message is open), and a
+    nack gives the message back (delivered again, then acknowledged)."""
+
+    async def publish() -> list[str]:
+        async with PrismClient(f"kafka://{kafka.bootstrap}", namespace="order-events") as client:
+            return [await client.publish(topics["topic"], {"order_id": i}) for i in range(5)]
+
+    ids = asyncio.run(publish())
+    out = call(go_interop, {"op": "consume", "brokers": [kafka.bootstrap], "topic": topics["topic"],
+                            "namespace": "order-events", "group": topics["group"], "count": 5, "timeout_s": 90,
+                            "nack_first": True, "ack_reverse": True})
+    assert out["errors"] is None or out["errors"] == [], out["errors"]
+    assert [m["message_id"] for m in out["messages"]] == ids  # the nacked first message came again
+    assert out["committed"] == {"0": 5}
+
+
+def test_go_skips_expired_messages(go_interop: Path, kafka: ApacheKafka, topics: dict[str, str]) -> None:
+    """A message past its TTL is acknowledged and skipped, as the Python SDK's subscriber does."""
+    import time
+
+    async def publish() -> str:
+        async with PrismClient(f"kafka://{kafka.bootstrap}", namespace="order-events") as client:
+            old = new_envelope(topics["topic"], {"order_id": 1}, namespace="order-events",
+                               published_at_ms=int(time.time() * 1000) - 60_000, ttl_seconds=1)
+            await client.publish_envelope(old)
+            return await client.publish(topics["topic"], {"order_id": 2})
+
+    fresh = asyncio.run(publish())
+    out = call(go_interop, {"op": "consume", "brokers": [kafka.bootstrap], "topic": topics["topic"],
+                            "namespace": "order-events", "group": topics["group"], "count": 1, "timeout_s": 90})
+    assert [m["message_id"] for m in out["messages"]] == [fresh]
+    assert out["stats"]["expired"] == 1 and out["committed"] == {"0": 2}
+
+
+@pytest.mark.parametrize("layout", ["draft", "reviewed"])
+def test_python_subscribes_to_what_go_publishes(go_interop: Path, kafka: ApacheKafka, topics: dict[str, str],
+                                                keyring: tuple[FileKeyring, Path], layout: str) -> None:
+    kr, path = keyring
+    payloads = [{"order_id": i, "note": "ü" * i} for i in range(3)]
+    out = call(go_interop, {"op": "publish", "brokers": [kafka.bootstrap], "topic": topics["topic"],
+                            "namespace": "order-events", "layout": layout, "payloads": payloads,
+                            "hmac_key_id": "go-hmac-1", "hmac_hex": HMAC_SECRET.hex(), "token": "jwt.from.go",
+                            "publisher_id": "svc-go", "classification": "internal",
+                            "keyring": str(path), "key_id": "sym-1"})
+    assert "error" not in out, out
+    keys = VerificationKeys.of([SigningKey.hmac_sha256("go-hmac-1", HMAC_SECRET)])
+
+    async def consume() -> list[tuple[str, Any, str, str]]:
+        async with PrismClient(f"kafka://{kafka.bootstrap}", namespace="order-events") as client:
+            got = []
+            async with client.subscribe(topics["topic"], group=topics["group"], verify_with=keys,
+                                        decrypt_with=kr) as sub:
+                while len(got) < len(payloads):
+                    msg = await sub.receive(timeout=60)
+                    assert msg is not None, f"only {len(got)} of {len(payloads)} messages arrived"
+                    got.append((msg.message_id, msg.payload(), msg.security.auth_token, msg.security.publisher_id))
+                    await msg.ack()
+            return got
+
+    got = asyncio.run(consume())
+    assert [g[0] for g in got] == out["message_ids"]
+    assert [g[1] for g in got] == payloads
+    assert {(g[2], g[3]) for g in got} == {("jwt.from.go", "svc-go")}
+
+
+def test_go_toolchain_is_found() -> None:
+    """`make test-go` and these tests find the same Go (scripts/ensure-go.sh)."""
+    go = _go()
+    require(go is not None, "Go 1.21+ is not installed")
+    assert go is not None and shutil.which(go) is not None
+
+
+# --------------------------------------------------------------------------- schema registry
+
+
+def test_go_resolves_masks_and_validates_against_the_registry(go_interop: Path, registry_server: Any) -> None:  # noqa: F811
+    """The Go registry client against Prism's registry: an envelope's schema reference (subject
+    version, schema id, forged), PII masking the same as Python's, validation before publish."""
+    from app.sdk.schemas import MASK
+    from tests.sdk.test_consumer_schemas import AVRO, JSON_SCHEMA, TOPIC, _envelope, _register
+
+    url, registry = registry_server
+    resolved = _register(url, registry, JSON_SCHEMA, "JSON")
+    doc = {"user_id": "u-1", "contact": {"email": "a@example.com", "city": "Lyon"},
+           "cards": [{"pan": "4111111111111111", "brand": "visa"}],
+           "address": {"street": "1 rue X"}, "prefs": {"home": {"phone": "+33 1", "lang": "fr"}}, "nickname": "ace"}
+    by_version = _envelope(doc, resolved)
+    by_id = _envelope(doc, resolved)
+    by_id.header.schema.schema_url = f"{url}/schemas/ids/{registry.get(TOPIC, 'latest').id}"
+    forged_subject = _envelope(doc, resolved)
+    forged_subject.header.schema.schema_url = f"{url}/v1/subjects/other.topic/versions/1"
+    forged_hash = _envelope(doc, resolved)
+    forged_hash.header.schema.schema_hash = "sha256:" + "0" * 64
+    avro_resolved = _register(url, registry, AVRO, "AVRO", subject="users.avro")
+    avro_doc = {"user_id": "u", "contact": {"email": "e@x", "city": "c"}, "backup": None, "phones": {"home": "1"},
+                "visits": 3}
+    avro_env = _envelope(avro_doc, avro_resolved, topic="users.avro")
+    envs = [by_version, by_id, forged_subject, forged_hash, avro_env]
+    out = call(go_interop, {"op": "registry", "registry_url": url, "user": "reader", "password": USERS["reader"][0],
+                            "envelopes": [encode(e, Layout.REVIEWED).hex() for e in envs],
+                            "topic": TOPIC, "namespace": "users", "payload": {**doc, "contact": {"email": 5}}})
+    results = out["results"]
+    expected = {"user_id": "u-1", "contact": {"email": MASK, "city": "Lyon"}, "cards": [{"pan": MASK, "brand": "visa"}],
+                "address": MASK, "prefs": {"home": {"phone": MASK, "lang": "fr"}}, "nickname": "ace"}
+    for r in results[:2]:
+        assert (r["subject"], r["version"], r["format"], r["valid"]) == (TOPIC, 1, "json", "ok"), r
+        assert r["masked"] == expected
+        assert r["pii_paths"] == ["address", "cards.pan", "contact.email", "prefs.*.phone"]  # as Python's pii_paths()
+    assert results[2]["error"] == "schema_reference_invalid" and "other.topic" in results[2]["message"]
+    assert results[3]["error"] == "schema_reference_invalid" and "hash" in results[3]["message"]
+    assert results[4]["masked"] == {**avro_doc, "contact": {"email": MASK, "city": "c"}, "phones": MASK}
+    assert results[4]["valid"] == "ok"  # an Avro JSON datum
+    assert out["validate"] == "schema_validation_failed" and out["violations"] == ["$.contact.email"]
+    assert out["schema_context"]["url"] == ""  # nothing stamped: the payload was refused
+    ok = call(go_interop, {"op": "registry", "registry_url": url, "user": "reader", "password": USERS["reader"][0],
+                           "envelopes": [], "topic": TOPIC, "namespace": "users", "payload": doc})
+    assert ok["validate"] == "ok"
+    latest = registry.get(TOPIC, "latest")
+    assert ok["schema_context"] == {"url": f"{url}/v1/subjects/{TOPIC}/versions/1", "version": "1", "format": "json",
+                                    "hash": latest.hash}
+
+
+# --------------------------------------------------------------------------- differential
+
+
+def _mutations(seed: int, count: int) -> list[bytes]:
+    """Every input of the conformance suite, and `count` random damages of them (a flipped
+    byte, a cut, a byte inserted, a record duplicated): deterministic for one `seed`."""
+    import random
+
+    base = []
+    for path in sorted((ROOT / "conformance").glob("*/*.json")):
+        for v in json.loads(path.read_text(encoding="utf-8")).get("vectors", []):
+            if v.get("kind", "") != "lnmp" and path.parent.name != "lnmp":
+                base += [bytes.fromhex(v[k]) for k in ("envelope_hex", "input_hex") if k in v]
+    rng = random.Random(seed)
+    out = list(base)
+    for _ in range(count):
+        data = bytearray(rng.choice(base))
+        if not data:
+            continue
+        op, i = rng.randrange(4), rng.randrange(len(data))
+        if op == 0:
+            data[i] ^= 1 << rng.randrange(8)
+        elif op == 1:
+            del data[i:]
+        elif op == 2:
+            data.insert(i, rng.randrange(256))
+        else:
+            data += data[i:i + rng.randrange(1, 40)]
+        out.append(bytes(data))
+    return out
+
+
+def test_go_and_python_answer_the_same_for_damaged_inputs(go_interop: Path) -> None:
+    """Differential test: decode and verify verdicts (and the decoded model) of the Go client
+    equal Python's (`conformance.check`) for every suite input and 600 random damages of them."""
+    from conformance.check import answer
+
+    inputs = _mutations(seed=30, count=600)
+    out = call(go_interop, {"op": "check", "envelopes": [d.hex() for d in inputs]})
+    mismatches = []
+    for data, go in zip(inputs, out["results"], strict=True):
+        py_dec, py_ver = answer(["decode", data.hex()]), answer(["verify", data.hex()])
+        want = {"decode": py_dec["outcome"], "verify": py_ver["outcome"]}
+        got = {"decode": go["decode"], "verify": go["verify"]}
+        if py_dec["outcome"] == "ok":
+            want["model"], got["model"] = py_dec["model"], go.get("model")
+            want["payload_error"], got["payload_error"] = py_dec.get("payload_error"), go.get("payload_error")
+        if want != got:
+            mismatches.append((data.hex()[:120], want, got))
+    assert not mismatches, f"{len(mismatches)} of {len(inputs)} inputs differ; first: {mismatches[:3]}"
+    # the damages reach every verdict, not only the first check
+    assert {r["decode"] for r in out["results"]} >= {"ok", "truncated", "malformed"}
+    assert {r["verify"] for r in out["results"]} >= {"valid", "bad_signature", "ambiguous_envelope", "truncated",
+                                                      "malformed", "unsupported_signature_scope"}
+
+
+def test_go_validates_avro_and_json_datums_as_python_does(go_interop: Path) -> None:
+    """Publish-side validation, Go against Python's validator (fastavro, jsonschema): the same
+    verdict, and the same first failing path, for valid and broken datums."""
+    from app.schema.payload_check import validator_for
+    from app.schema.resolve import build_resolved
+    from tests.sdk.test_consumer_schemas import AVRO, JSON_SCHEMA
+
+    contact = {"email": "e@x", "city": "c"}
+    avro_datums = [
+        {"user_id": "u", "contact": contact, "backup": None, "phones": {"home": "1"}, "visits": 3},
+        {"user_id": "u", "contact": contact, "phones": {}, "visits": 3},                       # default for backup
+        {"user_id": "u", "contact": contact, "backup": contact, "phones": {}, "visits": 3},    # union: the record
+        {"user_id": "u", "contact": contact, "backup": None, "phones": {}, "visits": 3, "extra": 1},
+        {"user_id": "u", "contact": {"email": 5, "city": "c"}, "phones": {}, "visits": 3},
+        {"user_id": "u", "contact": contact, "phones": {"home": 1}, "visits": 3},
+        {"user_id": "u", "contact": contact, "phones": {}, "visits": 3.5},
+        {"user_id": "u", "contact": contact, "phones": {}, "visits": 2**31},
+        {"user_id": "u", "contact": contact, "phones": {}},
+        {"user_id": "u", "contact": contact, "backup": {"email": "x"}, "phones": {}, "visits": 1},
+        [1, 2], "text", None,
+    ]
+    json_datums = [
+        {"user_id": "u", "contact": contact}, {"contact": {"email": 5}}, {"cards": [{"pan": 1}]}, [], 3,
+    ]
+    for fmt, text, datums in (("avro", AVRO, avro_datums), ("json", JSON_SCHEMA, json_datums)):
+        validate = validator_for(build_resolved(text, fmt.upper(), url="x", version="1"))
+        payloads = [json.dumps(d) for d in datums] + ["{not json"]
+        out = call(go_interop, {"op": "validate", "schema_text": text, "algorithm": fmt, "envelopes": payloads,
+                                "content_type": "application/json"})
+        for payload, go in zip(payloads, out["results"], strict=True):
+            violations = validate(payload.encode(), "application/json")
+            want = ("ok", None) if not violations else ("schema_validation_failed", violations[0].path)
+            assert (go["outcome"], go.get("path")) == want, (fmt, payload, go, [str(v) for v in violations])
+
+
+def test_go_compiles_validates_and_masks_protobuf_schemas(go_interop: Path) -> None:
+    """Protobuf schemas in the Go client (compiled by protocompile against prism/annotations.proto):
+    the same PII paths, the same masked message (binary and JSON mapping) and the same verdicts
+    as the Python SDK."""
+    from google.protobuf.json_format import MessageToJson
+
+    from app.schema.payload_check import validator_for
+    from app.schema.resolve import build_resolved
+    from app.sdk.schemas import PayloadSchema
+    from tests.sdk.test_consumer_schemas import PROTO, _proto_class
+
+    schema = PayloadSchema.from_text(PROTO, "PROTOBUF")
+    validate = validator_for(build_resolved(PROTO, "PROTOBUF", url="x", version="1"))
+    cls = _proto_class()
+    sent = cls(user_id="u-3", birth_year=1990, avatar=b"\x89PNG", visits=4)
+    sent.contact.email, sent.contact.city = "d@example.com", "Rome"
+    sent.previous.add(email="old@example.com", city="Pisa")
+    sent.by_role["admin"].email = "root@example.com"
+    binaries = [sent.SerializeToString(deterministic=True), b"\x0a\xff", b"\x28\x80"]
+    out = call(go_interop, {"op": "validate", "schema_text": PROTO, "algorithm": "protobuf",
+                            "content_type": "application/protobuf", "envelopes": [b.hex() for b in binaries]})
+    results = out["results"]
+    assert results[0]["pii_paths"] == schema.pii_paths()
+    for payload, go in zip(binaries, results, strict=True):
+        violations = validate(payload, "application/protobuf")
+        assert go["outcome"] == ("ok" if not violations else "schema_validation_failed"), (payload, go)
+    masked = cls.FromString(bytes.fromhex(results[0]["masked_hex"]))
+    assert masked == schema.mask_pii(cls.FromString(binaries[0]))
+    as_json = [MessageToJson(sent), '{"contact": {"email": 5}}', '{"nope": 1}']
+    out = call(go_interop, {"op": "validate", "schema_text": PROTO, "algorithm": "protobuf",
+                            "content_type": "application/json", "envelopes": as_json})
+    for payload, go in zip(as_json, out["results"], strict=True):
+        violations = validate(payload.encode(), "application/json")
+        assert go["outcome"] == ("ok" if not violations else "schema_validation_failed"), (payload, go)
+    assert out["results"][0]["masked"] == schema.mask_pii(json.loads(as_json[0]))
+
+
+def test_the_quick_start_builds_in_a_new_module(go_interop: Path, tmp_path: Path) -> None:
+    """docs/sdk-go.md's quick start, copied into a fresh Go module that requires the client by
+    its module path (replaced by this checkout, as the page says), builds: the module is
+    consumable the way Go projects consume modules."""
+    import re
+
+    go = _go()
+    assert go is not None  # go_interop required it
+    page = (ROOT / "docs" / "sdk-go.md").read_text(encoding="utf-8")
+    program = next(b for b in re.findall(r"```go\n(.*?)```", page, re.S) if b.startswith("package main"))
+    (tmp_path / "cmd").mkdir()
+    (tmp_path / "cmd" / "main.go").write_text(program, encoding="utf-8")
+    env = {**os.environ, "GOFLAGS": "-mod=mod -buildvcs=false", "PATH": f"{Path(go).parent}:{os.environ.get('PATH', '')}"}
+    module = "github.com/prism-envelope/prism/clients/go"
+    for args in (["mod", "init", "example.com/shop"],
+                 ["mod", "edit", f"-require={module}@v0.0.0", f"-replace={module}={GO_MODULE}"],
+                 ["mod", "tidy"], ["vet", "./..."], ["build", "-o", str(tmp_path / "shop"), "./cmd"]):
+        proc = subprocess.run([go, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+                              check=False)
+        assert proc.returncode == 0, f"go {' '.join(args)}:\n{proc.stderr}"
+    assert (tmp_path / "shop").stat().st_size > 0
+
+
+def test_go_maps_lnmp_as_python_does(go_interop: Path) -> None:
+    """LNMP (strict mode), Go against Python's app/formats/lnmp_envelope.py: the same verdict,
+    the same envelope and the same canonical re-encoding for every LNMP vector and 400 random
+    damages of them."""
+    import random
+
+    from app.errors import PrismError
+    from app.formats.lnmp_envelope import decode_message, to_lnmp
+    from conformance._common import model_json
+
+    base = [bytes.fromhex(v["input_hex"])
+            for v in json.loads((ROOT / "conformance" / "lnmp" / "lnmp.json").read_text(encoding="utf-8"))["vectors"]]
+    rng = random.Random(30)
+    inputs = list(base)
+    for _ in range(400):
+        data = bytearray(rng.choice(base))
+        i = rng.randrange(len(data))
+        op = rng.randrange(3)
+        if op == 0:
+            data[i] ^= 1 << rng.randrange(8)
+        elif op == 1:
+            del data[i:]
+        else:
+            data.insert(i, rng.choice(b' ="\\\n\r\x10\x11\x00\xff'))
+        inputs.append(bytes(data))
+    out = call(go_interop, {"op": "lnmp", "envelopes": [d.hex() for d in inputs]})
+    mismatches = []
+    for data, go in zip(inputs, out["results"], strict=True):
+        try:
+            env = decode_message(data).envelope
+            want: dict[str, Any] = {"outcome": "ok", "model": model_json(env)}
+            try:
+                want["reencoded_hex"] = bytes(to_lnmp(env)).hex()
+            except PrismError as exc:
+                want["reencode_error"] = exc.code
+        except PrismError as exc:
+            want = {"outcome": exc.code}
+        if go != want:
+            mismatches.append((data.hex()[:100], want, go))
+    assert not mismatches, f"{len(mismatches)} of {len(inputs)} differ; first: {mismatches[:2]}"
+    assert {r["outcome"] for r in out["results"]} == {"ok", "bad_lnmp"}
