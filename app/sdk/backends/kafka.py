@@ -28,8 +28,10 @@ skips a message that is still being processed (an out-of-order ack waits for the
 it). A background task commits the acked positions every `commit_interval_ms` (and as soon as
 `commit_every` acks are waiting, when set); `Subscription.commit()` flushes them at once, and
 they are committed before a partition is revoked (rebalance listener) and on `close()`. Why not
-commit on every ack: each commit is a round trip (~6.7 ms on the embedded broker, so ~150
-records/s), and Kafka's own clients commit on a timer too (`auto.commit.interval.ms`). A crash
+commit on every ack: each commit is a broker round trip, which caps a consumer at one record
+per round trip (~150 records/s where a commit takes 6.7 ms) and costs ~250 µs of CPU per record
+even on loopback (BENCHMARKS.md); Kafka's own clients commit on a timer too
+(`auto.commit.interval.ms`). A crash
 between an ack and its commit redelivers the message: at-least-once, as with every backend.
 `nack()` seeks the partition back to the message: it and everything after it on that
 partition are fetched again (deliveries already handed out for those offsets become stale
