@@ -223,6 +223,43 @@ async def test_close_commits_what_was_acked(any_broker, topic):
 
 
 @integration
+async def test_a_failed_commit_is_retried_and_an_explicit_one_raises_a_typed_error(kafka_broker, kafka_url, topic,
+                                                                                     caplog):
+    """The broker refuses a commit (a rebalance, a dropped connection): the background commit
+    logs it and sends the same acks on its next tick; `commit()` raises `SubscribeError`."""
+    from aiokafka.errors import CommitFailedError, KafkaConnectionError
+
+    from app.errors import SubscribeError
+
+    async with PrismClient(kafka_url + "&commit_interval_ms=50", namespace="acks") as client:
+        await client.publish_batch([(topic, {"i": i}) for i in range(10)])
+        grp = group()
+        async with asyncio.timeout(60), client.subscribe(topic, group=grp) as sub:
+            msgs = await receive(sub, 10)
+            consumer = sub._inner.consumer
+            real, failures = consumer.commit, [KafkaConnectionError("connection reset"), CommitFailedError("rebalanced")]
+
+            async def flaky(offsets: Any = None) -> Any:
+                if failures:
+                    raise failures.pop(0)
+                return await real(offsets)
+
+            consumer.commit = flaky
+            for m in msgs[:5]:
+                await m.ack()
+            await until("the retried commit", lambda: _committed_is(kafka_broker.bootstrap, grp, topic, 5))
+            assert failures == [] and "background commit" in caplog.text and "failed" in caplog.text
+            failures.append(CommitFailedError("rebalanced"))
+            for m in msgs[5:]:
+                await m.ack()
+            with pytest.raises(SubscribeError, match="committing the acked offsets") as info:
+                await sub.commit()
+            assert "again" in info.value.hint
+            await sub.commit()  # the acks are still recorded: the next commit sends them
+            assert await committed(kafka_broker.bootstrap, grp, topic) == 10
+
+
+@integration
 async def test_kill_9_between_ack_and_commit_redelivers_and_loses_nothing(any_broker, topic):
     """A consumer process acks 20 messages, of which the first 8 are committed, and is killed
     with SIGKILL before the other 12 are: the group gets exactly those 12 again."""

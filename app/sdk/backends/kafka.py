@@ -29,7 +29,7 @@ it). A background task commits the acked positions every `commit_interval_ms` (a
 `commit_every` acks are waiting, when set); `Subscription.commit()` flushes them at once, and
 they are committed before a partition is revoked (rebalance listener) and on `close()`. Why not
 commit on every ack: each commit is a broker round trip, which caps a consumer at one record
-per round trip (~150 records/s where a commit takes 6.7 ms) and costs ~250 µs of CPU per record
+per round trip (~150 records/s where a commit takes 6.7 ms) and costs ~230 µs of CPU per record
 even on loopback (BENCHMARKS.md); Kafka's own clients commit on a timer too
 (`auto.commit.interval.ms`). A crash
 between an ack and its commit redelivers the message: at-least-once, as with every backend.
