@@ -40,7 +40,16 @@ from ..sunset import parse_header as parse_deprecation
 from ._ids import fast_uuid7
 from .audit import AUDITED, WITHHELD_LOG_EVERY, Clearance, audit_envelope, audit_record, classification_of
 from .backends import backend_for_url
-from .backends.base import Backend, BackendSubscription, Delivery, Outgoing, SubscribeSettings
+from .backends.base import (
+    Backend,
+    BackendSubscription,
+    Delivery,
+    Outgoing,
+    SubscribeSettings,
+    check_commit_every,
+    check_commit_interval,
+    check_isolation_level,
+)
 from .options import DEFAULT_OPTIONS, PrismPublishOptions, current_otel_context, trace_context_of
 from .pii import PiiPolicy
 from .received import ReceivedEnvelope
@@ -399,6 +408,9 @@ class PrismClient:
         clearance: str | None = None,
         principal: str | None = None,
         audit_topic: str | None = None,
+        commit_interval_ms: int | None = None,
+        commit_every: int | None = None,
+        isolation_level: str | None = None,
     ) -> Subscription:
         """Subscribe `group` to `topic`; iterate the result (`async for msg in sub`).
 
@@ -433,9 +445,15 @@ class PrismClient:
                               hint="consumers sharing a group share the work; name yours, e.g. 'billing'")
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}", path="subscribe(batch_size=)")
+        if commit_interval_ms is not None:
+            check_commit_interval(commit_interval_ms, "subscribe(commit_interval_ms=)")
+        check_commit_every(commit_every, "subscribe(commit_every=)")
+        if isolation_level is not None:
+            check_isolation_level(isolation_level, "subscribe(isolation_level=)")
         cleared = Clearance.of(clearance, principal, audit_topic, topic)
         settings = SubscribeSettings(group=group, batch_size=batch_size, ack_wait_s=ack_wait_s,
-                                     claim_idle_ms=claim_idle_ms)
+                                     claim_idle_ms=claim_idle_ms, commit_interval_ms=commit_interval_ms,
+                                     commit_every=commit_every, isolation_level=isolation_level)
         assertion = None
         if expected_version is not None:
             assertion = SchemaAssertion(expected_version, on_mismatch, expected_hash=expected_hash, topic=topic)
@@ -496,8 +514,19 @@ class Subscription:
                 self._inner = inner
         return self
 
+    async def commit(self) -> None:
+        """Make every `ack()` so far durable before returning: one round trip for all of
+        them, never one per message. Kafka otherwise commits acked offsets in the background
+        (`commit_interval_ms`); call this when you must know they are committed, e.g. before
+        telling someone else the messages are done. The other backends settle each ack
+        themselves; for them this returns at once. Raises `SubscribeError` if the commit fails
+        (the messages are then delivered again, to this group: at-least-once)."""
+        if self._inner is not None:
+            await self._inner.commit()
+
     async def close(self) -> None:
-        """Stop receiving. Messages handed out but not settled go back to the backend."""
+        """Stop receiving. Acked messages are committed; messages handed out but not
+        settled go back to the backend."""
         if self._closed:
             return
         self._closed = True

@@ -112,6 +112,13 @@ class SyncSubscription:
             if msg is not None:
                 yield msg
 
+    def commit(self) -> None:
+        """`Subscription.commit`: every ack so far is durable when this returns."""
+        try:
+            self._loop.run(self._sub.commit())
+        except Exception as exc:
+            raise _sync_errors(self._loop, exc) from None
+
     def close(self) -> None:
         self._loop.run(self._sub.close())
 

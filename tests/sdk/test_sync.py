@@ -72,3 +72,20 @@ def test_sync_client_from_threads_and_inside_a_running_loop(redis_url, topic):
     finally:
         client.close()
         client.close()  # idempotent
+
+
+def test_sync_commit_makes_the_acks_durable_before_it_returns(kafka_url, topic):
+    """Kafka acks wait for the background commit (`commit_interval_ms`, 5 minutes here);
+    `commit()` sends them at once."""
+    with SyncPrismClient(kafka_url + "&commit_interval_ms=300000", namespace="sync") as client:
+        client.publish_batch([(topic, {"i": i}) for i in range(3)])
+        with client.subscribe(topic, group="sync-committer") as sub:
+            msgs = sub.receive_batch(3, timeout=10)
+            while len(msgs) < 3:
+                msgs += sub.receive_batch(3 - len(msgs), timeout=5)
+            for msg in msgs:
+                msg.ack()
+            consumer, tp = sub._sub._inner.consumer, msgs[0].received._delivery.tp
+            assert client._loop.run(consumer.committed(tp)) is None
+            sub.commit()
+            assert client._loop.run(consumer.committed(tp)) == 3

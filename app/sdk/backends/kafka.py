@@ -13,6 +13,8 @@ URL parameters:
 | `linger_ms`             | 0       | producer linger                                               |
 | `session_timeout_ms`    | 6000    | consumer group session timeout                                |
 | `heartbeat_interval_ms` | 1000    | consumer heartbeat                                            |
+| `commit_interval_ms`    | 500     | longest wait between an ack and its background commit         |
+| `isolation_level`       | read_committed | or `read_uncommitted` (see "Isolation" below)          |
 | `security`              | -       | `env`: SASL/SSL from `PRISM_SECURITY_PROTOCOL` & co.          |
 
 Why create topics explicitly: the embedded broker (and many clusters) auto-create a topic
@@ -20,18 +22,33 @@ named in a Metadata request with a default partition count, so the first publish
 subscribe would silently decide the partition count. Why a 6 s session timeout: the
 embedded broker holds a new group's first join for half of it (docs/platform-notes.md).
 
-Acknowledgements: `ack()` marks the offset done and commits the end of the contiguous
-prefix of done offsets of its partition, so a commit never skips a message that is still
-being processed. `nack()` seeks the partition back to the message: it and everything after
-it on that partition are fetched again (deliveries already handed out for those offsets
-become stale and are skipped). A rebalance drops the state of revoked partitions; their
-un-acked messages go to the new owner (at-least-once).
+Acknowledgements: `ack()` marks the offset done and moves the partition's acked position to
+the end of the contiguous prefix of done offsets, in memory, with no I/O; so a commit never
+skips a message that is still being processed (an out-of-order ack waits for the ones before
+it). A background task commits the acked positions every `commit_interval_ms` (and as soon as
+`commit_every` acks are waiting, when set); `Subscription.commit()` flushes them at once, and
+they are committed before a partition is revoked (rebalance listener) and on `close()`. Why not
+commit on every ack: each commit is a broker round trip, which caps a consumer at one record
+per round trip (~150 records/s where a commit takes 6.7 ms) and costs ~230 µs of CPU per record
+even on loopback (BENCHMARKS.md); Kafka's own clients commit on a timer too
+(`auto.commit.interval.ms`). A crash
+between an ack and its commit redelivers the message: at-least-once, as with every backend.
+`nack()` seeks the partition back to the message: it and everything after it on that
+partition are fetched again (deliveries already handed out for those offsets become stale
+and are skipped). A revoked partition's un-acked messages go to its new owner.
+
+Isolation: subscriptions read `read_committed` unless told otherwise (`isolation_level`), so
+the records of aborted transactions - an `exactly_once` worker's cut-short batches - are never
+handed out. The SDK cannot see the topology that writes a topic, so it does not guess from it;
+`read_committed` is harmless on topics written without transactions (it then reads exactly
+what `read_uncommitted` reads).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -45,6 +62,8 @@ from ...envelope.model import Envelope
 from ...errors import PublishError, SubscribeError
 from ...security.signing import VerificationKeys, sign
 from .base import (
+    DEFAULT_COMMIT_INTERVAL_MS,
+    DEFAULT_ISOLATION_LEVEL,
     Backend,
     BackendSubscription,
     Delivery,
@@ -52,6 +71,8 @@ from .base import (
     PlainTemplates,
     RawMessage,
     SubscribeSettings,
+    check_commit_interval,
+    check_isolation_level,
     int_param,
     redact_url,
     reject_unknown,
@@ -60,7 +81,7 @@ from .base import (
 
 log = logging.getLogger("prism.sdk.kafka")
 _KNOWN = ("partitions", "create_topics", "acks", "linger_ms", "session_timeout_ms", "heartbeat_interval_ms",
-          "security")
+          "commit_interval_ms", "isolation_level", "security")
 
 
 class KafkaBackend(Backend):
@@ -77,6 +98,10 @@ class KafkaBackend(Backend):
         self.linger_ms = int_param(params, "linger_ms", 0, url)
         self.session_timeout_ms = int_param(params, "session_timeout_ms", 6000, url, minimum=1)
         self.heartbeat_interval_ms = int_param(params, "heartbeat_interval_ms", 1000, url, minimum=1)
+        self.commit_interval_ms = check_commit_interval(
+            int_param(params, "commit_interval_ms", DEFAULT_COMMIT_INTERVAL_MS, url), redact_url(url))
+        self.isolation_level = check_isolation_level(params.pop("isolation_level", DEFAULT_ISOLATION_LEVEL),
+                                                     redact_url(url))
         self._client_kwargs: dict[str, Any] = {}
         self._settings = None
         if params.pop("security", "") == "env":
@@ -234,12 +259,16 @@ async def read_partitions(backend: KafkaBackend, topic: str, start: dict[int, in
 
 
 class _PartitionState:
-    __slots__ = ("epoch", "pending")
+    __slots__ = ("acked_to", "committed", "epoch", "pending")
 
-    def __init__(self) -> None:
-        self.epoch = 0
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
         #: offset -> [epoch delivered in, acked?], in delivery (= offset) order.
         self.pending: OrderedDict[int, list[Any]] = OrderedDict()
+        #: the offset to commit: one past the contiguous acked prefix (None: nothing acked yet).
+        self.acked_to: int | None = None
+        #: the offset this subscription last committed for the partition.
+        self.committed: int | None = None
 
 
 class _KafkaDelivery(Delivery):
@@ -269,17 +298,40 @@ class _KafkaDelivery(Delivery):
         return None
 
     async def ack(self) -> None:
-        await self.sub.ack(self)
+        self.sub.ack(self)
 
     async def nack(self) -> None:
-        await self.sub.nack(self)
+        self.sub.nack(self)
 
 
 class _KafkaSubscription(BackendSubscription):
+    """One consumer-group member. Acks only move in-memory positions; `_committer` (a task
+    of this subscription) commits them, and so do `commit()`, the rebalance listener before a
+    partition goes, and `close()`. Every commit runs under `_commit_lock`, one at a time."""
+
     def __init__(self, backend: KafkaBackend, topic: str, settings: SubscribeSettings) -> None:
         self.backend, self.topic, self.settings = backend, topic, settings
         self.states: dict[Any, _PartitionState] = {}
         self.consumer: Any = None
+        self.commit_interval_s = (settings.commit_interval_ms or backend.commit_interval_ms) / 1000
+        self.commit_every = settings.commit_every
+        self.isolation_level = settings.isolation_level or backend.isolation_level
+        #: commit requests sent (OffsetCommit round trips) and acks since the last one
+        self.commit_requests = 0
+        self._acks_waiting = 0
+        self._epochs = itertools.count()
+        self._commit_lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._committer: asyncio.Task[None] | None = None
+        self._closing = False
+
+    def _state(self, tp: Any) -> _PartitionState:
+        st = self.states.get(tp)
+        if st is None:
+            # A fresh epoch per state: deliveries from before a partition was revoked and
+            # assigned again are stale, never mistaken for the new ones at the same offsets.
+            st = self.states[tp] = _PartitionState(next(self._epochs))
+        return st
 
     async def start(self) -> None:
         from aiokafka import ConsumerRebalanceListener
@@ -288,18 +340,26 @@ class _KafkaSubscription(BackendSubscription):
 
         class _Listener(ConsumerRebalanceListener):
             async def on_partitions_revoked(self, revoked: Any) -> None:
+                # Commit what was acked before the partitions go: their new owner starts there.
+                mine = [tp for tp in revoked if tp in sub.states]
+                if mine:
+                    try:
+                        await sub._commit(mine)
+                    except Exception as exc:
+                        log.warning("committing acked offsets of %s before they were revoked failed (%r); "
+                                    "their new owner gets those messages again", mine, exc)
                 for tp in revoked:
                     sub.states.pop(tp, None)
 
             async def on_partitions_assigned(self, assigned: Any) -> None:
                 for tp in assigned:
-                    sub.states.setdefault(tp, _PartitionState())
+                    sub._state(tp)
 
         await self.backend.ensure_topic(self.topic)
         b = self.backend
         self.consumer = b.consumer(group_id=self.settings.group, session_timeout_ms=b.session_timeout_ms,
                                    heartbeat_interval_ms=min(b.heartbeat_interval_ms, b.session_timeout_ms // 3 or 1),
-                                   max_poll_records=self.settings.batch_size)
+                                   max_poll_records=self.settings.batch_size, isolation_level=self.isolation_level)
         try:
             await self.consumer.start()
             self.consumer.subscribe([self.topic], listener=_Listener())
@@ -307,6 +367,7 @@ class _KafkaSubscription(BackendSubscription):
             await self.close()
             raise SubscribeError(f"cannot subscribe to Kafka topic {self.topic!r}: {exc!r}",
                                  path=redact_url(b.url), hint="check the URL and that the broker runs") from exc
+        self._committer = asyncio.create_task(self._commit_loop(), name=f"prism-sdk-commit:{self.topic}")
 
     async def fetch(self, max_messages: int, timeout: float) -> list[Delivery]:
         try:
@@ -315,45 +376,119 @@ class _KafkaSubscription(BackendSubscription):
             raise SubscribeError(f"fetching from Kafka topic {self.topic!r} failed: {exc!r}") from exc
         out: list[Delivery] = []
         for tp, records in batch.items():
-            st = self.states.setdefault(tp, _PartitionState())
+            st = self._state(tp)
+            epoch, pending = st.epoch, st.pending
             for rec in records:
-                st.pending[rec.offset] = [st.epoch, False]
-                out.append(_KafkaDelivery(self, tp, rec, st.epoch))
+                pending[rec.offset] = [epoch, False]
+                out.append(_KafkaDelivery(self, tp, rec, epoch))
         return out  # per-partition order kept: Kafka orders nothing across partitions
 
-    async def ack(self, d: _KafkaDelivery) -> None:
+    def ack(self, d: _KafkaDelivery) -> None:
+        """Mark `d` done and advance its partition's acked position over the contiguous done
+        prefix - no I/O; the committer sends it."""
         st = self.states.get(d.tp)
         entry = st.pending.get(d.record.offset) if st is not None else None
         if st is None or entry is None or entry[0] != d.epoch:
             return  # re-queued by a nack or a rebalance: the new delivery is the one to ack
         entry[1] = True
-        commit_to = None
-        while st.pending:
-            offset, (_, done) = next(iter(st.pending.items()))
+        pending = st.pending
+        acked_to = None
+        while pending:
+            offset, (_, done) = next(iter(pending.items()))
             if not done:
                 break
-            st.pending.popitem(last=False)
-            commit_to = offset + 1
-        if commit_to is not None:
-            try:
-                await self.consumer.commit({d.tp: commit_to})
-            except Exception as exc:
-                raise SubscribeError(f"committing offset {commit_to} of {d.tp} failed: {exc!r}",
-                                     hint="the partition was probably reassigned; the message will be redelivered"
-                                     ) from exc
+            pending.popitem(last=False)
+            acked_to = offset + 1
+        if acked_to is not None:
+            st.acked_to = acked_to  # only ever grows: the prefix only moves forward
+        self._acks_waiting += 1
+        if self.commit_every is not None and self._acks_waiting >= self.commit_every:
+            self._wake.set()
 
-    async def nack(self, d: _KafkaDelivery) -> None:
+    def nack(self, d: _KafkaDelivery) -> None:
         st = self.states.get(d.tp)
         entry = st.pending.get(d.record.offset) if st is not None else None
         if st is None or entry is None or entry[0] != d.epoch:
             return
-        st.epoch += 1
+        st.epoch = next(self._epochs)
         for offset in [o for o in st.pending if o >= d.record.offset]:
             del st.pending[offset]
         self.consumer.seek(d.tp, d.record.offset)
 
+    async def _commit(self, only: Any = None) -> int:
+        """Commit the acked positions that moved since their last commit (of the partitions
+        in `only`, default all); returns how many partitions were committed. Raises what
+        aiokafka raises (`CommitFailedError` after a rebalance, connection errors)."""
+        async with self._commit_lock:
+            consumer = self.consumer
+            if consumer is None:
+                return 0
+            assigned = consumer.assignment()
+            offsets = {tp: st.acked_to for tp, st in self.states.items()
+                       if st.acked_to is not None and st.acked_to != st.committed and tp in assigned
+                       and (only is None or tp in only)}
+            if not offsets:
+                return 0
+            if only is None:
+                self._acks_waiting = 0
+            self.commit_requests += 1
+            await consumer.commit(offsets)
+            for tp, offset in offsets.items():
+                st = self.states.get(tp)
+                if st is not None:
+                    st.committed = offset
+            return len(offsets)
+
+    async def _commit_loop(self) -> None:
+        """Commit every `commit_interval_s`, or sooner when `commit_every` acks are waiting.
+        A failed commit is logged and tried again next time: its offsets are still acked in
+        memory, and a revoked partition's are dropped by the listener (its new owner reads
+        them again - at-least-once)."""
+        failures = 0
+        while not self._closing:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.commit_interval_s):
+                    await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self._commit()
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                if failures == 1 or failures % 100 == 0:
+                    log.warning("background commit of %s for group %r failed (%r), %d time(s) in a row; "
+                                "acked offsets stay pending and are committed on the next try",
+                                self.topic, self.settings.group, exc, failures,
+                                extra={"event": "sdk_commit_failed", "topic": self.topic,
+                                       "group": self.settings.group})
+
+    async def commit(self) -> None:
+        try:
+            await self._commit()
+        except Exception as exc:
+            raise SubscribeError(f"committing the acked offsets of Kafka topic {self.topic!r} failed: {exc!r}",
+                                 path=redact_url(self.backend.url),
+                                 hint="after a rebalance the partition has a new owner, which gets those messages "
+                                      "again (at-least-once); otherwise check the broker and call commit() again"
+                                 ) from exc
+
     async def close(self) -> None:
+        """Stop the committer, commit what was acked, leave the group. Un-acked messages
+        are not committed, so the group gets them again."""
+        self._closing = True
+        if self._committer is not None:
+            task, self._committer = self._committer, None
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if self.consumer is not None:
+            try:
+                await self._commit()
+            except Exception as exc:
+                log.warning("the final commit of %s for group %r failed (%r); messages acked since the last "
+                            "commit will be delivered again", self.topic, self.settings.group, exc)
             consumer, self.consumer = self.consumer, None
             with contextlib.suppress(Exception):
                 await consumer.stop()
