@@ -250,7 +250,7 @@ class Kafka:
                 out[dlq] = {}
                 continue
             entries = read_ledger(await read_to_end(self._need(), name, 1, settings=self.settings))
-            out[dlq] = {k: asdict(v) for k, v in entries.items()}
+            out[dlq] = {k: asdict(v) for k, v in entries.items() if not v.pending}  # invalid ones are skipped
         return out
 
     async def replay(self, topology: Topology, source: str, ref: str, *, force: bool, by: str) -> Any:
