@@ -23,6 +23,7 @@ from app.demo.runner import read_all
 from tests.cli.test_dlq_cli import _cli, _dlq_copies, _seed
 from tests.worker.conftest import dev_keys, make_topology  # noqa: F401 - fixtures (broker: tests/conftest.py)
 
+
 class Killed(Exception):
     """The replay process dying at one point of its protocol."""
 
