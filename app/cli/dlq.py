@@ -308,7 +308,7 @@ class LedgerEntry:
         """`raw` as a ledger entry, every field checked (type and bounds), or `LedgerEntryError`
         saying what is wrong. Whoever can write the ledger topic can write anything to it: a
         `"replays": "2"` used to crash `prism dlq replay`, a deeply nested value every replay."""
-        from app.cli.untrusted_json import loads_untrusted
+        from app.formats.untrusted_json import loads_untrusted
 
         try:
             doc = loads_untrusted(raw, max_depth=2, max_bytes=16 * 1024)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from app.cli.untrusted_json import loads_untrusted
 from app.errors import PrismError
+from app.formats.untrusted_json import loads_untrusted
 
 REDACTED = "<redacted>"
 
@@ -49,7 +49,7 @@ def value_doc(value: bytes, *, preview: int = 512) -> dict[str, Any]:
     envelope`), else a LNMP message, JSON or text, else a hex preview - secrets masked in all.
     Never raises: a DLQ holds exactly the values that did not decode. Every kind but
     `envelope` and `lnmp` says why it is not an envelope (`not_an_envelope`); JSON is parsed
-    bounded (app/cli/untrusted_json.py), so a deeply nested value is shown as text."""
+    bounded (app/formats/untrusted_json.py), so a deeply nested value is shown as text."""
     from app.agents.dlq import mask_secrets
     from app.cli import lnmp_inspect
 

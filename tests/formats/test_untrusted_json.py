@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.cli.envelope_view import value_doc
-from app.cli.untrusted_json import MAX_DEPTH, loads_untrusted, nesting_depth
+from app.formats.untrusted_json import MAX_DEPTH, loads_untrusted, nesting_depth
 
 _JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
                      lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),

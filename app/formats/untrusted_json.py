@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from app.formats._json import loads as _strict_loads
+from ._json import loads as _strict_loads
 
 #: Deepest nesting accepted: far beyond any record Prism writes (ledger and audit entries are
 #: flat), shallow enough that printing it never nears the interpreter's recursion limit.
