@@ -36,9 +36,10 @@ from .errors import JsonSyntaxError, JsonTooDeepError, JsonTooLargeError
 #: Default size limit: the registry's request-body limit, and far above any message payload.
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 #: Default depth limit. Real documents (payloads, Avro and JSON schemas) stay well under 32
-#: levels; 128 leaves room for them and keeps every recursive walker of the value (several
-#: Python frames a level) far from the interpreter's recursion limit of 1000.
-DEFAULT_MAX_DEPTH = 128
+#: levels; 64 leaves room for them and keeps every recursive walker of the value far from the
+#: interpreter's recursion limit of 1000: jsonschema spends about 7 frames a level checking a
+#: JSON Schema, so 128 levels already overflowed it inside the registry's server stack.
+DEFAULT_MAX_DEPTH = 64
 
 # A JSON string (escapes included) - removed before the brackets are counted, so brackets
 # inside strings do not count. Unrolled-loop form: linear, no nested backtracking.

@@ -56,6 +56,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.errors import JsonInputError
 from app.schema import associations as assoc
 from app.schema import authz
 from app.schema.authz import RegistryAuthMiddleware, actor_of, registry_auth_from_env
@@ -72,6 +73,7 @@ from app.schema.registry import (
 )
 from app.schema.store import open_store
 from app.security.http_auth import HttpAuth
+from app.untrusted_json import loads_untrusted
 
 CONFLUENT_CT = "application/vnd.schemaregistry.v1+json"
 #: The one request-body limit of every route (a schema text is rarely over a few MB).
@@ -757,31 +759,21 @@ class _SlashRoute(APIRoute):
         return checked
 
 
-class DuplicateKey(json.JSONDecodeError):
-    """A JSON object with the same key twice (FastAPI reports it as a 422 ``json_invalid``)."""
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise DuplicateKey(f"duplicate key {k[:100]!r}", "", 0)
-        out[k] = v
-    return out
-
-
-def _no_constants(name: str) -> Any:
-    raise json.JSONDecodeError(f"{name} is not JSON", "", 0)
-
-
 class _JsonRequest(Request):
-    """The request a route's body is parsed from: strict JSON. A duplicated key (Python keeps
-    the last one, other parsers the first) and ``NaN``/``Infinity`` (not JSON) are refused."""
+    """The request a route's body is parsed from: strict JSON, by the bounded decoder
+    (``app.untrusted_json``). A duplicated key (Python keeps the last one, other parsers the
+    first), ``NaN``/``Infinity`` (not JSON) and nesting past the depth limit are refused; each
+    refusal is raised as a ``JSONDecodeError``, which FastAPI answers with a 422 ``json_invalid``.
+    The size was already bounded by the body limit, before anything was read."""
 
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             body = await self.body()
-            self._json = json.loads(body, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+            try:
+                self._json = loads_untrusted(body, what="request body", max_bytes=len(body),
+                                             reject_duplicate_keys=True)
+            except JsonInputError as exc:
+                raise json.JSONDecodeError(exc.message, "", 0) from None
         return self._json
 
 
