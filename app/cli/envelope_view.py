@@ -12,10 +12,10 @@ credentials before it is shown (`app.agents.dlq.mask_secrets`).
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any
 
 from app.errors import PrismError
+from app.untrusted_json import loads_untrusted
 
 REDACTED = "<redacted>"
 
@@ -38,8 +38,8 @@ def envelope_doc(data: bytes, *, payload: bool = False) -> dict[str, Any]:
     if payload and not env.is_encrypted:
         body = mask_secrets(env.payload_bytes())
         try:
-            doc["payload"]["json"] = json.loads(body)
-        except ValueError:
+            doc["payload"]["json"] = loads_untrusted(body, what="payload", max_bytes=len(body))
+        except ValueError:  # not JSON, or nested too deep to show as a tree (JsonInputError)
             doc["payload"]["base64"] = base64.b64encode(body).decode()
     return doc
 
@@ -65,8 +65,9 @@ def value_doc(value: bytes, *, preview: int = 512) -> dict[str, Any]:
         why = f"{type(exc).__name__}: {exc}"
     masked = mask_secrets(value)
     try:
-        return {"kind": "json", "json": json.loads(masked), "not_an_envelope": why}
-    except ValueError:
+        return {"kind": "json", "json": loads_untrusted(masked, what="record value", max_bytes=len(masked)),
+                "not_an_envelope": why}
+    except ValueError:  # not JSON, or nested too deep to show as a tree (JsonInputError): shown as text
         pass
     try:
         text = masked[:preview].decode("utf-8")
