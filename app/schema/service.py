@@ -34,7 +34,8 @@ One reading of every request, for the check and the handler alike:
 - a JSON body with a duplicated key (at any depth) is refused (422): ``json.loads`` keeps
   the last one, a proxy or WAF in front may keep the first;
 - one body-size limit, :data:`MAX_BODY_BYTES`, for every route, enforced on the bytes
-  received (``Content-Length`` or not) before authentication (:class:`_BodyLimit`).
+  received (``Content-Length`` or not) before authentication, with the other HTTP limits of
+  :mod:`app.security.http_limits` (header size and count, read timeouts).
 
 Run: ``prism schema serve`` (or ``uvicorn app.schema.service:app`` with ``PRISM_REGISTRY_DB``
 and the ``PRISM_REGISTRY_USERS_FILE`` / ``_JWT_CONFIG`` / ``_ALLOW_ANONYMOUS`` settings).
@@ -73,6 +74,7 @@ from app.schema.registry import (
 )
 from app.schema.store import open_store
 from app.security.http_auth import HttpAuth
+from app.security.http_limits import BodyLimit, HttpLimits
 from app.untrusted_json import loads_untrusted
 
 CONFLUENT_CT = "application/vnd.schemaregistry.v1+json"
@@ -243,12 +245,15 @@ def _schema_json(reg: Registry, schema_id: int) -> dict[str, Any]:
 
 
 def create_app(registry: Registry | None = None, *, store_url: str | None = None,
-               auth: HttpAuth | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+               auth: HttpAuth | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+               limits: HttpLimits | None = None) -> FastAPI:
     """Build the app around ``registry`` (or a store opened from ``store_url`` / ``PRISM_REGISTRY_DB``).
 
     ``auth`` says who may do what (:mod:`app.schema.authz`); without it the settings come from
     the environment, and none at all is a :class:`~app.errors.ConfigError` (never an open registry).
-    ``max_body_bytes`` is the request-body limit of every route (tests use a small one)."""
+    ``max_body_bytes`` is the request-body limit of every route (tests use a small one);
+    ``limits``, the rest of the HTTP limits (default: ``PRISM_HTTP_*``, app.security.http_limits)."""
+    limits = (limits or HttpLimits.from_env()).with_body_limit(max_body_bytes)
     auth = auth if auth is not None else registry_auth_from_env()
     reg = registry or Registry(open_store(store_url or os.environ.get("PRISM_REGISTRY_DB")))
     app = FastAPI(title="Prism Schema Registry", version="1.0",
@@ -261,7 +266,8 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
     # authorized, and only then may the fast path answer from its cache.
     app.add_middleware(_FastReads, registry=reg)
     app.add_middleware(RegistryAuthMiddleware, auth=auth)
-    app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)  # before authentication: no Argon2 for 40 MB
+    # before authentication: no Argon2 for 40 MB, no body read past the limit, no stalled body held
+    app.add_middleware(BodyLimit, limits=limits, refusal=_confluent_refusal)
     app.add_middleware(_CountRequests, registry=reg)
     app.add_middleware(_EncodedSlashes)
 
@@ -777,63 +783,10 @@ class _JsonRequest(Request):
         return self._json
 
 
-class _BodyTooLarge(Exception):
-    """Raised into the reader of a body that went over the limit (never reaches a client)."""
-
-
-class _BodyLimit:
-    """One request-body limit for every route, counted on the bytes actually received: a
-    ``Content-Length`` over it is refused before anything is read; a body without one (chunked)
-    is cut off when it crosses the limit - whoever is reading gets an exception, and whatever
-    the app answers then is replaced by the 413. Pure ASGI, like the other middlewares."""
-
-    def __init__(self, app: Any, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        for key, value in scope["headers"]:
-            if key == b"content-length" and value.strip().isdigit() and int(value) > self.max_bytes:
-                await self._refuse(send)
-                return
-        seen, over, started = 0, False, False
-
-        async def counted() -> Any:
-            nonlocal seen, over
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    over = True
-                    raise _BodyTooLarge
-            return message
-
-        async def guarded(message: Any) -> None:
-            nonlocal started
-            if over and not started:
-                return  # the app's answer to a cut-off body is replaced below
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counted, guarded)
-        except Exception:
-            if not over:
-                raise
-        if over and not started:
-            await self._refuse(send)
-
-    async def _refuse(self, send: Any) -> None:
-        limit = self.max_bytes
-        body = json.dumps({"error_code": ERROR_BODY_TOO_LARGE,
-                           "message": f"Request body too large: the limit is {limit} bytes"
-                                      f"{f' ({limit // 1048576} MiB)' if limit % 1048576 == 0 else ''}"}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", CONFLUENT_CT.encode()), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+def _confluent_refusal(status: int, message: str) -> tuple[bytes, bytes]:
+    """The HTTP layer's refusals (app.security.http_limits) in Confluent's error shape."""
+    code = ERROR_BODY_TOO_LARGE if status == 413 else status * 100 + 1
+    return json.dumps({"error_code": code, "message": message}).encode(), CONFLUENT_CT.encode()
 
 
 class _CountRequests:
