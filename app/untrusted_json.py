@@ -71,7 +71,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise ValueError(f"key {key[:100]!r} appears twice in one object")
+            raise ValueError(f"duplicate key {key[:100]!r} (it appears twice in one object)")
         out[key] = value
     return out
 
