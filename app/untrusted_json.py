@@ -19,7 +19,8 @@ tests/test_untrusted_json.py checks that for arbitrary bytes with hypothesis.
 
 :func:`dumps_checked` is the other direction for values a caller hands Prism (``publish()`` of
 a Python object): ``json.dumps`` of a list nested 100,000 deep raises ``RecursionError``; this
-raises :class:`~app.errors.JsonTooDeepError` instead.
+raises :class:`~app.errors.JsonTooDeepError` instead, and so it does for any value deeper than
+the readers' limit, which every consumer would refuse.
 """
 
 from __future__ import annotations
@@ -120,18 +121,25 @@ def loads_untrusted(data: bytes | bytearray | memoryview | str, *, what: str,
         raise JsonSyntaxError(f"not valid JSON: {exc}", path=what, hint="send strict JSON (RFC 8259)") from None
 
 
-def dumps_checked(value: Any, *, what: str, encode: Callable[[Any], str] | None = None) -> str:
-    """``json.dumps(value)`` (or ``encode(value)``) with a value nested beyond what the encoder
-    can walk, or that contains itself, reported as :class:`~app.errors.JsonTooDeepError`
-    instead of ``RecursionError``/``ValueError``. Costs nothing on the way through."""
+def dumps_checked(value: Any, *, what: str, encode: Callable[[Any], str] | None = None,
+                  max_depth: int = DEFAULT_MAX_DEPTH) -> str:
+    """``json.dumps(value)`` (or ``encode(value)``) for a value a caller hands Prism to send,
+    refused with :class:`~app.errors.JsonTooDeepError` - instead of ``RecursionError`` or
+    ``ValueError`` - when it is nested deeper than `max_depth` (what every Prism reader accepts:
+    sending it would only make every consumer refuse it) or contains itself. The depth is
+    scanned only when the text has more brackets than `max_depth` (``str.count``, in C)."""
     try:
-        return (encode or json.dumps)(value)
+        text = (encode or json.dumps)(value)
     except RecursionError:
         raise JsonTooDeepError("the value is nested too deeply to encode as JSON", path=what,
-                               hint=f"flatten it to at most {DEFAULT_MAX_DEPTH} levels, which every Prism "
-                                    "reader accepts") from None
+                               hint=f"flatten it to at most {max_depth} levels of lists and dicts") from None
     except ValueError as exc:
         if "circular" not in str(exc).lower():
             raise
         raise JsonTooDeepError("the value contains itself (a circular reference)", path=what,
                                hint="pass a tree of dicts and lists, not a graph") from None
+    if text.count("[") + text.count("{") > max_depth and (depth := json_depth(text)) > max_depth:
+        raise JsonTooDeepError(f"the value is nested too deeply: {depth} levels, over the limit of {max_depth} that "
+                               "Prism's readers accept", path=what,
+                               hint=f"flatten it to at most {max_depth} levels of lists and dicts")
+    return text

@@ -134,3 +134,22 @@ def test_dumps_checked_turns_deep_and_circular_values_into_typed_errors() -> Non
     with pytest.raises(JsonTooDeepError, match="circular"):
         dumps_checked(loop, what="payload")
     assert dumps_checked({"a": [1]}, what="payload") == '{"a": [1]}'
+
+
+@pytest.mark.parametrize("levels", [DEFAULT_MAX_DEPTH, DEFAULT_MAX_DEPTH + 1, 500])
+def test_dumps_checked_refuses_what_no_reader_would_accept(levels: int) -> None:
+    """What is sent is what every reader accepts: one depth limit on both sides."""
+    value: list = []
+    for _ in range(levels - 1):
+        value = [value]
+    if levels <= DEFAULT_MAX_DEPTH:
+        assert loads_untrusted(dumps_checked(value, what="payload"), what="payload") == value
+    else:
+        with pytest.raises(JsonTooDeepError, match=f"{levels} levels, over the limit"):
+            dumps_checked(value, what="payload")
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values)
+def test_whatever_dumps_checked_sends_loads_untrusted_reads(value: object) -> None:
+    assert loads_untrusted(dumps_checked(value, what="payload"), what="payload") == value
