@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
@@ -366,6 +367,28 @@ class BodyLimit:
 # --------------------------------------------------------------------------------------- aiohttp
 
 
+class _OneLineRefusals(logging.Filter):
+    """aiohttp logs each request it refuses as malformed (a header over the limit: 400) with a
+    full traceback, at ERROR: any client could fill the log with them. They become one WARNING
+    line, like the uvicorn servers' refusals; other errors keep their traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.msg, record.args = "HTTP %d to %s: %s", (exc.code, *(record.args or ("?",))[:1],
+                                                             str(exc.message)[:200])
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+#: The logger of the worker's HTTP protocol (aiohttp's own is ``aiohttp.server``).
+_AIOHTTP_LOG = logging.getLogger("app.security.http_limits.aiohttp")
+_AIOHTTP_LOG.addFilter(_OneLineRefusals())
+
+
 def aiohttp_handler_settings(limits: HttpLimits) -> dict[str, Any]:
     """aiohttp ``RequestHandler`` settings for `limits`: the request line and each header field
     at most ``max_head_bytes`` long, at most ``max_headers`` of them (aiohttp answers 400 past
@@ -378,7 +401,8 @@ def aiohttp_handler_settings(limits: HttpLimits) -> dict[str, Any]:
             # After answering a request whose body was not read (a 401, a 413), aiohttp would
             # read and throw away the rest of it for 10 s ("lingering": 600 MB on loopback);
             # close the connection instead, as the uvicorn servers do.
-            "lingering_time": 0}
+            "lingering_time": 0,
+            "logger": _AIOHTTP_LOG}
 
 
 def harden_aiohttp_runner(web: Any, limits: HttpLimits) -> None:

@@ -281,3 +281,24 @@ def test_limits_come_from_the_environment_and_are_validated() -> None:
 def test_bad_settings_are_config_errors(env: dict[str, str], says: str) -> None:
     with pytest.raises(ConfigError, match=says):
         HttpLimits.from_env(env)
+
+
+def test_aiohttp_refusals_are_logged_as_one_line_without_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    """Any client can make the worker refuse a header; the log gets a line, not a traceback."""
+    from aiohttp.http_exceptions import LineTooLong
+
+    log = aiohttp_handler_settings(HttpLimits())["logger"]
+    with caplog.at_level("INFO", logger=log.name):
+        try:
+            raise LineTooLong("a" * 500, "32768")
+        except LineTooLong as exc:
+            log.exception("Error handling request from %s", "10.0.0.1", exc_info=exc)
+        try:
+            raise RuntimeError("a real bug")
+        except RuntimeError as exc:
+            log.exception("Error handling request from %s", "10.0.0.1", exc_info=exc)
+    refused, bug = caplog.records
+    assert refused.levelname == "WARNING" and refused.exc_info is None
+    assert refused.getMessage().startswith("HTTP 400 to 10.0.0.1: Got more than 32768 bytes")
+    assert len(refused.getMessage()) < 300
+    assert bug.levelname == "ERROR" and bug.exc_info is not None
