@@ -260,6 +260,23 @@ def test_a_stalled_body_is_cut_off(server: Server) -> None:
         assert _status(response) == 408 and elapsed < BODY_TIMEOUT_S + 3, (response[:300], elapsed)
 
 
+@pytest.mark.parametrize("levels", [65, 3_000, 100_000])
+def test_a_deeply_nested_json_body_is_never_a_500(server: Server, levels: int) -> None:
+    """The depth cases of issue 28 against every server, authenticated where that gets the body
+    parsed: the registry answers 422 (its JSON decoder's depth limit); the console's routes take
+    forms and the worker's none, so neither parses it - and none answers 500."""
+    body = b'{"schema":' + b"[" * levels + b"]" * levels + b"}"
+    auth = f"Authorization: {auth_headers('admin')['Authorization']}\r\n"
+    head = (f"POST {server.post_path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    status, _ = _attack(server, head + body)
+    if server.kind == "registry":
+        assert status == 422, status
+    else:
+        assert status is not None and status < 500, status
+    assert _get(server, "/healthz") == 200
+
+
 # --------------------------------------------------------------------------- the settings
 
 
