@@ -711,8 +711,42 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
                and rule.need == authz.WRITE and not authz.has_decision(r.dependant)]
     if missing:  # a write route would be open to every writer: refuse to build the app
         raise RuntimeError(f"write routes without an authz.decides dependency: {missing}")
+    _document_errors(app)
     app.state.started_at = time.time()
     return app
+
+
+#: The error body of every refusal (Confluent's), as the OpenAPI document describes it.
+_ERROR_BODY = {"type": "object", "required": ["error_code", "message"],
+               "properties": {"error_code": {"type": "integer"}, "message": {"type": "string"},
+                              "findings": {"type": "array", "items": {"type": "object"}}}}
+_ERRORS = {
+    401: "no credentials, or wrong ones (40101)",
+    403: "the credentials' roles do not allow this (40301)",
+    404: "the subject, version, schema, association or configuration named does not exist (404xx)",
+    408: "the request, or the body a route was reading, did not arrive in time (HTTP limits)",
+    409: "conflicts with the stored state: an incompatible schema, an association (409xx)",
+    413: "the request body is over the limit (41301)",
+    429: "too many failed log-ins from this address",
+    431: "the request headers are over the size or count limit (HTTP limits)",
+    503: "too many open connections (HTTP limits), or the store is unreachable",
+}
+
+
+def _document_errors(app: FastAPI) -> None:
+    """Declare in the OpenAPI document the refusals each route can give, so a client (and the
+    schema-driven fuzzing of tests/security/test_api_fuzz.py) knows every status to expect:
+    authentication, authorization and the HTTP limits on every route; 404 on a route that
+    names something (a path parameter or a body); 409 on the writes."""
+    for route in app.routes:
+        if not isinstance(route, APIRoute) or not route.include_in_schema:
+            continue
+        names_something = bool(route.dependant.path_params) or route.body_field is not None
+        for status, why in _ERRORS.items():
+            if (status == 404 and not names_something) or (status == 409 and route.methods <= {"GET", "HEAD"}):
+                continue
+            route.responses.setdefault(status, {"description": why,
+                                                "content": {CONFLUENT_CT: {"schema": _ERROR_BODY}}})
 
 
 _SLASH = "\x00"  # stands for an encoded '/' inside one path segment while routing
