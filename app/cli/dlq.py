@@ -308,12 +308,12 @@ class LedgerEntry:
         """`raw` as a ledger entry, every field checked (type and bounds), or `LedgerEntryError`
         saying what is wrong. Whoever can write the ledger topic can write anything to it: a
         `"replays": "2"` used to crash `prism dlq replay`, a deeply nested value every replay."""
-        from app.formats.untrusted_json import loads_untrusted
+        from app.untrusted_json import loads_untrusted
 
         try:
-            doc = loads_untrusted(raw, max_depth=2, max_bytes=16 * 1024)
-        except ValueError as exc:
-            raise LedgerEntryError(f"not JSON: {exc}") from None
+            doc = loads_untrusted(raw, what="ledger entry", max_depth=2, max_bytes=16 * 1024)
+        except ValueError as exc:  # JsonInputError: a PrismError too, whose message is enough here
+            raise LedgerEntryError(f"not JSON: {getattr(exc, 'message', exc)}") from None
         if not isinstance(doc, dict):
             raise LedgerEntryError("not a JSON object")
         if doc.get("v") != LEDGER_VERSION:

@@ -15,7 +15,7 @@ import base64
 from typing import Any
 
 from app.errors import PrismError
-from app.formats.untrusted_json import loads_untrusted
+from app.untrusted_json import loads_untrusted
 
 REDACTED = "<redacted>"
 
@@ -38,8 +38,8 @@ def envelope_doc(data: bytes, *, payload: bool = False) -> dict[str, Any]:
     if payload and not env.is_encrypted:
         body = mask_secrets(env.payload_bytes())
         try:
-            doc["payload"]["json"] = loads_untrusted(body)
-        except ValueError:
+            doc["payload"]["json"] = loads_untrusted(body, what="payload", max_bytes=len(body))
+        except ValueError:  # not JSON, or nested too deep to show as a tree (JsonInputError)
             doc["payload"]["base64"] = base64.b64encode(body).decode()
     return doc
 
@@ -49,7 +49,7 @@ def value_doc(value: bytes, *, preview: int = 512) -> dict[str, Any]:
     envelope`), else a LNMP message, JSON or text, else a hex preview - secrets masked in all.
     Never raises: a DLQ holds exactly the values that did not decode. Every kind but
     `envelope` and `lnmp` says why it is not an envelope (`not_an_envelope`); JSON is parsed
-    bounded (app/formats/untrusted_json.py), so a deeply nested value is shown as text."""
+    bounded (app/untrusted_json.py), so a deeply nested value is shown as text."""
     from app.agents.dlq import mask_secrets
     from app.cli import lnmp_inspect
 
@@ -71,10 +71,11 @@ def value_doc(value: bytes, *, preview: int = 512) -> dict[str, Any]:
         why = f"{type(exc).__name__}: {exc}"
     masked = mask_secrets(value)
     try:
-        return {"kind": "json", "json": loads_untrusted(masked), "not_an_envelope": why}
-    except ValueError as exc:
+        return {"kind": "json", "json": loads_untrusted(masked, what="record value", max_bytes=len(masked)),
+                "not_an_envelope": why}
+    except ValueError as exc:  # not JSON, or nested too deep to show as a tree (JsonInputError): shown as text
         if masked[:1] in (b"{", b"["):
-            why = f"{why}; not shown as JSON: {exc}"
+            why = f"{why}; not shown as JSON: {exc.message if isinstance(exc, PrismError) else exc}"
     try:
         text = masked[:preview].decode("utf-8")
     except UnicodeDecodeError:

@@ -31,13 +31,13 @@ from fastapi.staticfiles import StaticFiles
 
 from app.console.backends import BackendError, Kafka, RegistryClient, Workers, replay_topology
 from app.console.sessions import COOKIE, Session, Sessions, check_same_origin, csrf_ok
-from app.console.settings import ConsoleSettings, static_dir, templates_dir
+from app.console.settings import MAX_FORM_BYTES, ConsoleSettings, static_dir, templates_dir
 from app.schema.pretty import pretty_schema
 from app.security.http_auth import Principal, TooManyFailures, Unauthenticated, basic_header
+from app.security.http_limits import BodyLimit
 
 #: Reachable without logging in: the log-in page, its two static assets, the liveness probe.
 OPEN_PATHS = frozenset({"/login", "/healthz", "/static/console.css", "/static/console.js"})
-MAX_FORM_BYTES = 16 * 1024
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 #: DLQ records listed on one page at most (the newest)
@@ -407,6 +407,9 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         entries = await registry.get("/v1/audit", subject=subject or None, limit=max(1, min(limit, 1000)))
         return render(request, "audit.html", entries=entries, subject=subject or "")
 
+    # Outermost (added last): a body over the limit is refused before the log-in guard, or a
+    # form parser, reads any of it (a 600 MiB POST /login used to cost 1.1 GiB).
+    app.add_middleware(BodyLimit, limits=settings.http_limits)
     return app
 
 

@@ -237,11 +237,11 @@ def check_entry(raw: Any, env: Envelope, record: dict[str, Any], keyring: Any) -
 
 def _audit_payload(raw: Any) -> tuple[Envelope, dict[str, Any]] | None:
     """The envelope and record of one message of the audit topic, or None when it is not one."""
-    from ..formats.untrusted_json import loads_untrusted
+    from ..untrusted_json import loads_untrusted
 
     try:
         env = raw.envelope if raw.envelope is not None else decode(raw.value)
-        rec = loads_untrusted(env.payload_bytes(), max_depth=4, max_bytes=64 * 1024)
+        rec = loads_untrusted(env.payload_bytes(), what="audit record", max_depth=4, max_bytes=64 * 1024)
     except (PrismError, ValueError):
         return None
     if not isinstance(rec, dict) or rec.get("event") not in AUDIT_EVENTS:

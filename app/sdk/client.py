@@ -37,6 +37,7 @@ from ..security.keys import DataKeyProvider, KeyProvider
 from ..security.signing import SigningKey, VerificationKeys
 from ..sunset import DEPRECATION_HEADER
 from ..sunset import parse_header as parse_deprecation
+from ..untrusted_json import dumps_checked
 from ._ids import fast_uuid7
 from .audit import (
     AUDITED,
@@ -82,7 +83,7 @@ def _json_envelope(topic: str, payload: Any, namespace: str) -> tuple[Envelope, 
     the model keeps it outside the header. In the publish loop this is about 7 µs less than
     a separate `codec.encode` pass, which touches far more code with cold caches."""
     message_id = fast_uuid7()
-    value = _JSON.encode(payload).encode()
+    value = dumps_checked(payload, what="publish(payload=)", encode=_JSON.encode).encode()
     header = pb.PrismEnvelope()
     md = header.metadata
     md.message_id = message_id

@@ -54,7 +54,7 @@ def test_a_valid_entry_reads_back_and_old_entries_are_done() -> None:
     ({"state": "pending", "replayed_offset": -1, "pending_from": 4}, "needs sent_sha256"),
     ({"extra": 1}, "unknown field"),
     ({"v": 2}, "version"),
-    ({"source_offset": None, "replays": [[[1]]]}, "nested deeper"),
+    ({"source_offset": None, "replays": [[[1]]]}, "nested too deeply"),
 ])
 def test_each_forged_field_is_refused_naming_it(change: dict[str, Any], why: str) -> None:
     with pytest.raises(LedgerEntryError, match=why):
