@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
         time (never payloads). Each record's signature is verified with --keyring and must be
         by a key bound to its principal; records that fail are shown marked FAILED, with why,
         and the command exits 1."""
-        from app.errors import ConfigError
+        from app.errors import BrokerError, ConfigError, PrismError
         from app.sdk.audit import AUDITED, AuditFilter, parse_since, read_audit_entries
 
         problems = []
@@ -87,8 +87,15 @@ def register(app: typer.Typer) -> None:
                               hint="e.g. prism audit --url kafka://127.0.0.1:9092 --principal svc-billing --since 24h")
         where = AuditFilter(topic=topic, principal=principal, namespace=namespace, classification=classification,
                             since=when)
-        entries, skipped = asyncio.run(read_audit_entries(target, ring, audit_topic=audit_topic, where=where,
-                                                          limit=limit))
+        try:
+            entries, skipped = asyncio.run(read_audit_entries(target, ring, audit_topic=audit_topic, where=where,
+                                                              limit=limit))
+        except PrismError as exc:
+            if exc.code not in ("publish_failed", "subscribe_failed"):
+                raise
+            # the SDK backend's connect error names publishing; this command only reads
+            raise BrokerError(f"cannot read the audit topic {audit_topic!r}: {exc.message}", path=exc.path,
+                              hint=exc.hint) from None
         failed = [e for e in entries if not e.verified]
         if json_out:
             for e in entries:

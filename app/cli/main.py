@@ -559,9 +559,19 @@ def build_app() -> typer.Typer:
     return app
 
 
+#: Commands that run for long and log like a service: aiokafka's own log lines stay theirs.
+_SERVICES = frozenset({"run", "demo", "console", "broker"})
+
+
 def main() -> None:
     build_app()
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
+    if len(sys.argv) > 1 and sys.argv[1] not in _SERVICES:
+        # a one-shot command reports a broker failure as its one error line; aiokafka's
+        # "Unable connect to ..." ERROR lines before it would make it several
+        import logging
+
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     app()
 
 

@@ -81,3 +81,17 @@ async def test_read_only_commands_create_nothing(broker, tmp_path: Path, dev_key
     assert listed.stdout.strip() == "[]"
     for topic in (src, src + ".dlq", ledger_topic(src + ".dlq")):
         assert not await topic_exists(broker.bootstrap, topic), topic
+
+
+def test_prism_audit_with_an_unreachable_backend_is_one_line(tmp_path: Path) -> None:
+    import base64
+    import os
+
+    ring = tmp_path / "readers.yaml"
+    ring.write_text("keys:\n  - id: k1\n    algorithm: hmac-sha256\n    secret_b64: "
+                    f"{base64.b64encode(os.urandom(32)).decode()}\n    publisher_id: svc-a\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = prism("audit", "--keyring", str(ring), "--url", f"kafka://127.0.0.1:{port}")
+    assert "cannot read the audit topic 'prism.audit'" in one_error_line(res, "broker_error")
