@@ -274,3 +274,27 @@ def test_registry_diff_uses_the_configured_mode_and_pretty_forms(tmp_path: Path,
     assert (asked["mode"], asked["is_compatible"]) == ("BACKWARD", True)
     assert bad.status_code == 422
     assert '-      "name": "coupon",' in b["text_diff"]
+
+
+def test_every_kind_of_dlq_record_has_a_page_with_a_replay_button(client: TestClient, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record page of an envelope (either layout) or an LNMP value answered 500 (its template
+    asked for a field only the other kinds have). Every kind of tests/console/record_kinds.py
+    renders, for an admin with the Replay button (the browser test replays them all)."""
+    from app.worker.dlq_overflow import OverflowStore
+    from tests.console.record_kinds import every_kind
+
+    kinds = every_kind(SRC, OverflowStore(f"file://{tmp_path}/overflow"))
+    recs = [FakeRecord(f"{SRC}.dlq", 0, i, k.record.value, key=k.record.key, headers=list(k.record.headers))
+            for i, k in enumerate(kinds)]
+
+    async def records(self: Kafka, topology: Any, source: str | None = None) -> list[Any]:
+        return recs
+
+    monkeypatch.setattr(Kafka, "dlq_records", records)
+    login(client, "admin")
+    for i, kind in enumerate(kinds):
+        page = client.get(f"/pipelines/orders-x/dlq/{SRC}/0@{i}")
+        assert page.status_code == 200, (kind.name, page.text[:500])
+        assert f'<span id="record-kind">{kind.shows}</span>' in page.text and 'id="replay"' in page.text, kind.name
+        assert "c2lnbmF0dXJl" not in page.text, kind.name  # the bearer token's signature: redacted
