@@ -259,7 +259,8 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         if source is not None and source not in {s.topic for s in topology.sources}:
             raise BackendError(f"{source!r} is not a source of {name}")
         records = await kafka.dlq_records(topology, source)
-        ledger = await kafka.ledger(topology)
+        warnings: list[str] = []
+        ledger = await kafka.ledger(topology, warnings)
         rows = []
         for rec in records:
             row = dlq_row(rec)
@@ -274,7 +275,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
                      "ref", "source", "stage", "reason", "error", "attested_identity", "exception")).lower())]
         return render(request, "dlq.html", name=name, info=info, rows=shown[-MAX_ROWS:], total=len(rows),
                       matching=len(shown), by_reason=sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0])),
-                      reason=reason or "", q=q or "", source=source or "")
+                      reason=reason or "", q=q or "", source=source or "", warnings=warnings)
 
     async def _record(name: str, source: str, ref: str) -> tuple[Any, Any, dict[str, Any]]:
         from app.cli.dlq import BadSelector, parse_ref

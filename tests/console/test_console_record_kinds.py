@@ -9,11 +9,14 @@ and an admin opens each record's page - its kind and reason shown, secrets redac
 from the data run as script - and presses Replay. Every kind is replayed to its source partition
 but the copy cut without a whole copy (never replayable: the page says why). Then, independently
 of the console, the source topic is read: it holds exactly the replayed values, the
-``too_large`` one whole (read back from its reference), not the cut copy."""
+``too_large`` one whole (read back from its reference), not the cut copy. Two forged ledger
+records (a deeply nested value, a mistyped count) break neither the list nor a replay: the
+list says once that they were skipped."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ import pytest
 
 from app.broker.admin import ensure_topics
 from app.broker.embedded import EmbeddedBroker, find_free_port
+from app.cli.dlq import ledger_topic
 from app.console import create_app
 from app.demo.runner import read_all
 from app.observability.metrics import PipelineMetrics
@@ -30,6 +34,7 @@ from app.worker.dlq_overflow import build_overflow
 from app.worker.management import ManagementSettings
 from app.worker.observe import Observer
 from tests.cli.test_dlq_cli import _seed
+from tests.cli.test_dlq_ledger import _write_ledger
 from tests.console.record_kinds import BEARER, Kind, every_kind
 from tests.console.support import console_settings, serve
 from tests.console.test_console_browser import Flow
@@ -61,6 +66,10 @@ def _open_and_replay(flow: Flow, name: str, src: str, kinds: list[Kind], refs: l
     flow.text("#dlq-table")                           # new copies of the replays that failed again)
     listed = {r.get_attribute("data-ref") for r in flow.drv.find_elements("css selector", "tr.dlq-row")}
     assert set(refs) <= listed, listed
+    # the forged ledger records: skipped, said once, and they broke neither the list nor a replay
+    warning = flow.text(".ledger-warning")
+    assert "2 record(s)" in warning and "not valid ledger entries" in warning, warning
+    flow.shot("kind-list")
     return outcomes
 
 
@@ -76,6 +85,10 @@ async def test_every_kind_of_dlq_record_opens_and_replays(broker: EmbeddedBroker
     await ensure_topics(broker.bootstrap, topo.topics())
     where = await _seed(broker.bootstrap, [k.record for k in kinds], [0] * len(kinds))
     refs = [f"{p}@{o}" for p, o in where]
+    # whoever can write the ledger: a deeply nested value and a mistyped count, for two records
+    await _write_ledger(broker.bootstrap, ledger_topic(src + ".dlq"), [
+        (refs[0].encode(), b"[" * 100_000 + b"]" * 100_000),
+        (refs[1].encode(), json.dumps({"v": 1, "replays": "2", "dlq_partition": 0}).encode())])
     management = ManagementSettings.from_env({"PRISM_ADMIN_USERS_FILE": str(users_file),
                                               "PRISM_ADMIN_ALLOW_ANONYMOUS": "none"})
     port = find_free_port()
@@ -99,4 +112,4 @@ async def test_every_kind_of_dlq_record_opens_and_replays(broker: EmbeddedBroker
     expected = [whole if k is by_ref else k.record.value for k in replayable]
     assert sorted(r.value for r in back) == sorted(expected)
     assert all(not any(h.startswith("prism.errors.") for h, _ in r.headers) for r in back)
-    assert len(list(tmp_path.glob("console-kind-*.png"))) == len(kinds)
+    assert len(list(tmp_path.glob("console-kind-*.png"))) == len(kinds) + 1

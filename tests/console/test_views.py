@@ -77,7 +77,7 @@ def replays(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     async def records(self: Kafka, topology: Any, source: str | None = None) -> list[Any]:
         return list(RECORDS)
 
-    async def ledger(self: Kafka, topology: Any) -> dict[str, dict[str, Any]]:
+    async def ledger(self: Kafka, topology: Any, warnings: list[str] | None = None) -> dict[str, dict[str, Any]]:
         return {}
 
     async def replay(self: Kafka, topology: Any, source: str, ref: str, *, force: bool, by: str) -> ReplayReport:
