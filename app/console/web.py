@@ -168,6 +168,15 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         return render(request, "error.html", 502, title="A back end did not answer", message=exc.message,
                       hint=exc.hint or "")
 
+    from aiokafka.errors import KafkaError
+
+    @app.exception_handler(KafkaError)
+    async def broker_error(request: Request, exc: KafkaError) -> HTMLResponse:
+        """A broker that went away mid-request: the page says so (502), as for any back end."""
+        return render(request, "error.html", 502, title="A back end did not answer",
+                      message=f"the Kafka broker ({settings.bootstrap}) failed: {type(exc).__name__}: {exc}"[:500],
+                      hint="check --broker (PRISM_BROKER_URL) and that the broker runs")
+
     @app.exception_handler(Forbidden)
     async def forbidden(request: Request, exc: Forbidden) -> HTMLResponse:
         return render(request, "error.html", 403, title="Not allowed", message=str(exc), hint="")

@@ -298,3 +298,26 @@ def test_every_kind_of_dlq_record_has_a_page_with_a_replay_button(client: TestCl
         assert page.status_code == 200, (kind.name, page.text[:500])
         assert f'<span id="record-kind">{kind.shows}</span>' in page.text and 'id="replay"' in page.text, kind.name
         assert "c2lnbmF0dXJl" not in page.text, kind.name  # the bearer token's signature: redacted
+
+
+def test_an_unreachable_broker_is_a_502_page_not_a_500(tmp_path: Path, users_file: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    async def info(self: Workers, name: str) -> dict[str, Any]:
+        return INFO
+
+    monkeypatch.setattr(Workers, "info", info)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app = create_app(console_settings(users_file, registry_url=None, worker_urls=("http://127.0.0.1:9",),
+                                      bootstrap=f"127.0.0.1:{port}"))
+    with TestClient(app, base_url="http://console.test") as c:
+        r = c.post("/login", data={"user": "reader", "password": USERS["reader"][0], "next": "/"},
+                   headers={"origin": "http://console.test"}, follow_redirects=False)
+        assert r.status_code == 303
+        for path in ("/pipelines/orders-x/dlq", f"/pipelines/orders-x/dlq/{SRC}/1@0"):
+            page = c.get(path)
+            assert page.status_code == 502 and "A back end did not answer" in page.text, (path, page.text[:300])
+            assert f"127.0.0.1:{port}" in page.text
