@@ -145,6 +145,33 @@ class CloudEventError(FormatError):
     code = "bad_cloudevent"
 
 
+class JsonInputError(FormatError, ValueError):
+    """JSON text Prism did not write that it will not decode (``app.untrusted_json``). Also a
+    ``ValueError``, so code that caught ``json.loads``' ``ValueError`` still catches it."""
+
+    code = "bad_json"
+
+
+class JsonSyntaxError(JsonInputError):
+    """Not strict JSON: a syntax error, invalid UTF-8, ``NaN``/``Infinity``, a number out of
+    range, or (where asked) a key that appears twice in one object."""
+
+    code = "bad_json_syntax"
+
+
+class JsonTooLargeError(JsonInputError):
+    """JSON text longer than the reader's size limit; refused before it is parsed."""
+
+    code = "json_too_large"
+
+
+class JsonTooDeepError(JsonInputError):
+    """JSON nested deeper than the reader's depth limit; refused before it is parsed, so no
+    reader (nor anything that walks the value afterwards) can hit Python's recursion limit."""
+
+    code = "json_too_deep"
+
+
 class BindingError(PrismError):
     """A backend message (Kafka record, NATS msg, row, object) that does not follow its binding."""
 

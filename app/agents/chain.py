@@ -59,6 +59,9 @@ class Result:
 class ChainStats:
     outcomes: Counter[str] = field(default_factory=Counter)
     dlq_reasons: Counter[str] = field(default_factory=Counter)
+    #: DLQ records of final writes that failed after the batch's results were taken (a subset
+    #: of `dlq_reasons`): the only ones the metrics count apart from the results
+    late_dlq_reasons: Counter[str] = field(default_factory=Counter)
     #: per stage: time and number of the *timed* calls (a sample; module docs)
     stage_ns: Counter[str] = field(default_factory=Counter)
     stage_calls: Counter[str] = field(default_factory=Counter)
@@ -218,7 +221,14 @@ class Chain:
         except Exception:  # a payload that cannot even be read (bad compression): nothing to find
             return []
 
-    def dlq_for_publish_failure(self, msg: Message, exc: BaseException, *, stage: str = "publish") -> Result:
+    def dlq_for_publish_failure(self, msg: Message, exc: BaseException, *, stage: str = "publish",
+                                late: bool = False) -> Result:
         """Route a message whose final writes failed after retries (Connect's DLQ gap), or that
-        the worker refused before the chain (`stage="normalize"`: over the input size limit)."""
-        return self._dlq(msg, stage, exc)
+        the worker refused before the chain (`stage="normalize"`: over the input size limit).
+        `late`: the caller cannot put this result in its batch's observed results (the writes
+        already ran); it is counted in `stats.late_dlq_reasons`, which the metrics read, so that
+        every DLQ record is counted exactly once."""
+        res = self._dlq(msg, stage, exc)
+        if late:
+            self.stats.late_dlq_reasons[res.reason] += 1
+        return res

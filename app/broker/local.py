@@ -203,6 +203,7 @@ def cli_bootstrap(note: Callable[[str], None] | None = None) -> tuple[str, Any]:
 
     settings = BrokerSettings.from_env()
     if not settings.embedded:
+        check_reachable(settings)
         return settings.bootstrap, settings
     running = find_running()
     if running is None:
@@ -212,6 +213,21 @@ def cli_bootstrap(note: Callable[[str], None] | None = None) -> tuple[str, Any]:
     if note is not None:
         note(f"using the {running.describe()}; set PRISM_BROKER_URL for a Kafka cluster")
     return running.bootstrap, None
+
+
+def check_reachable(settings: Any, *, timeout: float = 15.0) -> None:
+    """Connect once (TLS, SASL) before a command reads or writes the cluster, so that an unreachable
+    broker and a refused password are each one `error [code] ...; fix:` line - `kafka_unreachable`,
+    `kafka_auth_failed`, `kafka_tls_failed` (app/broker/preflight.py, what `prism run` does) - not
+    an aiokafka traceback ending in "Unable to bootstrap", which blames the network for a wrong
+    password. aiokafka's own connection log lines are silenced for the command: the error line
+    says it all."""
+    import logging
+
+    from app.broker.preflight import preflight
+
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    preflight(settings, timeout=timeout)
 
 
 def status_doc() -> dict[str, Any] | None:

@@ -248,9 +248,16 @@ async def check_connection(settings: BrokerSettings, *, timeout: float = 15.0) -
             continue
         conn.close()
         return
-    raise BrokerPreflightError(f"cannot reach Kafka at {settings.bootstrap} within {timeout:g}s ({last!r})",
+    if isinstance(last, ConnectionRefusedError):
+        why = "connection refused: nothing listens there"
+    elif isinstance(last, TimeoutError | asyncio.TimeoutError):
+        why = f"no answer within {timeout:g}s"
+    else:
+        why = f"{type(last).__name__}: {last}"
+    raise BrokerPreflightError(f"cannot reach Kafka at {settings.bootstrap} ({why})",
                                code="kafka_unreachable", path="PRISM_BROKER_URL",
-                               hint="check the host:port list and the listener's security protocol")
+                               hint="check that the broker runs and that PRISM_BROKER_URL is its host:port list "
+                                    "(and PRISM_SECURITY_PROTOCOL the listener's)")
 
 
 # --------------------------------------------------------------------------- authorization

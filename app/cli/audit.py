@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
 from app.cli.output import friendly
 
@@ -45,16 +46,34 @@ def register(app: typer.Typer) -> None:
         since: Annotated[str | None, typer.Option(help="only records newer than this: 24h, 7d or an ISO time")] = None,
         limit: Annotated[int, typer.Option(min=1, help="read at most this many records of the topic")] = 100_000,
         json_out: Annotated[bool, typer.Option("--json", help="one JSON object per line")] = False,
+        keyring: Annotated[Path | None, typer.Option(
+            envvar="PRISM_AUDIT_KEYRING",
+            help="signing keyring (YAML) with the subscribers' keys, each bound to its principal by publisher_id: "
+                 "every record is verified with it")] = None,
     ) -> None:
-        """List the deliveries of confidential and restricted messages to SDK subscribers:
-        principal, group, message id, namespace, topic, classification and time (never payloads)."""
-        from app.errors import ConfigError
-        from app.sdk.audit import AUDITED, AuditFilter, parse_since, read_audit
+        """List the deliveries of confidential and restricted messages to SDK subscribers, and
+        the refused reads: principal, group, message id, namespace, topic, classification and
+        time (never payloads). Each record's signature is verified with --keyring and must be
+        by a key bound to its principal; records that fail are shown marked FAILED, with why,
+        and the command exits 1."""
+        from app.errors import BrokerError, ConfigError, PrismError
+        from app.sdk.audit import AUDITED, AuditFilter, parse_since, read_audit_entries
 
         problems = []
         target = url or _default_url()
         if not target:
             problems.append("no backend: pass --url (e.g. kafka://127.0.0.1:9092) or set PRISM_BROKER_URL")
+        ring = None
+        if keyring is None:
+            problems.append("no --keyring: audit records are signed by the subscribers' keys and are only listed "
+                            "once verified - pass the signing keyring that binds each key to its principal")
+        else:
+            from app.security.signing import load_signing_keyring
+
+            try:
+                ring = load_signing_keyring(keyring)
+            except ConfigError as exc:
+                problems.append(f"--keyring: {exc.message}")
         if classification is not None and classification not in AUDITED:
             problems.append(f"--classification {classification!r}: only {sorted(AUDITED)} deliveries are audited")
         when = None
@@ -68,15 +87,35 @@ def register(app: typer.Typer) -> None:
                               hint="e.g. prism audit --url kafka://127.0.0.1:9092 --principal svc-billing --since 24h")
         where = AuditFilter(topic=topic, principal=principal, namespace=namespace, classification=classification,
                             since=when)
-        records, skipped = asyncio.run(read_audit(target, audit_topic=audit_topic, where=where, limit=limit))
+        try:
+            entries, skipped = asyncio.run(read_audit_entries(target, ring, audit_topic=audit_topic, where=where,
+                                                              limit=limit))
+        except PrismError as exc:
+            if exc.code not in ("publish_failed", "subscribe_failed"):
+                raise
+            # the SDK backend's connect error names publishing; this command only reads
+            raise BrokerError(f"cannot read the audit topic {audit_topic!r}: {exc.message}", path=exc.path,
+                              hint=exc.hint) from None
+        failed = [e for e in entries if not e.verified]
         if json_out:
-            for rec in records:
-                typer.echo(json.dumps(rec, sort_keys=True))
-            return
-        for r in records:
-            console.print(escape(f"{r.get('time', '?')}  {r.get('principal', '?')}  {r.get('classification', '?'):<12} "
-                                 f"{r.get('namespace', '?')}/{r.get('topic', '?')}  {r.get('message_id', '?')}  "
-                                 f"group={r.get('group', '?')} at {r.get('backend', '?')}:{r.get('ref', '?')}"),
-                          soft_wrap=True, highlight=False)
-        tail = f" ({skipped} other messages on {audit_topic} ignored)" if skipped else ""
-        console.print(escape(f"{len(records)} audited deliveries{tail}"), highlight=False)
+            for e in entries:
+                typer.echo(json.dumps({**e.record, "verified": e.verified, "signed_by": e.signed_by,
+                                       **({"problem": e.problem} if e.problem else {})}, sort_keys=True, default=str))
+        else:
+            for e in entries:
+                r = e.record
+                what = "REFUSED " if r.get("event") == "classified_refused" else ""
+                mark = f"ok {e.signed_by}" if e.verified else f"FAILED: {e.problem}"
+                console.print(Text(f"{r.get('time', '?')}  {what}{r.get('principal') or '(no principal)'}  "
+                                   f"{r.get('classification', '?'):<12} {r.get('namespace', '?')}/{r.get('topic', '?')}"
+                                   f"  {r.get('message_id', '?')}  group={r.get('group', '?')} at "
+                                   f"{r.get('backend', '?')}:{r.get('ref', '?')}  [{mark}]"), soft_wrap=True)
+            refused = sum(1 for e in entries if e.record.get("event") == "classified_refused")
+            tail = f" ({skipped} other messages on {audit_topic} ignored)" if skipped else ""
+            console.print(Text(f"{len(entries) - refused} audited deliveries, {refused} refused reads{tail}"))
+            if failed:
+                console.print(Text(f"{len(failed)} record(s) FAILED verification: not written by the principal they "
+                                   "name - do not trust them; find who can write {audit_topic}".replace(
+                                       "{audit_topic}", audit_topic)))
+        if failed:
+            raise typer.Exit(1)

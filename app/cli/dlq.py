@@ -22,10 +22,18 @@ is skipped ("already replayed") unless `--force`; a digest that differs means th
 recreated and the offset now holds another record, which is not skipped. Being a topic, the
 ledger survives the CLI process and is shared by every machine that replays. It holds no token
 or payload, so the source topics' short retention does not apply: it is compacted, never
-expired, so a DLQ record stays replayed for as long as the DLQ keeps it. The ledger entry is
-written after the replayed record is acknowledged; a crash in between leaves a record replayed
-but not recorded (a later replay sends it again, and dedup on its partition absorbs it while its
-id is in the window).
+expired, so a DLQ record stays replayed for as long as the DLQ keeps it.
+
+Exactly one send. Each replay writes the ledger twice: a `pending` entry *before* the send
+(acknowledged; it names the target partition's end offset at that moment and the SHA-256 of the
+value about to be sent), then the `done` entry once the send is acknowledged. A run killed
+between the two leaves `pending`; the next run reads the target partition from that offset and
+looks for the record (same key, timestamp and value digest - no marker header is added, since
+the attestation covers the headers). Found: the `done` entry is written and nothing is sent,
+`--force` or not ("recovered"). Not found: it was never sent, and is replayed. The range no
+longer there (retention deleted it): skipped as `unconfirmed`; `--force` sends it, said to be
+possibly a second copy. Ledger records are validated field by field (types and bounds); one
+that is not a valid entry is skipped with one warning per ledger, never fatal.
 
 What is never replayed (docs/operations.md, "DLQ replay"), `--force` or not:
 
@@ -58,7 +66,7 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -77,6 +85,7 @@ from app.agents.dlq import (
 from app.errors import ConfigError, PrismError
 from app.topology import Source, Topology
 from app.worker.limits import WriteLimits, max_request_from_env, record_size
+from app.worker.offsets import true_end_offsets
 
 #: The ledger topic of a DLQ topic is its name plus this.
 LEDGER_SUFFIX = ".replayed"
@@ -196,9 +205,11 @@ async def read_to_end(bootstrap: str, topic: str, partitions: int, *, settings: 
 
     Why not "until quiet": a ledger read short by one entry replays that record again, so this
     reads to the true end (corrected for the embedded broker, app/worker/offsets.py) and raises
-    rather than returning a partial read."""
-    from app.worker.offsets import true_end_offsets
-
+    rather than returning a partial read. A topic that does not exist reads as empty and is not
+    created: a consumer naming it would create it on a broker that auto-creates topics, and
+    reading (`prism dlq list`, a replay with nothing to replay) must leave nothing behind."""
+    if not await topic_exists(bootstrap, topic, settings=settings):
+        return []
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
                                 enable_auto_commit=False, **(settings.aiokafka_kwargs() if settings else {}))
     await consumer.start()
@@ -241,9 +252,24 @@ async def topic_exists(bootstrap: str, topic: str, *, settings: Any = None) -> b
 # --------------------------------------------------------------------------- ledger
 
 
+#: Bounds of the ledger's text fields (a forged entry cannot make a report or a page huge).
+_MAX_TEXT = 512
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_MAX_REPLAYS = 1_000_000
+
+
+class LedgerEntryError(ValueError):
+    """A ledger record that is not a valid ledger entry (why, for the one warning)."""
+
+
 @dataclass(frozen=True, slots=True)
 class LedgerEntry:
-    """One ledger record's value (JSON), keyed by the DLQ record's `PARTITION@OFFSET`."""
+    """One ledger record's value (JSON), keyed by the DLQ record's `PARTITION@OFFSET`.
+
+    `state` is `done` once the replayed record is acknowledged, or `pending`: written (and
+    acknowledged) *before* the send, naming where to look for it (`pending_from`, the target
+    partition's end offset then) and what was sent (`sent_sha256`). A later run that finds a
+    pending entry looks there instead of sending again (module docs, "Exactly one send")."""
 
     dlq_topic: str
     dlq_partition: int
@@ -254,6 +280,7 @@ class LedgerEntry:
     source_partition: int
     source_offset: int | None
     replayed_partition: int
+    #: -1 while `pending`
     replayed_offset: int
     replayed_at_ms: int
     by: str
@@ -261,33 +288,123 @@ class LedgerEntry:
     #: how many times this DLQ record has been replayed, this one included
     replays: int
     v: int = LEDGER_VERSION
+    state: str = "done"
+    pending_from: int | None = None
+    sent_sha256: str | None = None
 
     @property
     def key(self) -> str:
         return f"{self.dlq_partition}@{self.dlq_offset}"
 
+    @property
+    def pending(self) -> bool:
+        return self.state == "pending"
+
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
-    def decode(cls, raw: bytes) -> LedgerEntry | None:
-        """None for anything that is not a ledger entry of this version (skipped, never fatal:
-        an unreadable entry only means its record is not known as replayed)."""
+    def parse(cls, raw: bytes) -> LedgerEntry:
+        """`raw` as a ledger entry, every field checked (type and bounds), or `LedgerEntryError`
+        saying what is wrong. Whoever can write the ledger topic can write anything to it: a
+        `"replays": "2"` used to crash `prism dlq replay`, a deeply nested value every replay."""
+        from app.untrusted_json import loads_untrusted
+
         try:
-            doc = json.loads(raw)
-            return cls(**doc) if isinstance(doc, dict) and doc.get("v") == LEDGER_VERSION else None
-        except (ValueError, TypeError):
+            doc = loads_untrusted(raw, what="ledger entry", max_depth=2, max_bytes=16 * 1024)
+        except ValueError as exc:  # JsonInputError: a PrismError too, whose message is enough here
+            raise LedgerEntryError(f"not JSON: {getattr(exc, 'message', exc)}") from None
+        if not isinstance(doc, dict):
+            raise LedgerEntryError("not a JSON object")
+        if doc.get("v") != LEDGER_VERSION:
+            raise LedgerEntryError(f"version {str(doc.get('v'))[:20]!r}, not {LEDGER_VERSION}")
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(doc) - names)
+        if unknown:
+            raise LedgerEntryError(f"unknown field(s) {', '.join(u[:40] for u in unknown[:5])}")
+        optional = {"source_offset", "v", "state", "pending_from", "sent_sha256"}
+        missing = sorted(n for n in names - optional if n not in doc)
+        if missing:
+            raise LedgerEntryError(f"missing field(s) {', '.join(missing)}")
+
+        def count(name: str, low: int = 0, high: int = _MAX_OFFSET, *, none_ok: bool = False) -> None:
+            val = doc.get(name)
+            if val is None and none_ok:
+                return
+            if type(val) is not int or not low <= val <= high:  # bool is not a count
+                raise LedgerEntryError(f"{name} must be a whole number {low}..{high}, not {str(val)[:40]!r}")
+
+        def text(name: str, *, none_ok: bool = False) -> None:
+            val = doc.get(name)
+            if val is None and none_ok:
+                return
+            if not isinstance(val, str) or not 0 < len(val) <= _MAX_TEXT or not val.isprintable():
+                raise LedgerEntryError(f"{name} must be 1-{_MAX_TEXT} printable characters")
+
+        for name in ("dlq_topic", "source_topic", "by"):
+            text(name)
+        for name in ("dlq_partition", "source_partition", "replayed_partition"):
+            count(name, 0, 2**31 - 1)
+        for name in ("dlq_offset", "replayed_at_ms"):
+            count(name)
+        count("source_offset", none_ok=True)
+        count("replays", 1, _MAX_REPLAYS)
+        if not isinstance(doc["forced"], bool):
+            raise LedgerEntryError(f"forced must be true or false, not {str(doc['forced'])[:40]!r}")
+        for name in ("value_sha256", "sent_sha256"):
+            val = doc.get(name)
+            if (val is not None or name == "value_sha256") and not (isinstance(val, str) and _HEX64.match(val)):
+                raise LedgerEntryError(f"{name} must be 64 lower-case hex digits")
+        state = doc.get("state", "done")
+        if state == "done":
+            count("replayed_offset")
+        elif state == "pending":
+            count("replayed_offset", -1, -1)
+            count("pending_from")
+            if doc.get("sent_sha256") is None:
+                raise LedgerEntryError("a pending entry needs sent_sha256")
+        else:
+            raise LedgerEntryError(f"state must be done or pending, not {str(state)[:40]!r}")
+        return cls(**doc)
+
+    @classmethod
+    def decode(cls, raw: bytes) -> LedgerEntry | None:
+        """`parse`, or None for a record that is not a valid entry."""
+        try:
+            return cls.parse(raw)
+        except LedgerEntryError:
             return None
 
 
-def read_ledger(records: Sequence[Any]) -> dict[str, LedgerEntry]:
-    """DLQ `PARTITION@OFFSET` -> its latest ledger entry (a compacted topic: the last one wins)."""
+def read_ledger(records: Sequence[Any], problems: list[str] | None = None) -> dict[str, LedgerEntry]:
+    """DLQ `PARTITION@OFFSET` -> its latest ledger entry (a compacted topic: the last one wins).
+
+    A record that is not a valid entry is skipped - it only means its DLQ record is not known as
+    replayed - and, with `problems`, described there (offset, key, why) for one warning. A
+    tombstone (no value) is skipped silently: compaction writes those."""
     out: dict[str, LedgerEntry] = {}
     for rec in records:
-        entry = LedgerEntry.decode(rec.value) if rec.value else None
-        if entry is not None and rec.key is not None and rec.key.decode(errors="replace") == entry.key:
-            out[entry.key] = entry
+        if not rec.value:
+            continue
+        key = rec.key.decode(errors="replace")[:40] if rec.key is not None else None
+        try:
+            entry = LedgerEntry.parse(rec.value)
+            if key != entry.key:
+                raise LedgerEntryError(f"its key {key!r} is not the entry's {entry.key!r}")
+        except LedgerEntryError as exc:
+            if problems is not None:
+                problems.append(f"offset {rec.offset} (key {key!r}): {exc}")
+            continue
+        out[entry.key] = entry
     return out
+
+
+def ledger_warning(ledger_name: str, problems: Sequence[str]) -> str:
+    """The one warning for a ledger's invalid records."""
+    first = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+    return (f"{len(problems)} record(s) of {ledger_name} are not valid ledger entries and were skipped ({first}); "
+            "their DLQ records are treated as not replayed - find who writes to the ledger topic and restrict it "
+            "(only `prism dlq replay` and the console should)")
 
 
 def _operator() -> str:
@@ -311,7 +428,8 @@ class Outcome:
     reason: str
     action: Action
     #: for `skipped`: already_replayed | foreign_source | bad_coordinates | truncated |
-    #: ref_unreadable | ref_mismatch | too_large; for a forced replay: forced
+    #: ref_unreadable | ref_mismatch | too_large | unconfirmed | pending_sent (dry run); for a
+    #: forced replay: forced; for the send of an interrupted replay, found and recorded: recovered
     why: str = ""
     detail: str = ""
     target_topic: str = ""
@@ -331,6 +449,8 @@ class ReplayReport:
     #: selected and replayable, left for a later run by --limit
     limited: int = 0
     ledgers: dict[str, str] = field(default_factory=dict)
+    #: one line per ledger that held records which are not valid entries (skipped)
+    warnings: list[str] = field(default_factory=list)
 
     def count(self, action: Action) -> int:
         return sum(1 for o in self.outcomes if o.action == action)
@@ -342,7 +462,7 @@ class ReplayReport:
         return {"dry_run": self.dry_run, "forced": self.forced, "ledgers": self.ledgers,
                 "replayed": self.count("replayed"), "would_replay": self.count("would_replay"),
                 "skipped": dict(self.skipped_by_why()), "limited": self.limited,
-                "records": [asdict(o) for o in self.outcomes]}
+                "warnings": self.warnings, "records": [asdict(o) for o in self.outcomes]}
 
 
 def _header(rec: Any, name: str) -> bytes | None:
@@ -352,8 +472,9 @@ def _header(rec: Any, name: str) -> bytes | None:
     return None
 
 
-def classify(rec: Any, source: Source, ledger: dict[str, LedgerEntry], *, force: bool) -> Outcome:
-    """Whether one DLQ record of `source` may be replayed, and where to (module docs)."""
+def classify(rec: Any, source: Source, ledger: dict[str, LedgerEntry], *, force: bool, unsent: bool = True) -> Outcome:
+    """Whether one DLQ record of `source` may be replayed, and where to (module docs). `unsent`
+    is for a `pending` ledger entry: whether its interrupted send is known not to have happened."""
     ctx = error_context(list(rec.headers or []))
     out = Outcome(rec.topic, rec.partition, rec.offset, ctx.get("reason", ""), "would_replay",
                   target_topic=source.topic)
@@ -386,16 +507,48 @@ def classify(rec: Any, source: Source, ledger: dict[str, LedgerEntry], *, force:
     if ref:
         out.value_ref = ref.decode(errors="replace")
     done = ledger.get(f"{rec.partition}@{rec.offset}")
-    if done is not None and done.value_sha256 == hashlib.sha256(rec.value or b"").hexdigest():
-        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(done.replayed_at_ms / 1000))
-        where = f"{done.replayed_partition}@{done.replayed_offset}"
+    if done is None or done.value_sha256 != hashlib.sha256(rec.value or b"").hexdigest():
+        return out
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(done.replayed_at_ms / 1000))
+    if done.pending:  # an interrupted replay; `_find_pending_sends` looked for its send (not found)
+        return _after_interrupted(out, done, when, source, force, unsent)
+    where = f"{done.replayed_partition}@{done.replayed_offset}"
+    if not force:
+        out.action, out.why = "skipped", "already_replayed"
+        out.detail = (f"already replayed {when} by {done.by} to {source.topic} {where}"
+                      f"{f' ({done.replays} times)' if done.replays > 1 else ''}; --force replays it again")
+        return out
+    out.why, out.detail = "forced", f"replayed again (--force); before: {when} by {done.by} to {where}"
+    out.replays_before = done.replays
+    return out
+
+
+def _after_interrupted(out: Outcome, pending: LedgerEntry, when: str, source: Source, force: bool,
+                       unsent: bool) -> Outcome:
+    """A record whose ledger entry is still `pending`: its replay of `when` was interrupted after
+    the entry was written. `unsent`: the target partition, read from where that replay would have
+    put it, does not hold it (so it was never sent); else it could not be told (the range is gone)."""
+    before = pending.replays - 1
+    who = f"the replay of {when} by {pending.by}"
+    if unsent and before == 0:
+        out.detail = f"{who} was interrupted before its send"
+        return out
+    if unsent:
         if not force:
             out.action, out.why = "skipped", "already_replayed"
-            out.detail = (f"already replayed {when} by {done.by} to {source.topic} {where}"
-                          f"{f' ({done.replays} times)' if done.replays > 1 else ''}; --force replays it again")
+            out.detail = (f"replayed {before} time(s) before ({who} was interrupted before its send); "
+                          "--force replays it again")
             return out
-        out.why, out.detail = "forced", f"replayed again (--force); before: {when} by {done.by} to {where}"
-        out.replays_before = done.replays
+        out.why, out.detail, out.replays_before = "forced", f"replayed again (--force); {who} had not sent it", before
+        return out
+    if not force:
+        out.action, out.why = "skipped", "unconfirmed"
+        out.detail = (f"{who} was interrupted between recording and confirming its send, and {source.topic} partition "
+                      f"{pending.replayed_partition} no longer holds offsets from {pending.pending_from} to tell whether "
+                      f"it was sent; look for it on the outputs - --force sends it (again, if it was sent)")
+        return out
+    out.why, out.replays_before = "forced", pending.replays
+    out.detail = f"replayed again (--force); {who} may have sent it already (unconfirmed)"
     return out
 
 
@@ -412,6 +565,8 @@ async def replay(topology: Topology, bootstrap: str, *, settings: Any = None, re
     suffix = topology.dlq.topic_suffix
     selections = {s.topic: parse_selection(records, ranges, s.partitions, s.topic + suffix) for s in sources}
     report = ReplayReport(dry_run=dry_run, forced=force)
+    #: (ledger topic, done entry) of sends an interrupted replay made, confirmed by this run
+    confirms: list[tuple[str, LedgerEntry]] = []
     plans: list[tuple[Source, str, list[tuple[Any, Outcome]]]] = []
     #: (dlq topic, partition, offset) -> the whole value read from a truncated copy's reference
     values: dict[tuple[str, int, int], bytes] = {}
@@ -433,24 +588,28 @@ async def replay(topology: Topology, bootstrap: str, *, settings: Any = None, re
                 if not any(part == p and first <= o <= last for p, o in present):
                     raise BadSelector(f"no record in {part}@{first}-{last} of {dlq}", path="--range",
                                       hint="list the records with `prism dlq list`")
-            if dry_run and not await topic_exists(bootstrap, ledger_name, settings=settings):
-                ledger_records: list[Any] = []
-            else:
-                if not dry_run:
-                    from app.broker.admin import ensure_topics
-
-                    await ensure_topics(bootstrap, {ledger_name: 1}, settings=settings,
-                                        configs={ledger_name: LEDGER_CONFIGS})
-                ledger_records = await read_to_end(bootstrap, ledger_name, 1, settings=settings)
-            ledger = read_ledger(ledger_records)
+            # a missing ledger reads as empty; it is created only when there is something to write
+            ledger_records = await read_to_end(bootstrap, ledger_name, 1, settings=settings)
+            problems: list[str] = []
+            ledger = read_ledger(ledger_records, problems)
+            if problems:
+                report.warnings.append(ledger_warning(ledger_name, problems))
+            selected = [rec for rec in sorted(dlq_records, key=lambda r: (r.partition, r.offset))
+                        if selections[s.topic].matches(rec.partition, rec.offset)
+                        and (reason is None or error_context(list(rec.headers or [])).get("reason") == reason)]
+            sent = await _find_pending_sends(bootstrap, settings, s, ledger, selected)
             progress.remove_task(task)
             chosen: list[tuple[Any, Outcome]] = []
-            for rec in sorted(dlq_records, key=lambda r: (r.partition, r.offset)):
-                if not selections[s.topic].matches(rec.partition, rec.offset):
+            for rec in selected:
+                ref_key = f"{rec.partition}@{rec.offset}"
+                if isinstance(sent.get(ref_key), int):  # an interrupted replay did send it: record, never resend
+                    outcome = _recovered(rec, s, ledger[ref_key], int(sent[ref_key]), dry_run)  # type: ignore[arg-type]
+                    if not dry_run:
+                        confirms.append((ledger_name, replace(ledger[ref_key], state="done", pending_from=None,
+                                                              replayed_offset=int(sent[ref_key]))))  # type: ignore[arg-type]
+                    report.outcomes.append(outcome)
                     continue
-                if reason is not None and error_context(list(rec.headers or [])).get("reason") != reason:
-                    continue
-                outcome = classify(rec, s, ledger, force=force)
+                outcome = classify(rec, s, ledger, force=force, unsent=ref_key in sent and sent[ref_key] is None)
                 if outcome.value_ref and outcome.action != "skipped":
                     if source_limits is None:
                         source_limits = await _source_limits(topology, bootstrap, settings)
@@ -466,20 +625,32 @@ async def replay(topology: Topology, bootstrap: str, *, settings: Any = None, re
                     chosen.append((rec, outcome))
                 report.outcomes.append(outcome)
             plans.append((s, ledger_name, chosen))
-    if dry_run:
-        return report
+    if dry_run or not (confirms or any(chosen for _, _, chosen in plans)):
+        return report  # nothing to write: nothing is created either (not even the ledger topic)
+    from app.broker.admin import ensure_topics
+
+    names = sorted({name for name, _ in confirms} | {name for _, name, chosen in plans if chosen})
+    await ensure_topics(bootstrap, dict.fromkeys(names, 1), settings=settings,
+                        configs=dict.fromkeys(names, LEDGER_CONFIGS))
     # aiokafka's default max_request_size (1 MiB) would refuse a whole value read back by reference
     big = max((len(v) for v in values.values()), default=0)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all",
                                 **({"max_request_size": big + 64 * 1024} if big > 960 * 1024 else {}),
                                 **(settings.aiokafka_kwargs() if settings else {}))
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                **(settings.aiokafka_kwargs() if settings else {}))
     await producer.start()
     try:
+        if confirms:
+            await asyncio.gather(*[await producer.send(name, e.encode(), key=e.key.encode(), partition=0)
+                                   for name, e in confirms])
+        await consumer.start()
+        await asyncio.sleep(0)  # let its no-group task start: stopping it unstarted raises CancelledError
         for s, ledger_name, chosen in plans:
             for i in range(0, len(chosen), _CHUNK):
-                await _replay_chunk(producer, s, ledger_name, chosen[i:i + _CHUNK], force=force, by=by,
-                                    values=values)
+                await _replay_chunk(producer, consumer, s, ledger_name, chosen[i:i + _CHUNK], by=by, values=values)
     finally:
+        await consumer.stop()
         await producer.stop()
     return report
 
@@ -525,31 +696,106 @@ async def _resolve_ref(rec: Any, outcome: Outcome, topology: Topology, limit: in
     return whole
 
 
-async def _replay_chunk(producer: AIOKafkaProducer, source: Source, ledger_name: str,
-                        chunk: list[tuple[Any, Outcome]], *, force: bool, by: str | None = None,
+async def _replay_chunk(producer: AIOKafkaProducer, consumer: AIOKafkaConsumer, source: Source, ledger_name: str,
+                        chunk: list[tuple[Any, Outcome]], *, by: str | None = None,
                         values: dict[tuple[str, int, int], bytes] | None = None) -> None:
-    """Send a chunk of replays, then - once every one is acknowledged - their ledger entries.
-    `values`: the whole values of truncated copies, read back from their references."""
+    """Replay a chunk with exactly one send per record (module docs, "Exactly one send"):
+    1. the target partitions' end offsets; 2. a `pending` ledger entry per record, naming that
+    offset and the digest of what will be sent, acknowledged; 3. the sends, acknowledged;
+    4. the `done` entries. `values`: the whole values of truncated copies, read by reference."""
     whole = values or {}
+    by, now = by or _operator(), int(time.time() * 1000)
+    targets = sorted({int(o.target_partition or 0) for _, o in chunk})
+    ends = await true_end_offsets(consumer, [TopicPartition(source.topic, p) for p in targets])
+    pendings: list[LedgerEntry] = []
+    for rec, outcome in chunk:
+        ctx = error_context(list(rec.headers or []))
+        sent_value = whole.get((rec.topic, rec.partition, rec.offset), rec.value) or b""
+        pendings.append(LedgerEntry(
+            dlq_topic=rec.topic, dlq_partition=rec.partition, dlq_offset=rec.offset,
+            value_sha256=hashlib.sha256(rec.value or b"").hexdigest(), source_topic=source.topic,
+            source_partition=int(ctx["partition"]),
+            source_offset=int(ctx["offset"]) if ctx.get("offset", "").isdigit() else None,
+            replayed_partition=int(outcome.target_partition or 0), replayed_offset=-1, replayed_at_ms=now, by=by,
+            forced=outcome.why == "forced", replays=outcome.replays_before + 1, state="pending",
+            pending_from=int(ends.get(TopicPartition(source.topic, int(outcome.target_partition or 0)), 0)),
+            sent_sha256=hashlib.sha256(sent_value).hexdigest()))
+    await asyncio.gather(*[await producer.send(ledger_name, e.encode(), key=e.key.encode(), partition=0)
+                           for e in pendings])
     sends = [await producer.send(source.topic, whole.get((rec.topic, rec.partition, rec.offset), rec.value),
                                  key=rec.key, partition=outcome.target_partition,
                                  headers=strip_error_headers(list(rec.headers or [])), timestamp_ms=rec.timestamp)
              for rec, outcome in chunk]
     metas = await asyncio.gather(*sends)
-    by, now = by or _operator(), int(time.time() * 1000)
-    entries = []
-    for (rec, outcome), meta in zip(chunk, metas, strict=True):
+    done = []
+    for (_, outcome), meta, pending in zip(chunk, metas, pendings, strict=True):
         outcome.action, outcome.target_offset = "replayed", meta.offset
-        ctx = error_context(list(rec.headers or []))
-        entry = LedgerEntry(dlq_topic=rec.topic, dlq_partition=rec.partition, dlq_offset=rec.offset,
-                            value_sha256=hashlib.sha256(rec.value or b"").hexdigest(), source_topic=source.topic,
-                            source_partition=int(ctx["partition"]),
-                            source_offset=int(ctx["offset"]) if ctx.get("offset", "").isdigit() else None,
-                            replayed_partition=meta.partition, replayed_offset=meta.offset, replayed_at_ms=now,
-                            by=by, forced=outcome.why == "forced",
-                            replays=outcome.replays_before + 1)
-        entries.append(await producer.send(ledger_name, entry.encode(), key=entry.key.encode(), partition=0))
-    await asyncio.gather(*entries)
+        entry = replace(pending, state="done", pending_from=None, replayed_partition=meta.partition,
+                        replayed_offset=meta.offset)
+        done.append(await producer.send(ledger_name, entry.encode(), key=entry.key.encode(), partition=0))
+    await asyncio.gather(*done)
+
+
+async def _find_pending_sends(bootstrap: str, settings: Any, source: Source, ledger: dict[str, LedgerEntry],
+                              selected: Sequence[Any]) -> dict[str, int | str | None]:
+    """For each selected DLQ record whose ledger entry is `pending` (its replay was interrupted):
+    the source offset its send landed at, None when the target partition - read from the entry's
+    `pending_from` to its end - does not hold it (never sent), or "unknown" when that range is no
+    longer there to read. The send is recognized as the record it was: same key, same timestamp,
+    value with the entry's `sent_sha256` (a replay adds no header: the attestation covers them)."""
+    wanted: dict[str, tuple[Any, LedgerEntry]] = {}
+    for rec in selected:
+        entry = ledger.get(f"{rec.partition}@{rec.offset}")
+        if entry is not None and entry.pending and entry.value_sha256 == hashlib.sha256(rec.value or b"").hexdigest():
+            wanted[entry.key] = (rec, entry)
+    if not wanted:
+        return {}
+    out: dict[str, int | str | None] = dict.fromkeys(wanted)
+    by_part: dict[int, list[tuple[str, Any, LedgerEntry]]] = {}
+    for key, (rec, entry) in wanted.items():
+        by_part.setdefault(entry.replayed_partition, []).append((key, rec, entry))
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                auto_offset_reset="earliest", **(settings.aiokafka_kwargs() if settings else {}))
+    await consumer.start()
+    try:
+        tps = [TopicPartition(source.topic, p) for p in by_part]
+        consumer.assign(tps)
+        begins = await consumer.beginning_offsets(tps)
+        ends = await true_end_offsets(consumer, tps)
+        for tp in tps:
+            items = by_part[tp.partition]
+            start = min(e.pending_from or 0 for _, _, e in items)
+            for key, _, entry in items:
+                if (entry.pending_from or 0) < begins.get(tp, 0):
+                    out[key] = "unknown"  # unless found below
+            consumer.seek(tp, max(start, begins.get(tp, 0)))
+            deadline = time.monotonic() + 120
+            while await consumer.position(tp) < ends.get(tp, 0) and time.monotonic() < deadline:
+                batch = await consumer.getmany(tp, timeout_ms=500, max_records=5000)
+                for r in batch.get(tp, []):
+                    for key, rec, entry in items:
+                        if (r.offset >= (entry.pending_from or 0) and r.key == rec.key
+                                and r.timestamp == rec.timestamp
+                                and hashlib.sha256(r.value or b"").hexdigest() == entry.sent_sha256):
+                            out[key] = r.offset
+            if await consumer.position(tp) < ends.get(tp, 0):
+                raise PrismError(f"could not read {source.topic} partition {tp.partition} to its end to check "
+                                 "an interrupted replay", path=source.topic,
+                                 hint="check the broker and the read permission on the source topic, then retry")
+    finally:
+        await consumer.stop()
+    return out
+
+
+def _recovered(rec: Any, source: Source, pending: LedgerEntry, offset: int, dry_run: bool) -> Outcome:
+    """The outcome of a record an interrupted replay sent (found at `offset`): recorded, not resent."""
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(pending.replayed_at_ms / 1000))
+    out = Outcome(rec.topic, rec.partition, rec.offset, error_context(list(rec.headers or [])).get("reason", ""),
+                  "skipped" if dry_run else "replayed", why="pending_sent" if dry_run else "recovered",
+                  target_topic=source.topic, target_partition=pending.replayed_partition, target_offset=offset)
+    out.detail = (f"the interrupted replay of {when} by {pending.by} sent it (offset {offset}); "
+                  + ("a replay records it, without sending it again" if dry_run else "recorded now, not sent again"))
+    return out
 
 
 # --------------------------------------------------------------------------- output
@@ -581,6 +827,8 @@ def print_report(report: ReplayReport, console: Console) -> None:
                     say(f"  {label:<12} {ref:<10} {o.reason or '?'} -> {to}" + (f"; {o.detail}" if o.detail else ""))
             if len(picked) > _MAX_LINES:
                 say(f"  ... and {len(picked) - _MAX_LINES} more {action.replace('_', ' ')} (--json lists all)")
+    for warning in report.warnings:
+        say(f"warning: {warning}")
     skipped = report.skipped_by_why()
     verb = "would replay" if report.dry_run else "replayed"
     n = report.count("would_replay" if report.dry_run else "replayed")

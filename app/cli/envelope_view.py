@@ -12,10 +12,10 @@ credentials before it is shown (`app.agents.dlq.mask_secrets`).
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any
 
 from app.errors import PrismError
+from app.untrusted_json import loads_untrusted
 
 REDACTED = "<redacted>"
 
@@ -38,8 +38,8 @@ def envelope_doc(data: bytes, *, payload: bool = False) -> dict[str, Any]:
     if payload and not env.is_encrypted:
         body = mask_secrets(env.payload_bytes())
         try:
-            doc["payload"]["json"] = json.loads(body)
-        except ValueError:
+            doc["payload"]["json"] = loads_untrusted(body, what="payload", max_bytes=len(body))
+        except ValueError:  # not JSON, or nested too deep to show as a tree (JsonInputError)
             doc["payload"]["base64"] = base64.b64encode(body).decode()
     return doc
 
@@ -47,7 +47,9 @@ def envelope_doc(data: bytes, *, payload: bool = False) -> dict[str, Any]:
 def value_doc(value: bytes, *, preview: int = 512) -> dict[str, Any]:
     """What a record value is, for a person: a decoded envelope when it is one (`kind:
     envelope`), else a LNMP message, JSON or text, else a hex preview - secrets masked in all.
-    Never raises: a DLQ holds exactly the values that did not decode."""
+    Never raises: a DLQ holds exactly the values that did not decode. Every kind but
+    `envelope` and `lnmp` says why it is not an envelope (`not_an_envelope`); JSON is parsed
+    bounded (app/untrusted_json.py), so a deeply nested value is shown as text."""
     from app.agents.dlq import mask_secrets
     from app.cli import lnmp_inspect
 
@@ -56,7 +58,11 @@ def value_doc(value: bytes, *, preview: int = 512) -> dict[str, Any]:
             reading = lnmp_inspect.read(value, source="value", strict=False)
             return {"kind": "lnmp", "lnmp": lnmp_inspect.inspect_doc(reading)}
         except PrismError as exc:
-            return {"kind": "bytes", "decode_error": f"[{exc.code}] {exc}", "hex": value[:preview].hex()}
+            return {"kind": "bytes", "not_an_envelope": f"LNMP that does not decode: [{exc.code}] {exc}",
+                    "hex": value[:preview].hex(), "shown_bytes": min(len(value), preview)}
+        except Exception as exc:  # a decoder bug must not hide the record from the operator
+            return {"kind": "bytes", "not_an_envelope": f"LNMP that does not decode: {type(exc).__name__}: {exc}",
+                    "hex": value[:preview].hex(), "shown_bytes": min(len(value), preview)}
     try:
         return {"kind": "envelope", "envelope": envelope_doc(value, payload=True)}
     except PrismError as exc:
@@ -65,9 +71,11 @@ def value_doc(value: bytes, *, preview: int = 512) -> dict[str, Any]:
         why = f"{type(exc).__name__}: {exc}"
     masked = mask_secrets(value)
     try:
-        return {"kind": "json", "json": json.loads(masked), "not_an_envelope": why}
-    except ValueError:
-        pass
+        return {"kind": "json", "json": loads_untrusted(masked, what="record value", max_bytes=len(masked)),
+                "not_an_envelope": why}
+    except ValueError as exc:  # not JSON, or nested too deep to show as a tree (JsonInputError): shown as text
+        if masked[:1] in (b"{", b"["):
+            why = f"{why}; not shown as JSON: {exc.message if isinstance(exc, PrismError) else exc}"
     try:
         text = masked[:preview].decode("utf-8")
     except UnicodeDecodeError:

@@ -4,6 +4,7 @@ problems as one clear line (what, where, how to fix) with exit code 2, never a t
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import json
 import os
@@ -163,6 +164,7 @@ def run(
         from app.worker.archive_service import SHARD_ENV, check_writer_id, default_writer_id, parse_shard
 
         # metrics, health and the management API on --web-port; tracing per PRISM_TRACES_EXPORTER
+        found.attempt(_check_web_port, web_port, web_bind)
         observer = found.attempt(Observer.from_env)
         writer_id = found.attempt(lambda: check_writer_id(default_writer_id()))
         shard = found.attempt(parse_shard, os.environ.get(SHARD_ENV))
@@ -257,6 +259,27 @@ def _dev_keys_for(topo: Any, topology_file: Path) -> None:
     check_topology_keys(topo, topology_file)  # a topology naming other file names than the dev set
 
 
+def _check_web_port(web_port: int | None, web_bind: str = "127.0.0.1") -> None:
+    """`--web-port` is a TCP port and free on `--web-bind` now: checked with the other settings,
+    before any topic is created or broker started (a bad one was an 80-line Faust traceback, a
+    busy one a 62-line OSError after the worker had created its topics)."""
+    if web_port is None:
+        return
+    if not 1 <= web_port <= 65535:
+        raise ConfigError(f"--web-port {web_port} is not a TCP port", path="--web-port",
+                          hint="use a port from 1 to 65535 (e.g. 6066), or leave it out for no web server")
+    with socket.socket(socket.AF_INET6 if ":" in web_bind else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the web server binds it
+        try:
+            s.bind((web_bind, web_port))
+        except OSError as exc:
+            busy = exc.errno == errno.EADDRINUSE
+            raise ConfigError(f"port {web_port} on {web_bind} is {'in use' if busy else 'not available'}"
+                              + ("" if busy else f" ({exc.strerror})"), path="--web-port",
+                              hint=f"pick another --web-port, or stop what listens there (ss -ltnp 'sport = :{web_port}')"
+                              if busy else "check --web-bind names an address of this machine") from None
+
+
 def _check_ports(web_port: int | None, processes: int) -> None:
     """The supervisor's port and its children's (web_port + 1 + i) must be free now."""
     import socket
@@ -265,6 +288,9 @@ def _check_ports(web_port: int | None, processes: int) -> None:
 
     if web_port is None:
         return
+    if web_port < 1:
+        raise ConfigError(f"--web-port {web_port} is not a TCP port", path="--web-port",
+                          hint="use a port from 1 to 65535 (e.g. 6066), or leave it out for no web server")
     if web_port + processes > 65535:
         raise ConfigError(f"--web-port {web_port} leaves no room for {processes} worker ports above it",
                           path="--web-port", hint="the children use web-port+1 .. web-port+N; pick a lower port")
@@ -535,9 +561,19 @@ def build_app() -> typer.Typer:
     return app
 
 
+#: Commands that run for long and log like a service: aiokafka's own log lines stay theirs.
+_SERVICES = frozenset({"run", "demo", "console", "broker"})
+
+
 def main() -> None:
     build_app()
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
+    if len(sys.argv) > 1 and sys.argv[1] not in _SERVICES:
+        # a one-shot command reports a broker failure as its one error line; aiokafka's
+        # "Unable connect to ..." ERROR lines before it would make it several
+        import logging
+
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     app()
 
 

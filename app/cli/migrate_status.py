@@ -289,6 +289,9 @@ def _bootstrap() -> tuple[str, Any]:
         if settings.embedded:
             raise PrismError("no broker configured", path="PRISM_BROKER_URL",
                              hint="set PRISM_BROKER_URL=host:port of the broker the topology runs on") from None
+        from app.broker.preflight import preflight
+
+        preflight(settings)
         return settings.bootstrap, settings
     return cli_bootstrap(lambda line: err_console.print(line, markup=False, highlight=False, soft_wrap=True))
 

@@ -94,8 +94,36 @@ def fail(exc: PrismError, exit_code: int = 2) -> NoReturn:
     raise typer.Exit(exit_code)
 
 
+def as_prism_error(exc: BaseException) -> PrismError | None:
+    """A broker or network failure that escaped a command's own checks (the broker went away
+    mid-command, a timeout) as the typed error it is; None for anything else (a bug: its
+    traceback is the report). Authentication and TLS failures keep their own codes."""
+    from aiokafka.errors import KafkaError
+
+    from app.errors import BrokerError
+
+    if not isinstance(exc, KafkaError | OSError | TimeoutError):
+        return None
+    from app.broker.admin import BrokerSettings
+    from app.broker.preflight import _translate
+
+    try:
+        settings = BrokerSettings.from_env()
+        decisive = _translate(settings, settings.bootstrap or "PRISM_BROKER_URL", exc)
+    except PrismError:
+        decisive = None
+    if decisive is not None:
+        return decisive
+    what = str(exc) or type(exc).__name__
+    return BrokerError(f"the broker connection failed during the command ({type(exc).__name__}: {what[:300]})",
+                       path="PRISM_BROKER_URL",
+                       hint="check that the broker is up and reachable (PRISM_BROKER_URL, or `prism broker status`), "
+                            "then run the command again")
+
+
 def friendly(fn: F) -> F:
-    """Turn Prism's typed errors into one readable line and exit code 2, never a traceback."""
+    """Turn Prism's typed errors into one readable line and exit code 2, never a traceback. A
+    broker or network failure that was not checked up front becomes one too (`as_prism_error`)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -103,6 +131,12 @@ def friendly(fn: F) -> F:
             return fn(*args, **kwargs)
         except PrismError as exc:
             print_problems(exc)
+            raise typer.Exit(2) from None
+        except Exception as exc:
+            typed = as_prism_error(exc)
+            if typed is None:
+                raise
+            print_problems(typed)
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]

@@ -236,11 +236,13 @@ class Kafka:
         except (TimeoutError, OSError) as exc:
             raise BackendError(f"cannot read the DLQ: {type(exc).__name__}: {exc}") from None
 
-    async def ledger(self, topology: Topology) -> dict[str, dict[str, Any]]:
-        """``dlq topic -> {PARTITION@OFFSET: ledger entry}``: which records were replayed, by whom."""
+    async def ledger(self, topology: Topology, warnings: list[str] | None = None) -> dict[str, dict[str, Any]]:
+        """``dlq topic -> {PARTITION@OFFSET: ledger entry}``: which records were replayed, by whom.
+        Records of a ledger that are not valid entries are skipped; with `warnings`, one line per
+        such ledger is added there (`prism dlq replay`'s warning), for the page to show."""
         from dataclasses import asdict
 
-        from app.cli.dlq import ledger_topic, read_ledger, read_to_end, topic_exists
+        from app.cli.dlq import ledger_topic, ledger_warning, read_ledger, read_to_end, topic_exists
 
         out: dict[str, dict[str, Any]] = {}
         for s in topology.sources:
@@ -249,8 +251,11 @@ class Kafka:
             if not await topic_exists(self._need(), name, settings=self.settings):
                 out[dlq] = {}
                 continue
-            entries = read_ledger(await read_to_end(self._need(), name, 1, settings=self.settings))
-            out[dlq] = {k: asdict(v) for k, v in entries.items()}
+            problems: list[str] = []
+            entries = read_ledger(await read_to_end(self._need(), name, 1, settings=self.settings), problems)
+            if problems and warnings is not None:
+                warnings.append(ledger_warning(name, problems))
+            out[dlq] = {k: asdict(v) for k, v in entries.items() if not v.pending}
         return out
 
     async def replay(self, topology: Topology, source: str, ref: str, *, force: bool, by: str) -> Any:

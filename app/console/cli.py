@@ -40,12 +40,11 @@ def console(
     without users."""
     import os
 
-    import uvicorn
-
     from app.console.settings import ConsoleSettings
     from app.console.web import create_app
     from app.errors import ConfigError
     from app.security.http_auth import auth_from_settings
+    from app.security.http_limits import serve, uvicorn_config
 
     if users_file is None:
         raise ConfigError("the console needs its users", path="--users-file",
@@ -74,6 +73,6 @@ def console(
     typer.echo(f"prism console on http{'s' if ssl_certfile else ''}://{host}:{port}: registry "
                f"{settings.registry_url or 'none'}, workers {', '.join(settings.worker_urls) or 'none'}, broker "
                f"{bootstrap or 'none'}", err=True)
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning",
-                ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
-                ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None)
+    serve(uvicorn_config(create_app(settings), settings.http_limits, host=host, port=port, log_level="warning",
+                         ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
+                         ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None))

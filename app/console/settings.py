@@ -12,8 +12,11 @@ from urllib.parse import urlsplit
 
 from app.errors import ConfigError
 from app.security.http_auth import HttpAuth, client_auth_from_env
+from app.security.http_limits import HttpLimits
 
 #: The console's own users: the registry's users-file format (Argon2id hashes, roles).
+#: The largest request body the console reads: one of its forms (the log-in, a replay, an approval).
+MAX_FORM_BYTES = 16 * 1024
 ENV_USERS_FILE = "PRISM_CONSOLE_USERS_FILE"
 ENV_JWT_CONFIG = "PRISM_CONSOLE_JWT_CONFIG"
 ENV_REGISTRY_URL = "PRISM_CONSOLE_REGISTRY_URL"
@@ -81,6 +84,8 @@ class ConsoleSettings:
     rate_interval_s: float = 1.0
     #: records read from the end of each output partition when looking for a replayed record
     trace_window: int = 20_000
+    #: what every request may be (app.security.http_limits; the body: one form, MAX_FORM_BYTES)
+    http_limits: HttpLimits = field(default_factory=lambda: HttpLimits(max_body_bytes=MAX_FORM_BYTES))
 
     @classmethod
     def from_env(cls, auth: HttpAuth, *, registry_url: str | None = None, worker_urls: Sequence[str] = (),
@@ -98,7 +103,8 @@ class ConsoleSettings:
                    worker_headers=client_auth_from_env("PRISM_ADMIN", env),
                    registry_ssl=_ssl_context(env.get(ENV_REGISTRY_CAFILE), ENV_REGISTRY_CAFILE),
                    worker_ssl=_ssl_context(env.get(ENV_ADMIN_CAFILE), ENV_ADMIN_CAFILE),
-                   bootstrap=bootstrap, broker_settings=broker_settings)
+                   bootstrap=bootstrap, broker_settings=broker_settings,
+                   http_limits=HttpLimits.from_env(env, max_body_bytes=MAX_FORM_BYTES))
 
 
 def templates_dir() -> Path:

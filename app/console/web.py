@@ -31,13 +31,13 @@ from fastapi.staticfiles import StaticFiles
 
 from app.console.backends import BackendError, Kafka, RegistryClient, Workers, replay_topology
 from app.console.sessions import COOKIE, Session, Sessions, check_same_origin, csrf_ok
-from app.console.settings import ConsoleSettings, static_dir, templates_dir
+from app.console.settings import MAX_FORM_BYTES, ConsoleSettings, static_dir, templates_dir
 from app.schema.pretty import pretty_schema
 from app.security.http_auth import Principal, TooManyFailures, Unauthenticated, basic_header
+from app.security.http_limits import BodyLimit
 
 #: Reachable without logging in: the log-in page, its two static assets, the liveness probe.
 OPEN_PATHS = frozenset({"/login", "/healthz", "/static/console.css", "/static/console.js"})
-MAX_FORM_BYTES = 16 * 1024
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 #: DLQ records listed on one page at most (the newest)
@@ -168,6 +168,15 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         return render(request, "error.html", 502, title="A back end did not answer", message=exc.message,
                       hint=exc.hint or "")
 
+    from aiokafka.errors import KafkaError
+
+    @app.exception_handler(KafkaError)
+    async def broker_error(request: Request, exc: KafkaError) -> HTMLResponse:
+        """A broker that went away mid-request: the page says so (502), as for any back end."""
+        return render(request, "error.html", 502, title="A back end did not answer",
+                      message=f"the Kafka broker ({settings.bootstrap}) failed: {type(exc).__name__}: {exc}"[:500],
+                      hint="check --broker (PRISM_BROKER_URL) and that the broker runs")
+
     @app.exception_handler(Forbidden)
     async def forbidden(request: Request, exc: Forbidden) -> HTMLResponse:
         return render(request, "error.html", 403, title="Not allowed", message=str(exc), hint="")
@@ -259,7 +268,8 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         if source is not None and source not in {s.topic for s in topology.sources}:
             raise BackendError(f"{source!r} is not a source of {name}")
         records = await kafka.dlq_records(topology, source)
-        ledger = await kafka.ledger(topology)
+        warnings: list[str] = []
+        ledger = await kafka.ledger(topology, warnings)
         rows = []
         for rec in records:
             row = dlq_row(rec)
@@ -274,7 +284,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
                      "ref", "source", "stage", "reason", "error", "attested_identity", "exception")).lower())]
         return render(request, "dlq.html", name=name, info=info, rows=shown[-MAX_ROWS:], total=len(rows),
                       matching=len(shown), by_reason=sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0])),
-                      reason=reason or "", q=q or "", source=source or "")
+                      reason=reason or "", q=q or "", source=source or "", warnings=warnings)
 
     async def _record(name: str, source: str, ref: str) -> tuple[Any, Any, dict[str, Any]]:
         from app.cli.dlq import BadSelector, parse_ref
@@ -407,6 +417,9 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         entries = await registry.get("/v1/audit", subject=subject or None, limit=max(1, min(limit, 1000)))
         return render(request, "audit.html", entries=entries, subject=subject or "")
 
+    # Outermost (added last): a body over the limit is refused before the log-in guard, or a
+    # form parser, reads any of it (a 600 MiB POST /login used to cost 1.1 GiB).
+    app.add_middleware(BodyLimit, limits=settings.http_limits)
     return app
 
 

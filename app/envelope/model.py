@@ -25,10 +25,13 @@ from typing import Any as _Any
 from google.protobuf.message import Message
 
 from .._gen.prism.envelope.v1 import envelope_pb2 as pb
-from ..errors import DecodeError, PayloadError, Utf8Error
+from ..errors import DecodeError, JsonInputError, PayloadError, Utf8Error
+from ..untrusted_json import dumps_checked, loads_untrusted
 from . import compression
 from .ids import new_message_id
 from .wire import LEN, encode_varint, scan
+
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 PrismMetadata = pb.PrismMetadata
 SecurityContext = pb.SecurityContext
@@ -314,11 +317,12 @@ class Envelope:
         return compression.decompress(self.payload.value, self.content_encoding, max_size=max_size)
 
     def payload_json(self) -> _Any:
+        """The payload parsed as JSON, by the bounded decoder (a message's payload is untrusted)."""
         try:
-            return json.loads(self.payload_bytes())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return loads_untrusted(self.payload_bytes(), what="payload", max_bytes=compression.DEFAULT_MAX_DECOMPRESSED)
+        except JsonInputError as exc:
             raise PayloadError(
-                f"payload is not valid JSON: {exc}",
+                f"payload is not valid JSON: {exc.message}",
                 path="payload",
                 hint=f"content_type is {self.content_type!r}; read it with payload_bytes() instead",
             ) from exc
@@ -405,7 +409,7 @@ def new_envelope(
         value = payload.encode()
         ct = content_type or "text/plain; charset=utf-8"
     else:
-        value = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+        value = dumps_checked(payload, what="payload", encode=_COMPACT_JSON.encode).encode()
         ct = content_type or "application/json"
 
     header = pb.PrismEnvelope()

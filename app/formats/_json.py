@@ -9,7 +9,9 @@ text span, so the payload is the producer's bytes, not a re-encoding of them.
 
 Strictness beyond the stdlib: duplicate top-level keys are refused (which one wins is
 implementation-defined in JSON, so two readers could see different payloads), `NaN`/`Infinity`
-are refused (not JSON), and absurd nesting raises a `ValueError` instead of `RecursionError`.
+are refused (not JSON), and nesting deeper than `app.untrusted_json.DEFAULT_MAX_DEPTH` is
+refused before parsing (`JsonTooDeepError`, a `ValueError`), so neither this reader nor anything
+that walks the payload later (a DLQ viewer, `payload()`) meets a `RecursionError`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ import re
 from dataclasses import dataclass
 from json.decoder import scanstring
 from typing import Any
+
+from ..envelope.compression import DEFAULT_MAX_DECOMPRESSED
+from ..untrusted_json import DEFAULT_MAX_DEPTH, json_depth, loads_untrusted
 
 _WS = re.compile(r"[ \t\n\r]*")
 
@@ -44,11 +49,8 @@ class JsonShapeError(ValueError):
 
 
 def loads(text: str) -> Any:
-    """`json.loads` without NaN/Infinity and with deep nesting reported as ValueError."""
-    try:
-        return _DECODER.decode(text)
-    except RecursionError:
-        raise JsonShapeError("JSON is nested too deeply") from None
+    """`app.untrusted_json.loads_untrusted` at message size: its errors are ValueErrors too."""
+    return loads_untrusted(text, what="JSON", max_bytes=DEFAULT_MAX_DECOMPRESSED)
 
 
 def scan_object(text: str) -> dict[str, Member]:
@@ -56,6 +58,8 @@ def scan_object(text: str) -> dict[str, Member]:
 
     Raises `JsonShapeError` (a ValueError) for anything else, with the character offset.
     """
+    if text.count("[") + text.count("{") > DEFAULT_MAX_DEPTH and (depth := json_depth(text)) > DEFAULT_MAX_DEPTH:
+        raise JsonShapeError(f"JSON is nested too deeply: {depth} levels, over the limit of {DEFAULT_MAX_DEPTH}")
     pos = _WS.match(text, 0).end()  # type: ignore[union-attr]
     if text[pos : pos + 1] != "{":
         raise JsonShapeError(f"expected a JSON object at char {pos}")

@@ -17,7 +17,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 
-from .model import SchemaError, SchemaFormat
+from .model import SchemaFormat, schema_json
 
 
 def canonical_bytes(fmt: SchemaFormat | str, text: str, imports: Mapping[str, str] | None = None) -> bytes:
@@ -34,10 +34,7 @@ def canonical_bytes(fmt: SchemaFormat | str, text: str, imports: Mapping[str, st
         for f in schema.user_files():
             fds.file.add().CopyFrom(f)
         return fds.SerializeToString(deterministic=True)
-    try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SchemaError(f"schema is not JSON: {e}") from e
+    parsed = schema_json(text, "schema")
     return json.dumps(parsed, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 

@@ -607,11 +607,11 @@ def serve(
     import shutil
     import tempfile
 
-    import uvicorn
-
     from app.errors import ConfigError
     from app.schema.authz import ENV_ALLOW_ANONYMOUS, ENV_JWT_CONFIG, ENV_USERS_FILE, registry_auth_from_env
+    from app.schema.service import MAX_BODY_BYTES
     from app.schema.store import open_store
+    from app.security.http_limits import HttpLimits, serve, uvicorn_config
 
     # Authentication settings are validated here, before anything listens; the worker
     # processes uvicorn starts read the same settings from the environment.
@@ -620,6 +620,7 @@ def serve(
                 ENV_ALLOW_ANONYMOUS: allow_anonymous or ""}
     try:
         auth = registry_auth_from_env(auth_env)
+        limits = HttpLimits.from_env(max_body_bytes=MAX_BODY_BYTES)  # the workers read the same variables
     except ConfigError as e:
         fail(e)
     _check_tls(ssl_certfile, ssl_keyfile)
@@ -641,10 +642,11 @@ def serve(
         metrics_dir = tempfile.mkdtemp(prefix="prism-registry-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
-        uvicorn.run("app.schema.service:app", host=host, port=port, workers=workers, loop="uvloop",
-                    http="httptools", log_level="warning", access_log=False,
-                    ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
-                    ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None)
+        # The protocol is uvicorn's httptools one with the HTTP limits of every Prism server.
+        serve(uvicorn_config("app.schema.service:app", limits, host=host, port=port, workers=workers, loop="uvloop",
+                             log_level="warning", access_log=False,
+                             ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
+                             ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None))
     finally:
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)

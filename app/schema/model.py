@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import JsonInputError, JsonSyntaxError
+from ..untrusted_json import loads_untrusted
 
 
 class SchemaFormat(enum.StrEnum):
@@ -154,3 +158,16 @@ class CompatResult:
 
 class SchemaError(ValueError):
     """A schema that does not parse (bad syntax, unknown import, invalid Avro...)."""
+
+
+def schema_json(text: str, kind: str) -> Any:
+    """The JSON of an Avro or JSON Schema text, parsed by the bounded decoder
+    (``app.untrusted_json``): a schema nested thousands of levels deep is a :class:`SchemaError`
+    (the registry's 422), not a ``RecursionError`` in a compiler (its 500). `kind` names the
+    text in the message ("Avro schema", "JSON Schema", "referenced schema 'x'")."""
+    try:
+        return loads_untrusted(text, what=kind)
+    except JsonSyntaxError as e:
+        raise SchemaError(f"{kind} is not JSON: {e.message}") from None
+    except JsonInputError as e:
+        raise SchemaError(f"{kind} is refused: {e.message}") from None

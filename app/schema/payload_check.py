@@ -30,6 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..envelope.compression import DEFAULT_MAX_DECOMPRESSED
+from ..untrusted_json import loads_untrusted
+from .model import schema_json
 from .resolve import ResolvedSchema
 
 #: problems reported per payload at most (a broken producer can fail every field)
@@ -135,14 +138,14 @@ def _protobuf_validator(resolved: ResolvedSchema) -> Validator:
 def _jsonschema_validator(resolved: ResolvedSchema) -> Validator:
     import jsonschema
 
-    schema = json.loads(resolved.schema_text)
+    schema = schema_json(resolved.schema_text, "JSON Schema")
     cls = jsonschema.validators.validator_for(schema)
     validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
 
     def validate(payload: bytes, content_type: str) -> list[Violation]:
         try:
-            doc = json.loads(payload)
-        except ValueError as exc:
+            doc = loads_untrusted(payload, what="payload", max_bytes=DEFAULT_MAX_DECOMPRESSED)
+        except ValueError as exc:  # JsonInputError: syntax, size or depth
             return [Violation("$", f"payload is not JSON: {exc}", "not JSON")]
         errors = sorted(validator.iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path])
         return [Violation(json_path(e.absolute_path), e.message, _rule(e)) for e in errors[:MAX_VIOLATIONS]]
@@ -160,9 +163,9 @@ def _avro_validator(resolved: ResolvedSchema) -> Validator:
     import fastavro
     from fastavro.validation import validate as avro_valid
 
-    parsed = fastavro.parse_schema(json.loads(resolved.schema_text))
+    parsed = fastavro.parse_schema(schema_json(resolved.schema_text, "Avro schema"))
     #: the same schema with named types inlined, so every sub-schema stands alone for `locate`
-    expanded = fastavro.parse_schema(json.loads(resolved.schema_text), expand=True)
+    expanded = fastavro.parse_schema(schema_json(resolved.schema_text, "Avro schema"), expand=True)
 
     def locate(datum: Any, schema: Any, path: list[Any]) -> list[Any]:
         """The deepest position under `path` whose value fastavro rejects."""
@@ -187,8 +190,8 @@ def _avro_validator(resolved: ResolvedSchema) -> Validator:
     def validate(payload: bytes, content_type: str) -> list[Violation]:
         if "json" in content_type:
             try:
-                datum: Any = json.loads(payload)
-            except ValueError as exc:
+                datum: Any = loads_untrusted(payload, what="payload", max_bytes=DEFAULT_MAX_DECOMPRESSED)
+            except ValueError as exc:  # JsonInputError: syntax, size or depth
                 return [Violation("$", f"payload is not JSON: {exc}", "not JSON")]
             try:
                 avro_valid(datum, parsed, raise_errors=True)

@@ -15,13 +15,14 @@ data (``hostname``, ``product_name`` aside, e.g. a ``name`` that is a SKU label)
 from __future__ import annotations
 
 import enum
-import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .model import Finding, SchemaFormat, Severity
+from ..envelope.compression import DEFAULT_MAX_DECOMPRESSED
+from ..untrusted_json import loads_untrusted
+from .model import Finding, SchemaFormat, Severity, schema_json
 
 PII_OPTION, ENCRYPT_OPTION, INDEX_OPTION = 50430, 50431, 50432  # keep in sync with annotations.proto
 
@@ -154,7 +155,7 @@ def _proto_fields(text: str, imports: Mapping[str, str] | None = None
 
 
 def _json_fields(text: str) -> Iterator[tuple[str, str, dict[str, str], bool]]:
-    root = json.loads(text)
+    root = schema_json(text, "JSON Schema")
 
     def walk(node: Any, prefix: str, depth: int) -> Iterator[tuple[str, str, dict[str, str], bool]]:
         if not isinstance(node, dict) or depth > 32:
@@ -235,7 +236,7 @@ def avro_named_types(root: Any, kinds: tuple[str, ...] = ("record", "error", "en
 
 
 def _avro_fields(text: str) -> Iterator[tuple[str, str, dict[str, str], bool]]:
-    for path, f in _avro_record_fields(json.loads(text)):
+    for path, f in _avro_record_fields(schema_json(text, "Avro schema")):
         tags = {k: str(f[f"prism.{k}"]) for k in ("pii", "encrypt", "index") if f"prism.{k}" in f}
         yield path, f["name"], tags, bool(f.get("deprecated"))
 
@@ -344,7 +345,7 @@ def _json_has_fields(root: Any, node: Any) -> bool:
 
 
 def _json_leaves(text: str) -> Iterator[tuple[str, bool]]:
-    root = json.loads(text)
+    root = schema_json(text, "JSON Schema")
 
     def walk(node: Any, prefix: str, depth: int) -> Iterator[tuple[str, bool]]:
         if not isinstance(node, dict) or depth > 32:
@@ -374,7 +375,7 @@ def _json_leaves(text: str) -> Iterator[tuple[str, bool]]:
 
 
 def _avro_leaves(text: str) -> Iterator[tuple[str, bool]]:
-    root = json.loads(text)
+    root = schema_json(text, "Avro schema")
     records = set(avro_named_types(root, ("record", "error")))
 
     def has_record(t: Any, depth: int = 0) -> bool:
@@ -498,8 +499,8 @@ class PiiValueFinder:
         ct = content_type.lower()
         if "json" in ct or payload[:1] in (b"{", b"["):
             try:
-                doc = json.loads(payload)
-            except (ValueError, RecursionError):
+                doc = loads_untrusted(payload, what="payload", max_bytes=DEFAULT_MAX_DECOMPRESSED)
+            except ValueError:  # JsonInputError (syntax, size, depth) is a ValueError
                 doc = None
         if doc is None and self._proto_args is not None and ("protobuf" in ct or not ct):
             doc = self._proto_doc(payload)

@@ -14,6 +14,7 @@ import difflib
 import json
 
 from app.schema.model import SchemaFormat
+from app.untrusted_json import loads_untrusted
 
 
 def pretty_schema(fmt: SchemaFormat | str, text: str) -> str:
@@ -27,8 +28,8 @@ def pretty_schema(fmt: SchemaFormat | str, text: str) -> str:
     if parsed_fmt is SchemaFormat.PROTOBUF:
         return text
     try:
-        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
-    except ValueError:
+        return json.dumps(loads_untrusted(text, what="schema"), indent=2, ensure_ascii=False)
+    except ValueError:  # not JSON, or too large/deep (JsonInputError): shown as it is
         return text
 
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.schema.model import SchemaError
+from app.schema.model import SchemaError, schema_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,13 +133,10 @@ def expand_avro(text: str, referenced: Mapping[str, str]) -> str:
     because Avro resolves names through the whole schema. An inlined definition gets an
     explicit namespace (``""`` for the null namespace), so moving it does not rename it.
     """
-    try:
-        root = json.loads(text)
-        available: dict[str, Any] = {}
-        for ref_text in referenced.values():
-            _avro_defined(json.loads(ref_text), "", available)
-    except json.JSONDecodeError as e:
-        raise SchemaError(f"Avro schema is not JSON: {e}") from e
+    root = schema_json(text, "Avro schema")
+    available: dict[str, Any] = {}
+    for name, ref_text in referenced.items():
+        _avro_defined(schema_json(ref_text, f"referenced schema {name!r}"), "", available)
     defined: dict[str, Any] = {}
     _avro_defined(root, "", defined)
 
@@ -211,11 +208,8 @@ def expand_json(text: str, referenced: Mapping[str, str]) -> str:
     would change the base URI its refs resolve against). ``referenced`` values must already
     be expanded (a referenced schema's own references bundled).
     """
-    try:
-        root = json.loads(text)
-        docs = {name: json.loads(t) for name, t in referenced.items()}
-    except json.JSONDecodeError as e:
-        raise SchemaError(f"JSON Schema is not JSON: {e}") from e
+    root = schema_json(text, "JSON Schema")
+    docs = {name: schema_json(t, f"referenced schema {name!r}") for name, t in referenced.items()}
     if not isinstance(root, dict) or not docs:
         return text
     keys = {name: f"{_BUNDLE}{i}" for i, name in enumerate(docs)}

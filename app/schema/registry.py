@@ -325,6 +325,8 @@ class Registry:
 
     # -- reads ------------------------------------------------------------------------------
     def _schema_row(self, schema_id: int) -> SchemaRow:
+        if not 1 <= schema_id <= 2**31 - 1:  # no such id is ever given out; a store cannot even look one up
+            raise SchemaNotFound(f"Schema {schema_id} not found")
         row = self._schema_cache.get(schema_id)
         if row is not None:
             self.metrics.cache("schema", True)

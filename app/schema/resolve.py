@@ -15,7 +15,6 @@ from a value computed here, never from a lookup per message. Sources:
 
 from __future__ import annotations
 
-import json
 import subprocess
 import threading
 import time
@@ -27,8 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..untrusted_json import loads_untrusted
 from .canonical import schema_hash
-from .model import CompatibilityMode, SchemaError, SchemaFormat
+from .model import CompatibilityMode, SchemaError, SchemaFormat, schema_json
 from .pii import pii_fields as compute_pii_fields
 from .protoparse import WIRE_LEN, iter_wire
 
@@ -158,7 +158,7 @@ def _http_json(url: str, timeout: float = 10.0) -> Any:
                                                **client_auth_from_env("PRISM_REGISTRY")})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read().decode())
+            return loads_untrusted(resp.read(), what=f"GET {url}")
     except urllib.error.HTTPError as e:
         if e.code in (401, 403):
             raise SchemaResolutionError(
@@ -302,7 +302,7 @@ def build_resolved(text: str, fmt: SchemaFormat | str, *, url: str, version: str
             name, tree, dep = _proto_tree(text, message)
             deprecated = tuple(dep)
         else:
-            raw = json.loads(text)
+            raw = schema_json(text, f"schema at {url}")
             name = (raw.get("name") or raw.get("title") or raw.get("$id") or "") if isinstance(raw, dict) else ""
             if isinstance(raw, dict) and raw.get("namespace") and "." not in name:
                 name = f"{raw['namespace']}.{name}"

@@ -34,7 +34,8 @@ One reading of every request, for the check and the handler alike:
 - a JSON body with a duplicated key (at any depth) is refused (422): ``json.loads`` keeps
   the last one, a proxy or WAF in front may keep the first;
 - one body-size limit, :data:`MAX_BODY_BYTES`, for every route, enforced on the bytes
-  received (``Content-Length`` or not) before authentication (:class:`_BodyLimit`).
+  received (``Content-Length`` or not) before authentication, with the other HTTP limits of
+  :mod:`app.security.http_limits` (header size and count, read timeouts).
 
 Run: ``prism schema serve`` (or ``uvicorn app.schema.service:app`` with ``PRISM_REGISTRY_DB``
 and the ``PRISM_REGISTRY_USERS_FILE`` / ``_JWT_CONFIG`` / ``_ALLOW_ANONYMOUS`` settings).
@@ -56,6 +57,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.errors import JsonInputError
 from app.schema import associations as assoc
 from app.schema import authz
 from app.schema.authz import RegistryAuthMiddleware, actor_of, registry_auth_from_env
@@ -72,6 +74,8 @@ from app.schema.registry import (
 )
 from app.schema.store import open_store
 from app.security.http_auth import HttpAuth
+from app.security.http_limits import BodyLimit, HttpLimits
+from app.untrusted_json import loads_untrusted
 
 CONFLUENT_CT = "application/vnd.schemaregistry.v1+json"
 #: The one request-body limit of every route (a schema text is rarely over a few MB).
@@ -241,12 +245,15 @@ def _schema_json(reg: Registry, schema_id: int) -> dict[str, Any]:
 
 
 def create_app(registry: Registry | None = None, *, store_url: str | None = None,
-               auth: HttpAuth | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+               auth: HttpAuth | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+               limits: HttpLimits | None = None) -> FastAPI:
     """Build the app around ``registry`` (or a store opened from ``store_url`` / ``PRISM_REGISTRY_DB``).
 
     ``auth`` says who may do what (:mod:`app.schema.authz`); without it the settings come from
     the environment, and none at all is a :class:`~app.errors.ConfigError` (never an open registry).
-    ``max_body_bytes`` is the request-body limit of every route (tests use a small one)."""
+    ``max_body_bytes`` is the request-body limit of every route (tests use a small one);
+    ``limits``, the rest of the HTTP limits (default: ``PRISM_HTTP_*``, app.security.http_limits)."""
+    limits = (limits or HttpLimits.from_env()).with_body_limit(max_body_bytes)
     auth = auth if auth is not None else registry_auth_from_env()
     reg = registry or Registry(open_store(store_url or os.environ.get("PRISM_REGISTRY_DB")))
     app = FastAPI(title="Prism Schema Registry", version="1.0",
@@ -259,7 +266,8 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
     # authorized, and only then may the fast path answer from its cache.
     app.add_middleware(_FastReads, registry=reg)
     app.add_middleware(RegistryAuthMiddleware, auth=auth)
-    app.add_middleware(_BodyLimit, max_bytes=max_body_bytes)  # before authentication: no Argon2 for 40 MB
+    # before authentication: no Argon2 for 40 MB, no body read past the limit, no stalled body held
+    app.add_middleware(BodyLimit, limits=limits, refusal=_confluent_refusal)
     app.add_middleware(_CountRequests, registry=reg)
     app.add_middleware(_EncodedSlashes)
 
@@ -703,8 +711,42 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
                and rule.need == authz.WRITE and not authz.has_decision(r.dependant)]
     if missing:  # a write route would be open to every writer: refuse to build the app
         raise RuntimeError(f"write routes without an authz.decides dependency: {missing}")
+    _document_errors(app)
     app.state.started_at = time.time()
     return app
+
+
+#: The error body of every refusal (Confluent's), as the OpenAPI document describes it.
+_ERROR_BODY = {"type": "object", "required": ["error_code", "message"],
+               "properties": {"error_code": {"type": "integer"}, "message": {"type": "string"},
+                              "findings": {"type": "array", "items": {"type": "object"}}}}
+_ERRORS = {
+    401: "no credentials, or wrong ones (40101)",
+    403: "the credentials' roles do not allow this (40301)",
+    404: "the subject, version, schema, association or configuration named does not exist (404xx)",
+    408: "the request, or the body a route was reading, did not arrive in time (HTTP limits)",
+    409: "conflicts with the stored state: an incompatible schema, an association (409xx)",
+    413: "the request body is over the limit (41301)",
+    429: "too many failed log-ins from this address",
+    431: "the request headers are over the size or count limit (HTTP limits)",
+    503: "too many open connections (HTTP limits), or the store is unreachable",
+}
+
+
+def _document_errors(app: FastAPI) -> None:
+    """Declare in the OpenAPI document the refusals each route can give, so a client (and the
+    schema-driven fuzzing of tests/security/test_api_fuzz.py) knows every status to expect:
+    authentication, authorization and the HTTP limits on every route; 404 on a route that
+    names something (a path parameter or a body); 409 on the writes."""
+    for route in app.routes:
+        if not isinstance(route, APIRoute) or not route.include_in_schema:
+            continue
+        names_something = bool(route.dependant.path_params) or route.body_field is not None
+        for status, why in _ERRORS.items():
+            if (status == 404 and not names_something) or (status == 409 and route.methods <= {"GET", "HEAD"}):
+                continue
+            route.responses.setdefault(status, {"description": why,
+                                                "content": {CONFLUENT_CT: {"schema": _ERROR_BODY}}})
 
 
 _SLASH = "\x00"  # stands for an encoded '/' inside one path segment while routing
@@ -757,91 +799,28 @@ class _SlashRoute(APIRoute):
         return checked
 
 
-class DuplicateKey(json.JSONDecodeError):
-    """A JSON object with the same key twice (FastAPI reports it as a 422 ``json_invalid``)."""
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise DuplicateKey(f"duplicate key {k[:100]!r}", "", 0)
-        out[k] = v
-    return out
-
-
-def _no_constants(name: str) -> Any:
-    raise json.JSONDecodeError(f"{name} is not JSON", "", 0)
-
-
 class _JsonRequest(Request):
-    """The request a route's body is parsed from: strict JSON. A duplicated key (Python keeps
-    the last one, other parsers the first) and ``NaN``/``Infinity`` (not JSON) are refused."""
+    """The request a route's body is parsed from: strict JSON, by the bounded decoder
+    (``app.untrusted_json``). A duplicated key (Python keeps the last one, other parsers the
+    first), ``NaN``/``Infinity`` (not JSON) and nesting past the depth limit are refused; each
+    refusal is raised as a ``JSONDecodeError``, which FastAPI answers with a 422 ``json_invalid``.
+    The size was already bounded by the body limit, before anything was read."""
 
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             body = await self.body()
-            self._json = json.loads(body, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+            try:
+                self._json = loads_untrusted(body, what="request body", max_bytes=len(body),
+                                             reject_duplicate_keys=True)
+            except JsonInputError as exc:
+                raise json.JSONDecodeError(exc.message, "", 0) from None
         return self._json
 
 
-class _BodyTooLarge(Exception):
-    """Raised into the reader of a body that went over the limit (never reaches a client)."""
-
-
-class _BodyLimit:
-    """One request-body limit for every route, counted on the bytes actually received: a
-    ``Content-Length`` over it is refused before anything is read; a body without one (chunked)
-    is cut off when it crosses the limit - whoever is reading gets an exception, and whatever
-    the app answers then is replaced by the 413. Pure ASGI, like the other middlewares."""
-
-    def __init__(self, app: Any, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        for key, value in scope["headers"]:
-            if key == b"content-length" and value.strip().isdigit() and int(value) > self.max_bytes:
-                await self._refuse(send)
-                return
-        seen, over, started = 0, False, False
-
-        async def counted() -> Any:
-            nonlocal seen, over
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    over = True
-                    raise _BodyTooLarge
-            return message
-
-        async def guarded(message: Any) -> None:
-            nonlocal started
-            if over and not started:
-                return  # the app's answer to a cut-off body is replaced below
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counted, guarded)
-        except Exception:
-            if not over:
-                raise
-        if over and not started:
-            await self._refuse(send)
-
-    async def _refuse(self, send: Any) -> None:
-        limit = self.max_bytes
-        body = json.dumps({"error_code": ERROR_BODY_TOO_LARGE,
-                           "message": f"Request body too large: the limit is {limit} bytes"
-                                      f"{f' ({limit // 1048576} MiB)' if limit % 1048576 == 0 else ''}"}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", CONFLUENT_CT.encode()), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+def _confluent_refusal(status: int, message: str) -> tuple[bytes, bytes]:
+    """The HTTP layer's refusals (app.security.http_limits) in Confluent's error shape."""
+    code = ERROR_BODY_TOO_LARGE if status == 413 else status * 100 + 1
+    return json.dumps({"error_code": code, "message": message}).encode(), CONFLUENT_CT.encode()
 
 
 class _CountRequests:

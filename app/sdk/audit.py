@@ -16,12 +16,22 @@ delivered message's id: principal, group, message id, namespace, topic, classifi
 backend position. Never the payload, never a token. The record is written *before* the message
 is handed out, so there is no delivery without its record; when the write fails the message is
 given back to the backend (nack) and `DeliveryAuditError` is raised, so it is delivered - and
-audited - later.
+audited - later. A refused read - a `confidential` or `restricted` message withheld from a
+subscription below that clearance - writes a `classified_refused` record the same way (before
+the message is acknowledged), not only a sampled log line.
+
+Who wrote a record. Anyone who can write the audit topic could write a record saying that
+`svc-ceo` read a restricted message, so every audit record is signed with the delivering
+client's signing key (`PrismClient(signing_key=)`, the existing envelope signature, scope v2:
+the whole record is covered), and a subscription with an audited clearance refuses to start
+without one. `prism audit --keyring FILE` verifies each record against the signing keyring and
+the key's owner: the key must verify the record *and* be bound to the record's principal
+(`publisher_id` in the keyring), so one service's key cannot vouch for another's reads. A record
+that fails is shown, marked with why, and makes the command exit 1 - never listed like a real one.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Iterable
@@ -50,6 +60,9 @@ AUDIT_RECORD_CLASSIFICATION = "internal"
 #: Withheld messages are logged the first time and then once per this many.
 WITHHELD_LOG_EVERY = 100
 AUDIT_EVENT = "classified_delivery"
+#: A classified message withheld from a subscription below its clearance.
+REFUSAL_EVENT = "classified_refused"
+AUDIT_EVENTS = frozenset({AUDIT_EVENT, REFUSAL_EVENT})
 
 _PRINCIPAL = re.compile(r"^[!-~]{1,256}$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
@@ -74,8 +87,10 @@ class Clearance:
     audit_topic: str = DEFAULT_AUDIT_TOPIC
 
     @classmethod
-    def of(cls, clearance: str | None, principal: str | None, audit_topic: str | None, topic: str) -> Clearance:
-        """Validate `subscribe(clearance=, principal=, audit_topic=)`: every problem at once."""
+    def of(cls, clearance: str | None, principal: str | None, audit_topic: str | None, topic: str, *,
+           signed: bool = False) -> Clearance:
+        """Validate `subscribe(clearance=, principal=, audit_topic=)`: every problem at once.
+        `signed`: whether the client has a signing key (audit records are signed with it)."""
         level = DEFAULT_CLEARANCE if clearance is None else clearance
         problems: list[str] = []
         if level not in RANK:
@@ -83,6 +98,10 @@ class Clearance:
         elif level in AUDITED and not principal:
             problems.append(f"clearance={level!r} receives audited data and needs principal= (who reads it, "
                             "e.g. the service account 'svc-billing'), which every audit record names")
+        if level in AUDITED and not signed:
+            problems.append(f"clearance={level!r} writes audit records, which are signed with the client's key: "
+                            "create the client with PrismClient(..., signing_key=KEY), KEY bound to the principal "
+                            "(publisher_id) in the signing keyring `prism audit --keyring` verifies with")
         if principal is not None and not _PRINCIPAL.match(principal):
             problems.append(f"principal={principal[:64]!r} must be 1-256 printable characters without spaces")
         at = DEFAULT_AUDIT_TOPIC if audit_topic is None else audit_topic
@@ -118,6 +137,18 @@ def audit_record(env: Envelope, classification: str, *, principal: str, group: s
         "backend": backend,
         "ref": ref,
     }
+
+
+def refusal_record(env: Envelope, classification: str, *, clearance: str, principal: str | None, group: str,
+                   backend: str, ref: str, now: float | None = None) -> dict[str, Any]:
+    """The audit record of a refused read: the message (by id) a subscription below its
+    classification did not receive. The same fields as a delivery's, plus the clearance."""
+    record = audit_record(env, classification, principal=principal or "", group=group, backend=backend, ref=ref,
+                          now=now)
+    record.update(event=REFUSAL_EVENT, clearance=clearance)
+    if principal is None:
+        record["principal"] = None
+    return record
 
 
 def audit_envelope(record: dict[str, Any], audit_topic: str, namespace: str) -> Envelope:
@@ -164,28 +195,89 @@ class AuditFilter:
         return not (self.since is not None and int(rec.get("time_ms", 0)) < self.since.timestamp() * 1000)
 
 
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One audit record as `prism audit` shows it: the record, and whether it can be trusted -
+    `problem` empty when its signature verified with a key bound to its principal."""
+
+    record: dict[str, Any]
+    signed_by: str = ""
+    problem: str = ""
+
+    @property
+    def verified(self) -> bool:
+        return not self.problem
+
+
+def check_entry(raw: Any, env: Envelope, record: dict[str, Any], keyring: Any) -> AuditEntry:
+    """Verify one audit record's signature with `keyring` (an `app.security.signing.SigningKeyring`)
+    and that the key belongs to the principal the record names (module docs)."""
+    from ..security.signing import verify
+
+    sec = env.security
+    if sec is None or not sec.signature:
+        return AuditEntry(record, problem="unsigned: anyone who can write the audit topic could have written it")
+    kid = sec.signature_key_id or "(unnamed key)"
+    if raw.envelope is not None and not raw.value:
+        return AuditEntry(record, kid, "stored decoded, without the bytes its signature covers")
+    try:
+        verify(raw.value, keyring.keys_for(env.namespace))
+    except PrismError as exc:
+        return AuditEntry(record, kid, f"signature does not verify: [{exc.code}] {exc.message}")
+    owner = keyring.publishers.get(kid)
+    principal = record.get("principal")
+    if owner is None:
+        return AuditEntry(record, kid, f"signed by key {kid!r}, which the keyring binds to no principal "
+                                       "(publisher_id): it cannot vouch for who read")
+    if principal is not None and owner.publisher_id != principal:
+        return AuditEntry(record, kid, f"signed by key {kid!r} of {owner.publisher_id!r}, but the record names "
+                                       f"principal {str(principal)[:80]!r}")
+    return AuditEntry(record, kid)
+
+
+def _audit_payload(raw: Any) -> tuple[Envelope, dict[str, Any]] | None:
+    """The envelope and record of one message of the audit topic, or None when it is not one."""
+    from ..untrusted_json import loads_untrusted
+
+    try:
+        env = raw.envelope if raw.envelope is not None else decode(raw.value)
+        rec = loads_untrusted(env.payload_bytes(), what="audit record", max_depth=4, max_bytes=64 * 1024)
+    except (PrismError, ValueError):
+        return None
+    if not isinstance(rec, dict) or rec.get("event") not in AUDIT_EVENTS:
+        return None
+    return env, rec
+
+
 def records_from(raws: Iterable[Any]) -> tuple[list[dict[str, Any]], int]:
-    """(audit records, messages that were not audit records) from a backend's `sample()`."""
+    """(audit records, messages that were not audit records) from a backend's `sample()`,
+    unverified (tests and tools that check the records themselves; `prism audit` verifies)."""
     out: list[dict[str, Any]] = []
     skipped = 0
     for raw in raws:
-        try:
-            env = raw.envelope if raw.envelope is not None else decode(raw.value)
-            rec = json.loads(env.payload_bytes())
-        except (PrismError, ValueError):
+        found = _audit_payload(raw)
+        if found is None:
             skipped += 1
             continue
-        if not isinstance(rec, dict) or rec.get("event") != AUDIT_EVENT:
-            skipped += 1
-            continue
-        out.append(rec)
+        out.append(found[1])
     return out, skipped
 
 
-async def read_audit(url: str, *, audit_topic: str = DEFAULT_AUDIT_TOPIC, where: AuditFilter | None = None,
-                     limit: int = 100_000) -> tuple[list[dict[str, Any]], int]:
-    """The audit records at `url` matching `where`, oldest first, read without consuming
-    anything (no consumer group), and the number of other messages on the topic."""
+def entries_from(raws: Iterable[Any], keyring: Any) -> tuple[list[AuditEntry], int]:
+    """(audit records with their verification, messages that were not audit records)."""
+    out: list[AuditEntry] = []
+    skipped = 0
+    for raw in raws:
+        found = _audit_payload(raw)
+        if found is None:
+            skipped += 1
+            continue
+        env, rec = found
+        out.append(check_entry(raw, env, rec, keyring))
+    return out, skipped
+
+
+async def _sample(url: str, audit_topic: str, limit: int) -> list[Any]:
     from .backends import backend_for_url
     from .backends.postgres import PostgresBackend
 
@@ -194,9 +286,26 @@ async def read_audit(url: str, *, audit_topic: str = DEFAULT_AUDIT_TOPIC, where:
         backend.create = False  # reading never creates a schema or a table
     await backend.connect()
     try:
-        raws = await backend.sample(audit_topic, limit)
+        return list(await backend.sample(audit_topic, limit))
     finally:
         await backend.close()
+
+
+async def read_audit(url: str, *, audit_topic: str = DEFAULT_AUDIT_TOPIC, where: AuditFilter | None = None,
+                     limit: int = 100_000) -> tuple[list[dict[str, Any]], int]:
+    """The audit records at `url` matching `where`, oldest first, read without consuming
+    anything (no consumer group), and the number of other messages on the topic. Unverified:
+    `read_audit_entries` checks who wrote each."""
+    raws = await _sample(url, audit_topic, limit)
     records, skipped = records_from(raws)
     f = where or AuditFilter()
     return [r for r in records if f.matches(r)], skipped
+
+
+async def read_audit_entries(url: str, keyring: Any, *, audit_topic: str = DEFAULT_AUDIT_TOPIC,
+                             where: AuditFilter | None = None, limit: int = 100_000) -> tuple[list[AuditEntry], int]:
+    """`read_audit`, each record verified with `keyring` (`prism audit`)."""
+    raws = await _sample(url, audit_topic, limit)
+    entries, skipped = entries_from(raws, keyring)
+    f = where or AuditFilter()
+    return [e for e in entries if f.matches(e.record)], skipped

@@ -37,8 +37,17 @@ from ..security.keys import DataKeyProvider, KeyProvider
 from ..security.signing import SigningKey, VerificationKeys
 from ..sunset import DEPRECATION_HEADER
 from ..sunset import parse_header as parse_deprecation
+from ..untrusted_json import dumps_checked
 from ._ids import fast_uuid7
-from .audit import AUDITED, WITHHELD_LOG_EVERY, Clearance, audit_envelope, audit_record, classification_of
+from .audit import (
+    AUDITED,
+    WITHHELD_LOG_EVERY,
+    Clearance,
+    audit_envelope,
+    audit_record,
+    classification_of,
+    refusal_record,
+)
 from .backends import backend_for_url
 from .backends.base import (
     Backend,
@@ -83,7 +92,7 @@ def _json_envelope(topic: str, payload: Any, namespace: str) -> tuple[Envelope, 
     the model keeps it outside the header. In the publish loop this is about 7 µs less than
     a separate `codec.encode` pass, which touches far more code with cold caches."""
     message_id = fast_uuid7()
-    value = _JSON.encode(payload).encode()
+    value = dumps_checked(payload, what="publish(payload=)", encode=_JSON.encode).encode()
     header = pb.PrismEnvelope()
     md = header.metadata
     md.message_id = message_id
@@ -450,7 +459,7 @@ class PrismClient:
         check_commit_every(commit_every, "subscribe(commit_every=)")
         if isolation_level is not None:
             check_isolation_level(isolation_level, "subscribe(isolation_level=)")
-        cleared = Clearance.of(clearance, principal, audit_topic, topic)
+        cleared = Clearance.of(clearance, principal, audit_topic, topic, signed=self.signing_key is not None)
         settings = SubscribeSettings(group=group, batch_size=batch_size, ack_wait_s=ack_wait_s,
                                      claim_idle_ms=claim_idle_ms, commit_interval_ms=commit_interval_ms,
                                      commit_every=commit_every, isolation_level=isolation_level)
@@ -649,8 +658,15 @@ class Subscription:
         return msg
 
     async def _withhold(self, d: Delivery, env: Envelope, classification: str) -> None:
-        """Above the clearance: acknowledge (a withheld message must not come back forever),
-        count, and log the first one and then every `WITHHELD_LOG_EVERY`th."""
+        """Above the clearance: for `confidential` and `restricted` data, write the refusal's
+        audit record first (as for a delivery: on failure nack and raise); then acknowledge (a
+        withheld message must not come back forever), count, and log the first one and then
+        every `WITHHELD_LOG_EVERY`th."""
+        if classification in AUDITED:
+            c = self.clearance
+            record = refusal_record(env, classification, clearance=c.level, principal=c.principal, group=self.group,
+                                    backend=d.backend, ref=d.ref)
+            await self._write_audit(d, env, classification, record, "refusal")
         await d.ack()
         self.stats["withheld"] += 1
         self.withheld[classification] = self.withheld.get(classification, 0) + 1
@@ -668,6 +684,15 @@ class Subscription:
         assert c.principal is not None  # Clearance.of requires one for clearances that see audited data
         record = audit_record(env, classification, principal=c.principal, group=self.group, backend=d.backend,
                               ref=d.ref)
+        await self._write_audit(d, env, classification, record, "delivery")
+        self.stats["audited"] += 1
+
+    async def _write_audit(self, d: Delivery, env: Envelope, classification: str, record: dict[str, Any],
+                           what: str) -> None:
+        """Publish one audit record, signed with the client's key (an unsigned one - a refusal
+        by a client without a key - is written too, and `prism audit` shows it as unverified);
+        on failure give the message back and raise `DeliveryAuditError`."""
+        c = self.clearance
         out = Outgoing(c.audit_topic, audit_envelope(record, c.audit_topic, self.client.namespace),
                        self.client.layout, self.client.signing_key, env.message_id.encode())
         try:
@@ -675,15 +700,15 @@ class Subscription:
         except Exception as exc:
             await d.nack()
             err = DeliveryAuditError(
-                f"the audit record of {classification} message {env.message_id} on {self.topic!r} could not be "
-                f"written to {c.audit_topic!r} ({type(exc).__name__}), so the message was not delivered and goes "
-                "back to the backend", path=f"subscribe(audit_topic={c.audit_topic!r})",
+                f"the {what} audit record of {classification} message {env.message_id} on {self.topic!r} could not "
+                f"be written to {c.audit_topic!r} ({type(exc).__name__}), so the message was not "
+                f"{'delivered' if what == 'delivery' else 'settled'} and goes back to the backend",
+                path=f"subscribe(audit_topic={c.audit_topic!r})",
                 hint="check that the audit topic is writable on this backend; the message is delivered again")
             unread = UnreadableMessage(d, err)
             unread._settled = "nacked"
             err.delivery = unread  # type: ignore[attr-defined]
             raise err from None
-        self.stats["audited"] += 1
 
     def _warn_deprecated(self, notice: bytes) -> None:
         """The worker marks `.v2` records from the deprecation date on (`outputs.migration`,

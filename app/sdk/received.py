@@ -9,7 +9,6 @@ decryption it did not need.
 
 from __future__ import annotations
 
-import json
 import logging
 import warnings
 from datetime import UTC, datetime
@@ -18,12 +17,14 @@ from typing import Any
 from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import Message
 
+from ..envelope.compression import DEFAULT_MAX_DECOMPRESSED
 from ..envelope.model import PROTOBUF_TYPE_URL_PREFIX, Envelope
-from ..errors import ConfigError, PayloadError
+from ..errors import ConfigError, JsonInputError, PayloadError
 from ..formats.legacy import is_json_content_type
 from ..observability.tracecontext import carrier_from
 from ..security.encryption import decrypt_to_envelope
 from ..security.keys import DataKeyProvider, KeyProvider
+from ..untrusted_json import loads_untrusted
 from .backends.base import Delivery
 from .pii import PiiAccessWarning, PiiPolicy, guard
 from .schemas import PayloadSchema, SchemaResolver
@@ -249,9 +250,9 @@ class ReceivedEnvelope:
         data = self.payload_bytes()
         if ct and is_json_content_type(ct):
             try:
-                return json.loads(data)
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise PayloadError(f"payload of message {self.message_id} is not valid JSON: {exc}",
+                return loads_untrusted(data, what="payload", max_bytes=DEFAULT_MAX_DECOMPRESSED)
+            except JsonInputError as exc:
+                raise PayloadError(f"payload of message {self.message_id} is not valid JSON: {exc.message}",
                                    path="payload", hint="read it with payload_bytes()") from None
         return data
 

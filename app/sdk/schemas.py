@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import logging
 import re
 import time
@@ -56,10 +55,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..envelope.compression import DEFAULT_MAX_DECOMPRESSED
 from ..errors import PayloadError, SchemaReferenceError, SchemaRequiredError
-from ..schema.model import SchemaFormat
+from ..schema.model import SchemaFormat, schema_json
 from ..schema.pii import avro_named_types
 from ..schema.resolve import ResolvedSchema, SchemaResolutionError, build_resolved
+from ..untrusted_json import loads_untrusted
 
 log = logging.getLogger("prism.sdk.schemas")
 
@@ -128,7 +129,7 @@ def _proto_tree(text: str, root: str) -> _Node:
 
 
 def _json_tree(text: str) -> _Node:
-    root = json.loads(text)
+    root = schema_json(text, "JSON Schema")
     memo: dict[str, _Node] = {}
 
     def deref(node: Any) -> tuple[Any, str | None]:
@@ -176,7 +177,7 @@ def _json_tree(text: str) -> _Node:
 
 
 def _avro_tree(text: str) -> _Node:
-    root = json.loads(text)
+    root = schema_json(text, "Avro schema")
     named = avro_named_types(root)
     memo: dict[int, _Node] = {}
 
@@ -325,13 +326,13 @@ class PayloadSchema:
                     return json_format.Parse(payload, cls())
                 return cls.FromString(payload)
             if self.format is SchemaFormat.JSON or "json" in ct:
-                return json.loads(payload)
+                return loads_untrusted(payload, what="payload", max_bytes=DEFAULT_MAX_DECOMPRESSED)
             import io
 
             import fastavro
 
             if self._avro is None:
-                self._avro = fastavro.parse_schema(json.loads(self.resolved.schema_text))
+                self._avro = fastavro.parse_schema(schema_json(self.resolved.schema_text, "Avro schema"))
             buf = io.BytesIO(payload)
             datum = fastavro.schemaless_reader(buf, self._avro)
             if buf.tell() != len(payload):

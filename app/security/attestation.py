@@ -57,6 +57,7 @@ from app.errors import (
 )
 from app.security.jwt_auth import Identity
 from app.security.signing import ED25519, SigningKey, SigningKeyring
+from app.untrusted_json import loads_untrusted
 
 HEADER = "prism-dlq-attestation"
 VERSION = 1
@@ -193,8 +194,8 @@ class AttestationVerifier:
             raise AttestationError("attestation must be two base64url segments joined by '.'", path=where)
         body, sig = _unb64(parts[0]), _unb64(parts[1])
         try:
-            doc = json.loads(body)
-        except (ValueError, RecursionError):
+            doc = loads_untrusted(body, what=where, max_bytes=4096)
+        except ValueError:  # JsonInputError (syntax, size, depth) is a ValueError
             raise AttestationError("attestation body is not JSON", path=where) from None
         if not isinstance(doc, dict) or set(doc) != set(_FIELDS):
             raise AttestationError("attestation body does not have exactly the expected fields", path=where)
@@ -272,8 +273,8 @@ def describe(raw: bytes) -> dict[str, Any] | None:
     None when it does not parse. Only the worker's `AttestationVerifier` decides anything."""
     try:
         body = _unb64(raw.decode("ascii").split(".")[0])
-        doc = json.loads(body)
-    except (AttestationError, UnicodeDecodeError, ValueError, RecursionError):
+        doc = loads_untrusted(body, what="attestation", max_bytes=4096)
+    except (AttestationError, UnicodeDecodeError, ValueError):
         return None
     if not isinstance(doc, dict):
         return None

@@ -79,6 +79,7 @@ from app.errors import (
     WrongAudienceError,
     WrongIssuerError,
 )
+from app.untrusted_json import loads_untrusted
 
 log = logging.getLogger(__name__)
 
@@ -401,8 +402,8 @@ def _unverified_header(token: str) -> dict[str, Any]:
                                   path="security.auth_token")
     try:
         raw = base64.urlsafe_b64decode(parts[0] + "=" * (-len(parts[0]) % 4))
-        header = json.loads(raw)
-    except (binascii.Error, ValueError, RecursionError):
+        header = loads_untrusted(raw, what="token header", max_bytes=8192)
+    except (binascii.Error, ValueError):  # JsonInputError (syntax, size, depth) is a ValueError
         raise MalformedTokenError("token header is not base64url-encoded JSON", path="token header") from None
     if not isinstance(header, dict):
         raise MalformedTokenError("token header is not a JSON object", path="token header")

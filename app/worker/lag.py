@@ -286,6 +286,9 @@ def read_group_lag_from_env(group: str, topics: Iterable[str] | None = None,
     if settings.embedded:
         raise PrismError("no broker configured", path="PRISM_BROKER_URL",
                          hint="set PRISM_BROKER_URL=host:port of the broker the group consumes from")
+    from app.broker.local import check_reachable
+
+    check_reachable(settings)  # unreachable, or a wrong password: one line each
     return asyncio.run(read_group_lag(settings.bootstrap, group, topics, client_kwargs=settings.aiokafka_kwargs()))
 
 

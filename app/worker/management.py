@@ -57,7 +57,7 @@ import math
 import os
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web as aiohttp_web
@@ -74,6 +74,7 @@ from app.security.http_auth import (
     Unauthenticated,
     auth_from_settings,
 )
+from app.security.http_limits import HttpLimits, harden_aiohttp_runner
 from app.worker.faust_app import event_loop_name
 
 if TYPE_CHECKING:
@@ -91,6 +92,8 @@ ENV_JWT_CONFIG = "PRISM_ADMIN_JWT_CONFIG"
 ENV_ALLOW_ANONYMOUS = "PRISM_ADMIN_ALLOW_ANONYMOUS"
 ENV_SSL_CERTFILE = "PRISM_WEB_SSL_CERTFILE"
 ENV_SSL_KEYFILE = "PRISM_WEB_SSL_KEYFILE"
+#: The largest request body the management API accepts (its routes read none).
+MAX_BODY_BYTES = 64 * 1024
 OPEN, READ, ADMIN = "open", "read", "admin"
 #: Who is making the current request (aiohttp runs each request in its own task/context).
 _PRINCIPAL: contextvars.ContextVar[str] = contextvars.ContextVar("prism_management_principal", default="anonymous")
@@ -142,10 +145,12 @@ def unclassified_routes(app: faust.App) -> list[tuple[str, str]]:
 
 @dataclass(frozen=True)
 class ManagementSettings:
-    """Authentication and TLS of the worker's web server."""
+    """Authentication, TLS and HTTP limits of the worker's web server."""
 
     auth: HttpAuth
     ssl_context: ssl.SSLContext | None = None
+    #: app.security.http_limits: no route reads a body, so the body limit is small
+    http_limits: HttpLimits = field(default_factory=lambda: HttpLimits(max_body_bytes=MAX_BODY_BYTES))
 
     @classmethod
     def default(cls) -> ManagementSettings:
@@ -162,7 +167,8 @@ class ManagementSettings:
         if auth.anonymous_roles - {READ}:
             raise ConfigError(f"anonymous requests may at most read, not {sorted(auth.anonymous_roles - {READ})}",
                               path=ENV_ALLOW_ANONYMOUS, hint="use read or none; give operators credentials")
-        return cls(auth, tls_context(env.get(ENV_SSL_CERTFILE) or None, env.get(ENV_SSL_KEYFILE) or None))
+        return cls(auth, tls_context(env.get(ENV_SSL_CERTFILE) or None, env.get(ENV_SSL_KEYFILE) or None),
+                   HttpLimits.from_env(env, max_body_bytes=MAX_BODY_BYTES))
 
 
 def tls_context(certfile: str | None, keyfile: str | None) -> ssl.SSLContext | None:
@@ -374,10 +380,13 @@ def register_views(app: faust.App, observer: Observer, settings: ManagementSetti
     """Mount every view on `app`'s Faust web server, switch Faust's own views off and install
     the authorization guard in front of all of it (call before the app starts)."""
     obs = observer
-    auth = (settings or ManagementSettings.default()).auth
+    settings = settings or ManagementSettings.default()
+    auth = settings.auth
     server = app.web
     if server.blueprints.applied:
         raise RuntimeError("register_views must run before the web server is initialized")
+    # Header size/count, the head deadline and the body limit, before the guard authenticates.
+    harden_aiohttp_runner(server, settings.http_limits)
     # Faust's built-in views (router, tables, graph, stats, index) are blueprints; Prism mounts
     # its views with app.page and uses none of them, so none is applied.
     server.blueprints = BlueprintManager()

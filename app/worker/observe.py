@@ -228,6 +228,7 @@ def _pass_unsampled(incoming: tc.Incoming, env: Envelope | None) -> bool:
 class _ChainSnapshot:
     """A chain's totals at the last batch, to count each batch's share of them."""
 
+    #: `ChainStats.late_dlq_reasons` at the last batch
     dlq_reasons: Counter[str] = field(default_factory=Counter)
     #: `ChainStats.stage_ns["publish"]`: prepare of every message plus each batch's finish
     publish_ns: int = 0
@@ -399,7 +400,6 @@ class Observer:
         seen: Counter[tuple[str, ...]] = Counter()
         stopped: Counter[tuple[tuple[str, ...], str]] = Counter()
         publish_in: Counter[tuple[str, ...]] = Counter()
-        result_reasons: Counter[str] = Counter()
         sdk_versions: Counter[str] = Counter()  # emitted messages by producer SDK version (memo-031)
         for msg, res in observed:
             lv = guard.of(msg.envelope)  # namespace, schema_version, allowlisted labels
@@ -416,7 +416,6 @@ class Observer:
             else:
                 stopped[(lv, st)] += 1
             if out is Outcome.DLQ:
-                result_reasons[res.reason] += 1
                 m.dlq(topic, st, res.reason, label_values=lv)
                 if res.reason == "expired":
                     m.expired(topic, st)
@@ -452,12 +451,17 @@ class Observer:
             self._written = Counter(written)
         snap = self._snap.setdefault(id(chain), _ChainSnapshot())
         cs = chain.stats
-        for reason, total in cs.dlq_reasons.items():
-            extra = total - snap.dlq_reasons[reason] - result_reasons.get(reason, 0)
-            if extra > 0:  # routed to the DLQ by the final writes (after retries)
+        # Each DLQ record counted once: the results above, plus the records of final writes that
+        # failed after their batch's results were taken (`late_dlq_reasons`), at the publish stage.
+        # (Inferring those as "DLQ records since the last count minus this batch's results"
+        # counted a later batch's records, already run through the chain while this one was still
+        # writing, a second time - token_expired at authenticate and again at publish.)
+        for reason, total in cs.late_dlq_reasons.items():
+            extra = total - snap.dlq_reasons[reason]
+            if extra > 0:
                 m._child(m.dlq_messages, (topic, PUBLISH_STAGE, m._clean_reason(reason),
                                           *guard.empty)).inc(extra)
-        snap.dlq_reasons = Counter(cs.dlq_reasons)
+        snap.dlq_reasons = Counter(cs.late_dlq_reasons)
         self._observe_latencies(chain, topic, snap)
         for stage in chain.stages:  # enrich: payloads validated against the schema (RFC-030)
             drain_validations = getattr(stage, "drain_validations", None)

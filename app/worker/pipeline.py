@@ -780,7 +780,7 @@ class PipelineApp:
                     log.warning("outputs of %s/%s@%s refused (%s): dead-lettered in the same transaction",
                                 m.topic, m.partition, m.offset, err)
                     res = chain.dlq_for_publish_failure(m, SinkError(f"writing outputs failed: {err}",
-                                                                     hint="check the output topic"))
+                                                                     hint="check the output topic"), late=True)
                     assert res.dlq is not None
                     retry.append((m, self._fit_dlq(res.dlq)))
                 else:
@@ -1155,7 +1155,7 @@ class PipelineApp:
                                                                 "producer send smaller messages")
                     else:
                         cause = SinkError(f"writing outputs failed: {err}", hint="check the broker / sink is reachable")
-                    res = chain.dlq_for_publish_failure(m, cause)
+                    res = chain.dlq_for_publish_failure(m, cause, late=True)
                     assert res.dlq is not None
                     nxt.append((m, self._fit_dlq(res.dlq)))
                 elif isinstance(item, DlqRecord):

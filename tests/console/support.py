@@ -43,7 +43,11 @@ def serve(app: Any) -> Iterator[str]:
     import uvicorn
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    from app.security.http_limits import HttpLimits, uvicorn_config
+
+    # The production HTTP stack: the limited protocol of app.security.http_limits.
+    server = uvicorn.Server(uvicorn_config(app, HttpLimits(), host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="on"))
     t = threading.Thread(target=server.run, daemon=True)
     t.start()
     deadline = time.time() + 15

@@ -77,7 +77,7 @@ def replays(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     async def records(self: Kafka, topology: Any, source: str | None = None) -> list[Any]:
         return list(RECORDS)
 
-    async def ledger(self: Kafka, topology: Any) -> dict[str, dict[str, Any]]:
+    async def ledger(self: Kafka, topology: Any, warnings: list[str] | None = None) -> dict[str, dict[str, Any]]:
         return {}
 
     async def replay(self: Kafka, topology: Any, source: str, ref: str, *, force: bool, by: str) -> ReplayReport:
@@ -274,3 +274,50 @@ def test_registry_diff_uses_the_configured_mode_and_pretty_forms(tmp_path: Path,
     assert (asked["mode"], asked["is_compatible"]) == ("BACKWARD", True)
     assert bad.status_code == 422
     assert '-      "name": "coupon",' in b["text_diff"]
+
+
+def test_every_kind_of_dlq_record_has_a_page_with_a_replay_button(client: TestClient, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record page of an envelope (either layout) or an LNMP value answered 500 (its template
+    asked for a field only the other kinds have). Every kind of tests/console/record_kinds.py
+    renders, for an admin with the Replay button (the browser test replays them all)."""
+    from app.worker.dlq_overflow import OverflowStore
+    from tests.console.record_kinds import every_kind
+
+    kinds = every_kind(SRC, OverflowStore(f"file://{tmp_path}/overflow"))
+    recs = [FakeRecord(f"{SRC}.dlq", 0, i, k.record.value, key=k.record.key, headers=list(k.record.headers))
+            for i, k in enumerate(kinds)]
+
+    async def records(self: Kafka, topology: Any, source: str | None = None) -> list[Any]:
+        return recs
+
+    monkeypatch.setattr(Kafka, "dlq_records", records)
+    login(client, "admin")
+    for i, kind in enumerate(kinds):
+        page = client.get(f"/pipelines/orders-x/dlq/{SRC}/0@{i}")
+        assert page.status_code == 200, (kind.name, page.text[:500])
+        assert f'<span id="record-kind">{kind.shows}</span>' in page.text and 'id="replay"' in page.text, kind.name
+        assert "c2lnbmF0dXJl" not in page.text, kind.name  # the bearer token's signature: redacted
+
+
+def test_an_unreachable_broker_is_a_502_page_not_a_500(tmp_path: Path, users_file: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    async def info(self: Workers, name: str) -> dict[str, Any]:
+        return INFO
+
+    monkeypatch.setattr(Workers, "info", info)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app = create_app(console_settings(users_file, registry_url=None, worker_urls=("http://127.0.0.1:9",),
+                                      bootstrap=f"127.0.0.1:{port}"))
+    with TestClient(app, base_url="http://console.test") as c:
+        r = c.post("/login", data={"user": "reader", "password": USERS["reader"][0], "next": "/"},
+                   headers={"origin": "http://console.test"}, follow_redirects=False)
+        assert r.status_code == 303
+        for path in ("/pipelines/orders-x/dlq", f"/pipelines/orders-x/dlq/{SRC}/1@0"):
+            page = c.get(path)
+            assert page.status_code == 502 and "A back end did not answer" in page.text, (path, page.text[:300])
+            assert f"127.0.0.1:{port}" in page.text

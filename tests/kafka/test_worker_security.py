@@ -203,3 +203,20 @@ async def test_the_archive_tap_and_prism_dlq_over_sasl_ssl(kafka_secure: ApacheK
                            "--json"], cwd=ROOT, env=operator, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "bad_signature" in proc.stdout, proc.stdout[-3000:]
+
+
+async def test_cli_commands_name_a_wrong_password_not_the_network(kafka_secure: ApacheKafka, tmp_path: Path,
+                                                                  keys: DevKeys) -> None:
+    """`prism dlq list` with a wrong SASL password ended in aiokafka's "Unable to bootstrap", which
+    points at the network; every broker command now says what `prism run` says, in one line."""
+    make_topology(tmp_path, keys, partitions=1)
+    env = prism_env(kafka_secure.client_config("SASL_SSL", user="alice", password="not-her-password"))
+    full = {**{k: v for k, v in os.environ.items() if not k.startswith("PRISM_")}, **env}
+    for args in (("dlq", "list", "-t", str(tmp_path / "topology.yaml")), ("status", "--group", "g1"),
+                 ("dlq", "replay", "-t", str(tmp_path / "topology.yaml"))):
+        proc = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "app.cli.main", *args], cwd=ROOT,
+                                       env=full, capture_output=True, text=True, timeout=60)
+        lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+        assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
+        assert lines[0].startswith("error [kafka_auth_failed] SASL authentication failed for user 'alice'"), lines[0]
+        assert "PRISM_SASL_PASSWORD" in lines[0] and "bootstrap" not in lines[0].lower()

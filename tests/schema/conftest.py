@@ -97,14 +97,17 @@ class ServerHandle:
 
 @contextlib.contextmanager
 def serve_registry(registry: Registry, auth: HttpAuth, **uvicorn_kw: object) -> Iterator[str]:
-    """A real uvicorn server (HTTP over TCP on a free port) serving the registry app; yields its URL."""
+    """A real uvicorn server (HTTP over TCP on a free port) serving the registry app, with the
+    HTTP limits production applies; yields its URL."""
     import uvicorn
 
     from app.schema.service import create_app
+    from app.security.http_limits import HttpLimits, uvicorn_config
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(registry, auth=auth), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off", **uvicorn_kw))  # type: ignore[arg-type]
+    # The production HTTP stack: the limited protocol of app.security.http_limits.
+    server = uvicorn.Server(uvicorn_config(create_app(registry, auth=auth), HttpLimits(), host="127.0.0.1", port=port,
+                                           log_level="warning", lifespan="off", **uvicorn_kw))
     t = threading.Thread(target=server.run, daemon=True)
     t.start()
     deadline = time.time() + 10

@@ -1,5 +1,7 @@
 """Classification enforced at the consumer (app/sdk/audit.py): clearance, withheld messages,
-the audit record written before every classified delivery, and `prism audit` reading it back.
+the audit record written before every classified delivery and every refused read, signed by the
+delivering client's key, and `prism audit` reading them back - verifying each, so a forged record
+(unsigned, or signed by another service's key) is shown as FAILED and never like a real one.
 
 The first test runs on every real backend; the attacker and audit-failure tests on the
 embedded Kafka broker, where transport headers exist to be forged."""
@@ -7,12 +9,15 @@ embedded Kafka broker, where transport headers exist to be forged."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import os
 import uuid
+from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from app.envelope.codec import Layout, decode, encode
@@ -26,6 +31,20 @@ pytestmark = pytest.mark.integration
 
 PRODUCER = SigningKey.hmac_sha256("orders-producer-1", os.urandom(32))
 TRUSTED = VerificationKeys.of([PRODUCER])
+#: each subscriber service's own key (the keyring binds it to the principal: publisher_id)
+READERS = {p: SigningKey.hmac_sha256(f"{p}-key", os.urandom(32))
+           for p in ("svc-billing", "svc-risk", "svc-a", "svc-b", "svc-ceo")}
+
+
+def write_keyring(path: Path, principals: tuple[str, ...] = tuple(READERS), unbound: SigningKey | None = None) -> Path:
+    """The signing keyring `prism audit --keyring` verifies with: each reader's key bound to it."""
+    keys = [{"id": READERS[p].key_id, "algorithm": "hmac-sha256", "secret_b64": base64.b64encode(READERS[p].secret).decode(),
+             "publisher_id": p} for p in principals]
+    if unbound is not None:
+        keys.append({"id": unbound.key_id, "algorithm": "hmac-sha256",
+                     "secret_b64": base64.b64encode(unbound.secret).decode()})
+    path.write_text(yaml.safe_dump({"keys": keys}))
+    return path
 LEVELS = ["public", "internal", "confidential", "restricted", None]  # None: unclassified
 
 
@@ -53,7 +72,7 @@ async def test_clearance_withholds_and_audits_on_every_backend(backend_url, topi
     audit_topic = f"audit.{uuid.uuid4().hex[:10]}"
     low_topic, high_topic = topic + "-low", topic + "-high"  # PostgreSQL: one queue per topic, shared
     caplog.set_level(logging.WARNING, logger="prism.sdk")
-    async with PrismClient(backend_url, namespace="order-events") as client:
+    async with PrismClient(backend_url, namespace="order-events", signing_key=READERS["svc-billing"]) as client:
         await publish_levels(client, low_topic)
         ids = await publish_levels(client, high_topic)
 
@@ -72,6 +91,12 @@ async def test_clearance_withholds_and_audits_on_every_backend(backend_url, topi
         assert sub.withheld == {"restricted": 1} and sub.stats["audited"] == 1
 
     records, _ = await read_audit(backend_url, audit_topic=audit_topic)
+    refused = [(r["group"], r["classification"], r["clearance"], r["principal"]) for r in records
+               if r["event"] == "classified_refused"]  # each refused read leaves a record, not only a log line
+    assert sorted(refused) == [("billing", "restricted", "confidential", "svc-billing"),
+                               ("dashboard", "confidential", "internal", None),
+                               ("dashboard", "restricted", "internal", None)]
+    records = [r for r in records if r["event"] == "classified_delivery"]
     assert len(records) == 1
     rec = records[0]
     assert rec["principal"] == "svc-billing" and rec["group"] == "billing"
@@ -126,7 +151,7 @@ async def test_no_delivery_without_its_audit_record(kafka_url, topic):
     """The audit write fails once: the message is not handed out, it is nacked and comes back,
     and the second delivery is audited before the application sees it."""
     audit_topic = f"audit.{uuid.uuid4().hex[:10]}"
-    async with PrismClient(kafka_url, namespace="order-events") as client:
+    async with PrismClient(kafka_url, namespace="order-events", signing_key=READERS["svc-risk"]) as client:
         mid = await client.publish(topic, {"x": 1}, PrismPublishOptions(data_classification="restricted"))
         real = client.backend.publish
         failures = []
@@ -155,26 +180,29 @@ async def test_no_delivery_without_its_audit_record(kafka_url, topic):
     assert [r["message_id"] for r in records] == [mid] and records[0]["principal"] == "svc-risk"
 
 
-def test_prism_audit_reads_and_filters(kafka_url, topic):
+def test_prism_audit_reads_and_filters(kafka_url, topic, tmp_path):
     """Synchronous: the command runs its own event loop, as from a shell."""
     from app.cli.main import build_app
 
     audit_topic = f"audit.{uuid.uuid4().hex[:10]}"
+    keyring = write_keyring(tmp_path / "keyring.yaml")
 
     async def deliver() -> dict[str | None, str]:
         async with PrismClient(kafka_url, namespace="order-events") as client:
             ids = await publish_levels(client, topic)
-            for group, principal in (("a", "svc-a"), ("b", "svc-b")):
-                async with client.subscribe(topic, group=group, clearance="restricted", principal=principal,
-                                            audit_topic=audit_topic) as sub:
-                    await drain(sub, len(LEVELS))
+        for group, principal in (("a", "svc-a"), ("b", "svc-b")):
+            async with PrismClient(kafka_url, namespace="order-events", signing_key=READERS[principal]) as client, \
+                    client.subscribe(topic, group=group, clearance="restricted", principal=principal,
+                                     audit_topic=audit_topic) as sub:
+                await drain(sub, len(LEVELS))
         return ids
 
     ids = asyncio.run(deliver())
     url = kafka_url.split("?")[0]
 
     def run(*args: str):
-        result = CliRunner().invoke(build_app(), ["audit", "--url", url, "--audit-topic", audit_topic, *args])
+        result = CliRunner().invoke(build_app(), ["audit", "--url", url, "--audit-topic", audit_topic,
+                                                  "--keyring", str(keyring), *args])
         assert result.exit_code == 0, result.output
         return result.output
 
@@ -187,9 +215,69 @@ def test_prism_audit_reads_and_filters(kafka_url, topic):
     assert {r["message_id"] for r in restricted} == {ids["restricted"]}
     assert run("--json", "--topic", "another.topic") == ""
     assert run("--json", "--since", "2999-01-01T00:00:00Z") == ""
-    assert "4 audited deliveries" in run("--since", "1h")
+    assert "4 audited deliveries, 0 refused reads" in run("--since", "1h")
+    assert all(r["verified"] and r["signed_by"] == READERS[r["principal"]].key_id for r in everything)
     bad = CliRunner().invoke(build_app(), ["audit", "--url", url, "--classification", "public", "--since", "soon"])
     assert bad.exit_code == 2 and "--classification" in bad.output and "--since" in bad.output
+    assert "--keyring" in bad.output
+
+
+def test_forged_audit_records_are_shown_as_failed(kafka_url, topic, tmp_path):
+    """The attacker who can write the audit topic: an unsigned record claiming that svc-ceo read
+    a restricted message, one signed by svc-a's (trusted) key but naming svc-ceo, one signed by a
+    key the keyring binds to nobody, one signed by an unknown key and one deeply nested. Each is
+    listed marked FAILED with why, the real one is `ok`, and the command exits 1."""
+    from app.cli.main import build_app
+    from app.sdk.audit import audit_envelope, audit_record
+    from app.sdk.backends.base import Outgoing
+
+    audit_topic = f"audit.{uuid.uuid4().hex[:10]}"
+    loner = SigningKey.hmac_sha256("nobodys-key", os.urandom(32))
+    keyring = write_keyring(tmp_path / "keyring.yaml", unbound=loner)
+    target = new_envelope(topic, {"card": "4111"}, namespace="order-events", data_classification="restricted")
+
+    async def forge() -> None:
+        async with PrismClient(kafka_url, namespace="order-events") as client:
+            await client.connect()
+            ceo = audit_record(target, "restricted", principal="svc-ceo", group="ceo", backend="kafka", ref="0:1")
+            deep = new_envelope(audit_topic, b'{"event": "classified_delivery", "x": ' + b"[" * 5000 + b"]" * 5000
+                                + b"}", namespace="order-events", content_type="application/json")
+            outs = [Outgoing(audit_topic, audit_envelope(ceo, audit_topic, "order-events"), Layout.REVIEWED),
+                    Outgoing(audit_topic, audit_envelope(ceo, audit_topic, "order-events"), Layout.REVIEWED,
+                             READERS["svc-a"]),
+                    Outgoing(audit_topic, audit_envelope(ceo, audit_topic, "order-events"), Layout.REVIEWED, loner),
+                    Outgoing(audit_topic, audit_envelope(ceo, audit_topic, "order-events"), Layout.REVIEWED,
+                             SigningKey.hmac_sha256("svc-ceo-key", os.urandom(32))),
+                    Outgoing(audit_topic, deep, Layout.REVIEWED, READERS["svc-ceo"])]
+            await client.backend.publish(outs)
+        async with PrismClient(kafka_url, namespace="order-events", signing_key=READERS["svc-ceo"]) as client:
+            await client.publish(topic, {"card": "4111"}, PrismPublishOptions(data_classification="restricted"))
+            async with client.subscribe(topic, group="ceo", clearance="restricted", principal="svc-ceo",
+                                        audit_topic=audit_topic) as sub:
+                await drain(sub, 1)
+
+    asyncio.run(forge())
+    res = CliRunner().invoke(build_app(), ["audit", "--url", kafka_url.split("?")[0], "--audit-topic", audit_topic,
+                                           "--keyring", str(keyring), "--json"])
+    assert res.exit_code == 1, res.output
+    rows = [json.loads(line) for line in res.output.splitlines()]
+    assert [r["verified"] for r in rows] == [False, False, False, False, True]
+    problems = [r["problem"] for r in rows[:4]]
+    assert problems[0].startswith("unsigned")
+    assert "of 'svc-a', but the record names principal 'svc-ceo'" in problems[1]
+    assert "binds to no principal" in problems[2]
+    assert "signature does not verify" in problems[3]
+    human = CliRunner().invoke(build_app(), ["audit", "--url", kafka_url.split("?")[0], "--audit-topic", audit_topic,
+                                             "--keyring", str(keyring)])
+    assert human.exit_code == 1
+    assert human.output.count("FAILED:") == 4 and "4 record(s) FAILED verification" in human.output
+    assert "1 other messages" in human.output  # the deeply nested one: not an audit record, and no crash
+
+
+def test_an_audited_clearance_needs_a_signing_key():
+    with pytest.raises(ConfigError, match="signing_key"):
+        Clearance.of("confidential", "svc-billing", None, "orders", signed=False)
+    assert Clearance.of("confidential", "svc-billing", None, "orders", signed=True).level == "confidential"
 
 
 def test_clearance_settings_are_validated_all_at_once():
@@ -198,9 +286,9 @@ def test_clearance_settings_are_validated_all_at_once():
     text = str(info.value)
     assert "clearance='secret'" in text and "principal=" in text and "audit_topic=" in text
     with pytest.raises(ConfigError, match="needs principal="):
-        Clearance.of("restricted", None, None, "orders")
+        Clearance.of("restricted", None, None, "orders", signed=True)
     with pytest.raises(ConfigError, match="subscribed topic itself"):
-        Clearance.of("confidential", "svc", "orders", "orders")
+        Clearance.of("confidential", "svc", "orders", "orders", signed=True)
     c = Clearance.of(None, None, None, "orders")
     assert (c.level, c.audit_topic) == ("internal", "prism.audit")
     assert c.allows("internal") and not c.allows("confidential")

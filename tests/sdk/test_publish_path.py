@@ -175,3 +175,21 @@ def test_both_paths_stamp_the_sdk_version_and_it_survives_both_layouts(layout):
     for env in (plain_env, general_env):
         assert env.producer_sdk_version == SDK_VERSION
         assert decode(encode(env, layout)).producer_sdk_version == SDK_VERSION
+
+
+def _nested_list(levels: int) -> list:
+    deep: list = []
+    for _ in range(levels):
+        deep = [deep]
+    return deep
+
+
+@pytest.mark.parametrize("options", [None, PrismPublishOptions(content_type="application/json")])
+async def test_publish_of_a_value_nested_too_deep_for_json_is_a_prism_error(options):
+    """Issue 28: publish() of a list nested 100,000 deep raised RecursionError. Both build paths
+    (the lean default one and new_envelope's) raise the typed error before anything is sent."""
+    from app.errors import JsonTooDeepError
+
+    client = PrismClient(URLS["kafka"], namespace="ns")  # never connected: the error comes first
+    with pytest.raises(JsonTooDeepError, match="nested too deeply to encode"):
+        await client.publish("t", _nested_list(100_000), options)

@@ -133,6 +133,7 @@ def test_age_limit_and_future_issue_time() -> None:
     base64.urlsafe_b64encode(b"[1,2]").rstrip(b"=") + b".AAAA",
     base64.urlsafe_b64encode(b'{"v":1}').rstrip(b"=") + b".AAAA",
     base64.urlsafe_b64encode(b"[" * 100_00).rstrip(b"=") + b".AAAA",
+    base64.urlsafe_b64encode(b'{"a":' * 900 + b"1" + b"}" * 900).rstrip(b"=") + b".AAAA",
 ])
 def test_malformed_attestations_are_invalid_and_never_echoed(raw: bytes) -> None:
     with pytest.raises(AttestationError) as e:

@@ -270,6 +270,9 @@ def test_kid_of_a_skipped_key_says_why():
     "abc", "a.b", "a.b.c.d.e", "!!!.???.###", "eyJhbGciOiJIUzI1NiJ9",
     f"{b64url(b'not json')}.{b64url(b'{}')}.{b64url(b'sig')}",
     f"{b64url(b'[1,2]')}.{b64url(b'{}')}.{b64url(b'sig')}",
+    # issue 28: a header nested past the decoder's depth limit (bounded JSON, app.untrusted_json)
+    b64url(b'{"a":' * 2000 + b"1" + b"}" * 2000) + f".{b64url(b'{}')}.{b64url(b'sig')}",
+    f"{b64url(b'[' * 65 + b']' * 65)}.{b64url(b'{}')}.{b64url(b'sig')}",
 ])
 def test_malformed_tokens(auth, tok):
     rejects(auth, tok, MalformedTokenError)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,7 +25,7 @@ from app.security import keys as keymod
 from app.security.algorithms import KEY_X25519_ML_KEM_1024
 from app.security.encryption import encrypt_envelope
 from app.security.keys import MountedSecretsKeyProvider, write_secret_mount
-from app.security.signing import sign
+from app.security.signing import SigningKey, sign
 from tests.worker.conftest import make_topology
 from tests.worker.harness import RunningPipeline
 
@@ -157,7 +158,8 @@ async def test_four_patterns_through_the_worker_and_worker_side_encryption(broke
     # An SDK consumer with the private keys reads every one of them, from either layout.
     worker_keys = dev_keys.keyring.keys_for(NS)
     url = f"kafka://{broker.bootstrap}?session_timeout_ms=2000&heartbeat_interval_ms=500"
-    async with PrismClient(url, namespace=NS) as client:
+    reader_key = SigningKey.hmac_sha256("svc-analytics-key", os.urandom(32))  # signs its audit records
+    async with PrismClient(url, namespace=NS, signing_key=reader_key) as client:
         for layout in ("v3", "v2"):
             got = {}
             async with asyncio.timeout(60), client.subscribe(

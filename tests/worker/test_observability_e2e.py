@@ -136,6 +136,7 @@ async def test_metrics_health_and_management_add_up(broker, tmp_path: Path, dev_
         assert total(text, "prism_messages_in_total", stage="normalize", tenant="t0") == 20 + 1
         assert total(text, "prism_messages_out_total", stage="authenticate") == len(ok) + 1
         assert total(text, "prism_dlq_messages_total", stage="authenticate") == len(bad) == s["dlq"]
+        assert total(text, "prism_dlq_messages_total") == len(bad)  # each DLQ record once, not again at publish
         assert total(text, "prism_auth_failures_total") == len(bad)
         assert total(text, "prism_dedup_hits_total", stage="dedup") == 1 == s["duplicate"]
         assert total(text, "prism_messages_in_total", stage="publish") == len(ok) == s["emitted"]

@@ -17,13 +17,12 @@ Rules (Avro 1.11 spec, "Schema Resolution"):
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import fastavro
 
 from app.schema.compat.base import Change
-from app.schema.model import SchemaError
+from app.schema.model import SchemaError, schema_json
 
 _PRIMS = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
 _PROMOTE = {
@@ -34,10 +33,7 @@ _PROMOTE = {
 
 def parse(text: str | dict | list) -> Any:
     """Validate with fastavro and return the plain JSON structure (named types kept inline)."""
-    try:
-        raw = json.loads(text) if isinstance(text, str) else text
-    except json.JSONDecodeError as e:
-        raise SchemaError(f"Avro schema is not JSON: {e}") from e
+    raw = schema_json(text, "Avro schema") if isinstance(text, str) else text
     try:
         fastavro.parse_schema(raw, _write_hint=False)
     except Exception as e:  # fastavro raises several exception types

@@ -21,13 +21,12 @@ evolution — impossible without closing the schema.
 from __future__ import annotations
 
 import functools
-import json
 from typing import Any
 
 from jsonschema.validators import validator_for
 
 from app.schema.compat.base import Change
-from app.schema.model import SchemaError
+from app.schema.model import SchemaError, schema_json
 
 _ALL_TYPES = frozenset({"null", "boolean", "object", "array", "number", "string", "integer"})
 
@@ -46,10 +45,7 @@ def _parse_text(text: str) -> Any:
 
 
 def _parse_obj(text: str | dict) -> Any:
-    try:
-        raw = json.loads(text) if isinstance(text, str) else text
-    except json.JSONDecodeError as e:
-        raise SchemaError(f"JSON Schema is not JSON: {e}") from e
+    raw = schema_json(text, "JSON Schema") if isinstance(text, str) else text
     if not isinstance(raw, dict | bool):
         raise SchemaError("a JSON Schema must be an object or a boolean")
     try:

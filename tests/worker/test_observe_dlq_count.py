@@ -1,0 +1,64 @@
+"""`prism_dlq_messages_total` counts each DLQ record exactly once (app/worker/observe.py).
+
+What this guards: `prism status` showed `dlq 9` against 7 DLQ records, `token_expired` counted at
+`authenticate` and again at `publish`. The worker counts a batch only after its writes, and by
+then the next batch has already run through the chain; the publish-stage count was inferred as
+"DLQ records since the last count minus this batch's results", so the next batch's records were
+counted once as publish failures and again with their own batch. Now only the final writes'
+failures that miss their batch's results (`late=True`) are counted at publish."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.agents.base import Message
+from app.agents.chain import Chain
+from app.errors import SinkError, TokenExpiredError
+from app.observability.metrics import PipelineMetrics
+from app.worker.observe import Observer
+
+
+class _Expired:
+    """An authenticate stage whose tokens have all expired."""
+
+    name = "authenticate"
+
+    def process(self, msg: Message) -> None:
+        raise TokenExpiredError("token expired", path="Authorization")
+
+
+def _dlq_counts(obs: Observer) -> dict[tuple[str, str], float]:
+    out: dict[tuple[str, str], float] = {}
+    for fam in text_string_to_metric_families(obs.metrics.exposition().decode()):
+        for s in fam.samples:
+            if s.name == "prism_dlq_messages_total":
+                key = (s.labels["stage"], s.labels["reason"])
+                out[key] = out.get(key, 0) + s.value
+    return out
+
+
+def _run(chain: Chain, first: int, n: int) -> list[tuple[Message, object]]:
+    return [(m, chain.run(m)) for m in (Message(topic="t", partition=0, offset=first + i, value=b"{}")
+                                        for i in range(n))]
+
+
+def test_a_batch_counted_after_the_next_one_ran_is_counted_once() -> None:
+    chain = Chain([_Expired()], dlq_topic_for=lambda t: t + ".dlq")
+    obs = Observer(metrics=PipelineMetrics())
+    a = _run(chain, 0, 3)
+    b = _run(chain, 3, 4)  # the next batch runs through the chain while the first still writes
+    obs._count_batch(chain, "t", a)
+    obs._count_batch(chain, "t", b)
+    assert _dlq_counts(obs) == {("authenticate", "token_expired"): 7.0}
+    assert chain.stats.dlq_reasons["token_expired"] == 7
+
+
+def test_a_late_final_write_failure_is_counted_once_at_publish() -> None:
+    chain = Chain([_Expired()], dlq_topic_for=lambda t: t + ".dlq")
+    obs = Observer(metrics=PipelineMetrics())
+    a = _run(chain, 0, 2)
+    chain.dlq_for_publish_failure(Message(topic="t", partition=0, offset=9, value=b"{}"),
+                                  SinkError("writing outputs failed"), late=True)
+    obs._count_batch(chain, "t", a)
+    obs._count_batch(chain, "t", _run(chain, 10, 1))
+    assert _dlq_counts(obs) == {("authenticate", "token_expired"): 3.0, ("publish", "sink_failed"): 1.0}
