@@ -15,7 +15,7 @@ limit                             what happens past it                       def
                                   closed (counted while they arrive)
 ``max_headers``                   header count: 431                          100
 ``max_body_bytes`` (per server)   ``Content-Length`` over it: 413 before a   registry 16 MiB,
-                                  byte is read; a body without one: 413      console and
+                                  byte is read; a body without one: 413      console 16 KiB,
                                   as soon as the count passes it             worker 64 KiB
 ``head_timeout_s``                the request head must be complete within   10 s
                                   this time of the connection (or of the
