@@ -643,7 +643,8 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
         return {**pol.to_dict(), "scope": target.scope, "kind": target.kind}
 
     @app.get("/v1/audit", tags=["prism"])
-    def v1_audit(subject: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    def v1_audit(subject: str | None = None, limit: int = Query(100, ge=1, le=10_000)) -> list[dict[str, Any]]:
+        # bounded: the store puts it in SQL, where 2**64 was a 500 and -1 meant "no limit"
         return reg.audit_log(subject, limit)
 
     @app.get("/v1/pii/audit", tags=["prism"])

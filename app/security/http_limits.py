@@ -15,7 +15,7 @@ limit                             what happens past it                       def
                                   closed (counted while they arrive)
 ``max_headers``                   header count: 431                          100
 ``max_body_bytes`` (per server)   ``Content-Length`` over it: 413 before a   registry 16 MiB,
-                                  byte is read; a body without one: 413      console and
+                                  byte is read; a body without one: 413      console 16 KiB,
                                   as soon as the count passes it             worker 64 KiB
 ``head_timeout_s``                the request head must be complete within   10 s
                                   this time of the connection (or of the
@@ -167,6 +167,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
+        if self.cycle is not None and not self.cycle.response_complete:
+            return  # a request is being answered; its completion starts the wait for the next head
         if self._head_pending:
             self._refuse(408, f"the request head was not complete within {self.limits.head_timeout_s:g} s")
 
@@ -236,8 +238,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._head_pending = True  # the next request's head (pipelined or after keep-alive)
 
     def on_response_complete(self) -> None:
+        pipelined = bool(self.pipeline)  # super() starts the next one of those, if any
         super().on_response_complete()
-        if not self.transport.is_closing() and not self.pipeline:
+        if not pipelined and not self.transport.is_closing():
             self._arm_head_timer()  # the next head must arrive in time too
 
 

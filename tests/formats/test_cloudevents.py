@@ -182,6 +182,11 @@ def test_invalid_binary_events(change: dict[str, bytes | None], message: str) ->
     (b'[1,2]', "one JSON object"),
     (b'{"specversion":"1.0","id":{"x":1},"source":"s","type":"t"}', "dict"),
     (b'\xff', "not UTF-8"),
+    # issue 28: data nested 200,000 arrays deep (and just past the bounded decoder's limit)
+    (b'{"specversion":"1.0","id":"1","source":"s","type":"t","data":' + b"[" * 200_000 + b"]" * 200_000 + b"}",
+     "nested too deeply"),
+    (b'{"specversion":"1.0","id":"1","source":"s","type":"t","data":' + b"[" * 64 + b"]" * 64 + b"}",
+     "nested too deeply"),
 ])
 def test_invalid_structured_events(value: bytes, message: str) -> None:
     with pytest.raises(CloudEventError, match=message):

@@ -62,6 +62,8 @@ CASES = [
     ("GET", "/schemas/ids/99999999999999999999/versions", None, 404, 40403),
     ("GET", "/schemas/ids/99999999999999999999", None, 404, 40403),
     ("GET", "/schemas/ids/-1/versions", None, 404, 40403),
+    ("GET", "/v1/audit?limit=99999999999999999999", None, 422, 42201),
+    ("GET", "/v1/audit?limit=-1", None, 422, 42201),
     ("GET", "/config/s-value", None, 404, 40408),
     ("DELETE", "/config/s-value", None, 404, 40408),
     ("PUT", "/config", {"compatibility": "SIDEWAYS"}, 422, 42203),

@@ -244,6 +244,44 @@ def test_slowloris_headers_one_byte_at_a_time_are_cut_off(server: Server) -> Non
     assert _get(server, "/healthz") == 200
 
 
+def _read_responses(sock: socket.socket, count: int) -> list[int | None]:
+    """The statuses of the next `count` responses (head + Content-Length body) on a kept-alive
+    connection."""
+    sock.settimeout(10)
+    buffer, statuses = b"", []
+    while len(statuses) < count:
+        head, sep, rest = buffer.partition(b"\r\n\r\n")
+        if sep:
+            length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")[1:]
+                           if line.lower().startswith(b"content-length:")), 0)
+            if len(rest) >= length:
+                statuses.append(_status(head))
+                buffer = rest[length:]
+                continue
+        more = sock.recv(65536)
+        assert more, f"connection closed after {statuses}: {buffer[:200]!r}"
+        buffer += more
+    return statuses
+
+
+def test_pipelined_and_keep_alive_requests_are_answered_and_the_next_head_is_timed_too(server: Server) -> None:
+    """Two requests in one write are both answered; on the kept-alive connection the next head
+    has the same deadline as the first one."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 2)
+        assert _read_responses(sock, 2) == [200, 200]
+        start = time.monotonic()
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        closed = False
+        while not closed and time.monotonic() - start < 10 * HEAD_TIMEOUT_S:
+            try:
+                sock.sendall(b"X")
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+            closed = closed or bool(select.select([sock], [], [], 0.1)[0])
+        assert closed and time.monotonic() - start < HEAD_TIMEOUT_S + 3
+
+
 def test_a_stalled_body_is_cut_off(server: Server) -> None:
     """A route reading a body whose next piece does not come: 408 after the body timeout. The
     worker's routes read no body: its guard answers at once, without waiting for the body."""
