@@ -30,7 +30,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 
 from app.console.backends import BackendError, Kafka, RegistryClient, Workers, replay_topology
-from app.console.sessions import COOKIE, Session, Sessions, check_same_origin, csrf_ok
+from app.console.sessions import COOKIE, ConsoleFull, Session, Sessions, check_same_origin, csrf_ok
 from app.console.settings import ConsoleSettings, static_dir, templates_dir
 from app.schema.pretty import pretty_schema
 from app.security.http_auth import Principal, TooManyFailures, Unauthenticated, basic_header
@@ -226,7 +226,12 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
                           error=f"Too many failed attempts; wait {max(1, int(exc.retry_after))} s.")
         if not principal.can_read():
             return render(request, "login.html", 403, next=nxt, error=f"{principal.name} has no role here.")
-        token, _ = sessions.create(principal)
+        try:
+            token, _ = sessions.create(principal)
+        except ConsoleFull:
+            return render(request, "login.html", 503, next=nxt,
+                          error="The console is full: every session belongs to a different user. Try again later, "
+                                "or ask an operator to restart the console.")
         response = RedirectResponse(nxt, status_code=303)
         response.set_cookie(COOKIE, token, httponly=True, samesite="strict", secure=secure(request), path="/")
         return response
