@@ -486,7 +486,7 @@ class HttpAuth:
                  anonymous_roles: Iterable[str] = (), realm: str = "prism", cache_seconds: float = 60.0,
                  cache_size: int = 4096, limiter: FailureLimiter | None = None) -> None:
         self.users = dict(users or {})
-        #: failed attempts per client address (None: unlimited, for in-process tools only)
+        #: failed attempts per (client address, user name); None: unlimited, for in-process tools only
         self.limiter = limiter
         self.bearer = bearer
         self.anonymous_roles = frozenset(anonymous_roles)
