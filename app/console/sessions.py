@@ -62,6 +62,9 @@ class Sessions:
     So 10,001 log-ins by a read-only user end only that user's older sessions; an admin's session
     survives them."""
 
+    #: what :meth:`create` raises when full (here too, so a caller needs only this class)
+    Full = ConsoleFull
+
     def __init__(self, idle_timeout_s: float, max_session_s: float, *,
                  clock: Callable[[], float] = time.monotonic, max_sessions: int = MAX_SESSIONS,
                  max_per_user: int = MAX_SESSIONS_PER_USER) -> None:

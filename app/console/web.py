@@ -30,7 +30,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 
 from app.console.backends import BackendError, Kafka, RegistryClient, Workers, replay_topology
-from app.console.sessions import COOKIE, ConsoleFull, Session, Sessions, check_same_origin, csrf_ok
+from app.console.sessions import COOKIE, Session, Sessions, check_same_origin, csrf_ok
 from app.console.settings import ConsoleSettings, static_dir, templates_dir
 from app.schema.pretty import pretty_schema
 from app.security.http_auth import Principal, TooManyFailures, Unauthenticated, basic_header
@@ -228,7 +228,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
             return render(request, "login.html", 403, next=nxt, error=f"{principal.name} has no role here.")
         try:
             token, _ = sessions.create(principal)
-        except ConsoleFull:
+        except Sessions.Full:
             return render(request, "login.html", 503, next=nxt,
                           error="The console is full: every session belongs to a different user. Try again later, "
                                 "or ask an operator to restart the console.")
