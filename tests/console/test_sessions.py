@@ -11,6 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.console import create_app
 from app.console.sessions import MAX_SESSIONS, MAX_SESSIONS_PER_USER, ConsoleFull, Sessions
@@ -81,6 +83,34 @@ def test_expired_sessions_make_room_first_and_logout_frees_the_users_share() -> 
     assert s.of("x") == 1 and s.get(y) is not None
     s.end(y)
     assert s.of("x") == 0 and "x" not in s._by_user  # no empty entries left behind
+
+
+@given(st.lists(st.tuples(st.integers(0, 7), st.booleans()), max_size=120), st.integers(1, 6), st.integers(1, 4))
+@settings(max_examples=300, deadline=None)
+def test_no_sequence_of_log_ins_ends_another_users_newest_session(ops: list[tuple[int, bool]], cap: int,
+                                                                  per_user: int) -> None:
+    """Any order of log-ins and log-outs by up to eight users, any caps: the caps hold, every user's
+    newest session survives everyone else's log-ins, and a log-in is refused only when every
+    slot is another user's only session."""
+    s = Sessions(3600, 86400, max_sessions=cap, max_per_user=per_user)
+    newest: dict[str, str] = {}
+    for n, log_out in ops:
+        user = f"u{n}"
+        if log_out and user in newest:
+            s.end(newest.pop(user))
+            continue
+        before = {u: s.of(u) for u in newest}
+        try:
+            token, _ = s.create(who(user))
+        except ConsoleFull:
+            assert len(s) == cap and s.of(user) == 0 and all(v == 1 for v in before.values())
+            continue
+        newest[user] = token
+        assert len(s) <= cap and all(s.of(u) <= per_user for u in newest)
+        for u, t in newest.items():
+            assert s._by_token.get(t) is not None, (u, ops)
+        # after a log-out the user's newest is gone: the test forgets it, the class may keep older ones
+        newest = {u: t for u, t in newest.items() if s.of(u)}
 
 
 @pytest.mark.parametrize("token", ["", None, "x" * 10_000, "\x00", "../../etc", "prism_console=1; a=b"])
