@@ -65,14 +65,28 @@ def _get(url: str, timeout: float = 10.0, client: WorkerClient | None = None) ->
                                 hint="pass --user/--password or --token (PRISM_ADMIN_USER / PRISM_ADMIN_PASSWORD / "
                                      "PRISM_ADMIN_TOKEN) for a user with the read role") from None
         if exc.code == 429:
-            raise WorkerRefused(f"worker refused {url} (HTTP 429: too many failed authentication attempts)",
-                                hint=f"wait {exc.headers.get('Retry-After', 'a minute')} s, then retry with the right "
-                                     "credentials") from None
+            raise WorkerRefused(f"worker refused {url} (HTTP 429: too many failed authentication attempts; "
+                                f"{_locked_until(exc.headers.get('Retry-After'))})",
+                                hint="wait, then retry with the right credentials; failures count per user name "
+                                     "and client address, so someone guessing this user's password from this "
+                                     "host locks it out") from None
         raise PrismError(f"worker answered {exc.code} for {url}",
                          hint="check the topology name and that the worker is running") from None
     except (urllib.error.URLError, OSError) as exc:
-        raise PrismError(f"cannot reach the worker at {url}: {getattr(exc, 'reason', exc)}",
+        raise PrismError(f"cannot reach the worker at {url} (unreachable: {getattr(exc, 'reason', exc)})",
                          hint="start it with `prism run --web-port PORT` and pass --url http://HOST:PORT") from None
+
+
+def _locked_until(retry_after: str | None) -> str:
+    """``Retry-After`` (seconds, as Prism's servers send it) as a person reads it: "locked out
+    for 42 s, until 12:00:42 UTC"; anything else the server sent is shown as it is (bounded)."""
+    from datetime import UTC, datetime, timedelta
+
+    text = (retry_after or "").strip()
+    if text.isdigit() and len(text) <= 9:
+        until = datetime.now(UTC) + timedelta(seconds=int(text))
+        return f"locked out for {int(text)} s, until {until:%H:%M:%S} UTC"
+    return f"locked out; Retry-After {text[:64]!r}" if text else "locked out for a while (no Retry-After)"
 
 
 def metric_totals(text: str) -> dict[str, float]:

@@ -133,11 +133,14 @@ def dlq_reasons(metrics_text: str) -> Counter[str]:
     return out
 
 
-def _flatten(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """A worker's ``collect_status`` document, or each of a supervisor's children's."""
+def _flatten(doc: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """A worker's ``collect_status`` document, or each of a supervisor's children's - and, for
+    every child that could not be read, why (shown on the page, never dropped)."""
     if "supervisor" not in doc:
-        return [doc]
-    return [w["status"] for w in doc["workers"] if "status" in w]
+        return [doc], []
+    errors = [f"worker {w.get('url') or ('#' + str(w.get('index')))}: {w['error']}"
+              for w in doc["workers"] if "error" in w]
+    return [w["status"] for w in doc["workers"] if "status" in w], errors
 
 
 class Workers:
@@ -150,27 +153,32 @@ class Workers:
         self.interval = settings.rate_interval_s
         self.client = WorkerClient(headers=dict(settings.worker_headers), context=settings.worker_ssl)
 
-    def _collect(self, url: str) -> tuple[list[dict[str, Any]], Counter[str]]:
+    def _collect(self, url: str) -> tuple[list[dict[str, Any]], Counter[str], list[str]]:
         from app.cli.ops import _get, collect_status
 
-        docs = _flatten(collect_status(url, self.interval, self.client))
+        docs, errors = _flatten(collect_status(url, self.interval, self.client))
         reasons: Counter[str] = Counter()
         for d in docs:
             reasons += dlq_reasons(_get(d["url"] + "/metrics", client=self.client))
-        return docs, reasons
+        return docs, reasons, errors
 
     async def pipelines(self) -> tuple[list[Pipeline], list[str]]:
-        """Every pipeline any worker runs (merged by name), and one line per worker that did not
-        answer. The workers are asked at once; each takes ``rate_interval_s`` (two scrapes)."""
+        """Every pipeline any worker runs (merged by name), and one line per worker that could not
+        be read, saying why - ``worker URL: worker refused ... (HTTP 429: ...; locked out for 42 s,
+        until ...)``, ``... (HTTP 401)``, ``cannot reach the worker ...`` - so a page never shows an
+        empty pipeline list without a word. The workers are asked at once; each takes
+        ``rate_interval_s`` (two scrapes)."""
         results = await asyncio.gather(*(asyncio.to_thread(self._collect, u) for u in self.urls),
                                        return_exceptions=True)
         by_name: dict[str, Pipeline] = {}
         errors: list[str] = []
         for url, res in zip(self.urls, results, strict=True):
             if isinstance(res, BaseException):
-                errors.append(f"{url}: {res}")
+                why = res.message if isinstance(res, PrismError) else f"{type(res).__name__}: {res}"
+                errors.append(f"worker {url}: {why}")
                 continue
-            docs, reasons = res
+            docs, reasons, child_errors = res
+            errors += child_errors
             for doc in docs:
                 for t in doc["topologies"]:
                     p = by_name.setdefault(t["name"], Pipeline(t["name"], info=t["info"]))

@@ -235,7 +235,12 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
                           error=f"Too many failed attempts; wait {max(1, int(exc.retry_after))} s.")
         if not principal.can_read():
             return render(request, "login.html", 403, next=nxt, error=f"{principal.name} has no role here.")
-        token, _ = sessions.create(principal)
+        try:
+            token, _ = sessions.create(principal)
+        except Sessions.Full:
+            return render(request, "login.html", 503, next=nxt,
+                          error="The console is full: every session belongs to a different user. Try again later, "
+                                "or ask an operator to restart the console.")
         response = RedirectResponse(nxt, status_code=303)
         response.set_cookie(COOKIE, token, httponly=True, samesite="strict", secure=secure(request), path="/")
         return response

@@ -11,8 +11,11 @@ every producer and consumer that was not an admin failed with 403.
 Semantics follow Confluent's ``AssociationsResource``: reads return a list (empty when
 nothing is associated; never 404), one subject per (resource id, key|value), a second
 subject for the same slot is a conflict (40903), a subject needs a live version (40907),
-a frozen association cannot be changed or deleted (40908), a missing one is 40410 and an
-invalid request 42212. Who may call what is in :mod:`app.schema.authz` (reads: ``read``;
+a frozen association cannot be changed or deleted (40908) - except by an admin's
+``DELETE ...?force=true`` (a Prism extension: a writer's ``frozen`` must not bind the admin
+forever) - a missing one is 40410 and an invalid request 42212. When a subject is permanently
+deleted its associations go with it (:func:`forget_subject`), and lookups never return one
+whose subject is gone, so clients fall back to ``<topic>-value`` instead of a missing subject. Who may call what is in :mod:`app.schema.authz` (reads: ``read``;
 create: write on every subject *and* on the topic's own default subject; delete: ``admin``)
 and explained in docs/schema-registry.md ("Associations").
 
@@ -30,7 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.schema.registry import Registry, RegistryError
+from app.schema.registry import Registry, RegistryError, SubjectNotFound
 from app.schema.store import AssociationRow
 
 RESOURCE_TYPES = ("topic",)
@@ -125,11 +128,16 @@ def _types(values: Sequence[str] | None) -> set[str] | None:
     return out
 
 
-def _filtered(rows: list[AssociationRow], types: Sequence[str] | None, lifecycle: str | None,
+def _filtered(reg: Registry, rows: list[AssociationRow], types: Sequence[str] | None, lifecycle: str | None,
               offset: int, limit: int) -> list[dict[str, Any]]:
+    """The rows asked for - never one whose subject is gone for good (no version at all, not
+    even a soft-deleted one): a database written before :func:`forget_subject` existed, or a
+    crash between the purge and the clean-up, must not send clients to a missing subject."""
     wanted = _types(types)
     life = lifecycle.upper() if lifecycle else None
     keep = [r for r in rows if (wanted is None or r.association_type in wanted) and (life is None or r.lifecycle == life)]
+    exists: dict[str, bool] = {}
+    keep = [r for r in keep if exists.setdefault(r.subject, bool(reg.store.versions(r.subject, include_deleted=True)))]
     keep = keep[max(offset, 0):]
     if limit > 0:
         keep = keep[:limit]
@@ -142,7 +150,7 @@ def by_resource_name(reg: Registry, namespace: str, name: str, *, resource_type:
     """``GET /associations/resources/{namespace}/{name}``; namespace ``-`` matches any."""
     rows = reg.store.associations(resource_type=_resource_type(resource_type), resource_name=name,
                                   resource_namespace=None if namespace == "-" else namespace)
-    return _filtered(rows, association_types, lifecycle, offset, limit)
+    return _filtered(reg, rows, association_types, lifecycle, offset, limit)
 
 
 def by_resource_id(reg: Registry, resource_id: str, *, resource_type: str | None = None,
@@ -150,15 +158,19 @@ def by_resource_id(reg: Registry, resource_id: str, *, resource_type: str | None
                    offset: int = 0, limit: int = -1) -> list[dict[str, Any]]:
     """``GET /associations/resources/{resourceId}``."""
     rows = reg.store.associations(resource_type=_resource_type(resource_type), resource_id=resource_id)
-    return _filtered(rows, association_types, lifecycle, offset, limit)
+    return _filtered(reg, rows, association_types, lifecycle, offset, limit)
 
 
 def by_subject(reg: Registry, subject: str, *, resource_type: str | None = None,
                association_types: Sequence[str] | None = None, lifecycle: str | None = None,
                offset: int = 0, limit: int = -1) -> list[dict[str, Any]]:
-    """``GET /associations/subjects/{subject}``."""
+    """``GET /associations/subjects/{subject}``; a subject gone for good (no version, not even a
+    soft-deleted one) that still has associations stored is answered 404 40401, as every other
+    read of a missing subject is."""
     rows = reg.store.associations(resource_type=_resource_type(resource_type), subject=subject)
-    return _filtered(rows, association_types, lifecycle, offset, limit)
+    if rows and not reg.store.versions(subject, include_deleted=True):
+        raise SubjectNotFound(f"Subject '{subject}' not found.")
+    return _filtered(reg, rows, association_types, lifecycle, offset, limit)
 
 
 def create(reg: Registry, body: AssociationRequestBody, *, actor: str, dry_run: bool = False) -> dict[str, Any]:
@@ -221,9 +233,14 @@ def create(reg: Registry, body: AssociationRequestBody, *, actor: str, dry_run: 
 
 def delete(reg: Registry, resource_id: str, *, actor: str, resource_type: str | None = None,
            association_types: Sequence[str] | None = None, cascade_lifecycle: bool = False,
-           dry_run: bool = False) -> None:
+           dry_run: bool = False, force: bool = False) -> None:
     """``DELETE /associations/resources/{resourceId}``: the resource's associations (of the
-    given types; all by default). The subjects stay."""
+    given types; all by default). The subjects stay.
+
+    ``force`` (Prism's ``?force=true``; the route is admin-only): frozen associations are
+    deleted too. Why: ``frozen`` is set by whoever creates the association - a writer - and
+    without this nobody could ever undo it, not even an admin. To unfreeze, delete with force
+    and create it again with ``frozen: false``. The audit entry says it was forced."""
     if cascade_lifecycle:
         raise InvalidAssociation("Invalid association: cascadeLifecycle=true is not supported by this registry; "
                                  "delete the associations, then the subject with DELETE /subjects/{subject}")
@@ -233,18 +250,37 @@ def delete(reg: Registry, resource_id: str, *, actor: str, resource_type: str | 
     if not rows:
         raise AssociationNotFound(f"Association for '{resource_id}' not found.")
     for r in rows:
-        if r.frozen:
+        if r.frozen and not force:
             raise AssociationFrozen(f"The association of type '{r.association_type}' is frozen for subject "
-                                    f"'{r.subject}'")
+                                    f"'{r.subject}'; an admin may delete it with force=true")
     if dry_run:
         return
     reg.store.delete_associations([r.guid for r in rows])
     for r in rows:
         reg.store.append_audit(actor, "association.delete", r.subject, None,
                                {"resource": f"{r.resource_namespace}/{r.resource_name}", "resource_id": r.resource_id,
-                                "association_type": r.association_type})
+                                "association_type": r.association_type,
+                                **({"forced_frozen": True} if r.frozen else {})})
+
+
+def forget_subject(reg: Registry, subject: str, *, actor: str) -> list[AssociationRow]:
+    """Remove every association of ``subject`` once it is permanently deleted (its last version
+    purged), frozen ones included, each with an audit entry. Why: a confluent-kafka client
+    that asks for a topic's associated subject would otherwise be sent to a subject that no
+    longer exists and fail on every message, instead of falling back to ``<topic>-value``."""
+    if reg.store.versions(subject, include_deleted=True):
+        return []
+    rows = [r for rt in RESOURCE_TYPES for r in reg.store.associations(resource_type=rt, subject=subject)]
+    if rows:
+        reg.store.delete_associations([r.guid for r in rows])
+    for r in rows:
+        reg.store.append_audit(actor, "association.delete", r.subject, None,
+                               {"resource": f"{r.resource_namespace}/{r.resource_name}", "resource_id": r.resource_id,
+                                "association_type": r.association_type, "reason": "subject permanently deleted",
+                                **({"forced_frozen": True} if r.frozen else {})})
+    return rows
 
 
 __all__ = ["AssociationExists", "AssociationFrozen", "AssociationInfoBody", "AssociationNotFound",
            "AssociationRequestBody", "InvalidAssociation", "NoActiveSubjectVersion", "by_resource_id",
-           "by_resource_name", "by_subject", "create", "delete", "to_json"]
+           "by_resource_name", "by_subject", "create", "delete", "forget_subject", "to_json"]

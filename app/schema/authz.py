@@ -42,8 +42,8 @@ actor (client headers such as ``X-Prism-Actor`` are ignored).
 
 Refusals use Confluent's codes: 401 + ``WWW-Authenticate`` + ``{"error_code": 40101}``
 without (usable) credentials, 403 + ``{"error_code": 40301}`` when the roles do not allow;
-429 + ``Retry-After`` + ``{"error_code": 42901}`` from an address over the failed-attempt
-limit (:class:`app.security.http_auth.FailureLimiter`).
+429 + ``Retry-After`` + ``{"error_code": 42901}`` for a user name over the failed-attempt
+limit from that address (:class:`app.security.http_auth.FailureLimiter`).
 An anonymous request that needs more than the anonymous roles gets 401: it should retry
 with credentials.
 """

@@ -940,6 +940,10 @@ class Registry:
         self._invalidate(subject, num)
         self.store.append_audit(actor, "delete.permanent" if permanent else "delete", subject, num,
                                 {"force": force})
+        if permanent:  # the subject's last version gone for good: its associations go too
+            from app.schema.associations import forget_subject
+
+            forget_subject(self, subject, actor=actor)
         return num
 
     def delete_subject(self, subject: str, *, actor: str, permanent: bool = False, force: bool = False) -> list[int]:

@@ -523,9 +523,10 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
     @app.delete("/associations/resources/{resource_id}", status_code=204, tags=["confluent"])
     def delete_associations(resource_id: str, request: Request, resourceType: str | None = None,
                             associationType: list[str] | None = Query(None), cascadeLifecycle: bool = False,
-                            dryRun: bool = False) -> Response:
+                            dryRun: bool = False, force: bool = False) -> Response:
         assoc.delete(reg, resource_id, actor=_actor(request), resource_type=resourceType,
-                     association_types=associationType, cascade_lifecycle=cascadeLifecycle, dry_run=dryRun)
+                     association_types=associationType, cascade_lifecycle=cascadeLifecycle, dry_run=dryRun,
+                     force=force)
         return Response(status_code=204)
 
     # ----------------------------------------------------------------------- Prism /v1 --

@@ -37,13 +37,16 @@ Attacker-facing choices, each with a test:
   blocks the event loop that serves everyone else.
 * Two ``Authorization`` headers, an unknown scheme, bad base64, non-UTF-8 or a header over
   8 KiB are refused (401), never guessed at.
-* Failed attempts are limited per client address (:class:`FailureLimiter`: 10 in 60 s by
-  default, ``PRISM_AUTH_MAX_FAILURES`` / ``PRISM_AUTH_FAILURE_WINDOW_S``): past the limit every
-  request from that address that carries credentials gets 429 with ``Retry-After`` *before*
-  any hash is verified, so guessing is bounded and a flood of wrong passwords cannot keep the
-  Argon2 threads busy. Successes do not reset the count (valid low-privilege credentials must
-  not buy more guesses at another account), and a locked address gets 429 even for right or
-  cached credentials (anything else would tell the guesser which guess was right).
+* Failed attempts are limited per (client address, claimed user name) (:class:`FailureLimiter`:
+  10 in 60 s by default, ``PRISM_AUTH_MAX_FAILURES`` / ``PRISM_AUTH_FAILURE_WINDOW_S``): past the
+  limit every request from that address for that name gets 429 with ``Retry-After`` *before* any
+  hash is verified, so guessing is bounded. A wrong password for one name never locks out another
+  user of the same address (the console's host, a NAT gateway). Over all names an address may
+  fail 10 times as often; past that only names that have logged in from it before are still
+  verified, so a flood of wrong passwords cannot keep the Argon2 threads busy and cannot lock out
+  the console, whose user has. Successes do not reset a count (valid low-privilege credentials
+  must not buy more guesses), and a locked name gets 429 even for right or cached credentials
+  (anything else would tell the guesser which guess was right).
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ class Forbidden(AuthError):
 
 
 class TooManyFailures(AuthError):
-    """Too many failed attempts from this client address (HTTP 429, ``Retry-After``)."""
+    """Too many failed attempts for this user name from this client address (HTTP 429, ``Retry-After``)."""
 
     code = "too_many_failures"
 
@@ -110,19 +113,44 @@ ENV_FAILURE_WINDOW = "PRISM_AUTH_FAILURE_WINDOW_S"
 
 
 class FailureLimiter:
-    """Failed authentications per client address over a sliding window (module docs).
+    """Failed authentications per (client address, claimed user name) over a sliding window,
+    with a wider per-address ceiling for the names that never authenticated from there
+    (module docs).
 
-    Memory is bounded: at most ``max_clients`` addresses are remembered (least recently failed
-    first out), each with at most ``max_failures`` timestamps."""
+    Why per name, not per address: one address is often many users (the console calls the
+    worker from its host, a NAT gateway hides an office). Counting per address let ten wrong
+    passwords for *any* name lock every user of that address out - a read-only user, or anyone
+    on the console's host, could lock out the console. So:
+
+    * a name is locked from an address after ``max_failures`` failures *for that name* in
+      ``window_s`` - right or cached credentials included (anything else would tell the guesser
+      which guess was right);
+    * an address is locked after ``max_failures * names_per_address`` failures in ``window_s``
+      over all names - this bounds Argon2 work and password spraying across names - but *not*
+      for names that authenticated successfully from that address within ``known_good_s``: a
+      flood of wrong passwords for other names cannot lock out a user (the console) who has
+      logged in from there before. A guesser cannot join that set without a right password.
+
+    Memory is bounded: at most ``max_clients`` (address, name) pairs, addresses and known-good
+    pairs are remembered (least recently used first out), each with at most the limit's number
+    of timestamps."""
 
     def __init__(self, max_failures: int = 10, window_s: float = 60.0, *, max_clients: int = 65_536,
+                 names_per_address: int = 10, known_good_s: float = 24 * 3600.0,
                  clock: Any = time.monotonic) -> None:
-        if max_failures < 1 or not window_s > 0:
+        if max_failures < 1 or not window_s > 0 or names_per_address < 1:
             raise ConfigError(f"failure limit must be >= 1 attempt in > 0 s, got {max_failures} in {window_s} s",
                               path=f"{ENV_MAX_FAILURES} / {ENV_FAILURE_WINDOW}")
         self.max_failures, self.window_s, self.max_clients = max_failures, float(window_s), max_clients
+        self.max_address_failures = max_failures * names_per_address
+        self.known_good_s = known_good_s
         self.clock = clock
-        self._failures: OrderedDict[str, list[float]] = OrderedDict()
+        #: (address, name) -> failure times
+        self._failures: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
+        #: address -> failure times over every name
+        self._by_address: OrderedDict[str, list[float]] = OrderedDict()
+        #: (address, name) -> when its last success stops counting
+        self._known: OrderedDict[tuple[str, str], float] = OrderedDict()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> FailureLimiter:
@@ -137,8 +165,8 @@ class FailureLimiter:
                               hint="e.g. PRISM_AUTH_MAX_FAILURES=10 PRISM_AUTH_FAILURE_WINDOW_S=60") from None
         return cls(n, w)
 
-    def _recent(self, client: str, now: float) -> list[float]:
-        times = self._failures.get(client)
+    def _recent(self, table: OrderedDict[Any, list[float]], key: Any, now: float) -> list[float]:
+        times = table.get(key)
         if not times:
             return []
         cut = now - self.window_s
@@ -146,23 +174,71 @@ class FailureLimiter:
             times[:] = [t for t in times if t > cut]
         return times
 
-    def retry_after(self, client: str) -> float | None:
-        """Seconds until `client` may try again, or None when it may now."""
-        now = self.clock()
-        times = self._recent(client, now)
-        if len(times) < self.max_failures:
-            return None
-        return max(times[0] + self.window_s - now, 0.001)
+    def _known_good(self, client: str, name: str, now: float) -> bool:
+        until = self._known.get((client, name))
+        if until is None:
+            return False
+        if until <= now:
+            del self._known[(client, name)]
+            return False
+        return True
 
-    def failed(self, client: str) -> None:
+    def retry_after(self, client: str, name: str = "") -> float | None:
+        """Seconds until `name` may try again from `client`, or None when it may now."""
         now = self.clock()
-        times = self._recent(client, now)
-        times.append(now)
-        del times[:-self.max_failures]  # only the newest max_failures matter
-        self._failures[client] = times
-        self._failures.move_to_end(client)
-        while len(self._failures) > self.max_clients:
-            self._failures.popitem(last=False)
+        times = self._recent(self._failures, (client, name), now)
+        if len(times) >= self.max_failures:
+            return max(times[0] + self.window_s - now, 0.001)
+        if self._known_good(client, name, now):
+            return None
+        times = self._recent(self._by_address, client, now)
+        if len(times) >= self.max_address_failures:
+            return max(times[0] + self.window_s - now, 0.001)
+        return None
+
+    def failed(self, client: str, name: str = "") -> None:
+        now = self.clock()
+        for table, key, keep in ((self._failures, (client, name), self.max_failures),
+                                 (self._by_address, client, self.max_address_failures)):
+            times = self._recent(table, key, now)
+            times.append(now)
+            del times[:-keep]  # only the newest `keep` matter
+            table[key] = times
+            table.move_to_end(key)
+            while len(table) > self.max_clients:
+                table.popitem(last=False)
+
+    def succeeded(self, client: str, name: str) -> None:
+        """`name` proved its password from `client`: the address ceiling no longer applies to it
+        there for ``known_good_s``. Its own failures still count (no reset: valid credentials
+        must not buy more guesses)."""
+        self._known[(client, name)] = self.clock() + self.known_good_s
+        self._known.move_to_end((client, name))
+        while len(self._known) > self.max_clients:
+            self._known.popitem(last=False)
+
+
+def claimed_name(header: str) -> str:
+    """The user name a request's ``Authorization`` value *claims*, unverified - only the key its
+    failures are counted under: the basic user name, ``jwt:<sub>`` of a bearer token's payload,
+    or ``""`` when nothing can be read (malformed headers share one count per address). At most
+    256 characters, so a hostile header cannot make the limiter's keys large."""
+    scheme, _, rest = header.strip().partition(" ")
+    rest = rest.strip()
+    try:
+        if scheme.lower() == "basic":
+            user, sep, _ = base64.b64decode(rest[:MAX_HEADER_BYTES], validate=True).decode("utf-8").partition(":")
+            return user[:256] if sep else ""
+        if scheme.lower() == "bearer":
+            parts = rest.split(".")
+            if len(parts) != 3 or len(parts[1]) > MAX_HEADER_BYTES:
+                return ""
+            payload = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+            sub = payload.get("sub") if isinstance(payload, dict) else None
+            return f"jwt:{sub[:256]}" if isinstance(sub, str) else ""
+    except (binascii.Error, ValueError, RecursionError):
+        return ""
+    return ""
 
 
 # --------------------------------------------------------------------------- roles
@@ -410,7 +486,7 @@ class HttpAuth:
                  anonymous_roles: Iterable[str] = (), realm: str = "prism", cache_seconds: float = 60.0,
                  cache_size: int = 4096, limiter: FailureLimiter | None = None) -> None:
         self.users = dict(users or {})
-        #: failed attempts per client address (None: unlimited, for in-process tools only)
+        #: failed attempts per (client address, user name); None: unlimited, for in-process tools only
         self.limiter = limiter
         self.bearer = bearer
         self.anonymous_roles = frozenset(anonymous_roles)
@@ -455,20 +531,24 @@ class HttpAuth:
         values = [authorization] if isinstance(authorization, str) else list(authorization or [])
         if not values:
             return self.anonymous()
-        limiter = self.limiter if client is not None else None
-        if limiter is not None:
-            wait = limiter.retry_after(client)  # type: ignore[arg-type]
-            if wait is not None:
-                raise TooManyFailures(f"too many failed authentication attempts from {client[:100]}",  # type: ignore[index]
-                                      retry_after=wait, path="Authorization",
-                                      hint=f"wait {wait:.0f} s; the limit is {limiter.max_failures} failures "
-                                           f"in {limiter.window_s:g} s per client address")
-        try:
+        if self.limiter is None or client is None:
             return await self._authenticate(values)
+        limiter, name = self.limiter, claimed_name(values[0]) if len(values) == 1 else ""
+        wait = limiter.retry_after(client, name)
+        if wait is not None:
+            raise TooManyFailures(f"too many failed authentication attempts from {client[:100]}",
+                                  retry_after=wait, path="Authorization",
+                                  hint=f"wait {wait:.0f} s; the limit is {limiter.max_failures} failures in "
+                                       f"{limiter.window_s:g} s per user name and client address, and "
+                                       f"{limiter.max_address_failures} per address for names that have not "
+                                       "logged in from it")
+        try:
+            principal = await self._authenticate(values)
         except Unauthenticated:
-            if limiter is not None:
-                limiter.failed(client)  # type: ignore[arg-type]
+            limiter.failed(client, name)
             raise
+        limiter.succeeded(client, name)
+        return principal
 
     async def _authenticate(self, values: list[str]) -> Principal:
         if len(values) > 1:

@@ -125,3 +125,71 @@ def test_frozen_read_only_mode_dry_run_and_cascade(client: TestClient) -> None:
     assert client.put("/mode", json={"mode": "READONLY"}, headers=as_("admin")).status_code == 200
     r = client.post("/associations", json=req("orders.other"), headers=as_("writer"))
     assert (r.status_code, r.json()["error_code"]) == (422, 42205)
+
+
+def test_an_admin_can_delete_a_writers_frozen_association_and_so_unfreeze_it(client: TestClient,
+                                                                               registry: Registry) -> None:
+    """Issue 28: `frozen` is set by the writer who creates the association; without force=true
+    nobody could undo it. force is admin only (the route is), dryRun still touches nothing, and
+    the audit log says it was forced."""
+    assert client.post("/associations", json=req(frozen=True), headers=as_("writer")).status_code == 200
+    path = "/associations/resources/lkc-1:orders.created"
+    r = client.delete(path, headers=as_("admin"))
+    assert (r.status_code, r.json()["error_code"]) == (409, 40908) and "force=true" in r.json()["message"]
+    for who in ("writer", "reader"):  # force does not lower the role the route needs
+        r = client.delete(path + "?force=true", headers=as_(who))
+        assert (r.status_code, r.json()["error_code"]) == (403, 40301)
+    r = client.delete(path + "?force=true")
+    assert (r.status_code, r.json()["error_code"]) == (401, 40101)
+    for bad in ("yes-please", "", "2", "true&force=false&force=maybe"):  # not a boolean: refused, not guessed
+        r = client.delete(f"{path}?force={bad}", headers=as_("admin"))
+        assert r.status_code in (409, 422), (bad, r.text)  # 422: not a bool; 409: the last valid value, false
+    assert client.delete(path + "?force=true&dryRun=true", headers=as_("admin")).status_code == 204
+    assert len(client.get("/associations/resources/-/orders.created", headers=as_("reader")).json()) == 1
+    assert client.delete(path + "?force=true", headers=as_("admin")).status_code == 204
+    assert client.get("/associations/resources/-/orders.created", headers=as_("reader")).json() == []
+    entry = next(a for a in registry.audit_log("orders.contracts.v1") if a["action"] == "association.delete")
+    assert entry["actor"] == "admin" and entry["detail"]["forced_frozen"] is True
+    # unfrozen: the same association again without frozen
+    r = client.post("/associations", json=req(frozen=False), headers=as_("writer"))
+    assert r.status_code == 200 and r.json()["associations"][0]["frozen"] is False
+    assert client.delete(path, headers=as_("admin")).status_code == 204  # no force needed any more
+
+
+def test_a_permanently_deleted_subject_takes_its_associations_with_it(client: TestClient, registry: Registry) -> None:
+    """Issue 28: after a permanent delete the association still sent confluent-kafka clients to the
+    missing subject. A soft delete keeps it (the subject can come back); the permanent one removes
+    it, frozen or not, with an audit entry; the topic's lookup is then empty, so clients fall back
+    to <topic>-value."""
+    assert client.post("/associations", json=req(frozen=True), headers=as_("writer")).status_code == 200
+    assert client.post("/associations", json=req("orders.other", frozen=False), headers=as_("writer")).status_code == 200
+    subject = "/subjects/orders.contracts.v1"
+    assert client.delete(subject, headers=as_("admin")).status_code == 200  # soft
+    got = client.get("/associations/resources/-/orders.created", headers=as_("reader")).json()
+    assert [a["subject"] for a in got] == ["orders.contracts.v1"]
+    assert client.delete(subject + "?permanent=true", headers=as_("admin")).status_code == 200
+    for topic in ("orders.created", "orders.other"):
+        assert client.get(f"/associations/resources/-/{topic}", headers=as_("reader")).json() == []
+    assert client.get("/associations/subjects/orders.contracts.v1", headers=as_("reader")).json() == []
+    reasons = [a["detail"].get("reason") for a in registry.audit_log("orders.contracts.v1")
+               if a["action"] == "association.delete"]
+    assert reasons == ["subject permanently deleted"] * 2
+    # the subject registered again starts without the old bindings
+    registry.register("orders.contracts.v1", AVRO, "AVRO", actor="seed")
+    assert client.get("/associations/resources/-/orders.created", headers=as_("reader")).json() == []
+
+
+def test_associations_left_behind_by_an_older_registry_are_answered_as_gone(client: TestClient,
+                                                                           registry: Registry) -> None:
+    """A database written before the clean-up existed (or a crash between purge and clean-up):
+    the stored association names a subject with no version at all. Lookups by topic leave it out;
+    the lookup by that subject is 404 40401, as every read of a missing subject."""
+    assert client.post("/associations", json=req(), headers=as_("writer")).status_code == 200
+    registry.store.mark_deleted("orders.contracts.v1", 1)
+    registry.store.purge_version("orders.contracts.v1", 1)  # behind the registry's back: no clean-up
+    assert client.get("/associations/resources/-/orders.created", headers=as_("reader")).json() == []
+    assert client.get("/associations/resources/lkc-1:orders.created", headers=as_("reader")).json() == []
+    r = client.get("/associations/subjects/orders.contracts.v1", headers=as_("reader"))
+    assert (r.status_code, r.json()["error_code"]) == (404, 40401)
+    # the admin can still remove the leftover
+    assert client.delete("/associations/resources/lkc-1:orders.created", headers=as_("admin")).status_code == 204

@@ -475,9 +475,9 @@ def test_jwt_attacks_are_401(jwt_client: TestClient, idp: Idp, registry: Registr
 
 def test_an_address_over_the_failure_limit_gets_429_with_retry_after(registry: Registry, users_file: Path,
                                                                      monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """Password guessing over HTTP: after the limit, every credentialed request from that
+    """Password guessing over HTTP: after the limit, every request for that name from that
     address - the right password included - gets Confluent-style 429 before any hash is
-    checked; another address is unaffected."""
+    checked; another user of the same address, and another address, are unaffected."""
     monkeypatch.setenv("PRISM_AUTH_MAX_FAILURES", "3")
     auth = auth_from_settings(users_file=users_file, jwt_config=None, allow_anonymous=None,
                               realm="prism-schema-registry", where="tests")
@@ -492,3 +492,4 @@ def test_an_address_over_the_failure_limit_gets_429_with_retry_after(registry: R
         assert 1 <= int(r.headers["retry-after"]) <= 60
     assert attacker.get("/healthz").status_code == 200  # open routes take no credentials: not limited
     assert other.get("/subjects", headers=auth_headers("admin")).status_code == 200
+    assert attacker.get("/subjects", headers=auth_headers("reader")).status_code == 200  # issue 28

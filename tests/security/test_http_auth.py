@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from app.errors import ConfigError
@@ -315,7 +318,7 @@ def test_bad_limit_settings_stop_the_start_up(env: dict[str, str]) -> None:
         FailureLimiter.from_env(env)
 
 
-def test_over_the_limit_even_right_or_cached_credentials_are_refused_before_any_hash(
+def test_over_the_limit_even_right_or_cached_credentials_of_that_name_are_refused_before_any_hash(
         auth: HttpAuth, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = _Clock()
     auth.limiter = FailureLimiter(3, 60, clock=clock)
@@ -327,28 +330,105 @@ def test_over_the_limit_even_right_or_cached_credentials_are_refused_before_any_
     for _ in range(3):
         with pytest.raises(Unauthenticated):
             run(auth.authenticate(basic_header("alice", "guess"), client="203.0.113.9"))
-    # successes did not reset the count, and now nothing with credentials is even checked:
+    # successes did not reset the count, and now nothing for alice is even checked:
     # answering right guesses differently would tell the guesser which one was right
     n = len(verified)
-    for header in (basic_header("alice", "guess-4"), good, basic_header("bob", "bob-secret-12"), "Bearer x",
-                   "Basic !!!"):
+    for header in (basic_header("alice", "guess-4"), good):
         with pytest.raises(TooManyFailures) as info:
             run(auth.authenticate(header, client="203.0.113.9"))
         assert info.value.retry_after == pytest.approx(60) and "3 failures in 60 s" in info.value.hint
-    assert len(verified) == n  # no Argon2 work for a locked address
+    assert len(verified) == n  # no Argon2 work for a locked name
+    # another user of the same address (the console's host, a NAT gateway) is not locked out
+    assert run(auth.authenticate(basic_header("bob", "bob-secret-12"), client="203.0.113.9")).name == "bob"
     assert run(auth.authenticate(None, client="203.0.113.9")).anonymous  # no credentials: not limited
     assert run(auth.authenticate(good, client="198.51.100.7")).name == "alice"  # another address
     clock.now += 61
     assert run(auth.authenticate(good, client="203.0.113.9")).name == "alice"
 
 
-def test_malformed_headers_count_as_failures_too(auth: HttpAuth) -> None:
+def test_a_flood_of_wrong_passwords_for_other_names_cannot_lock_out_a_user(
+        auth: HttpAuth, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attack of issue 28: wrong passwords for made-up names from the console's address.
+    Past the per-address ceiling (3 x 10 here) names new to the address are refused before any
+    hash, but alice, who logged in from there, still is verified."""
+    clock = _Clock()
+    auth.limiter = FailureLimiter(3, 60, clock=clock)
+    verified = []
+    real = http_auth._verify_hash
+    monkeypatch.setattr(http_auth, "_verify_hash", lambda h, pw: verified.append(pw) or real(h, pw))
+    alice = basic_header("alice", "alice-secret-1")
+    assert run(auth.authenticate(alice, client="127.0.0.1")).name == "alice"
+    for i in range(30):  # 30 names, one wrong password each: every one a fresh name
+        with pytest.raises(Unauthenticated):
+            run(auth.authenticate(basic_header(f"user{i}", "x"), client="127.0.0.1"))
+    n = len(verified)
+    for i in range(100):  # the address ceiling: new names (and bob, who never logged in here) get 429
+        with pytest.raises(TooManyFailures) as info:
+            run(auth.authenticate(basic_header(f"other{i}", "x"), client="127.0.0.1"))
+    assert "per address" in info.value.hint
+    with pytest.raises(TooManyFailures):
+        run(auth.authenticate(basic_header("bob", "bob-secret-12"), client="127.0.0.1"))
+    assert len(verified) == n  # the flood costs no Argon2
+    clock.now += 1000  # past the verification cache: alice's password is verified again, not refused
+    auth._cache.clear()
+    assert run(auth.authenticate(alice, client="127.0.0.1")).name == "alice"
+    assert len(verified) == n + 1
+    # bob from another address is untouched
+    assert run(auth.authenticate(basic_header("bob", "bob-secret-12"), client="127.0.0.2")).name == "bob"
+
+
+def test_known_good_names_expire_and_stay_bounded() -> None:
+    clock = _Clock()
+    lim = FailureLimiter(1, 60, names_per_address=1, known_good_s=100, max_clients=50, clock=clock)
+    lim.succeeded("10.0.0.1", "alice")
+    lim.failed("10.0.0.1", "mallory")
+    assert lim.retry_after("10.0.0.1", "mallory") is not None  # its own count
+    assert lim.retry_after("10.0.0.1", "eve") is not None  # the address ceiling (1 x 1)
+    assert lim.retry_after("10.0.0.1", "alice") is None  # logged in from here
+    clock.now += 101
+    lim.failed("10.0.0.1", "mallory")
+    assert lim.retry_after("10.0.0.1", "alice") is not None  # no longer known here
+    for i in range(500):
+        lim.succeeded(f"10.1.{i // 256}.{i % 256}", "alice")
+        lim.failed(f"10.1.{i // 256}.{i % 256}", f"name{i}")
+    assert len(lim._known) == len(lim._failures) == len(lim._by_address) == 50
+
+
+@pytest.mark.parametrize("header, name", [
+    (basic_header("alice", "pw"), "alice"),
+    (basic_header("alice", "a:b"), "alice"),
+    ("Basic " + base64.b64encode(b"no-colon").decode(), ""),
+    ("Basic " + base64.b64encode(b"\xff\xfe:x").decode(), ""),
+    ("Basic !!!", ""),
+    ("Basic " + base64.b64encode(("u" * 5000 + ":p").encode()).decode(), "u" * 256),
+    ("Bearer " + ".".join(base64.urlsafe_b64encode(json.dumps(p).encode()).decode().rstrip("=")
+                          for p in ({"alg": "none"}, {"sub": "svc"})) + ".sig", "jwt:svc"),
+    ("Bearer a.b.c", ""),
+    ("Bearer a." + base64.urlsafe_b64encode(b"[1,2]").decode() + ".c", ""),
+    ("Bearer a." + base64.urlsafe_b64encode(b'{"sub": 5}').decode() + ".c", ""),
+    ("Bearer a." + base64.urlsafe_b64encode(b"[" * 100_000).decode()[:8000] + ".c", ""),
+    ("Digest x", ""), ("", ""),
+])
+def test_the_claimed_name_of_hostile_headers_is_bounded_and_never_raises(header: str, name: str) -> None:
+    assert http_auth.claimed_name(header) == name
+
+
+@given(st.text(max_size=300))
+@settings(max_examples=300, deadline=None)
+def test_claimed_name_is_a_short_string_for_any_header(header: str) -> None:
+    out = http_auth.claimed_name(header)
+    assert isinstance(out, str) and len(out) <= 260
+
+
+def test_malformed_headers_count_as_failures_under_one_shared_name(auth: HttpAuth) -> None:
     auth.limiter = FailureLimiter(2, 60)
     for header in ("Digest x", "Basic !!!"):
         with pytest.raises(Unauthenticated):
             run(auth.authenticate(header, client="192.0.2.1"))
     with pytest.raises(TooManyFailures):
-        run(auth.authenticate(basic_header("alice", "alice-secret-1"), client="192.0.2.1"))
+        run(auth.authenticate("Basic @@@", client="192.0.2.1"))
+    # ... which is not alice's
+    assert run(auth.authenticate(basic_header("alice", "alice-secret-1"), client="192.0.2.1")).name == "alice"
 
 
 def test_surfaces_built_from_settings_are_limited(tmp_path: Path, hashes: dict[str, str]) -> None:

@@ -272,6 +272,28 @@ async def test_an_address_over_the_failure_limit_gets_429(tmp_path: Path, users_
         assert (await request(url, "GET", "/healthz"))[0] == 200  # probes carry no credentials
 
 
+async def test_wrong_passwords_for_other_names_do_not_lock_out_the_consoles_user(tmp_path: Path,
+                                                                               users_file: Path) -> None:
+    """Issue 28: the console reads the worker as `reader` from its host. Wrong passwords from that
+    host for `admin`, and then for a flood of made-up names past the per-address ceiling (2 x 10
+    here), lock out those names - never `reader`, who has read from there before."""
+    env = {"PRISM_ADMIN_USERS_FILE": str(users_file), "PRISM_AUTH_MAX_FAILURES": "2"}
+    async with web(tmp_path, settings_of(env)) as url:
+        assert (await request(url, "GET", "/connectors", "reader"))[0] == 200
+        for guess in ("a", "b"):
+            assert (await request(url, "GET", "/connectors",
+                                  headers={"Authorization": basic_header("admin", guess)}))[0] == 401
+        assert (await request(url, "GET", "/connectors", "admin"))[0] == 429  # admin's own count
+        assert (await request(url, "GET", "/connectors", "reader"))[0] == 200
+        statuses = [(await request(url, "GET", "/connectors",
+                                   headers={"Authorization": basic_header(f"nobody-{i}", "x")}))[0]
+                    for i in range(40)]
+        assert statuses.count(401) == 18 and statuses[18:] == [429] * 22, statuses  # 2 for admin + 18
+        assert (await request(url, "GET", "/connectors", "writer"))[0] == 429  # new here: the ceiling holds
+        status, body, _ = await request(url, "GET", "/connectors", "reader")
+        assert status == 200 and isinstance(body, list)
+
+
 # --------------------------------------------------------------------------- every served route, Faust's included
 
 #: Faust's built-in views (faust.web.apps): the attack pass asked /table/<t>/<message id>/
