@@ -22,7 +22,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from app.errors import PrismError
+from app.errors import ConfigProblems, PrismError
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -64,7 +64,7 @@ class ProblemCollector:
         """`check(*args, **kwargs)`, or None after recording the problem it raised."""
         try:
             return check(*args, **kwargs)
-        except Problems as exc:
+        except (Problems, ConfigProblems) as exc:
             self.problems.extend(exc.problems)
         except PrismError as exc:
             self.problems.append(exc)
@@ -79,10 +79,11 @@ class ProblemCollector:
 
 def print_problems(exc: PrismError, console: Console | None = None) -> None:
     """One error line per problem (a `Problems` lists each), then how many there were."""
-    if isinstance(exc, Problems):
+    if isinstance(exc, Problems | ConfigProblems):
         for p in exc.problems:
             print_error(p, console)
-        (console or err_console).print(escape(str(exc)), soft_wrap=True, highlight=False, markup=True)
+        summary = exc.summary if isinstance(exc, ConfigProblems) else str(exc)
+        (console or err_console).print(escape(summary), soft_wrap=True, highlight=False, markup=True)
         return
     print_error(exc, console)
 
