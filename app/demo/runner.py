@@ -303,11 +303,12 @@ def print_next_steps(topology: Topology, console: Console) -> None:
     broker = (f"prism broker status                   # {escape(running.describe())}: running" if running is not None
               else "prism broker start                    # a local broker on 127.0.0.1:9092 that outlives workers")
     console.print("[bold]what next[/] (the demo's broker and topics are gone; its keys were throwaway):")
-    from app.security.devkeys import topology_key_files
+    from app.security.devkeys import is_throwaway, topology_key_files
 
-    have_keys = all(f.exists() for f in topology_key_files(topology).values())
-    keys = ("prism keys init --force               # the demo's keys serve `prism run` here; a fresh set to share"
-            if have_keys else "prism keys init                       # the key set your workers share (once)")
+    files = topology_key_files(topology).values()
+    demo_keys = bool(files) and all(f.exists() and is_throwaway(f.parent) for f in files)
+    keys = ("prism keys init                       # replaces the demo's throwaway keys: the set your workers share"
+            if demo_keys else "prism keys init                       # the key set your workers share (once)")
     for line in (keys,
                  broker,
                  f"prism run -t {src} --web-port 6066   # the worker, on that broker",
