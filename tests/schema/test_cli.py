@@ -118,3 +118,17 @@ def test_codegen_python_importable(tmp_path: Path) -> None:
         sys.modules.pop("prism.annotations_pb2", None)
         sys.modules.pop("prism", None)
     assert run("codegen", "--file", str(src), "--output", str(out), "--language", "go").exit_code == 2
+
+
+def test_registry_start_line_says_where_what_and_how_without_secrets() -> None:
+    from app.schema.cli import start_line
+    from app.security.http_auth import HttpAuth
+
+    line = start_line(host="0.0.0.0", port=8081, tls=True, workers=2,
+                      store="postgresql://reg:s3cret@db.internal:5432/registry?schema=prism",
+                      auth=HttpAuth(anonymous_roles=["read"]))
+    assert line == ("prism registry listening on https://0.0.0.0:8081, store "
+                    "postgresql://reg:***@db.internal:5432/registry?schema=prism, auth anonymous=read, 2 worker(s)")
+    assert "s3cret" not in line
+    assert "store sqlite:///prism-registry.db, auth none" in start_line(
+        host="::1", port=1, tls=False, workers=1, store="sqlite:///prism-registry.db", auth=HttpAuth())
