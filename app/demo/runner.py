@@ -23,11 +23,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from rich.console import Console
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from app.agents.publish import SOURCE_HEADER
 from app.broker.admin import BrokerSettings, ensure_topics
 from app.broker.embedded import EmbeddedBroker
+from app.cli.output import CliTable as Table  # headers break between words, ids fold
 from app.demo.loadgen import MIX, LoadGenerator
 from app.security.devkeys import ensure_dev_keys
 from app.topology import Topology

@@ -17,8 +17,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
+from app.cli.output import CliTable as Table  # headers break between words, ids fold
 from app.errors import LakeError, PrismError
 from app.lake import maintenance
 
