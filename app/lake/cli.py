@@ -57,7 +57,7 @@ def _spark_failure(exc: Exception, what: str) -> LakeError:
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
     return LakeError(f"{what} failed: {type(exc).__name__}: {first[:400]}",
                      hint="check the archive and table locations (local paths, or s3://... with --storage-option) "
-                          "and that Java 17+ runs; the full trace is logged at DEBUG (PRISM_LOG_LEVEL=debug)")
+                          "and that Java 17+ runs (Spark's own log above this line says more)")
 
 
 def _emit(doc: dict[str, Any], as_json: bool, title: str) -> None:
