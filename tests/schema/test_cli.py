@@ -132,3 +132,27 @@ def test_registry_start_line_says_where_what_and_how_without_secrets() -> None:
     assert "s3cret" not in line
     assert "store sqlite:///prism-registry.db, auth none" in start_line(
         host="::1", port=1, tls=False, workers=1, store="sqlite:///prism-registry.db", auth=HttpAuth())
+
+
+def test_prism_schema_serve_prints_its_start_line(tmp_path) -> None:
+    """The registry logged nothing at start: now one line says where it listens, on which store,
+    with which authentication."""
+    import subprocess
+    import sys
+
+    from tests.schema.conftest import free_port
+    from tests.support import write_users_file
+
+    port = free_port()
+    users = write_users_file(tmp_path / "users.yaml")
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "schema", "serve", "--port", str(port),
+                             "--store", f"sqlite:///{tmp_path / 'reg.db'}", "--users-file", str(users)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline().strip()  # blocks until the line (or EOF if it died)
+        assert first == (f"prism registry listening on http://127.0.0.1:{port}, store sqlite:///{tmp_path / 'reg.db'}, "
+                         "auth basic, 1 worker(s)"), first
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
