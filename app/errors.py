@@ -335,6 +335,20 @@ class StallError(PrismError):
     code = "stalled"
 
 
+class ConfigProblems(ConfigError):
+    """Several problems of one configuration file, each its own `ConfigError` in `problems`.
+
+    `str()` is every problem in one sentence (what a log or a test reads); the CLI prints one
+    `error [bad_config]` line per problem and then `summary`, so an operator fixes them all in
+    one round instead of one per start."""
+
+    def __init__(self, message: str, problems: list[ConfigError], *, path: str | None = None,
+                 hint: str | None = None, summary: str = "") -> None:
+        self.problems: list[PrismError] = list(problems)
+        self.summary = summary or f"{len(problems)} configuration problems"
+        super().__init__(message, path=path, hint=hint)
+
+
 class SinkError(PrismError):
     """Writing to an output (topic, Redis, PostgreSQL, NATS, object store) failed."""
 

@@ -29,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from app.errors import ConfigError
+from app.errors import ConfigError, ConfigProblems
 
 STAGE_ORDER = ("normalize", "validate", "authenticate", "verify_signature", "policy", "dedup", "enrich")
 #: Data classifications, lowest first (app/envelope/validation.py CLASSIFICATIONS).
@@ -654,6 +654,21 @@ class Topology(_Strict):
     namespaces: dict[str, NamespaceSettings] = {}
 
     @model_validator(mode="after")
+    def _check_all(self) -> Topology:
+        """Every check across keys, each one run even when another failed: a topology with a bad
+        stage order and a bad `producers:` entry reports both at once (pydantic stops a model's
+        chain of validators at the first that raises)."""
+        problems: list[str] = []
+        for check in (self._check_order, self._check_sources, self._check_validation, self._check_encryption,
+                      self._check_producers):
+            try:
+                check()
+            except ValueError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise ValueError("\n".join(problems))  # load_topology reports each as its own problem
+        return self
+
     def _check_validation(self) -> Topology:
         """Every problem of the validation settings at once: a mode other than off needs the
         schema it validates against, and the debug switch `validate_payloads` (strict by
@@ -683,7 +698,7 @@ class Topology(_Strict):
         `validate_payloads` switch keeps its own path (DLQ reason `payload_schema_mismatch`)."""
         return self.validation, {ns: s.validation for ns, s in self.namespaces.items() if s.validation}
 
-    @model_validator(mode="after")
+
     def _check_encryption(self) -> Topology:
         """`encryption:` works in the policy stage and must agree with its algorithm policy."""
         enc = self.encryption
@@ -707,7 +722,7 @@ class Topology(_Strict):
             raise ValueError("; ".join(problems))
         return self
 
-    @model_validator(mode="after")
+
     def _check_sources(self) -> Topology:
         topics = [s.topic for s in self.sources]
         dupes = sorted({t for t in topics if topics.count(t) > 1})
@@ -733,7 +748,7 @@ class Topology(_Strict):
             raise ValueError("; ".join(problems))
         return self
 
-    @model_validator(mode="after")
+
     def _check_producers(self) -> Topology:
         if self.producers is None:
             return self
@@ -769,7 +784,7 @@ class Topology(_Strict):
             raise ValueError("; ".join(problems))
         return self
 
-    @model_validator(mode="after")
+
     def _check_order(self) -> Topology:
         names = [s.name for s in self.stages]
         if not names or names[0] != "normalize":
@@ -833,10 +848,12 @@ class Topology(_Strict):
             [f"{s.topic}.{self.outputs.layouts[0]}" for s in self.sources]
 
 
-def _parse_stages(raw: Any) -> list[dict[str, Any]]:
+def _parse_stages(raw: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    """(the stages that parsed, one problem per key of every stage that did not)."""
     if not isinstance(raw, list):
-        raise ValueError("`stages` must be a list like [- normalize: {}, - validate: {}]")
-    out = []
+        return [], ["stages: must be a list like [- normalize: {}, - validate: {}]"]
+    out: list[dict[str, Any]] = []
+    problems: list[str] = []
     for i, item in enumerate(raw):
         if isinstance(item, str):
             name, settings = item, {}
@@ -844,15 +861,17 @@ def _parse_stages(raw: Any) -> list[dict[str, Any]]:
             name, settings = next(iter(item.items()))
             settings = settings or {}
         else:
-            raise ValueError(f"stages[{i}] must be a stage name or a one-key mapping `name: {{settings}}`")
-        if name not in _STAGE_MODELS:
-            raise ValueError(f"stages[{i}]: unknown stage {name!r}; known stages: {', '.join(STAGE_ORDER)}")
+            problems.append(f"stages[{i}]: must be a stage name or a one-key mapping `name: {{settings}}`")
+            continue
+        if not isinstance(name, str) or name not in _STAGE_MODELS:
+            problems.append(f"stages[{i}]: unknown stage {str(name)[:64]!r}; known stages: {', '.join(STAGE_ORDER)}")
+            continue
         try:
             out.append({"name": name, "settings": _STAGE_MODELS[name].model_validate(settings)})
         except ValidationError as exc:
-            raise ValueError("; ".join(f"stages[{i}].{name}.{_loc(e['loc'])}: {e['msg']}" for e in exc.errors())) \
-                from None
-    return out
+            problems.extend(f"stages[{i}].{name}.{_loc(e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
+                            for e in exc.errors())
+    return out, problems
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
@@ -880,20 +899,31 @@ def load_topology(path: str | Path) -> Topology:
     if not isinstance(raw, dict):
         raise ConfigError("a topology must be a YAML mapping", path=str(path),
                           hint="start from topologies/orders-created.yaml")
+    # Every problem in one pass: the stages are parsed one by one (a bad stage does not hide the
+    # next), and the rest of the file is validated even when a stage is bad - with the stages
+    # that parsed, keeping only the errors of other keys (the checks across stages would judge a
+    # list with holes). The checks across the whole file run once every key is valid on its own.
     problems: list[str] = []
+    raw = dict(raw)
+    stage_problems: list[str] = []
+    if "stages" in raw:
+        raw["stages"], stage_problems = _parse_stages(raw["stages"])
+    raw["base_dir"] = path.parent
     try:
-        raw = dict(raw)
-        if "stages" in raw:
-            try:
-                raw["stages"] = _parse_stages(raw["stages"])
-            except ValueError as exc:
-                problems.append(str(exc))
-        raw["base_dir"] = path.parent
-        if not problems:
-            return Topology.model_validate(raw)
+        topo = Topology.model_validate(raw)
     except ValidationError as exc:
         for e in exc.errors():
+            if stage_problems and (not e["loc"] or e["loc"][0] == "stages"):
+                continue
             msg = e["msg"].removeprefix("Value error, ")
-            problems.append(f"{_loc(e['loc'])}: {msg}")
-    raise ConfigError(f"invalid topology ({len(problems)} problem(s)): " + "; ".join(problems), path=str(path),
-                      hint="see docs/topologies.md for every key and its allowed values")
+            problems.extend(f"{_loc(e['loc'])}: {one}" if e["loc"] else one for one in msg.split("\n"))
+    else:
+        if not stage_problems:
+            return topo
+    problems = stage_problems + problems
+    hint = "see docs/topologies.md for every key and its allowed values"
+    message = f"invalid topology ({len(problems)} problem(s)): " + "; ".join(problems)
+    if len(problems) == 1:
+        raise ConfigError(message, path=str(path), hint=hint)
+    raise ConfigProblems(message, [ConfigError(f"invalid topology: {p}", path=str(path), hint=hint) for p in problems],
+                         path=str(path), hint=hint, summary=f"{len(problems)} problems in topology {path}")

@@ -97,3 +97,70 @@ def test_archive_roll_interval_is_bounded(tmp_path: Path) -> None:
     doc["archive"]["roll_interval_s"] = 5
     path.write_text(yaml.safe_dump(doc))
     assert load_topology(path).archive.roll_interval_s == 5
+
+
+def _shipped_with(tmp_path: Path, edit) -> Path:
+    doc = yaml.safe_load((Path(__file__).parent.parent / "topologies/orders-created.yaml").read_text())
+    edit(doc)
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    """A bad stage setting no longer hides a bad source setting (issue 28: `partitions: -2` was
+    reported only after `window_s: one hour` was fixed), nor one check across keys another."""
+    from app.errors import ConfigProblems
+
+    def two_fields(doc: dict) -> None:
+        doc["stages"][5]["dedup"]["window_s"] = "one hour"
+        doc["stages"][1]["validate"]["max_age_days"] = 0
+        doc["sources"][0]["partitions"] = -2
+
+    with pytest.raises(ConfigProblems) as err:
+        load_topology(_shipped_with(tmp_path, two_fields))
+    lines = [p.message for p in err.value.problems]
+    assert len(lines) == 3, lines
+    assert any("stages[5].dedup.window_s" in m for m in lines)
+    assert any("stages[1].validate.max_age_days" in m for m in lines)
+    assert any("sources[0].partitions" in m for m in lines)
+    assert all(p.code == "bad_config" and "\n" not in str(p) for p in err.value.problems)
+    assert "3 problem(s)" in str(err.value)
+
+    def two_checks(doc: dict) -> None:
+        doc["sources"].append(dict(doc["sources"][0]))  # the same topic twice
+        doc["producers"][0]["topics"] = ["not-a-source"]
+
+    with pytest.raises(ConfigProblems) as err:
+        load_topology(_shipped_with(tmp_path, two_checks))
+    lines = [p.message for p in err.value.problems]
+    assert len(lines) == 2 and "listed twice" in lines[0] and "producers[0].topics" in lines[1], lines
+
+
+def test_one_problem_is_one_config_error(tmp_path: Path) -> None:
+    def one(doc: dict) -> None:
+        doc["stages"].append({"no_such_stage": {}})
+
+    with pytest.raises(ConfigError) as err:
+        load_topology(_shipped_with(tmp_path, one))
+    assert not hasattr(err.value, "problems") and "unknown stage 'no_such_stage'" in str(err.value)
+
+
+def test_cli_prints_one_error_line_per_problem(tmp_path: Path) -> None:
+    """`prism run`: one `error [bad_config]` line each, then how many, and nothing started."""
+    import os
+    import subprocess
+    import sys
+
+    def bad(doc: dict) -> None:
+        doc["stages"][5]["dedup"]["window_s"] = "one hour"
+        doc["sources"][0]["partitions"] = -2
+
+    path = _shipped_with(tmp_path, bad)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRISM_")}
+    out = subprocess.run([sys.executable, "-m", "app.cli.main", "run", "--topology", str(path)], env=env,
+                         capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent)
+    assert out.returncode == 2, out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error [bad_config]")]
+    assert len(errors) == 2 and "window_s" in errors[0] and "partitions" in errors[1], out.stderr
+    assert out.stderr.strip().splitlines()[-1] == "2 configuration problems; nothing was started"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import re
 import ssl
@@ -336,6 +337,7 @@ class BrokerSettings:
 
     def aiokafka_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for aiokafka producers, consumers and admin clients."""
+        warn_plaintext_sasl_once(self.security_protocol)
         kwargs: dict[str, Any] = {"security_protocol": self.security_protocol}
         context = self.ssl_context()
         if context is not None:
@@ -351,11 +353,43 @@ class BrokerSettings:
 
         if self.security_protocol == "SSL":
             return SSLCredentials(self.ssl_context())
+        warn_plaintext_sasl_once(self.security_protocol)
         if self.security_protocol.startswith("SASL_"):
             # Faust derives SASL_SSL from the presence of an SSL context.
             return SASLCredentials(username=self.sasl_username, password=self.sasl_password,
                                    ssl_context=self.ssl_context(), mechanism=self.sasl_mechanism)
         return None
+
+
+class _OncePerProcess(logging.Filter):
+    """Lets a record whose message starts with `prefix` through once, then drops its repeats."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+        self.seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(self.prefix):
+            return True
+        if self.seen:
+            return False
+        self.seen = True
+        return True
+
+
+#: aiokafka warns "Sending username and password in the clear" on every SASL_PLAINTEXT
+#: connection: ~20 lines a minute from one worker (producers, consumers, admin clients, lag
+#: probes). The fact matters once - the configuration does not change while the process runs.
+_SASL_CLEAR = _OncePerProcess("Sending username and password in the clear")
+
+
+def warn_plaintext_sasl_once(security_protocol: str) -> None:
+    """On SASL_PLAINTEXT, let aiokafka's "password in the clear" warning through once per process."""
+    if security_protocol == "SASL_PLAINTEXT":
+        conn = logging.getLogger("aiokafka.conn")
+        if _SASL_CLEAR not in conn.filters:
+            conn.addFilter(_SASL_CLEAR)
 
 
 # --------------------------------------------------------------------------- topics

@@ -73,13 +73,18 @@ def init(
     directory (a volume, or `kubectl create secret generic prism-keys --from-file=...`)."""
     from app.security.devkeys import KEY_FILES, existing_key_files, init_keys, topology_key_files
 
-
     folder = dir_ if dir_ is not None else _default_dir(topology)
     present = existing_key_files(folder)
     if keep_existing and len(present) == len(KEY_FILES) and not force:
         console.print(f"kept the key set in {folder} (all of {', '.join(KEY_FILES)} exist)", markup=False)
         return
+    from app.security.devkeys import is_throwaway
+
+    replaced_demo = bool(present) and not force and is_throwaway(folder)
     keys = init_keys(folder, force=force)
+    if replaced_demo:
+        console.print(f"replaced the throwaway keys `prism demo` / `--dev-keys` made in {folder}", markup=False,
+                      soft_wrap=True)
     for name in KEY_FILES:
         console.print(f"wrote {keys.folder / name} (0600): {_WHAT[name]}", markup=False, soft_wrap=True)
     signing, jwks = (keys.folder / "signing.json").resolve(), (keys.folder / "jwks.json").resolve()

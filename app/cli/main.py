@@ -107,6 +107,11 @@ def run(
         help="at_least_once (the default) or exactly_once: each batch's outputs, DLQ records, dedup changelog "
              "and input offsets in one Kafka transaction; consumers read with isolation.level=read_committed "
              "(docs/operations.md). Overrides the topology's processing_guarantee")] = None,
+    replace_topology: Annotated[bool, typer.Option(
+        "--replace-topology", envvar="PRISM_REPLACE_TOPOLOGY",
+        help="join the consumer group even though its live members run another version of this topology (a "
+             "rollout that restarts every member); without it such a start is refused (docs/operations.md, "
+             "\"One topology per consumer group\")")] = False,
 ) -> None:
     """Run the pipeline worker for a topology (long-running; SIGTERM stops it cleanly).
 
@@ -228,6 +233,12 @@ def run(
             preflight(settings, plan_for(pipeline if pipeline is not None else checked))
         # topics' size limits that leave an input no room: one error line now (app/worker/limits.py)
         (pipeline if pipeline is not None else checked).check_write_room()
+        # one policy per consumer group: never join members that run another topology
+        from app.worker.group_topology import check_group_topology, topology_digest
+
+        asyncio.run(check_group_topology(bootstrap, f"prism-{topo.name}", topology_digest(topo),
+                                         settings=None if settings.embedded else settings,
+                                         replace=replace_topology, topology_path=str(topology)))
         if pipeline is None:
             from app.worker.supervisor import supervise
 

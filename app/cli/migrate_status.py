@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
+from app.cli.output import CliTable as Table  # headers break between words, ids fold
 from app.cli.output import friendly
 from app.errors import PrismError
 

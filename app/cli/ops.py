@@ -24,9 +24,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from rich.text import Text
 
+from app.cli.output import CliTable as Table  # headers break between words, ids fold
 from app.cli.output import friendly
 from app.errors import ConfigError, PrismError
 

@@ -19,15 +19,63 @@ from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
 
-from app.errors import PrismError
+from app.errors import ConfigProblems, PrismError
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 #: Errors go to stderr, so `--json` output on stdout stays parseable.
 err_console = Console(stderr=True)
+
+
+class CliTable(Table):
+    """A `rich.table.Table` whose headers break between words only (when the table fits at
+    all) and whose cells fold instead of being cut.
+
+    Why: in a narrow or non-terminal output (80 columns) rich shrank columns below their
+    header's longest word, so headers broke mid-word (`PARTITIO/N`), and it cut ids with an
+    ellipsis - an id that cannot be copied whole is useless. A column may still ask for other
+    settings explicitly."""
+
+    def add_column(self, header: RenderableType = "", *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("overflow", "fold")
+        super().add_column(header, *args, **kwargs)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        """When the table is too wide for the console, rich narrows the widest columns and then
+        all of them evenly, down through the words of their headers. Here each column keeps at
+        least its header's longest word, and the rest of the width goes to the columns in
+        proportion to what they would need - when that fits at all; otherwise rich decides."""
+        n = len(self.columns)
+        pad = self.padding[1] + self.padding[3]
+        borders = 0 if self.box is None else (n + 1 if self.show_edge else max(n - 1, 0))
+        available = options.max_width - borders - n * pad
+        words = [_longest_word(c.header) for c in self.columns]
+        natural = [max(self._measure_column(console, options, c).maximum - pad, w) for c, w in zip(self.columns, words,
+                                                                                              strict=True)]
+        if self.expand or not n or sum(natural) <= available or sum(words) > available \
+                or any(c.width is not None for c in self.columns):
+            yield from super().__rich_console__(console, options)
+            return
+        spare, wants = available - sum(words), [nat - w for nat, w in zip(natural, words, strict=True)]
+        widths = [w + (spare * want) // sum(wants) for w, want in zip(words, wants, strict=True)]
+        try:
+            for column, width in zip(self.columns, widths, strict=True):
+                column.width = width
+            yield from super().__rich_console__(console, options)
+        finally:
+            for column in self.columns:
+                column.width = None
+
+
+def _longest_word(header: RenderableType) -> int:
+    plain = header.plain if isinstance(header, Text) else Text.from_markup(header).plain \
+        if isinstance(header, str) else ""
+    return max((len(word) for word in plain.split()), default=0)
 
 
 def error_line(exc: PrismError) -> str:
@@ -64,7 +112,7 @@ class ProblemCollector:
         """`check(*args, **kwargs)`, or None after recording the problem it raised."""
         try:
             return check(*args, **kwargs)
-        except Problems as exc:
+        except (Problems, ConfigProblems) as exc:
             self.problems.extend(exc.problems)
         except PrismError as exc:
             self.problems.append(exc)
@@ -79,10 +127,11 @@ class ProblemCollector:
 
 def print_problems(exc: PrismError, console: Console | None = None) -> None:
     """One error line per problem (a `Problems` lists each), then how many there were."""
-    if isinstance(exc, Problems):
+    if isinstance(exc, Problems | ConfigProblems):
         for p in exc.problems:
             print_error(p, console)
-        (console or err_console).print(escape(str(exc)), soft_wrap=True, highlight=False, markup=True)
+        summary = exc.summary if isinstance(exc, ConfigProblems) else str(exc)
+        (console or err_console).print(escape(summary), soft_wrap=True, highlight=False, markup=True)
         return
     print_error(exc, console)
 

@@ -10,6 +10,7 @@ archive tap (whose `prism-source` header names its input offset), a rejected one
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import time
 import uuid
@@ -22,11 +23,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from rich.console import Console
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from app.agents.publish import SOURCE_HEADER
 from app.broker.admin import BrokerSettings, ensure_topics
 from app.broker.embedded import EmbeddedBroker
+from app.cli.output import CliTable as Table  # headers break between words, ids fold
 from app.demo.loadgen import MIX, LoadGenerator
 from app.security.devkeys import ensure_dev_keys
 from app.topology import Topology
@@ -45,6 +46,9 @@ class DemoReport:
     worker: dict[str, Any] = field(default_factory=dict)
     lake: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    #: emitted messages whose payload did not match the schema (validation: warn forwards them,
+    #: marked with the `prism-schema-validation` header)
+    schema_warned: int = 0
 
     @property
     def ok(self) -> bool:
@@ -123,6 +127,24 @@ def _totals_table(report: DemoReport, topology: Topology) -> Table:
 async def run_demo(topology: Topology, *, messages: int, rate: float, data_dir: Path, keys_dir: Path,
                    console: Console, seed: int = 7, timeout: float = 300.0, lake: bool = False) -> DemoReport:
     keys = ensure_dev_keys(keys_dir)
+    # validation: warn logs each payload that does not match the schema; the demo mixes shapes on
+    # purpose, so it reports how many were marked instead of printing a line for each
+    quiet = _DropSchemaWarnings()
+    logging.getLogger("prism.worker").addFilter(quiet)
+    try:
+        return await _run_demo(topology, keys, messages=messages, rate=rate, data_dir=data_dir, console=console,
+                               seed=seed, timeout=timeout, lake=lake)
+    finally:
+        logging.getLogger("prism.worker").removeFilter(quiet)
+
+
+class _DropSchemaWarnings(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("schema_validation_failed")
+
+
+async def _run_demo(topology: Topology, keys: Any, *, messages: int, rate: float, data_dir: Path, console: Console,
+                    seed: int, timeout: float, lake: bool) -> DemoReport:
     # data_dir is the demo's scratch space: each run starts from an empty archive and table
     # so that the reconciliation compares this run's messages only.
     for old in [data_dir / "archive", data_dir / "lake", *data_dir.glob("worker-*"), data_dir / "broker"]:
@@ -238,6 +260,8 @@ def _reconcile(report: DemoReport, expected_at: dict[tuple[int, int], tuple[str,
     where: dict[tuple[int, int], str] = {}
     for rec in records[f"{source}.{topology.outputs.layouts[-1]}"]:
         report.emitted_ids.add((_header(rec, "prism-message-id") or b"").decode())
+        if (_header(rec, "prism-schema-validation") or b"").startswith(b"failed"):
+            report.schema_warned += 1
         src = (_header(rec, SOURCE_HEADER) or b"").decode()
         topic, part, off = src.rsplit("/", 2)
         if topic == source:
@@ -278,6 +302,11 @@ def print_report(report: DemoReport, topology: Topology, console: Console) -> No
         console.print(f"Delta table {lk['table']}: {lk['table_rows']} rows in {lk['files']} files, "
                       f"{lk['partitions']} partitions, version {lk['version']} ({lk['writer']} writer, {lk['seconds']}s)")
     w = report.worker
+    if report.schema_warned:
+        mode = topology.validation
+        console.print(f"schema validation ({mode}): {report.schema_warned} emitted payload(s) did not match the "
+                      "schema and were forwarded with the header prism-schema-validation: failed (the demo sends raw "
+                      "bytes and LNMP on purpose; `validation: strict` would send them to the DLQ)", soft_wrap=True)
     console.print(f"published {report.published} = emitted {w['emitted']} + DLQ {w['dlq']} + expired "
                   f"{w['expired']} + deduplicated {w['duplicate']}")
     if report.ok:
@@ -303,11 +332,12 @@ def print_next_steps(topology: Topology, console: Console) -> None:
     broker = (f"prism broker status                   # {escape(running.describe())}: running" if running is not None
               else "prism broker start                    # a local broker on 127.0.0.1:9092 that outlives workers")
     console.print("[bold]what next[/] (the demo's broker and topics are gone; its keys were throwaway):")
-    from app.security.devkeys import topology_key_files
+    from app.security.devkeys import is_throwaway, topology_key_files
 
-    have_keys = all(f.exists() for f in topology_key_files(topology).values())
-    keys = ("prism keys init --force               # the demo's keys serve `prism run` here; a fresh set to share"
-            if have_keys else "prism keys init                       # the key set your workers share (once)")
+    files = topology_key_files(topology).values()
+    demo_keys = bool(files) and all(f.exists() and is_throwaway(f.parent) for f in files)
+    keys = ("prism keys init                       # replaces the demo's throwaway keys: the set your workers share"
+            if demo_keys else "prism keys init                       # the key set your workers share (once)")
     for line in (keys,
                  broker,
                  f"prism run -t {src} --web-port 6066   # the worker, on that broker",

@@ -11,15 +11,15 @@ import json
 import logging
 import os
 import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from app.errors import PrismError
+from app.cli.output import CliTable as Table  # headers break between words, ids fold
+from app.errors import LakeError, PrismError
 from app.lake import maintenance
 
 lake_app = typer.Typer(help="Archive -> Delta Lake compaction and table maintenance.", no_args_is_help=True,
@@ -43,11 +43,21 @@ def _storage_options(pairs: list[str] | None) -> dict[str, str] | None:
     return out
 
 
-def _fail(exc: PrismError) -> None:
+def _fail(exc: PrismError) -> NoReturn:
+    """The one error line every `prism` command prints (`error [code] what (at where); fix: how`)."""
+    from app.cli.output import print_error
     from app.lake.compact import EXIT_FAILED
 
-    _err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+    print_error(exc, _err)
     raise typer.Exit(EXIT_FAILED)
+
+
+def _spark_failure(exc: Exception, what: str) -> LakeError:
+    """A Spark / JVM / delta-rs failure as one line: its first line, not its 59-line traceback."""
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    return LakeError(f"{what} failed: {type(exc).__name__}: {first[:400]}",
+                     hint="check the archive and table locations (local paths, or s3://... with --storage-option) "
+                          "and that Java 17+ runs (Spark's own log above this line says more)")
 
 
 def _emit(doc: dict[str, Any], as_json: bool, title: str) -> None:
@@ -98,7 +108,13 @@ def compact(
     # Stop Spark at the end only if this command started it (not under spark-submit or a caller's session).
     owned = existing_session() is None and "PYSPARK_GATEWAY_PORT" not in os.environ
     extra_conf, jars_note = _delta_jars(writer) if owned else (None, "")
-    spark = get_spark(master, extra_conf=extra_conf)
+    try:
+        spark = get_spark(master, extra_conf=extra_conf)
+    except PrismError as exc:
+        _fail(exc)
+    except Exception as exc:  # no JVM, bad master: one line, not a traceback
+        logging.getLogger("prism.lake").debug("starting Spark failed", exc_info=True)
+        _fail(_spark_failure(exc, "starting Spark"))
     try:
         comp = Compactor(spark, archive, table, quarantine_url=quarantine, writer=writer, max_files=max_files,
                          storage_options=_storage_options(storage_option), jars_note=jars_note)
@@ -118,6 +134,9 @@ def compact(
             summary = comp.run(on_batch=advance, plan=plan)
     except PrismError as exc:
         _fail(exc)
+    except Exception as exc:  # Spark's AnalysisException, Py4JJavaError, delta-rs errors
+        logging.getLogger("prism.lake").debug("compaction failed", exc_info=True)
+        _fail(_spark_failure(exc, "compaction"))
     finally:
         if owned:
             spark.stop()

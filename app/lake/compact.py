@@ -42,7 +42,7 @@ from app.lake.archive import Archive, Manifest, read_archive_file
 from app.lake.decode import decode_archive_table
 from app.lake.schema import PROVENANCE_ORDER, spark_schema
 from app.lake.spark import default_parallelism
-from app.lake.storage import Store
+from app.lake.storage import Store, absolute_url
 from app.lake.writers import ConcurrentCommitError, Fault, Partition, make_writer
 
 if TYPE_CHECKING:
@@ -190,6 +190,9 @@ class Compactor:
         if max_files <= 0:
             raise ArchiveError("max_files must be positive")
         self.spark = spark
+        # local paths absolute before Spark or delta-rs see them (app/lake/storage.py absolute_url)
+        archive_url, table_url = absolute_url(archive_url), absolute_url(table_url)
+        quarantine_url = absolute_url(quarantine_url) if quarantine_url else None
         self.archive = Archive(archive_url)
         self.archive_url = archive_url
         self.quarantine_url = quarantine_url or self.archive.store.child_url(QUARANTINE_DIR)

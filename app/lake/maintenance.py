@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from app.errors import LakeError, RetentionError
 from app.lake.schema import PARTITION_COLUMNS
+from app.lake.storage import absolute_url
 from app.lake.writers import refuse_unsupported_features
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ _UNIT_HOURS = {"second": 1 / 3600, "minute": 1 / 60, "hour": 1.0, "day": 24.0, "
 def open_table(table_uri: str, storage_options: dict[str, str] | None = None) -> DeltaTable:
     from deltalake import DeltaTable
 
+    table_uri = absolute_url(table_uri)
     if not DeltaTable.is_deltatable(table_uri, storage_options=storage_options):
         raise LakeError(f"{table_uri} is not a Delta table (no readable _delta_log)",
                         hint="run `prism lake compact` first, or check the table URL")

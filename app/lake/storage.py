@@ -139,6 +139,17 @@ def is_local_url(url: str) -> bool:
     return scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt")
 
 
+def absolute_url(url: str) -> str:
+    """A local path made absolute (a ``file://`` URL becomes its absolute path); any other URL as
+    given. Why: Spark reads a relative path like ``var/lake/envelopes`` in ``delta.`...``` SQL as a
+    table name and failed with a 59-line traceback; delta-rs and pyarrow resolve it against a
+    different working directory than the user's shell when run under spark-submit."""
+    if not is_local_url(url) or (len(urlsplit(url).scheme) == 1):
+        return url
+    path = urlsplit(url).path if url.startswith("file://") else url
+    return os.path.abspath(os.path.expanduser(path))
+
+
 def open_filesystem(url: str) -> tuple[pafs.FileSystem, str]:
     """(filesystem, path) for a local path, a `file://` URL or any `pyarrow.fs` URI."""
     if is_local_url(url):

@@ -573,6 +573,23 @@ def _check_tls(certfile: Path | None, keyfile: Path | None) -> None:
               fix="pass a PEM certificate (chain) and its unencrypted PEM private key")
 
 
+def start_line(*, host: str, port: int, tls: bool, workers: int, store: str, auth: Any) -> str:
+    """``prism registry listening on URL, store STORE, auth MODES, N worker(s)``; the store URL
+    without its password (a PostgreSQL URL may carry one)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(store)
+    if parts.password is not None:
+        netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+        store = urlunsplit(parts._replace(netloc=netloc))
+    modes = [m for m, on in (("basic", bool(auth.users)), ("bearer-jwt", auth.bearer is not None)) if on]
+    if auth.anonymous_roles:
+        modes.append(f"anonymous={','.join(sorted(auth.anonymous_roles))}")
+    shown = f"[{host}]" if ":" in host else host
+    return (f"prism registry listening on {'https' if tls else 'http'}://{shown}:{port}, store {store}, "
+            f"auth {'+'.join(modes) or 'none'}, {workers} worker(s)")
+
+
 @schema_app.command()
 def serve(
     host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
@@ -637,6 +654,9 @@ def serve(
               where="--store", fix="check the URL (--store / PRISM_REGISTRY_DB) and that the database is reachable")
     if store:
         os.environ["PRISM_REGISTRY_DB"] = store
+    # one start line (the registry logged nothing at start): where it listens, the store, the auth modes
+    typer.echo(start_line(host=host, port=port, tls=ssl_certfile is not None, workers=workers,
+                          store=store or "sqlite:///prism-registry.db", auth=auth), err=True)
     metrics_dir = None
     if workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         metrics_dir = tempfile.mkdtemp(prefix="prism-registry-metrics-")

@@ -659,15 +659,17 @@ class Subscription:
 
     async def _withhold(self, d: Delivery, env: Envelope, classification: str) -> None:
         """Above the clearance: for `confidential` and `restricted` data, write the refusal's
-        audit record first (as for a delivery: on failure nack and raise); then acknowledge (a
-        withheld message must not come back forever), count, and log the first one and then
+        audit record first (as for a delivery: on failure nack and raise); then settle it so it
+        does not come back to this subscriber (`Delivery.withhold`: an ack where each group has its
+        own position; on PostgreSQL's shared queue the row stays for subscribers with the
+        clearance), count, and log the first one and then
         every `WITHHELD_LOG_EVERY`th."""
         if classification in AUDITED:
             c = self.clearance
             record = refusal_record(env, classification, clearance=c.level, principal=c.principal, group=self.group,
                                     backend=d.backend, ref=d.ref)
             await self._write_audit(d, env, classification, record, "refusal")
-        await d.ack()
+        await d.withhold()  # never back to this subscriber; still there for one with the clearance
         self.stats["withheld"] += 1
         self.withheld[classification] = self.withheld.get(classification, 0) + 1
         n = self.stats["withheld"]

@@ -68,9 +68,28 @@ def _b64url(b: bytes) -> str:
     return base64.urlsafe_b64encode(b).rstrip(b"=").decode()
 
 
+#: Written next to keys that `prism demo` / `--dev-keys` made: `prism keys init` replaces such a
+#: set without `--force` (nothing real uses it), and says so.
+THROWAWAY_MARK = ".throwaway"
+
+
+def is_throwaway(folder: str | Path) -> bool:
+    """True when every key file in `folder` was made by `ensure_dev_keys` (demo / --dev-keys)."""
+    return (Path(folder) / THROWAWAY_MARK).is_file()
+
+
 def ensure_dev_keys(folder: str | Path) -> DevKeys:
+    """Throwaway keys in `folder` (the demo, `prism run --dev-keys`): the existing files are kept,
+    missing ones made; the folder is 0700 like `prism keys init`'s. A set this function started
+    is marked throwaway, so `prism keys init` may replace it later without `--force` - right after
+    `make demo` it used to fail with `keys_exist`."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    fresh = not existing_key_files(folder)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(folder, 0o700)
+    if fresh:
+        (folder / THROWAWAY_MARK).write_text("made by prism demo / prism run --dev-keys; `prism keys init` "
+                                              "replaces this set\n")
     signing = folder / "signing.json"
     keyring = load_signing_keyring(signing) if signing.exists() else write_dev_keyring(signing)
     pem = folder / "issuer.pem"
@@ -133,7 +152,7 @@ def init_keys(folder: str | Path, *, force: bool = False) -> DevKeys:
     unless `force`: workers, producers and consumers may already sign or verify with it."""
     folder = Path(folder)
     present = existing_key_files(folder)
-    if present and not force:
+    if present and not force and not is_throwaway(folder):
         raise KeysExistError(f"{', '.join(p.name for p in present)} already in {folder}", path=str(folder),
                              hint="keep them (every worker of the group must use the same keys), or pass --force "
                                   "to replace them - producers and consumers then need the new keys too")
@@ -143,6 +162,7 @@ def init_keys(folder: str | Path, *, force: bool = False) -> DevKeys:
     _write_private(folder / "signing.json", json.dumps(dev_keyring_doc(), indent=2).encode())
     _write_private(folder / "issuer.pem", key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
     _write_private(folder / "jwks.json", json.dumps(_jwks_doc(key), indent=2).encode())
+    (folder / THROWAWAY_MARK).unlink(missing_ok=True)  # a key set made on purpose now
     return DevKeys(folder, load_signing_keyring(folder / "signing.json"), key)
 
 

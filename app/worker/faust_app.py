@@ -81,6 +81,32 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+#: Lines an operator needs at the default level without their being warnings (the ready line):
+#: logged at INFO, and let through the log handlers even when the worker runs at warning
+#: (:class:`LifecycleFilter`). Why not WARNING: alerting on WARNING lines paged on every start.
+lifecycle = logging.getLogger("prism.lifecycle")
+lifecycle.setLevel(logging.INFO)
+
+
+class LifecycleFilter(logging.Filter):
+    """On a handler lowered to INFO: keeps its old threshold for every record except the
+    ``prism.lifecycle`` ones, which pass at INFO."""
+
+    def __init__(self, threshold: int) -> None:
+        super().__init__()
+        self.threshold = threshold
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= self.threshold or record.name == lifecycle.name
+
+
+def show_lifecycle(logger: logging.Logger) -> None:
+    """Let ``prism.lifecycle`` INFO lines through `logger`'s handlers, nothing else that they did
+    not already let through."""
+    for handler in logger.handlers:
+        if handler.level > logging.INFO and not any(isinstance(f, LifecycleFilter) for f in handler.filters):
+            handler.addFilter(LifecycleFilter(handler.level))
+            handler.setLevel(logging.INFO)
 
 #: When set, :class:`PrismWorker` writes a JSON file here once the worker is fully started
 #: (table recovery complete, agents running): the subprocess readiness signal.
@@ -120,6 +146,7 @@ class PrismWorker(faust.Worker):
             self.spinner = None  # nothing to animate in a log file or pipe
         super().on_setup_root_logger(logger, level)
         logger.setLevel(level or logging.WARNING)
+        show_lifecycle(logger)
 
     def _on_sigterm(self) -> None:
         shutdown_clock.begin()  # every stop-time wait is bounded by the drain from now (app/worker/shutdown.py)
@@ -150,16 +177,16 @@ class PrismWorker(faust.Worker):
         ready_file = os.environ.get(READY_FILE_ENV)
         if ready_file:
             _write_ready_file(Path(ready_file), self.app)
-        log.warning("%s", ready_line(self.app))
+        lifecycle.info("%s", ready_line(self.app))
 
 
 def ready_line(app: faust.App) -> str:
     """The one line a worker logs once it is ready (tables recovered, agents running).
 
     Why: an operator could not tell from the log when a worker was ready, nor what it had joined;
-    the broker's address in particular appeared only in a debug line. Logged at WARNING so it
-    shows at the default level (like the write-limits line): topology, group, the source
-    partitions this worker holds, broker and web address."""
+    the broker's address in particular appeared only in a debug line. Logged at INFO on the
+    ``prism.lifecycle`` logger, which the worker's handlers show at the default (warning) level:
+    topology, group, the source partitions this worker holds, broker and web address."""
     group = str(app.conf.id)
     topology = group.removeprefix("prism-")
     held: dict[str, list[int]] = {}

@@ -81,6 +81,7 @@ from app.worker.batch_source import BatchSource, CurrentMessage, ack_all, releas
 from app.worker.continuity import HoleFetcher, OffsetTracker
 from app.worker.dlq_overflow import build_overflow
 from app.worker.faust_app import make_app
+from app.worker.group_topology import client_id_for, topology_digest
 from app.worker.kafka_health import WriteWatch, leader_problems
 from app.worker.limits import WriteLimits, check_room, max_request_from_env, measured_overhead, record_size
 from app.worker.transactions import EXACTLY_ONCE, PartitionProducers, TransactionFailed, check_guarantee
@@ -302,7 +303,11 @@ class PipelineApp:
         parts = {s.partitions for s in topology.sources}
         if observe is not None and observe.management.ssl_context is not None:
             faust_overrides.setdefault("web_ssl_context", observe.management.ssl_context)  # HTTPS management API
-        self.app: faust.App = make_app(app_id or f"prism-{topology.name}", bootstrap, data_dir,
+        group = app_id or f"prism-{topology.name}"
+        # the group client id carries the topology's digest: `prism run` refuses to join a group
+        # whose live members run another topology (app/worker/group_topology.py)
+        faust_overrides.setdefault("broker_client_id", client_id_for(group, topology_digest(topology)))
+        self.app: faust.App = make_app(group, bootstrap, data_dir,
                                        web_port=web_port, partitions=max(parts), embedded=embedded,
                                        settings=broker_settings, processing_guarantee=self.guarantee,
                                        **faust_overrides)

@@ -76,6 +76,26 @@ def test_keys_init_writes_a_private_set_once_and_run_finds_it(tmp_path: Path) ->
     assert res.returncode == 2 and "no_keys" not in out and "Traceback" not in out, out
 
 
+def test_keys_init_replaces_the_demos_throwaway_keys(tmp_path: Path) -> None:
+    """Right after `make demo`, `prism keys init` used to fail with keys_exist (the demo's keys sat
+    where the topology looks), and the demo's key folder was 0755."""
+    from app.security.devkeys import ensure_dev_keys, is_throwaway
+
+    keys = tmp_path / "keys"
+    topo = _topology(tmp_path, keys)
+    ensure_dev_keys(keys)  # what `prism demo` and `prism run --dev-keys` do
+    assert stat.S_IMODE(os.stat(keys).st_mode) == 0o700 and is_throwaway(keys)
+    before = (keys / "signing.json").read_bytes()
+    res = prism("keys", "init", "--topology", str(topo))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "replaced the throwaway keys" in res.stdout, res.stdout
+    assert (keys / "signing.json").read_bytes() != before and not is_throwaway(keys)
+    # made on purpose now: a second init refuses as for any shared set
+    assert_clean_error(prism("keys", "init", "--topology", str(topo)), "keys_exist", "--force")
+    ensure_dev_keys(keys)  # a later --dev-keys run keeps the real set, and does not mark it throwaway
+    assert not is_throwaway(keys)
+
+
 def test_keys_init_elsewhere_says_which_fields_to_point_at_it(tmp_path: Path) -> None:
     res = prism("keys", "init", "--dir", str(tmp_path / "k"))
     assert res.returncode == 0, res.stderr
@@ -127,7 +147,8 @@ def test_the_demo_and_dev_keys_still_need_no_setup(tmp_path: Path) -> None:
                 env={"PRISM_BROKER_URL": "127.0.0.1:1"})
     out = res.stdout + res.stderr
     assert "throwaway development keys" in out and "prism keys" in out, out
-    assert sorted(p.name for p in keys.iterdir()) == ["issuer.pem", "jwks.json", "signing.json"]
+    # the key set, marked throwaway (`prism keys init` may replace it later without --force)
+    assert sorted(p.name for p in keys.iterdir()) == [".throwaway", "issuer.pem", "jwks.json", "signing.json"]
     assert res.returncode == 2 and "no_keys" not in out and "Traceback" not in out, out  # then the dead broker
 
 

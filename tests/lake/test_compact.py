@@ -288,3 +288,38 @@ def test_partition_values_with_special_characters_round_trip(spark, tmp_path):
     again = Compactor(spark, archive, table).run()
     assert again.total("rows_written") == 0 and again.total("duplicates") == len(records)
     assert Compactor(spark, archive, table).run().batches == [], "an all-duplicate batch is recorded too"
+
+
+def test_relative_paths_compact_like_absolute_ones(spark, lake, reference, monkeypatch):
+    """`prism lake compact var/archive var/lake/envelopes` printed a 59-line Spark traceback
+    (Spark read the relative table path as a table name); absolute paths worked."""
+    monkeypatch.chdir(lake["root"])
+    result = CliRunner().invoke(lake_app, ["compact", "archive", "relative/envelopes", "--json"])
+    assert result.exit_code == EXIT_QUARANTINED, result.output
+    assert _sorted_rows(str(lake["root"] / "relative/envelopes")) == _sorted_rows(reference[0])
+    stats = CliRunner().invoke(lake_app, ["stats", "relative/envelopes", "--json"])
+    assert stats.exit_code == 0 and json.loads(stats.stdout)["rows"] == len(lake["expected"]), stats.output
+
+
+def test_a_spark_failure_is_one_error_line(spark, lake, monkeypatch):
+    def explode(self, **_kwargs):
+        raise RuntimeError("[SOMETHING_BAD] the JVM said no\n\tat org.apache.spark.Foo(Foo.scala:1)\n" * 30)
+
+    monkeypatch.setattr(Compactor, "run", explode)
+    result = CliRunner().invoke(lake_app, ["compact", lake["archive"], str(lake["root"] / "never")])
+    assert result.exit_code == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("writer:")]
+    assert len(lines) == 1 and lines[0].startswith("error [lake_error] compaction failed: RuntimeError: "
+                                                   "[SOMETHING_BAD] the JVM said no"), result.stderr
+    assert "Traceback" not in result.output and "fix:" in lines[0]
+
+
+def test_absolute_url_only_touches_local_paths(tmp_path, monkeypatch):
+    from app.lake.storage import absolute_url
+
+    monkeypatch.chdir(tmp_path)
+    assert absolute_url("var/lake") == str(tmp_path / "var/lake")
+    assert absolute_url("file://" + str(tmp_path / "x")) == str(tmp_path / "x")
+    assert absolute_url("/abs/path") == "/abs/path"
+    for remote in ("s3://bucket/prefix?endpoint_override=h:1", "gs://b/p", "abfss://c@a.dfs.core.windows.net/p"):
+        assert absolute_url(remote) == remote

@@ -118,3 +118,41 @@ def test_codegen_python_importable(tmp_path: Path) -> None:
         sys.modules.pop("prism.annotations_pb2", None)
         sys.modules.pop("prism", None)
     assert run("codegen", "--file", str(src), "--output", str(out), "--language", "go").exit_code == 2
+
+
+def test_registry_start_line_says_where_what_and_how_without_secrets() -> None:
+    from app.schema.cli import start_line
+    from app.security.http_auth import HttpAuth
+
+    line = start_line(host="0.0.0.0", port=8081, tls=True, workers=2,
+                      store="postgresql://reg:s3cret@db.internal:5432/registry?schema=prism",
+                      auth=HttpAuth(anonymous_roles=["read"]))
+    assert line == ("prism registry listening on https://0.0.0.0:8081, store "
+                    "postgresql://reg:***@db.internal:5432/registry?schema=prism, auth anonymous=read, 2 worker(s)")
+    assert "s3cret" not in line
+    assert "store sqlite:///prism-registry.db, auth none" in start_line(
+        host="::1", port=1, tls=False, workers=1, store="sqlite:///prism-registry.db", auth=HttpAuth())
+
+
+def test_prism_schema_serve_prints_its_start_line(tmp_path) -> None:
+    """The registry logged nothing at start: now one line says where it listens, on which store,
+    with which authentication."""
+    import subprocess
+    import sys
+
+    from tests.schema.conftest import free_port
+    from tests.support import write_users_file
+
+    port = free_port()
+    users = write_users_file(tmp_path / "users.yaml")
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "schema", "serve", "--port", str(port),
+                             "--store", f"sqlite:///{tmp_path / 'reg.db'}", "--users-file", str(users)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline().strip()  # blocks until the line (or EOF if it died)
+        assert first == (f"prism registry listening on http://127.0.0.1:{port}, store sqlite:///{tmp_path / 'reg.db'}, "
+                         "auth basic, 1 worker(s)"), first
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)

@@ -105,6 +105,36 @@ async def test_clearance_withholds_and_audits_on_every_backend(backend_url, topi
     assert "4111" not in json.dumps(rec) and "payload" not in rec  # never the data
 
 
+async def test_on_postgresql_a_withheld_message_stays_for_a_cleared_subscriber(pg_url, topic):
+    """PostgreSQL's queue has one `consumed` flag per row, shared by every subscriber: withholding
+    used to ack the row, so a message above one subscriber's clearance was gone for the
+    subscribers that had the clearance too."""
+    audit_topic = f"audit.{uuid.uuid4().hex[:10]}"
+    async with PrismClient(pg_url, namespace="order-events", signing_key=READERS["svc-billing"]) as client:
+        ids = await publish_levels(client, topic)
+        async with client.subscribe(topic, group="dashboard", audit_topic=audit_topic, batch_size=2) as low:
+            got = await drain(low, len(LEVELS))
+            assert {m.message_id for m in got} == {ids[x] for x in ("public", "internal", None)}
+            assert low.withheld == {"confidential": 1, "restricted": 1}
+            # this subscription never claims the withheld rows again (no busy loop over them)
+            assert await low.receive(timeout=1.5) is None
+            assert low.stats["withheld"] == 2
+            # while the first subscription is still open, a cleared one gets what it withheld
+            async with client.subscribe(topic, group="billing", clearance="restricted", principal="svc-billing",
+                                        audit_topic=audit_topic) as high:
+                got_high = await drain(high, 2)
+        assert {m.message_id for m in got_high} == {ids["confidential"], ids["restricted"]}
+        assert high.stats["withheld"] == 0 and high.stats["audited"] == 2
+        # consumed now: no later subscriber sees them
+        async with client.subscribe(topic, group="late", clearance="restricted", principal="svc-billing",
+                                    audit_topic=audit_topic) as late:
+            assert await late.receive(timeout=1.5) is None
+    records, _ = await read_audit(pg_url, audit_topic=audit_topic)
+    assert sorted((r["event"], r["group"], r["classification"]) for r in records) == [
+        ("classified_delivery", "billing", "confidential"), ("classified_delivery", "billing", "restricted"),
+        ("classified_refused", "dashboard", "confidential"), ("classified_refused", "dashboard", "restricted")]
+
+
 async def test_a_forged_header_never_lowers_the_signed_classification(kafka_url, topic):
     """The attacker angle: the record says `data-classification: public` in every header
     spelling a producer uses, the signed envelope says restricted - the envelope wins. An

@@ -147,6 +147,13 @@ class Delivery(abc.ABC):
     @abc.abstractmethod
     async def nack(self) -> None: ...
 
+    async def withhold(self) -> None:
+        """Settle a message this subscriber may not see (above its clearance) so that it never
+        comes back to this subscriber. Where each group keeps its own position (Kafka, Redis
+        streams, NATS consumers) that is an ack: other groups still get the message. The
+        PostgreSQL queue overrides it: there one row is shared by every subscriber."""
+        await self.ack()
+
     @property
     def stale(self) -> bool:
         """True when the backend already re-queued this delivery (Kafka: its partition was

@@ -21,7 +21,10 @@ the row as it is; when every row of the batch is settled the transaction commits
 locks go (a nacked row is then fetched again). A consumer that dies loses its connection,
 PostgreSQL rolls its transaction back, and its rows are free at once. Caveat: acks become
 durable at that commit, and the `consumed` flag is per row, not per group - every
-subscriber of a topic competes for the same rows whatever `group` it names.
+subscriber of a topic competes for the same rows whatever `group` it names. A row above a
+subscriber's clearance is therefore not consumed by it (`withhold`): it stays for a subscriber
+that has the clearance, and the withholding subscription remembers its id and never claims it
+again (a new subscription sees it once more, and audits the refusal once more).
 
 Signatures: the table stores JSON, not the signed bytes, so envelopes published here are
 signed over their deterministic encoding (`app.sdk._canonical`) and verified the same way.
@@ -61,8 +64,12 @@ INSERT_NOTIFY_SQL = (
 )
 CLAIM_SQL = (
     f"SELECT id, message_id, topic, envelope, published_at FROM {pg.TABLE} "
-    "WHERE topic = %s AND NOT consumed ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
+    "WHERE topic = %s AND NOT consumed AND NOT (id = ANY(%s)) ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
 )
+#: Of the rows a subscription withheld, those another subscriber has consumed since (forgotten).
+CONSUMED_SQL = f"SELECT id FROM {pg.TABLE} WHERE id = ANY(%s) AND consumed"
+#: Withheld row ids a subscription remembers before it prunes the consumed ones.
+WITHHELD_PRUNE_AT = 10_000
 ACK_SQL = f"UPDATE {pg.TABLE} SET consumed = TRUE WHERE id = %s"
 #: Open batches (connections holding row locks) per subscription before fetch waits.
 MAX_OPEN_BATCHES = 4
@@ -273,6 +280,13 @@ class _PgDelivery(Delivery):
     async def nack(self) -> None:
         await self.batch.settle(self.row["id"], False)
 
+    async def withhold(self) -> None:
+        """Above this subscriber's clearance: the row stays unconsumed for the subscribers that
+        have the clearance (the `consumed` flag is per row, not per group - an ack would take
+        the message from all of them), and this subscription never claims it again."""
+        self.batch.sub.withheld.add(self.row["id"])
+        await self.batch.settle(self.row["id"], False)
+
 
 class _PgSubscription(BackendSubscription):
     def __init__(self, backend: PostgresBackend, topic: str, settings: SubscribeSettings) -> None:
@@ -281,6 +295,8 @@ class _PgSubscription(BackendSubscription):
         self._free: list[Any] = []
         self._open: set[_Batch] = set()
         self._released = asyncio.Event()
+        #: rows withheld from this subscription (above its clearance), left for others: never claimed again
+        self.withheld: set[int] = set()
 
     async def start(self) -> None:
         self.listen = await self.backend.new_connection(autocommit=True)
@@ -317,7 +333,10 @@ class _PgSubscription(BackendSubscription):
             if conn is None:
                 return []  # every connection holds an unsettled batch: ack or nack them
             try:
-                cur = await conn.execute(CLAIM_SQL, (self.topic, max_messages))
+                if len(self.withheld) >= WITHHELD_PRUNE_AT:  # forget the ones others have consumed since
+                    cur = await conn.execute(CONSUMED_SQL, (list(self.withheld),))
+                    self.withheld.difference_update(r["id"] for r in await cur.fetchall())
+                cur = await conn.execute(CLAIM_SQL, (self.topic, list(self.withheld), max_messages))
                 rows = await cur.fetchall()
             except Exception as exc:
                 with contextlib.suppress(Exception):
