@@ -1,0 +1,278 @@
+//! Encode and decode envelopes in either wire layout (the Rust twin of `app/envelope/codec.py`).
+//!
+//! [`decode_view`] is the header-only parse: it walks the top-level records, decodes every
+//! record but the payload, and *borrows* the payload (type_url and value) from the input
+//! buffer. Its cost does not depend on the payload size (BENCHMARKS.md, "Rust client").
+//!
+//! [`encode`] writes `[header without security][security][payload]`, as Python does: the
+//! payload last (a streaming reader can stop before it), and the signature scopes cut their
+//! bytes from exactly these runs (docs/signing.md).
+
+use prost::Message;
+
+use crate::error::{err, Result};
+use crate::gen::{draft, v1};
+use crate::layouts::{draft_to_reviewed, reviewed_to_draft};
+use crate::model::{Envelope, Payload, PayloadRef};
+use crate::wire::{self, Record, LEN, VARINT};
+
+/// The two wire layouts of RFC-031.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// RFC-031 draft: `envelope_version = 1`, payload at field 3 (`<topic>.v2`).
+    Draft,
+    /// memo-031 reviewed layout: payload at field 99 (`<topic>.v3`).
+    Reviewed,
+}
+
+impl Layout {
+    pub fn security_field(self) -> u32 {
+        match self {
+            Layout::Draft => 4,
+            Layout::Reviewed => 2,
+        }
+    }
+    pub fn payload_field(self) -> u32 {
+        match self {
+            Layout::Draft => 3,
+            Layout::Reviewed => 99,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::Draft => "draft",
+            Layout::Reviewed => "reviewed",
+        }
+    }
+}
+
+/// Size limits, checked before any payload byte is touched (Python's `Limits`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_message_bytes: usize,
+    pub max_header_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_message_bytes: 16 * 1024 * 1024, max_header_bytes: 256 * 1024 }
+    }
+}
+
+/// Tell the layouts apart by field 1's wire type (draft: varint `envelope_version`; reviewed:
+/// the `metadata` message); without field 1, fields 5/6 mean draft, anything else reviewed.
+pub fn detect_layout(data: &[u8]) -> Result<Layout> {
+    layout_of_records(&wire::scan(data, 0, data.len())?)
+}
+
+/// [`detect_layout`] for callers that already scanned the records.
+pub fn layout_of_records(records: &[Record]) -> Result<Layout> {
+    if let Some(r) = records.iter().find(|r| r.field == 1) {
+        return Ok(if r.wire_type == VARINT { Layout::Draft } else { Layout::Reviewed });
+    }
+    if records.iter().any(|r| r.field == 5 || r.field == 6) {
+        return Ok(Layout::Draft);
+    }
+    if records.is_empty() {
+        return Err(err!(Layout, "empty input is not an envelope", "byte 0", "check the producer sends envelope bytes"));
+    }
+    Ok(Layout::Reviewed)
+}
+
+/// A decoded header with the payload borrowed from the input: the zero-copy, header-only parse.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnvelopeView<'a> {
+    pub layout: Layout,
+    /// The reviewed-layout header (`payload` is always `None`; see [`Self::payload`]).
+    pub header: v1::PrismEnvelope,
+    /// Borrowed from the input buffer; `None` when the envelope has no payload record.
+    pub payload: Option<PayloadRef<'a>>,
+    /// What the draft -> reviewed mapping could not carry (empty for the reviewed layout).
+    pub dropped: Vec<String>,
+}
+
+impl EnvelopeView<'_> {
+    /// Copy the payload out: an owned [`Envelope`].
+    pub fn to_envelope(&self) -> Envelope {
+        Envelope { header: self.header.clone(), payload: self.payload.map(|p| p.to_owned_payload()) }
+    }
+    pub fn metadata(&self) -> Option<&v1::PrismMetadata> {
+        self.header.metadata.as_ref()
+    }
+}
+
+fn too_large(what: &str, size: usize, limit: usize, hint: &str) -> crate::PrismError {
+    err!(SizeLimit, format!("{what} is {size} bytes, over the {limit}-byte limit"), "", hint)
+}
+
+/// The header-only parse, borrowing the payload. `layout: None` detects it.
+pub fn decode_view<'a>(data: &'a [u8], layout: Option<Layout>, limits: &Limits) -> Result<EnvelopeView<'a>> {
+    if data.len() > limits.max_message_bytes {
+        return Err(too_large("envelope", data.len(), limits.max_message_bytes,
+            "raise Limits::max_message_bytes or have the producer split the message"));
+    }
+    let records = wire::scan(data, 0, data.len())?;
+    let lay = match layout {
+        Some(l) => l,
+        None => layout_of_records(&records)?,
+    };
+    decode_records(data, &records, lay, limits)
+}
+
+/// [`decode_view`] for callers that already scanned the records (signature verification).
+pub fn decode_records<'a>(data: &'a [u8], records: &[Record], lay: Layout, limits: &Limits) -> Result<EnvelopeView<'a>> {
+    let pf = lay.payload_field();
+    let mut payload: Option<PayloadRef<'a>> = None;
+    let mut header_len = 0usize;
+    let mut contiguous_end: Option<usize> = Some(0); // header records form data[..n] so far
+    let mut any_payload = false;
+    for r in records {
+        if r.field == pf {
+            if r.wire_type != LEN {
+                return Err(err!(Malformed, format!("payload field {pf} must be length-delimited, got wire type {}", r.wire_type),
+                    format!("byte {}", r.start), "the bytes are not an envelope of this layout"));
+            }
+            // protobuf merge semantics for a repeated singular message: the Any's fields
+            // (both LEN) are last-wins, so the merged payload is still a slice of the input.
+            payload = Some(merge_any(data, r, payload)?);
+            any_payload = true;
+        } else {
+            header_len += r.end - r.start;
+            contiguous_end = match contiguous_end {
+                Some(e) if e == r.start && !any_payload => Some(r.end),
+                _ => None,
+            };
+        }
+    }
+    if header_len > limits.max_header_bytes {
+        return Err(too_large("envelope header", header_len, limits.max_header_bytes,
+            "move bulky data into the payload, or raise Limits::max_header_bytes"));
+    }
+    let joined;
+    let head: &[u8] = match contiguous_end {
+        Some(e) => &data[..e],
+        None => {
+            let mut v = Vec::with_capacity(header_len);
+            for r in records.iter().filter(|r| r.field != pf) {
+                v.extend_from_slice(&data[r.start..r.end]);
+            }
+            joined = v;
+            &joined
+        }
+    };
+    let (header, dropped) = parse_header(head, lay)?;
+    Ok(EnvelopeView { layout: lay, header, payload, dropped })
+}
+
+fn merge_any<'a>(data: &'a [u8], rec: &Record, prev: Option<PayloadRef<'a>>) -> Result<PayloadRef<'a>> {
+    let mut out = prev.unwrap_or(PayloadRef { type_url: "", value: &[] });
+    for r in wire::scan(data, rec.value_start, rec.end)? {
+        match (r.field, r.wire_type) {
+            (1, LEN) => {
+                out.type_url = std::str::from_utf8(&data[r.value_start..r.end]).map_err(|_| {
+                    err!(Malformed, "payload type_url is not valid UTF-8", "payload.type_url", "the producer is broken")
+                })?;
+            }
+            (2, LEN) => out.value = &data[r.value_start..r.end],
+            (1 | 2, wt) => {
+                return Err(err!(Malformed, format!("payload field {} has wire type {wt}, not 2", r.field),
+                    format!("byte {}", r.start), "the payload is not a google.protobuf.Any"));
+            }
+            _ => {} // unknown Any fields are skipped, as every protobuf reader does
+        }
+    }
+    Ok(out)
+}
+
+fn parse_header(head: &[u8], lay: Layout) -> Result<(v1::PrismEnvelope, Vec<String>)> {
+    let bad = |e: prost::DecodeError| {
+        err!(Malformed, format!("envelope header is not valid protobuf for the {} layout: {e}", lay.name()), "header",
+            "check the producer's layout and encoder")
+    };
+    match lay {
+        Layout::Reviewed => Ok((v1::PrismEnvelope::decode(head).map_err(bad)?, Vec::new())),
+        Layout::Draft => {
+            let d = draft::PrismEnvelope::decode(head).map_err(bad)?;
+            Ok(draft_to_reviewed(&d))
+        }
+    }
+}
+
+/// Decode into an owned [`Envelope`] (the payload copied out of `data`).
+pub fn decode(data: &[u8], limits: &Limits) -> Result<Envelope> {
+    Ok(decode_view(data, None, limits)?.to_envelope())
+}
+
+fn payload_any(p: &Payload) -> Vec<u8> {
+    let mut any = Vec::with_capacity(p.value.len() + p.type_url.len() + 12);
+    if !p.type_url.is_empty() {
+        wire::put_len_record(&mut any, 1, p.type_url.as_bytes());
+    }
+    if !p.value.is_empty() {
+        wire::put_len_record(&mut any, 2, &p.value);
+    }
+    any
+}
+
+/// The three runs of the encoding: header without security, the security record, the payload record.
+pub fn encode_parts(env: &Envelope, layout: Layout) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+    let mut security = Vec::new();
+    let head = match layout {
+        Layout::Reviewed => {
+            let mut h = env.header.clone();
+            h.payload = None;
+            if let Some(s) = h.security.take() {
+                wire::put_len_record(&mut security, 2, &s.encode_to_vec());
+            }
+            h.encode_to_vec()
+        }
+        Layout::Draft => {
+            let (mut d, _) = reviewed_to_draft(&env.header);
+            d.payload = None;
+            if let Some(s) = d.security.take() {
+                wire::put_len_record(&mut security, 4, &s.encode_to_vec());
+            }
+            d.encode_to_vec()
+        }
+    };
+    let mut payload = Vec::new();
+    if let Some(p) = &env.payload {
+        wire::put_len_record(&mut payload, layout.payload_field(), &payload_any(p));
+    }
+    (head, security, payload)
+}
+
+/// Serialize the envelope in the given layout.
+pub fn encode(env: &Envelope, layout: Layout) -> Vec<u8> {
+    let (mut head, sec, payload) = encode_parts(env, layout);
+    head.reserve(sec.len() + payload.len());
+    head.extend_from_slice(&sec);
+    head.extend_from_slice(&payload);
+    head
+}
+
+/// Re-encode envelope bytes in another layout; returns the bytes and what was dropped.
+/// A signature never survives a layout change (it covers the old bytes): it is removed and
+/// reported, and whoever forwards the copy re-signs it.
+pub fn convert(data: &[u8], to: Layout, limits: &Limits) -> Result<(Vec<u8>, Vec<String>)> {
+    let view = decode_view(data, None, limits)?;
+    let mut dropped = view.dropped.clone();
+    let mut env = view.to_envelope();
+    if to == Layout::Draft {
+        dropped.extend(reviewed_to_draft(&env.header).1);
+    }
+    if let Some(s) = env.header.security.as_mut() {
+        if s.signature.is_some() {
+            s.signature = None;
+            s.signature_algorithm = None;
+            s.signature_key_id = None;
+            s.signature_scope = None;
+            s.sibling_digest = None;
+            s.tree_index = None;
+            s.tree_size = None;
+            s.tree_path = None;
+            dropped.push("security.signature: covers the original bytes only; re-sign after conversion".to_owned());
+        }
+    }
+    Ok((encode(&env, to), dropped))
+}
