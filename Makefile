@@ -8,7 +8,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: venv demo run test lint proto proto-check bench image client-wheel clean
+.PHONY: venv demo run test lint proto proto-check conformance conformance-check bench image client-wheel clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,6 +24,13 @@ proto: $(STAMP)
 proto-check: $(STAMP)
 	$(BIN)/python -m app.envelope.protogen --check
 
+# The shared conformance suite (conformance/README.md): regenerate, or check it is current.
+conformance: $(STAMP)
+	$(BIN)/python -m conformance.generate
+
+conformance-check: $(STAMP)
+	$(BIN)/python -m conformance.generate --check
+
 demo: $(STAMP)
 	$(BIN)/prism demo
 
@@ -34,6 +41,7 @@ test: $(STAMP)
 	@bash scripts/ensure-test-deps.sh
 	@bash scripts/ensure-kubectl.sh
 	$(BIN)/python -m app.envelope.protogen --check
+	$(BIN)/python -m conformance.generate --check
 	$(BIN)/ruff check app tests bench clients conformance
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 

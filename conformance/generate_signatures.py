@@ -356,7 +356,7 @@ def build() -> dict[str, str]:
                     raise AssertionError(f"{alg} {vec['name']}: the verifier says {got}, "
                                          f"the spec says {(expected, expected_legacy)}")
                 vectors.append(vec)
-        doc = {"note": NOTE, **context, "key": _key_doc(key), "vectors": vectors}
+        doc = {"kind": "signature", "note": NOTE, **context, "key": _key_doc(key), "vectors": vectors}
         out[f"{prefix}-{alg}.json"] = json.dumps(doc, indent=1) + "\n"
     return out
 

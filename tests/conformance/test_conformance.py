@@ -1,0 +1,284 @@
+"""The Python runner of the shared conformance suite (conformance/README.md).
+
+Reads conformance/manifest.json, runs every vector of every listed file through Prism's own
+code the way a Go or Rust runner would (decode, encode, convert, verify, decrypt, LNMP), and
+checks that the committed files are exactly what `python -m conformance.generate` writes, so
+a change to the wire format or to signing made here without regenerating the suite fails, and
+a regenerated suite shows up in the other languages' runs.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.mlkem import MLKEM1024PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from app._gen.prism.envelope.draft import envelope_pb2 as dpb
+from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
+from app.envelope import Envelope, Layout, convert, decode, detect_layout, encode
+from app.envelope.model import Payload
+from app.errors import PrismError
+from app.formats.lnmp_envelope import decode_message, to_lnmp
+from app.security.encryption import build_aad, decrypt_envelope
+from app.security.signing import (
+    ED25519,
+    HMAC_SHA256,
+    SigningKey,
+    VerificationKey,
+    VerificationKeys,
+    signed_message,
+    verify,
+)
+from conformance import generate
+from conformance._common import ERROR_KINDS, counts_as, effective_json, message_json, model_json
+from conformance.generate_encryption import keyring as encryption_keyring
+from conformance.generate_lnmp import lnmp_fields
+
+ROOT = Path(generate.__file__).resolve().parent
+MANIFEST = json.loads((ROOT / "manifest.json").read_text(encoding="utf-8"))
+DOCS = {e["path"]: json.loads((ROOT / e["path"]).read_text(encoding="utf-8")) for e in MANIFEST["files"]}
+CASES = [(e["path"], i) for e in MANIFEST["files"] for i in range(e["vectors"])]
+
+
+# --------------------------------------------------------------------------- the suite itself
+
+
+def test_the_committed_suite_is_what_the_generator_writes() -> None:
+    stale = generate.stale_files(generate.build())
+    assert stale == [], f"stale conformance files {stale}: run python -m conformance.generate"
+
+
+def test_the_check_mode_exits_1_on_a_stale_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    built = generate.build()
+    for path, text in built.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text, encoding="utf-8")
+    monkeypatch.setattr(generate, "ROOT", tmp_path)
+    assert generate.main(["--check"]) == 0
+    first = next(p for p in built if p != "manifest.json")
+    (tmp_path / first).write_text(built[first].replace('"name"', '"nome"', 1), encoding="utf-8")
+    (tmp_path / "envelopes" / "left-behind.json").write_text("{}", encoding="utf-8")
+    assert generate.main(["--check"]) == 1
+    assert generate.stale_files(built) == sorted([first, "envelopes/left-behind.json"])
+
+
+def test_the_manifest_lists_every_vector_file_with_its_hash_and_kind() -> None:
+    on_disk = sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*.json") if p.name != "manifest.json")
+    assert sorted(DOCS) == on_disk
+    for entry in MANIFEST["files"]:
+        text = (ROOT / entry["path"]).read_text(encoding="utf-8")
+        assert hashlib.sha256(text.encode()).hexdigest() == entry["sha256"]
+        assert DOCS[entry["path"]]["kind"] == entry["kind"] in MANIFEST["kinds"]
+        assert len(DOCS[entry["path"]]["vectors"]) == entry["vectors"] > 0
+    assert set(MANIFEST["error_kinds"]) == set(ERROR_KINDS)
+
+
+def test_the_suite_stays_small() -> None:
+    total = sum(p.stat().st_size for p in ROOT.rglob("*.json"))
+    assert total < 2_000_000, f"the conformance suite is {total} bytes; keep it under 2 MB"
+
+
+def test_every_expected_error_is_a_listed_kind() -> None:
+    verdicts = {"valid", "ok", "plaintext"} | set(ERROR_KINDS)
+    for path, doc in DOCS.items():
+        for v in doc["vectors"]:
+            for key, value in v.items():
+                if key.startswith("expected") and isinstance(value, str):
+                    assert value in verdicts, f"{path} {v['name']}: {key}={value!r} is not an error kind"
+
+
+# --------------------------------------------------------------------------- JSON form -> protobuf
+
+
+def message_from_json(cls: type[Message], data: dict[str, Any]) -> Message:
+    """The inverse of the JSON form (README): what another language's runner does to build
+    an envelope from `model`. Encoding the result must give the canonical bytes."""
+    msg = cls()
+    _fill(msg, data)
+    return msg
+
+
+def _fill(msg: Message, data: dict[str, Any]) -> None:
+    fields = msg.DESCRIPTOR.fields_by_name
+    for name, value in data.items():
+        if name == "_unknown":
+            msg.MergeFromString(bytes.fromhex(value))
+            continue
+        fd = fields[name]
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            vfd = fd.message_type.fields_by_name["value"]
+            target = getattr(msg, name)
+            for k, v in value.items():
+                target[k] = bytes.fromhex(v) if vfd.type == FieldDescriptor.TYPE_BYTES else v
+        elif fd.is_repeated:
+            getattr(msg, name).extend(value)
+        elif fd.message_type is not None:
+            sub = getattr(msg, name)
+            sub.SetInParent()
+            _fill(sub, value)
+        elif fd.type == FieldDescriptor.TYPE_BYTES:
+            setattr(msg, name, bytes.fromhex(value))
+        else:
+            setattr(msg, name, value)
+
+
+def envelope_from_model(model: dict[str, Any]) -> Envelope:
+    header = dict(model)
+    payload = header.pop("payload", None)
+    env = Envelope(message_from_json(vpb.PrismEnvelope, header))  # type: ignore[arg-type]
+    if payload is None:
+        env.payload = Payload.absent()
+    else:
+        env.payload = Payload(bytes.fromhex(payload.get("value", "")), payload.get("type_url", ""))
+    return env
+
+
+# --------------------------------------------------------------------------- runners by kind
+
+
+def _error_kind(fn: Callable[[], object]) -> str:
+    try:
+        fn()
+    except PrismError as exc:
+        return exc.code
+    return "valid"
+
+
+def _matches(python_code: str, expected: str) -> bool:
+    return python_code == expected or counts_as(python_code, expected)
+
+
+def _signature_keyring(doc: dict[str, Any], accept_legacy: bool) -> VerificationKeys:
+    k = doc["key"]
+    if k["algorithm"] == HMAC_SHA256:
+        key: VerificationKey = SigningKey.hmac_sha256(k["key_id"], bytes.fromhex(k["secret_hex"])).verification_key()
+    else:
+        assert k["algorithm"] == ED25519
+        key = VerificationKey(k["key_id"], ED25519,
+                              public_key=Ed25519PublicKey.from_public_bytes(bytes.fromhex(k["public_key_hex"])))
+    return VerificationKeys.of([key], accept_legacy_scope=accept_legacy)
+
+
+def run_signature(doc: dict[str, Any], v: dict[str, Any]) -> None:
+    data = bytes.fromhex(v["envelope_hex"])
+    for accept, field in ((False, "expected"), (True, "expected_accept_legacy_scope")):
+        got = _error_kind(lambda accept=accept: verify(data, _signature_keyring(doc, accept)))  # type: ignore[misc]
+        assert _matches(got, v[field]), f"{field}: Prism says {got}, the vector {v[field]}"
+    if "signed_message_hex" in v:
+        assert signed_message(data).joined().hex() == v["signed_message_hex"]
+
+
+def run_envelope(doc: dict[str, Any], v: dict[str, Any]) -> None:
+    data = bytes.fromhex(v["envelope_hex"])
+    layout = Layout(v["layout"])
+    assert detect_layout(data) is layout
+    cls = dpb.PrismEnvelope if layout is Layout.DRAFT else vpb.PrismEnvelope
+    assert message_json(cls.FromString(data)) == v["wire"]
+    env = decode(data)
+    assert model_json(env) == v["model"]
+    assert effective_json(env) == v["effective"]
+    loc = v["payload_location"]
+    if loc is None:
+        assert not env.payload.present
+    else:
+        any_bytes = data[loc["any_offset"]:loc["any_offset"] + loc["any_length"]]
+        assert bytes(env.payload.wire()) == any_bytes
+        assert loc["record_offset"] + loc["record_length"] == loc["any_offset"] + loc["any_length"]
+        value = data[loc["value_offset"]:loc["value_offset"] + loc["value_length"]] if "value_offset" in loc else b""
+        assert bytes(env.payload.value) == value
+    rebuilt = envelope_from_model(v["model"])
+    assert model_json(rebuilt) == v["model"]
+    assert (encode(rebuilt, layout) == data) is v["canonical"]
+    assert encode(decode(encode(rebuilt, layout)), layout) == encode(rebuilt, layout)
+
+
+def run_conversion(doc: dict[str, Any], v: dict[str, Any]) -> None:
+    data = bytes.fromhex(v["input_hex"])
+    src, dst = Layout(v["from"]), Layout(v["to"])
+    assert detect_layout(data) is src and src is not dst
+    out, dropped = convert(data, dst)
+    assert detect_layout(out) is dst
+    if "output_hex" in v:
+        assert out.hex() == v["output_hex"]
+    cls = dpb.PrismEnvelope if dst is Layout.DRAFT else vpb.PrismEnvelope
+    assert message_json(cls.FromString(out)) == v["output_wire"]
+    assert model_json(decode(out)) == v["output_model"]
+    assert {d.split(":", 1)[0] for d in dropped} == set(v["not_carried"])
+    if not v["not_carried"]:  # nothing lost: converting back gives the input's model
+        assert model_json(decode(convert(out, src)[0])) == model_json(decode(data))
+
+
+def run_encryption(doc: dict[str, Any], v: dict[str, Any]) -> None:
+    env = decode(bytes.fromhex(v["envelope_hex"]))
+    assert detect_layout(bytes.fromhex(v["envelope_hex"])) is Layout(v["layout"])
+    got = _error_kind(lambda: decrypt_envelope(env, encryption_keyring(doc["keys"])))
+    assert _matches(got, "valid" if v["expected"] == "plaintext" else v["expected"]), got
+    if v["expected"] != "plaintext":
+        return
+    assert decrypt_envelope(env, encryption_keyring(doc["keys"])).hex() == v["plaintext_hex"]
+    md, enc = env.metadata, env.header.security.encryption
+    assert build_aad(md.message_id, md.namespace, md.topic, enc.algorithm, enc.key_id).hex() == v["aad_hex"]
+    key = doc["keys"][enc.key_id]
+    if key["type"] == "symmetric-256":
+        return
+    seed = key["private_seed_hex"] if key["type"] == "ml-kem-1024" else key["ml_kem_private_seed_hex"]
+    m_ss = MLKEM1024PrivateKey.from_seed_bytes(bytes.fromhex(seed)).decapsulate(enc.encapsulated_key)
+    assert m_ss.hex() == v["ml_kem_shared_secret_hex"]
+    if key["type"] == "ml-kem-1024":
+        assert v["aead_key_hex"] == m_ss.hex()
+        return
+    eph = base64.b64decode(json.loads(enc.algorithm_params)["x25519_ephemeral_public"])
+    x_ss = X25519PrivateKey.from_private_bytes(bytes.fromhex(key["x25519_private_hex"])).exchange(
+        X25519PublicKey.from_public_bytes(eph))
+    assert x_ss.hex() == v["x25519_shared_secret_hex"]
+    info = b"prism-envelope payload key" + eph + bytes.fromhex(key["x25519_public_hex"])
+    aead_key = HKDF(hashes.SHA256(), 32, salt=b"prism-envelope/x25519-ml-kem-1024/v1", info=info).derive(x_ss + m_ss)
+    assert aead_key.hex() == v["aead_key_hex"]
+
+
+def run_lnmp(doc: dict[str, Any], v: dict[str, Any]) -> None:
+    data = bytes.fromhex(v["input_hex"])
+    assert v["strict"] is True
+    got = _error_kind(lambda: decode_message(data, strict=True))
+    assert _matches(got, "valid" if v["expected"] == "ok" else v["expected"]), got
+    if v["expected"] != "ok":
+        return
+    mapped = decode_message(data)
+    fields, record = lnmp_fields(data)
+    assert fields == v["lnmp"] and record.hex() == v["record_hex"]
+    assert bytes(mapped.envelope.payload.value) == record
+    assert model_json(mapped.envelope) == v["model"]
+    assert bytes(to_lnmp(mapped.envelope)).hex() == v["reencoded_hex"]
+    assert bytes(to_lnmp(envelope_from_model(v["model"]))).hex() == v["reencoded_hex"]
+
+
+RUNNERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], None]] = {
+    "signature": run_signature,
+    "envelope": run_envelope,
+    "conversion": run_conversion,
+    "encryption": run_encryption,
+    "lnmp": run_lnmp,
+}
+
+
+def test_every_kind_in_the_manifest_has_a_runner() -> None:
+    assert set(MANIFEST["kinds"]) == set(RUNNERS)
+
+
+@pytest.mark.parametrize(("path", "index"), CASES,
+                         ids=[f"{p}:{DOCS[p]['vectors'][i]['name']}" for p, i in CASES])
+def test_vector(path: str, index: int) -> None:
+    doc = DOCS[path]
+    RUNNERS[doc["kind"]](doc, doc["vectors"][index])
