@@ -43,7 +43,18 @@ test: $(STAMP)
 	$(BIN)/python -m app.envelope.protogen --check
 	$(BIN)/python -m conformance.generate --check
 	$(BIN)/ruff check app tests bench clients conformance
+	$(MAKE) --no-print-directory test-rust
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# The Rust client (clients/rust, docs/sdk-rust.md): formatting, clippy, then every test (the
+# conformance suite, the generated-types currency check, the fuzz corpus replay). The build is
+# cached in one fixed target directory, so a second run compiles only what changed.
+CARGO        ?= $(shell command -v cargo 2>/dev/null || echo $(HOME)/.cargo/bin/cargo)
+RUST_TARGET  ?= $(HOME)/.cache/prism/cargo-target
+test-rust:
+	cd clients/rust && $(CARGO) fmt --check
+	cd clients/rust && CARGO_TARGET_DIR=$(RUST_TARGET) $(CARGO) clippy --locked --all-targets -q -- -D warnings
+	cd clients/rust && CARGO_TARGET_DIR=$(RUST_TARGET) $(CARGO) test --locked -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check app tests bench clients conformance

@@ -55,7 +55,10 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_message_bytes: 16 * 1024 * 1024, max_header_bytes: 256 * 1024 }
+        Limits {
+            max_message_bytes: 16 * 1024 * 1024,
+            max_header_bytes: 256 * 1024,
+        }
     }
 }
 
@@ -68,13 +71,22 @@ pub fn detect_layout(data: &[u8]) -> Result<Layout> {
 /// [`detect_layout`] for callers that already scanned the records.
 pub fn layout_of_records(records: &[Record]) -> Result<Layout> {
     if let Some(r) = records.iter().find(|r| r.field == 1) {
-        return Ok(if r.wire_type == VARINT { Layout::Draft } else { Layout::Reviewed });
+        return Ok(if r.wire_type == VARINT {
+            Layout::Draft
+        } else {
+            Layout::Reviewed
+        });
     }
     if records.iter().any(|r| r.field == 5 || r.field == 6) {
         return Ok(Layout::Draft);
     }
     if records.is_empty() {
-        return Err(err!(Layout, "empty input is not an envelope", "byte 0", "check the producer sends envelope bytes"));
+        return Err(err!(
+            Layout,
+            "empty input is not an envelope",
+            "byte 0",
+            "check the producer sends envelope bytes"
+        ));
     }
     Ok(Layout::Reviewed)
 }
@@ -94,7 +106,10 @@ pub struct EnvelopeView<'a> {
 impl EnvelopeView<'_> {
     /// Copy the payload out: an owned [`Envelope`].
     pub fn to_envelope(&self) -> Envelope {
-        Envelope { header: self.header.clone(), payload: self.payload.map(|p| p.to_owned_payload()) }
+        Envelope {
+            header: self.header.clone(),
+            payload: self.payload.map(|p| p.to_owned_payload()),
+        }
     }
     pub fn metadata(&self) -> Option<&v1::PrismMetadata> {
         self.header.metadata.as_ref()
@@ -102,14 +117,27 @@ impl EnvelopeView<'_> {
 }
 
 fn too_large(what: &str, size: usize, limit: usize, hint: &str) -> crate::PrismError {
-    err!(SizeLimit, format!("{what} is {size} bytes, over the {limit}-byte limit"), "", hint)
+    err!(
+        SizeLimit,
+        format!("{what} is {size} bytes, over the {limit}-byte limit"),
+        "",
+        hint
+    )
 }
 
 /// The header-only parse, borrowing the payload. `layout: None` detects it.
-pub fn decode_view<'a>(data: &'a [u8], layout: Option<Layout>, limits: &Limits) -> Result<EnvelopeView<'a>> {
+pub fn decode_view<'a>(
+    data: &'a [u8],
+    layout: Option<Layout>,
+    limits: &Limits,
+) -> Result<EnvelopeView<'a>> {
     if data.len() > limits.max_message_bytes {
-        return Err(too_large("envelope", data.len(), limits.max_message_bytes,
-            "raise Limits::max_message_bytes or have the producer split the message"));
+        return Err(too_large(
+            "envelope",
+            data.len(),
+            limits.max_message_bytes,
+            "raise Limits::max_message_bytes or have the producer split the message",
+        ));
     }
     let records = wire::scan(data, 0, data.len())?;
     let lay = match layout {
@@ -120,7 +148,12 @@ pub fn decode_view<'a>(data: &'a [u8], layout: Option<Layout>, limits: &Limits) 
 }
 
 /// [`decode_view`] for callers that already scanned the records (signature verification).
-pub fn decode_records<'a>(data: &'a [u8], records: &[Record], lay: Layout, limits: &Limits) -> Result<EnvelopeView<'a>> {
+pub fn decode_records<'a>(
+    data: &'a [u8],
+    records: &[Record],
+    lay: Layout,
+    limits: &Limits,
+) -> Result<EnvelopeView<'a>> {
     let pf = lay.payload_field();
     let mut payload: Option<PayloadRef<'a>> = None;
     let mut header_len = 0usize;
@@ -129,8 +162,15 @@ pub fn decode_records<'a>(data: &'a [u8], records: &[Record], lay: Layout, limit
     for r in records {
         if r.field == pf {
             if r.wire_type != LEN {
-                return Err(err!(Malformed, format!("payload field {pf} must be length-delimited, got wire type {}", r.wire_type),
-                    format!("byte {}", r.start), "the bytes are not an envelope of this layout"));
+                return Err(err!(
+                    Malformed,
+                    format!(
+                        "payload field {pf} must be length-delimited, got wire type {}",
+                        r.wire_type
+                    ),
+                    format!("byte {}", r.start),
+                    "the bytes are not an envelope of this layout"
+                ));
             }
             // protobuf merge semantics for a repeated singular message: the Any's fields
             // (both LEN) are last-wins, so the merged payload is still a slice of the input.
@@ -145,8 +185,12 @@ pub fn decode_records<'a>(data: &'a [u8], records: &[Record], lay: Layout, limit
         }
     }
     if header_len > limits.max_header_bytes {
-        return Err(too_large("envelope header", header_len, limits.max_header_bytes,
-            "move bulky data into the payload, or raise Limits::max_header_bytes"));
+        return Err(too_large(
+            "envelope header",
+            header_len,
+            limits.max_header_bytes,
+            "move bulky data into the payload, or raise Limits::max_header_bytes",
+        ));
     }
     let joined;
     let head: &[u8] = match contiguous_end {
@@ -161,22 +205,43 @@ pub fn decode_records<'a>(data: &'a [u8], records: &[Record], lay: Layout, limit
         }
     };
     let (header, dropped) = parse_header(head, lay)?;
-    Ok(EnvelopeView { layout: lay, header, payload, dropped })
+    Ok(EnvelopeView {
+        layout: lay,
+        header,
+        payload,
+        dropped,
+    })
 }
 
-fn merge_any<'a>(data: &'a [u8], rec: &Record, prev: Option<PayloadRef<'a>>) -> Result<PayloadRef<'a>> {
-    let mut out = prev.unwrap_or(PayloadRef { type_url: "", value: &[] });
+fn merge_any<'a>(
+    data: &'a [u8],
+    rec: &Record,
+    prev: Option<PayloadRef<'a>>,
+) -> Result<PayloadRef<'a>> {
+    let mut out = prev.unwrap_or(PayloadRef {
+        type_url: "",
+        value: &[],
+    });
     for r in wire::scan(data, rec.value_start, rec.end)? {
         match (r.field, r.wire_type) {
             (1, LEN) => {
                 out.type_url = std::str::from_utf8(&data[r.value_start..r.end]).map_err(|_| {
-                    err!(Malformed, "payload type_url is not valid UTF-8", "payload.type_url", "the producer is broken")
+                    err!(
+                        Malformed,
+                        "payload type_url is not valid UTF-8",
+                        "payload.type_url",
+                        "the producer is broken"
+                    )
                 })?;
             }
             (2, LEN) => out.value = &data[r.value_start..r.end],
             (1 | 2, wt) => {
-                return Err(err!(Malformed, format!("payload field {} has wire type {wt}, not 2", r.field),
-                    format!("byte {}", r.start), "the payload is not a google.protobuf.Any"));
+                return Err(err!(
+                    Malformed,
+                    format!("payload field {} has wire type {wt}, not 2", r.field),
+                    format!("byte {}", r.start),
+                    "the payload is not a google.protobuf.Any"
+                ));
             }
             _ => {} // unknown Any fields are skipped, as every protobuf reader does
         }
@@ -186,8 +251,15 @@ fn merge_any<'a>(data: &'a [u8], rec: &Record, prev: Option<PayloadRef<'a>>) -> 
 
 fn parse_header(head: &[u8], lay: Layout) -> Result<(v1::PrismEnvelope, Vec<String>)> {
     let bad = |e: prost::DecodeError| {
-        err!(Malformed, format!("envelope header is not valid protobuf for the {} layout: {e}", lay.name()), "header",
-            "check the producer's layout and encoder")
+        err!(
+            Malformed,
+            format!(
+                "envelope header is not valid protobuf for the {} layout: {e}",
+                lay.name()
+            ),
+            "header",
+            "check the producer's layout and encoder"
+        )
     };
     match lay {
         Layout::Reviewed => Ok((v1::PrismEnvelope::decode(head).map_err(bad)?, Vec::new())),
@@ -271,7 +343,10 @@ pub fn convert(data: &[u8], to: Layout, limits: &Limits) -> Result<(Vec<u8>, Vec
             s.tree_index = None;
             s.tree_size = None;
             s.tree_path = None;
-            dropped.push("security.signature: covers the original bytes only; re-sign after conversion".to_owned());
+            dropped.push(
+                "security.signature: covers the original bytes only; re-sign after conversion"
+                    .to_owned(),
+            );
         }
     }
     Ok((encode(&env, to), dropped))

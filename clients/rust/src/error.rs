@@ -16,7 +16,11 @@ pub struct Detail {
 
 impl Detail {
     pub fn new(what: impl Into<String>, at: impl Into<String>, hint: impl Into<String>) -> Self {
-        Detail { what: what.into(), at: at.into(), hint: hint.into() }
+        Detail {
+            what: what.into(),
+            at: at.into(),
+            hint: hint.into(),
+        }
     }
 }
 

@@ -49,9 +49,15 @@ pub fn draft_to_reviewed(d: &draft::PrismEnvelope) -> (v1::PrismEnvelope, Vec<St
         };
         if let Some(ts) = &dm.published_at {
             let nanos = i64::from(ts.nanos);
-            vm.published_at_ms = ts.seconds.saturating_mul(1000).saturating_add(nanos.div_euclid(1_000_000));
+            vm.published_at_ms = ts
+                .seconds
+                .saturating_mul(1000)
+                .saturating_add(nanos.div_euclid(1_000_000));
             if nanos.rem_euclid(1_000_000) != 0 {
-                dropped.push(format!("metadata.published_at: sub-millisecond part ({} ns)", nanos.rem_euclid(1_000_000)));
+                dropped.push(format!(
+                    "metadata.published_at: sub-millisecond part ({} ns)",
+                    nanos.rem_euclid(1_000_000)
+                ));
             }
         }
         if !dm.content_type.is_empty() {
@@ -96,9 +102,14 @@ pub fn draft_to_reviewed(d: &draft::PrismEnvelope) -> (v1::PrismEnvelope, Vec<St
                 ..Default::default()
             };
             if let Some(t) = ext.get(ENC_TYPE_KEY) {
-                match std::str::from_utf8(t).ok().and_then(v1::EncryptionType::from_str_name) {
+                match std::str::from_utf8(t)
+                    .ok()
+                    .and_then(v1::EncryptionType::from_str_name)
+                {
                     Some(t) => ve.encryption_type = t as i32,
-                    None => dropped.push(format!("extensions[{ENC_TYPE_KEY:?}]: not an EncryptionType name")),
+                    None => dropped.push(format!(
+                        "extensions[{ENC_TYPE_KEY:?}]: not an EncryptionType name"
+                    )),
                 }
             }
             if let Some(p) = ext.get(ENC_PUB_KEY) {
@@ -118,13 +129,19 @@ pub fn draft_to_reviewed(d: &draft::PrismEnvelope) -> (v1::PrismEnvelope, Vec<St
         ext.remove(k);
     }
     if d.envelope_version > KNOWN_ENVELOPE_VERSION {
-        ext.insert(PRODUCER_VERSION_EXT.to_owned(), d.envelope_version.to_string().into_bytes());
+        ext.insert(
+            PRODUCER_VERSION_EXT.to_owned(),
+            d.envelope_version.to_string().into_bytes(),
+        );
         dropped.push(format!(
             "envelope_version: {} is newer than {KNOWN_ENVELOPE_VERSION}; read on a best-effort basis (kept in extensions[{PRODUCER_VERSION_EXT:?}])",
             d.envelope_version
         ));
     } else if d.envelope_version < 0 {
-        dropped.push(format!("envelope_version: {} is not a version (read as {KNOWN_ENVELOPE_VERSION})", d.envelope_version));
+        dropped.push(format!(
+            "envelope_version: {} is not a version (read as {KNOWN_ENVELOPE_VERSION})",
+            d.envelope_version
+        ));
     }
     v.extensions = ext;
     v.observability = d.observability.as_ref().map(recode);
@@ -136,7 +153,9 @@ pub fn draft_to_reviewed(d: &draft::PrismEnvelope) -> (v1::PrismEnvelope, Vec<St
 /// cannot tell those from unset (`content_encoding` "none" travels as a string and is kept).
 fn zero_presence(v: &v1::PrismEnvelope, dropped: &mut Vec<String>) {
     let mut note = |path: &str, shown: &str| {
-        dropped.push(format!("{path}: explicit {shown} is indistinguishable from unset in the draft layout"))
+        dropped.push(format!(
+            "{path}: explicit {shown} is indistinguishable from unset in the draft layout"
+        ))
     };
     if let Some(m) = &v.metadata {
         if m.content_type == Some(0) {
@@ -173,7 +192,11 @@ fn zero_presence(v: &v1::PrismEnvelope, dropped: &mut Vec<String>) {
                 note(&format!("security.{name}"), "''");
             }
         }
-        for (name, val) in [("signature", &s.signature), ("sibling_digest", &s.sibling_digest), ("tree_path", &s.tree_path)] {
+        for (name, val) in [
+            ("signature", &s.signature),
+            ("sibling_digest", &s.sibling_digest),
+            ("tree_path", &s.tree_path),
+        ] {
             if val.as_deref() == Some(&[][..]) {
                 note(&format!("security.{name}"), "b''");
             }
@@ -191,12 +214,19 @@ fn zero_presence(v: &v1::PrismEnvelope, dropped: &mut Vec<String>) {
             note("security.tree_size", "0");
         }
         if let Some(e) = &s.encryption {
-            for (name, val) in [("iv", &e.iv), ("aad", &e.aad), ("encapsulated_key", &e.encapsulated_key)] {
+            for (name, val) in [
+                ("iv", &e.iv),
+                ("aad", &e.aad),
+                ("encapsulated_key", &e.encapsulated_key),
+            ] {
                 if val.as_deref() == Some(&[][..]) {
                     note(&format!("security.encryption.{name}"), "b''");
                 }
             }
-            for (name, val) in [("public_key_id", &e.public_key_id), ("algorithm_params", &e.algorithm_params)] {
+            for (name, val) in [
+                ("public_key_id", &e.public_key_id),
+                ("algorithm_params", &e.algorithm_params),
+            ] {
                 if val.as_deref() == Some("") {
                     note(&format!("security.encryption.{name}"), "''");
                 }
@@ -209,7 +239,10 @@ fn zero_presence(v: &v1::PrismEnvelope, dropped: &mut Vec<String>) {
 pub fn reviewed_to_draft(v: &v1::PrismEnvelope) -> (draft::PrismEnvelope, Vec<String>) {
     let mut dropped = Vec::new();
     zero_presence(v, &mut dropped);
-    let mut d = draft::PrismEnvelope { envelope_version: KNOWN_ENVELOPE_VERSION, ..Default::default() };
+    let mut d = draft::PrismEnvelope {
+        envelope_version: KNOWN_ENVELOPE_VERSION,
+        ..Default::default()
+    };
     if let Some(vm) = &v.metadata {
         let ms = vm.published_at_ms;
         d.metadata = Some(draft::PrismMetadata {
@@ -256,17 +289,20 @@ pub fn reviewed_to_draft(v: &v1::PrismEnvelope) -> (draft::PrismEnvelope, Vec<St
             });
             if ve.encryption_type != 0 {
                 if let Ok(t) = v1::EncryptionType::try_from(ve.encryption_type) {
-                    d.extensions.insert(ENC_TYPE_KEY.to_owned(), t.as_str_name().as_bytes().to_vec());
+                    d.extensions
+                        .insert(ENC_TYPE_KEY.to_owned(), t.as_str_name().as_bytes().to_vec());
                 }
             }
             if let Some(p) = &ve.public_key_id {
-                d.extensions.insert(ENC_PUB_KEY.to_owned(), p.as_bytes().to_vec());
+                d.extensions
+                    .insert(ENC_PUB_KEY.to_owned(), p.as_bytes().to_vec());
             }
             if let Some(k) = &ve.encapsulated_key {
                 d.extensions.insert(ENC_ENCAP_KEY.to_owned(), k.clone());
             }
             if let Some(p) = &ve.algorithm_params {
-                d.extensions.insert(ENC_PARAMS_KEY.to_owned(), p.as_bytes().to_vec());
+                d.extensions
+                    .insert(ENC_PARAMS_KEY.to_owned(), p.as_bytes().to_vec());
             }
         }
         d.security = Some(ds);

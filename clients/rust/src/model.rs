@@ -30,7 +30,10 @@ pub struct PayloadRef<'a> {
 
 impl PayloadRef<'_> {
     pub fn to_owned_payload(&self) -> Payload {
-        Payload { type_url: self.type_url.to_owned(), value: self.value.to_vec() }
+        Payload {
+            type_url: self.type_url.to_owned(),
+            value: self.value.to_vec(),
+        }
     }
 }
 
@@ -88,24 +91,41 @@ impl Envelope {
     /// `crate::encryption`) and compressed ones (this SDK does not decompress).
     pub fn payload_bytes(&self) -> Result<&[u8]> {
         let p = self.payload.as_ref().ok_or_else(|| {
-            err!(Payload, "envelope has no payload", "payload", "the producer must set a payload")
+            err!(
+                Payload,
+                "envelope has no payload",
+                "payload",
+                "the producer must set a payload"
+            )
         })?;
         if self.is_encrypted() {
-            return Err(err!(Payload, "payload is encrypted", "security.encryption",
-                "decrypt it first (prism_client::encryption::decrypt_envelope)"));
+            return Err(err!(
+                Payload,
+                "payload is encrypted",
+                "security.encryption",
+                "decrypt it first (prism_client::encryption::decrypt_envelope)"
+            ));
         }
         match self.content_encoding() {
             "" | "none" => Ok(&p.value),
-            other => Err(err!(Payload, format!("payload is compressed with {other:?}"), "metadata.content_encoding",
-                "the Rust SDK does not decompress; have the producer send content_encoding none")),
+            other => Err(err!(
+                Payload,
+                format!("payload is compressed with {other:?}"),
+                "metadata.content_encoding",
+                "the Rust SDK does not decompress; have the producer send content_encoding none"
+            )),
         }
     }
 
     /// The payload parsed as JSON into `T`.
     pub fn payload_json<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
         serde_json::from_slice(self.payload_bytes()?).map_err(|e| {
-            err!(Payload, format!("payload is not the expected JSON: {e}"), "payload.value",
-                "check the producer's payload against its schema")
+            err!(
+                Payload,
+                format!("payload is not the expected JSON: {e}"),
+                "payload.value",
+                "check the producer's payload against its schema"
+            )
         })
     }
 
@@ -113,14 +133,26 @@ impl Envelope {
     pub fn payload_proto<M: prost::Message + prost::Name + Default>(&self) -> Result<M> {
         let bytes = self.payload_bytes()?;
         let expected = M::type_url();
-        let got = self.payload.as_ref().map(|p| p.type_url.as_str()).unwrap_or("");
+        let got = self
+            .payload
+            .as_ref()
+            .map(|p| p.type_url.as_str())
+            .unwrap_or("");
         if !got.is_empty() && got != expected {
-            return Err(err!(Payload, format!("payload holds {got:?}, not {expected:?}"), "payload.type_url",
-                "pass the message type that matches the payload's type_url"));
+            return Err(err!(
+                Payload,
+                format!("payload holds {got:?}, not {expected:?}"),
+                "payload.type_url",
+                "pass the message type that matches the payload's type_url"
+            ));
         }
         M::decode(bytes).map_err(|e| {
-            err!(Payload, format!("payload is not a valid {}: {e}", M::full_name()), "payload.value",
-                "the producer sent another message type")
+            err!(
+                Payload,
+                format!("payload is not a valid {}: {e}", M::full_name()),
+                "payload.value",
+                "the producer sent another message type"
+            )
         })
     }
 }
@@ -196,11 +228,21 @@ pub fn new_message_id() -> String {
     b[6] = (b[6] & 0x0f) | 0x70;
     b[8] = (b[8] & 0x3f) | 0x80;
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
 }
 
 pub(crate) fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
 /// Builds a complete envelope with memo-031's defaults (the Python SDK's `new_envelope`).
@@ -219,33 +261,56 @@ impl EnvelopeBuilder {
             producer_sdk_version: Some(SDK_VERSION.to_owned()),
             ..Default::default()
         };
-        let header = v1::PrismEnvelope { metadata: Some(metadata), ..Default::default() };
-        EnvelopeBuilder { env: Envelope { header, payload: None } }
+        let header = v1::PrismEnvelope {
+            metadata: Some(metadata),
+            ..Default::default()
+        };
+        EnvelopeBuilder {
+            env: Envelope {
+                header,
+                payload: None,
+            },
+        }
     }
 
     fn md(&mut self) -> &mut v1::PrismMetadata {
-        self.env.header.metadata.get_or_insert_with(Default::default)
+        self.env
+            .header
+            .metadata
+            .get_or_insert_with(Default::default)
     }
 
     /// Raw bytes; the content type stays unset unless given with [`Self::content_type`].
     pub fn bytes(mut self, value: impl Into<Vec<u8>>) -> Self {
-        self.env.payload = Some(Payload { type_url: String::new(), value: value.into() });
+        self.env.payload = Some(Payload {
+            type_url: String::new(),
+            value: value.into(),
+        });
         self
     }
     /// Text, content type `text/plain; charset=utf-8`.
     pub fn text(self, value: &str) -> Self {
-        self.bytes(value.as_bytes()).content_type("text/plain; charset=utf-8")
+        self.bytes(value.as_bytes())
+            .content_type("text/plain; charset=utf-8")
     }
     /// A JSON value (compact), content type `application/json`.
     pub fn json<T: serde::Serialize>(self, value: &T) -> Result<Self> {
         let v = serde_json::to_vec(value).map_err(|e| {
-            err!(Payload, format!("payload does not serialize as JSON: {e}"), "payload", "pass a JSON-able value")
+            err!(
+                Payload,
+                format!("payload does not serialize as JSON: {e}"),
+                "payload",
+                "pass a JSON-able value"
+            )
         })?;
         Ok(self.bytes(v).content_type("application/json"))
     }
     /// A protobuf message packed like `Any.Pack`, content type `application/protobuf`.
     pub fn proto<M: prost::Message + prost::Name>(mut self, msg: &M) -> Self {
-        self.env.payload = Some(Payload { type_url: M::type_url(), value: msg.encode_to_vec() });
+        self.env.payload = Some(Payload {
+            type_url: M::type_url(),
+            value: msg.encode_to_vec(),
+        });
         self.content_type("application/protobuf")
     }
     pub fn content_type(mut self, mime: &str) -> Self {
@@ -277,7 +342,12 @@ impl EnvelopeBuilder {
         self
     }
     pub fn label(mut self, k: impl Into<String>, v: impl Into<String>) -> Self {
-        self.env.header.observability.get_or_insert_with(Default::default).labels.insert(k.into(), v.into());
+        self.env
+            .header
+            .observability
+            .get_or_insert_with(Default::default)
+            .labels
+            .insert(k.into(), v.into());
         self
     }
     pub fn extension(mut self, k: impl Into<String>, v: impl Into<Vec<u8>>) -> Self {
@@ -295,8 +365,12 @@ impl EnvelopeBuilder {
     /// The envelope; it must have a payload.
     pub fn build(self) -> Result<Envelope> {
         if self.env.payload.is_none() {
-            return Err(err!(Validation, "envelope has no payload", "payload",
-                "set one with .bytes(), .text(), .json() or .proto()"));
+            return Err(err!(
+                Validation,
+                "envelope has no payload",
+                "payload",
+                "set one with .bytes(), .text(), .json() or .proto()"
+            ));
         }
         Ok(self.env)
     }
@@ -308,7 +382,11 @@ pub fn required_problems(env: &Envelope) -> Vec<String> {
     match env.metadata() {
         None => out.push("metadata is missing".to_owned()),
         Some(m) => {
-            for (name, v) in [("message_id", &m.message_id), ("topic", &m.topic), ("namespace", &m.namespace)] {
+            for (name, v) in [
+                ("message_id", &m.message_id),
+                ("topic", &m.topic),
+                ("namespace", &m.namespace),
+            ] {
                 if v.is_empty() {
                     out.push(format!("metadata.{name} is empty"));
                 }
@@ -353,7 +431,11 @@ mod tests {
     #[test]
     fn builder_refuses_missing_payload_and_reads_json() {
         assert!(Envelope::builder("t", "n").build().is_err());
-        let env = Envelope::builder("orders.created", "orders").json(&serde_json::json!({"a": 1})).unwrap().build().unwrap();
+        let env = Envelope::builder("orders.created", "orders")
+            .json(&serde_json::json!({"a": 1}))
+            .unwrap()
+            .build()
+            .unwrap();
         assert!(required_problems(&env).is_empty());
         let v: serde_json::Value = env.payload_json().unwrap();
         assert_eq!(v["a"], 1);

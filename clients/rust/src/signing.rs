@@ -42,12 +42,31 @@ const F_TREE_SIZE: u32 = 13;
 const F_TREE_PATH: u32 = 14;
 const CUT_V2: &[u32] = &[F_AUTH_TOKEN, F_SIGNATURE];
 const CUT_PAIR: &[u32] = &[F_AUTH_TOKEN, F_SIGNATURE, F_SIBLING];
-const CUT_BATCH: &[u32] = &[F_AUTH_TOKEN, F_SIGNATURE, F_SIBLING, F_TREE_INDEX, F_TREE_SIZE, F_TREE_PATH];
+const CUT_BATCH: &[u32] = &[
+    F_AUTH_TOKEN,
+    F_SIGNATURE,
+    F_SIBLING,
+    F_TREE_INDEX,
+    F_TREE_SIZE,
+    F_TREE_PATH,
+];
 
 const SEC_NAMES: [&str; 15] = [
-    "", "publisher_id", "publisher_team", "auth_token", "signature", "signature_algorithm", "encryption",
-    "contains_pii", "data_classification", "signature_key_id", "signature_scope", "sibling_digest",
-    "tree_index", "tree_size", "tree_path",
+    "",
+    "publisher_id",
+    "publisher_team",
+    "auth_token",
+    "signature",
+    "signature_algorithm",
+    "encryption",
+    "contains_pii",
+    "data_classification",
+    "signature_key_id",
+    "signature_scope",
+    "sibling_digest",
+    "tree_index",
+    "tree_size",
+    "tree_path",
 ];
 
 fn sec_wire_type(field: u32) -> Option<u8> {
@@ -78,8 +97,14 @@ fn top_singular(lay: Layout, field: u32) -> Option<(&'static str, u8)> {
 /// A key that signs. Debug output never shows key material.
 #[derive(Clone)]
 pub enum SigningKey {
-    Hmac { key_id: String, secret: Vec<u8> },
-    Ed25519 { key_id: String, key: ed25519_dalek::SigningKey },
+    Hmac {
+        key_id: String,
+        secret: Vec<u8>,
+    },
+    Ed25519 {
+        key_id: String,
+        key: ed25519_dalek::SigningKey,
+    },
 }
 
 impl std::fmt::Debug for SigningKey {
@@ -93,17 +118,35 @@ impl SigningKey {
     pub fn hmac_sha256(key_id: impl Into<String>, secret: &[u8]) -> Result<Self> {
         let key_id = key_id.into();
         if secret.len() < MIN_HMAC_KEY_BYTES {
-            return Err(err!(Algorithm, format!("HMAC key {key_id:?} is {} bytes; at least {MIN_HMAC_KEY_BYTES} required",
-                secret.len()), "key", "generate 32 random bytes"));
+            return Err(err!(
+                Algorithm,
+                format!(
+                    "HMAC key {key_id:?} is {} bytes; at least {MIN_HMAC_KEY_BYTES} required",
+                    secret.len()
+                ),
+                "key",
+                "generate 32 random bytes"
+            ));
         }
-        Ok(SigningKey::Hmac { key_id, secret: secret.to_vec() })
+        Ok(SigningKey::Hmac {
+            key_id,
+            secret: secret.to_vec(),
+        })
     }
     /// An Ed25519 key from its 32-byte seed (RFC 8032 private key).
     pub fn ed25519_from_seed(key_id: impl Into<String>, seed: &[u8]) -> Result<Self> {
         let seed: [u8; 32] = seed.try_into().map_err(|_| {
-            err!(KeyNotUsable, format!("an Ed25519 seed is 32 bytes, not {}", seed.len()), "key", "pass the 32-byte seed")
+            err!(
+                KeyNotUsable,
+                format!("an Ed25519 seed is 32 bytes, not {}", seed.len()),
+                "key",
+                "pass the 32-byte seed"
+            )
         })?;
-        Ok(SigningKey::Ed25519 { key_id: key_id.into(), key: ed25519_dalek::SigningKey::from_bytes(&seed) })
+        Ok(SigningKey::Ed25519 {
+            key_id: key_id.into(),
+            key: ed25519_dalek::SigningKey::from_bytes(&seed),
+        })
     }
     pub fn key_id(&self) -> &str {
         match self {
@@ -118,8 +161,14 @@ impl SigningKey {
     }
     pub fn verification_key(&self) -> VerificationKey {
         match self {
-            SigningKey::Hmac { key_id, secret } => VerificationKey::Hmac { key_id: key_id.clone(), secret: secret.clone() },
-            SigningKey::Ed25519 { key_id, key } => VerificationKey::Ed25519 { key_id: key_id.clone(), key: key.verifying_key() },
+            SigningKey::Hmac { key_id, secret } => VerificationKey::Hmac {
+                key_id: key_id.clone(),
+                secret: secret.clone(),
+            },
+            SigningKey::Ed25519 { key_id, key } => VerificationKey::Ed25519 {
+                key_id: key_id.clone(),
+                key: key.verifying_key(),
+            },
         }
     }
     fn sign_message(&self, m: &[u8]) -> Vec<u8> {
@@ -140,27 +189,50 @@ fn mac(secret: &[u8], m: &[u8]) -> Vec<u8> {
 /// A key that verifies. Debug output never shows key material.
 #[derive(Clone)]
 pub enum VerificationKey {
-    Hmac { key_id: String, secret: Vec<u8> },
-    Ed25519 { key_id: String, key: ed25519_dalek::VerifyingKey },
+    Hmac {
+        key_id: String,
+        secret: Vec<u8>,
+    },
+    Ed25519 {
+        key_id: String,
+        key: ed25519_dalek::VerifyingKey,
+    },
 }
 
 impl std::fmt::Debug for VerificationKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "VerificationKey({}, {})", self.key_id(), self.algorithm())
+        write!(
+            f,
+            "VerificationKey({}, {})",
+            self.key_id(),
+            self.algorithm()
+        )
     }
 }
 
 impl VerificationKey {
     /// An Ed25519 public key (32 bytes).
     pub fn ed25519_public(key_id: impl Into<String>, public: &[u8]) -> Result<Self> {
-        let bad = || err!(KeyNotUsable, "not a valid 32-byte Ed25519 public key", "key", "pass the raw public key");
+        let bad = || {
+            err!(
+                KeyNotUsable,
+                "not a valid 32-byte Ed25519 public key",
+                "key",
+                "pass the raw public key"
+            )
+        };
         let arr: [u8; 32] = public.try_into().map_err(|_| bad())?;
         let key = ed25519_dalek::VerifyingKey::from_bytes(&arr).map_err(|_| bad())?;
-        Ok(VerificationKey::Ed25519 { key_id: key_id.into(), key })
+        Ok(VerificationKey::Ed25519 {
+            key_id: key_id.into(),
+            key,
+        })
     }
     pub fn key_id(&self) -> &str {
         match self {
-            VerificationKey::Hmac { key_id, .. } | VerificationKey::Ed25519 { key_id, .. } => key_id,
+            VerificationKey::Hmac { key_id, .. } | VerificationKey::Ed25519 { key_id, .. } => {
+                key_id
+            }
         }
     }
     pub fn algorithm(&self) -> &'static str {
@@ -172,14 +244,17 @@ impl VerificationKey {
     fn verifies(&self, m: &[u8], signature: &[u8]) -> bool {
         match self {
             VerificationKey::Hmac { secret, .. } => {
-                let mut h = <Hmac<Sha256> as Mac>::new_from_slice(secret).unwrap_or_else(|_| unreachable!());
+                let mut h = <Hmac<Sha256> as Mac>::new_from_slice(secret)
+                    .unwrap_or_else(|_| unreachable!());
                 h.update(m);
                 h.verify_slice(signature).is_ok() // constant time
             }
-            VerificationKey::Ed25519 { key, .. } => match ed25519_dalek::Signature::from_slice(signature) {
-                Ok(sig) => key.verify(m, &sig).is_ok(),
-                Err(_) => false,
-            },
+            VerificationKey::Ed25519 { key, .. } => {
+                match ed25519_dalek::Signature::from_slice(signature) {
+                    Ok(sig) => key.verify(m, &sig).is_ok(),
+                    Err(_) => false,
+                }
+            }
         }
     }
 }
@@ -193,7 +268,10 @@ pub struct VerificationKeys {
 
 impl VerificationKeys {
     pub fn new(keys: impl IntoIterator<Item = VerificationKey>) -> Self {
-        VerificationKeys { keys: keys.into_iter().collect(), accept_legacy_scope: false }
+        VerificationKeys {
+            keys: keys.into_iter().collect(),
+            accept_legacy_scope: false,
+        }
     }
     /// Accept legacy-scope signatures: a downgrade risk (docs/signing.md, `accept_legacy_scope`).
     pub fn accepting_legacy_scope(mut self, accept: bool) -> Self {
@@ -206,20 +284,43 @@ impl VerificationKeys {
     }
     fn candidates(&self, key_id: &str, algorithm: &str) -> Result<Vec<&VerificationKey>> {
         if !key_id.is_empty() {
-            let k = self.keys.iter().find(|k| k.key_id() == key_id).ok_or_else(|| {
-                err!(UnknownKey, format!("signature key {key_id:?} is not in the verifier's keyring"),
-                    "security.signature_key_id", "add the producer's verification key to the keyring")
-            })?;
+            let k = self
+                .keys
+                .iter()
+                .find(|k| k.key_id() == key_id)
+                .ok_or_else(|| {
+                    err!(
+                        UnknownKey,
+                        format!("signature key {key_id:?} is not in the verifier's keyring"),
+                        "security.signature_key_id",
+                        "add the producer's verification key to the keyring"
+                    )
+                })?;
             if k.algorithm() != algorithm {
-                return Err(err!(BadSignature, format!("key {key_id:?} is a {} key but the envelope says {algorithm}",
-                    k.algorithm()), "security.signature_algorithm", "the envelope was changed, or the key is misconfigured"));
+                return Err(err!(
+                    BadSignature,
+                    format!(
+                        "key {key_id:?} is a {} key but the envelope says {algorithm}",
+                        k.algorithm()
+                    ),
+                    "security.signature_algorithm",
+                    "the envelope was changed, or the key is misconfigured"
+                ));
             }
             return Ok(vec![k]);
         }
-        let found: Vec<_> = self.keys.iter().filter(|k| k.algorithm() == algorithm).collect();
+        let found: Vec<_> = self
+            .keys
+            .iter()
+            .filter(|k| k.algorithm() == algorithm)
+            .collect();
         if found.is_empty() {
-            return Err(err!(UnknownKey, format!("no {algorithm} key configured and the envelope names none"),
-                "security.signature_key_id", "add a key of that algorithm"));
+            return Err(err!(
+                UnknownKey,
+                format!("no {algorithm} key configured and the envelope names none"),
+                "security.signature_key_id",
+                "add a key of that algorithm"
+            ));
         }
         Ok(found)
     }
@@ -248,15 +349,23 @@ fn security_record(data: &[u8], records: &[Record], lay: Layout) -> Result<Optio
     let mut seen: Vec<u32> = Vec::new();
     let mut sec: Option<Record> = None;
     for r in records {
-        let Some((name, wt)) = top_singular(lay, r.field) else { continue };
+        let Some((name, wt)) = top_singular(lay, r.field) else {
+            continue;
+        };
         if seen.contains(&r.field) {
             return Err(ambiguous(format!("{name} (field {}) appears more than once in the envelope; protobuf would merge \
                 the copies, so what was signed and what is read could differ", r.field), r.start,
                 "a producer writes each context once; a second copy was appended or the encoder is broken"));
         }
         if r.wire_type != wt {
-            return Err(ambiguous(format!("{name} (field {}) has wire type {}, not {wt}", r.field, r.wire_type), r.start,
-                "the bytes are not an envelope of this layout"));
+            return Err(ambiguous(
+                format!(
+                    "{name} (field {}) has wire type {}, not {wt}",
+                    r.field, r.wire_type
+                ),
+                r.start,
+                "the bytes are not an envelope of this layout",
+            ));
         }
         seen.push(r.field);
         if r.field == lay.security_field() {
@@ -268,15 +377,26 @@ fn security_record(data: &[u8], records: &[Record], lay: Layout) -> Result<Optio
     let mut fields: Vec<u32> = Vec::new();
     let mut scope = SCOPE_LEGACY;
     for r in &inner {
-        let Some(expected) = sec_wire_type(r.field) else { continue };
+        let Some(expected) = sec_wire_type(r.field) else {
+            continue;
+        };
         let name = SEC_NAMES[r.field as usize];
         if fields.contains(&r.field) {
-            return Err(ambiguous(format!("security.{name} appears more than once in the security context"), r.start,
-                "each security field is written once"));
+            return Err(ambiguous(
+                format!("security.{name} appears more than once in the security context"),
+                r.start,
+                "each security field is written once",
+            ));
         }
         if r.wire_type != expected {
-            return Err(ambiguous(format!("security.{name} has wire type {}, not {expected}", r.wire_type), r.start,
-                "the security context is malformed"));
+            return Err(ambiguous(
+                format!(
+                    "security.{name} has wire type {}, not {expected}",
+                    r.wire_type
+                ),
+                r.start,
+                "the security context is malformed",
+            ));
         }
         fields.push(r.field);
         if r.field == F_SCOPE {
@@ -325,7 +445,12 @@ fn reframe(data: &[u8], sec: &SecRecord, lay: Layout, cut: &[u32], out: &mut Vec
 }
 
 fn not_signed(what: &str) -> PrismError {
-    err!(BadSignature, what, "security.signature", "sign it in the producer, or accept unsigned messages explicitly")
+    err!(
+        BadSignature,
+        what,
+        "security.signature",
+        "sign it in the producer, or accept unsigned messages explicitly"
+    )
 }
 
 fn copy_digest(data: &[u8], sec: &SecRecord, lay: Layout, cut: &[u32]) -> [u8; 32] {
@@ -339,10 +464,18 @@ fn copy_digest(data: &[u8], sec: &SecRecord, lay: Layout, cut: &[u32]) -> [u8; 3
 }
 
 fn sibling(data: &[u8], sec: &SecRecord, scope: &str) -> Result<[u8; 32]> {
-    let s = sec.inner.iter().find(|r| r.field == F_SIBLING).map(|r| &data[r.value_start..r.end]);
+    let s = sec
+        .inner
+        .iter()
+        .find(|r| r.field == F_SIBLING)
+        .map(|r| &data[r.value_start..r.end]);
     s.and_then(|s| <[u8; 32]>::try_from(s).ok()).ok_or_else(|| {
-        err!(BadSignature, format!("{scope}-scope signature without a {DIGEST_BYTES}-byte sibling_digest"),
-            "security.sibling_digest", "the envelope was changed after signing, or its producer is broken")
+        err!(
+            BadSignature,
+            format!("{scope}-scope signature without a {DIGEST_BYTES}-byte sibling_digest"),
+            "security.sibling_digest",
+            "the envelope was changed after signing, or its producer is broken"
+        )
     })
 }
 
@@ -365,20 +498,36 @@ fn node(left: &[u8], right: &[u8]) -> [u8; 32] {
 
 /// The root a `tree_path` leads to from `leaf` (RFC 9162 §2.1.3.2 without its final comparison).
 pub fn root_from_path(leaf: [u8; 32], index: u64, size: u64, path: &[u8]) -> Result<[u8; 32]> {
-    let bad = |what: String| err!(BadSignature, what, "security.tree_path", "the envelope was changed after signing");
+    let bad = |what: String| {
+        err!(
+            BadSignature,
+            what,
+            "security.tree_path",
+            "the envelope was changed after signing"
+        )
+    };
     if size == 0 || size > MAX_TREE_SIZE {
-        return Err(bad(format!("batch-scope tree_size {size} is outside 1..{MAX_TREE_SIZE}")));
+        return Err(bad(format!(
+            "batch-scope tree_size {size} is outside 1..{MAX_TREE_SIZE}"
+        )));
     }
     if index >= size {
-        return Err(bad(format!("batch-scope tree_index {index} is not below tree_size {size}")));
+        return Err(bad(format!(
+            "batch-scope tree_index {index} is not below tree_size {size}"
+        )));
     }
     if path.len() % DIGEST_BYTES != 0 {
-        return Err(bad(format!("batch-scope tree_path is {} bytes, not a multiple of {DIGEST_BYTES}", path.len())));
+        return Err(bad(format!(
+            "batch-scope tree_path is {} bytes, not a multiple of {DIGEST_BYTES}",
+            path.len()
+        )));
     }
     let (mut fn_, mut sn, mut r) = (index, size - 1, leaf);
     for p in path.chunks_exact(DIGEST_BYTES) {
         if sn == 0 {
-            return Err(bad("batch-scope tree_path is longer than the tree is deep".into()));
+            return Err(bad(
+                "batch-scope tree_path is longer than the tree is deep".into()
+            ));
         }
         if fn_ & 1 == 1 || fn_ == sn {
             r = node(p, &r);
@@ -395,7 +544,9 @@ pub fn root_from_path(leaf: [u8; 32], index: u64, size: u64, path: &[u8]) -> Res
         sn >>= 1;
     }
     if sn != 0 {
-        return Err(bad("batch-scope tree_path is shorter than the tree is deep".into()));
+        return Err(bad(
+            "batch-scope tree_path is shorter than the tree is deep".into(),
+        ));
     }
     Ok(r)
 }
@@ -433,7 +584,12 @@ fn audit_path(m: usize, d: &[[u8; 32]], out: &mut Vec<u8>) {
 /// The Merkle root of `leaves` and the audit path of each (RFC 9162 §2.1.1, §2.1.3.1).
 pub fn merkle_tree(leaves: &[[u8; 32]]) -> Result<([u8; 32], Vec<Vec<u8>>)> {
     if leaves.is_empty() {
-        return Err(err!(Validation, "a Merkle tree needs at least one leaf", "batch", "sign a non-empty batch"));
+        return Err(err!(
+            Validation,
+            "a Merkle tree needs at least one leaf",
+            "batch",
+            "sign a non-empty batch"
+        ));
     }
     let paths = (0..leaves.len()).map(|i| {
         let mut p = Vec::new();
@@ -453,7 +609,11 @@ pub fn batch_statement(size: u64, root: &[u8; 32]) -> Vec<u8> {
 }
 
 fn pair_statement(lay: Layout, own: &[u8; 32], other: &[u8; 32]) -> Vec<u8> {
-    let (d, r) = if lay == Layout::Draft { (own, other) } else { (other, own) };
+    let (d, r) = if lay == Layout::Draft {
+        (own, other)
+    } else {
+        (other, own)
+    };
     [SCOPE_PAIR_CONTEXT, d, r].concat()
 }
 
@@ -503,7 +663,8 @@ pub fn signed_message(data: &[u8], layout: Option<Layout>) -> Result<(Layout, u6
         Some(l) => l,
         None => layout_of_records(&records)?,
     };
-    let sec = security_record(data, &records, lay)?.ok_or_else(|| not_signed("envelope is not signed (no security context)"))?;
+    let sec = security_record(data, &records, lay)?
+        .ok_or_else(|| not_signed("envelope is not signed (no security context)"))?;
     let m = message_for(data, &sec, lay)?;
     Ok((lay, sec.scope, m))
 }
@@ -512,12 +673,21 @@ pub fn signed_message(data: &[u8], layout: Option<Layout>) -> Result<(Layout, u6
 /// context that does not parse, nested encryption included, is malformed whatever its scope).
 fn parse_security(value: &[u8], lay: Layout) -> Result<(Vec<u8>, String, String)> {
     let bad = |e: prost::DecodeError| {
-        err!(Malformed, format!("security context is not valid protobuf: {e}"), "security", "the producer is broken")
+        err!(
+            Malformed,
+            format!("security context is not valid protobuf: {e}"),
+            "security",
+            "the producer is broken"
+        )
     };
     Ok(match lay {
         Layout::Reviewed => {
             let s = v1::SecurityContext::decode(value).map_err(bad)?;
-            (s.signature.unwrap_or_default(), s.signature_algorithm.unwrap_or_default(), s.signature_key_id.unwrap_or_default())
+            (
+                s.signature.unwrap_or_default(),
+                s.signature_algorithm.unwrap_or_default(),
+                s.signature_key_id.unwrap_or_default(),
+            )
         }
         Layout::Draft => {
             let s = draft::SecurityContext::decode(value).map_err(bad)?;
@@ -528,8 +698,12 @@ fn parse_security(value: &[u8], lay: Layout) -> Result<(Vec<u8>, String, String)
 
 /// Verify the signature on received envelope bytes. `accept_legacy_scope: None` takes the
 /// keys' setting (default: refuse, `LegacySignatureScope`).
-pub fn verify(data: &[u8], keys: &VerificationKeys, layout: Option<Layout>, accept_legacy_scope: Option<bool>)
-    -> Result<SignatureInfo> {
+pub fn verify(
+    data: &[u8],
+    keys: &VerificationKeys,
+    layout: Option<Layout>,
+    accept_legacy_scope: Option<bool>,
+) -> Result<SignatureInfo> {
     let records = wire::scan(data, 0, data.len())?;
     let lay = match layout {
         Some(l) => l,
@@ -538,9 +712,15 @@ pub fn verify(data: &[u8], keys: &VerificationKeys, layout: Option<Layout>, acce
     verify_records(data, &records, lay, keys, accept_legacy_scope)
 }
 
-pub(crate) fn verify_records(data: &[u8], records: &[Record], lay: Layout, keys: &VerificationKeys,
-    accept_legacy_scope: Option<bool>) -> Result<SignatureInfo> {
-    let sec = security_record(data, records, lay)?.ok_or_else(|| not_signed("envelope is not signed (no security context)"))?;
+pub(crate) fn verify_records(
+    data: &[u8],
+    records: &[Record],
+    lay: Layout,
+    keys: &VerificationKeys,
+    accept_legacy_scope: Option<bool>,
+) -> Result<SignatureInfo> {
+    let sec = security_record(data, records, lay)?
+        .ok_or_else(|| not_signed("envelope is not signed (no security context)"))?;
     let (signature, alg, key_id) = parse_security(&data[sec.rec.value_start..sec.rec.end], lay)?;
     if signature.is_empty() {
         return Err(not_signed("envelope is not signed"));
@@ -554,16 +734,28 @@ pub(crate) fn verify_records(data: &[u8], records: &[Record], lay: Layout, keys:
     }
     let m = message_for(data, &sec, lay)?;
     if alg != HMAC_SHA256 && alg != ED25519 {
-        return Err(err!(Algorithm, format!("signature algorithm {alg:?} is not supported"), "security.signature_algorithm",
-            "use hmac-sha256 or ed25519"));
+        return Err(err!(
+            Algorithm,
+            format!("signature algorithm {alg:?} is not supported"),
+            "security.signature_algorithm",
+            "use hmac-sha256 or ed25519"
+        ));
     }
     for k in keys.candidates(&key_id, &alg)? {
         if k.verifies(&m, &signature) {
-            return Ok(SignatureInfo { key_id: k.key_id().to_owned(), algorithm: alg, scope: sec.scope });
+            return Ok(SignatureInfo {
+                key_id: k.key_id().to_owned(),
+                algorithm: alg,
+                scope: sec.scope,
+            });
         }
     }
-    Err(err!(BadSignature, "signature does not match the envelope (forged or tampered)", "security.signature",
-        "the bytes changed after signing, or the producer used a different key"))
+    Err(err!(
+        BadSignature,
+        "signature does not match the envelope (forged or tampered)",
+        "security.signature",
+        "the bytes changed after signing, or the producer used a different key"
+    ))
 }
 
 /// Record algorithm, key id and scope, and clear any old signature output.
@@ -572,7 +764,11 @@ fn begin(env: &Envelope, key: &SigningKey, scope: u64) -> Envelope {
     let s = env.security_mut();
     s.signature_algorithm = Some(key.algorithm().to_owned());
     s.signature_key_id = Some(key.key_id().to_owned());
-    s.signature_scope = if scope == SCOPE_LEGACY { None } else { Some(scope as i32) };
+    s.signature_scope = if scope == SCOPE_LEGACY {
+        None
+    } else {
+        Some(scope as i32)
+    };
     s.signature = None;
     s.sibling_digest = None;
     s.tree_index = None;
@@ -592,12 +788,21 @@ impl Copy {
         let (mut head, sec, payload) = encode_parts(env, layout);
         head.extend_from_slice(&sec);
         head.extend_from_slice(&payload);
-        Copy { bytes: head, layout }
+        Copy {
+            bytes: head,
+            layout,
+        }
     }
     fn sec(&self) -> Result<SecRecord> {
         let records = wire::scan(&self.bytes, 0, self.bytes.len())?;
-        security_record(&self.bytes, &records, self.layout)?
-            .ok_or_else(|| err!(Validation, "encoded envelope has no security record", "security", "this is a bug"))
+        security_record(&self.bytes, &records, self.layout)?.ok_or_else(|| {
+            err!(
+                Validation,
+                "encoded envelope has no security record",
+                "security",
+                "this is a bug"
+            )
+        })
     }
     /// Append records to the security record's value and re-frame it; no other byte moves.
     fn append_to_security(self, extra: &[u8]) -> Result<Vec<u8>> {
@@ -618,8 +823,12 @@ impl Copy {
 /// Returns the bytes to send.
 pub fn sign(env: &Envelope, key: &SigningKey, layout: Layout, scope: u64) -> Result<Vec<u8>> {
     if scope != SCOPE_V2 && scope != SCOPE_LEGACY {
-        return Err(err!(UnsupportedSignatureScope, format!("scope {scope} signs both layouts at once"), "scope",
-            "use sign_pair or sign_batch for the pair and batch scopes"));
+        return Err(err!(
+            UnsupportedSignatureScope,
+            format!("scope {scope} signs both layouts at once"),
+            "scope",
+            "use sign_pair or sign_batch for the pair and batch scopes"
+        ));
     }
     let copy = Copy::new(&begin(env, key, scope), layout);
     let (_, _, m) = signed_message(&copy.bytes, Some(layout))?;
@@ -643,7 +852,10 @@ pub fn sign_pair(env: &Envelope, key: &SigningKey) -> Result<(Vec<u8>, Vec<u8>)>
         wire::put_len_record(&mut e, F_SIBLING, other);
         e
     };
-    Ok((d.append_to_security(&tail(&rd))?, r.append_to_security(&tail(&dd))?))
+    Ok((
+        d.append_to_security(&tail(&rd))?,
+        r.append_to_security(&tail(&dd))?,
+    ))
 }
 
 /// Sign a batch of messages (both layouts each) with one batch-scope signature over a Merkle
@@ -651,8 +863,12 @@ pub fn sign_pair(env: &Envelope, key: &SigningKey) -> Result<(Vec<u8>, Vec<u8>)>
 pub fn sign_batch(envs: &[Envelope], key: &SigningKey) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
     let n = envs.len() as u64;
     if n == 0 || n > MAX_TREE_SIZE {
-        return Err(err!(Validation, format!("a batch-scope signature covers 1 to {MAX_TREE_SIZE} messages, not {n}"),
-            "batch", "split the batch"));
+        return Err(err!(
+            Validation,
+            format!("a batch-scope signature covers 1 to {MAX_TREE_SIZE} messages, not {n}"),
+            "batch",
+            "split the batch"
+        ));
     }
     let mut copies = Vec::with_capacity(envs.len());
     let mut leaves = Vec::with_capacity(envs.len());
@@ -682,7 +898,10 @@ pub fn sign_batch(envs: &[Envelope], key: &SigningKey) -> Result<Vec<(Vec<u8>, V
             }
             e
         };
-        out.push((d.append_to_security(&tail(&rd))?, r.append_to_security(&tail(&dd))?));
+        out.push((
+            d.append_to_security(&tail(&rd))?,
+            r.append_to_security(&tail(&dd))?,
+        ));
     }
     Ok(out)
 }

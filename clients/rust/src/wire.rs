@@ -34,8 +34,12 @@ pub fn read_varint(buf: &[u8], mut pos: usize, end: usize) -> Result<(u64, usize
     let mut overflow = false;
     for i in 0..10 {
         if pos >= end || pos >= buf.len() {
-            return Err(err!(Malformed, "varint runs past the end of the input", format!("byte {pos}"),
-                "the message was truncated or corrupted in transit"));
+            return Err(err!(
+                Malformed,
+                "varint runs past the end of the input",
+                format!("byte {pos}"),
+                "the message was truncated or corrupted in transit"
+            ));
         }
         let b = buf[pos];
         pos += 1;
@@ -48,7 +52,12 @@ pub fn read_varint(buf: &[u8], mut pos: usize, end: usize) -> Result<(u64, usize
             return Ok((if overflow { u64::MAX } else { result }, pos));
         }
     }
-    Err(err!(Malformed, "varint longer than 10 bytes", format!("byte {pos}"), "the bytes are not protobuf"))
+    Err(err!(
+        Malformed,
+        "varint longer than 10 bytes",
+        format!("byte {pos}"),
+        "the bytes are not protobuf"
+    ))
 }
 
 /// All records of one message in `buf[start..end]`, without copying anything. Rejects
@@ -65,8 +74,12 @@ pub fn scan(buf: &[u8], start: usize, end: usize) -> Result<Vec<Record>> {
         let field = key >> 3;
         let wt = (key & 7) as u8;
         if field == 0 || field > MAX_FIELD {
-            return Err(err!(Malformed, format!("invalid field number {field}"), format!("byte {rec_start}"),
-                "the bytes are not protobuf"));
+            return Err(err!(
+                Malformed,
+                format!("invalid field number {field}"),
+                format!("byte {rec_start}"),
+                "the bytes are not protobuf"
+            ));
         }
         let field = field as u32;
         match wt {
@@ -74,30 +87,59 @@ pub fn scan(buf: &[u8], start: usize, end: usize) -> Result<Vec<Record>> {
                 let (len, vs) = read_varint(buf, pos, end)?;
                 let remaining = (end - vs) as u64;
                 if len > remaining {
-                    return Err(err!(Malformed, format!("field {field} claims {len} bytes but only {remaining} remain"),
-                        format!("byte {rec_start}"), "the message was truncated or corrupted in transit"));
+                    return Err(err!(
+                        Malformed,
+                        format!("field {field} claims {len} bytes but only {remaining} remain"),
+                        format!("byte {rec_start}"),
+                        "the message was truncated or corrupted in transit"
+                    ));
                 }
                 pos = vs + len as usize;
-                out.push(Record { field, wire_type: wt, start: rec_start, value_start: vs, end: pos });
+                out.push(Record {
+                    field,
+                    wire_type: wt,
+                    start: rec_start,
+                    value_start: vs,
+                    end: pos,
+                });
             }
             VARINT => {
                 let (_, p) = read_varint(buf, pos, end)?;
-                out.push(Record { field, wire_type: wt, start: rec_start, value_start: pos, end: p });
+                out.push(Record {
+                    field,
+                    wire_type: wt,
+                    start: rec_start,
+                    value_start: pos,
+                    end: p,
+                });
                 pos = p;
             }
             I64 | I32 => {
                 let n = if wt == I64 { 8 } else { 4 };
                 if end - pos < n {
-                    return Err(err!(Malformed, format!("fixed-width field {field} runs past the end"),
-                        format!("byte {rec_start}"), "the message was truncated or corrupted in transit"));
+                    return Err(err!(
+                        Malformed,
+                        format!("fixed-width field {field} runs past the end"),
+                        format!("byte {rec_start}"),
+                        "the message was truncated or corrupted in transit"
+                    ));
                 }
-                out.push(Record { field, wire_type: wt, start: rec_start, value_start: pos, end: pos + n });
+                out.push(Record {
+                    field,
+                    wire_type: wt,
+                    start: rec_start,
+                    value_start: pos,
+                    end: pos + n,
+                });
                 pos += n;
             }
             _ => {
-                return Err(err!(Malformed,
+                return Err(err!(
+                    Malformed,
                     format!("wire type {wt} (group or invalid) for field {field} is not supported"),
-                    format!("byte {rec_start}"), "the bytes are not an envelope"));
+                    format!("byte {rec_start}"),
+                    "the bytes are not an envelope"
+                ));
             }
         }
     }
@@ -145,7 +187,10 @@ mod tests {
         let b = [0x82, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x7f];
         assert_eq!(read_varint(&b, 0, b.len()).unwrap().0, u64::MAX);
         let eleven = [0x80u8; 11];
-        assert!(matches!(read_varint(&eleven, 0, 11), Err(crate::PrismError::Malformed(_))));
+        assert!(matches!(
+            read_varint(&eleven, 0, 11),
+            Err(crate::PrismError::Malformed(_))
+        ));
     }
 
     #[test]
@@ -156,6 +201,15 @@ mod tests {
         assert!(scan(&[0x09, 1, 2, 3], 0, 4).is_err()); // fixed64 truncated
         let recs = scan(&[0x08, 0x01, 0x12, 0x01, 0x41], 0, 5).unwrap();
         assert_eq!(recs.len(), 2);
-        assert_eq!(recs[1], Record { field: 2, wire_type: LEN, start: 2, value_start: 4, end: 5 });
+        assert_eq!(
+            recs[1],
+            Record {
+                field: 2,
+                wire_type: LEN,
+                start: 2,
+                value_start: 4,
+                end: 5
+            }
+        );
     }
 }
