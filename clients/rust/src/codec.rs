@@ -14,7 +14,11 @@ use crate::error::{err, Result};
 use crate::gen::{draft, v1};
 use crate::layouts::{draft_to_reviewed, reviewed_to_draft};
 use crate::model::{Envelope, Payload, PayloadRef};
+use crate::unknown::{self, UnknownFields};
 use crate::wire::{self, Record, LEN, VARINT};
+
+const DRAFT_UNKNOWN: &str = "prism.unknown.draft";
+const REVIEWED_UNKNOWN: &str = "prism.unknown.reviewed";
 
 /// The two wire layouts of RFC-031.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -101,6 +105,8 @@ pub struct EnvelopeView<'a> {
     pub payload: Option<PayloadRef<'a>>,
     /// What the draft -> reviewed mapping could not carry (empty for the reviewed layout).
     pub dropped: Vec<String>,
+    /// Fields this build does not know (see `crate::unknown`).
+    pub unknown: UnknownFields,
 }
 
 impl EnvelopeView<'_> {
@@ -109,6 +115,7 @@ impl EnvelopeView<'_> {
         Envelope {
             header: self.header.clone(),
             payload: self.payload.map(|p| p.to_owned_payload()),
+            unknown: self.unknown.clone(),
         }
     }
     pub fn metadata(&self) -> Option<&v1::PrismMetadata> {
@@ -126,11 +133,7 @@ fn too_large(what: &str, size: usize, limit: usize, hint: &str) -> crate::PrismE
 }
 
 /// The header-only parse, borrowing the payload. `layout: None` detects it.
-pub fn decode_view<'a>(
-    data: &'a [u8],
-    layout: Option<Layout>,
-    limits: &Limits,
-) -> Result<EnvelopeView<'a>> {
+pub fn decode_view<'a>(data: &'a [u8], layout: Option<Layout>, limits: &Limits) -> Result<EnvelopeView<'a>> {
     if data.len() > limits.max_message_bytes {
         return Err(too_large(
             "envelope",
@@ -204,20 +207,17 @@ pub fn decode_records<'a>(
             &joined
         }
     };
-    let (header, dropped) = parse_header(head, lay)?;
+    let (header, dropped, unknown) = parse_header(head, lay)?;
     Ok(EnvelopeView {
         layout: lay,
         header,
         payload,
         dropped,
+        unknown,
     })
 }
 
-fn merge_any<'a>(
-    data: &'a [u8],
-    rec: &Record,
-    prev: Option<PayloadRef<'a>>,
-) -> Result<PayloadRef<'a>> {
+fn merge_any<'a>(data: &'a [u8], rec: &Record, prev: Option<PayloadRef<'a>>) -> Result<PayloadRef<'a>> {
     let mut out = prev.unwrap_or(PayloadRef {
         type_url: "",
         value: &[],
@@ -249,7 +249,7 @@ fn merge_any<'a>(
     Ok(out)
 }
 
-fn parse_header(head: &[u8], lay: Layout) -> Result<(v1::PrismEnvelope, Vec<String>)> {
+fn parse_header(head: &[u8], lay: Layout) -> Result<(v1::PrismEnvelope, Vec<String>, UnknownFields)> {
     let bad = |e: prost::DecodeError| {
         err!(
             Malformed,
@@ -262,10 +262,22 @@ fn parse_header(head: &[u8], lay: Layout) -> Result<(v1::PrismEnvelope, Vec<Stri
         )
     };
     match lay {
-        Layout::Reviewed => Ok((v1::PrismEnvelope::decode(head).map_err(bad)?, Vec::new())),
+        Layout::Reviewed => {
+            let h = v1::PrismEnvelope::decode(head).map_err(bad)?;
+            Ok((h, Vec::new(), unknown::of_header(head, false)?))
+        }
         Layout::Draft => {
             let d = draft::PrismEnvelope::decode(head).map_err(bad)?;
-            Ok(draft_to_reviewed(&d))
+            let (mut h, dropped) = draft_to_reviewed(&d);
+            let du = unknown::of_header(head, true)?;
+            unknown::carry(&du, DRAFT_UNKNOWN, &mut h.extensions);
+            let mut u = UnknownFields {
+                observability: du.observability,
+                schema: du.schema,
+                ..Default::default()
+            };
+            unknown::restore(&mut h.extensions, REVIEWED_UNKNOWN, false, &mut u);
+            Ok((h, dropped, u))
         }
     }
 }
@@ -286,27 +298,147 @@ fn payload_any(p: &Payload) -> Vec<u8> {
     any
 }
 
-/// The three runs of the encoding: header without security, the security record, the payload record.
-pub fn encode_parts(env: &Envelope, layout: Layout) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
-    let mut security = Vec::new();
-    let head = match layout {
-        Layout::Reviewed => {
-            let mut h = env.header.clone();
-            h.payload = None;
-            if let Some(s) = h.security.take() {
-                wire::put_len_record(&mut security, 2, &s.encode_to_vec());
+/// A LEN record of `field` whose value is `known` followed by `extra` (unknown records).
+fn put_message(out: &mut Vec<u8>, field: u32, known: &[u8], extra: &[u8]) {
+    wire::len_tag(out, field);
+    wire::put_varint(out, (known.len() + extra.len()) as u64);
+    out.extend_from_slice(known);
+    out.extend_from_slice(extra);
+}
+
+/// A security context's value: prost writes the fields in number order; the encryption
+/// record (field 6, with its unknown fields) goes between fields 5 and 7, the context's own
+/// unknown fields last.
+fn security_value(without_enc: &[u8], enc: Option<(Vec<u8>, &[u8])>, unknown_sec: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(without_enc.len() + unknown_sec.len() + 64);
+    let mut enc = enc;
+    // prost output is valid protobuf, so the scan cannot fail; on the impossible failure the
+    // encryption record is appended after the other fields, still a valid encoding.
+    for r in wire::scan(without_enc, 0, without_enc.len()).unwrap_or_default() {
+        if r.field > 6 {
+            if let Some((e, eu)) = enc.take() {
+                put_message(&mut out, 6, &e, eu);
             }
-            h.encode_to_vec()
+        }
+        out.extend_from_slice(&without_enc[r.start..r.end]);
+    }
+    if out.len() < without_enc.len() {
+        out = without_enc.to_vec();
+    }
+    if let Some((e, eu)) = enc.take() {
+        put_message(&mut out, 6, &e, eu);
+    }
+    out.extend_from_slice(unknown_sec);
+    out
+}
+
+/// The three runs of the encoding: header without security, the security record, the payload
+/// record (conformance/README.md, "The canonical encoding").
+pub fn encode_parts(env: &Envelope, layout: Layout) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+    let mut head = Vec::new();
+    let mut security = Vec::new();
+    let h = &env.header;
+    match layout {
+        Layout::Reviewed => {
+            let u = &env.unknown;
+            if h.metadata.is_some() || !u.metadata.is_empty() {
+                put_message(
+                    &mut head,
+                    1,
+                    &h.metadata.as_ref().map(|m| m.encode_to_vec()).unwrap_or_default(),
+                    &u.metadata,
+                );
+            }
+            if h.observability.is_some() || !u.observability.is_empty() {
+                put_message(
+                    &mut head,
+                    3,
+                    &h.observability.as_ref().map(|m| m.encode_to_vec()).unwrap_or_default(),
+                    &u.observability,
+                );
+            }
+            if h.schema.is_some() || !u.schema.is_empty() {
+                put_message(
+                    &mut head,
+                    4,
+                    &h.schema.as_ref().map(|m| m.encode_to_vec()).unwrap_or_default(),
+                    &u.schema,
+                );
+            }
+            let ext = v1::PrismEnvelope {
+                extensions: h.extensions.clone(),
+                ..Default::default()
+            };
+            head.extend_from_slice(&ext.encode_to_vec());
+            head.extend_from_slice(&u.top);
+            if let Some(s) = &h.security {
+                let mut s = s.clone();
+                let enc = s.encryption.take().map(|e| e.encode_to_vec());
+                let v = security_value(
+                    &s.encode_to_vec(),
+                    enc.map(|e| (e, u.encryption.as_slice())),
+                    &u.security,
+                );
+                put_message(&mut security, 2, &v, &[]);
+            }
         }
         Layout::Draft => {
-            let (mut d, _) = reviewed_to_draft(&env.header);
-            d.payload = None;
-            if let Some(s) = d.security.take() {
-                wire::put_len_record(&mut security, 4, &s.encode_to_vec());
+            let (d, _) = reviewed_to_draft(h);
+            let mut ext = d.extensions.clone();
+            unknown::carry(&env.unknown, REVIEWED_UNKNOWN, &mut ext);
+            let mut u = UnknownFields {
+                observability: env.unknown.observability.clone(),
+                schema: env.unknown.schema.clone(),
+                ..Default::default()
+            };
+            unknown::restore(&mut ext, DRAFT_UNKNOWN, true, &mut u);
+            let version = draft::PrismEnvelope {
+                envelope_version: d.envelope_version,
+                ..Default::default()
+            };
+            head.extend_from_slice(&version.encode_to_vec());
+            if d.metadata.is_some() || !u.metadata.is_empty() {
+                put_message(
+                    &mut head,
+                    2,
+                    &d.metadata.as_ref().map(|m| m.encode_to_vec()).unwrap_or_default(),
+                    &u.metadata,
+                );
             }
-            d.encode_to_vec()
+            if d.observability.is_some() || !u.observability.is_empty() {
+                put_message(
+                    &mut head,
+                    5,
+                    &d.observability.as_ref().map(|m| m.encode_to_vec()).unwrap_or_default(),
+                    &u.observability,
+                );
+            }
+            if d.schema.is_some() || !u.schema.is_empty() {
+                put_message(
+                    &mut head,
+                    6,
+                    &d.schema.as_ref().map(|m| m.encode_to_vec()).unwrap_or_default(),
+                    &u.schema,
+                );
+            }
+            let e = draft::PrismEnvelope {
+                extensions: ext,
+                ..Default::default()
+            };
+            head.extend_from_slice(&e.encode_to_vec());
+            head.extend_from_slice(&u.top);
+            if let Some(s) = &d.security {
+                let mut s = s.clone();
+                let enc = s.encryption.take().map(|e| e.encode_to_vec());
+                let v = security_value(
+                    &s.encode_to_vec(),
+                    enc.map(|e| (e, u.encryption.as_slice())),
+                    &u.security,
+                );
+                put_message(&mut security, 4, &v, &[]);
+            }
         }
-    };
+    }
     let mut payload = Vec::new();
     if let Some(p) = &env.payload {
         wire::put_len_record(&mut payload, layout.payload_field(), &payload_any(p));
@@ -343,10 +475,7 @@ pub fn convert(data: &[u8], to: Layout, limits: &Limits) -> Result<(Vec<u8>, Vec
             s.tree_index = None;
             s.tree_size = None;
             s.tree_path = None;
-            dropped.push(
-                "security.signature: covers the original bytes only; re-sign after conversion"
-                    .to_owned(),
-            );
+            dropped.push("security.signature: covers the original bytes only; re-sign after conversion".to_owned());
         }
     }
     Ok((encode(&env, to), dropped))

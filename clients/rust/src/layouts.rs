@@ -102,14 +102,9 @@ pub fn draft_to_reviewed(d: &draft::PrismEnvelope) -> (v1::PrismEnvelope, Vec<St
                 ..Default::default()
             };
             if let Some(t) = ext.get(ENC_TYPE_KEY) {
-                match std::str::from_utf8(t)
-                    .ok()
-                    .and_then(v1::EncryptionType::from_str_name)
-                {
+                match std::str::from_utf8(t).ok().and_then(v1::EncryptionType::from_str_name) {
                     Some(t) => ve.encryption_type = t as i32,
-                    None => dropped.push(format!(
-                        "extensions[{ENC_TYPE_KEY:?}]: not an EncryptionType name"
-                    )),
+                    None => dropped.push(format!("extensions[{ENC_TYPE_KEY:?}]: not an EncryptionType name")),
                 }
             }
             if let Some(p) = ext.get(ENC_PUB_KEY) {
@@ -294,15 +289,13 @@ pub fn reviewed_to_draft(v: &v1::PrismEnvelope) -> (draft::PrismEnvelope, Vec<St
                 }
             }
             if let Some(p) = &ve.public_key_id {
-                d.extensions
-                    .insert(ENC_PUB_KEY.to_owned(), p.as_bytes().to_vec());
+                d.extensions.insert(ENC_PUB_KEY.to_owned(), p.as_bytes().to_vec());
             }
             if let Some(k) = &ve.encapsulated_key {
                 d.extensions.insert(ENC_ENCAP_KEY.to_owned(), k.clone());
             }
             if let Some(p) = &ve.algorithm_params {
-                d.extensions
-                    .insert(ENC_PARAMS_KEY.to_owned(), p.as_bytes().to_vec());
+                d.extensions.insert(ENC_PARAMS_KEY.to_owned(), p.as_bytes().to_vec());
             }
         }
         d.security = Some(ds);

@@ -42,6 +42,8 @@ impl PayloadRef<'_> {
 pub struct Envelope {
     pub header: v1::PrismEnvelope,
     pub payload: Option<Payload>,
+    /// Fields this build does not know, kept byte for byte and written back by `encode`.
+    pub unknown: crate::unknown::UnknownFields,
 }
 
 fn meta_str(m: Option<&v1::PrismMetadata>, f: impl Fn(&v1::PrismMetadata) -> &str) -> &str {
@@ -133,11 +135,7 @@ impl Envelope {
     pub fn payload_proto<M: prost::Message + prost::Name + Default>(&self) -> Result<M> {
         let bytes = self.payload_bytes()?;
         let expected = M::type_url();
-        let got = self
-            .payload
-            .as_ref()
-            .map(|p| p.type_url.as_str())
-            .unwrap_or("");
+        let got = self.payload.as_ref().map(|p| p.type_url.as_str()).unwrap_or("");
         if !got.is_empty() && got != expected {
             return Err(err!(
                 Payload,
@@ -268,16 +266,13 @@ impl EnvelopeBuilder {
         EnvelopeBuilder {
             env: Envelope {
                 header,
-                payload: None,
+                ..Default::default()
             },
         }
     }
 
     fn md(&mut self) -> &mut v1::PrismMetadata {
-        self.env
-            .header
-            .metadata
-            .get_or_insert_with(Default::default)
+        self.env.header.metadata.get_or_insert_with(Default::default)
     }
 
     /// Raw bytes; the content type stays unset unless given with [`Self::content_type`].
@@ -290,8 +285,7 @@ impl EnvelopeBuilder {
     }
     /// Text, content type `text/plain; charset=utf-8`.
     pub fn text(self, value: &str) -> Self {
-        self.bytes(value.as_bytes())
-            .content_type("text/plain; charset=utf-8")
+        self.bytes(value.as_bytes()).content_type("text/plain; charset=utf-8")
     }
     /// A JSON value (compact), content type `application/json`.
     pub fn json<T: serde::Serialize>(self, value: &T) -> Result<Self> {

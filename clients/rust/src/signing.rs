@@ -201,12 +201,7 @@ pub enum VerificationKey {
 
 impl std::fmt::Debug for VerificationKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "VerificationKey({}, {})",
-            self.key_id(),
-            self.algorithm()
-        )
+        write!(f, "VerificationKey({}, {})", self.key_id(), self.algorithm())
     }
 }
 
@@ -230,9 +225,7 @@ impl VerificationKey {
     }
     pub fn key_id(&self) -> &str {
         match self {
-            VerificationKey::Hmac { key_id, .. } | VerificationKey::Ed25519 { key_id, .. } => {
-                key_id
-            }
+            VerificationKey::Hmac { key_id, .. } | VerificationKey::Ed25519 { key_id, .. } => key_id,
         }
     }
     pub fn algorithm(&self) -> &'static str {
@@ -244,17 +237,14 @@ impl VerificationKey {
     fn verifies(&self, m: &[u8], signature: &[u8]) -> bool {
         match self {
             VerificationKey::Hmac { secret, .. } => {
-                let mut h = <Hmac<Sha256> as Mac>::new_from_slice(secret)
-                    .unwrap_or_else(|_| unreachable!());
+                let mut h = <Hmac<Sha256> as Mac>::new_from_slice(secret).unwrap_or_else(|_| unreachable!());
                 h.update(m);
                 h.verify_slice(signature).is_ok() // constant time
             }
-            VerificationKey::Ed25519 { key, .. } => {
-                match ed25519_dalek::Signature::from_slice(signature) {
-                    Ok(sig) => key.verify(m, &sig).is_ok(),
-                    Err(_) => false,
-                }
-            }
+            VerificationKey::Ed25519 { key, .. } => match ed25519_dalek::Signature::from_slice(signature) {
+                Ok(sig) => key.verify(m, &sig).is_ok(),
+                Err(_) => false,
+            },
         }
     }
 }
@@ -284,18 +274,14 @@ impl VerificationKeys {
     }
     fn candidates(&self, key_id: &str, algorithm: &str) -> Result<Vec<&VerificationKey>> {
         if !key_id.is_empty() {
-            let k = self
-                .keys
-                .iter()
-                .find(|k| k.key_id() == key_id)
-                .ok_or_else(|| {
-                    err!(
-                        UnknownKey,
-                        format!("signature key {key_id:?} is not in the verifier's keyring"),
-                        "security.signature_key_id",
-                        "add the producer's verification key to the keyring"
-                    )
-                })?;
+            let k = self.keys.iter().find(|k| k.key_id() == key_id).ok_or_else(|| {
+                err!(
+                    UnknownKey,
+                    format!("signature key {key_id:?} is not in the verifier's keyring"),
+                    "security.signature_key_id",
+                    "add the producer's verification key to the keyring"
+                )
+            })?;
             if k.algorithm() != algorithm {
                 return Err(err!(
                     BadSignature,
@@ -309,11 +295,7 @@ impl VerificationKeys {
             }
             return Ok(vec![k]);
         }
-        let found: Vec<_> = self
-            .keys
-            .iter()
-            .filter(|k| k.algorithm() == algorithm)
-            .collect();
+        let found: Vec<_> = self.keys.iter().filter(|k| k.algorithm() == algorithm).collect();
         if found.is_empty() {
             return Err(err!(
                 UnknownKey,
@@ -353,16 +335,19 @@ fn security_record(data: &[u8], records: &[Record], lay: Layout) -> Result<Optio
             continue;
         };
         if seen.contains(&r.field) {
-            return Err(ambiguous(format!("{name} (field {}) appears more than once in the envelope; protobuf would merge \
-                the copies, so what was signed and what is read could differ", r.field), r.start,
-                "a producer writes each context once; a second copy was appended or the encoder is broken"));
+            return Err(ambiguous(
+                format!(
+                    "{name} (field {}) appears more than once in the envelope; protobuf would merge \
+                the copies, so what was signed and what is read could differ",
+                    r.field
+                ),
+                r.start,
+                "a producer writes each context once; a second copy was appended or the encoder is broken",
+            ));
         }
         if r.wire_type != wt {
             return Err(ambiguous(
-                format!(
-                    "{name} (field {}) has wire type {}, not {wt}",
-                    r.field, r.wire_type
-                ),
+                format!("{name} (field {}) has wire type {}, not {wt}", r.field, r.wire_type),
                 r.start,
                 "the bytes are not an envelope of this layout",
             ));
@@ -390,10 +375,7 @@ fn security_record(data: &[u8], records: &[Record], lay: Layout) -> Result<Optio
         }
         if r.wire_type != expected {
             return Err(ambiguous(
-                format!(
-                    "security.{name} has wire type {}, not {expected}",
-                    r.wire_type
-                ),
+                format!("security.{name} has wire type {}, not {expected}", r.wire_type),
                 r.start,
                 "the security context is malformed",
             ));
@@ -525,9 +507,7 @@ pub fn root_from_path(leaf: [u8; 32], index: u64, size: u64, path: &[u8]) -> Res
     let (mut fn_, mut sn, mut r) = (index, size - 1, leaf);
     for p in path.chunks_exact(DIGEST_BYTES) {
         if sn == 0 {
-            return Err(bad(
-                "batch-scope tree_path is longer than the tree is deep".into()
-            ));
+            return Err(bad("batch-scope tree_path is longer than the tree is deep".into()));
         }
         if fn_ & 1 == 1 || fn_ == sn {
             r = node(p, &r);
@@ -544,9 +524,7 @@ pub fn root_from_path(leaf: [u8; 32], index: u64, size: u64, path: &[u8]) -> Res
         sn >>= 1;
     }
     if sn != 0 {
-        return Err(bad(
-            "batch-scope tree_path is shorter than the tree is deep".into(),
-        ));
+        return Err(bad("batch-scope tree_path is shorter than the tree is deep".into()));
     }
     Ok(r)
 }
@@ -788,10 +766,7 @@ impl Copy {
         let (mut head, sec, payload) = encode_parts(env, layout);
         head.extend_from_slice(&sec);
         head.extend_from_slice(&payload);
-        Copy {
-            bytes: head,
-            layout,
-        }
+        Copy { bytes: head, layout }
     }
     fn sec(&self) -> Result<SecRecord> {
         let records = wire::scan(&self.bytes, 0, self.bytes.len())?;
@@ -852,10 +827,7 @@ pub fn sign_pair(env: &Envelope, key: &SigningKey) -> Result<(Vec<u8>, Vec<u8>)>
         wire::put_len_record(&mut e, F_SIBLING, other);
         e
     };
-    Ok((
-        d.append_to_security(&tail(&rd))?,
-        r.append_to_security(&tail(&dd))?,
-    ))
+    Ok((d.append_to_security(&tail(&rd))?, r.append_to_security(&tail(&dd))?))
 }
 
 /// Sign a batch of messages (both layouts each) with one batch-scope signature over a Merkle
@@ -898,10 +870,7 @@ pub fn sign_batch(envs: &[Envelope], key: &SigningKey) -> Result<Vec<(Vec<u8>, V
             }
             e
         };
-        out.push((
-            d.append_to_security(&tail(&rd))?,
-            r.append_to_security(&tail(&dd))?,
-        ));
+        out.push((d.append_to_security(&tail(&rd))?, r.append_to_security(&tail(&dd))?));
     }
     Ok(out)
 }

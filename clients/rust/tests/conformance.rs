@@ -13,14 +13,12 @@ fn conformance_dir() -> PathBuf {
 
 fn files_of(kind: &str) -> Vec<(String, Value)> {
     let dir = conformance_dir();
-    let manifest: Value =
-        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    let manifest: Value = serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
     let mut out = Vec::new();
     for f in manifest["files"].as_array().unwrap() {
         if f["kind"] == kind {
             let path = f["path"].as_str().unwrap().to_owned();
-            let v: Value =
-                serde_json::from_slice(&std::fs::read(dir.join(&path)).unwrap()).unwrap();
+            let v: Value = serde_json::from_slice(&std::fs::read(dir.join(&path)).unwrap()).unwrap();
             assert_eq!(v["kind"], kind, "{path}: kind");
             out.push((path, v));
         }
@@ -36,17 +34,11 @@ fn hex(v: &Value) -> Vec<u8> {
 /// Map this crate's errors onto the suite's error kinds (manifest.json `error_kinds`).
 pub fn kind_of(e: &PrismError) -> &'static str {
     match e {
-        PrismError::Malformed(d)
-            if d.what.contains("past the end") || d.what.contains("remain") =>
-        {
-            "truncated"
-        }
+        PrismError::Malformed(d) if d.what.contains("past the end") || d.what.contains("remain") => "truncated",
         PrismError::Malformed(_) => "malformed",
         PrismError::Layout(_) => "unknown_layout",
         PrismError::SizeLimit(_) => "too_large",
-        PrismError::BadSignature(_) | PrismError::UnknownKey(_) | PrismError::Algorithm(_) => {
-            "bad_signature"
-        }
+        PrismError::BadSignature(_) | PrismError::UnknownKey(_) | PrismError::Algorithm(_) => "bad_signature",
         PrismError::LegacySignatureScope(_) => "legacy_signature_scope",
         PrismError::UnsupportedSignatureScope(_) => "unsupported_signature_scope",
         PrismError::AmbiguousEnvelope(_) => "ambiguous_envelope",
@@ -91,10 +83,7 @@ fn signature_vectors() {
             let data = hex(&v["envelope_hex"]);
             let got = verdict(signing::verify(&data, &keys, None, None));
             if got != v["expected"].as_str().unwrap() {
-                failures.push(format!(
-                    "{path} {name}: default {got}, expected {}",
-                    v["expected"]
-                ));
+                failures.push(format!("{path} {name}: default {got}, expected {}", v["expected"]));
             }
             let got = verdict(signing::verify(&data, &keys, None, Some(true)));
             if got != v["expected_accept_legacy_scope"].as_str().unwrap() {
@@ -119,4 +108,166 @@ fn signature_vectors() {
         failures.join("\n")
     );
     assert!(count > 200);
+}
+
+mod jsonform;
+use jsonform::json_form;
+use prism_client::codec::{self, Layout, Limits};
+
+fn layout_name(l: Layout) -> &'static str {
+    l.name()
+}
+
+/// The model's JSON form: the decoded envelope written in the reviewed layout, read back
+/// field by field (so it shows unknown fields and presence exactly as the crate keeps them).
+fn model_form(env: &prism_client::Envelope) -> Value {
+    json_form(&codec::encode(env, Layout::Reviewed), "v1")
+}
+
+#[test]
+fn envelope_vectors() {
+    let mut failures = Vec::new();
+    let mut count = 0;
+    for (path, file) in files_of("envelope") {
+        for v in file["vectors"].as_array().unwrap() {
+            count += 1;
+            let name = v["name"].as_str().unwrap();
+            let data = hex(&v["envelope_hex"]);
+            let mut fail = |what: String| failures.push(format!("{path} {name}: {what}"));
+            let lay = codec::detect_layout(&data).unwrap();
+            if layout_name(lay) != v["layout"] {
+                fail(format!("layout {lay:?}"));
+            }
+            let wire = json_form(&data, if lay == Layout::Draft { "draft" } else { "v1" });
+            if wire != v["wire"] {
+                fail(format!("wire form {wire}"));
+            }
+            let view = match codec::decode_view(&data, None, &Limits::default()) {
+                Ok(view) => view,
+                Err(e) => {
+                    fail(format!("decode: {e}"));
+                    continue;
+                }
+            };
+            let env = view.to_envelope();
+            let model = model_form(&env);
+            if model != v["model"] {
+                fail(format!("model {model}\n   expected {}", v["model"]));
+            }
+            let eff = serde_json::json!({
+                "content_type": env.content_type(),
+                "content_encoding": env.content_encoding(),
+                "priority": env.metadata().and_then(|m| m.priority).unwrap_or(5),
+            });
+            if eff != v["effective"] {
+                fail(format!("effective {eff}"));
+            }
+            // The payload is found without parsing it: the borrowed slices point into `data`.
+            let loc = match view.payload {
+                None => Value::Null,
+                Some(p) => {
+                    let base = data.as_ptr() as usize;
+                    let rec = prism_client::wire::scan(&data, 0, data.len())
+                        .unwrap()
+                        .into_iter()
+                        .rfind(|r| r.field == lay.payload_field())
+                        .unwrap();
+                    let mut m = serde_json::json!({
+                        "record_offset": rec.start, "record_length": rec.end - rec.start,
+                        "any_offset": rec.value_start, "any_length": rec.end - rec.value_start,
+                    });
+                    if !p.value.is_empty() {
+                        m["value_offset"] = (p.value.as_ptr() as usize - base).into();
+                        m["value_length"] = p.value.len().into();
+                    }
+                    m
+                }
+            };
+            if loc != v["payload_location"] {
+                fail(format!("payload location {loc}"));
+            }
+            let again = codec::encode(&env, lay);
+            if v["canonical"] == true && again != data {
+                fail(format!(
+                    "re-encoded differs:\n   {}\n   {}",
+                    hex::encode(&again),
+                    v["envelope_hex"]
+                ));
+            }
+            if v["canonical"] == false {
+                if again == data {
+                    fail("non-canonical input re-encoded identically".into());
+                }
+                let back = codec::decode(&again, &Limits::default()).unwrap();
+                if model_form(&back) != v["model"] {
+                    fail("re-encoded non-canonical input decodes to another model".into());
+                }
+            }
+        }
+    }
+    assert_eq!(count, 32, "envelope vectors run");
+    assert!(
+        failures.is_empty(),
+        "{} of {count} envelope vectors fail:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn conversion_vectors() {
+    let mut failures = Vec::new();
+    let mut count = 0;
+    for (path, file) in files_of("conversion") {
+        for v in file["vectors"].as_array().unwrap() {
+            count += 1;
+            let name = v["name"].as_str().unwrap();
+            let to = if v["to"] == "draft" {
+                Layout::Draft
+            } else {
+                Layout::Reviewed
+            };
+            let (out, dropped) = match codec::convert(&hex(&v["input_hex"]), to, &Limits::default()) {
+                Ok(x) => x,
+                Err(e) => {
+                    failures.push(format!("{path} {name}: {e}"));
+                    continue;
+                }
+            };
+            if let Some(h) = v.get("output_hex") {
+                if out != hex(h) {
+                    failures.push(format!("{path} {name}: output\n   {}\n   {h}", hex::encode(&out)));
+                }
+            }
+            let model = model_form(&codec::decode(&out, &Limits::default()).unwrap());
+            if model != v["output_model"] {
+                failures.push(format!(
+                    "{path} {name}: model {model}\n   expected {}",
+                    v["output_model"]
+                ));
+            }
+            let mut paths: Vec<String> = dropped
+                .iter()
+                .map(|d| d.split(':').next().unwrap_or("").to_owned())
+                .collect();
+            paths.sort();
+            paths.dedup();
+            let expected: Vec<String> = v["not_carried"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p.as_str().unwrap().to_owned())
+                .collect();
+            if paths != expected {
+                failures.push(format!("{path} {name}: not carried {paths:?}, expected {expected:?}"));
+            }
+        }
+    }
+    assert!(count >= 30, "conversion vectors run");
+    assert!(
+        failures.is_empty(),
+        "{} of {count} conversion vectors fail:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

@@ -2,9 +2,7 @@
 //! conformance vectors pin to docs/signing.md), plus the hostile edits a verifier must catch.
 
 use prism_client::codec::{decode_view, Layout, Limits};
-use prism_client::signing::{
-    self, SigningKey, VerificationKeys, SCOPE_BATCH, SCOPE_LEGACY, SCOPE_PAIR, SCOPE_V2,
-};
+use prism_client::signing::{self, SigningKey, VerificationKeys, SCOPE_BATCH, SCOPE_LEGACY, SCOPE_PAIR, SCOPE_V2};
 use prism_client::{Envelope, PrismError};
 
 fn keys() -> Vec<SigningKey> {
@@ -64,13 +62,7 @@ fn legacy_scope_is_refused_unless_accepted() {
             signing::verify(&bytes, &verifier(&k), None, None),
             Err(PrismError::LegacySignatureScope(_))
         ));
-        assert!(signing::verify(
-            &bytes,
-            &verifier(&k).accepting_legacy_scope(true),
-            None,
-            None
-        )
-        .is_ok());
+        assert!(signing::verify(&bytes, &verifier(&k).accepting_legacy_scope(true), None, None).is_ok());
         // and the legacy scope does not cover the security context: the downgrade risk
         assert!(signing::verify(&tamper(&bytes), &verifier(&k), None, Some(true)).is_ok());
     }
@@ -81,10 +73,7 @@ fn pair_signs_both_copies_once() {
     for k in keys() {
         let (d, r) = signing::sign_pair(&env(2), &k).unwrap();
         for b in [&d, &r] {
-            assert_eq!(
-                signing::verify(b, &verifier(&k), None, None).unwrap().scope,
-                SCOPE_PAIR
-            );
+            assert_eq!(signing::verify(b, &verifier(&k), None, None).unwrap().scope, SCOPE_PAIR);
             assert!(signing::verify(&tamper(b), &verifier(&k), None, None).is_err());
         }
         let (_, _, md) = signing::signed_message(&d, None).unwrap();
@@ -112,11 +101,7 @@ fn batch_signs_every_copy_of_every_size() {
                     statements.insert(signing::signed_message(b, None).unwrap().2);
                 }
             }
-            assert_eq!(
-                statements.len(),
-                1,
-                "every copy of a batch rebuilds the same statement"
-            );
+            assert_eq!(statements.len(), 1, "every copy of a batch rebuilds the same statement");
         }
         assert!(signing::sign_batch(&[], &k).is_err());
     }
