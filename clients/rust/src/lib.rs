@@ -8,6 +8,7 @@
 //! Every failure on bad input is a [`PrismError`]; nothing in this crate panics on bad input.
 
 pub mod codec;
+pub mod encryption;
 pub mod error;
 pub mod layouts;
 pub mod model;
