@@ -10,6 +10,8 @@
 pub mod codec;
 pub mod encryption;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod layouts;
 pub mod model;
 pub mod signing;
