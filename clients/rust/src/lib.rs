@@ -7,6 +7,7 @@
 //!
 //! Every failure on bad input is a [`PrismError`]; nothing in this crate panics on bad input.
 
+pub mod binding;
 pub mod codec;
 pub mod encryption;
 pub mod error;
