@@ -13,6 +13,8 @@ pub mod encryption;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 pub mod layouts;
 pub mod model;
 pub mod signing;
