@@ -10,6 +10,8 @@
 #                              javac builds the Connect parity test's connector
 #   protobuf-compiler          protoc, for the Rust client's generated-types currency check
 #                              (clients/rust/tests/generated_current.rs)
+#   librdkafka-dev, pkg-config the Rust client's `kafka` feature links the system librdkafka
+#                              (tests/clients/test_rust_client.py builds it)
 #   prometheus                 evaluates every Grafana dashboard query against a running worker
 #                              and registry (tests/worker/test_dashboard_prometheus.py); the test
 #                              starts its own on a free port, never the system service
@@ -28,6 +30,8 @@ command -v podman >/dev/null 2>&1 || need+=(podman)
 [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+pkg-config --exists rdkafka 2>/dev/null || need+=(librdkafka-dev)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing ${need[*]} (Debian packages) for the integration tests"

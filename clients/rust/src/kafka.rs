@@ -1,21 +1,25 @@
-//! Kafka publish and subscribe (feature `kafka`), on rskafka: a pure-Rust Kafka client, so the
-//! crate builds without librdkafka's C/cmake build (docs/sdk-rust.md, "Kafka" says why and what
-//! that costs). Records are laid out by [`crate::binding`], exactly as the Python SDK does.
+//! Kafka publish and subscribe (feature `kafka`), on rdkafka (librdkafka) linked dynamically to
+//! the system library, so the crate has no C build (docs/sdk-rust.md, "Kafka", says why).
+//! Records are laid out by [`crate::binding`], exactly as the Python SDK does.
 //!
 //! * Publish: optional JWT in `security.auth_token` (verified and stripped by the worker; not
-//!   covered by a scope-v2 signature), signature scope v2, key = correlation id, murmur2
-//!   partitioning like Kafka's Java client (and so aiokafka), timestamp = `published_at_ms`.
-//! * Subscribe: `read_committed` fetches (rskafka's fetch requests always ask for
-//!   READ_COMMITTED, so records of aborted or open transactions are never delivered), signature
-//!   verification before decoding, classification clearance, and a signed audit record before a
-//!   confidential or restricted message is handed out (docs/sdk.md, "Classification and audit").
+//!   covered by a scope-v2 signature), signature scope v2, key = correlation id, the `murmur2`
+//!   partitioner of Kafka's Java client (and so aiokafka's), timestamp = `published_at_ms`,
+//!   idempotent producer; `publish` returns once the broker acknowledged.
+//! * Subscribe: a consumer group with `isolation.level=read_committed` (records of aborted or
+//!   open transactions are never delivered), signature verification before decoding,
+//!   classification clearance, a signed audit record before a confidential or restricted
+//!   message is handed out (docs/sdk.md, "Classification and audit"), explicit commits (`ack`).
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::time::Duration;
 
-use rskafka::client::partition::{Compression, OffsetAt, PartitionClient, UnknownTopicHandling};
-use rskafka::client::{Client, ClientBuilder};
-use rskafka::record::Record;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::ClientContext;
 
 use crate::binding::{self, KafkaRecord};
 use crate::codec::{Layout, Limits};
@@ -32,81 +36,51 @@ fn transport(e: impl std::fmt::Display, what: &str) -> PrismError {
     )
 }
 
-/// Kafka's default partitioner for keyed records (murmur2, as the Java client and aiokafka).
-pub fn murmur2_partition(key: &[u8], partitions: i32) -> i32 {
-    const M: u32 = 0x5bd1_e995;
-    let mut h: u32 = 0x9747_b28c ^ key.len() as u32;
-    let chunks = key.chunks_exact(4);
-    let tail = chunks.remainder();
-    for c in chunks {
-        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        k = k.wrapping_mul(M);
-        k ^= k >> 24;
-        k = k.wrapping_mul(M);
-        h = h.wrapping_mul(M) ^ k;
-    }
-    if tail.len() >= 3 {
-        h ^= u32::from(tail[2]) << 16;
-    }
-    if tail.len() >= 2 {
-        h ^= u32::from(tail[1]) << 8;
-    }
-    if !tail.is_empty() {
-        h ^= u32::from(tail[0]);
-        h = h.wrapping_mul(M);
-    }
-    h ^= h >> 13;
-    h = h.wrapping_mul(M);
-    h ^= h >> 15;
-    ((h & 0x7fff_ffff) % partitions.max(1) as u32) as i32
-}
+type Ack = std::result::Result<(i32, i64), String>;
 
-async fn connect(brokers: &[String]) -> Result<Client> {
-    ClientBuilder::new(brokers.to_vec())
-        .build()
-        .await
-        .map_err(|e| transport(e, "cannot connect"))
-}
+/// Hands each delivery report to the `publish` call that waits for it.
+pub struct DeliveryContext;
 
-async fn partitions_of(client: &Client, topic: &str) -> Result<Vec<i32>> {
-    let topics = client
-        .list_topics()
-        .await
-        .map_err(|e| transport(e, "cannot list topics"))?;
-    let mut parts = topics
-        .into_iter()
-        .find(|t| t.name == topic)
-        .map(|t| t.partitions.into_iter().collect::<Vec<_>>())
-        .ok_or_else(|| {
-            err!(
-                Transport,
-                format!("topic {topic:?} does not exist"),
-                "kafka",
-                "create it first (Publisher::create_topic, or the broker's tools)"
-            )
-        })?;
-    parts.sort_unstable();
-    Ok(parts)
+impl ClientContext for DeliveryContext {}
+
+impl ProducerContext for DeliveryContext {
+    type DeliveryOpaque = Box<SyncSender<Ack>>;
+    fn delivery(&self, result: &DeliveryResult<'_>, tx: Self::DeliveryOpaque) {
+        let ack = match result {
+            Ok(m) => Ok((m.partition(), m.offset())),
+            Err((e, _)) => Err(e.to_string()),
+        };
+        let _ = tx.send(ack); // the caller may have timed out and gone: nothing to report to then
+    }
 }
 
 /// Publishes envelopes to Kafka.
 pub struct Publisher {
-    client: Client,
+    producer: ThreadedProducer<DeliveryContext>,
     signing_key: Option<SigningKey>,
     auth_token: Option<String>,
-    partitions: tokio::sync::Mutex<BTreeMap<String, Vec<Arc<PartitionClient>>>>,
-    round_robin: std::sync::atomic::AtomicUsize,
+    timeout: Duration,
 }
 
 impl Publisher {
-    /// Connect to `brokers` (`host:port`).
-    pub async fn connect(brokers: &[String]) -> Result<Self> {
+    /// Connect to `bootstrap` (`host:port[,host:port]`). `extra` are librdkafka settings
+    /// (security.protocol, sasl.*, ssl.*, acks, linger.ms, ...).
+    pub fn connect(bootstrap: &str, extra: &[(&str, &str)]) -> Result<Self> {
+        let mut cfg = ClientConfig::new();
+        cfg.set("bootstrap.servers", bootstrap)
+            .set("partitioner", "murmur2_random")
+            .set("enable.idempotence", "true");
+        for (k, v) in extra {
+            cfg.set(*k, *v);
+        }
+        let producer = cfg
+            .create_with_context(DeliveryContext)
+            .map_err(|e| transport(e, "cannot create producer"))?;
         Ok(Publisher {
-            client: connect(brokers).await?,
+            producer,
             signing_key: None,
             auth_token: None,
-            partitions: Default::default(),
-            round_robin: Default::default(),
+            timeout: Duration::from_secs(30),
         })
     }
     /// Sign every envelope (scope v2).
@@ -119,71 +93,46 @@ impl Publisher {
         self.auth_token = Some(jwt.into());
         self
     }
-    /// Create a topic (no error when it exists).
-    pub async fn create_topic(&self, topic: &str, partitions: i32, replication: i16) -> Result<()> {
-        let ctl = self
-            .client
-            .controller_client()
-            .map_err(|e| transport(e, "no controller"))?;
-        match ctl.create_topic(topic, partitions, replication, 10_000).await {
-            Ok(()) => Ok(()),
-            Err(rskafka::client::error::Error::ServerError {
-                protocol_error: rskafka::client::error::ProtocolError::TopicAlreadyExists,
-                ..
-            }) => Ok(()),
-            Err(e) => Err(transport(e, "cannot create topic")),
-        }
-    }
 
-    async fn partition_clients(&self, topic: &str) -> Result<Vec<Arc<PartitionClient>>> {
-        let mut cache = self.partitions.lock().await;
-        if let Some(p) = cache.get(topic) {
-            return Ok(p.clone());
-        }
-        let mut out = Vec::new();
-        for p in partitions_of(&self.client, topic).await? {
-            let pc = self
-                .client
-                .partition_client(topic, p, UnknownTopicHandling::Retry)
-                .await
-                .map_err(|e| transport(e, "no partition leader"))?;
-            out.push(Arc::new(pc));
-        }
-        cache.insert(topic.to_owned(), out.clone());
-        Ok(out)
-    }
-
-    /// Publish `env` to `topic` in `layout`; returns (partition, offset).
-    pub async fn publish(&self, topic: &str, env: &Envelope, layout: Layout) -> Result<(i32, i64)> {
+    /// Publish `env` to `topic` in `layout`; returns (partition, offset) once acknowledged.
+    pub fn publish(&self, topic: &str, env: &Envelope, layout: Layout) -> Result<(i32, i64)> {
         let mut env = env.clone();
         if let Some(t) = &self.auth_token {
             env.security_mut().auth_token = Some(t.clone());
         }
         let rec = binding::encode(&env, layout, None, &[], self.signing_key.as_ref())?;
-        self.send(topic, rec).await
+        self.send(topic, &rec)
     }
 
-    /// Send an already encoded record.
-    pub async fn send(&self, topic: &str, rec: KafkaRecord) -> Result<(i32, i64)> {
-        let parts = self.partition_clients(topic).await?;
-        let i = match &rec.key {
-            Some(k) => murmur2_partition(k, parts.len() as i32) as usize,
-            None => self.round_robin.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % parts.len(),
-        };
-        let pc = &parts[i];
-        let timestamp = chrono::DateTime::from_timestamp_millis(rec.timestamp_ms).unwrap_or_default();
-        let record = Record {
-            key: rec.key,
-            value: Some(rec.value),
-            // rskafka keeps headers in a map: one value per name, which is all the binding writes
-            headers: rec.headers.into_iter().collect(),
-            timestamp,
-        };
-        let offsets = pc
-            .produce(vec![record], Compression::NoCompression)
-            .await
-            .map_err(|e| transport(e, "produce failed"))?;
-        Ok((pc.partition(), offsets.first().copied().unwrap_or(-1)))
+    /// Send an already encoded record and wait for the broker's acknowledgement.
+    pub fn send(&self, topic: &str, rec: &KafkaRecord) -> Result<(i32, i64)> {
+        let (tx, rx) = sync_channel(1);
+        let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len());
+        for (n, v) in &rec.headers {
+            headers = headers.insert(Header { key: n, value: Some(v) });
+        }
+        let mut r = BaseRecord::with_opaque_to(topic, Box::new(tx))
+            .payload(&rec.value)
+            .headers(headers)
+            .timestamp(rec.timestamp_ms);
+        if let Some(k) = &rec.key {
+            r = r.key(k);
+        }
+        self.producer
+            .send(r)
+            .map_err(|(e, _)| transport(e, "produce refused"))?;
+        match rx.recv_timeout(self.timeout) {
+            Ok(Ok(at)) => Ok(at),
+            Ok(Err(e)) => Err(transport(e, "produce failed")),
+            Err(_) => Err(transport("no acknowledgement in time", "produce timed out")),
+        }
+    }
+
+    /// Wait until everything sent was acknowledged.
+    pub fn flush(&self) -> Result<()> {
+        self.producer
+            .flush(self.timeout)
+            .map_err(|e| transport(e, "flush failed"))
     }
 }
 
@@ -220,30 +169,30 @@ impl Clearance {
 /// Subscription settings (the Python SDK's `subscribe(...)` arguments).
 #[derive(Debug, Clone)]
 pub struct SubscribeOptions {
+    /// The consumer group (offsets are committed by `ack`).
+    pub group: String,
     /// Every message must be signed by one of these (None: signatures are not checked).
     pub verify_with: Option<VerificationKeys>,
     /// Default `internal`; above `internal` needs a `principal`.
     pub clearance: Clearance,
     /// Who reads (a service account), recorded in audit records.
     pub principal: Option<String>,
-    /// A name for this reader in audit records (rskafka has no consumer groups; see docs).
-    pub group: String,
     /// Where audit records go (default `prism.audit`).
     pub audit_topic: String,
     /// Signs audit records when set.
     pub signing_key: Option<SigningKey>,
     pub limits: Limits,
-    /// Start at the earliest offset (true) or at the end (false).
+    /// Where a new group starts: the earliest offset (true) or the end (false).
     pub from_beginning: bool,
 }
 
 impl Default for SubscribeOptions {
     fn default() -> Self {
         SubscribeOptions {
+            group: "prism-rust".into(),
             verify_with: None,
             clearance: Clearance::Internal,
             principal: None,
-            group: "prism-rust".into(),
             audit_topic: "prism.audit".into(),
             signing_key: None,
             limits: Limits::default(),
@@ -261,7 +210,8 @@ pub struct Delivery {
     pub offset: i64,
 }
 
-/// A message that could not be handed out: where it is and why (never dropped silently).
+/// A message that could not be handed out: where it is and why (never dropped silently; the
+/// caller decides, typically a DLQ, then `ack_at`).
 #[derive(Debug, Clone)]
 pub struct Undeliverable {
     pub partition: i32,
@@ -278,18 +228,18 @@ pub struct Stats {
     pub failed: u64,
 }
 
-/// Reads one topic's partitions (read_committed), verifying and judging every message.
+/// A subscription to one topic (read_committed), verifying and judging every message.
 pub struct Subscriber {
     topic: String,
-    parts: Vec<(Arc<PartitionClient>, i64)>,
+    consumer: BaseConsumer,
     opts: SubscribeOptions,
     audit: Publisher,
     pub stats: Stats,
 }
 
 impl Subscriber {
-    /// Subscribe to every partition of `topic`.
-    pub async fn connect(brokers: &[String], topic: &str, opts: SubscribeOptions) -> Result<Self> {
+    /// Join `opts.group` on `topic`. `extra` are librdkafka settings (security, ...).
+    pub fn connect(bootstrap: &str, topic: &str, opts: SubscribeOptions, extra: &[(&str, &str)]) -> Result<Self> {
         let mut problems = Vec::new();
         if opts.clearance > Clearance::Internal && opts.principal.as_deref().unwrap_or("").is_empty() {
             problems.push(format!("clearance {} needs a principal", opts.clearance.name()));
@@ -312,73 +262,84 @@ impl Subscriber {
                 "fix the subscription options"
             ));
         }
-        let client = connect(brokers).await?;
-        let mut parts = Vec::new();
-        for p in partitions_of(&client, topic).await? {
-            let pc = client
-                .partition_client(topic, p, UnknownTopicHandling::Retry)
-                .await
-                .map_err(|e| transport(e, "no partition leader"))?;
-            let at = if opts.from_beginning {
-                OffsetAt::Earliest
-            } else {
-                OffsetAt::Latest
-            };
-            let start = pc
-                .get_offset(at)
-                .await
-                .map_err(|e| transport(e, "cannot read offsets"))?;
-            parts.push((Arc::new(pc), start));
+        let mut cfg = ClientConfig::new();
+        cfg.set("bootstrap.servers", bootstrap)
+            .set("group.id", &opts.group)
+            .set("isolation.level", "read_committed")
+            .set("enable.auto.commit", "false")
+            .set(
+                "auto.offset.reset",
+                if opts.from_beginning { "earliest" } else { "latest" },
+            );
+        for (k, v) in extra {
+            cfg.set(*k, *v);
         }
-        let mut audit = Publisher::connect(brokers).await?;
+        let consumer: BaseConsumer = cfg.create().map_err(|e| transport(e, "cannot create consumer"))?;
+        consumer
+            .subscribe(&[topic])
+            .map_err(|e| transport(e, "cannot subscribe"))?;
+        let mut audit = Publisher::connect(bootstrap, extra)?;
         if let Some(k) = &opts.signing_key {
             audit = audit.with_signing_key(k.clone());
         }
         Ok(Subscriber {
             topic: topic.to_owned(),
-            parts,
+            consumer,
             opts,
             audit,
             stats: Stats::default(),
         })
     }
 
-    /// The next offset to read of each partition (persist it to resume; rskafka has no group commits).
-    pub fn positions(&self) -> Vec<(i32, i64)> {
-        self.parts.iter().map(|(p, o)| (p.partition(), *o)).collect()
-    }
-
-    /// Fetch what is there (waiting up to `max_wait_ms` per partition) and judge each record.
-    pub async fn poll(&mut self, max_wait_ms: i32) -> Result<Vec<std::result::Result<Delivery, Undeliverable>>> {
+    /// Wait up to `max_wait` for records, then take what else is there (at most `max` records),
+    /// judging each.
+    pub fn poll(
+        &mut self,
+        max_wait: Duration,
+        max: usize,
+    ) -> Result<Vec<std::result::Result<Delivery, Undeliverable>>> {
         let mut out = Vec::new();
-        for i in 0..self.parts.len() {
-            let (pc, offset) = (Arc::clone(&self.parts[i].0), self.parts[i].1);
-            let (records, _high) = pc
-                .fetch_records(offset, 1..4 * 1024 * 1024, max_wait_ms)
-                .await
-                .map_err(|e| transport(e, "fetch failed"))?;
-            for r in records {
-                self.parts[i].1 = r.offset + 1;
-                let rec = KafkaRecord {
-                    key: r.record.key,
-                    value: r.record.value.unwrap_or_default(),
-                    headers: r.record.headers.into_iter().collect(),
-                    timestamp_ms: r.record.timestamp.timestamp_millis(),
-                };
-                match self.judge(&rec, pc.partition(), r.offset).await {
-                    Ok(Some(d)) => {
-                        self.stats.delivered += 1;
-                        out.push(Ok(d));
-                    }
-                    Ok(None) => self.stats.withheld += 1,
-                    Err(error) => {
-                        self.stats.failed += 1;
-                        out.push(Err(Undeliverable {
-                            partition: pc.partition(),
-                            offset: r.offset,
-                            error,
-                        }));
-                    }
+        let mut wait = max_wait;
+        while out.len() < max {
+            let rec = match self.consumer.poll(wait) {
+                None => break,
+                Some(Err(e)) => return Err(transport(e, "consume failed")),
+                Some(Ok(m)) => {
+                    let headers = m
+                        .headers()
+                        .map(|h| {
+                            h.iter()
+                                .map(|x| (x.key.to_owned(), x.value.unwrap_or(&[]).to_vec()))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    let rec = KafkaRecord {
+                        key: m.key().map(<[u8]>::to_vec),
+                        value: m.payload().unwrap_or(&[]).to_vec(),
+                        headers,
+                        timestamp_ms: m.timestamp().to_millis().unwrap_or(0),
+                    };
+                    (rec, m.partition(), m.offset())
+                }
+            };
+            wait = Duration::ZERO;
+            let (rec, partition, offset) = rec;
+            match self.judge(&rec, partition, offset) {
+                Ok(Some(d)) => {
+                    self.stats.delivered += 1;
+                    out.push(Ok(d));
+                }
+                Ok(None) => {
+                    self.stats.withheld += 1; // acknowledged without being handed out
+                    self.ack_at(partition, offset)?;
+                }
+                Err(error) => {
+                    self.stats.failed += 1;
+                    out.push(Err(Undeliverable {
+                        partition,
+                        offset,
+                        error,
+                    }));
                 }
             }
         }
@@ -386,7 +347,7 @@ impl Subscriber {
     }
 
     /// Verify, decode, apply the clearance, audit; `None` when withheld.
-    async fn judge(&mut self, rec: &KafkaRecord, partition: i32, offset: i64) -> Result<Option<Delivery>> {
+    fn judge(&mut self, rec: &KafkaRecord, partition: i32, offset: i64) -> Result<Option<Delivery>> {
         let (view, signature) = binding::decode(rec, &self.opts.limits, self.opts.verify_with.as_ref())?;
         let envelope = view.to_envelope();
         let level = Clearance::of(envelope.security().and_then(|s| s.data_classification.as_deref()));
@@ -394,7 +355,10 @@ impl Subscriber {
             return Ok(None); // withheld: judged by the envelope, never by a header
         }
         if level >= Clearance::Confidential {
-            self.write_audit(&envelope, level, partition, offset).await?;
+            if let Err(e) = self.write_audit(&envelope, level, partition, offset) {
+                self.seek(partition, offset)?; // not handed out: fetched again later
+                return Err(e);
+            }
             self.stats.audited += 1;
         }
         Ok(Some(Delivery {
@@ -405,7 +369,7 @@ impl Subscriber {
         }))
     }
 
-    async fn write_audit(&self, env: &Envelope, level: Clearance, partition: i32, offset: i64) -> Result<()> {
+    fn write_audit(&self, env: &Envelope, level: Clearance, partition: i32, offset: i64) -> Result<()> {
         let now = now_ms();
         let record = serde_json::json!({
             "event": "classified_delivery",
@@ -415,7 +379,7 @@ impl Subscriber {
             "namespace": env.namespace(),
             "topic": self.topic,
             "classification": level.name(),
-            "time": chrono::DateTime::from_timestamp_millis(now).unwrap_or_default().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            "time": iso8601_utc(now),
             "time_ms": now,
             "backend": "kafka",
             "ref": format!("{partition}:{offset}"),
@@ -427,26 +391,59 @@ impl Subscriber {
             .build()?;
         self.audit
             .publish(&self.opts.audit_topic, &audit, Layout::Reviewed)
-            .await
             .map(|_| ())
             .map_err(|e| {
                 err!(
                     Transport,
                     format!("audit record not written, message not handed out: {e}"),
                     "audit_topic",
-                    "the message is fetched again from the same position; check the audit topic"
+                    "the message is fetched again; check the audit topic"
                 )
             })
     }
 
-    /// Rewind a partition (a nack): its records from `offset` on are fetched again.
-    pub fn seek(&mut self, partition: i32, offset: i64) {
-        for (pc, o) in &mut self.parts {
-            if pc.partition() == partition {
-                *o = offset;
-            }
-        }
+    /// Commit a handed-out message (and everything before it on its partition).
+    pub fn ack(&self, d: &Delivery) -> Result<()> {
+        self.ack_at(d.partition, d.offset)
     }
+
+    /// Commit up to and including `offset` on `partition` (e.g. after a DLQ write of an `Undeliverable`).
+    pub fn ack_at(&self, partition: i32, offset: i64) -> Result<()> {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&self.topic, partition, Offset::Offset(offset + 1))
+            .map_err(|e| transport(e, "bad offset"))?;
+        self.consumer
+            .commit(&tpl, CommitMode::Sync)
+            .map_err(|e| transport(e, "commit failed"))
+    }
+
+    /// A nack: the partition is read again from `offset`.
+    pub fn seek(&self, partition: i32, offset: i64) -> Result<()> {
+        self.consumer
+            .seek(&self.topic, partition, Offset::Offset(offset), Duration::from_secs(10))
+            .map_err(|e| transport(e, "seek failed"))
+    }
+}
+
+/// `2026-11-28T23:59:59.123Z` for Unix milliseconds (civil-from-days, Howard Hinnant).
+fn iso8601_utc(ms: i64) -> String {
+    let (days, rem) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3_600_000,
+        rem / 60_000 % 60,
+        rem / 1000 % 60,
+        rem % 1000
+    )
 }
 
 #[cfg(test)]
@@ -454,12 +451,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn murmur2_matches_kafka() {
-        // The same partitions as aiokafka's DefaultPartitioner (murmur2 & 0x7fffffff, mod n)
-        assert_eq!(murmur2_partition(b"21", i32::MAX), 1_173_551_340);
-        assert_eq!(murmur2_partition(b"foobar", i32::MAX), 1_357_151_166);
-        assert_eq!(murmur2_partition(b"c-1", 7), 5);
-        assert_eq!(murmur2_partition(b"abc", 7), 4);
+    fn iso_time() {
+        assert_eq!(iso8601_utc(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(iso8601_utc(1_767_225_600_001), "2026-01-01T00:00:00.001Z");
     }
 
     #[test]
