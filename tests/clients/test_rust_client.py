@@ -156,3 +156,55 @@ def test_python_publishes_rust_subscribes(interop: Path, kafka: ApacheKafka, top
     assert record["event"] == "classified_delivery" and record["principal"] == "svc-rust"
     assert record["message_id"] == confidential["message_id"] and record["classification"] == "confidential"
     assert audit_env.security.data_classification == "internal"
+
+
+@pytest.fixture(scope="module")
+def registry_interop() -> Path:
+    """The built `registry_interop` example."""
+    cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
+    require(Path(cargo).exists(), "cargo (the Rust toolchain) is not installed")
+    subprocess.run([cargo, "build", "--locked", "-q", "--example", "registry_interop"],
+                   cwd=CRATE, check=True, env={**os.environ, "CARGO_TARGET_DIR": str(TARGET)}, timeout=1200)
+    return TARGET / "debug" / "examples" / "registry_interop"
+
+
+def test_rust_reads_registry_validates_and_masks(registry_interop: Path, tmp_path: Path) -> None:
+    from app.schema.registry import Registry
+    from app.schema.store import SqliteStore
+    from app.security.http_auth import auth_from_settings
+    from tests.schema.conftest import serve_registry
+    from tests.support import USERS, write_users_file
+
+    schema = {"type": "object", "required": ["order_id"], "additionalProperties": False,
+              "properties": {"order_id": {"type": "string"},
+                             "customer": {"type": "object", "properties": {
+                                 "email": {"type": "string", "x-prism-pii": "email"}}},
+                             "total": {"type": "number", "minimum": 0}}}
+    registry = Registry(SqliteStore(str(tmp_path / "registry.db")))
+    auth = auth_from_settings(users_file=write_users_file(tmp_path / "users.yaml"), jwt_config=None,
+                              allow_anonymous=None, realm="prism-schema-registry", where="tests")
+    subject = f"orders-{uuid.uuid4().hex[:8]}"
+    first = {**schema, "properties": {"order_id": {"type": "string"}}}
+    registry.register(subject, json.dumps(first), "JSON", actor="test")
+    registry.register(subject, json.dumps(schema), "JSON", actor="test")
+    payloads = [{"order_id": "o-1", "customer": {"email": "a@example.com"}, "total": 3.5},
+                {"order_id": "o-2", "total": -1},
+                {"total": 1, "extra": True}]
+    try:
+        with serve_registry(registry, auth) as url:
+            out = subprocess.run([str(registry_interop), url, "reader", USERS["reader"][0], subject],
+                                 input="\n".join(json.dumps(p) for p in payloads), capture_output=True, text=True,
+                                 timeout=60)
+            wrong = subprocess.run([str(registry_interop), url, "reader", "wrong-password", subject],
+                                   input="", capture_output=True, text=True, timeout=60)
+    finally:
+        registry.store.close()
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert out.returncode == 0, (lines, out.stderr)
+    head, results = lines[0], lines[1:]
+    assert head["version"] == 2 and head["type"] == "JSON" and head["same_text"] and subject in head["subjects"]
+    assert head["pii_fields"] == ["customer.email"]  # the registry's PII tags, through the Prism route
+    assert [r["valid"] for r in results] == [True, False, False]
+    assert results[1]["at"] == "$.total" and results[2]["at"] == "$"
+    assert results[0]["payload"]["customer"]["email"] == "***" and results[0]["masked"] == 1
+    assert wrong.returncode == 1 and json.loads(wrong.stdout)["reason"] == "schema_registry_error"

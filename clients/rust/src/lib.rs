@@ -17,6 +17,8 @@ pub mod fuzzing;
 pub mod kafka;
 pub mod layouts;
 pub mod model;
+#[cfg(feature = "registry")]
+pub mod registry;
 pub mod signing;
 pub mod unknown;
 pub mod wire;
