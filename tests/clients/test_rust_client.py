@@ -207,4 +207,8 @@ def test_rust_reads_registry_validates_and_masks(registry_interop: Path, tmp_pat
     assert [r["valid"] for r in results] == [True, False, False]
     assert results[1]["at"] == "$.total" and results[2]["at"] == "$"
     assert results[0]["payload"]["customer"]["email"] == "***" and results[0]["masked"] == 1
+    # validated before publishing: the envelope names the schema version and hash it was checked against
+    assert results[0]["schema"]["version"] == "2" and results[0]["schema"]["url"].endswith(f"/v1/subjects/{subject}/versions/2")
+    assert len(results[0]["schema"]["hash"]) > 0 and results[0]["contains_pii"] is True
+    assert results[1]["schema"] is None  # an invalid payload gets no schema context
     assert wrong.returncode == 1 and json.loads(wrong.stdout)["reason"] == "schema_registry_error"

@@ -37,10 +37,21 @@ fn main() {
             let verdict = registry::validate_json(&latest.schema, line.as_bytes());
             let mut v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
             let masked = registry::mask_pii(&mut v, &pii);
+            // the same check on an envelope, as a producer runs it before publishing
+            let mut env = prism_client::Envelope::builder(a[4].clone(), "orders")
+                .bytes(line.as_bytes())
+                .build()?;
+            let checked = registry::validate_for_publish(&mut env, &client, &a[4], "latest");
+            assert_eq!(checked.is_ok(), verdict.is_ok());
+            let schema = env.header.schema.as_ref().map(|s| {
+                json!({"url": s.schema_url, "version": s.schema_version,
+                "hash": s.schema_hash})
+            });
             println!(
                 "{}",
                 json!({"valid": verdict.is_ok(), "at": verdict.err().map(|e| e.detail().at.clone()),
-                "masked": masked, "payload": v})
+                "masked": masked, "payload": v, "schema": schema,
+                "contains_pii": env.security().and_then(|s| s.contains_pii)})
             );
         }
         Ok(())

@@ -54,6 +54,7 @@ fn reg_err(what: String, hint: &str) -> PrismError {
 /// A schema registry at `http://host:port[/prefix]`.
 #[derive(Debug, Clone)]
 pub struct RegistryClient {
+    base: String,
     host: String,
     port: u16,
     prefix: String,
@@ -94,7 +95,9 @@ impl RegistryClient {
             None => (hostport.to_owned(), 80),
         };
         let prefix = if prefix == "/" { String::new() } else { prefix };
+        let base = url.trim_end_matches('/').to_owned();
         Ok(RegistryClient {
+            base,
             host,
             port,
             prefix,
@@ -251,6 +254,56 @@ impl RegistryClient {
     pub fn policy(&self, namespace: &str) -> Result<Value> {
         self.request("GET", &format!("/v1/policies/{}", segment(namespace)), None)
     }
+}
+
+/// Validate the envelope's JSON payload against `version` of `subject` (a number or `latest`)
+/// before publishing, and record in the envelope the schema it was validated against (the
+/// schema context: url, version, format, hash, name) and `contains_pii` when the schema has PII
+/// fields, as the Python SDK's `publish(..., schema_validation=True)` does. Nothing is sent here:
+/// publish the envelope afterwards.
+pub fn validate_for_publish(
+    env: &mut crate::Envelope,
+    client: &RegistryClient,
+    subject: &str,
+    version: &str,
+) -> Result<()> {
+    let v = client.version(subject, version)?;
+    if v.schema_type != "JSON" {
+        return Err(err!(
+            Config,
+            format!(
+                "subject {subject:?} version {} is {}, not JSON Schema",
+                v.version, v.schema_type
+            ),
+            "schema",
+            "the Rust client validates JSON Schema only; validate Avro and protobuf payloads in Python"
+        ));
+    }
+    validate_json(&v.schema, env.payload_bytes()?)?;
+    let prism = client
+        .prism_version(subject, &v.version.to_string())
+        .unwrap_or(Value::Null);
+    let pii = prism
+        .pointer("/metadata/pii_fields")
+        .and_then(Value::as_array)
+        .is_some_and(|a| !a.is_empty());
+    env.header.schema = Some(crate::gen::v1::SchemaContext {
+        schema_url: format!(
+            "{}/v1/subjects/{}/versions/{}",
+            client.base,
+            segment(subject),
+            v.version
+        ),
+        schema_version: v.version.to_string(),
+        schema_format: "json".into(),
+        schema_hash: prism.get("hash").and_then(Value::as_str).unwrap_or("").to_owned(),
+        schema_name: subject.to_owned(),
+        ..Default::default()
+    });
+    if pii {
+        env.security_mut().contains_pii = Some(true);
+    }
+    Ok(())
 }
 
 fn dechunk(mut b: &[u8]) -> Option<Vec<u8>> {
