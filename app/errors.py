@@ -208,6 +208,18 @@ class DecryptionError(CryptoError):
     code = "decryption_failed"
 
 
+class EncryptionClaimError(CryptoError):
+    """An envelope claims an encrypted payload (`security.encryption` is present) whose metadata
+    and payload do not have the shape its algorithm produces: an IV or nonce of the wrong length,
+    a missing or wrongly sized encapsulated key, a payload shorter than the AEAD tag, an
+    `encryption_type` or AAD that names another algorithm or envelope. No consumer could decrypt
+    it, and its payload may well be plaintext under an encryption label, so it is refused (or,
+    where the topology's `encryption:` block covers its classification, encrypted by the worker)
+    instead of being passed through as ciphertext (docs/encryption.md, "Claims of encryption")."""
+
+    code = "encryption_claim_invalid"
+
+
 class AuthError(SecurityError):
     """Producer authentication failed (JWT missing, invalid, expired, wrong audience ...)."""
 

@@ -15,11 +15,12 @@ from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
-from google.protobuf.unknown_fields import UnknownFieldSet
 
 from app.envelope import Envelope, Layout
-from app.envelope.model import get_content_encoding, get_content_type
+from app.envelope.layouts import unknown_records
+from app.envelope.model import Payload, get_content_encoding, get_content_type
 from app.envelope.wire import LEN, scan
+from app.errors import PrismError
 
 ROOT = Path(__file__).resolve().parent
 
@@ -30,14 +31,16 @@ TEST_KEYS_NOTE = "TEST KEYS ONLY - derived from published labels, never use them
 #: (app/errors.py). A runner in another language maps its own errors onto these names.
 ERROR_KINDS: dict[str, dict[str, Any]] = {
     "truncated": {
-        "meaning": "the input ends inside a record: a varint, a length-delimited value or a fixed-width value "
-                   "runs past the end of the bytes",
+        "meaning": "the input ends inside a top-level record: a tag, a length, a length-delimited value or a "
+                   "fixed-width value runs past the end of the bytes (a nested message cut inside a correctly "
+                   "framed record is malformed)",
         "python_codes": ["truncated", "bad_length"],
     },
     "malformed": {
-        "meaning": "bytes that are not an envelope: field number 0, a group or invalid wire type (6, 7), a varint "
-                   "longer than 10 bytes, a known field with the wrong wire type, a nested message that is not "
-                   "valid protobuf, a string that is not UTF-8, a payload record that is not length-delimited",
+        "meaning": "bytes that are not an envelope: field number 0, a group or invalid wire type (3, 4, 6, 7), a "
+                   "varint longer than 10 bytes, a payload record that is not length-delimited, a nested message "
+                   "that is not valid protobuf, a string that is not UTF-8 (any other known field with the wrong "
+                   "wire type is kept as an unknown field, as protobuf does)",
         "python_codes": ["malformed_envelope", "wire_type", "bad_length", "bad_utf8"],
     },
     "unknown_layout": {
@@ -99,10 +102,9 @@ def message_json(msg: Message) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for fd, value in msg.ListFields():
         out[fd.name] = _field_json(fd, value)
-    if len(UnknownFieldSet(msg)):
-        raw = msg.SerializeToString()
-        known = msg.DESCRIPTOR.fields_by_number
-        out["_unknown"] = b"".join(raw[r[2]:r[4]] for r in scan(raw) if r[0] not in known).hex()
+    unknown = unknown_records(msg)
+    if unknown:
+        out["_unknown"] = unknown.hex()
     return out
 
 
@@ -121,6 +123,44 @@ def _field_json(fd: FieldDescriptor, value: Any) -> Any:
     if fd.is_repeated:
         return [_scalar(fd, v) for v in value]
     return _scalar(fd, value)
+
+
+def message_from_json(msg: Message, data: Mapping[str, Any]) -> Message:
+    """Fill `msg` from the JSON form (the inverse of `message_json`): what a runner does to
+    build an envelope from a vector's `model`."""
+    fields = msg.DESCRIPTOR.fields_by_name
+    for name, value in data.items():
+        if name == "_unknown":
+            msg.MergeFromString(bytes.fromhex(value))
+            continue
+        fd = fields[name]
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            vfd = fd.message_type.fields_by_name["value"]
+            target = getattr(msg, name)
+            for k, v in value.items():
+                target[k] = bytes.fromhex(v) if vfd.type == FieldDescriptor.TYPE_BYTES else v
+        elif fd.is_repeated:
+            getattr(msg, name).extend(value)
+        elif fd.message_type is not None:
+            sub = getattr(msg, name)
+            sub.SetInParent()
+            message_from_json(sub, value)
+        elif fd.type == FieldDescriptor.TYPE_BYTES:
+            setattr(msg, name, bytes.fromhex(value))
+        else:
+            setattr(msg, name, value)
+    return msg
+
+
+def envelope_from_model(model: Mapping[str, Any]) -> Envelope:
+    """An envelope from a vector's `model` (the reviewed layout plus `payload`)."""
+    from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
+    header = dict(model)
+    payload = header.pop("payload", None)
+    env = Envelope(message_from_json(vpb.PrismEnvelope(), header))  # type: ignore[arg-type]
+    env.payload = Payload.absent() if payload is None else Payload(
+        bytes.fromhex(payload.get("value", "")), payload.get("type_url", ""))
+    return env
 
 
 def payload_json(env: Envelope) -> dict[str, Any] | None:
@@ -162,7 +202,10 @@ def payload_location(data: bytes, layout: Layout) -> dict[str, int] | None:
         return None
     _, _, start, vstart, end = records[0]
     out = {"record_offset": start, "record_length": end - start, "any_offset": vstart, "any_length": end - vstart}
-    value = [r for r in scan(data, vstart, end) if r[0] == 2 and r[1] == LEN]
+    try:
+        value = [r for r in scan(data, vstart, end) if r[0] == 2 and r[1] == LEN]
+    except PrismError:  # not an Any (header-only vectors): only the record is located
+        value = []
     if value:
         out["value_offset"], out["value_length"] = value[-1][3], value[-1][4] - value[-1][3]
     return out

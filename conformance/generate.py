@@ -22,7 +22,14 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import generate_conversion, generate_encryption, generate_envelopes, generate_lnmp, generate_signatures
+from . import (
+    generate_conversion,
+    generate_encryption,
+    generate_envelopes,
+    generate_lnmp,
+    generate_negative,
+    generate_signatures,
+)
 from ._common import ERROR_KINDS, ROOT, TEST_KEYS_NOTE, dump
 
 #: (folder, kind of its files, build function, what the folder holds)
@@ -37,6 +44,8 @@ GENERATORS: list[tuple[str, Callable[[], dict[str, str]], str]] = [
      "with fixed test keys, and tampered, truncated, swapped and moved ciphertexts"),
     ("lnmp", generate_lnmp.build, "LNMP binary containers (TLV envelope) and #ENVELOPE text headers -> LNMP fields "
      "and envelope fields; strict-mode refusals"),
+    ("negative", generate_negative.build, "truncation at every record boundary and inside every record, bad varints, "
+     "wrong wire types, duplicated records, bad UTF-8, size limits, tampered and relabelled signed envelopes"),
 ]
 
 #: What a conforming implementation does with each kind of vector (README.md has the details).
@@ -88,6 +97,16 @@ KINDS: dict[str, dict[str, Any]] = {
                 "The outcome must be `expected` ('ok' or 'bad_lnmp'). On success the message's form, its LNMP "
                 "envelope fields, its record and the envelope fields it maps to must equal form, lnmp, record_hex "
                 "and model; writing model back as LNMP must give reencoded_hex.",
+    },
+    "negative": {
+        "file_fields": ["key"],
+        "inputs": ["input_hex", "limits"],
+        "expect": ["expected_decode", "model", "expected_payload", "payload_location", "expected_verify"],
+        "task": "Decode input_hex (with `limits` where given): the outcome must be expected_decode ('ok', then the "
+                "model must equal `model`, or an error kind). Decode and verify it with the file's key, legacy scope "
+                "refused, checking in the README's order: the outcome must be expected_verify. Where expected_payload "
+                "is given (header-only vectors), `model` is the header alone, the payload record must be at "
+                "payload_location, and only reading the payload fails, with expected_payload.",
     },
 }
 

@@ -139,6 +139,26 @@ def reviewed_hybrid_metadata() -> tuple[bytes, Layout]:
     return encode(env, Layout.REVIEWED), Layout.REVIEWED
 
 
+def reviewed_unknown_encryption_type() -> tuple[bytes, Layout]:
+    """A reviewed EncryptionMetadata with encryption_type 7, a number this build's enum does
+    not name (proto3 keeps it): the draft carries it as the decimal text "7" in
+    prism.enc.encryption_type, and reading the draft gives 7 back."""
+    env = E._base(25, bytes(range(20)))
+    enc = env.header.security.encryption
+    enc.key_id, enc.algorithm, enc.encryption_type = "kek-future-1", "future-aead", 7
+    return encode(env, Layout.REVIEWED), Layout.REVIEWED
+
+
+def draft_numeric_encryption_type() -> tuple[bytes, Layout]:
+    """A draft whose prism.enc.encryption_type is the decimal text "4" rather than a name: read
+    as the number (ENCRYPTION_TYPE_HYBRID)."""
+    d = _draft_base(26)
+    enc = d.security.encryption
+    enc.key_id, enc.algorithm = "hyb-1", "x25519-ml-kem-1024"
+    d.extensions["prism.enc.encryption_type"] = b"4"
+    return _draft_bytes(d), Layout.DRAFT
+
+
 def reviewed_unknown() -> tuple[bytes, Layout]:
     """A reviewed envelope with unknown top-level and metadata fields: carried in extensions
     prism.unknown.reviewed[.metadata] (their numbers mean other things in the draft)."""
@@ -206,7 +226,8 @@ def build() -> dict[str, str]:
                                  "survives a layout change, so every signature field is removed and "
                                  "security.signature is reported", _signed(scope)(layout), layout))
     for fn in (sub_millisecond, odd_content_type, newer_version, draft_encryption_extensions, draft_unknown,
-               reviewed_hybrid_metadata, reviewed_unknown, reviewed_carried_back):
+               reviewed_hybrid_metadata, reviewed_unknown_encryption_type, draft_numeric_encryption_type,
+               reviewed_unknown, reviewed_carried_back):
         data, layout = fn()
         vectors.append(_case(fn.__name__.replace("_", "-"), _text(fn), data, layout))
     return {"conversions.json": doc("conversion", NOTE, vectors)}

@@ -94,7 +94,11 @@ def _pinned() -> dict[str, str]:
     path = ROOT / "encryption" / FILE
     if not path.exists():
         return {}
-    return dict(json.loads(path.read_text(encoding="utf-8")).get("pinned_ml_kem_ciphertexts", {}))
+    try:
+        return dict(json.loads(path.read_text(encoding="utf-8")).get("pinned_ml_kem_ciphertexts", {}))
+    except (ValueError, AttributeError, TypeError):
+        raise SystemExit(f"{path} is not the generator's JSON (a merge conflict?): restore it with git checkout; its "
+                         "ML-KEM ciphertexts were drawn at random and cannot be drawn again identically") from None
 
 
 def _envelope(n: int, plaintext: bytes = PLAINTEXT) -> Envelope:

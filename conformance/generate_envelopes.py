@@ -42,7 +42,8 @@ def minimal() -> Envelope:
 
 
 def full() -> Envelope:
-    """Every context present, every metadata field set, one extension, one label."""
+    """Every context present; metadata with priority, ttl, correlation id, causality parent and SDK
+    version; one extension, one label, two deprecated fields."""
     env = _base(2, priority=9, ttl_seconds=3600, correlation_id="corr-2", causality_parent=f"{MID}01",
                 producer_sdk_version="prism-python/0.1.0", labels={"tier": "gold"},
                 extensions={"x-tenant": b"\x00\x01acme"}, data_classification="confidential", contains_pii=True)

@@ -1,7 +1,10 @@
 """Generate the language-neutral signature test vectors (docs/signing.md).
 
-    .venv/bin/python -m conformance.generate_signatures          # rewrite the JSON files
-    .venv/bin/python -m conformance.generate_signatures --check  # exit 1 if they are stale
+    .venv/bin/python -m conformance.generate          # the whole suite, with these files and the manifest
+    .venv/bin/python -m conformance.generate --check  # exit 1 if any file is stale (make test runs it)
+
+(`python -m conformance.generate_signatures` still writes these files alone, but the
+manifest records their hashes, so run `conformance.generate` before committing.)
 
 Writes two files per algorithm in conformance/signatures/, each with both wire layouts: scope v2
 (`scope-v2-hmac-sha256.json`, `scope-v2-ed25519.json`) and the pair scope, one signature
@@ -384,7 +387,7 @@ def main() -> int:
             path.write_text(text)
             print(f"wrote {path}")
     if stale:
-        print(f"stale: {', '.join(stale)}; run python -m conformance.generate_signatures", file=sys.stderr)
+        print(f"stale: {', '.join(stale)}; run python -m conformance.generate", file=sys.stderr)
         return 1
     return 0
 

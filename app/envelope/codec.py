@@ -16,6 +16,7 @@ import enum
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError as _PbDecodeError
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from .._gen.prism.envelope.draft import envelope_pb2 as dpb
 from .._gen.prism.envelope.v1 import envelope_pb2 as vpb
@@ -102,11 +103,7 @@ def decode(
     Raises only `app.errors.EnvelopeError` subclasses.
     """
     size = len(data)
-    if size > limits.max_message_bytes:
-        raise SizeLimitError(
-            f"envelope is {size} bytes, over the {limits.max_message_bytes}-byte limit",
-            hint="raise Limits.max_message_bytes or have the producer split the message",
-        )
+    check_message_size(size, limits)
     if size <= SMALL_ENVELOPE and layout is None and dropped is None:
         env = _decode_small(data, limits)
         if env is not None:
@@ -114,6 +111,16 @@ def decode(
     view = memoryview(data)
     records = scan(view)
     return decode_records(view, records, layout or _detect(records), limits, dropped)
+
+
+def check_message_size(size: int, limits: Limits) -> None:
+    """Refuse a message over `limits.max_message_bytes` before any byte of it is read (also
+    for callers that walk the records themselves, such as `verify_and_decode`)."""
+    if size > limits.max_message_bytes:
+        raise SizeLimitError(
+            f"envelope is {size} bytes, over the {limits.max_message_bytes}-byte limit",
+            hint="raise Limits.max_message_bytes or have the producer split the message",
+        )
 
 
 #: Below this size upb parses the whole envelope in C and the payload is moved out: a copy
@@ -132,7 +139,11 @@ def _decode_small(data: bytes | bytearray | memoryview, limits: Limits) -> Envel
         header = vpb.PrismEnvelope.FromString(data)
     except _PbDecodeError:
         return None
-    if not header.HasField("payload"):
+    if not header.HasField("payload") or len(UnknownFieldSet(header)):
+        # Unknown top-level fields include a payload record of the wrong wire type, which upb
+        # keeps as unknown but the general path refuses (WireTypeError): both paths must agree
+        # (conformance/negative, "wire/payload-as-varint"). A newer producer's fields are rare
+        # enough that the general path's cost does not matter.
         return None
     any_ = header.payload
     if len(data) - len(any_.value) > limits.max_header_bytes:

@@ -36,6 +36,7 @@ numbering in both layouts and are copied through their wire bytes, unknown field
 
 from __future__ import annotations
 
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.timestamp_pb2 import Timestamp
 from google.protobuf.unknown_fields import UnknownFieldSet
 
@@ -48,7 +49,7 @@ from .model import (
     set_content_encoding,
     set_content_type,
 )
-from .wire import scan
+from .wire import I32, I64, LEN, VARINT, scan
 
 #: The draft `envelope_version` this build writes and fully understands.
 KNOWN_ENVELOPE_VERSION = 1
@@ -72,14 +73,31 @@ _SEC_STRINGS = ("publisher_id", "publisher_team", "auth_token", "signature_algor
                 "data_classification", "signature_key_id")
 
 
-def _unknown_records(msg: object) -> bytes:
-    """The wire records of `msg`'s unknown fields, exactly as received ("" when none). Only
-    called once `UnknownFieldSet` said there are some: serializing costs a little."""
+def _wire_types(fd: FieldDescriptor) -> tuple[int, ...]:
+    """The wire types a field is read with: anything else on its number is an unknown field."""
+    if fd.type in (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES, FieldDescriptor.TYPE_MESSAGE):
+        return (LEN,)
+    if fd.type in (FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64, FieldDescriptor.TYPE_DOUBLE):
+        scalar = I64
+    elif fd.type in (FieldDescriptor.TYPE_FIXED32, FieldDescriptor.TYPE_SFIXED32, FieldDescriptor.TYPE_FLOAT):
+        scalar = I32
+    else:
+        scalar = VARINT
+    return (scalar, LEN) if fd.is_repeated else (scalar,)  # a repeated scalar may be packed
+
+
+def unknown_records(msg: object) -> bytes:
+    """The wire records of `msg`'s unknown fields, exactly as received ("" when none): fields
+    this build does not know, and known fields written with a wire type they are not read with
+    (protobuf keeps those as unknown too; dropping them would lose bytes silently). Only
+    serializes once `UnknownFieldSet` said there are some: that costs a little."""
     if not len(UnknownFieldSet(msg)):  # type: ignore[arg-type]
         return b""
     raw = msg.SerializeToString()  # type: ignore[attr-defined]
     known = msg.DESCRIPTOR.fields_by_number  # type: ignore[attr-defined]
-    return b"".join(raw[r[2]:r[4]] for r in scan(raw) if r[0] not in known)
+    return b"".join(raw[r[2]:r[4]] for r in scan(raw)
+                    if r[0] not in known or r[1] not in _wire_types(known[r[0]]))
+
 
 
 def _sub(msg: object, path: str) -> object | None:
@@ -97,17 +115,19 @@ def _carry_unknown(src: object, prefix: str, ext: dict[str, bytes]) -> None:
     for path in _CARRIED_PATHS:
         msg = _sub(src, path)
         if msg is not None:
-            records = _unknown_records(msg)
+            records = unknown_records(msg)
             if records:
                 ext[prefix + path] = records
 
 
 def _restore_unknown(dst: object, prefix: str, ext: dict[str, bytes]) -> None:
     """Put fields carried by `_carry_unknown` back on their own numbers in `dst` (the layout
-    they came from) and remove their extensions. Only records whose numbers `dst` does not
-    know are merged, so an extension can never set a known field (a producer could otherwise
-    smuggle, say, a classification past the fields it is read from); a malformed value stays
-    where it is, an extension like any other."""
+    they came from) and remove their extensions. Only records that cannot set a known field
+    are merged - numbers `dst` does not know, and known numbers with a wire type they are not
+    read with (protobuf keeps those as unknown) - so an extension can never set a known field
+    (a producer could otherwise smuggle, say, a classification past the fields it is read
+    from). Records refused that way stay in the extension, and a malformed value stays where
+    it is, an extension like any other: nothing is dropped."""
     for path in _CARRIED_PATHS:
         key = prefix + path
         raw = ext.get(key)
@@ -121,11 +141,17 @@ def _restore_unknown(dst: object, prefix: str, ext: dict[str, bytes]) -> None:
             records = scan(raw)
         except EnvelopeError:
             continue
-        keep = b"".join(raw[r[2]:r[4]] for r in records if r[0] not in known)
+        keep, refused = [], []
+        for r in records:
+            settable = r[0] in known and r[1] in _wire_types(known[r[0]])
+            (refused if settable else keep).append(raw[r[2]:r[4]])
         if path:
             msg.SetInParent()  # type: ignore[attr-defined]
-        msg.MergeFromString(keep)  # type: ignore[attr-defined]
-        del ext[key]
+        msg.MergeFromString(b"".join(keep))  # type: ignore[attr-defined]
+        if refused:
+            ext[key] = b"".join(refused)
+        else:
+            del ext[key]
 
 
 def _zero_presence(msg: object, path: str, dropped: list[str]) -> None:
@@ -199,7 +225,7 @@ def draft_to_reviewed(d: dpb.PrismEnvelope) -> tuple[vpb.PrismEnvelope, list[str
             if de.aad:
                 ve.aad = de.aad
             if _ENC_TYPE_KEY in ext:
-                ve.encryption_type = vpb.EncryptionType.Value(ext[_ENC_TYPE_KEY].decode())
+                ve.encryption_type = _enc_type_value(ext[_ENC_TYPE_KEY].decode())
             if _ENC_PUB_KEY in ext:
                 ve.public_key_id = ext[_ENC_PUB_KEY].decode()
             if _ENC_ENCAP_KEY in ext:
@@ -261,7 +287,7 @@ def reviewed_to_draft(v: vpb.PrismEnvelope, *, report: bool = True) -> tuple[dpb
             de.SetInParent()
             de.key_id, de.algorithm, de.iv, de.aad = ve.key_id, ve.algorithm, ve.iv, ve.aad
             if ve.encryption_type:
-                d.extensions[_ENC_TYPE_KEY] = vpb.EncryptionType.Name(ve.encryption_type).encode()
+                d.extensions[_ENC_TYPE_KEY] = _enc_type_name(ve.encryption_type).encode()
             if ve.HasField("public_key_id"):
                 d.extensions[_ENC_PUB_KEY] = ve.public_key_id.encode()
             if ve.HasField("encapsulated_key"):
@@ -285,6 +311,19 @@ def reviewed_to_draft(v: vpb.PrismEnvelope, *, report: bool = True) -> tuple[dpb
         d.schema.MergeFromString(v.schema.SerializeToString())
         d.schema.SetInParent()
     return d, dropped
+
+
+def _enc_type_name(value: int) -> str:
+    """`prism.enc.encryption_type` for an `EncryptionType`: its name, or the bare number when this
+    build does not know it (proto3 keeps unknown enum numbers; `Name` would raise ValueError and
+    the draft encoder would crash on a value a reviewed producer sent)."""
+    return vpb.EncryptionType.Name(value) if value in vpb.EncryptionType.values() else str(value)
+
+
+def _enc_type_value(text: str) -> int:
+    """The inverse of `_enc_type_name`: a name, or a number (an unknown name raises ValueError,
+    which the decoder reports as a `DecodeError`)."""
+    return int(text) if text.isascii() and text.isdigit() else vpb.EncryptionType.Value(text)
 
 
 def draft_metadata(vm: vpb.PrismMetadata) -> dpb.PrismMetadata:

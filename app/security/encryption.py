@@ -71,6 +71,7 @@ from ..envelope.model import Envelope, Payload
 from ..errors import (
     AuditError,
     DecryptionError,
+    EncryptionClaimError,
     EncryptionError,
     KeyNotUsableError,
     PrismError,
@@ -82,6 +83,8 @@ from .algorithms import (
     DEFAULT_POLICY,
     HYBRID,
     KEY_ML_KEM_768,
+    KEY_ML_KEM_1024,
+    KEY_X25519_ML_KEM_1024,
     POST_QUANTUM,
     SYMMETRIC,
     AlgorithmPolicy,
@@ -99,6 +102,11 @@ audit_log = logging.getLogger("prism.audit")
 
 NONCE_BYTES = 12
 KEY_BYTES = 32
+#: The authentication tag every AEAD ciphertext (AES-256-GCM, ChaCha20-Poly1305) ends with.
+TAG_BYTES = 16
+#: FIPS 203 ciphertext sizes: the `encapsulated_key` of the post-quantum and hybrid patterns.
+ML_KEM_CIPHERTEXT_BYTES = {KEY_ML_KEM_768: 1088, KEY_ML_KEM_1024: 1568, KEY_X25519_ML_KEM_1024: 1568}
+X25519_PUBLIC_BYTES = 32
 #: Prefix of every Prism AAD; a stored `aad` starting with it claims Prism's binding.
 AAD_PREFIX = b"prism-envelope-aad/v1\x00"
 HYBRID_KDF_SALT = b"prism-envelope/x25519-ml-kem-1024/v1"
@@ -379,6 +387,164 @@ def _encrypt_hybrid(env: Envelope, provider: KeyProvider, spec: AlgorithmSpec, k
     return AESGCM(key).encrypt(meta.iv, plaintext, meta.aad)
 
 
+# --------------------------------------------------------------------------- claims of encryption
+
+
+_CLAIM_HINT = ("encrypt the payload before setting security.encryption (Prism SDK `encryption=`, or "
+               "encrypt_envelope), or send a plaintext payload without security.encryption; "
+               "see docs/encryption.md, \"Claims of encryption\"")
+
+
+def _short(value: object) -> str:
+    """A metadata value for an error message: its repr, cut short (never payload bytes)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _type_name(value: int) -> str:
+    """`EncryptionType` name of `value`, or the bare number for a value the enum does not define
+    (proto3 keeps unknown enum numbers; `EncryptionType.Name` would raise ValueError)."""
+    try:
+        return pb.EncryptionType.Name(value)
+    except ValueError:
+        return str(value)
+
+
+def check_encryption_claim(env: Envelope, policy: AlgorithmPolicy = DEFAULT_POLICY) -> AlgorithmSpec:
+    """Check that an envelope which claims an encrypted payload has the shape its algorithm
+    produces, and return the algorithm's spec. The policy stage runs this on every envelope with
+    `security.encryption` (app/agents/policy.py); it reads metadata and lengths only, never key
+    material, so a worker without the consumers' keys can run it.
+
+    Why: a present `security.encryption` is only a label. Without this check a plaintext payload
+    whose block named an algorithm and a key id travelled to `.v2`/`.v3` as "encrypted" - every
+    consumer failed to decrypt it while a plain reader of the topic read the data - and the
+    worker's `encrypt_unencrypted` skipped it.
+
+    What is checked, per pattern (docs/encryption.md, "The four patterns, byte by byte"):
+
+    * every algorithm: the policy allows it (`AlgorithmError`, as before); `key_id` is set;
+      `encryption_type` is unset or the algorithm's own; an `aad` in Prism's format is this
+      envelope's (message id, namespace, topic, algorithm, key id); `algorithm_params`, when
+      present, is a JSON object;
+    * an AEAD payload (symmetric, RSA wrapped, ML-KEM, hybrid): a 12-byte `iv` and a payload of at
+      least the 16-byte tag;
+    * symmetric: `encapsulated_key` only with `algorithm_params.key_wrap` (a KMS data key), and
+      then present;
+    * RSA-OAEP: `direct` - a payload of exactly one modulus-sized block; `wrapped` - an
+      `encapsulated_key` of exactly one block, AES-256-GCM as the DEM; OAEP with SHA-256;
+    * ML-KEM: an `encapsulated_key` of the parameter set's ciphertext size (1088 / 1568 bytes);
+    * X25519 + ML-KEM-1024: a 1568-byte `encapsulated_key`, a 32-byte
+      `algorithm_params.x25519_ephemeral_public`, `kdf` `hkdf-sha256` when given.
+
+    Every problem is reported at once in one `EncryptionClaimError` (DLQ reason
+    `encryption_claim_invalid`). Passing is necessary, not sufficient: only the consumer's key
+    shows whether the bytes really are ciphertext, and a producer that deliberately fakes the
+    shape (fields of the right lengths around plaintext) is not detectable here.
+    """
+    sec = env.security
+    if sec is None or not sec.HasField("encryption"):
+        raise EncryptionClaimError("the envelope claims no encryption (security.encryption is absent)",
+                                   path="security.encryption", hint="check only envelopes that claim encryption")
+    meta = sec.encryption
+    spec = policy.check(meta.algorithm, decrypt=True)
+    name = spec.name
+    problems: list[tuple[str, str]] = []
+
+    def bad(where: str, what: str) -> None:
+        problems.append((where, what))
+
+    if not meta.key_id:
+        bad("security.encryption.key_id", "is empty: no consumer could know which key decrypts")
+    if meta.encryption_type not in (pb.ENCRYPTION_TYPE_UNSPECIFIED, spec.encryption_type):
+        bad("security.encryption.encryption_type", f"is {_type_name(meta.encryption_type)}, but {name} is "
+            f"{_type_name(spec.encryption_type)} (the metadata describes another algorithm)")
+    if meta.HasField("aad") and meta.aad.startswith(AAD_PREFIX) and not hmac.compare_digest(
+            meta.aad, envelope_aad(env, meta.algorithm, meta.key_id)):
+        bad("security.encryption.aad", "is Prism's binding of another message id, namespace, topic, algorithm "
+            "or key id (the ciphertext was moved, or the metadata changed after encryption)")
+    params: Mapping[str, Any] = {}
+    if meta.HasField("algorithm_params") and meta.algorithm_params:
+        try:
+            parsed = json.loads(meta.algorithm_params)
+        except (ValueError, RecursionError):
+            parsed = None
+            bad("security.encryption.algorithm_params", "is not valid JSON")
+        else:
+            if isinstance(parsed, dict):
+                params = parsed
+            else:
+                bad("security.encryption.algorithm_params", f"is a JSON {type(parsed).__name__}, not an object")
+    size = len(env.payload.value)
+    encapsulated = len(meta.encapsulated_key)
+
+    def aead_fields(dem: str) -> None:
+        if len(meta.iv) != NONCE_BYTES:
+            bad("security.encryption.iv", f"is {len(meta.iv)} bytes; {dem} needs a {NONCE_BYTES}-byte nonce")
+        if size < TAG_BYTES:
+            bad("payload", f"is {size} bytes, shorter than the {TAG_BYTES}-byte tag every {dem} ciphertext ends with")
+
+    if spec.pattern == SYMMETRIC:
+        wrap = params.get("key_wrap")
+        if wrap is not None and not (isinstance(wrap, str) and wrap):
+            bad("security.encryption.algorithm_params", f"key_wrap is {_short(wrap)}, not the name of a key service")
+        if wrap and not encapsulated:
+            bad("security.encryption.encapsulated_key", f"is missing: key_wrap {_short(wrap)} needs the wrapped data key")
+        if not wrap and encapsulated:
+            bad("security.encryption.encapsulated_key", f"is {encapsulated} bytes, but {name} without "
+                "algorithm_params.key_wrap carries no wrapped key (the fields fit another algorithm)")
+        aead_fields(name)
+    elif spec.pattern == ASYMMETRIC:
+        assert spec.rsa_bits is not None
+        block = spec.rsa_bits // 8
+        if params.get("oaep", "sha-256") != "sha-256":
+            bad("security.encryption.algorithm_params", f"oaep is {_short(params.get('oaep'))}; only sha-256 is used")
+        mode = params.get("mode", "direct")
+        if mode == "direct":
+            if size != block:
+                bad("payload", f"is {size} bytes; {name} in direct mode is exactly one {block}-byte RSA block")
+        elif mode == "wrapped":
+            if params.get("dem", AES_256_GCM) != AES_256_GCM:
+                bad("security.encryption.algorithm_params", f"dem is {_short(params.get('dem'))}; only "
+                    f"{AES_256_GCM} is used")
+            if encapsulated != block:
+                bad("security.encryption.encapsulated_key", f"is {encapsulated} bytes; {name} wraps the content "
+                    f"key in exactly one {block}-byte RSA block")
+            aead_fields(AES_256_GCM)
+        else:
+            bad("security.encryption.algorithm_params", f"mode is {_short(mode)}; {name} knows direct and wrapped")
+    elif spec.pattern == POST_QUANTUM:
+        expected = ML_KEM_CIPHERTEXT_BYTES[spec.key_type]
+        if encapsulated != expected:
+            bad("security.encryption.encapsulated_key", f"is {encapsulated} bytes; a {spec.key_type} ciphertext "
+                f"is {expected} bytes")
+        aead_fields(AES_256_GCM)
+    else:
+        expected = ML_KEM_CIPHERTEXT_BYTES[KEY_X25519_ML_KEM_1024]
+        if encapsulated != expected:
+            bad("security.encryption.encapsulated_key", f"is {encapsulated} bytes; the ML-KEM-1024 ciphertext "
+                f"of {name} is {expected} bytes")
+        if not spec.is_legacy and params.get("kdf", "hkdf-sha256") != "hkdf-sha256":
+            bad("security.encryption.algorithm_params", f"kdf is {_short(params.get('kdf'))}; {name} uses "
+                "hkdf-sha256")
+        eph = params.get("x25519_ephemeral_public")
+        try:
+            eph_len = len(base64.b64decode(eph, validate=True)) if isinstance(eph, str) else -1
+        except (binascii.Error, ValueError):
+            eph_len = -1
+        if eph_len != X25519_PUBLIC_BYTES:
+            what = "is missing or not base64" if eph_len < 0 else f"is {eph_len} bytes"
+            bad("security.encryption.algorithm_params", f"x25519_ephemeral_public {what}; {name} needs the "
+                f"{X25519_PUBLIC_BYTES}-byte ephemeral X25519 public key")
+        aead_fields(AES_256_GCM)
+    if problems:
+        listed = "; ".join(f"{where} {what}" for where, what in problems)
+        raise EncryptionClaimError(f"the payload claims {name} encryption, but its metadata does not have the "
+                                   f"shape {name} produces ({len(problems)} problem(s)): {listed}",
+                                   path=problems[0][0], hint=_CLAIM_HINT)
+    return spec
+
+
 # --------------------------------------------------------------------------- decrypt
 
 
@@ -467,7 +633,7 @@ def _params(meta: pb.EncryptionMetadata) -> dict[str, Any]:
         return {}
     try:
         params = json.loads(meta.algorithm_params)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: deeply nested JSON
         raise _fail("algorithm_params is not valid JSON", "security.encryption.algorithm_params") from None
     if not isinstance(params, dict):
         raise _fail("algorithm_params must be a JSON object", "security.encryption.algorithm_params")
@@ -504,7 +670,7 @@ def _private(auditor: _Auditor, provider: AnyProvider, spec: AlgorithmSpec, kid:
 def _decrypt(env: Envelope, provider: AnyProvider, spec: AlgorithmSpec, meta: pb.EncryptionMetadata,
              auditor: _Auditor, require_aad: bool) -> bytes:
     if meta.encryption_type not in (pb.ENCRYPTION_TYPE_UNSPECIFIED, spec.encryption_type):
-        raise _fail(f"encryption_type {pb.EncryptionType.Name(meta.encryption_type)} does not match algorithm "
+        raise _fail(f"encryption_type {_type_name(meta.encryption_type)} does not match algorithm "
                     f"{meta.algorithm!r}", "security.encryption.encryption_type")
     kid = meta.key_id
     if not kid:
@@ -589,6 +755,7 @@ __all__ = [
     "AuditRecord",
     "AuditSink",
     "build_aad",
+    "check_encryption_claim",
     "decrypt_envelope",
     "decrypt_to_envelope",
     "encrypt_envelope",

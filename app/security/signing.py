@@ -55,6 +55,7 @@ from ..envelope.codec import (
     Layout,
     Limits,
     _detect,
+    check_message_size,
     decode_records,
     draft_split,
     layout_header,
@@ -638,7 +639,9 @@ def verify_and_decode(
     data: bytes | memoryview, keys: VerificationKeys, *, layout: Layout | None = None, limits: Limits = DEFAULT_LIMITS,
     accept_legacy_scope: bool | None = None,
 ) -> tuple[Envelope, SignatureInfo]:
-    """Decode and verify in one pass over the records (what a consumer normally wants)."""
+    """Decode and verify in one pass over the records (what a consumer normally wants).
+    `limits` apply as in `decode`: the message size first, the header size when decoding."""
+    check_message_size(len(data), limits)
     view = memoryview(data)
     records = scan(view)
     lay = layout or _detect(records)

@@ -12,10 +12,12 @@ from app.agents.policy import Policy
 from app.agents.validate import Validate
 from app.agents.verify_signature import VerifySignature
 from app.envelope import Layout, decode, encode, new_envelope
+from app.envelope.model import Payload
 from app.errors import (
     AlgorithmError,
     AuthError,
     DuplicateError,
+    EncryptionClaimError,
     ExpiredError,
     FormatError,
     PolicyError,
@@ -189,6 +191,10 @@ def test_policy_expiry_priority_classification_algorithms():
     with pytest.raises(AlgorithmError):
         p.process(enc)
     e.algorithm = "aes-256-gcm"
+    with pytest.raises(EncryptionClaimError):  # an algorithm and a key id over plaintext: not a ciphertext
+        p.process(enc)
+    e.iv = bytes(12)
+    enc.env.payload = Payload(bytes(40), enc.env.payload.type_url)  # the shape aes-256-gcm produces
     p.process(enc)
     with pytest.raises(AlgorithmError):
         fips = _policy_msg(data_classification="restricted")

@@ -22,13 +22,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.mlkem import MLKEM1024PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import Message
 
 from app._gen.prism.envelope.draft import envelope_pb2 as dpb
 from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
-from app.envelope import Envelope, Layout, convert, decode, detect_layout, encode
-from app.envelope.model import Payload
+from app.envelope import Layout, Limits, convert, decode, detect_layout, encode
 from app.errors import PrismError
 from app.formats.lnmp_envelope import decode_message, to_lnmp
 from app.security.encryption import build_aad, decrypt_envelope
@@ -40,9 +37,17 @@ from app.security.signing import (
     VerificationKeys,
     signed_message,
     verify,
+    verify_and_decode,
 )
 from conformance import generate
-from conformance._common import ERROR_KINDS, counts_as, effective_json, message_json, model_json
+from conformance._common import (
+    ERROR_KINDS,
+    counts_as,
+    effective_json,
+    envelope_from_model,
+    message_json,
+    model_json,
+)
 from conformance.generate_encryption import keyring as encryption_keyring
 from conformance.generate_lnmp import lnmp_fields
 
@@ -74,6 +79,23 @@ def test_the_check_mode_exits_1_on_a_stale_file(tmp_path: Path, monkeypatch: pyt
     assert generate.stale_files(built) == sorted([first, "envelopes/left-behind.json"])
 
 
+@pytest.mark.parametrize(("module", "name", "value", "stale_folder"), [
+    ("app.envelope.model", "_MIME_TO_CT", {"application/json": 1}, "envelopes/"),  # a wire mapping
+    ("app.security.encryption", "AAD_PREFIX", b"prism-envelope-aad/v2\x00", "encryption/"),  # the AAD bytes
+    ("app.envelope.layouts", "KNOWN_ENVELOPE_VERSION", 2, "conversion/"),  # the draft's version record
+])
+def test_a_change_to_the_wire_format_makes_the_suite_stale(module: str, name: str, value: object, stale_folder: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """What issue 30 asks: a change to the wire format, signing or encryption made in Python
+    alone fails the build (`--check`), until the vectors - which Go and Rust run - change too."""
+    import importlib
+    mod = importlib.import_module(module)
+    current = getattr(mod, name)
+    monkeypatch.setattr(mod, name, {**current, **value} if isinstance(current, dict) else value)
+    stale = generate.stale_files(generate.build())
+    assert any(p.startswith(stale_folder) for p in stale) and "manifest.json" in stale
+
+
 def test_the_manifest_lists_every_vector_file_with_its_hash_and_kind() -> None:
     on_disk = sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*.json") if p.name != "manifest.json")
     assert sorted(DOCS) == on_disk
@@ -83,6 +105,12 @@ def test_the_manifest_lists_every_vector_file_with_its_hash_and_kind() -> None:
         assert DOCS[entry["path"]]["kind"] == entry["kind"] in MANIFEST["kinds"]
         assert len(DOCS[entry["path"]]["vectors"]) == entry["vectors"] > 0
     assert set(MANIFEST["error_kinds"]) == set(ERROR_KINDS)
+
+
+def test_vector_names_are_unique_in_each_file() -> None:
+    for path, doc in DOCS.items():
+        names = [v["name"] for v in doc["vectors"]]
+        assert len(names) == len(set(names)), f"{path} repeats a vector name"
 
 
 def test_the_suite_stays_small() -> None:
@@ -97,52 +125,6 @@ def test_every_expected_error_is_a_listed_kind() -> None:
             for key, value in v.items():
                 if key.startswith("expected") and isinstance(value, str):
                     assert value in verdicts, f"{path} {v['name']}: {key}={value!r} is not an error kind"
-
-
-# --------------------------------------------------------------------------- JSON form -> protobuf
-
-
-def message_from_json(cls: type[Message], data: dict[str, Any]) -> Message:
-    """The inverse of the JSON form (README): what another language's runner does to build
-    an envelope from `model`. Encoding the result must give the canonical bytes."""
-    msg = cls()
-    _fill(msg, data)
-    return msg
-
-
-def _fill(msg: Message, data: dict[str, Any]) -> None:
-    fields = msg.DESCRIPTOR.fields_by_name
-    for name, value in data.items():
-        if name == "_unknown":
-            msg.MergeFromString(bytes.fromhex(value))
-            continue
-        fd = fields[name]
-        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
-            vfd = fd.message_type.fields_by_name["value"]
-            target = getattr(msg, name)
-            for k, v in value.items():
-                target[k] = bytes.fromhex(v) if vfd.type == FieldDescriptor.TYPE_BYTES else v
-        elif fd.is_repeated:
-            getattr(msg, name).extend(value)
-        elif fd.message_type is not None:
-            sub = getattr(msg, name)
-            sub.SetInParent()
-            _fill(sub, value)
-        elif fd.type == FieldDescriptor.TYPE_BYTES:
-            setattr(msg, name, bytes.fromhex(value))
-        else:
-            setattr(msg, name, value)
-
-
-def envelope_from_model(model: dict[str, Any]) -> Envelope:
-    header = dict(model)
-    payload = header.pop("payload", None)
-    env = Envelope(message_from_json(vpb.PrismEnvelope, header))  # type: ignore[arg-type]
-    if payload is None:
-        env.payload = Payload.absent()
-    else:
-        env.payload = Payload(bytes.fromhex(payload.get("value", "")), payload.get("type_url", ""))
-    return env
 
 
 # --------------------------------------------------------------------------- runners by kind
@@ -264,12 +246,33 @@ def run_lnmp(doc: dict[str, Any], v: dict[str, Any]) -> None:
     assert bytes(to_lnmp(envelope_from_model(v["model"]))).hex() == v["reencoded_hex"]
 
 
+def run_negative(doc: dict[str, Any], v: dict[str, Any]) -> None:
+    data = bytes.fromhex(v["input_hex"])
+    limits = Limits(**v["limits"]) if "limits" in v else Limits()
+    got = _error_kind(lambda: decode(data, limits=limits))
+    assert _matches(got, "valid" if v["expected_decode"] == "ok" else v["expected_decode"]), got
+    if v["expected_decode"] == "ok" and "expected_payload" in v:  # header-only: the payload is not an Any
+        env = decode(data, limits=limits)
+        assert message_json(env.header) == v["model"]
+        loc = v["payload_location"]
+        assert bytes(env.payload.wire()) == data[loc["any_offset"]:loc["any_offset"] + loc["any_length"]]
+        assert _matches(_error_kind(lambda: env.payload.value), v["expected_payload"])
+    elif v["expected_decode"] == "ok":
+        assert model_json(decode(data, limits=limits)) == v["model"]
+    else:
+        assert "model" not in v
+    keys = _signature_keyring(doc, False)
+    got = _error_kind(lambda: verify_and_decode(data, keys, limits=limits))
+    assert _matches(got, v["expected_verify"]), got
+
+
 RUNNERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], None]] = {
     "signature": run_signature,
     "envelope": run_envelope,
     "conversion": run_conversion,
     "encryption": run_encryption,
     "lnmp": run_lnmp,
+    "negative": run_negative,
 }
 
 
@@ -282,3 +285,15 @@ def test_every_kind_in_the_manifest_has_a_runner() -> None:
 def test_vector(path: str, index: int) -> None:
     doc = DOCS[path]
     RUNNERS[doc["kind"]](doc, doc["vectors"][index])
+
+
+def test_a_broken_encryption_file_stops_the_generator_with_a_reason(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pinned ML-KEM ciphertexts come from the committed file; a file mangled by a merge
+    must stop regeneration (which would otherwise draw new ones) with a way out."""
+    from conformance import generate_encryption
+    (tmp_path / "encryption").mkdir()
+    (tmp_path / "encryption" / "vectors.json").write_text("<<<<<<< HEAD\n", encoding="utf-8")
+    monkeypatch.setattr(generate_encryption, "ROOT", tmp_path)
+    with pytest.raises(SystemExit, match="git checkout"):
+        generate_encryption.build()

@@ -163,6 +163,9 @@ def test_absent_payload_is_detected():
         (b"\x0a\x02\x0a\xff", DecodeError),              # nested truncated string
         (b"\x0a\x03\x0a\x01\xff", DecodeError),          # invalid UTF-8 in message_id
         (b"\x98\x06\x01", WireTypeError),                # payload field 99 as a varint
+        # the same after a metadata and a payload record: the small-envelope fast path (upb, which
+        # keeps a mistyped known field as unknown) must refuse it like the general path
+        (b"\x0a\x03\x0a\x01m\x9a\x06\x00\x98\x06\x01", WireTypeError),
     ],
 )
 def test_malformed_inputs_raise_documented_errors(data, error):

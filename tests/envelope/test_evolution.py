@@ -13,9 +13,10 @@ from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
 from app.agents import normalize as normalize_mod
 from app.agents.chain import Chain, Outcome
 from app.agents.normalize import Normalize
-from app.envelope import Layout, decode, encode, new_envelope
+from app.envelope import Layout, convert, decode, encode, new_envelope
 from app.envelope.codec import draft_split, split_header
 from app.envelope.layouts import PRODUCER_VERSION_EXT, draft_to_reviewed, reviewed_to_draft
+from app.errors import DecodeError
 from app.observability.metrics import PipelineMetrics
 from app.topology import NormalizeStage
 from tests.agents.conftest import make_msg
@@ -84,6 +85,24 @@ def test_a_carried_extension_cannot_set_a_known_field() -> None:
     assert not v.security.HasField("data_classification")
     assert v.security.SerializeToString().endswith(NEW_SEC)
     assert v.extensions["prism.unknown.reviewed.metadata"] == b"\xff\xff"
+    assert v.extensions["prism.unknown.reviewed.security"] == b"\x42\x06public"  # refused, kept, not dropped
+
+
+@pytest.mark.parametrize("layout", list(Layout))
+def test_a_known_field_with_the_wrong_wire_type_survives_a_layout_change(layout: Layout) -> None:
+    """Protobuf keeps a known field written with another wire type as an unknown field; a
+    layout change must carry it like any unknown field, not drop it (conformance/negative,
+    "wire/security-as-varint"). Restoring it cannot set the field: its wire type is wrong."""
+    sec_field = 4 if layout is Layout.DRAFT else 2
+    mistyped = bytes([sec_field << 3]) + b"\x01"  # the security field as a varint
+    data = encode(new_envelope("orders.created", {"a": 1}, namespace="order-events"), layout) + mistyped
+    other = Layout.REVIEWED if layout is Layout.DRAFT else Layout.DRAFT
+    there, _ = convert(data, other)
+    wire = (vpb.PrismEnvelope if other is Layout.REVIEWED else dpb.PrismEnvelope).FromString(there)
+    assert dict(wire.extensions) == {f"prism.unknown.{layout.value}": mistyped}  # carried in the other layout
+    back, _ = convert(there, layout)
+    assert mistyped in back and back == encode(decode(data), layout)  # put back on its number
+    assert decode(back).security is None
 
 
 def test_the_fast_draft_encoder_leaves_unknown_metadata_to_the_general_path() -> None:
@@ -140,3 +159,24 @@ def test_the_number_of_distinct_versions_counted_is_bounded() -> None:
         chain.run(make_msg(_draft(v), offset=v))
     counts = stage.drain_newer_versions()
     assert len(counts) == normalize_mod.MAX_VERSIONS + 1 and counts[-1] == 5
+
+
+def test_an_encryption_type_this_build_does_not_name_survives_the_draft_layout() -> None:
+    """A reviewed producer's `encryption_type` from a newer enum (proto3 keeps the number): the
+    draft encoder writes the number into `prism.enc.encryption_type` instead of raising
+    ValueError (which crashed `.v2` publishing), and the draft decoder reads it back; a name
+    no build knows stays a typed `DecodeError`."""
+    env = new_envelope("orders.created", b"\x00" * 32, namespace="ns")
+    enc = env.ensure_security().encryption
+    enc.key_id, enc.algorithm, enc.encryption_type = "k1", "aes-256-gcm", 77
+    wire = encode(env, Layout.DRAFT)
+    assert dpb.PrismEnvelope.FromString(wire).extensions["prism.enc.encryption_type"] == b"77"
+    assert decode(wire).header.security.encryption.encryption_type == 77
+    enc.encryption_type = vpb.ENCRYPTION_TYPE_HYBRID
+    wire = encode(env, Layout.DRAFT)
+    assert dpb.PrismEnvelope.FromString(wire).extensions["prism.enc.encryption_type"] == b"ENCRYPTION_TYPE_HYBRID"
+    assert decode(wire).header.security.encryption.encryption_type == vpb.ENCRYPTION_TYPE_HYBRID
+    draft = dpb.PrismEnvelope.FromString(wire)
+    draft.extensions["prism.enc.encryption_type"] = b"ENCRYPTION_TYPE_QUANTUM_FOAM"
+    with pytest.raises(DecodeError, match="inconsistent"):
+        decode(draft.SerializeToString())

@@ -147,4 +147,4 @@ def test_regenerating_gives_the_committed_files() -> None:
     built = generate.build()
     assert sorted(built) == [f.name for f in FILES]
     for name, text in built.items():
-        assert (VECTOR_DIR / name).read_text() == text, f"{name} is stale: run python -m conformance.generate_signatures"
+        assert (VECTOR_DIR / name).read_text() == text, f"{name} is stale: run python -m conformance.generate"

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from app.envelope import Envelope, Layout, decode, encode, new_envelope
+from app.envelope import Envelope, Layout, Limits, decode, encode, new_envelope
 from app.envelope.codec import encode_parts, security_record
 from app.envelope.model import Payload
 from app.envelope.wire import encode_varint, iter_records, strip_field
@@ -28,6 +28,7 @@ from app.errors import (
     PrismError,
     SignatureError,
     SignatureScopeError,
+    SizeLimitError,
     UnknownKeyError,
 )
 from app.security.signing import (
@@ -560,3 +561,15 @@ def test_sign_layouts_with_a_mistyped_signature_record_from_the_input(key):
     layouts = [Layout.DRAFT, Layout.REVIEWED]
     expected = _sign_each(env, key, layouts, SCOPE_V2)
     assert sign_layouts(env, key, layouts) == expected
+
+
+@pytest.mark.parametrize("layout", list(Layout))
+def test_verify_and_decode_applies_the_message_size_limit_like_decode(layout):
+    """A consumer that decodes and verifies in one call gets the same size refusal as `decode`
+    (conformance/negative, "limits/message"), before any record is read."""
+    data = sign(rich_envelope(), HMAC_KEY, layout)
+    tight = Limits(max_message_bytes=len(data) - 1)
+    for call in (lambda: decode(data, limits=tight), lambda: verify_and_decode(data, KEYS, limits=tight)):
+        with pytest.raises(SizeLimitError):
+            call()
+    assert verify_and_decode(data, KEYS, limits=Limits(max_message_bytes=len(data)))[1].key_id == HMAC_KEY.key_id
