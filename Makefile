@@ -53,7 +53,7 @@ CARGO        ?= $(shell command -v cargo 2>/dev/null || echo $(HOME)/.cargo/bin/
 RUST_TARGET  ?= $(HOME)/.cache/prism/cargo-target
 test-rust:
 	cd clients/rust && $(CARGO) fmt --check
-	cd clients/rust && CARGO_TARGET_DIR=$(RUST_TARGET) $(CARGO) clippy --locked --all-targets -q -- -D warnings
+	cd clients/rust && CARGO_TARGET_DIR=$(RUST_TARGET) $(CARGO) clippy --locked --all-targets --all-features -q -- -D warnings
 	cd clients/rust && CARGO_TARGET_DIR=$(RUST_TARGET) $(CARGO) test --locked -q
 
 lint: $(STAMP)

@@ -268,7 +268,7 @@ fn parse_header(head: &[u8], lay: Layout) -> Result<(v1::PrismEnvelope, Vec<Stri
         }
         Layout::Draft => {
             let d = draft::PrismEnvelope::decode(head).map_err(bad)?;
-            let (mut h, dropped) = draft_to_reviewed(&d);
+            let (mut h, dropped) = draft_to_reviewed(&d)?;
             let du = unknown::of_header(head, true)?;
             unknown::carry(&du, DRAFT_UNKNOWN, &mut h.extensions);
             let mut u = UnknownFields {

@@ -10,6 +10,7 @@
 
 use prost::Message;
 
+use crate::error::{err, Result};
 use crate::gen::{draft, v1};
 use crate::model::{content_encoding, content_type, set_content_encoding, set_content_type};
 
@@ -36,8 +37,36 @@ fn recode<A: Message, B: Message + Default>(a: &A) -> B {
     B::decode(a.encode_to_vec().as_slice()).unwrap_or_default()
 }
 
+/// `prism.enc.encryption_type` for an `EncryptionType`: its name, or the decimal number when
+/// this build does not know the value (proto3 keeps unknown enum numbers).
+fn enc_type_name(value: i32) -> String {
+    match v1::EncryptionType::try_from(value) {
+        Ok(t) => t.as_str_name().to_owned(),
+        Err(_) => value.to_string(),
+    }
+}
+
+/// The inverse of [`enc_type_name`]: a name or a number; an unknown name is malformed.
+fn enc_type_value(raw: &[u8]) -> Result<i32> {
+    let bad = || {
+        err!(
+            Malformed,
+            format!("extensions[{ENC_TYPE_KEY:?}] is neither an EncryptionType name nor a number"),
+            format!("extensions[{ENC_TYPE_KEY:?}]"),
+            "the producer wrote a value this build does not know by name"
+        )
+    };
+    let text = std::str::from_utf8(raw).map_err(|_| bad())?;
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return text.parse().map_err(|_| bad());
+    }
+    v1::EncryptionType::from_str_name(text)
+        .map(|t| t as i32)
+        .ok_or_else(bad)
+}
+
 /// The reviewed model of a draft header (its payload is handled by the codec).
-pub fn draft_to_reviewed(d: &draft::PrismEnvelope) -> (v1::PrismEnvelope, Vec<String>) {
+pub fn draft_to_reviewed(d: &draft::PrismEnvelope) -> Result<(v1::PrismEnvelope, Vec<String>)> {
     let mut dropped = Vec::new();
     let mut v = v1::PrismEnvelope::default();
     if let Some(dm) = &d.metadata {
@@ -102,10 +131,7 @@ pub fn draft_to_reviewed(d: &draft::PrismEnvelope) -> (v1::PrismEnvelope, Vec<St
                 ..Default::default()
             };
             if let Some(t) = ext.get(ENC_TYPE_KEY) {
-                match std::str::from_utf8(t).ok().and_then(v1::EncryptionType::from_str_name) {
-                    Some(t) => ve.encryption_type = t as i32,
-                    None => dropped.push(format!("extensions[{ENC_TYPE_KEY:?}]: not an EncryptionType name")),
-                }
+                ve.encryption_type = enc_type_value(t)?;
             }
             if let Some(p) = ext.get(ENC_PUB_KEY) {
                 ve.public_key_id = Some(String::from_utf8_lossy(p).into_owned());
@@ -141,7 +167,7 @@ pub fn draft_to_reviewed(d: &draft::PrismEnvelope) -> (v1::PrismEnvelope, Vec<St
     v.extensions = ext;
     v.observability = d.observability.as_ref().map(recode);
     v.schema = d.schema.as_ref().map(recode);
-    (v, dropped)
+    Ok((v, dropped))
 }
 
 /// Optional fields explicitly set to their zero value: the draft's plain proto3 fields
@@ -283,10 +309,8 @@ pub fn reviewed_to_draft(v: &v1::PrismEnvelope) -> (draft::PrismEnvelope, Vec<St
                 aad: ve.aad.clone().unwrap_or_default(),
             });
             if ve.encryption_type != 0 {
-                if let Ok(t) = v1::EncryptionType::try_from(ve.encryption_type) {
-                    d.extensions
-                        .insert(ENC_TYPE_KEY.to_owned(), t.as_str_name().as_bytes().to_vec());
-                }
+                d.extensions
+                    .insert(ENC_TYPE_KEY.to_owned(), enc_type_name(ve.encryption_type).into_bytes());
             }
             if let Some(p) = &ve.public_key_id {
                 d.extensions.insert(ENC_PUB_KEY.to_owned(), p.as_bytes().to_vec());
