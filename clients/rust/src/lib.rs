@@ -9,6 +9,8 @@
 
 pub mod binding;
 pub mod codec;
+#[cfg(feature = "compression")]
+pub mod compression;
 pub mod encryption;
 pub mod error;
 #[doc(hidden)]

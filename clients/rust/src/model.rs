@@ -89,9 +89,9 @@ impl Envelope {
         self.security().is_some_and(|s| s.encryption.is_some())
     }
 
-    /// The plaintext payload bytes. Refuses encrypted payloads (decrypt with
-    /// `crate::encryption`) and compressed ones (this SDK does not decompress).
-    pub fn payload_bytes(&self) -> Result<&[u8]> {
+    /// The plaintext payload bytes, decompressed per `content_encoding` (at most 64 MiB, as in
+    /// Python). Refuses encrypted payloads (decrypt with `crate::encryption`).
+    pub fn payload_bytes(&self) -> Result<std::borrow::Cow<'_, [u8]>> {
         let p = self.payload.as_ref().ok_or_else(|| {
             err!(
                 Payload,
@@ -109,19 +109,23 @@ impl Envelope {
             ));
         }
         match self.content_encoding() {
-            "" | "none" => Ok(&p.value),
+            "" | "none" | "identity" => Ok(std::borrow::Cow::Borrowed(&p.value)),
+            #[cfg(feature = "compression")]
+            other => crate::compression::decompress(&p.value, other, crate::compression::DEFAULT_MAX_DECOMPRESSED)
+                .map(std::borrow::Cow::Owned),
+            #[cfg(not(feature = "compression"))]
             other => Err(err!(
                 Payload,
                 format!("payload is compressed with {other:?}"),
                 "metadata.content_encoding",
-                "the Rust SDK does not decompress; have the producer send content_encoding none"
+                "build prism-client with the `compression` feature"
             )),
         }
     }
 
     /// The payload parsed as JSON into `T`.
     pub fn payload_json<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
-        serde_json::from_slice(self.payload_bytes()?).map_err(|e| {
+        serde_json::from_slice(&self.payload_bytes()?).map_err(|e| {
             err!(
                 Payload,
                 format!("payload is not the expected JSON: {e}"),
@@ -144,7 +148,7 @@ impl Envelope {
                 "pass the message type that matches the payload's type_url"
             ));
         }
-        M::decode(bytes).map_err(|e| {
+        M::decode(bytes.as_ref()).map_err(|e| {
             err!(
                 Payload,
                 format!("payload is not a valid {}: {e}", M::full_name()),
@@ -311,6 +315,12 @@ impl EnvelopeBuilder {
         set_content_type(self.md(), mime);
         self
     }
+    /// Compress the payload with `gzip`, `snappy` or `zstd` when the envelope is built
+    /// (feature `compression`); decoding reverses it in `payload_bytes()`.
+    pub fn content_encoding(mut self, name: &str) -> Self {
+        set_content_encoding(self.md(), name);
+        self
+    }
     pub fn message_id(mut self, id: impl Into<String>) -> Self {
         self.md().message_id = id.into();
         self
@@ -356,15 +366,32 @@ impl EnvelopeBuilder {
         self.env.security_mut().contains_pii = Some(pii);
         self
     }
-    /// The envelope; it must have a payload.
-    pub fn build(self) -> Result<Envelope> {
-        if self.env.payload.is_none() {
+    /// The envelope; it must have a payload (compressed here when a content encoding is set).
+    pub fn build(mut self) -> Result<Envelope> {
+        let encoding = self.env.content_encoding().to_owned();
+        let Some(p) = self.env.payload.as_mut() else {
             return Err(err!(
                 Validation,
                 "envelope has no payload",
                 "payload",
                 "set one with .bytes(), .text(), .json() or .proto()"
             ));
+        };
+        if !matches!(encoding.as_str(), "" | "none" | "identity") {
+            #[cfg(feature = "compression")]
+            {
+                p.value = crate::compression::compress(&p.value, &encoding)?;
+            }
+            #[cfg(not(feature = "compression"))]
+            {
+                let _ = p;
+                return Err(err!(
+                    Payload,
+                    format!("cannot compress with {encoding:?}"),
+                    "metadata.content_encoding",
+                    "build prism-client with the `compression` feature"
+                ));
+            }
         }
         Ok(self.env)
     }

@@ -279,7 +279,7 @@ pub fn validate_for_publish(
             "the Rust client validates JSON Schema only; validate Avro and protobuf payloads in Python"
         ));
     }
-    validate_json(&v.schema, env.payload_bytes()?)?;
+    validate_json(&v.schema, &env.payload_bytes()?)?;
     let prism = client
         .prism_version(subject, &v.version.to_string())
         .unwrap_or(Value::Null);

@@ -387,7 +387,7 @@ fn encrypt_round_trip_with_vector_keys() {
                 "ciphertext is never handed out as plaintext"
             );
             let plain = encryption::decrypt_to_envelope(&back, &keys).unwrap();
-            assert_eq!(plain.payload_bytes().unwrap(), b"secret", "{id} {lay:?}");
+            assert_eq!(plain.payload_bytes().unwrap().as_ref(), b"secret", "{id} {lay:?}");
         }
     }
 }

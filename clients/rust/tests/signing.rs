@@ -136,3 +136,26 @@ fn appended_security_record_is_ambiguous() {
     ));
     assert!(signing::check_unambiguous(&bytes, None).is_err());
 }
+
+#[test]
+fn compressed_payloads_round_trip_through_both_layouts() {
+    for enc in ["gzip", "snappy", "zstd"] {
+        let env = Envelope::builder("orders.created", "orders")
+            .json(&serde_json::json!({"note": "x".repeat(500)}))
+            .unwrap()
+            .content_encoding(enc)
+            .build()
+            .unwrap();
+        assert!(
+            env.payload.as_ref().unwrap().value.len() < 200,
+            "{enc} compressed at build"
+        );
+        for lay in [Layout::Draft, Layout::Reviewed] {
+            let bytes = signing::sign(&env, &keys()[0], lay, SCOPE_V2).unwrap();
+            let back = decode_view(&bytes, None, &Limits::default()).unwrap().to_envelope();
+            assert_eq!(back.content_encoding(), enc);
+            let v: serde_json::Value = back.payload_json().unwrap();
+            assert_eq!(v["note"].as_str().unwrap().len(), 500);
+        }
+    }
+}
