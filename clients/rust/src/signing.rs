@@ -250,10 +250,58 @@ impl VerificationKey {
 }
 
 /// The trusted keys of a verifier, and whether it accepts the legacy scope (default: no).
-#[derive(Debug, Clone, Default)]
+///
+/// It also remembers successful batch-scope verifications (at most [`BATCH_CACHE_ENTRIES`]):
+/// every copy of a worker batch rebuilds the same statement and carries the same signature, so
+/// a consumer pays one signature check per batch, not per message (docs/signing.md, "The
+/// verification cache"). An entry is keyed by everything verified (algorithm, the key id the
+/// envelope names, the statement, the signature); only successes are stored, and changing the
+/// keys (`add`) empties it.
+#[derive(Debug, Default)]
 pub struct VerificationKeys {
     keys: Vec<VerificationKey>,
     pub accept_legacy_scope: bool,
+    verified: std::sync::Mutex<BatchCache>,
+}
+
+/// Entries of the batch verification cache (Python's is 1,024 too).
+pub const BATCH_CACHE_ENTRIES: usize = 1024;
+
+#[derive(Debug, Default)]
+struct BatchCache {
+    map: std::collections::HashMap<Vec<u8>, (String, u64)>,
+    tick: u64,
+}
+
+impl BatchCache {
+    fn get(&mut self, entry: &[u8]) -> Option<String> {
+        self.tick += 1;
+        let tick = self.tick;
+        self.map.get_mut(entry).map(|(k, t)| {
+            *t = tick;
+            k.clone()
+        })
+    }
+    fn put(&mut self, entry: Vec<u8>, key_id: String) {
+        self.tick += 1;
+        if self.map.len() >= BATCH_CACHE_ENTRIES && !self.map.contains_key(&entry) {
+            // evict the least recently used (a linear scan of 1,024 entries, only on a miss that fills)
+            if let Some(old) = self.map.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| k.clone()) {
+                self.map.remove(&old);
+            }
+        }
+        self.map.insert(entry, (key_id, self.tick));
+    }
+}
+
+impl Clone for VerificationKeys {
+    fn clone(&self) -> Self {
+        VerificationKeys {
+            keys: self.keys.clone(),
+            accept_legacy_scope: self.accept_legacy_scope,
+            verified: Default::default(),
+        }
+    }
 }
 
 impl VerificationKeys {
@@ -261,6 +309,7 @@ impl VerificationKeys {
         VerificationKeys {
             keys: keys.into_iter().collect(),
             accept_legacy_scope: false,
+            verified: Default::default(),
         }
     }
     /// Accept legacy-scope signatures: a downgrade risk (docs/signing.md, `accept_legacy_scope`).
@@ -271,6 +320,10 @@ impl VerificationKeys {
     pub fn add(&mut self, key: VerificationKey) {
         self.keys.retain(|k| k.key_id() != key.key_id());
         self.keys.push(key);
+        self.verified
+            .get_mut()
+            .map(|c| c.map.clear())
+            .unwrap_or_else(|p| p.into_inner().map.clear());
     }
     fn candidates(&self, key_id: &str, algorithm: &str) -> Result<Vec<&VerificationKey>> {
         if !key_id.is_empty() {
@@ -719,8 +772,24 @@ pub(crate) fn verify_records(
             "use hmac-sha256 or ed25519"
         ));
     }
-    for k in keys.candidates(&key_id, &alg)? {
+    let candidates = keys.candidates(&key_id, &alg)?;
+    let entry =
+        (sec.scope == SCOPE_BATCH).then(|| [alg.as_bytes(), b"\0", key_id.as_bytes(), b"\0", &m, &signature].concat());
+    if let Some(e) = &entry {
+        let hit = keys.verified.lock().ok().and_then(|mut c| c.get(e));
+        if let Some(kid) = hit.filter(|kid| candidates.iter().any(|k| k.key_id() == kid)) {
+            return Ok(SignatureInfo {
+                key_id: kid,
+                algorithm: alg,
+                scope: sec.scope,
+            });
+        }
+    }
+    for k in candidates {
         if k.verifies(&m, &signature) {
+            if let (Some(e), Ok(mut c)) = (entry, keys.verified.lock()) {
+                c.put(e, k.key_id().to_owned());
+            }
             return Ok(SignatureInfo {
                 key_id: k.key_id().to_owned(),
                 algorithm: alg,

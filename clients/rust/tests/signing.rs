@@ -159,3 +159,29 @@ fn compressed_payloads_round_trip_through_both_layouts() {
         }
     }
 }
+
+#[test]
+fn batch_verification_is_cached_per_statement_and_never_for_failures() {
+    let k = &keys()[1];
+    let envs: Vec<_> = (0..4).map(env).collect();
+    let copies = signing::sign_batch(&envs, k).unwrap();
+    let mut v = verifier(k);
+    for (d, r) in &copies {
+        assert!(signing::verify(d, &v, None, None).is_ok());
+        assert!(signing::verify(r, &v, None, None).is_ok()); // cache hits: same statement, same signature
+        assert!(
+            signing::verify(&tamper(d), &v, None, None).is_err(),
+            "a tampered copy rebuilds another statement"
+        );
+    }
+    // a new key set (here: the same id now bound to another key) forgets every cached success
+    v.add(
+        SigningKey::ed25519_from_seed("e1", &[1u8; 32])
+            .unwrap()
+            .verification_key(),
+    );
+    assert!(matches!(
+        signing::verify(&copies[0].0, &v, None, None),
+        Err(PrismError::BadSignature(_))
+    ));
+}
