@@ -24,8 +24,8 @@ fn main() -> Result<(), PrismError> {
     println!("{} {} signed by {}", md.topic, md.message_id, info.key_id);
 
     // The payload only when needed: copy it out and parse it.
-    let order: serde_json::Value = view.to_envelope().payload_json()?;
+    let order: serde_json::Value = view.to_envelope()?.payload_json()?;
     assert_eq!(order["order_id"], 42);
-    let _ = encode(&view.to_envelope(), Layout::Draft); // the same message in the draft layout
+    let _ = encode(&view.to_envelope()?, Layout::Draft); // the same message in the draft layout
     Ok(())
 }

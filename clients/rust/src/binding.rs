@@ -325,7 +325,7 @@ mod tests {
         assert_eq!(rec.header(ENVELOPE_LAYOUT), Some(&b"draft"[..]));
         assert_eq!(rec.key.as_deref(), Some(&b"c-1"[..]));
         let (view, _) = decode(&rec, &Limits::default(), None).unwrap();
-        assert_eq!(view.payload.unwrap().value, b"hi");
+        assert_eq!(view.payload.unwrap().value().unwrap(), b"hi");
         let rec3 = encode(&e, Layout::Reviewed, None, &[], None).unwrap();
         assert!(rec3.header(ENVELOPE_VERSION).is_none());
     }

@@ -110,11 +110,23 @@ pub struct EnvelopeView<'a> {
 }
 
 impl EnvelopeView<'_> {
-    /// Copy the payload out: an owned [`Envelope`].
-    pub fn to_envelope(&self) -> Envelope {
+    /// Copy the payload out: an owned [`Envelope`] (fails when the payload is not an `Any`).
+    pub fn to_envelope(&self) -> Result<Envelope> {
+        let payload = match &self.payload {
+            Some(p) => Some(p.to_owned_payload()?),
+            None => None,
+        };
+        Ok(Envelope {
+            header: self.header.clone(),
+            payload,
+            unknown: self.unknown.clone(),
+        })
+    }
+    /// The header alone as an owned [`Envelope`] (no payload): never reads the payload.
+    pub fn header_envelope(&self) -> Envelope {
         Envelope {
             header: self.header.clone(),
-            payload: self.payload.map(|p| p.to_owned_payload()),
+            payload: None,
             unknown: self.unknown.clone(),
         }
     }
@@ -175,9 +187,13 @@ pub fn decode_records<'a>(
                     "the bytes are not an envelope of this layout"
                 ));
             }
-            // protobuf merge semantics for a repeated singular message: the Any's fields
-            // (both LEN) are last-wins, so the merged payload is still a slice of the input.
-            payload = Some(merge_any(data, r, payload)?);
+            // kept unparsed (header-only); a repeated record merges, see PayloadRef::parts
+            payload
+                .get_or_insert_with(|| PayloadRef {
+                    parts: Vec::with_capacity(1),
+                })
+                .parts
+                .push(&data[r.value_start..r.end]);
             any_payload = true;
         } else {
             header_len += r.end - r.start;
@@ -217,38 +233,6 @@ pub fn decode_records<'a>(
     })
 }
 
-fn merge_any<'a>(data: &'a [u8], rec: &Record, prev: Option<PayloadRef<'a>>) -> Result<PayloadRef<'a>> {
-    let mut out = prev.unwrap_or(PayloadRef {
-        type_url: "",
-        value: &[],
-    });
-    for r in wire::scan(data, rec.value_start, rec.end)? {
-        match (r.field, r.wire_type) {
-            (1, LEN) => {
-                out.type_url = std::str::from_utf8(&data[r.value_start..r.end]).map_err(|_| {
-                    err!(
-                        Malformed,
-                        "payload type_url is not valid UTF-8",
-                        "payload.type_url",
-                        "the producer is broken"
-                    )
-                })?;
-            }
-            (2, LEN) => out.value = &data[r.value_start..r.end],
-            (1 | 2, wt) => {
-                return Err(err!(
-                    Malformed,
-                    format!("payload field {} has wire type {wt}, not 2", r.field),
-                    format!("byte {}", r.start),
-                    "the payload is not a google.protobuf.Any"
-                ));
-            }
-            _ => {} // unknown Any fields are skipped, as every protobuf reader does
-        }
-    }
-    Ok(out)
-}
-
 fn parse_header(head: &[u8], lay: Layout) -> Result<(v1::PrismEnvelope, Vec<String>, UnknownFields)> {
     let bad = |e: prost::DecodeError| {
         err!(
@@ -261,30 +245,43 @@ fn parse_header(head: &[u8], lay: Layout) -> Result<(v1::PrismEnvelope, Vec<Stri
             "check the producer's layout and encoder"
         )
     };
+    let draft = lay == Layout::Draft;
+    // prost refuses a known field written with another wire type, which protobuf (upb, Python)
+    // keeps as an unknown field: on a failure, decode again without those records (they are in
+    // the unknown fields either way). The common case pays nothing for this.
+    fn decode_lenient<M: Message + Default>(head: &[u8], draft: bool) -> std::result::Result<M, prost::DecodeError> {
+        M::decode(head).or_else(
+            |first| match unknown::without_mistyped(head, 0, head.len(), draft, "") {
+                Ok(clean) if clean.len() != head.len() || clean != head => M::decode(clean.as_slice()),
+                _ => Err(first),
+            },
+        )
+    }
+    let u = unknown::of_header(head, draft)?;
     match lay {
-        Layout::Reviewed => {
-            let h = v1::PrismEnvelope::decode(head).map_err(bad)?;
-            Ok((h, Vec::new(), unknown::of_header(head, false)?))
-        }
+        Layout::Reviewed => Ok((
+            decode_lenient::<v1::PrismEnvelope>(head, false).map_err(bad)?,
+            Vec::new(),
+            u,
+        )),
         Layout::Draft => {
-            let d = draft::PrismEnvelope::decode(head).map_err(bad)?;
+            let d = decode_lenient::<draft::PrismEnvelope>(head, true).map_err(bad)?;
             let (mut h, dropped) = draft_to_reviewed(&d)?;
-            let du = unknown::of_header(head, true)?;
-            unknown::carry(&du, DRAFT_UNKNOWN, &mut h.extensions);
-            let mut u = UnknownFields {
-                observability: du.observability,
-                schema: du.schema,
+            unknown::carry(&u, DRAFT_UNKNOWN, &mut h.extensions);
+            let mut mu = UnknownFields {
+                observability: u.observability,
+                schema: u.schema,
                 ..Default::default()
             };
-            unknown::restore(&mut h.extensions, REVIEWED_UNKNOWN, false, &mut u);
-            Ok((h, dropped, u))
+            unknown::restore(&mut h.extensions, REVIEWED_UNKNOWN, false, &mut mu);
+            Ok((h, dropped, mu))
         }
     }
 }
 
 /// Decode into an owned [`Envelope`] (the payload copied out of `data`).
 pub fn decode(data: &[u8], limits: &Limits) -> Result<Envelope> {
-    Ok(decode_view(data, None, limits)?.to_envelope())
+    decode_view(data, None, limits)?.to_envelope()
 }
 
 fn payload_any(p: &Payload) -> Vec<u8> {
@@ -461,7 +458,7 @@ pub fn encode(env: &Envelope, layout: Layout) -> Vec<u8> {
 pub fn convert(data: &[u8], to: Layout, limits: &Limits) -> Result<(Vec<u8>, Vec<String>)> {
     let view = decode_view(data, None, limits)?;
     let mut dropped = view.dropped.clone();
-    let mut env = view.to_envelope();
+    let mut env = view.to_envelope()?;
     if to == Layout::Draft {
         dropped.extend(reviewed_to_draft(&env.header).1);
     }

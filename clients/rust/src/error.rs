@@ -43,6 +43,9 @@ pub enum PrismError {
     /// The bytes are not protobuf, or not an envelope (truncated, bad lengths, bad wire types).
     #[error("malformed envelope: {0}")]
     Malformed(Detail),
+    /// The input ends inside a record (a varint, a length-delimited value or a fixed-width value).
+    #[error("truncated envelope: {0}")]
+    Truncated(Detail),
     /// Over `Limits` (message or header size).
     #[error("size limit: {0}")]
     SizeLimit(Detail),
@@ -101,6 +104,7 @@ impl PrismError {
     pub fn reason(&self) -> &'static str {
         match self {
             PrismError::Malformed(_) => "malformed_envelope",
+            PrismError::Truncated(_) => "truncated",
             PrismError::SizeLimit(_) => "too_large",
             PrismError::Layout(_) => "unknown_layout",
             PrismError::Payload(_) => "payload_error",
@@ -125,6 +129,7 @@ impl PrismError {
     pub fn detail(&self) -> &Detail {
         match self {
             PrismError::Malformed(d)
+            | PrismError::Truncated(d)
             | PrismError::SizeLimit(d)
             | PrismError::Layout(d)
             | PrismError::Payload(d)

@@ -349,7 +349,7 @@ impl Subscriber {
     /// Verify, decode, apply the clearance, audit; `None` when withheld.
     fn judge(&mut self, rec: &KafkaRecord, partition: i32, offset: i64) -> Result<Option<Delivery>> {
         let (view, signature) = binding::decode(rec, &self.opts.limits, self.opts.verify_with.as_ref())?;
-        let envelope = view.to_envelope();
+        let envelope = view.to_envelope()?;
         let level = Clearance::of(envelope.security().and_then(|s| s.data_classification.as_deref()));
         if level > self.opts.clearance {
             return Ok(None); // withheld: judged by the envelope, never by a header

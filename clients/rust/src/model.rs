@@ -21,19 +21,70 @@ pub struct Payload {
     pub value: Vec<u8>,
 }
 
-/// A payload borrowed from the received bytes (the zero-copy header-only parse).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A payload borrowed from the received bytes (the zero-copy header-only parse): the serialized
+/// `google.protobuf.Any`, not parsed until asked for, so a header-only reader never touches it
+/// (a payload record that is not a valid `Any` decodes, and fails only when read).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PayloadRef<'a> {
-    pub type_url: &'a str,
-    pub value: &'a [u8],
+    /// The `Any` bodies of the payload records, in order (one, unless a producer repeated it:
+    /// protobuf merges repeated records, and both `Any` fields are last-wins).
+    pub parts: Vec<&'a [u8]>,
 }
 
-impl PayloadRef<'_> {
-    pub fn to_owned_payload(&self) -> Payload {
-        Payload {
-            type_url: self.type_url.to_owned(),
-            value: self.value.to_vec(),
+impl<'a> PayloadRef<'a> {
+    /// `(type_url, value)`, both slices of the input.
+    pub fn parse(&self) -> Result<(&'a str, &'a [u8])> {
+        let (mut type_url, mut value): (&'a str, &'a [u8]) = ("", &[]);
+        for part in &self.parts {
+            let part: &'a [u8] = part;
+            for r in crate::wire::scan(part, 0, part.len()).map_err(|e| {
+                err!(
+                    Payload,
+                    format!("payload is not a google.protobuf.Any: {}", e.detail().what),
+                    "payload",
+                    "the producer wrote something else into the payload record"
+                )
+            })? {
+                match (r.field, r.wire_type) {
+                    (1, crate::wire::LEN) => {
+                        type_url = std::str::from_utf8(&part[r.value_start..r.end]).map_err(|_| {
+                            err!(
+                                Payload,
+                                "payload type_url is not valid UTF-8",
+                                "payload.type_url",
+                                "the producer is broken"
+                            )
+                        })?;
+                    }
+                    (2, crate::wire::LEN) => value = &part[r.value_start..r.end],
+                    (1 | 2, wt) => {
+                        return Err(err!(
+                            Payload,
+                            format!("payload field {} has wire type {wt}, not 2", r.field),
+                            "payload",
+                            "the payload is not a google.protobuf.Any"
+                        ))
+                    }
+                    _ => {} // unknown Any fields are skipped, as every protobuf reader does
+                }
+            }
         }
+        Ok((type_url, value))
+    }
+    /// The payload value, a slice of the input.
+    pub fn value(&self) -> Result<&'a [u8]> {
+        Ok(self.parse()?.1)
+    }
+    /// The payload's `type_url`.
+    pub fn type_url(&self) -> Result<&'a str> {
+        Ok(self.parse()?.0)
+    }
+    pub fn to_owned_payload(&self) -> Result<Payload> {
+        let (t, v) = self.parse()?;
+        Ok(Payload {
+            type_url: t.to_owned(),
+            value: v.to_vec(),
+        })
     }
 }
 

@@ -38,27 +38,84 @@ impl UnknownFields {
 /// in both layouts and keep their unknown fields on their numbers).
 pub const CARRIED: [&str; 4] = ["", ".metadata", ".security", ".security.encryption"];
 
-/// Known field numbers of each message, per layout.
-pub fn known(layout_draft: bool, path: &str, field: u32) -> bool {
-    match (layout_draft, path) {
-        (false, "") => matches!(field, 1..=4 | 97 | 99),
-        (true, "") => matches!(field, 1..=6 | 99),
-        (false, ".metadata") => matches!(field, 1..=13),
-        (true, ".metadata") => matches!(field, 1..=10 | 13),
-        (_, ".security") => matches!(field, 1..=14),
-        (false, ".security.encryption") => matches!(field, 1..=8),
-        (true, ".security.encryption") => matches!(field, 1..=4),
-        (_, ".observability") => matches!(field, 1..=6),
-        (_, ".schema") => matches!(field, 1..=7),
-        _ => true,
+/// The wire type of a known field of each message, per layout (None: a number the message
+/// does not define).
+pub fn expected_wire_type(draft: bool, path: &str, field: u32) -> Option<u8> {
+    use crate::wire::{LEN as L, VARINT as V};
+    match (draft, path, field) {
+        (false, "", 1..=4 | 97 | 99) => Some(L),
+        (true, "", 1) => Some(V),
+        (true, "", 2..=6 | 99) => Some(L),
+        (false, ".metadata", 1..=3 | 9..=13) => Some(L),
+        (false, ".metadata", 4..=8) => Some(V),
+        (true, ".metadata", 1..=6 | 9 | 10 | 13) => Some(L),
+        (true, ".metadata", 7 | 8) => Some(V),
+        (true, ".metadata.published_at", 1 | 2) => Some(V),
+        (_, ".security", 1..=6 | 8 | 9 | 11 | 14) => Some(L),
+        (_, ".security", 7 | 10 | 12 | 13) => Some(V),
+        (false, ".security.encryption", 2) => Some(V),
+        (false, ".security.encryption", 1 | 3..=8) => Some(L),
+        (true, ".security.encryption", 1..=4) => Some(L),
+        (_, ".observability", 1..=3 | 5 | 6) => Some(L),
+        (_, ".observability", 4) => Some(V),
+        (_, ".schema", 1..=7) => Some(L),
+        (_, ".entry", 1 | 2) => Some(L),
+        _ => None,
     }
 }
 
-/// The records of `buf[start..end]` whose numbers `is_known` rejects, in received order.
-pub fn unknown_records(buf: &[u8], start: usize, end: usize, is_known: impl Fn(u32) -> bool) -> Result<Vec<u8>> {
+/// Known field numbers of each message, per layout (whatever the wire type).
+pub fn known(layout_draft: bool, path: &str, field: u32) -> bool {
+    expected_wire_type(layout_draft, path, field).is_some()
+}
+
+/// A record protobuf keeps as an unknown field: an unknown number, or a known number with
+/// another wire type (upb, and so Python, keeps those as unknown fields too).
+pub fn is_unknown(draft: bool, path: &str, field: u32, wire_type: u8) -> bool {
+    expected_wire_type(draft, path, field) != Some(wire_type)
+}
+
+/// The nested message a known LEN field holds, as a path of [`expected_wire_type`].
+fn child(draft: bool, path: &str, field: u32) -> Option<&'static str> {
+    match (draft, path, field) {
+        (false, "", 1) | (true, "", 2) => Some(".metadata"),
+        (false, "", 2) | (true, "", 4) => Some(".security"),
+        (false, "", 3) | (true, "", 5) => Some(".observability"),
+        (false, "", 4) | (true, "", 6) => Some(".schema"),
+        (false, "", 97) | (true, "", 99) => Some(".entry"),
+        (true, ".metadata", 4) => Some(".metadata.published_at"),
+        (_, ".security", 6) => Some(".security.encryption"),
+        (_, ".observability", 5 | 6) => Some(".entry"),
+        _ => None,
+    }
+}
+
+/// `buf[start..end]` without the records protobuf keeps as unknown because of their wire type,
+/// at every nesting level, for prost (which refuses a known field with another wire type).
+/// Those records are kept by [`of_header`]; unknown numbers stay (prost skips them).
+pub fn without_mistyped(buf: &[u8], start: usize, end: usize, draft: bool, path: &str) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(end - start);
+    for r in wire::scan(buf, start, end)? {
+        match expected_wire_type(draft, path, r.field) {
+            None => out.extend_from_slice(&buf[r.start..r.end]),
+            Some(wt) if wt != r.wire_type => {}
+            Some(_) => match child(draft, path, r.field) {
+                Some(sub) if r.wire_type == wire::LEN => {
+                    let inner = without_mistyped(buf, r.value_start, r.end, draft, sub)?;
+                    wire::put_len_record(&mut out, r.field, &inner);
+                }
+                _ => out.extend_from_slice(&buf[r.start..r.end]),
+            },
+        }
+    }
+    Ok(out)
+}
+
+/// The records of `buf[start..end]` (message `path`) that protobuf keeps as unknown, in received order.
+pub fn unknown_records(buf: &[u8], start: usize, end: usize, draft: bool, path: &str) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     for r in wire::scan(buf, start, end)? {
-        if !is_known(r.field) {
+        if is_unknown(draft, path, r.field, r.wire_type) {
             out.extend_from_slice(&buf[r.start..r.end]);
         }
     }
@@ -66,15 +123,27 @@ pub fn unknown_records(buf: &[u8], start: usize, end: usize, is_known: impl Fn(u
 }
 
 /// Unknown records of a header (top-level records, payload excluded) of either layout:
-/// (top, metadata, security, encryption, observability, schema).
+/// (top, metadata, security, encryption, observability, schema). A nested message that is cut
+/// short is malformed (the input itself did not end there).
 pub fn of_header(head: &[u8], draft: bool) -> Result<UnknownFields> {
+    of_header_inner(head, draft).map_err(|e| match e {
+        crate::PrismError::Truncated(d) => crate::PrismError::Malformed(crate::Detail::new(
+            format!("a nested message is not valid protobuf: {}", d.what),
+            d.at,
+            "the producer's encoder is broken or the bytes were changed",
+        )),
+        other => other,
+    })
+}
+
+fn of_header_inner(head: &[u8], draft: bool) -> Result<UnknownFields> {
     let (f_md, f_sec, f_obs, f_sch) = if draft { (2, 4, 5, 6) } else { (1, 2, 3, 4) };
     let enc_field = 6;
     let mut u = UnknownFields::default();
     for r in wire::scan(head, 0, head.len())? {
-        let sub = |path: &str| unknown_records(head, r.value_start, r.end, |f| known(draft, path, f));
+        let sub = |path: &str| unknown_records(head, r.value_start, r.end, draft, path);
         match r.field {
-            f if !known(draft, "", f) => u.top.extend_from_slice(&head[r.start..r.end]),
+            _ if is_unknown(draft, "", r.field, r.wire_type) => u.top.extend_from_slice(&head[r.start..r.end]),
             f if r.wire_type == wire::LEN && f == f_md => u.metadata.extend(sub(".metadata")?),
             f if r.wire_type == wire::LEN && f == f_obs => u.observability.extend(sub(".observability")?),
             f if r.wire_type == wire::LEN && f == f_sch => u.schema.extend(sub(".schema")?),
@@ -82,9 +151,13 @@ pub fn of_header(head: &[u8], draft: bool) -> Result<UnknownFields> {
                 u.security.extend(sub(".security")?);
                 for s in wire::scan(head, r.value_start, r.end)? {
                     if s.field == enc_field && s.wire_type == wire::LEN {
-                        u.encryption.extend(unknown_records(head, s.value_start, s.end, |f| {
-                            known(draft, ".security.encryption", f)
-                        })?);
+                        u.encryption.extend(unknown_records(
+                            head,
+                            s.value_start,
+                            s.end,
+                            draft,
+                            ".security.encryption",
+                        )?);
                     }
                 }
             }
@@ -121,9 +194,14 @@ pub fn restore(ext: &mut BTreeMap<String, Vec<u8>>, prefix: &str, target_draft: 
     for path in CARRIED {
         let key = format!("{prefix}{path}");
         let Some(raw) = ext.get(&key) else { continue };
-        let Ok(keep) = unknown_records(raw, 0, raw.len(), |f| known(target_draft, path, f)) else {
+        let Ok(recs) = wire::scan(raw, 0, raw.len()) else {
             continue;
         };
+        let keep: Vec<u8> = recs
+            .iter()
+            .filter(|r| !known(target_draft, path, r.field))
+            .flat_map(|r| raw[r.start..r.end].to_vec())
+            .collect();
         slot(u, path).extend(keep);
         ext.remove(&key);
     }

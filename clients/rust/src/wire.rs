@@ -35,7 +35,7 @@ pub fn read_varint(buf: &[u8], mut pos: usize, end: usize) -> Result<(u64, usize
     for i in 0..10 {
         if pos >= end || pos >= buf.len() {
             return Err(err!(
-                Malformed,
+                Truncated,
                 "varint runs past the end of the input",
                 format!("byte {pos}"),
                 "the message was truncated or corrupted in transit"
@@ -88,7 +88,7 @@ pub fn scan(buf: &[u8], start: usize, end: usize) -> Result<Vec<Record>> {
                 let remaining = (end - vs) as u64;
                 if len > remaining {
                     return Err(err!(
-                        Malformed,
+                        Truncated,
                         format!("field {field} claims {len} bytes but only {remaining} remain"),
                         format!("byte {rec_start}"),
                         "the message was truncated or corrupted in transit"
@@ -118,7 +118,7 @@ pub fn scan(buf: &[u8], start: usize, end: usize) -> Result<Vec<Record>> {
                 let n = if wt == I64 { 8 } else { 4 };
                 if end - pos < n {
                     return Err(err!(
-                        Malformed,
+                        Truncated,
                         format!("fixed-width field {field} runs past the end"),
                         format!("byte {rec_start}"),
                         "the message was truncated or corrupted in transit"

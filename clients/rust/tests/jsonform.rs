@@ -214,8 +214,17 @@ pub fn json_form(bytes: &[u8], msg: &str) -> Value {
     let recs = records(bytes);
     let mut out = Map::new();
     let mut unknown = Vec::new();
+    let wt_of = |t: T| {
+        if matches!(t, T::Bool | T::I32 | T::I64 | T::U64 | T::Enum) {
+            0u8
+        } else {
+            2u8
+        }
+    };
+    // a known number with another wire type is an unknown field (as protobuf parsers keep it)
+    let is_known = |f: u32, wt: u8| table.iter().any(|d| d.0 == f && wt_of(d.2) == wt);
     for &(num, name, t, presence) in table {
-        let mine: Vec<_> = recs.iter().filter(|r| r.0 == num).collect();
+        let mine: Vec<_> = recs.iter().filter(|r| r.0 == num && r.1 == wt_of(t)).collect();
         if mine.is_empty() {
             continue;
         }
@@ -250,7 +259,7 @@ pub fn json_form(bytes: &[u8], msg: &str) -> Value {
         }
     }
     for r in &recs {
-        if !table.iter().any(|f| f.0 == r.0) {
+        if !is_known(r.0, r.1) {
             unknown.extend_from_slice(r.2);
         }
     }

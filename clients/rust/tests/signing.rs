@@ -49,7 +49,7 @@ fn v2_signs_and_verifies_in_both_layouts() {
             // the signed bytes still decode to the same envelope
             let view = decode_view(&bytes, None, &Limits::default()).unwrap();
             assert_eq!(view.layout, lay);
-            assert_eq!(view.payload.unwrap().value, br#"{"order":1}"#);
+            assert_eq!(view.payload.unwrap().value().unwrap(), br#"{"order":1}"#);
         }
     }
 }
@@ -152,7 +152,10 @@ fn compressed_payloads_round_trip_through_both_layouts() {
         );
         for lay in [Layout::Draft, Layout::Reviewed] {
             let bytes = signing::sign(&env, &keys()[0], lay, SCOPE_V2).unwrap();
-            let back = decode_view(&bytes, None, &Limits::default()).unwrap().to_envelope();
+            let back = decode_view(&bytes, None, &Limits::default())
+                .unwrap()
+                .to_envelope()
+                .unwrap();
             assert_eq!(back.content_encoding(), enc);
             let v: serde_json::Value = back.payload_json().unwrap();
             assert_eq!(v["note"].as_str().unwrap().len(), 500);

@@ -29,7 +29,7 @@ fn metadata_access(c: &mut Criterion) {
             b.iter(|| {
                 let v = decode_view(black_box(bytes), Some(Layout::Reviewed), &limits).unwrap();
                 let m = v.header.metadata.as_ref().unwrap();
-                black_box((m.message_id.len(), m.topic.len(), v.payload.map(|p| p.value.len())))
+                black_box((m.message_id.len(), m.topic.len(), v.payload.map(|p| p.value().map(<[u8]>::len).unwrap_or(0))))
             })
         });
         g.bench_with_input(BenchmarkId::new("full_decode", size), &bytes, |b, bytes| {
