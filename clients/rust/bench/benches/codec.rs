@@ -2,7 +2,9 @@
 //! payload against a full protobuf decode that copies it, for payloads from 1 KB to 10 MB,
 //! plus signing and verification. BENCHMARKS.md, "Rust client", records the results.
 
-use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use prism_client::codec::{decode_view, encode, Layout, Limits};
 use prism_client::gen::v1;
 use prism_client::signing::{self, SigningKey, VerificationKeys, SCOPE_V2};
@@ -21,7 +23,10 @@ fn envelope(size: usize) -> Envelope {
 }
 
 fn metadata_access(c: &mut Criterion) {
-    let limits = Limits { max_message_bytes: 64 * 1024 * 1024, max_header_bytes: 256 * 1024 };
+    let limits = Limits {
+        max_message_bytes: 64 * 1024 * 1024,
+        max_header_bytes: 256 * 1024,
+    };
     let mut g = c.benchmark_group("metadata_access");
     for size in [1024usize, 10 * 1024, 100 * 1024, 1024 * 1024, 10 * 1024 * 1024] {
         let bytes = encode(&envelope(size), Layout::Reviewed);
@@ -29,7 +34,11 @@ fn metadata_access(c: &mut Criterion) {
             b.iter(|| {
                 let v = decode_view(black_box(bytes), Some(Layout::Reviewed), &limits).unwrap();
                 let m = v.header.metadata.as_ref().unwrap();
-                black_box((m.message_id.len(), m.topic.len(), v.payload.map(|p| p.value().map(<[u8]>::len).unwrap_or(0))))
+                black_box((
+                    m.message_id.len(),
+                    m.topic.len(),
+                    v.payload.map(|p| p.value().map(<[u8]>::len).unwrap_or(0)),
+                ))
             })
         });
         g.bench_with_input(BenchmarkId::new("full_decode", size), &bytes, |b, bytes| {
@@ -45,7 +54,10 @@ fn metadata_access(c: &mut Criterion) {
 
 fn signatures(c: &mut Criterion) {
     let env = envelope(1024);
-    for key in [SigningKey::hmac_sha256("h", &[7u8; 32]).unwrap(), SigningKey::ed25519_from_seed("e", &[9u8; 32]).unwrap()] {
+    for key in [
+        SigningKey::hmac_sha256("h", &[7u8; 32]).unwrap(),
+        SigningKey::ed25519_from_seed("e", &[9u8; 32]).unwrap(),
+    ] {
         let keys = VerificationKeys::new([key.verification_key()]);
         let signed = signing::sign(&env, &key, Layout::Reviewed, SCOPE_V2).unwrap();
         c.bench_function(&format!("sign_v2_{}", key.algorithm()), |b| {
