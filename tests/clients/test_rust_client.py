@@ -27,6 +27,7 @@ from confluent_kafka import Consumer, Producer
 
 from app.bindings import kafka as kb
 from app.envelope import Layout, new_envelope
+from app.errors import PrismError
 from app.security.encryption import decrypt_envelope
 from app.security.signing import SigningKey, VerificationKeys
 from conformance.generate_encryption import keyring
@@ -212,3 +213,49 @@ def test_rust_reads_registry_validates_and_masks(registry_interop: Path, tmp_pat
     assert len(results[0]["schema"]["hash"]) > 0 and results[0]["contains_pii"] is True
     assert results[1]["schema"] is None  # an invalid payload gets no schema context
     assert wrong.returncode == 1 and json.loads(wrong.stdout)["reason"] == "schema_registry_error"
+
+
+@pytest.fixture(scope="module")
+def rust_vectors() -> list[dict]:
+    """Envelopes the Rust client signs (v2, pair, batch; HMAC and Ed25519) and encrypts (each algorithm)."""
+    cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
+    require(Path(cargo).exists(), "cargo (the Rust toolchain) is not installed")
+    out = subprocess.run([cargo, "run", "--locked", "-q", "--example", "interop_vectors"], cwd=CRATE,
+                         capture_output=True, text=True, check=True, timeout=1200,
+                         env={**os.environ, "CARGO_TARGET_DIR": str(TARGET)})
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def test_python_verifies_every_rust_signature_scope(rust_vectors: list[dict]) -> None:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from app.envelope import decode
+    from app.security.signing import verify
+
+    ed = _conformance("signatures/scope-v2-ed25519.json")["key"]
+    keys = VerificationKeys.of([_hmac_key(), SigningKey.ed25519(
+        ed["key_id"], Ed25519PrivateKey.from_private_bytes(bytes.fromhex(ed["private_seed_hex"])))])
+    scopes = {"v2": 2, "pair": 3, "batch": 4}
+    signed = [v for v in rust_vectors if not v["kind"].startswith("encrypted/")]
+    assert len(signed) == 28
+    for v in signed:
+        data = bytes.fromhex(v["hex"])
+        scope, alg = v["kind"].split("/")
+        info = verify(data, keys)  # Python's verifier, on the bytes the Rust client produced
+        assert (info.scope, info.algorithm) == (scopes[scope], alg), v["kind"]
+        env = decode(data)
+        assert env.security.data_classification == "confidential" and env.security.contains_pii
+        tampered = data.replace(b"confidential", b"public\x00\x00\x00\x00\x00\x00")
+        with pytest.raises(PrismError):
+            verify(tampered, keys)
+
+
+def test_python_decrypts_every_rust_algorithm(rust_vectors: list[dict]) -> None:
+    from app.envelope import decode
+
+    ring = keyring(_conformance("encryption/vectors.json")["keys"])
+    encrypted = [v for v in rust_vectors if v["kind"].startswith("encrypted/")]
+    assert sorted({v["kind"] for v in encrypted}) == [
+        "encrypted/aes-256-gcm", "encrypted/ml-kem-1024", "encrypted/x25519-ml-kem-1024"]
+    for v in encrypted:
+        assert decrypt_envelope(decode(bytes.fromhex(v["hex"])), ring) == b"secret from rust", v["kind"]
