@@ -246,18 +246,20 @@ fn parse_header(head: &[u8], lay: Layout) -> Result<(v1::PrismEnvelope, Vec<Stri
         )
     };
     let draft = lay == Layout::Draft;
-    // prost refuses a known field written with another wire type, which protobuf (upb, Python)
-    // keeps as an unknown field: on a failure, decode again without those records (they are in
-    // the unknown fields either way). The common case pays nothing for this.
-    fn decode_lenient<M: Message + Default>(head: &[u8], draft: bool) -> std::result::Result<M, prost::DecodeError> {
-        M::decode(head).or_else(
-            |first| match unknown::without_mistyped(head, 0, head.len(), draft, "") {
-                Ok(clean) if clean.len() != head.len() || clean != head => M::decode(clean.as_slice()),
-                _ => Err(first),
-            },
-        )
-    }
+    // prost refuses a known field written with another wire type, and puts a map entry with
+    // extra fields into the map; protobuf (upb, Python) keeps both as unknown fields. When the
+    // header holds such records, prost reads it without them (they are in `u` either way).
     let u = unknown::of_header(head, draft)?;
+    let clean;
+    let head = if unknown::has_known_numbers(&u, draft) {
+        clean = unknown::without_mistyped(head, 0, head.len(), draft, "")?;
+        clean.as_slice()
+    } else {
+        head
+    };
+    fn decode_lenient<M: Message + Default>(head: &[u8], _draft: bool) -> std::result::Result<M, prost::DecodeError> {
+        M::decode(head)
+    }
     match lay {
         Layout::Reviewed => Ok((
             decode_lenient::<v1::PrismEnvelope>(head, false).map_err(bad)?,

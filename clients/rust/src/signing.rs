@@ -703,6 +703,9 @@ pub fn signed_message(data: &[u8], layout: Option<Layout>) -> Result<(Layout, u6
 /// The signature fields of a security context, read with the layout's own schema (so a
 /// context that does not parse, nested encryption included, is malformed whatever its scope).
 fn parse_security(value: &[u8], lay: Layout) -> Result<(Vec<u8>, String, String)> {
+    // a known field with another wire type is an unknown field to protobuf (upb, Python), not an error
+    let cleaned = crate::unknown::without_mistyped(value, 0, value.len(), lay == Layout::Draft, ".security")?;
+    let value = cleaned.as_slice();
     let bad = |e: prost::DecodeError| {
         err!(
             Malformed,
@@ -942,4 +945,37 @@ pub fn sign_batch(envs: &[Envelope], key: &SigningKey) -> Result<Vec<(Vec<u8>, V
         out.push((d.append_to_security(&tail(&rd))?, r.append_to_security(&tail(&dd))?));
     }
     Ok(out)
+}
+
+/// Verify and decode in one pass over the records, as a consumer does (Python's
+/// `verify_and_decode`): the records and their ambiguity checks, the header-only decode within
+/// `limits`, then the signature. An unsigned envelope is `BadSignature`.
+pub fn verify_and_decode<'a>(
+    data: &'a [u8],
+    keys: &VerificationKeys,
+    layout: Option<Layout>,
+    limits: &crate::Limits,
+    accept_legacy_scope: Option<bool>,
+) -> Result<(crate::EnvelopeView<'a>, SignatureInfo)> {
+    if data.len() > limits.max_message_bytes {
+        return Err(err!(
+            SizeLimit,
+            format!(
+                "envelope is {} bytes, over the {}-byte limit",
+                data.len(),
+                limits.max_message_bytes
+            ),
+            "",
+            "raise Limits::max_message_bytes or have the producer split the message"
+        ));
+    }
+    let records = wire::scan(data, 0, data.len())?;
+    let lay = match layout {
+        Some(l) => l,
+        None => layout_of_records(&records)?,
+    };
+    security_record(data, &records, lay)?.ok_or_else(|| not_signed("envelope is not signed (no security context)"))?;
+    let view = crate::codec::decode_records(data, &records, lay, limits)?;
+    let info = verify_records(data, &records, lay, keys, accept_legacy_scope)?;
+    Ok((view, info))
 }

@@ -99,6 +99,7 @@ pub fn without_mistyped(buf: &[u8], start: usize, end: usize, draft: bool, path:
         match expected_wire_type(draft, path, r.field) {
             None => out.extend_from_slice(&buf[r.start..r.end]),
             Some(wt) if wt != r.wire_type => {}
+            Some(_) if kept_unknown(buf, &r, draft, path)? => {}
             Some(_) => match child(draft, path, r.field) {
                 Some(sub) if r.wire_type == wire::LEN => {
                     let inner = without_mistyped(buf, r.value_start, r.end, draft, sub)?;
@@ -111,11 +112,42 @@ pub fn without_mistyped(buf: &[u8], start: usize, end: usize, draft: bool, path:
     Ok(out)
 }
 
+/// A map entry (`extensions`, `labels`, `baggage`) that holds anything but its key and value:
+/// protobuf (upb) keeps such an entry as an unknown field of the map's message, byte for byte,
+/// instead of putting it into the map.
+fn kept_unknown(buf: &[u8], r: &wire::Record, draft: bool, path: &str) -> Result<bool> {
+    if r.wire_type != wire::LEN || child(draft, path, r.field) != Some(".entry") {
+        return Ok(false);
+    }
+    Ok(wire::scan(buf, r.value_start, r.end)?
+        .iter()
+        .any(|e| is_unknown(draft, ".entry", e.field, e.wire_type)))
+}
+
+/// True when `u` holds records with known numbers (a mistyped field, a map entry with extra
+/// fields): prost must then read the header without them ([`without_mistyped`]).
+pub fn has_known_numbers(u: &UnknownFields, draft: bool) -> bool {
+    [
+        ("", &u.top),
+        (".metadata", &u.metadata),
+        (".security", &u.security),
+        (".security.encryption", &u.encryption),
+        (".observability", &u.observability),
+        (".schema", &u.schema),
+    ]
+    .iter()
+    .any(|(path, raw)| {
+        wire::scan(raw, 0, raw.len())
+            .map(|rs| rs.iter().any(|r| known(draft, path, r.field)))
+            .unwrap_or(false)
+    })
+}
+
 /// The records of `buf[start..end]` (message `path`) that protobuf keeps as unknown, in received order.
 pub fn unknown_records(buf: &[u8], start: usize, end: usize, draft: bool, path: &str) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     for r in wire::scan(buf, start, end)? {
-        if is_unknown(draft, path, r.field, r.wire_type) {
+        if is_unknown(draft, path, r.field, r.wire_type) || kept_unknown(buf, &r, draft, path)? {
             out.extend_from_slice(&buf[r.start..r.end]);
         }
     }
@@ -143,7 +175,9 @@ fn of_header_inner(head: &[u8], draft: bool) -> Result<UnknownFields> {
     for r in wire::scan(head, 0, head.len())? {
         let sub = |path: &str| unknown_records(head, r.value_start, r.end, draft, path);
         match r.field {
-            _ if is_unknown(draft, "", r.field, r.wire_type) => u.top.extend_from_slice(&head[r.start..r.end]),
+            _ if is_unknown(draft, "", r.field, r.wire_type) || kept_unknown(head, &r, draft, "")? => {
+                u.top.extend_from_slice(&head[r.start..r.end])
+            }
             f if r.wire_type == wire::LEN && f == f_md => u.metadata.extend(sub(".metadata")?),
             f if r.wire_type == wire::LEN && f == f_obs => u.observability.extend(sub(".observability")?),
             f if r.wire_type == wire::LEN && f == f_sch => u.schema.extend(sub(".schema")?),

@@ -237,6 +237,9 @@ pub fn json_form(bytes: &[u8], msg: &str) -> Value {
                 let mut m = Map::new();
                 for r in &mine {
                     let e = json_form(r.3, if matches!(t, T::MapSB) { "entry.sb" } else { "entry.ss" });
+                    if e.get("_unknown").is_some() {
+                        continue; // an entry with extra fields is kept as an unknown record, not in the map
+                    }
                     let k = e.get("key").and_then(|k| k.as_str()).unwrap_or("").to_owned();
                     let val = e.get("value").cloned().unwrap_or(Value::String(String::new()));
                     m.insert(k, val);
