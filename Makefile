@@ -45,6 +45,7 @@ test: $(STAMP)
 	$(BIN)/python -m conformance.generate --check
 	$(BIN)/ruff check app tests bench clients conformance
 	$(MAKE) --no-print-directory test-go
+	$(MAKE) --no-print-directory test-rust
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The Go client (docs/sdk-go.md): generated types current, vet and gofmt clean, every test
@@ -59,6 +60,17 @@ test-go: $(STAMP)
 	  cd clients/go && go vet ./... && \
 	  { unformatted="$$(gofmt -l .)"; [ -z "$$unformatted" ] || { echo "gofmt needed: $$unformatted" >&2; exit 1; }; } && \
 	  go test -count=1 ./...
+
+
+# The Rust client (clients/rust, docs/sdk-rust.md): formatting, clippy, then every test (the
+# conformance suite, the generated-types currency check, the fuzz corpus replay). The build is
+# cached in one fixed target directory, so a second run compiles only what changed.
+CARGO        ?= $(shell command -v cargo 2>/dev/null || echo $(HOME)/.cargo/bin/cargo)
+RUST_TARGET  ?= $(HOME)/.cache/prism/cargo-target
+test-rust:
+	cd clients/rust && $(CARGO) fmt --check
+	cd clients/rust && CARGO_TARGET_DIR=$(RUST_TARGET) $(CARGO) clippy --locked --all-targets --all-features -q -- -D warnings
+	cd clients/rust && CARGO_TARGET_DIR=$(RUST_TARGET) $(CARGO) test --locked -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check app tests bench clients conformance

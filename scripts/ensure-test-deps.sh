@@ -8,6 +8,10 @@
 #   kcat                       an independent Kafka client for the Apache Kafka tests
 #   maven, a Java JDK          fetch and run Apache Kafka and Kafka Connect (scripts/fetch-kafka.sh);
 #                              javac builds the Connect parity test's connector
+#   protobuf-compiler          protoc, for the Rust client's generated-types currency check
+#                              (clients/rust/tests/generated_current.rs)
+#   librdkafka-dev, pkg-config the Rust client's `kafka` feature links the system librdkafka
+#                              (tests/clients/test_rust_client.py builds it)
 #   prometheus                 evaluates every Grafana dashboard query against a running worker
 #                              and registry (tests/worker/test_dashboard_prometheus.py); the test
 #                              starts its own on a free port, never the system service
@@ -25,6 +29,9 @@ command -v podman >/dev/null 2>&1 || need+=(podman)
 [ -x /usr/sbin/runc ] || [ -x /usr/bin/runc ] || need+=(runc)
 [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
+command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+pkg-config --exists rdkafka 2>/dev/null || need+=(librdkafka-dev)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing ${need[*]} (Debian packages) for the integration tests"

@@ -1,0 +1,89 @@
+//! The Rust side of the differential test in tests/clients/test_rust_client.py: one command per
+//! stdin line, `decode HEX` or `verify HEX`, answered as `python -m conformance.check` answers
+//! (one JSON line each), so the test can compare the two implementations on any bytes.
+
+use std::io::BufRead;
+use std::path::Path;
+
+#[path = "../tests/jsonform.rs"]
+mod jsonform;
+
+use prism_client::codec::{self, Layout, Limits};
+use prism_client::signing::{self, SigningKey, VerificationKeys};
+use prism_client::PrismError;
+use serde_json::{json, Value};
+
+fn kind(e: &PrismError) -> &'static str {
+    match e {
+        PrismError::Truncated(_) => "truncated",
+        PrismError::Malformed(_) | PrismError::Payload(_) => "malformed",
+        PrismError::Layout(_) => "unknown_layout",
+        PrismError::SizeLimit(_) => "too_large",
+        PrismError::LegacySignatureScope(_) => "legacy_signature_scope",
+        PrismError::UnsupportedSignatureScope(_) => "unsupported_signature_scope",
+        PrismError::AmbiguousEnvelope(_) => "ambiguous_envelope",
+        PrismError::UnknownKey(_) => "unknown_key",
+        PrismError::Algorithm(_) => "algorithm_not_allowed",
+        _ => "bad_signature",
+    }
+}
+
+fn keys() -> VerificationKeys {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../conformance/signatures");
+    let key = |f: &str| -> Value {
+        serde_json::from_slice::<Value>(&std::fs::read(dir.join(f)).expect("vector file")).expect("json")["key"].clone()
+    };
+    let (h, e) = (key("scope-v2-hmac-sha256.json"), key("scope-v2-ed25519.json"));
+    let x = |v: &Value, f: &str| hex::decode(v[f].as_str().unwrap_or("")).unwrap_or_default();
+    VerificationKeys::new([
+        SigningKey::hmac_sha256(h["key_id"].as_str().unwrap_or(""), &x(&h, "secret_hex"))
+            .expect("key")
+            .verification_key(),
+        SigningKey::ed25519_from_seed(e["key_id"].as_str().unwrap_or(""), &x(&e, "private_seed_hex"))
+            .expect("key")
+            .verification_key(),
+    ])
+}
+
+fn decode(data: &[u8]) -> Value {
+    match codec::decode_view(data, None, &Limits::default()) {
+        Err(e) => json!({"outcome": kind(&e)}),
+        Ok(view) => {
+            let layout = if view.layout == Layout::Draft {
+                "draft"
+            } else {
+                "reviewed"
+            };
+            let (env, payload_error) = match view.to_envelope() {
+                Ok(env) => (env, None),
+                Err(e) => (view.header_envelope(), Some(kind(&e))),
+            };
+            let mut out = json!({"outcome": "ok", "layout": layout,
+                "model": jsonform::json_form(&codec::encode(&env, Layout::Reviewed), "v1")});
+            if let Some(p) = payload_error {
+                out["payload_error"] = p.into();
+            }
+            out
+        }
+    }
+}
+
+fn main() {
+    let keys = keys();
+    for line in std::io::stdin().lock().lines().map_while(Result::ok) {
+        let (cmd, hex_text) = line.split_once(' ').unwrap_or((line.as_str(), ""));
+        let Ok(data) = hex::decode(hex_text.trim()) else {
+            println!("{}", json!({"error": "bad hex"}));
+            continue;
+        };
+        let answer = match cmd {
+            "decode" => decode(&data),
+            "verify" => match signing::verify_and_decode(&data, &keys, None, &Limits::default(), None) {
+                Ok((_, info)) => json!({"outcome": "valid", "key_id": info.key_id, "scope": info.scope}),
+                Err(e) => json!({"outcome": kind(&e)}),
+            },
+            _ => json!({"error": "unknown command"}),
+        };
+        println!("{answer}");
+    }
+}

@@ -1,0 +1,164 @@
+//! The Rust side of the cross-language Kafka test (tests/clients/test_rust_client.py), and a
+//! worked example of `prism_client::kafka`. Keys are the conformance suite's test keys.
+//!
+//! ```text
+//! kafka_interop publish   BROKERS TOPIC N JWT
+//! kafka_interop subscribe BROKERS TOPIC EXPECTED CLEARANCE PRINCIPAL AUDIT_TOPIC
+//! ```
+//! Every result is one JSON line on stdout.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use prism_client::codec::Layout;
+use prism_client::encryption::{self, Key, Keyring};
+use prism_client::kafka::{Clearance, Publisher, SubscribeOptions, Subscriber};
+use prism_client::signing::{SigningKey, VerificationKeys};
+use prism_client::{Envelope, PrismError};
+use serde_json::{json, Value};
+
+fn conformance(path: &str) -> Value {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../conformance")
+        .join(path);
+    serde_json::from_slice(&std::fs::read(p).expect("conformance file")).expect("json")
+}
+
+fn hmac_key() -> SigningKey {
+    let k = &conformance("signatures/scope-v2-hmac-sha256.json")["key"];
+    let secret = hex::decode(k["secret_hex"].as_str().unwrap()).unwrap();
+    SigningKey::hmac_sha256(k["key_id"].as_str().unwrap(), &secret).unwrap()
+}
+
+fn keyring() -> Keyring {
+    let keys = &conformance("encryption/vectors.json")["keys"];
+    let h = |k: &Value, f: &str| hex::decode(k[f].as_str().unwrap()).unwrap();
+    Keyring::new([
+        Key::symmetric("conf-aes-1", &h(&keys["conf-aes-1"], "secret_hex")).unwrap(),
+        Key::hybrid_from_private(
+            "conf-hybrid-1",
+            &h(&keys["conf-hybrid-1"], "x25519_private_hex"),
+            &h(&keys["conf-hybrid-1"], "ml_kem_private_seed_hex"),
+        )
+        .unwrap(),
+    ])
+}
+
+fn publish(brokers: &str, topic: &str, n: usize, jwt: &str) -> Result<(), PrismError> {
+    let publisher = Publisher::connect(brokers, &[])?
+        .with_signing_key(hmac_key())
+        .with_auth_token(jwt);
+    let ring = keyring();
+    for i in 0..n {
+        let mut b = Envelope::builder(topic, "interop")
+            .json(&json!({"i": i}))?
+            .correlation_id(format!("c-{i}"));
+        if i == 3 {
+            b = b.data_classification("restricted").contains_pii(true);
+        }
+        let mut env = b.build()?;
+        match i {
+            0 => encryption::encrypt_envelope(&mut env, ring.get("conf-aes-1")?)?,
+            1 => encryption::encrypt_envelope(&mut env, ring.get("conf-hybrid-1")?)?,
+            _ => {}
+        }
+        let layout = if i % 2 == 0 { Layout::Draft } else { Layout::Reviewed };
+        let (partition, offset) = publisher.publish(topic, &env, layout)?;
+        println!(
+            "{}",
+            json!({"i": i, "message_id": env.message_id(), "partition": partition, "offset": offset,
+            "layout": layout.name()})
+        );
+    }
+    Ok(())
+}
+
+fn subscribe(
+    brokers: &str,
+    topic: &str,
+    expected: u64,
+    clearance: &str,
+    principal: &str,
+    audit_topic: &str,
+) -> Result<(), PrismError> {
+    let clearance = match clearance {
+        "public" => Clearance::Public,
+        "internal" => Clearance::Internal,
+        "confidential" => Clearance::Confidential,
+        _ => Clearance::Restricted,
+    };
+    let opts = SubscribeOptions {
+        verify_with: Some(VerificationKeys::new([hmac_key().verification_key()])),
+        clearance,
+        principal: Some(principal.to_owned()),
+        group: format!("rust-interop-{}", std::process::id()),
+        audit_topic: audit_topic.to_owned(),
+        signing_key: Some(hmac_key()),
+        ..Default::default()
+    };
+    let mut sub = Subscriber::connect(brokers, topic, opts, &[])?;
+    let ring = keyring();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sub.stats.delivered + sub.stats.withheld + sub.stats.failed < expected && Instant::now() < deadline {
+        for r in sub.poll(Duration::from_millis(500), 100)? {
+            match r {
+                Ok(d) => {
+                    sub.ack(&d)?;
+                    let env = if d.envelope.is_encrypted() {
+                        encryption::decrypt_to_envelope(&d.envelope, &ring)?
+                    } else {
+                        d.envelope.clone()
+                    };
+                    let payload: Value = env.payload_json()?;
+                    let sec = d.envelope.security();
+                    println!(
+                        "{}",
+                        json!({
+                            "message_id": d.envelope.message_id(), "offset": d.offset,
+                            "key_id": d.signature.as_ref().map(|s| s.key_id.clone()),
+                            "scope": d.signature.as_ref().map(|s| s.scope),
+                            "classification": sec.and_then(|s| s.data_classification.clone()),
+                            "auth_token": sec.and_then(|s| s.auth_token.clone()),
+                            "payload": payload,
+                        })
+                    );
+                }
+                Err(u) => {
+                    println!("{}", json!({"offset": u.offset, "error": u.error.reason()}));
+                    sub.ack_at(u.partition, u.offset)?; // reported (a real consumer: DLQ), then settled
+                }
+            }
+        }
+    }
+    let s = &sub.stats;
+    println!(
+        "{}",
+        json!({"stats": {"delivered": s.delivered, "withheld": s.withheld, "audited": s.audited,
+        "failed": s.failed}})
+    );
+    Ok(())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let brokers = args.get(2).cloned().unwrap_or_default();
+    let result = match (args.get(1).map(String::as_str), args.len()) {
+        (Some("publish"), 6) => publish(&brokers, &args[3], args[4].parse().unwrap_or(0), &args[5]),
+        (Some("subscribe"), 8) => subscribe(
+            &brokers,
+            &args[3],
+            args[4].parse().unwrap_or(0),
+            &args[5],
+            &args[6],
+            &args[7],
+        ),
+        _ => {
+            eprintln!("usage: kafka_interop publish BROKERS TOPIC N JWT | subscribe BROKERS TOPIC EXPECTED CLEARANCE PRINCIPAL AUDIT_TOPIC");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = result {
+        println!("{}", json!({"fatal": e.to_string(), "reason": e.reason()}));
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,465 @@
+//! Kafka publish and subscribe (feature `kafka`), on rdkafka (librdkafka) linked dynamically to
+//! the system library, so the crate has no C build (docs/sdk-rust.md, "Kafka", says why).
+//! Records are laid out by [`crate::binding`], exactly as the Python SDK does.
+//!
+//! * Publish: optional JWT in `security.auth_token` (verified and stripped by the worker; not
+//!   covered by a scope-v2 signature), signature scope v2, key = correlation id, the `murmur2`
+//!   partitioner of Kafka's Java client (and so aiokafka's), timestamp = `published_at_ms`,
+//!   idempotent producer; `publish` returns once the broker acknowledged.
+//! * Subscribe: a consumer group with `isolation.level=read_committed` (records of aborted or
+//!   open transactions are never delivered), signature verification before decoding,
+//!   classification clearance, a signed audit record before a confidential or restricted
+//!   message is handed out (docs/sdk.md, "Classification and audit"), explicit commits (`ack`).
+
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::ClientContext;
+
+use crate::binding::{self, KafkaRecord};
+use crate::codec::{Layout, Limits};
+use crate::error::{err, PrismError, Result};
+use crate::model::{now_ms, Envelope};
+use crate::signing::{SignatureInfo, SigningKey, VerificationKeys};
+
+fn transport(e: impl std::fmt::Display, what: &str) -> PrismError {
+    err!(
+        Transport,
+        format!("{what}: {e}"),
+        "kafka",
+        "check the broker address and that the broker is up"
+    )
+}
+
+type Ack = std::result::Result<(i32, i64), String>;
+
+/// Hands each delivery report to the `publish` call that waits for it.
+pub struct DeliveryContext;
+
+impl ClientContext for DeliveryContext {}
+
+impl ProducerContext for DeliveryContext {
+    type DeliveryOpaque = Box<SyncSender<Ack>>;
+    fn delivery(&self, result: &DeliveryResult<'_>, tx: Self::DeliveryOpaque) {
+        let ack = match result {
+            Ok(m) => Ok((m.partition(), m.offset())),
+            Err((e, _)) => Err(e.to_string()),
+        };
+        let _ = tx.send(ack); // the caller may have timed out and gone: nothing to report to then
+    }
+}
+
+/// Publishes envelopes to Kafka.
+pub struct Publisher {
+    producer: ThreadedProducer<DeliveryContext>,
+    signing_key: Option<SigningKey>,
+    auth_token: Option<String>,
+    timeout: Duration,
+}
+
+impl Publisher {
+    /// Connect to `bootstrap` (`host:port[,host:port]`). `extra` are librdkafka settings
+    /// (security.protocol, sasl.*, ssl.*, acks, linger.ms, ...).
+    pub fn connect(bootstrap: &str, extra: &[(&str, &str)]) -> Result<Self> {
+        let mut cfg = ClientConfig::new();
+        cfg.set("bootstrap.servers", bootstrap)
+            .set("partitioner", "murmur2_random")
+            .set("enable.idempotence", "true");
+        for (k, v) in extra {
+            cfg.set(*k, *v);
+        }
+        let producer = cfg
+            .create_with_context(DeliveryContext)
+            .map_err(|e| transport(e, "cannot create producer"))?;
+        Ok(Publisher {
+            producer,
+            signing_key: None,
+            auth_token: None,
+            timeout: Duration::from_secs(30),
+        })
+    }
+    /// Sign every envelope (scope v2).
+    pub fn with_signing_key(mut self, key: SigningKey) -> Self {
+        self.signing_key = Some(key);
+        self
+    }
+    /// Attach a JWT to every envelope (`security.auth_token`), for the worker's `authenticate` stage.
+    pub fn with_auth_token(mut self, jwt: impl Into<String>) -> Self {
+        self.auth_token = Some(jwt.into());
+        self
+    }
+
+    /// Publish `env` to `topic` in `layout`; returns (partition, offset) once acknowledged.
+    pub fn publish(&self, topic: &str, env: &Envelope, layout: Layout) -> Result<(i32, i64)> {
+        let mut env = env.clone();
+        if let Some(t) = &self.auth_token {
+            env.security_mut().auth_token = Some(t.clone());
+        }
+        let rec = binding::encode(&env, layout, None, &[], self.signing_key.as_ref())?;
+        self.send(topic, &rec)
+    }
+
+    /// Send an already encoded record and wait for the broker's acknowledgement.
+    pub fn send(&self, topic: &str, rec: &KafkaRecord) -> Result<(i32, i64)> {
+        let (tx, rx) = sync_channel(1);
+        let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len());
+        for (n, v) in &rec.headers {
+            headers = headers.insert(Header { key: n, value: Some(v) });
+        }
+        let mut r = BaseRecord::with_opaque_to(topic, Box::new(tx))
+            .payload(&rec.value)
+            .headers(headers)
+            .timestamp(rec.timestamp_ms);
+        if let Some(k) = &rec.key {
+            r = r.key(k);
+        }
+        self.producer
+            .send(r)
+            .map_err(|(e, _)| transport(e, "produce refused"))?;
+        match rx.recv_timeout(self.timeout) {
+            Ok(Ok(at)) => Ok(at),
+            Ok(Err(e)) => Err(transport(e, "produce failed")),
+            Err(_) => Err(transport("no acknowledgement in time", "produce timed out")),
+        }
+    }
+
+    /// Wait until everything sent was acknowledged.
+    pub fn flush(&self) -> Result<()> {
+        self.producer
+            .flush(self.timeout)
+            .map_err(|e| transport(e, "flush failed"))
+    }
+}
+
+/// What a subscriber may read: `public` < `internal` < `confidential` < `restricted`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Clearance {
+    Public,
+    Internal,
+    Confidential,
+    Restricted,
+}
+
+impl Clearance {
+    /// The level of a classification word: absent or empty is `internal`, unknown is `restricted`
+    /// (as in the Python SDK).
+    pub fn of(classification: Option<&str>) -> Clearance {
+        match classification.unwrap_or("").to_ascii_lowercase().as_str() {
+            "" | "internal" => Clearance::Internal,
+            "public" => Clearance::Public,
+            "confidential" => Clearance::Confidential,
+            _ => Clearance::Restricted,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Clearance::Public => "public",
+            Clearance::Internal => "internal",
+            Clearance::Confidential => "confidential",
+            Clearance::Restricted => "restricted",
+        }
+    }
+}
+
+/// Subscription settings (the Python SDK's `subscribe(...)` arguments).
+#[derive(Debug, Clone)]
+pub struct SubscribeOptions {
+    /// The consumer group (offsets are committed by `ack`).
+    pub group: String,
+    /// Every message must be signed by one of these (None: signatures are not checked).
+    pub verify_with: Option<VerificationKeys>,
+    /// Default `internal`; above `internal` needs a `principal`.
+    pub clearance: Clearance,
+    /// Who reads (a service account), recorded in audit records.
+    pub principal: Option<String>,
+    /// Where audit records go (default `prism.audit`).
+    pub audit_topic: String,
+    /// Signs audit records when set.
+    pub signing_key: Option<SigningKey>,
+    pub limits: Limits,
+    /// Where a new group starts: the earliest offset (true) or the end (false).
+    pub from_beginning: bool,
+}
+
+impl Default for SubscribeOptions {
+    fn default() -> Self {
+        SubscribeOptions {
+            group: "prism-rust".into(),
+            verify_with: None,
+            clearance: Clearance::Internal,
+            principal: None,
+            audit_topic: "prism.audit".into(),
+            signing_key: None,
+            limits: Limits::default(),
+            from_beginning: true,
+        }
+    }
+}
+
+/// One message handed out.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub envelope: Envelope,
+    pub signature: Option<SignatureInfo>,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// A message that could not be handed out: where it is and why (never dropped silently; the
+/// caller decides, typically a DLQ, then `ack_at`).
+#[derive(Debug, Clone)]
+pub struct Undeliverable {
+    pub partition: i32,
+    pub offset: i64,
+    pub error: PrismError,
+}
+
+/// Counters of a subscription.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub delivered: u64,
+    pub withheld: u64,
+    pub audited: u64,
+    pub failed: u64,
+}
+
+/// A subscription to one topic (read_committed), verifying and judging every message.
+pub struct Subscriber {
+    topic: String,
+    consumer: BaseConsumer,
+    opts: SubscribeOptions,
+    audit: Publisher,
+    pub stats: Stats,
+}
+
+impl Subscriber {
+    /// Join `opts.group` on `topic`. `extra` are librdkafka settings (security, ...).
+    pub fn connect(bootstrap: &str, topic: &str, opts: SubscribeOptions, extra: &[(&str, &str)]) -> Result<Self> {
+        let mut problems = Vec::new();
+        if opts.clearance > Clearance::Internal && opts.principal.as_deref().unwrap_or("").is_empty() {
+            problems.push(format!("clearance {} needs a principal", opts.clearance.name()));
+        }
+        if opts
+            .principal
+            .as_deref()
+            .is_some_and(|p| p.contains(char::is_whitespace))
+        {
+            problems.push("principal must not contain spaces".into());
+        }
+        if opts.audit_topic == topic {
+            problems.push("audit_topic must differ from the subscribed topic".into());
+        }
+        if !problems.is_empty() {
+            return Err(err!(
+                Config,
+                problems.join("; "),
+                "subscribe",
+                "fix the subscription options"
+            ));
+        }
+        let mut cfg = ClientConfig::new();
+        cfg.set("bootstrap.servers", bootstrap)
+            .set("group.id", &opts.group)
+            .set("isolation.level", "read_committed")
+            .set("enable.auto.commit", "false")
+            .set(
+                "auto.offset.reset",
+                if opts.from_beginning { "earliest" } else { "latest" },
+            );
+        for (k, v) in extra {
+            cfg.set(*k, *v);
+        }
+        let consumer: BaseConsumer = cfg.create().map_err(|e| transport(e, "cannot create consumer"))?;
+        consumer
+            .subscribe(&[topic])
+            .map_err(|e| transport(e, "cannot subscribe"))?;
+        let mut audit = Publisher::connect(bootstrap, extra)?;
+        if let Some(k) = &opts.signing_key {
+            audit = audit.with_signing_key(k.clone());
+        }
+        Ok(Subscriber {
+            topic: topic.to_owned(),
+            consumer,
+            opts,
+            audit,
+            stats: Stats::default(),
+        })
+    }
+
+    /// Wait up to `max_wait` for records, then take what else is there (at most `max` records),
+    /// judging each.
+    pub fn poll(
+        &mut self,
+        max_wait: Duration,
+        max: usize,
+    ) -> Result<Vec<std::result::Result<Delivery, Undeliverable>>> {
+        let mut out = Vec::new();
+        let mut wait = max_wait;
+        while out.len() < max {
+            let rec = match self.consumer.poll(wait) {
+                None => break,
+                Some(Err(e)) => return Err(transport(e, "consume failed")),
+                Some(Ok(m)) => {
+                    let headers = m
+                        .headers()
+                        .map(|h| {
+                            h.iter()
+                                .map(|x| (x.key.to_owned(), x.value.unwrap_or(&[]).to_vec()))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    let rec = KafkaRecord {
+                        key: m.key().map(<[u8]>::to_vec),
+                        value: m.payload().unwrap_or(&[]).to_vec(),
+                        headers,
+                        timestamp_ms: m.timestamp().to_millis().unwrap_or(0),
+                    };
+                    (rec, m.partition(), m.offset())
+                }
+            };
+            wait = Duration::ZERO;
+            let (rec, partition, offset) = rec;
+            match self.judge(&rec, partition, offset) {
+                Ok(Some(d)) => {
+                    self.stats.delivered += 1;
+                    out.push(Ok(d));
+                }
+                Ok(None) => {
+                    self.stats.withheld += 1; // acknowledged without being handed out
+                    self.ack_at(partition, offset)?;
+                }
+                Err(error) => {
+                    self.stats.failed += 1;
+                    out.push(Err(Undeliverable {
+                        partition,
+                        offset,
+                        error,
+                    }));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Verify, decode, apply the clearance, audit; `None` when withheld.
+    fn judge(&mut self, rec: &KafkaRecord, partition: i32, offset: i64) -> Result<Option<Delivery>> {
+        let (view, signature) = binding::decode(rec, &self.opts.limits, self.opts.verify_with.as_ref())?;
+        let envelope = view.to_envelope()?;
+        let level = Clearance::of(envelope.security().and_then(|s| s.data_classification.as_deref()));
+        if level > self.opts.clearance {
+            return Ok(None); // withheld: judged by the envelope, never by a header
+        }
+        if level >= Clearance::Confidential {
+            if let Err(e) = self.write_audit(&envelope, level, partition, offset) {
+                self.seek(partition, offset)?; // not handed out: fetched again later
+                return Err(e);
+            }
+            self.stats.audited += 1;
+        }
+        Ok(Some(Delivery {
+            envelope,
+            signature,
+            partition,
+            offset,
+        }))
+    }
+
+    fn write_audit(&self, env: &Envelope, level: Clearance, partition: i32, offset: i64) -> Result<()> {
+        let now = now_ms();
+        let record = serde_json::json!({
+            "event": "classified_delivery",
+            "principal": self.opts.principal.clone().unwrap_or_default(),
+            "group": self.opts.group,
+            "message_id": env.message_id(),
+            "namespace": env.namespace(),
+            "topic": self.topic,
+            "classification": level.name(),
+            "time": iso8601_utc(now),
+            "time_ms": now,
+            "backend": "kafka",
+            "ref": format!("{partition}:{offset}"),
+        });
+        let audit = Envelope::builder(self.opts.audit_topic.clone(), env.namespace())
+            .json(&record)?
+            .correlation_id(env.message_id())
+            .data_classification("internal")
+            .build()?;
+        self.audit
+            .publish(&self.opts.audit_topic, &audit, Layout::Reviewed)
+            .map(|_| ())
+            .map_err(|e| {
+                err!(
+                    Transport,
+                    format!("audit record not written, message not handed out: {e}"),
+                    "audit_topic",
+                    "the message is fetched again; check the audit topic"
+                )
+            })
+    }
+
+    /// Commit a handed-out message (and everything before it on its partition).
+    pub fn ack(&self, d: &Delivery) -> Result<()> {
+        self.ack_at(d.partition, d.offset)
+    }
+
+    /// Commit up to and including `offset` on `partition` (e.g. after a DLQ write of an `Undeliverable`).
+    pub fn ack_at(&self, partition: i32, offset: i64) -> Result<()> {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&self.topic, partition, Offset::Offset(offset + 1))
+            .map_err(|e| transport(e, "bad offset"))?;
+        self.consumer
+            .commit(&tpl, CommitMode::Sync)
+            .map_err(|e| transport(e, "commit failed"))
+    }
+
+    /// A nack: the partition is read again from `offset`.
+    pub fn seek(&self, partition: i32, offset: i64) -> Result<()> {
+        self.consumer
+            .seek(&self.topic, partition, Offset::Offset(offset), Duration::from_secs(10))
+            .map_err(|e| transport(e, "seek failed"))
+    }
+}
+
+/// `2026-11-28T23:59:59.123Z` for Unix milliseconds (civil-from-days, Howard Hinnant).
+fn iso8601_utc(ms: i64) -> String {
+    let (days, rem) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3_600_000,
+        rem / 60_000 % 60,
+        rem / 1000 % 60,
+        rem % 1000
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iso_time() {
+        assert_eq!(iso8601_utc(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(iso8601_utc(1_767_225_600_001), "2026-01-01T00:00:00.001Z");
+    }
+
+    #[test]
+    fn clearance_words() {
+        assert_eq!(Clearance::of(None), Clearance::Internal);
+        assert_eq!(Clearance::of(Some("PUBLIC")), Clearance::Public);
+        assert_eq!(Clearance::of(Some("secret")), Clearance::Restricted);
+    }
+}

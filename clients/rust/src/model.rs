@@ -1,0 +1,516 @@
+//! The envelope model: the reviewed (memo-031) header plus a payload, as in the Python SDK
+//! (`app/envelope/model.py`). Both layouts decode into it; the draft layout is converted
+//! field by field (`crate::layouts`).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::error::{err, Result};
+use crate::gen::v1::{self, ContentEncoding, ContentType};
+
+/// What this SDK writes into `metadata.producer_sdk_version`.
+pub const SDK_VERSION: &str = concat!("prism-rust/", env!("CARGO_PKG_VERSION"));
+/// `type_url` prefix of packed protobuf payloads (`Any.Pack`).
+pub const PROTOBUF_TYPE_URL_PREFIX: &str = "type.googleapis.com/";
+/// Priority when the field is absent (memo-031).
+pub const DEFAULT_PRIORITY: i32 = 5;
+
+/// An owned payload: the `google.protobuf.Any` of the envelope.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Payload {
+    pub type_url: String,
+    pub value: Vec<u8>,
+}
+
+/// A payload borrowed from the received bytes (the zero-copy header-only parse): the serialized
+/// `google.protobuf.Any`, not parsed until asked for, so a header-only reader never touches it
+/// (a payload record that is not a valid `Any` decodes, and fails only when read).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PayloadRef<'a> {
+    /// The `Any` bodies of the payload records, in order (one, unless a producer repeated it:
+    /// protobuf merges repeated records, and both `Any` fields are last-wins).
+    pub parts: Vec<&'a [u8]>,
+}
+
+impl<'a> PayloadRef<'a> {
+    /// `(type_url, value)`, both slices of the input.
+    pub fn parse(&self) -> Result<(&'a str, &'a [u8])> {
+        let (mut type_url, mut value): (&'a str, &'a [u8]) = ("", &[]);
+        for part in &self.parts {
+            let part: &'a [u8] = part;
+            for r in crate::wire::scan(part, 0, part.len()).map_err(|e| {
+                err!(
+                    Payload,
+                    format!("payload is not a google.protobuf.Any: {}", e.detail().what),
+                    "payload",
+                    "the producer wrote something else into the payload record"
+                )
+            })? {
+                match (r.field, r.wire_type) {
+                    (1, crate::wire::LEN) => {
+                        type_url = std::str::from_utf8(&part[r.value_start..r.end]).map_err(|_| {
+                            err!(
+                                Payload,
+                                "payload type_url is not valid UTF-8",
+                                "payload.type_url",
+                                "the producer is broken"
+                            )
+                        })?;
+                    }
+                    (2, crate::wire::LEN) => value = &part[r.value_start..r.end],
+                    (1 | 2, wt) => {
+                        return Err(err!(
+                            Payload,
+                            format!("payload field {} has wire type {wt}, not 2", r.field),
+                            "payload",
+                            "the payload is not a google.protobuf.Any"
+                        ))
+                    }
+                    _ => {} // unknown Any fields are skipped, as every protobuf reader does
+                }
+            }
+        }
+        Ok((type_url, value))
+    }
+    /// The payload value, a slice of the input.
+    pub fn value(&self) -> Result<&'a [u8]> {
+        Ok(self.parse()?.1)
+    }
+    /// The payload's `type_url`.
+    pub fn type_url(&self) -> Result<&'a str> {
+        Ok(self.parse()?.0)
+    }
+    pub fn to_owned_payload(&self) -> Result<Payload> {
+        let (t, v) = self.parse()?;
+        Ok(Payload {
+            type_url: t.to_owned(),
+            value: v.to_vec(),
+        })
+    }
+}
+
+/// An envelope: the reviewed-layout header (its `payload` field is always `None`) and the payload.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Envelope {
+    pub header: v1::PrismEnvelope,
+    pub payload: Option<Payload>,
+    /// Fields this build does not know, kept byte for byte and written back by `encode`.
+    pub unknown: crate::unknown::UnknownFields,
+}
+
+fn meta_str(m: Option<&v1::PrismMetadata>, f: impl Fn(&v1::PrismMetadata) -> &str) -> &str {
+    m.map(f).unwrap_or("")
+}
+
+impl Envelope {
+    /// Start building an envelope for `topic` in `namespace` (memo-031 defaults: a UUIDv7 id,
+    /// now as `published_at_ms`, this SDK's version).
+    pub fn builder(topic: impl Into<String>, namespace: impl Into<String>) -> EnvelopeBuilder {
+        EnvelopeBuilder::new(topic.into(), namespace.into())
+    }
+
+    pub fn metadata(&self) -> Option<&v1::PrismMetadata> {
+        self.header.metadata.as_ref()
+    }
+    pub fn message_id(&self) -> &str {
+        meta_str(self.metadata(), |m| &m.message_id)
+    }
+    pub fn topic(&self) -> &str {
+        meta_str(self.metadata(), |m| &m.topic)
+    }
+    pub fn namespace(&self) -> &str {
+        meta_str(self.metadata(), |m| &m.namespace)
+    }
+    pub fn security(&self) -> Option<&v1::SecurityContext> {
+        self.header.security.as_ref()
+    }
+    /// The security context, created empty when absent.
+    pub fn security_mut(&mut self) -> &mut v1::SecurityContext {
+        self.header.security.get_or_insert_with(Default::default)
+    }
+    /// The content type as a MIME string ("" when unset).
+    pub fn content_type(&self) -> &str {
+        self.metadata().map(content_type).unwrap_or("")
+    }
+    /// The content encoding name ("" when unset, "none", "gzip", ...).
+    pub fn content_encoding(&self) -> &str {
+        self.metadata().map(content_encoding).unwrap_or("")
+    }
+    /// True when `security.encryption` is set: the payload is ciphertext.
+    pub fn is_encrypted(&self) -> bool {
+        self.security().is_some_and(|s| s.encryption.is_some())
+    }
+
+    /// The plaintext payload bytes, decompressed per `content_encoding` (at most 64 MiB, as in
+    /// Python). Refuses encrypted payloads (decrypt with `crate::encryption`).
+    pub fn payload_bytes(&self) -> Result<std::borrow::Cow<'_, [u8]>> {
+        let p = self.payload.as_ref().ok_or_else(|| {
+            err!(
+                Payload,
+                "envelope has no payload",
+                "payload",
+                "the producer must set a payload"
+            )
+        })?;
+        if self.is_encrypted() {
+            return Err(err!(
+                Payload,
+                "payload is encrypted",
+                "security.encryption",
+                "decrypt it first (prism_client::encryption::decrypt_envelope)"
+            ));
+        }
+        match self.content_encoding() {
+            "" | "none" | "identity" => Ok(std::borrow::Cow::Borrowed(&p.value)),
+            #[cfg(feature = "compression")]
+            other => crate::compression::decompress(&p.value, other, crate::compression::DEFAULT_MAX_DECOMPRESSED)
+                .map(std::borrow::Cow::Owned),
+            #[cfg(not(feature = "compression"))]
+            other => Err(err!(
+                Payload,
+                format!("payload is compressed with {other:?}"),
+                "metadata.content_encoding",
+                "build prism-client with the `compression` feature"
+            )),
+        }
+    }
+
+    /// The payload parsed as JSON into `T`.
+    pub fn payload_json<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
+        serde_json::from_slice(&self.payload_bytes()?).map_err(|e| {
+            err!(
+                Payload,
+                format!("payload is not the expected JSON: {e}"),
+                "payload.value",
+                "check the producer's payload against its schema"
+            )
+        })
+    }
+
+    /// The payload decoded as protobuf message `M`; its `type_url` must name `M` when set.
+    pub fn payload_proto<M: prost::Message + prost::Name + Default>(&self) -> Result<M> {
+        let bytes = self.payload_bytes()?;
+        let expected = M::type_url();
+        let got = self.payload.as_ref().map(|p| p.type_url.as_str()).unwrap_or("");
+        if !got.is_empty() && got != expected {
+            return Err(err!(
+                Payload,
+                format!("payload holds {got:?}, not {expected:?}"),
+                "payload.type_url",
+                "pass the message type that matches the payload's type_url"
+            ));
+        }
+        M::decode(bytes.as_ref()).map_err(|e| {
+            err!(
+                Payload,
+                format!("payload is not a valid {}: {e}", M::full_name()),
+                "payload.value",
+                "the producer sent another message type"
+            )
+        })
+    }
+}
+
+/// The metadata's content type as a MIME string ("" when unset).
+pub fn content_type(m: &v1::PrismMetadata) -> &str {
+    match m.content_type.map(ContentType::try_from) {
+        None => "",
+        Some(Ok(ContentType::Protobuf)) => "application/protobuf",
+        Some(Ok(ContentType::Json)) => "application/json",
+        Some(Ok(ContentType::Avro)) => "application/avro",
+        Some(Ok(ContentType::Custom)) => m.content_type_custom.as_deref().unwrap_or(""),
+        Some(_) => "",
+    }
+}
+
+/// Store a MIME string; the enum only for the exact canonical spellings, so any string
+/// round-trips unchanged through both layouts.
+pub fn set_content_type(m: &mut v1::PrismMetadata, mime: &str) {
+    m.content_type_custom = None;
+    m.content_type = match mime {
+        "" => None,
+        "application/protobuf" => Some(ContentType::Protobuf as i32),
+        "application/json" => Some(ContentType::Json as i32),
+        "application/avro" => Some(ContentType::Avro as i32),
+        other => {
+            m.content_type_custom = Some(other.to_owned());
+            Some(ContentType::Custom as i32)
+        }
+    };
+}
+
+/// The content encoding name ("" when unset).
+pub fn content_encoding(m: &v1::PrismMetadata) -> &str {
+    match m.content_encoding.map(ContentEncoding::try_from) {
+        None => "",
+        Some(Ok(ContentEncoding::None)) => "none",
+        Some(Ok(ContentEncoding::Gzip)) => "gzip",
+        Some(Ok(ContentEncoding::Snappy)) => "snappy",
+        Some(Ok(ContentEncoding::Zstd)) => "zstd",
+        Some(Ok(ContentEncoding::Custom)) => m.content_encoding_custom.as_deref().unwrap_or(""),
+        Some(_) => "",
+    }
+}
+
+pub fn set_content_encoding(m: &mut v1::PrismMetadata, name: &str) {
+    m.content_encoding_custom = None;
+    m.content_encoding = match name {
+        "" => None,
+        "none" => Some(ContentEncoding::None as i32),
+        "gzip" => Some(ContentEncoding::Gzip as i32),
+        "snappy" => Some(ContentEncoding::Snappy as i32),
+        "zstd" => Some(ContentEncoding::Zstd as i32),
+        other => {
+            m.content_encoding_custom = Some(other.to_owned());
+            Some(ContentEncoding::Custom as i32)
+        }
+    };
+}
+
+/// Fill `buf` from the operating system's CSPRNG.
+pub(crate) fn random_bytes(buf: &mut [u8]) {
+    use aes_gcm::aead::rand_core::RngCore;
+    aes_gcm::aead::OsRng.fill_bytes(buf);
+}
+
+/// A new UUIDv7 (RFC 9562): 48-bit Unix milliseconds, version 7, variant 10, random rest.
+pub fn new_message_id() -> String {
+    let ms = now_ms() as u64;
+    let mut b = [0u8; 16];
+    random_bytes(&mut b[6..]);
+    b[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
+    b[6] = (b[6] & 0x0f) | 0x70;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Builds a complete envelope with memo-031's defaults (the Python SDK's `new_envelope`).
+#[derive(Debug, Clone)]
+pub struct EnvelopeBuilder {
+    env: Envelope,
+}
+
+impl EnvelopeBuilder {
+    fn new(topic: String, namespace: String) -> Self {
+        let metadata = v1::PrismMetadata {
+            message_id: new_message_id(),
+            topic,
+            namespace,
+            published_at_ms: now_ms(),
+            producer_sdk_version: Some(SDK_VERSION.to_owned()),
+            ..Default::default()
+        };
+        let header = v1::PrismEnvelope {
+            metadata: Some(metadata),
+            ..Default::default()
+        };
+        EnvelopeBuilder {
+            env: Envelope {
+                header,
+                ..Default::default()
+            },
+        }
+    }
+
+    fn md(&mut self) -> &mut v1::PrismMetadata {
+        self.env.header.metadata.get_or_insert_with(Default::default)
+    }
+
+    /// Raw bytes; the content type stays unset unless given with [`Self::content_type`].
+    pub fn bytes(mut self, value: impl Into<Vec<u8>>) -> Self {
+        self.env.payload = Some(Payload {
+            type_url: String::new(),
+            value: value.into(),
+        });
+        self
+    }
+    /// Text, content type `text/plain; charset=utf-8`.
+    pub fn text(self, value: &str) -> Self {
+        self.bytes(value.as_bytes()).content_type("text/plain; charset=utf-8")
+    }
+    /// A JSON value (compact), content type `application/json`.
+    pub fn json<T: serde::Serialize>(self, value: &T) -> Result<Self> {
+        let v = serde_json::to_vec(value).map_err(|e| {
+            err!(
+                Payload,
+                format!("payload does not serialize as JSON: {e}"),
+                "payload",
+                "pass a JSON-able value"
+            )
+        })?;
+        Ok(self.bytes(v).content_type("application/json"))
+    }
+    /// A protobuf message packed like `Any.Pack`, content type `application/protobuf`.
+    pub fn proto<M: prost::Message + prost::Name>(mut self, msg: &M) -> Self {
+        self.env.payload = Some(Payload {
+            type_url: M::type_url(),
+            value: msg.encode_to_vec(),
+        });
+        self.content_type("application/protobuf")
+    }
+    pub fn content_type(mut self, mime: &str) -> Self {
+        set_content_type(self.md(), mime);
+        self
+    }
+    /// Compress the payload with `gzip`, `snappy` or `zstd` when the envelope is built
+    /// (feature `compression`); decoding reverses it in `payload_bytes()`.
+    pub fn content_encoding(mut self, name: &str) -> Self {
+        set_content_encoding(self.md(), name);
+        self
+    }
+    pub fn message_id(mut self, id: impl Into<String>) -> Self {
+        self.md().message_id = id.into();
+        self
+    }
+    pub fn published_at_ms(mut self, ms: i64) -> Self {
+        self.md().published_at_ms = ms;
+        self
+    }
+    pub fn priority(mut self, p: i32) -> Self {
+        self.md().priority = Some(p);
+        self
+    }
+    pub fn ttl_seconds(mut self, s: i64) -> Self {
+        self.md().ttl_seconds = Some(s);
+        self
+    }
+    pub fn correlation_id(mut self, id: impl Into<String>) -> Self {
+        self.md().correlation_id = Some(id.into());
+        self
+    }
+    pub fn causality_parent(mut self, id: impl Into<String>) -> Self {
+        self.md().causality_parent = Some(id.into());
+        self
+    }
+    pub fn label(mut self, k: impl Into<String>, v: impl Into<String>) -> Self {
+        self.env
+            .header
+            .observability
+            .get_or_insert_with(Default::default)
+            .labels
+            .insert(k.into(), v.into());
+        self
+    }
+    pub fn extension(mut self, k: impl Into<String>, v: impl Into<Vec<u8>>) -> Self {
+        self.env.header.extensions.insert(k.into(), v.into());
+        self
+    }
+    pub fn data_classification(mut self, c: impl Into<String>) -> Self {
+        self.env.security_mut().data_classification = Some(c.into());
+        self
+    }
+    pub fn contains_pii(mut self, pii: bool) -> Self {
+        self.env.security_mut().contains_pii = Some(pii);
+        self
+    }
+    /// The envelope; it must have a payload (compressed here when a content encoding is set).
+    pub fn build(mut self) -> Result<Envelope> {
+        let encoding = self.env.content_encoding().to_owned();
+        let Some(p) = self.env.payload.as_mut() else {
+            return Err(err!(
+                Validation,
+                "envelope has no payload",
+                "payload",
+                "set one with .bytes(), .text(), .json() or .proto()"
+            ));
+        };
+        if !matches!(encoding.as_str(), "" | "none" | "identity") {
+            #[cfg(feature = "compression")]
+            {
+                p.value = crate::compression::compress(&p.value, &encoding)?;
+            }
+            #[cfg(not(feature = "compression"))]
+            {
+                let _ = p;
+                return Err(err!(
+                    Payload,
+                    format!("cannot compress with {encoding:?}"),
+                    "metadata.content_encoding",
+                    "build prism-client with the `compression` feature"
+                ));
+            }
+        }
+        Ok(self.env)
+    }
+}
+
+/// Required fields (memo-031): message_id, topic, namespace, published_at_ms, payload; priority 0-10.
+pub fn required_problems(env: &Envelope) -> Vec<String> {
+    let mut out = Vec::new();
+    match env.metadata() {
+        None => out.push("metadata is missing".to_owned()),
+        Some(m) => {
+            for (name, v) in [
+                ("message_id", &m.message_id),
+                ("topic", &m.topic),
+                ("namespace", &m.namespace),
+            ] {
+                if v.is_empty() {
+                    out.push(format!("metadata.{name} is empty"));
+                }
+            }
+            if m.published_at_ms <= 0 {
+                out.push("metadata.published_at_ms is not set".to_owned());
+            }
+            if let Some(p) = m.priority {
+                if !(0..=10).contains(&p) {
+                    out.push(format!("metadata.priority {p} is outside 0-10"));
+                }
+            }
+        }
+    }
+    if env.payload.is_none() {
+        out.push("payload is missing".to_owned());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid_v7_shape() {
+        let id = new_message_id();
+        assert_eq!(id.len(), 36);
+        assert_eq!(&id[14..15], "7");
+        assert!(matches!(&id[19..20], "8" | "9" | "a" | "b"));
+    }
+
+    #[test]
+    fn content_type_round_trips_any_string() {
+        let mut m = v1::PrismMetadata::default();
+        for s in ["application/json", "text/csv", "", "application/avro"] {
+            set_content_type(&mut m, s);
+            assert_eq!(content_type(&m), s);
+        }
+    }
+
+    #[test]
+    fn builder_refuses_missing_payload_and_reads_json() {
+        assert!(Envelope::builder("t", "n").build().is_err());
+        let env = Envelope::builder("orders.created", "orders")
+            .json(&serde_json::json!({"a": 1}))
+            .unwrap()
+            .build()
+            .unwrap();
+        assert!(required_problems(&env).is_empty());
+        let v: serde_json::Value = env.payload_json().unwrap();
+        assert_eq!(v["a"], 1);
+        assert_eq!(env.content_type(), "application/json");
+    }
+}

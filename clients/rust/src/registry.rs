@@ -1,0 +1,623 @@
+//! Schema registry client (Confluent-compatible routes and Prism's own `/v1`), validation
+//! before publish, and PII-aware masking (docs/schema-registry.md, docs/sdk.md).
+//!
+//! HTTP/1.1 over a plain TCP connection with std only: the crate stays free of an HTTP stack
+//! and its TLS dependencies. For HTTPS, reach the registry through a TLS-terminating proxy or
+//! sidecar (docs/sdk-rust.md, "Schema registry").
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use base64::Engine;
+use serde_json::Value;
+
+use crate::error::{err, PrismError, Result};
+
+/// How the client authenticates (the registry's `read` role is enough for everything but `register`).
+#[derive(Clone, Default)]
+pub enum Auth {
+    #[default]
+    None,
+    Basic {
+        user: String,
+        password: String,
+    },
+    Bearer(String),
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Auth::None => "Auth::None",
+            Auth::Basic { .. } => "Auth::Basic(..)",
+            Auth::Bearer(_) => "Auth::Bearer(..)",
+        })
+    }
+}
+
+/// One registered version (Confluent's shape).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchemaVersion {
+    pub subject: String,
+    pub version: i64,
+    pub id: i64,
+    pub schema: String,
+    /// `AVRO` when the registry leaves the field out (Confluent's convention).
+    pub schema_type: String,
+}
+
+fn reg_err(what: String, hint: &str) -> PrismError {
+    err!(Registry, what, "schema registry", hint)
+}
+
+/// A schema registry at `http://host:port[/prefix]`.
+#[derive(Debug, Clone)]
+pub struct RegistryClient {
+    base: String,
+    host: String,
+    port: u16,
+    prefix: String,
+    auth: Auth,
+    timeout: Duration,
+}
+
+/// Percent-encode one path segment (subjects may contain `/`, e.g. `common/money.proto`).
+fn segment(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+impl RegistryClient {
+    pub fn new(url: &str, auth: Auth) -> Result<Self> {
+        let rest = url.strip_prefix("http://").ok_or_else(|| {
+            err!(
+                Config,
+                format!("registry url {url:?} is not http://"),
+                "registry_url",
+                "use http://host:port (for HTTPS, a TLS-terminating proxy in front of the client)"
+            )
+        })?;
+        let (hostport, prefix) = rest
+            .split_once('/')
+            .map(|(h, p)| (h, format!("/{}", p.trim_end_matches('/'))))
+            .unwrap_or((rest, String::new()));
+        let (host, port) = match hostport.rsplit_once(':') {
+            Some((h, p)) => (
+                h.to_owned(),
+                p.parse()
+                    .map_err(|_| err!(Config, format!("bad port in {url:?}"), "registry_url", ""))?,
+            ),
+            None => (hostport.to_owned(), 80),
+        };
+        let prefix = if prefix == "/" { String::new() } else { prefix };
+        let base = url.trim_end_matches('/').to_owned();
+        Ok(RegistryClient {
+            base,
+            host,
+            port,
+            prefix,
+            auth,
+            timeout: Duration::from_secs(10),
+        })
+    }
+
+    fn request(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value> {
+        let addr = format!("{}:{}", self.host, self.port);
+        let unreachable = |e: std::io::Error| {
+            reg_err(
+                format!("cannot reach the registry at {addr}: {e}"),
+                "check registry_url and that the registry runs",
+            )
+        };
+        let mut s = TcpStream::connect(&addr).map_err(unreachable)?;
+        s.set_read_timeout(Some(self.timeout)).map_err(unreachable)?;
+        s.set_write_timeout(Some(self.timeout)).map_err(unreachable)?;
+        let payload = body.map(|b| b.to_string()).unwrap_or_default();
+        let mut req = format!("{method} {}{path} HTTP/1.1\r\nHost: {}\r\nAccept: application/vnd.schemaregistry.v1+json, application/json\r\nConnection: close\r\n", self.prefix, self.host);
+        match &self.auth {
+            Auth::None => {}
+            Auth::Basic { user, password } => {
+                let t = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+                req.push_str(&format!("Authorization: Basic {t}\r\n"));
+            }
+            Auth::Bearer(t) => req.push_str(&format!("Authorization: Bearer {t}\r\n")),
+        }
+        if body.is_some() {
+            req.push_str(&format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                payload.len()
+            ));
+        }
+        req.push_str("\r\n");
+        req.push_str(&payload);
+        s.write_all(req.as_bytes()).map_err(unreachable)?;
+        let mut raw = Vec::new();
+        s.take(64 * 1024 * 1024).read_to_end(&mut raw).map_err(unreachable)?;
+        let bad = || {
+            reg_err(
+                "the registry's answer is not HTTP".into(),
+                "check registry_url points at a registry",
+            )
+        };
+        let split = raw.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(bad)?;
+        let head = std::str::from_utf8(&raw[..split]).map_err(|_| bad())?;
+        let status: u16 = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(bad)?;
+        let mut content = raw[split + 4..].to_vec();
+        if head.lines().any(|l| {
+            l.to_ascii_lowercase().starts_with("transfer-encoding:") && l.to_ascii_lowercase().contains("chunked")
+        }) {
+            content = dechunk(&content).ok_or_else(bad)?;
+        }
+        let json: Value = if content.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&content).map_err(|_| bad())?
+        };
+        if !(200..300).contains(&status) {
+            let msg = json.get("message").and_then(Value::as_str).unwrap_or("").to_owned();
+            let code = json.get("error_code").map(Value::to_string).unwrap_or_default();
+            return Err(reg_err(
+                format!("{method} {path}: HTTP {status} (error_code {code}) {msg}"),
+                match status {
+                    401 => "send credentials (Auth::Basic or Auth::Bearer)",
+                    403 => "the credentials lack the role",
+                    404 => "the subject or version does not exist",
+                    _ => "see the registry's message",
+                },
+            ));
+        }
+        Ok(json)
+    }
+
+    fn version_of(v: &Value) -> Result<SchemaVersion> {
+        let s = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+        let n = |k: &str| v.get(k).and_then(Value::as_i64);
+        Ok(SchemaVersion {
+            subject: s("subject").unwrap_or_default(),
+            version: n("version").unwrap_or(0),
+            id: n("id").ok_or_else(|| {
+                reg_err(
+                    "a version without an id".into(),
+                    "the registry is not Confluent-compatible",
+                )
+            })?,
+            schema: s("schema").unwrap_or_default(),
+            schema_type: s("schemaType").unwrap_or_else(|| "AVRO".into()),
+        })
+    }
+
+    // ----------------------------------------------------------------- Confluent routes
+
+    /// `GET /subjects`
+    pub fn subjects(&self) -> Result<Vec<String>> {
+        let v = self.request("GET", "/subjects", None)?;
+        Ok(v.as_array()
+            .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_owned)).collect())
+            .unwrap_or_default())
+    }
+    /// `GET /subjects/{s}/versions/{v}` (`v` a number or `latest`)
+    pub fn version(&self, subject: &str, version: &str) -> Result<SchemaVersion> {
+        Self::version_of(&self.request(
+            "GET",
+            &format!("/subjects/{}/versions/{}", segment(subject), segment(version)),
+            None,
+        )?)
+    }
+    /// `GET /subjects/{s}/versions/latest`
+    pub fn latest(&self, subject: &str) -> Result<SchemaVersion> {
+        self.version(subject, "latest")
+    }
+    /// `GET /schemas/ids/{id}`: the schema text.
+    pub fn schema_by_id(&self, id: i64) -> Result<String> {
+        let v = self.request("GET", &format!("/schemas/ids/{id}"), None)?;
+        Ok(v.get("schema").and_then(Value::as_str).unwrap_or("").to_owned())
+    }
+    /// `POST /subjects/{s}/versions`: register (needs a write role); returns the schema id.
+    pub fn register(&self, subject: &str, schema: &str, schema_type: &str) -> Result<i64> {
+        let body = serde_json::json!({"schema": schema, "schemaType": schema_type});
+        let v = self.request("POST", &format!("/subjects/{}/versions", segment(subject)), Some(&body))?;
+        v.get("id")
+            .and_then(Value::as_i64)
+            .ok_or_else(|| reg_err("register answered without an id".into(), ""))
+    }
+
+    // ----------------------------------------------------------------- Prism /v1 routes
+
+    /// `GET /v1/subjects/{s}/versions/{v}`: the version with Prism's metadata (namespace, label,
+    /// hash, `metadata.pii_fields`).
+    pub fn prism_version(&self, subject: &str, version: &str) -> Result<Value> {
+        self.request(
+            "GET",
+            &format!("/v1/subjects/{}/versions/{}", segment(subject), segment(version)),
+            None,
+        )
+    }
+    /// The PII field paths the registry found (tagged or detected) in a version.
+    pub fn pii_fields(&self, subject: &str, version: &str) -> Result<Vec<String>> {
+        let v = self.prism_version(subject, version)?;
+        let list = v.pointer("/metadata/pii_fields").or_else(|| v.get("pii_fields"));
+        Ok(list
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_owned)).collect())
+            .unwrap_or_default())
+    }
+    /// `GET /v1/policies/{namespace}`: the namespace's policy (`require_schema`, PII policy, ...).
+    pub fn policy(&self, namespace: &str) -> Result<Value> {
+        self.request("GET", &format!("/v1/policies/{}", segment(namespace)), None)
+    }
+}
+
+/// Validate the envelope's JSON payload against `version` of `subject` (a number or `latest`)
+/// before publishing, and record in the envelope the schema it was validated against (the
+/// schema context: url, version, format, hash, name) and `contains_pii` when the schema has PII
+/// fields, as the Python SDK's `publish(..., schema_validation=True)` does. Nothing is sent here:
+/// publish the envelope afterwards.
+pub fn validate_for_publish(
+    env: &mut crate::Envelope,
+    client: &RegistryClient,
+    subject: &str,
+    version: &str,
+) -> Result<()> {
+    let v = client.version(subject, version)?;
+    if v.schema_type != "JSON" {
+        return Err(err!(
+            Config,
+            format!(
+                "subject {subject:?} version {} is {}, not JSON Schema",
+                v.version, v.schema_type
+            ),
+            "schema",
+            "the Rust client validates JSON Schema only; validate Avro and protobuf payloads in Python"
+        ));
+    }
+    validate_json(&v.schema, &env.payload_bytes()?)?;
+    let prism = client
+        .prism_version(subject, &v.version.to_string())
+        .unwrap_or(Value::Null);
+    let pii = prism
+        .pointer("/metadata/pii_fields")
+        .and_then(Value::as_array)
+        .is_some_and(|a| !a.is_empty());
+    env.header.schema = Some(crate::gen::v1::SchemaContext {
+        schema_url: format!(
+            "{}/v1/subjects/{}/versions/{}",
+            client.base,
+            segment(subject),
+            v.version
+        ),
+        schema_version: v.version.to_string(),
+        schema_format: "json".into(),
+        schema_hash: prism.get("hash").and_then(Value::as_str).unwrap_or("").to_owned(),
+        schema_name: subject.to_owned(),
+        ..Default::default()
+    });
+    if pii {
+        env.security_mut().contains_pii = Some(true);
+    }
+    Ok(())
+}
+
+fn dechunk(mut b: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = b.windows(2).position(|w| w == b"\r\n")?;
+        let size =
+            usize::from_str_radix(std::str::from_utf8(&b[..line_end]).ok()?.split(';').next()?.trim(), 16).ok()?;
+        b = &b[line_end + 2..];
+        if size == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(b.get(..size)?);
+        b = b.get(size + 2..)?;
+    }
+}
+
+// --------------------------------------------------------------------- validation
+
+/// One reason a payload does not match its schema: the JSON path and the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub path: String,
+    pub message: String,
+}
+
+const SUPPORTED: &[&str] = &[
+    "$schema",
+    "$id",
+    "title",
+    "description",
+    "type",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "enum",
+    "const",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "default",
+    "examples",
+    "x-prism-pii",
+    "x-prism-encrypt",
+    "x-prism-index",
+    "format",
+];
+
+/// Check that a JSON Schema uses only the keywords this validator implements; anything else
+/// (`$ref`, `oneOf`, `pattern`, ...) is refused rather than silently not checked.
+pub fn check_supported(schema: &Value, path: &str) -> Result<()> {
+    let Some(obj) = schema.as_object() else { return Ok(()) };
+    for (k, v) in obj {
+        if !SUPPORTED.contains(&k.as_str()) {
+            return Err(err!(
+                Config,
+                format!("JSON Schema keyword {k:?} at {path} is not supported by the Rust validator"),
+                path.to_owned(),
+                "validate this schema in Python (publish with schema_validation=True), or simplify it"
+            ));
+        }
+        match k.as_str() {
+            "properties" => {
+                for (name, sub) in v.as_object().into_iter().flatten() {
+                    check_supported(sub, &format!("{path}.{name}"))?;
+                }
+            }
+            "items" | "additionalProperties" => check_supported(v, &format!("{path}[]"))?,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn type_ok(t: &str, v: &Value) -> bool {
+    match t {
+        "object" => v.is_object(),
+        "array" => v.is_array(),
+        "string" => v.is_string(),
+        "boolean" => v.is_boolean(),
+        "null" => v.is_null(),
+        "number" => v.is_number(),
+        "integer" => v.as_f64().is_some_and(|f| f.fract() == 0.0),
+        _ => false,
+    }
+}
+
+fn validate_at(schema: &Value, v: &Value, path: &str, out: &mut Vec<Violation>) {
+    let mut bad = |m: String| {
+        out.push(Violation {
+            path: path.to_owned(),
+            message: m,
+        })
+    };
+    let Some(s) = schema.as_object() else { return };
+    if let Some(t) = s.get("type") {
+        let types: Vec<&str> = match t {
+            Value::String(x) => vec![x.as_str()],
+            Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
+            _ => vec![],
+        };
+        if !types.is_empty() && !types.iter().any(|t| type_ok(t, v)) {
+            bad(format!("{v} is not of type {}", types.join(" or ")));
+            return;
+        }
+    }
+    if let Some(e) = s.get("enum").and_then(Value::as_array) {
+        if !e.contains(v) {
+            bad(format!("{v} is not one of {}", Value::Array(e.clone())));
+        }
+    }
+    if let Some(c) = s.get("const") {
+        if c != v {
+            bad(format!("{v} is not {c}"));
+        }
+    }
+    if let Some(x) = v.as_f64() {
+        let num = |k: &str| s.get(k).and_then(Value::as_f64);
+        if num("minimum").is_some_and(|m| x < m) || num("exclusiveMinimum").is_some_and(|m| x <= m) {
+            bad(format!("{v} is below the minimum"));
+        }
+        if num("maximum").is_some_and(|m| x > m) || num("exclusiveMaximum").is_some_and(|m| x >= m) {
+            bad(format!("{v} is above the maximum"));
+        }
+    }
+    let len = |k: &str| s.get(k).and_then(Value::as_u64).map(|n| n as usize);
+    if let Some(t) = v.as_str() {
+        let n = t.chars().count();
+        if len("minLength").is_some_and(|m| n < m) || len("maxLength").is_some_and(|m| n > m) {
+            bad(format!("length {n} is outside the allowed range"));
+        }
+    }
+    if let Some(a) = v.as_array() {
+        if len("minItems").is_some_and(|m| a.len() < m) || len("maxItems").is_some_and(|m| a.len() > m) {
+            bad(format!("{} items is outside the allowed range", a.len()));
+        }
+        if let Some(items) = s.get("items") {
+            for (i, x) in a.iter().enumerate() {
+                validate_at(items, x, &format!("{path}[{i}]"), out);
+            }
+        }
+    }
+    if let Some(o) = v.as_object() {
+        let props = s.get("properties").and_then(Value::as_object);
+        for r in s
+            .get("required")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+        {
+            if !o.contains_key(r) {
+                out.push(Violation {
+                    path: path.to_owned(),
+                    message: format!("{r:?} is a required property"),
+                });
+            }
+        }
+        for (k, x) in o {
+            let sub = format!("{path}.{k}");
+            match props.and_then(|p| p.get(k)) {
+                Some(ps) => validate_at(ps, x, &sub, out),
+                None => match s.get("additionalProperties") {
+                    Some(Value::Bool(false)) => out.push(Violation {
+                        path: sub,
+                        message: "additional property not allowed".into(),
+                    }),
+                    Some(extra @ Value::Object(_)) => validate_at(extra, x, &sub, out),
+                    _ => {}
+                },
+            }
+        }
+    }
+}
+
+/// Validate a JSON payload against a JSON Schema (the subset in [`check_supported`]).
+/// Every violation is listed; `Err(PrismError::Validation)` names the first and counts the rest.
+pub fn validate_json(schema_text: &str, payload: &[u8]) -> Result<()> {
+    let schema: Value = serde_json::from_str(schema_text).map_err(|e| {
+        err!(
+            Config,
+            format!("schema is not JSON: {e}"),
+            "schema",
+            "register a JSON Schema"
+        )
+    })?;
+    check_supported(&schema, "$")?;
+    let value: Value = serde_json::from_slice(payload).map_err(|e| {
+        err!(
+            Validation,
+            format!("payload is not JSON: {e}"),
+            "payload",
+            "send JSON for a JSON Schema"
+        )
+    })?;
+    let mut out = Vec::new();
+    validate_at(&schema, &value, "$", &mut out);
+    match out.first() {
+        None => Ok(()),
+        Some(first) => Err(err!(
+            Validation,
+            format!(
+                "payload does not match its schema: {} ({} violation(s))",
+                first.message,
+                out.len()
+            ),
+            first.path.clone(),
+            "fix the payload or publish against the right schema version"
+        )),
+    }
+}
+
+/// All violations (empty when valid); a schema with unsupported keywords is an error.
+pub fn violations(schema: &Value, payload: &Value) -> Result<Vec<Violation>> {
+    check_supported(schema, "$")?;
+    let mut out = Vec::new();
+    validate_at(schema, payload, "$", &mut out);
+    Ok(out)
+}
+
+// --------------------------------------------------------------------- PII masking
+
+/// The mask written over PII values.
+pub const MASK: &str = "***";
+
+/// Replace the values at `pii_paths` (`customer.email`, `items[].ssn`: the registry's notation)
+/// with [`MASK`]; returns how many values were masked. Paths that are not there are skipped.
+pub fn mask_pii(value: &mut Value, pii_paths: &[String]) -> usize {
+    pii_paths
+        .iter()
+        .map(|p| mask_path(value, &p.split('.').collect::<Vec<_>>()))
+        .sum()
+}
+
+fn mask_path(v: &mut Value, parts: &[&str]) -> usize {
+    let Some((first, rest)) = parts.split_first() else {
+        return 0;
+    };
+    let (name, each) = match first.strip_suffix("[]") {
+        Some(n) => (n, true),
+        None => (*first, false),
+    };
+    let Some(child) = v.as_object_mut().and_then(|o| o.get_mut(name)) else {
+        return 0;
+    };
+    if each {
+        let Some(items) = child.as_array_mut() else { return 0 };
+        return items
+            .iter_mut()
+            .map(|x| {
+                if rest.is_empty() {
+                    *x = Value::String(MASK.into());
+                    1
+                } else {
+                    mask_path(x, rest)
+                }
+            })
+            .sum();
+    }
+    if rest.is_empty() {
+        *child = Value::String(MASK.into());
+        1
+    } else {
+        mask_path(child, rest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn validates_the_subset_and_refuses_the_rest() {
+        let schema = json!({"type": "object", "required": ["id"], "additionalProperties": false,
+            "properties": {"id": {"type": "string"}, "n": {"type": "integer", "minimum": 0},
+                           "items": {"type": "array", "items": {"type": "object", "properties": {"price": {"type": "number"}}}}}});
+        let ok = json!({"id": "a", "n": 3, "items": [{"price": 1.5}]});
+        assert!(violations(&schema, &ok).unwrap().is_empty());
+        let bad = json!({"n": -1, "items": [{"price": "free"}], "x": 1});
+        let v = violations(&schema, &bad).unwrap();
+        let paths: Vec<_> = v.iter().map(|x| x.path.as_str()).collect();
+        assert_eq!(paths, ["$", "$.items[0].price", "$.n", "$.x"]);
+        assert!(validate_json(&schema.to_string(), br#"{"id": 1}"#).is_err());
+        assert!(validate_json(&json!({"oneOf": []}).to_string(), b"{}").is_err());
+        assert!(validate_json(&schema.to_string(), b"not json").is_err());
+    }
+
+    #[test]
+    fn masks_nested_and_repeated_paths() {
+        let mut v = json!({"customer": {"email": "a@b", "name": "x"}, "items": [{"ssn": "1"}, {"ssn": "2"}], "id": 7});
+        let n = mask_pii(
+            &mut v,
+            &["customer.email".into(), "items[].ssn".into(), "missing.path".into()],
+        );
+        assert_eq!(n, 3);
+        assert_eq!(
+            v,
+            json!({"customer": {"email": "***", "name": "x"}, "items": [{"ssn": "***"}, {"ssn": "***"}], "id": 7})
+        );
+    }
+
+    #[test]
+    fn urls_and_chunks() {
+        let c = RegistryClient::new("http://reg:8081/base/", Auth::None).unwrap();
+        assert_eq!((c.host.as_str(), c.port, c.prefix.as_str()), ("reg", 8081, "/base"));
+        assert!(RegistryClient::new("https://reg", Auth::None).is_err());
+        assert_eq!(dechunk(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n").unwrap(), b"abcde");
+        assert_eq!(segment("common/money.proto"), "common%2Fmoney.proto");
+    }
+}

@@ -1,0 +1,330 @@
+"""The Rust client (clients/rust) against the Python SDK on a real Apache Kafka.
+
+The Rust side is the example program `kafka_interop` (clients/rust/examples/kafka_interop.rs),
+built here with cargo. Each direction is checked by the other language's own code:
+
+* Rust publishes (JWT attached, scope-v2 HMAC signature, AES-256-GCM and X25519+ML-KEM-1024
+  payloads, both layouts); Python reads the records with `app.bindings.kafka.decode`, verifies the
+  signatures, compares the headers with its own binding's, and decrypts the payloads.
+* Python publishes (signed, with a classified message, a tampered one and an aborted
+  transaction); the Rust subscriber verifies, withholds above its clearance, writes a signed audit
+  record for the confidential message that Python verifies, and never sees the aborted records
+  (read_committed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer
+
+from app.bindings import kafka as kb
+from app.envelope import Layout, new_envelope
+from app.errors import PrismError
+from app.security.encryption import decrypt_envelope
+from app.security.signing import SigningKey, VerificationKeys
+from conformance.generate_encryption import keyring
+from tests.kafka.cluster import ApacheKafka
+from tests.support import require
+
+ROOT = Path(__file__).resolve().parents[2]
+CRATE = ROOT / "clients" / "rust"
+TARGET = Path(os.environ.get("PRISM_CARGO_TARGET_DIR", Path.home() / ".cache" / "prism" / "cargo-target"))
+JWT = "eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJydXN0In0.c2ln"
+
+
+def _conformance(path: str) -> dict:
+    return json.loads((ROOT / "conformance" / path).read_text())
+
+
+def _hmac_key() -> SigningKey:
+    k = _conformance("signatures/scope-v2-hmac-sha256.json")["key"]
+    return SigningKey.hmac_sha256(k["key_id"], bytes.fromhex(k["secret_hex"]))
+
+
+@pytest.fixture(scope="module")
+def interop() -> Path:
+    """The built `kafka_interop` example (cargo's cache makes a second build a no-op)."""
+    cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
+    require(Path(cargo).exists(), "cargo (the Rust toolchain) is not installed")
+    subprocess.run([cargo, "build", "--locked", "-q", "--features", "kafka", "--example", "kafka_interop"],
+                   cwd=CRATE, check=True, env={**os.environ, "CARGO_TARGET_DIR": str(TARGET)}, timeout=1200)
+    return TARGET / "debug" / "examples" / "kafka_interop"
+
+
+def _run(binary: Path, *args: str) -> list[dict]:
+    out = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=120)
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+    assert out.returncode == 0, (out.returncode, lines, out.stderr[-2000:])
+    return lines
+
+
+def _consume(bootstrap: str, topic: str, count: int) -> list[kb.KafkaRecord]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex[:8]}",
+                         "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+                         "enable.auto.commit": False})
+    records: list[kb.KafkaRecord] = []
+    try:
+        consumer.subscribe([topic])
+        for _ in range(120):  # each poll waits up to 0.5 s for a record: a condition, not a sleep
+            if len(records) >= count:
+                break
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            records.append(kb.KafkaRecord(key=msg.key(), value=msg.value(), headers=list(msg.headers() or []),
+                                          timestamp_ms=msg.timestamp()[1]))
+    finally:
+        consumer.close()
+    return records
+
+
+@pytest.fixture
+def topics(kafka: ApacheKafka) -> Iterator[tuple[str, str]]:
+    stem = uuid.uuid4().hex[:8]
+    yield kafka.create_topic(f"rust-{stem}", partitions=2), kafka.create_topic(f"rust-audit-{stem}")
+
+
+def test_rust_publishes_python_verifies_and_decrypts(interop: Path, kafka: ApacheKafka,
+                                                     topics: tuple[str, str]) -> None:
+    topic, _ = topics
+    sent = _run(interop, "publish", kafka.bootstrap, topic, "4", JWT)
+    assert [s["i"] for s in sent] == [0, 1, 2, 3]
+    records = _consume(kafka.bootstrap, topic, 4)
+    assert len(records) == 4
+    keys = VerificationKeys.of([_hmac_key()])
+    ring = keyring(_conformance("encryption/vectors.json")["keys"])
+    by_id = {s["message_id"]: s for s in sent}
+    for rec in records:
+        env = kb.decode(rec, verify_with=keys)  # Python's verifier on the Rust-signed bytes
+        s = by_id[env.message_id]
+        layout = Layout.DRAFT if s["layout"] == "draft" else Layout.REVIEWED
+        assert rec.headers == kb.headers_for(env, layout)  # the same binding headers, in the same order
+        assert rec.key == f"c-{s['i']}".encode()  # key = correlation id
+        assert rec.timestamp_ms == env.header.metadata.published_at_ms
+        assert env.security.auth_token == JWT
+        assert env.header.metadata.producer_sdk_version.startswith("prism-rust/")
+        raw = decrypt_envelope(env, ring) if env.is_encrypted else bytes(env.payload.value)
+        assert json.loads(raw) == {"i": s["i"]}
+        if s["i"] == 3:
+            assert env.security.data_classification == "restricted" and env.security.contains_pii
+    assert sum(1 for r in records if kb.decode(r).is_encrypted) == 2
+
+
+def test_python_publishes_rust_subscribes(interop: Path, kafka: ApacheKafka, topics: tuple[str, str]) -> None:
+    topic, audit_topic = topics
+    key = _hmac_key()
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:8]}"})
+    producer.init_transactions(30)
+
+    def send(env, layout: Layout, *, tamper: bool = False) -> None:
+        rec = kb.encode(env, layout, sign_with=key)
+        value = rec.value.replace(b"internal", b"INTERNAL") if tamper else rec.value
+        producer.produce(topic, value=value, key=rec.key, headers=rec.headers, timestamp=rec.timestamp_ms)
+
+    producer.begin_transaction()
+    send(new_envelope(topic, {"n": "aborted"}, namespace="interop", data_classification="public"), Layout.REVIEWED)
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    for n, cls in [("public", "public"), ("internal", "internal"), ("confidential", "confidential"),
+                   ("restricted", "restricted")]:
+        send(new_envelope(topic, {"n": n}, namespace="interop", data_classification=cls),
+             Layout.DRAFT if n == "internal" else Layout.REVIEWED)
+    send(new_envelope(topic, {"n": "tampered"}, namespace="interop", data_classification="internal"),
+         Layout.REVIEWED, tamper=True)
+    producer.commit_transaction(30)
+
+    lines = _run(interop, "subscribe", kafka.bootstrap, topic, "5", "confidential", "svc-rust", audit_topic)
+    stats = lines[-1]["stats"]
+    delivered = [ln for ln in lines if "payload" in ln]
+    assert sorted(d["payload"]["n"] for d in delivered) == ["confidential", "internal", "public"]
+    assert all(d["key_id"] == key.key_id and d["scope"] == 2 for d in delivered)
+    assert [ln["error"] for ln in lines if "error" in ln] == ["bad_signature"]
+    assert stats == {"delivered": 3, "withheld": 1, "audited": 1, "failed": 1}  # the aborted record never came
+
+    audits = _consume(kafka.bootstrap, audit_topic, 1)
+    assert len(audits) == 1
+    audit_env = kb.decode(audits[0], verify_with=VerificationKeys.of([key]))  # signed by the subscriber
+    record = json.loads(bytes(audit_env.payload.value))
+    confidential = next(d for d in delivered if d["payload"]["n"] == "confidential")
+    assert record["event"] == "classified_delivery" and record["principal"] == "svc-rust"
+    assert record["message_id"] == confidential["message_id"] and record["classification"] == "confidential"
+    assert audit_env.security.data_classification == "internal"
+
+
+@pytest.fixture(scope="module")
+def registry_interop() -> Path:
+    """The built `registry_interop` example."""
+    cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
+    require(Path(cargo).exists(), "cargo (the Rust toolchain) is not installed")
+    subprocess.run([cargo, "build", "--locked", "-q", "--example", "registry_interop"],
+                   cwd=CRATE, check=True, env={**os.environ, "CARGO_TARGET_DIR": str(TARGET)}, timeout=1200)
+    return TARGET / "debug" / "examples" / "registry_interop"
+
+
+def test_rust_reads_registry_validates_and_masks(registry_interop: Path, tmp_path: Path) -> None:
+    from app.schema.registry import Registry
+    from app.schema.store import SqliteStore
+    from app.security.http_auth import auth_from_settings
+    from tests.schema.conftest import serve_registry
+    from tests.support import USERS, write_users_file
+
+    schema = {"type": "object", "required": ["order_id"], "additionalProperties": False,
+              "properties": {"order_id": {"type": "string"},
+                             "customer": {"type": "object", "properties": {
+                                 "email": {"type": "string", "x-prism-pii": "email"}}},
+                             "total": {"type": "number", "minimum": 0}}}
+    registry = Registry(SqliteStore(str(tmp_path / "registry.db")))
+    auth = auth_from_settings(users_file=write_users_file(tmp_path / "users.yaml"), jwt_config=None,
+                              allow_anonymous=None, realm="prism-schema-registry", where="tests")
+    subject = f"orders-{uuid.uuid4().hex[:8]}"
+    first = {**schema, "properties": {"order_id": {"type": "string"}}}
+    registry.register(subject, json.dumps(first), "JSON", actor="test")
+    registry.register(subject, json.dumps(schema), "JSON", actor="test")
+    payloads = [{"order_id": "o-1", "customer": {"email": "a@example.com"}, "total": 3.5},
+                {"order_id": "o-2", "total": -1},
+                {"total": 1, "extra": True}]
+    try:
+        with serve_registry(registry, auth) as url:
+            out = subprocess.run([str(registry_interop), url, "reader", USERS["reader"][0], subject],
+                                 input="\n".join(json.dumps(p) for p in payloads), capture_output=True, text=True,
+                                 timeout=60)
+            wrong = subprocess.run([str(registry_interop), url, "reader", "wrong-password", subject],
+                                   input="", capture_output=True, text=True, timeout=60)
+    finally:
+        registry.store.close()
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert out.returncode == 0, (lines, out.stderr)
+    head, results = lines[0], lines[1:]
+    assert head["version"] == 2 and head["type"] == "JSON" and head["same_text"] and subject in head["subjects"]
+    assert head["pii_fields"] == ["customer.email"]  # the registry's PII tags, through the Prism route
+    assert [r["valid"] for r in results] == [True, False, False]
+    assert results[1]["at"] == "$.total" and results[2]["at"] == "$"
+    assert results[0]["payload"]["customer"]["email"] == "***" and results[0]["masked"] == 1
+    # validated before publishing: the envelope names the schema version and hash it was checked against
+    assert results[0]["schema"]["version"] == "2" and results[0]["schema"]["url"].endswith(f"/v1/subjects/{subject}/versions/2")
+    assert len(results[0]["schema"]["hash"]) > 0 and results[0]["contains_pii"] is True
+    assert results[1]["schema"] is None  # an invalid payload gets no schema context
+    assert wrong.returncode == 1 and json.loads(wrong.stdout)["reason"] == "schema_registry_error"
+
+
+@pytest.fixture(scope="module")
+def rust_vectors() -> list[dict]:
+    """Envelopes the Rust client signs (v2, pair, batch; HMAC and Ed25519) and encrypts (each algorithm)."""
+    cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
+    require(Path(cargo).exists(), "cargo (the Rust toolchain) is not installed")
+    out = subprocess.run([cargo, "run", "--locked", "-q", "--example", "interop_vectors"], cwd=CRATE,
+                         capture_output=True, text=True, check=True, timeout=1200,
+                         env={**os.environ, "CARGO_TARGET_DIR": str(TARGET)})
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def test_python_verifies_every_rust_signature_scope(rust_vectors: list[dict]) -> None:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from app.envelope import decode
+    from app.security.signing import verify
+
+    ed = _conformance("signatures/scope-v2-ed25519.json")["key"]
+    keys = VerificationKeys.of([_hmac_key(), SigningKey.ed25519(
+        ed["key_id"], Ed25519PrivateKey.from_private_bytes(bytes.fromhex(ed["private_seed_hex"])))])
+    scopes = {"v2": 2, "pair": 3, "batch": 4}
+    signed = [v for v in rust_vectors if not v["kind"].startswith("encrypted/")]
+    assert len(signed) == 28
+    for v in signed:
+        data = bytes.fromhex(v["hex"])
+        scope, alg = v["kind"].split("/")
+        info = verify(data, keys)  # Python's verifier, on the bytes the Rust client produced
+        assert (info.scope, info.algorithm) == (scopes[scope], alg), v["kind"]
+        env = decode(data)
+        assert env.security.data_classification == "confidential" and env.security.contains_pii
+        tampered = data.replace(b"confidential", b"public\x00\x00\x00\x00\x00\x00")
+        with pytest.raises(PrismError):
+            verify(tampered, keys)
+
+
+def test_python_decrypts_every_rust_algorithm(rust_vectors: list[dict]) -> None:
+    from app.envelope import decode
+
+    ring = keyring(_conformance("encryption/vectors.json")["keys"])
+    encrypted = [v for v in rust_vectors if v["kind"].startswith("encrypted/")]
+    assert sorted({v["kind"] for v in encrypted}) == [
+        "encrypted/aes-256-gcm", "encrypted/ml-kem-1024", "encrypted/x25519-ml-kem-1024"]
+    for v in encrypted:
+        assert decrypt_envelope(decode(bytes.fromhex(v["hex"])), ring) == b"secret from rust", v["kind"]
+
+
+def _mutations(seed: int, count: int) -> list[bytes]:
+    """The suite's envelope inputs, then `count` random edits of them (flip, cut, insert, delete,
+    repeat a span): bytes no vector file holds, for comparing the two readers."""
+    import random
+
+    seeds: list[bytes] = []
+    for path in ("signatures", "envelopes", "negative"):
+        for f in sorted((ROOT / "conformance" / path).glob("*.json")):
+            for v in json.loads(f.read_text())["vectors"]:
+                for field in ("envelope_hex", "input_hex"):
+                    if field in v:
+                        seeds.append(bytes.fromhex(v[field]))
+    rng = random.Random(seed)
+    out = list(seeds)
+    for _ in range(count):
+        data = bytearray(rng.choice(seeds))
+        for _ in range(rng.randint(1, 3)):
+            if not data:
+                break
+            i = rng.randrange(len(data))
+            op = rng.randrange(5)
+            if op == 0:
+                data[i] ^= 1 << rng.randrange(8)
+            elif op == 1:
+                del data[i:]
+            elif op == 2:
+                data.insert(i, rng.randrange(256))
+            elif op == 3:
+                del data[i]
+            else:
+                j = min(len(data), i + rng.randint(1, 12))
+                data[i:i] = data[i:j]
+        out.append(bytes(data))
+    return out
+
+
+def _python_answer(cmd: str, data: bytes) -> dict:
+    from conformance.check import cmd_decode, cmd_verify, error_kind
+
+    try:
+        return cmd_decode(data) if cmd == "decode" else cmd_verify(data)
+    except PrismError as exc:
+        return {"outcome": error_kind(exc)}
+
+
+def test_rust_and_python_read_any_bytes_alike() -> None:
+    """Differential: decode and verify of every suite input and 1,500 random edits of them, in
+    Rust (examples/differential.rs) and in Python (conformance.check); outcome, layout, model,
+    and for valid signatures the key and scope must agree."""
+    cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
+    require(Path(cargo).exists(), "cargo (the Rust toolchain) is not installed")
+    inputs = _mutations(seed=30, count=1500)
+    commands = [(cmd, data) for data in inputs for cmd in ("decode", "verify")]
+    out = subprocess.run([cargo, "run", "--locked", "-q", "--example", "differential"], cwd=CRATE,
+                         input="".join(f"{c} {d.hex()}\n" for c, d in commands), capture_output=True, text=True,
+                         check=True, timeout=1200, env={**os.environ, "CARGO_TARGET_DIR": str(TARGET)})
+    answers = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(answers) == len(commands)
+    differences = []
+    for (cmd, data), rust in zip(commands, answers, strict=True):
+        py = _python_answer(cmd, data)
+        keys = ("outcome", "layout", "model", "key_id", "scope")
+        mine = {k: rust.get(k) for k in keys}
+        theirs = {k: py.get(k) for k in keys}
+        if mine != theirs or ("payload_error" in rust) != ("payload_error" in py):
+            differences.append(f"{cmd} {data.hex()}\n  rust   {rust}\n  python {py}")
+    assert not differences, f"{len(differences)} of {len(commands)} differ:\n" + "\n".join(differences[:5])
