@@ -146,7 +146,10 @@ def test_the_spoof_list_covers_every_shape_that_carries_metadata() -> None:
 @pytest.mark.parametrize("spoof", EVERY_SHAPE, ids=lambda s: s.label)
 def test_a_spoofed_identity_comes_out_unverified_in_every_shape(tmp_path: Path, dev_keys: DevKeys,
                                                                spoof: Spoof) -> None:
-    p = Pipeline(tmp_path, dev_keys)
+    # an LNMP `source` must be one of the source's known_sources (on in the shipped topology):
+    # the spoofer is a known LNMP service claiming someone else's identity
+    p = Pipeline(tmp_path, dev_keys, edit=lambda doc: doc["sources"][0].setdefault("lnmp", {}).update(
+        known_sources=[*doc["sources"][0].get("lnmp", {}).get("known_sources", []), PUBLISHER]))
     value, headers = spoof.build(p.topic)
     result, out = p.run(value, headers)
     assert result.outcome is Outcome.EMITTED, result

@@ -61,6 +61,9 @@ async def test_a_spoofed_identity_is_never_stated_as_verified(adversary: Adversa
             if "verify_signature" in st:
                 st["verify_signature"]["keyring"] = str(keyring)
         doc["producers"][1]["key_ids"] = ["shadow-key"]  # declared, so the key verifies; bound to no one
+        # the LNMP spoofs come from a known LNMP service (known_sources is on in the shipped topology)
+        lnmp = doc["sources"][0].setdefault("lnmp", {})
+        lnmp["known_sources"] = [*lnmp.get("known_sources", []), PUBLISHER]
 
     topo = adversary.topology(edit)
     src = topo.sources[0].topic
