@@ -24,11 +24,13 @@ class PrismError(Exception):
     code: str = "prism_error"
     #: Transient errors are retried with backoff before a message goes to the DLQ.
     transient: bool = False
+    #: The fix when the raiser names none: every failure a person reads says how to fix it.
+    default_hint: str | None = None
 
     def __init__(self, message: str, *, path: str | None = None, hint: str | None = None) -> None:
         self.message = message
         self.path = path
-        self.hint = hint
+        self.hint = hint if hint is not None else self.default_hint
         super().__init__(self._render())
 
     def _render(self) -> str:
@@ -53,6 +55,8 @@ class DecodeError(EnvelopeError):
     """Bytes that are not a well-formed envelope."""
 
     code = "malformed_envelope"
+    default_hint = ("these bytes are not a well-formed Prism envelope (either layout): give the record's value alone, "
+                    "whole; producers should build envelopes with a Prism client (docs/sdk.md)")
 
 
 class TruncatedError(DecodeError):

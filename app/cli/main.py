@@ -576,8 +576,27 @@ def build_app() -> typer.Typer:
 _SERVICES = frozenset({"run", "demo", "console", "broker"})
 
 
+def _one_line_usage_errors() -> None:
+    """Click's usage errors (a missing option, a bad value, an unknown command) as the one
+    `error [usage] ... fix:` line every CLI failure is, instead of typer's boxed panel of 5+
+    lines. Typer renders them through `rich_utils.rich_format_error` (looked up at call time),
+    and plain click through `ClickException.show`; both print this line now."""
+    import click
+    import typer.rich_utils
+
+    def one_line(e: click.ClickException, file: object = None) -> None:
+        ctx = getattr(e, "ctx", None)
+        where = ctx.command_path if ctx is not None else "prism"
+        message = " ".join(e.format_message().split())
+        print(f"error [usage] {message} (at {where}); fix: see `{where} --help`", file=sys.stderr)
+
+    typer.rich_utils.rich_format_error = one_line  # type: ignore[assignment]
+    click.ClickException.show = one_line  # type: ignore[method-assign]
+
+
 def main() -> None:
     build_app()
+    _one_line_usage_errors()
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
     if len(sys.argv) > 1 and sys.argv[1] not in _SERVICES:
         # a one-shot command reports a broker failure as its one error line; aiokafka's

@@ -361,6 +361,8 @@ def audit_cmd(
     for r in rows:
         if r["ok"]:
             typer.echo(f"✅ {r['schema']}: All PII fields tagged")
+        elif not r["untagged"]:  # not ok with nothing untagged: it did not parse (the label says why)
+            typer.echo(f"❌ {r['schema']}")
         for p in r["untagged"]:
             typer.echo(f"❌ {r['schema']}: Field '{p.rsplit('.', 1)[-1]}' missing @prism.pii tag")
     if any(not r["ok"] for r in rows):

@@ -1,0 +1,80 @@
+"""Every CLI command that reads a file it did not write answers a hostile one with exactly one
+`error [code] ... fix:` line, or its report, never a traceback (issue 28: "the same size and depth
+cases run against every server and every CLI command"); usage mistakes are one line too.
+
+The files: 200,000 nested JSON arrays, a 3,000-deep Avro schema, a 6,000-deep JSON Schema,
+random bytes, 20 MiB (over the envelope limit) and an `#ENVELOPE` header with no `=`. The broker
+commands (`prism dlq`, `prism status`, `prism audit`) read the same decoders through
+`tests/compliance/test_untrusted_decoders.py` and `tests/cli/test_cli_broker_errors.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.worker.conftest import ROOT
+
+HOSTILE = {
+    "deep.json": b"[" * 200_000 + b"]" * 200_000,
+    "deep.avsc": b'{"type":' * 3_000 + b'"string"' + b"}" * 3_000,
+    "deep.schema.json": b'{"properties":{"a":' * 3_000 + b"{}" + b"}}" * 3_000,
+    "garbage.bin": bytes(range(256)) * 20,
+    "big.bin": b"\x0a" * (20 * 1024 * 1024),
+    "lnmp.txt": b"#ENVELOPE " + b"x" * 100_000,
+}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("hostile")
+    for name, data in HOSTILE.items():
+        (d / name).write_bytes(data)
+    return d
+
+
+def _prism(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "app.cli.main", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def _one_error_line(res: subprocess.CompletedProcess[str]) -> str:
+    lines = [ln for ln in (res.stdout + res.stderr).splitlines() if ln.strip()]
+    assert "Traceback" not in res.stderr and len(lines) == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    assert lines[0].startswith("error [") and "fix:" in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("name", ["deep.json", "garbage.bin", "big.bin", "lnmp.txt"])
+@pytest.mark.parametrize("command", [("envelope", "inspect"), ("envelope", "validate"),
+                                     ("envelope", "convert", "--to", "reviewed", "-o", "out.bin")])
+def test_envelope_commands_on_hostile_files(files: Path, command: tuple[str, ...], name: str) -> None:
+    res = _prism(*command[:2], name, *command[2:], cwd=files)
+    assert res.returncode == 2
+    _one_error_line(res)
+
+
+@pytest.mark.parametrize("name", ["deep.avsc", "deep.schema.json", "deep.json"])
+def test_schema_validate_on_a_schema_nested_too_deep(files: Path, name: str) -> None:
+    res = _prism("schema", "validate", "-f", name, cwd=files)
+    assert res.returncode == 1
+    assert "nested too deeply" in _one_error_line(res)
+
+
+def test_schema_audit_names_every_schema_it_cannot_parse(files: Path) -> None:
+    res = _prism("schema", "audit", "--dir", ".", cwd=files)
+    assert "Traceback" not in res.stderr
+    for name in ("deep.avsc", "deep.json", "deep.schema.json"):
+        assert f"❌ {name} (unparsable:" in res.stdout and "nested too deeply" in res.stdout
+
+
+@pytest.mark.parametrize("args", [("envelope", "convert", "x"), ("nosuch",), ("run", "--web-port", "abc"),
+                                  ("dlq", "list", "--bogus")])
+def test_usage_mistakes_are_one_line(files: Path, args: tuple[str, ...]) -> None:
+    res = _prism(*args, cwd=files)
+    assert res.returncode == 2
+    assert _one_error_line(res).startswith("error [usage] ")
