@@ -2,9 +2,14 @@
 //! worked example of `prism_client::kafka`. Keys are the conformance suite's test keys.
 //!
 //! ```text
-//! kafka_interop publish   BROKERS TOPIC N JWT
-//! kafka_interop subscribe BROKERS TOPIC EXPECTED CLEARANCE PRINCIPAL AUDIT_TOPIC
+//! kafka_interop publish        BROKERS TOPIC N JWT
+//! kafka_interop publish-orders BROKERS TOPIC N NAMESPACE
+//! kafka_interop subscribe      BROKERS TOPIC EXPECTED CLEARANCE PRINCIPAL AUDIT_TOPIC [ED25519_KEY_ID ED25519_PUBLIC_HEX]
 //! ```
+//! `publish-orders` writes N plain `internal` JSON orders signed with the HMAC test key (no
+//! token, reviewed layout): the producer of tests/clients/test_chain.py, whose worker verifies
+//! that key. The optional Ed25519 key of `subscribe` is trusted as well as the HMAC test key:
+//! the chain test passes the Prism worker's public key, to verify its re-signed outputs.
 //! Every result is one JSON line on stdout.
 
 use std::path::Path;
@@ -12,8 +17,9 @@ use std::time::{Duration, Instant};
 
 use prism_client::codec::Layout;
 use prism_client::encryption::{self, Key, Keyring};
+use prism_client::error::Detail;
 use prism_client::kafka::{Clearance, Publisher, SubscribeOptions, Subscriber};
-use prism_client::signing::{SigningKey, VerificationKeys};
+use prism_client::signing::{SigningKey, VerificationKey, VerificationKeys};
 use prism_client::{Envelope, PrismError};
 use serde_json::{json, Value};
 
@@ -73,6 +79,26 @@ fn publish(brokers: &str, topic: &str, n: usize, jwt: &str) -> Result<(), PrismE
     Ok(())
 }
 
+fn publish_orders(brokers: &str, topic: &str, n: usize, namespace: &str) -> Result<(), PrismError> {
+    let publisher = Publisher::connect(brokers, &[])?.with_signing_key(hmac_key());
+    for i in 0..n {
+        let payload = json!({"order_id": format!("rust-{i}"), "customer_id": "c-7", "total": 10.5 + i as f64,
+            "currency": "EUR"});
+        let env = Envelope::builder(topic, namespace)
+            .json(&payload)?
+            .data_classification("internal")
+            .correlation_id(format!("rust-c-{i}"))
+            .build()?;
+        let (partition, offset) = publisher.publish(topic, &env, Layout::Reviewed)?;
+        println!(
+            "{}",
+            json!({"i": i, "message_id": env.message_id(), "partition": partition, "offset": offset,
+            "payload": payload})
+        );
+    }
+    Ok(())
+}
+
 fn subscribe(
     brokers: &str,
     topic: &str,
@@ -80,6 +106,7 @@ fn subscribe(
     clearance: &str,
     principal: &str,
     audit_topic: &str,
+    ed25519: Option<(&str, &str)>,
 ) -> Result<(), PrismError> {
     let clearance = match clearance {
         "public" => Clearance::Public,
@@ -87,8 +114,19 @@ fn subscribe(
         "confidential" => Clearance::Confidential,
         _ => Clearance::Restricted,
     };
+    let mut trusted = vec![hmac_key().verification_key()];
+    if let Some((key_id, public_hex)) = ed25519 {
+        let public = hex::decode(public_hex).map_err(|_| {
+            PrismError::KeyNotUsable(Detail::new(
+                "ED25519_PUBLIC_HEX is not hex",
+                "argv",
+                "pass the 32-byte public key as hex",
+            ))
+        })?;
+        trusted.push(VerificationKey::ed25519_public(key_id, &public)?);
+    }
     let opts = SubscribeOptions {
-        verify_with: Some(VerificationKeys::new([hmac_key().verification_key()])),
+        verify_with: Some(VerificationKeys::new(trusted)),
         clearance,
         principal: Some(principal.to_owned()),
         group: format!("rust-interop-{}", std::process::id()),
@@ -111,6 +149,14 @@ fn subscribe(
                     };
                     let payload: Value = env.payload_json()?;
                     let sec = d.envelope.security();
+                    let schema = d.envelope.header.schema.as_ref();
+                    let extensions: serde_json::Map<String, Value> = d
+                        .envelope
+                        .header
+                        .extensions
+                        .iter()
+                        .map(|(k, v)| (k.clone(), Value::from(String::from_utf8_lossy(v).into_owned())))
+                        .collect();
                     println!(
                         "{}",
                         json!({
@@ -119,7 +165,11 @@ fn subscribe(
                             "scope": d.signature.as_ref().map(|s| s.scope),
                             "classification": sec.and_then(|s| s.data_classification.clone()),
                             "auth_token": sec.and_then(|s| s.auth_token.clone()),
+                            "publisher_id": sec.and_then(|s| s.publisher_id.clone()),
                             "payload": payload,
+                            "schema": schema.map(|s| json!({"name": s.schema_name, "version": s.schema_version,
+                                "format": s.schema_format})),
+                            "extensions": extensions,
                         })
                     );
                 }
@@ -144,16 +194,18 @@ fn main() {
     let brokers = args.get(2).cloned().unwrap_or_default();
     let result = match (args.get(1).map(String::as_str), args.len()) {
         (Some("publish"), 6) => publish(&brokers, &args[3], args[4].parse().unwrap_or(0), &args[5]),
-        (Some("subscribe"), 8) => subscribe(
+        (Some("publish-orders"), 6) => publish_orders(&brokers, &args[3], args[4].parse().unwrap_or(0), &args[5]),
+        (Some("subscribe"), 8 | 10) => subscribe(
             &brokers,
             &args[3],
             args[4].parse().unwrap_or(0),
             &args[5],
             &args[6],
             &args[7],
+            args.get(8).map(String::as_str).zip(args.get(9).map(String::as_str)),
         ),
         _ => {
-            eprintln!("usage: kafka_interop publish BROKERS TOPIC N JWT | subscribe BROKERS TOPIC EXPECTED CLEARANCE PRINCIPAL AUDIT_TOPIC");
+            eprintln!("usage: kafka_interop publish BROKERS TOPIC N JWT | publish-orders BROKERS TOPIC N NAMESPACE | subscribe BROKERS TOPIC EXPECTED CLEARANCE PRINCIPAL AUDIT_TOPIC [ED25519_KEY_ID ED25519_PUBLIC_HEX]");
             std::process::exit(2);
         }
     };

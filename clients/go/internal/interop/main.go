@@ -54,6 +54,9 @@ type request struct {
 	SchemaText  string            `json:"schema_text"`
 	ContentType string            `json:"content_type"`
 	AckReverse  bool              `json:"ack_reverse"`
+	// an Ed25519 key to verify with too (the Prism worker's, for its re-signed outputs)
+	Ed25519KeyID     string `json:"ed25519_key_id"`
+	Ed25519PublicHex string `json:"ed25519_public_hex"`
 }
 
 type result map[string]any
@@ -84,19 +87,36 @@ func layoutOf(s string) envelope.Layout {
 	return envelope.Reviewed
 }
 
+// keysOf is the request's HMAC signing key (nil without one) and the keys a subscriber
+// verifies with: that HMAC key and the optional Ed25519 public key (nil when neither is given).
 func keysOf(req request) (*signing.SigningKey, *signing.Keys, error) {
-	if req.HMACHex == "" {
-		return nil, nil, nil
+	var k *signing.SigningKey
+	var keys *signing.Keys
+	if req.HMACHex != "" {
+		secret, err := hex.DecodeString(req.HMACHex)
+		if err != nil {
+			return nil, nil, err
+		}
+		if k, err = signing.NewHMACKey(req.HMACKeyID, secret); err != nil {
+			return nil, nil, err
+		}
+		keys = signing.NewKeys(k.VerificationKey())
 	}
-	secret, err := hex.DecodeString(req.HMACHex)
-	if err != nil {
-		return nil, nil, err
+	if req.Ed25519PublicHex != "" {
+		public, err := hex.DecodeString(req.Ed25519PublicHex)
+		if err != nil {
+			return nil, nil, err
+		}
+		vk, err := signing.NewEd25519VerificationKey(req.Ed25519KeyID, public)
+		if err != nil {
+			return nil, nil, err
+		}
+		if keys == nil {
+			keys = signing.NewKeys()
+		}
+		keys.Add(vk)
 	}
-	k, err := signing.NewHMACKey(req.HMACKeyID, secret)
-	if err != nil {
-		return nil, nil, err
-	}
-	return k, signing.NewKeys(k.VerificationKey()), nil
+	return k, keys, nil
 }
 
 func run(req request) result {
@@ -368,6 +388,13 @@ func consume(ctx context.Context, req request) result {
 			item["scope"] = m.Signature.Scope.String()
 			item["key_id"] = m.Signature.KeyID
 		}
+		sc := env.Header.GetSchema()
+		item["schema"] = result{"name": sc.GetSchemaName(), "version": sc.GetSchemaVersion(), "format": sc.GetSchemaFormat()}
+		extensions := map[string]string{}
+		for k, v := range env.Header.GetExtensions() {
+			extensions[k] = string(v)
+		}
+		item["extensions"] = extensions
 		headers := map[string]string{}
 		for _, h := range m.Record.Headers {
 			headers[h.Key] = string(h.Value)
