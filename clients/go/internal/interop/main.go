@@ -1,4 +1,4 @@
-// Command interop is the Go side of the cross-language tests (tests/clients/test_go_client.py):
+// Command interop is the Go side of the cross-language tests (tests/clients/test_go.py, tests/clients/test_chain.py):
 // it reads one JSON request on stdin, does what it names with the Go client, and writes one
 // JSON response on stdout. Errors are reported as {"error": code, "message": ...}, never as
 // a crash, so the Python test can assert on them.
