@@ -226,8 +226,13 @@ def check_reachable(settings: Any, *, timeout: float = 15.0) -> None:
 
     from app.broker.preflight import preflight
 
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-    preflight(settings, timeout=timeout)
+    quiet = logging.getLogger("aiokafka")
+    before = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # for this check only: the caller's process keeps its logging
+    try:
+        preflight(settings, timeout=timeout)
+    finally:
+        quiet.setLevel(before)
 
 
 def status_doc() -> dict[str, Any] | None:
