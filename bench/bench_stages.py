@@ -66,6 +66,8 @@ CHAIN = "chain"
 TIMING_EVERY: int | None = None
 #: `--latency-samples`: record per-message latencies and observe them per batch (module docs)
 LATENCY_SAMPLES = False
+#: `--gc`: "worker" collects the way `prism run` does (`tune_gc`), "default" keeps CPython's
+GC_MODE = "worker"
 
 Input = tuple[bytes, list[tuple[str, bytes]], bytes | None, int | None]  # value, headers, key, timestamp_ms
 
@@ -228,9 +230,27 @@ def one_pass(keys_dir: Path, inputs: list[Input]) -> dict[str, float]:
     return {**{k: us.get(k, 0.0) for k in STAGES}, CHAIN: h.chain_ns / 1000 / max(1, h.chain_calls)}
 
 
+def tune_gc() -> None:
+    """What the worker does once started (`app.worker.faust_app.tune_gc`, inlined so a baseline
+    from before it gets the same): freeze what start-up allocated and collect the young
+    generation every 100,000 allocations. With CPython's defaults the older generations re-walk
+    every protobuf descriptor and input at each collection; the py-spy profile then bills that
+    to whatever allocated at that moment (issue 29: `HMAC.copy` showed 9 % of all samples), a
+    cost the worker does not pay. `--gc default` keeps CPython's collector as it is."""
+    import gc
+
+    if GC_MODE != "worker":
+        return
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(100_000, gen1, gen2)
+
+
 def worker(n: int, passes: int, keys_dir: Path) -> list[dict[str, float]]:
     inputs = _bench_inputs(keys_dir, n)
     one_pass(keys_dir, inputs[:BATCH])  # warm-up: imports, JWT cache, first-call costs
+    tune_gc()
     return [one_pass(keys_dir, inputs) for _ in range(passes)]
 
 
@@ -261,6 +281,7 @@ def serve(n: int, chunk: int, keys_dir: Path) -> None:
     inputs = _bench_inputs(keys_dir, n)
     one_pass(keys_dir, inputs[:BATCH])  # warm-up
     h = build(keys_dir)
+    tune_gc()
     stats = h.chain.stats
     print(json.dumps({"app": str(Path(app.__file__).parent)}), flush=True)
     pos = 0
@@ -305,7 +326,7 @@ def compare(baseline: str, n: int, rounds: int, chunk: int, clock: str = "cpu",
     for name, cwd in variants.items():
         procs[name] = subprocess.Popen(
             [sys.executable, "-m", "bench.bench_stages", "--serve", "--n", str(n), "--chunk", str(chunk),
-             "--keys", str(keys_dir), "--clock", clock, *(["--latency-samples"] if LATENCY_SAMPLES else []),
+             "--keys", str(keys_dir), "--clock", clock, "--gc", GC_MODE, *(["--latency-samples"] if LATENCY_SAMPLES else []),
              *(["--stage-timing-every", str(timing_every)] if timing_every is not None else [])], cwd=str(cwd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     samples: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     try:
@@ -446,14 +467,17 @@ def main() -> None:
                     help="time the stages of one message in N (default: the chain's own; 1 times every message)")
     ap.add_argument("--latency-samples", action="store_true",
                     help="record per-message latencies and observe them per batch, as the worker's observer")
+    ap.add_argument("--gc", choices=("worker", "default"), default="worker",
+                    help="worker: collect as `prism run` does (freeze + young threshold 100,000); default: CPython's")
     ap.add_argument("--dump-corpus", type=Path, default=None)
     ap.add_argument("--dump-outputs", nargs=2, type=Path, metavar=("CORPUS", "OUT"), default=None)
     args = ap.parse_args()
     keys_dir = args.keys or Path(tempfile.mkdtemp(prefix="prism-bench-keys-"))
     if args.clock == "cpu":
         use_cpu_clock()
-    global TIMING_EVERY, LATENCY_SAMPLES
+    global TIMING_EVERY, LATENCY_SAMPLES, GC_MODE
     TIMING_EVERY = args.stage_timing_every
+    GC_MODE = args.gc
     LATENCY_SAMPLES = args.latency_samples
     if args.dump_corpus:
         dump_corpus(args.dump_corpus, keys_dir, args.n)
@@ -468,6 +492,7 @@ def main() -> None:
     elif args.profile:
         inputs = _bench_inputs(keys_dir, args.n)
         one_pass(keys_dir, inputs[:BATCH])
+        tune_gc()
         prof = cProfile.Profile()
         prof.enable()
         one_pass(keys_dir, inputs)
