@@ -314,14 +314,19 @@ def draft_split(header: vpb.PrismEnvelope, reviewed_head: bytes) -> tuple[bytes,
         tail.append(b"\x32" + reviewed_head[pos + 1:start + length])
         pos = start + length
     if pos < n and reviewed_head[pos:pos + 2] == _REVIEWED_EXT_TAG:  # extensions (97) -> draft field 99
-        # One entry only: with several, the general path's map could be written in another
-        # order. A carried-unknown key makes the general path put fields back (`_restore_unknown`).
-        ext = header.extensions
-        if len(ext) != 1 or next(iter(ext)).startswith(UNKNOWN_EXT_PREFIX):
-            return None
+        # One entry only (a second record fails `pos != n` below): with several, the general
+        # path's map could be written in another order. A carried-unknown key makes the general
+        # path put fields back (`_restore_unknown`). The key is read off the entry's bytes:
+        # asking the map (len, iter) costs more than the rest of this function.
         length, start = read_varint(reviewed_head, pos + 2, n)
-        tail.append(_DRAFT_EXT_TAG + reviewed_head[pos + 2:start + length])
-        pos = start + length
+        end = start + length
+        if start >= end or reviewed_head[start] != 0x0A:
+            return None  # no key first: not the shape upb writes, leave it to the general path
+        klen, kstart = read_varint(reviewed_head, start + 1, end)
+        if reviewed_head.startswith(_UNKNOWN_EXT_KEY, kstart, min(kstart + klen, end)):
+            return None
+        tail.append(_DRAFT_EXT_TAG + reviewed_head[pos + 2:end])
+        pos = end
     if pos != n:
         return None  # several extension entries or unknown fields after them
     meta = draft_metadata(header.metadata).SerializeToString()
@@ -333,6 +338,7 @@ _DRAFT_VERSION_RECORD = b"\x08\x01"  # envelope_version = 1
 _DRAFT_METADATA_TAG = b"\x12"
 _REVIEWED_EXT_TAG = b"\x8a\x06"  # field 97, LEN
 _DRAFT_EXT_TAG = b"\x9a\x06"  # field 99, LEN
+_UNKNOWN_EXT_KEY = UNKNOWN_EXT_PREFIX.encode()
 
 
 #: What upb writes before the security record, in field-number order: (tag byte, wire type).

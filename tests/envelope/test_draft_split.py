@@ -72,7 +72,7 @@ def headers(draw: st.DrawFn) -> vpb.PrismEnvelope:
         c.schema_name, c.schema_version = draw(_text), draw(_text)
         c.deprecated_fields_used.extend(draw(st.lists(_text, max_size=3)))
     for _ in range(draw(st.integers(0, 2))):  # one entry takes the fast path, two do not
-        key = draw(st.sampled_from(["x", "prism.identity.method", "prism.unknown.draft.metadata",
+        key = draw(st.sampled_from(["", "x", "prism.identity.method", "prism.unknown.draft.metadata",
                                     "prism.unknown.reviewed", "prism.enc.public_key_id"]))
         h.extensions[key] = draw(st.sampled_from([b"", b"y", b"\xa8\x06\x01", b"\x08\x01"]))
     return h
