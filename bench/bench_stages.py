@@ -66,6 +66,9 @@ CHAIN = "chain"
 TIMING_EVERY: int | None = None
 #: `--latency-samples`: record per-message latencies and observe them per batch (module docs)
 LATENCY_SAMPLES = False
+#: `--payload`: "bench" (`bench_pipeline.payload_1kb`, which fails the topology's schema: the warn
+#: path) or "valid" (`payload_valid_1kb`, which matches it)
+PAYLOAD = "bench"
 #: `--gc`: "worker" collects the way `prism run` does (`tune_gc`), "default" keeps CPython's
 GC_MODE = "worker"
 
@@ -118,13 +121,22 @@ def build(keys_dir: Path) -> Harness:
 def harness_for(topo: Any, keyring: Any) -> Harness:
     """The broker-free chain and publisher of `topo`, built as `PipelineApp` builds them; the
     dedup window is a plain dict (the one thing that differs from the worker)."""
+    import inspect
+
     from app.agents.chain import Chain
     from app.agents.dedup import Dedup
     from app.agents.publish import Publisher
     from app.tables.dedup import DedupWindow
     from app.worker.pipeline import build_stages, resolve_schema
 
-    stages = build_stages(topo, keyring=keyring, schema=resolve_schema(topo.stage("enrich"), topo.base_dir),
+    # As PipelineApp does: a topology with `validation: warn | strict` gets the payload validator
+    # compiled (the shipped one has `warn`, so enrich validates every payload in the worker).
+    # Code from before that switch resolves without it.
+    kw: dict[str, Any] = {}
+    if "validate" in inspect.signature(resolve_schema).parameters and hasattr(topo, "validation_modes"):
+        default_mode, ns_modes = topo.validation_modes()
+        kw["validate"] = default_mode != "off" or any(m != "off" for m in ns_modes.values())
+    stages = build_stages(topo, keyring=keyring, schema=resolve_schema(topo.stage("enrich"), topo.base_dir, **kw),
                           dedup_window=lambda window_s: DedupWindow({}, window=window_s))
     dedup = next((st for st in stages if isinstance(st, Dedup)), None)
     policy = topo.stage("policy")
@@ -213,12 +225,23 @@ def run(h: Harness, inputs: Iterable[Input], *, partition_of: Any = None, keep: 
 # --------------------------------------------------------------------------- timing
 
 
+def _payload_valid_1kb(i: int) -> dict:
+    """`bench_pipeline.payload_valid_1kb`, kept here as well for baselines from before it."""
+    return {"order_id": f"ord-{i:08d}", "customer_id": f"c-{i % 997}", "currency": "EUR", "total": 19.99 * (i % 7 + 1),
+            "items": [{"sku": f"SKU-{k:04d}", "qty": (i + k) % 5 + 1} for k in range(30)]}
+
+
 def _bench_inputs(keys_dir: Path, n: int) -> list[Input]:
     from app.security.devkeys import ensure_dev_keys
-    from bench.bench_pipeline import make_messages
+    from bench import bench_pipeline
 
     now = int(time.time() * 1000)
-    return [(v, [], str(i % 64).encode(), now) for i, v in enumerate(make_messages(ensure_dev_keys(keys_dir), TOPIC, n))]
+    if PAYLOAD == "valid":
+        # make_messages reads `payload_1kb` when called: swapping it works on a baseline's
+        # bench_pipeline too, which may predate payload_valid_1kb and make_messages(payload=)
+        bench_pipeline.payload_1kb = _payload_valid_1kb
+    values = bench_pipeline.make_messages(ensure_dev_keys(keys_dir), TOPIC, n)
+    return [(v, [], str(i % 64).encode(), now) for i, v in enumerate(values)]
 
 
 def one_pass(keys_dir: Path, inputs: list[Input]) -> dict[str, float]:
@@ -326,7 +349,7 @@ def compare(baseline: str, n: int, rounds: int, chunk: int, clock: str = "cpu",
     for name, cwd in variants.items():
         procs[name] = subprocess.Popen(
             [sys.executable, "-m", "bench.bench_stages", "--serve", "--n", str(n), "--chunk", str(chunk),
-             "--keys", str(keys_dir), "--clock", clock, "--gc", GC_MODE, *(["--latency-samples"] if LATENCY_SAMPLES else []),
+             "--keys", str(keys_dir), "--clock", clock, "--gc", GC_MODE, "--payload", PAYLOAD, *(["--latency-samples"] if LATENCY_SAMPLES else []),
              *(["--stage-timing-every", str(timing_every)] if timing_every is not None else [])], cwd=str(cwd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     samples: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     try:
@@ -469,15 +492,18 @@ def main() -> None:
                     help="record per-message latencies and observe them per batch, as the worker's observer")
     ap.add_argument("--gc", choices=("worker", "default"), default="worker",
                     help="worker: collect as `prism run` does (freeze + young threshold 100,000); default: CPython's")
+    ap.add_argument("--payload", choices=("bench", "valid"), default="bench",
+                    help="bench: payload_1kb (fails the schema: validation's warn path); valid: matches it")
     ap.add_argument("--dump-corpus", type=Path, default=None)
     ap.add_argument("--dump-outputs", nargs=2, type=Path, metavar=("CORPUS", "OUT"), default=None)
     args = ap.parse_args()
     keys_dir = args.keys or Path(tempfile.mkdtemp(prefix="prism-bench-keys-"))
     if args.clock == "cpu":
         use_cpu_clock()
-    global TIMING_EVERY, LATENCY_SAMPLES, GC_MODE
+    global TIMING_EVERY, LATENCY_SAMPLES, GC_MODE, PAYLOAD
     TIMING_EVERY = args.stage_timing_every
     GC_MODE = args.gc
+    PAYLOAD = args.payload
     LATENCY_SAMPLES = args.latency_samples
     if args.dump_corpus:
         dump_corpus(args.dump_corpus, keys_dir, args.n)
