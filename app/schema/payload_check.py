@@ -120,7 +120,11 @@ def _protobuf_validator(resolved: ResolvedSchema) -> Validator:
         pool.Add(fd)
     cls = message_factory.GetMessageClass(pool.FindMessageTypeByName(resolved.name))
 
-    plan = _json_plan(cls.DESCRIPTOR)
+    desc = cls.DESCRIPTOR
+    plan = _json_plan(desc)
+    # json_format's words for a top-level key the message does not have (`_ConvertFieldValuePair`)
+    unknown = ('Message type "' + desc.full_name + '" has no field named "{}" at "' + desc.name
+               + '".\n Available Fields(except extensions): "' + str([f.json_name for f in desc.fields]) + '"')
 
     def validate(payload: bytes, content_type: str) -> list[Violation]:
         if "json" in content_type:
@@ -128,8 +132,12 @@ def _protobuf_validator(resolved: ResolvedSchema) -> Validator:
             try:
                 if doc is _UNLOADED:  # not JSON (or a duplicate key): Parse words the error
                     json_format.Parse(payload, cls())
-                elif plan is not None and type(doc) is dict and _fits_message(doc, plan, 1):
-                    return []  # what json_format.Parse would accept, shown without building the message
+                elif plan is not None and type(doc) is dict and (verdict := _walk_top(doc, plan)) is not False:
+                    if verdict is True:
+                        return []  # what json_format.Parse would accept, shown without building the message
+                    # every key before it fits, so Parse accepts them and stops right here, with this error
+                    return [Violation("$", f"not a valid {resolved.name} in JSON: " + unknown.format(verdict),
+                                      "protobuf JSON mapping")]
                 else:
                     _parse_dict(json_format, doc, cls())
             except Exception as exc:  # json_format.ParseError names the field in its message
@@ -176,6 +184,8 @@ def _json_plan(desc: Any, _seen: dict[str, Any] | None = None) -> dict[str, _Fie
     every field the fast path understands; None otherwise (Parse then decides every payload)."""
     from google.protobuf.descriptor import FieldDescriptor as FD
 
+    if desc.full_name.startswith("google.protobuf."):  # well-known types have JSON forms of their own
+        return None
     seen = {} if _seen is None else _seen
     if desc.full_name in seen:
         return seen[desc.full_name]  # a recursive message: the same plan (filled in below)
@@ -257,42 +267,62 @@ def _parse_dict(json_format: Any, doc: Any, message: Any) -> None:
         raise json_format.ParseError(f"Failed to parse JSON: {type(e).__name__}: {e}.") from e
 
 
+def _walk_top(doc: dict[str, Any], plan: dict[str, _FieldPlan]) -> bool | str:
+    """The top-level document: True when it fits, the first key the message does not have when
+    every key before it fits (Parse reports exactly that key; an extension-like "[...]" key is
+    not named, Parse words those differently), False otherwise."""
+    for key, value in doc.items():
+        check = plan.get(key)
+        if check is None:
+            return False if key.startswith("[") else key
+        if not _fits_field(check, value, doc, 1):
+            return False
+    return True
+
+
 def _fits_message(doc: dict[str, Any], plan: dict[str, _FieldPlan], depth: int) -> bool:
-    """Checks inlined by kind: a 30-item order is ~100 values, and a call per value would cost
-    as much as the checks themselves."""
     if depth > _FAST_DEPTH:
         return False
     for key, value in doc.items():
         check = plan.get(key)
-        if check is None:
+        if check is None or not _fits_field(check, value, doc, depth):
             return False
-        kind, lo, hi, repeated, sub, alias = check
-        if alias is not None and alias in doc:
+    return True
+
+
+def _fits_field(check: _FieldPlan, value: Any, doc: dict[str, Any], depth: int) -> bool:
+    """One field's value. Checks inlined by kind: a 30-item order is ~100 values, and a call per
+    value would cost as much as the checks themselves."""
+    kind, lo, hi, repeated, sub, alias = check
+    if alias is not None and alias in doc:
+        return False
+    if repeated:
+        if type(value) is not list:
             return False
-        values = value if repeated else (value,)
-        if repeated and type(value) is not list:
-            return False
-        if kind == _STR:
-            for v in values:
-                if type(v) is not str or (not v.isascii() and _SURROGATE.search(v) is not None):
-                    return False
-        elif kind == _INT:
-            for v in values:
-                if type(v) is not int or not lo <= v <= hi:
-                    return False
-        elif kind == _MSG:
-            for v in values:
-                if type(v) is not dict or not _fits_message(v, sub, depth + 1):
-                    return False
-        elif kind == _NUM:
-            for v in values:
-                t = type(v)
-                if not ((t is float and lo <= v <= hi) or (t is int and -2**63 <= v < 2**64)):
-                    return False
-        else:
-            for v in values:
-                if type(v) is not bool:
-                    return False
+        values = value
+    else:
+        values = (value,)
+    if kind == _STR:
+        for v in values:
+            if type(v) is not str or (not v.isascii() and _SURROGATE.search(v) is not None):
+                return False
+    elif kind == _INT:
+        for v in values:
+            if type(v) is not int or not lo <= v <= hi:
+                return False
+    elif kind == _MSG:
+        for v in values:
+            if type(v) is not dict or not _fits_message(v, sub, depth + 1):
+                return False
+    elif kind == _NUM:
+        for v in values:
+            t = type(v)
+            if not ((t is float and lo <= v <= hi) or (t is int and -2**63 <= v < 2**64)):
+                return False
+    else:
+        for v in values:
+            if type(v) is not bool:
+                return False
     return True
 
 

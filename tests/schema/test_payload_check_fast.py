@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from google.protobuf import descriptor_pool, json_format, message_factory
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -125,7 +126,7 @@ def test_hostile_bytes_get_parses_answer(payload: bytes) -> None:
     _check(PROTO, payload)
 
 
-def test_valid_documents_take_the_fast_path_and_invalid_ones_parse(monkeypatch) -> None:
+def test_valid_documents_take_the_fast_path_and_invalid_ones_parse(monkeypatch: pytest.MonkeyPatch) -> None:
     v = validator_for(build_resolved(PROTO, "protobuf", url="u", version="v2", message="fast.Order"))
     good = {"orderId": "o-1", "customer_id": "c", "items": [{"sku": "s", "qty": 2, "parts": [{"sku": "p"}]}],
             "total": 12.5, "weight": 1, "big": -2**63, "small": 2**32 - 1, "gift": True, "taxAmount": 0.5,
@@ -133,8 +134,11 @@ def test_valid_documents_take_the_fast_path_and_invalid_ones_parse(monkeypatch) 
     calls: list[object] = []
     monkeypatch.setattr(payload_check, "_parse_dict", lambda *a: calls.append(a))
     assert v(json.dumps(good).encode(), "application/json") == [] and calls == []  # decided without Parse
-    v(json.dumps({**good, "unknown": 1}).encode(), "application/json")
-    assert len(calls) == 1  # the fast check declined; Parse's second half ran on the same decode
+    (top,) = v(json.dumps({**good, "unknown": 1}).encode(), "application/json")
+    assert calls == []  # an unknown top-level key after fitting ones: Parse's error, worded here
+    assert top.message == _expect(_reference(PROTO), json.dumps({**good, "unknown": 1}).encode())[0]
+    v(json.dumps({**good, "items": [{"sku": "s", "colour": "red"}]}).encode(), "application/json")
+    assert len(calls) == 1  # one level down the fast check declines; Parse's second half runs on the same decode
 
 
 def test_the_same_field_under_both_names_is_left_to_parse() -> None:
