@@ -5,6 +5,12 @@
     .venv/bin/python -m bench.bench_stages --baseline HEAD~3 [--rounds 40]  # before/after, interleaved
     .venv/bin/python -m bench.bench_stages --baseline HEAD~3 --stage-timing-every 1  # every stage timed
     .venv/bin/python -m bench.bench_stages --baseline HEAD --latency-samples  # + the latency histogram
+    .venv/bin/python -m bench.bench_stages --baseline HEAD --payload valid   # a payload the schema accepts
+
+The worker's settings are the harness's: payloads are validated when the topology's
+`validation` is warn/strict (the shipped one: warn; `bench_pipeline.payload_1kb` fails its
+schema, so the default input measures the warn path - `--payload valid` sends one that passes),
+and garbage is collected as `prism run` collects it (`--gc worker`; `--gc default` for CPython's).
 
 Input: `bench.bench_pipeline.make_messages` (signed reviewed envelopes, JWT, 1 KB JSON) over
 `topologies/orders-created.yaml` with development keys, run the way
