@@ -37,7 +37,8 @@ observer observes them into the histogram; that drain is billed to the `chain` r
 shows the whole cost. Code without per-message samples ignores the flag (the baseline of a
 before/after comparison then runs without them).
 
-`--dump-corpus`/`--dump-outputs` check behaviour rather than speed: a fixed corpus (the demo
+`--compare-outputs BEFORE AFTER` compares two such files (`compare_outputs`: byte for byte,
+except what upb's per-process map order changes). `--dump-corpus`/`--dump-outputs` check behaviour rather than speed: a fixed corpus (the demo
 load generator's mix, bench messages and signature edge cases) is written once, then every emission's and DLQ
 record's topic, key, value, headers and timestamp are written as JSON; run it under two
 code versions with the same keys folder and compare the files. Random trace/span ids are
@@ -451,6 +452,46 @@ def dump_corpus(path: Path, keys_dir: Path, n: int) -> None:
     path.write_text(json.dumps({"now": now / 1000, "items": corpus}))
 
 
+def compare_outputs(before: Path, after: Path) -> str:
+    """Compare two `--dump-outputs` files: outcomes, DLQ records and every emission's topic, key,
+    headers and timestamp must be identical; an emitted `.v2`/`.v3` value must be identical or
+    decode to the same envelope once the batch signature's per-batch fields (signature,
+    sibling_digest, tree_path) are set aside. Why not bytes alone: upb writes a map (the
+    envelope's `extensions`) in an order that depends on the process (its hash seed), so a
+    message with two or more extension entries is encoded differently by two runs of the very
+    same code - and the Merkle root, hence the batch's signature, with it. Raises on a difference."""
+    from app._gen.prism.envelope.draft import envelope_pb2 as dpb
+    from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
+
+    def decoded(topic: str, value: str) -> Any:
+        cls = dpb.PrismEnvelope if topic.endswith(".v2") else vpb.PrismEnvelope
+        m = cls.FromString(bytes.fromhex(value))
+        if m.HasField("security"):
+            for name in ("signature", "sibling_digest", "tree_path"):
+                m.security.ClearField(name)
+        return m
+
+    a, b = json.loads(before.read_text()), json.loads(after.read_text())
+    if len(a) != len(b):
+        raise AssertionError(f"{len(a)} inputs against {len(b)}")
+    exact = 0
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x == y:
+            exact += 1
+            continue
+        if x["outcome"] != y["outcome"] or len(x["records"]) != len(y["records"]):
+            raise AssertionError(f"input {i}: {x['outcome']} with {len(x['records'])} records against "
+                                 f"{y['outcome']} with {len(y['records'])}")
+        for p, q in zip(x["records"], y["records"], strict=True):
+            if {k: v for k, v in p.items() if k != "value"} != {k: v for k, v in q.items() if k != "value"}:
+                raise AssertionError(f"input {i}: topic, key, headers or timestamp differ: {p} / {q}")
+            if p["value"] != q["value"] and (not p["topic"].endswith((".v2", ".v3"))
+                                             or decoded(p["topic"], p["value"]) != decoded(q["topic"], q["value"])):
+                raise AssertionError(f"input {i}: the {p['topic']} value differs")
+    return (f"{len(a)} inputs: {exact} byte-identical, {len(a) - exact} the same envelopes with other "
+            "batch-signature fields (map order; see compare_outputs)")
+
+
 def dump_outputs(corpus_path: Path, out_path: Path, keys_dir: Path) -> None:
     import app.observability.tracecontext as tc
 
@@ -502,6 +543,7 @@ def main() -> None:
                     help="bench: payload_1kb (fails the schema: validation's warn path); valid: matches it")
     ap.add_argument("--dump-corpus", type=Path, default=None)
     ap.add_argument("--dump-outputs", nargs=2, type=Path, metavar=("CORPUS", "OUT"), default=None)
+    ap.add_argument("--compare-outputs", nargs=2, type=Path, metavar=("BEFORE", "AFTER"), default=None)
     args = ap.parse_args()
     keys_dir = args.keys or Path(tempfile.mkdtemp(prefix="prism-bench-keys-"))
     if args.clock == "cpu":
@@ -515,6 +557,8 @@ def main() -> None:
         dump_corpus(args.dump_corpus, keys_dir, args.n)
     elif args.dump_outputs:
         dump_outputs(*args.dump_outputs, keys_dir)
+    elif args.compare_outputs:
+        print(compare_outputs(*args.compare_outputs))
     elif args.serve:
         serve(args.n, args.chunk, keys_dir)
     elif args.baseline:
