@@ -58,29 +58,17 @@ def payload_1kb(i: int) -> dict:
             "items": [{"sku": "SKU-0001", "qty": 2}]}
 
 
-def payload_valid_1kb(i: int) -> dict:
-    """A ~1 KB order that matches the shipped topology's schema (OrderCreated v2, validation
-    `warn`). `payload_1kb` - what every benchmark here has sent so far - does not ("customer"
-    and "note" are no fields of it), so the worker takes the warn path for each of those: a
-    failed parse, a violation header on both outputs, a rate-limited log line. Issue 29
-    measures both (`bench_stages --payload valid`)."""
-    return {"order_id": f"ord-{i:08d}", "customer_id": f"c-{i % 997}", "currency": "EUR", "total": 19.99 * (i % 7 + 1),
-            "items": [{"sku": f"SKU-{k:04d}", "qty": (i + k) % 5 + 1} for k in range(30)]}
-
-
-def make_messages(keys: DevKeys, topic: str, n: int, *, scope: int | None = None,
-                  payload: Any = None) -> list[bytes]:
+def make_messages(keys: DevKeys, topic: str, n: int, *, scope: int | None = None) -> list[bytes]:
     """`n` signed envelopes. `scope`: the signature scope (default: Prism's, v2); releases from
     before scope v2 (`d2afe54`) verify only `SCOPE_LEGACY` signatures - the same bytes with the
-    security context unsigned - so a comparison feeds each version what its producers send.
-    `payload`: the document of message i (default `payload_1kb`)."""
+    security context unsigned - so a comparison feeds each version what its producers send."""
     from app.security.signing import DEFAULT_SCOPE
 
     token = keys.mint_token("svc-orders", ttl_s=7200)
     key = keys.keyring.signing["dev-producer-1"]
     out = []
     for i in range(n):
-        env = new_envelope(topic, (payload or payload_1kb)(i), namespace="order-events", correlation_id=f"c-{i}")
+        env = new_envelope(topic, payload_1kb(i), namespace="order-events", correlation_id=f"c-{i}")
         sec = env.ensure_security()
         sec.auth_token, sec.data_classification = token, "internal"
         out.append(sign(env, key, Layout.REVIEWED, scope=DEFAULT_SCOPE if scope is None else scope))
