@@ -253,11 +253,15 @@ func avroTree(text string) (*node, error) {
 func (s *Schema) tree() (*node, error) {
 	var t *node
 	var err error
+	text, terr := s.text()
+	if terr != nil {
+		return nil, terr
+	}
 	switch s.Kind() {
 	case "json":
-		t, err = jsonTree(s.Text)
+		t, err = jsonTree(text)
 	case "avro":
-		t, err = avroTree(s.Text)
+		t, err = avroTree(text)
 	case "protobuf":
 		md, perr := s.rootMessage()
 		if perr != nil {
