@@ -328,6 +328,110 @@ def test_go_resolves_masks_and_validates_against_the_registry(go_interop: Path, 
                                     "hash": latest.hash}
 
 
+MONEY_PROTO = '''syntax = "proto3";
+package common.v1;
+import "prism/annotations.proto";
+message Money { string currency = 1; int64 units = 2; string owner = 3 [(prism.pii) = "name"]; }
+'''
+ADDRESS_PROTO = '''syntax = "proto3";
+package common.v1;
+import "prism/annotations.proto";
+import "common/money.proto";
+message Address { string street = 1 [(prism.pii) = "address"]; string city = 2; Money deposit = 3; }
+'''
+ORDER_PROTO = '''syntax = "proto3";
+package shop.v1;
+import "common/address.proto";
+import "common/money.proto";
+message Order { string id = 1; common.v1.Money total = 2; common.v1.Address ship_to = 3; repeated string notes = 4; }
+'''
+
+
+def _context(env: Any, url: str, registry: Any, subject: str, fmt: str) -> Any:
+    """Stamp an envelope with the schema context a producer's validator would write."""
+    latest = registry.get(subject, "latest")
+    sc = env.ensure_schema()
+    sc.schema_url, sc.schema_version = f"{url}/v1/subjects/{subject}/versions/{latest.version}", str(latest.version)
+    sc.schema_format, sc.schema_hash = fmt, latest.hash
+    return env
+
+
+def test_go_decodes_binary_avro_and_protobuf_with_references_as_python_writes_them(
+        go_interop: Path, registry_server: Any) -> None:  # noqa: F811
+    """Payloads decoded by the schema their envelope references, through Prism's registry:
+    binary Avro written by fastavro (Python's encoder), and a protobuf schema that imports two
+    other subjects (Confluent references, one of them transitive) written by Python's protobuf
+    runtime. Go decodes each to the value Python wrote, masks the PII fields the imported
+    files tag, and refuses a damaged payload with a typed error."""
+    import io
+
+    import fastavro
+    from google.protobuf import descriptor_pool, message_factory
+    from google.protobuf.json_format import MessageToDict
+
+    from app.schema.protoparse import compile_proto
+    from app.sdk.schemas import MASK
+    from tests.sdk.test_consumer_schemas import AVRO
+
+    url, registry = registry_server
+    # -- binary Avro (fastavro's schemaless encoding, what Python producers write)
+    registry.register("users.avro.bin", AVRO, "AVRO", actor="test")
+    datums = [{"user_id": "u-1", "contact": {"email": "a@example.com", "city": "Lyon"},
+               "backup": {"email": "b@example.com", "city": "Nice"}, "phones": {"home": "+33 1"}, "visits": 7},
+              {"user_id": "u-2", "contact": {"email": "c@example.com", "city": "Rome"}, "backup": None,
+               "phones": {}, "visits": -3}]
+    parsed = fastavro.parse_schema(json.loads(AVRO))
+    envs = []
+    for d in datums:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, d)
+        envs.append(_context(new_envelope("users.avro.bin", buf.getvalue(), namespace="users",
+                                          content_type="application/avro"), url, registry, "users.avro.bin", "avro"))
+    damaged = _context(new_envelope("users.avro.bin", b"\x02u\x80", namespace="users",
+                                    content_type="application/avro"), url, registry, "users.avro.bin", "avro")
+    # -- protobuf with references: shop.orders imports common.address, which imports common.money
+    registry.register("common.money", MONEY_PROTO, "PROTOBUF", actor="test")
+    registry.register("common.address", ADDRESS_PROTO, "PROTOBUF", actor="test",
+                      references=[{"name": "common/money.proto", "subject": "common.money", "version": 1}])
+    registry.register("shop.orders", ORDER_PROTO, "PROTOBUF", actor="test",
+                      references=[{"name": "common/address.proto", "subject": "common.address", "version": 1},
+                                  {"name": "common/money.proto", "subject": "common.money", "version": 1}])
+    compiled = compile_proto(ORDER_PROTO, imports={"common/money.proto": MONEY_PROTO,
+                                                   "common/address.proto": ADDRESS_PROTO})
+    pool = descriptor_pool.DescriptorPool()
+    for fd in compiled.fds.file:
+        pool.Add(fd)
+    order_cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.v1.Order"))
+    order = order_cls(id="o-9", notes=["fragile", "gift"])
+    order.total.currency, order.total.units, order.total.owner = "EUR", 1250, "Jane Doe"
+    order.ship_to.street, order.ship_to.city = "1 rue X", "Lyon"
+    order.ship_to.deposit.units, order.ship_to.deposit.owner = 5, "Jane Doe"
+    proto_env = _context(new_envelope("shop.orders", order.SerializeToString(), namespace="shop",
+                                      content_type="application/protobuf"), url, registry, "shop.orders", "protobuf")
+    proto_bad = _context(new_envelope("shop.orders", b"\x1a\xff", namespace="shop",
+                                      content_type="application/protobuf"), url, registry, "shop.orders", "protobuf")
+    out = call(go_interop, {"op": "registry", "registry_url": url, "user": "reader", "password": USERS["reader"][0],
+                            "envelopes": [encode(e, Layout.REVIEWED).hex()
+                                          for e in [*envs, damaged, proto_env, proto_bad]]})
+    results = out["results"]
+    for d, r in zip(datums, results, strict=False):
+        assert (r["format"], r["valid"], r["content_type"]) == ("avro", "ok", "application/avro"), r
+        assert r["decoded"] == d
+        assert r["masked"]["contact"]["email"] == MASK and r["masked"]["phones"] == MASK
+        assert r["masked"]["user_id"] == d["user_id"] and r["masked"]["visits"] == d["visits"]
+    assert results[1]["masked"]["backup"] is None
+    assert results[2]["valid"] == "schema_validation_failed" and results[2]["decode_error"] == "payload_error"
+    got = results[3]
+    assert (got["subject"], got["format"], got["valid"]) == ("shop.orders", "protobuf", "ok"), got
+    assert got["decoded"] == MessageToDict(order, preserving_proto_field_name=True)
+    assert {"total.owner", "ship_to.street", "ship_to.deposit.owner"} <= set(got["pii_paths"])
+    masked = got["masked"]
+    assert masked["total"]["owner"] == MASK and masked["ship_to"]["street"] == MASK
+    assert masked["ship_to"]["deposit"]["owner"] == MASK and masked["ship_to"]["city"] == "Lyon"
+    assert masked["notes"] == ["fragile", "gift"] and masked["total"]["currency"] == "EUR"
+    assert results[4]["valid"] == "schema_validation_failed" and results[4]["decode_error"] == "payload_error"
+
+
 # --------------------------------------------------------------------------- differential
 
 

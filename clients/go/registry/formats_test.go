@@ -242,6 +242,14 @@ func TestProtobufSchemaWithImports(t *testing.T) {
 	if msg.Descriptor().FullName() != "shop.v1.Order" {
 		t.Fatalf("root %s", msg.Descriptor().FullName())
 	}
+	if m, err := s.MaskPII(msg); err != nil || m.(*dynamicpb.Message).Get(m.(*dynamicpb.Message).Descriptor().Fields().ByName("total")).Message().Interface().(*dynamicpb.Message) == nil {
+		t.Fatalf("MaskPII of a message: %v", err)
+	} else if js, _ := protojson.Marshal(m.(proto.Message)); !strings.Contains(string(js), `"owner":"***"`) || strings.Contains(string(js), "Jane") {
+		t.Fatalf("MaskPII of a message: %s", js)
+	}
+	if js, _ := protojson.Marshal(msg); !strings.Contains(string(js), "Jane") {
+		t.Fatal("MaskPII changed its input")
+	}
 	wire, _ := proto.Marshal(msg)
 	masked, err := s.MaskProto(wire)
 	if err != nil {

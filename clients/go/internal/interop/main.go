@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/prism-envelope/prism/clients/go/encryption"
@@ -21,6 +22,8 @@ import (
 	"github.com/prism-envelope/prism/clients/go/prismerr"
 	"github.com/prism-envelope/prism/clients/go/registry"
 	"github.com/prism-envelope/prism/clients/go/signing"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 )
 
 type request struct {
@@ -212,7 +215,7 @@ func run(req request) result {
 		sc := &registry.Schema{Text: req.SchemaText, Format: req.Algorithm}
 		for _, p := range req.Envelopes {
 			payload := []byte(p)
-			if req.ContentType == "application/protobuf" {
+			if !strings.Contains(req.ContentType, "json") {
 				payload, _ = hex.DecodeString(p)
 			}
 			err := sc.ValidateAs(payload, req.ContentType)
@@ -461,14 +464,22 @@ func registryOp(ctx context.Context, req request) result {
 			outs = append(outs, fail(err))
 			continue
 		}
-		masked, err := s.MaskJSON(p)
-		if err != nil {
-			outs = append(outs, fail(err))
-			continue
-		}
+		ct := envelope.ContentType(env.Header.GetMetadata())
 		paths, _ := s.PIIPaths()
-		outs = append(outs, result{"subject": s.Subject, "version": s.Version, "format": s.Kind(), "masked": json.RawMessage(masked),
-			"pii_paths": paths, "valid": errString(s.Validate(p))})
+		r := result{"subject": s.Subject, "version": s.Version, "format": s.Kind(), "pii_paths": paths,
+			"content_type": ct, "valid": errString(s.ValidateAs(p, ct))}
+		decoded, err := s.Decode(p, ct) // the payload by the schema the envelope references
+		if err != nil {
+			r["decode_error"] = errString(err)
+		} else {
+			r["decoded"] = jsonable(decoded)
+			if masked, err := s.MaskPII(decoded); err == nil {
+				r["masked"] = jsonable(masked)
+			} else {
+				r["mask_error"] = errString(err)
+			}
+		}
+		outs = append(outs, r)
 	}
 	out := result{"results": outs}
 	if len(req.Payload) > 0 { // publish-side validation: the Validator a kafka.Client uses
@@ -491,6 +502,41 @@ func registryOp(ctx context.Context, req request) result {
 		out["schema_context"] = result{"url": sc.GetSchemaUrl(), "version": sc.GetSchemaVersion(), "format": sc.GetSchemaFormat(), "hash": sc.GetSchemaHash()}
 	}
 	return out
+}
+
+// jsonable turns a decoded payload into JSON-ready values: a protobuf message as its JSON
+// mapping with the .proto field names (Python's MessageToDict(preserving_proto_field_name=True)),
+// bytes as {"$bytes": hex}, int32/float32 widened; masked protobuf messages likewise.
+func jsonable(v any) any {
+	switch x := v.(type) {
+	case proto.Message:
+		b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(x)
+		if err != nil {
+			return map[string]any{"$error": err.Error()}
+		}
+		var out any
+		_ = json.Unmarshal(b, &out)
+		return out
+	case map[string]any:
+		out := make(map[string]any, len(x))
+		for k, e := range x {
+			out[k] = jsonable(e)
+		}
+		return out
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i] = jsonable(e)
+		}
+		return out
+	case []byte:
+		return map[string]any{"$bytes": hex.EncodeToString(x)}
+	case int32:
+		return int64(x)
+	case float32:
+		return float64(x)
+	}
+	return v
 }
 
 func errString(err error) string {
