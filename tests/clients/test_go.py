@@ -116,6 +116,77 @@ def test_python_decrypts_what_go_encrypts(go_interop: Path, keyring: tuple[FileK
         decrypt_envelope(env, kr)
 
 
+@pytest.fixture(scope="module")
+def moto_kms() -> Iterator[tuple[Any, str, str]]:
+    """moto's KMS as a real HTTP server on loopback: boto3 (Python) and the AWS SDK for Go
+    both talk to it, so each side unwraps the other's data keys through a KMS API."""
+    import socket
+
+    import boto3
+    from botocore.config import Config
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        client = boto3.client("kms", region_name="us-east-1", endpoint_url=endpoint, aws_access_key_id="testing",
+                              aws_secret_access_key="testing", config=Config(retries={"max_attempts": 1}))
+        arn = client.create_key(Description="prism go interop")["KeyMetadata"]["Arn"]
+        yield client, arn, endpoint
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("algorithm", ["aes-256-gcm", "chacha20-poly1305"])
+def test_kms_key_wrap_between_go_and_python(go_interop: Path, keyring: tuple[FileKeyring, Path],
+                                            moto_kms: tuple[Any, str, str], algorithm: str) -> None:
+    """The key_wrap pattern (a KMS data key per message, wrapped copy in encapsulated_key,
+    algorithm_params {"key_wrap":"aws-kms"}) across languages through one KMS: Go decrypts what
+    Python's AwsKmsProvider encrypted, Python decrypts what Go's awskms provider encrypted, and
+    each refuses the other's envelope under another encryption context or moved to another
+    message."""
+    from app.security.keys import AwsKmsProvider
+
+    client, arn, endpoint = moto_kms
+    _, path = keyring
+    extra = {"environment": "test"}
+    py = AwsKmsProvider(default_key_id=arn, encryption_context=extra, client=client)
+    plain = _plain(11)
+    wires = []
+    for layout in (Layout.DRAFT, Layout.REVIEWED):
+        env = new_envelope("orders.created", plain, namespace="order-events")
+        encrypt_envelope(env, py, key_id=arn, algorithm=algorithm)
+        assert json.loads(env.security.encryption.algorithm_params) == {"key_wrap": "aws-kms"}
+        wires.append(encode(env, layout))
+    moved = decode(wires[1])
+    moved.header.metadata.message_id = "0190a000-0000-7000-8000-0000000000ff"
+    request = {"op": "decrypt", "keyring": str(path), "kms_endpoint": endpoint, "kms_context": extra}
+    out = call(go_interop, {**request, "envelopes": [w.hex() for w in [*wires, encode(moved, Layout.REVIEWED)]]})
+    assert [r.get("plaintext_hex") for r in out["results"][:2]] == [plain.hex(), plain.hex()], out
+    assert out["results"][2]["error"] == "decryption_failed"
+    other = call(go_interop, {**request, "kms_context": {"environment": "production"}, "envelopes": [wires[1].hex()]})
+    assert other["results"][0]["error"] == "decryption_failed"  # KMS refused the context
+    none = call(go_interop, {"op": "decrypt", "keyring": str(path), "envelopes": [wires[1].hex()]})
+    assert none["results"][0]["error"] == "key_not_usable"  # no KMS provider: says so, never a silent pass
+
+    for layout in ("draft", "reviewed"):
+        made = call(go_interop, {"op": "encrypt", "keyring": str(path), "algorithm": algorithm, "key_id": arn,
+                                 "kms_endpoint": endpoint, "kms_context": extra, "topic": "orders.created",
+                                 "namespace": "order-events", "layout": layout, "plaintext_hex": plain.hex()})
+        env = decode(bytes.fromhex(made["envelope_hex"]))
+        meta = env.security.encryption
+        assert (meta.algorithm, meta.key_id, json.loads(meta.algorithm_params)) == (algorithm, arn, {"key_wrap": "aws-kms"})
+        assert len(meta.encapsulated_key) > 32
+        assert decrypt_envelope(env, py) == plain
+        prod = AwsKmsProvider(default_key_id=arn, encryption_context={"environment": "production"}, client=client)
+        with pytest.raises(DecryptionError):
+            decrypt_envelope(decode(bytes.fromhex(made["envelope_hex"])), prod)
+
+
 # --------------------------------------------------------------------------- signatures
 
 

@@ -14,7 +14,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/kms"
 	"github.com/prism-envelope/prism/clients/go/encryption"
+	"github.com/prism-envelope/prism/clients/go/encryption/awskms"
 	"github.com/prism-envelope/prism/clients/go/envelope"
 	"github.com/prism-envelope/prism/clients/go/internal/conformance"
 	"github.com/prism-envelope/prism/clients/go/kafka"
@@ -60,6 +63,21 @@ type request struct {
 	// an Ed25519 key to verify with too (the Prism worker's, for its re-signed outputs)
 	Ed25519KeyID     string `json:"ed25519_key_id"`
 	Ed25519PublicHex string `json:"ed25519_public_hex"`
+	// AWS KMS (key_wrap): an endpoint (moto in the tests) and extra encryption context
+	KMSEndpoint string            `json:"kms_endpoint"`
+	KMSContext  map[string]string `json:"kms_context"`
+}
+
+// kmsProvider is the AWS KMS provider of the request (nil without kms_endpoint).
+func kmsProvider(req request) *awskms.Provider {
+	if req.KMSEndpoint == "" {
+		return nil
+	}
+	client := kms.New(kms.Options{Region: "us-east-1", BaseEndpoint: &req.KMSEndpoint, RetryMaxAttempts: 1,
+		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
+			return aws.Credentials{AccessKeyID: "testing", SecretAccessKey: "testing", Source: "interop"}, nil
+		})})
+	return &awskms.Provider{Client: client, EncryptionContext: req.KMSContext}
 }
 
 type result map[string]any
@@ -131,13 +149,16 @@ func run(req request) result {
 		if err != nil {
 			return fail(err)
 		}
+		if p := kmsProvider(req); p != nil {
+			kr.DataKeys[p.WrapName()] = p
+		}
 		var outs []any
 		for _, h := range req.Envelopes {
 			data, _ := hex.DecodeString(h)
 			env, err := envelope.Decode(data)
 			if err == nil {
 				var p []byte
-				if p, err = encryption.Decrypt(env, kr, encryption.DecryptOptions{}); err == nil {
+				if p, err = encryption.Decrypt(env, kr, encryption.DecryptOptions{Context: ctx}); err == nil {
 					outs = append(outs, result{"plaintext_hex": hex.EncodeToString(p)})
 					continue
 				}
@@ -155,15 +176,17 @@ func run(req request) result {
 		if err != nil {
 			return fail(err)
 		}
-		switch req.Algorithm {
-		case encryption.AES256GCM, encryption.ChaCha20Poly1305:
+		switch p := kmsProvider(req); {
+		case p != nil: // a KMS data key wrapped under key_id
+			err = encryption.EncryptWithDataKey(ctx, env, req.Algorithm, req.KeyID, p, encryption.Options{})
+		case req.Algorithm == encryption.AES256GCM, req.Algorithm == encryption.ChaCha20Poly1305:
 			err = encryption.EncryptSymmetric(env, req.Algorithm, req.KeyID, kr.Symmetric[req.KeyID], encryption.Options{})
-		case encryption.MLKEM1024:
+		case req.Algorithm == encryption.MLKEM1024:
 			err = encryption.EncryptMLKEM1024(env, req.KeyID, kr.MLKEM1024[req.KeyID].EncapsulationKey(), encryption.Options{})
-		case encryption.X25519MLKEM1024:
+		case req.Algorithm == encryption.X25519MLKEM1024:
 			h := kr.Hybrid[req.KeyID]
 			err = encryption.EncryptHybrid(env, req.KeyID, &encryption.HybridPublicKey{X25519: h.X25519.PublicKey(), MLKEM: h.MLKEM.EncapsulationKey()}, encryption.Options{})
-		case encryption.RSAOAEP3072, encryption.RSAOAEP4096:
+		case req.Algorithm == encryption.RSAOAEP3072, req.Algorithm == encryption.RSAOAEP4096:
 			err = encryption.EncryptRSA(env, req.KeyID, &kr.RSA[req.KeyID].PublicKey, encryption.Options{})
 		default:
 			err = fmt.Errorf("unknown algorithm %q", req.Algorithm)
