@@ -313,6 +313,18 @@ func publish(ctx context.Context, req request) result {
 	if req.Token != "" {
 		cfg.Token = func(context.Context) (string, error) { return req.Token, nil }
 	}
+	var schema *registry.Schema
+	if req.Registry != "" { // validate before publish, and encode by the topic's schema when it is binary
+		rc, err := registry.New(req.Registry)
+		if err != nil {
+			return fail(err)
+		}
+		rc.Username, rc.Password = req.User, req.Password
+		cfg.Validator = &registry.Validator{Client: rc}
+		if schema, err = rc.PrismVersion(ctx, req.Topic, "latest"); err != nil {
+			return fail(err)
+		}
+	}
 	c, err := kafka.New(cfg)
 	if err != nil {
 		return fail(err)
@@ -326,7 +338,21 @@ func publish(ctx context.Context, req request) result {
 	}
 	var ids []string
 	for _, p := range req.Payloads {
-		env, err := envelope.NewJSON(req.Topic, req.Namespace, p, envelope.Options{DataClassification: req.Classify, CorrelationID: "interop"})
+		opts := envelope.Options{DataClassification: req.Classify, CorrelationID: "interop"}
+		var env *envelope.Envelope
+		if req.ContentType == "application/protobuf" && schema != nil {
+			// the JSON payload read by the schema (protobuf JSON mapping), sent in the wire format
+			var msg any
+			if msg, err = schema.Decode(p, "application/json"); err == nil {
+				var wire []byte
+				if wire, err = proto.Marshal(msg.(proto.Message)); err == nil {
+					opts.ContentType = req.ContentType
+					env, err = envelope.NewBytes(req.Topic, req.Namespace, wire, opts)
+				}
+			}
+		} else {
+			env, err = envelope.NewJSON(req.Topic, req.Namespace, p, opts)
+		}
 		if err != nil {
 			return fail(err)
 		}
@@ -359,6 +385,15 @@ func consume(ctx context.Context, req request) result {
 		if kr, err = loadKeyring(req.Keyring); err != nil {
 			return fail(err)
 		}
+	}
+	var resolver *registry.Resolver
+	if req.Registry != "" {
+		rc, err := registry.New(req.Registry)
+		if err != nil {
+			return fail(err)
+		}
+		rc.Username, rc.Password = req.User, req.Password
+		resolver = registry.NewResolver(rc)
 	}
 	type payload = map[string]any
 	sub, err := kafka.SubscribeTyped[payload](ctx, c, req.Topic, kafka.SubscribeConfig{Group: req.Group, Keys: keys,
@@ -401,13 +436,19 @@ func consume(ctx context.Context, req request) result {
 				continue
 			}
 		}
-		p, err := envelope.JSONPayload[payload](env)
+		var p any
+		var decodedBy result
+		if resolver != nil {
+			p, decodedBy, err = decodeBySchema(ctx, resolver, env)
+		} else {
+			p, err = envelope.JSONPayload[payload](env)
+		}
 		if err != nil {
 			errs = append(errs, fail(err))
 			_ = m.Ack(ctx)
 			continue
 		}
-		item := result{"message_id": env.Header.GetMetadata().GetMessageId(), "payload": p,
+		item := result{"message_id": env.Header.GetMetadata().GetMessageId(), "payload": p, "decoded_by": decodedBy,
 			"classification": kafka.ClassificationOf(env), "publisher_id": env.Header.GetSecurity().GetPublisherId(),
 			"has_token": env.Header.GetSecurity().GetAuthToken() != ""}
 		if m.Signature != nil {
@@ -415,7 +456,7 @@ func consume(ctx context.Context, req request) result {
 			item["key_id"] = m.Signature.KeyID
 		}
 		sc := env.Header.GetSchema()
-		item["schema"] = result{"name": sc.GetSchemaName(), "version": sc.GetSchemaVersion(), "format": sc.GetSchemaFormat()}
+		item["schema"] = result{"name": sc.GetSchemaName(), "version": sc.GetSchemaVersion(), "format": sc.GetSchemaFormat(), "hash": sc.GetSchemaHash(), "url": sc.GetSchemaUrl()}
 		extensions := map[string]string{}
 		for k, v := range env.Header.GetExtensions() {
 			extensions[k] = string(v)
@@ -460,6 +501,33 @@ func consume(ctx context.Context, req request) result {
 	st := sub.Stats()
 	return result{"messages": got, "errors": errs, "committed": committed,
 		"stats": result{"received": st.Received, "withheld": st.Withheld, "expired": st.Expired, "audited": st.Audited}}
+}
+
+// decodeBySchema resolves the schema env references through the registry (checked:
+// subject of its topic, hash) and decodes the payload by it: the payload as JSON-ready values,
+// and what decoded it (subject, version, format, the protobuf message type, masked payload).
+func decodeBySchema(ctx context.Context, resolver *registry.Resolver, env *envelope.Envelope) (any, result, error) {
+	s, err := resolver.ForEnvelope(ctx, env)
+	if err != nil {
+		return nil, nil, err
+	}
+	raw, err := env.PayloadBytes()
+	if err != nil {
+		return nil, nil, err
+	}
+	ct := envelope.ContentType(env.Header.GetMetadata())
+	decoded, err := s.Decode(raw, ct)
+	if err != nil {
+		return nil, nil, err
+	}
+	by := result{"subject": s.Subject, "version": s.Version, "format": s.Kind(), "content_type": ct}
+	if m, ok := decoded.(proto.Message); ok {
+		by["type"] = string(m.ProtoReflect().Descriptor().FullName())
+	}
+	if masked, err := s.MaskPII(decoded); err == nil {
+		by["masked"] = jsonable(masked)
+	}
+	return jsonable(decoded), by, nil
 }
 
 func registryOp(ctx context.Context, req request) result {
