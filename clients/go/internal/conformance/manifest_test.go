@@ -18,6 +18,7 @@ var RunByGo = map[string]string{
 	"conversion": "envelope.TestConversionVectors",
 	"negative":   "envelope.TestNegativeDecodeVectors, signing.TestNegativeVerifyVectors",
 	"encryption": "encryption.TestEncryptionVectors",
+	"key_wrap":   "encryption.TestKeyWrapVectors",
 	"lnmp":       "lnmp.TestLNMPVectors",
 }
 
