@@ -559,6 +559,64 @@ def test_go_and_python_answer_the_same_for_damaged_inputs(go_interop: Path) -> N
                                                       "malformed", "unsupported_signature_scope"}
 
 
+def _odd_map_entries() -> list[bytes]:
+    """Envelopes whose map entries (extensions, trace labels and baggage) hold more than a key
+    and a value: a third field, a key or value of another wire type, an odd entry before and
+    after a plain one of the same key - in both layouts, signed and not."""
+    from app.envelope.wire import encode_varint
+
+    def rec(field: int, wire: int, value: bytes) -> bytes:
+        tag = encode_varint(field << 3 | wire)
+        return tag + (encode_varint(len(value)) + value if wire == 2 else value)
+
+    def entry(*parts: bytes) -> bytes:
+        return b"".join(parts)
+
+    k, v = rec(1, 2, b"tier"), rec(2, 2, b"gold")
+    odd_entries = [entry(k, rec(10, 2, b"x")), entry(k, v, rec(3, 0, b"\x01")), entry(rec(1, 0, b"\x05"), v),
+                   entry(k, rec(2, 0, b"\x07")), entry(k, v, v), entry(k)]
+    out = []
+    for layout, ext_field in ((Layout.REVIEWED, 97), (Layout.DRAFT, 99)):
+        env = new_envelope("orders.created", {"order_id": 1}, namespace="order-events")
+        env.ensure_observability().trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+        base = encode(env, layout)
+        for odd in odd_entries:
+            plain = entry(rec(1, 2, b"tier"), rec(2, 2, b"silver"))
+            for labels in ([odd], [plain, odd], [odd, plain]):
+                obs = b"".join(rec(6, 2, e) for e in labels) + rec(5, 2, odd)
+                # observability is field 3 in both layouts; a second record merges into the first
+                out.append(base + rec(3, 2, obs))
+                out.append(base + b"".join(rec(ext_field, 2, e) for e in labels))
+    return out
+
+
+def test_go_reads_odd_map_entries_as_python_does(go_interop: Path) -> None:
+    """upb (under Python) keeps a map entry that holds anything but a key and a value among the
+    enclosing message's unknown fields instead of the map; Go's protobuf runtime would store it.
+    The Go client reads such envelopes as Python does: the same model (no extension, label or
+    baggage entry Python does not see), the same bytes when converted to either layout."""
+    from app.envelope import convert
+    from conformance.check import answer
+
+    inputs = _odd_map_entries()
+    out = call(go_interop, {"op": "check", "layout": "convert", "envelopes": [d.hex() for d in inputs]})
+    mismatches = []
+    for data, go in zip(inputs, out["results"], strict=True):
+        py = answer(["decode", data.hex()])
+        want: dict[str, Any] = {"decode": py["outcome"], "model": py.get("model")}
+        for name, lay in (("to_draft", Layout.DRAFT), ("to_reviewed", Layout.REVIEWED)):
+            try:
+                want[name] = convert(data, lay)[0].hex()
+            except Exception as exc:  # a PrismError: compare the kind
+                want[name] = getattr(exc, "code", repr(exc))
+        got = {"decode": go["decode"], "model": go.get("model"), "to_draft": go["to_draft"],
+               "to_reviewed": go["to_reviewed"]}
+        if want != got:
+            mismatches.append((data.hex(), want, got))
+    assert not mismatches, f"{len(mismatches)} of {len(inputs)} differ; first: {mismatches[:2]}"
+    assert all(r["decode"] == "ok" for r in out["results"])
+
+
 def test_go_validates_avro_and_json_datums_as_python_does(go_interop: Path) -> None:
     """Publish-side validation, Go against Python's validator (fastavro, jsonschema): the same
     verdict, and the same first failing path, for valid and broken datums."""

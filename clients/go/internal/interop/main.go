@@ -689,6 +689,15 @@ func check(req request) result {
 		if err == nil {
 			r["scope"] = int(info.Scope)
 		}
+		if req.Layout == "convert" { // and the input converted to each layout (hex, or the error kind)
+			for name, lay := range map[string]envelope.Layout{"to_draft": envelope.Draft, "to_reviewed": envelope.Reviewed} {
+				if out, _, err := envelope.Convert(data, lay); err == nil {
+					r[name] = hex.EncodeToString(out)
+				} else {
+					r[name] = conformance.Verdict(err, "ok")
+				}
+			}
+		}
 		outs = append(outs, r)
 	}
 	return result{"results": outs}
