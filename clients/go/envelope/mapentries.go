@@ -1,6 +1,8 @@
 package envelope
 
 import (
+	"sync"
+
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
@@ -20,41 +22,77 @@ import (
 // written as upb writes it (upbEntry).
 // It does nothing (and costs one scan) when no entry is odd, the normal case.
 
-// upbMapEntries fixes m, just parsed from raw, and the messages nested in it.
-func upbMapEntries(m protoreflect.Message, raw []byte, depth int) {
-	if depth > 100 {
-		return
+// hasMaps caches, per message type, whether it or a singular message field of it (at any
+// depth) holds a map: only those are walked.
+var hasMaps sync.Map // protoreflect.FullName -> bool
+
+func withMaps(md protoreflect.MessageDescriptor, depth int) bool {
+	if v, ok := hasMaps.Load(md.FullName()); ok {
+		return v.(bool)
 	}
-	recs, err := Scan(raw)
-	if err != nil {
+	found := false
+	fields := md.Fields()
+	for i := 0; i < fields.Len() && !found && depth < 32; i++ {
+		fd := fields.Get(i)
+		found = fd.IsMap() || fd.Message() != nil && !fd.IsList() && fd.Message().FullName() != md.FullName() && withMaps(fd.Message(), depth+1)
+	}
+	hasMaps.Store(md.FullName(), found)
+	return found
+}
+
+// upbMapEntries fixes m, just parsed from raw, and the messages nested in it. The check is
+// one pass over the records that allocates nothing; only an odd entry costs more.
+func upbMapEntries(m protoreflect.Message, raw []byte, depth int) {
+	if depth > 100 || !withMaps(m.Descriptor(), 0) {
 		return
 	}
 	fields := m.Descriptor().Fields()
 	odd := false
-	nested := map[protoreflect.FieldNumber][]byte{}
-	for _, r := range recs {
-		fd := fields.ByNumber(protoreflect.FieldNumber(r.Field))
-		if fd == nil || r.WireType != WireLen {
-			continue
+	var nestedFD []protoreflect.FieldDescriptor
+	var nestedRaw [][]byte
+	for b := raw; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return
 		}
-		val := raw[r.ValueStart:r.End]
-		switch {
-		case fd.IsMap():
-			if _, _, ok := plainEntry(val); !ok {
-				odd = true
+		l := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if l < 0 {
+			return
+		}
+		if typ == protowire.BytesType {
+			if fd := fields.ByNumber(num); fd != nil {
+				val, _ := protowire.ConsumeBytes(b[n : n+l])
+				switch {
+				case fd.IsMap():
+					if !plainEntryOK(val) {
+						odd = true
+					}
+				case fd.Message() != nil && !fd.IsList() && withMaps(fd.Message(), 0):
+					// a singular message field written several times is the merge of its records
+					i := 0
+					for i < len(nestedFD) && nestedFD[i] != fd {
+						i++
+					}
+					if i == len(nestedFD) {
+						nestedFD, nestedRaw = append(nestedFD, fd), append(nestedRaw, val)
+					} else {
+						nestedRaw[i] = append(append([]byte(nil), nestedRaw[i]...), val...)
+					}
+				}
 			}
-		case fd.Message() != nil && !fd.IsList():
-			// a singular message field written several times is the merge of all its records
-			nested[fd.Number()] = append(nested[fd.Number()], val...)
 		}
+		b = b[n+l:]
 	}
-	for num, b := range nested {
-		fd := fields.ByNumber(num)
+	for i, fd := range nestedFD {
 		if m.Has(fd) {
-			upbMapEntries(m.Mutable(fd).Message(), b, depth+1)
+			upbMapEntries(m.Mutable(fd).Message(), nestedRaw[i], depth+1)
 		}
 	}
 	if !odd {
+		return
+	}
+	recs, err := Scan(raw)
+	if err != nil {
 		return
 	}
 	// Rebuild: maps from the plain entries in order (the last of a key wins, as on any
@@ -121,6 +159,22 @@ func upbEntry(b []byte) []byte {
 		out = protowire.AppendBytes(protowire.AppendTag(out, 2, protowire.BytesType), value)
 	}
 	return append(out, unknown...)
+}
+
+// plainEntryOK is plainEntry's verdict without allocating.
+func plainEntryOK(b []byte) bool {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || typ != protowire.BytesType || (num != 1 && num != 2) {
+			return false
+		}
+		l := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if l < 0 {
+			return false
+		}
+		b = b[n+l:]
+	}
+	return true
 }
 
 // plainEntry reads a map<string, string|bytes> entry that upb accepts: only fields 1 and 2,
