@@ -22,31 +22,62 @@ import (
 // written as upb writes it (upbEntry).
 // It does nothing (and costs one scan) when no entry is odd, the normal case.
 
-// hasMaps caches, per message type, whether it or a singular message field of it (at any
-// depth) holds a map: only those are walked.
-var hasMaps sync.Map // protoreflect.FullName -> bool
+// plan is what upbMapEntries looks at in one message type: its map fields, and its singular
+// message fields whose type (at any depth) holds a map. Built once per type.
+type plan struct {
+	maps   []protoreflect.FieldNumber // few (one or two): a slice beats a map here
+	nested []protoreflect.FieldDescriptor
+}
 
-func withMaps(md protoreflect.MessageDescriptor, depth int) bool {
-	if v, ok := hasMaps.Load(md.FullName()); ok {
-		return v.(bool)
+func (p *plan) isMap(n protoreflect.FieldNumber) bool {
+	for _, m := range p.maps {
+		if m == n {
+			return true
+		}
 	}
-	found := false
+	return false
+}
+
+func (p *plan) nestedField(n protoreflect.FieldNumber) protoreflect.FieldDescriptor {
+	for _, fd := range p.nested {
+		if fd.Number() == n {
+			return fd
+		}
+	}
+	return nil
+}
+
+var plans sync.Map // protoreflect.MessageDescriptor -> *plan (nil: nothing to look at)
+
+func planOf(md protoreflect.MessageDescriptor, depth int) *plan {
+	if v, ok := plans.Load(md); ok {
+		return v.(*plan)
+	}
+	p := &plan{}
 	fields := md.Fields()
-	for i := 0; i < fields.Len() && !found && depth < 32; i++ {
+	for i := 0; i < fields.Len(); i++ {
 		fd := fields.Get(i)
-		found = fd.IsMap() || fd.Message() != nil && !fd.IsList() && fd.Message().FullName() != md.FullName() && withMaps(fd.Message(), depth+1)
+		switch {
+		case fd.IsMap():
+			p.maps = append(p.maps, fd.Number())
+		case fd.Message() != nil && !fd.IsList() && depth < 32 && fd.Message() != md && planOf(fd.Message(), depth+1) != nil:
+			p.nested = append(p.nested, fd)
+		}
 	}
-	hasMaps.Store(md.FullName(), found)
-	return found
+	if len(p.maps) == 0 && len(p.nested) == 0 {
+		p = nil
+	}
+	plans.Store(md, p)
+	return p
 }
 
 // upbMapEntries fixes m, just parsed from raw, and the messages nested in it. The check is
 // one pass over the records that allocates nothing; only an odd entry costs more.
 func upbMapEntries(m protoreflect.Message, raw []byte, depth int) {
-	if depth > 100 || !withMaps(m.Descriptor(), 0) {
+	p := planOf(m.Descriptor(), 0)
+	if depth > 100 || p == nil {
 		return
 	}
-	fields := m.Descriptor().Fields()
 	odd := false
 	var nestedFD []protoreflect.FieldDescriptor
 	var nestedRaw [][]byte
@@ -60,24 +91,21 @@ func upbMapEntries(m protoreflect.Message, raw []byte, depth int) {
 			return
 		}
 		if typ == protowire.BytesType {
-			if fd := fields.ByNumber(num); fd != nil {
+			if p.isMap(num) {
+				if val, _ := protowire.ConsumeBytes(b[n : n+l]); !plainEntryOK(val) {
+					odd = true
+				}
+			} else if fd := p.nestedField(num); fd != nil {
+				// a singular message field written several times is the merge of its records
 				val, _ := protowire.ConsumeBytes(b[n : n+l])
-				switch {
-				case fd.IsMap():
-					if !plainEntryOK(val) {
-						odd = true
-					}
-				case fd.Message() != nil && !fd.IsList() && withMaps(fd.Message(), 0):
-					// a singular message field written several times is the merge of its records
-					i := 0
-					for i < len(nestedFD) && nestedFD[i] != fd {
-						i++
-					}
-					if i == len(nestedFD) {
-						nestedFD, nestedRaw = append(nestedFD, fd), append(nestedRaw, val)
-					} else {
-						nestedRaw[i] = append(append([]byte(nil), nestedRaw[i]...), val...)
-					}
+				i := 0
+				for i < len(nestedFD) && nestedFD[i] != fd {
+					i++
+				}
+				if i == len(nestedFD) {
+					nestedFD, nestedRaw = append(nestedFD, fd), append(nestedRaw, val)
+				} else {
+					nestedRaw[i] = append(append([]byte(nil), nestedRaw[i]...), val...)
 				}
 			}
 		}
@@ -91,6 +119,7 @@ func upbMapEntries(m protoreflect.Message, raw []byte, depth int) {
 	if !odd {
 		return
 	}
+	fields := m.Descriptor().Fields()
 	recs, err := Scan(raw)
 	if err != nil {
 		return
