@@ -481,9 +481,30 @@ def test_go_decodes_binary_avro_and_protobuf_with_references_as_python_writes_th
                                       content_type="application/protobuf"), url, registry, "shop.orders", "protobuf")
     proto_bad = _context(new_envelope("shop.orders", b"\x1a\xff", namespace="shop",
                                       content_type="application/protobuf"), url, registry, "shop.orders", "protobuf")
+    # -- Avro with a reference (a named type of another subject), stamped as Python stamps it:
+    # the hash of the schema's own text (the registry's hash also covers the references)
+    address = {"type": "record", "name": "Address", "namespace": "common",
+               "fields": [{"name": "street", "type": "string", "prism.pii": "address"}, {"name": "city", "type": "string"}]}
+    order_avro = {"type": "record", "name": "Order", "namespace": "shop",
+                  "fields": [{"name": "id", "type": "string"}, {"name": "ship_to", "type": "common.Address"}]}
+    registry.register("avro.address", json.dumps(address), "AVRO", actor="test")
+    registry.register("shop.avro.orders", json.dumps(order_avro), "AVRO", actor="test",
+                      references=[{"name": "common.Address", "subject": "avro.address", "version": 1}])
+    named: dict[str, Any] = {}
+    fastavro.parse_schema(address, named_schemas=named)
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(order_avro, named_schemas=named),
+                               {"id": "o-1", "ship_to": {"street": "1 rue X", "city": "Lyon"}})
+    ref_env = _context(new_envelope("shop.avro.orders", buf.getvalue(), namespace="shop",
+                                    content_type="application/avro"), url, registry, "shop.avro.orders", "avro")
+    from app.schema.canonical import schema_hash
+
+    text_hash = schema_hash("AVRO", json.dumps(order_avro))
+    assert text_hash != ref_env.header.schema.schema_hash  # the registry's hash covers the reference
+    ref_env.header.schema.schema_hash = text_hash
     out = call(go_interop, {"op": "registry", "registry_url": url, "user": "reader", "password": USERS["reader"][0],
                             "envelopes": [encode(e, Layout.REVIEWED).hex()
-                                          for e in [*envs, damaged, proto_env, proto_bad]]})
+                                          for e in [*envs, damaged, proto_env, proto_bad, ref_env]]})
     results = out["results"]
     for d, r in zip(datums, results, strict=False):
         assert (r["format"], r["valid"], r["content_type"]) == ("avro", "ok", "application/avro"), r
@@ -501,6 +522,8 @@ def test_go_decodes_binary_avro_and_protobuf_with_references_as_python_writes_th
     assert masked["ship_to"]["deposit"]["owner"] == MASK and masked["ship_to"]["city"] == "Lyon"
     assert masked["notes"] == ["fragile", "gift"] and masked["total"]["currency"] == "EUR"
     assert results[4]["valid"] == "schema_validation_failed" and results[4]["decode_error"] == "payload_error"
+    assert results[5]["decoded"] == {"id": "o-1", "ship_to": {"street": "1 rue X", "city": "Lyon"}}, results[5]
+    assert results[5]["masked"]["ship_to"] == {"street": MASK, "city": "Lyon"}
 
 
 # --------------------------------------------------------------------------- differential
