@@ -639,6 +639,17 @@ class SchemaRequiredError(ConfigError):
     code = "schema_required"
 
 
+class SchemaReferencesError(ConfigError):
+    """A schema's Confluent references (imports, named types, ``$ref``s to other subjects) cannot
+    be resolved: a referenced subject version is missing, the references form a cycle, nest too
+    deep or pull in too many versions, or what they resolve to does not parse. Raised where a
+    schema is resolved (worker start-up, SDK validation and decoding), never per message."""
+
+    code = "schema_references_invalid"
+    default_hint = ("register every referenced subject version, and keep references acyclic, at most "
+                    "32 deep and at most 256 versions per schema (docs/schema-registry.md, \"Schema references\")")
+
+
 class SchemaReferenceError(PayloadError):
     """A received envelope's schema reference cannot be used to decode its payload: it names
     no subject version or schema id, one the registry does not hold, a subject other than the

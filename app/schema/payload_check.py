@@ -114,7 +114,7 @@ def _protobuf_validator(resolved: ResolvedSchema) -> Validator:
 
     from .protoparse import compile_proto
 
-    schema = compile_proto(resolved.schema_text)
+    schema = compile_proto(resolved.schema_text, imports=resolved.imports or None)
     pool = descriptor_pool.DescriptorPool()
     for fd in schema.fds.file:
         pool.Add(fd)

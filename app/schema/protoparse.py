@@ -121,14 +121,21 @@ def _run_protoc(
 ) -> descriptor_pb2.FileDescriptorSet:
     from grpc_tools import protoc
 
-    if os.path.isabs(filename) or ".." in Path(filename).parts:
-        raise SchemaError(f"schema file name must be relative: {filename!r}")
+    for name in (filename, *imports):
+        # An import path is a reference name from a client or a registry answer: it must not
+        # name a file outside the temporary source tree protoc reads (nor the tree itself).
+        parts = Path(name).parts
+        if not name or os.path.isabs(name) or ".." in parts or not parts or "\x00" in name or "\\" in name:
+            raise SchemaError(f"schema file name must be a relative path inside the schema: {name[:200]!r}")
     with tempfile.TemporaryDirectory(prefix="prism-protoc-") as tmp:
         root = Path(tmp) / "src"
         for name, text in {**imports, filename: source}.items():
             p = root / name
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(text, encoding="utf-8")
+            try:
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.write_text(text, encoding="utf-8")
+            except (OSError, UnicodeError) as e:  # "a" and "a/b.proto", a name too long, a lone surrogate
+                raise SchemaError(f"import {name[:200]!r} cannot be laid out as a file: {e}") from None
         out = Path(tmp) / "out.pb"
         err = Path(tmp) / "err.txt"
         args = [

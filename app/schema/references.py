@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -235,3 +235,98 @@ def expand_json(text: str, referenced: Mapping[str, str]) -> str:
         defs[keys[name]] = _rewrite_local(doc, f"#/$defs/{keys[name]}")
     bundled["$defs"] = defs
     return json.dumps(bundled)
+
+
+# -- resolving a fetched schema's references (worker, SDK) --------------------------------------
+
+#: how deep references may nest (the registry's own limit, ``Registry.effective``)
+MAX_REFERENCE_DEPTH = 32
+#: how many referenced versions one schema may pull in, transitively (the Go client's limit)
+MAX_REFERENCES = 256
+
+#: ``fetch(subject, version)`` -> the registry's version document (``schema``, ``version``,
+#: optional ``references``); ``version`` is a number or ``"latest"``
+FetchVersion = Callable[[str, str], Mapping[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedReferences:
+    """What a schema's references resolve to, the way :meth:`Registry.effective` resolves them.
+
+    ``imports`` (protobuf): every referenced file by import path, transitively - the files
+    protoc reads for the schema's imports. ``text``: the self-contained schema (Avro and JSON
+    Schema with the referenced definitions inlined; protobuf unchanged). ``references``: the
+    schema's own references with concrete versions, for the identity hash."""
+
+    text: str
+    imports: Mapping[str, str]
+    references: tuple[Reference, ...]
+
+
+def resolve_fetched(fmt: Any, text: str, raw: Sequence[Mapping[str, Any]] | None,
+                    fetch: FetchVersion, *, root: tuple[str, int] | None = None) -> ResolvedReferences:
+    """Fetch ``raw`` (a registry answer's ``references``) and what they reference, transitively,
+    and resolve ``text`` against them. The registry answer is input like any other, so the walk
+    is bounded: :data:`MAX_REFERENCE_DEPTH` deep, :data:`MAX_REFERENCES` versions in all, and a
+    reference back to a schema on the current path (a cycle) is refused, not followed. ``root``:
+    the (subject, version) ``text`` was read from, so a reference back to it is a cycle at once.
+    Raises :class:`app.schema.resolve.ReferencesUnresolvable` (an
+    :class:`app.errors.SchemaReferencesError`) naming the reference at fault."""
+    from app.schema.model import SchemaFormat
+
+    fmt = SchemaFormat.parse(fmt)
+    fetched = [0]
+
+    def fail(message: str) -> Exception:
+        from app.schema.resolve import ReferencesUnresolvable
+
+        return ReferencesUnresolvable(message, path="schema.references")
+
+    def walk(text: str, raw: Any, depth: int, stack: tuple[tuple[str, int], ...], where: str
+             ) -> tuple[str, dict[str, str], tuple[Reference, ...]]:
+        try:
+            parsed = parse_references(raw if isinstance(raw, list | tuple) else ([] if raw is None else [raw]))
+        except SchemaError as e:
+            raise fail(f"{where}: {e}") from None
+        if not parsed:
+            return text, {}, ()
+        if depth >= MAX_REFERENCE_DEPTH:
+            raise fail(f"{where}: references nest more than {MAX_REFERENCE_DEPTH} deep")
+        imports: dict[str, str] = {}
+        expanded: dict[str, str] = {}
+        concrete: list[Reference] = []
+        for r in parsed:
+            fetched[0] += 1
+            if fetched[0] > MAX_REFERENCES:
+                raise fail(f"{where}: the schema pulls in more than {MAX_REFERENCES} referenced versions")
+            try:
+                doc = fetch(r.subject, str(r.version))
+                ref_text, number = doc["schema"], int(doc["version"])
+                if not isinstance(ref_text, str):
+                    raise TypeError("schema is not text")
+            except Exception as e:  # the fetch's own error (HTTP, missing key): name the reference
+                raise fail(f"{where}: reference {r.name!r} (subject {r.subject!r} version {r.version}) "
+                           f"cannot be read: {str(e)[:300]}") from None
+            key = (r.subject, number)
+            if key in stack:
+                chain = " -> ".join(f"{s} v{v}" for s, v in (*stack, key))
+                raise fail(f"{where}: references form a cycle ({chain[:500]})")
+            inner_text, inner_imports, _ = walk(ref_text, doc.get("references"), depth + 1, (*stack, key),
+                                                f"reference {r.name!r} ({r.subject} v{number})")
+            imports.update(inner_imports)
+            imports[r.name] = ref_text
+            expanded[r.name] = inner_text
+            concrete.append(Reference(r.name, r.subject, number))
+        try:
+            if fmt is SchemaFormat.PROTOBUF:
+                out = text
+            elif fmt is SchemaFormat.AVRO:
+                out = expand_avro(text, expanded)
+            else:
+                out = expand_json(text, expanded)
+        except (SchemaError, ValueError, TypeError, AttributeError, RecursionError) as e:
+            raise fail(f"{where}: the schema does not resolve against its references: {str(e)[:300]}") from None
+        return out, imports, tuple(concrete)
+
+    out, imports, refs = walk(text, raw, 0, (root,) if root else (), "schema")
+    return ResolvedReferences(out, imports, refs)

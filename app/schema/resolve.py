@@ -21,16 +21,18 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import SchemaReferencesError
 from ..untrusted_json import loads_untrusted
 from .canonical import schema_hash
 from .model import CompatibilityMode, SchemaError, SchemaFormat, schema_json
 from .pii import pii_fields as compute_pii_fields
 from .protoparse import WIRE_LEN, iter_wire
+from .references import FetchVersion, Reference, identity_suffix, resolve_fetched
 
 
 class SchemaResolutionError(RuntimeError):
@@ -39,6 +41,13 @@ class SchemaResolutionError(RuntimeError):
 
 class SchemaTampered(SchemaResolutionError):
     """The fetched content does not hash to the pinned/previously seen value."""
+
+
+class ReferencesUnresolvable(SchemaReferencesError, SchemaResolutionError):
+    """The schema's references cannot be resolved (missing, cyclic, too deep or too many, or
+    not parsing). Both a typed :class:`app.errors.PrismError` and a
+    :class:`SchemaResolutionError`, so every caller that handles a resolution failure (the
+    worker's start-up, the SDK's resolver) handles this one too."""
 
 
 # _Tree: field number -> (name, deprecated, child tree for message fields or None)
@@ -57,8 +66,19 @@ class ResolvedSchema:
     compatibility: str
     pii_fields: tuple[str, ...] = ()
     deprecated_fields: tuple[str, ...] = ()
+    #: the schema as the checkers read it: the registered text, or for an Avro or JSON Schema
+    #: with references the self-contained text (referenced definitions inlined)
     schema_text: str = field(default="", repr=False)
     _tree: Any = field(default=None, repr=False, compare=False)
+    #: protobuf with references: the referenced files by import path (transitive), what
+    #: ``compile_proto(schema_text, imports=imports)`` needs
+    imports: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    #: the references (concrete versions) the schema was resolved with
+    references: tuple[Any, ...] = field(default=(), repr=False)
+    #: other hashes a producer may have stamped for this schema: the hash of the text alone,
+    #: which Python stamped for an Avro or JSON Schema with references before references were
+    #: resolved (and which the Go client's ``registry.TextHash`` accepts)
+    alternate_hashes: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def contains_pii(self) -> bool:
@@ -77,10 +97,11 @@ class ResolvedSchema:
 # protobuf helpers: root message, deprecated fields, payload walk
 
 
-def _proto_tree(text: str, message: str | None) -> tuple[str, _Tree, list[str]]:
+def _proto_tree(text: str, message: str | None, imports: Mapping[str, str] | None = None
+                ) -> tuple[str, _Tree, list[str]]:
     from .protoparse import compile_proto, messages_by_name
 
-    schema = compile_proto(text)
+    schema = compile_proto(text, imports=imports or None)
     main = schema.main
     by_name: dict[str, Any] = messages_by_name(schema.files)
     pkg = f"{main.package}." if main.package else ""
@@ -246,6 +267,7 @@ def resolve_schema_config(config: Mapping[str, Any], *, git: GitSchemaSource | N
         if kind == "prism":
             v = _http_json(f"{base}/v1/subjects/{q}/versions/{urllib.parse.quote(version, safe='')}")
             text, fmt, number = v["schema"], SchemaFormat.parse(v["format"]), str(v["version"])
+            fetch = _version_fetcher(f"{base}/v1/subjects/")
             label = v.get("label") or f"v{number}"
             url = f"{base}/v1/subjects/{subject}/versions/{number}"
             if compatibility is None:  # the subject's effective policy (subject -> namespace -> global),
@@ -254,11 +276,20 @@ def resolve_schema_config(config: Mapping[str, Any], *, git: GitSchemaSource | N
         else:
             v = _http_json(f"{base}/subjects/{q}/versions/{urllib.parse.quote(version, safe='')}")
             text, fmt, number = v["schema"], SchemaFormat.parse(v.get("schemaType")), str(v["version"])
+            fetch = _version_fetcher(f"{base}/subjects/")
             label = f"v{number}"
             url = f"{base}/subjects/{subject}/versions/{number}"
             if compatibility is None:
                 compatibility = _http_json(f"{base}/config/{q}?defaultToGlobal=true").get(
                     "compatibilityLevel", "BACKWARD")
+        refs = v.get("references") or None
+        if refs:  # the hash covers the references too (as the registry's): resolved in build_resolved
+            resolved = build_resolved(text, fmt, url=url, version=label, compatibility=compatibility or "BACKWARD",
+                                      message=config.get("message"), references=refs, fetch=fetch,
+                                      root=(str(subject), int(number)))
+            if expected and expected not in (resolved.hash, *resolved.alternate_hashes):
+                raise SchemaTampered(f"{url} hashes to {resolved.hash}, expected {expected}")
+            return resolved
         h = schema_hash(fmt, text)
         if expected and expected != h:
             raise SchemaTampered(f"{url} hashes to {h}, expected {expected}")
@@ -289,17 +320,57 @@ def resolve_schema_config(config: Mapping[str, Any], *, git: GitSchemaSource | N
                           message=config.get("message"), schema_hash_value=h)
 
 
+def _version_fetcher(prefix: str) -> FetchVersion:
+    """``fetch(subject, version)`` for :func:`resolve_fetched`: GET ``<prefix><subject>/versions/<v>``
+    (``prefix`` is ``<base>/v1/subjects/`` or, Confluent, ``<base>/subjects/``)."""
+
+    def fetch(subject: str, version: str) -> Mapping[str, Any]:
+        doc = _http_json(f"{prefix}{urllib.parse.quote(subject, safe='')}/versions/"
+                         f"{urllib.parse.quote(version, safe='')}")
+        if not isinstance(doc, Mapping):
+            raise ValueError("the registry's answer is not an object")
+        return doc
+
+    return fetch
+
+
 def build_resolved(text: str, fmt: SchemaFormat | str, *, url: str, version: str, compatibility: str = "BACKWARD",
-                   message: str | None = None, schema_hash_value: str | None = None) -> ResolvedSchema:
-    """Summarize an already-fetched schema (also used by tests and the SDK)."""
+                   message: str | None = None, schema_hash_value: str | None = None,
+                   references: Sequence[Mapping[str, Any]] | None = None, fetch: FetchVersion | None = None,
+                   root: tuple[str, int] | None = None) -> ResolvedSchema:
+    """Summarize an already-fetched schema (also used by tests and the SDK).
+
+    ``references`` (the registry answer's Confluent references) are fetched with ``fetch``,
+    transitively and bounded (:func:`app.schema.references.resolve_fetched`; ``root`` is the
+    subject version ``text`` was read from), so a protobuf schema compiles with its imports and
+    an Avro or JSON Schema is made self-contained. The hash is then the registry's: the text
+    compiled against its references plus the reference list (``Registry._hash``), because the
+    same text with other references is another schema; the hash of the text alone is kept in
+    ``alternate_hashes`` (Avro, JSON Schema) for envelopes stamped before. Raises
+    :class:`ReferencesUnresolvable` when the references do not resolve."""
     fmt = SchemaFormat.parse(fmt)
+    imports: Mapping[str, str] = {}
+    refs: tuple[Reference, ...] = ()
+    alternates: tuple[str, ...] = ()
+    effective = text
+    if references:
+        if fetch is None:
+            raise ReferencesUnresolvable(f"schema at {url} has {len(references)} reference(s) and no registry to "
+                                         "read them from", path="schema.references")
+        got = resolve_fetched(fmt, text, references, fetch, root=root)
+        effective, imports, refs = got.text, got.imports, got.references
     try:
         compatibility = CompatibilityMode.parse(compatibility).value
-        h = schema_hash_value or schema_hash(fmt, text)
-        pii = tuple(compute_pii_fields(fmt, text))
+        if refs:
+            h = schema_hash_value or schema_hash(fmt, text, imports or None, identity_suffix(refs))
+            if fmt is not SchemaFormat.PROTOBUF:
+                alternates = (schema_hash(fmt, text),)
+        else:
+            h = schema_hash_value or schema_hash(fmt, text)
+        pii = tuple(compute_pii_fields(fmt, effective, imports or None))
         tree, deprecated = None, ()
         if fmt is SchemaFormat.PROTOBUF:
-            name, tree, dep = _proto_tree(text, message)
+            name, tree, dep = _proto_tree(text, message, imports)
             deprecated = tuple(dep)
         else:
             raw = schema_json(text, f"schema at {url}")
@@ -307,5 +378,9 @@ def build_resolved(text: str, fmt: SchemaFormat | str, *, url: str, version: str
             if isinstance(raw, dict) and raw.get("namespace") and "." not in name:
                 name = f"{raw['namespace']}.{name}"
     except (SchemaError, ValueError) as e:
+        if refs:
+            raise ReferencesUnresolvable(f"schema at {url} does not compile with its references: {e}",
+                                         path="schema.references") from e
         raise SchemaResolutionError(f"schema at {url} is invalid: {e}") from e
-    return ResolvedSchema(url, version, fmt, h, name, compatibility, pii, deprecated, text, tree)
+    return ResolvedSchema(url, version, fmt, h, name, compatibility, pii, deprecated, effective, tree,
+                          imports=dict(imports), references=refs, alternate_hashes=alternates)

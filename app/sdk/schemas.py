@@ -97,10 +97,10 @@ def _is_pii(tags: dict[str, str]) -> bool:
     return bool(tags.get("encrypt"))
 
 
-def _proto_tree(text: str, root: str) -> _Node:
+def _proto_tree(text: str, root: str, imports: dict[str, str] | None = None) -> _Node:
     from ..schema.protoparse import compile_proto, messages_by_name, string_options
 
-    msgs: dict[str, Any] = messages_by_name(compile_proto(text).files, leading_dot=True)
+    msgs: dict[str, Any] = messages_by_name(compile_proto(text, imports=imports or None).files, leading_dot=True)
     memo: dict[str, _Node] = {}
 
     def build(full: str) -> _Node:
@@ -273,6 +273,12 @@ class PayloadSchema:
     def hash(self) -> str:
         return self.resolved.hash
 
+    def accepts_hash(self, digest: str) -> bool:
+        """Whether an envelope's `schema_hash` names this schema: its hash, the registry's, or
+        (Avro, JSON Schema with references) the hash of its text alone, which producers
+        stamped before references were resolved."""
+        return digest in (self.resolved.hash, self.registry_hash, *self.resolved.alternate_hashes) and bool(digest)
+
     def __repr__(self) -> str:
         where = f"{self.subject} v{self.version}" if self.subject else self.resolved.url
         return f"PayloadSchema({where}, {self.format.value}, id={self.schema_id})"
@@ -296,7 +302,7 @@ class PayloadSchema:
             from ..schema.protoparse import compile_proto
 
             pool = descriptor_pool.DescriptorPool()
-            for fd in compile_proto(self.resolved.schema_text).fds.file:
+            for fd in compile_proto(self.resolved.schema_text, imports=dict(self.resolved.imports) or None).fds.file:
                 pool.Add(fd)
             cls = self._classes[name] = message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
         return cls
@@ -306,7 +312,8 @@ class PayloadSchema:
         tree = self._trees.get(key)
         if tree is None:
             text = self.resolved.schema_text
-            tree = self._trees[key] = (_proto_tree(text, key) if self.format is SchemaFormat.PROTOBUF
+            tree = self._trees[key] = (_proto_tree(text, key, dict(self.resolved.imports))
+                                       if self.format is SchemaFormat.PROTOBUF
                                        else _json_tree(text) if self.format is SchemaFormat.JSON else _avro_tree(text))
         return tree
 
@@ -562,6 +569,11 @@ class SchemaResolver:
         self.fetches += 1
         return _http_json(self.registry_url + path, timeout=self.timeout_s)
 
+    def _fetch_version(self, subject: str, version: str) -> Any:
+        """A referenced subject version, for `build_resolved` (called in a worker thread)."""
+        q = urllib.parse.quote(subject, safe="")
+        return self._get_json(f"/v1/subjects/{q}/versions/{urllib.parse.quote(version, safe='')}")
+
     async def _cached(self, key: tuple[Any, ...], fetch: Callable[[], Awaitable[PayloadSchema]]) -> PayloadSchema:
         """The cached schema under `key`, else `fetch()`'s (one fetch at a time: a reference many
         messages share costs one registry call), cached under `key` and under its schema id."""
@@ -587,11 +599,14 @@ class SchemaResolver:
             q = urllib.parse.quote(subject, safe="")
             try:
                 doc = await asyncio.to_thread(self._get_json, f"/v1/subjects/{q}/versions/{int(version)}")
-                schema = PayloadSchema(build_resolved(doc["schema"], doc["format"], url=f"{subject}/{version}",
-                                                      version=f"v{doc['version']}"),
-                                       subject=subject, version=int(doc["version"]), schema_id=int(doc["id"]))
+                resolved = await asyncio.to_thread(
+                    build_resolved, doc["schema"], doc["format"], url=f"{subject}/{version}",
+                    version=f"v{doc['version']}", references=doc.get("references"), fetch=self._fetch_version,
+                    root=(subject, int(doc["version"])))
+                schema = PayloadSchema(resolved, subject=subject, version=int(doc["version"]),
+                                       schema_id=int(doc["id"]))
                 schema.registry_hash = str(doc.get("hash", ""))
-            except (SchemaResolutionError, KeyError, TypeError, ValueError) as exc:
+            except (SchemaResolutionError, KeyError, TypeError, ValueError, AttributeError) as exc:
                 raise self._fail(key, f"schema {subject!r} version {version} cannot be read from the registry: "
                                       f"{str(exc)[:300]}") from None
             return schema
@@ -608,13 +623,17 @@ class SchemaResolver:
                 doc = await asyncio.to_thread(self._get_json, f"/v1/schemas/{int(schema_id)}")
                 where = await asyncio.to_thread(self._get_json, f"/schemas/ids/{int(schema_id)}/versions")
                 first = where[0] if where else {}
-                schema = PayloadSchema(build_resolved(doc["schema"], doc["format"], url=f"ids/{schema_id}",
-                                                      version=f"v{first.get('version', '')}"),
+                # /v1/schemas/{id} does not list references; the Confluent route does
+                refs = (await asyncio.to_thread(self._get_json, f"/schemas/ids/{int(schema_id)}")).get("references")
+                resolved = await asyncio.to_thread(
+                    build_resolved, doc["schema"], doc["format"], url=f"ids/{schema_id}",
+                    version=f"v{first.get('version', '')}", references=refs, fetch=self._fetch_version)
+                schema = PayloadSchema(resolved,
                                        subject=str(first.get("subject", "")), version=first.get("version"),
                                        schema_id=int(schema_id))
                 schema.registered_as = frozenset((str(w["subject"]), int(w["version"])) for w in where)
                 schema.registry_hash = str(doc.get("hash", ""))
-            except (SchemaResolutionError, KeyError, TypeError, ValueError, IndexError) as exc:
+            except (SchemaResolutionError, KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
                 raise self._fail(key, f"schema id {schema_id} cannot be read from the registry: "
                                       f"{str(exc)[:300]}") from None
             return schema
@@ -643,7 +662,7 @@ class SchemaResolver:
                     f"message {env.message_id} on topic {env.topic!r} references schema id {ref.schema_id}, which "
                     f"is not registered under {sorted(allowed)}", path="schema.schema_url",
                     hint="pass subject= if the topic's subject has another name")
-        if ref.hash and ref.hash not in (schema.hash, schema.registry_hash):
+        if ref.hash and not schema.accepts_hash(ref.hash):
             raise SchemaReferenceError(
                 f"message {env.message_id} claims schema hash {ref.hash[:80]!r}, but {schema!r} hashes to "
                 f"{schema.hash}", path="schema.schema_hash",

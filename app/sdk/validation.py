@@ -124,10 +124,20 @@ class SchemaValidation:
         async with self._lock:
             hit = self._by_version.get(key)
             if hit is None:
-                from ..schema.resolve import resolve_schema_config
+                from ..errors import PrismError
+                from ..schema.resolve import SchemaResolutionError, resolve_schema_config
 
                 cfg = {"registry_type": "prism", "url": self.registry_url, "subject": topic, "version": str(version)}
-                hit = self._by_version[key] = await asyncio.to_thread(resolve_schema_config, cfg)
+                try:
+                    hit = await asyncio.to_thread(resolve_schema_config, cfg)
+                except SchemaResolutionError as exc:
+                    if isinstance(exc, PrismError):  # its references do not resolve: already typed
+                        raise
+                    raise ConfigError(f"cannot read version {version} of subject {topic!r} to validate against: "
+                                      f"{exc}", path="publish(schema_version=)",
+                                      hint="register the schema, or check registry_url and its credentials"
+                                      ) from None
+                self._by_version[key] = hit
         return hit
 
     def check(self, schema: Any, namespace: str, payload: Any, content_type: str | None = None) -> None:
