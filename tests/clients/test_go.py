@@ -481,8 +481,20 @@ def test_go_decodes_binary_avro_and_protobuf_with_references_as_python_writes_th
                                       content_type="application/protobuf"), url, registry, "shop.orders", "protobuf")
     proto_bad = _context(new_envelope("shop.orders", b"\x1a\xff", namespace="shop",
                                       content_type="application/protobuf"), url, registry, "shop.orders", "protobuf")
-    # -- Avro with a reference (a named type of another subject), stamped as Python stamps it:
-    # the hash of the schema's own text (the registry's hash also covers the references)
+    # Python's own resolver (worker, SDK) resolves the references and stamps the registry's hash,
+    # and Python's consumer decodes the payload Go decodes below
+    import asyncio
+
+    from app.schema.resolve import resolve_schema_config
+    from app.sdk.schemas import SchemaResolver
+
+    py = resolve_schema_config({"registry_type": "prism", "url": url, "subject": "shop.orders"})
+    assert py.hash == proto_env.header.schema.schema_hash and py.name == "shop.v1.Order"
+    decoded = asyncio.run(SchemaResolver(url).for_envelope(proto_env)).decode(order.SerializeToString())
+    assert MessageToDict(decoded) == MessageToDict(order)
+    # -- Avro with a reference (a named type of another subject), stamped as Python stamped it
+    # before it resolved references: the hash of the schema's own text (the registry's hash, what
+    # Python stamps now, also covers the references)
     address = {"type": "record", "name": "Address", "namespace": "common",
                "fields": [{"name": "street", "type": "string", "prism.pii": "address"}, {"name": "city", "type": "string"}]}
     order_avro = {"type": "record", "name": "Order", "namespace": "shop",
@@ -501,6 +513,8 @@ def test_go_decodes_binary_avro_and_protobuf_with_references_as_python_writes_th
 
     text_hash = schema_hash("AVRO", json.dumps(order_avro))
     assert text_hash != ref_env.header.schema.schema_hash  # the registry's hash covers the reference
+    py_avro = resolve_schema_config({"registry_type": "prism", "url": url, "subject": "shop.avro.orders"})
+    assert py_avro.hash == ref_env.header.schema.schema_hash and py_avro.alternate_hashes == (text_hash,)
     ref_env.header.schema.schema_hash = text_hash
     out = call(go_interop, {"op": "registry", "registry_url": url, "user": "reader", "password": USERS["reader"][0],
                             "envelopes": [encode(e, Layout.REVIEWED).hex()

@@ -363,3 +363,21 @@ def test_any_reference_graph_resolves_or_is_a_typed_error(fmt: str, graph: dict[
     else:
         assert isinstance(got.text, str) and all(isinstance(k, str) for k in got.imports)
     assert calls[0] <= MAX_REFERENCES
+
+
+def test_registry_refuses_an_import_path_outside_the_schema(registry, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """protoc reads the references as files of a temporary tree: a reference name that climbs out
+    of it (or is absolute) would have the registry write a file anywhere. Refused as 42201."""
+    from app.schema.registry import InvalidSchema
+
+    registry.register("evil", _proto("evil", []), "PROTOBUF")
+    target = tmp_path / "written.proto"
+    for name in (f"../../../../../../..{target}", str(target), "a/../../b.proto"):
+        with pytest.raises(InvalidSchema, match="relative path inside the schema"):
+            registry.register("top", _proto("top", [name]), "PROTOBUF", references=[_ref(name, "evil")])
+    assert not target.exists()
+    # a directory and a file of one name cannot both be imports: refused, not an OSError
+    registry.register("x", _proto("x", []), "PROTOBUF")
+    with pytest.raises(InvalidSchema, match="cannot be laid out"):
+        registry.register("top", _proto("top", ["d", "d/e.proto"]), "PROTOBUF",
+                          references=[_ref("d", "x"), _ref("d/e.proto", "evil")])
