@@ -77,6 +77,19 @@ class Utf8Error(DecodeError):
     code = "bad_utf8"
 
 
+class AmbiguousMapEntryError(DecodeError):
+    """An entry of the envelope's top-level ``extensions`` map holds more than a key and a value
+    (a third field, or a key or value of another wire type). Protobuf runtimes disagree on such
+    an entry - upb (Python) keeps it aside as an unknown field, Go's and Java's runtimes store
+    its key and value in the map - so converting it to the other layout would either drop it or
+    turn it into an extension some readers never saw. The conversion refuses it instead
+    (docs/formats.md, "Map entries that hold more than a key and a value")."""
+
+    code = "ambiguous_map_entry"
+    default_hint = ("write extensions as plain map<string, bytes> entries (generated code or a Prism client "
+                    "does); the record was not converted")
+
+
 class SizeLimitError(EnvelopeError):
     """Input larger than the configured limit; raised before the payload is touched."""
 

@@ -325,6 +325,16 @@ def draft_split(header: vpb.PrismEnvelope, reviewed_head: bytes) -> tuple[bytes,
         klen, kstart = read_varint(reviewed_head, start + 1, end)
         if reviewed_head.startswith(_UNKNOWN_EXT_KEY, kstart, min(kstart + klen, end)):
             return None
+        vpos = kstart + klen
+        if vpos < end:  # a value record, and nothing after it: else an odd entry, which
+            # the general path refuses (`refuse_odd_map_entries`) instead of renumbering it
+            if reviewed_head[vpos] != 0x12:
+                return None
+            vlen, vstart = read_varint(reviewed_head, vpos + 1, end)
+            if vstart + vlen != end:
+                return None
+        elif vpos != end:
+            return None
         tail.append(_DRAFT_EXT_TAG + reviewed_head[pos + 2:end])
         pos = end
     if pos != n:

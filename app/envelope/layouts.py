@@ -42,7 +42,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 
 from .._gen.prism.envelope.draft import envelope_pb2 as dpb
 from .._gen.prism.envelope.v1 import envelope_pb2 as vpb
-from ..errors import EnvelopeError
+from ..errors import AmbiguousMapEntryError, EnvelopeError
 from .model import (
     get_content_encoding,
     get_content_type,
@@ -98,6 +98,31 @@ def unknown_records(msg: object) -> bytes:
     return b"".join(raw[r[2]:r[4]] for r in scan(raw)
                     if r[0] not in known or r[1] not in _wire_types(known[r[0]]))
 
+
+
+#: the top-level `extensions` map's field number in each layout
+_EXT_FIELD = {"draft": 99, "reviewed": 97}
+
+
+def refuse_odd_map_entries(msg: object, layout: str) -> None:
+    """Raise `AmbiguousMapEntryError` when `msg` (a top-level header of `layout`) holds an
+    `extensions` entry with more than a key and a value. upb keeps such an entry, whole, among
+    the message's unknown fields on the map's own number (and LEN wire type), where the
+    unknown-field carry cannot take it: its number is a known one. Converting would drop it,
+    or - written back on a map number - hand a reader that stores odd entries (Go's, Java's
+    runtime) a key Python never saw; the conversion is refused instead (docs/formats.md).
+    Costs one `UnknownFieldSet` (about 0.3 µs) when the header has no unknown field."""
+    unknown = UnknownFieldSet(msg)  # type: ignore[arg-type]
+    if not len(unknown):
+        return
+    field = _EXT_FIELD[layout]
+    n = sum(1 for f in unknown if f.field_number == field and f.wire_type == LEN)
+    if n:
+        raise AmbiguousMapEntryError(
+            f"{n} entr{'y' if n == 1 else 'ies'} of the extensions map hold more than a key and a value "
+            f"(a third field, or a key or value of another wire type): protobuf runtimes read such an entry "
+            f"differently, so the envelope is not converted from the {layout} layout",
+            path=f"extensions (field {field})")
 
 
 def _sub(msg: object, path: str) -> object | None:
@@ -169,6 +194,7 @@ def _zero_presence(msg: object, path: str, dropped: list[str]) -> None:
 
 def draft_to_reviewed(d: dpb.PrismEnvelope) -> tuple[vpb.PrismEnvelope, list[str]]:
     """Map a draft header (its payload is handled by the codec) to the reviewed model."""
+    refuse_odd_map_entries(d, "draft")
     dropped: list[str] = []
     v = vpb.PrismEnvelope()
 
@@ -261,6 +287,7 @@ def reviewed_to_draft(v: vpb.PrismEnvelope, *, report: bool = True) -> tuple[dpb
     record the worker writes) does not read the report, and building it costs more than
     the conversion itself.
     """
+    refuse_odd_map_entries(v, "reviewed")
     dropped: list[str] = []
     d = dpb.PrismEnvelope(envelope_version=KNOWN_ENVELOPE_VERSION)
     if report:

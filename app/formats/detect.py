@@ -52,7 +52,15 @@ from ..envelope.codec import (
 from ..envelope.model import Envelope, set_content_type
 from ..envelope.validation import required_problems
 from ..envelope.wire import read_varint, scan
-from ..errors import CloudEventError, EnvelopeError, FormatError, LnmpError, PrismShapeError, SizeLimitError
+from ..errors import (
+    AmbiguousMapEntryError,
+    CloudEventError,
+    EnvelopeError,
+    FormatError,
+    LnmpError,
+    PrismShapeError,
+    SizeLimitError,
+)
 from . import cloudevents as ce
 from . import legacy, lnmp, lnmp_bindings
 from . import lnmp_envelope as lnmp_env
@@ -332,8 +340,8 @@ def _prism(data: bytes, pairs: list[tuple[str, bytes]], env: Envelope | None, no
         dropped: list[str] = []
         try:
             env = decode(data, limits=limits, dropped=dropped)
-        except SizeLimitError:
-            raise
+        except (SizeLimitError, AmbiguousMapEntryError):
+            raise  # reasons of their own in the DLQ: not "corrupted bytes"
         except EnvelopeError as exc:
             raise PrismShapeError(f"value looks like a Prism envelope (prism-* headers or a leading metadata "
                                   f"block) but does not decode: {exc.message}",

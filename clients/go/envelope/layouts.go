@@ -127,6 +127,9 @@ func zeroPresence(m protoreflect.Message, path string, dropped *[]string) {
 // DraftToReviewed maps a draft header (its payload is handled by the codec) to the reviewed
 // model; the second result lists what the reviewed layout cannot hold.
 func DraftToReviewed(d *draftpb.PrismEnvelope) (*reviewedpb.PrismEnvelope, []string, error) {
+	if err := refuseOddMapEntries(d.ProtoReflect(), "draft", 99); err != nil {
+		return nil, nil, err
+	}
 	var dropped []string
 	v := &reviewedpb.PrismEnvelope{}
 	if dm := d.Metadata; dm != nil {
@@ -278,6 +281,9 @@ func rewire(src, dst proto.Message) error {
 // ReviewedToDraft maps the reviewed model's header to a draft header (envelope_version 1);
 // the second result lists what the draft layout cannot hold.
 func ReviewedToDraft(v *reviewedpb.PrismEnvelope) (*draftpb.PrismEnvelope, []string, error) {
+	if err := refuseOddMapEntries(v.ProtoReflect(), "reviewed", 97); err != nil {
+		return nil, nil, err
+	}
 	var dropped []string
 	d := &draftpb.PrismEnvelope{EnvelopeVersion: KnownEnvelopeVersion}
 	if v.Metadata != nil {

@@ -1,7 +1,10 @@
 package envelope
 
 import (
+	"strconv"
 	"sync"
+
+	"github.com/prism-envelope/prism/clients/go/prismerr"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -243,6 +246,40 @@ func wireTypeFits(fd protoreflect.FieldDescriptor, wt int) bool {
 		return wt == 1
 	}
 	return wt == WireVarint
+}
+
+// refuseOddMapEntries is Python's refuse_odd_map_entries (app/envelope/layouts.py): a layout
+// conversion refuses a top-level header (of layout `layout`, its extensions map on field
+// `field`) that holds an extensions entry with more than a key and a value - kept among the
+// unknown fields by upbMapEntries - with ErrAmbiguousMapEntry, instead of dropping the entry
+// or writing it where a reader that stores odd entries would see a key Python never saw.
+func refuseOddMapEntries(m protoreflect.Message, layout string, field protowire.Number) error {
+	raw := m.GetUnknown()
+	n := 0
+	for b := raw; len(b) > 0; {
+		num, typ, l := protowire.ConsumeTag(b)
+		if l < 0 {
+			break
+		}
+		v := protowire.ConsumeFieldValue(num, typ, b[l:])
+		if v < 0 {
+			break
+		}
+		if num == field && typ == protowire.BytesType {
+			n++
+		}
+		b = b[l+v:]
+	}
+	if n == 0 {
+		return nil
+	}
+	entries := "entry"
+	if n > 1 {
+		entries = "entries"
+	}
+	return (&prismerr.Error{Code: "ambiguous_map_entry",
+		What: strconv.Itoa(n) + " " + entries + " of the extensions map hold more than a key and a value (a third field, or a key or value of another wire type): protobuf runtimes read such an entry differently, so the envelope is not converted from the " + layout + " layout",
+		Hint: "write extensions as plain map<string, bytes> entries (generated code or a Prism client does); the record was not converted"}).At("extensions (field " + strconv.Itoa(int(field)) + ")")
 }
 
 // UnknownRecords returns m's unknown fields as Python's unknown_records reads them

@@ -2,9 +2,11 @@ package envelope_test
 
 import (
 	"encoding/hex"
+	"errors"
 	"testing"
 
 	"github.com/prism-envelope/prism/clients/go/envelope"
+	"github.com/prism-envelope/prism/clients/go/prismerr"
 )
 
 // TestOddMapEntriesReadAsUpbReadsThem: an observability labels entry with a third field, and
@@ -35,5 +37,43 @@ func TestOddMapEntriesReadAsUpbReadsThem(t *testing.T) {
 	}
 	if r := envelope.UnknownRecords(o.ProtoReflect()); len(r) != 0 {
 		t.Fatalf("UnknownRecords reports %x; Python's unknown_records reports none (field 6 is known)", r)
+	}
+}
+
+// TestOddExtensionEntryRefusesConversion: an extensions entry with a third field is kept by a
+// same-layout re-encoding and refused by a layout conversion (ErrAmbiguousMapEntry), as
+// Python's refuse_odd_map_entries does; plain entries still convert.
+func TestOddExtensionEntryRefusesConversion(t *testing.T) {
+	env, err := envelope.NewJSON("orders.created", "order-events", map[string]int{"order_id": 1}, envelope.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, _ := hex.DecodeString("0a047469657212036f6c64")   // {tier: old}
+	odd, _ := hex.DecodeString("0a047469657212036f6c641801") // {tier: old, 3: 1}
+	for _, c := range []struct {
+		lay   envelope.Layout
+		field byte // the extensions field's tag, first byte (97 and 99 take two)
+	}{{envelope.Reviewed, 0x8a}, {envelope.Draft, 0x9a}} {
+		wire, _ := envelope.Encode(env, c.lay)
+		entry := func(e []byte) []byte { return append([]byte{c.field, 0x06, byte(len(e))}, e...) }
+		ok := append(append([]byte{}, wire...), entry(plain)...)
+		for _, to := range []envelope.Layout{envelope.Draft, envelope.Reviewed} {
+			if _, _, err := envelope.Convert(ok, to); err != nil {
+				t.Fatalf("plain entry, %v -> %v: %v", c.lay, to, err)
+			}
+		}
+		bad := append(append([]byte{}, wire...), entry(odd)...)
+		other := envelope.Draft
+		if c.lay == envelope.Draft {
+			other = envelope.Reviewed
+		}
+		if _, _, err := envelope.Convert(bad, other); !errors.Is(err, prismerr.ErrAmbiguousMapEntry) {
+			t.Fatalf("odd entry, %v -> %v: %v, want ambiguous_map_entry", c.lay, other, err)
+		}
+		if c.lay == envelope.Reviewed {
+			if _, _, err := envelope.Convert(bad, envelope.Reviewed); err != nil {
+				t.Fatalf("odd entry, same layout: %v", err)
+			}
+		}
 	}
 }

@@ -73,17 +73,18 @@ func (e *Error) Wrap(cause error) *Error { c := *e; c.Err = cause; return &c }
 
 // parents is the code hierarchy (app/errors.py's class tree).
 var parents = map[string]string{
-	"envelope_error":     "prism_error",
-	"malformed_envelope": "envelope_error",
-	"truncated":          "malformed_envelope",
-	"wire_type":          "malformed_envelope",
-	"bad_length":         "malformed_envelope",
-	"bad_utf8":           "malformed_envelope",
-	"too_large":          "envelope_error",
-	"unknown_layout":     "envelope_error",
-	"bad_compression":    "envelope_error",
-	"payload_error":      "envelope_error",
-	"invalid_envelope":   "envelope_error",
+	"envelope_error":      "prism_error",
+	"malformed_envelope":  "envelope_error",
+	"truncated":           "malformed_envelope",
+	"wire_type":           "malformed_envelope",
+	"bad_length":          "malformed_envelope",
+	"bad_utf8":            "malformed_envelope",
+	"ambiguous_map_entry": "malformed_envelope",
+	"too_large":           "envelope_error",
+	"unknown_layout":      "envelope_error",
+	"bad_compression":     "envelope_error",
+	"payload_error":       "envelope_error",
+	"invalid_envelope":    "envelope_error",
 
 	"security_error":              "prism_error",
 	"bad_signature":               "security_error",
@@ -114,18 +115,21 @@ func sentinel(code string) *Error { return &Error{Code: code} }
 
 // Sentinels for errors.Is. Each matches its own code and every code below it.
 var (
-	ErrPrism       = sentinel("prism_error")
-	ErrEnvelope    = sentinel("envelope_error")
-	ErrDecode      = sentinel("malformed_envelope")
-	ErrTruncated   = sentinel("truncated")
-	ErrWireType    = sentinel("wire_type")
-	ErrBadLength   = sentinel("bad_length")
-	ErrUTF8        = sentinel("bad_utf8")
-	ErrSizeLimit   = sentinel("too_large")
-	ErrLayout      = sentinel("unknown_layout")
-	ErrCompression = sentinel("bad_compression")
-	ErrPayload     = sentinel("payload_error")
-	ErrValidation  = sentinel("invalid_envelope")
+	ErrPrism     = sentinel("prism_error")
+	ErrEnvelope  = sentinel("envelope_error")
+	ErrDecode    = sentinel("malformed_envelope")
+	ErrTruncated = sentinel("truncated")
+	ErrWireType  = sentinel("wire_type")
+	ErrBadLength = sentinel("bad_length")
+	ErrUTF8      = sentinel("bad_utf8")
+	// ErrAmbiguousMapEntry: a layout conversion met an extensions entry with more than a key
+	// and a value (envelope/mapentries.go)
+	ErrAmbiguousMapEntry = sentinel("ambiguous_map_entry")
+	ErrSizeLimit         = sentinel("too_large")
+	ErrLayout            = sentinel("unknown_layout")
+	ErrCompression       = sentinel("bad_compression")
+	ErrPayload           = sentinel("payload_error")
+	ErrValidation        = sentinel("invalid_envelope")
 
 	ErrSecurity          = sentinel("security_error")
 	ErrSignature         = sentinel("bad_signature")
