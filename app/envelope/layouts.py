@@ -27,6 +27,11 @@ Evolution signals (RFC-031 "Backward Compatibility"; docs/formats.md, "Envelope 
   the normalize stage counts and warns about once per version. The draft the worker writes
   is always `envelope_version = 1`: it writes the layout it knows.
 
+* **An `extensions` entry with more than a key and a value** (a third field, a key or value of
+  another wire type) is refused by a conversion, `AmbiguousMapEntryError`
+  (`refuse_odd_map_entries`): protobuf runtimes disagree on what it says, so it can neither be
+  dropped nor written back on the map's number (docs/formats.md).
+
 The revision-2 encryption fields the draft lacks (`encryption_type`, `public_key_id`,
 `encapsulated_key`, `algorithm_params`) are carried in draft `extensions` under
 `prism.enc.*` keys and restored on the way back, so a `.v2` consumer using Prism can still

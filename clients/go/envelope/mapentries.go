@@ -286,7 +286,7 @@ func refuseOddMapEntries(m protoreflect.Message, layout string, field protowire.
 // (app/envelope/layouts.py): the records of numbers m does not know, and of known numbers
 // written with a wire type they are not read with. An odd map entry kept among the unknown
 // fields (see upbMapEntries) is neither, so - as in Python - it is re-encoded with the
-// message but not reported, nor carried across a layout conversion.
+// message but not reported; a layout conversion refuses it (refuseOddMapEntries).
 func UnknownRecords(m protoreflect.Message) []byte {
 	raw := m.GetUnknown()
 	if len(raw) == 0 {
