@@ -91,13 +91,18 @@ def _wire_types(fd: FieldDescriptor) -> tuple[int, ...]:
     return (scalar, LEN) if fd.is_repeated else (scalar,)  # a repeated scalar may be packed
 
 
-def unknown_records(msg: object) -> bytes:
+def unknown_records(msg: object, *, header_of: str | None = None) -> bytes:
     """The wire records of `msg`'s unknown fields, exactly as received ("" when none): fields
     this build does not know, and known fields written with a wire type they are not read with
     (protobuf keeps those as unknown too; dropping them would lose bytes silently). Only
-    serializes once `UnknownFieldSet` said there are some: that costs a little."""
-    if not len(UnknownFieldSet(msg)):  # type: ignore[arg-type]
+    serializes once `UnknownFieldSet` said there are some: that costs a little.
+    `header_of`: `msg` is the top-level header of that layout, whose odd `extensions` entries
+    are refused (`refuse_odd_map_entries`, with the same `UnknownFieldSet`)."""
+    unknown = UnknownFieldSet(msg)  # type: ignore[arg-type]
+    if not len(unknown):
         return b""
+    if header_of is not None:
+        refuse_odd_map_entries(msg, header_of, unknown)
     raw = msg.SerializeToString()  # type: ignore[attr-defined]
     known = msg.DESCRIPTOR.fields_by_number  # type: ignore[attr-defined]
     return b"".join(raw[r[2]:r[4]] for r in scan(raw)
@@ -109,15 +114,17 @@ def unknown_records(msg: object) -> bytes:
 _EXT_FIELD = {"draft": 99, "reviewed": 97}
 
 
-def refuse_odd_map_entries(msg: object, layout: str) -> None:
+def refuse_odd_map_entries(msg: object, layout: str, unknown: UnknownFieldSet | None = None) -> None:
     """Raise `AmbiguousMapEntryError` when `msg` (a top-level header of `layout`) holds an
     `extensions` entry with more than a key and a value. upb keeps such an entry, whole, among
     the message's unknown fields on the map's own number (and LEN wire type), where the
     unknown-field carry cannot take it: its number is a known one. Converting would drop it,
     or - written back on a map number - hand a reader that stores odd entries (Go's, Java's
     runtime) a key Python never saw; the conversion is refused instead (docs/formats.md).
-    Costs one `UnknownFieldSet` (about 0.3 µs) when the header has no unknown field."""
-    unknown = UnknownFieldSet(msg)  # type: ignore[arg-type]
+    A conversion calls it through `unknown_records`, on the `UnknownFieldSet` the carry builds
+    anyway, so a header without unknown fields costs nothing more."""
+    if unknown is None:
+        unknown = UnknownFieldSet(msg)  # type: ignore[arg-type]
     if not len(unknown):
         return
     field = _EXT_FIELD[layout]
@@ -139,13 +146,14 @@ def _sub(msg: object, path: str) -> object | None:
     return msg
 
 
-def _carry_unknown(src: object, prefix: str, ext: dict[str, bytes]) -> None:
+def _carry_unknown(src: object, prefix: str, ext: dict[str, bytes], layout: str) -> None:
     """Put `src`'s unknown fields (top level, metadata, security, encryption) into `ext` under
-    `<prefix><path>`: they cannot be written on their numbers in the other layout."""
+    `<prefix><path>`: they cannot be written on their numbers in the other layout. An odd
+    `extensions` entry of `src` (a `layout` header) cannot be carried: refused."""
     for path in _CARRIED_PATHS:
         msg = _sub(src, path)
         if msg is not None:
-            records = unknown_records(msg)
+            records = unknown_records(msg, header_of=None if path else layout)
             if records:
                 ext[prefix + path] = records
 
@@ -199,7 +207,6 @@ def _zero_presence(msg: object, path: str, dropped: list[str]) -> None:
 
 def draft_to_reviewed(d: dpb.PrismEnvelope) -> tuple[vpb.PrismEnvelope, list[str]]:
     """Map a draft header (its payload is handled by the codec) to the reviewed model."""
-    refuse_odd_map_entries(d, "draft")
     dropped: list[str] = []
     v = vpb.PrismEnvelope()
 
@@ -265,7 +272,7 @@ def draft_to_reviewed(d: dpb.PrismEnvelope) -> tuple[vpb.PrismEnvelope, list[str
                 ve.algorithm_params = ext[_ENC_PARAMS_KEY].decode()
     for k in _ENC_KEYS:
         ext.pop(k, None)
-    _carry_unknown(d, _DRAFT_UNKNOWN, ext)
+    _carry_unknown(d, _DRAFT_UNKNOWN, ext, "draft")  # refuses odd extensions entries
     if any(k.startswith(_REVIEWED_UNKNOWN) for k in ext):
         _restore_unknown(v, _REVIEWED_UNKNOWN, ext)
     if d.envelope_version > KNOWN_ENVELOPE_VERSION:
@@ -292,7 +299,6 @@ def reviewed_to_draft(v: vpb.PrismEnvelope, *, report: bool = True) -> tuple[dpb
     record the worker writes) does not read the report, and building it costs more than
     the conversion itself.
     """
-    refuse_odd_map_entries(v, "reviewed")
     dropped: list[str] = []
     d = dpb.PrismEnvelope(envelope_version=KNOWN_ENVELOPE_VERSION)
     if report:
@@ -327,7 +333,7 @@ def reviewed_to_draft(v: vpb.PrismEnvelope, *, report: bool = True) -> tuple[dpb
             if ve.HasField("algorithm_params"):
                 d.extensions[_ENC_PARAMS_KEY] = ve.algorithm_params.encode()
     carried: dict[str, bytes] = {}
-    _carry_unknown(v, _REVIEWED_UNKNOWN, carried)
+    _carry_unknown(v, _REVIEWED_UNKNOWN, carried, "reviewed")  # refuses odd extensions entries
     if carried:
         d.extensions.update(carried)
     if any(k.startswith(_DRAFT_UNKNOWN) for k in d.extensions):

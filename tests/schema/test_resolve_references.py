@@ -106,6 +106,13 @@ def test_protobuf_schema_importing_two_subjects_resolves_validates_and_decodes(l
     assert info.validator is not None and info.checker is not None
     assert info.validator(good.SerializeToString(), "application/protobuf") == []
     assert info.checker(b"\x12\x03\x08", "application/protobuf")
+    # What the worker masks in a failed message's DLQ context: found through the imports (the
+    # worker's pii_finder must hand them over: imports=resolved.imports)
+    from app.schema.pii import PiiValueFinder
+
+    finder = PiiValueFinder(r.pii_fields, schema_format="protobuf", schema_text=r.schema_text,
+                            message_name=r.name, imports=r.imports)
+    assert finder.values(good.SerializeToString(), "application/protobuf") == ["alice@example.invalid"]
 
 
 async def test_sdk_validates_before_publish_and_decodes_by_reference(live_server, as_reader) -> None:  # type: ignore[no-untyped-def]
