@@ -18,8 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.broker.admin import ensure_topics
-from app.topology import load_topology
 from app.errors import ConfigError
+from app.topology import load_topology
 from app.worker.group_topology import (
     Member,
     TopologyMismatch,
