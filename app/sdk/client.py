@@ -627,6 +627,18 @@ class Subscription:
                 break
         return out
 
+    def _count_received(self, env: Envelope, sc: Any) -> None:
+        """prism_sdk_schema_messages_received_total: the version read and, with an assertion,
+        whether it is the one this subscriber expects (RFC-030 "Observability")."""
+        assert self._schema_metrics is not None
+        version = sc.schema_version if sc is not None else ""
+        if self.assertion is None:
+            result = "unchecked"
+        else:
+            a = self.assertion
+            result = "match" if a._norm(version) == a._norm(a.expected_version) else "mismatch"
+        self._schema_metrics.received_message(env.namespace, version, result)
+
     async def _accept(self, d: Delivery) -> ReceivedEnvelope | None:
         try:
             env = d.decode(self.verify_with)
