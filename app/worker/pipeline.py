@@ -210,7 +210,8 @@ def pii_finder(schema: SchemaInfo | None) -> PiiValueFinder | None:
         return None
     r = schema.resolved
     return PiiValueFinder(schema.pii_fields, schema_format=r.format.value if r is not None else "",
-                          schema_text=r.schema_text if r is not None else "", message_name=r.name if r is not None else "")
+                          schema_text=r.schema_text if r is not None else "", message_name=r.name if r is not None else "",
+                          imports=r.imports if r is not None else None)
 
 
 def build_stages(topology: Topology, *, keyring: SigningKeyring | None, schema: SchemaInfo | None,

@@ -106,12 +106,11 @@ def test_protobuf_schema_importing_two_subjects_resolves_validates_and_decodes(l
     assert info.validator is not None and info.checker is not None
     assert info.validator(good.SerializeToString(), "application/protobuf") == []
     assert info.checker(b"\x12\x03\x08", "application/protobuf")
-    # What the worker masks in a failed message's DLQ context: found through the imports (the
-    # worker's pii_finder must hand them over: imports=resolved.imports)
-    from app.schema.pii import PiiValueFinder
+    # What the worker masks in a failed message's DLQ context: found through the imports
+    from app.worker.pipeline import pii_finder
 
-    finder = PiiValueFinder(r.pii_fields, schema_format="protobuf", schema_text=r.schema_text,
-                            message_name=r.name, imports=r.imports)
+    finder = pii_finder(info)
+    assert finder is not None
     assert finder.values(good.SerializeToString(), "application/protobuf") == ["alice@example.invalid"]
 
 
