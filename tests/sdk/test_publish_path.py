@@ -193,3 +193,45 @@ async def test_publish_of_a_value_nested_too_deep_for_json_is_a_prism_error(opti
     client = PrismClient(URLS["kafka"], namespace="ns")  # never connected: the error comes first
     with pytest.raises(JsonTooDeepError, match="nested too deeply to encode"):
         await client.publish("t", _nested_list(100_000), options)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=1, max_size=300), st.text(max_size=200), st.integers(0, 70_000))
+def test_plain_wire_lengths_of_every_size_are_the_codecs(topic, namespace, pad):
+    """Issue 29: the plain path writes the bytes from a template; lengths that need two- and
+    three-byte varints (long topics, payloads over 127 and 16,383 bytes), an empty namespace
+    and any Unicode are still `codec.encode`'s bytes."""
+    payload = {"pad": "x" * pad}
+    env, wire = _json_envelope(topic, payload, namespace)
+    ref = new_envelope(topic, payload, namespace=namespace, message_id=env.message_id,
+                       published_at_ms=env.published_at_ms, producer_sdk_version=SDK_VERSION)
+    assert wire == encode(ref, Layout.REVIEWED)
+    assert env == ref
+
+
+def test_the_plain_envelope_builds_its_header_only_when_read_and_then_follows_it():
+    env, _ = _json_envelope("orders", {"a": 1}, "ns")
+    fields = (env.message_id, env.topic, env.namespace, env.published_at_ms)
+    client = PrismClient(URLS["kafka"], namespace="ns")
+    client.backend._parts(client._outgoing(env, DEFAULT_OPTIONS, True, b"x"))  # a template miss reads the header
+    env2, _ = _json_envelope("orders", {"a": 1}, "ns")
+    item = client._outgoing(env2, DEFAULT_OPTIONS, True, b"x")
+    client.backend._parts(item)  # a template hit does not
+    assert env2._md is not None
+    md = env.header.metadata
+    assert (md.message_id, md.topic, md.namespace, md.published_at_ms) == fields
+    md.topic = "changed"  # whoever changes the built header in place is what the shortcuts report
+    assert env.topic == "changed" and env.message_id == fields[0]
+    with pytest.raises(AttributeError):
+        env.not_an_attribute  # noqa: B018
+
+
+@pytest.mark.parametrize("ms", [1, 127, 128, 2**35 - 1, 2**35, 1_797_000_000_000, 2**42 - 1, 2**42, 2**50])
+def test_plain_wire_writes_every_publish_time_as_protobuf_does(ms):
+    """The 6-byte-varint shortcut for this era's times and the general varint for the others."""
+    from app.sdk.client import _PlainWire
+
+    env, _ = _json_envelope("orders", {"a": 1}, "ns")
+    ref = new_envelope("orders", {"a": 1}, namespace="ns", message_id=env.message_id,
+                       published_at_ms=ms, producer_sdk_version=SDK_VERSION)
+    assert _PlainWire("orders", "ns").wire(env.message_id, ms, env.payload_bytes()) == encode(ref, Layout.REVIEWED)

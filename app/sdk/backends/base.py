@@ -70,8 +70,7 @@ class PlainTemplates:
         self._cache: dict[tuple[str, str, Layout], tuple[Any, tuple[Any, ...]]] = {}
 
     def get(self, env: Envelope, layout: Layout) -> Any:
-        md = env.header.metadata
-        key = (md.topic, md.namespace, layout)
+        key = (env.topic, env.namespace, layout)  # not env.header: a plain envelope builds it on demand
         hit = self._cache.get(key)
         if hit is None:
             built = self._build(env, layout)
@@ -84,7 +83,7 @@ class PlainTemplates:
             self._cache[key] = (built, slots)
             return built.copy()
         template, slots = hit
-        value = self._encode_id(md.message_id)
+        value = self._encode_id(env.message_id)
         out = template.copy()
         if isinstance(out, dict):
             for k in slots:
