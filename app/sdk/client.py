@@ -425,6 +425,16 @@ class PrismClient:
         (field paths in `.violations`) and nothing is sent. The envelope then carries the
         schema context of the version it was validated against.
         """
+        if (options is None and not schema_validation and schema_version is None and self._requirement is None
+                and self._connected and self.backend.publish_plain is not None and isinstance(payload, dict | list)
+                and topic and self.layout is Layout.REVIEWED and self.schema is None and self.signing_key is None
+                and not (self.publisher_id or self.publisher_team or self.auth_token)
+                and current_otel_context() is None):
+            # The default publish of a dict/list (issue 29): what `_build` + `_outgoing` +
+            # `backend.publish` do for it, without the general path's branches and objects.
+            env, wire = _json_envelope(topic, payload, self.namespace)
+            await self.backend.publish_plain(env, wire)
+            return env.message_id
         o = options or DEFAULT_OPTIONS
         schema = None
         if schema_validation:

@@ -235,3 +235,84 @@ def test_plain_wire_writes_every_publish_time_as_protobuf_does(ms):
     ref = new_envelope("orders", {"a": 1}, namespace="ns", message_id=env.message_id,
                        published_at_ms=ms, producer_sdk_version=SDK_VERSION)
     assert _PlainWire("orders", "ns").wire(env.message_id, ms, env.payload_bytes()) == encode(ref, Layout.REVIEWED)
+
+
+class _RecordingProducer:
+    """Stands in for aiokafka's producer: records what a publish hands it."""
+
+    def __init__(self):
+        self.sent = []
+
+    async def send_and_wait(self, topic, value, key=None, headers=None, timestamp_ms=None):
+        from types import SimpleNamespace
+
+        self.sent.append((topic, key, value, headers, timestamp_ms))
+        return SimpleNamespace(partition=0, offset=len(self.sent) - 1)
+
+
+def _recording_kafka_client(**kwargs):
+    client = PrismClient(URLS["kafka"], namespace="ns", **kwargs)
+    client.backend._producer = producer = _RecordingProducer()
+    client.backend._known_topics.update({"orders", "other"})
+    client._connected = True
+    return client, producer
+
+
+async def test_the_default_kafka_publish_sends_what_the_general_path_sends():
+    """Issue 29: `PrismClient.publish` of a dict/list with no options goes straight to
+    `KafkaBackend.publish_plain`; each record is `_parts` of the general path's `Outgoing`."""
+    client, producer = _recording_kafka_client()
+    calls = []
+    client._build = lambda *a, **k: calls.append(a)  # the general path is not taken
+    ids = [await client.publish(topic, payload) for topic, payload in
+           [("orders", {"a": 1}), ("orders", [1, "é"]), ("other", {"b": None}), ("orders", {})]]
+    assert not calls and len(producer.sent) == 4 and len(set(ids)) == 4
+    general, _ = _recording_kafka_client()
+    for (topic, key, value, headers, ts), message_id in zip(producer.sent, ids, strict=True):
+        env = kb.decode(kb.KafkaRecord(key, value, headers, ts))
+        assert env.message_id == message_id and env.topic == topic
+        item = general._outgoing(env, DEFAULT_OPTIONS, True, value)
+        assert general.backend._parts(item) == (key, value, headers, ts)
+        assert (key, headers, ts) == (None, kb.headers_for(env, Layout.REVIEWED), env.published_at_ms)
+        assert value == encode(env, Layout.REVIEWED)
+    assert client.backend.last_offsets == {("orders", 0): 3, ("other", 0): 2}
+
+
+@pytest.mark.parametrize("call,client_kwargs", [
+    (lambda c: c.publish("orders", {"a": 1}, PrismPublishOptions(correlation_id="c")), {}),
+    (lambda c: c.publish("orders", "text"), {}),
+    (lambda c: c.publish("orders", {"a": 1}), {"layout": Layout.DRAFT}),
+    (lambda c: c.publish("orders", {"a": 1}), {"publisher_id": "svc"}),
+    (lambda c: c.publish("orders", {"a": 1}), {"signing_key": SigningKey.hmac_sha256("k", b"k" * 32)}),
+])
+async def test_publishes_that_are_not_the_default_one_take_the_general_path(call, client_kwargs):
+    client, producer = _recording_kafka_client(**client_kwargs)
+    plain_calls = []
+
+    async def publish_plain(env, wire):
+        plain_calls.append(env)
+    client.backend.publish_plain = publish_plain
+    await call(client)
+    assert not plain_calls and len(producer.sent) == 1
+
+
+async def test_the_default_publish_under_an_active_span_carries_its_trace_context():
+    from opentelemetry.sdk.trace import TracerProvider
+
+    client, producer = _recording_kafka_client()
+    with TracerProvider().get_tracer("t").start_as_current_span("publish"):
+        await client.publish("orders", {"a": 1})
+    (_topic, key, value, headers, ts), = producer.sent
+    assert kb.decode(kb.KafkaRecord(key, value, headers, ts)).observability is not None
+
+
+async def test_a_default_publish_that_kafka_does_not_confirm_is_a_publish_error():
+    from app.errors import PublishError
+
+    client, producer = _recording_kafka_client()
+
+    async def refuse(*args, **kwargs):
+        raise ConnectionError("broker gone")
+    producer.send_and_wait = refuse
+    with pytest.raises(PublishError, match="Kafka did not confirm"):
+        await client.publish("orders", {"a": 1})
