@@ -85,31 +85,132 @@ _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # what new_
 _CONTENT_TYPE_JSON = pb.CONTENT_TYPE_JSON
 
 
+def _varint(n: int) -> bytes:
+    """Protobuf's base-128 varint of a non-negative int (tests/sdk/test_publish_path.py checks
+    every byte of `_json_envelope` against `SerializeToString`)."""
+    if n < 0x80:
+        return _SMALL_VARINTS[n]
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_SMALL_VARINTS = tuple(bytes((i,)) for i in range(0x80))
+#: Publish times whose varint has 6 bytes: 1971-02 to 2109-05. `_PlainWire` writes those
+#: without a loop and with the metadata length worked out in advance.
+_MS6_LOW, _MS6_HIGH = 1 << 35, 1 << 42
+
+
+class _PlainWire:
+    """The reviewed-layout bytes of a plain JSON envelope of one (topic, namespace), cut
+    around the two values that change per publish: message id and publish time.
+
+    `PrismEnvelope{metadata{message_id, topic, namespace, published_at_ms, content_type,
+    producer_sdk_version}, payload{value}}` serializes its fields in field-number order, so
+    the bytes are `0x0a len(md) | 0x0a 0x24 id | <topic, namespace> | 0x20 varint(ms) |
+    <content type, SDK version> | 0x9a 0x06 len(any) 0x12 len(value) value`. The constant
+    pieces come from `SerializeToString` of partial metadata messages (protobuf writes them,
+    not this class); only the lengths and the timestamp are varints written here."""
+
+    __slots__ = ("after_id", "after_ms", "head6", "id_prefix")
+
+    def __init__(self, topic: str, namespace: str) -> None:
+        self.id_prefix = pb.PrismMetadata(message_id="0" * 36).SerializeToString()[:-36]  # tag + length
+        self.after_id = pb.PrismMetadata(topic=topic, namespace=namespace).SerializeToString() + b"\x20"
+        self.after_ms = pb.PrismMetadata(content_type=_CONTENT_TYPE_JSON,
+                                         producer_sdk_version=SDK_VERSION).SerializeToString()
+        md_len6 = len(self.id_prefix) + 36 + len(self.after_id) + 6 + len(self.after_ms)
+        self.head6 = b"\x0a" + _varint(md_len6) + self.id_prefix
+
+    def wire(self, message_id: str, ms: int, value: bytes) -> bytes:
+        n = len(value)
+        nv = _varint(n)
+        if _MS6_LOW <= ms < _MS6_HIGH:
+            return b"".join((self.head6, message_id.encode(), self.after_id,
+                             bytes((ms & 0x7F | 0x80, ms >> 7 & 0x7F | 0x80, ms >> 14 & 0x7F | 0x80,
+                                    ms >> 21 & 0x7F | 0x80, ms >> 28 & 0x7F | 0x80, ms >> 35)),
+                             self.after_ms, b"\x9a\x06", _varint(n + 1 + len(nv)), b"\x12", nv, value))
+        md = b"".join((self.id_prefix, message_id.encode(), self.after_id, _varint(ms), self.after_ms))
+        return b"".join((b"\x0a", _varint(len(md)), md, b"\x9a\x06", _varint(n + 1 + len(nv)), b"\x12", nv, value))
+
+
+_WIRES: dict[tuple[str, str], _PlainWire] = {}
+_MAX_WIRES = 1024  # more distinct (topic, namespace) pairs than this: start over
+
+
+class _PlainJsonEnvelope(Envelope):
+    """The envelope of a plain JSON publish whose protobuf header is built only when something
+    reads `header` (the general path, another layout, a binding on a template miss). The Kafka
+    publish of a known topic never does: it needs the id, topic, namespace and time, which
+    this keeps as plain attributes, and the bytes `_PlainWire` wrote. Built, the header is
+    the one `new_envelope` builds (tests/sdk/test_publish_path.py)."""
+
+    __slots__ = ("_md",)
+
+    def __init__(self, message_id: str, topic: str, namespace: str, ms: int, value: bytes) -> None:
+        self._md: tuple[str, str, str, int] | None = (message_id, topic, namespace, ms)
+        self.payload = Payload(value)
+
+    def __getattr__(self, name: str) -> Any:
+        if name != "header":  # only the unset `header` slot lands here
+            raise AttributeError(name)
+        assert self._md is not None  # set in __init__, cleared only here once `header` is set
+        message_id, topic, namespace, ms = self._md
+        header = pb.PrismEnvelope()
+        md = header.metadata
+        md.message_id = message_id
+        md.topic = topic
+        md.namespace = namespace
+        md.published_at_ms = ms
+        md.content_type = _CONTENT_TYPE_JSON
+        md.producer_sdk_version = SDK_VERSION
+        self.header = header
+        self._md = None  # from now on the header is the truth (it may be changed in place)
+        return header
+
+    @property
+    def message_id(self) -> str:
+        md = self._md
+        return md[0] if md is not None else self.header.metadata.message_id
+
+    @property
+    def topic(self) -> str:
+        md = self._md
+        return md[1] if md is not None else self.header.metadata.topic
+
+    @property
+    def namespace(self) -> str:
+        md = self._md
+        return md[2] if md is not None else self.header.metadata.namespace
+
+    @property
+    def published_at_ms(self) -> int:
+        md = self._md
+        return md[3] if md is not None else self.header.metadata.published_at_ms
+
+
 def _json_envelope(topic: str, payload: Any, namespace: str) -> tuple[Envelope, bytes]:
     """`new_envelope(topic, payload, namespace=namespace, message_id=fast_uuid7(),
-    producer_sdk_version=SDK_VERSION)` for a
-    dict/list payload, and its reviewed-layout encoding: the same envelope and the same bytes
-    as `codec.encode` (tests/sdk/test_publish_path.py pins both) without the general
-    builder's option handling, which a default publish does not need.
+    producer_sdk_version=SDK_VERSION)` for a dict/list payload, and its reviewed-layout
+    encoding: the same envelope and the same bytes as `codec.encode`
+    (tests/sdk/test_publish_path.py pins both) without building a protobuf message at all.
 
-    The bytes come from one `SerializeToString` of the header with the payload `Any` set
-    (field 99, written last like the codec writes it); the payload is then cleared again, as
-    the model keeps it outside the header. In the publish loop this is about 7 µs less than
-    a separate `codec.encode` pass, which touches far more code with cold caches."""
+    The bytes are a per-(topic, namespace) template with the id, the time and the payload
+    filled in (`_PlainWire`); the envelope builds its header only if something asks for it
+    (`_PlainJsonEnvelope`). Issue 29: building and serializing the header was about a third
+    of the envelope's overhead over a raw aiokafka producer."""
     message_id = fast_uuid7()
     value = dumps_checked(payload, what="publish(payload=)", encode=_JSON.encode).encode()
-    header = pb.PrismEnvelope()
-    md = header.metadata
-    md.message_id = message_id
-    md.topic = topic
-    md.namespace = namespace
-    md.published_at_ms = int(time.time() * 1000)
-    md.content_type = _CONTENT_TYPE_JSON
-    md.producer_sdk_version = SDK_VERSION
-    header.payload.value = value
-    wire = header.SerializeToString()
-    header.ClearField("payload")
-    return Envelope(header, Payload(value)), wire
+    ms = int(time.time() * 1000)
+    template = _WIRES.get((topic, namespace))
+    if template is None:
+        if len(_WIRES) >= _MAX_WIRES:
+            _WIRES.clear()
+        template = _WIRES[(topic, namespace)] = _PlainWire(topic, namespace)
+    return _PlainJsonEnvelope(message_id, topic, namespace, ms, value), template.wire(message_id, ms, value)
 
 
 class UnreadableMessage:
@@ -329,6 +430,16 @@ class PrismClient:
         (field paths in `.violations`) and nothing is sent. The envelope then carries the
         schema context of the version it was validated against.
         """
+        if (options is None and not schema_validation and schema_version is None and self._requirement is None
+                and self._connected and self.backend.publish_plain is not None and isinstance(payload, dict | list)
+                and topic and self.layout is Layout.REVIEWED and self.schema is None and self.signing_key is None
+                and not (self.publisher_id or self.publisher_team or self.auth_token)
+                and current_otel_context() is None):
+            # The default publish of a dict/list (issue 29): what `_build` + `_outgoing` +
+            # `backend.publish` do for it, without the general path's branches and objects.
+            env, wire = _json_envelope(topic, payload, self.namespace)
+            await self.backend.publish_plain(env, wire)
+            return env.message_id
         o = options or DEFAULT_OPTIONS
         schema = None
         if schema_validation:

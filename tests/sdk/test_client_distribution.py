@@ -35,7 +35,8 @@ SOURCES: list[str] = CLIENT_CONFIG["tool"]["hatch"]["build"]["targets"]["wheel"]
 
 #: import name -> the distribution that provides it, for every third-party import in the wheel.
 PROVIDED_BY = {
-    "google": "protobuf", "cryptography": "cryptography", "uuid6": "uuid6", "cramjam": "cramjam",
+    "google": "protobuf", "cryptography": "cryptography", "uuid6": "uuid6", "uuid_utils": "uuid-utils",
+    "cramjam": "cramjam",
     "zstandard": "zstandard", "yaml": "pyyaml", "cloudevents": "cloudevents", "aiokafka": "aiokafka",
     "redis": "redis", "nats": "nats-py", "psycopg": "psycopg", "jsonschema": "jsonschema", "fastavro": "fastavro",
     "grpc_tools": "grpcio-tools", "prometheus_client": "prometheus-client", "opentelemetry": "opentelemetry-api",

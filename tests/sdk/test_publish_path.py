@@ -193,3 +193,126 @@ async def test_publish_of_a_value_nested_too_deep_for_json_is_a_prism_error(opti
     client = PrismClient(URLS["kafka"], namespace="ns")  # never connected: the error comes first
     with pytest.raises(JsonTooDeepError, match="nested too deeply to encode"):
         await client.publish("t", _nested_list(100_000), options)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=1, max_size=300), st.text(max_size=200), st.integers(0, 70_000))
+def test_plain_wire_lengths_of_every_size_are_the_codecs(topic, namespace, pad):
+    """Issue 29: the plain path writes the bytes from a template; lengths that need two- and
+    three-byte varints (long topics, payloads over 127 and 16,383 bytes), an empty namespace
+    and any Unicode are still `codec.encode`'s bytes."""
+    payload = {"pad": "x" * pad}
+    env, wire = _json_envelope(topic, payload, namespace)
+    ref = new_envelope(topic, payload, namespace=namespace, message_id=env.message_id,
+                       published_at_ms=env.published_at_ms, producer_sdk_version=SDK_VERSION)
+    assert wire == encode(ref, Layout.REVIEWED)
+    assert env == ref
+
+
+def test_the_plain_envelope_builds_its_header_only_when_read_and_then_follows_it():
+    env, _ = _json_envelope("orders", {"a": 1}, "ns")
+    fields = (env.message_id, env.topic, env.namespace, env.published_at_ms)
+    client = PrismClient(URLS["kafka"], namespace="ns")
+    client.backend._parts(client._outgoing(env, DEFAULT_OPTIONS, True, b"x"))  # a template miss reads the header
+    env2, _ = _json_envelope("orders", {"a": 1}, "ns")
+    item = client._outgoing(env2, DEFAULT_OPTIONS, True, b"x")
+    client.backend._parts(item)  # a template hit does not
+    assert env2._md is not None
+    md = env.header.metadata
+    assert (md.message_id, md.topic, md.namespace, md.published_at_ms) == fields
+    md.topic = "changed"  # whoever changes the built header in place is what the shortcuts report
+    assert env.topic == "changed" and env.message_id == fields[0]
+    with pytest.raises(AttributeError):
+        env.not_an_attribute  # noqa: B018
+
+
+@pytest.mark.parametrize("ms", [1, 127, 128, 2**35 - 1, 2**35, 1_797_000_000_000, 2**42 - 1, 2**42, 2**50])
+def test_plain_wire_writes_every_publish_time_as_protobuf_does(ms):
+    """The 6-byte-varint shortcut for this era's times and the general varint for the others."""
+    from app.sdk.client import _PlainWire
+
+    env, _ = _json_envelope("orders", {"a": 1}, "ns")
+    ref = new_envelope("orders", {"a": 1}, namespace="ns", message_id=env.message_id,
+                       published_at_ms=ms, producer_sdk_version=SDK_VERSION)
+    assert _PlainWire("orders", "ns").wire(env.message_id, ms, env.payload_bytes()) == encode(ref, Layout.REVIEWED)
+
+
+class _RecordingProducer:
+    """Stands in for aiokafka's producer: records what a publish hands it."""
+
+    def __init__(self):
+        self.sent = []
+
+    async def send_and_wait(self, topic, value, key=None, headers=None, timestamp_ms=None):
+        from types import SimpleNamespace
+
+        self.sent.append((topic, key, value, headers, timestamp_ms))
+        return SimpleNamespace(partition=0, offset=len(self.sent) - 1)
+
+
+def _recording_kafka_client(**kwargs):
+    client = PrismClient(URLS["kafka"], namespace="ns", **kwargs)
+    client.backend._producer = producer = _RecordingProducer()
+    client.backend._known_topics.update({"orders", "other"})
+    client._connected = True
+    return client, producer
+
+
+async def test_the_default_kafka_publish_sends_what_the_general_path_sends():
+    """Issue 29: `PrismClient.publish` of a dict/list with no options goes straight to
+    `KafkaBackend.publish_plain`; each record is `_parts` of the general path's `Outgoing`."""
+    client, producer = _recording_kafka_client()
+    calls = []
+    client._build = lambda *a, **k: calls.append(a)  # the general path is not taken
+    ids = [await client.publish(topic, payload) for topic, payload in
+           [("orders", {"a": 1}), ("orders", [1, "é"]), ("other", {"b": None}), ("orders", {})]]
+    assert not calls and len(producer.sent) == 4 and len(set(ids)) == 4
+    general, _ = _recording_kafka_client()
+    for (topic, key, value, headers, ts), message_id in zip(producer.sent, ids, strict=True):
+        env = kb.decode(kb.KafkaRecord(key, value, headers, ts))
+        assert env.message_id == message_id and env.topic == topic
+        item = general._outgoing(env, DEFAULT_OPTIONS, True, value)
+        assert general.backend._parts(item) == (key, value, headers, ts)
+        assert (key, headers, ts) == (None, kb.headers_for(env, Layout.REVIEWED), env.published_at_ms)
+        assert value == encode(env, Layout.REVIEWED)
+    assert client.backend.last_offsets == {("orders", 0): 3, ("other", 0): 2}
+
+
+@pytest.mark.parametrize("call,client_kwargs", [
+    (lambda c: c.publish("orders", {"a": 1}, PrismPublishOptions(correlation_id="c")), {}),
+    (lambda c: c.publish("orders", "text"), {}),
+    (lambda c: c.publish("orders", {"a": 1}), {"layout": Layout.DRAFT}),
+    (lambda c: c.publish("orders", {"a": 1}), {"publisher_id": "svc"}),
+    (lambda c: c.publish("orders", {"a": 1}), {"signing_key": SigningKey.hmac_sha256("k", b"k" * 32)}),
+])
+async def test_publishes_that_are_not_the_default_one_take_the_general_path(call, client_kwargs):
+    client, producer = _recording_kafka_client(**client_kwargs)
+    plain_calls = []
+
+    async def publish_plain(env, wire):
+        plain_calls.append(env)
+    client.backend.publish_plain = publish_plain
+    await call(client)
+    assert not plain_calls and len(producer.sent) == 1
+
+
+async def test_the_default_publish_under_an_active_span_carries_its_trace_context():
+    from opentelemetry.sdk.trace import TracerProvider
+
+    client, producer = _recording_kafka_client()
+    with TracerProvider().get_tracer("t").start_as_current_span("publish"):
+        await client.publish("orders", {"a": 1})
+    (_topic, key, value, headers, ts), = producer.sent
+    assert kb.decode(kb.KafkaRecord(key, value, headers, ts)).observability is not None
+
+
+async def test_a_default_publish_that_kafka_does_not_confirm_is_a_publish_error():
+    from app.errors import PublishError
+
+    client, producer = _recording_kafka_client()
+
+    async def refuse(*args, **kwargs):
+        raise ConnectionError("broker gone")
+    producer.send_and_wait = refuse
+    with pytest.raises(PublishError, match="Kafka did not confirm"):
+        await client.publish("orders", {"a": 1})

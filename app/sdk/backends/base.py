@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import abc
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import SplitResult, parse_qsl, urlsplit
@@ -70,8 +70,7 @@ class PlainTemplates:
         self._cache: dict[tuple[str, str, Layout], tuple[Any, tuple[Any, ...]]] = {}
 
     def get(self, env: Envelope, layout: Layout) -> Any:
-        md = env.header.metadata
-        key = (md.topic, md.namespace, layout)
+        key = (env.topic, env.namespace, layout)  # not env.header: a plain envelope builds it on demand
         hit = self._cache.get(key)
         if hit is None:
             built = self._build(env, layout)
@@ -84,7 +83,7 @@ class PlainTemplates:
             self._cache[key] = (built, slots)
             return built.copy()
         template, slots = hit
-        value = self._encode_id(md.message_id)
+        value = self._encode_id(env.message_id)
         out = template.copy()
         if isinstance(out, dict):
             for k in slots:
@@ -193,6 +192,11 @@ class Backend(abc.ABC):
     """One connection (pool) to a backend, shared by all publishes and subscriptions of a client."""
 
     scheme: ClassVar[str]
+    #: `async publish_plain(env, wire)`: the publish of one plain envelope (`Outgoing.plain`) in
+    #: the reviewed layout whose bytes are `wire`, the same record as `publish([Outgoing(...,
+    #: wire=wire, plain=True)])` with less per-call work; None when the backend has none
+    #: (then `PrismClient.publish` takes the general path).
+    publish_plain: Callable[[Envelope, bytes], Awaitable[None]] | None = None
 
     def __init__(self, url: str) -> None:
         self.url = url

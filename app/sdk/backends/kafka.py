@@ -57,6 +57,7 @@ from typing import Any
 from ...bindings import _common as c
 from ...bindings import kafka as kb
 from ...broker.metadata import partitions_of
+from ...envelope.codec import Layout
 from ...envelope.codec import encode as encode_envelope
 from ...envelope.model import Envelope
 from ...errors import PublishError, SubscribeError
@@ -80,6 +81,7 @@ from .base import (
 )
 
 log = logging.getLogger("prism.sdk.kafka")
+_REVIEWED = Layout.REVIEWED
 _KNOWN = ("partitions", "create_topics", "acks", "linger_ms", "session_timeout_ms", "heartbeat_interval_ms",
           "commit_interval_ms", "isolation_level", "security")
 
@@ -194,6 +196,25 @@ class KafkaBackend(Backend):
         except Exception as exc:
             raise PublishError(f"Kafka did not confirm the publish: {exc!r}", path=redact_url(self.url),
                                hint="the message may or may not be stored; retry with the same message_id") from exc
+
+    async def publish_plain(self, env: Envelope, wire: bytes) -> None:  # type: ignore[override]
+        """`publish([Outgoing(env.topic, env, Layout.REVIEWED, wire=wire, plain=True)])`: the
+        same record (`_parts` of that item; tests/sdk/test_publish_path.py), without the list,
+        the `Outgoing` and the batch branches (issue 29: the default publish's hot path)."""
+        topic = env.topic
+        if topic not in self._known_topics:
+            await self.ensure_topic(topic)
+        producer = self._producer
+        if producer is None:
+            raise PublishError("the Kafka backend is not connected", hint="use the client inside `async with`")
+        ts = env.published_at_ms
+        try:
+            md = await producer.send_and_wait(topic, wire, key=None, headers=self._plain_headers.get(env, _REVIEWED),
+                                              timestamp_ms=ts if ts > 0 else None)
+        except Exception as exc:
+            raise PublishError(f"Kafka did not confirm the publish: {exc!r}", path=redact_url(self.url),
+                               hint="the message may or may not be stored; retry with the same message_id") from exc
+        self.last_offsets[(topic, md.partition)] = md.offset
 
     async def publish_bytes(self, topic: str, value: bytes) -> None:
         await self.ensure_topic(topic)
