@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 
 use crate::codec::{self, Layout, Limits};
-use crate::{encryption, signing};
+use crate::{encryption, lnmp, signing};
 
 /// Small limits too, so the size checks run on small inputs.
 const LIMITS: [Limits; 2] = [
@@ -93,4 +93,21 @@ pub fn decrypt_all(data: &[u8]) {
         )
     });
     let _ = encryption::decrypt_envelope(&env, keys);
+}
+
+/// Map any bytes as an LNMP message; what maps must write back as LNMP, and a canonical
+/// message (what this crate writes) must read back to the same envelope.
+pub fn lnmp_all(data: &[u8]) {
+    let _ = lnmp::form_of(data);
+    if let Ok(env) = lnmp::to_envelope(data) {
+        let out = lnmp::from_envelope(&env);
+        if let Ok(out) = out {
+            let back = lnmp::to_envelope(&out);
+            assert_eq!(
+                back.as_ref().ok(),
+                Some(&env),
+                "LNMP re-encoding does not read back: {back:?}"
+            );
+        }
+    }
 }

@@ -4,6 +4,7 @@
 //!   header-only parse ([`codec::decode_view`]) and the lossless conversion ([`layouts`]).
 //! * [`signing`]: HMAC-SHA256 and Ed25519 in the v2, pair and batch scopes (docs/signing.md).
 //! * [`encryption`]: AES-256-GCM, ML-KEM-1024 and the X25519 + ML-KEM-1024 hybrid (docs/encryption.md).
+//! * [`lnmp`]: LNMP containers, `#ENVELOPE` text and bare records, mapped to and from envelopes.
 //!
 //! Every failure on bad input is a [`PrismError`]; nothing in this crate panics on bad input.
 
@@ -18,6 +19,7 @@ pub mod fuzzing;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod layouts;
+pub mod lnmp;
 pub mod model;
 #[cfg(feature = "registry")]
 pub mod registry;
