@@ -87,6 +87,7 @@ pub fn decrypt_all(data: &[u8]) {
                 encryption::Key::symmetric("conf-aes-1", &[3u8; 32]),
                 encryption::Key::ml_kem_1024_from_seed("conf-mlkem-1", &[4u8; 64]),
                 encryption::Key::hybrid_from_private("conf-hybrid-1", &[5u8; 32], &[6u8; 64]),
+                encryption::Key::ml_kem_768_from_seed("conf-mlkem768-1", &[7u8; 64]),
             ]
             .into_iter()
             .flatten(),

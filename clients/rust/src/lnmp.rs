@@ -763,7 +763,7 @@ pub fn apply_metadata(env: &mut Envelope, meta: &LnmpEnvelope) -> Result<()> {
             extra_keys: meta.extra_keys.clone(),
             ..Default::default()
         })?;
-        let keys = line[TEXT_KEYWORD.len() + 1..].as_bytes().to_vec();
+        let keys = line.as_bytes()[TEXT_KEYWORD.len() + 1..].to_vec();
         env.header.extensions.insert(EXT_TEXT_KEYS.into(), keys);
     }
     Ok(())
