@@ -383,3 +383,125 @@ def test_rust_maps_lnmp_as_python_does() -> None:
             mismatches.append((data.hex()[:100], want, rust))
     assert not mismatches, f"{len(mismatches)} of {len(inputs)} differ; first: {mismatches[:2]}"
     assert {a["outcome"] for a in answers} == {"ok", "bad_lnmp"}
+
+
+# ------------------------------------------------------------------ every encryption pattern
+
+#: Every algorithm Python encrypts with, and the key of the test keyring it uses.
+ENCRYPTION_KEYS = {"aes-256-gcm": "sym-1", "chacha20-poly1305": "sym-1", "rsa-oaep-3072": "rsa-1",
+                   "rsa-oaep-4096": "rsa-2", "ml-kem-768": "kem768-1", "ml-kem-1024": "kem-1",
+                   "x25519-ml-kem-1024": "hyb-1"}
+#: Small payloads fit one RSA block (direct mode); 3,000 bytes do not (wrapped mode).
+PAYLOADS = (b'{"order_id":1}', bytes(range(256)) * 12)
+
+
+class _TestWrap:
+    """The test key service of clients/rust/tests/test_wrap.rs, in Python (a `DataKeyProvider`):
+    the data key AES-256-GCM-wrapped under a TEST master key, the KMS context as its AAD."""
+
+    name = wrap_name = "prism-test-wrap"
+    master = bytes([42]) * 32
+
+    def current_key_id(self, purpose: str, namespace: str | None = None) -> str:
+        return "orders"
+
+    def list_key_ids(self, key_type: str | None = None) -> list[str]:
+        return ["orders"]
+
+    @staticmethod
+    def _aad(context: dict[str, str]) -> bytes:
+        return json.dumps(context, sort_keys=True, separators=(",", ":")).encode()
+
+    def generate_data_key(self, key_id: str, context: dict[str, str]) -> Any:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        from app.security.keys import DataKey
+
+        key, nonce = os.urandom(32), os.urandom(12)
+        return DataKey(f"arn:test:{key_id}", key, nonce + AESGCM(self.master).encrypt(nonce, key, self._aad(context)))
+
+    def decrypt_data_key(self, key_id: str, wrapped: bytes, context: dict[str, str]) -> bytes:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        return AESGCM(self.master).decrypt(wrapped[:12], wrapped[12:], self._aad(context))
+
+
+@pytest.fixture(scope="module")
+def encryption_keyring(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    """A Python keyring with a fresh key of every type, written as the file Rust loads."""
+    from app.security.keys import FileKeyring, new_key_record
+
+    kr = FileKeyring([new_key_record("sym-1", "symmetric-256"), new_key_record("rsa-1", "rsa-3072"),
+                      new_key_record("rsa-2", "rsa-4096"), new_key_record("kem768-1", "ml-kem-768"),
+                      new_key_record("kem-1", "ml-kem-1024"), new_key_record("hyb-1", "x25519-ml-kem-1024")])
+    path = tmp_path_factory.mktemp("keys") / "keyring.json"
+    path.write_text(json.dumps(kr.to_mapping()), encoding="utf-8")
+    return kr, path
+
+
+def _encryption_interop(keyring_path: Path, lines: list[str]) -> list[dict]:
+    cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
+    require(Path(cargo).exists(), "cargo (the Rust toolchain) is not installed")
+    out = subprocess.run([cargo, "run", "--locked", "-q", "--example", "encryption_interop", "--", str(keyring_path)],
+                         cwd=CRATE, input="".join(f"{line}\n" for line in lines), capture_output=True, text=True,
+                         check=True, timeout=1200, env={**os.environ, "CARGO_TARGET_DIR": str(TARGET)})
+    answers = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(answers) == len(lines), out.stderr
+    return answers
+
+
+def test_rust_decrypts_what_python_encrypts(encryption_keyring: tuple[Any, Path]) -> None:
+    """Every algorithm (RSA in direct and wrapped mode), both layouts, and KMS-wrapped data
+    keys: Python encrypts, Rust decrypts to the same bytes; a flipped ciphertext byte is
+    `decryption_failed` in Rust too."""
+    from app.envelope import Payload, encode
+    from app.security.encryption import encrypt_envelope
+
+    kr, path = encryption_keyring
+    cases: list[tuple[str, bytes, bytes]] = []
+    for alg, kid in [*ENCRYPTION_KEYS.items(), ("aes-256-gcm", "kms"), ("chacha20-poly1305", "kms")]:
+        for payload in PAYLOADS:
+            for layout in (Layout.DRAFT, Layout.REVIEWED):
+                env = new_envelope("orders.created", payload, namespace="order-events")
+                if kid == "kms":
+                    encrypt_envelope(env, _TestWrap(), key_id="orders", algorithm=alg)
+                else:
+                    encrypt_envelope(env, kr, key_id=kid, algorithm=alg)
+                wire = bytes(encode(env, layout))
+                cases.append((f"{alg}/{kid}/{len(payload)}/{layout.value}", wire, payload))
+                flipped = bytes([env.payload.value[0] ^ 1]) + bytes(env.payload.value[1:])
+                env.payload = Payload(flipped, env.payload.type_url)
+                cases.append((f"{alg}/{kid}/{len(payload)}/{layout.value}/tampered", bytes(encode(env, layout)), b""))
+    answers = _encryption_interop(path, [f"decrypt {wire.hex()}" for _, wire, _ in cases])
+    for (name, _, payload), got in zip(cases, answers, strict=True):
+        if name.endswith("/tampered"):
+            assert got["outcome"] == "decryption_failed", (name, got)
+        else:
+            assert got == {"outcome": "plaintext", "plaintext_hex": payload.hex()}, (name, got)
+
+
+def test_python_decrypts_what_rust_encrypts(encryption_keyring: tuple[Any, Path]) -> None:
+    """The other way round: Rust encrypts with every algorithm and through the key service,
+    Python's decrypt_envelope reads each to the same bytes, with the metadata Python writes
+    (RSA's mode chosen by size as Python chooses it)."""
+    from app.envelope import decode
+
+    kr, path = encryption_keyring
+    cases = [(cmd, alg, kid, layout, payload)
+             for cmd, pairs in (("encrypt", ENCRYPTION_KEYS.items()),
+                                ("encrypt-kms", [("aes-256-gcm", "orders"), ("chacha20-poly1305", "orders")]))
+             for alg, kid in pairs for payload in PAYLOADS for layout in ("draft", "reviewed")]
+    answers = _encryption_interop(path, [f"{c} {a} {k} {lay} {p.hex()}" for c, a, k, lay, p in cases])
+    for (cmd, alg, kid, layout, payload), got in zip(cases, answers, strict=True):
+        assert got["outcome"] == "ok", (cmd, alg, got)
+        env = decode(bytes.fromhex(got["hex"]))
+        meta = env.security.encryption
+        assert meta.algorithm == alg and env.is_encrypted
+        assert meta.key_id == (f"arn:test:{kid}" if cmd == "encrypt-kms" else kid)
+        provider = _TestWrap() if cmd == "encrypt-kms" else kr
+        assert decrypt_envelope(env, provider) == payload, (cmd, alg, layout, len(payload))
+        params = json.loads(meta.algorithm_params or "{}")
+        if alg.startswith("rsa"):
+            assert params["mode"] == ("direct" if len(payload) < 300 else "wrapped")
+        if cmd == "encrypt-kms":
+            assert params == {"key_wrap": "prism-test-wrap"} and meta.key_id == "arn:test:orders"

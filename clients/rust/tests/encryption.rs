@@ -8,8 +8,8 @@ use std::sync::{Arc, OnceLock};
 
 use prism_client::codec::{self, Layout, Limits};
 use prism_client::encryption::{
-    self, DataKey, DataKeyService, Key, Keyring, KmsContext, Policy, AES_256_GCM, CHACHA20_POLY1305, ML_KEM_1024,
-    ML_KEM_768, RSA_OAEP_3072, RSA_OAEP_4096, X25519_ML_KEM_1024,
+    self, Key, Keyring, Policy, AES_256_GCM, CHACHA20_POLY1305, ML_KEM_1024, ML_KEM_768, RSA_OAEP_3072, RSA_OAEP_4096,
+    X25519_ML_KEM_1024,
 };
 use prism_client::{Envelope, PrismError};
 
@@ -95,67 +95,9 @@ fn rsa_uses_direct_mode_for_one_block_and_wraps_a_key_beyond() {
     }
 }
 
-/// A stand-in key service: the data key AES-256-GCM-wrapped under a master secret, bound to
-/// the KMS context (the same one tests/clients/test_rust_client.py implements in Python).
-struct TestWrap;
-
-impl DataKeyService for TestWrap {
-    fn wrap_name(&self) -> &str {
-        "prism-test-wrap"
-    }
-    fn generate_data_key(&self, key_id: &str, context: &KmsContext) -> prism_client::Result<DataKey> {
-        let mut plaintext = [0u8; 32];
-        aes_gcm::aead::rand_core::RngCore::fill_bytes(&mut aes_gcm::aead::OsRng, &mut plaintext);
-        let wrapped = wrap(&plaintext, context);
-        Ok(DataKey {
-            key_id: format!("arn:test:{key_id}"),
-            plaintext,
-            wrapped,
-        })
-    }
-    fn decrypt_data_key(&self, _key_id: &str, wrapped: &[u8], context: &KmsContext) -> prism_client::Result<[u8; 32]> {
-        use aes_gcm::aead::{Aead, KeyInit, Payload};
-        let aad = serde_json::to_vec(context).unwrap();
-        let refuse = || {
-            PrismError::Decryption(prism_client::Detail::new(
-                "the test key service refused the wrapped key",
-                "security.encryption.encapsulated_key",
-                "",
-            ))
-        };
-        if wrapped.len() < 12 {
-            return Err(refuse());
-        }
-        let key = aes_gcm::Aes256Gcm::new(&[42u8; 32].into());
-        let plain = key
-            .decrypt(
-                aes_gcm::Nonce::from_slice(&wrapped[..12]),
-                Payload {
-                    msg: &wrapped[12..],
-                    aad: &aad,
-                },
-            )
-            .map_err(|_| refuse())?;
-        plain.try_into().map_err(|_| refuse())
-    }
-}
-
-fn wrap(data_key: &[u8; 32], context: &KmsContext) -> Vec<u8> {
-    use aes_gcm::aead::{Aead, KeyInit, Payload};
-    let aad = serde_json::to_vec(context).unwrap();
-    let nonce = [3u8; 12];
-    let key = aes_gcm::Aes256Gcm::new(&[42u8; 32].into());
-    let ct = key
-        .encrypt(
-            aes_gcm::Nonce::from_slice(&nonce),
-            Payload {
-                msg: data_key,
-                aad: &aad,
-            },
-        )
-        .unwrap();
-    [&nonce[..], &ct].concat()
-}
+#[path = "test_wrap.rs"]
+mod test_wrap;
+use test_wrap::TestWrap;
 
 #[test]
 fn kms_wrapped_data_keys_round_trip_and_bind_the_envelope() {
