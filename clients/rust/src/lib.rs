@@ -3,7 +3,8 @@
 //! * [`codec`]: both wire layouts (RFC-031 draft, memo-031 reviewed), the zero-copy
 //!   header-only parse ([`codec::decode_view`]) and the lossless conversion ([`layouts`]).
 //! * [`signing`]: HMAC-SHA256 and Ed25519 in the v2, pair and batch scopes (docs/signing.md).
-//! * [`encryption`]: AES-256-GCM, ML-KEM-1024 and the X25519 + ML-KEM-1024 hybrid (docs/encryption.md).
+//! * [`encryption`]: AES-256-GCM, ChaCha20-Poly1305, KMS data keys, RSA-OAEP, ML-KEM-768/1024 and
+//!   the X25519 + ML-KEM-1024 hybrid (docs/encryption.md).
 //! * [`lnmp`]: LNMP containers, `#ENVELOPE` text and bare records, mapped to and from envelopes.
 //!
 //! Every failure on bad input is a [`PrismError`]; nothing in this crate panics on bad input.
