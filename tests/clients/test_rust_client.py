@@ -10,6 +10,9 @@ built here with cargo. Each direction is checked by the other language's own cod
   transaction); the Rust subscriber verifies, withholds above its clearance, writes a signed audit
   record for the confidential message that Python verifies, and never sees the aborted records
   (read_committed).
+
+Both Kafka tests run twice: with the sync API (`Publisher`, `Subscriber`) and the async one
+(`AsyncPublisher`, `AsyncSubscriber`, feature `kafka-async`), with the same expectations.
 """
 
 from __future__ import annotations
@@ -55,13 +58,15 @@ def interop() -> Path:
     """The built `kafka_interop` example (cargo's cache makes a second build a no-op)."""
     cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
     require(Path(cargo).exists(), "cargo (the Rust toolchain) is not installed")
-    subprocess.run([cargo, "build", "--locked", "-q", "--features", "kafka", "--example", "kafka_interop"],
+    subprocess.run([cargo, "build", "--locked", "-q", "--features", "kafka-async", "--example", "kafka_interop"],
                    cwd=CRATE, check=True, env={**os.environ, "CARGO_TARGET_DIR": str(TARGET)}, timeout=1200)
     return TARGET / "debug" / "examples" / "kafka_interop"
 
 
-def _run(binary: Path, *args: str) -> list[dict]:
-    out = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=120)
+def _run(binary: Path, *args: str, api: str = "sync") -> list[dict]:
+    """Run the interop example; `api="async"` makes it use AsyncPublisher/AsyncSubscriber."""
+    env = {**os.environ, "PRISM_INTEROP_ASYNC": "1" if api == "async" else "0"}
+    out = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=120, env=env)
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
     assert out.returncode == 0, (out.returncode, lines, out.stderr[-2000:])
     return lines
@@ -93,10 +98,11 @@ def topics(kafka: ApacheKafka) -> Iterator[tuple[str, str]]:
     yield kafka.create_topic(f"rust-{stem}", partitions=2), kafka.create_topic(f"rust-audit-{stem}")
 
 
+@pytest.mark.parametrize("api", ["sync", "async"])
 def test_rust_publishes_python_verifies_and_decrypts(interop: Path, kafka: ApacheKafka,
-                                                     topics: tuple[str, str]) -> None:
+                                                     topics: tuple[str, str], api: str) -> None:
     topic, _ = topics
-    sent = _run(interop, "publish", kafka.bootstrap, topic, "4", JWT)
+    sent = _run(interop, "publish", kafka.bootstrap, topic, "4", JWT, api=api)
     assert [s["i"] for s in sent] == [0, 1, 2, 3]
     records = _consume(kafka.bootstrap, topic, 4)
     assert len(records) == 4
@@ -119,7 +125,9 @@ def test_rust_publishes_python_verifies_and_decrypts(interop: Path, kafka: Apach
     assert sum(1 for r in records if kb.decode(r).is_encrypted) == 2
 
 
-def test_python_publishes_rust_subscribes(interop: Path, kafka: ApacheKafka, topics: tuple[str, str]) -> None:
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_python_publishes_rust_subscribes(interop: Path, kafka: ApacheKafka, topics: tuple[str, str],
+                                          api: str) -> None:
     topic, audit_topic = topics
     key = _hmac_key()
     producer = Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:8]}"})
@@ -142,7 +150,7 @@ def test_python_publishes_rust_subscribes(interop: Path, kafka: ApacheKafka, top
          Layout.REVIEWED, tamper=True)
     producer.commit_transaction(30)
 
-    lines = _run(interop, "subscribe", kafka.bootstrap, topic, "5", "confidential", "svc-rust", audit_topic)
+    lines = _run(interop, "subscribe", kafka.bootstrap, topic, "5", "confidential", "svc-rust", audit_topic, api=api)
     stats = lines[-1]["stats"]
     delivered = [ln for ln in lines if "payload" in ln]
     assert sorted(d["payload"]["n"] for d in delivered) == ["confidential", "internal", "public"]
