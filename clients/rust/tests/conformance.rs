@@ -43,6 +43,7 @@ pub fn kind_of(e: &PrismError) -> &'static str {
         PrismError::UnsupportedSignatureScope(_) => "unsupported_signature_scope",
         PrismError::AmbiguousEnvelope(_) => "ambiguous_envelope",
         PrismError::Decryption(_) => "decryption_failed",
+        PrismError::KeyNotUsable(_) => "key_not_usable",
         _ => "other",
     }
 }
@@ -460,6 +461,137 @@ fn negative_vectors() {
     );
 }
 
+/// The key service of a `key_wrap` file, standing in for AWS KMS with its table of answers:
+/// it unwraps a key only when the key id, the wrapped bytes and the whole encryption context
+/// (its provider context merged with the envelope's, the envelope's keys winning) equal an
+/// entry, and records the context it was sent.
+struct TableService {
+    wrap_name: String,
+    provider_context: encryption::KmsContext,
+    data_keys: Vec<(String, Vec<u8>, [u8; 32], encryption::KmsContext)>,
+    sent: std::sync::Mutex<Vec<encryption::KmsContext>>,
+}
+
+impl encryption::DataKeyService for TableService {
+    fn wrap_name(&self) -> &str {
+        &self.wrap_name
+    }
+    fn generate_data_key(
+        &self,
+        _key_id: &str,
+        _context: &encryption::KmsContext,
+    ) -> prism_client::Result<encryption::DataKey> {
+        Err(PrismError::Config(prism_client::Detail::new(
+            "the table stands in for decryption only",
+            "",
+            "",
+        )))
+    }
+    fn decrypt_data_key(
+        &self,
+        key_id: &str,
+        wrapped: &[u8],
+        context: &encryption::KmsContext,
+    ) -> prism_client::Result<[u8; 32]> {
+        let mut full = self.provider_context.clone();
+        full.extend(context.clone());
+        self.sent.lock().unwrap().push(full.clone());
+        self.data_keys
+            .iter()
+            .find(|(k, w, _, c)| k == key_id && w == wrapped && *c == full)
+            .map(|(_, _, p, _)| *p)
+            .ok_or_else(|| {
+                PrismError::Decryption(prism_client::Detail::new(
+                    "the key service refused the wrapped key",
+                    "security.encryption.encapsulated_key",
+                    "",
+                ))
+            })
+    }
+}
+
+fn context_of(v: &Value) -> encryption::KmsContext {
+    v.as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, x)| (k.clone(), x.as_str().unwrap().to_owned()))
+        .collect()
+}
+
+/// The key_wrap pattern (kind "key_wrap"): every vector decrypted through the crate's
+/// key-service path (`Keyring::with_data_key_service`) with the file's table as the service.
+#[test]
+fn key_wrap_vectors() {
+    let mut failures = Vec::new();
+    let mut count = 0;
+    for (path, file) in files_of("key_wrap") {
+        let service = std::sync::Arc::new(TableService {
+            wrap_name: file["wrap_name"].as_str().unwrap().to_owned(),
+            provider_context: context_of(&file["provider_context"]),
+            data_keys: file["data_keys"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| {
+                    (
+                        d["key_id"].as_str().unwrap().to_owned(),
+                        hex(&d["wrapped_hex"]),
+                        hex(&d["plaintext_hex"]).try_into().unwrap(),
+                        context_of(&d["encryption_context"]),
+                    )
+                })
+                .collect(),
+            sent: Default::default(),
+        });
+        let keys = Keyring::new([]).with_data_key_service(service.clone());
+        for v in file["vectors"].as_array().unwrap() {
+            count += 1;
+            let name = v["name"].as_str().unwrap();
+            let mut fail = |what: String| failures.push(format!("{path} {name}: {what}"));
+            let env = match codec::decode(&hex(&v["envelope_hex"]), &Limits::default()) {
+                Ok(e) => e,
+                Err(e) => {
+                    fail(format!("decode {e}"));
+                    continue;
+                }
+            };
+            service.sent.lock().unwrap().clear();
+            let got = encryption::decrypt_with_details(&env, &keys);
+            let verdict = match &got {
+                Ok(_) => "plaintext",
+                Err(e) => kind_of(e),
+            };
+            if verdict != v["expected"].as_str().unwrap() {
+                fail(format!(
+                    "{verdict} ({:?}), expected {}",
+                    got.as_ref().err(),
+                    v["expected"]
+                ));
+                continue;
+            }
+            if let Ok((plain, d)) = got {
+                if plain != hex(&v["plaintext_hex"]) {
+                    fail("plaintext differs".into());
+                }
+                if d.aad != hex(&v["aad_hex"]) {
+                    fail("aad differs".into());
+                }
+                let sent = service.sent.lock().unwrap().clone();
+                if sent != vec![context_of(&v["encryption_context"])] {
+                    fail(format!("context sent {sent:?}"));
+                }
+            }
+        }
+    }
+    assert!(count >= 10, "key_wrap vectors run");
+    assert!(
+        failures.is_empty(),
+        "{} of {count} key_wrap vectors fail:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
 /// LNMP (kind "lnmp"): each input decoded strictly; its form, its LNMP fields, its record, the
 /// envelope it maps to and its canonical re-encoding, or the refusal `bad_lnmp`.
 #[test]
@@ -551,7 +683,15 @@ fn lnmp_vectors() {
 /// empty - so a new kind fails here until Rust runs it.
 #[test]
 fn every_manifest_kind_has_a_runner() {
-    const RUN: [&str; 6] = ["signature", "envelope", "conversion", "encryption", "negative", "lnmp"];
+    const RUN: [&str; 7] = [
+        "signature",
+        "envelope",
+        "conversion",
+        "encryption",
+        "key_wrap",
+        "negative",
+        "lnmp",
+    ];
     const NOT_IMPLEMENTED: [&str; 0] = [];
     let manifest: Value =
         serde_json::from_slice(&std::fs::read(conformance_dir().join("manifest.json")).unwrap()).unwrap();

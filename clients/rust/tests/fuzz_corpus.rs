@@ -53,7 +53,7 @@ fn corpus_replays_without_panics() {
     }
     for (kind, s) in &seeds {
         all(s);
-        if kind == "encryption" {
+        if kind == "encryption" || kind == "key_wrap" {
             decrypt_all(s);
         }
         // truncations: every length near both ends, and a spread in between
@@ -99,7 +99,7 @@ proptest! {
             }
         }
         all(&data);
-        if kind == "encryption" {
+        if kind == "encryption" || kind == "key_wrap" {
             decrypt_all(&data);
         }
     }
