@@ -988,6 +988,19 @@ mod tests {
         assert!(matches!(to_envelope(&c), Err(PrismError::Lnmp(_))));
     }
 
+    /// As in Python: an `#ENVELOPE` line without pairs carries nothing, so it is not written
+    /// back, and the record alone may then read as another form (found by cargo fuzz).
+    #[test]
+    fn an_empty_header_line_is_not_written_back() {
+        let data = b"#ENVELOPE \n#ENVELOPE source=x\nF1=1\n";
+        let env = to_envelope(data).unwrap();
+        assert_eq!(env.payload.as_ref().unwrap().value, b"#ENVELOPE source=x\nF1=1\n");
+        let out = from_envelope(&env).unwrap();
+        assert_eq!(out, b"#ENVELOPE source=x\nF1=1\n");
+        let again = to_envelope(&out).unwrap();
+        assert_eq!(again.security().unwrap().publisher_id.as_deref(), Some("x"));
+    }
+
     #[test]
     fn encrypted_payload_is_not_written_as_a_record() {
         let mut env = to_envelope(b"F1=1").unwrap();
