@@ -1,6 +1,8 @@
 //! The Rust side of the differential test in tests/clients/test_rust_client.py: one command per
 //! stdin line, `decode HEX` or `verify HEX`, answered as `python -m conformance.check` answers
-//! (one JSON line each), so the test can compare the two implementations on any bytes.
+//! (one JSON line each), so the test can compare the two implementations on any bytes; and
+//! `lnmp HEX`: the input mapped from LNMP (strict) to an envelope and written back, or Python's
+//! error code; `validate HEX`: the JSON `[schema, payload]` validated, the violations' paths.
 
 use std::io::BufRead;
 use std::path::Path;
@@ -68,6 +70,33 @@ fn decode(data: &[u8]) -> Value {
     }
 }
 
+/// `validate HEX` where HEX is the JSON `[schema, payload]`: the paths of every violation.
+fn validate(data: &[u8]) -> Value {
+    let Ok(Value::Array(pair)) = serde_json::from_slice::<Value>(data) else {
+        return json!({"error": "bad request"});
+    };
+    match prism_client::registry::violations(&pair[0], &pair[1]) {
+        Ok(v) if v.is_empty() => json!({"outcome": "valid"}),
+        Ok(v) => json!({"outcome": "invalid", "paths": v.iter().map(|x| x.path.clone()).collect::<Vec<_>>()}),
+        Err(e) => json!({"outcome": e.reason()}),
+    }
+}
+
+fn lnmp(data: &[u8]) -> Value {
+    match prism_client::lnmp::to_envelope(data) {
+        Err(e) => json!({"outcome": e.reason()}),
+        Ok(env) => {
+            let mut out = json!({"outcome": "ok",
+                "model": jsonform::json_form(&codec::encode(&env, Layout::Reviewed), "v1")});
+            match prism_client::lnmp::from_envelope(&env) {
+                Ok(bytes) => out["reencoded_hex"] = hex::encode(bytes).into(),
+                Err(e) => out["reencode_error"] = e.reason().into(),
+            }
+            out
+        }
+    }
+}
+
 fn main() {
     let keys = keys();
     for line in std::io::stdin().lock().lines().map_while(Result::ok) {
@@ -82,6 +111,8 @@ fn main() {
                 Ok((_, info)) => json!({"outcome": "valid", "key_id": info.key_id, "scope": info.scope}),
                 Err(e) => json!({"outcome": kind(&e)}),
             },
+            "lnmp" => lnmp(&data),
+            "validate" => validate(&data),
             _ => json!({"error": "unknown command"}),
         };
         println!("{answer}");

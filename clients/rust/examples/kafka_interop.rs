@@ -10,7 +10,9 @@
 //! token, reviewed layout): the producer of tests/clients/test_chain.py, whose worker verifies
 //! that key. The optional Ed25519 key of `subscribe` is trusted as well as the HMAC test key:
 //! the chain test passes the Prism worker's public key, to verify its re-signed outputs.
-//! Every result is one JSON line on stdout.
+//! Every result is one JSON line on stdout. With `PRISM_INTEROP_ASYNC=1`, `publish` and
+//! `subscribe` use the async API (`AsyncPublisher`, `AsyncSubscriber`, feature `kafka-async`)
+//! on a tokio runtime instead: the test runs both and expects the same results.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -18,7 +20,9 @@ use std::time::{Duration, Instant};
 use prism_client::codec::Layout;
 use prism_client::encryption::{self, Key, Keyring};
 use prism_client::error::Detail;
-use prism_client::kafka::{Clearance, Publisher, SubscribeOptions, Subscriber};
+use prism_client::kafka::{
+    AsyncPublisher, AsyncSubscriber, Clearance, Delivery, Publisher, SubscribeOptions, Subscriber,
+};
 use prism_client::signing::{SigningKey, VerificationKey, VerificationKeys};
 use prism_client::{Envelope, PrismError};
 use serde_json::{json, Value};
@@ -50,10 +54,47 @@ fn keyring() -> Keyring {
     ])
 }
 
+fn use_async() -> bool {
+    std::env::var("PRISM_INTEROP_ASYNC").is_ok_and(|v| v == "1")
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, PrismError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| PrismError::Config(Detail::new(format!("no tokio runtime: {e}"), "runtime", "")))
+}
+
+/// The sync or the async publisher, behind one call.
+enum AnyPublisher {
+    Sync(Publisher),
+    Async(AsyncPublisher, tokio::runtime::Runtime),
+}
+
+impl AnyPublisher {
+    fn connect(brokers: &str, jwt: &str) -> Result<Self, PrismError> {
+        Ok(if use_async() {
+            let rt = runtime()?;
+            let p = rt.block_on(async { AsyncPublisher::connect(brokers, &[]) })?;
+            AnyPublisher::Async(p.with_signing_key(hmac_key()).with_auth_token(jwt), rt)
+        } else {
+            AnyPublisher::Sync(
+                Publisher::connect(brokers, &[])?
+                    .with_signing_key(hmac_key())
+                    .with_auth_token(jwt),
+            )
+        })
+    }
+    fn publish(&self, topic: &str, env: &Envelope, layout: Layout) -> Result<(i32, i64), PrismError> {
+        match self {
+            AnyPublisher::Sync(p) => p.publish(topic, env, layout),
+            AnyPublisher::Async(p, rt) => rt.block_on(p.publish(topic, env, layout)),
+        }
+    }
+}
+
 fn publish(brokers: &str, topic: &str, n: usize, jwt: &str) -> Result<(), PrismError> {
-    let publisher = Publisher::connect(brokers, &[])?
-        .with_signing_key(hmac_key())
-        .with_auth_token(jwt);
+    let publisher = AnyPublisher::connect(brokers, jwt)?;
     let ring = keyring();
     for i in 0..n {
         let mut b = Envelope::builder(topic, "interop")
@@ -99,6 +140,74 @@ fn publish_orders(brokers: &str, topic: &str, n: usize, namespace: &str) -> Resu
     Ok(())
 }
 
+/// One JSON line for a delivered message: what the Python test checks.
+fn report(d: &Delivery, ring: &Keyring) -> Result<(), PrismError> {
+    let env = if d.envelope.is_encrypted() {
+        encryption::decrypt_to_envelope(&d.envelope, ring)?
+    } else {
+        d.envelope.clone()
+    };
+    let payload: Value = env.payload_json()?;
+    let sec = d.envelope.security();
+    let schema = d.envelope.header.schema.as_ref();
+    let extensions: serde_json::Map<String, Value> = d
+        .envelope
+        .header
+        .extensions
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::from(String::from_utf8_lossy(v).into_owned())))
+        .collect();
+    println!(
+        "{}",
+        json!({
+            "message_id": d.envelope.message_id(), "offset": d.offset,
+            "key_id": d.signature.as_ref().map(|s| s.key_id.clone()),
+            "scope": d.signature.as_ref().map(|s| s.scope),
+            "classification": sec.and_then(|s| s.data_classification.clone()),
+            "auth_token": sec.and_then(|s| s.auth_token.clone()),
+            "publisher_id": sec.and_then(|s| s.publisher_id.clone()),
+            "payload": payload,
+            "schema": schema.map(|s| json!({"name": s.schema_name, "version": s.schema_version,
+                "format": s.schema_format})),
+            "extensions": extensions,
+        })
+    );
+    Ok(())
+}
+
+/// The async subscriber's loop: one `next().await` at a time, until `expected` messages were
+/// judged or 60 s passed.
+fn subscribe_async(brokers: &str, topic: &str, expected: u64, opts: SubscribeOptions) -> Result<(), PrismError> {
+    let rt = runtime()?;
+    let ring = keyring();
+    let stats = rt.block_on(async {
+        let mut sub = AsyncSubscriber::connect(brokers, topic, opts, &[])?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while sub.stats.delivered + sub.stats.withheld + sub.stats.failed < expected {
+            let Ok(next) = tokio::time::timeout_at(deadline, sub.next()).await else {
+                break;
+            };
+            match next? {
+                Ok(d) => {
+                    sub.ack(&d)?;
+                    report(&d, &ring)?;
+                }
+                Err(u) => {
+                    println!("{}", json!({"offset": u.offset, "error": u.error.reason()}));
+                    sub.ack_at(u.partition, u.offset)?;
+                }
+            }
+        }
+        Ok::<_, PrismError>(sub.stats.clone())
+    })?;
+    println!(
+        "{}",
+        json!({"stats": {"delivered": stats.delivered, "withheld": stats.withheld, "audited": stats.audited,
+        "failed": stats.failed}})
+    );
+    Ok(())
+}
+
 fn subscribe(
     brokers: &str,
     topic: &str,
@@ -134,6 +243,9 @@ fn subscribe(
         signing_key: Some(hmac_key()),
         ..Default::default()
     };
+    if use_async() {
+        return subscribe_async(brokers, topic, expected, opts);
+    }
     let mut sub = Subscriber::connect(brokers, topic, opts, &[])?;
     let ring = keyring();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -142,36 +254,7 @@ fn subscribe(
             match r {
                 Ok(d) => {
                     sub.ack(&d)?;
-                    let env = if d.envelope.is_encrypted() {
-                        encryption::decrypt_to_envelope(&d.envelope, &ring)?
-                    } else {
-                        d.envelope.clone()
-                    };
-                    let payload: Value = env.payload_json()?;
-                    let sec = d.envelope.security();
-                    let schema = d.envelope.header.schema.as_ref();
-                    let extensions: serde_json::Map<String, Value> = d
-                        .envelope
-                        .header
-                        .extensions
-                        .iter()
-                        .map(|(k, v)| (k.clone(), Value::from(String::from_utf8_lossy(v).into_owned())))
-                        .collect();
-                    println!(
-                        "{}",
-                        json!({
-                            "message_id": d.envelope.message_id(), "offset": d.offset,
-                            "key_id": d.signature.as_ref().map(|s| s.key_id.clone()),
-                            "scope": d.signature.as_ref().map(|s| s.scope),
-                            "classification": sec.and_then(|s| s.data_classification.clone()),
-                            "auth_token": sec.and_then(|s| s.auth_token.clone()),
-                            "publisher_id": sec.and_then(|s| s.publisher_id.clone()),
-                            "payload": payload,
-                            "schema": schema.map(|s| json!({"name": s.schema_name, "version": s.schema_version,
-                                "format": s.schema_format})),
-                            "extensions": extensions,
-                        })
-                    );
+                    report(&d, &ring)?;
                 }
                 Err(u) => {
                     println!("{}", json!({"offset": u.offset, "error": u.error.reason()}));

@@ -97,6 +97,10 @@ pub enum PrismError {
     /// The schema registry refused or could not be reached.
     #[error("schema registry: {0}")]
     Registry(Detail),
+    /// An LNMP container, `#ENVELOPE` header or mapping that breaks the LNMP envelope spec
+    /// (strict mode, as the Python worker reads it).
+    #[error("bad LNMP: {0}")]
+    Lnmp(Detail),
 }
 
 impl PrismError {
@@ -122,6 +126,7 @@ impl PrismError {
             PrismError::Config(_) => "bad_config",
             PrismError::Transport(_) => "broker_error",
             PrismError::Registry(_) => "schema_registry_error",
+            PrismError::Lnmp(_) => "bad_lnmp",
         }
     }
 
@@ -146,7 +151,8 @@ impl PrismError {
             | PrismError::Policy(d)
             | PrismError::Config(d)
             | PrismError::Transport(d)
-            | PrismError::Registry(d) => d,
+            | PrismError::Registry(d)
+            | PrismError::Lnmp(d) => d,
         }
     }
 }

@@ -10,6 +10,8 @@
 //!   open transactions are never delivered), signature verification before decoding,
 //!   classification clearance, a signed audit record before a confidential or restricted
 //!   message is handed out (docs/sdk.md, "Classification and audit"), explicit commits (`ack`).
+//! * Async (feature `kafka-async`): [`AsyncPublisher`] and [`AsyncSubscriber`] do the same on
+//!   rdkafka's `FutureProducer` and `StreamConsumer`, for tokio applications.
 
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::time::Duration;
@@ -37,6 +39,55 @@ fn transport(e: impl std::fmt::Display, what: &str) -> PrismError {
 }
 
 type Ack = std::result::Result<(i32, i64), String>;
+
+/// The producer settings both publishers share: murmur2 partitioning (Kafka's Java client's,
+/// so the same key lands on the same partition as from Python), idempotence.
+fn producer_config(bootstrap: &str, extra: &[(&str, &str)]) -> ClientConfig {
+    let mut cfg = ClientConfig::new();
+    cfg.set("bootstrap.servers", bootstrap)
+        .set("partitioner", "murmur2_random")
+        .set("enable.idempotence", "true");
+    for (k, v) in extra {
+        cfg.set(*k, *v);
+    }
+    cfg
+}
+
+/// The record for `env`: the JWT attached, laid out and signed by [`crate::binding`].
+fn outgoing(env: &Envelope, layout: Layout, jwt: Option<&str>, key: Option<&SigningKey>) -> Result<KafkaRecord> {
+    let mut env = env.clone();
+    if let Some(t) = jwt {
+        env.security_mut().auth_token = Some(t.to_owned());
+    }
+    binding::encode(&env, layout, None, &[], key)
+}
+
+fn headers_of(rec: &KafkaRecord) -> OwnedHeaders {
+    let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len());
+    for (n, v) in &rec.headers {
+        headers = headers.insert(Header { key: n, value: Some(v) });
+    }
+    headers
+}
+
+/// A received message as the binding reads it, with its partition and offset.
+fn incoming<M: Message>(m: &M) -> (KafkaRecord, i32, i64) {
+    let headers = m
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|x| (x.key.to_owned(), x.value.unwrap_or(&[]).to_vec()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let rec = KafkaRecord {
+        key: m.key().map(<[u8]>::to_vec),
+        value: m.payload().unwrap_or(&[]).to_vec(),
+        headers,
+        timestamp_ms: m.timestamp().to_millis().unwrap_or(0),
+    };
+    (rec, m.partition(), m.offset())
+}
 
 /// Hands each delivery report to the `publish` call that waits for it.
 pub struct DeliveryContext;
@@ -66,14 +117,7 @@ impl Publisher {
     /// Connect to `bootstrap` (`host:port[,host:port]`). `extra` are librdkafka settings
     /// (security.protocol, sasl.*, ssl.*, acks, linger.ms, ...).
     pub fn connect(bootstrap: &str, extra: &[(&str, &str)]) -> Result<Self> {
-        let mut cfg = ClientConfig::new();
-        cfg.set("bootstrap.servers", bootstrap)
-            .set("partitioner", "murmur2_random")
-            .set("enable.idempotence", "true");
-        for (k, v) in extra {
-            cfg.set(*k, *v);
-        }
-        let producer = cfg
+        let producer = producer_config(bootstrap, extra)
             .create_with_context(DeliveryContext)
             .map_err(|e| transport(e, "cannot create producer"))?;
         Ok(Publisher {
@@ -96,24 +140,16 @@ impl Publisher {
 
     /// Publish `env` to `topic` in `layout`; returns (partition, offset) once acknowledged.
     pub fn publish(&self, topic: &str, env: &Envelope, layout: Layout) -> Result<(i32, i64)> {
-        let mut env = env.clone();
-        if let Some(t) = &self.auth_token {
-            env.security_mut().auth_token = Some(t.clone());
-        }
-        let rec = binding::encode(&env, layout, None, &[], self.signing_key.as_ref())?;
+        let rec = outgoing(env, layout, self.auth_token.as_deref(), self.signing_key.as_ref())?;
         self.send(topic, &rec)
     }
 
     /// Send an already encoded record and wait for the broker's acknowledgement.
     pub fn send(&self, topic: &str, rec: &KafkaRecord) -> Result<(i32, i64)> {
         let (tx, rx) = sync_channel(1);
-        let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len());
-        for (n, v) in &rec.headers {
-            headers = headers.insert(Header { key: n, value: Some(v) });
-        }
         let mut r = BaseRecord::with_opaque_to(topic, Box::new(tx))
             .payload(&rec.value)
-            .headers(headers)
+            .headers(headers_of(rec))
             .timestamp(rec.timestamp_ms);
         if let Some(k) = &rec.key {
             r = r.key(k);
@@ -228,6 +264,131 @@ pub struct Stats {
     pub failed: u64,
 }
 
+/// The subscription's options checked (every problem at once), then the consumer settings:
+/// read_committed, explicit commits, where a new group starts.
+fn consumer_config(
+    bootstrap: &str,
+    topic: &str,
+    opts: &SubscribeOptions,
+    extra: &[(&str, &str)],
+) -> Result<ClientConfig> {
+    let mut problems = Vec::new();
+    if opts.clearance > Clearance::Internal && opts.principal.as_deref().unwrap_or("").is_empty() {
+        problems.push(format!("clearance {} needs a principal", opts.clearance.name()));
+    }
+    if opts
+        .principal
+        .as_deref()
+        .is_some_and(|p| p.contains(char::is_whitespace))
+    {
+        problems.push("principal must not contain spaces".into());
+    }
+    if opts.audit_topic == topic {
+        problems.push("audit_topic must differ from the subscribed topic".into());
+    }
+    if !problems.is_empty() {
+        return Err(err!(
+            Config,
+            problems.join("; "),
+            "subscribe",
+            "fix the subscription options"
+        ));
+    }
+    let mut cfg = ClientConfig::new();
+    cfg.set("bootstrap.servers", bootstrap)
+        .set("group.id", &opts.group)
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set(
+            "auto.offset.reset",
+            if opts.from_beginning { "earliest" } else { "latest" },
+        );
+    for (k, v) in extra {
+        cfg.set(*k, *v);
+    }
+    Ok(cfg)
+}
+
+/// What a subscriber does with one record.
+enum Verdict {
+    /// Above the subscriber's clearance: acknowledged, never handed out.
+    Withheld,
+    /// Hand it out, after publishing the audit record when there is one.
+    Deliver(Box<Delivery>, Option<Box<Envelope>>),
+}
+
+/// Verify, decode, apply the clearance, and build the audit record a confidential or
+/// restricted delivery needs - shared by the sync and async subscribers.
+fn judge(topic: &str, opts: &SubscribeOptions, rec: &KafkaRecord, partition: i32, offset: i64) -> Result<Verdict> {
+    let (view, signature) = binding::decode(rec, &opts.limits, opts.verify_with.as_ref())?;
+    let envelope = view.to_envelope()?;
+    let level = Clearance::of(envelope.security().and_then(|s| s.data_classification.as_deref()));
+    if level > opts.clearance {
+        return Ok(Verdict::Withheld); // judged by the envelope, never by a header
+    }
+    let audit = if level >= Clearance::Confidential {
+        Some(Box::new(audit_record(
+            topic, opts, &envelope, level, partition, offset,
+        )?))
+    } else {
+        None
+    };
+    Ok(Verdict::Deliver(
+        Box::new(Delivery {
+            envelope,
+            signature,
+            partition,
+            offset,
+        }),
+        audit,
+    ))
+}
+
+fn audit_record(
+    topic: &str,
+    opts: &SubscribeOptions,
+    env: &Envelope,
+    level: Clearance,
+    partition: i32,
+    offset: i64,
+) -> Result<Envelope> {
+    let now = now_ms();
+    let record = serde_json::json!({
+        "event": "classified_delivery",
+        "principal": opts.principal.clone().unwrap_or_default(),
+        "group": opts.group,
+        "message_id": env.message_id(),
+        "namespace": env.namespace(),
+        "topic": topic,
+        "classification": level.name(),
+        "time": iso8601_utc(now),
+        "time_ms": now,
+        "backend": "kafka",
+        "ref": format!("{partition}:{offset}"),
+    });
+    Envelope::builder(opts.audit_topic.clone(), env.namespace())
+        .json(&record)?
+        .correlation_id(env.message_id())
+        .data_classification("internal")
+        .build()
+}
+
+fn audit_failed(e: PrismError) -> PrismError {
+    err!(
+        Transport,
+        format!("audit record not written, message not handed out: {e}"),
+        "audit_topic",
+        "the message is fetched again; check the audit topic"
+    )
+}
+
+fn commit_list(topic: &str, partition: i32, offset: i64) -> Result<TopicPartitionList> {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset(offset + 1))
+        .map_err(|e| transport(e, "bad offset"))?;
+    Ok(tpl)
+}
+
 /// A subscription to one topic (read_committed), verifying and judging every message.
 pub struct Subscriber {
     topic: String,
@@ -240,40 +401,7 @@ pub struct Subscriber {
 impl Subscriber {
     /// Join `opts.group` on `topic`. `extra` are librdkafka settings (security, ...).
     pub fn connect(bootstrap: &str, topic: &str, opts: SubscribeOptions, extra: &[(&str, &str)]) -> Result<Self> {
-        let mut problems = Vec::new();
-        if opts.clearance > Clearance::Internal && opts.principal.as_deref().unwrap_or("").is_empty() {
-            problems.push(format!("clearance {} needs a principal", opts.clearance.name()));
-        }
-        if opts
-            .principal
-            .as_deref()
-            .is_some_and(|p| p.contains(char::is_whitespace))
-        {
-            problems.push("principal must not contain spaces".into());
-        }
-        if opts.audit_topic == topic {
-            problems.push("audit_topic must differ from the subscribed topic".into());
-        }
-        if !problems.is_empty() {
-            return Err(err!(
-                Config,
-                problems.join("; "),
-                "subscribe",
-                "fix the subscription options"
-            ));
-        }
-        let mut cfg = ClientConfig::new();
-        cfg.set("bootstrap.servers", bootstrap)
-            .set("group.id", &opts.group)
-            .set("isolation.level", "read_committed")
-            .set("enable.auto.commit", "false")
-            .set(
-                "auto.offset.reset",
-                if opts.from_beginning { "earliest" } else { "latest" },
-            );
-        for (k, v) in extra {
-            cfg.set(*k, *v);
-        }
+        let cfg = consumer_config(bootstrap, topic, &opts, extra)?;
         let consumer: BaseConsumer = cfg.create().map_err(|e| transport(e, "cannot create consumer"))?;
         consumer
             .subscribe(&[topic])
@@ -304,23 +432,7 @@ impl Subscriber {
             let rec = match self.consumer.poll(wait) {
                 None => break,
                 Some(Err(e)) => return Err(transport(e, "consume failed")),
-                Some(Ok(m)) => {
-                    let headers = m
-                        .headers()
-                        .map(|h| {
-                            h.iter()
-                                .map(|x| (x.key.to_owned(), x.value.unwrap_or(&[]).to_vec()))
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    let rec = KafkaRecord {
-                        key: m.key().map(<[u8]>::to_vec),
-                        value: m.payload().unwrap_or(&[]).to_vec(),
-                        headers,
-                        timestamp_ms: m.timestamp().to_millis().unwrap_or(0),
-                    };
-                    (rec, m.partition(), m.offset())
-                }
+                Some(Ok(m)) => incoming(&m),
             };
             wait = Duration::ZERO;
             let (rec, partition, offset) = rec;
@@ -348,58 +460,18 @@ impl Subscriber {
 
     /// Verify, decode, apply the clearance, audit; `None` when withheld.
     fn judge(&mut self, rec: &KafkaRecord, partition: i32, offset: i64) -> Result<Option<Delivery>> {
-        let (view, signature) = binding::decode(rec, &self.opts.limits, self.opts.verify_with.as_ref())?;
-        let envelope = view.to_envelope()?;
-        let level = Clearance::of(envelope.security().and_then(|s| s.data_classification.as_deref()));
-        if level > self.opts.clearance {
-            return Ok(None); // withheld: judged by the envelope, never by a header
-        }
-        if level >= Clearance::Confidential {
-            if let Err(e) = self.write_audit(&envelope, level, partition, offset) {
-                self.seek(partition, offset)?; // not handed out: fetched again later
-                return Err(e);
+        match judge(&self.topic, &self.opts, rec, partition, offset)? {
+            Verdict::Withheld => Ok(None),
+            Verdict::Deliver(d, None) => Ok(Some(*d)),
+            Verdict::Deliver(d, Some(audit)) => {
+                if let Err(e) = self.audit.publish(&self.opts.audit_topic, &audit, Layout::Reviewed) {
+                    self.seek(partition, offset)?; // not handed out: fetched again later
+                    return Err(audit_failed(e));
+                }
+                self.stats.audited += 1;
+                Ok(Some(*d))
             }
-            self.stats.audited += 1;
         }
-        Ok(Some(Delivery {
-            envelope,
-            signature,
-            partition,
-            offset,
-        }))
-    }
-
-    fn write_audit(&self, env: &Envelope, level: Clearance, partition: i32, offset: i64) -> Result<()> {
-        let now = now_ms();
-        let record = serde_json::json!({
-            "event": "classified_delivery",
-            "principal": self.opts.principal.clone().unwrap_or_default(),
-            "group": self.opts.group,
-            "message_id": env.message_id(),
-            "namespace": env.namespace(),
-            "topic": self.topic,
-            "classification": level.name(),
-            "time": iso8601_utc(now),
-            "time_ms": now,
-            "backend": "kafka",
-            "ref": format!("{partition}:{offset}"),
-        });
-        let audit = Envelope::builder(self.opts.audit_topic.clone(), env.namespace())
-            .json(&record)?
-            .correlation_id(env.message_id())
-            .data_classification("internal")
-            .build()?;
-        self.audit
-            .publish(&self.opts.audit_topic, &audit, Layout::Reviewed)
-            .map(|_| ())
-            .map_err(|e| {
-                err!(
-                    Transport,
-                    format!("audit record not written, message not handed out: {e}"),
-                    "audit_topic",
-                    "the message is fetched again; check the audit topic"
-                )
-            })
     }
 
     /// Commit a handed-out message (and everything before it on its partition).
@@ -409,11 +481,183 @@ impl Subscriber {
 
     /// Commit up to and including `offset` on `partition` (e.g. after a DLQ write of an `Undeliverable`).
     pub fn ack_at(&self, partition: i32, offset: i64) -> Result<()> {
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&self.topic, partition, Offset::Offset(offset + 1))
-            .map_err(|e| transport(e, "bad offset"))?;
         self.consumer
-            .commit(&tpl, CommitMode::Sync)
+            .commit(&commit_list(&self.topic, partition, offset)?, CommitMode::Sync)
+            .map_err(|e| transport(e, "commit failed"))
+    }
+
+    /// A nack: the partition is read again from `offset`.
+    pub fn seek(&self, partition: i32, offset: i64) -> Result<()> {
+        self.consumer
+            .seek(&self.topic, partition, Offset::Offset(offset), Duration::from_secs(10))
+            .map_err(|e| transport(e, "seek failed"))
+    }
+}
+
+// ------------------------------------------------------------------ async (feature `kafka-async`)
+
+/// Publishes envelopes to Kafka without blocking a thread (rdkafka's `FutureProducer`), for
+/// tokio applications: the same records, headers, JWT and signature as [`Publisher`].
+#[cfg(feature = "kafka-async")]
+pub struct AsyncPublisher {
+    producer: rdkafka::producer::FutureProducer,
+    signing_key: Option<SigningKey>,
+    auth_token: Option<String>,
+    timeout: Duration,
+}
+
+#[cfg(feature = "kafka-async")]
+impl AsyncPublisher {
+    /// Connect to `bootstrap`; `extra` are librdkafka settings, as for [`Publisher::connect`].
+    pub fn connect(bootstrap: &str, extra: &[(&str, &str)]) -> Result<Self> {
+        let producer = producer_config(bootstrap, extra)
+            .create()
+            .map_err(|e| transport(e, "cannot create producer"))?;
+        Ok(AsyncPublisher {
+            producer,
+            signing_key: None,
+            auth_token: None,
+            timeout: Duration::from_secs(30),
+        })
+    }
+    /// Sign every envelope (scope v2).
+    pub fn with_signing_key(mut self, key: SigningKey) -> Self {
+        self.signing_key = Some(key);
+        self
+    }
+    /// Attach a JWT to every envelope (`security.auth_token`).
+    pub fn with_auth_token(mut self, jwt: impl Into<String>) -> Self {
+        self.auth_token = Some(jwt.into());
+        self
+    }
+    /// Publish `env` to `topic` in `layout`; resolves to (partition, offset) once acknowledged.
+    pub async fn publish(&self, topic: &str, env: &Envelope, layout: Layout) -> Result<(i32, i64)> {
+        let rec = outgoing(env, layout, self.auth_token.as_deref(), self.signing_key.as_ref())?;
+        self.send(topic, &rec).await
+    }
+    /// Send an already encoded record; resolves once the broker acknowledged it.
+    pub async fn send(&self, topic: &str, rec: &KafkaRecord) -> Result<(i32, i64)> {
+        let mut r = rdkafka::producer::FutureRecord::to(topic)
+            .payload(&rec.value)
+            .headers(headers_of(rec))
+            .timestamp(rec.timestamp_ms);
+        if let Some(k) = &rec.key {
+            r = r.key(k);
+        }
+        self.producer
+            .send(r, rdkafka::util::Timeout::After(self.timeout))
+            .await
+            .map_err(|(e, _)| transport(e, "produce failed"))
+    }
+    /// Wait until everything sent was acknowledged (blocks up to the timeout: call it at shutdown).
+    pub fn flush(&self) -> Result<()> {
+        self.producer
+            .flush(self.timeout)
+            .map_err(|e| transport(e, "flush failed"))
+    }
+}
+
+/// A subscription (read_committed) for tokio applications (rdkafka's `StreamConsumer`): the
+/// same verification, clearance and signed audit records as [`Subscriber`], one message per
+/// `next().await`. Withheld messages are acknowledged and skipped, as in `Subscriber::poll`.
+#[cfg(feature = "kafka-async")]
+pub struct AsyncSubscriber {
+    topic: String,
+    consumer: rdkafka::consumer::StreamConsumer,
+    opts: SubscribeOptions,
+    audit: AsyncPublisher,
+    pub stats: Stats,
+}
+
+#[cfg(feature = "kafka-async")]
+impl AsyncSubscriber {
+    /// Join `opts.group` on `topic` (call it inside a tokio runtime).
+    pub fn connect(bootstrap: &str, topic: &str, opts: SubscribeOptions, extra: &[(&str, &str)]) -> Result<Self> {
+        let consumer: rdkafka::consumer::StreamConsumer = consumer_config(bootstrap, topic, &opts, extra)?
+            .create()
+            .map_err(|e| transport(e, "cannot create consumer"))?;
+        consumer
+            .subscribe(&[topic])
+            .map_err(|e| transport(e, "cannot subscribe"))?;
+        let mut audit = AsyncPublisher::connect(bootstrap, extra)?;
+        if let Some(k) = &opts.signing_key {
+            audit = audit.with_signing_key(k.clone());
+        }
+        Ok(AsyncSubscriber {
+            topic: topic.to_owned(),
+            consumer,
+            opts,
+            audit,
+            stats: Stats::default(),
+        })
+    }
+
+    /// The next message: `Ok(Ok(delivery))`, or `Ok(Err(undeliverable))` for one that failed
+    /// verification or decoding (never dropped: the caller decides, then `ack_at`). `Err` is a
+    /// transport failure. Pending until a message arrives (wrap it in a timeout as needed).
+    pub async fn next(&mut self) -> Result<std::result::Result<Delivery, Undeliverable>> {
+        loop {
+            let (rec, partition, offset) = {
+                let m = self.consumer.recv().await.map_err(|e| transport(e, "consume failed"))?;
+                incoming(&m)
+            };
+            match judge(&self.topic, &self.opts, &rec, partition, offset) {
+                Ok(Verdict::Withheld) => {
+                    self.stats.withheld += 1;
+                    self.ack_at(partition, offset)?;
+                }
+                Ok(Verdict::Deliver(d, audit)) => {
+                    if let Some(audit) = audit {
+                        if let Err(e) = self
+                            .audit
+                            .publish(&self.opts.audit_topic, &audit, Layout::Reviewed)
+                            .await
+                        {
+                            self.seek(partition, offset)?; // not handed out: fetched again later
+                            self.stats.failed += 1;
+                            return Ok(Err(Undeliverable {
+                                partition,
+                                offset,
+                                error: audit_failed(e),
+                            }));
+                        }
+                        self.stats.audited += 1;
+                    }
+                    self.stats.delivered += 1;
+                    return Ok(Ok(*d));
+                }
+                Err(error) => {
+                    self.stats.failed += 1;
+                    return Ok(Err(Undeliverable {
+                        partition,
+                        offset,
+                        error,
+                    }));
+                }
+            }
+        }
+    }
+
+    /// Commit a handed-out message (and everything before it on its partition). The commit
+    /// is queued without blocking the runtime (librdkafka sends it in the background); one
+    /// that fails leaves the offset where it was, so the message is delivered again (at least
+    /// once), never lost. `ack_blocking` waits for the broker.
+    pub fn ack(&self, d: &Delivery) -> Result<()> {
+        self.ack_at(d.partition, d.offset)
+    }
+
+    /// Queue the commit of everything up to and including `offset` on `partition`.
+    pub fn ack_at(&self, partition: i32, offset: i64) -> Result<()> {
+        self.consumer
+            .commit(&commit_list(&self.topic, partition, offset)?, CommitMode::Async)
+            .map_err(|e| transport(e, "commit failed"))
+    }
+
+    /// [`ack`](Self::ack), waiting for the broker's answer (blocks the thread for one round
+    /// trip: call it at shutdown or from `spawn_blocking`).
+    pub fn ack_blocking(&self, d: &Delivery) -> Result<()> {
+        self.consumer
+            .commit(&commit_list(&self.topic, d.partition, d.offset)?, CommitMode::Sync)
             .map_err(|e| transport(e, "commit failed"))
     }
 

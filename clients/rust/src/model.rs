@@ -11,6 +11,8 @@ use crate::gen::v1::{self, ContentEncoding, ContentType};
 pub const SDK_VERSION: &str = concat!("prism-rust/", env!("CARGO_PKG_VERSION"));
 /// `type_url` prefix of packed protobuf payloads (`Any.Pack`).
 pub const PROTOBUF_TYPE_URL_PREFIX: &str = "type.googleapis.com/";
+/// The largest JSON payload `payload_json` parses (Python's `DEFAULT_MAX_DECOMPRESSED`).
+pub const MAX_JSON_PAYLOAD_BYTES: usize = 64 * 1024 * 1024;
 /// Priority when the field is absent (memo-031).
 pub const DEFAULT_PRIORITY: i32 = 5;
 
@@ -174,16 +176,16 @@ impl Envelope {
         }
     }
 
-    /// The payload parsed as JSON into `T`.
+    /// The payload parsed as JSON into `T`, within the Python SDK's limits: at most 64 MiB and
+    /// 64 levels of nesting (`crate::untrusted_json`).
     pub fn payload_json<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
-        serde_json::from_slice(&self.payload_bytes()?).map_err(|e| {
-            err!(
-                Payload,
-                format!("payload is not the expected JSON: {e}"),
-                "payload.value",
-                "check the producer's payload against its schema"
-            )
-        })
+        crate::untrusted_json::parse(
+            &self.payload_bytes()?,
+            "payload.value",
+            MAX_JSON_PAYLOAD_BYTES,
+            crate::untrusted_json::DEFAULT_MAX_DEPTH,
+            crate::error::PrismError::Payload,
+        )
     }
 
     /// The payload decoded as protobuf message `M`; its `type_url` must name `M` when set.

@@ -330,183 +330,98 @@ pub struct Violation {
     pub message: String,
 }
 
-const SUPPORTED: &[&str] = &[
-    "$schema",
-    "$id",
-    "title",
-    "description",
-    "type",
-    "properties",
-    "required",
-    "additionalProperties",
-    "items",
-    "enum",
-    "const",
-    "minimum",
-    "maximum",
-    "exclusiveMinimum",
-    "exclusiveMaximum",
-    "minLength",
-    "maxLength",
-    "minItems",
-    "maxItems",
-    "default",
-    "examples",
-    "x-prism-pii",
-    "x-prism-encrypt",
-    "x-prism-index",
-    "format",
-];
+/// At most this many violations are reported (Python's `MAX_VIOLATIONS` keeps reports short).
+pub const MAX_VIOLATIONS: usize = 20;
 
-/// Check that a JSON Schema uses only the keywords this validator implements; anything else
-/// (`$ref`, `oneOf`, `pattern`, ...) is refused rather than silently not checked.
-pub fn check_supported(schema: &Value, path: &str) -> Result<()> {
-    let Some(obj) = schema.as_object() else { return Ok(()) };
-    for (k, v) in obj {
-        if !SUPPORTED.contains(&k.as_str()) {
-            return Err(err!(
+/// Compile a JSON Schema as Python's `jsonschema.validators.validator_for` does: the draft its
+/// `$schema` names (2020-12 when absent), `format` checked. The `jsonschema` crate is built
+/// without its HTTP and file resolvers, so a `$ref` outside the schema is refused here rather
+/// than fetched.
+fn compile(schema: &Value) -> Result<jsonschema::Validator> {
+    jsonschema::options()
+        .should_validate_formats(true)
+        .build(schema)
+        .map_err(|e| {
+            err!(
                 Config,
-                format!("JSON Schema keyword {k:?} at {path} is not supported by the Rust validator"),
-                path.to_owned(),
-                "validate this schema in Python (publish with schema_validation=True), or simplify it"
-            ));
-        }
-        match k.as_str() {
-            "properties" => {
-                for (name, sub) in v.as_object().into_iter().flatten() {
-                    check_supported(sub, &format!("{path}.{name}"))?;
-                }
-            }
-            "items" | "additionalProperties" => check_supported(v, &format!("{path}[]"))?,
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-fn type_ok(t: &str, v: &Value) -> bool {
-    match t {
-        "object" => v.is_object(),
-        "array" => v.is_array(),
-        "string" => v.is_string(),
-        "boolean" => v.is_boolean(),
-        "null" => v.is_null(),
-        "number" => v.is_number(),
-        "integer" => v.as_f64().is_some_and(|f| f.fract() == 0.0),
-        _ => false,
-    }
-}
-
-fn validate_at(schema: &Value, v: &Value, path: &str, out: &mut Vec<Violation>) {
-    let mut bad = |m: String| {
-        out.push(Violation {
-            path: path.to_owned(),
-            message: m,
+                format!("the JSON Schema does not compile: {e}"),
+                format!("schema{}", e.schema_path()),
+                "register a valid JSON Schema (references must resolve inside the schema)"
+            )
         })
-    };
-    let Some(s) = schema.as_object() else { return };
-    if let Some(t) = s.get("type") {
-        let types: Vec<&str> = match t {
-            Value::String(x) => vec![x.as_str()],
-            Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
-            _ => vec![],
-        };
-        if !types.is_empty() && !types.iter().any(|t| type_ok(t, v)) {
-            bad(format!("{v} is not of type {}", types.join(" or ")));
-            return;
-        }
-    }
-    if let Some(e) = s.get("enum").and_then(Value::as_array) {
-        if !e.contains(v) {
-            bad(format!("{v} is not one of {}", Value::Array(e.clone())));
-        }
-    }
-    if let Some(c) = s.get("const") {
-        if c != v {
-            bad(format!("{v} is not {c}"));
-        }
-    }
-    if let Some(x) = v.as_f64() {
-        let num = |k: &str| s.get(k).and_then(Value::as_f64);
-        if num("minimum").is_some_and(|m| x < m) || num("exclusiveMinimum").is_some_and(|m| x <= m) {
-            bad(format!("{v} is below the minimum"));
-        }
-        if num("maximum").is_some_and(|m| x > m) || num("exclusiveMaximum").is_some_and(|m| x >= m) {
-            bad(format!("{v} is above the maximum"));
-        }
-    }
-    let len = |k: &str| s.get(k).and_then(Value::as_u64).map(|n| n as usize);
-    if let Some(t) = v.as_str() {
-        let n = t.chars().count();
-        if len("minLength").is_some_and(|m| n < m) || len("maxLength").is_some_and(|m| n > m) {
-            bad(format!("length {n} is outside the allowed range"));
-        }
-    }
-    if let Some(a) = v.as_array() {
-        if len("minItems").is_some_and(|m| a.len() < m) || len("maxItems").is_some_and(|m| a.len() > m) {
-            bad(format!("{} items is outside the allowed range", a.len()));
-        }
-        if let Some(items) = s.get("items") {
-            for (i, x) in a.iter().enumerate() {
-                validate_at(items, x, &format!("{path}[{i}]"), out);
-            }
-        }
-    }
-    if let Some(o) = v.as_object() {
-        let props = s.get("properties").and_then(Value::as_object);
-        for r in s
-            .get("required")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-        {
-            if !o.contains_key(r) {
-                out.push(Violation {
-                    path: path.to_owned(),
-                    message: format!("{r:?} is a required property"),
-                });
-            }
-        }
-        for (k, x) in o {
-            let sub = format!("{path}.{k}");
-            match props.and_then(|p| p.get(k)) {
-                Some(ps) => validate_at(ps, x, &sub, out),
-                None => match s.get("additionalProperties") {
-                    Some(Value::Bool(false)) => out.push(Violation {
-                        path: sub,
-                        message: "additional property not allowed".into(),
-                    }),
-                    Some(extra @ Value::Object(_)) => validate_at(extra, x, &sub, out),
-                    _ => {}
-                },
-            }
-        }
-    }
 }
 
-/// Validate a JSON payload against a JSON Schema (the subset in [`check_supported`]).
-/// Every violation is listed; `Err(PrismError::Validation)` names the first and counts the rest.
+/// Python's `isidentifier()` for a path segment, so paths read `$.a.b` or `$["a b"]` alike.
+fn is_identifier(k: &str) -> bool {
+    let mut chars = k.chars();
+    chars.next().is_some_and(|c| c == '_' || c.is_alphabetic()) && chars.all(|c| c == '_' || c.is_alphanumeric())
+}
+
+/// `$.items[2].price` for the JSON pointer `/items/2/price`, walking `instance` so an object
+/// key that looks like a number stays a key (Python's `json_path`).
+fn json_path(instance: &Value, pointer: &str) -> String {
+    let mut out = String::from("$");
+    let mut at = Some(instance);
+    for raw in pointer.split('/').skip(1) {
+        let seg = raw.replace("~1", "/").replace("~0", "~");
+        match at {
+            Some(Value::Array(a)) => {
+                out.push_str(&format!("[{seg}]"));
+                at = seg.parse::<usize>().ok().and_then(|i| a.get(i));
+            }
+            other => {
+                if is_identifier(&seg) {
+                    out.push('.');
+                    out.push_str(&seg);
+                } else {
+                    out.push_str(&format!("[{}]", Value::String(seg.clone())));
+                }
+                at = other.and_then(|o| o.get(&seg));
+            }
+        }
+    }
+    out
+}
+
+fn violations_of(validator: &jsonschema::Validator, payload: &Value) -> Vec<Violation> {
+    let mut errors: Vec<(Vec<String>, Violation)> = validator
+        .iter_errors(payload)
+        .map(|e| {
+            let pointer = e.instance_path().as_str().to_owned();
+            let key = pointer.split('/').skip(1).map(str::to_owned).collect();
+            let v = Violation {
+                path: json_path(payload, &pointer),
+                message: e.to_string(),
+            };
+            (key, v)
+        })
+        .collect();
+    // Python sorts by the path's parts as strings: the root first, then by key.
+    errors.sort_by(|a, b| a.0.cmp(&b.0));
+    errors.into_iter().take(MAX_VIOLATIONS).map(|(_, v)| v).collect()
+}
+
+/// Validate a JSON payload against a JSON Schema (every draft the `jsonschema` crate knows,
+/// formats checked, as Python's `jsonschema` does). `Err(PrismError::Validation)` names the
+/// first violation (by path) and counts the rest; a schema that does not compile is `Config`.
+/// Both texts are read within Python's limits (`crate::untrusted_json`).
 pub fn validate_json(schema_text: &str, payload: &[u8]) -> Result<()> {
-    let schema: Value = serde_json::from_str(schema_text).map_err(|e| {
-        err!(
-            Config,
-            format!("schema is not JSON: {e}"),
-            "schema",
-            "register a JSON Schema"
-        )
-    })?;
-    check_supported(&schema, "$")?;
-    let value: Value = serde_json::from_slice(payload).map_err(|e| {
-        err!(
-            Validation,
-            format!("payload is not JSON: {e}"),
-            "payload",
-            "send JSON for a JSON Schema"
-        )
-    })?;
-    let mut out = Vec::new();
-    validate_at(&schema, &value, "$", &mut out);
+    let schema: Value = crate::untrusted_json::parse(
+        schema_text.as_bytes(),
+        "schema",
+        crate::untrusted_json::DEFAULT_MAX_BYTES,
+        crate::untrusted_json::DEFAULT_MAX_DEPTH,
+        PrismError::Config,
+    )?;
+    let validator = compile(&schema)?;
+    let value: Value = crate::untrusted_json::parse(
+        payload,
+        "payload",
+        crate::model::MAX_JSON_PAYLOAD_BYTES,
+        crate::untrusted_json::DEFAULT_MAX_DEPTH,
+        PrismError::Validation,
+    )?;
+    let out = violations_of(&validator, &value);
     match out.first() {
         None => Ok(()),
         Some(first) => Err(err!(
@@ -522,12 +437,10 @@ pub fn validate_json(schema_text: &str, payload: &[u8]) -> Result<()> {
     }
 }
 
-/// All violations (empty when valid); a schema with unsupported keywords is an error.
+/// All violations, by path (empty when valid; at most [`MAX_VIOLATIONS`]); a schema that
+/// does not compile is an error.
 pub fn violations(schema: &Value, payload: &Value) -> Result<Vec<Violation>> {
-    check_supported(schema, "$")?;
-    let mut out = Vec::new();
-    validate_at(schema, payload, "$", &mut out);
-    Ok(out)
+    Ok(violations_of(&compile(schema)?, payload))
 }
 
 // --------------------------------------------------------------------- PII masking
@@ -583,7 +496,7 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn validates_the_subset_and_refuses_the_rest() {
+    fn validates_with_the_jsonschema_crate() {
         let schema = json!({"type": "object", "required": ["id"], "additionalProperties": false,
             "properties": {"id": {"type": "string"}, "n": {"type": "integer", "minimum": 0},
                            "items": {"type": "array", "items": {"type": "object", "properties": {"price": {"type": "number"}}}}}});
@@ -592,9 +505,31 @@ mod tests {
         let bad = json!({"n": -1, "items": [{"price": "free"}], "x": 1});
         let v = violations(&schema, &bad).unwrap();
         let paths: Vec<_> = v.iter().map(|x| x.path.as_str()).collect();
-        assert_eq!(paths, ["$", "$.items[0].price", "$.n", "$.x"]);
+        // additionalProperties reports at the object, as Python's jsonschema does
+        assert_eq!(paths, ["$", "$", "$.items[0].price", "$.n"]);
         assert!(validate_json(&schema.to_string(), br#"{"id": 1}"#).is_err());
-        assert!(validate_json(&json!({"oneOf": []}).to_string(), b"{}").is_err());
+        // what the hand-written subset refused is now checked: $ref, oneOf, pattern, formats
+        let rich = json!({"$defs": {"sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]+$"}},
+            "type": "object", "properties": {"sku": {"$ref": "#/$defs/sku"}, "email": {"format": "email"},
+            "pay": {"oneOf": [{"type": "integer"}, {"type": "string"}]}, "odd key": {"type": "null"}}});
+        assert!(
+            violations(&rich, &json!({"sku": "ABC-1", "email": "a@b.example", "pay": 3}))
+                .unwrap()
+                .is_empty()
+        );
+        let v = violations(&rich, &json!({"sku": "abc", "email": "nope", "pay": 1.5, "odd key": 1})).unwrap();
+        let paths: Vec<_> = v.iter().map(|x| x.path.as_str()).collect();
+        assert_eq!(paths, ["$.email", r#"$["odd key"]"#, "$.pay", "$.sku"]);
+        assert!(matches!(
+            validate_json(&json!({"$ref": "http://elsewhere/x.json"}).to_string(), b"{}"),
+            Err(PrismError::Config(_))
+        ));
+        assert!(matches!(validate_json("{", b"{}"), Err(PrismError::Config(_))));
+        let deep = format!("{}1{}", "[".repeat(65), "]".repeat(65));
+        assert!(matches!(
+            validate_json("{}", deep.as_bytes()),
+            Err(PrismError::Validation(_))
+        ));
         assert!(validate_json(&schema.to_string(), b"not json").is_err());
     }
 

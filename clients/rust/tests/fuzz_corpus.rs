@@ -1,5 +1,5 @@
 //! The fuzz seed corpus, replayed on stable in `make test`: every input of the conformance
-//! suite, its truncations and bit flips, through every decoder (`prism_client::fuzzing`),
+//! suite (LNMP inputs included: every decoder gets every input), its truncations and bit flips, through every decoder (`prism_client::fuzzing`),
 //! then property tests (proptest) on generated and mutated inputs. A decoder of untrusted
 //! bytes returns a value or a `PrismError`: a panic fails the test.
 //!
@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use prism_client::fuzzing::{decode_all, decrypt_all, verify_all};
+use prism_client::fuzzing::{decode_all, decrypt_all, lnmp_all, verify_all};
 use proptest::prelude::*;
 use serde_json::Value;
 
@@ -19,9 +19,6 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();
     for f in manifest["files"].as_array().unwrap() {
         let kind = f["kind"].as_str().unwrap();
-        if kind == "lnmp" {
-            continue; // LNMP inputs are not envelopes (the Rust client has no LNMP reader)
-        }
         let file: Value =
             serde_json::from_slice(&std::fs::read(dir.join(f["path"].as_str().unwrap())).unwrap()).unwrap();
         for v in file["vectors"].as_array().unwrap() {
@@ -39,13 +36,14 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
 fn all(data: &[u8]) {
     decode_all(data);
     verify_all(data);
+    lnmp_all(data);
 }
 
 #[test]
 fn corpus_replays_without_panics() {
     let seeds = seeds();
     if std::env::var_os("PRISM_WRITE_CORPUS").is_some() {
-        for target in ["decode", "verify", "decrypt"] {
+        for target in ["decode", "verify", "decrypt", "lnmp"] {
             let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus").join(target);
             std::fs::create_dir_all(&d).unwrap();
             for (i, (_, s)) in seeds.iter().enumerate() {
@@ -55,7 +53,7 @@ fn corpus_replays_without_panics() {
     }
     for (kind, s) in &seeds {
         all(s);
-        if kind == "encryption" {
+        if kind == "encryption" || kind == "key_wrap" {
             decrypt_all(s);
         }
         // truncations: every length near both ends, and a spread in between
@@ -101,7 +99,7 @@ proptest! {
             }
         }
         all(&data);
-        if kind == "encryption" {
+        if kind == "encryption" || kind == "key_wrap" {
             decrypt_all(&data);
         }
     }
