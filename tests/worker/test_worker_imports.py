@@ -73,7 +73,8 @@ def test_the_circle_check_finds_a_circle() -> None:
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
-@pytest.mark.parametrize("module", ["observe", "management", "interfaces"])
+@pytest.mark.parametrize("module", ["observe", "management", "interfaces", "worker_state", "delivery",
+                                    "at_least_once", "exactly_once", "batch_runner", "size_fit"])
 def test_no_worker_part_imports_the_pipeline(module: str) -> None:
     """The composition root depends on its parts, never the other way round."""
     assert "pipeline" not in _worker_imports(WORKER / f"{module}.py")
