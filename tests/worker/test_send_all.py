@@ -1,6 +1,6 @@
 """`send_all` (app/worker/delivery.py): a batch's records handed to the aiokafka producer beneath Faust's in
 item order (one batch per topic-partition, `app/worker/batch_send.py`), deliveries awaited
-together, failures reported per item (what `_write_all` retries or sends to the DLQ)."""
+together, failures reported per item (what `AtLeastOnce.write_all` retries or sends to the DLQ)."""
 
 from __future__ import annotations
 
