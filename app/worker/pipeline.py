@@ -27,11 +27,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import socket
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import faust
 
@@ -58,7 +59,7 @@ from app.sinks.runner import register_sinks
 from app.tables.counters import FaustTopicCounters
 from app.tables.dedup import DedupWindow, FaustDedupWindow
 from app.tables.sequence import FaustSequenceTracker
-from app.topology import EnrichStage, Topology
+from app.topology import EnrichStage, Topology, load_topology
 from app.worker.at_least_once import AtLeastOnce
 from app.worker.batch_runner import BatchRunner
 from app.worker.batch_source import BatchSource
@@ -71,12 +72,18 @@ from app.worker.group_topology import client_id_for, topology_digest
 from app.worker.interfaces import RunStats
 from app.worker.kafka_health import WriteWatch
 from app.worker.limits import WriteLimits, max_request_from_env, measured_overhead
+from app.worker.observe import ENV_WEB_PORT, Observer
 from app.worker.size_fit import SizeFitter
-from app.worker.transactions import EXACTLY_ONCE, PartitionProducers, check_guarantee, install_read_committed
+from app.worker.transactions import (
+    EXACTLY_ONCE,
+    GUARANTEE_ENV,
+    PartitionProducers,
+    check_guarantee,
+    check_transactions,
+    install_read_committed,
+    refusal,
+)
 from app.worker.worker_state import WorkerState
-
-if TYPE_CHECKING:
-    from app.worker.observe import Observer
 
 log = logging.getLogger("prism.worker")
 
@@ -517,17 +524,12 @@ def app_from_env() -> faust.App:
     the worker writes, app/worker/limits.py), PRISM_PROCESSING_GUARANTEE (overrides the
     topology's `processing_guarantee`; exactly_once is refused at once, in one line, where the
     broker has no transactions: app/worker/transactions.py)."""
-    import os
-
-    from app.topology import load_topology
-    from app.worker.archive_service import SHARD_ENV, parse_shard
+    from app.worker.archive_service import SHARD_ENV, parse_shard  # pulls in pyarrow: only here
 
     missing = [k for k in ("PRISM_TOPOLOGY", "PRISM_BOOTSTRAP", "PRISM_DATA_DIR") if not os.environ.get(k)]
     if missing:
         raise ConfigError(f"missing environment variable(s) {missing}", hint="set them before starting the worker")
     topo = load_topology(os.environ["PRISM_TOPOLOGY"])
-    from app.worker.observe import ENV_WEB_PORT, Observer
-
     port = os.environ.get(ENV_WEB_PORT)
     embedded = os.environ.get("PRISM_EMBEDDED") == "1"
     settings = None
@@ -538,8 +540,6 @@ def app_from_env() -> faust.App:
     max_request = max_request_from_env()  # the one reader of PRISM_MAX_REQUEST_BYTES (app/worker/limits.py)
     if max_request is not None:
         overrides["producer_max_request_size"] = max_request
-    from app.worker.transactions import GUARANTEE_ENV, check_transactions, refusal
-
     guarantee = check_guarantee(os.environ.get(GUARANTEE_ENV) or topo.processing_guarantee,
                                 where=GUARANTEE_ENV if os.environ.get(GUARANTEE_ENV) else "processing_guarantee")
     if guarantee == EXACTLY_ONCE:
