@@ -12,6 +12,11 @@ load drift on the shared machine hits both equally, through ONE connection of on
              binding (headers, stream fields, JSONB document) and publishes it, waiting for
              the same confirmation.
 
+* raw      - Kafka only (issue 29): a plain aiokafka producer of its own, configured as the SDK's
+             (acks, linger 0, no idempotence), `send_and_wait(topic, json.dumps(payload))` - what
+             a user would write without the SDK. `overhead_vs_raw_pct` compares the envelope
+             path with it; RFC-031's "< 5 %" is read against this row.
+
 * bare+meta - the bare payload plus the binding's duplicated metadata (the same `prism-*`
              headers / stream fields / NATS headers, computed once); on PostgreSQL the
              envelope's whole row (its JSONB document) built once, with a fresh message_id
@@ -193,6 +198,22 @@ async def measure(url: str, n: int, warmup: int) -> dict[str, Any]:
             await meta(json.dumps(PAYLOAD, separators=(",", ":")).encode())
 
         paths = {"bare": bare, "envelope": envelope, "bare+meta": bare_meta}
+        raw_producer = None
+        if client.backend.scheme == "kafka":
+            from aiokafka import AIOKafkaProducer
+
+            backend = client.backend
+            raw_topic = topic + ".raw"
+            raw_producer = AIOKafkaProducer(bootstrap_servers=backend.bootstrap, acks=backend.acks,
+                                            linger_ms=0, enable_idempotence=False)
+            await raw_producer.start()
+            await raw_producer.send_and_wait(raw_topic, b"{}")
+            raw_send = raw_producer.send_and_wait
+
+            async def raw() -> None:
+                await raw_send(raw_topic, json.dumps(PAYLOAD, separators=(",", ":")).encode())
+            paths["raw"] = raw
+            samples["raw"] = []
         order = list(paths)
         pre_io: dict[str, list[float]] = {name: [] for name in paths}
         pre_io_cpu: dict[str, list[float]] = {name: [] for name in paths}
@@ -207,16 +228,23 @@ async def measure(url: str, n: int, warmup: int) -> dict[str, Any]:
                 await paths[name]()
                 if i >= warmup:
                     samples[name].append((clock() - t0) / 1000)
-                    pre_io[name].append((stamp[0] - t0) / 1000)
-                    pre_io_cpu[name].append((stamp[1] - c0) / 1000)
+                    if name != "raw":  # the raw producer's send is not the stamped one
+                        pre_io[name].append((stamp[0] - t0) / 1000)
+                        pre_io_cpu[name].append((stamp[1] - c0) / 1000)
+        if raw_producer is not None:
+            await raw_producer.stop()
         await cleanup(client, [topic, bare_topic, meta_topic])
     out: dict[str, Any] = {name: summary(v) for name, v in samples.items() if v}
     b, e = out["bare"], out["envelope"]
     out["n"] = n
     out["overhead_pct"] = {k.replace("_us", ""): round((e[k] - b[k]) / b[k] * 100, 1) for k in b}
     out["overhead_us"] = {k.replace("_us", ""): round(e[k] - b[k], 1) for k in b}
-    out["pre_io_p50_us"] = {name: round(percentile(v, 50), 1) for name, v in pre_io.items()}
-    out["pre_io_cpu_p50_us"] = {name: round(percentile(v, 50), 1) for name, v in pre_io_cpu.items()}
+    if "raw" in out:
+        r = out["raw"]
+        out["overhead_vs_raw_pct"] = {k.replace("_us", ""): round((e[k] - r[k]) / r[k] * 100, 1) for k in r}
+        out["overhead_vs_raw_us"] = {k.replace("_us", ""): round(e[k] - r[k], 1) for k in r}
+    out["pre_io_p50_us"] = {name: round(percentile(v, 50), 1) for name, v in pre_io.items() if v}
+    out["pre_io_cpu_p50_us"] = {name: round(percentile(v, 50), 1) for name, v in pre_io_cpu.items() if v}
     out["envelope_pre_io_added_us"] = round(percentile(pre_io_cpu["envelope"], 50)
                                             - percentile(pre_io_cpu["bare"], 50), 1)
     out["cpu_hot_loop"] = envelope_cpu_us(client, topic)
@@ -267,7 +295,10 @@ async def main() -> None:
                   f"p99 {r['overhead_pct']['p99']:+5.1f}% ({r['overhead_us']['p99']:+.0f} µs)  "
                   f"mean {r['overhead_pct']['mean']:+5.1f}% | envelope CPU before I/O "
                   f"+{r['envelope_pre_io_added_us']} µs, hot loop +{r['cpu_hot_loop']['added_us']} µs | "
-                  f"load {r['loadavg_1m'][0]}-{r['loadavg_1m'][1]}",
+                  f"load {r['loadavg_1m'][0]}-{r['loadavg_1m'][1]}"
+                  + (f" | raw aiokafka p50 {r['raw']['p50_us']:7.1f}, envelope vs raw p50 "
+                     f"{r['overhead_vs_raw_pct']['p50']:+5.1f}% ({r['overhead_vs_raw_us']['p50']:+.0f} µs)"
+                     if "raw" in r else ""),
                   flush=True)
             if broker is not None:
                 broker.stop()

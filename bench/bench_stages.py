@@ -5,6 +5,12 @@
     .venv/bin/python -m bench.bench_stages --baseline HEAD~3 [--rounds 40]  # before/after, interleaved
     .venv/bin/python -m bench.bench_stages --baseline HEAD~3 --stage-timing-every 1  # every stage timed
     .venv/bin/python -m bench.bench_stages --baseline HEAD --latency-samples  # + the latency histogram
+    .venv/bin/python -m bench.bench_stages --baseline HEAD --payload valid   # a payload the schema accepts
+
+The worker's settings are the harness's: payloads are validated when the topology's
+`validation` is warn/strict (the shipped one: warn; `bench_pipeline.payload_1kb` fails its
+schema, so the default input measures the warn path - `--payload valid` sends one that passes),
+and garbage is collected as `prism run` collects it (`--gc worker`; `--gc default` for CPython's).
 
 Input: `bench.bench_pipeline.make_messages` (signed reviewed envelopes, JWT, 1 KB JSON) over
 `topologies/orders-created.yaml` with development keys, run the way
@@ -31,7 +37,8 @@ observer observes them into the histogram; that drain is billed to the `chain` r
 shows the whole cost. Code without per-message samples ignores the flag (the baseline of a
 before/after comparison then runs without them).
 
-`--dump-corpus`/`--dump-outputs` check behaviour rather than speed: a fixed corpus (the demo
+`--compare-outputs BEFORE AFTER` compares two such files (`compare_outputs`: byte for byte,
+except what upb's per-process map order changes). `--dump-corpus`/`--dump-outputs` check behaviour rather than speed: a fixed corpus (the demo
 load generator's mix, bench messages and signature edge cases) is written once, then every emission's and DLQ
 record's topic, key, value, headers and timestamp are written as JSON; run it under two
 code versions with the same keys folder and compare the files. Random trace/span ids are
@@ -66,6 +73,11 @@ CHAIN = "chain"
 TIMING_EVERY: int | None = None
 #: `--latency-samples`: record per-message latencies and observe them per batch (module docs)
 LATENCY_SAMPLES = False
+#: `--payload`: "bench" (`bench_pipeline.payload_1kb`, which fails the topology's schema: the warn
+#: path) or "valid" (`_payload_valid_1kb`, which matches it)
+PAYLOAD = "bench"
+#: `--gc`: "worker" collects the way `prism run` does (`tune_gc`), "default" keeps CPython's
+GC_MODE = "worker"
 
 Input = tuple[bytes, list[tuple[str, bytes]], bytes | None, int | None]  # value, headers, key, timestamp_ms
 
@@ -116,13 +128,22 @@ def build(keys_dir: Path) -> Harness:
 def harness_for(topo: Any, keyring: Any) -> Harness:
     """The broker-free chain and publisher of `topo`, built as `PipelineApp` builds them; the
     dedup window is a plain dict (the one thing that differs from the worker)."""
+    import inspect
+
     from app.agents.chain import Chain
     from app.agents.dedup import Dedup
     from app.agents.publish import Publisher
     from app.tables.dedup import DedupWindow
     from app.worker.pipeline import build_stages, resolve_schema
 
-    stages = build_stages(topo, keyring=keyring, schema=resolve_schema(topo.stage("enrich"), topo.base_dir),
+    # As PipelineApp does: a topology with `validation: warn | strict` gets the payload validator
+    # compiled (the shipped one has `warn`, so enrich validates every payload in the worker).
+    # Code from before that switch resolves without it.
+    kw: dict[str, Any] = {}
+    if "validate" in inspect.signature(resolve_schema).parameters and hasattr(topo, "validation_modes"):
+        default_mode, ns_modes = topo.validation_modes()
+        kw["validate"] = default_mode != "off" or any(m != "off" for m in ns_modes.values())
+    stages = build_stages(topo, keyring=keyring, schema=resolve_schema(topo.stage("enrich"), topo.base_dir, **kw),
                           dedup_window=lambda window_s: DedupWindow({}, window=window_s))
     dedup = next((st for st in stages if isinstance(st, Dedup)), None)
     policy = topo.stage("policy")
@@ -211,12 +232,26 @@ def run(h: Harness, inputs: Iterable[Input], *, partition_of: Any = None, keep: 
 # --------------------------------------------------------------------------- timing
 
 
+def _payload_valid_1kb(i: int) -> dict:
+    """A ~1 KB order that matches the shipped topology's schema (OrderCreated v2, validation
+    `warn`). `bench_pipeline.payload_1kb` - what every benchmark has sent so far - does not
+    ("customer" and "note" are no fields of it), so with it the worker takes the warn path: a
+    failed parse, a violation header on both outputs, a rate-limited log line (issue 29)."""
+    return {"order_id": f"ord-{i:08d}", "customer_id": f"c-{i % 997}", "currency": "EUR", "total": 19.99 * (i % 7 + 1),
+            "items": [{"sku": f"SKU-{k:04d}", "qty": (i + k) % 5 + 1} for k in range(30)]}
+
+
 def _bench_inputs(keys_dir: Path, n: int) -> list[Input]:
     from app.security.devkeys import ensure_dev_keys
-    from bench.bench_pipeline import make_messages
+    from bench import bench_pipeline
 
     now = int(time.time() * 1000)
-    return [(v, [], str(i % 64).encode(), now) for i, v in enumerate(make_messages(ensure_dev_keys(keys_dir), TOPIC, n))]
+    if PAYLOAD == "valid":
+        # make_messages reads `payload_1kb` when called: swapping it works on a baseline's
+        # bench_pipeline too (the module a baseline exports)
+        bench_pipeline.payload_1kb = _payload_valid_1kb
+    values = bench_pipeline.make_messages(ensure_dev_keys(keys_dir), TOPIC, n)
+    return [(v, [], str(i % 64).encode(), now) for i, v in enumerate(values)]
 
 
 def one_pass(keys_dir: Path, inputs: list[Input]) -> dict[str, float]:
@@ -228,9 +263,27 @@ def one_pass(keys_dir: Path, inputs: list[Input]) -> dict[str, float]:
     return {**{k: us.get(k, 0.0) for k in STAGES}, CHAIN: h.chain_ns / 1000 / max(1, h.chain_calls)}
 
 
+def tune_gc() -> None:
+    """What the worker does once started (`app.worker.faust_app.tune_gc`, inlined so a baseline
+    from before it gets the same): freeze what start-up allocated and collect the young
+    generation every 100,000 allocations. With CPython's defaults the older generations re-walk
+    every protobuf descriptor and input at each collection; the py-spy profile then bills that
+    to whatever allocated at that moment (issue 29: `HMAC.copy` showed 9 % of all samples), a
+    cost the worker does not pay. `--gc default` keeps CPython's collector as it is."""
+    import gc
+
+    if GC_MODE != "worker":
+        return
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(100_000, gen1, gen2)
+
+
 def worker(n: int, passes: int, keys_dir: Path) -> list[dict[str, float]]:
     inputs = _bench_inputs(keys_dir, n)
     one_pass(keys_dir, inputs[:BATCH])  # warm-up: imports, JWT cache, first-call costs
+    tune_gc()
     return [one_pass(keys_dir, inputs) for _ in range(passes)]
 
 
@@ -261,6 +314,7 @@ def serve(n: int, chunk: int, keys_dir: Path) -> None:
     inputs = _bench_inputs(keys_dir, n)
     one_pass(keys_dir, inputs[:BATCH])  # warm-up
     h = build(keys_dir)
+    tune_gc()
     stats = h.chain.stats
     print(json.dumps({"app": str(Path(app.__file__).parent)}), flush=True)
     pos = 0
@@ -305,7 +359,7 @@ def compare(baseline: str, n: int, rounds: int, chunk: int, clock: str = "cpu",
     for name, cwd in variants.items():
         procs[name] = subprocess.Popen(
             [sys.executable, "-m", "bench.bench_stages", "--serve", "--n", str(n), "--chunk", str(chunk),
-             "--keys", str(keys_dir), "--clock", clock, *(["--latency-samples"] if LATENCY_SAMPLES else []),
+             "--keys", str(keys_dir), "--clock", clock, "--gc", GC_MODE, "--payload", PAYLOAD, *(["--latency-samples"] if LATENCY_SAMPLES else []),
              *(["--stage-timing-every", str(timing_every)] if timing_every is not None else [])], cwd=str(cwd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     samples: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     try:
@@ -401,6 +455,46 @@ def dump_corpus(path: Path, keys_dir: Path, n: int) -> None:
     path.write_text(json.dumps({"now": now / 1000, "items": corpus}))
 
 
+def compare_outputs(before: Path, after: Path) -> str:
+    """Compare two `--dump-outputs` files: outcomes, DLQ records and every emission's topic, key,
+    headers and timestamp must be identical; an emitted `.v2`/`.v3` value must be identical or
+    decode to the same envelope once the batch signature's per-batch fields (signature,
+    sibling_digest, tree_path) are set aside. Why not bytes alone: upb writes a map (the
+    envelope's `extensions`) in an order that depends on the process (its hash seed), so a
+    message with two or more extension entries is encoded differently by two runs of the very
+    same code - and the Merkle root, hence the batch's signature, with it. Raises on a difference."""
+    from app._gen.prism.envelope.draft import envelope_pb2 as dpb
+    from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
+
+    def decoded(topic: str, value: str) -> Any:
+        cls = dpb.PrismEnvelope if topic.endswith(".v2") else vpb.PrismEnvelope
+        m = cls.FromString(bytes.fromhex(value))
+        if m.HasField("security"):
+            for name in ("signature", "sibling_digest", "tree_path"):
+                m.security.ClearField(name)
+        return m
+
+    a, b = json.loads(before.read_text()), json.loads(after.read_text())
+    if len(a) != len(b):
+        raise AssertionError(f"{len(a)} inputs against {len(b)}")
+    exact = 0
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x == y:
+            exact += 1
+            continue
+        if x["outcome"] != y["outcome"] or len(x["records"]) != len(y["records"]):
+            raise AssertionError(f"input {i}: {x['outcome']} with {len(x['records'])} records against "
+                                 f"{y['outcome']} with {len(y['records'])}")
+        for p, q in zip(x["records"], y["records"], strict=True):
+            if {k: v for k, v in p.items() if k != "value"} != {k: v for k, v in q.items() if k != "value"}:
+                raise AssertionError(f"input {i}: topic, key, headers or timestamp differ: {p} / {q}")
+            if p["value"] != q["value"] and (not p["topic"].endswith((".v2", ".v3"))
+                                             or decoded(p["topic"], p["value"]) != decoded(q["topic"], q["value"])):
+                raise AssertionError(f"input {i}: the {p['topic']} value differs")
+    return (f"{len(a)} inputs: {exact} byte-identical, {len(a) - exact} the same envelopes with other "
+            "batch-signature fields (map order; see compare_outputs)")
+
+
 def dump_outputs(corpus_path: Path, out_path: Path, keys_dir: Path) -> None:
     import app.observability.tracecontext as tc
 
@@ -446,19 +540,28 @@ def main() -> None:
                     help="time the stages of one message in N (default: the chain's own; 1 times every message)")
     ap.add_argument("--latency-samples", action="store_true",
                     help="record per-message latencies and observe them per batch, as the worker's observer")
+    ap.add_argument("--gc", choices=("worker", "default"), default="worker",
+                    help="worker: collect as `prism run` does (freeze + young threshold 100,000); default: CPython's")
+    ap.add_argument("--payload", choices=("bench", "valid"), default="bench",
+                    help="bench: payload_1kb (fails the schema: validation's warn path); valid: matches it")
     ap.add_argument("--dump-corpus", type=Path, default=None)
     ap.add_argument("--dump-outputs", nargs=2, type=Path, metavar=("CORPUS", "OUT"), default=None)
+    ap.add_argument("--compare-outputs", nargs=2, type=Path, metavar=("BEFORE", "AFTER"), default=None)
     args = ap.parse_args()
     keys_dir = args.keys or Path(tempfile.mkdtemp(prefix="prism-bench-keys-"))
     if args.clock == "cpu":
         use_cpu_clock()
-    global TIMING_EVERY, LATENCY_SAMPLES
+    global TIMING_EVERY, LATENCY_SAMPLES, GC_MODE, PAYLOAD
     TIMING_EVERY = args.stage_timing_every
+    GC_MODE = args.gc
+    PAYLOAD = args.payload
     LATENCY_SAMPLES = args.latency_samples
     if args.dump_corpus:
         dump_corpus(args.dump_corpus, keys_dir, args.n)
     elif args.dump_outputs:
         dump_outputs(*args.dump_outputs, keys_dir)
+    elif args.compare_outputs:
+        print(compare_outputs(*args.compare_outputs))
     elif args.serve:
         serve(args.n, args.chunk, keys_dir)
     elif args.baseline:
@@ -468,6 +571,7 @@ def main() -> None:
     elif args.profile:
         inputs = _bench_inputs(keys_dir, args.n)
         one_pass(keys_dir, inputs[:BATCH])
+        tune_gc()
         prof = cProfile.Profile()
         prof.enable()
         one_pass(keys_dir, inputs)

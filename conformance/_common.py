@@ -74,6 +74,11 @@ ERROR_KINDS: dict[str, dict[str, Any]] = {
                    "parameters, the AAD does not match the envelope, or the envelope is not encrypted",
         "python_codes": ["decryption_failed"],
     },
+    "key_not_usable": {
+        "meaning": "the key cannot be used for this envelope: its algorithm_params.key_wrap names a key service the "
+                   "decrypting side has no provider for",
+        "python_codes": ["key_not_usable"],
+    },
     "bad_lnmp": {
         "meaning": "an LNMP container or #ENVELOPE header that breaks the LNMP envelope spec (strict mode)",
         "python_codes": ["bad_lnmp"],

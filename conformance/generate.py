@@ -26,6 +26,7 @@ from . import (
     generate_conversion,
     generate_encryption,
     generate_envelopes,
+    generate_key_wrap,
     generate_lnmp,
     generate_negative,
     generate_signatures,
@@ -42,6 +43,9 @@ GENERATORS: list[tuple[str, Callable[[], dict[str, str]], str]] = [
      "output fields, and the field paths reported as not carried"),
     ("encryption", generate_encryption.build, "AES-256-GCM, ML-KEM-1024 and X25519+ML-KEM-1024 decrypt vectors "
      "with fixed test keys, and tampered, truncated, swapped and moved ciphertexts"),
+    ("key-wrap", generate_key_wrap.build, "the key_wrap pattern (a key service's data key per message, AWS KMS): "
+     "the service's answers as a table, the encryption context, wrapped keys swapped, flipped or missing, an "
+     "unknown key service"),
     ("lnmp", generate_lnmp.build, "LNMP binary containers (TLV envelope) and #ENVELOPE text headers -> LNMP fields "
      "and envelope fields; strict-mode refusals"),
     ("negative", generate_negative.build, "truncation at every record boundary and inside every record, bad varints, "
@@ -88,6 +92,17 @@ KINDS: dict[str, dict[str, Any]] = {
                 "recomputed from the envelope must equal aad_hex; where given, the intermediate secrets and the "
                 "AEAD key must match. Encryption is randomized: what an implementation encrypts must decrypt in "
                 "Python (and the other way round) in the cross-language test.",
+    },
+    "key_wrap": {
+        "file_fields": ["wrap_name", "provider_context", "data_keys"],
+        "inputs": ["envelope_hex"],
+        "expect": ["expected", "plaintext_hex", "aad_hex", "encryption_context"],
+        "task": "Decrypt envelope_hex through the implementation's key_wrap (key service) path, AAD required, with "
+                "a key service named wrap_name whose provider context is provider_context and which unwraps a "
+                "wrapped key only when its key id, bytes and full encryption context equal an entry of data_keys "
+                "(otherwise it refuses: decryption_failed). The outcome must be `expected`: 'plaintext' with "
+                "exactly plaintext_hex, or the error kind; the AAD recomputed from the envelope must equal aad_hex; "
+                "for a plaintext outcome the context sent to the service must equal encryption_context.",
     },
     "lnmp": {
         "file_fields": [],

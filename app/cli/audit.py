@@ -42,7 +42,8 @@ def register(app: typer.Typer) -> None:
         topic: Annotated[str | None, typer.Option("--topic", "-t", help="only deliveries from this topic")] = None,
         principal: Annotated[str | None, typer.Option("--principal", "-p", help="only this reader")] = None,
         namespace: Annotated[str | None, typer.Option(help="only this namespace")] = None,
-        classification: Annotated[str | None, typer.Option(help="only confidential or restricted")] = None,
+        classification: Annotated[str | None, typer.Option(
+            help="only this classification (deliveries: confidential or restricted; refusals: any above public)")] = None,
         since: Annotated[str | None, typer.Option(help="only records newer than this: 24h, 7d or an ISO time")] = None,
         limit: Annotated[int, typer.Option(min=1, help="read at most this many records of the topic")] = 100_000,
         json_out: Annotated[bool, typer.Option("--json", help="one JSON object per line")] = False,
@@ -52,12 +53,13 @@ def register(app: typer.Typer) -> None:
                  "every record is verified with it")] = None,
     ) -> None:
         """List the deliveries of confidential and restricted messages to SDK subscribers, and
-        the refused reads: principal, group, message id, namespace, topic, classification and
+        every refused read (a message of any classification withheld from a subscriber below it;
+        several refused from one fetch share one record, listed one line each): principal, group, message id, namespace, topic, classification and
         time (never payloads). Each record's signature is verified with --keyring and must be
         by a key bound to its principal; records that fail are shown marked FAILED, with why,
         and the command exits 1."""
         from app.errors import BrokerError, ConfigError, PrismError
-        from app.sdk.audit import AUDITED, AuditFilter, parse_since, read_audit_entries
+        from app.sdk.audit import LEVELS, AuditFilter, parse_since, read_audit_entries, refused_reads
 
         problems = []
         target = url or _default_url()
@@ -74,8 +76,9 @@ def register(app: typer.Typer) -> None:
                 ring = load_signing_keyring(keyring)
             except ConfigError as exc:
                 problems.append(f"--keyring: {exc.message}")
-        if classification is not None and classification not in AUDITED:
-            problems.append(f"--classification {classification!r}: only {sorted(AUDITED)} deliveries are audited")
+        if classification is not None and classification not in LEVELS[1:]:
+            problems.append(f"--classification {classification!r} is not one of {list(LEVELS[1:])} (public data is "
+                            "neither audited nor ever refused)")
         when = None
         if since is not None:
             try:
@@ -97,22 +100,23 @@ def register(app: typer.Typer) -> None:
             raise BrokerError(f"cannot read the audit topic {audit_topic!r}: {exc.message}", path=exc.path,
                               hint=exc.hint) from None
         failed = [e for e in entries if not e.verified]
+        # one line per delivery and per refused read: a record of several refusals stands for each
+        lines = [(e, r) for e in entries for r in (refused_reads(e.record) or [e.record]) if where.matches(r)]
         if json_out:
-            for e in entries:
-                typer.echo(json.dumps({**e.record, "verified": e.verified, "signed_by": e.signed_by,
+            for e, r in lines:
+                typer.echo(json.dumps({**r, "verified": e.verified, "signed_by": e.signed_by,
                                        **({"problem": e.problem} if e.problem else {})}, sort_keys=True, default=str))
         else:
-            for e in entries:
-                r = e.record
+            for e, r in lines:
                 what = "REFUSED " if r.get("event") == "classified_refused" else ""
                 mark = f"ok {e.signed_by}" if e.verified else f"FAILED: {e.problem}"
                 console.print(Text(f"{r.get('time', '?')}  {what}{r.get('principal') or '(no principal)'}  "
                                    f"{r.get('classification', '?'):<12} {r.get('namespace', '?')}/{r.get('topic', '?')}"
                                    f"  {r.get('message_id', '?')}  group={r.get('group', '?')} at "
                                    f"{r.get('backend', '?')}:{r.get('ref', '?')}  [{mark}]"), soft_wrap=True)
-            refused = sum(1 for e in entries if e.record.get("event") == "classified_refused")
+            refused = sum(1 for _, r in lines if r.get("event") == "classified_refused")
             tail = f" ({skipped} other messages on {audit_topic} ignored)" if skipped else ""
-            console.print(Text(f"{len(entries) - refused} audited deliveries, {refused} refused reads{tail}"))
+            console.print(Text(f"{len(lines) - refused} audited deliveries, {refused} refused reads{tail}"))
             if failed:
                 console.print(Text(f"{len(failed)} record(s) FAILED verification: not written by the principal they "
                                    "name - do not trust them; find who can write {audit_topic}".replace(

@@ -70,8 +70,10 @@ def _get(url: str, timeout: float = 10.0, client: WorkerClient | None = None) ->
                                 hint="wait, then retry with the right credentials; failures count per user name "
                                      "and client address, so someone guessing this user's password from this "
                                      "host locks it out") from None
-        raise PrismError(f"worker answered {exc.code} for {url}",
-                         hint="check the topology name and that the worker is running") from None
+        err = PrismError(f"worker answered {exc.code} for {url}",
+                         hint="check the topology name and that the worker is running")
+        err.http_status = exc.code  # type: ignore[attr-defined]  # the console tells 404 from an outage
+        raise err from None
     except (urllib.error.URLError, OSError) as exc:
         raise PrismError(f"cannot reach the worker at {url} (unreachable: {getattr(exc, 'reason', exc)})",
                          hint="start it with `prism run --web-port PORT` and pass --url http://HOST:PORT") from None

@@ -32,6 +32,14 @@ class BackendError(PrismError):
     code = "backend_unavailable"
 
 
+class NotFound(BackendError):
+    """What the request names does not exist - a pipeline no worker runs, a source a pipeline
+    does not have, a DLQ record or a subject that is not there (404): the page is wrong, not a
+    back end (a 502 would send an operator looking for an outage)."""
+
+    code = "not_found"
+
+
 def _quiet() -> Console:
     """The CLI helpers draw progress bars; in a server they go nowhere."""
     return Console(file=io.StringIO(), stderr=False)
@@ -64,8 +72,8 @@ class RegistryClient:
             raise BackendError(f"registry refused the console (HTTP {r.status_code}) for {path}",
                                hint="give the console registry credentials with the read role (admin for the "
                                     "audit log): PRISM_REGISTRY_USER / PRISM_REGISTRY_PASSWORD or PRISM_REGISTRY_TOKEN")
-        if r.status_code == 404:
-            raise BackendError(f"registry has no {path}", hint="check the subject name and version")
+        if r.status_code in (400, 404, 422):  # what the page names is not there (or cannot be)
+            raise NotFound(f"registry has no {path}", hint="check the subject name and version")
         if r.status_code >= 400:
             try:
                 detail = r.json().get("message", "")
@@ -193,13 +201,17 @@ class Workers:
         from app.cli.ops import _get
 
         last: Exception | None = None
+        unknown = 0
         for url in self.urls:
             try:
                 return dict(await asyncio.to_thread(_get, f"{url}/connectors/{_seg(name)}", 10.0, self.client))
             except PrismError as exc:
                 last = exc
-        raise BackendError(f"no worker runs pipeline {name!r}" + (f" ({last})" if last else ""),
-                           hint="check the --worker URLs and that the pipeline's worker is up")
+                unknown += getattr(exc, "http_status", None) == 404
+        # every worker answered that it runs no such pipeline: the name is wrong, nothing is down
+        kind = NotFound if self.urls and unknown == len(self.urls) else BackendError
+        raise kind(f"no worker runs pipeline {name!r}" + (f" ({last})" if last else ""),
+                   hint="check the --worker URLs and that the pipeline's worker is up")
 
 
 def replay_topology(info: dict[str, Any]) -> Topology:

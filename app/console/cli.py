@@ -44,7 +44,7 @@ def console(
     from app.console.web import create_app
     from app.errors import ConfigError
     from app.security.http_auth import auth_from_settings
-    from app.security.http_limits import serve, uvicorn_config
+    from app.security.http_limits import check_listen, serve, uvicorn_config
 
     if users_file is None:
         raise ConfigError("the console needs its users", path="--users-file",
@@ -52,6 +52,7 @@ def console(
                                "read to view, admin to replay")
     if (ssl_certfile is None) != (ssl_keyfile is None):
         raise ConfigError("--ssl-certfile and --ssl-keyfile go together", path="--ssl-certfile")
+    check_listen(host, port)
     auth = auth_from_settings(users_file=users_file, jwt_config=jwt_config, allow_anonymous=None,
                               realm="prism-console", where="--users-file")
     bootstrap, broker_settings = None, None

@@ -29,7 +29,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from app.console.backends import BackendError, Kafka, RegistryClient, Workers, replay_topology
+from app.console.backends import BackendError, Kafka, NotFound, RegistryClient, Workers, replay_topology
 from app.console.sessions import COOKIE, Session, Sessions, check_same_origin, csrf_ok
 from app.console.settings import MAX_FORM_BYTES, ConsoleSettings, static_dir, templates_dir
 from app.schema.pretty import pretty_schema
@@ -42,6 +42,40 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self';
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 #: DLQ records listed on one page at most (the newest)
 MAX_ROWS = 500
+
+# ------------------------------------------------------------------ the OpenAPI description --
+# FastAPI generates the console's document from its routes (``GET /openapi.json``, any role); what
+# it cannot see is declared here: the HTML pages' answers (200, and the error page of 403, 404 and
+# 502), the guard's JSON answers (401, 429), the body limit's 413, and the form bodies the
+# state-changing routes read by hand (``_form``). tests/security/test_console_fuzz.py holds the
+# running console, with real back ends, to it: every status and content type as declared here.
+_HTML = {"text/html": {"schema": {"type": "string"}}}
+_JSON_ERROR = {"application/json": {"schema": {
+    "type": "object", "required": ["error"],
+    "properties": {"error": {"type": "string"}, "login": {"type": "string"}}}}}
+#: what the guard and the error pages answer on every route but the open ones
+COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
+    303: {"description": "not logged in, from a browser (an HTML GET): sent to the log-in page"},
+    401: {"description": "no or invalid credentials", "content": _JSON_ERROR},
+    403: {"description": "the role does not allow it, or a form without its session, CSRF token or origin",
+          "content": _HTML},
+    413: {"description": "a body over the console's limit (refused before it is read)", "content": {
+        "application/json": {"schema": {"type": "object", "required": ["error_code", "message"]}}}},
+    429: {"description": "too many failed log-ins from this address for this user", "content": _JSON_ERROR},
+    502: {"description": "a back end (registry, worker, broker) did not answer", "content": _HTML},
+}
+#: ... and on a route whose path names something that may not exist
+GUARDED_404: dict[int | str, dict[str, Any]] = {
+    **COMMON_RESPONSES, 404: {"description": "no such pipeline, source, record or subject", "content": _HTML}}
+
+
+def _form_body(fields: dict[str, str], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The ``openapi_extra`` of a route that reads an ``application/x-www-form-urlencoded`` body."""
+    schema: dict[str, Any] = {"type": "object", "additionalProperties": {"type": "string"},
+                              "properties": {k: {"type": "string", "description": d} for k, d in fields.items()}}
+    if required:
+        schema["required"] = list(required)
+    return {"requestBody": {"required": True, "content": {"application/x-www-form-urlencoded": {"schema": schema}}}}
 
 
 class NeedsLogin(Exception):
@@ -104,7 +138,11 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         yield
         await registry.close()
 
-    app = FastAPI(title="Prism console", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = FastAPI(title="Prism console", version="1", docs_url=None, redoc_url=None, openapi_url="/openapi.json",
+                  lifespan=lifespan,
+                  description="The console's pages (HTML) and forms. Every route but /login and /healthz needs a "
+                              "log-in session or an Authorization header (HTTP basic or a bearer JWT); forms need a "
+                              "session, its CSRF token and the same origin (docs/console.md).")
     app.state.sessions = sessions
     app.mount("/static", StaticFiles(directory=str(static_dir())), name="static")
 
@@ -177,6 +215,23 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
                       message=f"the Kafka broker ({settings.bootstrap}) failed: {type(exc).__name__}: {exc}"[:500],
                       hint="check --broker (PRISM_BROKER_URL) and that the broker runs")
 
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> HTMLResponse:
+        """The router's own answers (no such route - a subject name with a line break matches
+        none -, a method not allowed): the console's error page, as every other page, not
+        Starlette's JSON."""
+        response = render(request, "error.html", exc.status_code, title="Not found" if exc.status_code == 404
+                          else f"HTTP {exc.status_code}", message=str(exc.detail)[:300], hint="")
+        for k, v in (exc.headers or {}).items():
+            response.headers[k] = v
+        return response
+
+    @app.exception_handler(NotFound)
+    async def not_found(request: Request, exc: NotFound) -> HTMLResponse:
+        return render(request, "error.html", 404, title="Not found", message=exc.message, hint=exc.hint or "")
+
     @app.exception_handler(Forbidden)
     async def forbidden(request: Request, exc: Forbidden) -> HTMLResponse:
         return render(request, "error.html", 403, title="Not allowed", message=str(exc), hint="")
@@ -208,7 +263,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
             return value
         return "/"
 
-    @app.get("/healthz", include_in_schema=False)
+    @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
@@ -216,7 +271,14 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
     async def login_page(request: Request, next: str | None = None) -> HTMLResponse:
         return render(request, "login.html", next=_next(next), error="")
 
-    @app.post("/login", response_class=HTMLResponse)
+    @app.post("/login", response_class=RedirectResponse, status_code=303, responses={
+        303: {"description": "logged in: the session cookie, and on to `next`"},
+        401: {"description": "wrong user name or password: the form again", "content": _HTML},
+        403: {"description": "a cross-origin log-in, a repeated field or a user without a role", "content": _HTML},
+        429: {"description": "too many failed log-ins: the form again, saying how long to wait", "content": _HTML},
+        413: COMMON_RESPONSES[413],
+        503: {"description": "every session belongs to another user", "content": _HTML}},
+        openapi_extra=_form_body({"user": "user name", "password": "password", "next": "local path to go on to"}))
     async def login(request: Request) -> Response:
         form = await _form(request)
         if not check_same_origin(_own_origin(request), request.headers.get("origin"), request.headers.get("referer")):
@@ -245,7 +307,9 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         response.set_cookie(COOKIE, token, httponly=True, samesite="strict", secure=secure(request), path="/")
         return response
 
-    @app.post("/logout")
+    @app.post("/logout", response_class=RedirectResponse, status_code=303, responses={
+        **COMMON_RESPONSES, 303: {"description": "logged out (or, from a browser without a session, sent to log in)"}},
+              openapi_extra=_form_body({"csrf": "the session's CSRF token"}, ("csrf",)))
     async def logout(request: Request) -> Response:
         check_post(request, await _form(request))
         sessions.end(request.cookies.get(COOKIE))
@@ -254,7 +318,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         return response
 
     # ------------------------------------------------------------------------ pipelines --
-    @app.get("/", response_class=HTMLResponse)
+    @app.get("/", response_class=HTMLResponse, responses=COMMON_RESPONSES)
     async def pipelines(request: Request) -> HTMLResponse:
         found, errors = await workers.pipelines() if workers.urls else ([], [])
         return render(request, "pipelines.html", pipelines=found, errors=errors, worker_urls=workers.urls,
@@ -264,14 +328,14 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         info = await workers.info(name)
         return info, replay_topology(info)
 
-    @app.get("/pipelines/{name}/dlq", response_class=HTMLResponse)
+    @app.get("/pipelines/{name}/dlq", response_class=HTMLResponse, responses=GUARDED_404)
     async def dlq(request: Request, name: str, reason: str | None = None, q: str | None = None,
                   source: str | None = None) -> HTMLResponse:
         from app.cli.ops import dlq_row
 
         info, topology = await _topology(name)
         if source is not None and source not in {s.topic for s in topology.sources}:
-            raise BackendError(f"{source!r} is not a source of {name}")
+            raise NotFound(f"{source!r} is not a source of {name}")
         records = await kafka.dlq_records(topology, source)
         warnings: list[str] = []
         ledger = await kafka.ledger(topology, warnings)
@@ -297,18 +361,18 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         info, topology = await _topology(name)
         chosen = [s for s in topology.sources if s.topic == source]
         if not chosen:
-            raise BackendError(f"{source!r} is not a source of {name}")
+            raise NotFound(f"{source!r} is not a source of {name}")
         try:
             part, off = parse_ref(ref, chosen[0].partitions, source + topology.dlq.topic_suffix, option="record")
         except BadSelector as exc:
-            raise BackendError(exc.message, hint=exc.hint or "") from None
+            raise NotFound(exc.message, hint=exc.hint or "") from None
         match = [r for r in await kafka.dlq_records(topology, source) if r.partition == part and r.offset == off]
         if not match:
-            raise BackendError(f"no record at {ref} in {source + topology.dlq.topic_suffix}",
+            raise NotFound(f"no record at {ref} in {source + topology.dlq.topic_suffix}",
                                hint="deleted by retention, or beyond the end")
         return topology, match[0], info
 
-    @app.get("/pipelines/{name}/dlq/{source}/{ref}", response_class=HTMLResponse)
+    @app.get("/pipelines/{name}/dlq/{source}/{ref}", response_class=HTMLResponse, responses=GUARDED_404)
     async def dlq_record(request: Request, name: str, source: str, ref: str) -> HTMLResponse:
         from app.cli.ops import dlq_show_doc
 
@@ -319,7 +383,9 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         return render(request, "dlq_record.html", name=name, source=source, ref=ref, doc=doc, value=value,
                       ledger=ledger)
 
-    @app.post("/pipelines/{name}/dlq/{source}/{ref}/replay", response_class=HTMLResponse)
+    @app.post("/pipelines/{name}/dlq/{source}/{ref}/replay", response_class=HTMLResponse, responses=GUARDED_404,
+              openapi_extra=_form_body({"csrf": "the session's CSRF token",
+                                        "force": "`yes`: replay a record the ledger says was replayed"}, ("csrf",)))
     async def dlq_replay(request: Request, name: str, source: str, ref: str) -> HTMLResponse:
         form = await _form(request)
         check_post(request, form)
@@ -330,7 +396,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         outcome = report.outcomes[0] if report.outcomes else None
         return render(request, "replay_result.html", name=name, source=source, ref=ref, outcome=outcome)
 
-    @app.get("/pipelines/{name}/trace", response_class=HTMLResponse)
+    @app.get("/pipelines/{name}/trace", response_class=HTMLResponse, responses=GUARDED_404)
     async def trace(request: Request, name: str, topic: str, partition: int, offset: int) -> HTMLResponse:
         """Where the input at ``topic``/``partition``/``offset`` went: the ``.v3`` record whose
         ``prism-source`` names it (a replayed record's new offset), decoded and redacted."""
@@ -338,7 +404,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
 
         info, topology = await _topology(name)
         if topic not in {s.topic for s in topology.sources}:
-            raise BackendError(f"{topic!r} is not a source of {name}")
+            raise NotFound(f"{topic!r} is not a source of {name}")
         outputs = [o for o in info["outputs"] if o.startswith(topic + ".")]
         output = next((o for o in outputs if o.endswith(".v3")), outputs[-1] if outputs else topic + ".v3")
         partitions = next(s.partitions for s in topology.sources if s.topic == topic)
@@ -349,7 +415,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
                       output=output, found=doc)
 
     # ------------------------------------------------------------------------- subjects --
-    @app.get("/subjects", response_class=HTMLResponse)
+    @app.get("/subjects", response_class=HTMLResponse, responses=COMMON_RESPONSES)
     async def subjects(request: Request, q: str | None = None) -> HTMLResponse:
         import asyncio
 
@@ -371,14 +437,14 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
                 for s, p, v in zip(shown, policies, latest, strict=True)]
         return render(request, "subjects.html", rows=rows, q=needle, total=len(all_subjects), by_id=by_id)
 
-    @app.get("/subjects/{subject:path}", response_class=HTMLResponse)
+    @app.get("/subjects/{subject:path}", response_class=HTMLResponse, responses=GUARDED_404)
     async def subject(request: Request, subject: str, to: int | None = None) -> HTMLResponse:
         import asyncio
 
         frm = request.query_params.get("from")  # a Python keyword: read by hand
         versions = list(await registry.get(f"/v1/subjects/{_seg(subject)}/versions"))
         if not versions:
-            raise BackendError(f"subject {subject!r} has no versions")
+            raise NotFound(f"subject {subject!r} has no versions")
         numbers = [v["version"] for v in versions]
         to_v = to if to in numbers else numbers[-1]
         before = [n for n in numbers if n < to_v]
@@ -402,7 +468,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
                       diff_lines=(selected or {}).get("text_diff", "").splitlines())
 
     # ----------------------------------------------------------------------- governance --
-    @app.get("/governance", response_class=HTMLResponse)
+    @app.get("/governance", response_class=HTMLResponse, responses=COMMON_RESPONSES)
     async def governance(request: Request) -> HTMLResponse:
         import asyncio
 
@@ -416,7 +482,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         return render(request, "governance.html", policies=policies, approvals=approvals, pii=pii,
                       pii_audit=pii_audit)
 
-    @app.get("/audit", response_class=HTMLResponse)
+    @app.get("/audit", response_class=HTMLResponse, responses=COMMON_RESPONSES)
     async def audit(request: Request, subject: str | None = None, limit: int = 200) -> HTMLResponse:
         need_admin(request, "the audit log")
         entries = await registry.get("/v1/audit", subject=subject or None, limit=max(1, min(limit, 1000)))

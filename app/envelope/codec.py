@@ -22,6 +22,7 @@ from .._gen.prism.envelope.draft import envelope_pb2 as dpb
 from .._gen.prism.envelope.v1 import envelope_pb2 as vpb
 from ..errors import DecodeError, LayoutError, SizeLimitError, WireTypeError
 from .layouts import (
+    UNKNOWN_EXT_PREFIX,
     draft_metadata,
     draft_security_as_is,
     draft_to_reviewed,
@@ -283,11 +284,13 @@ def draft_split(header: vpb.PrismEnvelope, reviewed_head: bytes) -> tuple[bytes,
     differ between the layouts, built with `draft_metadata`), then the observability and schema
     records of the reviewed head with their tags renumbered - the same fields with the same
     numbers, so the same bytes. That holds when the reviewed head is exactly metadata,
-    observability and schema, the observability context has no map entries (a map may be
-    written in another order when parsed and written again) and the security context reads as
-    a draft one as is (`draft_security_as_is`); anything else - extensions, unknown top-level
-    fields, encryption - takes the general path. The worker writes every message in both
-    layouts, and converting the header field by field was ~10 µs of its ~180 µs per message."""
+    observability, schema and at most one extension entry (the identity stage adds
+    `prism.identity.method` to every authenticated message), the observability context has no
+    map entries (a map may be written in another order when parsed and written again) and the
+    security context reads as a draft one as is (`draft_security_as_is`); anything else -
+    several extensions or a carried unknown one, unknown top-level fields, encryption - takes
+    the general path. The worker writes every message in both layouts, and converting the
+    header field by field was ~20 µs of its ~180 µs per message (issue 29's profile)."""
     if not (header.HasField("metadata") and header.HasField("security")):
         return None
     sec = header.security
@@ -310,8 +313,22 @@ def draft_split(header: vpb.PrismEnvelope, reviewed_head: bytes) -> tuple[bytes,
         length, start = read_varint(reviewed_head, pos + 1, n)
         tail.append(b"\x32" + reviewed_head[pos + 1:start + length])
         pos = start + length
+    if pos < n and reviewed_head[pos:pos + 2] == _REVIEWED_EXT_TAG:  # extensions (97) -> draft field 99
+        # One entry only (a second record fails `pos != n` below): with several, the general
+        # path's map could be written in another order. A carried-unknown key makes the general
+        # path put fields back (`_restore_unknown`). The key is read off the entry's bytes:
+        # asking the map (len, iter) costs more than the rest of this function.
+        length, start = read_varint(reviewed_head, pos + 2, n)
+        end = start + length
+        if start >= end or reviewed_head[start] != 0x0A:
+            return None  # no key first: not the shape upb writes, leave it to the general path
+        klen, kstart = read_varint(reviewed_head, start + 1, end)
+        if reviewed_head.startswith(_UNKNOWN_EXT_KEY, kstart, min(kstart + klen, end)):
+            return None
+        tail.append(_DRAFT_EXT_TAG + reviewed_head[pos + 2:end])
+        pos = end
     if pos != n:
-        return None  # extensions or unknown fields after them
+        return None  # several extension entries or unknown fields after them
     meta = draft_metadata(header.metadata).SerializeToString()
     head = b"".join((_DRAFT_VERSION_RECORD, _DRAFT_METADATA_TAG, _encode_len(len(meta)), meta, *tail))
     return head, dpb.SecurityContext.FromString(sec.SerializeToString())
@@ -319,6 +336,9 @@ def draft_split(header: vpb.PrismEnvelope, reviewed_head: bytes) -> tuple[bytes,
 
 _DRAFT_VERSION_RECORD = b"\x08\x01"  # envelope_version = 1
 _DRAFT_METADATA_TAG = b"\x12"
+_REVIEWED_EXT_TAG = b"\x8a\x06"  # field 97, LEN
+_DRAFT_EXT_TAG = b"\x9a\x06"  # field 99, LEN
+_UNKNOWN_EXT_KEY = UNKNOWN_EXT_PREFIX.encode()
 
 
 #: What upb writes before the security record, in field-number order: (tag byte, wire type).

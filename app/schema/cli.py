@@ -630,7 +630,7 @@ def serve(
     from app.schema.authz import ENV_ALLOW_ANONYMOUS, ENV_JWT_CONFIG, ENV_USERS_FILE, registry_auth_from_env
     from app.schema.service import MAX_BODY_BYTES
     from app.schema.store import open_store
-    from app.security.http_limits import HttpLimits, serve, uvicorn_config
+    from app.security.http_limits import HttpLimits, check_listen, serve, uvicorn_config
 
     # Authentication settings are validated here, before anything listens; the worker
     # processes uvicorn starts read the same settings from the environment.
@@ -643,6 +643,10 @@ def serve(
     except ConfigError as e:
         fail(e)
     _check_tls(ssl_certfile, ssl_keyfile)
+    try:
+        check_listen(host, port)
+    except ConfigError as e:
+        fail(e)
     if auth.accepts_credentials and ssl_certfile is None and host not in ("127.0.0.1", "::1", "localhost"):
         typer.echo(f"⚠️  serving credentials over plain HTTP on {host}: pass --ssl-certfile/--ssl-keyfile "
                    "or terminate TLS in front of the registry", err=True)

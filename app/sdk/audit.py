@@ -16,9 +16,24 @@ delivered message's id: principal, group, message id, namespace, topic, classifi
 backend position. Never the payload, never a token. The record is written *before* the message
 is handed out, so there is no delivery without its record; when the write fails the message is
 given back to the backend (nack) and `DeliveryAuditError` is raised, so it is delivered - and
-audited - later. A refused read - a `confidential` or `restricted` message withheld from a
-subscription below that clearance - writes a `classified_refused` record the same way (before
-the message is acknowledged), not only a sampled log line.
+audited - later. A refused read - any message withheld from a subscription below its
+classification: `internal` data refused to a `public` subscriber as much as `restricted` data
+refused to an `internal` one - writes a `classified_refused` record the same way (before the
+message is settled), not only a sampled log line.
+
+Refusals cannot be used to flood the audit topic. Whoever can publish to a topic can make every
+one of its messages a refusal for some subscriber (label them above its clearance); one signed
+record per refused message would turn each tiny hostile message into a ~600-byte record and one
+publish round trip on the subscriber's path. So the refusals met while a subscription works
+through one fetched batch are held (not settled) and written as **one** record: a single refusal
+keeps the one-message form, several become `{"event": "classified_refused", "count": N,
+"messages": [[message_id, classification, ref], ...]}` (a fourth item, the namespace, where it
+is not the record's) - every refused message is still named, nothing is sampled away. A record
+holds at most `REFUSALS_PER_RECORD` messages (and ~48 KiB), so the audit topic receives at most
+one record per fetch or per `REFUSALS_PER_RECORD` refusals, whichever comes first, and ~60
+bytes per refused message: a flood costs the audit topic less than it cost the attacker to send
+(every envelope is larger than that; measured in tests/sdk/test_clearance.py). The held messages are
+settled only after their record is written; when the write fails every one of them is nacked.
 
 Who wrote a record. Anyone who can write the audit topic could write a record saying that
 `svc-ceo` read a restricted message, so every audit record is signed with the delivering
@@ -63,6 +78,10 @@ AUDIT_EVENT = "classified_delivery"
 #: A classified message withheld from a subscription below its clearance.
 REFUSAL_EVENT = "classified_refused"
 AUDIT_EVENTS = frozenset({AUDIT_EVENT, REFUSAL_EVENT})
+#: Refusals one record names at most (module docs: bounded so a flood cannot amplify).
+REFUSALS_PER_RECORD = 256
+#: ... and about this many bytes of them (the reader refuses records over 64 KiB).
+REFUSAL_RECORD_BYTES = 48 * 1024
 
 _PRINCIPAL = re.compile(r"^[!-~]{1,256}$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
@@ -151,6 +170,50 @@ def refusal_record(env: Envelope, classification: str, *, clearance: str, princi
     return record
 
 
+def refusal_entry(env: Envelope, classification: str, ref: str) -> dict[str, str]:
+    """One refused message inside a record of several (`refusals_record`)."""
+    md = env.header.metadata
+    return {"message_id": md.message_id, "namespace": md.namespace, "classification": classification, "ref": ref}
+
+
+def refusal_entry_bytes(entry: dict[str, str]) -> int:
+    """At most what `entry` adds to a record's JSON (quotes and separators included)."""
+    return sum(len(v) for v in entry.values()) + 12
+
+
+def refusals_record(first: Envelope, entries: list[dict[str, str]], *, clearance: str, principal: str | None,
+                    group: str, backend: str, now: float | None = None) -> dict[str, Any]:
+    """The one audit record of several refused reads of one subscription (module docs): the
+    fields of a single refusal (those of `first`; `classification` the highest refused), plus
+    `count` and every refused message in `messages`."""
+    top = max((e["classification"] for e in entries), key=lambda c: RANK.get(c, len(LEVELS)))
+    record = refusal_record(first, top, clearance=clearance, principal=principal, group=group, backend=backend,
+                            ref=entries[0]["ref"], now=now)
+    ns = record["namespace"]
+    record["count"] = len(entries)
+    record["messages"] = [[e["message_id"], e["classification"], e["ref"]]
+                          + ([e["namespace"]] if e["namespace"] != ns else []) for e in entries]
+    return record
+
+
+def refused_reads(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The refused reads one record stands for, each in the one-message form (a delivery
+    record: none). A record of several (`messages`) gives one per message, each with the
+    record's principal, group, clearance, topic and time; malformed entries are skipped."""
+    if record.get("event") != REFUSAL_EVENT:
+        return []
+    messages = record.get("messages")
+    if not isinstance(messages, list):
+        return [record]
+    base = {k: v for k, v in record.items() if k not in ("messages", "count")}
+    out = []
+    for m in messages:
+        if isinstance(m, list) and len(m) in (3, 4) and all(isinstance(x, str) for x in m):
+            out.append({**base, "message_id": m[0], "classification": m[1], "ref": m[2],
+                        "namespace": m[3] if len(m) == 4 else str(record.get("namespace", ""))})
+    return out
+
+
 def audit_envelope(record: dict[str, Any], audit_topic: str, namespace: str) -> Envelope:
     """The envelope an audit record travels in (JSON payload, classified `internal`)."""
     return new_envelope(audit_topic, record, namespace=namespace, data_classification=AUDIT_RECORD_CLASSIFICATION,
@@ -188,11 +251,19 @@ class AuditFilter:
             return False
         if self.principal is not None and rec.get("principal") != self.principal:
             return False
+        if isinstance(rec.get("messages"), list):  # several refusals: matches when one of them does
+            return any(self._matches_one(r) for r in refused_reads(rec))
+        return self._matches_one(rec)
+
+    def _matches_one(self, rec: dict[str, Any]) -> bool:
         if self.namespace is not None and rec.get("namespace") != self.namespace:
             return False
         if self.classification is not None and rec.get("classification") != self.classification:
             return False
-        return not (self.since is not None and int(rec.get("time_ms", 0)) < self.since.timestamp() * 1000)
+        if self.since is None:
+            return True
+        when = rec.get("time_ms", 0)  # whoever can write the audit topic chooses it: a number or no match
+        return isinstance(when, int | float) and not isinstance(when, bool) and when >= self.since.timestamp() * 1000
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,12 +41,17 @@ from ..untrusted_json import dumps_checked
 from ._ids import fast_uuid7
 from .audit import (
     AUDITED,
+    REFUSAL_RECORD_BYTES,
+    REFUSALS_PER_RECORD,
     WITHHELD_LOG_EVERY,
     Clearance,
     audit_envelope,
     audit_record,
     classification_of,
+    refusal_entry,
+    refusal_entry_bytes,
     refusal_record,
+    refusals_record,
 )
 from .backends import backend_for_url
 from .backends.base import (
@@ -503,10 +508,15 @@ class Subscription:
         #: What this subscription may receive and who it is in the audit trail (app.sdk.audit).
         self.clearance = clearance or Clearance()
         #: Counters: messages decoded; of those dropped as expired, withheld as classified above the
-        #: clearance; classified deliveries audited.
-        self.stats = {"received": 0, "expired": 0, "withheld": 0, "audited": 0}
+        #: clearance; classified deliveries audited; audit records written for refusals (one per batch).
+        self.stats = {"received": 0, "expired": 0, "withheld": 0, "audited": 0, "refusal_records": 0}
         #: withheld messages per classification
         self.withheld: dict[str, int] = {}
+        #: refused deliveries held until their (shared) audit record is written (`_flush_refusals`)
+        self._refused: list[tuple[Delivery, Envelope, dict[str, str]]] = []
+        self._refused_bytes = 0
+        #: a refusal record that failed after good messages were handed out: raised on the next call
+        self._refusal_error: DeliveryAuditError | None = None
 
     @property
     def group(self) -> str:
@@ -540,6 +550,7 @@ class Subscription:
             return
         self._closed = True
         self._buffer.clear()
+        self._refused.clear()  # held refusals were never settled: they go back to the backend with the rest
         self.client._subscriptions.discard(self)
         if self._inner is not None:
             await self._inner.close()
@@ -570,7 +581,24 @@ class Subscription:
         """Up to `max_messages` messages; waits at most `timeout` seconds for the first."""
         if self._closed:
             raise ConfigError("the subscription is closed", hint="subscribe again")
+        if self._refusal_error is not None:  # a refusal record that failed after messages were handed out
+            err, self._refusal_error = self._refusal_error, None
+            raise err
         await self.start()
+        assert self._inner is not None
+        try:
+            out = await self._receive_batch(max_messages, timeout)
+        except BaseException:
+            await self._flush_refusals(raise_error=False)
+            raise
+        err = await self._flush_refusals(raise_error=False)
+        if err is not None:
+            if not out:
+                raise err
+            self._refusal_error = err  # hand out what was good first; raise on the next call
+        return out
+
+    async def _receive_batch(self, max_messages: int, timeout: float | None) -> list[ReceivedEnvelope]:
         assert self._inner is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self.poll_interval if timeout is None else timeout)
@@ -591,6 +619,7 @@ class Subscription:
                     out.append(msg)
             if out or self._closed:
                 break
+            await self._flush_refusals()  # held refusals are written before waiting for more
             remaining = deadline - loop.time()
             fetched = await self._inner.fetch(self.settings.batch_size, max(0.0, remaining))
             self._buffer.extend(fetched)
@@ -658,18 +687,13 @@ class Subscription:
         return msg
 
     async def _withhold(self, d: Delivery, env: Envelope, classification: str) -> None:
-        """Above the clearance: for `confidential` and `restricted` data, write the refusal's
-        audit record first (as for a delivery: on failure nack and raise); then settle it so it
-        does not come back to this subscriber (`Delivery.withhold`: an ack where each group has its
-        own position; on PostgreSQL's shared queue the row stays for subscribers with the
-        clearance), count, and log the first one and then
-        every `WITHHELD_LOG_EVERY`th."""
-        if classification in AUDITED:
-            c = self.clearance
-            record = refusal_record(env, classification, clearance=c.level, principal=c.principal, group=self.group,
-                                    backend=d.backend, ref=d.ref)
-            await self._write_audit(d, env, classification, record, "refusal")
-        await d.withhold()  # never back to this subscriber; still there for one with the clearance
+        """Above the clearance, whatever the classification: hold the delivery for the refusal's
+        audit record, which is written for all refusals of this batch at once before any of them
+        is settled (`_flush_refusals`; app/sdk/audit.py says why one record for several), count,
+        and log the first one and then every `WITHHELD_LOG_EVERY`th."""
+        entry = refusal_entry(env, classification, d.ref)
+        self._refused.append((d, env, entry))
+        self._refused_bytes += refusal_entry_bytes(entry)
         self.stats["withheld"] += 1
         self.withheld[classification] = self.withheld.get(classification, 0) + 1
         n = self.stats["withheld"]
@@ -679,6 +703,37 @@ class Subscription:
                         extra={"event": "classified_withheld", "topic": self.topic, "group": self.group,
                                "classification": classification, "clearance": self.clearance.level,
                                "withheld": n})
+        if len(self._refused) >= REFUSALS_PER_RECORD or self._refused_bytes >= REFUSAL_RECORD_BYTES:
+            await self._flush_refusals()
+
+    async def _flush_refusals(self, *, raise_error: bool = True) -> DeliveryAuditError | None:
+        """Write the one audit record of the refusals held so far, then settle each of them
+        (`Delivery.withhold`: an ack where each group has its own position; on PostgreSQL's shared
+        queue the row stays for subscribers with the clearance). When the record cannot be written
+        every held message is nacked (refused - and audited - again later) and the
+        `DeliveryAuditError` raised, or returned when `raise_error` is false."""
+        if not self._refused:
+            return None
+        held, self._refused, self._refused_bytes = self._refused, [], 0
+        c = self.clearance
+        d0, env0, _ = held[0]
+        if len(held) == 1:
+            record = refusal_record(env0, held[0][2]["classification"], clearance=c.level, principal=c.principal,
+                                    group=self.group, backend=d0.backend, ref=d0.ref)
+        else:
+            record = refusals_record(env0, [e for _, _, e in held], clearance=c.level, principal=c.principal,
+                                     group=self.group, backend=d0.backend)
+        try:
+            await self._write_audit(d0, env0, record["classification"], record, "refusal",
+                                    also=[d for d, _, _ in held[1:]], count=len(held))
+        except DeliveryAuditError as exc:
+            if raise_error:
+                raise
+            return exc
+        for d, _, _ in held:
+            await d.withhold()  # never back to this subscriber; still there for one with the clearance
+        self.stats["refusal_records"] += 1
+        return None
 
     async def _audit(self, d: Delivery, env: Envelope, classification: str) -> None:
         """Write the delivery's audit record; on failure give the message back and raise."""
@@ -690,10 +745,11 @@ class Subscription:
         self.stats["audited"] += 1
 
     async def _write_audit(self, d: Delivery, env: Envelope, classification: str, record: dict[str, Any],
-                           what: str) -> None:
+                           what: str, *, also: list[Delivery] | None = None, count: int = 1) -> None:
         """Publish one audit record, signed with the client's key (an unsigned one - a refusal
         by a client without a key - is written too, and `prism audit` shows it as unverified);
-        on failure give the message back and raise `DeliveryAuditError`."""
+        on failure give the message back - and the `also` messages the record stands for too -
+        and raise `DeliveryAuditError`."""
         c = self.clearance
         out = Outgoing(c.audit_topic, audit_envelope(record, c.audit_topic, self.client.namespace),
                        self.client.layout, self.client.signing_key, env.message_id.encode())
@@ -701,9 +757,12 @@ class Subscription:
             await self.client.backend.publish([out])
         except Exception as exc:
             await d.nack()
+            for other in also or ():
+                await other.nack()
+            others = f" (and {count - 1} other refused messages)" if count > 1 else ""
             err = DeliveryAuditError(
-                f"the {what} audit record of {classification} message {env.message_id} on {self.topic!r} could not "
-                f"be written to {c.audit_topic!r} ({type(exc).__name__}), so the message was not "
+                f"the {what} audit record of {classification} message {env.message_id}{others} on {self.topic!r} "
+                f"could not be written to {c.audit_topic!r} ({type(exc).__name__}), so the message was not "
                 f"{'delivered' if what == 'delivery' else 'settled'} and goes back to the backend",
                 path=f"subscribe(audit_topic={c.audit_topic!r})",
                 hint="check that the audit topic is writable on this backend; the message is delivered again")

@@ -261,6 +261,34 @@ def uvicorn_config(app: Any, limits: HttpLimits, **kwargs: Any) -> Any:
     return config
 
 
+def check_listen(host: str, port: int, option: str = "--port") -> None:
+    """``port`` is a TCP port and free on ``host`` now - checked before a server prints that it
+    listens. Why: uvicorn given port 99999, or a port in use, logged a line (or nothing) and then
+    hung in its event loop instead of exiting, so ``prism console`` and ``prism schema serve``
+    looked up to a supervisor while serving nothing. One ``ConfigError`` line instead."""
+    import errno
+    import socket
+
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"{option} {port} is not a TCP port", path=option, hint="use a port from 1 to 65535")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        infos = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ConfigError(f"--host {host!r} is not an address of this machine ({exc.strerror or exc})",
+                          path="--host", hint="e.g. --host 127.0.0.1, or 0.0.0.0 for every interface") from None
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
+        try:
+            s.bind(infos[0][4])
+        except OSError as exc:
+            busy = exc.errno == errno.EADDRINUSE
+            raise ConfigError(f"port {port} on {host} is {'in use' if busy else 'not available'}"
+                              + ("" if busy else f" ({exc.strerror})"), path=option,
+                              hint=f"pick another {option}, or stop what listens there (ss -ltnp 'sport = :{port}')"
+                              if busy else "check --host names an address of this machine") from None
+
+
 def serve(config: Any) -> bool:
     """Run a config from :func:`uvicorn_config` like ``uvicorn.run`` does: in this process, or
     with ``workers > 1`` in that many processes sharing the socket. True when it started."""

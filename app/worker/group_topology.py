@@ -24,11 +24,28 @@ comment or a re-indented file is the same policy; the key *files* a topology nam
 
 Rolling to a new topology version: a deployment that updates every member would otherwise
 deadlock - the first new member meets the old ones and refuses, so a StatefulSet's rollout never
-proceeds. ``prism run --replace-topology`` (``PRISM_REPLACE_TOPOLOGY=1``) joins anyway, with one
-warning naming the digests it replaces; set it for the rollout and remove it afterwards
-(docs/operations.md, "One topology per consumer group"). Restarting members of the *same*
-topology never needs it. Two workers that start at the same instant into an empty group cannot
-see each other; the check is a guard against the mistake, not a lock.
+proceeds. Two ways through, one for each way workers are started:
+
+* **A controller's rolling update** (Kubernetes): each worker may carry a *rollout owner* - the
+  one object its topology comes from, ``<namespace>/<StatefulSet>``, derived from the pod's
+  ``controller-revision-hash`` label (``PRISM_ROLLOUT_REVISION``, downward API; the label is
+  ``<StatefulSet name>-<revision hash>``) and ``metadata.namespace`` (``PRISM_ROLLOUT_NAMESPACE``),
+  or given as ``PRISM_ROLLOUT_OWNER`` (a Deployment, whose ``pod-template-hash`` names no owner).
+  Its 8-hex digest is appended to the client id (``<group>.topology-<digest>-<owner>``). A member
+  with another topology digest but *this worker's* owner is the same StatefulSet at another
+  revision - its own rolling update, in either direction (a new pod meeting old ones, or an old
+  pod restarted mid-rollout meeting new ones) - and the worker joins with one warning. A member
+  of another owner (a second Deployment, a copy of the manifests in another namespace or under
+  another name) or of none (a worker started by hand) with another digest is still refused:
+  that is the accident the check exists for. The owner is derived from the label Kubernetes
+  sets, not from a literal in the manifest, so a copied manifest cannot claim the original's.
+* **By hand**: ``prism run --replace-topology`` (``PRISM_REPLACE_TOPOLOGY=1``) joins anyway, with
+  one warning naming the digests it replaces; set it for the rollout and remove it afterwards
+  (docs/operations.md, "One topology per consumer group").
+
+Restarting members of the *same* topology never needs either. Two workers that start at the same
+instant into an empty group cannot see each other; the check is a guard against the mistake, not
+a lock.
 """
 
 from __future__ import annotations
@@ -37,30 +54,83 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from app.errors import BrokerError, PrismError
+from app.errors import BrokerError, ConfigError, PrismError
 
 if TYPE_CHECKING:
     from app.broker.admin import BrokerSettings
     from app.topology import Topology
 
-__all__ = ["REPLACE_ENV", "TopologyMismatch", "check_group_topology", "client_id_for", "digest_of_client_id", "digest_of_member",
-           "group_digests", "topology_digest"]
+__all__ = ["REPLACE_ENV", "Member", "TopologyMismatch", "check_group_topology", "client_id_for", "digest_of_client_id",
+           "digest_of_member", "group_digests", "group_members", "judge_members", "member_of", "rollout_owner",
+           "topology_digest"]
 
 log = logging.getLogger("prism.worker")
 
 #: ``prism run --replace-topology``: join a group whose members run another topology (a rollout)
 REPLACE_ENV = "PRISM_REPLACE_TOPOLOGY"
+#: the rollout owner: explicit, or derived from the pod's controller-revision-hash label and namespace
+OWNER_ENV = "PRISM_ROLLOUT_OWNER"
+REVISION_ENV = "PRISM_ROLLOUT_REVISION"
+NAMESPACE_ENV = "PRISM_ROLLOUT_NAMESPACE"
 DIGEST_LEN = 12
+OWNER_LEN = 8
 _MARK = ".topology-"
 _HEX = "[0-9a-f]"
-_DIGEST_IN_ID = re.compile(re.escape(_MARK) + f"({_HEX}{{{DIGEST_LEN}}})$")
+_IDS = f"({_HEX}{{{DIGEST_LEN}}})(?:-({_HEX}{{{OWNER_LEN}}}))?"
+_DIGEST_IN_ID = re.compile(re.escape(_MARK) + _IDS + "$")
 #: a broker-built member id: `<client id>-<uuid4>`
-_DIGEST_IN_MEMBER = re.compile(re.escape(_MARK) + f"({_HEX}{{{DIGEST_LEN}}})-{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-"
+_DIGEST_IN_MEMBER = re.compile(re.escape(_MARK) + _IDS + f"-{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-"
                                f"{_HEX}{{4}}-{_HEX}{{12}}$")
+#: `<controller name>-<revision hash>`: a DNS-1123 name, a dash, the hash
+_REVISION = re.compile(r"^([a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?)-([a-z0-9]{1,63})$")
+_NAMESPACE = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """What a live group member says it runs: its topology digest and, when a controller started
+    it, the digest of its rollout owner."""
+
+    digest: str
+    owner: str | None = None
+
+
+def rollout_owner(env: Mapping[str, str] | None = None) -> str | None:
+    """This worker's rollout owner (module docs) as an 8-hex digest, or None when it has none.
+
+    ``PRISM_ROLLOUT_OWNER`` wins; else ``PRISM_ROLLOUT_REVISION`` (the StatefulSet's
+    ``controller-revision-hash`` label, ``<name>-<hash>``) gives ``<namespace>/<name>`` with
+    ``PRISM_ROLLOUT_NAMESPACE``. A revision that is not of that form is a ``ConfigError``: a
+    worker that silently had no owner would deadlock its own rollouts."""
+    env = os.environ if env is None else env
+    explicit = env.get(OWNER_ENV, "").strip()
+    revision = env.get(REVISION_ENV, "").strip()
+    namespace = env.get(NAMESPACE_ENV, "").strip()
+    if explicit:
+        if len(explicit) > 512 or not explicit.isprintable():
+            raise ConfigError(f"{OWNER_ENV}={explicit[:64]!r} must be 1-512 printable characters", path=OWNER_ENV,
+                              hint="name the one object the topology comes from, e.g. prism/Deployment/prism-worker")
+        identity = explicit
+    elif revision:
+        m = _REVISION.match(revision)
+        if m is None:
+            raise ConfigError(f"{REVISION_ENV}={revision[:80]!r} is not a controller revision (<name>-<hash>)",
+                              path=REVISION_ENV,
+                              hint="set it from the pod's label: fieldRef metadata.labels['controller-revision-hash'] "
+                                   "(a StatefulSet; deploy/base/worker.yaml), or set PRISM_ROLLOUT_OWNER instead")
+        if namespace and not _NAMESPACE.match(namespace):
+            raise ConfigError(f"{NAMESPACE_ENV}={namespace[:80]!r} is not a Kubernetes namespace", path=NAMESPACE_ENV,
+                              hint="set it from fieldRef metadata.namespace")
+        identity = f"{namespace}/StatefulSet/{m.group(1)}"
+    else:
+        return None
+    return hashlib.sha256(identity.encode()).hexdigest()[:OWNER_LEN]
 
 
 class TopologyMismatch(PrismError):
@@ -79,9 +149,14 @@ def topology_digest(topology: Topology) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:DIGEST_LEN]
 
 
-def client_id_for(group: str, digest: str) -> str:
-    """The Kafka client id of a worker of ``group`` running the topology ``digest``."""
-    return f"{group}{_MARK}{digest}"
+_FROM_ENV = object()
+
+
+def client_id_for(group: str, digest: str, owner: str | object | None = _FROM_ENV) -> str:
+    """The Kafka client id of a worker of ``group`` running the topology ``digest``, with its
+    rollout owner (default: this process's, ``rollout_owner()``) when it has one."""
+    who = rollout_owner() if owner is _FROM_ENV else owner
+    return f"{group}{_MARK}{digest}" + (f"-{who}" if who else "")
 
 
 def digest_of_client_id(client_id: str) -> str | None:
@@ -91,20 +166,30 @@ def digest_of_client_id(client_id: str) -> str | None:
     return m.group(1) if m else None
 
 
-def digest_of_member(client_id: str, member_id: str) -> str | None:
-    """The digest of a member as DescribeGroups lists it: from its client id, else from its member
+def member_of(client_id: str, member_id: str) -> Member | None:
+    """What a member runs as DescribeGroups lists it: from its client id, else from its member
     id, which a broker builds as ``<client id>-<uuid>`` (the embedded broker answers an empty
-    client id, Apache Kafka both)."""
-    found = digest_of_client_id(client_id)
-    if found is None:
-        m = _DIGEST_IN_MEMBER.search(member_id or "")
-        found = m.group(1) if m else None
-    return found
+    client id, Apache Kafka both). None for a member that is not a Prism worker."""
+    m = _DIGEST_IN_ID.search(client_id or "") or _DIGEST_IN_MEMBER.search(member_id or "")
+    return Member(m.group(1), m.group(2)) if m else None
+
+
+def digest_of_member(client_id: str, member_id: str) -> str | None:
+    """The topology digest of a member (``member_of``), or None."""
+    found = member_of(client_id, member_id)
+    return found.digest if found is not None else None
 
 
 async def group_digests(bootstrap: str, group: str, *, settings: BrokerSettings | None = None,
                         timeout_s: float = 15.0) -> dict[str, str]:
-    """Live member -> topology digest, for the members of ``group`` whose client id carries one.
+    """Live member -> topology digest (``group_members`` without the owners)."""
+    members = await group_members(bootstrap, group, settings=settings, timeout_s=timeout_s)
+    return {k: m.digest for k, m in members.items()}
+
+
+async def group_members(bootstrap: str, group: str, *, settings: BrokerSettings | None = None,
+                        timeout_s: float = 15.0) -> dict[str, Member]:
+    """Live member -> what it runs, for the members of ``group`` whose client id carries a digest.
 
     The member key is ``client_host/member_id`` (what an operator needs to find the process).
     A group that does not exist yet, or is empty, has none. Raises ``BrokerError`` when the
@@ -132,7 +217,7 @@ async def group_digests(bootstrap: str, group: str, *, settings: BrokerSettings 
                                                "Describe the group") from exc
     finally:
         await admin.close()
-    found: dict[str, str] = {}
+    found: dict[str, Member] = {}
     for response in responses:
         for g in getattr(response, "groups", ()):
             # (error_code, group_id, state, protocol_type, protocol, members[, authorized_operations])
@@ -141,31 +226,57 @@ async def group_digests(bootstrap: str, group: str, *, settings: BrokerSettings 
             for member in g[5]:
                 # (member_id, [group_instance_id,] client_id, client_host, metadata, assignment)
                 member_id, client_id, client_host = str(member[0]), str(member[-4]), str(member[-3])
-                digest = digest_of_member(client_id, member_id)
-                if digest is not None:
-                    found[f"{client_host}/{member_id}"] = digest
+                seen = member_of(client_id, member_id)
+                if seen is not None:
+                    found[f"{client_host}/{member_id}"] = seen
     return found
 
 
-async def check_group_topology(bootstrap: str, group: str, digest: str, *, settings: BrokerSettings | None = None,
-                               replace: bool = False, topology_path: str | None = None) -> dict[str, str]:
-    """Refuse (``TopologyMismatch``) when a live member of ``group`` runs another topology.
-
-    With ``replace`` (a rollout to a new topology version) the other members are logged once
-    and the start goes on. Returns the members with another digest (empty when all agree)."""
-    members = await group_digests(bootstrap, group, settings=settings)
-    others = {m: d for m, d in members.items() if d != digest}
+def judge_members(members: Mapping[str, Member], digest: str, owner: str | None, *, replace: bool = False,
+                  group: str = "", topology_path: str | None = None) -> dict[str, str]:
+    """The decision of ``check_group_topology`` on the members it found (module docs): return the
+    members with another digest (empty when all agree) when this worker may join - all agree,
+    ``replace``, or every differing member has this worker's rollout owner (its controller's
+    rolling update) - else raise ``TopologyMismatch``."""
+    others = {m: seen for m, seen in members.items() if seen.digest != digest}
     if not others:
-        return others
-    theirs = sorted(set(others.values()))
+        return {}
+    found = {m: seen.digest for m, seen in others.items()}
+    theirs = sorted(set(found.values()))
     if replace:
         log.warning("prism worker replaces topology %s in group %s: %d member(s) still run it; this worker runs %s",
                     ",".join(theirs), group, len(others), digest)
-        return others
+        return found
+    strangers = {m: seen for m, seen in others.items() if owner is None or seen.owner != owner}
+    if not strangers:
+        log.warning("prism worker joins group %s during a rolling update of its own deployment (owner %s): %d "
+                    "member(s) still run topology %s, this worker runs %s", group, owner, len(others),
+                    ",".join(theirs), digest)
+        return found
+    their_owners = sorted({s.owner or "none" for s in strangers.values()})
+    why = (f"they belong to another deployment (rollout owner {','.join(their_owners)}, this worker's {owner})"
+           if owner is not None else "this worker belongs to no deployment that could be rolling them")
     raise TopologyMismatch(
-        f"consumer group {group} has {len(others)} live member(s) running topology digest {','.join(theirs)}, "
-        f"this worker's topology has digest {digest}: joining would run two policies on one group",
+        f"consumer group {group} has {len(strangers)} live member(s) running topology digest "
+        f"{','.join(sorted({s.digest for s in strangers.values()}))}, this worker's topology has digest {digest}, and "
+        f"{why}: joining would run two policies on one group",
         path=topology_path or group,
         hint="start it with the topology file the running workers use, give this topology another `name:` "
-             "(its own group), or, to roll every member to this version, start it with --replace-topology "
-             f"({REPLACE_ENV}=1) and restart the others")
+             "(its own group), or, to roll every member to this version by hand, start it with --replace-topology "
+             f"({REPLACE_ENV}=1) and restart the others (a Kubernetes StatefulSet's own rollout needs nothing: "
+             f"{REVISION_ENV}, docs/operations.md)")
+
+
+async def check_group_topology(bootstrap: str, group: str, digest: str, *, settings: BrokerSettings | None = None,
+                               replace: bool = False, topology_path: str | None = None,
+                               owner: str | object | None = _FROM_ENV) -> dict[str, str]:
+    """Refuse (``TopologyMismatch``) when a live member of ``group`` runs another topology and is
+    not part of this worker's own rolling update (``judge_members``).
+
+    With ``replace`` (a rollout by hand) the other members are logged once and the start goes on.
+    ``owner``: this worker's rollout owner (default: ``rollout_owner()``). Returns the members with
+    another digest (empty when all agree)."""
+    who = rollout_owner() if owner is _FROM_ENV else owner
+    members = await group_members(bootstrap, group, settings=settings)
+    return judge_members(members, digest, who if isinstance(who, str) else None, replace=replace, group=group,
+                         topology_path=topology_path)

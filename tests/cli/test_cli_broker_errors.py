@@ -95,3 +95,27 @@ def test_prism_audit_with_an_unreachable_backend_is_one_line(tmp_path: Path) -> 
         port = s.getsockname()[1]
     res = prism("audit", "--keyring", str(ring), "--url", f"kafka://127.0.0.1:{port}")
     assert "cannot read the audit topic 'prism.audit'" in one_error_line(res, "broker_error")
+
+
+@pytest.mark.parametrize("command", [("console",), ("schema", "serve")])
+def test_a_server_given_a_bad_or_busy_port_says_so_in_one_line_and_exits(command: tuple[str, ...],
+                                                                         tmp_path: Path) -> None:
+    """`prism console` and `prism schema serve` given port 99999, port 0 or a port in use printed
+    their "listening on" line and then hung in uvicorn's event loop - up to a supervisor, serving
+    nothing. Now one line, exit 2, before anything listens (and within the helper's timeout)."""
+    from tests.support import write_users_file
+
+    users = write_users_file(tmp_path / "users.yaml")
+    base = (*command, "--users-file", str(users))
+    env = {"PRISM_REGISTRY_DB": f"sqlite:///{tmp_path / 'registry.db'}"}
+    assert "--port 99999 is not a TCP port" in one_error_line(prism(*base, "--port", "99999", env=env), "bad_config")
+    assert "--port 0 is not a TCP port" in one_error_line(prism(*base, "--port", "0", env=env), "bad_config")
+    with socket.socket() as busy:
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        line = one_error_line(prism(*base, "--port", str(port), env=env), "bad_config")
+    assert f"port {port} on 127.0.0.1 is in use" in line and "ss -ltnp" in line
+    line = one_error_line(prism(*base, "--host", "10.255.255.1", "--port", "8099", env=env), "bad_config")
+    assert "not available" in line and "--host" in line

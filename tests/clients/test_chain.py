@@ -9,11 +9,25 @@ worker's signature and decodes the payload.
   (clients/rust/examples/kafka_interop.rs) verifies with the worker's public key alone.
 * Rust -> worker -> Go: the same the other way round.
 
+* Go -> worker -> Go with a binary protobuf payload: the Go producer encodes each order by the
+  schema the registry holds for the topic (OrderCreated, wire format, application/protobuf) and
+  validates it before publishing; the Go consumer decodes it by the schema its envelope
+  references.
+
+The order schema (topologies/schemas/order_created.proto) is registered in a real Prism
+registry that the test starts, and the worker's enrich stage resolves it from there
+(`registry_type: prism`), so every envelope on `.v3` references it by URL and hash. The Go
+consumer resolves that reference (checked: the topic's subject, the hash) and decodes the
+payload by the schema - a `prism.examples.orders.OrderCreated` message, from the protobuf JSON
+mapping or the wire format - and reports the decoded fields, which the test compares with what
+the producer sent. (The Rust consumer still reads the payload as JSON and the schema context
+from the header: it has no registry decoding yet.)
+
 What each test proves: every produced order arrives at the consumer exactly once, under the
 worker's signature (its key id, scope batch), with `prism.identity.method: key` naming the
 producer's key (a worker that had not verified the producer would say `none`), the schema
-context of the topology's enrich stage, and the JSON payload the producer wrote. Nothing goes
-to the DLQ and `.v3` holds no copy beyond the one each order should have.
+context of the topology's enrich stage, and the payload the producer wrote. Nothing goes to
+the DLQ and `.v3` holds no copy beyond the one each order should have.
 
 The producer keys are added to the dev keyring bound to a publisher (docs/signing.md "Keyring
 files") and restricted to `order-events`, and declared in the topology's `producers:` with
@@ -40,7 +54,9 @@ from app.worker.faust_app import WorkerProcess
 from tests.clients.test_go import HMAC_SECRET, call, go_interop  # noqa: F401 - go_interop: a fixture
 from tests.clients.test_rust_client import _conformance, _run, interop  # noqa: F401 - interop: a fixture
 from tests.kafka.cluster import ApacheKafka
-from tests.worker.conftest import dev_keys, make_topology  # noqa: F401 - dev_keys: a fixture
+from tests.sdk.test_version_reports import registry_server  # noqa: F401 - a fixture
+from tests.support import USERS
+from tests.worker.conftest import ROOT, dev_keys, make_topology  # noqa: F401 - dev_keys: a fixture
 
 TARGET = "app.worker.pipeline:app_from_env"
 ORDERS = 5
@@ -48,6 +64,7 @@ GO_KEY_ID = "go-chain-1"
 GO_PUBLISHER = "svc-go-orders"
 RUST_PUBLISHER = "svc-rust-orders"
 SCHEMA = {"name": "prism.examples.orders.OrderCreated", "version": "v2"}
+ORDER_TYPE = "prism.examples.orders.OrderCreated"
 
 
 def _rust_key() -> tuple[str, bytes]:
@@ -59,7 +76,7 @@ def _rust_key() -> tuple[str, bytes]:
 class Chain:
     """The shipped topology with both producer keys trusted, its topics, and a worker running it."""
 
-    def __init__(self, kafka: ApacheKafka, tmp_path: Path, keys: DevKeys) -> None:
+    def __init__(self, kafka: ApacheKafka, tmp_path: Path, keys: DevKeys, registry: tuple[str, Any]) -> None:
         self.kafka = kafka
         self.tmp_path = tmp_path
         ring = json.loads(keys.signing_path.read_text())
@@ -78,9 +95,18 @@ class Chain:
         make_topology(tmp_path, keys, partitions=1)
         path = tmp_path / "topology.yaml"
         doc = yaml.safe_load(path.read_text())
+        self.source = doc["sources"][0]["topic"]
+        # the order schema in the registry, under the topic's subject; the worker resolves it there
+        self.registry_url, store = registry
+        text = (ROOT / "topologies/schemas/order_created.proto").read_text(encoding="utf-8")
+        store.register(self.source, text, "PROTOBUF", actor="test", label=SCHEMA["version"])
+        self.schema_hash = store.get(self.source, "latest").hash
         for stage in doc["stages"]:
             if "verify_signature" in stage:
                 stage["verify_signature"]["keyring"] = str(ring_path)
+            if "enrich" in stage:
+                stage["enrich"]["schema"] = {"registry_type": "prism", "url": self.registry_url, "subject": self.source,
+                                             "version": "latest", "message": ORDER_TYPE}
         doc["producers"] += [{"name": "go-orders", "key_ids": [GO_KEY_ID], "namespaces": ["order-events"]},
                              {"name": "rust-orders", "key_ids": [rust_id], "namespaces": ["order-events"]}]
         path.write_text(yaml.safe_dump(doc))
@@ -88,7 +114,12 @@ class Chain:
         self.source = self.topology.sources[0].topic
         self.worker = WorkerProcess(TARGET, log_path=tmp_path / "worker.log", env={
             "PRISM_TOPOLOGY": str(path), "PRISM_BOOTSTRAP": kafka.bootstrap, "PRISM_DATA_DIR": str(tmp_path / "data"),
-            "PRISM_APP_ID": f"chain-{uuid.uuid4().hex[:8]}", "PRISM_BROKER_URL": kafka.bootstrap})
+            "PRISM_APP_ID": f"chain-{uuid.uuid4().hex[:8]}", "PRISM_BROKER_URL": kafka.bootstrap,
+            "PRISM_REGISTRY_USER": "reader", "PRISM_REGISTRY_PASSWORD": USERS["reader"][0]})
+
+    def registry_request(self) -> dict[str, str]:
+        """What the Go interop needs to read the registry (as its read-only user)."""
+        return {"registry_url": self.registry_url, "user": "reader", "password": USERS["reader"][0]}
 
     async def __aenter__(self) -> Chain:
         await ensure_topics(self.kafka.bootstrap, self.topology.topics())
@@ -125,16 +156,28 @@ class Chain:
             assert m["classification"] == "internal", where
             assert m["publisher_id"] == publisher, where  # the identity the key is bound to
 
+    def check_decoded(self, got: list[dict[str, Any]], content_type: str) -> None:
+        """The Go consumer decoded each payload by the schema its envelope references: the
+        registry's version of the topic's subject, as an OrderCreated message."""
+        for m in got:
+            assert m["decoded_by"]["subject"] == self.source, m
+            assert m["decoded_by"]["version"] == 1 and m["decoded_by"]["format"] == "protobuf", m
+            assert m["decoded_by"]["type"] == ORDER_TYPE, m
+            assert m["decoded_by"]["content_type"] == content_type, m
+            assert m["schema"]["hash"] == self.schema_hash, m  # the reference the worker stamped
+
 
 async def test_go_produces_worker_resigns_rust_consumes(kafka: ApacheKafka, tmp_path: Path, dev_keys: DevKeys,  # noqa: F811
-                                                        go_interop: Path, interop: Path) -> None:  # noqa: F811
+                                                        go_interop: Path, interop: Path,  # noqa: F811
+                                                        registry_server: Any) -> None:  # noqa: F811
     orders = [{"order_id": f"go-{i}", "customer_id": "c-7", "total": 10.5 + i, "currency": "EUR"}
               for i in range(ORDERS)]
-    async with Chain(kafka, tmp_path, dev_keys) as chain:
+    async with Chain(kafka, tmp_path, dev_keys, registry_server) as chain:
+        # the Go producer validates each payload against the registry's schema before publishing
         out = call(go_interop, {"op": "publish", "brokers": [kafka.bootstrap], "topic": chain.source,
                                 "namespace": "order-events", "layout": "reviewed", "payloads": orders,
                                 "hmac_key_id": GO_KEY_ID, "hmac_hex": HMAC_SECRET.hex(),
-                                "classification": "internal"})
+                                "classification": "internal", **chain.registry_request()})
         assert "error" not in out, out
         audit = kafka.create_topic(f"chain-audit-{uuid.uuid4().hex[:8]}")
         # the Rust subscriber trusts the worker's public key (and its own HMAC test key, not the Go one)
@@ -149,20 +192,59 @@ async def test_go_produces_worker_resigns_rust_consumes(kafka: ApacheKafka, tmp_
 
 
 async def test_rust_produces_worker_resigns_go_consumes(kafka: ApacheKafka, tmp_path: Path, dev_keys: DevKeys,  # noqa: F811
-                                                        go_interop: Path, interop: Path) -> None:  # noqa: F811
-    async with Chain(kafka, tmp_path, dev_keys) as chain:
+                                                        go_interop: Path, interop: Path,  # noqa: F811
+                                                        registry_server: Any) -> None:  # noqa: F811
+    async with Chain(kafka, tmp_path, dev_keys, registry_server) as chain:
         sent = _run(interop, "publish-orders", kafka.bootstrap, chain.source, str(ORDERS), "order-events")
         assert [s["i"] for s in sent] == list(range(ORDERS))
         # the Go subscriber trusts the worker's public key only
         out = call(go_interop, {"op": "consume", "brokers": [kafka.bootstrap], "topic": chain.source + ".v3",
                                 "namespace": "order-events", "group": f"g-{uuid.uuid4().hex[:8]}", "count": ORDERS,
                                 "timeout_s": 90, "ed25519_key_id": chain.worker_key_id,
-                                "ed25519_public_hex": chain.worker_public_hex, "clearance": "internal"})
+                                "ed25519_public_hex": chain.worker_public_hex, "clearance": "internal",
+                                **chain.registry_request()})
         await chain.check_outputs()
     assert not out.get("errors"), out
     got = out["messages"]
     assert sorted(m["message_id"] for m in got) == sorted(s["message_id"] for s in sent)
+    # the payload as the schema reads it (the protobuf JSON mapping of Rust's JSON) equals what Rust sent
     chain.check(got, [s["payload"] for s in sent], chain.rust_key_id, RUST_PUBLISHER)
+    chain.check_decoded(got, "application/json")
     assert all(m["headers"]["prism-envelope-layout"] == "reviewed" for m in got)
     assert not any("prism-schema-validation" in m["headers"] for m in got)  # as the Go consumer sees it
     assert out["committed"] == {"0": ORDERS}
+
+
+async def test_go_publishes_protobuf_by_the_registry_schema_and_go_decodes_it(
+        kafka: ApacheKafka, tmp_path: Path, dev_keys: DevKeys, go_interop: Path,  # noqa: F811
+        registry_server: Any) -> None:  # noqa: F811
+    """A binary payload through the worker: the Go producer encodes each order by the topic's
+    schema from the registry (wire format, application/protobuf), validated before it is sent;
+    the worker verifies, checks it against the same schema (validation: warn marks nothing) and
+    re-signs; the Go consumer resolves the schema the envelope references and decodes the wire
+    format into OrderCreated - the fields equal what was sent, the PII field masked by the
+    schema's tag."""
+    orders = [{"order_id": f"pb-{i}", "customer_id": "c-9", "customer_email": f"c{i}@example.com",
+               "items": [{"sku": "A-1", "qty": i + 1}], "total": 20.25 + i, "currency": "EUR"}
+              for i in range(ORDERS)]
+    async with Chain(kafka, tmp_path, dev_keys, registry_server) as chain:
+        out = call(go_interop, {"op": "publish", "brokers": [kafka.bootstrap], "topic": chain.source,
+                                "namespace": "order-events", "layout": "reviewed", "payloads": orders,
+                                "hmac_key_id": GO_KEY_ID, "hmac_hex": HMAC_SECRET.hex(),
+                                "classification": "internal", "content_type": "application/protobuf",
+                                **chain.registry_request()})
+        assert "error" not in out, out
+        got_out = call(go_interop, {"op": "consume", "brokers": [kafka.bootstrap], "topic": chain.source + ".v3",
+                                    "namespace": "order-events", "group": f"g-{uuid.uuid4().hex[:8]}",
+                                    "count": ORDERS, "timeout_s": 90, "ed25519_key_id": chain.worker_key_id,
+                                    "ed25519_public_hex": chain.worker_public_hex, "clearance": "internal",
+                                    **chain.registry_request()})
+        await chain.check_outputs()
+    assert not got_out.get("errors"), got_out
+    got = got_out["messages"]
+    assert sorted(m["message_id"] for m in got) == sorted(out["message_ids"])
+    chain.check(got, orders, GO_KEY_ID, GO_PUBLISHER)
+    chain.check_decoded(got, "application/protobuf")
+    for m in got:
+        assert m["decoded_by"]["masked"] == {**m["payload"], "customer_email": "***"}, m
+        assert m["headers"]["prism-content-type"] == "application/protobuf", m["headers"]

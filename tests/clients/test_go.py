@@ -116,6 +116,77 @@ def test_python_decrypts_what_go_encrypts(go_interop: Path, keyring: tuple[FileK
         decrypt_envelope(env, kr)
 
 
+@pytest.fixture(scope="module")
+def moto_kms() -> Iterator[tuple[Any, str, str]]:
+    """moto's KMS as a real HTTP server on loopback: boto3 (Python) and the AWS SDK for Go
+    both talk to it, so each side unwraps the other's data keys through a KMS API."""
+    import socket
+
+    import boto3
+    from botocore.config import Config
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        client = boto3.client("kms", region_name="us-east-1", endpoint_url=endpoint, aws_access_key_id="testing",
+                              aws_secret_access_key="testing", config=Config(retries={"max_attempts": 1}))
+        arn = client.create_key(Description="prism go interop")["KeyMetadata"]["Arn"]
+        yield client, arn, endpoint
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("algorithm", ["aes-256-gcm", "chacha20-poly1305"])
+def test_kms_key_wrap_between_go_and_python(go_interop: Path, keyring: tuple[FileKeyring, Path],
+                                            moto_kms: tuple[Any, str, str], algorithm: str) -> None:
+    """The key_wrap pattern (a KMS data key per message, wrapped copy in encapsulated_key,
+    algorithm_params {"key_wrap":"aws-kms"}) across languages through one KMS: Go decrypts what
+    Python's AwsKmsProvider encrypted, Python decrypts what Go's awskms provider encrypted, and
+    each refuses the other's envelope under another encryption context or moved to another
+    message."""
+    from app.security.keys import AwsKmsProvider
+
+    client, arn, endpoint = moto_kms
+    _, path = keyring
+    extra = {"environment": "test"}
+    py = AwsKmsProvider(default_key_id=arn, encryption_context=extra, client=client)
+    plain = _plain(11)
+    wires = []
+    for layout in (Layout.DRAFT, Layout.REVIEWED):
+        env = new_envelope("orders.created", plain, namespace="order-events")
+        encrypt_envelope(env, py, key_id=arn, algorithm=algorithm)
+        assert json.loads(env.security.encryption.algorithm_params) == {"key_wrap": "aws-kms"}
+        wires.append(encode(env, layout))
+    moved = decode(wires[1])
+    moved.header.metadata.message_id = "0190a000-0000-7000-8000-0000000000ff"
+    request = {"op": "decrypt", "keyring": str(path), "kms_endpoint": endpoint, "kms_context": extra}
+    out = call(go_interop, {**request, "envelopes": [w.hex() for w in [*wires, encode(moved, Layout.REVIEWED)]]})
+    assert [r.get("plaintext_hex") for r in out["results"][:2]] == [plain.hex(), plain.hex()], out
+    assert out["results"][2]["error"] == "decryption_failed"
+    other = call(go_interop, {**request, "kms_context": {"environment": "production"}, "envelopes": [wires[1].hex()]})
+    assert other["results"][0]["error"] == "decryption_failed"  # KMS refused the context
+    none = call(go_interop, {"op": "decrypt", "keyring": str(path), "envelopes": [wires[1].hex()]})
+    assert none["results"][0]["error"] == "key_not_usable"  # no KMS provider: says so, never a silent pass
+
+    for layout in ("draft", "reviewed"):
+        made = call(go_interop, {"op": "encrypt", "keyring": str(path), "algorithm": algorithm, "key_id": arn,
+                                 "kms_endpoint": endpoint, "kms_context": extra, "topic": "orders.created",
+                                 "namespace": "order-events", "layout": layout, "plaintext_hex": plain.hex()})
+        env = decode(bytes.fromhex(made["envelope_hex"]))
+        meta = env.security.encryption
+        assert (meta.algorithm, meta.key_id, json.loads(meta.algorithm_params)) == (algorithm, arn, {"key_wrap": "aws-kms"})
+        assert len(meta.encapsulated_key) > 32
+        assert decrypt_envelope(env, py) == plain
+        prod = AwsKmsProvider(default_key_id=arn, encryption_context={"environment": "production"}, client=client)
+        with pytest.raises(DecryptionError):
+            decrypt_envelope(decode(bytes.fromhex(made["envelope_hex"])), prod)
+
+
 # --------------------------------------------------------------------------- signatures
 
 
@@ -328,6 +399,133 @@ def test_go_resolves_masks_and_validates_against_the_registry(go_interop: Path, 
                                     "hash": latest.hash}
 
 
+MONEY_PROTO = '''syntax = "proto3";
+package common.v1;
+import "prism/annotations.proto";
+message Money { string currency = 1; int64 units = 2; string owner = 3 [(prism.pii) = "name"]; }
+'''
+ADDRESS_PROTO = '''syntax = "proto3";
+package common.v1;
+import "prism/annotations.proto";
+import "common/money.proto";
+message Address { string street = 1 [(prism.pii) = "address"]; string city = 2; Money deposit = 3; }
+'''
+ORDER_PROTO = '''syntax = "proto3";
+package shop.v1;
+import "common/address.proto";
+import "common/money.proto";
+message Order { string id = 1; common.v1.Money total = 2; common.v1.Address ship_to = 3; repeated string notes = 4; }
+'''
+
+
+def _context(env: Any, url: str, registry: Any, subject: str, fmt: str) -> Any:
+    """Stamp an envelope with the schema context a producer's validator would write."""
+    latest = registry.get(subject, "latest")
+    sc = env.ensure_schema()
+    sc.schema_url, sc.schema_version = f"{url}/v1/subjects/{subject}/versions/{latest.version}", str(latest.version)
+    sc.schema_format, sc.schema_hash = fmt, latest.hash
+    return env
+
+
+def test_go_decodes_binary_avro_and_protobuf_with_references_as_python_writes_them(
+        go_interop: Path, registry_server: Any) -> None:  # noqa: F811
+    """Payloads decoded by the schema their envelope references, through Prism's registry:
+    binary Avro written by fastavro (Python's encoder), and a protobuf schema that imports two
+    other subjects (Confluent references, one of them transitive) written by Python's protobuf
+    runtime. Go decodes each to the value Python wrote, masks the PII fields the imported
+    files tag, and refuses a damaged payload with a typed error."""
+    import io
+
+    import fastavro
+    from google.protobuf import descriptor_pool, message_factory
+    from google.protobuf.json_format import MessageToDict
+
+    from app.schema.protoparse import compile_proto
+    from app.sdk.schemas import MASK
+    from tests.sdk.test_consumer_schemas import AVRO
+
+    url, registry = registry_server
+    # -- binary Avro (fastavro's schemaless encoding, what Python producers write)
+    registry.register("users.avro.bin", AVRO, "AVRO", actor="test")
+    datums = [{"user_id": "u-1", "contact": {"email": "a@example.com", "city": "Lyon"},
+               "backup": {"email": "b@example.com", "city": "Nice"}, "phones": {"home": "+33 1"}, "visits": 7},
+              {"user_id": "u-2", "contact": {"email": "c@example.com", "city": "Rome"}, "backup": None,
+               "phones": {}, "visits": -3}]
+    parsed = fastavro.parse_schema(json.loads(AVRO))
+    envs = []
+    for d in datums:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, d)
+        envs.append(_context(new_envelope("users.avro.bin", buf.getvalue(), namespace="users",
+                                          content_type="application/avro"), url, registry, "users.avro.bin", "avro"))
+    damaged = _context(new_envelope("users.avro.bin", b"\x02u\x80", namespace="users",
+                                    content_type="application/avro"), url, registry, "users.avro.bin", "avro")
+    # -- protobuf with references: shop.orders imports common.address, which imports common.money
+    registry.register("common.money", MONEY_PROTO, "PROTOBUF", actor="test")
+    registry.register("common.address", ADDRESS_PROTO, "PROTOBUF", actor="test",
+                      references=[{"name": "common/money.proto", "subject": "common.money", "version": 1}])
+    registry.register("shop.orders", ORDER_PROTO, "PROTOBUF", actor="test",
+                      references=[{"name": "common/address.proto", "subject": "common.address", "version": 1},
+                                  {"name": "common/money.proto", "subject": "common.money", "version": 1}])
+    compiled = compile_proto(ORDER_PROTO, imports={"common/money.proto": MONEY_PROTO,
+                                                   "common/address.proto": ADDRESS_PROTO})
+    pool = descriptor_pool.DescriptorPool()
+    for fd in compiled.fds.file:
+        pool.Add(fd)
+    order_cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.v1.Order"))
+    order = order_cls(id="o-9", notes=["fragile", "gift"])
+    order.total.currency, order.total.units, order.total.owner = "EUR", 1250, "Jane Doe"
+    order.ship_to.street, order.ship_to.city = "1 rue X", "Lyon"
+    order.ship_to.deposit.units, order.ship_to.deposit.owner = 5, "Jane Doe"
+    proto_env = _context(new_envelope("shop.orders", order.SerializeToString(), namespace="shop",
+                                      content_type="application/protobuf"), url, registry, "shop.orders", "protobuf")
+    proto_bad = _context(new_envelope("shop.orders", b"\x1a\xff", namespace="shop",
+                                      content_type="application/protobuf"), url, registry, "shop.orders", "protobuf")
+    # -- Avro with a reference (a named type of another subject), stamped as Python stamps it:
+    # the hash of the schema's own text (the registry's hash also covers the references)
+    address = {"type": "record", "name": "Address", "namespace": "common",
+               "fields": [{"name": "street", "type": "string", "prism.pii": "address"}, {"name": "city", "type": "string"}]}
+    order_avro = {"type": "record", "name": "Order", "namespace": "shop",
+                  "fields": [{"name": "id", "type": "string"}, {"name": "ship_to", "type": "common.Address"}]}
+    registry.register("avro.address", json.dumps(address), "AVRO", actor="test")
+    registry.register("shop.avro.orders", json.dumps(order_avro), "AVRO", actor="test",
+                      references=[{"name": "common.Address", "subject": "avro.address", "version": 1}])
+    named: dict[str, Any] = {}
+    fastavro.parse_schema(address, named_schemas=named)
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(order_avro, named_schemas=named),
+                               {"id": "o-1", "ship_to": {"street": "1 rue X", "city": "Lyon"}})
+    ref_env = _context(new_envelope("shop.avro.orders", buf.getvalue(), namespace="shop",
+                                    content_type="application/avro"), url, registry, "shop.avro.orders", "avro")
+    from app.schema.canonical import schema_hash
+
+    text_hash = schema_hash("AVRO", json.dumps(order_avro))
+    assert text_hash != ref_env.header.schema.schema_hash  # the registry's hash covers the reference
+    ref_env.header.schema.schema_hash = text_hash
+    out = call(go_interop, {"op": "registry", "registry_url": url, "user": "reader", "password": USERS["reader"][0],
+                            "envelopes": [encode(e, Layout.REVIEWED).hex()
+                                          for e in [*envs, damaged, proto_env, proto_bad, ref_env]]})
+    results = out["results"]
+    for d, r in zip(datums, results, strict=False):
+        assert (r["format"], r["valid"], r["content_type"]) == ("avro", "ok", "application/avro"), r
+        assert r["decoded"] == d
+        assert r["masked"]["contact"]["email"] == MASK and r["masked"]["phones"] == MASK
+        assert r["masked"]["user_id"] == d["user_id"] and r["masked"]["visits"] == d["visits"]
+    assert results[1]["masked"]["backup"] is None
+    assert results[2]["valid"] == "schema_validation_failed" and results[2]["decode_error"] == "payload_error"
+    got = results[3]
+    assert (got["subject"], got["format"], got["valid"]) == ("shop.orders", "protobuf", "ok"), got
+    assert got["decoded"] == MessageToDict(order, preserving_proto_field_name=True)
+    assert {"total.owner", "ship_to.street", "ship_to.deposit.owner"} <= set(got["pii_paths"])
+    masked = got["masked"]
+    assert masked["total"]["owner"] == MASK and masked["ship_to"]["street"] == MASK
+    assert masked["ship_to"]["deposit"]["owner"] == MASK and masked["ship_to"]["city"] == "Lyon"
+    assert masked["notes"] == ["fragile", "gift"] and masked["total"]["currency"] == "EUR"
+    assert results[4]["valid"] == "schema_validation_failed" and results[4]["decode_error"] == "payload_error"
+    assert results[5]["decoded"] == {"id": "o-1", "ship_to": {"street": "1 rue X", "city": "Lyon"}}, results[5]
+    assert results[5]["masked"]["ship_to"] == {"street": MASK, "city": "Lyon"}
+
+
 # --------------------------------------------------------------------------- differential
 
 
@@ -382,6 +580,64 @@ def test_go_and_python_answer_the_same_for_damaged_inputs(go_interop: Path) -> N
     assert {r["decode"] for r in out["results"]} >= {"ok", "truncated", "malformed"}
     assert {r["verify"] for r in out["results"]} >= {"valid", "bad_signature", "ambiguous_envelope", "truncated",
                                                       "malformed", "unsupported_signature_scope"}
+
+
+def _odd_map_entries() -> list[bytes]:
+    """Envelopes whose map entries (extensions, trace labels and baggage) hold more than a key
+    and a value: a third field, a key or value of another wire type, an odd entry before and
+    after a plain one of the same key - in both layouts, signed and not."""
+    from app.envelope.wire import encode_varint
+
+    def rec(field: int, wire: int, value: bytes) -> bytes:
+        tag = encode_varint(field << 3 | wire)
+        return tag + (encode_varint(len(value)) + value if wire == 2 else value)
+
+    def entry(*parts: bytes) -> bytes:
+        return b"".join(parts)
+
+    k, v = rec(1, 2, b"tier"), rec(2, 2, b"gold")
+    odd_entries = [entry(k, rec(10, 2, b"x")), entry(k, v, rec(3, 0, b"\x01")), entry(rec(1, 0, b"\x05"), v),
+                   entry(k, rec(2, 0, b"\x07")), entry(k, v, v), entry(k)]
+    out = []
+    for layout, ext_field in ((Layout.REVIEWED, 97), (Layout.DRAFT, 99)):
+        env = new_envelope("orders.created", {"order_id": 1}, namespace="order-events")
+        env.ensure_observability().trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+        base = encode(env, layout)
+        for odd in odd_entries:
+            plain = entry(rec(1, 2, b"tier"), rec(2, 2, b"silver"))
+            for labels in ([odd], [plain, odd], [odd, plain]):
+                obs = b"".join(rec(6, 2, e) for e in labels) + rec(5, 2, odd)
+                # observability is field 3 in both layouts; a second record merges into the first
+                out.append(base + rec(3, 2, obs))
+                out.append(base + b"".join(rec(ext_field, 2, e) for e in labels))
+    return out
+
+
+def test_go_reads_odd_map_entries_as_python_does(go_interop: Path) -> None:
+    """upb (under Python) keeps a map entry that holds anything but a key and a value among the
+    enclosing message's unknown fields instead of the map; Go's protobuf runtime would store it.
+    The Go client reads such envelopes as Python does: the same model (no extension, label or
+    baggage entry Python does not see), the same bytes when converted to either layout."""
+    from app.envelope import convert
+    from conformance.check import answer
+
+    inputs = _odd_map_entries()
+    out = call(go_interop, {"op": "check", "layout": "convert", "envelopes": [d.hex() for d in inputs]})
+    mismatches = []
+    for data, go in zip(inputs, out["results"], strict=True):
+        py = answer(["decode", data.hex()])
+        want: dict[str, Any] = {"decode": py["outcome"], "model": py.get("model")}
+        for name, lay in (("to_draft", Layout.DRAFT), ("to_reviewed", Layout.REVIEWED)):
+            try:
+                want[name] = convert(data, lay)[0].hex()
+            except Exception as exc:  # a PrismError: compare the kind
+                want[name] = getattr(exc, "code", repr(exc))
+        got = {"decode": go["decode"], "model": go.get("model"), "to_draft": go["to_draft"],
+               "to_reviewed": go["to_reviewed"]}
+        if want != got:
+            mismatches.append((data.hex(), want, got))
+    assert not mismatches, f"{len(mismatches)} of {len(inputs)} differ; first: {mismatches[:2]}"
+    assert all(r["decode"] == "ok" for r in out["results"])
 
 
 def test_go_validates_avro_and_json_datums_as_python_does(go_interop: Path) -> None:

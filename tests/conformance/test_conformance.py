@@ -202,6 +202,33 @@ def run_conversion(doc: dict[str, Any], v: dict[str, Any]) -> None:
         assert model_json(decode(convert(out, src)[0])) == model_json(decode(data))
 
 
+def run_key_wrap(doc: dict[str, Any], v: dict[str, Any]) -> None:
+    """Prism's AwsKmsProvider over a KMS client that answers from the file's table and records
+    the encryption context it is sent."""
+    from app.security.keys import AwsKmsProvider
+    from conformance.generate_key_wrap import TableKMS
+
+    class Recording(TableKMS):
+        sent: list[dict[str, str]] = []
+
+        def decrypt(self, CiphertextBlob: bytes, KeyId: str, EncryptionContext: dict[str, str]) -> dict[str, Any]:
+            self.sent.append(dict(EncryptionContext))
+            return super().decrypt(CiphertextBlob=CiphertextBlob, KeyId=KeyId, EncryptionContext=EncryptionContext)
+
+    client = Recording(doc["data_keys"])
+    provider = AwsKmsProvider(encryption_context=doc["provider_context"], client=client)
+    assert provider.wrap_name == doc["wrap_name"]
+    env = decode(bytes.fromhex(v["envelope_hex"]))
+    assert detect_layout(bytes.fromhex(v["envelope_hex"])) is Layout(v["layout"])
+    got = _error_kind(lambda: decrypt_envelope(env, provider))
+    assert _matches(got, "valid" if v["expected"] == "plaintext" else v["expected"]), got
+    md, enc = env.metadata, env.header.security.encryption
+    assert build_aad(md.message_id, md.namespace, md.topic, enc.algorithm, enc.key_id).hex() == v["aad_hex"]
+    if v["expected"] == "plaintext":
+        assert decrypt_envelope(env, provider).hex() == v["plaintext_hex"]
+        assert client.sent[-1] == v["encryption_context"]
+
+
 def run_encryption(doc: dict[str, Any], v: dict[str, Any]) -> None:
     env = decode(bytes.fromhex(v["envelope_hex"]))
     assert detect_layout(bytes.fromhex(v["envelope_hex"])) is Layout(v["layout"])
@@ -271,6 +298,7 @@ RUNNERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], None]] = {
     "envelope": run_envelope,
     "conversion": run_conversion,
     "encryption": run_encryption,
+    "key_wrap": run_key_wrap,
     "lnmp": run_lnmp,
     "negative": run_negative,
 }

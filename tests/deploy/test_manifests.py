@@ -231,7 +231,8 @@ def _env(c: dict[str, Any], objs: list[dict[str, Any]], field_values: dict[str, 
 def _pod_fields(name: str, index: int) -> dict[str, str]:
     """Downward API fields of StatefulSet pod `index` (the pod-index label: Kubernetes >= 1.28)."""
     return {"metadata.name": f"{name}-{index}", "metadata.namespace": "prism",
-            "metadata.labels['apps.kubernetes.io/pod-index']": str(index)}
+            "metadata.labels['apps.kubernetes.io/pod-index']": str(index),
+            "metadata.labels['controller-revision-hash']": f"{name}-5d8f7c9b6"}
 
 
 def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
@@ -288,6 +289,36 @@ def test_workers_are_replicated_in_one_group_with_stable_disjoint_archive_writer
     with pytest.raises(Exception, match="archive shard"):
         parse_shard(_env(c, base, {**_pod_fields(name, 0), "metadata.labels['apps.kubernetes.io/pod-index']": ""})[
             SHARD_ENV])
+
+
+@pytest.mark.parametrize("which", ["base", "overlay"])
+def test_a_rollout_replaces_the_topology_and_a_second_deployment_is_refused(which, request):
+    """The group topology check protects the cluster: no blanket PRISM_REPLACE_TOPOLOGY, and the
+    rollout owner every pod derives from its downward-API fields is the same for every pod and
+    revision of this StatefulSet (its rolling update joins) but another for the same manifests
+    under another name or namespace (an accidental second deployment is refused)."""
+    from app.worker.group_topology import REPLACE_ENV, Member, TopologyMismatch, judge_members, rollout_owner
+
+    objs = request.getfixturevalue(which)
+    sts, c, params = _worker(objs)
+    assert not params.get("replace_topology"), "--replace-topology in the manifest disables the check"
+    name = sts["metadata"]["name"]
+    owners = set()
+    for i in range(sts["spec"]["replicas"]):
+        for revision in ("5d8f7c9b6", "77c4d9f8b"):  # the old and the new template
+            env = _env(c, objs, {**_pod_fields(name, i), "metadata.labels['controller-revision-hash']":
+                                 f"{name}-{revision}"})
+            assert env.get(REPLACE_ENV, "") in ("", "0", "false"), f"{REPLACE_ENV} set in the manifests"
+            owners.add(rollout_owner(env))
+    (owner,) = owners
+    assert owner is not None
+    copy_env = _env(c, objs, {**_pod_fields(name + "-copy", 0), "metadata.namespace": "prism"})
+    other_ns = _env(c, objs, {**_pod_fields(name, 0), "metadata.namespace": "staging"})
+    old = {"prism-worker-0": Member("aaaaaaaaaaaa", owner), "prism-worker-1": Member("aaaaaaaaaaaa", owner)}
+    assert judge_members(old, "bbbbbbbbbbbb", owner)  # the StatefulSet's own rolling update joins
+    for stranger in (copy_env, other_ns, {}):
+        with pytest.raises(TopologyMismatch):
+            judge_members(old, "bbbbbbbbbbbb", rollout_owner(stranger))
 
 
 def test_worker_pdb_protects_and_pods_spread_over_nodes(base):
@@ -658,11 +689,13 @@ def test_worker_started_as_the_manifest_says_answers_its_probes_and_drains_in_ti
     (tmp_path / "tmp").mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRISM_")}
     env.update(TMPDIR=str(tmp_path / "tmp"), HOME=str(tmp_path / "tmp"), PYTHONPATH=str(ROOT))
-    # pod 0's archive writer id and shard, as the kubelet resolves them: the worker must accept them
+    # pod 0's archive writer id and shard, and its rollout identity, as the kubelet resolves them:
+    # the worker must accept them
     from app.worker.archive_service import SHARD_ENV, WRITER_ID_ENV
+    from app.worker.group_topology import NAMESPACE_ENV, REVISION_ENV
 
     pod_env = _env(c, base, _pod_fields(dep["metadata"]["name"], 0))
-    env.update({k: pod_env[k] for k in (WRITER_ID_ENV, SHARD_ENV)})
+    env.update({k: pod_env[k] for k in (WRITER_ID_ENV, SHARD_ENV, NAMESPACE_ENV, REVISION_ENV)})
     log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115 - closed in finally
     proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", *argv], cwd=cwd, env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)

@@ -71,8 +71,10 @@ def headers(draw: st.DrawFn) -> vpb.PrismEnvelope:
         c.SetInParent()
         c.schema_name, c.schema_version = draw(_text), draw(_text)
         c.deprecated_fields_used.extend(draw(st.lists(_text, max_size=3)))
-    if draw(st.integers(0, 4)) == 0:
-        h.extensions["x"] = b"y"
+    for _ in range(draw(st.integers(0, 2))):  # one entry takes the fast path, two do not
+        key = draw(st.sampled_from(["", "x", "prism.identity.method", "prism.unknown.draft.metadata",
+                                    "prism.unknown.reviewed", "prism.enc.public_key_id"]))
+        h.extensions[key] = draw(st.sampled_from([b"", b"y", b"\xa8\x06\x01", b"\x08\x01"]))
     return h
 
 
@@ -100,13 +102,25 @@ def test_the_worker_shape_takes_the_fast_path() -> None:
     assert _fast(header) == _general(header)
 
 
+def test_the_worker_shape_with_its_identity_extension_takes_the_fast_path() -> None:
+    """The identity stage adds `prism.identity.method` to every authenticated message: one
+    extension entry, copied as its wire record with the tag renumbered (97 -> 99)."""
+    header = _plain()
+    header.extensions["prism.identity.method"] = b"token"
+    fast = _fast(header)
+    assert fast is not None and fast == _general(header)
+
+
 def test_what_it_cannot_copy_exactly_takes_the_general_path() -> None:
     cases = []
     h = _plain()
     h.security.encryption.key_id = "k"  # nested message differs between the layouts
     cases.append(h)
     h = _plain()
-    h.extensions["x"] = b"y"
+    h.extensions["x"], h.extensions["z"] = b"y", b"w"  # two entries: the order could differ
+    cases.append(h)
+    h = _plain()
+    h.extensions["prism.unknown.draft.metadata"] = b"\xa8\x06\x01"  # put back by the general path
     cases.append(h)
     h = _plain()
     h.observability.baggage["k"] = "v"  # a map could be written in another order

@@ -3,10 +3,15 @@ topic can put anything there; a hostile record is counted as skipped, never a cr
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from types import SimpleNamespace
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from app.envelope.model import new_envelope
-from app.sdk.audit import AUDIT_EVENT, records_from
+from app.sdk.audit import AUDIT_EVENT, REFUSAL_EVENT, AuditFilter, records_from, refused_reads
 
 
 def _raw(payload: bytes) -> SimpleNamespace:
@@ -19,3 +24,27 @@ def test_hostile_records_are_skipped_and_real_ones_kept() -> None:
     hostile = [b"[" * 200_000 + b"]" * 200_000, b'{"event":' * 5_000 + b"1" + b"}" * 5_000, b"NaN", b"\xff"]
     records, skipped = records_from([_raw(real), *map(_raw, hostile)])
     assert records == [{"event": AUDIT_EVENT, "namespace": "n"}] and skipped == len(hostile)
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+                     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5),
+                     max_leaves=30)
+
+
+@given(st.dictionaries(st.sampled_from(["event", "messages", "count", "namespace", "classification", "principal",
+                                        "topic", "time_ms", "message_id", "ref"]) | st.text(max_size=8),
+                       _JSON | st.lists(st.lists(st.text(max_size=8), max_size=5), max_size=4), max_size=10),
+       st.sampled_from([REFUSAL_EVENT, AUDIT_EVENT, "other"]))
+def test_any_record_gives_refused_reads_and_a_filter_answer_never_an_exception(record: dict[str, Any],
+                                                                               event: str) -> None:
+    """A record of several refusals is read from the audit topic, which anyone able to publish
+    there can fill: whatever it holds, `refused_reads` gives one-message records (never raises)
+    and `AuditFilter` answers yes or no."""
+    record = {**record, "event": event}
+    reads = refused_reads(record)
+    assert isinstance(reads, list) and all(isinstance(r, dict) and r["event"] == event for r in reads)
+    assert event == REFUSAL_EVENT or reads == []
+    since = datetime(2026, 1, 1, tzinfo=UTC)
+    for where in (AuditFilter(), AuditFilter(namespace="n", classification="internal"), AuditFilter(topic="t"),
+                  AuditFilter(since=since)):  # `prism audit --since`: a forged time_ms crashed it (int("x"))
+        assert where.matches(record) in (True, False)

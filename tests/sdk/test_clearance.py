@@ -24,7 +24,15 @@ from app.envelope.codec import Layout, decode, encode
 from app.envelope.model import new_envelope
 from app.errors import ConfigError, DeliveryAuditError, SignatureError
 from app.sdk import PrismClient, PrismPublishOptions
-from app.sdk.audit import AuditFilter, Clearance, classification_of, read_audit
+from app.sdk.audit import (
+    REFUSALS_PER_RECORD,
+    AuditFilter,
+    Clearance,
+    classification_of,
+    read_audit,
+    refusals_record,
+    refused_reads,
+)
 from app.security.signing import SigningKey, VerificationKeys, sign
 
 pytestmark = pytest.mark.integration
@@ -71,10 +79,18 @@ async def drain(sub, count: int, timeout: float = 30) -> list:
 async def test_clearance_withholds_and_audits_on_every_backend(backend_url, topic, caplog):
     audit_topic = f"audit.{uuid.uuid4().hex[:10]}"
     low_topic, high_topic = topic + "-low", topic + "-high"  # PostgreSQL: one queue per topic, shared
+    public_topic = topic + "-public"
     caplog.set_level(logging.WARNING, logger="prism.sdk")
     async with PrismClient(backend_url, namespace="order-events", signing_key=READERS["svc-billing"]) as client:
         await publish_levels(client, low_topic)
         ids = await publish_levels(client, high_topic)
+        public_ids = await publish_levels(client, public_topic)
+
+        # a public feed is refused internal and unlabelled data too: every refusal is audited
+        async with client.subscribe(public_topic, group="feed", clearance="public", audit_topic=audit_topic) as sub:
+            got = await drain(sub, len(LEVELS))
+        assert [m.message_id for m in got] == [public_ids["public"]]
+        assert sub.withheld == {"internal": 2, "confidential": 1, "restricted": 1}
 
         async with client.subscribe(low_topic, group="dashboard", audit_topic=audit_topic) as sub:
             got = await drain(sub, len(LEVELS))
@@ -91,11 +107,16 @@ async def test_clearance_withholds_and_audits_on_every_backend(backend_url, topi
         assert sub.withheld == {"restricted": 1} and sub.stats["audited"] == 1
 
     records, _ = await read_audit(backend_url, audit_topic=audit_topic)
-    refused = [(r["group"], r["classification"], r["clearance"], r["principal"]) for r in records
-               if r["event"] == "classified_refused"]  # each refused read leaves a record, not only a log line
+    # each refused read leaves a record, not only a log line (several from one fetch share one record)
+    refused = [(r["group"], r["classification"], r["clearance"], r["principal"]) for rec in records
+               for r in refused_reads(rec)]
     assert sorted(refused) == [("billing", "restricted", "confidential", "svc-billing"),
                                ("dashboard", "confidential", "internal", None),
-                               ("dashboard", "restricted", "internal", None)]
+                               ("dashboard", "restricted", "internal", None),
+                               ("feed", "confidential", "public", None), ("feed", "internal", "public", None),
+                               ("feed", "internal", "public", None), ("feed", "restricted", "public", None)]
+    feed = {r["message_id"] for rec in records for r in refused_reads(rec) if r["group"] == "feed"}
+    assert feed == {public_ids[x] for x in ("internal", None, "confidential", "restricted")}
     records = [r for r in records if r["event"] == "classified_delivery"]
     assert len(records) == 1
     rec = records[0]
@@ -130,6 +151,7 @@ async def test_on_postgresql_a_withheld_message_stays_for_a_cleared_subscriber(p
                                     audit_topic=audit_topic) as late:
             assert await late.receive(timeout=1.5) is None
     records, _ = await read_audit(pg_url, audit_topic=audit_topic)
+    records = [r for rec in records for r in (refused_reads(rec) or [rec])]
     assert sorted((r["event"], r["group"], r["classification"]) for r in records) == [
         ("classified_delivery", "billing", "confidential"), ("classified_delivery", "billing", "restricted"),
         ("classified_refused", "dashboard", "confidential"), ("classified_refused", "dashboard", "restricted")]
@@ -302,6 +324,102 @@ def test_forged_audit_records_are_shown_as_failed(kafka_url, topic, tmp_path):
     assert human.exit_code == 1
     assert human.output.count("FAILED:") == 4 and "4 record(s) FAILED verification" in human.output
     assert "1 other messages" in human.output  # the deeply nested one: not an audit record, and no crash
+
+
+def test_a_flood_of_refusals_is_audited_in_bounded_records(kafka_url, topic, tmp_path):
+    """The attacker who can publish to a topic labels 600 small messages `internal`, above a
+    public subscriber's clearance. Every refusal is audited - each message id in a signed record
+    that `prism audit --keyring` verifies and lists - but in one record per fetch, not one per
+    message: the audit topic gets fewer records and fewer bytes than the attacker sent."""
+    from app.cli.main import build_app
+
+    audit_topic = f"audit.{uuid.uuid4().hex[:10]}"
+    keyring = write_keyring(tmp_path / "keyring.yaml")
+    flood = 600
+
+    async def attack() -> tuple[list[str], int, dict[str, int], int]:
+        async with PrismClient(kafka_url, namespace="order-events") as attacker:
+            ids = await attacker.publish_batch([(topic, {"i": i}, PrismPublishOptions(data_classification="internal"))
+                                                for i in range(flood)])
+        sent = sum(len(r.value) for r in await attacker.backend.sample(topic, flood + 10))
+        async with PrismClient(kafka_url, namespace="order-events", signing_key=READERS["svc-a"]) as client, \
+                client.subscribe(topic, group="feed", clearance="public", principal="svc-a",
+                                 audit_topic=audit_topic, batch_size=64) as sub:
+            assert await drain(sub, flood, timeout=60) == []
+            stats = dict(sub.stats)
+        written = sum(len(r.value) for r in await client.backend.sample(audit_topic, flood + 10))
+        return ids, sent, stats, written
+
+    ids, sent, stats, written = asyncio.run(attack())
+    assert stats["withheld"] == flood
+    assert stats["refusal_records"] <= flood // 10  # ~one per fetch of up to 64, never one per message
+    assert written < sent  # the flood costs the audit topic less than it cost the attacker
+    res = CliRunner().invoke(build_app(), ["audit", "--url", kafka_url.split("?")[0], "--audit-topic", audit_topic,
+                                           "--keyring", str(keyring), "--json", "--classification", "internal"])
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in res.output.splitlines()]
+    assert sorted(r["message_id"] for r in rows) == sorted(ids)  # every refused read, each once
+    assert all(r["verified"] and r["signed_by"] == READERS["svc-a"].key_id and r["event"] == "classified_refused"
+               and r["clearance"] == "public" and r["principal"] == "svc-a" for r in rows)
+    human = CliRunner().invoke(build_app(), ["audit", "--url", kafka_url.split("?")[0], "--audit-topic", audit_topic,
+                                             "--keyring", str(keyring), "--principal", "svc-a"])
+    assert human.exit_code == 0 and f"0 audited deliveries, {flood} refused reads" in human.output
+    assert human.output.count("REFUSED svc-a") == flood
+
+
+async def test_no_refusal_is_settled_without_its_record(kafka_url, topic):
+    """The shared refusal record fails once: every message it stood for is nacked, comes back,
+    and is refused - and audited - again; none is settled unaudited."""
+    audit_topic = f"audit.{uuid.uuid4().hex[:10]}"
+    async with PrismClient(kafka_url, namespace="order-events", signing_key=READERS["svc-a"]) as client:
+        ids = await client.publish_batch([(topic, {"i": i}, PrismPublishOptions(data_classification="restricted"))
+                                          for i in range(5)])
+        real = client.backend.publish
+        failures = []
+
+        async def flaky(items):
+            if items and items[0].topic == audit_topic and not failures:
+                failures.append(items[0].envelope.message_id)
+                raise ConnectionError("audit topic unreachable")
+            return await real(items)
+
+        client.backend.publish = flaky  # type: ignore[method-assign]
+        async with asyncio.timeout(30), client.subscribe(topic, group="g", audit_topic=audit_topic) as sub:
+            with pytest.raises(DeliveryAuditError) as info:
+                while True:
+                    await sub.receive(timeout=1)
+            assert info.value.code == "delivery_audit_failed" and "refusal audit record" in str(info.value)
+            assert sub.stats["refusal_records"] == 0 and info.value.delivery._settled == "nacked"
+            audited: set[str] = set()
+            while audited != set(ids):  # they come back, are refused again, and this time audited
+                assert await sub.receive(timeout=1) is None, "a restricted message reached an internal subscriber"
+                records, _ = await read_audit(kafka_url, audit_topic=audit_topic)
+                audited = {r["message_id"] for rec in records for r in refused_reads(rec)}
+            assert sub.stats["withheld"] > len(ids)  # the nacked ones were refused a second time
+        client.backend.publish = real  # type: ignore[method-assign]
+    records, _ = await read_audit(kafka_url, audit_topic=audit_topic)
+    assert {r["message_id"] for rec in records for r in refused_reads(rec)} == set(ids)
+
+
+def test_a_record_of_several_refusals_stays_bounded_and_filterable():
+    """`refusals_record` names each message; `AuditFilter` matches it when one of them matches;
+    `refused_reads` skips malformed entries a forger might add instead of crashing."""
+    envs = [new_envelope("t", {"a": i}, namespace=f"ns{i % 2}", data_classification=c)
+            for i, c in enumerate(["internal", "restricted", "confidential"])]
+    entries = [{"message_id": e.message_id, "namespace": e.namespace, "classification": c, "ref": f"0:{i}"}
+               for i, (e, c) in enumerate(zip(envs, ["internal", "restricted", "confidential"], strict=True))]
+    rec = refusals_record(envs[0], entries, clearance="public", principal=None, group="g", backend="kafka")
+    assert rec["count"] == 3 and rec["classification"] == "restricted" and rec["principal"] is None
+    assert [r["message_id"] for r in refused_reads(rec)] == [e.message_id for e in envs]
+    assert AuditFilter(classification="confidential").matches(rec)
+    assert AuditFilter(namespace="ns1").matches(rec) and not AuditFilter(namespace="ns9").matches(rec)
+    assert rec["messages"][0] == [envs[0].message_id, "internal", "0:0"]  # compact: namespace only where it differs
+    assert rec["messages"][1] == [envs[1].message_id, "restricted", "0:1", "ns1"]
+    forged = {**rec, "messages": [*rec["messages"], "junk", [5, "a", "b"], ["x", "internal"], {"message_id": "y"}]}
+    assert len(refused_reads(forged)) == 3
+    big = [{**entries[0], "message_id": "x" * 36} for _ in range(REFUSALS_PER_RECORD)]
+    encoded = json.dumps(refusals_record(envs[0], big, clearance="public", principal="p", group="g", backend="k"))
+    assert len(encoded) < 64 * 1024  # what the reader (`prism audit`) accepts
 
 
 def test_an_audited_clearance_needs_a_signing_key():

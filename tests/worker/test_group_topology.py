@@ -18,14 +18,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.broker.admin import ensure_topics
+from app.errors import ConfigError
 from app.topology import load_topology
 from app.worker.group_topology import (
+    Member,
     TopologyMismatch,
     check_group_topology,
     client_id_for,
     digest_of_client_id,
     digest_of_member,
     group_digests,
+    group_members,
+    judge_members,
+    member_of,
+    rollout_owner,
     topology_digest,
 )
 from tests.brokers import BrokerUnderTest
@@ -80,10 +86,10 @@ def test_any_client_id_gives_a_digest_or_none(client_id: str) -> None:
     assert got is None or (len(got) == 12 and client_id.endswith(got))
 
 
-async def _member(bootstrap: str, group: str, topic: str, digest: str) -> AIOKafkaConsumer:
+async def _member(bootstrap: str, group: str, topic: str, digest: str, owner: str | None = None) -> AIOKafkaConsumer:
     """A live group member that says it runs `digest` (as a worker's consumer does)."""
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group,
-                                client_id=client_id_for(group, digest), session_timeout_ms=6000,
+                                client_id=client_id_for(group, digest, owner), session_timeout_ms=6000,
                                 heartbeat_interval_ms=1000)
     await consumer.start()
     deadline = asyncio.get_running_loop().time() + 60
@@ -91,6 +97,103 @@ async def _member(bootstrap: str, group: str, topic: str, digest: str) -> AIOKaf
         await consumer.getmany(timeout_ms=200)
         assert asyncio.get_running_loop().time() < deadline, "the member never got its partitions"
     return consumer
+
+
+# ---------------------------------------------------------------- rollouts (Kubernetes)
+
+STS = {"PRISM_ROLLOUT_NAMESPACE": "prism", "PRISM_ROLLOUT_REVISION": "prism-worker-5d8f7c9b6"}
+
+
+def test_the_rollout_owner_is_the_statefulset_not_its_revision() -> None:
+    owner = rollout_owner(STS)
+    assert owner is not None and len(owner) == 8
+    # the next revision of the same StatefulSet: the same owner (its rolling update)
+    assert rollout_owner({**STS, "PRISM_ROLLOUT_REVISION": "prism-worker-77c4d9f8b"}) == owner
+    # a copy under another name, or in another namespace: another owner
+    assert rollout_owner({**STS, "PRISM_ROLLOUT_REVISION": "prism-worker-2-5d8f7c9b6"}) != owner
+    assert rollout_owner({**STS, "PRISM_ROLLOUT_NAMESPACE": "staging"}) != owner
+    assert rollout_owner({}) is None and rollout_owner({"PRISM_ROLLOUT_REVISION": " "}) is None  # by hand
+    explicit = rollout_owner({"PRISM_ROLLOUT_OWNER": "prism/Deployment/prism-worker"})
+    assert explicit is not None and explicit != owner
+    assert rollout_owner({**STS, "PRISM_ROLLOUT_OWNER": "prism/Deployment/prism-worker"}) == explicit  # it wins
+
+
+@pytest.mark.parametrize("env", [{"PRISM_ROLLOUT_REVISION": "5d8f7c9b6"}, {"PRISM_ROLLOUT_REVISION": "Prism_Worker-1"},
+                                 {"PRISM_ROLLOUT_REVISION": "x-" + "a" * 300},
+                                 {**STS, "PRISM_ROLLOUT_NAMESPACE": "Not A Namespace"},
+                                 {"PRISM_ROLLOUT_OWNER": "a\nb"}, {"PRISM_ROLLOUT_OWNER": "x" * 600}])
+def test_a_malformed_rollout_identity_is_a_config_error(env: dict[str, str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        rollout_owner(env)
+    assert "PRISM_ROLLOUT" in info.value.path and "\n" not in str(info.value)
+
+
+def test_the_owner_travels_in_the_client_and_member_id() -> None:
+    cid = client_id_for("prism-orders", "0123456789ab", "89abcdef")
+    assert cid == "prism-orders.topology-0123456789ab-89abcdef"
+    assert member_of(cid, "") == Member("0123456789ab", "89abcdef")
+    assert member_of("", cid + "-c99234f5-4920-4bd8-ad45-8d455bce5392") == Member("0123456789ab", "89abcdef")
+    plain = client_id_for("prism-orders", "0123456789ab", None)
+    assert member_of("", plain + "-c99234f5-4920-4bd8-ad45-8d455bce5392") == Member("0123456789ab", None)
+    assert digest_of_client_id(cid) == "0123456789ab"
+
+
+def test_client_id_for_takes_the_owner_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRISM_ROLLOUT_NAMESPACE", STS["PRISM_ROLLOUT_NAMESPACE"])
+    monkeypatch.setenv("PRISM_ROLLOUT_REVISION", STS["PRISM_ROLLOUT_REVISION"])
+    assert client_id_for("g", "0123456789ab").endswith(f"-{rollout_owner(STS)}")
+    monkeypatch.delenv("PRISM_ROLLOUT_REVISION")
+    assert client_id_for("g", "0123456789ab") == "g.topology-0123456789ab"
+
+
+OLD, NEW, MINE, THEIRS = "aaaaaaaaaaaa", "bbbbbbbbbbbb", "11111111", "22222222"
+
+
+@pytest.mark.parametrize(("members", "owner", "replace", "joins"), [
+    ({"p0": Member(NEW, MINE)}, MINE, False, True),                          # same topology
+    ({"p0": Member(OLD, MINE), "p1": Member(OLD, MINE)}, MINE, False, True),  # its StatefulSet's rollout
+    ({"p0": Member(OLD, MINE), "p1": Member(NEW, MINE)}, MINE, False, True),  # mid-rollout, either way
+    ({"p0": Member(OLD, THEIRS)}, MINE, False, False),   # a second deployment into the same group
+    ({"p0": Member(OLD, MINE), "p1": Member(OLD, THEIRS)}, MINE, False, False),  # one stranger is enough
+    ({"p0": Member(OLD, None)}, MINE, False, False),     # a worker started by hand is nobody's rollout
+    ({"p0": Member(OLD, MINE)}, None, False, False),     # and a hand-started worker rolls nobody's
+    ({"p0": Member(OLD, None)}, None, False, False),
+    ({"p0": Member(OLD, THEIRS)}, MINE, True, True),     # --replace-topology: on purpose, by hand
+    ({"p0": Member(NEW, THEIRS)}, MINE, False, True),    # another owner, same policy: no harm
+])
+def test_who_may_join(members: dict[str, Member], owner: str | None, replace: bool, joins: bool) -> None:
+    if joins:
+        others = judge_members(members, NEW, owner, replace=replace, group="g")
+        assert set(others.values()) <= {OLD}
+        return
+    with pytest.raises(TopologyMismatch) as info:
+        judge_members(members, NEW, owner, replace=replace, group="g", topology_path="t.yaml")
+    text = str(info.value)
+    assert OLD in text and NEW in text and "--replace-topology" in text and "\n" not in text
+    assert ("another deployment" in text) == (owner is not None)
+
+
+@pytest.mark.timeout(180)
+def test_a_statefulset_rollout_joins_and_a_second_deployment_is_refused(any_broker: BrokerUnderTest) -> None:
+    """On a real group: members of the old revision with this worker's owner let it join; a
+    member of another owner (an accidental second deployment) keeps it out."""
+    group, topic = f"prism-g-{uuid.uuid4().hex[:8]}", f"t.{uuid.uuid4().hex[:8]}"
+
+    async def scenario() -> None:
+        await ensure_topics(any_broker.bootstrap, {topic: 2})
+        mine = await _member(any_broker.bootstrap, group, topic, OLD, MINE)
+        try:
+            seen = await group_members(any_broker.bootstrap, group)
+            assert list(seen.values()) == [Member(OLD, MINE)], seen
+            others = await check_group_topology(any_broker.bootstrap, group, NEW, owner=MINE)
+            assert set(others.values()) == {OLD}  # its own rolling update
+            for stranger in (THEIRS, None):
+                with pytest.raises(TopologyMismatch):
+                    await check_group_topology(any_broker.bootstrap, group, NEW, owner=stranger)
+        finally:
+            await mine.stop()
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.timeout(180)
@@ -106,7 +209,8 @@ def test_a_member_with_another_digest_refuses_the_start(any_broker: BrokerUnderT
             assert list(seen.values()) == ["aaaaaaaaaaaa"], seen
             assert await check_group_topology(any_broker.bootstrap, group, "aaaaaaaaaaaa") == {}  # same topology
             with pytest.raises(TopologyMismatch) as refused:
-                await check_group_topology(any_broker.bootstrap, group, "bbbbbbbbbbbb", topology_path="new.yaml")
+                await check_group_topology(any_broker.bootstrap, group, "bbbbbbbbbbbb", topology_path="new.yaml",
+                                           owner=None)
             text = str(refused.value)
             assert refused.value.code == "topology_mismatch"
             assert "aaaaaaaaaaaa" in text and "bbbbbbbbbbbb" in text and "--replace-topology" in text

@@ -72,6 +72,8 @@ func vectorKeyring(t testing.TB, f vectorFile) *encryption.Keyring {
 // TestEncryptionVectors decrypts every vector of conformance/encryption/ with the default
 // policy (AAD required) and checks the plaintext, the AAD, or the error kind.
 func TestEncryptionVectors(t *testing.T) {
+	var ran conformance.Counter
+	defer ran.Check(t, "encryption")
 	paths, err := conformance.FilesOfKind("encryption")
 	if err != nil {
 		t.Fatal(err)
@@ -81,14 +83,15 @@ func TestEncryptionVectors(t *testing.T) {
 		if err := conformance.File(path, &f); err != nil {
 			t.Fatal(err)
 		}
-		runEncryption(t, f)
+		runEncryption(t, f, &ran)
 	}
 }
 
-func runEncryption(t *testing.T, f vectorFile) {
+func runEncryption(t *testing.T, f vectorFile, ran *conformance.Counter) {
 	kr := vectorKeyring(t, f)
 	for _, v := range f.Vectors {
 		t.Run(v.Name, func(t *testing.T) {
+			ran.Ran()
 			env, err := envelope.Decode(mustHex(t, v.EnvelopeHex))
 			if err != nil {
 				t.Fatal(err)

@@ -11,6 +11,7 @@
 package encryption
 
 import (
+	"context"
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/ecdh"
@@ -24,6 +25,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 
 	"github.com/prism-envelope/prism/clients/go/envelope"
 	"github.com/prism-envelope/prism/clients/go/gen/reviewedpb"
@@ -92,12 +94,14 @@ type Keyring struct {
 	MLKEM768  map[string]*mlkem.DecapsulationKey768
 	MLKEM1024 map[string]*mlkem.DecapsulationKey1024
 	Hybrid    map[string]*HybridPrivateKey
+	// DataKeys unwrap the data keys of the key_wrap pattern (kms.go), by WrapName.
+	DataKeys map[string]DataKeyProvider
 }
 
 // NewKeyring returns an empty keyring.
 func NewKeyring() *Keyring {
 	return &Keyring{Symmetric: map[string][]byte{}, RSA: map[string]*rsa.PrivateKey{}, MLKEM768: map[string]*mlkem.DecapsulationKey768{},
-		MLKEM1024: map[string]*mlkem.DecapsulationKey1024{}, Hybrid: map[string]*HybridPrivateKey{}}
+		MLKEM1024: map[string]*mlkem.DecapsulationKey1024{}, Hybrid: map[string]*HybridPrivateKey{}, DataKeys: map[string]DataKeyProvider{}}
 }
 
 func unknownKey(kid string) error {
@@ -302,6 +306,9 @@ func EncryptRSA(env *envelope.Envelope, keyID string, pub *rsa.PublicKey, opts O
 type DecryptOptions struct {
 	Policy     Policy
 	RequireAAD *bool
+	// Context bounds the key service's call when the data key is wrapped (key_wrap); nil
+	// means context.Background().
+	Context context.Context
 }
 
 // Decrypt returns the payload as it was before encryption (still compressed when
@@ -369,12 +376,32 @@ func Decrypt(env *envelope.Envelope, keys *Keyring, opts DecryptOptions) ([]byte
 	}
 	switch s.pattern {
 	case symmetric:
-		if w, _ := params["key_wrap"].(string); w != "" {
-			return nil, prismerr.New("key_not_usable", "the data key is wrapped by "+quote(w)+"; this keyring cannot unwrap it", "decrypt with the "+w+" provider").At("security.encryption.algorithm_params")
-		}
-		key, ok := keys.Symmetric[kid]
-		if !ok {
-			return nil, unknownKey(kid)
+		var key []byte
+		if w := params["key_wrap"]; truthy(w) { // as Python's `if params.get("key_wrap")`
+			name, _ := w.(string)
+			p := keys.DataKeys[name]
+			if name == "" || p == nil {
+				return nil, prismerr.New("key_not_usable", "the data key is wrapped by "+quote(fmt.Sprint(w))+"; this keyring cannot unwrap it",
+					"add the key service's DataKeyProvider to Keyring.DataKeys").At("security.encryption.algorithm_params")
+			}
+			if len(meta.EncapsulatedKey) == 0 {
+				return nil, fail("encapsulated_key (the wrapped data key) is missing", "security.encryption.encapsulated_key")
+			}
+			ctx := opts.Context
+			if ctx == nil {
+				ctx = context.Background()
+			}
+			k, err := p.DecryptDataKey(ctx, kid, meta.EncapsulatedKey, KMSContext(env))
+			if err != nil {
+				return nil, providerErr(err, "unwrap")
+			}
+			key = k
+		} else {
+			k, ok := keys.Symmetric[kid]
+			if !ok {
+				return nil, unknownKey(kid)
+			}
+			key = k
 		}
 		n, err := iv()
 		if err != nil {

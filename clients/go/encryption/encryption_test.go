@@ -11,6 +11,7 @@ import (
 
 	"github.com/prism-envelope/prism/clients/go/encryption"
 	"github.com/prism-envelope/prism/clients/go/envelope"
+	"github.com/prism-envelope/prism/clients/go/internal/conformance"
 	"github.com/prism-envelope/prism/clients/go/prismerr"
 	"github.com/prism-envelope/prism/clients/go/signing"
 )
@@ -156,6 +157,15 @@ func FuzzDecrypt(f *testing.F) {
 		f.Add(mustHex(f, v.EnvelopeHex))
 	}
 	kr := vectorKeyring(f, vf)
+	// the key_wrap vectors too, with their table as the key service (the key_wrap path)
+	var kw keyWrapFile
+	if err := conformance.File("key-wrap/vectors.json", &kw); err != nil {
+		f.Fatal(err)
+	}
+	for _, v := range kw.Vectors {
+		f.Add(mustHex(f, v.EnvelopeHex))
+	}
+	kr.DataKeys[kw.WrapName] = &tableService{f: &kw}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		env, err := envelope.Decode(data)
 		if err != nil {

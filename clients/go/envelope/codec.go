@@ -195,6 +195,7 @@ func parseHeader(head []byte, lay Layout) (*reviewedpb.PrismEnvelope, []string, 
 		if err := unmarshal.Unmarshal(head, h); err != nil {
 			return nil, nil, bad(err)
 		}
+		upbMapEntries(h.ProtoReflect(), head, 0)
 		h.Payload = nil
 		return h, nil, nil
 	}
@@ -202,6 +203,7 @@ func parseHeader(head []byte, lay Layout) (*reviewedpb.PrismEnvelope, []string, 
 	if err := unmarshal.Unmarshal(head, d); err != nil {
 		return nil, nil, bad(err)
 	}
+	upbMapEntries(d.ProtoReflect(), head, 0)
 	d.Payload = nil
 	return DraftToReviewed(d)
 }

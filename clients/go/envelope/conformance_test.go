@@ -54,6 +54,8 @@ func envelopeFromModel(t *testing.T, model map[string]any) *envelope.Envelope {
 
 // TestEnvelopeVectors runs every vector of conformance/envelopes/ (README.md, kind "envelope").
 func TestEnvelopeVectors(t *testing.T) {
+	var ran conformance.Counter
+	defer ran.Check(t, "envelope")
 	paths, err := conformance.FilesOfKind("envelope")
 	if err != nil {
 		t.Fatal(err)
@@ -71,6 +73,7 @@ func TestEnvelopeVectors(t *testing.T) {
 		}
 		for _, v := range file.Vectors {
 			t.Run(v.Name, func(t *testing.T) {
+				ran.Ran()
 				data, _ := hex.DecodeString(v.EnvelopeHex)
 				lay := layoutOf(v.Layout)
 				// 1. layout detection

@@ -28,6 +28,8 @@ type conversionVector struct {
 
 // TestConversionVectors runs conformance/conversion/ (README.md, kind "conversion").
 func TestConversionVectors(t *testing.T) {
+	var ran conformance.Counter
+	defer ran.Check(t, "conversion")
 	var file struct {
 		Vectors []conversionVector `json:"vectors"`
 	}
@@ -40,13 +42,14 @@ func TestConversionVectors(t *testing.T) {
 		if err := conformance.File(path, &file); err != nil {
 			t.Fatal(err)
 		}
-		runConversion(t, file.Vectors)
+		runConversion(t, file.Vectors, &ran)
 	}
 }
 
-func runConversion(t *testing.T, vectors []conversionVector) {
+func runConversion(t *testing.T, vectors []conversionVector, ran *conformance.Counter) {
 	for _, v := range vectors {
 		t.Run(v.Name, func(t *testing.T) {
+			ran.Ran()
 			in, _ := hex.DecodeString(v.InputHex)
 			if got, _ := envelope.DetectLayout(in); got != layoutOf(v.From) {
 				t.Fatalf("input layout %v, want %s", got, v.From)
@@ -108,6 +111,8 @@ type negativeVector struct {
 // TestNegativeDecodeVectors runs the decode half of conformance/negative/ (the verify half
 // is in the signing package).
 func TestNegativeDecodeVectors(t *testing.T) {
+	var ran conformance.Counter
+	defer ran.Check(t, "negative")
 	var file struct {
 		Vectors []negativeVector `json:"vectors"`
 	}
@@ -119,13 +124,14 @@ func TestNegativeDecodeVectors(t *testing.T) {
 		if err := conformance.File(path, &file); err != nil {
 			t.Fatal(err)
 		}
-		runNegativeDecode(t, file.Vectors)
+		runNegativeDecode(t, file.Vectors, &ran)
 	}
 }
 
-func runNegativeDecode(t *testing.T, vectors []negativeVector) {
+func runNegativeDecode(t *testing.T, vectors []negativeVector, ran *conformance.Counter) {
 	for _, v := range vectors {
 		t.Run(v.Name, func(t *testing.T) {
+			ran.Ran()
 			in, _ := hex.DecodeString(v.InputHex)
 			opts := envelope.DecodeOptions{}
 			if v.Limits != nil {

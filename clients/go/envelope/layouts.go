@@ -73,7 +73,7 @@ func subMutable(m protoreflect.Message, path string) protoreflect.Message {
 func carryUnknown(src protoreflect.Message, prefix string, ext map[string][]byte) {
 	for _, path := range carriedPaths {
 		if m := sub(src, path); m != nil {
-			if raw := m.GetUnknown(); len(raw) > 0 {
+			if raw := UnknownRecords(m); len(raw) > 0 {
 				ext[prefix+path] = append([]byte(nil), raw...)
 			}
 		}
@@ -265,7 +265,9 @@ func DraftToReviewed(d *draftpb.PrismEnvelope) (*reviewedpb.PrismEnvelope, []str
 func rewire(src, dst proto.Message) error {
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(src)
 	if err == nil {
-		err = proto.Unmarshal(b, dst)
+		if err = proto.Unmarshal(b, dst); err == nil {
+			upbMapEntries(dst.ProtoReflect(), b, 0) // odd map entries stay unknown fields
+		}
 	}
 	if err != nil {
 		return (&prismerr.Error{Code: "malformed_envelope", What: "context cannot be converted: " + err.Error()}).Wrap(err)

@@ -79,6 +79,8 @@ func fields(t *testing.T, data []byte) (map[string]any, []byte) {
 
 // TestLNMPVectors runs every vector of conformance/lnmp/ (README.md, kind "lnmp").
 func TestLNMPVectors(t *testing.T) {
+	var ran conformance.Counter
+	defer ran.Check(t, "lnmp")
 	paths, err := conformance.FilesOfKind("lnmp")
 	if err != nil {
 		t.Fatal(err)
@@ -98,6 +100,7 @@ func TestLNMPVectors(t *testing.T) {
 		}
 		for _, v := range file.Vectors {
 			t.Run(v["name"].(string), func(t *testing.T) {
+				ran.Ran()
 				data, _ := hex.DecodeString(v["input_hex"].(string))
 				env, err := lnmp.ToEnvelope(data)
 				if v["expected"] == "bad_lnmp" {

@@ -92,6 +92,7 @@ var parents = map[string]string{
 	"ambiguous_envelope":          "bad_signature",
 	"unknown_key":                 "security_error",
 	"key_not_usable":              "security_error",
+	"key_provider_failed":         "security_error",
 	"algorithm_not_allowed":       "security_error",
 	"crypto_error":                "security_error",
 	"decryption_failed":           "crypto_error",
@@ -133,6 +134,7 @@ var (
 	ErrAmbiguousEnvelope = sentinel("ambiguous_envelope")
 	ErrUnknownKey        = sentinel("unknown_key")
 	ErrKeyNotUsable      = sentinel("key_not_usable")
+	ErrKeyProvider       = sentinel("key_provider_failed") // the key service (KMS) failed or refused: transient
 	ErrAlgorithm         = sentinel("algorithm_not_allowed")
 	ErrCrypto            = sentinel("crypto_error")
 	ErrDecryption        = sentinel("decryption_failed")

@@ -138,6 +138,8 @@ type Schema struct {
 	References []Reference    `json:"references"`
 	// URL is the Prism URL of the version, what an envelope's schema_url names.
 	URL string `json:"-"`
+
+	refs *resolved // what References resolve to (references.go)
 }
 
 // Kind is the schema's format in lower case: json, avro or protobuf.
@@ -172,13 +174,19 @@ func (c *Client) Versions(ctx context.Context, subject string) ([]int, error) {
 // (GET /subjects/{s}/versions/{v}).
 func (c *Client) Version(ctx context.Context, subject, version string) (*Schema, error) {
 	out := &Schema{}
-	return out, c.do(ctx, http.MethodGet, "/subjects/"+esc(subject)+"/versions/"+esc(version), nil, out)
+	if err := c.do(ctx, http.MethodGet, "/subjects/"+esc(subject)+"/versions/"+esc(version), nil, out); err != nil {
+		return nil, err
+	}
+	return out, c.ResolveReferences(ctx, out)
 }
 
 // SchemaByID fetches a schema by its global id (GET /schemas/ids/{id}).
 func (c *Client) SchemaByID(ctx context.Context, id int) (*Schema, error) {
 	out := &Schema{ID: id}
-	return out, c.do(ctx, http.MethodGet, "/schemas/ids/"+strconv.Itoa(id), nil, out)
+	if err := c.do(ctx, http.MethodGet, "/schemas/ids/"+strconv.Itoa(id), nil, out); err != nil {
+		return nil, err
+	}
+	return out, c.ResolveReferences(ctx, out)
 }
 
 // SubjectVersion names one subject version.
@@ -216,13 +224,24 @@ func (c *Client) PrismVersion(ctx context.Context, subject, version string) (*Sc
 		return nil, err
 	}
 	out.URL = c.BaseURL + "/v1/subjects/" + esc(out.Subject) + "/versions/" + strconv.Itoa(out.Version)
-	return out, nil
+	return out, c.ResolveReferences(ctx, out)
 }
 
 // PrismSchema fetches a schema by id with its hash and format (GET /v1/schemas/{id}).
 func (c *Client) PrismSchema(ctx context.Context, id int) (*Schema, error) {
 	out := &Schema{}
-	return out, c.do(ctx, http.MethodGet, "/v1/schemas/"+strconv.Itoa(id), nil, out)
+	if err := c.do(ctx, http.MethodGet, "/v1/schemas/"+strconv.Itoa(id), nil, out); err != nil {
+		return nil, err
+	}
+	// /v1/schemas/{id} does not list references; the Confluent route does.
+	var refs struct {
+		References []Reference `json:"references"`
+	}
+	if err := c.do(ctx, http.MethodGet, "/schemas/ids/"+strconv.Itoa(id), nil, &refs); err != nil {
+		return nil, err
+	}
+	out.References = refs.References
+	return out, c.ResolveReferences(ctx, out)
 }
 
 // Registration is a POST /v1/schemas request (RFC-030).

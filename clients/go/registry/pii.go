@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/prism-envelope/prism/clients/go/prismerr"
+	"google.golang.org/protobuf/proto"
 )
 
 // Mask replaces a PII field's value (as in the Python SDK).
@@ -253,11 +254,15 @@ func avroTree(text string) (*node, error) {
 func (s *Schema) tree() (*node, error) {
 	var t *node
 	var err error
+	text, terr := s.text()
+	if terr != nil {
+		return nil, terr
+	}
 	switch s.Kind() {
 	case "json":
-		t, err = jsonTree(s.Text)
+		t, err = jsonTree(text)
 	case "avro":
-		t, err = avroTree(s.Text)
+		t, err = avroTree(text)
 	case "protobuf":
 		md, perr := s.rootMessage()
 		if perr != nil {
@@ -273,10 +278,21 @@ func (s *Schema) tree() (*node, error) {
 	return t, nil
 }
 
-// MaskPII returns a copy of a decoded JSON payload (maps, slices, scalars as encoding/json
-// produces them) with every field the schema tags as PII replaced by Mask. A field is PII
-// when the schema tags it, or when a field enclosing it is; untagged means not PII.
+// MaskPII returns a copy of a decoded payload with every field the schema tags as PII
+// masked: a JSON value or Avro datum (maps, slices, scalars, as encoding/json and Decode
+// produce them) gets Mask in place of each PII field; a protobuf message (Decode's
+// *dynamicpb.Message) is cloned and masked as MaskProto masks. A field is PII when the schema
+// tags it, or when a field enclosing it is; untagged means not PII. value is never changed.
 func (s *Schema) MaskPII(value any) (any, error) {
+	if m, ok := value.(proto.Message); ok {
+		md := m.ProtoReflect().Descriptor()
+		if s.Kind() != "protobuf" {
+			return nil, prismerr.New("payload_error", "a protobuf message cannot be masked by a "+s.Kind()+" schema", "").At("payload")
+		}
+		out := proto.Clone(m)
+		maskMessage(out.ProtoReflect(), protoTree(md), 0)
+		return out, nil
+	}
 	t, err := s.tree()
 	if err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package registry
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"sync"
 
@@ -19,7 +20,8 @@ import (
 // Protobuf schemas are compiled in Go with protocompile (no protoc needed), against
 // prism/annotations.proto and the well-known types. The root message is the schema's first
 // message (package-qualified), as in the Python SDK. Schema references (imports of other
-// subjects) are not resolved in Go.
+// subjects) are files of their own: the client fetched them with the schema
+// (references.go), and protocompile reads them by the import paths the references name.
 
 const mainFile = "schema.proto"
 
@@ -29,14 +31,29 @@ var protoCache = struct {
 }{m: map[string]protoreflect.MessageDescriptor{}}
 
 func (s *Schema) rootMessage() (protoreflect.MessageDescriptor, error) {
+	files := map[string]string{}
+	if len(s.References) > 0 {
+		if s.refs == nil {
+			return nil, unresolved(s)
+		}
+		for k, v := range s.refs.imports {
+			files[k] = v
+		}
+	}
+	files[mainFile] = s.Text
+	key := s.Text
+	if len(files) > 1 {
+		b, _ := json.Marshal(files) // map keys sorted: a stable key
+		key = string(b)
+	}
 	protoCache.Lock()
-	md, ok := protoCache.m[s.Text]
+	md, ok := protoCache.m[key]
 	protoCache.Unlock()
 	if ok {
 		return md, nil
 	}
 	c := protocompile.Compiler{Resolver: protocompile.WithStandardImports(protocompile.CompositeResolver{
-		&protocompile.SourceResolver{Accessor: protocompile.SourceAccessorFromMap(map[string]string{mainFile: s.Text})},
+		&protocompile.SourceResolver{Accessor: protocompile.SourceAccessorFromMap(files)},
 		protocompile.ResolverFunc(func(path string) (protocompile.SearchResult, error) {
 			fd, err := protoregistry.GlobalFiles.FindFileByPath(path)
 			if err != nil {
@@ -45,12 +62,12 @@ func (s *Schema) rootMessage() (protoreflect.MessageDescriptor, error) {
 			return protocompile.SearchResult{Desc: fd}, nil
 		}),
 	})}
-	files, err := c.Compile(context.Background(), mainFile)
+	compiled, err := c.Compile(context.Background(), mainFile)
 	if err != nil {
 		return nil, prismerr.New("payload_error", "the registry's protobuf schema does not compile: "+err.Error(),
-			"schemas that import other subjects are not resolved by the Go client").At("schema")
+			"an import must be prism/annotations.proto, a well-known type or one of the schema's references").At("schema")
 	}
-	msgs := files[0].Messages()
+	msgs := compiled[0].Messages()
 	if msgs.Len() == 0 {
 		return nil, prismerr.New("payload_error", "the protobuf schema defines no message", "").At("schema")
 	}
@@ -59,7 +76,7 @@ func (s *Schema) rootMessage() (protoreflect.MessageDescriptor, error) {
 	if len(protoCache.m) > 256 {
 		protoCache.m = map[string]protoreflect.MessageDescriptor{}
 	}
-	protoCache.m[s.Text] = md
+	protoCache.m[key] = md
 	protoCache.Unlock()
 	return md, nil
 }

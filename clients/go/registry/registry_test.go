@@ -31,6 +31,8 @@ func fake(t *testing.T) *registry.Client {
 			_ = json.NewEncoder(w).Encode(map[string]any{"subject": "users.profile", "version": 1, "id": 7, "format": "JSON", "schema": profile, "hash": "sha256:aa"})
 		case "/v1/schemas/7":
 			_ = json.NewEncoder(w).Encode(map[string]any{"id": 7, "format": "JSON", "schema": profile, "hash": "sha256:aa"})
+		case "/schemas/ids/7":
+			_ = json.NewEncoder(w).Encode(map[string]any{"schemaType": "JSON", "schema": profile})
 		case "/schemas/ids/7/versions":
 			_, _ = w.Write([]byte(`[{"subject":"users.profile","version":1}]`))
 		case "/v1/subjects/garbage/versions/1":
@@ -130,14 +132,18 @@ const avroProfile = `{"type":"record","name":"Profile","namespace":"users","fiel
  {"name":"phones","type":{"type":"map","values":"string"},"prism.pii":"phone"},
  {"name":"visits","type":"int"}]}`
 
-// FuzzValidateAndMask: validating and masking any payload against JSON Schema and Avro
-// schemas gives a verdict or a typed error, never a panic.
+// FuzzValidateAndMask: validating, decoding and masking any payload against JSON Schema,
+// Avro (JSON and binary datums, a recursive schema) and protobuf schemas gives a verdict or
+// a typed error, never a panic.
 func FuzzValidateAndMask(f *testing.F) {
 	f.Add([]byte(`{"user_id":"u","contact":{"email":"e","city":"c"},"phones":{},"visits":1}`))
 	f.Add([]byte(`{"contact":{"email":5},"cards":[{"pan":1}],"self":{"self":{"self":{}}}}`))
 	f.Add([]byte(`[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]`))
 	f.Add([]byte(`{`))
+	f.Add([]byte("\x02u\x02e\x02c\x02\x02\x02\x02h\x021\x00\x06")) // binary Avro of avroProfile
+	f.Add([]byte{0x02, 0x02, 0x02, 0x00})                          // three nodes of the list below
 	schemas := []*registry.Schema{{Text: profile, Format: "JSON"}, {Text: avroProfile, Format: "AVRO"},
+		{Text: `{"type":"record","name":"L","fields":[{"name":"v","type":{"type":"array","items":"null"}},{"name":"next","type":["null","L"]}]}`, Format: "AVRO"},
 		{Text: "syntax = \"proto3\";\nimport \"prism/annotations.proto\";\nmessage P { string email = 1 [(prism.pii) = \"email\"]; repeated P kids = 2; map<string, P> by = 3; }", Format: "PROTOBUF"}}
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		for _, s := range schemas {
@@ -146,7 +152,9 @@ func FuzzValidateAndMask(f *testing.F) {
 				perr = nil
 			}
 			for _, err := range []error{s.Validate(payload), s.ValidateAs(payload, "application/protobuf"), perr,
-				func() error { _, err := s.MaskJSON(payload); return err }()} {
+				func() error { _, err := s.MaskJSON(payload); return err }(),
+				func() error { _, err := s.Decode(payload, ""); return err }(),
+				func() error { _, err := s.Decode(payload, "application/json"); return err }()} {
 				var pe *prismerr.Error
 				if err != nil && !errors.As(err, &pe) {
 					t.Fatalf("untyped error: %v", err)

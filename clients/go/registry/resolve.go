@@ -213,7 +213,7 @@ func (r *Resolver) ForEnvelope(ctx context.Context, env *envelope.Envelope, subj
 	if err != nil {
 		return nil, err
 	}
-	if ref.Hash != "" && ref.Hash != s.Hash {
+	if th, ok := TextHash(s.Kind(), s.Text); ref.Hash != "" && ref.Hash != s.Hash && (!ok || ref.Hash != th) {
 		return nil, refErr("message "+id+" claims schema hash "+quote(clip(ref.Hash))+", but the registry's schema hashes to "+s.Hash,
 			"schema.schema_hash", "the envelope's schema context was altered, or names another registry's schema")
 	}

@@ -37,18 +37,26 @@ func (e *ValidationError) Error() string { return e.Err.Error() }
 func (e *ValidationError) Unwrap() error { return e.Err }
 
 // Validate checks a JSON payload against the schema (JSON Schema, Avro JSON datums, the
-// protobuf JSON mapping). Binary Avro is not read by the Go client (a payload_error says so).
+// protobuf JSON mapping); ValidateAs reads other content types.
 func (s *Schema) Validate(payload []byte) error { return s.ValidateAs(payload, "application/json") }
 
-// ValidateAs checks a payload of a content type: protobuf schemas read application/protobuf
-// (the wire format) or a JSON content type (the protobuf JSON mapping); JSON Schema and Avro
-// read JSON.
+// ValidateAs checks a payload of a content type, as the Python SDK's payload check does
+// (app/schema/payload_check.py): protobuf schemas read the wire format, or the protobuf JSON
+// mapping when the content type names JSON; Avro schemas read a binary datum, or a JSON
+// document when the content type names JSON; JSON Schema reads JSON.
 func (s *Schema) ValidateAs(payload []byte, contentType string) error {
 	if s.Kind() == "protobuf" {
 		return s.validateProto(payload, contentType)
 	}
 	if s.Kind() == "avro" {
-		return validateAvroJSON(s.Text, payload) // JSON datums (content type application/json)
+		text, err := s.text()
+		if err != nil {
+			return err
+		}
+		if strings.Contains(strings.ToLower(contentType), "json") {
+			return validateAvroJSON(text, payload)
+		}
+		return validateAvroBinary(text, payload)
 	}
 	if s.Kind() != "json" {
 		return prismerr.New("payload_error", "validation of "+s.Kind()+" schemas is not implemented in the Go client",
@@ -108,12 +116,16 @@ var compileMu sync.Mutex
 var compiledCache = map[string]*jsonschema.Schema{}
 
 func (s *Schema) compiled() (*jsonschema.Schema, error) {
+	text, err := s.text()
+	if err != nil {
+		return nil, err
+	}
 	compileMu.Lock()
 	defer compileMu.Unlock()
-	if c, ok := compiledCache[s.Text]; ok {
+	if c, ok := compiledCache[text]; ok {
 		return c, nil
 	}
-	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(s.Text))
+	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(text))
 	if err != nil {
 		return nil, prismerr.New("payload_error", "the registry's JSON Schema is not JSON: "+err.Error(), "").At("schema")
 	}
@@ -128,7 +140,7 @@ func (s *Schema) compiled() (*jsonschema.Schema, error) {
 	if len(compiledCache) > 256 {
 		compiledCache = map[string]*jsonschema.Schema{}
 	}
-	compiledCache[s.Text] = compiled
+	compiledCache[text] = compiled
 	return compiled, nil
 }
 

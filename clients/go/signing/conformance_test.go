@@ -46,6 +46,8 @@ func keysOf(t *testing.T, k conformance.Key) *signing.Keys {
 // TestSignatureVectors runs every vector of conformance/signatures/ with both policies and
 // checks the signed message M byte for byte where the vector gives it.
 func TestSignatureVectors(t *testing.T) {
+	var ran conformance.Counter
+	defer ran.Check(t, "signature")
 	files, err := conformance.SignatureFiles()
 	if err != nil {
 		t.Fatal(err)
@@ -58,6 +60,7 @@ func TestSignatureVectors(t *testing.T) {
 		keys := keysOf(t, f.Key)
 		for _, v := range f.Vectors {
 			t.Run(filepath.Base(f.Path)+"/"+v.Name, func(t *testing.T) {
+				ran.Ran()
 				signing.ClearVerificationCache()
 				data := v.Envelope()
 				_, err := signing.Verify(data, keys, signing.VerifyOptions{})

@@ -13,6 +13,8 @@ import (
 // with the file's key and the secure default; the verdict must be expected_verify (an input
 // that does not decode never verifies).
 func TestNegativeVerifyVectors(t *testing.T) {
+	var ran conformance.Counter
+	defer ran.Check(t, "negative")
 	var file struct {
 		Key     conformance.Key `json:"key"`
 		Vectors []struct {
@@ -37,6 +39,7 @@ func TestNegativeVerifyVectors(t *testing.T) {
 		keys := keysOf(t, file.Key)
 		for _, v := range file.Vectors {
 			t.Run(v.Name, func(t *testing.T) {
+				ran.Ran()
 				in, _ := hex.DecodeString(v.InputHex)
 				opts := signing.VerifyOptions{}
 				if v.Limits != nil {

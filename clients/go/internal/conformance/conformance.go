@@ -6,10 +6,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"flag"
 	"os"
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strings"
 
 	"github.com/prism-envelope/prism/clients/go/prismerr"
 )
@@ -191,4 +193,51 @@ func FilesOfKind(kind string) ([]string, error) {
 		return nil, errors.New("manifest.json lists no file of kind " + kind)
 	}
 	return out, nil
+}
+
+// Expected is how many vectors manifest.json lists for a kind, over all its files.
+func Expected(kind string) (int, error) {
+	files, err := Manifest()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, f := range files {
+		if f.Kind == kind {
+			n += f.Vectors
+		}
+	}
+	return n, nil
+}
+
+// Counter is a runner's count of the vectors it actually ran (incremented inside each
+// vector's subtest, so a vector skipped - or never loaded, say by a renamed JSON field - is
+// missing from it). Check fails the test unless every vector the manifest lists for the kind
+// ran, and logs the tally, so a skip is never silent.
+type Counter struct{ ran int }
+
+// Ran records one vector run.
+func (c *Counter) Ran() { c.ran++ }
+
+// Check compares the count with manifest.json.
+func (c *Counter) Check(t interface {
+	Helper()
+	Errorf(string, ...any)
+	Logf(string, ...any)
+}, kind string) {
+	t.Helper()
+	want, err := Expected(kind)
+	if err != nil {
+		t.Errorf("%v", err)
+		return
+	}
+	if f := flag.Lookup("test.run"); c.ran != want && f != nil && strings.Contains(f.Value.String(), "/") {
+		t.Logf("kind %s: ran %d of %d vectors (-run selects some)", kind, c.ran, want)
+		return
+	}
+	if c.ran != want {
+		t.Errorf("kind %s: ran %d of the %d vectors manifest.json lists (%d not run)", kind, c.ran, want, want-c.ran)
+		return
+	}
+	t.Logf("kind %s: all %d vectors run", kind, want)
 }

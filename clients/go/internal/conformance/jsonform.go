@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/prism-envelope/prism/clients/go/envelope"
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
@@ -32,7 +33,7 @@ func toJSON(m protoreflect.Message) map[string]any {
 		out[string(fd.Name())] = fieldJSON(fd, v)
 		return true
 	})
-	if u := m.GetUnknown(); len(u) > 0 {
+	if u := envelope.UnknownRecords(m); len(u) > 0 {
 		out["_unknown"] = hex.EncodeToString(u)
 	}
 	return out

@@ -11,9 +11,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/kms"
 	"github.com/prism-envelope/prism/clients/go/encryption"
+	"github.com/prism-envelope/prism/clients/go/encryption/awskms"
 	"github.com/prism-envelope/prism/clients/go/envelope"
 	"github.com/prism-envelope/prism/clients/go/internal/conformance"
 	"github.com/prism-envelope/prism/clients/go/kafka"
@@ -21,6 +25,8 @@ import (
 	"github.com/prism-envelope/prism/clients/go/prismerr"
 	"github.com/prism-envelope/prism/clients/go/registry"
 	"github.com/prism-envelope/prism/clients/go/signing"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 )
 
 type request struct {
@@ -57,6 +63,21 @@ type request struct {
 	// an Ed25519 key to verify with too (the Prism worker's, for its re-signed outputs)
 	Ed25519KeyID     string `json:"ed25519_key_id"`
 	Ed25519PublicHex string `json:"ed25519_public_hex"`
+	// AWS KMS (key_wrap): an endpoint (moto in the tests) and extra encryption context
+	KMSEndpoint string            `json:"kms_endpoint"`
+	KMSContext  map[string]string `json:"kms_context"`
+}
+
+// kmsProvider is the AWS KMS provider of the request (nil without kms_endpoint).
+func kmsProvider(req request) *awskms.Provider {
+	if req.KMSEndpoint == "" {
+		return nil
+	}
+	client := kms.New(kms.Options{Region: "us-east-1", BaseEndpoint: &req.KMSEndpoint, RetryMaxAttempts: 1,
+		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
+			return aws.Credentials{AccessKeyID: "testing", SecretAccessKey: "testing", Source: "interop"}, nil
+		})})
+	return &awskms.Provider{Client: client, EncryptionContext: req.KMSContext}
 }
 
 type result map[string]any
@@ -128,13 +149,16 @@ func run(req request) result {
 		if err != nil {
 			return fail(err)
 		}
+		if p := kmsProvider(req); p != nil {
+			kr.DataKeys[p.WrapName()] = p
+		}
 		var outs []any
 		for _, h := range req.Envelopes {
 			data, _ := hex.DecodeString(h)
 			env, err := envelope.Decode(data)
 			if err == nil {
 				var p []byte
-				if p, err = encryption.Decrypt(env, kr, encryption.DecryptOptions{}); err == nil {
+				if p, err = encryption.Decrypt(env, kr, encryption.DecryptOptions{Context: ctx}); err == nil {
 					outs = append(outs, result{"plaintext_hex": hex.EncodeToString(p)})
 					continue
 				}
@@ -152,15 +176,17 @@ func run(req request) result {
 		if err != nil {
 			return fail(err)
 		}
-		switch req.Algorithm {
-		case encryption.AES256GCM, encryption.ChaCha20Poly1305:
+		switch p := kmsProvider(req); {
+		case p != nil: // a KMS data key wrapped under key_id
+			err = encryption.EncryptWithDataKey(ctx, env, req.Algorithm, req.KeyID, p, encryption.Options{})
+		case req.Algorithm == encryption.AES256GCM, req.Algorithm == encryption.ChaCha20Poly1305:
 			err = encryption.EncryptSymmetric(env, req.Algorithm, req.KeyID, kr.Symmetric[req.KeyID], encryption.Options{})
-		case encryption.MLKEM1024:
+		case req.Algorithm == encryption.MLKEM1024:
 			err = encryption.EncryptMLKEM1024(env, req.KeyID, kr.MLKEM1024[req.KeyID].EncapsulationKey(), encryption.Options{})
-		case encryption.X25519MLKEM1024:
+		case req.Algorithm == encryption.X25519MLKEM1024:
 			h := kr.Hybrid[req.KeyID]
 			err = encryption.EncryptHybrid(env, req.KeyID, &encryption.HybridPublicKey{X25519: h.X25519.PublicKey(), MLKEM: h.MLKEM.EncapsulationKey()}, encryption.Options{})
-		case encryption.RSAOAEP3072, encryption.RSAOAEP4096:
+		case req.Algorithm == encryption.RSAOAEP3072, req.Algorithm == encryption.RSAOAEP4096:
 			err = encryption.EncryptRSA(env, req.KeyID, &kr.RSA[req.KeyID].PublicKey, encryption.Options{})
 		default:
 			err = fmt.Errorf("unknown algorithm %q", req.Algorithm)
@@ -212,7 +238,7 @@ func run(req request) result {
 		sc := &registry.Schema{Text: req.SchemaText, Format: req.Algorithm}
 		for _, p := range req.Envelopes {
 			payload := []byte(p)
-			if req.ContentType == "application/protobuf" {
+			if !strings.Contains(req.ContentType, "json") {
 				payload, _ = hex.DecodeString(p)
 			}
 			err := sc.ValidateAs(payload, req.ContentType)
@@ -287,6 +313,18 @@ func publish(ctx context.Context, req request) result {
 	if req.Token != "" {
 		cfg.Token = func(context.Context) (string, error) { return req.Token, nil }
 	}
+	var schema *registry.Schema
+	if req.Registry != "" { // validate before publish, and encode by the topic's schema when it is binary
+		rc, err := registry.New(req.Registry)
+		if err != nil {
+			return fail(err)
+		}
+		rc.Username, rc.Password = req.User, req.Password
+		cfg.Validator = &registry.Validator{Client: rc}
+		if schema, err = rc.PrismVersion(ctx, req.Topic, "latest"); err != nil {
+			return fail(err)
+		}
+	}
 	c, err := kafka.New(cfg)
 	if err != nil {
 		return fail(err)
@@ -300,7 +338,21 @@ func publish(ctx context.Context, req request) result {
 	}
 	var ids []string
 	for _, p := range req.Payloads {
-		env, err := envelope.NewJSON(req.Topic, req.Namespace, p, envelope.Options{DataClassification: req.Classify, CorrelationID: "interop"})
+		opts := envelope.Options{DataClassification: req.Classify, CorrelationID: "interop"}
+		var env *envelope.Envelope
+		if req.ContentType == "application/protobuf" && schema != nil {
+			// the JSON payload read by the schema (protobuf JSON mapping), sent in the wire format
+			var msg any
+			if msg, err = schema.Decode(p, "application/json"); err == nil {
+				var wire []byte
+				if wire, err = proto.Marshal(msg.(proto.Message)); err == nil {
+					opts.ContentType = req.ContentType
+					env, err = envelope.NewBytes(req.Topic, req.Namespace, wire, opts)
+				}
+			}
+		} else {
+			env, err = envelope.NewJSON(req.Topic, req.Namespace, p, opts)
+		}
 		if err != nil {
 			return fail(err)
 		}
@@ -333,6 +385,15 @@ func consume(ctx context.Context, req request) result {
 		if kr, err = loadKeyring(req.Keyring); err != nil {
 			return fail(err)
 		}
+	}
+	var resolver *registry.Resolver
+	if req.Registry != "" {
+		rc, err := registry.New(req.Registry)
+		if err != nil {
+			return fail(err)
+		}
+		rc.Username, rc.Password = req.User, req.Password
+		resolver = registry.NewResolver(rc)
 	}
 	type payload = map[string]any
 	sub, err := kafka.SubscribeTyped[payload](ctx, c, req.Topic, kafka.SubscribeConfig{Group: req.Group, Keys: keys,
@@ -375,13 +436,19 @@ func consume(ctx context.Context, req request) result {
 				continue
 			}
 		}
-		p, err := envelope.JSONPayload[payload](env)
+		var p any
+		var decodedBy result
+		if resolver != nil {
+			p, decodedBy, err = decodeBySchema(ctx, resolver, env)
+		} else {
+			p, err = envelope.JSONPayload[payload](env)
+		}
 		if err != nil {
 			errs = append(errs, fail(err))
 			_ = m.Ack(ctx)
 			continue
 		}
-		item := result{"message_id": env.Header.GetMetadata().GetMessageId(), "payload": p,
+		item := result{"message_id": env.Header.GetMetadata().GetMessageId(), "payload": p, "decoded_by": decodedBy,
 			"classification": kafka.ClassificationOf(env), "publisher_id": env.Header.GetSecurity().GetPublisherId(),
 			"has_token": env.Header.GetSecurity().GetAuthToken() != ""}
 		if m.Signature != nil {
@@ -389,7 +456,7 @@ func consume(ctx context.Context, req request) result {
 			item["key_id"] = m.Signature.KeyID
 		}
 		sc := env.Header.GetSchema()
-		item["schema"] = result{"name": sc.GetSchemaName(), "version": sc.GetSchemaVersion(), "format": sc.GetSchemaFormat()}
+		item["schema"] = result{"name": sc.GetSchemaName(), "version": sc.GetSchemaVersion(), "format": sc.GetSchemaFormat(), "hash": sc.GetSchemaHash(), "url": sc.GetSchemaUrl()}
 		extensions := map[string]string{}
 		for k, v := range env.Header.GetExtensions() {
 			extensions[k] = string(v)
@@ -436,6 +503,33 @@ func consume(ctx context.Context, req request) result {
 		"stats": result{"received": st.Received, "withheld": st.Withheld, "expired": st.Expired, "audited": st.Audited}}
 }
 
+// decodeBySchema resolves the schema env references through the registry (checked:
+// subject of its topic, hash) and decodes the payload by it: the payload as JSON-ready values,
+// and what decoded it (subject, version, format, the protobuf message type, masked payload).
+func decodeBySchema(ctx context.Context, resolver *registry.Resolver, env *envelope.Envelope) (any, result, error) {
+	s, err := resolver.ForEnvelope(ctx, env)
+	if err != nil {
+		return nil, nil, err
+	}
+	raw, err := env.PayloadBytes()
+	if err != nil {
+		return nil, nil, err
+	}
+	ct := envelope.ContentType(env.Header.GetMetadata())
+	decoded, err := s.Decode(raw, ct)
+	if err != nil {
+		return nil, nil, err
+	}
+	by := result{"subject": s.Subject, "version": s.Version, "format": s.Kind(), "content_type": ct}
+	if m, ok := decoded.(proto.Message); ok {
+		by["type"] = string(m.ProtoReflect().Descriptor().FullName())
+	}
+	if masked, err := s.MaskPII(decoded); err == nil {
+		by["masked"] = jsonable(masked)
+	}
+	return jsonable(decoded), by, nil
+}
+
 func registryOp(ctx context.Context, req request) result {
 	c, err := registry.New(req.Registry)
 	if err != nil {
@@ -461,14 +555,22 @@ func registryOp(ctx context.Context, req request) result {
 			outs = append(outs, fail(err))
 			continue
 		}
-		masked, err := s.MaskJSON(p)
-		if err != nil {
-			outs = append(outs, fail(err))
-			continue
-		}
+		ct := envelope.ContentType(env.Header.GetMetadata())
 		paths, _ := s.PIIPaths()
-		outs = append(outs, result{"subject": s.Subject, "version": s.Version, "format": s.Kind(), "masked": json.RawMessage(masked),
-			"pii_paths": paths, "valid": errString(s.Validate(p))})
+		r := result{"subject": s.Subject, "version": s.Version, "format": s.Kind(), "pii_paths": paths,
+			"content_type": ct, "valid": errString(s.ValidateAs(p, ct))}
+		decoded, err := s.Decode(p, ct) // the payload by the schema the envelope references
+		if err != nil {
+			r["decode_error"] = errString(err)
+		} else {
+			r["decoded"] = jsonable(decoded)
+			if masked, err := s.MaskPII(decoded); err == nil {
+				r["masked"] = jsonable(masked)
+			} else {
+				r["mask_error"] = errString(err)
+			}
+		}
+		outs = append(outs, r)
 	}
 	out := result{"results": outs}
 	if len(req.Payload) > 0 { // publish-side validation: the Validator a kafka.Client uses
@@ -491,6 +593,41 @@ func registryOp(ctx context.Context, req request) result {
 		out["schema_context"] = result{"url": sc.GetSchemaUrl(), "version": sc.GetSchemaVersion(), "format": sc.GetSchemaFormat(), "hash": sc.GetSchemaHash()}
 	}
 	return out
+}
+
+// jsonable turns a decoded payload into JSON-ready values: a protobuf message as its JSON
+// mapping with the .proto field names (Python's MessageToDict(preserving_proto_field_name=True)),
+// bytes as {"$bytes": hex}, int32/float32 widened; masked protobuf messages likewise.
+func jsonable(v any) any {
+	switch x := v.(type) {
+	case proto.Message:
+		b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(x)
+		if err != nil {
+			return map[string]any{"$error": err.Error()}
+		}
+		var out any
+		_ = json.Unmarshal(b, &out)
+		return out
+	case map[string]any:
+		out := make(map[string]any, len(x))
+		for k, e := range x {
+			out[k] = jsonable(e)
+		}
+		return out
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i] = jsonable(e)
+		}
+		return out
+	case []byte:
+		return map[string]any{"$bytes": hex.EncodeToString(x)}
+	case int32:
+		return int64(x)
+	case float32:
+		return float64(x)
+	}
+	return v
 }
 
 func errString(err error) string {
@@ -551,6 +688,15 @@ func check(req request) result {
 		r["verify"] = conformance.Verdict(err, "valid")
 		if err == nil {
 			r["scope"] = int(info.Scope)
+		}
+		if req.Layout == "convert" { // and the input converted to each layout (hex, or the error kind)
+			for name, lay := range map[string]envelope.Layout{"to_draft": envelope.Draft, "to_reviewed": envelope.Reviewed} {
+				if out, _, err := envelope.Convert(data, lay); err == nil {
+					r[name] = hex.EncodeToString(out)
+				} else {
+					r[name] = conformance.Verdict(err, "ok")
+				}
+			}
 		}
 		outs = append(outs, r)
 	}

@@ -1,0 +1,163 @@
+"""Per-stage py-spy profiles of the worker's message path (issue 29), before/after in one table.
+
+Record (py-spy is in the dev extra; sampling, so the code runs at full speed):
+
+    py-spy record -r 250 -f raw -o after.txt -- .venv/bin/python -m bench.bench_stages --n 6000 --passes 3
+    py-spy record -r 250 -f raw -o worker.txt -- .venv/bin/python -m bench.profile_stages worker 20000
+
+The first is the broker-free stage harness (`bench_stages`); the second is the worker itself:
+`PipelineApp` on Faust with the RocksDB dedup table, on the embedded broker, over a preloaded
+backlog (`bench_pipeline.run_chain`), so the framework, aiokafka and the table show too. For a
+"before", run the same under a `git archive` of the older tree with this file copied in.
+
+Report (share of samples per stage, and µs when the total CPU per message is given):
+
+    .venv/bin/python -m bench.profile_stages report before.txt after.txt [--us 240 183]
+
+Samples are attributed to the innermost stage frame (`<Stage>.process`, `Publisher.prepare`,
+`Publisher.finish`); outside a stage, to the dedup table, the worker loop (app/worker), aiokafka,
+Faust/mode, or the rest. Idle time is excluded: py-spy drops idle threads, and the frames uvloop
+sits in while it waits (a thread's `_start_thread`, the loop's `Runner.run` as the innermost frame)
+are dropped here, since uvloop's wait is native code py-spy cannot tell from work. The per-
+payload-validation and warning-log lines are parts of enrich.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import re
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+_STAGE = re.compile(r"^(\w+)\.process \(app/agents/")
+_SETUP = ("make_messages", "preload (", "ensure_dev_keys", "bench_topology", "load_topology", "build (", "_bench_inputs")
+_IDLE_LEAVES = ("ServiceThread._start_thread", "Runner.run", "_run_module_as_main")
+
+
+def categorize(frames: list[str]) -> str | None:
+    """The part of the message path one sample belongs to; None for setup and idle samples."""
+    joined = ";".join(frames)
+    if any(s in joined for s in _SETUP):
+        return None
+    if frames[-1].startswith(_IDLE_LEAVES):
+        return None
+    cat = None
+    for f in frames:
+        m = _STAGE.match(f)
+        if m:
+            cat = m.group(1)
+        elif f.startswith("Publisher.prepare"):
+            cat = "publish: prepare (both layouts, digests)"
+        elif f.startswith("Publisher.finish"):
+            cat = "publish: finish (Merkle tree, signature, bytes)"
+    if cat is not None:
+        return cat
+    if "app/tables/" in joined or "Dedup.record_emitted" in joined:
+        return "dedup table (record, changelog)"
+    if "app/worker/" in joined:
+        return "worker loop (app/worker, outside the stages)"
+    if "aiokafka/" in joined:
+        return "aiokafka (fetch, produce, commit)"
+    if "faust/" in joined or "mode/" in joined:
+        return "Faust / mode"
+    if "Chain.run" in joined or "Chain._run" in joined:
+        return "chain dispatch (+ the harness's thread-CPU clock reads)"
+    if "bench_stages.py" in joined:
+        return "stage harness (message objects, clock reads)"
+    return "other (event loop, GC, imports)"
+
+
+def load(path: Path) -> tuple[collections.Counter[str], collections.Counter[str]]:
+    """(samples per part, samples of enrich's payload validation and of its warning log)."""
+    parts: collections.Counter[str] = collections.Counter()
+    enrich: collections.Counter[str] = collections.Counter()
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames, n = stack.split(";"), int(count)
+        cat = categorize(frames)
+        if cat is None:
+            continue
+        parts[cat] += n
+        if cat == "Enrich":
+            if any("payload_check" in f or "json_format" in f for f in frames):
+                enrich["  enrich: payload validation"] += n
+            elif any(f.startswith("Enrich._log") for f in frames):
+                enrich["  enrich: warning log"] += n
+    return parts, enrich
+
+
+_HARNESS = "stage harness (message objects, clock reads)"
+
+
+def report(paths: list[Path], us: list[float] | None) -> str:
+    """Shares of the message path's samples; `bench_stages`' own harness (building the input
+    records, its thread-CPU clock reads around publish) is left out of the total and noted."""
+    loaded = [load(p) for p in paths]
+    harness = [parts.pop(_HARNESS, 0) for parts, _ in loaded]
+    totals = [sum(parts.values()) for parts, _ in loaded]
+    names = sorted({k for parts, _ in loaded for k in parts}, key=lambda k: -loaded[0][0].get(k, 0))
+    head = "| part | " + " | ".join(f"{p.name}, % of samples" for p in paths)
+    if us:
+        head += " | " + " | ".join(f"{p.name}, µs of {u:g}" for p, u in zip(paths, us, strict=True))
+    lines = [head + " |", "|---" * (1 + len(paths) * (2 if us else 1)) + "|"]
+    for name in names:
+        row = [f"{100 * parts.get(name, 0) / t:.1f}" for (parts, _), t in zip(loaded, totals, strict=True)]
+        if us:
+            row += [f"{u * parts.get(name, 0) / t:.0f}" for (parts, _), t, u in zip(loaded, totals, us, strict=True)]
+        lines.append(f"| {name} | " + " | ".join(row) + " |")
+        if name == "Enrich":
+            for sub in ("  enrich: payload validation", "  enrich: warning log"):
+                vals = [f"{100 * e.get(sub, 0) / t:.1f}" for (_, e), t in zip(loaded, totals, strict=True)]
+                lines.append(f"| {sub.strip()} | " + " | ".join(vals) + (" |" * (len(paths) if us else 0)) + " |")
+    lines.append(f"\nsamples: {', '.join(str(t) for t in totals)}"
+                 + (f" (and in bench_stages' harness, left out: {', '.join(str(h) for h in harness)})"
+                    if any(harness) else ""))
+    return "\n".join(lines)
+
+
+async def worker(n: int) -> None:
+    """bench_pipeline's Prism chain alone (no raw loop, no Faust passthrough), for py-spy."""
+    from app.broker.admin import ensure_topics
+    from app.broker.embedded import EmbeddedBroker
+    from app.security.devkeys import ensure_dev_keys
+    from app.topology import load_topology
+    from bench.bench_pipeline import bench_topology, make_messages, preload, run_chain
+
+    tmp = Path(tempfile.mkdtemp(prefix="prism-profile-"))
+    keys = ensure_dev_keys(tmp / "keys")
+    async with EmbeddedBroker(log_dir=tmp / "broker") as broker:
+        topic = f"bench.in.{uuid.uuid4().hex[:6]}"
+        topo_path = bench_topology(tmp, keys, topic, None)
+        await ensure_topics(broker.bootstrap, load_topology(topo_path).topics())
+        await preload(broker.bootstrap, topic, make_messages(keys, topic, n))
+        result, _ = await run_chain(broker.bootstrap, topo_path, n, tmp / "chain")
+        print(result, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("worker", help="run the worker's chain over a preloaded backlog (wrap it in py-spy)")
+    w.add_argument("n", type=int)
+    r = sub.add_parser("report", help="per-stage table of py-spy raw files")
+    r.add_argument("paths", nargs="+", type=Path)
+    r.add_argument("--us", nargs="+", type=float, default=None, help="CPU µs per message of each run")
+    args = ap.parse_args(argv)
+    if args.cmd == "worker":
+        from app.worker.faust_app import use_uvloop
+
+        use_uvloop()
+        asyncio.run(worker(args.n))
+    else:
+        if args.us is not None and len(args.us) != len(args.paths):
+            ap.error("--us takes one figure per file")
+        print(report(args.paths, args.us))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
