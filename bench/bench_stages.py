@@ -14,7 +14,7 @@ and garbage is collected as `prism run` collects it (`--gc worker`; `--gc defaul
 
 Input: `bench.bench_pipeline.make_messages` (signed reviewed envelopes, JWT, 1 KB JSON) over
 `topologies/orders-created.yaml` with development keys, run the way
-`app/worker/pipeline.py` `_process_batch` runs them (batches of 500, publish timed as
+`app/worker/batch_runner.py` (`BatchRunner.start`) runs them (batches of 500, publish timed as
 "publish": each message's `Publisher.prepare` plus the batch's `Publisher.finish`, which
 signs the batch once - or `emissions` per message on code from before that split; dedup ids
 recorded after the batch), minus Faust: the dedup window is an
@@ -167,7 +167,7 @@ def harness_for(topo: Any, keyring: Any) -> Harness:
 
 
 def run(h: Harness, inputs: Iterable[Input], *, partition_of: Any = None, keep: bool = True) -> list[tuple[str, Any]]:
-    """Process `inputs` like `PipelineApp._process_batch`; returns (outcome, emissions | dlq | reason).
+    """Process `inputs` like `BatchRunner.process` (app/worker/batch_runner.py); returns (outcome, emissions | dlq | reason).
 
     `keep=False` keeps only the outcome, as the worker drops a batch's records once written: holding
     every output alive would make each garbage collection walk a growing heap and bill the stages for it.
@@ -198,7 +198,7 @@ def run(h: Harness, inputs: Iterable[Input], *, partition_of: Any = None, keep: 
                     ns = clock() - t0
                     chain.stats.stage_ns["publish"] += ns
                     chain.stats.stage_calls["publish"] += 1
-                    if h.drain is not None:  # as app/worker/pipeline.py records it
+                    if h.drain is not None:  # as app/worker/batch_runner.py records it
                         chain.latency_samples.stages.append(("publish", ns))
                     if two_phase:
                         prepared.append((len(results), out))

@@ -29,7 +29,7 @@ retries with ``split=True`` - every record in a batch of its own - and only a re
 alone is too large.
 
 What changes is failure granularity: a delivery failure fails every item with a record in that
-batch, and the caller (`PipelineApp._write_all`) retries those items - a record that did reach
+batch, and the caller (`AtLeastOnce.write_all`, app/worker/at_least_once.py) retries those items - a record that did reach
 the broker may then be written twice, which at-least-once already allows (and dedup by message
 id downstream removes). An item whose record is refused up front sends nothing more, as
 before. The producer must be started; records go through the same accumulator as `send`, so

@@ -9,7 +9,7 @@ once a new leader is elected; tests/kafka/test_broker_failures.py), but an opera
 
 What is reported now, for as long as it lasts (then `/readyz` goes back to 200 by itself):
 
-* ``writes failing: <error>`` - a write attempt failed and is being retried (`PipelineApp._write_all`);
+* ``writes failing: <error>`` - a write attempt failed and is being retried (`AtLeastOnce.write_all`);
 * ``writes failing: a write has waited N s`` - the oldest unfinished write attempt is older than
   `WRITE_STALL_S` (aiokafka retries leader changes inside the producer, so a stalled write is
   how a lost leader usually shows), with the cause when the client's metadata names one:
@@ -39,7 +39,7 @@ WRITE_STALL_S = 5.0
 class WriteWatch:
     """The worker's write attempts in flight and the last failure, for `/readyz`.
 
-    `PipelineApp._write_all` calls `begin()` before each attempt and `end(token, error)` after
+    `AtLeastOnce.write_all` calls `begin()` before each attempt and `end(token, error)` after
     it; batches overlap (the next one writes while the previous one waits), hence tokens."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:

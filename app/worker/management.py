@@ -80,7 +80,7 @@ from app.worker.faust_app import event_loop_name
 if TYPE_CHECKING:
     import faust
 
-    from app.worker.observe import Observer
+    from app.worker.interfaces import ObserverView
 
 JSON = "application/json"
 log = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ def tls_context(certfile: str | None, keyfile: str | None) -> ssl.SSLContext | N
     return ctx
 
 
-def topology_info(observer: Observer) -> dict[str, Any]:
+def topology_info(observer: ObserverView) -> dict[str, Any]:
     """What `GET /connectors/{name}` returns (also used by `prism status`)."""
     p = observer.pipeline
     assert p is not None
@@ -203,7 +203,7 @@ def topology_info(observer: Observer) -> dict[str, Any]:
             "sinks": [getattr(s, "name", "") for s in t.sinks]}
 
 
-def topology_topics(observer: Observer) -> list[str]:
+def topology_topics(observer: ObserverView) -> list[str]:
     """Every Kafka topic the topology reads or writes (sources, outputs, archive tap, DLQs), sorted:
     what Connect's ``GET /connectors/{name}/topics`` lists for a connector."""
     info = topology_info(observer)
@@ -216,7 +216,7 @@ def _config_value(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
-def topology_config(observer: Observer) -> dict[str, str]:
+def topology_config(observer: ObserverView) -> dict[str, str]:
     """The topology as Connect's connector config: a flat map of strings (top-level keys; a nested
     value as compact JSON), ``name`` included as Connect includes it. No secrets can be in it:
     a topology names hosts and key files only, credentials come from the environment."""
@@ -226,7 +226,7 @@ def topology_config(observer: Observer) -> dict[str, str]:
     return {str(k): _config_value(v) for k, v in doc.items()}
 
 
-def connector_info(observer: Observer) -> dict[str, Any]:
+def connector_info(observer: ObserverView) -> dict[str, Any]:
     """``GET /connectors/{name}``: Connect's ``{name, config, tasks, type}`` (one task id per assigned
     source partition, as in the status) plus Prism's own keys (:func:`topology_info`)."""
     info = topology_info(observer)
@@ -245,7 +245,7 @@ def prism_version() -> str:
         return "unknown"
 
 
-def connector_state(observer: Observer) -> str:
+def connector_state(observer: ObserverView) -> str:
     p = observer.pipeline
     assert p is not None
     h = observer.health
@@ -258,7 +258,7 @@ def connector_state(observer: Observer) -> str:
     return "RUNNING"
 
 
-def connector_status(observer: Observer) -> dict[str, Any]:
+def connector_status(observer: ObserverView) -> dict[str, Any]:
     p = observer.pipeline
     assert p is not None
     worker_id = f"{p.app.conf.web_host}:{p.app.conf.web_port}"
@@ -281,7 +281,7 @@ def connector_status(observer: Observer) -> dict[str, Any]:
             **({"migration": mig} if (mig := p.publisher.migration_status()) is not None else {})}
 
 
-def _source_tps(observer: Observer) -> list[Any]:
+def _source_tps(observer: ObserverView) -> list[Any]:
     p = observer.pipeline
     assert p is not None
     consumer = p.app.consumer
@@ -289,7 +289,7 @@ def _source_tps(observer: Observer) -> list[Any]:
     return [tp for tp in consumer.assignment() if tp.topic in sources]
 
 
-async def set_fetching(observer: Observer, paused: bool) -> None:
+async def set_fetching(observer: ObserverView, paused: bool) -> None:
     """Pause/resume the topology's source partitions in the consumer's aiokafka client.
 
     Why not Faust's `consumer.pause_partitions`: it only narrows the set Faust asks aiokafka
@@ -314,7 +314,7 @@ async def set_fetching(observer: Observer, paused: bool) -> None:
     await consumer._thread.call_thread(apply)
 
 
-async def pause(observer: Observer) -> None:
+async def pause(observer: ObserverView) -> None:
     """Stop fetching the topology's source partitions (the in-flight batch still finishes)."""
     p = observer.pipeline
     assert p is not None
@@ -322,14 +322,14 @@ async def pause(observer: Observer) -> None:
     await set_fetching(observer, True)
 
 
-async def resume(observer: Observer) -> None:
+async def resume(observer: ObserverView) -> None:
     p = observer.pipeline
     assert p is not None
     observer.paused.discard(p.topology.name)
     await set_fetching(observer, False)
 
 
-async def restart(observer: Observer, timeout: float = 30.0) -> bool:
+async def restart(observer: ObserverView, timeout: float = 30.0) -> bool:
     """Connect's restart, for a worker that has no separate task processes: stop fetching, let
     the in-flight batch finish, clear a failed state, and resume unless the topology was
     paused. Returns False if the batch did not finish in `timeout` seconds (fetching is
@@ -347,7 +347,7 @@ async def restart(observer: Observer, timeout: float = 30.0) -> bool:
     return done
 
 
-async def dlq_depth(observer: Observer) -> dict[str, Any]:
+async def dlq_depth(observer: ObserverView) -> dict[str, Any]:
     """Records in each DLQ partition (end - beginning). End offsets come from a fetch's high
     watermark (`true_end_offsets`): ListOffsets is wrong on the embedded broker."""
     from aiokafka import AIOKafkaConsumer
@@ -376,7 +376,7 @@ async def dlq_depth(observer: Observer) -> dict[str, Any]:
     return {"name": t.name, "total": sum(x["depth"] for x in parts), "partitions": parts}
 
 
-def register_views(app: faust.App, observer: Observer, settings: ManagementSettings | None = None) -> None:
+def register_views(app: faust.App, observer: ObserverView, settings: ManagementSettings | None = None) -> None:
     """Mount every view on `app`'s Faust web server, switch Faust's own views off and install
     the authorization guard in front of all of it (call before the app starts)."""
     obs = observer

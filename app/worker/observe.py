@@ -62,15 +62,15 @@ from app.observability.tracing import (
     inject_into_envelope,
     stage_span,
 )
+from app.worker.management import ManagementSettings, register_views, set_fetching
 from app.worker.progress import DEFAULT_STALL_S, ProgressWatch, stall_after_from_env
 
 if TYPE_CHECKING:
     from app.agents.base import Message, Stage
     from app.agents.chain import Chain
     from app.envelope.model import Envelope
+    from app.worker.interfaces import PipelineView
     from app.worker.lag import LagMonitor
-    from app.worker.management import ManagementSettings
-    from app.worker.pipeline import PipelineApp
 
 log = logging.getLogger("prism.worker.observe")
 
@@ -251,15 +251,13 @@ class Observer:
                  tracing: TracingSetup | None = None, redactor: Redactor | None = None,
                  table_size_interval_s: float = 10.0, management: ManagementSettings | None = None,
                  stall_after_s: float = DEFAULT_STALL_S) -> None:
-        from app.worker.management import ManagementSettings
-
         self.management = management if management is not None else ManagementSettings.default()
         self.redactor = redactor or default_redactor()
         self.metrics = metrics if metrics is not None else PipelineMetrics(redactor=self.redactor)
         self.health = health if health is not None else HealthState(redactor=self.redactor)
         self.tracing = tracing
         self.table_size_interval_s = table_size_interval_s
-        self.pipeline: PipelineApp | None = None
+        self.pipeline: PipelineView | None = None
         self.stage_tracer: StageTracer | None = None
         if tracing is not None and tracing.exporter_name != "none":
             self.stage_tracer = StageTracer(tracing, self.redactor)
@@ -283,8 +281,6 @@ class Observer:
         env = os.environ if env is None else env
         allow = [x.strip() for x in env.get(ENV_METRIC_LABELS, "").split(",") if x.strip()]
         red = default_redactor()
-        from app.worker.management import ManagementSettings
-
         return cls(metrics=PipelineMetrics(label_allowlist=allow, redactor=red),
                    tracing=configure_tracing_from_env(service_name, env), redactor=red,
                    management=ManagementSettings.from_env(env), stall_after_s=stall_after_from_env(env))
@@ -297,7 +293,7 @@ class Observer:
         return self.stage_tracer is not None
 
     # -- wiring ------------------------------------------------------------------------------
-    def attach(self, pipeline: PipelineApp) -> None:
+    def attach(self, pipeline: PipelineView) -> None:
         """Connect to the pipeline's Faust app (call before the app starts)."""
         self.pipeline = pipeline
         app = pipeline.app
@@ -328,8 +324,6 @@ class Observer:
         app.task(_heartbeat(self.health))
         app.task(self._watch_kafka)
         if app.conf.web_enabled:
-            from app.worker.management import register_views
-
             register_views(app, self, self.management)
 
     async def _on_assigned(self, sender: Any, assigned: Iterable[Any], **_: Any) -> None:
@@ -341,8 +335,6 @@ class Observer:
         mine = [(tp.topic, tp.partition) for tp in assigned if tp.topic in sources]
         self.health.partitions_assigned(mine)
         if self.paused:  # a rebalance must not silently resume a paused topology
-            from app.worker.management import set_fetching
-
             # not awaited here: the consumer thread is waiting for this rebalance callback
             self._pause_task = asyncio.ensure_future(set_fetching(self, True))
 

@@ -9,7 +9,7 @@ minutes. Found by SIGTERMing a worker whose broker was killed
 * the consumer thread's stop waits for its thread to finish (mode's `shutdown_timeout`, 60 s)
   while aiokafka's consumer leaves a group whose coordinator is gone;
 * the pipeline's retry loops for the dedup-changelog flush and the skipped-record fetch
-  retried until the broker answered (these are bounded in app/worker/pipeline.py with the
+  retried until the broker answered (these are bounded in app/worker/worker_state.py with the
   batches' own drain, `WRITE_DRAIN_S`, and the batch is abandoned unacknowledged).
 
 The drain time is the one docs/operations.md gives for SIGTERM ("SIGTERM in every state"):
@@ -39,7 +39,7 @@ __all__ = ["HARD_EXIT_GRACE_S", "SHUTDOWN_DRAIN_S", "ShutdownClock", "clock", "i
 
 log = logging.getLogger("prism.worker")
 
-#: SIGTERM's drain time (docs/operations.md "SIGTERM in every state"; = pipeline.WRITE_DRAIN_S).
+#: SIGTERM's drain time (docs/operations.md "SIGTERM in every state"; = worker_state.WRITE_DRAIN_S).
 SHUTDOWN_DRAIN_S = 20.0
 #: After the deadline, how long the orderly stop may still take before the watchdog ends it.
 HARD_EXIT_GRACE_S = 4.0

@@ -119,14 +119,13 @@ def test_the_faust_app_replicates_its_changelogs_as_configured(tmp_path: Any) ->
 
 
 async def test_a_retried_changelog_flush_is_reported_to_readiness_until_it_succeeds() -> None:
-    """`PipelineApp._retrying` (the dedup changelog flush) reports its attempts to the write
+    """`WorkerState.retrying` (the dedup changelog flush) reports its attempts to the write
     watch: while it retries, `/readyz` says "writes failing" instead of the worker stalling with
     200s (the outputs' writes were reported, this flush was not)."""
-    from app.worker.pipeline import PipelineApp
+    from app.worker.worker_state import WorkerState
 
-    pipeline = object.__new__(PipelineApp)
-    pipeline.app = SimpleNamespace(should_stop=False)
-    pipeline.topology = SimpleNamespace(dlq=SimpleNamespace(backoff_initial_ms=1, backoff_max_ms=2))
+    state = WorkerState(SimpleNamespace(should_stop=False),  # type: ignore[arg-type]
+                        SimpleNamespace(dlq=SimpleNamespace(backoff_initial_ms=1, backoff_max_ms=2)))  # type: ignore[arg-type]
     watch = WriteWatch()
     seen: list[str | None] = []
     attempts = iter([ValueError("Unrecognized partition"), ValueError("Unrecognized partition"), None])
@@ -138,6 +137,6 @@ async def test_a_retried_changelog_flush_is_reported_to_readiness_until_it_succe
             raise err
         return "flushed"
 
-    assert await pipeline._retrying(flush, "writing the dedup changelog", watch=watch) == "flushed"
+    assert await state.retrying(flush, "writing the dedup changelog", watch=watch) == "flushed"
     assert seen == [None, "ValueError: Unrecognized partition", "ValueError: Unrecognized partition"]
     assert watch.failing is None and watch.oldest_age() == 0.0  # the success cleared it

@@ -30,7 +30,7 @@ from app.agents.dlq import (
 from app.broker.admin import ensure_topics, read_max_message_bytes
 from app.demo.runner import read_all
 from app.envelope import encode, new_envelope
-from app.worker import pipeline as pipeline_mod
+from app.worker import delivery as delivery_mod
 from app.worker.faust_app import InProcessWorker
 from app.worker.limits import OUTPUT_OVERHEAD, WriteLimits, record_size
 from app.worker.observe import Observer
@@ -101,9 +101,9 @@ def test_headers_and_key_too_large_are_replaced_but_the_context_stays() -> None:
 
 
 def test_permanent_errors() -> None:
-    assert pipeline_mod._is_permanent(MessageSizeTooLargeError())
-    assert pipeline_mod._is_permanent(TopicAuthorizationFailedError())
-    assert not pipeline_mod._is_permanent(ConnectionError())
+    assert delivery_mod.is_permanent(MessageSizeTooLargeError())
+    assert delivery_mod.is_permanent(TopicAuthorizationFailedError())
+    assert not delivery_mod.is_permanent(ConnectionError())
 
 
 # -- the broker's view -----------------------------------------------------------------------
@@ -125,7 +125,7 @@ async def test_an_unwritable_dlq_blocks_loudly_recovers_and_never_holds_shutdown
     source = topo.sources[0].topic
     dlq = source + topo.dlq.topic_suffix
     await ensure_topics(broker.bootstrap, topo.topics())
-    real = pipeline_mod.send_batched
+    real = delivery_mod.send_batched
     broken = {"on": True}
 
     async def send(producer: Any, items: Any, **kw: Any) -> list[BaseException | None]:
@@ -136,7 +136,7 @@ async def test_an_unwritable_dlq_blocks_loudly_recovers_and_never_holds_shutdown
             return [k or o for k, o in zip(keep, out, strict=True)]
         return await real(producer, items, **kw)
 
-    monkeypatch.setattr(pipeline_mod, "send_batched", send)
+    monkeypatch.setattr(delivery_mod, "send_batched", send)
     observer = Observer()
     app_id = f"blk-{uuid.uuid4().hex[:8]}"
     p = PipelineApp(topo, bootstrap=broker.bootstrap, data_dir=tmp_path / "d", app_id=app_id, embedded=True,

@@ -1,0 +1,181 @@
+"""exactly_once delivery: one transaction per batch of one source partition.
+
+The batch's outputs, its DLQ records, the dedup ids' changelog records and the next input
+offset commit together or not at all, through that partition's transactional producer
+(app/worker/transactions.py). Only then do the ids enter the local dedup store and the
+messages stop being tracked (Faust never commits them itself). A partition's transactions run
+one after the other, in batch order; different partitions' run side by side
+(`BatchSource(split_partitions=True)`).
+
+A batch the broker refuses for its size aborts the transaction (`_SizeRefused`); the
+partition's producer is replaced (fresh epoch: the refused batch's sequence gap is what made
+every later send fail with `OutOfOrderSequenceNumber`), the limits are read again and the batch
+runs again split, up to `SIZE_RETRIES` times. Any other failure stops the worker with one error
+line; the batch is read again from the committed offset by the restarted worker or the
+partition's next owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from app.agents.dlq import DlqRecord
+from app.errors import SinkError
+from app.worker.batch_send import BatchTooLargeError, RefusedUpFront, is_size_refusal
+from app.worker.batch_source import release_all
+from app.worker.delivery import Batch, BatchEnd, StartedProducer, count_written, is_permanent, send_all
+from app.worker.transactions import PartitionProducers, TransactionFailed
+from app.worker.worker_state import WRITE_DRAIN_S, Abandoned, WorkerState
+
+if TYPE_CHECKING:
+    import faust
+
+    from app.agents.base import Message
+    from app.agents.chain import Chain
+    from app.agents.publish import Emission
+    from app.worker.size_fit import SizeFitter
+
+log = logging.getLogger("prism.worker")
+
+#: attempts of one batch's transaction when the broker refuses a batch for its size (each retry
+#: has fresh limits, a fresh producer epoch and one record per producer batch).
+SIZE_RETRIES = 3
+
+
+class _SizeRefused(Exception):
+    """The broker refused one of the transaction's batches for its size."""
+
+
+class ExactlyOnce:
+    """The exactly_once `Delivery` (app/worker/delivery.py) over `transactions`, the
+    transactional producers of the owned source partitions."""
+
+    def __init__(self, app: faust.App, state: WorkerState, fitter: SizeFitter,
+                 transactions: PartitionProducers) -> None:
+        self.app = app
+        self.state = state
+        self.fitter = fitter
+        self.transactions = transactions
+
+    def deliver(self, batch: Batch, previous: Awaitable[None] | None, end: BatchEnd,
+                ) -> Coroutine[Any, Any, None]:
+        return self._finish(batch, previous, end)
+
+    async def close(self) -> None:
+        """At shutdown, once the batches in flight are done (at most `WRITE_DRAIN_S`), stop the
+        transactional producers; a transaction still open is aborted by the broker or fenced by
+        the partition's next owner."""
+        deadline = time.monotonic() + WRITE_DRAIN_S
+        while self.app.consumer._unacked_messages and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await self.transactions.close_all()
+
+    async def _finish(self, batch: Batch, previous: Awaitable[None] | None, end: BatchEnd) -> None:
+        state = self.state
+        try:
+            if previous is not None:
+                await previous
+            if state.abandoning or state.stopping():
+                raise Abandoned  # stopping: leave it to the next owner rather than start a transaction
+        except Abandoned:
+            state.abandon(batch.records, batch.dedup, batch.token)
+            return
+        from aiokafka.structs import TopicPartition
+
+        txn, chain, pending, dedup = self.transactions, batch.chain, batch.pending, batch.dedup
+        topic, partition = batch.records[0].topic, batch.records[0].partition
+        next_offset = max(m.offset for m in [*batch.records, *batch.repaired]) + 1
+        window = getattr(dedup, "window", None) if dedup is not None else None
+        staged: list[Any] = []
+        staged_for: list[str] = []
+        sent: list[Any] = []
+        for attempt in range(1, SIZE_RETRIES + 1):
+            producer = await txn.producer_for(topic, partition)
+
+            async def body(producer: Any = producer, split: bool = attempt > 1) -> dict[Any, int]:
+                written = await self.write_in_transaction(chain, producer, pending, split=split)
+                if window is not None and hasattr(window, "stage_many"):
+                    ids = [m.env.message_id for m in written]
+                    if ids != staged_for:  # staged once per outcome: staging takes due tombstones off a queue
+                        staged[:] = window.stage_many(((m.env.message_id, m.partition) for m in written),
+                                                      time.time())
+                        staged_for[:] = ids
+                    sent[:] = await window.send_staged(producer, staged)
+                return {TopicPartition(topic, partition): next_offset}
+
+            try:
+                await txn.run(producer, body, str(self.app.conf.id))
+                break
+            except TransactionFailed as exc:
+                await txn.close([(topic, partition)])  # its next producer starts a fresh epoch: sequences from 0
+                if isinstance(exc.__cause__, _SizeRefused) and attempt < SIZE_RETRIES and not state.stopping():
+                    # The broker refused a batch for its size (a limit lowered at run time, or
+                    # below what it reports): nothing of the transaction is visible. Read the
+                    # limits again, fit the batch to them, and run it again one record per batch.
+                    state.stats.size_retried_transactions += 1
+                    log.warning("exactly_once: the broker refused a write of %s[%d]'s batch for its size (%s); the "
+                                "transaction was aborted and runs again with the limits read anew, one record per "
+                                "producer batch", topic, partition, exc.__cause__)
+                    await self.fitter.after_refusal()
+                    self.fitter.fit(chain, pending, batch.outcomes, batch.observed)
+                    continue
+                state.abandoning = True  # no later batch may commit past this one
+                log.error("exactly_once: the transaction of a batch of %d message(s) from %s[%d] was aborted (%s); "
+                          "the worker stops and the batch is read again from the last committed offset - nothing of "
+                          "it is visible to read_committed consumers", batch.size, topic, partition, exc)
+                raise
+        if window is not None and staged:
+            window.apply_staged(staged, sent)
+        if dedup is not None:
+            dedup.end_batch(batch.token)
+        end.count(batch)
+        release_all(self.app.consumer, batch.records)
+        end.account(batch)
+
+    async def write_in_transaction(self, chain: Chain, producer: Any,
+                                   pending: list[tuple[Message, list[Emission] | DlqRecord]], *,
+                                   split: bool = False) -> list[Message]:
+        """Send the batch's records into the open transaction; returns the messages whose outputs
+        were sent. An output refused before it was queued (`is_permanent`: its size, the topic)
+        is replaced by its DLQ copy in the same transaction, as at_least_once does. A batch the
+        broker refused for its size raises `_SizeRefused` (the caller aborts and runs the batch
+        again, split); any other failure makes the transaction uncommittable, so it raises."""
+        direct = StartedProducer(producer)
+        stats = self.state.stats
+        emitted: list[Message] = []
+        todo = pending
+        for _ in range(2):  # the batch, then the DLQ copies of outputs refused up front
+            results = await send_all(direct, [item for _, item in todo], self.fitter.limits.limit_for, split=split)
+            refused = next((e for e in results if e is not None and not isinstance(e, RefusedUpFront)
+                            and (isinstance(e, BatchTooLargeError) or is_size_refusal(e))), None)
+            if refused is not None:
+                # delivered batches of this producer now have a sequence gap: nothing more can commit
+                raise _SizeRefused(str(refused))
+            retry: list[tuple[Message, list[Emission] | DlqRecord]] = []
+            for (m, item), err in zip(todo, results, strict=True):
+                if err is None:
+                    count_written(stats, item)
+                    if isinstance(item, list):
+                        emitted.append(m)
+                elif isinstance(item, list) and is_permanent(err):
+                    if is_size_refusal(err):
+                        stats.too_large += 1
+                    log.warning("outputs of %s/%s@%s refused (%s): dead-lettered in the same transaction",
+                                m.topic, m.partition, m.offset, err)
+                    res = chain.dlq_for_publish_failure(m, SinkError(f"writing outputs failed: {err}",
+                                                                     hint="check the output topic"), late=True)
+                    assert res.dlq is not None
+                    retry.append((m, self.fitter.fit_dlq(res.dlq)))
+                else:
+                    raise SinkError(f"writing {m.topic}/{m.partition}@{m.offset} in the transaction failed: {err!r}")
+            if not retry:
+                return emitted
+            todo = retry
+        raise SinkError("DLQ copies refused in the transaction")
+
+
+__all__ = ["SIZE_RETRIES", "ExactlyOnce"]

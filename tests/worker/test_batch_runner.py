@@ -1,0 +1,172 @@
+"""`BatchRunner` (app/worker/batch_runner.py), the hot path, without a broker: the shipped
+orders-created chain and publisher over fetched messages, a recording delivery in place of
+the broker writes. What it hands over, in which order, how it routes the counters, what it
+does with records the consumer skipped and with inputs over the size limit."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Coroutine
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from faust.streams import _current_event
+from faust.types import Message as FaustMessage
+
+from app.agents.chain import Chain
+from app.agents.dedup import Dedup
+from app.agents.dlq import DlqRecord
+from app.agents.publish import Publisher
+from app.envelope import decode, encode, new_envelope
+from app.security.devkeys import DevKeys
+from app.security.signing import load_signing_keyring
+from app.tables.dedup import DedupWindow
+from app.worker.batch_runner import BatchRunner
+from app.worker.continuity import OffsetTracker
+from app.worker.delivery import Batch, BatchEnd
+from app.worker.limits import WriteLimits
+from app.worker.pipeline import build_stages, resolve_schema
+from app.worker.size_fit import SizeFitter
+from tests.worker.conftest import make_topology
+from tests.worker.fake_delivery import FakeConsumer, RecordingObserver, worker
+
+
+class RecordingDelivery:
+    """Takes each batch and ends it at once, as a delivery whose writes all succeeded."""
+
+    def __init__(self) -> None:
+        self.batches: list[Batch] = []
+
+    def deliver(self, batch: Batch, previous: Awaitable[None] | None, end: BatchEnd) -> Coroutine[Any, Any, None]:
+        self.batches.append(batch)
+
+        async def finish() -> None:
+            end.count(batch)
+            end.account(batch)
+        return finish()
+
+    async def close(self) -> None: ...
+
+
+class Counters:
+    """The topic counters table: records each write with the partition Faust would route it to
+    (the current event's), which must be the partition it counts."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, str, int, int, int]] = []
+
+    def incr(self, topic: str, outcome: str, n: int, *, partition: int) -> None:
+        event = _current_event.get()
+        routed = event().message.partition if event is not None else -1
+        self.writes.append((topic, outcome, n, partition, routed))
+
+
+class Holes:
+    """The hole fetcher: every partition starts at offset 0; `records` are what the broker has."""
+
+    def __init__(self, records: list[Any], *, fail: bool = False) -> None:
+        self.records, self.fail = records, fail
+        self.fetched: list[Any] = []
+
+    async def expected_start(self, topic: str, partition: int) -> int:
+        if self.fail:
+            raise ConnectionError("broker gone")
+        return 0
+
+    async def fetch(self, hole: Any) -> list[Any]:
+        self.fetched.append(hole)
+        return [r for r in self.records if hole.start <= r.offset < hole.end]
+
+
+def _runner(tmp_path: Path, keys: DevKeys, holes: Holes | None = None,
+            ) -> tuple[BatchRunner, RecordingDelivery, Counters, FakeConsumer, Any, RecordingObserver, str]:
+    topo = make_topology(tmp_path, keys, partitions=2)
+    src = topo.sources[0].topic
+    keyring = load_signing_keyring(keys.signing_path)
+    stages = build_stages(topo, keyring=keyring, schema=resolve_schema(topo.stage("enrich"), topo.base_dir,
+                                                                       validate=True),
+                          dedup_window=lambda window_s: DedupWindow({}, window=window_s))
+    chain = Chain(stages, dlq_topic_for=lambda t: t + topo.dlq.topic_suffix)
+    publisher = Publisher(topo, worker_key=keyring.signing[topo.outputs.signing_key_id or keyring.worker_key_id])
+    app, consumer, state, observer = worker()
+    outputs = tuple(publisher._output_topics(src))
+    fitter = SizeFitter(app, WriteLimits(256 * 1024, output_topics=outputs), write_topics=(*outputs, src + ".dlq"),
+                        source_outputs={src: outputs}, overflow=None, stats=state.stats, bootstrap="unused:9",
+                        settings=None)
+    fitter.limits_read.set()  # as after the broker answered
+    delivery, counters = RecordingDelivery(), Counters()
+    dedup = next(s for s in chain.stages if isinstance(s, Dedup))
+    runner = BatchRunner(app, publisher=publisher, delivery=delivery, state=state, fitter=fitter,  # type: ignore[arg-type]
+                         offsets=OffsetTracker(), hole_fetcher=holes or Holes([]), counters=counters,  # type: ignore[arg-type]
+                         sequences=SimpleNamespace(observe=lambda s, n: SimpleNamespace(status="ok")),  # type: ignore[arg-type]
+                         dedups={id(chain): dedup}, observe=observer)
+    runner.chain = chain  # type: ignore[attr-defined]
+    return runner, delivery, counters, consumer, chain, observer, src
+
+
+def _fetched(src: str, partition: int, offset: int, value: bytes) -> FaustMessage:
+    return FaustMessage(src, partition, offset, 0.0, 0, [], b"k%d" % offset, value, None)
+
+
+def _good(src: str, i: int) -> bytes:
+    return encode(new_envelope(src, {"i": i}, namespace="order-events"))
+
+
+def _forbidden(src: str) -> bytes:
+    """An envelope in a namespace no producer may publish here: the chain dead-letters it."""
+    return encode(new_envelope(src, {"i": -1}, namespace="billing"))
+
+
+@pytest.fixture
+def keys(dev_keys: DevKeys) -> DevKeys:
+    return dev_keys
+
+
+async def test_a_batch_runs_the_chain_in_order_and_hands_one_signed_fitted_batch_over(tmp_path: Path,
+                                                                                      keys: DevKeys) -> None:
+    runner, delivery, counters, _, chain, _, src = _runner(tmp_path, keys)
+    too_big = b"x" * (runner.fitter.input_limit_for(src) + 1)
+    fetched = [_fetched(src, 0, 0, _good(src, 0)), _fetched(src, 1, 0, _forbidden(src)),
+               _fetched(src, 0, 1, too_big), _fetched(src, 1, 1, _good(src, 1))]
+    await runner.process(chain, fetched)
+    [b] = delivery.batches
+    assert b.records == fetched and b.repaired == []
+    assert [(m.partition, m.offset) for m, _ in b.pending] == [(0, 0), (1, 0), (0, 1), (1, 1)]  # input order
+    kinds = ["dlq" if isinstance(item, DlqRecord) else sorted(e.topic for e in item) for _, item in b.pending]
+    assert kinds == [[src + ".v2", src + ".v3"], "dlq", "dlq", [src + ".v2", src + ".v3"]]
+    assert b.pending[2][1].reason == "too_large" and runner.stats.too_large == 1  # the chain did not run
+    assert b.outcomes == {(src, 0, "emitted"): 1, (src, 0, "dlq"): 1, (src, 1, "dlq"): 1, (src, 1, "emitted"): 1}
+    # one counter write per (partition, outcome), routed to the partition it counts
+    assert sorted(counters.writes) == [(src, "dlq", 1, 0, 0), (src, "dlq", 1, 1, 1), (src, "emitted", 1, 0, 0),
+                                       (src, "emitted", 1, 1, 1)]
+    assert _current_event.get() is None  # no stand-in left behind
+    assert runner.stats.read == 4
+    # one signature for the batch (scope batch): every output carries the same one
+    sigs = [decode(e.record.value).security.signature for _, item in b.pending if isinstance(item, list)
+            for e in item if e.topic.endswith(".v3")]
+    assert len(sigs) == 2 and sigs[0] and sigs[0] == sigs[1]
+
+
+async def test_records_the_consumer_skipped_are_fetched_and_run_first(tmp_path: Path, keys: DevKeys) -> None:
+    src_holder: list[Any] = []
+    holes = Holes(src_holder)
+    runner, delivery, _, _, chain, _, src = _runner(tmp_path, keys, holes)
+    src_holder.extend(SimpleNamespace(topic=src, partition=0, offset=o, value=_good(src, o), key=b"k", headers=[],
+                                      timestamp=0) for o in range(3))
+    await runner.process(chain, [_fetched(src, 0, 0, _good(src, 0))])
+    await runner.process(chain, [_fetched(src, 0, 3, _good(src, 3))])  # 1 and 2 never arrived
+    second = delivery.batches[1]
+    assert [m.offset for m in second.repaired] == [1, 2]
+    assert [m.offset for m, _ in second.pending] == [1, 2, 3]  # repaired first, in order
+    assert runner.stats.holes_repaired == 2 and runner.stats.read == 4 and second.size == 3
+
+
+async def test_stopping_while_the_broker_does_not_answer_abandons_the_batch(tmp_path: Path, keys: DevKeys) -> None:
+    runner, delivery, _, consumer, chain, observer, src = _runner(tmp_path, keys, Holes([], fail=True))
+    runner.state.app.should_stop = True  # the start offset cannot be read and the worker is stopping
+    m = _fetched(src, 0, 0, _good(src, 0))
+    consumer._unacked_messages.add(m)
+    await (await runner.start(chain, [m], None))
+    assert delivery.batches == [] and observer.abandoned == 1 and runner.stats.abandoned_batches == 1
+    assert not consumer._unacked_messages and runner.stats.read == 0 and _current_event.get() is None
