@@ -32,7 +32,7 @@ from app.security.devkeys import DevKeys
 from app.worker.management import ManagementSettings
 from app.worker.observe import Observer
 from tests.console.support import BACKWARD_SUBJECT, FULL_SUBJECT, XSS, console_settings, registry_server, serve
-from tests.support import USERS, write_users_file
+from tests.support import ADMIN_CLEARED, USERS, write_users_file
 from tests.worker.conftest import make_topology
 from tests.worker.harness import RunningPipeline
 from tests.worker.replay import authenticated_messages, fixed_topology
@@ -172,7 +172,7 @@ def _browse(flow: Flow, name: str, src: str, xss_ref: str, partition: int) -> di
 @pytest.mark.timeout(300)
 async def test_console_login_find_replay_and_see_on_v3(broker: EmbeddedBroker, tmp_path: Path, dev_keys: DevKeys,
                                                        browser: Any) -> None:
-    users_file = write_users_file(tmp_path / "users.yaml")
+    users_file = write_users_file(tmp_path / "users.yaml", clearances=ADMIN_CLEARED)
     topo = make_topology(tmp_path, dev_keys, partitions=2)
     src = topo.sources[0].topic
     group = f"console-{uuid.uuid4().hex[:8]}"
