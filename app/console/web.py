@@ -7,6 +7,9 @@ into text in one place, and the Content-Security-Policy (scripts and styles from
 only, no inline script) stops anything that slipped through from running. The small script
 in ``static/console.js`` only filters tables; the pages work without it.
 
+Who may read what data: the DLQ pages show a record above the user's clearance as metadata only,
+and write one audit record per such view (app/console/clearance.py).
+
 Who may do what (one check, :func:`_authenticate`, in front of every route but the log-in page,
 its stylesheet and ``/healthz``): a session from the log-in form, or an ``Authorization`` header
 (HTTP basic against the users file, or a bearer JWT) for scripts. Any role reads; ``admin`` is
@@ -58,12 +61,14 @@ _JSON_ERROR = {"application/json": {"schema": {
 COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
     303: {"description": "not logged in, from a browser (an HTML GET): sent to the log-in page"},
     401: {"description": "no or invalid credentials", "content": _JSON_ERROR},
-    403: {"description": "the role does not allow it, or a form without its session, CSRF token or origin",
+    403: {"description": "the role does not allow it (or, for a replay, the user's clearance does not cover the "
+                         "record's classification), or a form without its session, CSRF token or origin",
           "content": _HTML},
     413: {"description": "a body over the console's limit (refused before it is read)", "content": {
         "application/json": {"schema": {"type": "object", "required": ["error_code", "message"]}}}},
     429: {"description": "too many failed log-ins from this address for this user", "content": _JSON_ERROR},
-    502: {"description": "a back end (registry, worker, broker) did not answer", "content": _HTML},
+    502: {"description": "a back end (registry, worker, broker) did not answer, or the audit record of a page "
+                         "view that withheld classified records could not be written", "content": _HTML},
 }
 #: ... and on a route whose path names something that may not exist
 GUARDED_404: dict[int | str, dict[str, Any]] = {

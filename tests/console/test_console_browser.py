@@ -113,19 +113,24 @@ def _browse(flow: Flow, name: str, src: str, xss_ref: str, partition: int) -> di
     rows = [r.get_attribute("data-ref") for r in flow.drv.find_elements(By.CSS_SELECTOR, "tr.dlq-row")]
     assert len(rows) == 4 and xss_ref in rows, rows
     flow.shot("03-dlq")
-    # The record: decoded, redacted, the <script> as text; a reader may not replay.
+    # The record: its producer labelled it confidential (its data-classification header), above
+    # the reader's clearance (the default, internal): where it failed, not what it holds
+    # (app/console/clearance.py); a reader may not replay.
     flow.click(f'tr.dlq-row[data-ref="{xss_ref}"] a.record-link')
+    withheld = flow.text("#record-withheld")
+    assert "confidential" in withheld and "internal" in withheld, withheld
+    assert not flow.drv.find_elements(By.ID, "record-value") and "o-xss" not in flow.drv.page_source
+    assert flow.text("#record-reason") == "policy_violation"
+    assert "Replaying needs the admin role" in flow.text("#replay-needs-admin")
+    record_url = flow.drv.current_url
+    flow.shot("04-record-reader")
+    # An admin cleared for it sees it decoded, redacted, the <script> as text; replays it and
+    # follows it to .v3.
+    flow.login("admin", record_url.removeprefix(flow.url))
     value = flow.text("#record-value")
     assert XSS in value and '"note"' in value, value
     flow.no_alert()
-    assert flow.text("#record-reason") == "policy_violation"
-    assert "Replaying needs the admin role" in flow.text("#replay-needs-admin")
     assert "Bearer" not in flow.text("#record-headers")
-    record_url = flow.drv.current_url
-    flow.shot("04-record-reader")
-    # An admin replays it and follows it to .v3.
-    flow.login("admin", record_url.removeprefix(flow.url))
-    flow.text("#record-value")
     flow.shot("05-record-admin")
     flow.click("#replay")
     outcome = flow.text("#replay-outcome")
