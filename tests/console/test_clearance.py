@@ -25,6 +25,8 @@ import yaml
 from aiokafka import AIOKafkaProducer
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from app.broker.admin import ensure_topics
@@ -37,7 +39,7 @@ from app.console.settings import audit_key
 from app.envelope.codec import Layout, encode
 from app.envelope.model import new_envelope
 from app.errors import ConfigError
-from app.sdk.audit import REFUSALS_PER_RECORD
+from app.sdk.audit import RANK, REFUSALS_PER_RECORD
 from app.security.http_auth import hash_password, load_users
 from app.security.signing import SigningKey
 from tests.console.support import console_settings
@@ -303,3 +305,20 @@ def test_labels_come_from_the_envelope_and_fail_closed() -> None:
     odd = new_envelope("t", {"a": 1}, namespace="ns", data_classification="restricted")
     odd.header.security.data_classification = "cosmic"
     assert label(Rec(encode(odd), [])).classification == "restricted"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(value=st.binary(max_size=512), headers=st.lists(st.tuples(
+    st.sampled_from(["data-classification", "prism.errors.value.truncated", "x", "Classification"]),
+    st.binary(max_size=24)), max_size=4))
+def test_any_record_gets_a_label_and_never_an_error(value: bytes, headers: list[tuple[str, bytes]]) -> None:
+    """`label` reads hostile bytes (a DLQ holds what did not decode): a level, never an exception,
+    and never below `internal` unless a decoded envelope says so."""
+    class Rec:
+        def __init__(self) -> None:
+            self.value, self.headers = value, headers
+
+    got = label(Rec())
+    assert got.classification in RANK
+    if got.envelope is None:
+        assert RANK[got.classification] >= RANK["internal"]
