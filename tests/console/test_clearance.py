@@ -322,3 +322,37 @@ def test_any_record_gets_a_label_and_never_an_error(value: bytes, headers: list[
     assert got.classification in RANK
     if got.envelope is None:
         assert RANK[got.classification] >= RANK["internal"]
+
+
+def test_no_withheld_view_without_its_audit_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The audit topic cannot be written (no broker answers): the page is the 502 error page -
+    neither the payload nor a view that goes unrecorded."""
+    src = "orders.unaudited"
+    env = new_envelope(src, {"card": SECRET}, namespace="order-events", data_classification="restricted")
+
+    class Rec:
+        topic, partition, offset, timestamp, key = f"{src}.dlq", 0, 0, 1_760_000_000_000, None
+        value, headers = encode(env), dlq_headers(src, 1, "refused")
+
+    async def fake_info(self: Workers, name: str) -> dict[str, Any]:
+        return {"name": "p", "namespace": "order-events", "sources": [{"topic": src, "partitions": 1}],
+                "outputs": [f"{src}.v3"], "dlq": [f"{src}.dlq"], "stages": []}
+
+    async def fake_records(self: Kafka, topology: Any, source: str | None = None) -> list[Any]:
+        return [Rec()]
+
+    async def no_ledger(self: Kafka, topology: Any, warnings: list[str] | None = None) -> dict[str, Any]:
+        return {}
+
+    monkeypatch.setattr(Workers, "info", fake_info)
+    monkeypatch.setattr(Kafka, "dlq_records", fake_records)
+    monkeypatch.setattr(Kafka, "ledger", no_ledger)
+    settings = console_settings(users_yaml(tmp_path / "users.yaml"), registry_url=None,
+                                worker_urls=("http://127.0.0.1:9",), bootstrap="127.0.0.1:9")
+    with TestClient(create_app(settings), base_url="http://console.test") as c:
+        for path in ("/pipelines/p/dlq", f"/pipelines/p/dlq/{src}/0@0"):
+            page = c.get(path, headers=basic("reader"))
+            assert page.status_code == 502 and "could not be written" in page.text, page.text[:500]
+            assert SECRET not in page.text and "ERRSECRET" not in page.text
+        # a user cleared for it needs no record: the page is there
+        assert SECRET in c.get(f"/pipelines/p/dlq/{src}/0@0", headers=basic("alice")).text
