@@ -40,16 +40,22 @@ USERS: dict[str, tuple[str, list[str]]] = {
     "writer": ("writer-password-1", ["write:orders."]),
     "reader": ("reader-password-1", ["read"]),
 }
+#: the console tests' admin may read (and replay) data of every classification; the other users
+#: have the console's default clearance, internal (app/console/clearance.py)
+ADMIN_CLEARED = {"admin": "restricted"}
 FAST_ARGON2 = {"time_cost": 1, "memory_cost": 1024, "parallelism": 1}
 
 
-def write_users_file(path: Path, users: dict[str, tuple[str, list[str]]] = USERS) -> Path:
-    """A users file (the registry's and the management API's format) for ``users``."""
+def write_users_file(path: Path, users: dict[str, tuple[str, list[str]]] = USERS,
+                     clearances: dict[str, str] | None = None) -> Path:
+    """A users file (the registry's and the management API's format) for ``users``; with
+    ``clearances``, those users' `clearance` (what the console shows them)."""
     import yaml
 
     from app.security.http_auth import hash_password
 
-    doc = {"users": [{"user": u, "hash": hash_password(pw, **FAST_ARGON2), "roles": roles}
+    doc = {"users": [{"user": u, "hash": hash_password(pw, **FAST_ARGON2), "roles": roles,
+                      **({"clearance": (clearances or {})[u]} if u in (clearances or {}) else {})}
                      for u, (pw, roles) in users.items()]}
     path.write_text(yaml.safe_dump(doc), encoding="utf-8")
     return path

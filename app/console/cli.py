@@ -30,6 +30,12 @@ def console(
         help="YAML/JSON users file (prism schema hash-password): read role views, admin replays")] = None,
     jwt_config: Annotated[Path | None, typer.Option(
         "--jwt-config", envvar="PRISM_CONSOLE_JWT_CONFIG", help="bearer JWTs for scripted (read) access")] = None,
+    audit_keyring: Annotated[Path | None, typer.Option(
+        "--audit-keyring", envvar="PRISM_CONSOLE_AUDIT_KEYRING",
+        help="signing keyring holding the key the console signs its audit records with (withheld DLQ views)")] = None,
+    audit_key: Annotated[str | None, typer.Option(
+        "--audit-key", envvar="PRISM_CONSOLE_AUDIT_KEY",
+        help="id of that key; its publisher_id is the principal the records name")] = None,
     host: Annotated[str, typer.Option(help="interface to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8090,
     ssl_certfile: Annotated[Path | None, typer.Option("--ssl-certfile", help="PEM certificate: serve HTTPS")] = None,
@@ -66,8 +72,10 @@ def console(
 
         running = find_running()
         bootstrap = running.bootstrap if running is not None else None
+    env = {**os.environ, **({"PRISM_CONSOLE_AUDIT_KEYRING": str(audit_keyring)} if audit_keyring else {}),
+           **({"PRISM_CONSOLE_AUDIT_KEY": audit_key} if audit_key else {})}
     settings = ConsoleSettings.from_env(auth, registry_url=registry, worker_urls=worker or [],
-                                        bootstrap=bootstrap, broker_settings=broker_settings)
+                                        bootstrap=bootstrap, broker_settings=broker_settings, env=env)
     if ssl_certfile is None and host not in ("127.0.0.1", "::1", "localhost"):
         typer.echo(f"⚠️  serving log-ins over plain HTTP on {host}: pass --ssl-certfile/--ssl-keyfile or "
                    "terminate TLS in front of the console", err=True)

@@ -24,6 +24,34 @@ ENV_WORKER_URLS = "PRISM_CONSOLE_WORKER_URLS"
 #: CA files for HTTPS back ends (the worker one is the one `prism status` reads).
 ENV_REGISTRY_CAFILE = "PRISM_REGISTRY_CAFILE"
 ENV_ADMIN_CAFILE = "PRISM_ADMIN_CAFILE"
+#: the keyring holding the console's audit signing key, and that key's id
+ENV_AUDIT_KEYRING = "PRISM_CONSOLE_AUDIT_KEYRING"
+ENV_AUDIT_KEY = "PRISM_CONSOLE_AUDIT_KEY"
+ENV_AUDIT_TOPIC = "PRISM_CONSOLE_AUDIT_TOPIC"
+
+
+def audit_key(keyring_path: str | None, key_id: str | None) -> tuple[Any, str]:
+    """(signing key, principal) of the console's audit records: key ``key_id`` of the signing
+    keyring at ``keyring_path``, which must hold its secret and bind it to a principal
+    (``publisher_id``) - else `prism audit --keyring` could not verify who wrote the records.
+    Neither given: (None, "prism-console"), unsigned records."""
+    if not keyring_path and not key_id:
+        return None, "prism-console"
+    if not keyring_path or not key_id:
+        raise ConfigError("--audit-keyring and --audit-key go together", path="--audit-key",
+                          hint="the keyring file and the id of the console's key in it")
+    from app.security.signing import load_signing_keyring
+
+    ring = load_signing_keyring(keyring_path)
+    key = ring.signing.get(key_id)
+    if key is None:
+        raise ConfigError(f"the keyring holds no signing key {key_id!r} (a key with its secret)", path=keyring_path,
+                          hint=f"keys with secrets: {sorted(ring.signing)[:10]}")
+    owner = ring.publishers.get(key_id)
+    if owner is None:
+        raise ConfigError(f"key {key_id!r} is bound to no principal", path=keyring_path,
+                          hint="add `publisher_id: prism-console` (the name the audit records give) to the key")
+    return key, owner.publisher_id
 
 
 def _url(value: str, where: str) -> str:
@@ -86,6 +114,12 @@ class ConsoleSettings:
     trace_window: int = 20_000
     #: what every request may be (app.security.http_limits; the body: one form, MAX_FORM_BYTES)
     http_limits: HttpLimits = field(default_factory=lambda: HttpLimits(max_body_bytes=MAX_FORM_BYTES))
+    #: the audit records of withheld DLQ views (app/console/clearance.py): signed with this key
+    #: (an app.security.signing.SigningKey; None: unsigned), naming this principal - the key's
+    #: `publisher_id` in the keyring `prism audit --keyring` verifies with - on this topic
+    audit_signing_key: Any = None
+    audit_principal: str = "prism-console"
+    audit_topic: str = "prism.audit"
 
     @classmethod
     def from_env(cls, auth: HttpAuth, *, registry_url: str | None = None, worker_urls: Sequence[str] = (),
@@ -104,7 +138,14 @@ class ConsoleSettings:
                    registry_ssl=_ssl_context(env.get(ENV_REGISTRY_CAFILE), ENV_REGISTRY_CAFILE),
                    worker_ssl=_ssl_context(env.get(ENV_ADMIN_CAFILE), ENV_ADMIN_CAFILE),
                    bootstrap=bootstrap, broker_settings=broker_settings,
-                   http_limits=HttpLimits.from_env(env, max_body_bytes=MAX_FORM_BYTES))
+                   http_limits=HttpLimits.from_env(env, max_body_bytes=MAX_FORM_BYTES),
+                   **_audit_settings(env))
+
+
+def _audit_settings(env: Mapping[str, str]) -> dict[str, Any]:
+    key, principal = audit_key(env.get(ENV_AUDIT_KEYRING) or None, env.get(ENV_AUDIT_KEY) or None)
+    topic = (env.get(ENV_AUDIT_TOPIC) or "prism.audit").strip()
+    return {"audit_signing_key": key, "audit_principal": principal, "audit_topic": topic}
 
 
 def templates_dir() -> Path:

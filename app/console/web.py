@@ -7,6 +7,9 @@ into text in one place, and the Content-Security-Policy (scripts and styles from
 only, no inline script) stops anything that slipped through from running. The small script
 in ``static/console.js`` only filters tables; the pages work without it.
 
+Who may read what data: the DLQ pages show a record above the user's clearance as metadata only,
+and write one audit record per such view (app/console/clearance.py).
+
 Who may do what (one check, :func:`_authenticate`, in front of every route but the log-in page,
 its stylesheet and ``/healthz``): a session from the log-in form, or an ``Authorization`` header
 (HTTP basic against the users file, or a bearer JWT) for scripts. Any role reads; ``admin`` is
@@ -30,6 +33,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 
 from app.console.backends import BackendError, Kafka, NotFound, RegistryClient, Workers, replay_topology
+from app.console.clearance import RefusalAudit, Withheld, clearance_of, covers, label
 from app.console.sessions import COOKIE, Session, Sessions, check_same_origin, csrf_ok
 from app.console.settings import MAX_FORM_BYTES, ConsoleSettings, static_dir, templates_dir
 from app.schema.pretty import pretty_schema
@@ -57,12 +61,14 @@ _JSON_ERROR = {"application/json": {"schema": {
 COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
     303: {"description": "not logged in, from a browser (an HTML GET): sent to the log-in page"},
     401: {"description": "no or invalid credentials", "content": _JSON_ERROR},
-    403: {"description": "the role does not allow it, or a form without its session, CSRF token or origin",
+    403: {"description": "the role does not allow it (or, for a replay, the user's clearance does not cover the "
+                         "record's classification), or a form without its session, CSRF token or origin",
           "content": _HTML},
     413: {"description": "a body over the console's limit (refused before it is read)", "content": {
         "application/json": {"schema": {"type": "object", "required": ["error_code", "message"]}}}},
     429: {"description": "too many failed log-ins from this address for this user", "content": _JSON_ERROR},
-    502: {"description": "a back end (registry, worker, broker) did not answer", "content": _HTML},
+    502: {"description": "a back end (registry, worker, broker) did not answer, or the audit record of a page "
+                         "view that withheld classified records could not be written", "content": _HTML},
 }
 #: ... and on a route whose path names something that may not exist
 GUARDED_404: dict[int | str, dict[str, Any]] = {
@@ -131,12 +137,15 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
     registry = RegistryClient(settings)
     workers = Workers(settings)
     kafka = Kafka(settings)
+    refusals = RefusalAudit(settings.bootstrap, settings.broker_settings, signing_key=settings.audit_signing_key,
+                            principal=settings.audit_principal, audit_topic=settings.audit_topic)
     env = _environment()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> Any:
         yield
         await registry.close()
+        await refusals.close()
 
     app = FastAPI(title="Prism console", version="1", docs_url=None, redoc_url=None, openapi_url="/openapi.json",
                   lifespan=lifespan,
@@ -144,6 +153,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
                               "log-in session or an Authorization header (HTTP basic or a bearer JWT); forms need a "
                               "session, its CSRF token and the same origin (docs/console.md).")
     app.state.sessions = sessions
+    app.state.refusals = refusals
     app.mount("/static", StaticFiles(directory=str(static_dir())), name="static")
 
     def render(request: Request, template: str, status: int = 200, **ctx: Any) -> HTMLResponse:
@@ -243,6 +253,21 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
                             f"{', '.join(sorted(principal.roles)) or 'no role'}")
         return principal
 
+    async def audit_withheld(request: Request, clearance: str, withheld: list[Withheld]) -> None:
+        """The audit record of what this page view withheld (clearance.py); when it cannot be
+        written the page is not shown (502), so no view goes unrecorded."""
+        if not withheld:
+            return
+        from app.errors import PrismError
+
+        principal: Principal = request.state.principal
+        try:
+            await refusals.write(principal.name, clearance, withheld, request.url.path)
+        except PrismError as exc:
+            raise BackendError(f"the audit record of the {len(withheld)} record(s) withheld from {principal.name} "
+                               f"could not be written to {refusals.audit_topic!r}: {exc.message}",
+                               hint="check that the console's broker user may write the audit topic") from None
+
     def check_post(request: Request, form: dict[str, str]) -> None:
         """CSRF: a session's form, with its token, from this origin."""
         session: Session | None = request.state.session
@@ -339,21 +364,32 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         records = await kafka.dlq_records(topology, source)
         warnings: list[str] = []
         ledger = await kafka.ledger(topology, warnings)
+        clearance = clearance_of(request.state.principal)
         rows = []
         for rec in records:
             row = dlq_row(rec)
             row["ref"] = f"{rec.partition}@{rec.offset}"
             row["source_topic"] = rec.topic[: -len(topology.dlq.topic_suffix)] if topology.dlq.topic_suffix else rec.topic
             row["replayed"] = ledger.get(rec.topic, {}).get(row["ref"])
+            labelled = label(rec)
+            row["classification"] = labelled.classification
+            row["withheld"] = None
+            if not covers(clearance, labelled.classification):
+                # the error text may quote the data: neither shown nor searchable (a search is an oracle)
+                row["error"] = row["exception"] = ""
+                row["withheld"] = Withheld(f"{rec.topic}/{row['ref']}", labelled.classification, labelled.envelope,
+                                           row["source_topic"])
             rows.append(row)
         by_reason = Counter(r["reason"] for r in rows)
         needle = (q or "").strip().lower()
         shown = [r for r in rows if (not reason or r["reason"] == reason)
                  and (not needle or needle in " ".join(str(r[k]) for k in (
                      "ref", "source", "stage", "reason", "error", "attested_identity", "exception")).lower())]
-        return render(request, "dlq.html", name=name, info=info, rows=shown[-MAX_ROWS:], total=len(rows),
+        page = shown[-MAX_ROWS:]
+        await audit_withheld(request, clearance, [r["withheld"] for r in page if r["withheld"] is not None])
+        return render(request, "dlq.html", name=name, info=info, rows=page, total=len(rows),
                       matching=len(shown), by_reason=sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0])),
-                      reason=reason or "", q=q or "", source=source or "", warnings=warnings)
+                      reason=reason or "", q=q or "", source=source or "", warnings=warnings, clearance=clearance)
 
     async def _record(name: str, source: str, ref: str) -> tuple[Any, Any, dict[str, Any]]:
         from app.cli.dlq import BadSelector, parse_ref
@@ -374,14 +410,23 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
 
     @app.get("/pipelines/{name}/dlq/{source}/{ref}", response_class=HTMLResponse, responses=GUARDED_404)
     async def dlq_record(request: Request, name: str, source: str, ref: str) -> HTMLResponse:
-        from app.cli.ops import dlq_show_doc
+        from app.cli.ops import dlq_row, dlq_show_doc
 
         topology, rec, _ = await _record(name, source, ref)
-        doc = dlq_show_doc(rec)
+        clearance = clearance_of(request.state.principal)
+        labelled = label(rec)
         ledger = (await kafka.ledger(topology)).get(rec.topic, {}).get(ref)
+        if not covers(clearance, labelled.classification):
+            # metadata only (clearance.py): no value, key, headers, error text or digest
+            doc = {**dlq_row(rec), "error": "", "exception": "", "value_bytes": len(rec.value or b"")}
+            await audit_withheld(request, clearance, [Withheld(f"{rec.topic}/{ref}", labelled.classification,
+                                                               labelled.envelope, source)])
+            return render(request, "dlq_record.html", name=name, source=source, ref=ref, doc=doc, value={},
+                          ledger=ledger, classification=labelled.classification, clearance=clearance, withheld=True)
+        doc = dlq_show_doc(rec)
         value = {k: v for k, v in doc["value"].items() if k not in ("kind", "not_an_envelope")}
         return render(request, "dlq_record.html", name=name, source=source, ref=ref, doc=doc, value=value,
-                      ledger=ledger)
+                      ledger=ledger, classification=labelled.classification, clearance=clearance, withheld=False)
 
     @app.post("/pipelines/{name}/dlq/{source}/{ref}/replay", response_class=HTMLResponse, responses=GUARDED_404,
               openapi_extra=_form_body({"csrf": "the session's CSRF token",
@@ -390,7 +435,11 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         form = await _form(request)
         check_post(request, form)
         principal = need_admin(request, "replaying a DLQ record")
-        topology, _, _ = await _record(name, source, ref)
+        topology, rec, _ = await _record(name, source, ref)
+        clearance, classification = clearance_of(principal), label(rec).classification
+        if not covers(clearance, classification):
+            raise Forbidden(f"{ref} is {classification} data and {principal.name}'s clearance is {clearance}: "
+                            "replaying it needs a clearance that covers it")
         report = await kafka.replay(topology, source, ref, force=form.get("force") == "yes",
                                     by=f"console:{principal.name}")
         outcome = report.outcomes[0] if report.outcomes else None
@@ -410,9 +459,19 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         partitions = next(s.partitions for s in topology.sources if s.topic == topic)
         rec = await kafka.find_output(output, partitions, f"{topic}/{partition}/{offset}".encode())
         doc = None if rec is None else {"partition": rec.partition, "offset": rec.offset,
-                                        "timestamp": rec.timestamp, "value": value_doc(rec.value or b"")}
+                                        "timestamp": rec.timestamp, "value": None, "classification": ""}
+        clearance = clearance_of(request.state.principal)
+        if rec is not None and doc is not None:
+            labelled = label(rec)
+            doc["classification"] = labelled.classification
+            if covers(clearance, labelled.classification):
+                doc["value"] = value_doc(rec.value or b"")
+            else:
+                await audit_withheld(request, clearance, [Withheld(f"{rec.topic}/{rec.partition}@{rec.offset}",
+                                                                   labelled.classification, labelled.envelope,
+                                                                   rec.topic)])
         return render(request, "trace.html", name=name, topic=topic, partition=partition, offset=offset,
-                      output=output, found=doc)
+                      output=output, found=doc, clearance=clearance)
 
     # ------------------------------------------------------------------------- subjects --
     @app.get("/subjects", response_class=HTMLResponse, responses=COMMON_RESPONSES)

@@ -220,6 +220,17 @@ def audit_envelope(record: dict[str, Any], audit_topic: str, namespace: str) -> 
                         correlation_id=str(record["message_id"]))
 
 
+def audit_outgoing(record: dict[str, Any], audit_topic: str, namespace: str, layout: Any, signing_key: Any,
+                   key: bytes | None) -> Any:
+    """The one way an audit record is written: `record` in its envelope (`audit_envelope`),
+    signed with `signing_key` (an `app.security.signing.SigningKey`; None: unsigned, which
+    `prism audit --keyring` shows as unverified) when the backend publishes it. The SDK's
+    subscriptions and the console's DLQ pages (app/console/clearance.py) both publish this."""
+    from .backends.base import Outgoing
+
+    return Outgoing(audit_topic, audit_envelope(record, audit_topic, namespace), layout, signing_key, key)
+
+
 # --------------------------------------------------------------------------- reading (prism audit)
 
 

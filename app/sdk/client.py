@@ -45,7 +45,7 @@ from .audit import (
     REFUSALS_PER_RECORD,
     WITHHELD_LOG_EVERY,
     Clearance,
-    audit_envelope,
+    audit_outgoing,
     audit_record,
     classification_of,
     refusal_entry,
@@ -862,8 +862,8 @@ class Subscription:
         on failure give the message back - and the `also` messages the record stands for too -
         and raise `DeliveryAuditError`."""
         c = self.clearance
-        out = Outgoing(c.audit_topic, audit_envelope(record, c.audit_topic, self.client.namespace),
-                       self.client.layout, self.client.signing_key, env.message_id.encode())
+        out = audit_outgoing(record, c.audit_topic, self.client.namespace, self.client.layout,
+                             self.client.signing_key, env.message_id.encode())
         try:
             await self.client.backend.publish([out])
         except Exception as exc:

@@ -277,6 +277,9 @@ class Principal:
     name: str
     roles: frozenset[str]
     method: str  # "basic", "bearer" or "anonymous"
+    #: the data classification this user may read (`clearance` in the users file; None: not
+    #: set, and whoever enforces classification - the console's DLQ pages - applies its default)
+    clearance: str | None = None
 
     @property
     def anonymous(self) -> bool:
@@ -340,6 +343,22 @@ class UserRecord:
     name: str
     hash: str = field(repr=False)
     roles: frozenset[str]
+    #: optional `clearance` (public/internal/confidential/restricted): what the console shows them
+    clearance: str | None = None
+
+
+#: the data classifications, lowest first (app/sdk/audit.py LEVELS, app/envelope/validation.py)
+CLEARANCES = ("public", "internal", "confidential", "restricted")
+
+
+def _check_clearance(value: object, *, where: str) -> str | None:
+    """A user's optional clearance: one of :data:`CLEARANCES` (absent: None, the default applies)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in CLEARANCES:
+        raise ConfigError(f"clearance must be one of {list(CLEARANCES)}, got {str(value)[:40]!r}", path=where,
+                          hint="e.g. clearance: confidential (leave it out for the default, internal)")
+    return value
 
 
 def load_users(path: str | Path) -> dict[str, UserRecord]:
@@ -373,9 +392,9 @@ def load_users(path: str | Path) -> dict[str, UserRecord]:
         try:
             if not isinstance(entry, Mapping):
                 raise ConfigError("entry is not a mapping", path=where, hint="each user is {user, hash, roles}")
-            unknown = sorted(map(str, set(entry) - {"user", "hash", "roles"}))
+            unknown = sorted(map(str, set(entry) - {"user", "hash", "roles", "clearance"}))
             if unknown:
-                raise ConfigError(f"unknown key(s) {unknown}", path=where, hint="allowed: user, hash, roles"
+                raise ConfigError(f"unknown key(s) {unknown}", path=where, hint="allowed: user, hash, roles, clearance"
                                   + (" (store a hash, never a password)" if "password" in unknown else ""))
             name = entry.get("user")
             if not isinstance(name, str) or not name or ":" in name or any(not c.isprintable() for c in name):
@@ -386,7 +405,8 @@ def load_users(path: str | Path) -> dict[str, UserRecord]:
             if name in users:
                 raise ConfigError(f"duplicate user {name!r}", path=f"{where}.user", hint="user names must be unique")
             users[name] = UserRecord(name, _check_hash(entry.get("hash"), where=f"{where}.hash"),
-                                     parse_roles(entry.get("roles"), where=f"{where}.roles"))
+                                     parse_roles(entry.get("roles"), where=f"{where}.roles"),
+                                     _check_clearance(entry.get("clearance"), where=f"{where}.clearance"))
         except ConfigError as exc:
             problems.append(exc)
     if problems:
@@ -590,7 +610,7 @@ class HttpAuth:
         ok = await asyncio.to_thread(_verify_hash, target, password)
         if not ok or record is None:
             raise Unauthenticated("invalid user name or password", path="Authorization")
-        principal = Principal(record.name, record.roles, "basic")
+        principal = Principal(record.name, record.roles, "basic", record.clearance)
         if self.cache_seconds > 0:
             self._cache[key] = (principal, now + self.cache_seconds)
             self._cache.move_to_end(key)

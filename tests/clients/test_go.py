@@ -269,10 +269,16 @@ def test_go_subscribes_to_what_python_publishes(go_interop: Path, kafka: ApacheK
     assert all(m["headers"]["prism-envelope-layout"] == "reviewed" for m in got)
     assert out["stats"]["audited"] == len(payloads)
     assert out["stats"]["withheld"] == 1 and out["committed"] == {"0": len(payloads) + 1}  # the withheld one too
-    records = _consume_audit(kafka, topics["audit"], len(payloads), VerificationKeys.of([key]))  # signed by Go
-    assert sorted(r["message_id"] for r in records) == sorted(ids)
+    assert out["stats"]["refusal_records"] == 1
+    # the four deliveries and the refused read, signed by Go
+    records = _consume_audit(kafka, topics["audit"], len(payloads) + 1, VerificationKeys.of([key]))
+    delivered = [r for r in records if r["event"] == "classified_delivery"]
+    assert sorted(r["message_id"] for r in delivered) == sorted(ids)
     assert {r["principal"] for r in records} == {"svc-go-billing"}
-    assert {r["classification"] for r in records} == {"confidential"}
+    assert {r["classification"] for r in delivered} == {"confidential"}
+    (refused,) = [r for r in records if r["event"] == "classified_refused"]
+    assert refused["classification"] == "restricted" and refused["clearance"] == "confidential"
+    assert refused["ref"] == f"{topics['topic']}/0@0" and "messages" not in refused
 
 
 def test_go_acks_out_of_order_and_nacks(go_interop: Path, kafka: ApacheKafka, topics: dict[str, str]) -> None:
@@ -794,3 +800,67 @@ def test_go_maps_lnmp_as_python_does(go_interop: Path) -> None:
             mismatches.append((data.hex()[:100], want, go))
     assert not mismatches, f"{len(mismatches)} of {len(inputs)} differ; first: {mismatches[:2]}"
     assert {r["outcome"] for r in out["results"]} == {"ok", "bad_lnmp"}
+
+
+def test_prism_audit_verifies_the_refused_reads_go_records(go_interop: Path, kafka: ApacheKafka,
+                                                           topics: dict[str, str], tmp_path: Path) -> None:
+    """A flood of messages labelled above a Go subscriber's clearance: each refused read is named
+    in a signed `classified_refused` record in the Python SDK's format (app/sdk/audit.py), shared
+    by the refusals of a fetch and at most 256 a record, and `prism audit --keyring` verifies every
+    record against the key bound to the subscriber's principal. Then the one message it may read
+    arrives, and every refused one is committed."""
+    import base64
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from app.cli.main import build_app
+    from app.sdk import PrismPublishOptions
+    from app.sdk.audit import REFUSALS_PER_RECORD, read_audit
+
+    flood = 300
+
+    async def publish() -> tuple[list[str], str]:
+        # signed with the key the Go subscriber verifies with (the interop program's one key)
+        async with PrismClient(f"kafka://{kafka.bootstrap}", namespace="order-events",
+                               signing_key=SigningKey.hmac_sha256("go-reader-1", HMAC_SECRET)) as client:
+            refused = [await client.publish(topics["topic"], {"card": "4111-SECRET", "i": i},
+                                            PrismPublishOptions(data_classification="restricted" if i % 2 else
+                                                                "confidential")) for i in range(flood)]
+            return refused, await client.publish(topics["topic"], {"ok": True},
+                                                 PrismPublishOptions(data_classification="internal"))
+
+    refused_ids, readable = asyncio.run(publish())
+    out = call(go_interop, {"op": "consume", "brokers": [kafka.bootstrap], "topic": topics["topic"],
+                            "namespace": "order-events", "group": topics["group"], "count": 1, "timeout_s": 90,
+                            "hmac_key_id": "go-reader-1", "hmac_hex": HMAC_SECRET.hex(), "clearance": "internal",
+                            "principal": "svc-go-reader", "audit_topic": topics["audit"]})
+    assert not out.get("errors"), out
+    assert [m["message_id"] for m in out["messages"]] == [readable]
+    assert out["stats"]["withheld"] == flood and out["committed"] == {"0": flood + 1}
+    n_records = out["stats"]["refusal_records"]
+    assert 2 <= n_records <= flood // 10, n_records  # shared records, not one per message
+
+    keyring = tmp_path / "signing-keyring.yaml"
+    keyring.write_text(yaml.safe_dump({"keys": [{"id": "go-reader-1", "algorithm": "hmac-sha256",
+                                                 "secret_b64": base64.b64encode(HMAC_SECRET).decode(),
+                                                 "publisher_id": "svc-go-reader"}]}))
+    result = CliRunner().invoke(build_app(), ["audit", "--url", f"kafka://{kafka.bootstrap}", "--audit-topic",
+                                              topics["audit"], "--keyring", str(keyring), "--json"])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.output.splitlines() if line.strip()]
+    assert sorted(r["message_id"] for r in lines) == sorted(refused_ids)  # each refused read, once
+    assert all(r["verified"] and r["signed_by"] == "go-reader-1" for r in lines)
+    assert {r["principal"] for r in lines} == {"svc-go-reader"} and {r["clearance"] for r in lines} == {"internal"}
+    assert {r["classification"] for r in lines} == {"confidential", "restricted"}
+    assert all(r["ref"].startswith(f"{topics['topic']}/0@") and r["group"] == topics["group"] for r in lines)
+    assert "4111-SECRET" not in result.output
+    records, _ = asyncio.run(read_audit(f"kafka://{kafka.bootstrap}", audit_topic=topics["audit"]))
+    assert len(records) == n_records and all(r.get("count", 1) <= REFUSALS_PER_RECORD for r in records)
+    # a record signed by a key bound to another principal is refused by the same command
+    keyring.write_text(yaml.safe_dump({"keys": [{"id": "go-reader-1", "algorithm": "hmac-sha256",
+                                                 "secret_b64": base64.b64encode(HMAC_SECRET).decode(),
+                                                 "publisher_id": "svc-someone-else"}]}))
+    forged = CliRunner().invoke(build_app(), ["audit", "--url", f"kafka://{kafka.bootstrap}", "--audit-topic",
+                                              topics["audit"], "--keyring", str(keyring)])
+    assert forged.exit_code == 1 and "FAILED" in forged.output

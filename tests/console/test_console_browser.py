@@ -32,7 +32,7 @@ from app.security.devkeys import DevKeys
 from app.worker.management import ManagementSettings
 from app.worker.observe import Observer
 from tests.console.support import BACKWARD_SUBJECT, FULL_SUBJECT, XSS, console_settings, registry_server, serve
-from tests.support import USERS, write_users_file
+from tests.support import ADMIN_CLEARED, USERS, write_users_file
 from tests.worker.conftest import make_topology
 from tests.worker.harness import RunningPipeline
 from tests.worker.replay import authenticated_messages, fixed_topology
@@ -113,19 +113,24 @@ def _browse(flow: Flow, name: str, src: str, xss_ref: str, partition: int) -> di
     rows = [r.get_attribute("data-ref") for r in flow.drv.find_elements(By.CSS_SELECTOR, "tr.dlq-row")]
     assert len(rows) == 4 and xss_ref in rows, rows
     flow.shot("03-dlq")
-    # The record: decoded, redacted, the <script> as text; a reader may not replay.
+    # The record: its producer labelled it confidential (its data-classification header), above
+    # the reader's clearance (the default, internal): where it failed, not what it holds
+    # (app/console/clearance.py); a reader may not replay.
     flow.click(f'tr.dlq-row[data-ref="{xss_ref}"] a.record-link')
+    withheld = flow.text("#record-withheld")
+    assert "confidential" in withheld and "internal" in withheld, withheld
+    assert not flow.drv.find_elements(By.ID, "record-value") and "o-xss" not in flow.drv.page_source
+    assert flow.text("#record-reason") == "policy_violation"
+    assert "Replaying needs the admin role" in flow.text("#replay-needs-admin")
+    record_url = flow.drv.current_url
+    flow.shot("04-record-reader")
+    # An admin cleared for it sees it decoded, redacted, the <script> as text; replays it and
+    # follows it to .v3.
+    flow.login("admin", record_url.removeprefix(flow.url))
     value = flow.text("#record-value")
     assert XSS in value and '"note"' in value, value
     flow.no_alert()
-    assert flow.text("#record-reason") == "policy_violation"
-    assert "Replaying needs the admin role" in flow.text("#replay-needs-admin")
     assert "Bearer" not in flow.text("#record-headers")
-    record_url = flow.drv.current_url
-    flow.shot("04-record-reader")
-    # An admin replays it and follows it to .v3.
-    flow.login("admin", record_url.removeprefix(flow.url))
-    flow.text("#record-value")
     flow.shot("05-record-admin")
     flow.click("#replay")
     outcome = flow.text("#replay-outcome")
@@ -172,7 +177,7 @@ def _browse(flow: Flow, name: str, src: str, xss_ref: str, partition: int) -> di
 @pytest.mark.timeout(300)
 async def test_console_login_find_replay_and_see_on_v3(broker: EmbeddedBroker, tmp_path: Path, dev_keys: DevKeys,
                                                        browser: Any) -> None:
-    users_file = write_users_file(tmp_path / "users.yaml")
+    users_file = write_users_file(tmp_path / "users.yaml", clearances=ADMIN_CLEARED)
     topo = make_topology(tmp_path, dev_keys, partitions=2)
     src = topo.sources[0].topic
     group = f"console-{uuid.uuid4().hex[:8]}"

@@ -47,7 +47,7 @@ from tests.cli.test_dlq_cli import _seed
 from tests.cli.test_dlq_ledger import _write_ledger
 from tests.console.record_kinds import every_kind
 from tests.console.support import BACKWARD_SUBJECT, FULL_SUBJECT, console_settings, make_auth, seeded_registry, serve
-from tests.support import USERS, auth_headers, write_users_file
+from tests.support import ADMIN_CLEARED, USERS, auth_headers, write_users_file
 from tests.worker.conftest import make_topology
 from tests.worker.harness import RunningPipeline
 
@@ -141,7 +141,7 @@ def _campaign(console_url: str, values: dict[str, list[str]]) -> tuple[list[str]
 @pytest.mark.timeout(900)
 async def test_console_conforms_to_its_openapi_document_with_real_back_ends(broker: EmbeddedBroker, tmp_path: Path,
                                                                            dev_keys: DevKeys) -> None:
-    users_file = write_users_file(tmp_path / "users.yaml")
+    users_file = write_users_file(tmp_path / "users.yaml", clearances=ADMIN_CLEARED)
     topo = make_topology(tmp_path, dev_keys, partitions=1, dlq={"overflow": {"path": f"file://{tmp_path}/overflow"}})
     src = topo.sources[0].topic
     store = build_overflow(topo)

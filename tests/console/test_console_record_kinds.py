@@ -38,7 +38,7 @@ from tests.cli.test_dlq_ledger import _write_ledger
 from tests.console.record_kinds import BEARER, Kind, every_kind
 from tests.console.support import console_settings, serve
 from tests.console.test_console_browser import Flow
-from tests.support import write_users_file
+from tests.support import ADMIN_CLEARED, write_users_file
 from tests.worker.conftest import make_topology
 from tests.worker.harness import RunningPipeline
 
@@ -76,7 +76,7 @@ def _open_and_replay(flow: Flow, name: str, src: str, kinds: list[Kind], refs: l
 @pytest.mark.timeout(300)
 async def test_every_kind_of_dlq_record_opens_and_replays(broker: EmbeddedBroker, tmp_path: Path,
                                                           dev_keys: DevKeys, browser: Any) -> None:
-    users_file = write_users_file(tmp_path / "users.yaml")
+    users_file = write_users_file(tmp_path / "users.yaml", clearances=ADMIN_CLEARED)
     topo = make_topology(tmp_path, dev_keys, partitions=1, dlq={"overflow": {"path": f"file://{tmp_path}/overflow"}})
     src = topo.sources[0].topic
     store = build_overflow(topo)

@@ -29,7 +29,7 @@ from tests.console.support import (
     console_settings,
     registry_server,
 )
-from tests.support import USERS, write_users_file
+from tests.support import ADMIN_CLEARED, USERS, write_users_file
 
 HTML = {"accept": "text/html"}
 SRC = "orders.created.x"
@@ -63,7 +63,7 @@ RECORDS = [dlq_record(0, "policy_violation", f"confidential data must be encrypt
 
 @pytest.fixture(scope="module")
 def users_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_users_file(tmp_path_factory.mktemp("console-users") / "users.yaml")
+    return write_users_file(tmp_path_factory.mktemp("console-users") / "users.yaml", clearances=ADMIN_CLEARED)
 
 
 @pytest.fixture

@@ -202,10 +202,12 @@ type SubscribeConfig struct {
 	// Keys verify every message's signature before it is decoded (nil: not verified).
 	Keys *signing.Keys
 	// Clearance: public | internal (default) | confidential | restricted. A message
-	// classified above it is never handed out: it is committed (so it does not come back),
-	// counted in Stats and skipped. confidential/restricted need Principal: every delivery of
-	// such data first writes an audit record to AuditTopic (default prism.audit); if that
-	// write fails the message is not delivered and Next returns the error.
+	// classified above it is never handed out: it is counted in Stats, written in a
+	// classified_refused audit record (shared by the refusals met before the next message is
+	// handed out or more are fetched, RefusalsPerRecord at most) and only then committed, so
+	// it does not come back. confidential/restricted need Principal: every delivery of such
+	// data first writes an audit record to AuditTopic (default prism.audit); if that write
+	// fails the message is not delivered and Next returns the error.
 	Clearance, Principal, AuditTopic string
 	// KeepExpired delivers messages past their TTL; by default they are acknowledged and
 	// skipped (Stats().Expired), as in the Python SDK.
@@ -219,7 +221,7 @@ type SubscribeConfig struct {
 // Stats count what a subscription received, withheld (above its clearance), dropped as
 // expired, and audited.
 type Stats struct {
-	Received, Withheld, Expired, Audited int
+	Received, Withheld, Expired, Audited, RefusalRecords int
 }
 
 // Subscription reads one topic in a consumer group with read_committed isolation (records
@@ -235,6 +237,18 @@ type Subscription struct {
 	mu         sync.Mutex
 	stats      Stats
 	parts      map[int32]*partState
+	// refused: withheld messages held (not committed) until their shared audit record is written
+	refused      []heldRefusal
+	refusedBytes int
+	refusalErr   error // a refusal record that failed after a message was handed out: the next Next returns it
+	auditReady   bool  // the audit topic was ensured
+}
+
+// heldRefusal is one withheld message waiting for its audit record.
+type heldRefusal struct {
+	m     *Message
+	env   *envelope.Envelope
+	entry refusalEntry
 }
 
 // partState tracks one partition's deliveries, so that a commit never skips a message that
@@ -417,8 +431,16 @@ func (s *Subscription) Stats() Stats {
 // does not decode or verify comes back as a Message without an Envelope, with the error.
 // ctx ending returns ctx's error and no message.
 func (s *Subscription) Next(ctx context.Context) (*Message, error) {
+	if err := s.refusalErr; err != nil {
+		s.refusalErr = nil
+		return nil, err
+	}
 	for {
 		for s.buffered() == 0 {
+			// held refusals are written before waiting for more
+			if err := s.flushRefusals(ctx); err != nil {
+				return nil, err
+			}
 			fetches := s.cl.PollFetches(ctx)
 			if err := ctx.Err(); err != nil {
 				return nil, err
@@ -460,8 +482,14 @@ func (s *Subscription) Next(ctx context.Context) (*Message, error) {
 			s.mu.Lock()
 			s.stats.Withheld++
 			s.mu.Unlock()
-			if err := m.Ack(ctx); err != nil {
-				return nil, err
+			md := env.Header.GetMetadata()
+			e := refusalEntry{MessageID: md.GetMessageId(), Namespace: md.GetNamespace(), Classification: class, Ref: refOf(rec)}
+			s.refused = append(s.refused, heldRefusal{m, env, e})
+			s.refusedBytes += e.bytes()
+			if len(s.refused) >= RefusalsPerRecord || s.refusedBytes >= RefusalRecordBytes {
+				if err := s.flushRefusals(ctx); err != nil {
+					return nil, err
+				}
 			}
 			continue
 		}
@@ -481,28 +509,106 @@ func (s *Subscription) Next(ctx context.Context) (*Message, error) {
 				return nil, err
 			}
 		}
+		// the refusals met on the way to m are written before it is handed out; when that
+		// fails m is still handed out and the next call returns the error (as in Python)
+		s.refusalErr = s.flushRefusals(ctx)
 		return m, nil
 	}
+}
+
+func refOf(rec *kgo.Record) string {
+	return rec.Topic + "/" + strconv.Itoa(int(rec.Partition)) + "@" + strconv.FormatInt(rec.Offset, 10)
+}
+
+// encodeAudit is an audit record in its envelope (JSON, classified internal), signed with the
+// client's key when it has one, in the audit topic's layout: the bytes Python's writer sends.
+func (s *Subscription) encodeAudit(record any, correlationID string) (*envelope.Envelope, []byte, envelope.Layout, error) {
+	layout := s.c.layoutFor(s.auditTopic)
+	aenv, err := envelope.NewJSON(s.auditTopic, s.c.cfg.Namespace, record, envelope.Options{DataClassification: "internal", CorrelationID: correlationID})
+	if err != nil {
+		return nil, nil, layout, err
+	}
+	var value []byte
+	if s.c.cfg.SigningKey != nil {
+		value, err = signing.Sign(aenv, s.c.cfg.SigningKey, layout, signing.ScopeV2)
+	} else {
+		value, err = envelope.Encode(aenv, layout)
+	}
+	return aenv, value, layout, err
+}
+
+// flushRefusals writes the one audit record of the refusals held so far, then commits each
+// of them. When the record cannot be written, every partition holding one is rewound to its
+// first held message (they are refused - and audited - again) and the error returned.
+func (s *Subscription) flushRefusals(ctx context.Context) error {
+	if len(s.refused) == 0 {
+		return nil
+	}
+	held := s.refused
+	s.refused, s.refusedBytes = nil, 0
+	entries := make([]refusalEntry, len(held))
+	for i, h := range held {
+		entries[i] = h.entry
+	}
+	rr := newRefusalRecord(held[0].env, entries, s.level, s.cfg.Principal, s.cfg.Group, time.Now())
+	var err error
+	if !s.auditReady {
+		if err = s.c.EnsureTopic(ctx, s.auditTopic); err == nil {
+			s.auditReady = true
+		}
+	}
+	if err == nil {
+		var aenv *envelope.Envelope
+		var value []byte
+		var layout envelope.Layout
+		aenv, value, layout, err = s.encodeAudit(rr, rr.MessageID)
+		if err == nil {
+			err = s.c.cl.ProduceSync(ctx, NewRecord(s.auditTopic, aenv, layout, value, []byte(rr.MessageID))).FirstErr()
+		}
+	}
+	if err != nil {
+		first := map[int32]int64{}
+		for _, h := range held {
+			if o, ok := first[h.m.Record.Partition]; !ok || h.m.Record.Offset < o {
+				first[h.m.Record.Partition] = h.m.Record.Offset
+			}
+		}
+		rewind := map[int32]kgo.EpochOffset{}
+		parts := make([]int32, 0, len(first))
+		for p, o := range first {
+			parts = append(parts, p)
+			rewind[p] = kgo.EpochOffset{Epoch: -1, Offset: o}
+		}
+		s.forget(parts)
+		s.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{s.topic: rewind})
+		others := ""
+		if len(held) > 1 {
+			others = " (and " + strconv.Itoa(len(held)-1) + " other refused messages)"
+		}
+		return (&prismerr.Error{Code: "delivery_audit_failed", What: "the refusal audit record of " + rr.Classification +
+			" message " + rr.MessageID + others + " on " + quote(s.topic) + " could not be written to " + quote(s.auditTopic) +
+			", so the refused messages were not committed and will be fetched (and refused) again: " + err.Error(),
+			Hint: "check that the audit topic is writable"}).Wrap(err)
+	}
+	for _, h := range held {
+		if err := h.m.Ack(ctx); err != nil {
+			return err
+		}
+	}
+	s.mu.Lock()
+	s.stats.RefusalRecords++
+	s.mu.Unlock()
+	return nil
 }
 
 // audit writes the delivery's audit record before the application sees the message; when
 // that fails, the partition is rewound to the message so it is delivered (and audited) again.
 func (s *Subscription) audit(ctx context.Context, env *envelope.Envelope, class string, rec *kgo.Record) error {
-	ref := rec.Topic + "/" + strconv.Itoa(int(rec.Partition)) + "@" + strconv.FormatInt(rec.Offset, 10)
-	ar := newAuditRecord(env, class, s.cfg.Principal, s.cfg.Group, ref, time.Now())
-	aenv, err := envelope.NewJSON(s.auditTopic, s.c.cfg.Namespace, ar, envelope.Options{DataClassification: "internal", CorrelationID: ar.MessageID})
+	ar := newAuditRecord(env, class, s.cfg.Principal, s.cfg.Group, refOf(rec), time.Now())
+	// signed with the client's key, in its layout, keyed by the delivered message's id (as in Python)
+	aenv, value, layout, err := s.encodeAudit(ar, ar.MessageID)
 	if err == nil {
-		// signed with the client's key, in its layout, keyed by the delivered message's id (as in Python)
-		layout := s.c.layoutFor(s.auditTopic)
-		var value []byte
-		if s.c.cfg.SigningKey != nil {
-			value, err = signing.Sign(aenv, s.c.cfg.SigningKey, layout, signing.ScopeV2)
-		} else {
-			value, err = envelope.Encode(aenv, layout)
-		}
-		if err == nil {
-			err = s.c.cl.ProduceSync(ctx, NewRecord(s.auditTopic, aenv, layout, value, []byte(ar.MessageID))).FirstErr()
-		}
+		err = s.c.cl.ProduceSync(ctx, NewRecord(s.auditTopic, aenv, layout, value, []byte(ar.MessageID))).FirstErr()
 	}
 	if err != nil {
 		s.forget([]int32{rec.Partition})

@@ -500,7 +500,8 @@ func consume(ctx context.Context, req request) result {
 	}
 	st := sub.Stats()
 	return result{"messages": got, "errors": errs, "committed": committed,
-		"stats": result{"received": st.Received, "withheld": st.Withheld, "expired": st.Expired, "audited": st.Audited}}
+		"stats": result{"received": st.Received, "withheld": st.Withheld, "expired": st.Expired, "audited": st.Audited,
+			"refusal_records": st.RefusalRecords}}
 }
 
 // decodeBySchema resolves the schema env references through the registry (checked:
