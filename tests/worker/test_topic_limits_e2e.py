@@ -148,7 +148,13 @@ async def test_every_record_that_fits_reaches_v3_under_every_topic_limit(kafka, 
     assert not missing, (f"{len(missing)} inputs never arrived: {missing[:5]}", worker.log_tail(6000))
     for tag, (where, value) in expected.items():
         copies = got[tag]
-        assert len(copies) == 1, (tag, [c[0] for c in copies])  # once each (read_committed under exactly_once)
+        if guarantee == "at_least_once" and where == "dlq":
+            # at_least_once: a batch read again after a rebalance whose commit never landed
+            # (seen under load: "member_id was not recognized; re-joining") writes its DLQ
+            # copies again - dedup covers .v3 only. Every copy must be the same record.
+            assert len({(c[0], c[1], c[2]) for c in copies}) == 1, (tag, [c[0] for c in copies])
+        else:
+            assert len(copies) == 1, (tag, [c[0] for c in copies])  # once each (read_committed under exactly_once)
         got_where, got_value, reason = copies[0]
         assert got_where == where, (tag, len(value), got_where, reason, worker.log_tail(4000))
         if where == "v3":
