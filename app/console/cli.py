@@ -50,7 +50,7 @@ def console(
     from app.console.web import create_app
     from app.errors import ConfigError
     from app.security.http_auth import auth_from_settings
-    from app.security.http_limits import check_listen, serve, uvicorn_config
+    from app.security.http_limits import bind_listen, serve, uvicorn_config
 
     if users_file is None:
         raise ConfigError("the console needs its users", path="--users-file",
@@ -58,7 +58,7 @@ def console(
                                "read to view, admin to replay")
     if (ssl_certfile is None) != (ssl_keyfile is None):
         raise ConfigError("--ssl-certfile and --ssl-keyfile go together", path="--ssl-certfile")
-    check_listen(host, port)
+    sock = bind_listen(host, port)
     auth = auth_from_settings(users_file=users_file, jwt_config=jwt_config, allow_anonymous=None,
                               realm="prism-console", where="--users-file")
     bootstrap, broker_settings = None, None
@@ -84,4 +84,4 @@ def console(
                f"{bootstrap or 'none'}", err=True)
     serve(uvicorn_config(create_app(settings), settings.http_limits, host=host, port=port, log_level="warning",
                          ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
-                         ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None))
+                         ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None), sock)

@@ -630,7 +630,7 @@ def serve(
     from app.schema.authz import ENV_ALLOW_ANONYMOUS, ENV_JWT_CONFIG, ENV_USERS_FILE, registry_auth_from_env
     from app.schema.service import MAX_BODY_BYTES
     from app.schema.store import open_store
-    from app.security.http_limits import HttpLimits, check_listen, serve, uvicorn_config
+    from app.security.http_limits import HttpLimits, bind_listen, serve, uvicorn_config
 
     # Authentication settings are validated here, before anything listens; the worker
     # processes uvicorn starts read the same settings from the environment.
@@ -644,7 +644,7 @@ def serve(
         fail(e)
     _check_tls(ssl_certfile, ssl_keyfile)
     try:
-        check_listen(host, port)
+        sock = bind_listen(host, port)
     except ConfigError as e:
         fail(e)
     if auth.accepts_credentials and ssl_certfile is None and host not in ("127.0.0.1", "::1", "localhost"):
@@ -672,7 +672,7 @@ def serve(
         serve(uvicorn_config("app.schema.service:app", limits, host=host, port=port, workers=workers, loop="uvloop",
                              log_level="warning", access_log=False,
                              ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
-                             ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None))
+                             ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None), sock)
     finally:
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)

@@ -48,6 +48,7 @@ import asyncio
 import json
 import logging
 import os
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -261,13 +262,16 @@ def uvicorn_config(app: Any, limits: HttpLimits, **kwargs: Any) -> Any:
     return config
 
 
-def check_listen(host: str, port: int, option: str = "--port") -> None:
-    """``port`` is a TCP port and free on ``host`` now - checked before a server prints that it
-    listens. Why: uvicorn given port 99999, or a port in use, logged a line (or nothing) and then
-    hung in its event loop instead of exiting, so ``prism console`` and ``prism schema serve``
-    looked up to a supervisor while serving nothing. One ``ConfigError`` line instead."""
+def bind_listen(host: str, port: int, option: str = "--port") -> socket.socket:
+    """A socket bound to ``port`` on ``host``, for :func:`serve` to listen on - bound before a
+    server prints that it listens, and kept: the server serves on this very socket.
+
+    Why: uvicorn given port 99999, or a port in use, logged a line (or nothing) and then hung in
+    its event loop instead of exiting, so ``prism console`` and ``prism schema serve`` looked up
+    to a supervisor while serving nothing. A check that bound and closed the port left a window
+    in which another process could take it and bring the hang back; binding once and handing
+    the socket over closes it. Every problem is one ``ConfigError`` line."""
     import errno
-    import socket
 
     if not 1 <= port <= 65535:
         raise ConfigError(f"{option} {port} is not a TCP port", path=option, hint="use a port from 1 to 65535")
@@ -277,33 +281,37 @@ def check_listen(host: str, port: int, option: str = "--port") -> None:
     except OSError as exc:
         raise ConfigError(f"--host {host!r} is not an address of this machine ({exc.strerror or exc})",
                           path="--host", hint="e.g. --host 127.0.0.1, or 0.0.0.0 for every interface") from None
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
-        try:
-            s.bind(infos[0][4])
-        except OSError as exc:
-            busy = exc.errno == errno.EADDRINUSE
-            raise ConfigError(f"port {port} on {host} is {'in use' if busy else 'not available'}"
-                              + ("" if busy else f" ({exc.strerror})"), path=option,
-                              hint=f"pick another {option}, or stop what listens there (ss -ltnp 'sport = :{port}')"
-                              if busy else "check --host names an address of this machine") from None
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds it
+    try:
+        s.bind(infos[0][4])
+    except OSError as exc:
+        s.close()
+        busy = exc.errno == errno.EADDRINUSE
+        raise ConfigError(f"port {port} on {host} is {'in use' if busy else 'not available'}"
+                          + ("" if busy else f" ({exc.strerror})"), path=option,
+                          hint=f"pick another {option}, or stop what listens there (ss -ltnp 'sport = :{port}')"
+                          if busy else "check --host names an address of this machine") from None
+    s.set_inheritable(True)  # uvicorn's worker processes serve on it too
+    return s
 
 
-def serve(config: Any) -> bool:
-    """Run a config from :func:`uvicorn_config` like ``uvicorn.run`` does: in this process, or
-    with ``workers > 1`` in that many processes sharing the socket. True when it started."""
+def serve(config: Any, sock: socket.socket) -> bool:
+    """Run a config from :func:`uvicorn_config` like ``uvicorn.run`` does, on ``sock`` from
+    :func:`bind_listen`: in this process, or with ``workers > 1`` in that many processes sharing
+    the socket. True when it started."""
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
-    server = uvicorn.Server(config=config)
-    if config.workers > 1:
-        if not isinstance(config.app, str):
-            raise ConfigError("several workers need the app as an import string", path="--workers")
-        sock = config.bind_socket()
-        Multiprocess(config, sockets=[sock]).run()
-        return True
-    server.run()
-    return bool(server.started)
+    with sock:
+        if config.workers > 1:
+            if not isinstance(config.app, str):
+                raise ConfigError("several workers need the app as an import string", path="--workers")
+            Multiprocess(config, sockets=[sock]).run()
+            return True
+        server = uvicorn.Server(config=config)
+        server.run(sockets=[sock])
+        return bool(server.started)
 
 
 class _BodyTooLarge(Exception):

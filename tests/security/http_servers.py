@@ -40,28 +40,28 @@ def registry(port: int, users_file: Path, data: Path) -> None:
     from app.schema.service import create_app
     from app.schema.store import SqliteStore
     from app.security.http_auth import auth_from_settings
-    from app.security.http_limits import HttpLimits, serve, uvicorn_config
+    from app.security.http_limits import HttpLimits, bind_listen, serve, uvicorn_config
 
     auth = auth_from_settings(users_file=users_file, jwt_config=None, allow_anonymous=None,
                               realm="prism-schema-registry", where="tests")
     app = create_app(Registry(SqliteStore(str(data / "registry.db"))), auth=auth)
     _announce_when_listening(port)
     serve(uvicorn_config(app, HttpLimits.from_env(), host="127.0.0.1", port=port, log_level="error",
-                         lifespan="off"))
+                         lifespan="off"), bind_listen("127.0.0.1", port))
 
 
 def console(port: int, users_file: Path, data: Path) -> None:
     from app.console.settings import ConsoleSettings
     from app.console.web import create_app
     from app.security.http_auth import auth_from_settings
-    from app.security.http_limits import serve, uvicorn_config
+    from app.security.http_limits import bind_listen, serve, uvicorn_config
 
     auth = auth_from_settings(users_file=users_file, jwt_config=None, allow_anonymous=None,
                               realm="prism-console", where="tests")
     settings = ConsoleSettings.from_env(auth)
     _announce_when_listening(port)
     serve(uvicorn_config(create_app(settings), settings.http_limits, host="127.0.0.1", port=port,
-                         log_level="error"))
+                         log_level="error"), bind_listen("127.0.0.1", port))
 
 
 def worker(port: int, users_file: Path, data: Path) -> None:

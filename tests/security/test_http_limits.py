@@ -359,3 +359,31 @@ def test_aiohttp_refusals_are_logged_as_one_line_without_a_traceback(caplog: pyt
     # a real bug keeps its traceback: as exc_info, or as exc_text once the redaction filter
     # (installed by any worker earlier in the run) has rendered and redacted it
     assert bug.levelname == "ERROR" and (bug.exc_info is not None or "a real bug" in (bug.exc_text or ""))
+
+
+def test_bind_listen_holds_the_port_until_the_server_serves_on_it() -> None:
+    """The port is bound once and kept: nothing can take it between the check and the serve
+    (a port taken in that window left uvicorn hanging instead of exiting)."""
+    import errno
+    import socket
+
+    from app.errors import ConfigError
+    from app.security.http_limits import bind_listen
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    sock = bind_listen("127.0.0.1", port)
+    try:
+        assert sock.getsockname()[1] == port and sock.get_inheritable()
+        with socket.socket() as other, pytest.raises(OSError) as taken:
+            other.bind(("127.0.0.1", port))
+        assert taken.value.errno == errno.EADDRINUSE
+        sock.listen()
+        with pytest.raises(ConfigError, match=f"port {port} on 127.0.0.1 is in use"):
+            bind_listen("127.0.0.1", port)
+    finally:
+        sock.close()
+    for bad in (0, 65536, 99999):
+        with pytest.raises(ConfigError, match="is not a TCP port"):
+            bind_listen("127.0.0.1", bad)
