@@ -198,12 +198,13 @@ fn subscribe_async(brokers: &str, topic: &str, expected: u64, opts: SubscribeOpt
                 }
             }
         }
+        sub.flush_refusals().await?; // `next` cancelled at the deadline may still hold some
         Ok::<_, PrismError>(sub.stats.clone())
     })?;
     println!(
         "{}",
         json!({"stats": {"delivered": stats.delivered, "withheld": stats.withheld, "audited": stats.audited,
-        "failed": stats.failed}})
+        "failed": stats.failed, "refusal_records": stats.refusal_records}})
     );
     Ok(())
 }
@@ -267,7 +268,7 @@ fn subscribe(
     println!(
         "{}",
         json!({"stats": {"delivered": s.delivered, "withheld": s.withheld, "audited": s.audited,
-        "failed": s.failed}})
+        "failed": s.failed, "refusal_records": s.refusal_records}})
     );
     Ok(())
 }
