@@ -962,4 +962,78 @@ mod tests {
         assert_eq!(Clearance::of(Some("PUBLIC")), Clearance::Public);
         assert_eq!(Clearance::of(Some("secret")), Clearance::Restricted);
     }
+
+    fn refusal(n: i64, ns: &str, level: Clearance) -> Refusal {
+        Refusal {
+            message_id: format!("m-{n}"),
+            namespace: ns.into(),
+            level,
+            partition: (n % 2) as i32,
+            offset: n,
+        }
+    }
+
+    fn record_of(env: &Envelope) -> serde_json::Value {
+        serde_json::from_slice(&env.payload_bytes().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn refusal_records_in_the_python_form() {
+        let opts = SubscribeOptions {
+            clearance: Clearance::Public,
+            principal: Some("svc-a".into()),
+            ..Default::default()
+        };
+        let one = refusal_record("t", &opts, &[refusal(4, "ns", Clearance::Confidential)]).unwrap();
+        let r = record_of(&one);
+        assert_eq!(r["event"], "classified_refused");
+        assert_eq!(
+            (r["clearance"].as_str(), r["classification"].as_str()),
+            (Some("public"), Some("confidential"))
+        );
+        assert_eq!(
+            (r["message_id"].as_str(), r["ref"].as_str()),
+            (Some("m-4"), Some("0:4"))
+        );
+        assert!(r.get("messages").is_none() && r.get("count").is_none());
+        assert_eq!(
+            one.security().and_then(|s| s.data_classification.as_deref()),
+            Some("internal")
+        );
+        let several = [
+            refusal(1, "ns", Clearance::Internal),
+            refusal(2, "ns", Clearance::Restricted),
+            refusal(3, "other", Clearance::Internal),
+        ];
+        let r = record_of(&refusal_record("t", &opts, &several).unwrap());
+        assert_eq!(r["count"], 3);
+        assert_eq!(r["classification"], "restricted"); // the highest refused
+        assert_eq!(r["message_id"], "m-1");
+        assert_eq!(
+            r["messages"],
+            serde_json::json!([
+                ["m-1", "internal", "1:1"],
+                ["m-2", "restricted", "0:2"],
+                ["m-3", "internal", "1:3", "other"]
+            ])
+        );
+        // no principal (a public/internal subscriber): null, as in Python
+        let anon = refusal_record("t", &SubscribeOptions::default(), &several[..1]).unwrap();
+        assert!(record_of(&anon)["principal"].is_null());
+        assert_eq!(rewind_points(&several), vec![(1, 1), (0, 2)]);
+    }
+
+    #[test]
+    fn a_record_holds_at_most_256_refusals_or_about_48_kib() {
+        let mut held = Refusals::default();
+        let full = (0..REFUSALS_PER_RECORD as i64).map(|n| held.push(refusal(n, "ns", Clearance::Restricted)));
+        assert_eq!(full.filter(|&f| f).count(), 1); // full at the 256th
+        assert_eq!(held.take().len(), REFUSALS_PER_RECORD);
+        let long = "n".repeat(200);
+        let mut n = 0;
+        while !held.push(refusal(n, &long, Clearance::Restricted)) {
+            n += 1;
+        }
+        assert!(held.held.len() < REFUSALS_PER_RECORD && held.bytes >= REFUSAL_RECORD_BYTES);
+    }
 }
