@@ -67,9 +67,10 @@ def interop() -> Path:
     return TARGET / "debug" / "examples" / "kafka_interop"
 
 
-def _run(binary: Path, *args: str, api: str = "sync") -> list[dict]:
-    """Run the interop example; `api="async"` makes it use AsyncPublisher/AsyncSubscriber."""
-    env = {**os.environ, "PRISM_INTEROP_ASYNC": "1" if api == "async" else "0"}
+def _run(binary: Path, *args: str, api: str = "sync", env: dict[str, str] | None = None) -> list[dict]:
+    """Run the interop example; `api="async"` makes it use AsyncPublisher/AsyncSubscriber;
+    `env` adds variables (PRISM_INTEROP_REGISTRY_URL/_USER/_PASSWORD: decode by the registry)."""
+    env = {**os.environ, "PRISM_INTEROP_ASYNC": "1" if api == "async" else "0", **(env or {})}
     out = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=120, env=env)
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
     assert out.returncode == 0, (out.returncode, lines, out.stderr[-2000:])
