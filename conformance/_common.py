@@ -69,6 +69,12 @@ ERROR_KINDS: dict[str, dict[str, Any]] = {
                    "or a security field written twice or with another wire type",
         "python_codes": ["ambiguous_envelope"],
     },
+    "ambiguous_map_entry": {
+        "meaning": "a layout conversion (or reading a draft header, which is one) of an envelope whose top-level "
+                   "extensions map holds an entry with more than a key and a value (a third field, or a key or "
+                   "value of another wire type): protobuf runtimes read such an entry differently",
+        "python_codes": ["ambiguous_map_entry"],
+    },
     "decryption_failed": {
         "meaning": "the payload does not decrypt: tampered ciphertext, tag, iv, aad, encapsulated key or "
                    "parameters, the AAD does not match the envelope, or the envelope is not encrypted",

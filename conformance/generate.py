@@ -40,7 +40,8 @@ GENERATORS: list[tuple[str, Callable[[], dict[str, str]], str]] = [
     ("envelopes", generate_envelopes.build, "decode/encode vectors for both layouts: every context present and "
      "absent, enum and custom content types, explicit zeros, unknown fields, payload location"),
     ("conversion", generate_conversion.build, "draft <-> reviewed conversion: output bytes (when deterministic), "
-     "output fields, and the field paths reported as not carried"),
+     "output fields, and the field paths reported as not carried; map entries holding more than a key and a "
+     "value (refused in extensions, copied in trace labels and baggage)"),
     ("encryption", generate_encryption.build, "AES-256-GCM, ML-KEM-1024 and X25519+ML-KEM-1024 decrypt vectors "
      "with fixed test keys, and tampered, truncated, swapped and moved ciphertexts"),
     ("key-wrap", generate_key_wrap.build, "the key_wrap pattern (a key service's data key per message, AWS KMS): "
@@ -76,11 +77,13 @@ KINDS: dict[str, dict[str, Any]] = {
     "conversion": {
         "file_fields": [],
         "inputs": ["input_hex", "from", "to"],
-        "expect": ["output_hex", "output_wire", "output_model", "not_carried"],
+        "expect": ["output_hex", "output_wire", "output_model", "not_carried", "expected", "same_layout_hex"],
         "task": "Convert input_hex from layout `from` to layout `to`. The output parsed with the `to` layout's "
-                "message must equal output_wire, decoded into the model output_model, and where output_hex is "
+                "message must equal output_wire (where given), decoded into the model output_model, and where output_hex is "
                 "present it must equal it byte for byte. The field paths reported as not carried must be exactly "
-                "not_carried (a set).",
+                "not_carried (a set). Where `expected` is given (an error kind) the conversion must fail with it "
+                "instead (no output fields are given); where same_layout_hex is given, decoding input_hex and "
+                "encoding it again in layout `from` must give it byte for byte.",
     },
     "encryption": {
         "file_fields": ["keys"],

@@ -4,6 +4,11 @@ Each vector is an envelope in one layout (`input_hex`), what `app.envelope.conve
 it in the other: the output's own message (`output_wire`), the model it decodes to
 (`output_model`), the bytes (`output_hex`, only when they are deterministic: at most one map
 entry anywhere), and the field paths reported as not carried (`not_carried`).
+
+`map-entries.json` holds the map entries that carry more than a key and a value: an odd
+top-level `extensions` entry makes the conversion fail (`expected`: `ambiguous_map_entry`,
+docs/formats.md) while re-encoding in its own layout keeps it (`same_layout_hex`, as upb
+writes it again); an odd trace `labels`/`baggage` entry converts like any other bytes.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from app._gen.prism.envelope.draft import envelope_pb2 as dpb
 from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
 from app.envelope import Envelope, Layout, convert, decode, encode
 from app.envelope.wire import encode_varint, scan
+from app.errors import AmbiguousMapEntryError
 from app.security.signing import SCOPE_PAIR, sign, sign_batch, sign_layouts
 
 from . import generate_envelopes as E
@@ -213,6 +219,85 @@ def _text(fn: Callable[..., object]) -> str:
     return " ".join((fn.__doc__ or "").split())
 
 
+def _rec(field: int, wire: int, value: bytes) -> bytes:
+    return encode_varint(field << 3 | wire) + (encode_varint(len(value)) + value if wire == 2 else value)
+
+
+_KEY, _VALUE = _rec(1, 2, b"tier"), _rec(2, 2, b"gold")
+#: map entries holding more than a key and a value (tests/envelope/test_layouts_map_entries.py)
+ODD_ENTRIES = {"third-field": _KEY + _VALUE + _rec(3, 0, b"\x01"), "unknown-field-only": _KEY + _rec(10, 2, b"x"),
+               "varint-key": _rec(1, 0, b"\x05") + _VALUE, "varint-value": _KEY + _rec(2, 0, b"\x07"),
+               "value-before-key-and-extra": _VALUE + _KEY + _rec(7, 5, b"\x01\x02\x03\x04")}
+_EXT = {Layout.DRAFT: 99, Layout.REVIEWED: 97}
+_OBS = {Layout.DRAFT: 5, Layout.REVIEWED: 3}
+
+
+def _insert_before_security(data: bytes, layout: Layout, extra: bytes) -> bytes:
+    """`data` with the records `extra` placed before its security and payload records (the
+    header stays in the canonical order, so the input is what a producer could write)."""
+    first = next(r[2] for r in scan(data) if r[0] in ((4, 3) if layout is Layout.DRAFT else (2, 99)))
+    return data[:first] + extra + data[first:]
+
+
+def _odd_extension(layout: Layout, odd: bytes, n: int) -> bytes:
+    """An envelope with one plain extension (`region`) and one odd entry on the map's number."""
+    env = E._base(40 + n)
+    env.extensions["region"] = b"eu"
+    env.ensure_security().publisher_id = "svc"
+    return _insert_before_security(encode(env, layout), layout, _rec(_EXT[layout], 2, odd))
+
+
+def _odd_trace(layout: Layout, field: int, odd: bytes, n: int) -> bytes:
+    """An envelope whose trace context holds a plain label and an odd `labels` (5) or
+    `baggage` (6) entry, written after the context's other fields."""
+    env = E._base(60 + n, labels={"tier": "gold"})
+    env.ensure_security().publisher_id = "svc"
+    data = encode(env, layout)
+    obs = next(r for r in scan(data) if r[0] == _OBS[layout] and r[1] == 2)
+    value = data[obs[3]:obs[4]] + _rec(field, 2, odd)
+    return data[:obs[2]] + _rec(_OBS[layout], 2, value) + data[obs[4]:]
+
+
+def _refused(name: str, description: str, data: bytes, src: Layout) -> dict[str, Any]:
+    dst = _other(src)
+    try:
+        convert(data, dst)
+    except AmbiguousMapEntryError as exc:
+        kind = exc.code
+    else:  # pragma: no cover - the generator's own check
+        raise AssertionError(f"{name}: the conversion was not refused")
+    vec: dict[str, Any] = {"name": f"{src.value}-to-{dst.value}/{name}", "description": description,
+                           "from": src.value, "to": dst.value, "input_hex": data.hex(), "expected": kind}
+    if src is Layout.REVIEWED:  # the same layout keeps the entry (a draft header is refused on reading)
+        vec["same_layout_hex"] = encode(decode(data), src).hex()
+    return vec
+
+
+def map_entry_vectors() -> list[dict[str, Any]]:
+    """The odd map entry vectors (module docstring)."""
+    out: list[dict[str, Any]] = []
+    for n, (shape, odd) in enumerate(sorted(ODD_ENTRIES.items())):
+        for layout in Layout:
+            out.append(_refused(
+                f"odd-extension-{shape}",
+                f"an extensions entry ({shape.replace('-', ' ')}) holding more than a key and a value, next to a "
+                "plain one: protobuf runtimes read it differently, so the conversion is refused (ambiguous_map_entry)"
+                + (" and the same layout keeps it, written as upb writes it: key, value, then the rest"
+                   if layout is Layout.REVIEWED else "; reading the draft header is its conversion"),
+                _odd_extension(layout, odd, n), layout))
+    for n, (shape, odd) in enumerate(sorted(ODD_ENTRIES.items())):
+        for field, what in ((5, "labels"), (6, "baggage")):
+            for layout in Layout:
+                vec = _case(f"odd-{what}-{shape}", f"a trace {what} entry ({shape.replace('-', ' ')}) holding "
+                            "more than a key and a value: the trace context is copied through its wire bytes, so "
+                            "the entry converts unchanged (no output_wire: how a plain protobuf parser reads the "
+                            "entry is the very thing runtimes disagree on; output_hex and output_model say it)",
+                            _odd_trace(layout, field, odd, 2 * n + field - 5), layout)
+                del vec["output_wire"]
+                out.append(vec)
+    return out
+
+
 def build() -> dict[str, str]:
     """File name (under conversion/) -> JSON text."""
     vectors: list[dict[str, Any]] = []
@@ -230,4 +315,8 @@ def build() -> dict[str, str]:
                reviewed_unknown, reviewed_carried_back):
         data, layout = fn()
         vectors.append(_case(fn.__name__.replace("_", "-"), _text(fn), data, layout))
-    return {"conversions.json": doc("conversion", NOTE, vectors)}
+    return {"conversions.json": doc("conversion", NOTE, vectors),
+            "map-entries.json": doc("conversion", NOTE + " Where `expected` is given (an error kind) the conversion "
+                                    "must fail with it; where same_layout_hex is given, decoding input_hex and "
+                                    "encoding it again in layout `from` must give it byte for byte.",
+                                    map_entry_vectors())}

@@ -20,8 +20,8 @@ registry that the test starts, and the worker's enrich stage resolves it from th
 consumer resolves that reference (checked: the topic's subject, the hash) and decodes the
 payload by the schema - a `prism.examples.orders.OrderCreated` message, from the protobuf JSON
 mapping or the wire format - and reports the decoded fields, which the test compares with what
-the producer sent. (The Rust consumer still reads the payload as JSON and the schema context
-from the header: it has no registry decoding yet.)
+the producer sent. The Rust consumer does the same (prism_client::schema_decode: the reference
+checked the same way, the protobuf schema read from the registry's serialized descriptor).
 
 What each test proves: every produced order arrives at the consumer exactly once, under the
 worker's signature (its key id, scope batch), with `prism.identity.method: key` naming the
@@ -157,7 +157,7 @@ class Chain:
             assert m["publisher_id"] == publisher, where  # the identity the key is bound to
 
     def check_decoded(self, got: list[dict[str, Any]], content_type: str) -> None:
-        """The Go consumer decoded each payload by the schema its envelope references: the
+        """The consumer (Go's or Rust's) decoded each payload by the schema its envelope references: the
         registry's version of the topic's subject, as an OrderCreated message."""
         for m in got:
             assert m["decoded_by"]["subject"] == self.source, m
@@ -181,14 +181,19 @@ async def test_go_produces_worker_resigns_rust_consumes(kafka: ApacheKafka, tmp_
         assert "error" not in out, out
         audit = kafka.create_topic(f"chain-audit-{uuid.uuid4().hex[:8]}")
         # the Rust subscriber trusts the worker's public key (and its own HMAC test key, not the Go one)
+        # ... and decodes each payload by the schema its envelope references, from the registry
+        reg = chain.registry_request()
         lines = _run(interop, "subscribe", kafka.bootstrap, chain.source + ".v3", str(ORDERS), "internal",
-                     "svc-rust-billing", audit, chain.worker_key_id, chain.worker_public_hex)
+                     "svc-rust-billing", audit, chain.worker_key_id, chain.worker_public_hex,
+                     env={"PRISM_INTEROP_REGISTRY_URL": reg["registry_url"], "PRISM_INTEROP_REGISTRY_USER": reg["user"],
+                          "PRISM_INTEROP_REGISTRY_PASSWORD": reg["password"]})
         await chain.check_outputs()
     got = [ln for ln in lines if "payload" in ln]
     assert [ln for ln in lines if "error" in ln or "fatal" in ln] == []
-    assert lines[-1]["stats"] == {"delivered": ORDERS, "withheld": 0, "audited": 0, "failed": 0}
+    assert lines[-1]["stats"] == {"delivered": ORDERS, "withheld": 0, "audited": 0, "failed": 0, "refusal_records": 0}
     assert sorted(m["message_id"] for m in got) == sorted(out["message_ids"])  # the producer's ids, kept
     chain.check(got, orders, GO_KEY_ID, GO_PUBLISHER)
+    chain.check_decoded(got, "application/json")
 
 
 async def test_rust_produces_worker_resigns_go_consumes(kafka: ApacheKafka, tmp_path: Path, dev_keys: DevKeys,  # noqa: F811

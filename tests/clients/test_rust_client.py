@@ -17,6 +17,7 @@ Both Kafka tests run twice: with the sync API (`Publisher`, `Subscriber`) and th
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -24,16 +25,19 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import yaml
 from confluent_kafka import Consumer, Producer
 
 from app.bindings import kafka as kb
 from app.envelope import Layout, new_envelope
 from app.errors import PrismError
+from app.sdk.audit import entries_from, refused_reads
 from app.security.encryption import decrypt_envelope
-from app.security.signing import SigningKey, VerificationKeys
+from app.security.signing import SigningKey, VerificationKeys, load_signing_keyring
 from conformance.generate_encryption import keyring
 from tests.kafka.cluster import ApacheKafka
 from tests.support import require
@@ -63,9 +67,10 @@ def interop() -> Path:
     return TARGET / "debug" / "examples" / "kafka_interop"
 
 
-def _run(binary: Path, *args: str, api: str = "sync") -> list[dict]:
-    """Run the interop example; `api="async"` makes it use AsyncPublisher/AsyncSubscriber."""
-    env = {**os.environ, "PRISM_INTEROP_ASYNC": "1" if api == "async" else "0"}
+def _run(binary: Path, *args: str, api: str = "sync", env: dict[str, str] | None = None) -> list[dict]:
+    """Run the interop example; `api="async"` makes it use AsyncPublisher/AsyncSubscriber;
+    `env` adds variables (PRISM_INTEROP_REGISTRY_URL/_USER/_PASSWORD: decode by the registry)."""
+    env = {**os.environ, "PRISM_INTEROP_ASYNC": "1" if api == "async" else "0", **(env or {})}
     out = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=120, env=env)
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
     assert out.returncode == 0, (out.returncode, lines, out.stderr[-2000:])
@@ -127,7 +132,7 @@ def test_rust_publishes_python_verifies_and_decrypts(interop: Path, kafka: Apach
 
 @pytest.mark.parametrize("api", ["sync", "async"])
 def test_python_publishes_rust_subscribes(interop: Path, kafka: ApacheKafka, topics: tuple[str, str],
-                                          api: str) -> None:
+                                          tmp_path: Path, api: str) -> None:
     topic, audit_topic = topics
     key = _hmac_key()
     producer = Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:8]}"})
@@ -142,10 +147,12 @@ def test_python_publishes_rust_subscribes(interop: Path, kafka: ApacheKafka, top
     send(new_envelope(topic, {"n": "aborted"}, namespace="interop", data_classification="public"), Layout.REVIEWED)
     producer.abort_transaction(30)
     producer.begin_transaction()
+    restricted_id = ""
     for n, cls in [("public", "public"), ("internal", "internal"), ("confidential", "confidential"),
                    ("restricted", "restricted")]:
-        send(new_envelope(topic, {"n": n}, namespace="interop", data_classification=cls),
-             Layout.DRAFT if n == "internal" else Layout.REVIEWED)
+        env = new_envelope(topic, {"n": n}, namespace="interop", data_classification=cls)
+        restricted_id = env.message_id if n == "restricted" else restricted_id
+        send(env, Layout.DRAFT if n == "internal" else Layout.REVIEWED)
     send(new_envelope(topic, {"n": "tampered"}, namespace="interop", data_classification="internal"),
          Layout.REVIEWED, tamper=True)
     producer.commit_transaction(30)
@@ -156,16 +163,76 @@ def test_python_publishes_rust_subscribes(interop: Path, kafka: ApacheKafka, top
     assert sorted(d["payload"]["n"] for d in delivered) == ["confidential", "internal", "public"]
     assert all(d["key_id"] == key.key_id and d["scope"] == 2 for d in delivered)
     assert [ln["error"] for ln in lines if "error" in ln] == ["bad_signature"]
-    assert stats == {"delivered": 3, "withheld": 1, "audited": 1, "failed": 1}  # the aborted record never came
+    # the aborted record never came; the withheld one has its own (refusal) record
+    assert stats == {"delivered": 3, "withheld": 1, "audited": 1, "failed": 1, "refusal_records": 1}
 
-    audits = _consume(kafka.bootstrap, audit_topic, 1)
-    assert len(audits) == 1
-    audit_env = kb.decode(audits[0], verify_with=VerificationKeys.of([key]))  # signed by the subscriber
-    record = json.loads(bytes(audit_env.payload.value))
+    audits = _consume(kafka.bootstrap, audit_topic, 2)
+    assert len(audits) == 2
+    records = {}
+    for raw in audits:
+        audit_env = kb.decode(raw, verify_with=VerificationKeys.of([key]))  # signed by the subscriber
+        assert audit_env.security.data_classification == "internal"
+        record = json.loads(bytes(audit_env.payload.value))
+        records[record["event"]] = record
     confidential = next(d for d in delivered if d["payload"]["n"] == "confidential")
-    assert record["event"] == "classified_delivery" and record["principal"] == "svc-rust"
+    record = records["classified_delivery"]
+    assert record["principal"] == "svc-rust"
     assert record["message_id"] == confidential["message_id"] and record["classification"] == "confidential"
-    assert audit_env.security.data_classification == "internal"
+    refused = records["classified_refused"]  # the Python SDK's one-message form (app/sdk/audit.py)
+    assert refused["principal"] == "svc-rust" and refused["clearance"] == "confidential"
+    assert refused["classification"] == "restricted" and refused["topic"] == topic and refused["backend"] == "kafka"
+    assert refused["message_id"] == restricted_id and "messages" not in refused
+    assert refused_reads(refused) == [refused]
+
+    # what `prism audit --keyring` does: each record verifies with the key bound to its principal
+    ring = load_signing_keyring(_audit_keyring(tmp_path, key, "svc-rust"))
+    entries, skipped = entries_from([SimpleNamespace(envelope=None, value=r.value) for r in audits], ring)
+    assert skipped == 0 and len(entries) == 2 and all(e.verified for e in entries), [e.problem for e in entries]
+    assert {e.record["event"] for e in entries} == {"classified_delivery", "classified_refused"}
+
+
+def _audit_keyring(tmp_path: Path, key: SigningKey, principal: str) -> Path:
+    """A signing keyring binding the subscriber's key to its principal (`publisher_id`)."""
+    path = tmp_path / "audit-keyring.yaml"
+    path.write_text(yaml.safe_dump({"keys": [{"id": key.key_id, "algorithm": "hmac-sha256",
+                                              "secret_b64": base64.b64encode(key.secret).decode(),
+                                              "publisher_id": principal}]}))
+    return path
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_rust_refusals_of_one_fetch_share_one_record(interop: Path, kafka: ApacheKafka, topics: tuple[str, str],
+                                                     tmp_path: Path, api: str) -> None:
+    """Many messages above the clearance, fetched together: one `classified_refused` record (or
+    a few, never one each) names every one of them, in the Python SDK's form of several. One
+    partition, and a public message last: the async subscriber returns with it, its refusals
+    written first."""
+    _, audit_topic = topics
+    topic = kafka.create_topic(f"rust-refused-{uuid.uuid4().hex[:8]}")
+    key = _hmac_key()
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+    ids = set()
+    for i in range(21):
+        env = new_envelope(topic, {"i": i}, namespace="interop",
+                           data_classification="restricted" if i < 20 else "public")
+        if i < 20:
+            ids.add(env.message_id)
+        rec = kb.encode(env, Layout.REVIEWED, sign_with=key)
+        producer.produce(topic, value=rec.value, key=rec.key, headers=rec.headers, timestamp=rec.timestamp_ms)
+    assert producer.flush(30) == 0
+    lines = _run(interop, "subscribe", kafka.bootstrap, topic, "21", "confidential", "svc-rust", audit_topic, api=api)
+    stats = lines[-1]["stats"]
+    assert stats["withheld"] == 20 and stats["delivered"] == 1
+    assert 1 <= stats["refusal_records"] < 20
+    audits = _consume(kafka.bootstrap, audit_topic, stats["refusal_records"])
+    assert len(audits) == stats["refusal_records"]
+    reads = [r for raw in audits for r in refused_reads(json.loads(bytes(kb.decode(raw).payload.value)))]
+    assert sorted(r["message_id"] for r in reads) == sorted(ids)  # every refused message named, once
+    assert {(r["classification"], r["clearance"], r["principal"]) for r in reads} == {
+        ("restricted", "confidential", "svc-rust")}
+    ring = load_signing_keyring(_audit_keyring(tmp_path, key, "svc-rust"))
+    entries, _ = entries_from([SimpleNamespace(envelope=None, value=r.value) for r in audits], ring)
+    assert all(e.verified for e in entries), [e.problem for e in entries]
 
 
 @pytest.fixture(scope="module")

@@ -190,12 +190,19 @@ def run_conversion(doc: dict[str, Any], v: dict[str, Any]) -> None:
     data = bytes.fromhex(v["input_hex"])
     src, dst = Layout(v["from"]), Layout(v["to"])
     assert detect_layout(data) is src and src is not dst
+    if "same_layout_hex" in v:  # an odd extensions entry stays in its own layout, as upb writes it
+        assert encode(decode(data), src).hex() == v["same_layout_hex"]
+    if "expected" in v:  # refused (an extensions entry with more than a key and a value)
+        assert _matches(_error_kind(lambda: convert(data, dst)), v["expected"])
+        assert not {"output_hex", "output_wire", "output_model", "not_carried"} & set(v)
+        return
     out, dropped = convert(data, dst)
     assert detect_layout(out) is dst
     if "output_hex" in v:
         assert out.hex() == v["output_hex"]
     cls = dpb.PrismEnvelope if dst is Layout.DRAFT else vpb.PrismEnvelope
-    assert message_json(cls.FromString(out)) == v["output_wire"]
+    if "output_wire" in v:  # not for odd trace map entries: plain parsers disagree on them
+        assert message_json(cls.FromString(out)) == v["output_wire"]
     assert model_json(decode(out)) == v["output_model"]
     assert {d.split(":", 1)[0] for d in dropped} == set(v["not_carried"])
     if not v["not_carried"]:  # nothing lost: converting back gives the input's model

@@ -24,6 +24,7 @@ fn kind(e: &PrismError) -> &'static str {
         PrismError::LegacySignatureScope(_) => "legacy_signature_scope",
         PrismError::UnsupportedSignatureScope(_) => "unsupported_signature_scope",
         PrismError::AmbiguousEnvelope(_) => "ambiguous_envelope",
+        PrismError::AmbiguousMapEntry(_) => "ambiguous_map_entry",
         PrismError::UnknownKey(_) => "unknown_key",
         PrismError::Algorithm(_) => "algorithm_not_allowed",
         _ => "bad_signature",

@@ -23,6 +23,7 @@ use prism_client::error::Detail;
 use prism_client::kafka::{
     AsyncPublisher, AsyncSubscriber, Clearance, Delivery, Publisher, SubscribeOptions, Subscriber,
 };
+use prism_client::registry::{Auth, RegistryClient};
 use prism_client::signing::{SigningKey, VerificationKey, VerificationKeys};
 use prism_client::{Envelope, PrismError};
 use serde_json::{json, Value};
@@ -141,13 +142,49 @@ fn publish_orders(brokers: &str, topic: &str, n: usize, namespace: &str) -> Resu
 }
 
 /// One JSON line for a delivered message: what the Python test checks.
-fn report(d: &Delivery, ring: &Keyring) -> Result<(), PrismError> {
+/// The registry the subscriber decodes payloads with, when `PRISM_INTEROP_REGISTRY_URL` is set
+/// (`PRISM_INTEROP_REGISTRY_USER`/`_PASSWORD`: Basic auth, the registry's `read` role).
+fn registry() -> Result<Option<RegistryClient>, PrismError> {
+    let Ok(url) = std::env::var("PRISM_INTEROP_REGISTRY_URL") else {
+        return Ok(None);
+    };
+    let auth = match std::env::var("PRISM_INTEROP_REGISTRY_USER") {
+        Ok(user) => Auth::Basic {
+            user,
+            password: std::env::var("PRISM_INTEROP_REGISTRY_PASSWORD").unwrap_or_default(),
+        },
+        Err(_) => Auth::None,
+    };
+    RegistryClient::new(&url, auth).map(Some)
+}
+
+/// The payload: decoded by the schema its envelope references (resolved from the registry,
+/// subject and hash checked) with what decoded it, or - without a registry - read as JSON.
+fn payload_of(env: &Envelope, registry: Option<&RegistryClient>) -> Result<(Value, Value), PrismError> {
+    let Some(reg) = registry else {
+        return Ok((env.payload_json()?, Value::Null));
+    };
+    let schema = reg.resolve_for_envelope(env, &[])?;
+    let content_type = env.content_type().to_owned();
+    let name = env
+        .header
+        .schema
+        .as_ref()
+        .map(|s| s.schema_name.clone())
+        .unwrap_or_default();
+    let decoded = schema.decode(&env.payload_bytes()?, &content_type, &name)?;
+    let by = json!({"subject": schema.subject, "version": schema.version, "format": schema.format,
+        "type": decoded.message_type, "content_type": content_type});
+    Ok((decoded.value, by))
+}
+
+fn report(d: &Delivery, ring: &Keyring, registry: Option<&RegistryClient>) -> Result<(), PrismError> {
     let env = if d.envelope.is_encrypted() {
         encryption::decrypt_to_envelope(&d.envelope, ring)?
     } else {
         d.envelope.clone()
     };
-    let payload: Value = env.payload_json()?;
+    let (payload, decoded_by) = payload_of(&env, registry)?;
     let sec = d.envelope.security();
     let schema = d.envelope.header.schema.as_ref();
     let extensions: serde_json::Map<String, Value> = d
@@ -168,7 +205,8 @@ fn report(d: &Delivery, ring: &Keyring) -> Result<(), PrismError> {
             "publisher_id": sec.and_then(|s| s.publisher_id.clone()),
             "payload": payload,
             "schema": schema.map(|s| json!({"name": s.schema_name, "version": s.schema_version,
-                "format": s.schema_format})),
+                "format": s.schema_format, "hash": s.schema_hash, "url": s.schema_url})),
+            "decoded_by": decoded_by,
             "extensions": extensions,
         })
     );
@@ -180,6 +218,7 @@ fn report(d: &Delivery, ring: &Keyring) -> Result<(), PrismError> {
 fn subscribe_async(brokers: &str, topic: &str, expected: u64, opts: SubscribeOptions) -> Result<(), PrismError> {
     let rt = runtime()?;
     let ring = keyring();
+    let reg = registry()?;
     let stats = rt.block_on(async {
         let mut sub = AsyncSubscriber::connect(brokers, topic, opts, &[])?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -190,7 +229,7 @@ fn subscribe_async(brokers: &str, topic: &str, expected: u64, opts: SubscribeOpt
             match next? {
                 Ok(d) => {
                     sub.ack(&d)?;
-                    report(&d, &ring)?;
+                    report(&d, &ring, reg.as_ref())?;
                 }
                 Err(u) => {
                     println!("{}", json!({"offset": u.offset, "error": u.error.reason()}));
@@ -198,12 +237,13 @@ fn subscribe_async(brokers: &str, topic: &str, expected: u64, opts: SubscribeOpt
                 }
             }
         }
+        sub.flush_refusals().await?; // `next` cancelled at the deadline may still hold some
         Ok::<_, PrismError>(sub.stats.clone())
     })?;
     println!(
         "{}",
         json!({"stats": {"delivered": stats.delivered, "withheld": stats.withheld, "audited": stats.audited,
-        "failed": stats.failed}})
+        "failed": stats.failed, "refusal_records": stats.refusal_records}})
     );
     Ok(())
 }
@@ -248,13 +288,14 @@ fn subscribe(
     }
     let mut sub = Subscriber::connect(brokers, topic, opts, &[])?;
     let ring = keyring();
+    let reg = registry()?;
     let deadline = Instant::now() + Duration::from_secs(60);
     while sub.stats.delivered + sub.stats.withheld + sub.stats.failed < expected && Instant::now() < deadline {
         for r in sub.poll(Duration::from_millis(500), 100)? {
             match r {
                 Ok(d) => {
                     sub.ack(&d)?;
-                    report(&d, &ring)?;
+                    report(&d, &ring, reg.as_ref())?;
                 }
                 Err(u) => {
                     println!("{}", json!({"offset": u.offset, "error": u.error.reason()}));
@@ -267,7 +308,7 @@ fn subscribe(
     println!(
         "{}",
         json!({"stats": {"delivered": s.delivered, "withheld": s.withheld, "audited": s.audited,
-        "failed": s.failed}})
+        "failed": s.failed, "refusal_records": s.refusal_records}})
     );
     Ok(())
 }

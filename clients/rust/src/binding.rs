@@ -127,7 +127,7 @@ pub fn encode(
 ) -> Result<KafkaRecord> {
     let value = match sign_with {
         Some(k) => signing::sign(env, k, layout, SCOPE_V2)?,
-        None => crate::codec::encode(env, layout),
+        None => crate::codec::try_encode(env, layout)?,
     };
     let ours = headers_for(env, layout);
     let mut merged: Vec<(String, Vec<u8>)> = Vec::new();

@@ -267,6 +267,9 @@ fn parse_header(head: &[u8], lay: Layout) -> Result<(v1::PrismEnvelope, Vec<Stri
             u,
         )),
         Layout::Draft => {
+            // reading a draft header is its conversion to the reviewed model: an odd
+            // extensions entry cannot be carried (refused, as in Python and Go)
+            unknown::refuse_odd_map_entries(&u.top, true)?;
             let d = decode_lenient::<draft::PrismEnvelope>(head, true).map_err(bad)?;
             let (mut h, dropped) = draft_to_reviewed(&d)?;
             unknown::carry(&u, DRAFT_UNKNOWN, &mut h.extensions);
@@ -445,7 +448,28 @@ pub fn encode_parts(env: &Envelope, layout: Layout) -> (Vec<u8>, Vec<u8>, Vec<u8
     (head, security, payload)
 }
 
-/// Serialize the envelope in the given layout.
+/// Serialize the envelope in the given layout, refusing what cannot be written in it: a
+/// reviewed model that holds an odd `extensions` entry (kept aside among its unknown fields,
+/// see [`unknown::refuse_odd_map_entries`]) is not written as a draft
+/// ([`PrismError::AmbiguousMapEntry`](crate::PrismError::AmbiguousMapEntry)). Use this for a
+/// model decoded from bytes someone else wrote; [`encode`] is the same without the check.
+pub fn try_encode(env: &Envelope, layout: Layout) -> Result<Vec<u8>> {
+    check_encodable(env, layout)?;
+    Ok(encode(env, layout))
+}
+
+/// Refuse a reviewed model holding an odd `extensions` entry when it is to be written in the
+/// draft layout (the reviewed layout keeps the entry, re-encoded where it was).
+pub fn check_encodable(env: &Envelope, layout: Layout) -> Result<()> {
+    match layout {
+        Layout::Draft => unknown::refuse_odd_map_entries(&env.unknown.top, false),
+        Layout::Reviewed => Ok(()),
+    }
+}
+
+/// Serialize the envelope in the given layout. A reviewed model holding an odd `extensions`
+/// entry written as a draft carries that entry in `prism.unknown.reviewed` rather than
+/// refusing it: [`try_encode`] (which `convert`, signing and the Kafka binding use) refuses.
 pub fn encode(env: &Envelope, layout: Layout) -> Vec<u8> {
     let (mut head, sec, payload) = encode_parts(env, layout);
     head.reserve(sec.len() + payload.len());
@@ -477,5 +501,5 @@ pub fn convert(data: &[u8], to: Layout, limits: &Limits) -> Result<(Vec<u8>, Vec
             dropped.push("security.signature: covers the original bytes only; re-sign after conversion".to_owned());
         }
     }
-    Ok((encode(&env, to), dropped))
+    Ok((try_encode(&env, to)?, dropped))
 }

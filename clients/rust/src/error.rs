@@ -73,6 +73,12 @@ pub enum PrismError {
     /// Repeated or mistyped singular records (docs/signing.md steps 2 and 3).
     #[error("ambiguous envelope: {0}")]
     AmbiguousEnvelope(Detail),
+    /// An entry of the top-level `extensions` map holds more than a key and a value (a third
+    /// field, a key or value of another wire type): protobuf runtimes read it differently, so
+    /// a layout change refuses it (docs/formats.md, "Map entries that hold more than a key and
+    /// a value").
+    #[error("ambiguous map entry: {0}")]
+    AmbiguousMapEntry(Detail),
     /// Deprecated, unknown or disallowed algorithm (signing or encryption).
     #[error("algorithm: {0}")]
     Algorithm(Detail),
@@ -118,6 +124,7 @@ impl PrismError {
             PrismError::LegacySignatureScope(_) => "legacy_signature_scope",
             PrismError::UnsupportedSignatureScope(_) => "unsupported_signature_scope",
             PrismError::AmbiguousEnvelope(_) => "ambiguous_envelope",
+            PrismError::AmbiguousMapEntry(_) => "ambiguous_map_entry",
             PrismError::Algorithm(_) => "algorithm_not_allowed",
             PrismError::Decryption(_) => "decryption_failed",
             PrismError::Encryption(_) => "encryption_failed",
@@ -144,6 +151,7 @@ impl PrismError {
             | PrismError::LegacySignatureScope(d)
             | PrismError::UnsupportedSignatureScope(d)
             | PrismError::AmbiguousEnvelope(d)
+            | PrismError::AmbiguousMapEntry(d)
             | PrismError::Algorithm(d)
             | PrismError::Decryption(d)
             | PrismError::Encryption(d)

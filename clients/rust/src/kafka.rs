@@ -10,6 +10,10 @@
 //!   open transactions are never delivered), signature verification before decoding,
 //!   classification clearance, a signed audit record before a confidential or restricted
 //!   message is handed out (docs/sdk.md, "Classification and audit"), explicit commits (`ack`).
+//!   A message withheld for clearance is held until the one signed `classified_refused`
+//!   record of the refusals met in one fetch (at most [`REFUSALS_PER_RECORD`] messages and
+//!   ~[`REFUSAL_RECORD_BYTES`]) is written, then committed - the Python SDK's format
+//!   (app/sdk/audit.py), so `prism audit --keyring` reads and verifies it.
 //! * Async (feature `kafka-async`): [`AsyncPublisher`] and [`AsyncSubscriber`] do the same on
 //!   rdkafka's `FutureProducer` and `StreamConsumer`, for tokio applications.
 
@@ -262,6 +266,118 @@ pub struct Stats {
     pub withheld: u64,
     pub audited: u64,
     pub failed: u64,
+    /// `classified_refused` audit records written (one per fetch's refusals, or per
+    /// [`REFUSALS_PER_RECORD`]).
+    pub refusal_records: u64,
+}
+
+/// Most refused messages one `classified_refused` record names (as in the Python SDK).
+pub const REFUSALS_PER_RECORD: usize = 256;
+/// About the most bytes the refused messages of one record take (as in the Python SDK).
+pub const REFUSAL_RECORD_BYTES: usize = 48 * 1024;
+
+/// One message withheld for clearance, held (not committed) until its audit record is written.
+#[derive(Debug, Clone)]
+struct Refusal {
+    message_id: String,
+    namespace: String,
+    level: Clearance,
+    partition: i32,
+    offset: i64,
+}
+
+impl Refusal {
+    fn reference(&self) -> String {
+        format!("{}:{}", self.partition, self.offset)
+    }
+}
+
+/// The refusals met while working through one fetch. Whoever can publish to a topic can make
+/// every message a refusal for some subscriber, so they share one record (app/sdk/audit.py
+/// says why): a flood costs the audit topic ~60 bytes per refused message, never a record each.
+#[derive(Debug, Default)]
+struct Refusals {
+    held: Vec<Refusal>,
+    bytes: usize,
+}
+
+impl Refusals {
+    /// Hold one; true when the record is full and must be written now.
+    fn push(&mut self, r: Refusal) -> bool {
+        self.bytes += r.message_id.len() + r.namespace.len() + r.level.name().len() + r.reference().len() + 12;
+        self.held.push(r);
+        self.held.len() >= REFUSALS_PER_RECORD || self.bytes >= REFUSAL_RECORD_BYTES
+    }
+
+    /// Hand over what is held, leaving nothing.
+    fn take(&mut self) -> Vec<Refusal> {
+        self.bytes = 0;
+        std::mem::take(&mut self.held)
+    }
+}
+
+/// The one `classified_refused` record of `held` (not empty), in the Python SDK's form: a
+/// single refusal as a delivery record plus `clearance`; several as the first one's fields
+/// with the highest classification, `count`, and every message as `[id, classification, ref]`
+/// (a fourth item, the namespace, where it is not the record's).
+fn refusal_record(topic: &str, opts: &SubscribeOptions, held: &[Refusal]) -> Result<Envelope> {
+    let first = &held[0];
+    let top = held.iter().map(|r| r.level).max().unwrap_or(first.level);
+    let now = now_ms();
+    let mut record = serde_json::json!({
+        "event": "classified_refused",
+        "principal": opts.principal.clone(),
+        "group": opts.group,
+        "message_id": first.message_id,
+        "namespace": first.namespace,
+        "topic": topic,
+        "classification": top.name(),
+        "time": iso8601_utc(now),
+        "time_ms": now,
+        "backend": "kafka",
+        "ref": first.reference(),
+        "clearance": opts.clearance.name(),
+    });
+    if held.len() > 1 {
+        let messages: Vec<serde_json::Value> = held
+            .iter()
+            .map(|r| {
+                let mut m = vec![r.message_id.clone(), r.level.name().to_owned(), r.reference()];
+                if r.namespace != first.namespace {
+                    m.push(r.namespace.clone());
+                }
+                serde_json::json!(m)
+            })
+            .collect();
+        record["count"] = serde_json::json!(held.len());
+        record["messages"] = serde_json::Value::Array(messages);
+    }
+    Envelope::builder(opts.audit_topic.clone(), first.namespace.clone())
+        .json(&record)?
+        .correlation_id(first.message_id.clone())
+        .data_classification("internal")
+        .build()
+}
+
+/// Where each partition of `held` must be read again from (its earliest held offset).
+fn rewind_points(held: &[Refusal]) -> Vec<(i32, i64)> {
+    let mut at: Vec<(i32, i64)> = Vec::new();
+    for r in held {
+        match at.iter_mut().find(|(p, _)| *p == r.partition) {
+            Some((_, o)) => *o = (*o).min(r.offset),
+            None => at.push((r.partition, r.offset)),
+        }
+    }
+    at
+}
+
+fn refusal_audit_failed(e: PrismError, n: usize) -> PrismError {
+    err!(
+        Transport,
+        format!("refusal audit record not written, {n} withheld message(s) not committed: {e}"),
+        "audit_topic",
+        "they are fetched (and refused, and audited) again; check the audit topic"
+    )
 }
 
 /// The subscription's options checked (every problem at once), then the consumer settings:
@@ -311,8 +427,9 @@ fn consumer_config(
 
 /// What a subscriber does with one record.
 enum Verdict {
-    /// Above the subscriber's clearance: acknowledged, never handed out.
-    Withheld,
+    /// Above the subscriber's clearance: never handed out; committed once its refusal's
+    /// audit record is written.
+    Withheld(Box<Refusal>),
     /// Hand it out, after publishing the audit record when there is one.
     Deliver(Box<Delivery>, Option<Box<Envelope>>),
 }
@@ -324,7 +441,14 @@ fn judge(topic: &str, opts: &SubscribeOptions, rec: &KafkaRecord, partition: i32
     let envelope = view.to_envelope()?;
     let level = Clearance::of(envelope.security().and_then(|s| s.data_classification.as_deref()));
     if level > opts.clearance {
-        return Ok(Verdict::Withheld); // judged by the envelope, never by a header
+        // judged by the envelope, never by a header
+        return Ok(Verdict::Withheld(Box::new(Refusal {
+            message_id: envelope.message_id().to_owned(),
+            namespace: envelope.namespace().to_owned(),
+            level,
+            partition,
+            offset,
+        })));
     }
     let audit = if level >= Clearance::Confidential {
         Some(Box::new(audit_record(
@@ -395,6 +519,9 @@ pub struct Subscriber {
     consumer: BaseConsumer,
     opts: SubscribeOptions,
     audit: Publisher,
+    refused: Refusals,
+    /// A refusal record that failed after good messages were handed out: the next poll's error.
+    pending: Option<PrismError>,
     pub stats: Stats,
 }
 
@@ -415,13 +542,60 @@ impl Subscriber {
             consumer,
             opts,
             audit,
+            refused: Refusals::default(),
+            pending: None,
             stats: Stats::default(),
         })
     }
 
     /// Wait up to `max_wait` for records, then take what else is there (at most `max` records),
-    /// judging each.
+    /// judging each. The messages withheld for clearance share one signed `classified_refused`
+    /// record, written before they are committed; when it cannot be written they are read
+    /// again (the partitions rewound), the messages handed out are still returned, and the
+    /// next `poll` returns the error.
     pub fn poll(
+        &mut self,
+        max_wait: Duration,
+        max: usize,
+    ) -> Result<Vec<std::result::Result<Delivery, Undeliverable>>> {
+        if let Some(e) = self.pending.take() {
+            return Err(e);
+        }
+        let out = self.poll_records(max_wait, max);
+        let flushed = self.flush_refusals();
+        match (out, flushed) {
+            (Ok(out), Ok(())) => Ok(out),
+            (Ok(out), Err(e)) => {
+                self.pending = Some(e); // hand out what was good first
+                Ok(out)
+            }
+            (Err(e), _) => Err(e),
+        }
+    }
+
+    /// Write the one audit record of the refusals held, then commit them; on failure rewind
+    /// their partitions so they are fetched, refused and audited again.
+    fn flush_refusals(&mut self) -> Result<()> {
+        let held = self.refused.take();
+        if held.is_empty() {
+            return Ok(());
+        }
+        let written = refusal_record(&self.topic, &self.opts, &held)
+            .and_then(|rec| self.audit.publish(&self.opts.audit_topic, &rec, Layout::Reviewed));
+        if let Err(e) = written {
+            for (p, o) in rewind_points(&held) {
+                self.seek(p, o)?;
+            }
+            return Err(refusal_audit_failed(e, held.len()));
+        }
+        self.stats.refusal_records += 1;
+        for r in &held {
+            self.ack_at(r.partition, r.offset)?;
+        }
+        Ok(())
+    }
+
+    fn poll_records(
         &mut self,
         max_wait: Duration,
         max: usize,
@@ -441,10 +615,7 @@ impl Subscriber {
                     self.stats.delivered += 1;
                     out.push(Ok(d));
                 }
-                Ok(None) => {
-                    self.stats.withheld += 1; // acknowledged without being handed out
-                    self.ack_at(partition, offset)?;
-                }
+                Ok(None) => {} // withheld: held for its refusal record
                 Err(error) => {
                     self.stats.failed += 1;
                     out.push(Err(Undeliverable {
@@ -458,10 +629,17 @@ impl Subscriber {
         Ok(out)
     }
 
-    /// Verify, decode, apply the clearance, audit; `None` when withheld.
+    /// Verify, decode, apply the clearance, audit; `None` when withheld (held for the
+    /// refusal record, written at once when it is full).
     fn judge(&mut self, rec: &KafkaRecord, partition: i32, offset: i64) -> Result<Option<Delivery>> {
         match judge(&self.topic, &self.opts, rec, partition, offset)? {
-            Verdict::Withheld => Ok(None),
+            Verdict::Withheld(r) => {
+                self.stats.withheld += 1;
+                if self.refused.push(*r) {
+                    self.flush_refusals()?;
+                }
+                Ok(None)
+            }
             Verdict::Deliver(d, None) => Ok(Some(*d)),
             Verdict::Deliver(d, Some(audit)) => {
                 if let Err(e) = self.audit.publish(&self.opts.audit_topic, &audit, Layout::Reviewed) {
@@ -566,6 +744,9 @@ pub struct AsyncSubscriber {
     consumer: rdkafka::consumer::StreamConsumer,
     opts: SubscribeOptions,
     audit: AsyncPublisher,
+    refused: Refusals,
+    /// A refusal record that failed after a good message was handed out: the next call's error.
+    pending: Option<PrismError>,
     pub stats: Stats,
 }
 
@@ -588,6 +769,8 @@ impl AsyncSubscriber {
             consumer,
             opts,
             audit,
+            refused: Refusals::default(),
+            pending: None,
             stats: Stats::default(),
         })
     }
@@ -595,16 +778,77 @@ impl AsyncSubscriber {
     /// The next message: `Ok(Ok(delivery))`, or `Ok(Err(undeliverable))` for one that failed
     /// verification or decoding (never dropped: the caller decides, then `ack_at`). `Err` is a
     /// transport failure. Pending until a message arrives (wrap it in a timeout as needed).
+    ///
+    /// Messages withheld for clearance are held until the one signed `classified_refused`
+    /// record of those met in a row is written - before waiting for more, before the next
+    /// message is returned, or when it is full - then committed. When it cannot be written
+    /// they are read again (the partitions rewound); a message already judged good is still
+    /// returned, and the next call returns the error.
     pub async fn next(&mut self) -> Result<std::result::Result<Delivery, Undeliverable>> {
+        if let Some(e) = self.pending.take() {
+            return Err(e);
+        }
+        let out = self.next_record().await;
+        let flushed = self.flush_refusals().await;
+        match (out, flushed) {
+            (Ok(out), Ok(())) => Ok(out),
+            (Ok(out), Err(e)) => {
+                self.pending = Some(e);
+                Ok(out)
+            }
+            (Err(e), _) => Err(e),
+        }
+    }
+
+    /// Write the one audit record of the refusals held, then commit them; on failure rewind
+    /// their partitions so they are fetched, refused and audited again.
+    /// Cancel safe: the refusals stay held until the write's outcome is known (a `next` cancelled
+    /// meanwhile writes them again on the next call: a record may repeat, none is missing).
+    /// `next` calls it itself; call it before dropping a subscriber whose last `next` was
+    /// cancelled, so refusals it held are audited and committed now rather than re-read later.
+    pub async fn flush_refusals(&mut self) -> Result<()> {
+        if self.refused.held.is_empty() {
+            return Ok(());
+        }
+        let written = match refusal_record(&self.topic, &self.opts, &self.refused.held) {
+            Ok(rec) => self.audit.publish(&self.opts.audit_topic, &rec, Layout::Reviewed).await,
+            Err(e) => Err(e),
+        };
+        let held = self.refused.take();
+        if let Err(e) = written {
+            for (p, o) in rewind_points(&held) {
+                self.seek(p, o)?;
+            }
+            return Err(refusal_audit_failed(e, held.len()));
+        }
+        self.stats.refusal_records += 1;
+        for r in &held {
+            self.ack_at(r.partition, r.offset)?;
+        }
+        Ok(())
+    }
+
+    async fn next_record(&mut self) -> Result<std::result::Result<Delivery, Undeliverable>> {
         loop {
-            let (rec, partition, offset) = {
-                let m = self.consumer.recv().await.map_err(|e| transport(e, "consume failed"))?;
-                incoming(&m)
+            let received = if self.refused.held.is_empty() {
+                self.consumer.recv().await
+            } else {
+                match now_or_never(self.consumer.recv()) {
+                    Some(m) => m,
+                    None => {
+                        // nothing more fetched: the refusals held are written before waiting
+                        self.flush_refusals().await?;
+                        continue;
+                    }
+                }
             };
+            let (rec, partition, offset) = incoming(&received.map_err(|e| transport(e, "consume failed"))?);
             match judge(&self.topic, &self.opts, &rec, partition, offset) {
-                Ok(Verdict::Withheld) => {
+                Ok(Verdict::Withheld(r)) => {
                     self.stats.withheld += 1;
-                    self.ack_at(partition, offset)?;
+                    if self.refused.push(*r) {
+                        self.flush_refusals().await?;
+                    }
                 }
                 Ok(Verdict::Deliver(d, audit)) => {
                     if let Some(audit) = audit {
@@ -670,6 +914,18 @@ impl AsyncSubscriber {
 }
 
 /// `2026-11-28T23:59:59.123Z` for Unix milliseconds (civil-from-days, Howard Hinnant).
+/// `f`'s output if it is ready at once (polled once, then dropped: rdkafka's `recv` is
+/// cancel safe), else None.
+#[cfg(feature = "kafka-async")]
+fn now_or_never<F: std::future::Future>(f: F) -> Option<F::Output> {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match f.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(v) => Some(v),
+        std::task::Poll::Pending => None,
+    }
+}
+
 fn iso8601_utc(ms: i64) -> String {
     let (days, rem) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
     let z = days + 719_468;
@@ -705,5 +961,79 @@ mod tests {
         assert_eq!(Clearance::of(None), Clearance::Internal);
         assert_eq!(Clearance::of(Some("PUBLIC")), Clearance::Public);
         assert_eq!(Clearance::of(Some("secret")), Clearance::Restricted);
+    }
+
+    fn refusal(n: i64, ns: &str, level: Clearance) -> Refusal {
+        Refusal {
+            message_id: format!("m-{n}"),
+            namespace: ns.into(),
+            level,
+            partition: (n % 2) as i32,
+            offset: n,
+        }
+    }
+
+    fn record_of(env: &Envelope) -> serde_json::Value {
+        serde_json::from_slice(&env.payload_bytes().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn refusal_records_in_the_python_form() {
+        let opts = SubscribeOptions {
+            clearance: Clearance::Public,
+            principal: Some("svc-a".into()),
+            ..Default::default()
+        };
+        let one = refusal_record("t", &opts, &[refusal(4, "ns", Clearance::Confidential)]).unwrap();
+        let r = record_of(&one);
+        assert_eq!(r["event"], "classified_refused");
+        assert_eq!(
+            (r["clearance"].as_str(), r["classification"].as_str()),
+            (Some("public"), Some("confidential"))
+        );
+        assert_eq!(
+            (r["message_id"].as_str(), r["ref"].as_str()),
+            (Some("m-4"), Some("0:4"))
+        );
+        assert!(r.get("messages").is_none() && r.get("count").is_none());
+        assert_eq!(
+            one.security().and_then(|s| s.data_classification.as_deref()),
+            Some("internal")
+        );
+        let several = [
+            refusal(1, "ns", Clearance::Internal),
+            refusal(2, "ns", Clearance::Restricted),
+            refusal(3, "other", Clearance::Internal),
+        ];
+        let r = record_of(&refusal_record("t", &opts, &several).unwrap());
+        assert_eq!(r["count"], 3);
+        assert_eq!(r["classification"], "restricted"); // the highest refused
+        assert_eq!(r["message_id"], "m-1");
+        assert_eq!(
+            r["messages"],
+            serde_json::json!([
+                ["m-1", "internal", "1:1"],
+                ["m-2", "restricted", "0:2"],
+                ["m-3", "internal", "1:3", "other"]
+            ])
+        );
+        // no principal (a public/internal subscriber): null, as in Python
+        let anon = refusal_record("t", &SubscribeOptions::default(), &several[..1]).unwrap();
+        assert!(record_of(&anon)["principal"].is_null());
+        assert_eq!(rewind_points(&several), vec![(1, 1), (0, 2)]);
+    }
+
+    #[test]
+    fn a_record_holds_at_most_256_refusals_or_about_48_kib() {
+        let mut held = Refusals::default();
+        let full = (0..REFUSALS_PER_RECORD as i64).map(|n| held.push(refusal(n, "ns", Clearance::Restricted)));
+        assert_eq!(full.filter(|&f| f).count(), 1); // full at the 256th
+        assert_eq!(held.take().len(), REFUSALS_PER_RECORD);
+        let long = "n".repeat(200);
+        let mut n = 0;
+        while !held.push(refusal(n, &long, Clearance::Restricted)) {
+            n += 1;
+        }
+        assert!(held.held.len() < REFUSALS_PER_RECORD && held.bytes >= REFUSAL_RECORD_BYTES);
     }
 }

@@ -24,6 +24,8 @@ pub mod lnmp;
 pub mod model;
 #[cfg(feature = "registry")]
 pub mod registry;
+#[cfg(feature = "registry")]
+pub mod schema_decode;
 pub mod signing;
 pub mod unknown;
 pub mod untrusted_json;

@@ -63,7 +63,7 @@ pub struct RegistryClient {
 }
 
 /// Percent-encode one path segment (subjects may contain `/`, e.g. `common/money.proto`).
-fn segment(s: &str) -> String {
+pub(crate) fn segment(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
@@ -196,6 +196,11 @@ impl RegistryClient {
     }
 
     // ----------------------------------------------------------------- Confluent routes
+
+    /// One GET of the registry's JSON (for the schema decoding module).
+    pub(crate) fn request_value(&self, method: &str, path: &str) -> Result<Value> {
+        self.request(method, path, None)
+    }
 
     /// `GET /subjects`
     pub fn subjects(&self) -> Result<Vec<String>> {

@@ -834,11 +834,12 @@ struct Copy {
 }
 
 impl Copy {
-    fn new(env: &Envelope, layout: Layout) -> Self {
+    fn new(env: &Envelope, layout: Layout) -> Result<Self> {
+        crate::codec::check_encodable(env, layout)?;
         let (mut head, sec, payload) = encode_parts(env, layout);
         head.extend_from_slice(&sec);
         head.extend_from_slice(&payload);
-        Copy { bytes: head, layout }
+        Ok(Copy { bytes: head, layout })
     }
     fn sec(&self) -> Result<SecRecord> {
         let records = wire::scan(&self.bytes, 0, self.bytes.len())?;
@@ -877,7 +878,7 @@ pub fn sign(env: &Envelope, key: &SigningKey, layout: Layout, scope: u64) -> Res
             "use sign_pair or sign_batch for the pair and batch scopes"
         ));
     }
-    let copy = Copy::new(&begin(env, key, scope), layout);
+    let copy = Copy::new(&begin(env, key, scope), layout)?;
     let (_, _, m) = signed_message(&copy.bytes, Some(layout))?;
     let mut extra = Vec::new();
     wire::put_len_record(&mut extra, F_SIGNATURE, &key.sign_message(&m));
@@ -888,8 +889,8 @@ pub fn sign(env: &Envelope, key: &SigningKey, layout: Layout, scope: u64) -> Res
 /// Returns `(draft bytes, reviewed bytes)`.
 pub fn sign_pair(env: &Envelope, key: &SigningKey) -> Result<(Vec<u8>, Vec<u8>)> {
     let env = begin(env, key, SCOPE_PAIR);
-    let d = Copy::new(&env, Layout::Draft);
-    let r = Copy::new(&env, Layout::Reviewed);
+    let d = Copy::new(&env, Layout::Draft)?;
+    let r = Copy::new(&env, Layout::Reviewed)?;
     let dd = copy_digest(&d.bytes, &d.sec()?, Layout::Draft, CUT_PAIR);
     let rd = copy_digest(&r.bytes, &r.sec()?, Layout::Reviewed, CUT_PAIR);
     let sig = key.sign_message(&pair_statement(Layout::Draft, &dd, &rd));
@@ -918,8 +919,8 @@ pub fn sign_batch(envs: &[Envelope], key: &SigningKey) -> Result<Vec<(Vec<u8>, V
     let mut leaves = Vec::with_capacity(envs.len());
     for env in envs {
         let env = begin(env, key, SCOPE_BATCH);
-        let d = Copy::new(&env, Layout::Draft);
-        let r = Copy::new(&env, Layout::Reviewed);
+        let d = Copy::new(&env, Layout::Draft)?;
+        let r = Copy::new(&env, Layout::Reviewed)?;
         let dd = copy_digest(&d.bytes, &d.sec()?, Layout::Draft, CUT_BATCH);
         let rd = copy_digest(&r.bytes, &r.sec()?, Layout::Reviewed, CUT_BATCH);
         leaves.push(leaf_hash(&dd, &rd));

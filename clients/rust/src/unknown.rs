@@ -124,6 +124,64 @@ fn kept_unknown(buf: &[u8], r: &wire::Record, draft: bool, path: &str) -> Result
         .any(|e| is_unknown(draft, ".entry", e.field, e.wire_type)))
 }
 
+/// Refuse a header of the given layout whose unknown top-level records (`top`, as
+/// [`of_header`] finds them) hold an `extensions` map entry with more than a key and a value.
+/// Such an entry is kept aside as an unknown record on the map's own number (as upb keeps it),
+/// where the unknown-field carry cannot take it across a layout change: dropping it would lose
+/// it, writing it back on a map number would hand a runtime that stores odd entries (Go's,
+/// Java's) a key Python never saw. So a conversion from or to the draft layout refuses it, as
+/// Python and Go do (docs/formats.md, "Map entries that hold more than a key and a value").
+pub fn refuse_odd_map_entries(top: &[u8], draft: bool) -> Result<()> {
+    if top.is_empty() {
+        return Ok(());
+    }
+    let field = if draft { 99 } else { 97 };
+    let n = wire::scan(top, 0, top.len())?
+        .iter()
+        .filter(|r| r.field == field && r.wire_type == wire::LEN)
+        .count();
+    if n == 0 {
+        return Ok(());
+    }
+    let layout = if draft { "draft" } else { "reviewed" };
+    Err(crate::PrismError::AmbiguousMapEntry(crate::Detail::new(
+        format!(
+            "{n} entr{} of the extensions map hold more than a key and a value (a third field, or a key \
+             or value of another wire type): protobuf runtimes read such an entry differently, so the \
+             envelope is not converted from the {layout} layout",
+            if n == 1 { "y" } else { "ies" }
+        ),
+        format!("extensions (field {field})"),
+        "write extensions as plain map<string, bytes> entries (generated code or a Prism client does); the \
+         record was not converted",
+    )))
+}
+
+/// The record `buf[r.start..r.end]` (an odd map entry, see [`kept_unknown`]) as upb keeps it:
+/// upb parses the entry as the entry message and writes it again - its key and value (the last
+/// of each, omitted when empty: implicit presence), then its other records in their order. So
+/// re-encoding the message gives the bytes Python (and Go) give, not the received ones.
+fn upb_entry(buf: &[u8], r: &wire::Record, out: &mut Vec<u8>) -> Result<()> {
+    let (mut key, mut value, mut rest): (&[u8], &[u8], Vec<u8>) = (&[], &[], Vec::new());
+    for e in wire::scan(buf, r.value_start, r.end)? {
+        match (e.field, e.wire_type) {
+            (1, wire::LEN) => key = &buf[e.value_start..e.end],
+            (2, wire::LEN) => value = &buf[e.value_start..e.end],
+            _ => rest.extend_from_slice(&buf[e.start..e.end]),
+        }
+    }
+    let mut entry = Vec::with_capacity(r.end - r.value_start);
+    if !key.is_empty() {
+        wire::put_len_record(&mut entry, 1, key);
+    }
+    if !value.is_empty() {
+        wire::put_len_record(&mut entry, 2, value);
+    }
+    entry.extend_from_slice(&rest);
+    wire::put_len_record(out, r.field, &entry);
+    Ok(())
+}
+
 /// True when `u` holds records with known numbers (a mistyped field, a map entry with extra
 /// fields): prost must then read the header without them ([`without_mistyped`]).
 pub fn has_known_numbers(u: &UnknownFields, draft: bool) -> bool {
@@ -147,8 +205,10 @@ pub fn has_known_numbers(u: &UnknownFields, draft: bool) -> bool {
 pub fn unknown_records(buf: &[u8], start: usize, end: usize, draft: bool, path: &str) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     for r in wire::scan(buf, start, end)? {
-        if is_unknown(draft, path, r.field, r.wire_type) || kept_unknown(buf, &r, draft, path)? {
+        if is_unknown(draft, path, r.field, r.wire_type) {
             out.extend_from_slice(&buf[r.start..r.end]);
+        } else if kept_unknown(buf, &r, draft, path)? {
+            upb_entry(buf, &r, &mut out)?;
         }
     }
     Ok(out)
@@ -175,9 +235,8 @@ fn of_header_inner(head: &[u8], draft: bool) -> Result<UnknownFields> {
     for r in wire::scan(head, 0, head.len())? {
         let sub = |path: &str| unknown_records(head, r.value_start, r.end, draft, path);
         match r.field {
-            _ if is_unknown(draft, "", r.field, r.wire_type) || kept_unknown(head, &r, draft, "")? => {
-                u.top.extend_from_slice(&head[r.start..r.end])
-            }
+            _ if is_unknown(draft, "", r.field, r.wire_type) => u.top.extend_from_slice(&head[r.start..r.end]),
+            _ if kept_unknown(head, &r, draft, "")? => upb_entry(head, &r, &mut u.top)?,
             f if r.wire_type == wire::LEN && f == f_md => u.metadata.extend(sub(".metadata")?),
             f if r.wire_type == wire::LEN && f == f_obs => u.observability.extend(sub(".observability")?),
             f if r.wire_type == wire::LEN && f == f_sch => u.schema.extend(sub(".schema")?),

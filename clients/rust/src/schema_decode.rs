@@ -1,0 +1,475 @@
+//! Decoding a payload by the schema its envelope references (feature `registry`), as the Go
+//! client's `Resolver.ForEnvelope` and `Schema.Decode` do (docs/sdk-rust.md, "Schema registry").
+//!
+//! The envelope is producer-controlled, so its reference is checked before it is used: it may
+//! only name the topic's own subject (`<topic>` or `<topic>-value`, or subjects the caller
+//! passes), and a `schema_hash` must be the fetched version's - a reference cannot borrow
+//! another subject's schema or swap its content.
+//!
+//! A protobuf schema is read from the registry in Confluent's serialized form (base64 of its
+//! `FileDescriptorProto`, `?format=serialized`), decoded with prost-types - no `.proto` parser
+//! in the crate. The payload is decoded as the message the envelope's `schema_name` names (or
+//! the file's first message): the wire format (`application/protobuf`, `application/x-protobuf`)
+//! field by field, or JSON (the protobuf JSON mapping: every key must be a field of the message,
+//! by its name or JSON name, with a value of the field's type). Either gives the message as JSON
+//! with the fields' proto names. A JSON Schema validates a JSON payload
+//! ([`validate_json`](crate::registry::validate_json)).
+
+use base64::Engine;
+use prost::Message;
+use prost_types::field_descriptor_proto::{Label, Type};
+use prost_types::{DescriptorProto, FieldDescriptorProto, FileDescriptorProto};
+use serde_json::{Map, Value};
+
+use crate::error::{err, Result};
+use crate::model::Envelope;
+use crate::registry::RegistryClient;
+use crate::wire;
+
+/// What an envelope's schema context points at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SchemaRef {
+    /// `.../subjects/<subject>/versions/<n>`
+    SubjectVersion {
+        subject: String,
+        version: i64,
+        hash: String,
+    },
+    /// `.../schemas/ids/<id>` or `/v1/schemas/<id>`, or the extension `schema.id`
+    Id { id: i64, hash: String },
+}
+
+/// The schema a payload was decoded by.
+#[derive(Debug, Clone)]
+pub struct ResolvedSchema {
+    pub subject: String,
+    pub version: i64,
+    /// `protobuf`, `json` or `avro` (Prism's names).
+    pub format: String,
+    pub hash: String,
+    pub text: String,
+    /// The protobuf schema's file descriptor (None for other formats).
+    pub descriptor: Option<FileDescriptorProto>,
+}
+
+fn ref_err(what: String, at: &str, hint: &str) -> crate::PrismError {
+    err!(Registry, what, at, hint)
+}
+
+fn clip(s: &str) -> String {
+    s.chars().take(200).collect()
+}
+
+/// The reference in `env`'s schema context (what Go's `RefOf` reads).
+pub fn schema_ref(env: &Envelope) -> Result<SchemaRef> {
+    let sc = env.header.schema.clone().unwrap_or_default();
+    let (raw, hash) = (sc.schema_url, sc.schema_hash);
+    let path = match raw.find("://") {
+        Some(i) => {
+            let rest = &raw[i + 3..];
+            let p = rest.find('/').map(|j| &rest[j..]).unwrap_or("");
+            p.split(['?', '#']).next().unwrap_or("").to_owned()
+        }
+        None => raw.clone(),
+    };
+    let parts: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+    let n = parts.len();
+    if n >= 4 && parts[n - 4] == "subjects" && parts[n - 2] == "versions" {
+        if let (Some(subject), Ok(version)) = (percent_decode(parts[n - 3]), parts[n - 1].parse::<i64>()) {
+            if parts[n - 1].bytes().all(|b| b.is_ascii_digit()) {
+                return Ok(SchemaRef::SubjectVersion { subject, version, hash });
+            }
+        }
+    }
+    let by_path = if n >= 3
+        && ((parts[n - 3] == "v1" && parts[n - 2] == "schemas") || (parts[n - 3] == "schemas" && parts[n - 2] == "ids"))
+    {
+        Some(parts[n - 1].to_owned())
+    } else {
+        None
+    };
+    let text = by_path.or_else(|| {
+        env.header
+            .extensions
+            .get("schema.id")
+            .map(|b| String::from_utf8_lossy(b).trim().to_owned())
+    });
+    if let Some(id) = text
+        .filter(|t| t.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|t| t.parse::<i64>().ok())
+    {
+        if id > 0 && id < 1 << 31 {
+            return Ok(SchemaRef::Id { id, hash });
+        }
+    }
+    Err(ref_err(
+        format!(
+            "message {} names no registered schema (schema_url {:?})",
+            env.message_id(),
+            clip(&raw)
+        ),
+        "schema.schema_url",
+        "the producer or the worker's enrich stage must stamp a registry schema (subject version or id)",
+    ))
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let h = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(h, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+impl RegistryClient {
+    /// The schema `env` references, after the checks of the module docs. `subjects` are the
+    /// subjects accepted (empty: the topic and `<topic>-value`).
+    pub fn resolve_for_envelope(&self, env: &Envelope, subjects: &[&str]) -> Result<ResolvedSchema> {
+        let topic = env.topic();
+        let default = [topic.to_owned(), format!("{topic}-value")];
+        let allowed: Vec<&str> = if subjects.is_empty() {
+            default.iter().map(String::as_str).collect()
+        } else {
+            subjects.to_vec()
+        };
+        let id = env.message_id();
+        let (subject, version, claimed) = match schema_ref(env)? {
+            SchemaRef::SubjectVersion { subject, version, hash } => (subject, version, hash),
+            SchemaRef::Id { id: sid, hash } => {
+                let under = self.request_value("GET", &format!("/schemas/ids/{sid}/versions"))?;
+                let found = under.as_array().into_iter().flatten().find_map(|sv| {
+                    let s = sv.get("subject")?.as_str()?;
+                    let v = sv.get("version")?.as_i64()?;
+                    allowed.contains(&s).then(|| (s.to_owned(), v))
+                });
+                match found {
+                    Some((s, v)) => (s, v, hash),
+                    _ => {
+                        return Err(ref_err(
+                            format!("message {id} on topic {topic:?} references schema id {sid}, which is not registered under {}", allowed.join(", ")),
+                            "schema.schema_url",
+                            "pass the subject if the topic's subject has another name",
+                        ))
+                    }
+                }
+            }
+        };
+        if !allowed.contains(&subject.as_str()) {
+            return Err(ref_err(
+                format!("message {id} on topic {topic:?} references subject {:?}, not one of {}", clip(&subject), allowed.join(", ")),
+                "schema.schema_url",
+                "a message may only be decoded by its own topic's schema; pass the subject if the topic's subject has another name",
+            ));
+        }
+        let v = self.prism_version(&subject, &version.to_string())?;
+        let field = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+        let (hash, text) = (field("hash"), field("schema"));
+        let mut format = field("format").to_ascii_lowercase();
+        if format.is_empty() {
+            format = field("schemaType").to_ascii_lowercase();
+        }
+        if !claimed.is_empty() && claimed != hash {
+            return Err(ref_err(
+                format!(
+                    "message {id} claims schema hash {:?}, but the registry's schema hashes to {hash}",
+                    clip(&claimed)
+                ),
+                "schema.schema_hash",
+                "the envelope's schema context was altered, or names another registry's schema",
+            ));
+        }
+        let descriptor = if format == "protobuf" {
+            let ser = self.request_value(
+                "GET",
+                &format!(
+                    "/subjects/{}/versions/{version}?format=serialized",
+                    crate::registry::segment(&subject)
+                ),
+            )?;
+            let b64 = ser.get("schema").and_then(Value::as_str).unwrap_or("");
+            let bytes = base64::engine::general_purpose::STANDARD.decode(b64).map_err(|e| {
+                ref_err(
+                    format!("the registry's serialized schema is not base64: {e}"),
+                    "schema",
+                    "check the registry",
+                )
+            })?;
+            Some(FileDescriptorProto::decode(bytes.as_slice()).map_err(|e| {
+                ref_err(
+                    format!("the registry's serialized schema is not a FileDescriptorProto: {e}"),
+                    "schema",
+                    "check the registry",
+                )
+            })?)
+        } else {
+            None
+        };
+        Ok(ResolvedSchema {
+            subject,
+            version,
+            format,
+            hash,
+            text,
+            descriptor,
+        })
+    }
+}
+
+/// A payload decoded by its schema: the value (JSON) and the message type (protobuf).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decoded {
+    pub value: Value,
+    pub message_type: Option<String>,
+}
+
+impl ResolvedSchema {
+    /// Decode `payload` (content type `content_type`) by this schema; `type_name` picks the
+    /// protobuf message (the envelope's `schema_name`; empty: the file's first message).
+    pub fn decode(&self, payload: &[u8], content_type: &str, type_name: &str) -> Result<Decoded> {
+        let ct = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+        let is_wire = matches!(
+            ct.as_str(),
+            "application/protobuf" | "application/x-protobuf" | "application/vnd.google.protobuf"
+        );
+        match (&self.descriptor, self.format.as_str()) {
+            (Some(file), _) => {
+                let msg = find_message(file, type_name)?;
+                let value = if is_wire {
+                    decode_wire(file, msg.1, payload, 0, &msg.0)?
+                } else {
+                    let v = json_payload(payload)?;
+                    from_json(file, msg.1, &v, 0, &msg.0)?
+                };
+                Ok(Decoded {
+                    value,
+                    message_type: Some(msg.0),
+                })
+            }
+            (None, "json") => {
+                crate::registry::validate_json(&self.text, payload)?;
+                Ok(Decoded {
+                    value: json_payload(payload)?,
+                    message_type: None,
+                })
+            }
+            (None, other) => Err(err!(
+                Payload,
+                format!("decoding a payload by a {other} schema is not supported by this client"),
+                "schema.schema_format",
+                "use a protobuf or JSON Schema, or read the payload with payload_json"
+            )),
+        }
+    }
+}
+
+/// A JSON payload, parsed within bounds (16 MiB, 64 levels): hostile input is a `Payload` error.
+fn json_payload(payload: &[u8]) -> Result<Value> {
+    crate::untrusted_json::parse(payload, "payload", 16 << 20, 64, crate::PrismError::Payload)
+}
+
+fn pay_err(what: String, at: &str) -> crate::PrismError {
+    err!(
+        Payload,
+        what,
+        at,
+        "the payload does not match the schema its envelope references"
+    )
+}
+
+/// The message `name` (full, `pkg.Msg`, or nested `pkg.Outer.Inner`) of `file`, with its full name.
+fn find_message<'a>(file: &'a FileDescriptorProto, name: &str) -> Result<(String, &'a DescriptorProto)> {
+    let pkg = file.package();
+    fn walk<'a>(prefix: &str, msgs: &'a [DescriptorProto], out: &mut Vec<(String, &'a DescriptorProto)>) {
+        for m in msgs {
+            let full = if prefix.is_empty() {
+                m.name().to_owned()
+            } else {
+                format!("{prefix}.{}", m.name())
+            };
+            walk(&full, &m.nested_type, out);
+            out.push((full, m));
+        }
+    }
+    let mut all = Vec::new();
+    walk(pkg, &file.message_type, &mut all);
+    let want = name.trim_start_matches('.');
+    if want.is_empty() {
+        let first = file
+            .message_type
+            .first()
+            .ok_or_else(|| pay_err("the schema defines no message".into(), "schema"))?;
+        let full = if pkg.is_empty() {
+            first.name().to_owned()
+        } else {
+            format!("{pkg}.{}", first.name())
+        };
+        return Ok((full, first));
+    }
+    all.into_iter().find(|(full, _)| full == want).ok_or_else(|| {
+        pay_err(
+            format!("the schema defines no message {:?}", clip(want)),
+            "schema.schema_name",
+        )
+    })
+}
+
+fn message_of<'a>(file: &'a FileDescriptorProto, f: &FieldDescriptorProto) -> Result<(String, &'a DescriptorProto)> {
+    find_message(file, f.type_name())
+}
+
+const MAX_DEPTH: usize = 32;
+
+fn is_repeated(f: &FieldDescriptorProto) -> bool {
+    f.label() == Label::Repeated
+}
+
+/// The wire format of message `msg` as JSON (proto names; repeated fields as arrays; unknown
+/// numbers are kept out - they are not the schema's).
+fn decode_wire(
+    file: &FileDescriptorProto,
+    msg: &DescriptorProto,
+    buf: &[u8],
+    depth: usize,
+    path: &str,
+) -> Result<Value> {
+    if depth > MAX_DEPTH {
+        return Err(pay_err("the payload nests messages too deep".into(), path));
+    }
+    let mut out = Map::new();
+    for r in wire::scan(buf, 0, buf.len()).map_err(|e| pay_err(format!("not protobuf: {e}"), path))? {
+        let Some(f) = msg.field.iter().find(|f| f.number() == r.field as i32) else {
+            continue;
+        };
+        let at = format!("{path}.{}", f.name());
+        let raw = &buf[r.value_start..r.end];
+        let mut values = Vec::new();
+        let packable = !matches!(f.r#type(), Type::String | Type::Bytes | Type::Message | Type::Group);
+        if packable && r.wire_type == wire::LEN {
+            let mut pos = 0;
+            while pos < raw.len() {
+                let (v, used) = scalar(f.r#type(), &raw[pos..], &at)?;
+                values.push(v);
+                pos += used;
+            }
+        } else {
+            let v = match f.r#type() {
+                Type::String => Value::String(
+                    String::from_utf8(raw.to_vec()).map_err(|_| pay_err("a string that is not UTF-8".into(), &at))?,
+                ),
+                Type::Bytes => Value::String(base64::engine::general_purpose::STANDARD.encode(raw)),
+                Type::Message => {
+                    let (name, sub) = message_of(file, f)?;
+                    decode_wire(file, sub, raw, depth + 1, &name)?
+                }
+                t => scalar(t, raw, &at)?.0,
+            };
+            values.push(v);
+        }
+        if is_repeated(f) {
+            let e = out
+                .entry(f.name().to_owned())
+                .or_insert_with(|| Value::Array(Vec::new()));
+            if let Value::Array(a) = e {
+                a.extend(values);
+            }
+        } else if let Some(v) = values.pop() {
+            out.insert(f.name().to_owned(), v);
+        }
+    }
+    Ok(Value::Object(out))
+}
+
+/// One scalar of type `t` at the start of `b`: its JSON value and the bytes it took.
+fn scalar(t: Type, b: &[u8], at: &str) -> Result<(Value, usize)> {
+    let short = || pay_err("a value runs past the end".into(), at);
+    let fixed = |n: usize| b.get(..n).ok_or_else(short);
+    Ok(match t {
+        Type::Double => (f64::from_le_bytes(fixed(8)?.try_into().unwrap_or([0; 8])).into(), 8),
+        Type::Float => (
+            f64::from(f32::from_le_bytes(fixed(4)?.try_into().unwrap_or([0; 4]))).into(),
+            4,
+        ),
+        Type::Fixed64 => (u64::from_le_bytes(fixed(8)?.try_into().unwrap_or([0; 8])).into(), 8),
+        Type::Sfixed64 => (i64::from_le_bytes(fixed(8)?.try_into().unwrap_or([0; 8])).into(), 8),
+        Type::Fixed32 => (u32::from_le_bytes(fixed(4)?.try_into().unwrap_or([0; 4])).into(), 4),
+        Type::Sfixed32 => (i32::from_le_bytes(fixed(4)?.try_into().unwrap_or([0; 4])).into(), 4),
+        _ => {
+            let (v, used) = wire::read_varint(b, 0, b.len()).map_err(|_| short())?;
+            let val: Value = match t {
+                Type::Bool => (v != 0).into(),
+                Type::Int32 | Type::Enum => (v as i32).into(),
+                Type::Int64 => (v as i64).into(),
+                Type::Uint32 => (v as u32).into(),
+                Type::Uint64 => v.into(),
+                Type::Sint32 => (((v >> 1) as i32) ^ -((v & 1) as i32)).into(),
+                Type::Sint64 => (((v >> 1) as i64) ^ -((v & 1) as i64)).into(),
+                _ => {
+                    return Err(pay_err(
+                        format!("a field of type {t:?} in a packed or varint record"),
+                        at,
+                    ))
+                }
+            };
+            (val, used)
+        }
+    })
+}
+
+/// A JSON payload read by the protobuf JSON mapping into message `msg`: every key a field (by
+/// name or JSON name), every value of the field's type; out with proto names.
+fn from_json(file: &FileDescriptorProto, msg: &DescriptorProto, v: &Value, depth: usize, path: &str) -> Result<Value> {
+    if depth > MAX_DEPTH {
+        return Err(pay_err("the payload nests messages too deep".into(), path));
+    }
+    let obj = v
+        .as_object()
+        .ok_or_else(|| pay_err(format!("{path} is not a JSON object"), path))?;
+    let mut out = Map::new();
+    for (k, val) in obj {
+        let f = msg
+            .field
+            .iter()
+            .find(|f| f.name() == k || f.json_name() == k)
+            .ok_or_else(|| pay_err(format!("{path} has no field {:?}", clip(k)), path))?;
+        let at = format!("{path}.{}", f.name());
+        if val.is_null() {
+            continue;
+        }
+        let one = |x: &Value| -> Result<Value> {
+            let ok = match f.r#type() {
+                Type::Message => return from_json(file, message_of(file, f)?.1, x, depth + 1, &at),
+                Type::String | Type::Bytes => x.is_string(),
+                Type::Bool => x.is_boolean(),
+                Type::Double | Type::Float => {
+                    x.is_number() || matches!(x.as_str(), Some("NaN" | "Infinity" | "-Infinity"))
+                }
+                Type::Enum => x.is_string() || x.is_i64(),
+                _ => x.is_i64() || x.is_u64() || x.as_str().is_some_and(|s| s.parse::<i128>().is_ok()),
+            };
+            if ok {
+                Ok(x.clone())
+            } else {
+                Err(pay_err(format!("{at} is not a {:?} value", f.r#type()), &at))
+            }
+        };
+        let decoded = if is_repeated(f) {
+            let items = val
+                .as_array()
+                .ok_or_else(|| pay_err(format!("{at} is not a list"), &at))?;
+            Value::Array(items.iter().map(one).collect::<Result<_>>()?)
+        } else {
+            one(val)?
+        };
+        out.insert(f.name().to_owned(), decoded);
+    }
+    Ok(Value::Object(out))
+}

@@ -1,0 +1,179 @@
+//! Decoding a payload by the schema its envelope references (`prism_client::schema_decode`):
+//! the reference read from the schema context, a protobuf message decoded from its wire format
+//! and read from the protobuf JSON mapping, and hostile payloads - a value or a `PrismError`,
+//! never a panic. tests/clients/test_chain.py runs it against a real registry and worker.
+
+use prism_client::gen::v1::SchemaContext;
+use prism_client::schema_decode::{schema_ref, ResolvedSchema, SchemaRef};
+use prism_client::{Envelope, PrismError};
+use proptest::prelude::*;
+use prost_types::field_descriptor_proto::{Label, Type};
+use prost_types::{DescriptorProto, FieldDescriptorProto, FileDescriptorProto};
+use serde_json::json;
+
+fn field(name: &str, json_name: &str, number: i32, t: Type, label: Label, type_name: &str) -> FieldDescriptorProto {
+    FieldDescriptorProto {
+        name: Some(name.into()),
+        json_name: Some(json_name.into()),
+        number: Some(number),
+        r#type: Some(t as i32),
+        label: Some(label as i32),
+        type_name: (!type_name.is_empty()).then(|| type_name.into()),
+        ..Default::default()
+    }
+}
+
+/// OrderCreated and LineItem of topologies/schemas/order_created.proto, as a descriptor.
+fn orders() -> ResolvedSchema {
+    use Label::{Optional as O, Repeated as R};
+    let order = DescriptorProto {
+        name: Some("OrderCreated".into()),
+        field: vec![
+            field("order_id", "orderId", 1, Type::String, O, ""),
+            field("customer_id", "customerId", 2, Type::String, O, ""),
+            field("items", "items", 4, Type::Message, R, ".prism.examples.orders.LineItem"),
+            field("total", "total", 5, Type::Double, O, ""),
+            field("flags", "flags", 9, Type::Sint32, R, ""),
+        ],
+        ..Default::default()
+    };
+    let item = DescriptorProto {
+        name: Some("LineItem".into()),
+        field: vec![
+            field("sku", "sku", 1, Type::String, O, ""),
+            field("qty", "qty", 2, Type::Int32, O, ""),
+        ],
+        ..Default::default()
+    };
+    ResolvedSchema {
+        subject: "orders".into(),
+        version: 1,
+        format: "protobuf".into(),
+        hash: "sha256:x".into(),
+        text: String::new(),
+        descriptor: Some(FileDescriptorProto {
+            name: Some("order_created.proto".into()),
+            package: Some("prism.examples.orders".into()),
+            message_type: vec![order, item],
+            ..Default::default()
+        }),
+    }
+}
+
+const ORDER: &str = "prism.examples.orders.OrderCreated";
+
+fn env_with(url: &str, ext: Option<&str>) -> Envelope {
+    let mut b = Envelope::builder("orders", "order-events").text("{}");
+    if let Some(id) = ext {
+        b = b.extension("schema.id", id.as_bytes().to_vec());
+    }
+    let mut env = b.build().unwrap();
+    env.header.schema = Some(SchemaContext {
+        schema_url: url.into(),
+        schema_hash: "sha256:abc".into(),
+        ..Default::default()
+    });
+    env
+}
+
+#[test]
+fn the_reference_is_read_as_go_reads_it() {
+    let h = "sha256:abc".to_string();
+    assert_eq!(
+        schema_ref(&env_with("http://reg:8081/v1/subjects/orders%2Dx/versions/3", None)).unwrap(),
+        SchemaRef::SubjectVersion {
+            subject: "orders-x".into(),
+            version: 3,
+            hash: h.clone()
+        }
+    );
+    assert_eq!(
+        schema_ref(&env_with("http://reg/schemas/ids/12", None)).unwrap(),
+        SchemaRef::Id {
+            id: 12,
+            hash: h.clone()
+        }
+    );
+    assert_eq!(
+        schema_ref(&env_with("", Some(" 7 "))).unwrap(),
+        SchemaRef::Id { id: 7, hash: h }
+    );
+    for bad in [
+        "",
+        "http://reg/subjects/x/versions/latest",
+        "http://reg/schemas/ids/0",
+        "/subjects/%zz/versions/1",
+    ] {
+        assert!(
+            matches!(schema_ref(&env_with(bad, None)), Err(PrismError::Registry(_))),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
+fn a_json_payload_is_read_by_the_protobuf_json_mapping() {
+    let s = orders();
+    let d = s
+        .decode(
+            br#"{"orderId":"o-1","customer_id":"c","items":[{"sku":"A","qty":2}],"total":1.5}"#,
+            "application/json",
+            ORDER,
+        )
+        .unwrap();
+    assert_eq!(d.message_type.as_deref(), Some(ORDER));
+    assert_eq!(
+        d.value,
+        json!({"order_id": "o-1", "customer_id": "c", "items": [{"sku": "A", "qty": 2}], "total": 1.5})
+    );
+    for bad in [
+        &br#"{"nope":1}"#[..],
+        br#"{"total":"x"}"#,
+        br#"{"items":{"sku":"A"}}"#,
+        br#"{"items":[{"qty":"2x"}]}"#,
+        b"[1]",
+        b"{",
+    ] {
+        assert!(matches!(
+            s.decode(bad, "application/json", ORDER),
+            Err(PrismError::Payload(_))
+        ));
+    }
+    assert!(matches!(
+        s.decode(b"{}", "application/json", "prism.Other"),
+        Err(PrismError::Payload(_))
+    ));
+}
+
+#[test]
+fn a_wire_payload_is_decoded_field_by_field() {
+    let s = orders();
+    // order_id "o-1", items [{sku "A", qty 2}], total 1.5, flags packed [-1, 1], unknown field 15
+    let mut b = vec![0x0a, 3, b'o', b'-', b'1', 0x22, 5, 0x0a, 1, b'A', 0x10, 2, 0x29];
+    b.extend_from_slice(&1.5f64.to_le_bytes());
+    b.extend_from_slice(&[0x4a, 2, 1, 2, 0x78, 1]);
+    let d = s.decode(&b, "application/protobuf", ORDER).unwrap();
+    assert_eq!(
+        d.value,
+        json!({"order_id": "o-1", "items": [{"sku": "A", "qty": 2}], "total": 1.5, "flags": [-1, 1]})
+    );
+    assert!(matches!(
+        s.decode(&[0x0a, 9, 1], "application/x-protobuf", ORDER),
+        Err(PrismError::Payload(_))
+    ));
+    assert!(matches!(
+        s.decode(&[0x0a, 1, 0xff], "application/protobuf", ORDER),
+        Err(PrismError::Payload(_))
+    ));
+}
+
+proptest! {
+    #[test]
+    fn hostile_payloads_give_a_value_or_a_prism_error(data in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let s = orders();
+        for ct in ["application/protobuf", "application/json"] {
+            let _ = s.decode(&data, ct, ORDER);
+            let _ = s.decode(&data, ct, "");
+        }
+    }
+}
