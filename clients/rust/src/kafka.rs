@@ -913,7 +913,6 @@ impl AsyncSubscriber {
     }
 }
 
-/// `2026-11-28T23:59:59.123Z` for Unix milliseconds (civil-from-days, Howard Hinnant).
 /// `f`'s output if it is ready at once (polled once, then dropped: rdkafka's `recv` is
 /// cancel safe), else None.
 #[cfg(feature = "kafka-async")]
@@ -926,24 +925,10 @@ fn now_or_never<F: std::future::Future>(f: F) -> Option<F::Output> {
     }
 }
 
+/// `2026-11-28T23:59:59.123Z` for Unix milliseconds (what Python's audit records carry).
 fn iso8601_utc(ms: i64) -> String {
-    let (days, rem) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3_600_000,
-        rem / 60_000 % 60,
-        rem / 1000 % 60,
-        rem % 1000
-    )
+    let at = std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_millis(at).to_string()
 }
 
 #[cfg(test)]
