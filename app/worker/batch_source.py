@@ -321,6 +321,29 @@ def install_handler_hook(conductor: Any) -> None:
     conductor._build_handler = build_handler
 
 
+async def set_source_fetching(consumer: Any, source_topics: set[str], *, paused: bool) -> None:
+    """Pause/resume the source partitions in the consumer's aiokafka client - the one place the
+    worker's blocking (app/worker/worker_state.py) and the management API's pause do it.
+
+    Why not Faust's `consumer.pause_partitions`: it only narrows the set Faust asks aiokafka
+    for, aiokafka keeps fetching the partition and DROPS records fetched for partitions not
+    asked for (`Fetcher.fetched_records`), which loses them (measured: a record produced
+    while paused never arrived after resume). aiokafka's own pause stops the fetch itself.
+    Runs in the consumer thread's loop, where aiokafka lives."""
+    from aiokafka.structs import TopicPartition
+
+    tps = [TopicPartition(tp.topic, tp.partition) for tp in consumer.assignment() if tp.topic in source_topics]
+
+    async def apply() -> None:
+        client = consumer._thread._ensure_consumer()
+        if paused:
+            client.pause(*tps)
+        else:
+            client.resume(*tps)
+
+    await consumer._thread.call_thread(apply)
+
+
 def install_seek_uncommitted(consumer: Any, sources: list[BatchSource]) -> None:
     """Make Faust's ``perform_seek`` rewind *every* batch-source partition, those without a
     committed offset included: to the committed offset, or else to the start of the log.

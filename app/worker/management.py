@@ -281,37 +281,14 @@ def connector_status(observer: ObserverView) -> dict[str, Any]:
             **({"migration": mig} if (mig := p.publisher.migration_status()) is not None else {})}
 
 
-def _source_tps(observer: ObserverView) -> list[Any]:
-    p = observer.pipeline
-    assert p is not None
-    consumer = p.app.consumer
-    sources = {s.topic for s in p.topology.sources}
-    return [tp for tp in consumer.assignment() if tp.topic in sources]
-
-
 async def set_fetching(observer: ObserverView, paused: bool) -> None:
-    """Pause/resume the topology's source partitions in the consumer's aiokafka client.
-
-    Why not Faust's `consumer.pause_partitions`: it only narrows the set Faust asks aiokafka
-    for, aiokafka keeps fetching the partition and DROPS records fetched for partitions not
-    asked for (`Fetcher.fetched_records`), which loses them (measured: a record produced
-    while paused never arrived after resume). aiokafka's own pause stops the fetch itself.
-    Runs in the consumer thread's loop, where aiokafka lives."""
-    from aiokafka.structs import TopicPartition
+    """Pause/resume the topology's source partitions (app/worker/batch_source.py,
+    `set_source_fetching`: aiokafka's own pause, not Faust's, which loses records)."""
+    from app.worker.batch_source import set_source_fetching
 
     p = observer.pipeline
     assert p is not None
-    consumer = p.app.consumer
-    tps = [TopicPartition(tp.topic, tp.partition) for tp in _source_tps(observer)]
-
-    async def apply() -> None:
-        client = consumer._thread._ensure_consumer()
-        if paused:
-            client.pause(*tps)
-        else:
-            client.resume(*tps)
-
-    await consumer._thread.call_thread(apply)
+    await set_source_fetching(p.app.consumer, {s.topic for s in p.topology.sources}, paused=paused)
 
 
 async def pause(observer: ObserverView) -> None:

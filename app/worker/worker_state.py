@@ -170,22 +170,10 @@ class WorkerState:
             log.warning("could not %s fetching: %r", "pause" if reason else "resume", exc)
 
     async def set_fetching(self, *, paused: bool) -> None:
-        """aiokafka's own pause/resume of the source partitions, in the consumer thread (why not
-        Faust's: app/worker/management.py, `set_fetching`)."""
-        from aiokafka.structs import TopicPartition
+        """aiokafka's own pause/resume of the source partitions (batch_source.set_source_fetching)."""
+        from app.worker.batch_source import set_source_fetching
 
-        consumer = self.app.consumer
-        sources = {s.topic for s in self.topology.sources}
-        tps = [TopicPartition(tp.topic, tp.partition) for tp in consumer.assignment() if tp.topic in sources]
-
-        async def apply() -> None:
-            client = consumer._thread._ensure_consumer()
-            if paused:
-                client.pause(*tps)
-            else:
-                client.resume(*tps)
-
-        await consumer._thread.call_thread(apply)
+        await set_source_fetching(self.app.consumer, {s.topic for s in self.topology.sources}, paused=paused)
 
     # -- problem reports ---------------------------------------------------------------------
     def kafka_problem(self) -> str | None:
