@@ -2,7 +2,10 @@
 //! stdin line, `decode HEX` or `verify HEX`, answered as `python -m conformance.check` answers
 //! (one JSON line each), so the test can compare the two implementations on any bytes; and
 //! `lnmp HEX`: the input mapped from LNMP (strict) to an envelope and written back, or Python's
-//! error code; `validate HEX`: the JSON `[schema, payload]` validated, the violations' paths.
+//! error code; `validate HEX`: the JSON `[schema, payload]` validated, the violations' paths;
+//! `avro HEX`: the JSON `[schema_text, payload_hex, content_type]` validated and decoded by the
+//! Avro schema; `proto HEX`: the JSON `[descriptor_hex, payload_hex, content_type, type_url]`
+//! validated by the serialized `FileDescriptorProto` and decoded.
 
 use std::io::BufRead;
 use std::path::Path;
@@ -98,6 +101,64 @@ fn lnmp(data: &[u8]) -> Value {
     }
 }
 
+fn failed(e: &PrismError) -> Value {
+    json!({"outcome": "invalid", "reason": e.reason(), "at": e.detail().at})
+}
+
+/// `avro HEX`: validation's verdict and, for a valid payload, the decoded value.
+fn avro(data: &[u8]) -> Value {
+    use prism_client::avro::AvroSchema;
+    let Ok(Value::Array(a)) = serde_json::from_slice::<Value>(data) else {
+        return json!({"error": "bad request"});
+    };
+    let text = |i: usize| a.get(i).and_then(Value::as_str).unwrap_or("");
+    let payload = hex::decode(text(1)).unwrap_or_default();
+    let schema = match AvroSchema::parse(text(0)) {
+        Ok(s) => s,
+        Err(e) => return failed(&e),
+    };
+    if let Err(e) = schema.validate(&payload, text(2)) {
+        return failed(&e);
+    }
+    if text(2).contains("json") {
+        return json!({"outcome": "valid"});
+    }
+    match schema.decode_binary(&payload) {
+        Ok(v) => json!({"outcome": "valid", "value": v}),
+        Err(e) => json!({"outcome": "valid", "decode": e.reason()}),
+    }
+}
+
+/// `proto HEX`: validation's verdict and, for a valid payload, the decoded value.
+fn proto(data: &[u8]) -> Value {
+    use prism_client::schema_decode::{validate_protobuf, ResolvedSchema};
+    use prost::Message;
+    let Ok(Value::Array(a)) = serde_json::from_slice::<Value>(data) else {
+        return json!({"error": "bad request"});
+    };
+    let text = |i: usize| a.get(i).and_then(Value::as_str).unwrap_or("");
+    let Ok(file) = prost_types::FileDescriptorProto::decode(hex::decode(text(0)).unwrap_or_default().as_slice()) else {
+        return json!({"error": "bad descriptor"});
+    };
+    let payload = hex::decode(text(1)).unwrap_or_default();
+    if let Err(e) = validate_protobuf(&file, &payload, text(2), text(3)) {
+        return failed(&e);
+    }
+    let schema = ResolvedSchema {
+        subject: String::new(),
+        version: 1,
+        format: "protobuf".into(),
+        hash: String::new(),
+        text: String::new(),
+        descriptor: Some(file),
+    };
+    let name = text(3).rsplit('/').next().unwrap_or("");
+    match schema.decode(&payload, text(2), name) {
+        Ok(d) => json!({"outcome": "valid", "value": d.value}),
+        Err(e) => json!({"outcome": "valid", "decode": e.reason()}),
+    }
+}
+
 fn main() {
     let keys = keys();
     for line in std::io::stdin().lock().lines().map_while(Result::ok) {
@@ -114,6 +175,8 @@ fn main() {
             },
             "lnmp" => lnmp(&data),
             "validate" => validate(&data),
+            "avro" => avro(&data),
+            "proto" => proto(&data),
             _ => json!({"error": "unknown command"}),
         };
         println!("{answer}");

@@ -9,6 +9,8 @@
 //!
 //! Every failure on bad input is a [`PrismError`]; nothing in this crate panics on bad input.
 
+#[cfg(feature = "registry")]
+pub mod avro;
 pub mod binding;
 pub mod codec;
 #[cfg(feature = "compression")]

@@ -261,11 +261,17 @@ impl RegistryClient {
     }
 }
 
-/// Validate the envelope's JSON payload against `version` of `subject` (a number or `latest`)
+/// Validate the envelope's payload against `version` of `subject` (a number or `latest`)
 /// before publishing, and record in the envelope the schema it was validated against (the
 /// schema context: url, version, format, hash, name) and `contains_pii` when the schema has PII
 /// fields, as the Python SDK's `publish(..., schema_validation=True)` does. Nothing is sent here:
 /// publish the envelope afterwards.
+///
+/// By the version's type: JSON Schema ([`validate_json`]); Avro ([`crate::avro`]: binary Avro,
+/// or a JSON document when the content type says `json`); protobuf (the payload must decode by
+/// the registry's descriptor as the message its `type_url` names, or the file's first message:
+/// the wire format, or the protobuf JSON mapping when the content type says `json`). Every
+/// failure of the payload is `PrismError::Validation` with the path of the failure.
 pub fn validate_for_publish(
     env: &mut crate::Envelope,
     client: &RegistryClient,
@@ -273,18 +279,32 @@ pub fn validate_for_publish(
     version: &str,
 ) -> Result<()> {
     let v = client.version(subject, version)?;
-    if v.schema_type != "JSON" {
-        return Err(err!(
-            Config,
-            format!(
-                "subject {subject:?} version {} is {}, not JSON Schema",
-                v.version, v.schema_type
-            ),
-            "schema",
-            "the Rust client validates JSON Schema only; validate Avro and protobuf payloads in Python"
-        ));
-    }
-    validate_json(&v.schema, &env.payload_bytes()?)?;
+    let payload = env.payload_bytes()?;
+    let format = match v.schema_type.as_str() {
+        "JSON" => {
+            validate_json(&v.schema, &payload)?;
+            "json"
+        }
+        "AVRO" => {
+            crate::avro::AvroSchema::parse(&v.schema)?.validate(&payload, env.content_type())?;
+            "avro"
+        }
+        "PROTOBUF" => {
+            let file = client.serialized_descriptor(subject, v.version)?;
+            let type_url = env.payload.as_ref().map(|p| p.type_url.as_str()).unwrap_or("");
+            crate::schema_decode::validate_protobuf(&file, &payload, env.content_type(), type_url)?;
+            "protobuf"
+        }
+        other => {
+            return Err(err!(
+                Config,
+                format!("subject {subject:?} version {} has schema type {other:?}", v.version),
+                "schema",
+                "the registry serves JSON, AVRO or PROTOBUF schemas; check the subject"
+            ))
+        }
+    };
+    drop(payload);
     let prism = client
         .prism_version(subject, &v.version.to_string())
         .unwrap_or(Value::Null);
@@ -300,7 +320,7 @@ pub fn validate_for_publish(
             v.version
         ),
         schema_version: v.version.to_string(),
-        schema_format: "json".into(),
+        schema_format: format.into(),
         schema_hash: prism.get("hash").and_then(Value::as_str).unwrap_or("").to_owned(),
         schema_name: subject.to_owned(),
         ..Default::default()

@@ -131,6 +131,33 @@ fn percent_decode(s: &str) -> Option<String> {
 }
 
 impl RegistryClient {
+    /// A protobuf version's `FileDescriptorProto`, read in Confluent's serialized form
+    /// (`?format=serialized`, base64).
+    pub fn serialized_descriptor(&self, subject: &str, version: i64) -> Result<FileDescriptorProto> {
+        let ser = self.request_value(
+            "GET",
+            &format!(
+                "/subjects/{}/versions/{version}?format=serialized",
+                crate::registry::segment(subject)
+            ),
+        )?;
+        let b64 = ser.get("schema").and_then(Value::as_str).unwrap_or("");
+        let bytes = base64::engine::general_purpose::STANDARD.decode(b64).map_err(|e| {
+            ref_err(
+                format!("the registry's serialized schema is not base64: {e}"),
+                "schema",
+                "check the registry",
+            )
+        })?;
+        FileDescriptorProto::decode(bytes.as_slice()).map_err(|e| {
+            ref_err(
+                format!("the registry's serialized schema is not a FileDescriptorProto: {e}"),
+                "schema",
+                "check the registry",
+            )
+        })
+    }
+
     /// The schema `env` references, after the checks of the module docs. `subjects` are the
     /// subjects accepted (empty: the topic and `<topic>-value`).
     pub fn resolve_for_envelope(&self, env: &Envelope, subjects: &[&str]) -> Result<ResolvedSchema> {
@@ -188,28 +215,7 @@ impl RegistryClient {
             ));
         }
         let descriptor = if format == "protobuf" {
-            let ser = self.request_value(
-                "GET",
-                &format!(
-                    "/subjects/{}/versions/{version}?format=serialized",
-                    crate::registry::segment(&subject)
-                ),
-            )?;
-            let b64 = ser.get("schema").and_then(Value::as_str).unwrap_or("");
-            let bytes = base64::engine::general_purpose::STANDARD.decode(b64).map_err(|e| {
-                ref_err(
-                    format!("the registry's serialized schema is not base64: {e}"),
-                    "schema",
-                    "check the registry",
-                )
-            })?;
-            Some(FileDescriptorProto::decode(bytes.as_slice()).map_err(|e| {
-                ref_err(
-                    format!("the registry's serialized schema is not a FileDescriptorProto: {e}"),
-                    "schema",
-                    "check the registry",
-                )
-            })?)
+            Some(self.serialized_descriptor(&subject, version)?)
         } else {
             None
         };
@@ -261,14 +267,58 @@ impl ResolvedSchema {
                     message_type: None,
                 })
             }
+            (None, "avro") => {
+                let schema = crate::avro::AvroSchema::parse(&self.text)?;
+                let value = if ct.contains("json") {
+                    schema.validate(payload, &ct)?;
+                    json_payload(payload)?
+                } else {
+                    schema.decode_binary(payload)?
+                };
+                Ok(Decoded {
+                    value,
+                    message_type: None,
+                })
+            }
             (None, other) => Err(err!(
                 Payload,
                 format!("decoding a payload by a {other} schema is not supported by this client"),
                 "schema.schema_format",
-                "use a protobuf or JSON Schema, or read the payload with payload_json"
+                "use a protobuf, Avro or JSON Schema, or read the payload with payload_bytes"
             )),
         }
     }
+}
+
+/// Validate a protobuf payload before publish: it must decode by `file` as the message
+/// `type_url` names (`type.googleapis.com/pkg.Msg`; when it names none of the file's messages,
+/// the file's first message, as the Python SDK falls back to the schema's root): the wire
+/// format, or the protobuf JSON mapping when `content_type` says `json`. A payload that does
+/// not decode is `Validation`, at the path of the failure (`pkg.Msg.field`).
+pub fn validate_protobuf(file: &FileDescriptorProto, payload: &[u8], content_type: &str, type_url: &str) -> Result<()> {
+    let wanted = type_url.rsplit('/').next().unwrap_or("");
+    let msg = find_message(file, wanted).or_else(|_| find_message(file, ""))?;
+    let decoded = if content_type.to_ascii_lowercase().contains("json") {
+        crate::untrusted_json::parse(
+            payload,
+            "payload",
+            crate::model::MAX_JSON_PAYLOAD_BYTES,
+            64,
+            crate::PrismError::Validation,
+        )
+        .and_then(|v: Value| from_json(file, msg.1, &v, 0, &msg.0))
+    } else {
+        decode_wire(file, msg.1, payload, 0, &msg.0)
+    };
+    decoded.map(|_| ()).map_err(|e| match e {
+        crate::PrismError::Payload(d) => err!(
+            Validation,
+            format!("payload is not a valid {} message: {}", msg.0, d.what),
+            d.at,
+            "fix the payload, or publish against another schema version"
+        ),
+        other => other,
+    })
 }
 
 /// A JSON payload, parsed within bounds (16 MiB, 64 levels): hostile input is a `Payload` error.

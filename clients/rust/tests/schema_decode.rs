@@ -4,7 +4,7 @@
 //! never a panic. tests/clients/test_chain.py runs it against a real registry and worker.
 
 use prism_client::gen::v1::SchemaContext;
-use prism_client::schema_decode::{schema_ref, ResolvedSchema, SchemaRef};
+use prism_client::schema_decode::{schema_ref, validate_protobuf, ResolvedSchema, SchemaRef};
 use prism_client::{Envelope, PrismError};
 use proptest::prelude::*;
 use prost_types::field_descriptor_proto::{Label, Type};
@@ -167,6 +167,47 @@ fn a_wire_payload_is_decoded_field_by_field() {
     ));
 }
 
+#[test]
+fn a_protobuf_payload_is_validated_before_publish_with_the_failures_path() {
+    let s = orders();
+    let file = s.descriptor.as_ref().unwrap();
+    let url = format!("type.googleapis.com/{ORDER}");
+    let mut ok = vec![0x0a, 3, b'o', b'-', b'1', 0x22, 5, 0x0a, 1, b'A', 0x10, 2];
+    assert!(validate_protobuf(file, &ok, "application/protobuf", &url).is_ok());
+    // a type URL the schema does not define: the file's first message, as Python falls back
+    assert!(validate_protobuf(file, &ok, "application/protobuf", "type.googleapis.com/x.Y").is_ok());
+    ok.extend_from_slice(&[0x0a, 9, 1]);
+    let e = validate_protobuf(file, &ok, "application/protobuf", &url).unwrap_err();
+    assert!(matches!(&e, PrismError::Validation(d) if d.at == ORDER), "{e:?}");
+    // a LineItem whose sku is not UTF-8: the failure is at the nested field
+    let bad_item = [0x22, 3, 0x0a, 1, 0xff];
+    let e = validate_protobuf(file, &bad_item, "application/protobuf", &url).unwrap_err();
+    assert!(
+        matches!(&e, PrismError::Validation(d) if d.at == "prism.examples.orders.LineItem.sku"),
+        "{e:?}"
+    );
+    assert!(validate_protobuf(
+        file,
+        br#"{"orderId":"o","items":[{"qty":2}]}"#,
+        "application/json",
+        &url
+    )
+    .is_ok());
+    let e = validate_protobuf(file, br#"{"items":[{"qty":"two"}]}"#, "application/json", &url).unwrap_err();
+    assert!(
+        matches!(&e, PrismError::Validation(d) if d.at == "prism.examples.orders.OrderCreated.items.qty"),
+        "{e:?}"
+    );
+    for bad in [&b"{"[..], b"[]", br#"{"nope": 1}"#] {
+        assert!(matches!(
+            validate_protobuf(file, bad, "application/json", &url),
+            Err(PrismError::Validation(_))
+        ));
+    }
+    let empty = FileDescriptorProto::default();
+    assert!(validate_protobuf(&empty, b"", "application/protobuf", "").is_err());
+}
+
 proptest! {
     #[test]
     fn hostile_payloads_give_a_value_or_a_prism_error(data in proptest::collection::vec(any::<u8>(), 0..256)) {
@@ -174,6 +215,17 @@ proptest! {
         for ct in ["application/protobuf", "application/json"] {
             let _ = s.decode(&data, ct, ORDER);
             let _ = s.decode(&data, ct, "");
+        }
+    }
+
+    #[test]
+    fn validation_agrees_with_decoding(data in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let s = orders();
+        let file = s.descriptor.as_ref().unwrap();
+        for ct in ["application/protobuf", "application/json"] {
+            let checked = validate_protobuf(file, &data, ct, ORDER);
+            prop_assert!(matches!(checked, Ok(()) | Err(PrismError::Validation(_))));
+            prop_assert_eq!(checked.is_ok(), s.decode(&data, ct, ORDER).is_ok());
         }
     }
 }

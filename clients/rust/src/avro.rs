@@ -1,0 +1,581 @@
+//! Avro payloads (feature `registry`): binary datums decoded and validated, JSON documents
+//! validated, by a registry's Avro schema - what the Python SDK does with fastavro and the Go
+//! client with hamba/avro plus its bounded reader (docs/sdk-rust.md, "Schema registry").
+//!
+//! The schema is parsed by the `apache-avro` crate (names, namespaces, aliases, logical
+//! types). The datum is read by the bounded reader below, not by apache-avro's decoder, so a
+//! hostile payload meets explicit limits, as in the Go client: every length is checked
+//! against the bytes left before anything is allocated, nesting stops at [`MAX_DEPTH`] (a
+//! recursive schema cannot turn 16 MiB of payload into 16 million stack frames), a datum may
+//! hold at most one value per payload byte plus [`MAX_FREE_VALUES`] (an array of a million
+//! nulls costs nothing on the wire), and strings must be UTF-8 (as fastavro decodes them).
+//!
+//! The decoded value is JSON: records and maps objects, arrays arrays, int/long integers,
+//! float/double numbers (NaN and infinities as `"NaN"`, `"Infinity"`, `"-Infinity"`), bytes
+//! and fixed base64 strings (as the protobuf decoder writes bytes), enums their symbol, null
+//! null, a union its branch's value (as fastavro returns it); logical types as their
+//! underlying type. So [`mask_pii`](crate::registry::mask_pii) works on it.
+
+use std::collections::HashMap;
+
+use apache_avro::schema::{Name, Schema};
+use base64::Engine;
+use serde_json::{Map, Value};
+
+use crate::error::{err, PrismError, Result};
+
+/// Nesting limit of a datum and of the schema's JSON (Python's and Go's 64).
+pub const MAX_DEPTH: usize = 64;
+/// Values a datum may hold beyond one per payload byte (values of zero-byte types).
+pub const MAX_FREE_VALUES: usize = 1 << 16;
+
+/// A parsed Avro schema with its named types (for `Ref`s: recursive and reused types).
+#[derive(Debug, Clone)]
+pub struct AvroSchema {
+    root: Schema,
+    names: HashMap<Name, Schema>,
+}
+
+fn schema_err(what: String) -> PrismError {
+    err!(
+        Config,
+        what,
+        "schema",
+        "register a valid, self-contained Avro schema (named types referenced from other subjects are not resolved by this client)"
+    )
+}
+
+impl AvroSchema {
+    /// Parse a schema text as the registry serves it (JSON read within Python's limits first).
+    pub fn parse(text: &str) -> Result<AvroSchema> {
+        let json: Value = crate::untrusted_json::parse(
+            text.as_bytes(),
+            "schema",
+            crate::untrusted_json::DEFAULT_MAX_BYTES,
+            MAX_DEPTH,
+            PrismError::Config,
+        )?;
+        let root = Schema::parse(&json).map_err(|e| schema_err(format!("the Avro schema does not parse: {e}")))?;
+        let resolved = apache_avro::schema::ResolvedSchema::try_from(&root)
+            .map_err(|e| schema_err(format!("the Avro schema's names do not resolve: {e}")))?;
+        let names = resolved
+            .get_names()
+            .iter()
+            .map(|(n, s)| (n.clone(), (*s).clone()))
+            .collect();
+        Ok(AvroSchema { root, names })
+    }
+
+    fn deref<'a>(&'a self, s: &'a Schema) -> std::result::Result<&'a Schema, String> {
+        match s {
+            Schema::Ref { name } => self
+                .names
+                .get(name)
+                .ok_or_else(|| format!("the schema references an undefined type {}", name.fullname(None))),
+            other => Ok(other),
+        }
+    }
+
+    /// Decode one binary datum (schemaless: no container header, no magic byte). Bytes after
+    /// the datum are refused, as the Python SDK's decode refuses them. Errors are `Payload`.
+    pub fn decode_binary(&self, payload: &[u8]) -> Result<Value> {
+        let mut r = Reader {
+            buf: payload,
+            pos: 0,
+            steps: 0,
+        };
+        let v = r.read(self, &self.root, 0).map_err(|e| {
+            err!(
+                Payload,
+                format!("payload is not binary Avro of this schema: {e}"),
+                "payload",
+                "read it with payload_bytes(); the producer wrote something else"
+            )
+        })?;
+        if r.pos != payload.len() {
+            return Err(err!(
+                Payload,
+                format!(
+                    "payload is not binary Avro of this schema: {} byte(s) after the Avro datum",
+                    payload.len() - r.pos
+                ),
+                "payload",
+                "read it with payload_bytes(); the producer wrote something else"
+            ));
+        }
+        Ok(v)
+    }
+
+    /// Validate a payload before publish: binary Avro, or (content type with `json`) a JSON
+    /// document checked value by value as fastavro's `validate` does. `Validation` names the
+    /// deepest failing position (`$.items[2].price`), as the Python SDK's report does.
+    pub fn validate(&self, payload: &[u8], content_type: &str) -> Result<()> {
+        if content_type.to_ascii_lowercase().contains("json") {
+            let doc: Value = crate::untrusted_json::parse(
+                payload,
+                "payload",
+                crate::model::MAX_JSON_PAYLOAD_BYTES,
+                MAX_DEPTH,
+                PrismError::Validation,
+            )?;
+            return match self.check(&self.root, Some(&doc), 0) {
+                Ok(()) => Ok(()),
+                Err((path, what)) => {
+                    let mut at = String::from("$");
+                    for seg in path.iter().rev() {
+                        at.push_str(seg);
+                    }
+                    Err(err!(
+                        Validation,
+                        format!("payload does not match the Avro schema: {what}"),
+                        at,
+                        "fix the payload or publish against the right schema version"
+                    ))
+                }
+            };
+        }
+        let mut r = Reader {
+            buf: payload,
+            pos: 0,
+            steps: 0,
+        };
+        r.read(self, &self.root, 0).map(|_| ()).map_err(|e| {
+            err!(
+                Validation,
+                format!("payload is not binary Avro of this schema: {e}"),
+                "$",
+                "fix the payload, or publish against another schema version"
+            )
+        })
+    }
+
+    /// fastavro's `validate` of one JSON value (None: the field is absent); on failure the
+    /// path segments from the failure up (reversed) and what was expected.
+    fn check(&self, s: &Schema, v: Option<&Value>, depth: usize) -> std::result::Result<(), (Vec<String>, String)> {
+        let fail = |what: String| Err((Vec::new(), what));
+        if depth > MAX_DEPTH {
+            return fail(format!("nests more than {MAX_DEPTH} deep"));
+        }
+        let s = self.deref(s).map_err(|e| (Vec::new(), e))?;
+        let Some(v) = v else {
+            // fastavro: an absent field without a default is valid only for null
+            return match s {
+                Schema::Null => Ok(()),
+                Schema::Union(u) if u.variants().iter().any(|b| matches!(b, Schema::Null)) => Ok(()),
+                _ => fail(format!("a required {} value is missing", kind(s))),
+            };
+        };
+        let int_in = |lo: i64, hi: i64| v.as_i64().is_some_and(|n| (lo..=hi).contains(&n));
+        let ok = match s {
+            Schema::Null => v.is_null(),
+            Schema::Boolean => v.is_boolean(),
+            Schema::Int | Schema::Date | Schema::TimeMillis => int_in(i32::MIN.into(), i32::MAX.into()),
+            Schema::Long
+            | Schema::TimeMicros
+            | Schema::TimestampMillis
+            | Schema::TimestampMicros
+            | Schema::TimestampNanos
+            | Schema::LocalTimestampMillis
+            | Schema::LocalTimestampMicros
+            | Schema::LocalTimestampNanos => v.is_i64(),
+            Schema::Float | Schema::Double => v.is_number(),
+            Schema::Bytes | Schema::String | Schema::Uuid | Schema::BigDecimal | Schema::Decimal(_) => v.is_string(),
+            Schema::Fixed(f) => v.as_str().is_some_and(|x| x.len() == f.size),
+            Schema::Duration => v.as_str().is_some_and(|x| x.len() == 12),
+            Schema::Enum(e) => v.as_str().is_some_and(|x| e.symbols.iter().any(|y| y == x)),
+            Schema::Union(u) => u.variants().iter().any(|b| self.check(b, Some(v), depth + 1).is_ok()),
+            Schema::Array(a) => {
+                let Some(items) = v.as_array() else {
+                    return fail("expected an array".into());
+                };
+                for (i, x) in items.iter().enumerate() {
+                    self.check(&a.items, Some(x), depth + 1).map_err(|(mut p, w)| {
+                        p.push(format!("[{i}]"));
+                        (p, w)
+                    })?;
+                }
+                true
+            }
+            Schema::Map(m) => {
+                let Some(o) = v.as_object() else {
+                    return fail("expected an object (map)".into());
+                };
+                for (k, x) in o {
+                    self.check(&m.types, Some(x), depth + 1).map_err(|(mut p, w)| {
+                        p.push(segment(k));
+                        (p, w)
+                    })?;
+                }
+                true
+            }
+            Schema::Record(r) => {
+                let Some(o) = v.as_object() else {
+                    return fail(format!("expected an object (record {})", r.name.fullname(None)));
+                };
+                for f in &r.fields {
+                    let x = o.get(&f.name).or(f.default.as_ref());
+                    self.check(&f.schema, x, depth + 1).map_err(|(mut p, w)| {
+                        p.push(segment(&f.name));
+                        (p, w)
+                    })?;
+                }
+                true
+            }
+            Schema::Ref { .. } => false,
+        };
+        if ok {
+            Ok(())
+        } else {
+            fail(format!("{} is not a {} value", clip(v), kind(s)))
+        }
+    }
+}
+
+fn clip(v: &Value) -> String {
+    v.to_string().chars().take(60).collect()
+}
+
+/// `.name`, or `["odd key"]` for keys that are not identifiers (Python's `json_path`).
+fn segment(k: &str) -> String {
+    let mut c = k.chars();
+    let ident = c.next().is_some_and(|x| x == '_' || x.is_alphabetic()) && c.all(|x| x == '_' || x.is_alphanumeric());
+    if ident {
+        format!(".{k}")
+    } else {
+        format!("[{}]", Value::String(k.to_owned()))
+    }
+}
+
+fn kind(s: &Schema) -> String {
+    match s {
+        Schema::Record(r) => format!("record {}", r.name.fullname(None)),
+        Schema::Enum(e) => format!("enum {}", e.name.fullname(None)),
+        Schema::Fixed(f) => format!("fixed {} ({} bytes)", f.name.fullname(None), f.size),
+        Schema::Union(_) => "union branch's".into(),
+        other => format!("{:?}", apache_avro::schema::SchemaKind::from(other)).to_ascii_lowercase(),
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    /// values read so far (the budget: `buf.len() + MAX_FREE_VALUES`)
+    steps: usize,
+}
+
+type R<T> = std::result::Result<T, String>;
+
+impl Reader<'_> {
+    fn fail<T>(&self, what: &str) -> R<T> {
+        Err(format!("{what} at byte {}", self.pos))
+    }
+
+    /// A zigzag varint long (at most 10 bytes).
+    fn long(&mut self) -> R<i64> {
+        let mut u: u64 = 0;
+        for i in 0..10 {
+            let Some(&b) = self.buf.get(self.pos + i) else {
+                return self.fail("truncated varint");
+            };
+            if i == 9 && b > 1 {
+                return self.fail("overlong varint");
+            }
+            u |= u64::from(b & 0x7f) << (7 * i);
+            if b & 0x80 == 0 {
+                self.pos += i + 1;
+                return Ok((u >> 1) as i64 ^ -((u & 1) as i64));
+            }
+        }
+        self.fail("overlong varint")
+    }
+
+    fn take(&mut self, n: i64) -> R<&[u8]> {
+        let left = self.buf.len() - self.pos;
+        if n < 0 || n as u64 > left as u64 {
+            return self.fail(&format!("length {n} exceeds the {left} byte(s) left"));
+        }
+        let b = &self.buf[self.pos..self.pos + n as usize];
+        self.pos += n as usize;
+        Ok(b)
+    }
+
+    /// One block header of an array or map: the count (negative: followed by the block's byte
+    /// size, read and ignored). Items are bounded by the step budget, not by the count.
+    fn block_count(&mut self) -> R<i64> {
+        let n = self.long()?;
+        if n < 0 {
+            if n == i64::MIN {
+                return self.fail("block count out of range");
+            }
+            self.long()?;
+            return Ok(-n);
+        }
+        Ok(n)
+    }
+
+    fn utf8(&self, b: &[u8], what: &str) -> R<String> {
+        match std::str::from_utf8(b) {
+            Ok(s) => Ok(s.to_owned()),
+            Err(_) => self.fail(&format!("{what} is not UTF-8")),
+        }
+    }
+
+    fn read(&mut self, sc: &AvroSchema, s: &Schema, depth: usize) -> R<Value> {
+        if depth > MAX_DEPTH {
+            return self.fail(&format!("datum nests more than {MAX_DEPTH} deep"));
+        }
+        self.steps += 1;
+        if self.steps > self.buf.len() + MAX_FREE_VALUES {
+            return self.fail("datum holds more values than its bytes allow");
+        }
+        let b64 = |b: &[u8]| Value::String(base64::engine::general_purpose::STANDARD.encode(b));
+        Ok(match s {
+            Schema::Null => Value::Null,
+            Schema::Boolean => match self.take(1)?[0] {
+                0 => false.into(),
+                1 => true.into(),
+                _ => return self.fail("boolean byte is not 0 or 1"),
+            },
+            Schema::Int | Schema::Date | Schema::TimeMillis => {
+                let v = self.long()?;
+                if i32::try_from(v).is_err() {
+                    return self.fail("int out of range");
+                }
+                v.into()
+            }
+            Schema::Long
+            | Schema::TimeMicros
+            | Schema::TimestampMillis
+            | Schema::TimestampMicros
+            | Schema::TimestampNanos
+            | Schema::LocalTimestampMillis
+            | Schema::LocalTimestampMicros
+            | Schema::LocalTimestampNanos => self.long()?.into(),
+            Schema::Float => float(f64::from(f32::from_le_bytes(
+                self.take(4)?.try_into().unwrap_or([0; 4]),
+            ))),
+            Schema::Double => float(f64::from_le_bytes(self.take(8)?.try_into().unwrap_or([0; 8]))),
+            Schema::String | Schema::Uuid => {
+                let n = self.long()?;
+                let b = self.take(n)?;
+                let b = b.to_vec();
+                self.utf8(&b, "string")?.into()
+            }
+            Schema::Bytes | Schema::BigDecimal => {
+                let n = self.long()?;
+                b64(self.take(n)?)
+            }
+            Schema::Decimal(d) => return self.read(sc, &d.inner, depth + 1),
+            Schema::Fixed(f) => {
+                let n = i64::try_from(f.size).unwrap_or(i64::MAX);
+                b64(self.take(n)?)
+            }
+            Schema::Duration => b64(self.take(12)?),
+            Schema::Enum(e) => {
+                let i = self.long()?;
+                match usize::try_from(i).ok().and_then(|i| e.symbols.get(i)) {
+                    Some(sym) => sym.clone().into(),
+                    None => return self.fail(&format!("enum index {i} out of range")),
+                }
+            }
+            Schema::Union(u) => {
+                let i = self.long()?;
+                match usize::try_from(i).ok().and_then(|i| u.variants().get(i)) {
+                    Some(b) => return self.read(sc, b, depth + 1),
+                    None => return self.fail(&format!("union branch {i} out of range")),
+                }
+            }
+            Schema::Array(a) => {
+                let mut out = Vec::new();
+                loop {
+                    let mut n = self.block_count()?;
+                    if n == 0 {
+                        break Value::Array(out);
+                    }
+                    while n > 0 {
+                        out.push(self.read(sc, &a.items, depth + 1)?);
+                        n -= 1;
+                    }
+                }
+            }
+            Schema::Map(m) => {
+                let mut out = Map::new();
+                loop {
+                    let mut n = self.block_count()?;
+                    if n == 0 {
+                        break Value::Object(out);
+                    }
+                    while n > 0 {
+                        let kl = self.long()?;
+                        let kb = self.take(kl)?.to_vec();
+                        let k = self.utf8(&kb, "map key")?;
+                        // a key costs a step too: a map of empty keys to nulls is still bounded
+                        self.steps += 1;
+                        let v = self.read(sc, &m.types, depth + 1)?;
+                        out.insert(k, v);
+                        n -= 1;
+                    }
+                }
+            }
+            Schema::Record(r) => {
+                let mut out = Map::new();
+                for f in &r.fields {
+                    let v = self.read(sc, &f.schema, depth + 1)?;
+                    out.insert(f.name.clone(), v);
+                }
+                Value::Object(out)
+            }
+            Schema::Ref { .. } => {
+                let target = sc.deref(s)?;
+                return self.read(sc, target, depth + 1);
+            }
+        })
+    }
+}
+
+fn float(f: f64) -> Value {
+    if f.is_nan() {
+        "NaN".into()
+    } else if f.is_infinite() {
+        if f > 0.0 { "Infinity" } else { "-Infinity" }.into()
+    } else {
+        f.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const ORDER: &str = r#"{"type": "record", "name": "Order", "namespace": "shop", "fields": [
+        {"name": "id", "type": "string"},
+        {"name": "qty", "type": "int"},
+        {"name": "price", "type": ["null", "double"], "default": null},
+        {"name": "tags", "type": {"type": "array", "items": "string"}},
+        {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": ["A", "B"]}},
+        {"name": "next", "type": ["null", "Order"], "default": null}]}"#;
+
+    fn zz(n: i64) -> Vec<u8> {
+        let mut u = ((n << 1) ^ (n >> 63)) as u64;
+        let mut out = Vec::new();
+        loop {
+            let b = (u & 0x7f) as u8;
+            u >>= 7;
+            if u == 0 {
+                out.push(b);
+                return out;
+            }
+            out.push(b | 0x80);
+        }
+    }
+
+    fn order_bytes() -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend(zz(2));
+        b.extend(b"o1");
+        b.extend(zz(3));
+        b.extend(zz(1));
+        b.extend(2.5f64.to_le_bytes());
+        b.extend(zz(1));
+        b.extend(zz(1));
+        b.extend(b"x");
+        b.extend(zz(0));
+        b.extend(zz(1));
+        // next: one nested Order, then null
+        b.extend(zz(1));
+        b.extend(zz(1));
+        b.extend(b"p");
+        b.extend(zz(-4));
+        b.extend(zz(0));
+        b.extend(zz(0));
+        b.extend(zz(0));
+        b.extend(zz(0));
+        b
+    }
+
+    #[test]
+    fn decodes_records_unions_enums_and_recursive_refs() {
+        let s = AvroSchema::parse(ORDER).unwrap();
+        let v = s.decode_binary(&order_bytes()).unwrap();
+        assert_eq!(
+            v,
+            json!({"id": "o1", "qty": 3, "price": 2.5, "tags": ["x"], "kind": "B",
+                   "next": {"id": "p", "qty": -4, "price": null, "tags": [], "kind": "A", "next": null}})
+        );
+        let mut extra = order_bytes();
+        extra.push(0);
+        assert!(matches!(s.decode_binary(&extra), Err(PrismError::Payload(_))));
+        assert!(s.validate(&order_bytes(), "application/avro").is_ok());
+    }
+
+    #[test]
+    fn hostile_binary_is_a_typed_error() {
+        let s = AvroSchema::parse(ORDER).unwrap();
+        // a string length of 2^62 with two bytes behind it: refused before allocating
+        let mut huge = zz(1 << 62);
+        huge.extend(b"ab");
+        assert!(matches!(s.decode_binary(&huge), Err(PrismError::Payload(_))));
+        assert!(matches!(s.validate(&huge, ""), Err(PrismError::Validation(_))));
+        // a million nulls in three bytes: over the step budget
+        let nulls = AvroSchema::parse(r#"{"type": "array", "items": "null"}"#).unwrap();
+        let mut b = zz(1_000_000);
+        b.extend(zz(0));
+        assert!(nulls.decode_binary(&b).is_err());
+        let mut ok = zz(1000);
+        ok.extend(zz(0));
+        assert_eq!(nulls.decode_binary(&ok).unwrap().as_array().unwrap().len(), 1000);
+        // a recursive list 10 000 deep: the depth limit, not the stack
+        let list =
+            AvroSchema::parse(r#"{"type": "record", "name": "L", "fields": [{"name": "n", "type": ["null", "L"]}]}"#)
+                .unwrap();
+        let deep = vec![2u8; 10_000];
+        let e = list.decode_binary(&deep).unwrap_err();
+        assert!(e.to_string().contains("deep"), "{e}");
+        // enum and union indexes out of range, bad booleans, overlong varints
+        assert!(s.decode_binary(&[0x80; 11]).is_err());
+        let bools = AvroSchema::parse(r#""boolean""#).unwrap();
+        assert!(bools.decode_binary(&[2]).is_err());
+        let ints = AvroSchema::parse(r#""int""#).unwrap();
+        assert!(ints.decode_binary(&zz(1 << 40)).is_err());
+        assert!(s.decode_binary(&[]).is_err());
+    }
+
+    #[test]
+    fn json_documents_are_validated_with_paths() {
+        let s = AvroSchema::parse(ORDER).unwrap();
+        let ok = json!({"id": "o", "qty": 1, "tags": [], "kind": "A"});
+        assert!(s.validate(ok.to_string().as_bytes(), "application/json").is_ok());
+        let bad = json!({"id": "o", "qty": 1, "tags": ["a", 3], "kind": "A"});
+        let e = s.validate(bad.to_string().as_bytes(), "application/json").unwrap_err();
+        assert!(matches!(&e, PrismError::Validation(d) if d.at == "$.tags[1]"), "{e:?}");
+        let nested = json!({"id": "o", "qty": 1, "tags": [], "kind": "A",
+                            "next": {"id": "p", "qty": 1i64 << 40, "tags": [], "kind": "A"}});
+        let e = s
+            .validate(nested.to_string().as_bytes(), "application/json")
+            .unwrap_err();
+        // the union accepts no branch: the failure is reported at the union
+        assert!(matches!(&e, PrismError::Validation(d) if d.at == "$.next"), "{e:?}");
+        let missing = json!({"id": "o", "tags": [], "kind": "C"});
+        let e = s
+            .validate(missing.to_string().as_bytes(), "application/json")
+            .unwrap_err();
+        assert!(matches!(&e, PrismError::Validation(d) if d.at == "$.qty"), "{e:?}");
+        assert!(s.validate(b"{", "application/json").is_err());
+    }
+
+    #[test]
+    fn bad_schemas_are_config_errors() {
+        assert!(matches!(AvroSchema::parse("{"), Err(PrismError::Config(_))));
+        assert!(matches!(
+            AvroSchema::parse(r#"{"type": "record", "name": "R", "fields": [{"name": "x", "type": "Nowhere"}]}"#),
+            Err(PrismError::Config(_))
+        ));
+        let deep = format!(
+            "{}\"int\"{}",
+            "{\"type\": \"array\", \"items\": ".repeat(70),
+            "}".repeat(70)
+        );
+        assert!(matches!(AvroSchema::parse(&deep), Err(PrismError::Config(_))));
+    }
+}
