@@ -179,9 +179,9 @@ impl AvroSchema {
             | Schema::LocalTimestampMicros
             | Schema::LocalTimestampNanos => v.is_i64(),
             Schema::Float | Schema::Double => v.is_number(),
-            Schema::Bytes | Schema::String | Schema::Uuid | Schema::BigDecimal | Schema::Decimal(_) => v.is_string(),
-            Schema::Fixed(f) => v.as_str().is_some_and(|x| x.len() == f.size),
-            Schema::Duration => v.as_str().is_some_and(|x| x.len() == 12),
+            Schema::String | Schema::Uuid => v.is_string(),
+            // JSON has no bytes: as for Python (json.loads + fastavro) and Go, never valid
+            Schema::Bytes | Schema::BigDecimal | Schema::Decimal(_) | Schema::Fixed(_) | Schema::Duration => false,
             Schema::Enum(e) => v.as_str().is_some_and(|x| e.symbols.iter().any(|y| y == x)),
             Schema::Union(u) => u.variants().iter().any(|b| self.check(b, Some(v), depth + 1).is_ok()),
             Schema::Array(a) => {
