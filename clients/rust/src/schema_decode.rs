@@ -13,7 +13,8 @@
 //! field by field, or JSON (the protobuf JSON mapping: every key must be a field of the message,
 //! by its name or JSON name, with a value of the field's type). Either gives the message as JSON
 //! with the fields' proto names. A JSON Schema validates a JSON payload
-//! ([`validate_json`](crate::registry::validate_json)).
+//! ([`validate_json`](crate::registry::validate_json)); an Avro schema decodes binary Avro
+//! ([`crate::avro`]). [`validate_protobuf`] is the protobuf check before publish.
 
 use base64::Engine;
 use prost::Message;
