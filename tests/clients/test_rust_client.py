@@ -291,6 +291,56 @@ def test_rust_reads_registry_validates_and_masks(registry_interop: Path, tmp_pat
     assert wrong.returncode == 1 and json.loads(wrong.stdout)["reason"] == "schema_registry_error"
 
 
+def test_rust_validates_avro_with_references_from_a_live_registry(registry_interop: Path, tmp_path: Path) -> None:
+    """An Avro subject whose record uses a named type of another subject (a Confluent
+    reference): the Rust client fetches the reference, validates JSON documents before publish
+    as the Python SDK does (verdict and path), masks the PII the registry tagged, and stamps
+    the schema context with format `avro`."""
+    from app.schema.registry import Registry
+    from app.schema.store import SqliteStore
+    from app.security.http_auth import auth_from_settings
+    from tests.schema.conftest import serve_registry
+    from tests.support import USERS, write_users_file
+
+    money = {"type": "record", "name": "Money", "namespace": "common",
+             "fields": [{"name": "units", "type": "long"}, {"name": "currency", "type": "string"}]}
+    order = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
+        {"name": "id", "type": "string"}, {"name": "total", "type": "common.Money"},
+        {"name": "email", "type": ["null", "string"], "default": None, "x-prism-pii": "email"}]}
+    registry = Registry(SqliteStore(str(tmp_path / "registry.db")))
+    auth = auth_from_settings(users_file=write_users_file(tmp_path / "users.yaml"), jwt_config=None,
+                              allow_anonymous=None, realm="prism-schema-registry", where="tests")
+    tag = uuid.uuid4().hex[:8]
+    registry.register(f"money-{tag}", json.dumps(money), "AVRO", actor="test")
+    subject = f"orders-{tag}"
+    registry.register(subject, json.dumps(order), "AVRO", actor="test",
+                      references=[{"name": "common.Money", "subject": f"money-{tag}", "version": 1}])
+    payloads = [{"id": "o-1", "total": {"units": 5, "currency": "EUR"}, "email": "a@example.com"},
+                {"id": "o-2", "total": {"units": 5, "currency": 7}},
+                {"id": "o-3"}]
+    try:
+        with serve_registry(registry, auth) as url:
+            out = subprocess.run([str(registry_interop), url, "reader", USERS["reader"][0], subject],
+                                 input="\n".join(json.dumps(p) for p in payloads), capture_output=True, text=True,
+                                 timeout=60)
+    finally:
+        registry.store.close()
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert out.returncode == 0, (lines, out.stderr)
+    head, results = lines[0], lines[1:]
+    assert head["type"] == "AVRO" and head["version"] == 1
+    from app.schema.references import expand_avro
+
+    validate = _python_validator("AVRO", expand_avro(json.dumps(order), {"common.Money": json.dumps(money)}),
+                                 "shop.Order")
+    want = [[v.path for v in validate(json.dumps(p).encode(), "application/json")] for p in payloads]
+    assert want == [[], ["$.total.currency"], ["$.total"]]
+    assert [r["valid"] for r in results] == [True, False, False]
+    assert [r["at"] for r in results[1:]] == ["$.total.currency", "$.total"]
+    assert results[0]["schema"]["format"] == "avro" and results[0]["schema"]["version"] == "1"
+    assert head["pii_fields"] == ["Order.email"] and results[0]["payload"]["email"] == "***"
+
+
 @pytest.fixture(scope="module")
 def rust_vectors() -> list[dict]:
     """Envelopes the Rust client signs (v2, pair, batch; HMAC and Ed25519) and encrypts (each algorithm)."""

@@ -41,22 +41,40 @@ fn schema_err(what: String) -> PrismError {
         Config,
         what,
         "schema",
-        "register a valid, self-contained Avro schema (named types referenced from other subjects are not resolved by this client)"
+        "register a valid Avro schema (a named type from another subject must be among its references)"
     )
 }
 
 impl AvroSchema {
     /// Parse a schema text as the registry serves it (JSON read within Python's limits first).
     pub fn parse(text: &str) -> Result<AvroSchema> {
-        let json: Value = crate::untrusted_json::parse(
-            text.as_bytes(),
-            "schema",
-            crate::untrusted_json::DEFAULT_MAX_BYTES,
-            MAX_DEPTH,
-            PrismError::Config,
-        )?;
-        let root = Schema::parse(&json).map_err(|e| schema_err(format!("the Avro schema does not parse: {e}")))?;
-        let resolved = apache_avro::schema::ResolvedSchema::try_from(&root)
+        Self::parse_with_references(text, &[])
+    }
+
+    /// Parse a schema whose named types may come from `referenced`: the texts of the schemas
+    /// its Confluent `references` name (each a named type), dependencies first - what
+    /// [`RegistryClient::avro_schema`](crate::registry::RegistryClient::avro_schema) fetches.
+    pub fn parse_with_references(text: &str, referenced: &[String]) -> Result<AvroSchema> {
+        for t in std::iter::once(text).chain(referenced.iter().map(String::as_str)) {
+            let _: Value = crate::untrusted_json::parse(
+                t.as_bytes(),
+                "schema",
+                crate::untrusted_json::DEFAULT_MAX_BYTES,
+                MAX_DEPTH,
+                PrismError::Config,
+            )?;
+        }
+        let (root, others) = if referenced.is_empty() {
+            (Schema::parse_str(text), Vec::new())
+        } else {
+            match Schema::parse_str_with_list(text, referenced) {
+                Ok((root, others)) => (Ok(root), others),
+                Err(e) => (Err(e), Vec::new()),
+            }
+        };
+        let root = root.map_err(|e| schema_err(format!("the Avro schema does not parse: {e}")))?;
+        let all: Vec<&Schema> = others.iter().chain(std::iter::once(&root)).collect();
+        let resolved = apache_avro::schema::ResolvedSchema::try_from(all)
             .map_err(|e| schema_err(format!("the Avro schema's names do not resolve: {e}")))?;
         let names = resolved
             .get_names()
@@ -64,6 +82,56 @@ impl AvroSchema {
             .map(|(n, s)| (n.clone(), (*s).clone()))
             .collect();
         Ok(AvroSchema { root, names })
+    }
+
+    /// The registry's PII paths of this schema (`pii_fields`: schema paths, `Order.email`,
+    /// `Order.total.Money.units`, as app/schema/pii.py names the fields of every record
+    /// defined inline) as payload paths for [`mask_pii`](crate::registry::mask_pii)
+    /// (`email`, `total.units`, `items[].ssn`). A field under a map has no payload path in
+    /// `mask_pii`'s notation and is left out.
+    pub fn payload_pii_paths(&self, schema_paths: &[String]) -> Vec<String> {
+        let mut out = Vec::new();
+        self.pii_walk(&self.root, "", "", schema_paths, &mut out, 0);
+        out
+    }
+
+    fn pii_walk(&self, s: &Schema, prefix: &str, at: &str, want: &[String], out: &mut Vec<String>, depth: usize) {
+        if depth > MAX_DEPTH {
+            return;
+        }
+        match s {
+            Schema::Record(r) => {
+                for f in &r.fields {
+                    let payload = format!("{at}{}", f.name);
+                    for name in [r.name.name.clone(), r.name.fullname(None)] {
+                        let path = format!("{prefix}{name}.{}", f.name);
+                        if want.contains(&path) && !out.contains(&payload) {
+                            out.push(payload.clone());
+                        }
+                        self.pii_walk(
+                            &f.schema,
+                            &format!("{path}."),
+                            &format!("{payload}."),
+                            want,
+                            out,
+                            depth + 1,
+                        );
+                    }
+                }
+            }
+            Schema::Union(u) => {
+                for b in u.variants() {
+                    self.pii_walk(b, prefix, at, want, out, depth + 1);
+                }
+            }
+            Schema::Array(a) => {
+                let at = at.strip_suffix('.').map(|p| format!("{p}[].")).unwrap_or_default();
+                if !at.is_empty() {
+                    self.pii_walk(&a.items, prefix, &at, want, out, depth + 1);
+                }
+            }
+            _ => {}
+        }
     }
 
     fn deref<'a>(&'a self, s: &'a Schema) -> std::result::Result<&'a Schema, String> {
@@ -562,6 +630,48 @@ mod tests {
             .unwrap_err();
         assert!(matches!(&e, PrismError::Validation(d) if d.at == "$.qty"), "{e:?}");
         assert!(s.validate(b"{", "application/json").is_err());
+    }
+
+    #[test]
+    fn named_types_come_from_references() {
+        let money = r#"{"type": "record", "name": "Money", "namespace": "common", "fields": [
+            {"name": "units", "type": "long"}, {"name": "currency", "type": "string"}]}"#;
+        let order = r#"{"type": "record", "name": "Order", "namespace": "shop", "fields": [
+            {"name": "total", "type": "common.Money"}]}"#;
+        assert!(matches!(AvroSchema::parse(order), Err(PrismError::Config(_))));
+        let s = AvroSchema::parse_with_references(order, &[money.to_owned()]).unwrap();
+        let mut b = zz(-3);
+        b.extend(zz(3));
+        b.extend(b"EUR");
+        assert_eq!(
+            s.decode_binary(&b).unwrap(),
+            json!({"total": {"units": -3, "currency": "EUR"}})
+        );
+        let e = s
+            .validate(br#"{"total": {"units": 1, "currency": 2}}"#, "application/json")
+            .unwrap_err();
+        assert!(
+            matches!(&e, PrismError::Validation(d) if d.at == "$.total.currency"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn registry_pii_paths_become_payload_paths() {
+        let s = AvroSchema::parse(
+            r#"{"type": "record", "name": "Order", "namespace": "shop", "fields": [
+            {"name": "email", "type": ["null", "string"]},
+            {"name": "items", "type": {"type": "array", "items": {"type": "record", "name": "Item",
+                "fields": [{"name": "ssn", "type": "string"}]}}},
+            {"name": "attrs", "type": {"type": "map", "values": {"type": "record", "name": "A",
+                "fields": [{"name": "x", "type": "string"}]}}}]}"#,
+        )
+        .unwrap();
+        let want = ["Order.email", "Order.items.Item.ssn", "Order.attrs.A.x", "Order.nope"].map(String::from);
+        assert_eq!(s.payload_pii_paths(&want), ["email", "items[].ssn"]);
+        let mut v = json!({"email": "a@b", "items": [{"ssn": "1"}, {"ssn": "2"}]});
+        assert_eq!(crate::registry::mask_pii(&mut v, &s.payload_pii_paths(&want)), 3);
+        assert_eq!(v, json!({"email": "***", "items": [{"ssn": "***"}, {"ssn": "***"}]}));
     }
 
     #[test]

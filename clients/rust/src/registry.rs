@@ -255,6 +255,72 @@ impl RegistryClient {
             .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_owned)).collect())
             .unwrap_or_default())
     }
+    /// A version's Avro schema with the named types its Confluent `references` define
+    /// (fetched transitively, dependencies first, at most 32 deep and 256 versions, the
+    /// registry's and the Go client's bounds).
+    pub fn avro_schema(&self, subject: &str, version: i64) -> Result<crate::avro::AvroSchema> {
+        let v = self.request(
+            "GET",
+            &format!("/subjects/{}/versions/{version}", segment(subject)),
+            None,
+        )?;
+        let texts = self.referenced_texts(&v)?;
+        let text = v.get("schema").and_then(Value::as_str).unwrap_or("");
+        crate::avro::AvroSchema::parse_with_references(text, &texts)
+    }
+
+    /// The texts of the schemas a version's `references` name, transitively, dependencies first.
+    pub(crate) fn referenced_texts(&self, v: &Value) -> Result<Vec<String>> {
+        let mut texts = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        self.referenced(v, 0, &mut seen, &mut texts)?;
+        Ok(texts)
+    }
+
+    fn referenced(
+        &self,
+        v: &Value,
+        depth: usize,
+        seen: &mut std::collections::HashSet<(String, i64)>,
+        out: &mut Vec<String>,
+    ) -> Result<()> {
+        let refs = v
+            .get("references")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        if refs.is_empty() {
+            return Ok(());
+        }
+        if depth >= 32 {
+            return Err(reg_err(
+                "schema references nest more than 32 deep".into(),
+                "register shallower references",
+            ));
+        }
+        for r in refs {
+            let subject = r.get("subject").and_then(Value::as_str).unwrap_or("").to_owned();
+            let version = r.get("version").and_then(Value::as_i64).unwrap_or(0);
+            if !seen.insert((subject.clone(), version)) {
+                continue;
+            }
+            if seen.len() > 256 {
+                return Err(reg_err(
+                    "a schema pulls in more than 256 referenced versions".into(),
+                    "register fewer references",
+                ));
+            }
+            let rv = self.request(
+                "GET",
+                &format!("/subjects/{}/versions/{version}", segment(&subject)),
+                None,
+            )?;
+            self.referenced(&rv, depth + 1, seen, out)?;
+            out.push(rv.get("schema").and_then(Value::as_str).unwrap_or("").to_owned());
+        }
+        Ok(())
+    }
+
     /// `GET /v1/policies/{namespace}`: the namespace's policy (`require_schema`, PII policy, ...).
     pub fn policy(&self, namespace: &str) -> Result<Value> {
         self.request("GET", &format!("/v1/policies/{}", segment(namespace)), None)
@@ -286,7 +352,9 @@ pub fn validate_for_publish(
             "json"
         }
         "AVRO" => {
-            crate::avro::AvroSchema::parse(&v.schema)?.validate(&payload, env.content_type())?;
+            client
+                .avro_schema(subject, v.version)?
+                .validate(&payload, env.content_type())?;
             "avro"
         }
         "PROTOBUF" => {

@@ -51,6 +51,9 @@ pub struct ResolvedSchema {
     pub text: String,
     /// The protobuf schema's file descriptor (None for other formats).
     pub descriptor: Option<FileDescriptorProto>,
+    /// An Avro schema's referenced schema texts (its Confluent `references`, transitively,
+    /// dependencies first); empty for other formats.
+    pub references: Vec<String>,
 }
 
 fn ref_err(what: String, at: &str, hint: &str) -> crate::PrismError {
@@ -220,6 +223,15 @@ impl RegistryClient {
         } else {
             None
         };
+        let references = if format == "avro" {
+            let confluent = self.request_value(
+                "GET",
+                &format!("/subjects/{}/versions/{version}", crate::registry::segment(&subject)),
+            )?;
+            self.referenced_texts(&confluent)?
+        } else {
+            Vec::new()
+        };
         Ok(ResolvedSchema {
             subject,
             version,
@@ -227,6 +239,7 @@ impl RegistryClient {
             hash,
             text,
             descriptor,
+            references,
         })
     }
 }
@@ -269,7 +282,7 @@ impl ResolvedSchema {
                 })
             }
             (None, "avro") => {
-                let schema = crate::avro::AvroSchema::parse(&self.text)?;
+                let schema = crate::avro::AvroSchema::parse_with_references(&self.text, &self.references)?;
                 let value = if ct.contains("json") {
                     schema.validate(payload, &ct)?;
                     json_payload(payload)?
