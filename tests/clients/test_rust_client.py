@@ -795,6 +795,7 @@ def test_rust_reads_and_validates_avro_as_fastavro_does() -> None:
     docs: list[tuple[str, Any]] = [(text_json, d) for d in [
         doc(1), doc(2, parent=doc(3)), doc(1, qty=2**31), doc(1, kind="LOST"), doc(1, tags=["a", 1]),
         doc(1, attrs={"k": 1.5}), doc(1, n=1.5), doc(1, parent=doc(3, email=None)),
+        doc(1, qty=True), doc(1, qty=1.0), doc(1, n=2**63), doc(1, ratio=True), doc(1, ratio=7), doc(1, attrs={"k": True}),
         {k: v for k, v in doc(1).items() if k != "email"}, {"ok": True}, [], "scalar", None,
     ]] + [(text, {**_order(1), "blob": "", "code": "abc"})]
     lines = [f"avro {json.dumps([text, b.hex(), 'application/avro']).encode().hex()}\n" for b in encoded + truncated]

@@ -56,29 +56,43 @@ impl AvroSchema {
     /// [`RegistryClient::avro_schema`](crate::registry::RegistryClient::avro_schema) fetches.
     pub fn parse_with_references(text: &str, referenced: &[String]) -> Result<AvroSchema> {
         for t in std::iter::once(text).chain(referenced.iter().map(String::as_str)) {
-            let _: Value = crate::untrusted_json::parse(
+            let json: Value = crate::untrusted_json::parse(
                 t.as_bytes(),
                 "schema",
                 crate::untrusted_json::DEFAULT_MAX_BYTES,
                 MAX_DEPTH,
                 PrismError::Config,
             )?;
+            check_names(&json, 0)?;
         }
-        let (root, others) = if referenced.is_empty() {
-            (Schema::parse_str(text), Vec::new())
-        } else {
-            match Schema::parse_str_with_list(text, referenced) {
-                Ok((root, others)) => (Ok(root), others),
-                Err(e) => (Err(e), Vec::new()),
+        // apache-avro 0.21 unwraps on some invalid names (`Name::new(..).unwrap()`); the names
+        // are checked above, and a panic that still escapes its parser is a `Config` error
+        // here rather than the caller's crash (with `panic = "abort"` it would still abort).
+        let parsed = std::panic::catch_unwind(|| {
+            if referenced.is_empty() {
+                Schema::parse_str(text).map(|r| (r, Vec::new()))
+            } else {
+                Schema::parse_str_with_list(text, referenced)
             }
+        })
+        .map_err(|_| schema_err("the Avro schema does not parse (the parser gave up)".into()))?;
+        let (root, others) = match parsed {
+            Ok((root, others)) => (Ok(root), others),
+            Err(e) => (Err(e), Vec::new()),
         };
         let root = root.map_err(|e| schema_err(format!("the Avro schema does not parse: {e}")))?;
         let all: Vec<&Schema> = others.iter().chain(std::iter::once(&root)).collect();
-        let resolved = apache_avro::schema::ResolvedSchema::try_from(all)
+        let resolved = apache_avro::schema::ResolvedSchema::try_from(all.clone())
             .map_err(|e| schema_err(format!("the Avro schema's names do not resolve: {e}")))?;
+        // only the types a `Ref` names are kept (a copy each), not every named type's subtree
+        let mut used = std::collections::HashSet::new();
+        for s in &all {
+            refs_in(s, &mut used, 0);
+        }
         let names = resolved
             .get_names()
             .iter()
+            .filter(|(n, _)| used.contains(*n))
             .map(|(n, s)| (n.clone(), (*s).clone()))
             .collect();
         Ok(AvroSchema { root, names })
@@ -296,6 +310,107 @@ impl AvroSchema {
         } else {
             fail(format!("{} is not a {} value", clip(v), kind(s)))
         }
+    }
+}
+
+const PRIMITIVES: [&str; 8] = ["null", "boolean", "int", "long", "float", "double", "bytes", "string"];
+
+/// `a`, `a.b.C`: Avro's name grammar (`[A-Za-z_][A-Za-z0-9_]*`, dot-separated).
+fn is_fullname(s: &str) -> bool {
+    !s.is_empty()
+        && s.split('.').all(|p| {
+            let mut c = p.chars();
+            c.next().is_some_and(|x| x == '_' || x.is_ascii_alphabetic())
+                && c.all(|x| x == '_' || x.is_ascii_alphanumeric())
+        })
+}
+
+/// Every name, namespace, alias and type reference at a schema position of `v` follows
+/// Avro's grammar (apache-avro unwraps on some that do not); defaults and other attributes
+/// are not schema positions and are not looked at.
+fn check_names(v: &Value, depth: usize) -> Result<()> {
+    let bad = |what: &str, got: &Value| {
+        Err(schema_err(format!(
+            "the Avro schema has an invalid {what}: {}",
+            clip(got)
+        )))
+    };
+    if depth > MAX_DEPTH {
+        return Err(schema_err(format!("the Avro schema nests more than {MAX_DEPTH} deep")));
+    }
+    match v {
+        Value::String(s) => {
+            if !PRIMITIVES.contains(&s.as_str()) && !is_fullname(s) {
+                return bad("type name", v);
+            }
+        }
+        Value::Array(branches) => {
+            for b in branches {
+                check_names(b, depth + 1)?;
+            }
+        }
+        Value::Object(o) => {
+            for key in ["name", "namespace"] {
+                match o.get(key) {
+                    None => {}
+                    Some(Value::String(s)) if (key == "namespace" && s.is_empty()) || is_fullname(s) => {}
+                    Some(other) => return bad(key, other),
+                }
+            }
+            match o.get("aliases") {
+                None => {}
+                Some(Value::Array(a)) if a.iter().all(|x| x.as_str().is_some_and(is_fullname)) => {}
+                Some(other) => return bad("aliases", other),
+            }
+            for key in ["type", "items", "values"] {
+                if let Some(t) = o.get(key) {
+                    check_names(t, depth + 1)?;
+                }
+            }
+            if let Some(fields) = o.get("fields") {
+                let Some(fields) = fields.as_array() else {
+                    return bad("fields", fields);
+                };
+                for f in fields {
+                    let Some(fo) = f.as_object() else {
+                        return bad("field", f);
+                    };
+                    match fo.get("name") {
+                        Some(Value::String(s)) if is_fullname(s) && !s.contains('.') => {}
+                        other => return bad("field name", other.unwrap_or(&Value::Null)),
+                    }
+                    match fo.get("aliases") {
+                        None => {}
+                        Some(Value::Array(a)) if a.iter().all(|x| x.as_str().is_some_and(is_fullname)) => {}
+                        Some(other) => return bad("field aliases", other),
+                    }
+                    match fo.get("type") {
+                        Some(t) => check_names(t, depth + 1)?,
+                        None => return bad("field without a type", f),
+                    }
+                }
+            }
+        }
+        other => return bad("schema", other),
+    }
+    Ok(())
+}
+
+/// The names every `Ref` in `s` points at (the schema's JSON is at most 64 deep).
+fn refs_in(s: &Schema, out: &mut std::collections::HashSet<Name>, depth: usize) {
+    if depth > MAX_DEPTH {
+        return;
+    }
+    match s {
+        Schema::Ref { name } => {
+            out.insert(name.clone());
+        }
+        Schema::Record(r) => r.fields.iter().for_each(|f| refs_in(&f.schema, out, depth + 1)),
+        Schema::Union(u) => u.variants().iter().for_each(|b| refs_in(b, out, depth + 1)),
+        Schema::Array(a) => refs_in(&a.items, out, depth + 1),
+        Schema::Map(m) => refs_in(&m.types, out, depth + 1),
+        Schema::Decimal(d) => refs_in(&d.inner, out, depth + 1),
+        _ => {}
     }
 }
 

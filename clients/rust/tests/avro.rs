@@ -52,6 +52,31 @@ proptest! {
     }
 }
 
+/// A schema built from names that may be invalid (digits first, spaces, dots, empty).
+fn schema_with(names: &[String]) -> String {
+    let n = |i: usize| serde_json::Value::String(names[i % names.len()].clone());
+    serde_json::json!({"type": "record", "name": n(0), "namespace": n(1), "aliases": [n(2)], "fields": [
+        {"name": n(3), "type": {"type": "enum", "name": n(4), "symbols": [n(5)]}},
+        {"name": n(6), "aliases": [n(7)], "type": ["null", n(0), {"type": "fixed", "name": n(8), "size": 2}]},
+        {"name": n(9), "type": {"type": n(10)}}]})
+    .to_string()
+}
+
+proptest! {
+    #[test]
+    fn schemas_with_hostile_names_give_a_schema_or_a_prism_error(
+        names in proptest::collection::vec("[a-cA1_. ]{0,4}", 11..12),
+        data in proptest::collection::vec(any::<u8>(), 0..64),
+    ) {
+        match AvroSchema::parse(&schema_with(&names)) {
+            Err(e) => prop_assert!(matches!(e, PrismError::Config(_))),
+            Ok(s) => {
+                prop_assert!(matches!(s.decode_binary(&data), Ok(_) | Err(PrismError::Payload(_))));
+            }
+        }
+    }
+}
+
 #[test]
 fn every_type_round_trips_its_encoding() {
     let s = AvroSchema::parse(EVERYTHING).unwrap();
@@ -73,5 +98,61 @@ fn every_type_round_trips_its_encoding() {
     // every strict prefix is refused, as a typed error
     for n in 0..b.len() {
         assert!(matches!(s.decode_binary(&b[..n]), Err(PrismError::Payload(_))), "{n}");
+    }
+}
+
+#[test]
+fn odd_schemas_parse_or_are_refused_and_never_panic() {
+    let odd = [
+        r#"{"type": "fixed", "name": "F", "size": -1}"#,
+        r#"{"type": "fixed", "name": "F", "size": 18446744073709551615}"#,
+        r#"{"type": "record", "name": "R", "fields": [{"name": "a", "type": "R"}]}"#,
+        r#"{"type": "array"}"#,
+        r#"{"type": "map", "values": "nope"}"#,
+        r#"{"type": "enum", "name": "E", "symbols": []}"#,
+        r#"["null", "null"]"#,
+        r#"[]"#,
+        r#"{"type": "record", "name": "R", "fields": [{"name": "a", "type": "int", "default": "x"}]}"#,
+        r#"{"type": "record", "name": "R", "fields": [{"name": "a", "type": "int"}, {"name": "a", "type": "int"}]}"#,
+        r#"{"type": "bytes", "logicalType": "decimal", "precision": 0, "scale": 5}"#,
+        r#"{"type": "fixed", "name": "D", "size": 3, "logicalType": "duration"}"#,
+        r#"{"type": "string", "logicalType": "uuid"}"#,
+        r#"{"type": "int", "logicalType": "nope"}"#,
+        r#""record""#,
+        r#"{"type": {"type": {"type": "int"}}}"#,
+        r#"{"type": "record", "name": "1bad", "fields": []}"#,
+        r#"{"type": "record", "name": "R", "aliases": ["S"], "fields": [{"name": "n", "type": ["null", "S"]}]}"#,
+        r#"{"type": "enum", "name": "E", "symbols": ["1x"]}"#,
+        r#"{"type": "enum", "name": "E", "symbols": [1]}"#,
+        r#"{"type": "record", "name": "R", "fields": "x"}"#,
+        r#"{"type": "record", "name": "R", "fields": [{"name": "a"}]}"#,
+        r#"{"type": "record", "name": "R", "namespace": "1bad", "fields": []}"#,
+        r#"{"type": "record", "name": "R", "aliases": ["1bad"], "fields": []}"#,
+        r#"{"type": "record", "name": "R", "fields": [{"name": "a", "aliases": ["b c"], "type": "int"}]}"#,
+        r#"{"type": "a b"}"#,
+        r#"{"type": {"type": "record", "name": "x y", "fields": []}}"#,
+        r#"{"type": "fixed", "name": "F", "size": 2, "default": "abc"}"#,
+    ];
+    let inputs: [&[u8]; 6] = [b"", &[0], &[2, 0], &[0xff; 12], &[1, 2, 3, 4, 5, 6, 7, 8, 9], &[3; 40]];
+    for text in odd {
+        match AvroSchema::parse(text) {
+            Err(e) => assert!(matches!(e, PrismError::Config(_)), "{text}: {e:?}"),
+            Ok(s) => {
+                for b in inputs {
+                    assert!(
+                        matches!(s.decode_binary(b), Ok(_) | Err(PrismError::Payload(_))),
+                        "{text}"
+                    );
+                    assert!(
+                        matches!(s.validate(b, ""), Ok(()) | Err(PrismError::Validation(_))),
+                        "{text}"
+                    );
+                }
+                for doc in ["{}", "null", "[]", r#"{"a": {"a": {}}}"#, "1"] {
+                    let checked = s.validate(doc.as_bytes(), "application/json");
+                    assert!(matches!(checked, Ok(()) | Err(PrismError::Validation(_))), "{text}");
+                }
+            }
+        }
     }
 }
