@@ -335,6 +335,50 @@ pub fn validate_protobuf(file: &FileDescriptorProto, payload: &[u8], content_typ
     })
 }
 
+/// The registry's PII paths of a protobuf schema (`pii_fields`: schema paths by message
+/// nesting, `OrderCreated.customer_email`, `LineItem.sku`, as app/schema/pii.py names them)
+/// as payload paths of the message `type_name` (empty: the file's first) for
+/// [`mask_pii`](crate::registry::mask_pii) on the decoded JSON: `customer_email`,
+/// `items[].sku`. A message type is not entered again below itself (recursive types).
+pub fn payload_pii_paths(file: &FileDescriptorProto, type_name: &str, schema_paths: &[String]) -> Result<Vec<String>> {
+    fn walk<'a>(
+        file: &'a FileDescriptorProto,
+        msg: (String, &'a DescriptorProto),
+        at: &str,
+        want: &[String],
+        stack: &mut Vec<String>,
+        out: &mut Vec<String>,
+    ) {
+        if stack.len() > MAX_DEPTH || stack.contains(&msg.0) {
+            return;
+        }
+        let pkg = file.package();
+        let local = msg
+            .0
+            .strip_prefix(pkg)
+            .map(|m| m.trim_start_matches('.'))
+            .unwrap_or(&msg.0);
+        stack.push(msg.0.clone());
+        for f in &msg.1.field {
+            let payload = format!("{at}{}", f.name());
+            if want.contains(&format!("{local}.{}", f.name())) && !out.contains(&payload) {
+                out.push(payload.clone());
+            }
+            if f.r#type() == Type::Message {
+                if let Ok(sub) = message_of(file, f) {
+                    let next = format!("{payload}{}.", if is_repeated(f) { "[]" } else { "" });
+                    walk(file, sub, &next, want, stack, out);
+                }
+            }
+        }
+        stack.pop();
+    }
+    let root = find_message(file, type_name)?;
+    let mut out = Vec::new();
+    walk(file, root, "", schema_paths, &mut Vec::new(), &mut out);
+    Ok(out)
+}
+
 /// A JSON payload, parsed within bounds (16 MiB, 64 levels): hostile input is a `Payload` error.
 fn json_payload(payload: &[u8]) -> Result<Value> {
     crate::untrusted_json::parse(payload, "payload", 16 << 20, 64, crate::PrismError::Payload)

@@ -4,7 +4,7 @@
 //! never a panic. tests/clients/test_chain.py runs it against a real registry and worker.
 
 use prism_client::gen::v1::SchemaContext;
-use prism_client::schema_decode::{schema_ref, validate_protobuf, ResolvedSchema, SchemaRef};
+use prism_client::schema_decode::{payload_pii_paths, schema_ref, validate_protobuf, ResolvedSchema, SchemaRef};
 use prism_client::{Envelope, PrismError};
 use proptest::prelude::*;
 use prost_types::field_descriptor_proto::{Label, Type};
@@ -207,6 +207,27 @@ fn a_protobuf_payload_is_validated_before_publish_with_the_failures_path() {
     }
     let empty = FileDescriptorProto::default();
     assert!(validate_protobuf(&empty, b"", "application/protobuf", "").is_err());
+}
+
+#[test]
+fn registry_pii_paths_become_payload_paths_of_the_decoded_message() {
+    let s = orders();
+    let file = s.descriptor.as_ref().unwrap();
+    let want = ["OrderCreated.customer_id", "LineItem.sku", "Nope.x"].map(String::from);
+    assert_eq!(
+        payload_pii_paths(file, ORDER, &want).unwrap(),
+        ["customer_id", "items[].sku"]
+    );
+    let mut b = vec![0x12, 1, b'c', 0x22, 3, 0x0a, 1, b'A', 0x22, 3, 0x0a, 1, b'B'];
+    b.extend_from_slice(&[0x0a, 1, b'o']);
+    let mut v = s.decode(&b, "application/protobuf", ORDER).unwrap().value;
+    let n = prism_client::registry::mask_pii(&mut v, &payload_pii_paths(file, ORDER, &want).unwrap());
+    assert_eq!(n, 3);
+    assert_eq!(
+        v,
+        json!({"order_id": "o", "customer_id": "***", "items": [{"sku": "***"}, {"sku": "***"}]})
+    );
+    assert!(payload_pii_paths(file, "x.Nope", &want).is_err());
 }
 
 proptest! {
