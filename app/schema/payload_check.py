@@ -354,27 +354,45 @@ def _avro_validator(resolved: ResolvedSchema) -> Validator:
     import fastavro
     from fastavro.validation import validate as avro_valid
 
-    parsed = fastavro.parse_schema(schema_json(resolved.schema_text, "Avro schema"))
-    #: the same schema with named types inlined, so every sub-schema stands alone for `locate`
+    named: dict[str, Any] = {}
+    parsed = fastavro.parse_schema(schema_json(resolved.schema_text, "Avro schema"), named_schemas=named)
+    #: the same schema with named types inlined, so most sub-schemas stand alone for `locate`
     expanded = fastavro.parse_schema(schema_json(resolved.schema_text, "Avro schema"), expand=True)
+
+    def valid(value: Any, sub: Any) -> bool:
+        """`value` matches the sub-schema `sub`. A recursive type stays a bare name even when
+        expanded, and fastavro cannot validate against a bare name alone (`UnknownType`): the
+        sub-schema is checked as the one field of a probe record parsed with the schema's named
+        types. Only the path of a violation the whole datum already has depends on this."""
+        try:
+            probe = fastavro.parse_schema({"type": "record", "name": "__prism_probe", "fields": [
+                {"name": "x", "type": sub}]}, named_schemas=dict(named))
+            return bool(avro_valid({"x": value}, probe, raise_errors=False))
+        except Exception:  # a sub-schema fastavro cannot take alone: stop descending here
+            return True
 
     def locate(datum: Any, schema: Any, path: list[Any]) -> list[Any]:
         """The deepest position under `path` whose value fastavro rejects."""
-        s = schema
+        s = named.get(schema, schema) if isinstance(schema, str) else schema
+        if isinstance(s, list):  # a union: follow the one branch of the datum's shape, if one
+            shape = ("record", "map") if isinstance(datum, dict) else ("array",) if isinstance(datum, list) else ()
+            branches = [b for b in (named.get(x, x) if isinstance(x, str) else x for x in s)
+                        if isinstance(b, dict) and b.get("type") in shape]
+            s = branches[0] if len(branches) == 1 else None
         if isinstance(s, dict):
             t = s.get("type")
             if t == "record" and isinstance(datum, dict):
                 for f in s["fields"]:
                     value = datum.get(f["name"], f.get("default"))
-                    if not avro_valid(value, f["type"], raise_errors=False):
+                    if not valid(value, f["type"]):
                         return locate(value, f["type"], [*path, f["name"]])
             elif t == "array" and isinstance(datum, list):
                 for i, item in enumerate(datum):
-                    if not avro_valid(item, s["items"], raise_errors=False):
+                    if not valid(item, s["items"]):
                         return locate(item, s["items"], [*path, i])
             elif t == "map" and isinstance(datum, dict):
                 for k, item in datum.items():
-                    if not avro_valid(item, s["values"], raise_errors=False):
+                    if not valid(item, s["values"]):
                         return locate(item, s["values"], [*path, k])
         return path
 

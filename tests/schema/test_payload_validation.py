@@ -52,6 +52,19 @@ def test_avro_json_datum_names_the_position_not_the_schema_field():
     assert v(b"\x02", "application/avro")[0].path == "$"  # binary: fastavro's reader gives no position
 
 
+def test_avro_recursive_type_names_the_position_and_never_raises():
+    """A bad value under a recursive type: fastavro cannot validate the bare name alone
+    (`UnknownType` escaped untyped); the position is found through the schema's named types."""
+    node = json.dumps({"type": "record", "name": "Node", "namespace": "ll", "fields": [
+        {"name": "v", "type": "int"}, {"name": "next", "type": ["null", "Node"], "default": None}]})
+    v = validator_for(build_resolved(node, "avro", url="u", version="v9"))
+    assert v(b'{"v": 1, "next": {"v": 2, "next": null}}', "application/json") == []
+    (bad,) = v(b'{"v": 1, "next": {"v": "x"}}', "application/json")
+    assert bad.path == "$.next.v"
+    (bad,) = v(b'{"v": 1, "next": {"v": 2, "next": {"v": 3, "next": "no"}}}', "application/json")
+    assert bad.path == "$.next.next.next"
+
+
 def test_protobuf_wire_and_json():
     r = build_resolved(PROTO, "protobuf", url="u", version="v1")
     v = validator_for(r)
