@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.schema.model import SchemaError, schema_json
+from .model import SchemaError, schema_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,13 +272,13 @@ def resolve_fetched(fmt: Any, text: str, raw: Sequence[Mapping[str, Any]] | None
     the (subject, version) ``text`` was read from, so a reference back to it is a cycle at once.
     Raises :class:`app.schema.resolve.ReferencesUnresolvable` (an
     :class:`app.errors.SchemaReferencesError`) naming the reference at fault."""
-    from app.schema.model import SchemaFormat
+    from .model import SchemaFormat
 
     fmt = SchemaFormat.parse(fmt)
     fetched = [0]
 
     def fail(message: str) -> Exception:
-        from app.schema.resolve import ReferencesUnresolvable
+        from .resolve import ReferencesUnresolvable
 
         return ReferencesUnresolvable(message, path="schema.references")
 
