@@ -198,10 +198,9 @@ func (a *avroCheck) locate(d any, t any, path string, depth int) (string, bool) 
 	if a.valid(d, t, depth) {
 		return path, true
 	}
-	if s, ok := t.(string); ok {
-		if n, ok := a.named[s]; ok {
-			t = n
-		}
+	t = a.resolveName(t)
+	if u, isUnion := t.([]any); isUnion { // a union: follow the one branch of the datum's shape, if one
+		t = a.branchOfShape(d, u)
 	}
 	v, ok := t.(map[string]any)
 	if !ok || depth > 64 {
@@ -244,4 +243,41 @@ func (a *avroCheck) locate(d any, t any, path string, depth int) (string, bool) 
 		}
 	}
 	return path, false
+}
+
+// resolveName returns the named type a bare name refers to, or t itself.
+func (a *avroCheck) resolveName(t any) any {
+	if s, ok := t.(string); ok {
+		if n, ok := a.named[s]; ok {
+			return n
+		}
+	}
+	return t
+}
+
+// branchOfShape returns the one union branch whose kind fits the datum's JSON shape (an
+// object: record or map; a list: array), or nil when none or several do - as Python's locate
+// does, so a violation inside a union's record is named by its field path.
+func (a *avroCheck) branchOfShape(d any, union []any) any {
+	var shape []string
+	switch d.(type) {
+	case map[string]any:
+		shape = []string{"record", "map"}
+	case []any:
+		shape = []string{"array"}
+	}
+	var found []any
+	for _, b := range union {
+		if m, ok := a.resolveName(b).(map[string]any); ok {
+			for _, k := range shape {
+				if m["type"] == k {
+					found = append(found, m)
+				}
+			}
+		}
+	}
+	if len(found) == 1 {
+		return found[0]
+	}
+	return nil
 }
