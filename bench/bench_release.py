@@ -78,6 +78,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PARTITIONS = 4
 DEFAULT_BASELINE = "d2afe54"
 WORKER_TARGET = "app.worker.pipeline:app_from_env"
+#: the same worker with per-step latency stamps (`--trace`)
+TRACED_TARGET = "bench._latency_trace:app_from_env"
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -199,7 +201,8 @@ class Contender:
 
     def start(self, topology: Path, bootstrap: str, name: str, data_dir: Path, n: int,
               log_dir: Path, extra_env: dict[str, str] | None = None,
-              broker_env: Mapping[str, str] | None = None) -> list[subprocess.Popen[bytes]]:
+              broker_env: Mapping[str, str] | None = None,
+              target: str = WORKER_TARGET) -> list[subprocess.Popen[bytes]]:
         """`broker_env`: the broker's PRISM_* variables (`BenchBroker.worker_env`); default the
         embedded broker's."""
         procs = []
@@ -210,7 +213,7 @@ class Contender:
                        f"prism-{name}", str(n), str(data_dir / "plain-stats.json")]
                 env = base_env
             else:
-                cmd = [str(self.version.python), "-m", "app.worker.faust_app", WORKER_TARGET, "--loglevel", "warning"]
+                cmd = [str(self.version.python), "-m", "app.worker.faust_app", target, "--loglevel", "warning"]
                 env = {**base_env, "PRISM_TOPOLOGY": str(topology), "PRISM_BOOTSTRAP": bootstrap,
                        "PRISM_DATA_DIR": str(data_dir / f"proc-{i}"), "PRISM_APP_ID": f"prism-{name}",
                        **(broker_env if broker_env is not None else {"PRISM_EMBEDDED": "1"}), **(extra_env or {})}
@@ -349,11 +352,14 @@ async def run_one(c: Contender, broker: BenchBroker, tmp: Path, keys: Any, n: in
 
 
 async def latency(broker: BenchBroker, tmp: Path, keys: Any, versions: list[Version], rate: float,
-                  n: int) -> dict[str, Any]:
+                  n: int, *, trace: bool = False) -> dict[str, Any]:
     """End-to-end p50/p99 at `rate` msg/s: a raw passthrough loop, then a worker of each version
-    (one after the other, each on its own fresh topics); added = worker - raw loop."""
+    (one after the other, each on its own fresh topics); added = worker - raw loop. `trace`:
+    this tree's worker runs with `bench/_latency_trace.py`, and its per-step latencies are
+    added to its result (``steps``)."""
     from app.broker.admin import ensure_topics
     from app.worker.faust_app import READY_FILE_ENV
+    from bench._latency_trace import TRACE_ENV
     from bench.bench_pipeline import run_raw
 
     bootstrap = broker.bootstrap
@@ -378,22 +384,33 @@ async def latency(broker: BenchBroker, tmp: Path, keys: Any, versions: list[Vers
         topology = bench_topology(version, tmp, keys, topic, name)
         await ensure_topics(bootstrap, {t: PARTITIONS for t in (topic, f"{topic}.v2", f"{topic}.v3", f"{topic}.dlq")})
         ready = tmp / f"{name}.ready"
+        traced = trace and version.root == ROOT
+        steps = tmp / f"{name}.steps.json"
+        extra = {READY_FILE_ENV: str(ready)}
+        if traced:  # the trace's own knobs (PRISM_TRACE_*) pass through to the traced worker
+            extra.update({TRACE_ENV: str(steps), **{k: v for k, v in os.environ.items() if k.startswith("PRISM_TRACE_")}})
         procs = Contender(version.label, version).start(topology, bootstrap, name, tmp / name, n, tmp / "logs",
-                                                        extra_env={READY_FILE_ENV: str(ready)},
-                                                        broker_env=broker.worker_env)
+                                                        extra_env=extra, broker_env=broker.worker_env,
+                                                        target=TRACED_TARGET if traced else WORKER_TARGET)
         try:
             deadline = time.monotonic() + 120
             while not ready.exists():
                 if time.monotonic() > deadline or procs[0].poll() is not None:
                     raise RuntimeError(f"the latency worker did not get ready; see {tmp / 'logs'}")
                 await asyncio.sleep(0.1)
+            cpu0 = cpu_seconds([p.pid for p in procs])
             res = await client(topic, f"{topic}.v3", version)
+            # the worker's CPU while it carried the offered rate: how busy it was, per message
+            res["worker_cpu_us_per_msg"] = (cpu_seconds([p.pid for p in procs]) - cpu0) / n * 1e6
         finally:
             stop(procs)
+        if traced and steps.exists():
+            res["steps"] = json.loads(steps.read_text())
+        res["load_1m"] = round(os.getloadavg()[0], 2)
         res["added_p50_ms"], res["added_p99_ms"] = res["p50_ms"] - raw["p50_ms"], res["p99_ms"] - raw["p99_ms"]
         out[version.label] = res
         print(f"latency at {rate:.0f} msg/s: {version.label} p50 {res['p50_ms']:.0f} ms / p99 {res['p99_ms']:.0f} ms, "
-              f"raw loop {raw['p50_ms']:.0f} / {raw['p99_ms']:.0f}", flush=True)
+              f"raw loop {raw['p50_ms']:.0f} / {raw['p99_ms']:.0f} (load {res['load_1m']})", flush=True)
     return out
 
 
@@ -426,7 +443,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     try:
         async with bench_broker(args.broker, tmp) as broker:
             result["broker"] = describe(broker)
-            for r in range(args.rounds):
+            for r in range(0 if args.latency_rate else args.rounds):
                 one: dict[str, Any] = {}
                 order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
                 for c in order:
@@ -437,36 +454,37 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                           f"(load {res['load_1m']})", flush=True)
                 result["rounds"].append(one)
             rounds = result["rounds"]
-            result["ratios"] = {
-                "head_vs_release_msgs": _median_round(rounds, "head", "release", "msgs_per_s"),
-                "head_vs_release_cpu": _median_round(rounds, "head", "release", "cpu_us_per_msg"),
-                "head_vs_plain_cpu": _median_round(rounds, "head", "plain", "cpu_us_per_msg"),
-                "head2p_vs_head_msgs": _median_round(rounds, "head-2p", "head", "msgs_per_s"),
-                "head2p_vs_head_cpu": _median_round(rounds, "head-2p", "head", "cpu_us_per_msg"),
-            }
-            result["medians"] = round_medians(rounds, [c.label for c in contenders],
-                                              ("msgs_per_s", "cpu_us_per_msg", "main_thread_cpu_us_per_msg",
-                                               "other_threads_cpu_us_per_msg", "broker_cpu_us_per_msg"))
-            floor = signing_floor(tmp / "keys")
-            result["signatures_cpu_us_per_msg"] = floor["signatures_cpu_us_per_msg"]
-            plain_stages = [r["plain"].get("stage_cpu_us_per_message", {}) for r in rounds]
-            if all(plain_stages):
-                stages = {k: statistics.median(s.get(k, 0.0) for s in plain_stages) for k in plain_stages[0]}
-                med = result["medians"]
-                stage_sum = sum(stages.values())
-                result["breakdown_us_per_msg"] = {
-                    "stages_without_signatures": stage_sum - floor["signatures_cpu_us_per_msg"],
-                    "signatures": floor["signatures_cpu_us_per_msg"],
-                    "consume_and_sends (plain loop minus stages)": med["plain"]["cpu_us_per_msg"] - stage_sum,
-                    "framework (worker minus plain loop)": med["head"]["cpu_us_per_msg"] - med["plain"]["cpu_us_per_msg"],
-                    "worker total": med["head"]["cpu_us_per_msg"],
+            if rounds:  # not with --latency-rate alone
+                result["ratios"] = {
+                    "head_vs_release_msgs": _median_round(rounds, "head", "release", "msgs_per_s"),
+                    "head_vs_release_cpu": _median_round(rounds, "head", "release", "cpu_us_per_msg"),
+                    "head_vs_plain_cpu": _median_round(rounds, "head", "plain", "cpu_us_per_msg"),
+                    "head2p_vs_head_msgs": _median_round(rounds, "head-2p", "head", "msgs_per_s"),
+                    "head2p_vs_head_cpu": _median_round(rounds, "head-2p", "head", "cpu_us_per_msg"),
                 }
-                result["plain_stage_cpu_us_per_message"] = stages
-            if args.latency:
-                rate = result["medians"]["head"]["msgs_per_s"] / 2
+                result["medians"] = round_medians(rounds, [c.label for c in contenders],
+                                                  ("msgs_per_s", "cpu_us_per_msg", "main_thread_cpu_us_per_msg",
+                                                   "other_threads_cpu_us_per_msg", "broker_cpu_us_per_msg"))
+                floor = signing_floor(tmp / "keys")
+                result["signatures_cpu_us_per_msg"] = floor["signatures_cpu_us_per_msg"]
+                plain_stages = [r["plain"].get("stage_cpu_us_per_message", {}) for r in rounds]
+                if plain_stages and all(plain_stages):
+                    stages = {k: statistics.median(s.get(k, 0.0) for s in plain_stages) for k in plain_stages[0]}
+                    med = result["medians"]
+                    stage_sum = sum(stages.values())
+                    result["breakdown_us_per_msg"] = {
+                        "stages_without_signatures": stage_sum - floor["signatures_cpu_us_per_msg"],
+                        "signatures": floor["signatures_cpu_us_per_msg"],
+                        "consume_and_sends (plain loop minus stages)": med["plain"]["cpu_us_per_msg"] - stage_sum,
+                        "framework (worker minus plain loop)": med["head"]["cpu_us_per_msg"] - med["plain"]["cpu_us_per_msg"],
+                        "worker total": med["head"]["cpu_us_per_msg"],
+                    }
+                    result["plain_stage_cpu_us_per_message"] = stages
+            if args.latency or args.latency_rate:
+                rate = args.latency_rate or result["medians"]["head"]["msgs_per_s"] / 2
                 result["latency_half_max"] = await latency(
                     broker, tmp, keys, [c.version for c in contenders if c.label in ("head", "release")],
-                    rate, min(args.n, max(500, int(rate * 15))))
+                    rate, min(args.n, max(500, int(rate * 15))), trace=args.trace)
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -518,6 +536,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-release", action="store_true", help="skip the release contender")
     ap.add_argument("--scale", action="store_true", help="also run this tree with 2 worker processes")
     ap.add_argument("--latency", action="store_true", help="added latency at half of head's rate vs a raw loop")
+    ap.add_argument("--latency-rate", type=float, default=None,
+                    help="only the latency phase, at this rate (msg/s): no backlog rounds (compare changes at one rate)")
+    ap.add_argument("--trace", action="store_true",
+                    help="latency phase: where this tree's worker spends each message's time (bench/_latency_trace.py)")
     return run_on_uvloop(main_async, backlog_args(ap, argv))
 
 

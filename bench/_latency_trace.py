@@ -1,0 +1,224 @@
+"""Where a worker's per-message latency goes: the worker `prism run` runs, with timestamps taken
+at each step of a source record's way through it (issue 29, "added p99 latency").
+
+    PRISM_LATENCY_TRACE=out.json python -m app.worker.faust_app bench._latency_trace:app_from_env
+
+``bench_release --latency --trace`` starts its latency workers this way. Nothing in app/ changes:
+the steps are wrapped here, so the traced worker runs the shipped code between them. Per source
+record (topic, partition, offset), wall-clock seconds:
+
+* ``produced`` - the record's timestamp (CreateTime: the load client's producer sets it at send);
+* ``fetched`` - appended to the batch source's buffer (`BatchBuffer.put`);
+* ``taken`` - its batch taken from the buffer (`BatchBuffer.take` returned);
+* ``chained`` - its batch through the chain, signed and fitted (`BatchRunner.start` returned);
+* ``written`` - every output of its batch acknowledged by the broker (`write_all` returned,
+  at_least_once; the transaction's commit under exactly_once);
+* ``acked`` - its offset acknowledged to Faust (`ack_all` / `release_all`).
+
+The file (rewritten every ~2 s and at exit) holds, per consecutive pair of steps and from
+``produced`` to each step, p50/p90/p99/max in ms over the records that passed both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import gc
+import itertools
+import json
+import os
+import statistics
+import threading
+import time
+from typing import Any
+
+import faust
+
+TRACE_ENV = "PRISM_LATENCY_TRACE"
+#: seconds: `sys.setswitchinterval` in the traced worker (an experiment knob; default Python's 5 ms)
+SWITCH_ENV = "PRISM_TRACE_SWITCH_INTERVAL"
+STEPS = ("produced", "fetched", "taken", "chained", "written", "acked")
+
+_marks: dict[tuple[str, int, int], dict[str, float]] = {}
+_lock = threading.Lock()
+#: per batch, in take order: [taken, chained, written] (0.0 until reached)
+_batches: list[list[float]] = []
+_batch_of: dict[int, int] = {}  # id(first Faust message of a batch) -> index in _batches
+#: garbage collections: (generation, ms, when) and event-loop lag (how late a 5 ms sleep woke,
+#: ms, when); only those after the first record was fetched are summarised (not start-up's)
+_gcs: list[tuple[int, float, float]] = []
+_lags: list[tuple[float, float]] = []
+_first_fetch: list[float] = []
+#: at each take: how long the oldest buffered record had waited for the taker to ask (ms)
+_late_take: list[float] = []
+
+
+def _key(m: Any) -> tuple[str, int, int]:
+    return (m.topic, m.partition, m.offset)
+
+
+def _stamp(messages: Any, step: str, now: float | None = None) -> None:
+    now = time.time() if now is None else now
+    for m in messages:
+        d = _marks.get(_key(m))
+        if d is not None and step not in d:
+            d[step] = now
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, int(len(values) * q) - 1))]
+
+
+def summary() -> dict[str, Any]:
+    with _lock:
+        rows = [dict(d) for d in _marks.values()]
+    out: dict[str, Any] = {"records": len(rows)}
+    pairs = list(itertools.pairwise(STEPS)) + [("produced", s) for s in STEPS[2:]]
+    for a, b in pairs:
+        vals = [(r[b] - r[a]) * 1000 for r in rows if a in r and b in r]
+        if vals:
+            out[f"{a}->{b}"] = {"n": len(vals), "p50": round(statistics.median(vals), 1),
+                                "p90": round(_pct(vals, 0.9), 1), "p99": round(_pct(vals, 0.99), 1),
+                                "max": round(max(vals), 1)}
+    def dist(vals: list[float]) -> dict[str, float]:
+        if not vals:
+            return {"n": 0}
+        return {"n": len(vals), "p50": round(statistics.median(vals), 1), "p99": round(_pct(vals, 0.99), 1),
+                "max": round(max(vals), 1), "sum": round(sum(vals), 1)}
+
+    since = _first_fetch[0] if _first_fetch else float("inf")
+    out["loop_lag_ms"] = dist([ms for ms, t in list(_lags) if t >= since])
+    out["late_take_ms"] = dist(list(_late_take))
+    for gen in (0, 1, 2):
+        out[f"gc{gen}_ms"] = dist([ms for g, ms, t in list(_gcs) if g == gen and t >= since])
+    batches = [b for b in list(_batches) if all(b)]
+    if len(batches) > 1:
+        # pipelining: was the next batch through the chain before this one's outputs were written?
+        overlapped = sum(1 for a, b in itertools.pairwise(batches) if b[1] < a[2])
+        out["batches"] = {"n": len(batches), "next_chained_before_written": overlapped}
+    sizes = [r["batch"] for r in rows if "batch" in r]
+    if sizes:
+        out["batch_size_seen_by_record"] = {"p50": statistics.median(sizes), "max": max(sizes)}
+    return out
+
+
+def _dump(path: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(summary(), f, indent=1)
+    os.replace(tmp, path)
+
+
+def install(path: str) -> None:
+    """Wrap the steps (see the module docstring); write the summary to `path`."""
+    from app.worker import at_least_once, exactly_once
+    from app.worker.at_least_once import AtLeastOnce
+    from app.worker.batch_runner import BatchRunner
+    from app.worker.batch_source import BatchBuffer
+
+    put, take, start, write_all = BatchBuffer.put, BatchBuffer.take, BatchRunner.start, AtLeastOnce.write_all
+    ack_all, release_all = at_least_once.ack_all, exactly_once.release_all
+
+    def traced_put(self: Any, message: Any) -> None:
+        now = time.time()
+        if not _first_fetch:
+            _first_fetch.append(now)
+        with _lock:
+            _marks[_key(message)] = {"produced": message.timestamp, "fetched": now}
+        put(self, message)
+
+    async def traced_take(self: Any, max_n: int, within: float) -> list[Any]:
+        if self._items:
+            d = _marks.get(_key(self._items[0]))
+            if d is not None:
+                _late_take.append((time.time() - d["fetched"]) * 1000)
+        batch = await take(self, max_n, within)
+        _stamp(batch, "taken")
+        if batch:
+            _batch_of[id(batch[0])] = len(_batches)
+            _batches.append([time.time(), 0.0, 0.0])
+        for m in batch:
+            d = _marks.get(_key(m))
+            if d is not None:
+                d["batch"] = len(batch)
+        return batch
+
+    async def traced_start(self: Any, chain: Any, batch: list[Any], previous: Any) -> Any:
+        finish = await start(self, chain, batch, previous)
+        _stamp(batch, "chained")
+        i = _batch_of.get(id(batch[0])) if batch else None
+        if i is not None:
+            _batches[i][1] = time.time()
+
+            async def written_then(finish: Any = finish, i: int = i) -> None:
+                try:
+                    await finish
+                finally:
+                    _batches[i][2] = time.time()
+            return written_then()
+        return finish
+
+    async def traced_write_all(self: Any, chain: Any, producer: Any, pending: list[Any], **kw: Any) -> Any:
+        out = await write_all(self, chain, producer, pending, **kw)
+        _stamp((m for m, _ in pending), "written")
+        return out
+
+    def traced_ack_all(consumer: Any, messages: Any) -> int:
+        messages = list(messages)
+        _stamp(messages, "acked")
+        return ack_all(consumer, messages)
+
+    def traced_release_all(consumer: Any, messages: Any) -> None:
+        messages = list(messages)
+        now = time.time()
+        _stamp(messages, "written", now)  # the transaction committed just before
+        _stamp(messages, "acked", now)
+        release_all(consumer, messages)
+
+    BatchBuffer.put = traced_put  # type: ignore[method-assign]
+    BatchBuffer.take = traced_take  # type: ignore[method-assign]
+    BatchRunner.start = traced_start  # type: ignore[method-assign]
+    AtLeastOnce.write_all = traced_write_all  # type: ignore[method-assign]
+    at_least_once.ack_all = traced_ack_all
+    exactly_once.release_all = traced_release_all
+
+    def every_2s() -> None:
+        while True:
+            time.sleep(2)
+            _dump(path)
+
+    def on_gc(phase: str, info: dict[str, int], t: list[float] = [0.0]) -> None:  # noqa: B006
+        if phase == "start":
+            t[0] = time.perf_counter()
+        else:
+            _gcs.append((info["generation"], (time.perf_counter() - t[0]) * 1000, time.time()))
+
+    gc.callbacks.append(on_gc)
+    threading.Thread(target=every_2s, daemon=True, name="latency-trace").start()
+    atexit.register(_dump, path)
+
+
+def app_from_env() -> faust.App:
+    """`app.worker.pipeline.app_from_env`, traced when PRISM_LATENCY_TRACE names a file."""
+    from app.worker.pipeline import app_from_env as shipped
+
+    path = os.environ.get(TRACE_ENV)
+    if path:
+        install(path)
+    if os.environ.get(SWITCH_ENV):  # an experiment: the GIL hand-over between the consumer thread and the loop
+        import sys
+
+        sys.setswitchinterval(float(os.environ[SWITCH_ENV]))
+    app = shipped()
+    if path:
+        app.task(lag_probe)
+    return app
+
+
+async def lag_probe() -> None:
+    """How late the worker's event loop wakes a 5 ms sleep: its stalls (a long callback, GC)."""
+    while True:
+        t0 = time.perf_counter()
+        await asyncio.sleep(0.005)
+        _lags.append(((time.perf_counter() - t0) * 1000 - 5, time.time()))
