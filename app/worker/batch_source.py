@@ -18,8 +18,8 @@ between the fetch and the chain (BENCHMARKS.md, "Release comparison").
   `Message` to a list (:class:`BatchBuffer`); no `Event`, no channel queue, no stream. The
   handler keeps the conductor's two waits (flow control, the producer buffer's ebb) and blocks
   while the buffer is full, which stops the fetch loop as a full stream queue would.
-* **One task per source topic** takes up to ``batch_size`` messages (waiting at most
-  ``within`` seconds for more once it has one), drops those from an earlier consumer
+* **One task per source topic** takes up to ``batch_size`` messages - what has been fetched
+  when the chain is ready for another batch (below) - drops those from an earlier consumer
   generation or taken while flow control is suspended (a rebalance: they will be fetched again
   from the committed offset, exactly what the stream does), tracks the rest for
   acknowledgement and runs the batch through the chain. The caller acknowledges each message
@@ -28,6 +28,16 @@ between the fetch and the chain (BENCHMARKS.md, "Release comparison").
 * **Batches overlap** (``depth``, 2 by default): while the broker acknowledges one batch's
   writes, the chain runs over the next - the worker no longer sits idle for a round trip per
   batch. The writes, dedup records and acknowledgements still happen in batch order.
+
+**Adaptive batches** (``within``, 0 by default): a batch does not wait to fill. Once the buffer
+holds a message, the taker takes everything buffered, up to ``batch_size``. The fetch loop appends
+a whole fetch before it next awaits, so under light input a batch is what one fetch returned and
+its messages are not held back for later ones; under heavy input the buffer fills while the
+chain works on the batch before, so batches grow by themselves up to ``batch_size`` (a backlog
+is read in full batches, as before). The former fixed wait (20 ms for 500 messages) held every
+message of a light stream for the whole wait: most of what the worker added to a hop's p50
+(BENCHMARKS.md, issue 29). A positive ``within`` restores it (``take``'s contract is Faust's
+``take_events``').
 
 Rebalance and shutdown go through Faust's usual sequence: flow control is suspended and cleared
 (:meth:`BatchBuffer.clear`: buffered, untracked messages are dropped), then Faust waits until
@@ -104,9 +114,10 @@ class BatchBuffer:
         self._nonempty.clear()
         self._room.set()
 
-    async def take(self, max_n: int, within: float) -> list[Any]:
+    async def take(self, max_n: int, within: float = 0.0) -> list[Any]:
         """Up to `max_n` messages: waits for the first, then at most `within` seconds for the
-        batch to fill (Faust's `take_events` contract)."""
+        batch to fill (Faust's `take_events` contract). ``within=0``: what is buffered now, not
+        waiting for more (the adaptive batches of the module docstring)."""
         while not self._items:
             await self._nonempty.wait()
         if len(self._items) < max_n and within > 0:
@@ -139,7 +150,7 @@ class BatchSource:
     batches may be in flight: the chain runs over the next batch while the broker acknowledges
     the writes of the one before (1: strictly one after the other)."""
 
-    def __init__(self, app: Any, topic: Any, start: Start, *, batch_size: int, within: float,
+    def __init__(self, app: Any, topic: Any, start: Start, *, batch_size: int, within: float = 0.0,
                  buffer_size: int | None = None, depth: int = 2, split_partitions: bool = False) -> None:
         if depth < 1:
             raise ValueError("depth must be >= 1")

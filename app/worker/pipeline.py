@@ -245,7 +245,7 @@ class PipelineApp:
 
     def __init__(self, topology: Topology, *, bootstrap: str, data_dir: str | Path, app_id: str | None = None,
                  embedded: bool = False, web_port: int | None = None, batch_size: int = 500,
-                 batch_within_s: float = 0.02, broker_settings: BrokerSettings | None = None,
+                 batch_within_s: float = 0.0, broker_settings: BrokerSettings | None = None,
                  on_batch: Callable[[RunStats], None] | None = None, archive_location: str | Path | None = None,
                  observe: Observer | None = None, archive_writer_id: str | None = None,
                  archive_shard: tuple[int, int] | None = None, processing_guarantee: str | None = None,
@@ -255,6 +255,9 @@ class PipelineApp:
         #: over the topology's `processing_guarantee`
         self.guarantee = check_guarantee(processing_guarantee or topology.processing_guarantee)
         self.batch_size = batch_size
+        #: how long a batch waits to fill once it has a message: none by default - a batch is
+        #: what has been fetched when the chain is ready for it (app/worker/batch_source.py,
+        #: "Adaptive batches"); positive, it trades latency for fuller batches at light load
         self.batch_within_s = batch_within_s
         self.on_batch = on_batch
         self._bootstrap, self._broker_settings = bootstrap, broker_settings

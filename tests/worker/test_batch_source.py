@@ -42,6 +42,70 @@ async def test_take_returns_as_soon_as_the_batch_is_full() -> None:
     assert await asyncio.wait_for(buf.take(3, within=30), 2) == [0, 1, 2]
 
 
+async def test_adaptive_take_does_not_wait_for_messages_not_yet_fetched() -> None:
+    """Issue 29 (latency): with the default `within` a batch is what is buffered when the taker
+    asks - a message arriving a moment later goes to the next batch instead of holding this one
+    (the former 20 ms fill wait held every message of a light stream)."""
+    buf = BatchBuffer(100)
+    loop = asyncio.get_running_loop()
+    buf.put("a")
+    loop.call_soon(buf.put, "b")  # the next fetch: after the taker's turn
+    assert await buf.take(500) == ["a"]  # awaited directly: a wait_for task would let "b" in first
+    assert await asyncio.wait_for(buf.take(500), 2) == ["b"]
+
+
+async def test_adaptive_take_gets_the_whole_fetch_appended_while_it_waited() -> None:
+    """A waiting taker wakes only when the fetch loop yields, after it appended the whole fetch
+    (it appends without awaiting): one fetch, one batch - not one batch per message."""
+    buf = BatchBuffer(100)
+    taker = asyncio.ensure_future(buf.take(500))
+    await asyncio.sleep(0)  # the taker now waits for a first message
+    assert not taker.done()
+    for i in range(5):  # one fetch, appended in one go
+        buf.put(i)
+    assert await asyncio.wait_for(taker, 2) == [0, 1, 2, 3, 4]
+
+
+async def test_adaptive_batches_grow_while_the_chain_is_busy() -> None:
+    """Under load batches fill by themselves: what arrives while the chain works on one batch is
+    the next batch, up to `batch_size` - no fill wait needed for full batches at full load."""
+    gate = asyncio.Event()
+    seen: list[list[int]] = []
+
+    async def start(batch, previous):
+        seen.append([m.offset for m in batch])
+        if len(seen) == 1:
+            await gate.wait()  # the chain is busy with the first batch
+
+        async def finish() -> None:
+            if previous is not None:
+                await previous
+        return finish()
+
+    src = _source(start)
+    src.split_partitions = False
+    src.within = BatchSource.__init__.__kwdefaults__["within"]  # the default: adaptive
+    task = asyncio.ensure_future(src.run())
+    try:
+        src.buffer.put(_msg(0, 0))
+        for _ in range(100):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        assert seen == [[0]]  # taken at once, alone
+        for o in range(1, 16):  # 15 more arrive while the chain is busy
+            src.buffer.put(_msg(0, o))
+        gate.set()
+        for _ in range(100):
+            if sum(len(b) for b in seen) == 16:
+                break
+            await asyncio.sleep(0.01)
+        assert seen == [[0], list(range(1, 11)), list(range(11, 16))]  # batch_size 10, then the rest
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def test_full_buffer_blocks_the_producer_until_a_take_makes_room() -> None:
     buf = BatchBuffer(2)
     buf.put(1)
