@@ -19,6 +19,13 @@ change:
 * the order: per topic-partition, records are appended in item order, and batches of one
   topic-partition are handed over in order.
 
+Sent at once: every batch is closed before it is handed over. aiokafka holds an open batch in
+its accumulator for ``linger_ms`` (5 ms for the worker's producer) in case later ``send`` calls
+add to it; these batches are complete when handed over, so the linger only delayed them - and,
+since a partition's next ``send_batch`` waits until the batch before it has left the
+accumulator, the next batch's hand-over too (issue 29, latency). A closed batch is also one no
+other ``send`` to the same partition can append to, so each batch holds exactly its items.
+
 What a batch may hold is bounded by its destination: Kafka checks a topic's `max.message.bytes`
 against the whole record batch a producer sends to a partition, not against each record, so a
 builder never grows past `limit_for(topic)` (the smaller of that and the producer's
@@ -126,6 +133,7 @@ async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
     async def hand_over(tp: tuple[str, int]) -> None:
         builder, owners = open_batches.pop(tp)
         n = counts.pop(tp, 0)
+        builder.close()  # complete: ready to send now, no linger (module docstring, "Sent at once")
         sent.append((await producer.send_batch(builder, tp[0], partition=tp[1]), owners, tp[0], n))
 
     for i, records in enumerate(items):

@@ -78,6 +78,9 @@ class _Builder:
         self.records.append(value)
         return object()
 
+    def close(self):
+        self.closed = True
+
 
 class _Cluster:
     def partitions_for_topic(self, topic):
@@ -107,6 +110,7 @@ class FakeAiokafka:
         return _Builder(self.room)
 
     async def send_batch(self, batch, topic, *, partition):
+        assert getattr(batch, "closed", False), "handed over open: it would wait out the producer's linger"
         self.batches.append((topic, batch.records))
         fut = asyncio.get_running_loop().create_future()
         if self.fail & set(batch.records):
@@ -194,3 +198,30 @@ async def test_keys_land_where_aiokafkas_default_partitioner_puts_them() -> None
     custom = Placing(lambda key, all_parts, available: calls.append(key) or all_parts[-1])
     assert await send_batched(custom, items[:5]) == [None] * 5
     assert calls == [k for k in keys[:5] for _ in range(2)]
+
+
+async def test_a_closed_batch_is_ready_at_once_in_aiokafkas_accumulator() -> None:
+    """Why `send_batched` closes each batch before handing it over (issue 29, latency): aiokafka
+    holds an open batch for `linger_ms` - the worker's producer lingers 5 ms - and a partition's
+    next `send_batch` waits until the one before has left. A closed batch is ready at once, and
+    no later `send` can add records to it. Checked on aiokafka's own accumulator (no broker)."""
+    from aiokafka.producer.message_accumulator import BatchBuilder, MessageAccumulator
+    from aiokafka.structs import TopicPartition
+
+    acc = MessageAccumulator(_Cluster(), 16384, 0, 30, linger_ms=5_000)
+    tp = TopicPartition("t", 0)
+
+    def builder() -> BatchBuilder:
+        b = BatchBuilder(16384, 0, is_transactional=False, key_serializer=None, value_serializer=None)
+        assert b.append(timestamp=None, key=b"k", value=b"v", headers=[]) is not None
+        return b
+
+    open_one = builder()
+    await acc.add_batch(open_one, tp, 1)
+    assert acc._batches[tp][0].remaining_linger() > 4  # an open batch lingers
+    acc._batches[tp].clear()
+    closed_one = builder()
+    closed_one.close()
+    await acc.add_batch(closed_one, tp, 1)
+    assert acc._batches[tp][0].remaining_linger() is None  # ready now
+    assert closed_one.append(timestamp=None, key=b"k", value=b"late", headers=[]) is None  # nothing joins it
