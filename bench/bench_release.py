@@ -108,10 +108,19 @@ def head_version() -> Version:
     return Version("head", ROOT, Path(sys.executable))
 
 
-def release_version(rev: str, cache: Path, *, fresh: bool = False) -> Version:
-    """`rev` exported into `cache/prism-<sha>` with its own venv (built once, then reused)."""
+def release_version(rev: str, cache: Path, *, fresh: bool = False, python: Path | None = None) -> Version:
+    """`rev` exported into `cache/prism-<sha>` with its own venv (built once, then reused).
+    `python`: run the export with this interpreter instead (a recent revision whose dependencies
+    are this tree's: the export's own folder comes first on its path, so its code is what runs)."""
     sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", f"{rev}^{{commit}}"], check=True,
                          capture_output=True, text=True).stdout.strip()
+    if python is not None:
+        folder = cache / f"src-{sha[:12]}"
+        if not (folder / "app").exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            tar = subprocess.run(["git", "-C", str(ROOT), "archive", sha], check=True, capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(folder)], input=tar, check=True)
+        return Version(rev, folder, python)
     folder = cache / f"prism-{sha[:12]}"
     stamp = folder / ".venv" / ".installed"
     if fresh and folder.exists():
@@ -431,7 +440,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     head = head_version()
     contenders = [Contender("head", head)]
     if not args.no_release:
-        contenders.insert(0, Contender("release", release_version(args.baseline, args.cache, fresh=args.fresh)))
+        contenders.insert(0, Contender("release", release_version(args.baseline, args.cache, fresh=args.fresh,
+                                                                  python=args.baseline_python)))
     contenders.append(Contender("plain", head, plain=True))
     if args.scale:
         contenders.append(Contender("head-2p", head, processes=2))
@@ -534,6 +544,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="where the baseline's export and venv are kept between runs")
     ap.add_argument("--fresh", action="store_true", help="rebuild the baseline's export and venv")
     ap.add_argument("--no-release", action="store_true", help="skip the release contender")
+    ap.add_argument("--baseline-python", type=Path, default=None,
+                    help="run the baseline's export with this interpreter, no venv of its own (before/after "
+                         "of a recent change: same dependencies)")
     ap.add_argument("--scale", action="store_true", help="also run this tree with 2 worker processes")
     ap.add_argument("--latency", action="store_true", help="added latency at half of head's rate vs a raw loop")
     ap.add_argument("--latency-rate", type=float, default=None,
