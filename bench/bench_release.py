@@ -423,6 +423,17 @@ async def latency(broker: BenchBroker, tmp: Path, keys: Any, versions: list[Vers
     return out
 
 
+def latency_medians(runs: list[dict[str, Any]], versions: list[Version]) -> dict[str, Any]:
+    """Several latency rounds: per version the median of each figure (added ms are per round, each
+    against that round's own raw loop), and every round as measured."""
+    keys = ("p50_ms", "p99_ms", "added_p50_ms", "added_p99_ms", "worker_cpu_us_per_msg", "load_1m")
+    out: dict[str, Any] = {"rate_msgs_per_s": runs[0]["rate_msgs_per_s"], "rounds": runs,
+                           "raw": {k: statistics.median(r["raw"][k] for r in runs) for k in ("p50_ms", "p99_ms")}}
+    for v in versions:
+        out[v.label] = {k: statistics.median(r[v.label][k] for r in runs) for k in keys}
+    return out
+
+
 def round_medians(rounds: list[dict[str, Any]], labels: list[str], keys: tuple[str, ...]) -> dict[str, Any]:
     """Per contender, the median over rounds of each figure in `keys`."""
     return {label: {k: statistics.median(r[label][k] for r in rounds) for k in keys} for label in labels}
@@ -492,9 +503,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     result["plain_stage_cpu_us_per_message"] = stages
             if args.latency or args.latency_rate:
                 rate = args.latency_rate or result["medians"]["head"]["msgs_per_s"] / 2
-                result["latency_half_max"] = await latency(
-                    broker, tmp, keys, [c.version for c in contenders if c.label in ("head", "release")],
-                    rate, min(args.n, max(500, int(rate * 15))), trace=args.trace)
+                versions = [c.version for c in contenders if c.label in ("head", "release")]
+                runs = []
+                for r in range(args.latency_rounds):
+                    # alternate which version runs first: a load swing on a shared machine hits both alike
+                    order = versions if r % 2 == 0 else versions[::-1]
+                    runs.append(await latency(broker, tmp, keys, order, rate, min(args.n, max(500, int(rate * 15))),
+                                              trace=args.trace))
+                result["latency_half_max"] = runs[0] if len(runs) == 1 else latency_medians(runs, versions)
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -551,6 +567,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency", action="store_true", help="added latency at half of head's rate vs a raw loop")
     ap.add_argument("--latency-rate", type=float, default=None,
                     help="only the latency phase, at this rate (msg/s): no backlog rounds (compare changes at one rate)")
+    ap.add_argument("--latency-rounds", type=int, default=1,
+                    help="latency phase rounds (each with its own raw loop; versions' order alternates): medians")
     ap.add_argument("--trace", action="store_true",
                     help="latency phase: where this tree's worker spends each message's time (bench/_latency_trace.py)")
     return run_on_uvloop(main_async, backlog_args(ap, argv))
