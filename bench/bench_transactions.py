@@ -80,7 +80,10 @@ async def run_mode(bootstrap: str, broker_pid: int | None, topo_path: Path, n: i
     return out
 
 
-async def main_async(n: int, rounds: int, out: Path | None, with_latency: bool) -> dict[str, Any]:
+async def main_async(n: int, rounds: int, out: Path | None, with_latency: bool,
+                     latency_rate: float | None = None) -> dict[str, Any]:
+    """`latency_rate`: the latency phase at this rate (msg/s) instead of half of at_least_once's
+    measured maximum (with ``rounds=0``: the latency phase alone)."""
     tmp = Path(tempfile.mkdtemp(prefix="prism-bench-eos-"))
     keys = ensure_dev_keys(tmp / "keys")
     result: dict[str, Any] = {"n": n, "payload": "1 KB JSON, signed, with JWT", "rounds": []}
@@ -106,10 +109,10 @@ async def main_async(n: int, rounds: int, out: Path | None, with_latency: bool) 
             print(f"[round {r + 1}/{rounds}] exactly_once / at_least_once: CPU per message x{one['cpu_ratio']:.2f}, "
                   f"rate x{one['rate_ratio']:.2f}", flush=True)
             result["rounds"].append(one)
-        mid = sorted(result["rounds"], key=lambda o: o["cpu_ratio"])[len(result["rounds"]) // 2]
+        mid = sorted(result["rounds"], key=lambda o: o["cpu_ratio"])[len(result["rounds"]) // 2] if rounds else None
         result["median_round"] = mid
-        if with_latency:
-            rate = mid["at_least_once"]["msgs_per_s"] / 2
+        if with_latency and (mid is not None or latency_rate):
+            rate = latency_rate or mid["at_least_once"]["msgs_per_s"] / 2
             m = min(n, int(rate * 15))
             result["latency"] = {"rate_msgs_per_s": rate}
             for mode in MODES:
@@ -149,11 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--no-latency", action="store_true")
+    ap.add_argument("--latency-rate", type=float, default=None,
+                    help="latency phase at this rate (msg/s) instead of half the measured maximum")
     args = ap.parse_args(argv)
     from app.worker.faust_app import use_uvloop
 
     use_uvloop()
-    asyncio.run(main_async(args.n, args.rounds, args.json, not args.no_latency))
+    asyncio.run(main_async(args.n, args.rounds, args.json, not args.no_latency, args.latency_rate))
     return 0
 
 
