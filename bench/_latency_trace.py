@@ -15,6 +15,9 @@ record (topic, partition, offset), wall-clock seconds:
   at_least_once; the transaction's commit under exactly_once);
 * ``acked`` - its offset acknowledged to Faust (`ack_all` / `release_all`).
 
+Also Faust's offset commits (start, duration), and how many of the records that took over 50 ms
+from produce to fetch were fetched during a commit or just after it.
+
 The file (rewritten every ~2 s and at exit) holds, per consecutive pair of steps and from
 ``produced`` to each step, p50/p90/p99/max in ms over the records that passed both.
 """
@@ -49,6 +52,8 @@ _batch_of: dict[int, int] = {}  # id(first Faust message of a batch) -> index in
 _gcs: list[tuple[int, float, float]] = []
 _lags: list[tuple[float, float]] = []
 _first_fetch: list[float] = []
+#: Faust's offset commits: (start, end) wall-clock seconds
+_commits: list[tuple[float, float]] = []
 #: at each take: how long the oldest buffered record had waited for the taker to ask (ms)
 _late_take: list[float] = []
 
@@ -92,6 +97,15 @@ def summary() -> dict[str, Any]:
     out["late_take_ms"] = dist(list(_late_take))
     for gen in (0, 1, 2):
         out[f"gc{gen}_ms"] = dist([ms for g, ms, t in list(_gcs) if g == gen and t >= since])
+    commits = [(a, b) for a, b in list(_commits) if a >= since]
+    out["commits_ms"] = dist([(b - a) * 1000 for a, b in commits])
+    # the fetch tail: of the records that took > 50 ms from produce to fetch, how many were
+    # fetched during a commit or within 50 ms after it ended
+    slow = [r for r in rows if "fetched" in r and (r["fetched"] - r["produced"]) > 0.05]
+    near = sum(1 for r in slow if any(a <= r["fetched"] <= b + 0.05 for a, b in commits))
+    at = sorted(round(r["fetched"] - since, 2) for r in slow)  # seconds after the first fetch
+    out["slow_fetches"] = {"over_50ms": len(slow), "during_or_just_after_a_commit": near,
+                           "seconds_after_first_fetch": sorted(set(at))[:40]}
     batches = [b for b in list(_batches) if all(b)]
     if len(batches) > 1:
         # pipelining: was the next batch through the chain before this one's outputs were written?
@@ -176,6 +190,18 @@ def install(path: str) -> None:
         _stamp(messages, "acked", now)
         release_all(consumer, messages)
 
+    from faust.transport.consumer import Consumer
+
+    commit = Consumer.commit
+
+    async def traced_commit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.time()
+        try:
+            return await commit(self, *args, **kwargs)
+        finally:
+            _commits.append((t0, time.time()))
+
+    Consumer.commit = traced_commit  # type: ignore[method-assign]
     BatchBuffer.put = traced_put  # type: ignore[method-assign]
     BatchBuffer.take = traced_take  # type: ignore[method-assign]
     BatchRunner.start = traced_start  # type: ignore[method-assign]

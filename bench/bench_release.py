@@ -47,6 +47,9 @@ are created from the topology as ``prism run`` creates them (``topics()``, ``top
 its own process, send timestamp in a header, read back from ``.v3``) for a raw aiokafka
 passthrough loop (``bench_pipeline.run_raw``), a ``head`` worker and a ``release`` worker at the
 same rate, one after the other, each on its own topics; added = worker - raw loop.
+``--latency-warmup S`` leaves the first S seconds of traffic of every run uncounted
+(bench/_latency_client.py); ``--latency-rate``, ``--latency-rounds``, ``--trace``: see
+BENCHMARKS.md, "Added latency: adaptive batches".
 """
 
 from __future__ import annotations
@@ -361,11 +364,13 @@ async def run_one(c: Contender, broker: BenchBroker, tmp: Path, keys: Any, n: in
 
 
 async def latency(broker: BenchBroker, tmp: Path, keys: Any, versions: list[Version], rate: float,
-                  n: int, *, trace: bool = False) -> dict[str, Any]:
+                  n: int, *, trace: bool = False, warmup_s: float = 0.0) -> dict[str, Any]:
     """End-to-end p50/p99 at `rate` msg/s: a raw passthrough loop, then a worker of each version
     (one after the other, each on its own fresh topics); added = worker - raw loop. `trace`:
     this tree's worker runs with `bench/_latency_trace.py`, and its per-step latencies are
-    added to its result (``steps``)."""
+    added to its result (``steps``). `warmup_s`: the first `rate` x `warmup_s` messages of every
+    run (raw loop and workers alike) are sent and read back but not counted
+    (bench/_latency_client.py says why)."""
     from app.broker.admin import ensure_topics
     from app.worker.faust_app import READY_FILE_ENV
     from bench._latency_trace import TRACE_ENV
@@ -376,17 +381,18 @@ async def latency(broker: BenchBroker, tmp: Path, keys: Any, versions: list[Vers
     async def client(topic: str, out_topic: str, version: Version | None = None) -> dict[str, float]:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bench._latency_client", bootstrap, topic, out_topic, str(rate), str(n),
-            str(keys.folder), str(signature_scope(version)), stdout=asyncio.subprocess.PIPE, cwd=str(ROOT))
+            str(keys.folder), str(signature_scope(version)), str(warmup_s), stdout=asyncio.subprocess.PIPE,
+            cwd=str(ROOT))
         out, _ = await asyncio.wait_for(proc.communicate(), 600)
         return dict(json.loads(out.decode().strip().splitlines()[-1]))
 
     raw_topic = f"bench.latraw.{uuid.uuid4().hex[:6]}"
     await ensure_topics(bootstrap, {raw_topic: PARTITIONS, raw_topic + ".raw-out": PARTITIONS})
-    task = asyncio.create_task(run_raw(bootstrap, raw_topic, n))
+    task = asyncio.create_task(run_raw(bootstrap, raw_topic, n + int(rate * warmup_s)))
     await asyncio.sleep(0.5)
     raw = await client(raw_topic, raw_topic + ".raw-out")
     await task
-    out: dict[str, Any] = {"rate_msgs_per_s": rate, "raw": raw}
+    out: dict[str, Any] = {"rate_msgs_per_s": rate, "warmup_s": warmup_s, "raw": raw}
     for version in versions:
         name = f"lat-{uuid.uuid4().hex[:6]}"
         topic = f"bench.lat.{uuid.uuid4().hex[:6]}"
@@ -509,7 +515,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     # alternate which version runs first: a load swing on a shared machine hits both alike
                     order = versions if r % 2 == 0 else versions[::-1]
                     runs.append(await latency(broker, tmp, keys, order, rate, min(args.n, max(500, int(rate * 15))),
-                                              trace=args.trace))
+                                              trace=args.trace, warmup_s=args.latency_warmup))
                 result["latency_half_max"] = runs[0] if len(runs) == 1 else latency_medians(runs, versions)
     finally:
         if not args.keep:
@@ -569,6 +575,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="only the latency phase, at this rate (msg/s): no backlog rounds (compare changes at one rate)")
     ap.add_argument("--latency-rounds", type=int, default=1,
                     help="latency phase rounds (each with its own raw loop; versions' order alternates): medians")
+    ap.add_argument("--latency-warmup", type=float, default=0.0,
+                    help="seconds of traffic at the offered rate sent first and not counted, in every latency run "
+                         "(default 0: count from the first message, the method of the recorded figures)")
     ap.add_argument("--trace", action="store_true",
                     help="latency phase: where this tree's worker spends each message's time (bench/_latency_trace.py)")
     return run_on_uvloop(main_async, backlog_args(ap, argv))
