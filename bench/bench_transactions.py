@@ -81,9 +81,10 @@ async def run_mode(bootstrap: str, broker_pid: int | None, topo_path: Path, n: i
 
 
 async def main_async(n: int, rounds: int, out: Path | None, with_latency: bool,
-                     latency_rate: float | None = None) -> dict[str, Any]:
+                     latency_rate: float | None = None, batch_within_s: float | None = None) -> dict[str, Any]:
     """`latency_rate`: the latency phase at this rate (msg/s) instead of half of at_least_once's
-    measured maximum (with ``rounds=0``: the latency phase alone)."""
+    measured maximum (with ``rounds=0``: the latency phase alone). `batch_within_s`: the latency
+    workers' fill wait (`PipelineApp(batch_within_s=...)`; default the worker's own)."""
     tmp = Path(tempfile.mkdtemp(prefix="prism-bench-eos-"))
     keys = ensure_dev_keys(tmp / "keys")
     result: dict[str, Any] = {"n": n, "payload": "1 KB JSON, signed, with JWT", "rounds": []}
@@ -124,7 +125,8 @@ async def main_async(n: int, rounds: int, out: Path | None, with_latency: bool,
                 class _Worker:
                     async def __aenter__(self, topo2: Any = topo2, mode: str = mode) -> None:
                         self.p = PipelineApp(topo2, bootstrap=bs, data_dir=tmp / f"lat-{uuid.uuid4().hex[:6]}",
-                                             app_id=f"lat-{uuid.uuid4().hex[:6]}", processing_guarantee=mode)
+                                             app_id=f"lat-{uuid.uuid4().hex[:6]}", processing_guarantee=mode,
+                                             **({} if batch_within_s is None else {"batch_within_s": batch_within_s}))
                         self.w = InProcessWorker(self.p.app)
                         await self.w.start()
 
@@ -154,11 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-latency", action="store_true")
     ap.add_argument("--latency-rate", type=float, default=None,
                     help="latency phase at this rate (msg/s) instead of half the measured maximum")
+    ap.add_argument("--batch-within", type=float, default=None,
+                    help="latency workers: seconds a batch waits to fill (0.02: the fill wait before adaptive batches)")
     args = ap.parse_args(argv)
     from app.worker.faust_app import use_uvloop
 
     use_uvloop()
-    asyncio.run(main_async(args.n, args.rounds, args.json, not args.no_latency, args.latency_rate))
+    asyncio.run(main_async(args.n, args.rounds, args.json, not args.no_latency, args.latency_rate, args.batch_within))
     return 0
 
 
