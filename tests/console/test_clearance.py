@@ -133,7 +133,7 @@ def setup(broker: EmbeddedBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     app = create_app(settings)
     with TestClient(app, base_url="http://console.test") as c:
         yield {"c": c, "src": src, "audit_topic": audit_topic, "keyring": keyring, "bootstrap": broker.bootstrap,
-               "replays": replays, "id": restricted_id, "app": app}
+               "replays": replays, "id": restricted_id, "app": app, "settings": settings, "users": users}
 
 
 def basic(user: str) -> dict[str, str]:
@@ -252,6 +252,47 @@ def test_an_admin_replays_only_what_their_clearance_covers(setup: dict[str, Any]
 def test_a_confidential_admin_is_not_shown_restricted_data(setup: dict[str, Any]) -> None:
     page = setup["c"].get(f"/pipelines/orders-cl/dlq/{setup['src']}/1@0", headers=basic("admin"))
     assert SECRET not in page.text and "your clearance is <b>confidential</b>" in page.text
+
+
+def test_a_bearer_user_reads_at_the_clearance_its_token_names(setup: dict[str, Any], tmp_path: Path) -> None:
+    """Scripts with a bearer JWT: the operator names the claim (`clearance_claim`, here mapped
+    from IdP groups); a token without it - or naming a level without the map - reads at internal."""
+    import time
+
+    import jwt
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+    from jwt.algorithms import OKPAlgorithm
+
+    from app.security.http_auth import auth_from_settings
+
+    key = ed25519.Ed25519PrivateKey.generate()
+    jwk = {**json.loads(OKPAlgorithm.to_jwk(key.public_key())), "kid": "idp-1", "use": "sig", "alg": "EdDSA"}
+    (tmp_path / "jwks.json").write_text(json.dumps({"keys": [jwk]}))
+    (tmp_path / "jwt.yaml").write_text(yaml.safe_dump({
+        "jwks_file": "jwks.json", "issuers": ["https://idp.test"], "audience": "prism-console",
+        "claims": {"publisher_id": "sub"}, "clearance_claim": "groups",
+        "clearance_map": {"payments-oncall": "restricted"}}))
+    auth = auth_from_settings(users_file=setup["users"], jwt_config=tmp_path / "jwt.yaml", allow_anonymous=None,
+                              realm="prism-console", where="tests")
+
+    def token(groups: list[str]) -> dict[str, str]:
+        now = int(time.time())
+        body = {"iss": "https://idp.test", "aud": "prism-console", "sub": "ops-bot", "iat": now, "exp": now + 300,
+                "roles": ["read"], "groups": groups}
+        return {"Authorization": "Bearer " + jwt.encode(body, key, algorithm="EdDSA", headers={"kid": "idp-1"}),
+                **HTML}
+
+    app = create_app(dataclasses.replace(setup["settings"], auth=auth))
+    record = f"/pipelines/orders-cl/dlq/{setup['src']}/1@0"
+    with TestClient(app, base_url="http://console.test") as c:
+        cleared = c.get(record, headers=token(["payments-oncall"]))
+        assert cleared.status_code == 200 and SECRET in cleared.text and 'id="record-withheld"' not in cleared.text
+        for groups in ([], ["restricted"], ["staff"]):
+            page = c.get(record, headers=token(groups))
+            assert page.status_code == 200 and SECRET not in page.text, groups
+            assert "your clearance is <b>internal</b>" in page.text
+    refused = [r for r in raw_records(setup) if r.get("user") == "ops-bot"]
+    assert len(refused) == 3 and all(r["clearance"] == "internal" for r in refused), refused
 
 
 def test_clearance_in_the_users_file_is_validated(tmp_path: Path) -> None:
