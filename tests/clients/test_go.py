@@ -802,6 +802,43 @@ def test_go_maps_lnmp_as_python_does(go_interop: Path) -> None:
     assert {r["outcome"] for r in out["results"]} == {"ok", "bad_lnmp"}
 
 
+def test_go_settles_no_refusal_before_its_audit_record_is_written(go_interop: Path, kafka: ApacheKafka,
+                                                                   topics: dict[str, str]) -> None:
+    """The broker refuses the refusal record (the audit topic's max.message.bytes is below its
+    size): the Go subscription returns delivery_audit_failed, commits none of the refused
+    messages and rewinds to them; once the operator raises the limit they are fetched, refused
+    and audited again - every one named in a record, nothing settled unaudited."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    from app.sdk import PrismPublishOptions
+    from app.sdk.audit import read_audit, refused_reads
+
+    async def prepare() -> list[str]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(topics["audit"], 1, 1, topic_configs={"max.message.bytes": "200"})])
+        finally:
+            await admin.close()
+        async with PrismClient(f"kafka://{kafka.bootstrap}", namespace="order-events",
+                               signing_key=SigningKey.hmac_sha256("go-reader-1", HMAC_SECRET)) as client:
+            return [await client.publish(topics["topic"], {"card": "4111-SECRET", "i": i},
+                                         PrismPublishOptions(data_classification="restricted")) for i in range(5)]
+
+    refused_ids = asyncio.run(prepare())
+    out = call(go_interop, {"op": "consume", "brokers": [kafka.bootstrap], "topic": topics["topic"],
+                            "namespace": "order-events", "group": topics["group"], "count": 1, "timeout_s": 90,
+                            "hmac_key_id": "go-reader-1", "hmac_hex": HMAC_SECRET.hex(), "clearance": "internal",
+                            "principal": "svc-go-reader", "audit_topic": topics["audit"], "fix_audit_topic": True})
+    assert [e["error"] for e in out["errors"]] == ["delivery_audit_failed"], out["errors"]
+    assert "were not committed" in out["errors"][0]["message"]
+    assert [m["payload"] for m in out["messages"] or []] == [{"after_fix": True}], out
+    assert 5 < out["stats"]["withheld"] <= 10  # the rewound ones were refused a second time
+    assert out["committed"] == {"0": 6} and out["stats"]["refusal_records"] >= 1
+    records, _ = asyncio.run(read_audit(f"kafka://{kafka.bootstrap}", audit_topic=topics["audit"]))
+    assert sorted(r["message_id"] for rec in records for r in refused_reads(rec)) == sorted(refused_ids)
+
+
 def test_prism_audit_verifies_the_refused_reads_go_records(go_interop: Path, kafka: ApacheKafka,
                                                            topics: dict[str, str], tmp_path: Path) -> None:
     """A flood of messages labelled above a Go subscriber's clearance: each refused read is named
