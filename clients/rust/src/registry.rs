@@ -378,7 +378,11 @@ impl RefWalk<'_> {
                 Some(Value::Number(n)) if n.as_i64() == Some(-1) => "latest".to_owned(),
                 Some(Value::Number(n)) if n.as_i64().is_some_and(|v| v >= 1) => n.to_string(),
                 Some(Value::String(s)) if s == "latest" || s == "-1" => "latest".to_owned(),
-                Some(Value::String(s)) if !s.is_empty() && s.len() < 10 && s.bytes().all(|b| b.is_ascii_digit()) && s != "0" => s.clone(),
+                Some(Value::String(s))
+                    if !s.is_empty() && s.len() < 10 && s.bytes().all(|b| b.is_ascii_digit()) && s != "0" =>
+                {
+                    s.clone()
+                }
                 Some(other) => {
                     return Err(refs_err(format!(
                         "{where_}: reference {name:?} has an invalid version {}",
@@ -391,7 +395,12 @@ impl RefWalk<'_> {
                 .client
                 .request(
                     "GET",
-                    &format!("/subjects/{}/versions/{}{}", segment(subject), segment(&version), self.query),
+                    &format!(
+                        "/subjects/{}/versions/{}{}",
+                        segment(subject),
+                        segment(&version),
+                        self.query
+                    ),
                     None,
                 )
                 .map_err(|e| refs_err(format!("{where_}: {at} cannot be read: {e}")))?;
@@ -658,8 +667,11 @@ pub fn violations(schema: &Value, payload: &Value) -> Result<Vec<Violation>> {
 /// The mask written over PII values.
 pub const MASK: &str = "***";
 
-/// Replace the values at `pii_paths` (`customer.email`, `items[].ssn`: the registry's notation)
-/// with [`MASK`]; returns how many values were masked. Paths that are not there are skipped.
+/// Replace the values at `pii_paths` (`customer.email`, `items[].ssn`: the registry's notation;
+/// `attrs.*.x`: `*` is every key of a map, as the Python SDK's `pii_paths` writes it) with
+/// [`MASK`]; returns how many values were masked. Paths that are not there are skipped. A
+/// segment `*` matches every key, so an object key that is literally `*` is not told apart
+/// (no Avro or protobuf field can be named so).
 pub fn mask_pii(value: &mut Value, pii_paths: &[String]) -> usize {
     pii_paths
         .iter()
@@ -675,28 +687,30 @@ fn mask_path(v: &mut Value, parts: &[&str]) -> usize {
         Some(n) => (n, true),
         None => (*first, false),
     };
-    let Some(child) = v.as_object_mut().and_then(|o| o.get_mut(name)) else {
+    let Some(obj) = v.as_object_mut() else {
         return 0;
     };
-    if each {
-        let Some(items) = child.as_array_mut() else { return 0 };
-        return items
-            .iter_mut()
-            .map(|x| {
-                if rest.is_empty() {
-                    *x = Value::String(MASK.into());
-                    1
-                } else {
-                    mask_path(x, rest)
-                }
-            })
-            .sum();
-    }
-    if rest.is_empty() {
-        *child = Value::String(MASK.into());
-        1
+    if name == "*" {
+        obj.values_mut().map(|child| mask_at(child, each, rest)).sum()
     } else {
-        mask_path(child, rest)
+        obj.get_mut(name).map_or(0, |child| mask_at(child, each, rest))
+    }
+}
+
+/// Mask `child` (each of its items when `each`), or the rest of the path below it.
+fn mask_at(child: &mut Value, each: bool, rest: &[&str]) -> usize {
+    let one = |x: &mut Value| {
+        if rest.is_empty() {
+            *x = Value::String(MASK.into());
+            1
+        } else {
+            mask_path(x, rest)
+        }
+    };
+    if each {
+        child.as_array_mut().map_or(0, |items| items.iter_mut().map(one).sum())
+    } else {
+        one(child)
     }
 }
 
@@ -754,6 +768,27 @@ mod tests {
         assert_eq!(
             v,
             json!({"customer": {"email": "***", "name": "x"}, "items": [{"ssn": "***"}, {"ssn": "***"}], "id": 7})
+        );
+    }
+
+    #[test]
+    fn masks_every_value_of_a_map() {
+        let mut v = json!({"attrs": {"a": {"x": "1", "y": 2}, "b": {"y": 3}, "c": 4},
+                           "lists": {"k": [{"x": "1"}, {"x": "2"}]}, "whole": {"a": "1", "b": "2"}});
+        let n = mask_pii(
+            &mut v,
+            &[
+                "attrs.*.x".into(),
+                "lists.*[].x".into(),
+                "whole.*".into(),
+                "nope.*.x".into(),
+            ],
+        );
+        assert_eq!(n, 5);
+        assert_eq!(
+            v,
+            json!({"attrs": {"a": {"x": "***", "y": 2}, "b": {"y": 3}, "c": 4},
+                   "lists": {"k": [{"x": "***"}, {"x": "***"}]}, "whole": {"a": "***", "b": "***"}})
         );
     }
 

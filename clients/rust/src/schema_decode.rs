@@ -605,13 +605,7 @@ fn is_repeated(f: &FieldDescriptorProto) -> bool {
 
 /// The wire format of message `msg` as JSON (proto names; repeated fields as arrays; unknown
 /// numbers are kept out - they are not the schema's).
-fn decode_wire(
-    file: Pool<'_>,
-    msg: &DescriptorProto,
-    buf: &[u8],
-    depth: usize,
-    path: &str,
-) -> Result<Value> {
+fn decode_wire(file: Pool<'_>, msg: &DescriptorProto, buf: &[u8], depth: usize, path: &str) -> Result<Value> {
     if depth > MAX_DEPTH {
         return Err(pay_err("the payload nests messages too deep".into(), path));
     }

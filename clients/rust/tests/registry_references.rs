@@ -265,13 +265,9 @@ fn decoding_by_the_envelope_schema_reads_imported_types_and_masks_them() {
         json!({"id": "o-1", "total": {"units": 5, "currency": {"code": "EUR"}, "payer_email": "p@x"}, "email": "a@b"})
     );
     let pii = client.pii_fields("orders", "1").unwrap();
-    let paths = payload_pii_paths_with_imports(
-        schema.descriptor.as_ref().unwrap(),
-        &schema.imports,
-        "shop.Order",
-        &pii,
-    )
-    .unwrap();
+    let paths =
+        payload_pii_paths_with_imports(schema.descriptor.as_ref().unwrap(), &schema.imports, "shop.Order", &pii)
+            .unwrap();
     assert_eq!(registry::mask_pii(&mut decoded, &paths), 2);
     assert_eq!(decoded["total"]["payer_email"], "***");
     assert_eq!(decoded["email"], "***");
@@ -279,8 +275,16 @@ fn decoding_by_the_envelope_schema_reads_imported_types_and_masks_them() {
 
 #[test]
 fn a_reference_cycle_is_refused() {
-    let a = file("a", &["b.proto"], vec![message("A", vec![field("b", 1, Type::Message, ".b.B")])]);
-    let b = file("b", &["a.proto"], vec![message("B", vec![field("a", 1, Type::Message, ".a.A")])]);
+    let a = file(
+        "a",
+        &["b.proto"],
+        vec![message("A", vec![field("b", 1, Type::Message, ".b.B")])],
+    );
+    let b = file(
+        "b",
+        &["a.proto"],
+        vec![message("B", vec![field("a", 1, Type::Message, ".a.A")])],
+    );
     let routes = [
         version("a", 1, &a, json!([reference("b.proto", "b", 1)])),
         version("b", 1, &b, json!([reference("a.proto", "a", 1)])),
@@ -288,7 +292,10 @@ fn a_reference_cycle_is_refused() {
     .into_iter()
     .collect();
     let client = RegistryClient::new(&serve(routes), Auth::None).unwrap();
-    registry_refusal(client.protobuf_descriptors("a", 1).unwrap_err(), "cycle (a v1 -> b v1 -> a v1)");
+    registry_refusal(
+        client.protobuf_descriptors("a", 1).unwrap_err(),
+        "cycle (a v1 -> b v1 -> a v1)",
+    );
 }
 
 #[test]
@@ -306,13 +313,20 @@ fn a_missing_referenced_subject_is_refused() {
 fn a_chain_too_deep_is_refused() {
     let mut routes = HashMap::new();
     for i in 0..40 {
-        let f = file(&format!("p{i}"), &[&format!("f{}.proto", i + 1)], vec![message("M", vec![])]);
+        let f = file(
+            &format!("p{i}"),
+            &[&format!("f{}.proto", i + 1)],
+            vec![message("M", vec![])],
+        );
         let refs = json!([reference(&format!("f{}.proto", i + 1), &format!("s{}", i + 1), 1)]);
         let (k, v) = version(&format!("s{i}"), 1, &f, refs);
         routes.insert(k, v);
     }
     let client = RegistryClient::new(&serve(routes), Auth::None).unwrap();
-    registry_refusal(client.protobuf_descriptors("s0", 1).unwrap_err(), "nest more than 32 deep");
+    registry_refusal(
+        client.protobuf_descriptors("s0", 1).unwrap_err(),
+        "nest more than 32 deep",
+    );
 }
 
 #[test]
@@ -327,7 +341,12 @@ fn too_many_versions_or_bytes_are_refused() {
     }
     let deps: Vec<String> = (0..300).map(|i| format!("l{i}.proto")).collect();
     let deps: Vec<&str> = deps.iter().map(String::as_str).collect();
-    let (k, v) = version("wide", 1, &file("w", &deps, vec![message("W", vec![])]), Value::Array(refs));
+    let (k, v) = version(
+        "wide",
+        1,
+        &file("w", &deps, vec![message("W", vec![])]),
+        Value::Array(refs),
+    );
     routes.insert(k, v);
     // two referenced versions of 9 MiB each: 18 MiB of referenced text, over the 16 MiB budget
     let big = "A".repeat(9 << 20);
@@ -364,7 +383,14 @@ fn an_import_no_reference_names_is_refused() {
 
 #[test]
 fn an_import_path_that_climbs_out_is_refused() {
-    for name in ["../secrets/key.proto", "/etc/passwd", "common/../../x.proto", "a//b.proto", "a\\b.proto", "./a.proto"] {
+    for name in [
+        "../secrets/key.proto",
+        "/etc/passwd",
+        "common/../../x.proto",
+        "a//b.proto",
+        "a\\b.proto",
+        "./a.proto",
+    ] {
         let f = file("t", &[name], vec![message("T", vec![])]);
         let leaf = file("l", &[], vec![message("L", vec![])]);
         let routes = [
