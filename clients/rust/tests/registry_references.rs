@@ -428,3 +428,57 @@ fn an_avro_reference_cycle_is_refused_too() {
     let client = RegistryClient::new(&serve(routes), Auth::None).unwrap();
     registry_refusal(client.avro_schema("x", 1).unwrap_err(), "cycle");
 }
+
+mod hostile_graphs {
+    use super::*;
+    use proptest::prelude::*;
+
+    const NAMES: [&str; 6] = [
+        "a.proto",
+        "b/c.proto",
+        "../x.proto",
+        "",
+        "d.proto",
+        "prism/annotations.proto",
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+        /// Any reference graph the registry may answer (cycles, self-references, unknown
+        /// subjects, bad names and versions, imports with and without references) gives the
+        /// files or a `Registry` error - never a panic; files given are named by safe references.
+        #[test]
+        fn any_reference_graph_is_files_or_a_registry_error(
+            edges in proptest::collection::vec(
+                (0usize..5, 0usize..6, 0usize..6, prop_oneof![Just(json!(1)), Just(json!(2)), Just(json!("latest")), Just(json!(-1)), Just(json!(0)), Just(json!("x"))]),
+                0..12),
+            deps in proptest::collection::vec((0usize..5, 0usize..6), 0..8),
+        ) {
+            let mut refs: Vec<Vec<Value>> = vec![Vec::new(); 5];
+            for (from, name, to, v) in &edges {
+                refs[*from].push(json!({"name": NAMES[*name], "subject": format!("s{to}"), "version": v}));
+            }
+            let mut imports: Vec<Vec<&str>> = vec![Vec::new(); 5];
+            for (from, name) in &deps {
+                imports[*from].push(NAMES[*name]);
+            }
+            let mut routes = HashMap::new();
+            for i in 0..5 {
+                let f = file(&format!("p{i}"), &imports[i], vec![message("M", vec![])]);
+                let (k, v) = version(&format!("s{i}"), 1, &f, Value::Array(refs[i].clone()));
+                routes.insert(format!("/subjects/s{i}/versions/latest"), v.clone());
+                routes.insert(k, v);
+            }
+            let client = RegistryClient::new(&serve(routes), Auth::None).unwrap();
+            match client.protobuf_descriptors("s0", 1) {
+                Ok((_, files)) => {
+                    for f in files {
+                        prop_assert!(!f.name().is_empty() && !f.name().contains(".."), "{:?}", f.name());
+                    }
+                }
+                Err(PrismError::Registry(_)) => {}
+                Err(other) => prop_assert!(false, "not a registry error: {other:?}"),
+            }
+        }
+    }
+}
