@@ -151,6 +151,7 @@ fn proto(data: &[u8]) -> Value {
         hash: String::new(),
         text: String::new(),
         descriptor: Some(file),
+        imports: Vec::new(),
         references: Vec::new(),
     };
     let name = text(3).rsplit('/').next().unwrap_or("");

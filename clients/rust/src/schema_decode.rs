@@ -51,6 +51,10 @@ pub struct ResolvedSchema {
     pub text: String,
     /// The protobuf schema's file descriptor (None for other formats).
     pub descriptor: Option<FileDescriptorProto>,
+    /// The files a protobuf schema imports through its Confluent `references`, transitively,
+    /// each named by its import path (`common/money.proto`); their messages are found by full
+    /// name beside the schema's own. Empty for other formats and schemas without references.
+    pub imports: Vec<FileDescriptorProto>,
     /// An Avro schema's referenced schema texts (its Confluent `references`, transitively,
     /// dependencies first); empty for other formats.
     pub references: Vec<String>,
@@ -136,7 +140,8 @@ fn percent_decode(s: &str) -> Option<String> {
 
 impl RegistryClient {
     /// A protobuf version's `FileDescriptorProto`, read in Confluent's serialized form
-    /// (`?format=serialized`, base64).
+    /// (`?format=serialized`, base64). Its imports are not fetched: see
+    /// [`protobuf_descriptors`](Self::protobuf_descriptors).
     pub fn serialized_descriptor(&self, subject: &str, version: i64) -> Result<FileDescriptorProto> {
         let ser = self.request_value(
             "GET",
@@ -145,21 +150,42 @@ impl RegistryClient {
                 crate::registry::segment(subject)
             ),
         )?;
-        let b64 = ser.get("schema").and_then(Value::as_str).unwrap_or("");
-        let bytes = base64::engine::general_purpose::STANDARD.decode(b64).map_err(|e| {
-            ref_err(
-                format!("the registry's serialized schema is not base64: {e}"),
-                "schema",
-                "check the registry",
-            )
-        })?;
-        FileDescriptorProto::decode(bytes.as_slice()).map_err(|e| {
-            ref_err(
-                format!("the registry's serialized schema is not a FileDescriptorProto: {e}"),
-                "schema",
-                "check the registry",
-            )
-        })
+        descriptor_of(&ser, "schema")
+    }
+
+    /// A protobuf version's `FileDescriptorProto` and the files it imports through its
+    /// Confluent `references` (`{name, subject, version}`, `name` the import path), fetched
+    /// transitively in the serialized form, as the registry hands them to protoc: each imported
+    /// file is named by its import path, dependencies first. Bounded as every reference walk
+    /// ([`crate::registry::MAX_REFERENCE_DEPTH`], [`crate::registry::MAX_REFERENCES`],
+    /// [`crate::registry::MAX_REFERENCED_BYTES`], cycles refused). Every import of every file
+    /// must be one of that file's references (or a file the registry provides itself:
+    /// `google/protobuf/*`, `prism/annotations.proto`), and import paths must be relative
+    /// paths without `.`/`..` segments. Each failure is `PrismError::Registry` at
+    /// `schema.references`.
+    pub fn protobuf_descriptors(
+        &self,
+        subject: &str,
+        version: i64,
+    ) -> Result<(FileDescriptorProto, Vec<FileDescriptorProto>)> {
+        let ser = self.request_value(
+            "GET",
+            &format!(
+                "/subjects/{}/versions/{version}?format=serialized",
+                crate::registry::segment(subject)
+            ),
+        )?;
+        let main = descriptor_of(&ser, "schema")?;
+        check_imports(&main, &ser, "schema")?;
+        let mut imports = Vec::new();
+        for r in self.referenced_versions(&ser, "?format=serialized")? {
+            let at = format!("reference {:?} ({} v{})", r.name, r.subject, r.version);
+            let mut file = descriptor_of(&r.doc, &at)?;
+            check_imports(&file, &r.doc, &at)?;
+            file.name = Some(r.name);
+            imports.push(file);
+        }
+        Ok((main, imports))
     }
 
     /// The schema `env` references, after the checks of the module docs. `subjects` are the
@@ -218,10 +244,11 @@ impl RegistryClient {
                 "the envelope's schema context was altered, or names another registry's schema",
             ));
         }
-        let descriptor = if format == "protobuf" {
-            Some(self.serialized_descriptor(&subject, version)?)
+        let (descriptor, imports) = if format == "protobuf" {
+            let (main, imports) = self.protobuf_descriptors(&subject, version)?;
+            (Some(main), imports)
         } else {
-            None
+            (None, Vec::new())
         };
         let references = if format == "avro" {
             let confluent = self.request_value(
@@ -239,9 +266,88 @@ impl RegistryClient {
             hash,
             text,
             descriptor,
+            imports,
             references,
         })
     }
+}
+
+/// A registry answer's protobuf schema in the serialized form (`?format=serialized`).
+fn descriptor_of(doc: &Value, at: &str) -> Result<FileDescriptorProto> {
+    let kind = doc.get("schemaType").and_then(Value::as_str).unwrap_or("PROTOBUF");
+    if kind != "PROTOBUF" {
+        return Err(crate::registry::refs_err(format!(
+            "{at}: a {} schema where a protobuf file is imported",
+            clip(kind)
+        )));
+    }
+    let b64 = doc.get("schema").and_then(Value::as_str).unwrap_or("");
+    let bytes = base64::engine::general_purpose::STANDARD.decode(b64).map_err(|e| {
+        ref_err(
+            format!("{at}: the registry's serialized schema is not base64: {e}"),
+            "schema",
+            "check the registry",
+        )
+    })?;
+    FileDescriptorProto::decode(bytes.as_slice()).map_err(|e| {
+        ref_err(
+            format!("{at}: the registry's serialized schema is not a FileDescriptorProto: {e}"),
+            "schema",
+            "check the registry",
+        )
+    })
+}
+
+/// Files the registry compiles every protobuf schema with (app/schema/protoparse.py's
+/// `LIBRARY_FILES`): importable without a reference.
+fn is_library_import(name: &str) -> bool {
+    name.starts_with("google/protobuf/") || name == "prism/annotations.proto"
+}
+
+/// An import path as protoc resolves it below its include roots: relative, `/`-separated,
+/// no empty, `.` or `..` segment, no backslash or control character. Nothing is read from
+/// disk here, but a name that could leave an include root is refused as the registry's
+/// compiler would be misled by it.
+fn check_import_name(name: &str, at: &str) -> Result<()> {
+    let bad = name.is_empty()
+        || name.len() > 512
+        || name.starts_with('/')
+        || name.contains('\\')
+        || name.chars().any(char::is_control)
+        || name.split('/').any(|seg| seg.is_empty() || seg == "." || seg == "..");
+    if bad {
+        return Err(crate::registry::refs_err(format!(
+            "{at}: import path {:?} is not a relative path inside the schema's files",
+            clip(name)
+        )));
+    }
+    Ok(())
+}
+
+/// Every import of `file` names one of `doc`'s references (or a library file), and every
+/// reference name is a safe import path.
+fn check_imports(file: &FileDescriptorProto, doc: &Value, at: &str) -> Result<()> {
+    let names: Vec<&str> = doc
+        .get("references")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r.get("name").and_then(Value::as_str))
+        .collect();
+    for n in &names {
+        check_import_name(n, at)?;
+    }
+    for dep in &file.dependency {
+        check_import_name(dep, at)?;
+        if !is_library_import(dep) && !names.contains(&dep.as_str()) {
+            return Err(crate::registry::refs_err(format!(
+                "{at}: imports {:?}, which none of its references names (references: {})",
+                clip(dep),
+                clip(&names.join(", "))
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A payload decoded by its schema: the value (JSON) and the message type (protobuf).
@@ -262,12 +368,16 @@ impl ResolvedSchema {
         );
         match (&self.descriptor, self.format.as_str()) {
             (Some(file), _) => {
-                let msg = find_message(file, type_name)?;
+                let pool = Pool {
+                    main: file,
+                    imports: &self.imports,
+                };
+                let msg = find_message(pool, type_name)?;
                 let value = if is_wire {
-                    decode_wire(file, msg.1, payload, 0, &msg.0)?
+                    decode_wire(pool, msg.1, payload, 0, &msg.0)?
                 } else {
                     let v = json_payload(payload)?;
-                    from_json(file, msg.1, &v, 0, &msg.0)?
+                    from_json(pool, msg.1, &v, 0, &msg.0)?
                 };
                 Ok(Decoded {
                     value,
@@ -310,6 +420,19 @@ impl ResolvedSchema {
 /// format, or the protobuf JSON mapping when `content_type` says `json`. A payload that does
 /// not decode is `Validation`, at the path of the failure (`pkg.Msg.field`).
 pub fn validate_protobuf(file: &FileDescriptorProto, payload: &[u8], content_type: &str, type_url: &str) -> Result<()> {
+    validate_protobuf_with_imports(file, &[], payload, content_type, type_url)
+}
+
+/// [`validate_protobuf`] for a schema whose message types may live in the files it imports
+/// (`imports`: what [`RegistryClient::protobuf_descriptors`] fetches for its references).
+pub fn validate_protobuf_with_imports(
+    file: &FileDescriptorProto,
+    imports: &[FileDescriptorProto],
+    payload: &[u8],
+    content_type: &str,
+    type_url: &str,
+) -> Result<()> {
+    let file = Pool { main: file, imports };
     let wanted = type_url.rsplit('/').next().unwrap_or("");
     let msg = find_message(file, wanted).or_else(|_| find_message(file, ""))?;
     let decoded = if content_type.to_ascii_lowercase().contains("json") {
@@ -341,9 +464,21 @@ pub fn validate_protobuf(file: &FileDescriptorProto, payload: &[u8], content_typ
 /// [`mask_pii`](crate::registry::mask_pii) on the decoded JSON: `customer_email`,
 /// `items[].sku`. A message type is not entered again below itself (recursive types).
 pub fn payload_pii_paths(file: &FileDescriptorProto, type_name: &str, schema_paths: &[String]) -> Result<Vec<String>> {
+    payload_pii_paths_with_imports(file, &[], type_name, schema_paths)
+}
+
+/// [`payload_pii_paths`] for a schema with imported files (its references): a field of an
+/// imported message is named by that message (`Money.payer_email`), as the registry scans
+/// the imported files too, and reached through the field that holds it (`total.payer_email`).
+pub fn payload_pii_paths_with_imports(
+    file: &FileDescriptorProto,
+    imports: &[FileDescriptorProto],
+    type_name: &str,
+    schema_paths: &[String],
+) -> Result<Vec<String>> {
     fn walk<'a>(
-        file: &'a FileDescriptorProto,
-        msg: (String, &'a DescriptorProto),
+        file: Pool<'a>,
+        msg: (String, &'a DescriptorProto, &'a str),
         at: &str,
         want: &[String],
         stack: &mut Vec<String>,
@@ -352,7 +487,7 @@ pub fn payload_pii_paths(file: &FileDescriptorProto, type_name: &str, schema_pat
         if stack.len() > MAX_DEPTH || stack.contains(&msg.0) {
             return;
         }
-        let pkg = file.package();
+        let pkg = msg.2;
         let local = msg
             .0
             .strip_prefix(pkg)
@@ -373,6 +508,7 @@ pub fn payload_pii_paths(file: &FileDescriptorProto, type_name: &str, schema_pat
         }
         stack.pop();
     }
+    let file = Pool { main: file, imports };
     let root = find_message(file, type_name)?;
     let mut out = Vec::new();
     walk(file, root, "", schema_paths, &mut Vec::new(), &mut out);
@@ -393,24 +529,40 @@ fn pay_err(what: String, at: &str) -> crate::PrismError {
     )
 }
 
-/// The message `name` (full, `pkg.Msg`, or nested `pkg.Outer.Inner`) of `file`, with its full name.
-fn find_message<'a>(file: &'a FileDescriptorProto, name: &str) -> Result<(String, &'a DescriptorProto)> {
-    let pkg = file.package();
-    fn walk<'a>(prefix: &str, msgs: &'a [DescriptorProto], out: &mut Vec<(String, &'a DescriptorProto)>) {
+/// A schema's file and the files it imports: messages are looked up by full name in all of
+/// them (the schema's own first), as a descriptor pool resolves a field's type.
+#[derive(Clone, Copy)]
+struct Pool<'a> {
+    main: &'a FileDescriptorProto,
+    imports: &'a [FileDescriptorProto],
+}
+
+/// The message `name` (full, `pkg.Msg`, or nested `pkg.Outer.Inner`) of the schema's file or
+/// of a file it imports, with its full name and its file's package; empty `name`: the schema's
+/// first message.
+fn find_message<'a>(pool: Pool<'a>, name: &str) -> Result<(String, &'a DescriptorProto, &'a str)> {
+    fn walk<'a>(prefix: &str, msgs: &'a [DescriptorProto], want: &str) -> Option<(String, &'a DescriptorProto)> {
         for m in msgs {
             let full = if prefix.is_empty() {
                 m.name().to_owned()
             } else {
                 format!("{prefix}.{}", m.name())
             };
-            walk(&full, &m.nested_type, out);
-            out.push((full, m));
+            if full == want {
+                return Some((full, m));
+            }
+            if want.starts_with(&format!("{full}.")) {
+                if let Some(found) = walk(&full, &m.nested_type, want) {
+                    return Some(found);
+                }
+            }
         }
+        None
     }
-    let mut all = Vec::new();
-    walk(pkg, &file.message_type, &mut all);
     let want = name.trim_start_matches('.');
     if want.is_empty() {
+        let file = pool.main;
+        let pkg = file.package();
         let first = file
             .message_type
             .first()
@@ -420,18 +572,29 @@ fn find_message<'a>(file: &'a FileDescriptorProto, name: &str) -> Result<(String
         } else {
             format!("{pkg}.{}", first.name())
         };
-        return Ok((full, first));
+        return Ok((full, first, pkg));
     }
-    all.into_iter().find(|(full, _)| full == want).ok_or_else(|| {
-        pay_err(
-            format!("the schema defines no message {:?}", clip(want)),
-            "schema.schema_name",
-        )
-    })
+    for file in std::iter::once(pool.main).chain(pool.imports.iter()) {
+        let pkg = file.package();
+        let inside = if pkg.is_empty() {
+            Some(want)
+        } else {
+            want.strip_prefix(pkg).and_then(|r| r.strip_prefix('.')).map(|_| want)
+        };
+        if inside.is_some() {
+            if let Some((full, m)) = walk(pkg, &file.message_type, want) {
+                return Ok((full, m, pkg));
+            }
+        }
+    }
+    Err(pay_err(
+        format!("the schema defines no message {:?}", clip(want)),
+        "schema.schema_name",
+    ))
 }
 
-fn message_of<'a>(file: &'a FileDescriptorProto, f: &FieldDescriptorProto) -> Result<(String, &'a DescriptorProto)> {
-    find_message(file, f.type_name())
+fn message_of<'a>(pool: Pool<'a>, f: &FieldDescriptorProto) -> Result<(String, &'a DescriptorProto, &'a str)> {
+    find_message(pool, f.type_name())
 }
 
 const MAX_DEPTH: usize = 32;
@@ -442,13 +605,7 @@ fn is_repeated(f: &FieldDescriptorProto) -> bool {
 
 /// The wire format of message `msg` as JSON (proto names; repeated fields as arrays; unknown
 /// numbers are kept out - they are not the schema's).
-fn decode_wire(
-    file: &FileDescriptorProto,
-    msg: &DescriptorProto,
-    buf: &[u8],
-    depth: usize,
-    path: &str,
-) -> Result<Value> {
+fn decode_wire(file: Pool<'_>, msg: &DescriptorProto, buf: &[u8], depth: usize, path: &str) -> Result<Value> {
     if depth > MAX_DEPTH {
         return Err(pay_err("the payload nests messages too deep".into(), path));
     }
@@ -475,7 +632,7 @@ fn decode_wire(
                 ),
                 Type::Bytes => Value::String(base64::engine::general_purpose::STANDARD.encode(raw)),
                 Type::Message => {
-                    let (name, sub) = message_of(file, f)?;
+                    let (name, sub, _) = message_of(file, f)?;
                     decode_wire(file, sub, raw, depth + 1, &name)?
                 }
                 t => scalar(t, raw, &at)?.0,
@@ -534,7 +691,7 @@ fn scalar(t: Type, b: &[u8], at: &str) -> Result<(Value, usize)> {
 
 /// A JSON payload read by the protobuf JSON mapping into message `msg`: every key a field (by
 /// name or JSON name), every value of the field's type; out with proto names.
-fn from_json(file: &FileDescriptorProto, msg: &DescriptorProto, v: &Value, depth: usize, path: &str) -> Result<Value> {
+fn from_json(file: Pool<'_>, msg: &DescriptorProto, v: &Value, depth: usize, path: &str) -> Result<Value> {
     if depth > MAX_DEPTH {
         return Err(pay_err("the payload nests messages too deep".into(), path));
     }

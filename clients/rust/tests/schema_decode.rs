@@ -57,6 +57,7 @@ fn orders() -> ResolvedSchema {
             message_type: vec![order, item],
             ..Default::default()
         }),
+        imports: Vec::new(),
         references: Vec::new(),
     }
 }
