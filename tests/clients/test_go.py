@@ -759,6 +759,58 @@ def test_the_quick_start_builds_in_a_new_module(go_interop: Path, tmp_path: Path
     assert (tmp_path / "shop").stat().st_size > 0
 
 
+def _module_proxy(root: Path, module: str, version: str) -> Path:
+    """A file-based Go module proxy (GOPROXY protocol: `<module>/@v/list`, `.info`, `.mod`,
+    `.zip`) serving this checkout's clients/go as `module@version`, packed by the module zip
+    rules: the tracked files of the module root, without nested modules (a directory with its
+    own go.mod, like examples/offline) - what a proxy serves once the repository is tagged."""
+    import subprocess as sp
+    import zipfile
+
+    tracked = sp.run(["git", "ls-files", "-z", "clients/go"], cwd=ROOT, capture_output=True, check=True).stdout
+    files = [Path(f).relative_to("clients/go") for f in tracked.decode().split("\0") if f]
+    nested = {f.parent for f in files if f.name == "go.mod" and f.parent != Path(".")}
+    files = [f for f in files if not any(n == f.parent or n in f.parents for n in nested)]
+    at = root / module / "@v"
+    at.mkdir(parents=True)
+    (at / "list").write_text(version + "\n")
+    (at / f"{version}.info").write_text(json.dumps({"Version": version, "Time": "2026-11-29T00:00:00Z"}))
+    (at / f"{version}.mod").write_bytes((GO_MODULE / "go.mod").read_bytes())
+    with zipfile.ZipFile(at / f"{version}.zip", "w", zipfile.ZIP_DEFLATED) as z:
+        for f in files:
+            z.write(GO_MODULE / f, f"{module}@{version}/{f.as_posix()}")
+    return root
+
+
+def test_go_get_fetches_the_module_by_its_path_from_a_module_proxy(go_interop: Path, tmp_path: Path) -> None:
+    """`go get <module path>@<version>` - how Go projects install a dependency - works for the
+    client as a proxy would serve it once the repository is tagged: a fresh module fetches it
+    through GOPROXY (a file proxy of this checkout, then the local module cache for its own
+    dependencies: no network), checks it, and builds docs/sdk-go.md's quick start against it."""
+    import re
+
+    go = _go()
+    assert go is not None  # go_interop required it
+    module, version = "github.com/prism-envelope/prism/clients/go", "v0.1.0"
+    proxy = _module_proxy(tmp_path / "proxy", module, version)
+    cache = subprocess.run([go, "env", "GOMODCACHE"], capture_output=True, text=True, check=True).stdout.strip()
+    app = tmp_path / "shop"
+    (app / "cmd").mkdir(parents=True)
+    page = (ROOT / "docs" / "sdk-go.md").read_text(encoding="utf-8")
+    program = next(b for b in re.findall(r"```go\n(.*?)```", page, re.S) if b.startswith("package main"))
+    (app / "cmd" / "main.go").write_text(program, encoding="utf-8")
+    env = {**os.environ, "PATH": f"{Path(go).parent}:{os.environ.get('PATH', '')}", "GOFLAGS": "-buildvcs=false",
+           "GOPROXY": f"file://{proxy},file://{cache}/cache/download", "GOSUMDB": "off",
+           "GOMODCACHE": str(tmp_path / "modcache"), "GOWORK": "off"}
+    for args in (["mod", "init", "example.com/shop"], ["get", f"{module}@{version}"], ["mod", "tidy"],
+                 ["mod", "verify"], ["build", "-o", str(app / "shop"), "./cmd"]):
+        proc = subprocess.run([go, *args], cwd=app, env=env, capture_output=True, text=True, timeout=600, check=False)
+        assert proc.returncode == 0, f"go {' '.join(args)}:\n{proc.stderr}"
+    assert f"{module} {version}" in (app / "go.mod").read_text()
+    assert (app / "shop").stat().st_size > 0
+    subprocess.run([go, "clean", "-modcache"], env=env, capture_output=True, check=False)  # read-only files
+
+
 def test_go_maps_lnmp_as_python_does(go_interop: Path) -> None:
     """LNMP (strict mode), Go against Python's app/formats/lnmp_envelope.py: the same verdict,
     the same envelope and the same canonical re-encoding for every LNMP vector and 400 random
