@@ -348,6 +348,35 @@ def test_labels_come_from_the_envelope_and_fail_closed() -> None:
     assert label(Rec(encode(odd), [])).classification == "restricted"
 
 
+def test_a_value_declaring_its_classification_in_its_body_is_labelled_by_it() -> None:
+    """Input the worker never wrapped, whose producer declared the level inside the value: the
+    console reads it as the normalize stage does; when that stage cannot read the value (why it
+    sits in the DLQ) but it names a classification, it is withheld (restricted)."""
+    class Rec:
+        def __init__(self, value: bytes, headers: list[tuple[str, bytes]]) -> None:
+            self.value, self.headers = value, headers
+
+    ce_json = [("content-type", b"application/cloudevents+json")]
+    event = {"specversion": "1.0", "id": "e-1", "source": "/shop", "type": "order.created",
+             "dataclassification": "confidential", "datacontenttype": "application/json", "data": {"card": "4111"}}
+    assert label(Rec(json.dumps(event).encode(), ce_json)).classification == "confidential"
+    # a level below the default does not lower it for input the worker never wrapped
+    assert label(Rec(json.dumps({**event, "dataclassification": "public"}).encode(), ce_json)).classification \
+        == "internal"
+    broken = {k: v for k, v in event.items() if k != "specversion"} | {"dataclassification": "restricted"}
+    assert label(Rec(json.dumps(broken).encode(), ce_json)).classification == "restricted"
+    redis = {"payload": {"card": "4111"}, "meta": {"data_classification": "confidential"}}
+    assert label(Rec(json.dumps(redis).encode(), [])).classification == "confidential"
+    refused = {"payload": {"card": "4111"}, "meta": {"data_classification": "confidential", "priority": 99}}
+    assert label(Rec(json.dumps(refused).encode(), [])).classification == "restricted"
+    # bytes the normalize stage takes as a raw payload are what the pipeline would publish as
+    # `internal`: the console labels them the same
+    assert label(Rec(b'{"payload": {"card": "4111"}, "meta": {"data_cl', [])).classification == "internal"
+    # nothing declared: internal, as before
+    assert label(Rec(b'{"payload": {"a": 1}}', [])).classification == "internal"
+    assert label(Rec(b"\xff\x00 opaque", [])).classification == "internal"
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 @given(value=st.binary(max_size=512), headers=st.lists(st.tuples(
     st.sampled_from(["data-classification", "prism.errors.value.truncated", "x", "Classification"]),
