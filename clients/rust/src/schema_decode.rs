@@ -682,7 +682,9 @@ fn map_entry<'a>(pool: Pool<'a>, f: &FieldDescriptorProto) -> Option<(String, &'
     m.options.as_ref().is_some_and(|o| o.map_entry()).then_some((name, m))
 }
 
-const MAX_DEPTH: usize = 32;
+/// Messages nested deeper than this are refused: upb's and `json_format`'s limit (100), so a
+/// payload Python reads is read here too (a Struct level is two messages, a map entry one).
+const MAX_DEPTH: usize = 100;
 
 fn is_repeated(f: &FieldDescriptorProto) -> bool {
     f.label() == Label::Repeated
@@ -950,7 +952,7 @@ fn from_json(
                 _ => x.is_i64() || x.is_u64() || x.as_str().is_some_and(|s| s.parse::<i128>().is_ok()),
             };
             if ok {
-                Ok(x.clone())
+                Ok(canonical_scalar(file, ft, x))
             } else {
                 Err(pay_err(format!("{at} is not a {:?} value", ft.r#type()), at))
             }
@@ -990,4 +992,25 @@ fn from_json(
         out.insert(f.name().to_owned(), decoded);
     }
     Ok(Value::Object(out))
+}
+
+/// A scalar `from_json` accepted, as `MessageToDict` writes it back: 64-bit integers as
+/// strings, 32-bit ones as numbers, an enum's number by its name.
+fn canonical_scalar(file: Pool<'_>, f: &FieldDescriptorProto, x: &Value) -> Value {
+    let int = || {
+        x.as_i64()
+            .map(i128::from)
+            .or_else(|| x.as_u64().map(i128::from))
+            .or_else(|| x.as_str()?.parse().ok())
+    };
+    match f.r#type() {
+        Type::Int64 | Type::Uint64 | Type::Sint64 | Type::Fixed64 | Type::Sfixed64 => {
+            int().map_or_else(|| x.clone(), |n| Value::String(n.to_string()))
+        }
+        Type::Int32 | Type::Uint32 | Type::Sint32 | Type::Fixed32 | Type::Sfixed32 => int()
+            .and_then(|n| i64::try_from(n).ok())
+            .map_or_else(|| x.clone(), Value::from),
+        Type::Enum if x.is_i64() => enum_name(file, f, x.clone()),
+        _ => x.clone(),
+    }
 }

@@ -356,7 +356,7 @@ fn kind(v: &Value) -> &'static str {
 fn value_json(v: &Value, depth: usize, at: &str) -> Result<Value> {
     if depth > MAX_DEPTH {
         return Err(pay_err(
-            format!("{at}: a Struct/Value nests deeper than {MAX_DEPTH} levels"),
+            format!("{at}: a Struct/Value nests deeper than {MAX_DEPTH} messages"),
             at,
         ));
     }
@@ -364,11 +364,12 @@ fn value_json(v: &Value, depth: usize, at: &str) -> Result<Value> {
         Value::Object(o) => {
             let mut out = Map::new();
             for (k, x) in o {
-                out.insert(k.clone(), value_json(x, depth + 1, at)?);
+                out.insert(k.clone(), value_json(x, depth + 2, at)?);
             }
             Value::Object(out)
         }
-        Value::Array(a) => Value::Array(a.iter().map(|x| value_json(x, depth + 1, at)).collect::<Result<_>>()?),
+        // a Struct (or ListValue) and the Value in it: two messages a level, as json_format counts
+        Value::Array(a) => Value::Array(a.iter().map(|x| value_json(x, depth + 2, at)).collect::<Result<_>>()?),
         Value::Number(n) => match n.as_f64() {
             Some(x) if x.is_finite() => Value::from(x),
             _ => return Err(pay_err(format!("{at}: the number {n} is not a finite double"), at)),
@@ -598,17 +599,17 @@ fn parse_duration(s: &str, at: &str) -> Result<(i64, i64)> {
         return Err(bad("seconds out of range"));
     }
     let secs = digits(int).ok_or_else(|| bad("seconds are not digits"))?;
-    let nanos = if body.contains('.') {
-        if frac.len() > 9 || !frac.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(bad("at most 9 fraction digits"));
-        }
-        if frac.is_empty() {
-            0
-        } else {
-            frac.parse::<i64>().map_err(|_| bad("fraction"))? * 10_i64.pow(9 - frac.len() as u32)
-        }
-    } else {
+    let nanos = if frac.is_empty() {
         0
+    } else if frac.len() <= 9 && frac.bytes().all(|b| b.is_ascii_digit()) {
+        frac.parse::<i64>().map_err(|_| bad("fraction"))? * 10_i64.pow(9 - frac.len() as u32)
+    } else {
+        // more digits than nanoseconds: rounded to them, as Python's float() and round() do
+        if frac.len() > 64 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad("the fraction is not digits"));
+        }
+        let x: f64 = format!("0.{frac}").parse().map_err(|_| bad("fraction"))?;
+        (x * 1e9).round_ties_even() as i64
     };
     Ok(if neg { (-secs, -nanos) } else { (secs, nanos) })
 }
@@ -660,7 +661,8 @@ mod tests {
         assert!(duration_string(DURATION_MAX + 1, 0, "d").is_err());
         assert_eq!(parse_duration("-0.5s", "d").unwrap(), (0, -500_000_000));
         assert_eq!(parse_duration("1.000000001s", "d").unwrap(), (1, 1));
-        for bad in ["1", "s", "-s", "1.2.3s", "1.0000000001s", "99999999999999s", "1 s"] {
+        assert_eq!(parse_duration("1.0000000006s", "d").unwrap(), (1, 1));
+        for bad in ["1", "s", "-s", "1.2.3s", "99999999999999s", "1 s", "1.5e3s"] {
             assert!(parse_duration(bad, "d").is_err(), "{bad}");
         }
     }
