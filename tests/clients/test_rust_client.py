@@ -429,7 +429,8 @@ def test_rust_resolves_protobuf_references_from_a_live_registry(registry_interop
     head, *results = _registry_interop_run(registry_interop, tmp_path, register, lines)
     assert head["type"] == "PROTOBUF" and head["version"] == 1
     assert sorted(head["pii_fields"]) == ["Money.payer_email", "Order.email"]
-    assert head["mask_paths"] == ["total.payer_email", "email", "refunds[].payer_email"]
+    # a field whose JSON name differs is named by both: a JSON payload may send either
+    assert head["mask_paths"] == ["total.payer_email|payerEmail", "email", "refunds[].payer_email|payerEmail"]
 
     validate = _python_validator("PROTOBUF", _ORDER_PROTO, "shop.Order", imports)
     mask = _python_masker("PROTOBUF", _ORDER_PROTO, "shop.Order", imports)
@@ -446,7 +447,9 @@ def test_rust_resolves_protobuf_references_from_a_live_registry(registry_interop
         if python_valid:  # decoded from the JSON mapping (to proto names: `payerEmail` is `payer_email`)
             parsed = json_format.MessageToDict(json_format.Parse(json.dumps(d), cls()), preserving_proto_field_name=True)
             assert rust["decoded"] == mask(parsed), (d, rust)
+        assert rust["payload"] == mask(d), (d, rust)  # the payload as sent, JSON names included
     assert verdicts == [True, True, False, False, False, False]
+    assert results[len(msgs) + 1]["payload"]["refunds"][0]["payerEmail"] == "***"
     # Python reports a protobuf failure at `$` (upb's words); Rust at the failing field
     assert [r["at"] for r in results[len(msgs) + 2:]] == [
         "shop.Order.total.units", "shop.Order.total.currency", "shop.Order.refunds", "shop.Order"]
