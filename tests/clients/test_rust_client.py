@@ -1124,7 +1124,7 @@ def _wkt_docs() -> list[Any]:
          "labels": {"k": "v"}, "f": 1.5, "waits": {"3": "-0.000000001s"}, "level": "HIGH", "count": "12"},
         {"id": "e-2", "at": "0001-01-01T00:00:00Z", "took": "-315576000000s", "extra": None, "big": 5,
          "any": {"@type": "type.googleapis.com/google.protobuf.Duration", "value": "2s"}, "payer_email": "q@x.example"},
-        {"id": "e-3", "any": {}, "attrs": nested, "ratio": "NaN", "small": "8", "extra": "s", "count": 12, "level": 1},
+        {"id": "e-3", "any": {}, "attrs": nested, "ratio": "NaN", "small": "8", "extra": "s", "count": 12.0, "level": 1},
         {"at": "9999-12-31T23:59:60Z"},
         {"at": "10000-01-01T00:00:00Z"},
         {"at": "2020-01-01T00:00:00"},
@@ -1149,6 +1149,9 @@ def _wkt_docs() -> list[Any]:
         {"contacts": {"home": {"email": 5}}},
         {"contacts": []},
         {"f": 1e39},
+        {"count": "9223372036854775808"},
+        {"count": "1 2"},
+        {"count": 1.5},
     ]
 
 

@@ -945,11 +945,14 @@ fn from_json(
                 }
                 Type::String | Type::Bytes => x.is_string(),
                 Type::Bool => x.is_boolean(),
-                Type::Double | Type::Float => {
-                    x.is_number() || matches!(x.as_str(), Some("NaN" | "Infinity" | "-Infinity"))
+                Type::Double => x.is_number() || matches!(x.as_str(), Some("NaN" | "Infinity" | "-Infinity")),
+                // json_format refuses a float32 past its range
+                Type::Float => {
+                    x.as_f64().is_some_and(|v| v.abs() <= f64::from(f32::MAX))
+                        || matches!(x.as_str(), Some("NaN" | "Infinity" | "-Infinity"))
                 }
                 Type::Enum => x.is_string() || x.is_i64(),
-                _ => x.is_i64() || x.is_u64() || x.as_str().is_some_and(|s| s.parse::<i128>().is_ok()),
+                t => json_int(x).is_some_and(|n| int_range(t).contains(&n)),
             };
             if ok {
                 Ok(canonical_scalar(file, ft, x))
@@ -994,15 +997,38 @@ fn from_json(
     Ok(Value::Object(out))
 }
 
+/// An integer as `json_format` reads one (`_ConvertInteger`): a JSON integer, a float with no
+/// fraction, or a string of one without spaces.
+fn json_int(x: &Value) -> Option<i128> {
+    match x {
+        Value::Number(n) => n
+            .as_i64()
+            .map(i128::from)
+            .or_else(|| n.as_u64().map(i128::from))
+            .or_else(|| {
+                n.as_f64()
+                    .filter(|f| f.fract() == 0.0 && f.abs() < 1e38)
+                    .map(|f| f as i128)
+            }),
+        Value::String(s) if !s.contains(' ') => s.parse().ok(),
+        _ => None,
+    }
+}
+
+/// The values an integer field of type `t` holds.
+fn int_range(t: Type) -> std::ops::RangeInclusive<i128> {
+    match t {
+        Type::Int32 | Type::Sint32 | Type::Sfixed32 => i128::from(i32::MIN)..=i128::from(i32::MAX),
+        Type::Uint32 | Type::Fixed32 => 0..=i128::from(u32::MAX),
+        Type::Uint64 | Type::Fixed64 => 0..=i128::from(u64::MAX),
+        _ => i128::from(i64::MIN)..=i128::from(i64::MAX),
+    }
+}
+
 /// A scalar `from_json` accepted, as `MessageToDict` writes it back: 64-bit integers as
 /// strings, 32-bit ones as numbers, an enum's number by its name.
 fn canonical_scalar(file: Pool<'_>, f: &FieldDescriptorProto, x: &Value) -> Value {
-    let int = || {
-        x.as_i64()
-            .map(i128::from)
-            .or_else(|| x.as_u64().map(i128::from))
-            .or_else(|| x.as_str()?.parse().ok())
-    };
+    let int = || json_int(x);
     match f.r#type() {
         Type::Int64 | Type::Uint64 | Type::Sint64 | Type::Fixed64 | Type::Sfixed64 => {
             int().map_or_else(|| x.clone(), |n| Value::String(n.to_string()))
