@@ -3,14 +3,16 @@
 //! 3, 6 or 9 fraction digits, `Duration` `"1.5s"`, the wrappers their bare value (64-bit
 //! integers as strings), `Struct`/`Value`/`ListValue` plain JSON, `FieldMask` its paths in
 //! camelCase joined by commas, `Any` its message with `"@type"` (the packed type must be a
-//! message of the schema's files or a well-known type). Every value without a JSON form (a
+//! well-known type, as in the Python SDK). Every value without a JSON form (a
 //! timestamp out of range, a Value holding NaN, an Any of an unknown type) is a `Payload`
 //! error at the field, never a panic.
 
 use base64::Engine;
 use serde_json::{Map, Value};
 
-use super::{decode_wire, find_message, from_json as message_from_json, pay_err, Mode, Pool, MAX_DEPTH};
+use super::{
+    decode_wire, find_message, from_json as message_from_json, pay_err, well_known_files, Mode, Pool, MAX_DEPTH,
+};
 use crate::error::Result;
 
 /// Seconds of 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z: the range of a Timestamp.
@@ -134,8 +136,10 @@ fn any_to_json(pool: Pool<'_>, m: &Map<String, Value>, depth: usize) -> Result<V
     Ok(Value::Object(out))
 }
 
-/// The message an Any's `type_url` names (`type.googleapis.com/pkg.Msg`): one of the schema's
-/// files or a well-known type; any other is refused (no type is fetched from anywhere).
+/// The message an Any's `type_url` names (`type.googleapis.com/pkg.Msg`): a well-known type;
+/// any other is refused (no type is fetched from anywhere). The Python SDK's `json_format`
+/// resolves the packed type in protobuf's default pool, which holds the well-known types but
+/// not the schema's messages (they live in a pool of their own), so it refuses those too.
 fn packed_type<'a>(pool: Pool<'a>, url: &str, at: &str) -> Result<(String, &'a prost_types::DescriptorProto, &'a str)> {
     let name = url.rsplit_once('/').map_or("", |(_, n)| n);
     if name.is_empty() {
@@ -144,15 +148,23 @@ fn packed_type<'a>(pool: Pool<'a>, url: &str, at: &str) -> Result<(String, &'a p
             at,
         ));
     }
-    find_message(pool, name).map_err(|_| {
+    let refused = || {
         pay_err(
             format!(
-                "an Any packs {:?}, which is neither a message of the schema's files nor a well-known type",
+                "an Any packs {:?}, which is not a well-known type (google.protobuf.*): its descriptor is unknown here",
                 super::clip(name)
             ),
             at,
         )
-    })
+    };
+    if !name.starts_with("google.protobuf.") {
+        return Err(refused());
+    }
+    let wkt = Pool {
+        main: well_known_files().first().unwrap_or(pool.main),
+        imports: well_known_files(),
+    };
+    find_message(wkt, name).map_err(|_| refused())
 }
 
 /// Days since 1970-01-01 of a civil date (proleptic Gregorian; Howard Hinnant's algorithm).
