@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -428,7 +429,8 @@ def test_rust_resolves_protobuf_references_from_a_live_registry(registry_interop
     head, *results = _registry_interop_run(registry_interop, tmp_path, register, lines)
     assert head["type"] == "PROTOBUF" and head["version"] == 1
     assert sorted(head["pii_fields"]) == ["Money.payer_email", "Order.email"]
-    assert head["mask_paths"] == ["total.payer_email", "email", "refunds[].payer_email"]
+    # a field whose JSON name differs is named by both: a JSON payload may send either
+    assert head["mask_paths"] == ["total.payer_email|payerEmail", "email", "refunds[].payer_email|payerEmail"]
 
     validate = _python_validator("PROTOBUF", _ORDER_PROTO, "shop.Order", imports)
     mask = _python_masker("PROTOBUF", _ORDER_PROTO, "shop.Order", imports)
@@ -445,7 +447,9 @@ def test_rust_resolves_protobuf_references_from_a_live_registry(registry_interop
         if python_valid:  # decoded from the JSON mapping (to proto names: `payerEmail` is `payer_email`)
             parsed = json_format.MessageToDict(json_format.Parse(json.dumps(d), cls()), preserving_proto_field_name=True)
             assert rust["decoded"] == mask(parsed), (d, rust)
+        assert rust["payload"] == mask(d), (d, rust)  # the payload as sent, JSON names included
     assert verdicts == [True, True, False, False, False, False]
+    assert results[len(msgs) + 1]["payload"]["refunds"][0]["payerEmail"] == "***"
     # Python reports a protobuf failure at `$` (upb's words); Rust at the failing field
     assert [r["at"] for r in results[len(msgs) + 2:]] == [
         "shop.Order.total.units", "shop.Order.total.currency", "shop.Order.refunds", "shop.Order"]
@@ -1061,3 +1065,170 @@ def test_rust_validates_protobuf_as_python_does() -> None:
         assert rust["outcome"] == want, (d, rust)
         outcomes.append(want)
     assert set(outcomes) == {"valid", "invalid"}
+
+
+_WKT_PROTO = """syntax = "proto3";
+package shop;
+import "google/protobuf/any.proto";
+import "google/protobuf/duration.proto";
+import "google/protobuf/empty.proto";
+import "google/protobuf/field_mask.proto";
+import "google/protobuf/struct.proto";
+import "google/protobuf/timestamp.proto";
+import "google/protobuf/wrappers.proto";
+import "prism/annotations.proto";
+message Event {
+  string id = 1;
+  google.protobuf.Timestamp at = 2;
+  google.protobuf.Duration took = 3;
+  google.protobuf.Struct attrs = 4;
+  google.protobuf.Value extra = 5;
+  google.protobuf.ListValue tags = 6;
+  google.protobuf.Int64Value big = 7;
+  google.protobuf.StringValue note = 8;
+  google.protobuf.DoubleValue ratio = 9;
+  google.protobuf.BoolValue flag = 10;
+  google.protobuf.UInt32Value small = 11;
+  google.protobuf.BytesValue raw = 12;
+  google.protobuf.Empty nothing = 13;
+  google.protobuf.FieldMask mask = 14;
+  google.protobuf.Any any = 15;
+  repeated google.protobuf.Timestamp history = 16;
+  map<string, Contact> contacts = 17;
+  string payer_email = 18 [(prism.pii) = "email"];
+  map<string, string> labels = 19;
+  google.protobuf.FloatValue f = 20;
+  map<int64, google.protobuf.Duration> waits = 21;
+  Level level = 22;
+  int64 count = 23;
+}
+message Contact { string email = 1 [(prism.pii) = "email"]; string label = 2; }
+enum Level { LOW = 0; HIGH = 1; }
+"""
+
+
+def _wkt_docs() -> list[Any]:
+    """Protobuf-JSON documents of shop.Event: every well-known type's JSON form, and hostile ones."""
+    nested: Any = "leaf"
+    for _ in range(12):
+        nested = {"k": nested, "l": [1, None, True]}
+    too_deep: Any = "leaf"
+    for _ in range(60):
+        too_deep = {"k": too_deep}
+    return [
+        {"id": "e-1", "at": "2024-02-29T12:30:45.123Z", "took": "1.5s", "attrs": {"a": 1, "b": [True, None, "x"]},
+         "extra": {"deep": {"er": [1.5]}}, "tags": ["a", 2, {"c": False}], "big": "9007199254740993",
+         "note": "n", "ratio": 0.25, "flag": False, "small": 7, "raw": "AAEC", "nothing": {},
+         "mask": "fooBar,baz.quxQuux", "history": ["1970-01-01T00:00:00Z", "2000-01-01T00:00:00.000001+02:00"],
+         "payerEmail": "p@x.example", "contacts": {"home": {"email": "a@x.example", "label": "h"}},
+         "labels": {"k": "v"}, "f": 1.5, "waits": {"3": "-0.000000001s"}, "level": "HIGH", "count": "12"},
+        {"id": "e-2", "at": "0001-01-01T00:00:00Z", "took": "-315576000000s", "extra": None, "big": 5,
+         "any": {"@type": "type.googleapis.com/google.protobuf.Duration", "value": "2s"}, "payer_email": "q@x.example"},
+        {"id": "e-3", "any": {}, "attrs": nested, "ratio": "NaN", "small": "8", "extra": "s", "count": 12.0, "level": 1},
+        {"at": "9999-12-31T23:59:60Z"},
+        {"at": "10000-01-01T00:00:00Z"},
+        {"at": "2020-01-01T00:00:00"},
+        {"at": "2020-01-01t00:00:00Z"},
+        {"at": 1700000000},
+        {"took": "315576000001s"},
+        {"took": "1"},
+        {"took": "1.5.5s"},
+        {"big": "1.5"},
+        {"big": True},
+        {"small": -1},
+        {"small": 4294967296},
+        {"flag": "true"},
+        {"note": 5},
+        {"attrs": [1]},
+        {"tags": {"a": 1}},
+        {"mask": "foo_bar"},
+        {"nothing": {"x": 1}},
+        {"any": {"value": "2s"}},
+        {"any": {"@type": "type.googleapis.com/nope.Nope"}},
+        {"any": {"@type": "type.googleapis.com/shop.Contact", "email": "x"}},
+        {"attrs": too_deep},
+        {"contacts": {"home": {"email": 5}}},
+        {"contacts": []},
+        {"f": 1e39},
+        {"count": "9223372036854775808"},
+        {"count": "1 2"},
+        {"count": 1.5},
+    ]
+
+
+def test_rust_reads_well_known_types_as_python_does() -> None:
+    """A protobuf schema using the well-known types (Timestamp, Duration, Struct/Value/ListValue,
+    the wrappers, Empty, FieldMask, Any, in maps and repeated fields), which the Rust client
+    resolves from the descriptors it carries (only the schema's own file is given): wire
+    payloads written by Python's protobuf runtime decode to `MessageToDict`'s value (an out-of-
+    range Timestamp/Duration is refused by both), protobuf-JSON documents get the Python SDK's
+    verdict and, when valid, `MessageToDict(Parse(doc))`; both are masked as the Python SDK
+    masks (PII by proto and JSON name, inside map values)."""
+    from google.protobuf import descriptor_pool, duration_pb2, json_format, message_factory, timestamp_pb2
+
+    from app.schema.protoparse import compile_proto
+
+    assert timestamp_pb2 and duration_pb2  # Any's packed well-known types resolve in Python's default pool
+    schema = compile_proto(_WKT_PROTO)
+    fdp = next(f for f in schema.fds.file if f.name == "schema.proto")
+    pool = descriptor_pool.DescriptorPool()
+    for fd in schema.fds.file:
+        pool.Add(fd)
+    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Event"))
+    docs = _wkt_docs()
+    msgs = [json_format.ParseDict(d, cls()) for d in docs[:3]]
+    hostile = [cls(id="h-1"), cls(id="h-2"), cls(id="h-3"), cls(id="h-4"), cls(id="h-5"), cls(id="h-6"),
+               cls(id="h-7"), cls(id="h-8")]
+    hostile[0].at.seconds = 253402300800  # one second past 9999-12-31
+    hostile[1].at.nanos = -1
+    hostile[2].took.seconds, hostile[2].took.nanos = 1, -1  # sign mismatch
+    hostile[3].extra.number_value = float("inf")  # a Value has no JSON for it
+    hostile[4].mask.paths.append("fooBar")  # capitals have no JSON form
+    hostile[5].any.type_url, hostile[5].any.value = "type.googleapis.com/nope.Nope", b"\x08\x01"
+    hostile[6].waits[7].seconds = 3
+    hostile[6].contacts["c"].label = "no email"
+    hostile[6].level = 5  # an open enum's unknown value: its number
+    # the schema's own message packed: json_format resolves Any in the default pool, which lacks it
+    hostile[7].any.type_url = "type.googleapis.com/shop.Contact"
+    hostile[7].any.value = b"\x0a\x01x"  # Contact{email: "x"}
+    wire = [m.SerializeToString() for m in msgs + hostile]
+    desc = fdp.SerializeToString().hex()
+    url = "type.googleapis.com/shop.Event"
+    pii = ["Event.payer_email", "Contact.email"]
+    lines = [f"proto {json.dumps([desc, b.hex(), 'application/protobuf', url, pii]).encode().hex()}\n" for b in wire]
+    lines += [f"proto {json.dumps([desc, json.dumps(d).encode().hex(), 'application/json', url, pii]).encode().hex()}\n"
+              for d in docs]
+    answers = _run_differential(lines)
+    validate = _python_validator("PROTOBUF", _WKT_PROTO, "shop.Event")
+    mask = _python_masker("PROTOBUF", _WKT_PROTO, "shop.Event")
+    decoded = []
+    for m, b, rust in zip(msgs + hostile, wire, answers, strict=False):
+        assert validate(b, "application/protobuf") == [] and rust["outcome"] == "valid", rust
+        try:
+            want = mask(json_format.MessageToDict(m, preserving_proto_field_name=True))
+        except Exception:  # no JSON form: Rust refuses to decode it too
+            assert "value" not in rust and rust["decode"], (m, rust)
+            decoded.append(False)
+            continue
+        assert rust.get("value") == want, (want, rust)
+        decoded.append(True)
+    assert decoded == [True, True, True, False, False, False, False, False, False, True, False]
+    verdicts = []
+    for d, rust in zip(docs, answers[len(wire):], strict=True):
+        python_valid = not validate(json.dumps(d).encode(), "application/json")
+        assert (rust["outcome"] == "valid") == python_valid, (d, rust)
+        verdicts.append(python_valid)
+        if python_valid:
+            parsed = json_format.MessageToDict(json_format.Parse(json.dumps(d), cls()), preserving_proto_field_name=True)
+            assert rust["value"] == mask(parsed), (d, rust)
+            assert rust["masked_payload"] == mask(d), (d, rust)  # masked as sent: `payerEmail` too
+    assert verdicts == [True, True, True] + [False] * (len(docs) - 3)
+    assert answers[len(wire)]["masked_payload"]["payerEmail"] == "***"
+    assert answers[len(wire)]["masked_payload"]["contacts"]["home"]["email"] == "***"
+
+
+def test_the_rust_clients_well_known_descriptors_are_current() -> None:
+    """clients/rust/src/wkt/well_known.pb is what Python's protobuf runtime carries today."""
+    out = subprocess.run([sys.executable, str(CRATE / "src" / "wkt" / "generate.py"), "--check"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

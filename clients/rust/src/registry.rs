@@ -671,7 +671,8 @@ pub const MASK: &str = "***";
 /// `attrs.*.x`: `*` is every key of a map, as the Python SDK's `pii_paths` writes it) with
 /// [`MASK`]; returns how many values were masked. Paths that are not there are skipped. A
 /// segment `*` matches every key, so an object key that is literally `*` is not told apart
-/// (no Avro or protobuf field can be named so).
+/// (no Avro or protobuf field can be named so). A segment `a|b` matches key `a`, key `b` (a
+/// protobuf field by its proto and its JSON name) and the key `a|b` itself.
 pub fn mask_pii(value: &mut Value, pii_paths: &[String]) -> usize {
     pii_paths
         .iter()
@@ -692,6 +693,15 @@ fn mask_path(v: &mut Value, parts: &[&str]) -> usize {
     };
     if name == "*" {
         obj.values_mut().map(|child| mask_at(child, each, rest)).sum()
+    } else if name.contains('|') {
+        // either spelling of one field (`payer_email|payerEmail`), and the segment as a key
+        let mut names: Vec<&str> = vec![name];
+        names.extend(name.split('|').filter(|n| !n.is_empty()));
+        names.dedup();
+        obj.iter_mut()
+            .filter(|(k, _)| names.contains(&k.as_str()))
+            .map(|(_, child)| mask_at(child, each, rest))
+            .sum()
     } else {
         obj.get_mut(name).map_or(0, |child| mask_at(child, each, rest))
     }

@@ -262,7 +262,8 @@ fn decoding_by_the_envelope_schema_reads_imported_types_and_masks_them() {
         .value;
     assert_eq!(
         decoded,
-        json!({"id": "o-1", "total": {"units": 5, "currency": {"code": "EUR"}, "payer_email": "p@x"}, "email": "a@b"})
+        // int64 as a string, as MessageToDict writes it
+        json!({"id": "o-1", "total": {"units": "5", "currency": {"code": "EUR"}, "payer_email": "p@x"}, "email": "a@b"})
     );
     let pii = client.pii_fields("orders", "1").unwrap();
     let paths =
