@@ -624,56 +624,22 @@ def test_rust_maps_lnmp_as_python_does() -> None:
     Python's app/formats/lnmp_envelope.py: the same verdict, the same envelope and the same
     canonical re-encoding for every LNMP vector and 600 random damages of them (bytes chosen
     to hit the text tokenizer and the TLV types)."""
-    import random
-
-    from app.formats.lnmp_envelope import decode_message, to_lnmp
-    from conformance._common import model_json
+    from tests.clients import lnmp_differential as lnmp
 
     cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
     require(Path(cargo).exists(), "cargo (the Rust toolchain) is not installed")
-    base = [bytes.fromhex(v["input_hex"])
-            for v in json.loads((ROOT / "conformance" / "lnmp" / "lnmp.json").read_text(encoding="utf-8"))["vectors"]]
-    rng = random.Random(31)
+    base = lnmp.vectors()
     # found by `cargo fuzz run lnmp`: an #ENVELOPE line without pairs over a non-UTF-8 record,
     # and the same over a record that is itself an #ENVELOPE text (neither is a fixed point)
     found = [bytes.fromhex("23454e56454c4f5045200a7376632d6f726465727312003730d0cd346266"
                            "39326633615c6e62220a46313d34327a3b46323d22606a6e6165220a"),
              b"#ENVELOPE \n#ENVELOPE source=x\nF1=1\n", b"#ENVELOPE\r\n\xff"]
-    inputs = list(base) + found
-    for _ in range(600):
-        data = bytearray(rng.choice(base))
-        for _ in range(rng.randint(1, 2)):
-            if not data:
-                break
-            i = rng.randrange(len(data))
-            op = rng.randrange(4)
-            if op == 0:
-                data[i] ^= 1 << rng.randrange(8)
-            elif op == 1:
-                del data[i:]
-            elif op == 2:
-                data.insert(i, rng.choice(b' ="\\\n\r\x10\x11\x12\x13\x00\xff'))
-            else:
-                del data[i]
-        inputs.append(bytes(data))
+    inputs = base + found + lnmp.damaged(base, 600, seed=31)
     out = subprocess.run([cargo, "run", "--locked", "-q", "--example", "differential"], cwd=CRATE,
                          input="".join(f"lnmp {d.hex()}\n" for d in inputs), capture_output=True, text=True,
                          check=True, timeout=1200, env={**os.environ, "CARGO_TARGET_DIR": str(TARGET)})
     answers = [json.loads(line) for line in out.stdout.splitlines()]
-    assert len(answers) == len(inputs)
-    mismatches = []
-    for data, rust in zip(inputs, answers, strict=True):
-        try:
-            env = decode_message(data).envelope
-            want: dict[str, Any] = {"outcome": "ok", "model": model_json(env)}
-            try:
-                want["reencoded_hex"] = bytes(to_lnmp(env)).hex()
-            except PrismError as exc:
-                want["reencode_error"] = exc.code
-        except PrismError as exc:
-            want = {"outcome": exc.code}
-        if rust != want:
-            mismatches.append((data.hex()[:100], want, rust))
+    mismatches = lnmp.mismatches(inputs, answers)
     assert not mismatches, f"{len(mismatches)} of {len(inputs)} differ; first: {mismatches[:2]}"
     assert {a["outcome"] for a in answers} == {"ok", "bad_lnmp"}
 
