@@ -43,6 +43,7 @@ test: $(STAMP)
 	@bash scripts/ensure-kubectl.sh
 	$(BIN)/python -m app.envelope.protogen --check
 	$(BIN)/python -m conformance.generate --check
+	$(BIN)/python clients/rust/src/wkt/generate.py --check
 	$(BIN)/ruff check app tests bench clients conformance
 	$(MAKE) --no-print-directory test-go
 	$(MAKE) --no-print-directory test-rust

@@ -71,6 +71,7 @@ from typing import Any
 from bench._brokers import BenchBroker, bench_broker, describe
 from bench._peer_procs import transform
 from bench._timing import per_call_us
+from bench.bench_pipeline import PAYLOADS, use_payload
 from bench.bench_release import (
     PARTITIONS,
     ROOT,
@@ -212,7 +213,9 @@ def connect_config(bootstrap: str, src: str, dst: str) -> dict[str, str]:
         "transforms.stamp.static.field": "processed_by",
         "transforms.stamp.static.value": "kafka-connect",
         "transforms.rename.type": "org.apache.kafka.connect.transforms.ReplaceField$Value",
-        "transforms.rename.renames": "customer:customer_id",
+        # one field of the document renamed (`customer` in the historical payload, `customer_id`
+        # in the schema-valid one: bench_pipeline.PAYLOADS)
+        "transforms.rename.renames": "customer:customer_id,customer_id:customer",
         "producer.override.linger.ms": str(LINGER_MS), "producer.override.batch.size": str(BATCH_BYTES),
     }
 
@@ -291,11 +294,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="prism-bench-peers-"))
     (tmp / "logs").mkdir()
     keys = ensure_dev_keys(tmp / "keys")
+    use_payload(args.payload)
     expect_prism, expect_peer = expected_identities(args.n)
     result: dict[str, Any] = {
         "n": args.n, "partitions": PARTITIONS, "contenders": labels,
         "payload": {"prism": "signed reviewed envelope (Ed25519) with JWT around a 1 KB JSON document",
-                    "peers": "the same 1 KB JSON document, bare"},
+                    "peers": "the same 1 KB JSON document, bare", "document": args.payload},
         "versions": {"prism venv": _package_versions(here, ["faust-streaming", "aiokafka", "uvloop",
                                                               "confluent-kafka"]),
                      **({"quix venv": _package_versions(pythons["quix"], ["quixstreams", "confluent-kafka"])}
@@ -361,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "prism-bench-peers",
                     help="where the Quix Streams venv is kept between runs")
     ap.add_argument("--fresh", action="store_true", help="rebuild the Quix Streams venv")
+    ap.add_argument("--payload", choices=sorted(PAYLOADS), default="valid",
+                    help="valid: a document matching the shipped topology's schema (what production sends); "
+                         "bench: the historical one, which takes validation's warn path in Prism")
     return run_on_uvloop(main_async, backlog_args(ap, argv))
 
 

@@ -74,7 +74,7 @@ TIMING_EVERY: int | None = None
 #: `--latency-samples`: record per-message latencies and observe them per batch (module docs)
 LATENCY_SAMPLES = False
 #: `--payload`: "bench" (`bench_pipeline.payload_1kb`, which fails the topology's schema: the warn
-#: path) or "valid" (`_payload_valid_1kb`, which matches it)
+#: path) or "valid" (`bench_pipeline.payload_valid_1kb`, which matches it)
 PAYLOAD = "bench"
 #: `--gc`: "worker" collects the way `prism run` does (`tune_gc`), "default" keeps CPython's
 GC_MODE = "worker"
@@ -232,15 +232,6 @@ def run(h: Harness, inputs: Iterable[Input], *, partition_of: Any = None, keep: 
 # --------------------------------------------------------------------------- timing
 
 
-def _payload_valid_1kb(i: int) -> dict:
-    """A ~1 KB order that matches the shipped topology's schema (OrderCreated v2, validation
-    `warn`). `bench_pipeline.payload_1kb` - what every benchmark has sent so far - does not
-    ("customer" and "note" are no fields of it), so with it the worker takes the warn path: a
-    failed parse, a violation header on both outputs, a rate-limited log line (issue 29)."""
-    return {"order_id": f"ord-{i:08d}", "customer_id": f"c-{i % 997}", "currency": "EUR", "total": 19.99 * (i % 7 + 1),
-            "items": [{"sku": f"SKU-{k:04d}", "qty": (i + k) % 5 + 1} for k in range(30)]}
-
-
 def _bench_inputs(keys_dir: Path, n: int) -> list[Input]:
     from app.security.devkeys import ensure_dev_keys
     from bench import bench_pipeline
@@ -249,7 +240,7 @@ def _bench_inputs(keys_dir: Path, n: int) -> list[Input]:
     if PAYLOAD == "valid":
         # make_messages reads `payload_1kb` when called: swapping it works on a baseline's
         # bench_pipeline too (the module a baseline exports)
-        bench_pipeline.payload_1kb = _payload_valid_1kb
+        bench_pipeline.payload_1kb = bench_pipeline.PAYLOADS["valid"]
     values = bench_pipeline.make_messages(ensure_dev_keys(keys_dir), TOPIC, n)
     return [(v, [], str(i % 64).encode(), now) for i, v in enumerate(values)]
 

@@ -18,8 +18,14 @@ Samples are attributed to the innermost stage frame (`<Stage>.process`, `Publish
 `Publisher.finish`); outside a stage, to the dedup table, the worker loop (app/worker), aiokafka,
 Faust/mode, or the rest. Idle time is excluded: py-spy drops idle threads, and the frames uvloop
 sits in while it waits (a thread's `_start_thread`, the loop's `Runner.run` as the innermost frame)
-are dropped here, since uvloop's wait is native code py-spy cannot tell from work. The per-
-payload-validation and warning-log lines are parts of enrich.
+are dropped here, since uvloop's wait is native code py-spy cannot tell from work. Start-up and
+shutdown (`_STARTUP`) are dropped too: the worker's CPU per message is timed from its first batch
+to its last. The per-payload-validation and warning-log lines are parts of enrich.
+
+Function-level view of one part (where its samples are, by the innermost app/worker line and
+what it called):
+
+    .venv/bin/python -m bench.profile_stages detail worker.txt "worker loop" [--top 30]
 """
 
 from __future__ import annotations
@@ -35,13 +41,20 @@ from pathlib import Path
 
 _STAGE = re.compile(r"^(\w+)\.process \(app/agents/")
 _SETUP = ("make_messages", "preload (", "ensure_dev_keys", "bench_topology", "load_topology", "build (", "_bench_inputs")
+#: Start-up and shutdown work of the worker run, which `bench_pipeline.Clock` leaves out of the CPU
+#: per message (it times from the first batch to the last): imports, building the app, Faust's
+#: settings, `tune_gc`'s full collection, opening and closing the RocksDB table on (re)assignment.
+#: Counting them put ~80 % of the "worker loop", "Faust / mode" and "other" rows of the first
+#: worker profile (BENCHMARKS.md, issue 29) on start-up, which no message pays.
+_STARTUP = ("_find_and_load", "_handle_fromlist", "PipelineApp.__init__", "tune_gc (", "App._load_settings",
+            "on_rebalance (", "_open_for_partition", "Store.stop (", "on_first_start", "_prepare_datadir")
 _IDLE_LEAVES = ("ServiceThread._start_thread", "Runner.run", "_run_module_as_main")
 
 
 def categorize(frames: list[str]) -> str | None:
     """The part of the message path one sample belongs to; None for setup and idle samples."""
     joined = ";".join(frames)
-    if any(s in joined for s in _SETUP):
+    if any(s in joined for s in _SETUP) or any(s in joined for s in _STARTUP):
         return None
     if frames[-1].startswith(_IDLE_LEAVES):
         return None
@@ -68,7 +81,7 @@ def categorize(frames: list[str]) -> str | None:
         return "chain dispatch (+ the harness's thread-CPU clock reads)"
     if "bench_stages.py" in joined:
         return "stage harness (message objects, clock reads)"
-    return "other (event loop, GC, imports)"
+    return "other (event loop, GC)"
 
 
 def load(path: Path) -> tuple[collections.Counter[str], collections.Counter[str]]:
@@ -119,6 +132,33 @@ def report(paths: list[Path], us: list[float] | None) -> str:
     return "\n".join(lines)
 
 
+def detail(path: Path, part: str, top: int = 30) -> str:
+    """The samples of the parts whose name starts with `part`, by the innermost `app/worker/`
+    line and the function it was in (its callee, or "self"), as shares of all counted samples."""
+    lines: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames, n = stack.split(";"), int(count)
+        cat = categorize(frames)
+        if cat is None:
+            continue
+        total += n
+        if not cat.startswith(part):
+            continue
+        at = [i for i, f in enumerate(frames) if "app/worker/" in f]
+        if not at:
+            where = " ; ".join(f.split(" (")[0] for f in frames[-3:])
+        else:
+            i = at[-1]
+            callee = frames[i + 1].split(" (")[0] if i + 1 < len(frames) else "self"
+            where = f"{frames[i].split('app/worker/')[0].split(' (')[0]} ({frames[i].rsplit('/', 1)[-1]} -> {callee}"
+        lines[where] += n
+    out = [f"| {part}: where | % of all samples |", "|---|---|"]
+    out += [f"| {k} | {100 * v / max(total, 1):.1f} |" for k, v in lines.most_common(top)]
+    return "\n".join(out)
+
+
 async def worker(n: int) -> None:
     """bench_pipeline's Prism chain alone (no raw loop, no Faust passthrough), for py-spy."""
     from app.broker.admin import ensure_topics
@@ -146,12 +186,18 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("report", help="per-stage table of py-spy raw files")
     r.add_argument("paths", nargs="+", type=Path)
     r.add_argument("--us", nargs="+", type=float, default=None, help="CPU µs per message of each run")
+    d = sub.add_parser("detail", help="function-level view of one part of a py-spy raw file")
+    d.add_argument("path", type=Path)
+    d.add_argument("part", help='the start of a part\'s name, e.g. "worker loop"')
+    d.add_argument("--top", type=int, default=30)
     args = ap.parse_args(argv)
     if args.cmd == "worker":
         from app.worker.faust_app import use_uvloop
 
         use_uvloop()
         asyncio.run(worker(args.n))
+    elif args.cmd == "detail":
+        print(detail(args.path, args.part, args.top))
     else:
         if args.us is not None and len(args.us) != len(args.paths):
             ap.error("--us takes one figure per file")

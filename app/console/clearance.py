@@ -14,7 +14,10 @@ The classification is the one of the decoded envelope in the record's value, nev
 anyone on the path can rewrite must not lower it. A value that is not an envelope (raw JSON,
 CloudEvents, LNMP - input the worker never wrapped) reads as `internal`, or higher when a header
 whose name holds `classification` (`data-classification`, the legacy mapping's) says so - a
-header can only raise it there, and an unknown word reads as `restricted`. A copy the DLQ cut to
+header can only raise it there, and an unknown word reads as `restricted` - or when the value
+itself declares a level the normalize stage reads (a structured CloudEvent's
+`dataclassification`, a Redis JSON message's `meta.data_classification`); a value that stage
+cannot read and that names a classification anywhere reads as `restricted` (`_declared_in_value`). A copy the DLQ cut to
 size (`prism.errors.value.truncated`) reads as `restricted`: what it was cut from cannot be
 known (fail closed).
 
@@ -98,7 +101,23 @@ def label(rec: Any) -> Labelled:
             named = bytes(v or b"").decode("utf-8", errors="replace").strip().lower()
             found = named if named in RANK else "restricted"
             level = max(level, found, key=RANK.__getitem__)
-    return Labelled(level, None)
+    return Labelled(max(level, _declared_in_value(value, headers), key=RANK.__getitem__), None)
+
+
+def _declared_in_value(value: bytes, headers: list[Any]) -> str:
+    """The level a value the worker never wrapped declares in its own bytes - a structured
+    CloudEvent's `dataclassification`, a Redis JSON message's `meta.data_classification` - read
+    by the normalize stage's own reader (`app.formats.detect.normalize`), so the console labels
+    it as the pipeline would have. A value that reader refuses (why it is in the DLQ, often)
+    and that names a classification anywhere reads as `restricted`: what it declared cannot be
+    read, so it is withheld (fail closed). Otherwise `internal`."""
+    from app.formats.detect import normalize
+
+    try:
+        wrapped = normalize(value, headers, topic="console", namespace="console", strict=False, now_ms=1)
+        return classification_of(wrapped.envelope)
+    except Exception:  # a PrismError for malformed input; any other failure is judged the same
+        return "restricted" if b"classification" in value.lower() else classification_of(Envelope())
 
 
 @dataclass(frozen=True, slots=True)

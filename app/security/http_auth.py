@@ -426,13 +426,22 @@ class BearerAuth:
     string, like OAuth ``scope``); with ``role_map`` its values are translated (``{group:
     role-or-roles}``) and unmapped values ignored, without it values that are valid roles
     are taken as they are and others ignored. A token with no usable role authenticates
-    but may do nothing (403)."""
+    but may do nothing (403).
+
+    The console's clearance comes the same way: ``clearance_claim`` (absent: no token carries
+    one, every bearer user reads at the default, ``internal``) holds a clearance word, a list,
+    or a space-separated string; with ``clearance_map`` its values (IdP groups, say) are
+    translated and unmapped ones ignored. The highest clearance named wins; a token naming none
+    gets the default. The token is signed by a configured issuer, so the claim is as trusted as
+    a users-file entry - and no other claim can raise it."""
 
     authenticator: Any  # app.security.jwt_auth.Authenticator
     roles_claim: str = "roles"
     role_map: Mapping[str, frozenset[str]] | None = None
+    clearance_claim: str | None = None
+    clearance_map: Mapping[str, str] | None = None
 
-    _KEYS = frozenset({"roles_claim", "role_map"})
+    _KEYS = frozenset({"roles_claim", "role_map", "clearance_claim", "clearance_map"})
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, where: str, base_dir: Path | None = None) -> BearerAuth:
@@ -453,11 +462,32 @@ class BearerAuth:
             role_map = {}
             for k, v in rm.items():
                 role_map[str(k)] = parse_roles([v] if isinstance(v, str) else v, where=f"{where}.role_map.{k}")
+        clearance_claim = data.get("clearance_claim")
+        if clearance_claim is not None and (not isinstance(clearance_claim, str) or not clearance_claim):
+            raise ConfigError("clearance_claim must name a claim", path=f"{where}.clearance_claim",
+                              hint="e.g. clearance_claim: prism_clearance (leave it out: bearer users read at internal)")
+        clearance_map: dict[str, str] | None = None
+        if data.get("clearance_map") is not None:
+            cm = data["clearance_map"]
+            if clearance_claim is None:
+                raise ConfigError("clearance_map needs clearance_claim", path=f"{where}.clearance_map",
+                                  hint="name the claim whose values it maps, e.g. clearance_claim: groups")
+            if not isinstance(cm, Mapping) or not cm:
+                raise ConfigError("clearance_map must map claim values to clearances", path=f"{where}.clearance_map",
+                                  hint="e.g. clearance_map: {payments-oncall: restricted, analysts: confidential}")
+            clearance_map = {}
+            for k, v in cm.items():
+                level = _check_clearance(v, where=f"{where}.clearance_map.{k}")
+                if level is None:
+                    raise ConfigError("a mapped clearance cannot be empty", path=f"{where}.clearance_map.{k}",
+                                      hint=f"one of {list(CLEARANCES)}")
+                clearance_map[str(k)] = level
         jwt_part = {k: v for k, v in data.items() if k not in cls._KEYS}
-        kept = tuple(dict.fromkeys([*jwt_part.get("kept_claims", DEFAULT_KEPT_CLAIMS), roles_claim]))
+        wanted = [roles_claim, *([clearance_claim] if clearance_claim else [])]
+        kept = tuple(dict.fromkeys([*jwt_part.get("kept_claims", DEFAULT_KEPT_CLAIMS), *wanted]))
         jwt_part["kept_claims"] = kept
         config = JwtConfig.from_mapping(jwt_part, where=where, base_dir=base_dir)
-        return cls(Authenticator(config), roles_claim, role_map)
+        return cls(Authenticator(config), roles_claim, role_map, clearance_claim, clearance_map)
 
     @classmethod
     def from_file(cls, path: str | Path) -> BearerAuth:
@@ -488,12 +518,24 @@ class BearerAuth:
                 continue
         return frozenset(out)
 
+    def clearance_of(self, claims: Mapping[str, Any]) -> str | None:
+        """The highest clearance ``clearance_claim`` names (class docs); None: the default."""
+        if self.clearance_claim is None:
+            return None
+        raw = claims.get(self.clearance_claim)
+        values = raw.split() if isinstance(raw, str) else raw if isinstance(raw, list) else []
+        named = [self.clearance_map.get(v) if self.clearance_map is not None else v
+                 for v in values if isinstance(v, str)]
+        levels = [v for v in named if v in CLEARANCES]
+        return max(levels, key=CLEARANCES.index) if levels else None
+
     def principal(self, token: str, *, now: float | None = None) -> Principal:
         try:
             identity = self.authenticator.authenticate(token, now=now)
         except AuthError as exc:
             raise Unauthenticated(f"bearer token refused: {exc.message}", path=exc.path) from None
-        return Principal(identity.publisher_id, self.roles_of(identity.claims), "bearer")
+        return Principal(identity.publisher_id, self.roles_of(identity.claims), "bearer",
+                         clearance=self.clearance_of(identity.claims))
 
 
 # --------------------------------------------------------------------------- the authenticator

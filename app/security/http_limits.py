@@ -1,12 +1,13 @@
 """One HTTP hardening layer for every server Prism runs: the schema registry and the console
-(uvicorn) and the worker's management API (aiohttp, Faust's web server).
+(uvicorn), the worker's management API (aiohttp, Faust's web server) and a supervisor's status
+site (aiohttp).
 
 Why one place: each server used to take whatever its HTTP library allowed. The console read a
 request body to its end, unauthenticated, before checking its size (a 600 MiB ``POST /login``
 cost 1.1 GiB of memory); the registry and the console buffered a request header of any size
 (uvicorn's httptools protocol keeps a 200 MiB header in memory and answers ``200 OK``); no
 server cut off a client that sends its headers one byte a second. Every limit here acts before
-the request reaches authentication or a route, and is the same for all three servers:
+the request reaches authentication or a route, and is the same for every server:
 
 ================================  =========================================  ==================
 limit                             what happens past it                       default
@@ -39,7 +40,8 @@ The adapters:
   middleware for the body (it must be the outermost one the app adds, so that nothing - not
   authentication - runs for a refused body).
 * aiohttp: :func:`harden_aiohttp_runner` gives a (Faust) ``AppRunner`` the server-side limits
-  and :func:`aiohttp_body_limit` is the middleware for the body.
+  and :func:`aiohttp_body_limit` is the middleware for the body; :func:`limited_aiohttp_runner`
+  does the same for an aiohttp application of Prism's own (the supervisor's status site).
 """
 
 from __future__ import annotations
@@ -448,14 +450,85 @@ def harden_aiohttp_runner(web: Any, limits: HttpLimits) -> None:
     """Give a Faust aiohttp web driver (``app.web``; call before it starts) the limits: its
     ``AppRunner`` is rebuilt with :func:`aiohttp_handler_settings`, the application's
     ``client_max_size`` becomes ``max_body_bytes`` and :func:`aiohttp_body_limit` runs first."""
-    from aiohttp.web import AppRunner
-
     runner = getattr(web, "_runner", None)
     if runner is None or runner.server is not None:
         raise RuntimeError("harden_aiohttp_runner must run before the web server is set up")
-    web._runner = AppRunner(web.web_app, access_log=None, **aiohttp_handler_settings(limits))
-    web.web_app._client_max_size = limits.max_body_bytes
-    web.web_app.middlewares.insert(0, aiohttp_body_limit(limits))
+    web._runner = limited_aiohttp_runner(web.web_app, limits)
+
+
+class _Busy(asyncio.Protocol):
+    """A connection past ``max_connections`` on an aiohttp server: answered 503 and closed
+    without its request being parsed. The answer goes out at once and the write side is shut;
+    what the client sends meanwhile is discarded, and the socket closed when the client closes
+    or after ``linger_s`` - so the answer is not lost to a reset, and a refused connection costs
+    a file descriptor for a second at most, never a request handler."""
+
+    def __init__(self, linger_s: float) -> None:
+        self.linger_s = linger_s
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.write(_raw_response(503, b"Service Unavailable: too many open connections, retry later",
+                                      b"text/plain; charset=utf-8"))
+        if transport.can_write_eof():
+            transport.write_eof()
+        asyncio.get_running_loop().call_later(self.linger_s, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        """Discarded (module docs)."""
+
+    def eof_received(self) -> bool:
+        if self.transport is not None:
+            self.transport.close()
+        return False
+
+
+class _ConnectionCap:
+    """The protocol factory an aiohttp site calls once per accepted connection: aiohttp's
+    ``Server`` while it holds fewer than ``limit`` connections, :class:`_Busy` past that (what
+    uvicorn's ``limit_concurrency`` does for the registry and the console). Everything else is
+    the wrapped server's.
+
+    The event loop accepts a backlog of connections in one go - creating every protocol before
+    any ``connection_made`` runs (that is scheduled with ``call_soon``), when aiohttp counts it -
+    so the ones created in this pass are counted here until the loop's next pass."""
+
+    def __init__(self, server: Any, limit: int, linger_s: float) -> None:
+        self._server, self._limit, self._linger_s = server, limit, linger_s
+        self._accepting = 0
+
+    def __call__(self) -> asyncio.Protocol:
+        if len(self._server.connections) + self._accepting >= self._limit:
+            return _Busy(self._linger_s)
+        self._accepting += 1
+        asyncio.get_running_loop().call_soon(self._accepted)
+        return self._server()  # type: ignore[no-any-return]
+
+    def _accepted(self) -> None:
+        self._accepting -= 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
+
+
+def limited_aiohttp_runner(web_app: Any, limits: HttpLimits) -> Any:
+    """An ``AppRunner`` for an aiohttp application - Faust's (:func:`harden_aiohttp_runner`) or
+    one Prism builds itself (the supervisor's status site) - with the limits: head and header
+    sizes, keep-alive/head deadline, no lingering, ``client_max_size`` and the body-limit
+    middleware first, and at most ``max_connections`` open connections (:class:`_ConnectionCap`).
+    Call before the runner is set up."""
+    from aiohttp.web import AppRunner
+
+    class LimitedAppRunner(AppRunner):
+        async def _make_server(self) -> Any:
+            return _ConnectionCap(await super()._make_server(), limits.max_connections,
+                                  min(1.0, limits.head_timeout_s))
+
+    web_app._client_max_size = limits.max_body_bytes
+    web_app.middlewares.insert(0, aiohttp_body_limit(limits))
+    return LimitedAppRunner(web_app, access_log=None, **aiohttp_handler_settings(limits))
 
 
 def aiohttp_body_limit(limits: HttpLimits, refusal: Refusal = plain_refusal) -> Callable[..., Awaitable[Any]]:

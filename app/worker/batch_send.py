@@ -126,6 +126,7 @@ async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
     max_request = producer._max_request_size
     estimate = DefaultRecordBatchBuilder.estimate_size_in_bytes
     partitions: dict[str, tuple[list[int], list[int]]] = {}
+    limits: dict[str, int] = {}  # topic -> its limit, asked once per call (two records per message)
     open_batches: dict[tuple[str, int], tuple[Any, set[int]]] = {}  # tp -> (builder, owning items)
     counts: dict[tuple[str, int], int] = {}  # tp -> records in its open batch
     sent: list[tuple[asyncio.Future[Any], set[int], str, int]] = []  # (delivery, owners, topic, records)
@@ -144,7 +145,9 @@ async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
                     await producer.client._wait_on_metadata(topic)  # as `send` does, once per topic
                     parts = partitions[topic] = (list(metadata.partitions_for_topic(topic)),
                                                  list(metadata.available_partitions_for_topic(topic)))
-                limit = max_request if limit_for is None else min(max_request, limit_for(topic))
+                limit = limits.get(topic)
+                if limit is None:
+                    limit = limits[topic] = max_request if limit_for is None else min(max_request, limit_for(topic))
                 if estimate(key, value, headers) > limit:
                     raise RefusedUpFront(
                         f"the record for {topic} is {estimate(key, value, headers)} bytes when serialized, larger "

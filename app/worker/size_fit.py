@@ -15,6 +15,8 @@ import logging
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
 from app.agents.chain import Outcome
 from app.agents.dlq import VALUE_REF, DlqRecord, fit_dlq_record
 from app.broker.admin import BrokerSettings, read_max_message_bytes
@@ -32,11 +34,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("prism.worker")
 
-#: Below this many bytes (value + key + headers + slack) a record fits any sane limit without
-#: the exact (slower) size computation.
-SLACK = 4096
 #: How often the written topics' `max.message.bytes` are read again (and after every size refusal).
 LIMITS_REFRESH_S = 60.0
+
+#: `record_size` without its `int()` wrapper (the same aiokafka estimate, already an int)
+_size = DefaultRecordBatchBuilder.estimate_size_in_bytes
 
 #: One message's outputs or its DLQ copy, as a batch carries them to the delivery.
 Pending = list[tuple["Message", "list[Emission] | DlqRecord"]]
@@ -61,6 +63,9 @@ class SizeFitter:
         self.bootstrap, self.settings = bootstrap, settings
         #: set once the broker answered (or failed to): the first batch's writes wait for it
         self.limits_read = asyncio.Event()
+        #: `input_limit_for` per source topic, for the `WriteLimits` object it was computed from
+        #: (asked once per message; `limits` is immutable and replaced whenever it changes)
+        self._input_limits: tuple[WriteLimits | None, dict[str, int]] = (None, {})
 
     # -- the limits --------------------------------------------------------------------------
     async def read(self) -> WriteLimits:
@@ -132,7 +137,15 @@ class SizeFitter:
 
     def input_limit_for(self, topic: str) -> int:
         """The largest input of `topic` whose outputs can still fit their topics."""
-        return self.limits.input_limit_for(self.source_outputs.get(topic, self.limits.output_topics))
+        limits = self.limits
+        known_for, known = self._input_limits
+        if known_for is not limits:  # new limits (read, re-read or lowered): compute again
+            known = {}
+            self._input_limits = (limits, known)
+        limit = known.get(topic)
+        if limit is None:
+            limit = known[topic] = limits.input_limit_for(self.source_outputs.get(topic, limits.output_topics))
+        return limit
 
     def lower(self, rec: DlqRecord, err: BaseException) -> DlqRecord:
         """A DLQ record the broker refused alone: its limit is below this record, even after a
@@ -151,24 +164,24 @@ class SizeFitter:
         (`app/worker/limits.py`): a message with an output that would not fit goes to the DLQ as
         `too_large` instead, and every DLQ copy is cut down to what its topic accepts. In place.
 
-        Records far below the limit (bytes + slack) skip the exact size computation."""
+        Every output record is measured exactly (`record_size`, aiokafka's compiled estimate):
+        that is cheaper than the rough Python sum over the headers it replaced (~0.3 against
+        ~0.65 µs for an output with eight headers), so no record needs a "far below" shortcut."""
         limits = self.limits
+        limit_of: dict[str, int] = {}  # topic -> its limit, for this batch
         for i, (msg, item) in enumerate(pending):
             if isinstance(item, DlqRecord):
                 pending[i] = (msg, self.fit_dlq(item))
                 continue
             over: tuple[str, int, int] | None = None
             for e in item:
-                rec = e.record
-                limit = limits.limit_for(e.topic)
-                rough = len(rec.value) + len(rec.key or b"") + SLACK
-                if rec.headers:
-                    rough += sum(len(k) + len(v) for k, v in rec.headers)
-                if rough <= limit:
-                    continue
-                size = record_size(rec.key, rec.value, rec.headers)
+                rec, topic = e.record, e.topic
+                limit = limit_of.get(topic)
+                if limit is None:
+                    limit = limit_of[topic] = limits.limit_for(topic)
+                size = _size(rec.key, rec.value, rec.headers)
                 if size > limit:
-                    over = (e.topic, size, limit)
+                    over = (topic, int(size), limit)
                     break
             if over is None:
                 continue
@@ -206,4 +219,4 @@ def _header(rec: DlqRecord, name: str) -> str:
     return next((v.decode(errors="replace") for k, v in rec.headers if k == "prism.errors." + name), "?")
 
 
-__all__ = ["LIMITS_REFRESH_S", "SLACK", "Pending", "SizeFitter"]
+__all__ = ["LIMITS_REFRESH_S", "Pending", "SizeFitter"]

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.security.http_limits import limited_aiohttp_runner
 from app.worker.archive_service import SHARD_ENV, WRITER_ID_ENV, check_writer_id, default_writer_id
 from app.worker.faust_app import WorkerProcess, event_loop_name
 from app.worker.management import READ, ManagementSettings, Refusal, authorize
@@ -268,10 +269,11 @@ class Supervisor:
             return web.json_response(self.status())
 
         web_app = web.Application()
+        # the one HTTP limits layer, as on every other Prism server (app/security/http_limits.py)
+        runner = limited_aiohttp_runner(web_app, self.management.http_limits)
         web_app.router.add_get("/readyz", readyz)
         web_app.router.add_get("/healthz", healthz)
         web_app.router.add_get("/workers", workers)
-        runner = web.AppRunner(web_app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, self.web_bind, port, ssl_context=self.management.ssl_context).start()
         return runner

@@ -1,12 +1,12 @@
 """bench/profile_stages.py: py-spy raw samples are attributed to the innermost stage (or the
-publish phase, the dedup table, the worker loop, aiokafka, Faust), setup and idle samples are
-left out, and the before/after table adds up."""
+publish phase, the dedup table, the worker loop, aiokafka, Faust), setup, start-up and idle
+samples are left out, the before/after table adds up and `detail` names the worker's lines."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from bench.profile_stages import categorize, load, main, report
+from bench.profile_stages import categorize, detail, load, main, report
 
 RUN = "main (bench/x.py:1);run (app/worker/pipeline.py:10)"
 
@@ -52,3 +52,32 @@ def test_the_command_line_refuses_a_wrong_number_of_figures(tmp_path: Path, caps
         assert exc.code == 2
     else:
         raise AssertionError("--us with two figures for one file was accepted")
+
+
+def test_start_up_is_left_out_as_the_cpu_per_message_leaves_it_out() -> None:
+    """Imports, building the app, tune_gc and the table's open/close on assignment are paid once,
+    before the first batch the benchmark times: none of them is a message's cost."""
+    for tail in ("<module> (app/sinks/nats.py:41);_find_and_load (<frozen importlib._bootstrap>:1176)",
+                 "PipelineApp.__init__ (app/worker/pipeline.py:300);PipelineApp._stages (app/worker/pipeline.py:9)",
+                 "tune_gc (app/worker/faust_app.py:248)",
+                 "Collection.on_rebalance (faust/tables/base.py:631);Store.on_rebalance (faust/stores/rocksdb.py:565)",
+                 "Store._try_open_db_for_partition (faust/stores/rocksdb.py:624);"
+                 "Store._open_for_partition (faust/stores/rocksdb.py:491)"):
+        assert categorize(f"{RUN};{tail}".split(";")) is None, tail
+    # the same modules at work on a message still count
+    assert categorize(f"{RUN};send_batched (app/worker/batch_send.py:157)".split(";")).startswith("worker loop")
+
+
+def test_detail_names_the_innermost_worker_line_and_its_callee(tmp_path: Path) -> None:
+    loop = "main (bench/x.py:1);BatchSource.run (app/worker/batch_source.py:221)"
+    raw = _raw(tmp_path, "w.txt", [
+        (f"{loop};send_batched (app/worker/batch_send.py:157);BatchBuilder.append (aiokafka/producer/m.py:77)", 30),
+        (f"{loop}", 10),
+        (f"{loop};Normalize.process (app/agents/normalize.py:1)", 60),
+        (f"{loop};_find_and_load (<frozen importlib._bootstrap>:1176)", 500),  # start-up: not counted
+    ])
+    table = detail(raw, "worker loop")
+    assert "| send_batched (batch_send.py:157) -> BatchBuilder.append | 30.0 |" in table
+    assert "| BatchSource.run (batch_source.py:221) -> self | 10.0 |" in table
+    assert "Normalize" not in table
+    assert main(["detail", str(raw), "worker loop", "--top", "1"]) == 0

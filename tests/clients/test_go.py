@@ -759,47 +759,107 @@ def test_the_quick_start_builds_in_a_new_module(go_interop: Path, tmp_path: Path
     assert (tmp_path / "shop").stat().st_size > 0
 
 
+def _module_proxy(root: Path, module: str, version: str) -> Path:
+    """A file-based Go module proxy (GOPROXY protocol: `<module>/@v/list`, `.info`, `.mod`,
+    `.zip`) serving this checkout's clients/go as `module@version`, packed by the module zip
+    rules: the tracked files of the module root, without nested modules (a directory with its
+    own go.mod, like examples/offline) - what a proxy serves once the repository is tagged."""
+    import subprocess as sp
+    import zipfile
+
+    tracked = sp.run(["git", "ls-files", "-z", "clients/go"], cwd=ROOT, capture_output=True, check=True).stdout
+    files = [Path(f).relative_to("clients/go") for f in tracked.decode().split("\0") if f]
+    nested = {f.parent for f in files if f.name == "go.mod" and f.parent != Path(".")}
+    files = [f for f in files if not any(n == f.parent or n in f.parents for n in nested)]
+    at = root / module / "@v"
+    at.mkdir(parents=True)
+    (at / "list").write_text(version + "\n")
+    (at / f"{version}.info").write_text(json.dumps({"Version": version, "Time": "2026-11-29T00:00:00Z"}))
+    (at / f"{version}.mod").write_bytes((GO_MODULE / "go.mod").read_bytes())
+    with zipfile.ZipFile(at / f"{version}.zip", "w", zipfile.ZIP_DEFLATED) as z:
+        for f in files:
+            z.write(GO_MODULE / f, f"{module}@{version}/{f.as_posix()}")
+    return root
+
+
+def test_go_get_fetches_the_module_by_its_path_from_a_module_proxy(go_interop: Path, tmp_path: Path) -> None:
+    """`go get <module path>@<version>` - how Go projects install a dependency - works for the
+    client as a proxy would serve it once the repository is tagged: a fresh module fetches it
+    through GOPROXY (a file proxy of this checkout, then the local module cache for its own
+    dependencies: no network), checks it, and builds docs/sdk-go.md's quick start against it."""
+    import re
+
+    go = _go()
+    assert go is not None  # go_interop required it
+    module, version = "github.com/prism-envelope/prism/clients/go", "v0.1.0"
+    proxy = _module_proxy(tmp_path / "proxy", module, version)
+    cache = subprocess.run([go, "env", "GOMODCACHE"], capture_output=True, text=True, check=True).stdout.strip()
+    app = tmp_path / "shop"
+    (app / "cmd").mkdir(parents=True)
+    page = (ROOT / "docs" / "sdk-go.md").read_text(encoding="utf-8")
+    program = next(b for b in re.findall(r"```go\n(.*?)```", page, re.S) if b.startswith("package main"))
+    (app / "cmd" / "main.go").write_text(program, encoding="utf-8")
+    env = {**os.environ, "PATH": f"{Path(go).parent}:{os.environ.get('PATH', '')}", "GOFLAGS": "-buildvcs=false",
+           "GOPROXY": f"file://{proxy},file://{cache}/cache/download", "GOSUMDB": "off",
+           "GOMODCACHE": str(tmp_path / "modcache"), "GOWORK": "off"}
+    for args in (["mod", "init", "example.com/shop"], ["get", f"{module}@{version}"], ["mod", "tidy"],
+                 ["mod", "verify"], ["build", "-o", str(app / "shop"), "./cmd"]):
+        proc = subprocess.run([go, *args], cwd=app, env=env, capture_output=True, text=True, timeout=600, check=False)
+        assert proc.returncode == 0, f"go {' '.join(args)}:\n{proc.stderr}"
+    assert f"{module} {version}" in (app / "go.mod").read_text()
+    assert (app / "shop").stat().st_size > 0
+    subprocess.run([go, "clean", "-modcache"], env=env, capture_output=True, check=False)  # read-only files
+
+
 def test_go_maps_lnmp_as_python_does(go_interop: Path) -> None:
     """LNMP (strict mode), Go against Python's app/formats/lnmp_envelope.py: the same verdict,
     the same envelope and the same canonical re-encoding for every LNMP vector and 400 random
     damages of them."""
-    import random
+    from tests.clients import lnmp_differential as lnmp
 
-    from app.errors import PrismError
-    from app.formats.lnmp_envelope import decode_message, to_lnmp
-    from conformance._common import model_json
-
-    base = [bytes.fromhex(v["input_hex"])
-            for v in json.loads((ROOT / "conformance" / "lnmp" / "lnmp.json").read_text(encoding="utf-8"))["vectors"]]
-    rng = random.Random(30)
-    inputs = list(base)
-    for _ in range(400):
-        data = bytearray(rng.choice(base))
-        i = rng.randrange(len(data))
-        op = rng.randrange(3)
-        if op == 0:
-            data[i] ^= 1 << rng.randrange(8)
-        elif op == 1:
-            del data[i:]
-        else:
-            data.insert(i, rng.choice(b' ="\\\n\r\x10\x11\x00\xff'))
-        inputs.append(bytes(data))
+    base = lnmp.vectors()
+    inputs = base + lnmp.damaged(base, 400, seed=30)
     out = call(go_interop, {"op": "lnmp", "envelopes": [d.hex() for d in inputs]})
-    mismatches = []
-    for data, go in zip(inputs, out["results"], strict=True):
-        try:
-            env = decode_message(data).envelope
-            want: dict[str, Any] = {"outcome": "ok", "model": model_json(env)}
-            try:
-                want["reencoded_hex"] = bytes(to_lnmp(env)).hex()
-            except PrismError as exc:
-                want["reencode_error"] = exc.code
-        except PrismError as exc:
-            want = {"outcome": exc.code}
-        if go != want:
-            mismatches.append((data.hex()[:100], want, go))
+    mismatches = lnmp.mismatches(inputs, out["results"])
     assert not mismatches, f"{len(mismatches)} of {len(inputs)} differ; first: {mismatches[:2]}"
     assert {r["outcome"] for r in out["results"]} == {"ok", "bad_lnmp"}
+
+
+def test_go_settles_no_refusal_before_its_audit_record_is_written(go_interop: Path, kafka: ApacheKafka,
+                                                                   topics: dict[str, str]) -> None:
+    """The broker refuses the refusal record (the audit topic's max.message.bytes is below its
+    size): the Go subscription returns delivery_audit_failed, commits none of the refused
+    messages and rewinds to them; once the operator raises the limit they are fetched, refused
+    and audited again - every one named in a record, nothing settled unaudited."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    from app.sdk import PrismPublishOptions
+    from app.sdk.audit import read_audit, refused_reads
+
+    async def prepare() -> list[str]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(topics["audit"], 1, 1, topic_configs={"max.message.bytes": "200"})])
+        finally:
+            await admin.close()
+        async with PrismClient(f"kafka://{kafka.bootstrap}", namespace="order-events",
+                               signing_key=SigningKey.hmac_sha256("go-reader-1", HMAC_SECRET)) as client:
+            return [await client.publish(topics["topic"], {"card": "4111-SECRET", "i": i},
+                                         PrismPublishOptions(data_classification="restricted")) for i in range(5)]
+
+    refused_ids = asyncio.run(prepare())
+    out = call(go_interop, {"op": "consume", "brokers": [kafka.bootstrap], "topic": topics["topic"],
+                            "namespace": "order-events", "group": topics["group"], "count": 1, "timeout_s": 90,
+                            "hmac_key_id": "go-reader-1", "hmac_hex": HMAC_SECRET.hex(), "clearance": "internal",
+                            "principal": "svc-go-reader", "audit_topic": topics["audit"], "fix_audit_topic": True})
+    assert [e["error"] for e in out["errors"]] == ["delivery_audit_failed"], out["errors"]
+    assert "were not committed" in out["errors"][0]["message"]
+    assert [m["payload"] for m in out["messages"] or []] == [{"after_fix": True}], out
+    assert 5 < out["stats"]["withheld"] <= 10  # the rewound ones were refused a second time
+    assert out["committed"] == {"0": 6} and out["stats"]["refusal_records"] >= 1
+    records, _ = asyncio.run(read_audit(f"kafka://{kafka.bootstrap}", audit_topic=topics["audit"]))
+    assert sorted(r["message_id"] for rec in records for r in refused_reads(rec)) == sorted(refused_ids)
 
 
 def test_prism_audit_verifies_the_refused_reads_go_records(go_interop: Path, kafka: ApacheKafka,

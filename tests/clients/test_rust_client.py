@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -341,6 +342,168 @@ def test_rust_validates_avro_with_references_from_a_live_registry(registry_inter
     assert head["pii_fields"] == ["Order.email"] and results[0]["payload"]["email"] == "***"
 
 
+def _registry_interop_run(registry_interop: Path, tmp_path: Path, register: Any, lines: list[str]) -> list[dict]:
+    """Register schemas (`register(registry, tag)` returns the subject to read) in a fresh
+    registry served over HTTP, and run the Rust `registry_interop` example on `lines`."""
+    from app.schema.registry import Registry
+    from app.schema.store import SqliteStore
+    from app.security.http_auth import auth_from_settings
+    from tests.schema.conftest import serve_registry
+    from tests.support import USERS, write_users_file
+
+    registry = Registry(SqliteStore(str(tmp_path / "registry.db")))
+    auth = auth_from_settings(users_file=write_users_file(tmp_path / "users.yaml"), jwt_config=None,
+                              allow_anonymous=None, realm="prism-schema-registry", where="tests")
+    subject = register(registry, uuid.uuid4().hex[:8])
+    try:
+        with serve_registry(registry, auth) as url:
+            out = subprocess.run([str(registry_interop), url, "reader", USERS["reader"][0], subject],
+                                 input="\n".join(lines), capture_output=True, text=True, timeout=120)
+    finally:
+        registry.store.close()
+    answers = [json.loads(line) for line in out.stdout.splitlines()]
+    assert out.returncode == 0, (answers, out.stderr)
+    assert len(answers) == len(lines) + 1, answers
+    return answers
+
+
+_MONEY_PROTO = """syntax = "proto3";
+package common;
+import "prism/annotations.proto";
+message Money {
+  int32 units = 1;
+  string currency = 2;
+  string payer_email = 3 [(prism.pii) = "email"];
+}
+"""
+
+_ORDER_PROTO = """syntax = "proto3";
+package shop;
+import "common/money.proto";
+import "prism/annotations.proto";
+message Order {
+  string id = 1;
+  common.Money total = 2;
+  string email = 3 [(prism.pii) = "email"];
+  repeated common.Money refunds = 4;
+}
+"""
+
+
+def test_rust_resolves_protobuf_references_from_a_live_registry(registry_interop: Path, tmp_path: Path) -> None:
+    """A protobuf subject whose message uses a type of an imported file, registered as another
+    subject (a Confluent reference, `import "common/money.proto"`): the Rust client fetches the
+    imported file, validates wire and JSON payloads with the Python SDK's verdicts, decodes the
+    wire payloads to `MessageToDict`'s value, and masks what the Python SDK masks - the tagged
+    field of the imported type included, in a singular and a repeated field."""
+    from google.protobuf import descriptor_pool, json_format, message_factory
+
+    from app.schema.protoparse import compile_proto
+
+    imports = {"common/money.proto": _MONEY_PROTO}
+    compiled = compile_proto(_ORDER_PROTO, imports=imports)
+    pool = descriptor_pool.DescriptorPool()
+    for fd in compiled.fds.file:
+        pool.Add(fd)
+    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Order"))
+    msgs = [cls(id="o-1", total={"units": 5, "currency": "EUR", "payer_email": "p@example.com"},
+                email="a@example.com", refunds=[{"units": 1, "payer_email": "r@example.com"}, {"units": 2}]),
+            cls(id="o-2", total={"units": -3, "currency": "USD"}),
+            cls(id="o-3", email="b@example.com")]
+    docs: list[Any] = [
+        {"id": "o-4", "total": {"units": 7, "currency": "EUR", "payer_email": "q@example.com"}, "email": "c@example.com"},
+        {"id": "o-5", "refunds": [{"units": 1, "payerEmail": "s@example.com"}]},
+        {"id": "o-6", "total": {"units": "seven"}},
+        {"id": "o-7", "total": {"currency": 5}},
+        {"id": "o-8", "refunds": [{"units": 1, "nope": 2}]},
+        {"id": "o-9", "totl": {}},
+    ]
+
+    def register(registry: Any, tag: str) -> str:
+        registry.register(f"money-{tag}", _MONEY_PROTO, "PROTOBUF", actor="test")
+        registry.register(f"orders-{tag}", _ORDER_PROTO, "PROTOBUF", actor="test",
+                          references=[{"name": "common/money.proto", "subject": f"money-{tag}", "version": 1}])
+        return f"orders-{tag}"
+
+    lines = [f"hex:{m.SerializeToString().hex()}" for m in msgs] + [json.dumps(d) for d in docs]
+    head, *results = _registry_interop_run(registry_interop, tmp_path, register, lines)
+    assert head["type"] == "PROTOBUF" and head["version"] == 1
+    assert sorted(head["pii_fields"]) == ["Money.payer_email", "Order.email"]
+    # a field whose JSON name differs is named by both: a JSON payload may send either
+    assert head["mask_paths"] == ["total.payer_email|payerEmail", "email", "refunds[].payer_email|payerEmail"]
+
+    validate = _python_validator("PROTOBUF", _ORDER_PROTO, "shop.Order", imports)
+    mask = _python_masker("PROTOBUF", _ORDER_PROTO, "shop.Order", imports)
+    for m, rust in zip(msgs, results, strict=False):
+        assert validate(m.SerializeToString(), "application/protobuf") == []
+        want = mask(json_format.MessageToDict(m, preserving_proto_field_name=True))
+        assert rust["valid"] and rust["decoded"] == want, (want, rust)
+        assert rust["schema"]["format"] == "protobuf"
+    verdicts = []
+    for d, rust in zip(docs, results[len(msgs):], strict=True):
+        python_valid = not validate(json.dumps(d).encode(), "application/json")
+        assert rust["valid"] == python_valid, (d, rust)
+        verdicts.append(python_valid)
+        if python_valid:  # decoded from the JSON mapping (to proto names: `payerEmail` is `payer_email`)
+            parsed = json_format.MessageToDict(json_format.Parse(json.dumps(d), cls()), preserving_proto_field_name=True)
+            assert rust["decoded"] == mask(parsed), (d, rust)
+        assert rust["payload"] == mask(d), (d, rust)  # the payload as sent, JSON names included
+    assert verdicts == [True, True, False, False, False, False]
+    assert results[len(msgs) + 1]["payload"]["refunds"][0]["payerEmail"] == "***"
+    # Python reports a protobuf failure at `$` (upb's words); Rust at the failing field
+    assert [r["at"] for r in results[len(msgs) + 2:]] == [
+        "shop.Order.total.units", "shop.Order.total.currency", "shop.Order.refunds", "shop.Order"]
+
+
+def test_rust_masks_avro_pii_inside_maps_as_python_does(registry_interop: Path, tmp_path: Path) -> None:
+    """An Avro subject with PII inside map values - a map of records (the record a reference
+    from another subject), a map of arrays of that record (reused by name), a map tagged
+    PII whole - masked by the Rust client from the registry's PII paths exactly as the Python
+    SDK masks by the schema (same values masked, same output), with Python's verdicts and
+    failure paths for the same documents."""
+    from app.schema.references import expand_avro
+
+    contact = {"type": "record", "name": "Contact", "namespace": "common", "fields": [
+        {"name": "email", "type": "string", "prism.pii": "email"}, {"name": "label", "type": "string"}]}
+    order = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
+        {"name": "id", "type": "string"},
+        {"name": "contacts", "type": {"type": "map", "values": "common.Contact"}},
+        {"name": "history", "type": {"type": "map", "values": {"type": "array", "items": "common.Contact"}}},
+        {"name": "notes", "type": {"type": "map", "values": "string"}, "prism.pii": "free_text"},
+        {"name": "extra", "type": ["null", {"type": "map", "values": {"type": "record", "name": "Extra", "fields": [
+            {"name": "ssn", "type": "string", "prism.pii": "ssn"}, {"name": "n", "type": "int"}]}}], "default": None}]}
+    payloads: list[Any] = [
+        {"id": "o-1", "contacts": {"home": {"email": "a@x.example", "label": "h"}, "work": {"email": "b@x.example", "label": "w"}},
+         "history": {"2024": [{"email": "c@x.example", "label": "old"}, {"email": "d@x.example", "label": "older"}]},
+         "notes": {"k": "secret"}, "extra": {"e1": {"ssn": "123", "n": 1}}},
+        {"id": "o-2", "contacts": {}, "history": {}, "notes": {}, "extra": None},
+        {"id": "o-3", "contacts": {"home": {"email": "a@x.example"}}, "history": {}, "notes": {}},
+        {"id": "o-4", "contacts": {}, "history": {"h": [{"email": 5, "label": "x"}]}, "notes": {"a": "b"}},
+    ]
+
+    def register(registry: Any, tag: str) -> str:
+        registry.register(f"contact-{tag}", json.dumps(contact), "AVRO", actor="test")
+        registry.register(f"orders-{tag}", json.dumps(order), "AVRO", actor="test",
+                          references=[{"name": "common.Contact", "subject": f"contact-{tag}", "version": 1}])
+        return f"orders-{tag}"
+
+    head, *results = _registry_interop_run(registry_interop, tmp_path, register, [json.dumps(p) for p in payloads])
+    assert head["type"] == "AVRO"
+    assert sorted(head["pii_fields"]) == ["Order.contacts.Contact.email", "Order.extra.Extra.ssn", "Order.notes"]
+    assert sorted(head["mask_paths"]) == ["contacts.*.email", "extra.*.ssn", "history.*[].email", "notes"]
+    expanded = expand_avro(json.dumps(order), {"common.Contact": json.dumps(contact)})
+    validate = _python_validator("AVRO", expanded, "shop.Order")
+    mask = _python_masker("AVRO", expanded, "shop.Order")
+    for p, rust in zip(payloads, results, strict=True):
+        assert rust["payload"] == mask(p), (p, rust)
+        violations = validate(json.dumps(p).encode(), "application/json")
+        assert rust["valid"] == (not violations), (p, rust, violations)
+        if violations:
+            assert rust["at"] == violations[0].path, (p, rust, violations)
+    assert results[0]["masked"] == 6 and results[0]["payload"]["notes"] == "***"
+    assert [r["valid"] for r in results] == [True, True, False, False]
+
+
 @pytest.fixture(scope="module")
 def rust_vectors() -> list[dict]:
     """Envelopes the Rust client signs (v2, pair, batch; HMAC and Ed25519) and encrypts (each algorithm)."""
@@ -461,56 +624,22 @@ def test_rust_maps_lnmp_as_python_does() -> None:
     Python's app/formats/lnmp_envelope.py: the same verdict, the same envelope and the same
     canonical re-encoding for every LNMP vector and 600 random damages of them (bytes chosen
     to hit the text tokenizer and the TLV types)."""
-    import random
-
-    from app.formats.lnmp_envelope import decode_message, to_lnmp
-    from conformance._common import model_json
+    from tests.clients import lnmp_differential as lnmp
 
     cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
     require(Path(cargo).exists(), "cargo (the Rust toolchain) is not installed")
-    base = [bytes.fromhex(v["input_hex"])
-            for v in json.loads((ROOT / "conformance" / "lnmp" / "lnmp.json").read_text(encoding="utf-8"))["vectors"]]
-    rng = random.Random(31)
+    base = lnmp.vectors()
     # found by `cargo fuzz run lnmp`: an #ENVELOPE line without pairs over a non-UTF-8 record,
     # and the same over a record that is itself an #ENVELOPE text (neither is a fixed point)
     found = [bytes.fromhex("23454e56454c4f5045200a7376632d6f726465727312003730d0cd346266"
                            "39326633615c6e62220a46313d34327a3b46323d22606a6e6165220a"),
              b"#ENVELOPE \n#ENVELOPE source=x\nF1=1\n", b"#ENVELOPE\r\n\xff"]
-    inputs = list(base) + found
-    for _ in range(600):
-        data = bytearray(rng.choice(base))
-        for _ in range(rng.randint(1, 2)):
-            if not data:
-                break
-            i = rng.randrange(len(data))
-            op = rng.randrange(4)
-            if op == 0:
-                data[i] ^= 1 << rng.randrange(8)
-            elif op == 1:
-                del data[i:]
-            elif op == 2:
-                data.insert(i, rng.choice(b' ="\\\n\r\x10\x11\x12\x13\x00\xff'))
-            else:
-                del data[i]
-        inputs.append(bytes(data))
+    inputs = base + found + lnmp.damaged(base, 600, seed=31)
     out = subprocess.run([cargo, "run", "--locked", "-q", "--example", "differential"], cwd=CRATE,
                          input="".join(f"lnmp {d.hex()}\n" for d in inputs), capture_output=True, text=True,
                          check=True, timeout=1200, env={**os.environ, "CARGO_TARGET_DIR": str(TARGET)})
     answers = [json.loads(line) for line in out.stdout.splitlines()]
-    assert len(answers) == len(inputs)
-    mismatches = []
-    for data, rust in zip(inputs, answers, strict=True):
-        try:
-            env = decode_message(data).envelope
-            want: dict[str, Any] = {"outcome": "ok", "model": model_json(env)}
-            try:
-                want["reencoded_hex"] = bytes(to_lnmp(env)).hex()
-            except PrismError as exc:
-                want["reencode_error"] = exc.code
-        except PrismError as exc:
-            want = {"outcome": exc.code}
-        if rust != want:
-            mismatches.append((data.hex()[:100], want, rust))
+    mismatches = lnmp.mismatches(inputs, answers)
     assert not mismatches, f"{len(mismatches)} of {len(inputs)} differ; first: {mismatches[:2]}"
     assert {a["outcome"] for a in answers} == {"ok", "bad_lnmp"}
 
@@ -755,14 +884,25 @@ def _run_differential(lines: list[str]) -> list[dict]:
     return answers
 
 
-def _python_validator(fmt: str, text: str, name: str) -> Any:
+def _python_resolved(fmt: str, text: str, name: str, imports: dict[str, str] | None = None) -> Any:
     from app.schema.model import SchemaFormat
-    from app.schema.payload_check import validator_for
     from app.schema.resolve import ResolvedSchema
 
-    return validator_for(ResolvedSchema(url="", version="1", format=SchemaFormat(fmt), name=name,
-                                        hash=f"sha256:{uuid.uuid4().hex}", compatibility="BACKWARD",
-                                        schema_text=text))
+    return ResolvedSchema(url="", version="1", format=SchemaFormat(fmt), name=name, hash=f"sha256:{uuid.uuid4().hex}",
+                          compatibility="BACKWARD", schema_text=text, imports=imports or {})
+
+
+def _python_validator(fmt: str, text: str, name: str, imports: dict[str, str] | None = None) -> Any:
+    from app.schema.payload_check import validator_for
+
+    return validator_for(_python_resolved(fmt, text, name, imports))
+
+
+def _python_masker(fmt: str, text: str, name: str, imports: dict[str, str] | None = None) -> Any:
+    """The Python SDK's `PayloadSchema.mask_pii` for a schema (masking by its tags)."""
+    from app.sdk.schemas import PayloadSchema
+
+    return PayloadSchema(_python_resolved(fmt, text, name, imports)).mask_pii
 
 
 def test_rust_reads_and_validates_avro_as_fastavro_does() -> None:
@@ -891,3 +1031,170 @@ def test_rust_validates_protobuf_as_python_does() -> None:
         assert rust["outcome"] == want, (d, rust)
         outcomes.append(want)
     assert set(outcomes) == {"valid", "invalid"}
+
+
+_WKT_PROTO = """syntax = "proto3";
+package shop;
+import "google/protobuf/any.proto";
+import "google/protobuf/duration.proto";
+import "google/protobuf/empty.proto";
+import "google/protobuf/field_mask.proto";
+import "google/protobuf/struct.proto";
+import "google/protobuf/timestamp.proto";
+import "google/protobuf/wrappers.proto";
+import "prism/annotations.proto";
+message Event {
+  string id = 1;
+  google.protobuf.Timestamp at = 2;
+  google.protobuf.Duration took = 3;
+  google.protobuf.Struct attrs = 4;
+  google.protobuf.Value extra = 5;
+  google.protobuf.ListValue tags = 6;
+  google.protobuf.Int64Value big = 7;
+  google.protobuf.StringValue note = 8;
+  google.protobuf.DoubleValue ratio = 9;
+  google.protobuf.BoolValue flag = 10;
+  google.protobuf.UInt32Value small = 11;
+  google.protobuf.BytesValue raw = 12;
+  google.protobuf.Empty nothing = 13;
+  google.protobuf.FieldMask mask = 14;
+  google.protobuf.Any any = 15;
+  repeated google.protobuf.Timestamp history = 16;
+  map<string, Contact> contacts = 17;
+  string payer_email = 18 [(prism.pii) = "email"];
+  map<string, string> labels = 19;
+  google.protobuf.FloatValue f = 20;
+  map<int64, google.protobuf.Duration> waits = 21;
+  Level level = 22;
+  int64 count = 23;
+}
+message Contact { string email = 1 [(prism.pii) = "email"]; string label = 2; }
+enum Level { LOW = 0; HIGH = 1; }
+"""
+
+
+def _wkt_docs() -> list[Any]:
+    """Protobuf-JSON documents of shop.Event: every well-known type's JSON form, and hostile ones."""
+    nested: Any = "leaf"
+    for _ in range(12):
+        nested = {"k": nested, "l": [1, None, True]}
+    too_deep: Any = "leaf"
+    for _ in range(60):
+        too_deep = {"k": too_deep}
+    return [
+        {"id": "e-1", "at": "2024-02-29T12:30:45.123Z", "took": "1.5s", "attrs": {"a": 1, "b": [True, None, "x"]},
+         "extra": {"deep": {"er": [1.5]}}, "tags": ["a", 2, {"c": False}], "big": "9007199254740993",
+         "note": "n", "ratio": 0.25, "flag": False, "small": 7, "raw": "AAEC", "nothing": {},
+         "mask": "fooBar,baz.quxQuux", "history": ["1970-01-01T00:00:00Z", "2000-01-01T00:00:00.000001+02:00"],
+         "payerEmail": "p@x.example", "contacts": {"home": {"email": "a@x.example", "label": "h"}},
+         "labels": {"k": "v"}, "f": 1.5, "waits": {"3": "-0.000000001s"}, "level": "HIGH", "count": "12"},
+        {"id": "e-2", "at": "0001-01-01T00:00:00Z", "took": "-315576000000s", "extra": None, "big": 5,
+         "any": {"@type": "type.googleapis.com/google.protobuf.Duration", "value": "2s"}, "payer_email": "q@x.example"},
+        {"id": "e-3", "any": {}, "attrs": nested, "ratio": "NaN", "small": "8", "extra": "s", "count": 12.0, "level": 1},
+        {"at": "9999-12-31T23:59:60Z"},
+        {"at": "10000-01-01T00:00:00Z"},
+        {"at": "2020-01-01T00:00:00"},
+        {"at": "2020-01-01t00:00:00Z"},
+        {"at": 1700000000},
+        {"took": "315576000001s"},
+        {"took": "1"},
+        {"took": "1.5.5s"},
+        {"big": "1.5"},
+        {"big": True},
+        {"small": -1},
+        {"small": 4294967296},
+        {"flag": "true"},
+        {"note": 5},
+        {"attrs": [1]},
+        {"tags": {"a": 1}},
+        {"mask": "foo_bar"},
+        {"nothing": {"x": 1}},
+        {"any": {"value": "2s"}},
+        {"any": {"@type": "type.googleapis.com/nope.Nope"}},
+        {"any": {"@type": "type.googleapis.com/shop.Contact", "email": "x"}},
+        {"attrs": too_deep},
+        {"contacts": {"home": {"email": 5}}},
+        {"contacts": []},
+        {"f": 1e39},
+        {"count": "9223372036854775808"},
+        {"count": "1 2"},
+        {"count": 1.5},
+    ]
+
+
+def test_rust_reads_well_known_types_as_python_does() -> None:
+    """A protobuf schema using the well-known types (Timestamp, Duration, Struct/Value/ListValue,
+    the wrappers, Empty, FieldMask, Any, in maps and repeated fields), which the Rust client
+    resolves from the descriptors it carries (only the schema's own file is given): wire
+    payloads written by Python's protobuf runtime decode to `MessageToDict`'s value (an out-of-
+    range Timestamp/Duration is refused by both), protobuf-JSON documents get the Python SDK's
+    verdict and, when valid, `MessageToDict(Parse(doc))`; both are masked as the Python SDK
+    masks (PII by proto and JSON name, inside map values)."""
+    from google.protobuf import descriptor_pool, duration_pb2, json_format, message_factory, timestamp_pb2
+
+    from app.schema.protoparse import compile_proto
+
+    assert timestamp_pb2 and duration_pb2  # Any's packed well-known types resolve in Python's default pool
+    schema = compile_proto(_WKT_PROTO)
+    fdp = next(f for f in schema.fds.file if f.name == "schema.proto")
+    pool = descriptor_pool.DescriptorPool()
+    for fd in schema.fds.file:
+        pool.Add(fd)
+    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Event"))
+    docs = _wkt_docs()
+    msgs = [json_format.ParseDict(d, cls()) for d in docs[:3]]
+    hostile = [cls(id="h-1"), cls(id="h-2"), cls(id="h-3"), cls(id="h-4"), cls(id="h-5"), cls(id="h-6"),
+               cls(id="h-7"), cls(id="h-8")]
+    hostile[0].at.seconds = 253402300800  # one second past 9999-12-31
+    hostile[1].at.nanos = -1
+    hostile[2].took.seconds, hostile[2].took.nanos = 1, -1  # sign mismatch
+    hostile[3].extra.number_value = float("inf")  # a Value has no JSON for it
+    hostile[4].mask.paths.append("fooBar")  # capitals have no JSON form
+    hostile[5].any.type_url, hostile[5].any.value = "type.googleapis.com/nope.Nope", b"\x08\x01"
+    hostile[6].waits[7].seconds = 3
+    hostile[6].contacts["c"].label = "no email"
+    hostile[6].level = 5  # an open enum's unknown value: its number
+    # the schema's own message packed: json_format resolves Any in the default pool, which lacks it
+    hostile[7].any.type_url = "type.googleapis.com/shop.Contact"
+    hostile[7].any.value = b"\x0a\x01x"  # Contact{email: "x"}
+    wire = [m.SerializeToString() for m in msgs + hostile]
+    desc = fdp.SerializeToString().hex()
+    url = "type.googleapis.com/shop.Event"
+    pii = ["Event.payer_email", "Contact.email"]
+    lines = [f"proto {json.dumps([desc, b.hex(), 'application/protobuf', url, pii]).encode().hex()}\n" for b in wire]
+    lines += [f"proto {json.dumps([desc, json.dumps(d).encode().hex(), 'application/json', url, pii]).encode().hex()}\n"
+              for d in docs]
+    answers = _run_differential(lines)
+    validate = _python_validator("PROTOBUF", _WKT_PROTO, "shop.Event")
+    mask = _python_masker("PROTOBUF", _WKT_PROTO, "shop.Event")
+    decoded = []
+    for m, b, rust in zip(msgs + hostile, wire, answers, strict=False):
+        assert validate(b, "application/protobuf") == [] and rust["outcome"] == "valid", rust
+        try:
+            want = mask(json_format.MessageToDict(m, preserving_proto_field_name=True))
+        except Exception:  # no JSON form: Rust refuses to decode it too
+            assert "value" not in rust and rust["decode"], (m, rust)
+            decoded.append(False)
+            continue
+        assert rust.get("value") == want, (want, rust)
+        decoded.append(True)
+    assert decoded == [True, True, True, False, False, False, False, False, False, True, False]
+    verdicts = []
+    for d, rust in zip(docs, answers[len(wire):], strict=True):
+        python_valid = not validate(json.dumps(d).encode(), "application/json")
+        assert (rust["outcome"] == "valid") == python_valid, (d, rust)
+        verdicts.append(python_valid)
+        if python_valid:
+            parsed = json_format.MessageToDict(json_format.Parse(json.dumps(d), cls()), preserving_proto_field_name=True)
+            assert rust["value"] == mask(parsed), (d, rust)
+            assert rust["masked_payload"] == mask(d), (d, rust)  # masked as sent: `payerEmail` too
+    assert verdicts == [True, True, True] + [False] * (len(docs) - 3)
+    assert answers[len(wire)]["masked_payload"]["payerEmail"] == "***"
+    assert answers[len(wire)]["masked_payload"]["contacts"]["home"]["email"] == "***"
+
+
+def test_the_rust_clients_well_known_descriptors_are_current() -> None:
+    """clients/rust/src/wkt/well_known.pb is what Python's protobuf runtime carries today."""
+    out = subprocess.run([sys.executable, str(CRATE / "src" / "wkt" / "generate.py"), "--check"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

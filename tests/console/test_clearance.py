@@ -133,7 +133,7 @@ def setup(broker: EmbeddedBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     app = create_app(settings)
     with TestClient(app, base_url="http://console.test") as c:
         yield {"c": c, "src": src, "audit_topic": audit_topic, "keyring": keyring, "bootstrap": broker.bootstrap,
-               "replays": replays, "id": restricted_id, "app": app}
+               "replays": replays, "id": restricted_id, "app": app, "settings": settings, "users": users}
 
 
 def basic(user: str) -> dict[str, str]:
@@ -254,6 +254,47 @@ def test_a_confidential_admin_is_not_shown_restricted_data(setup: dict[str, Any]
     assert SECRET not in page.text and "your clearance is <b>confidential</b>" in page.text
 
 
+def test_a_bearer_user_reads_at_the_clearance_its_token_names(setup: dict[str, Any], tmp_path: Path) -> None:
+    """Scripts with a bearer JWT: the operator names the claim (`clearance_claim`, here mapped
+    from IdP groups); a token without it - or naming a level without the map - reads at internal."""
+    import time
+
+    import jwt
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+    from jwt.algorithms import OKPAlgorithm
+
+    from app.security.http_auth import auth_from_settings
+
+    key = ed25519.Ed25519PrivateKey.generate()
+    jwk = {**json.loads(OKPAlgorithm.to_jwk(key.public_key())), "kid": "idp-1", "use": "sig", "alg": "EdDSA"}
+    (tmp_path / "jwks.json").write_text(json.dumps({"keys": [jwk]}))
+    (tmp_path / "jwt.yaml").write_text(yaml.safe_dump({
+        "jwks_file": "jwks.json", "issuers": ["https://idp.test"], "audience": "prism-console",
+        "claims": {"publisher_id": "sub"}, "clearance_claim": "groups",
+        "clearance_map": {"payments-oncall": "restricted"}}))
+    auth = auth_from_settings(users_file=setup["users"], jwt_config=tmp_path / "jwt.yaml", allow_anonymous=None,
+                              realm="prism-console", where="tests")
+
+    def token(groups: list[str]) -> dict[str, str]:
+        now = int(time.time())
+        body = {"iss": "https://idp.test", "aud": "prism-console", "sub": "ops-bot", "iat": now, "exp": now + 300,
+                "roles": ["read"], "groups": groups}
+        return {"Authorization": "Bearer " + jwt.encode(body, key, algorithm="EdDSA", headers={"kid": "idp-1"}),
+                **HTML}
+
+    app = create_app(dataclasses.replace(setup["settings"], auth=auth))
+    record = f"/pipelines/orders-cl/dlq/{setup['src']}/1@0"
+    with TestClient(app, base_url="http://console.test") as c:
+        cleared = c.get(record, headers=token(["payments-oncall"]))
+        assert cleared.status_code == 200 and SECRET in cleared.text and 'id="record-withheld"' not in cleared.text
+        for groups in ([], ["restricted"], ["staff"]):
+            page = c.get(record, headers=token(groups))
+            assert page.status_code == 200 and SECRET not in page.text, groups
+            assert "your clearance is <b>internal</b>" in page.text
+    refused = [r for r in raw_records(setup) if r.get("user") == "ops-bot"]
+    assert len(refused) == 3 and all(r["clearance"] == "internal" for r in refused), refused
+
+
 def test_clearance_in_the_users_file_is_validated(tmp_path: Path) -> None:
     bad = tmp_path / "users.yaml"
     bad.write_text(yaml.safe_dump({"users": [{"user": "x", "hash": hash_password("pw-123456789", **FAST_ARGON2),
@@ -305,6 +346,35 @@ def test_labels_come_from_the_envelope_and_fail_closed() -> None:
     odd = new_envelope("t", {"a": 1}, namespace="ns", data_classification="restricted")
     odd.header.security.data_classification = "cosmic"
     assert label(Rec(encode(odd), [])).classification == "restricted"
+
+
+def test_a_value_declaring_its_classification_in_its_body_is_labelled_by_it() -> None:
+    """Input the worker never wrapped, whose producer declared the level inside the value: the
+    console reads it as the normalize stage does; when that stage cannot read the value (why it
+    sits in the DLQ) but it names a classification, it is withheld (restricted)."""
+    class Rec:
+        def __init__(self, value: bytes, headers: list[tuple[str, bytes]]) -> None:
+            self.value, self.headers = value, headers
+
+    ce_json = [("content-type", b"application/cloudevents+json")]
+    event = {"specversion": "1.0", "id": "e-1", "source": "/shop", "type": "order.created",
+             "dataclassification": "confidential", "datacontenttype": "application/json", "data": {"card": "4111"}}
+    assert label(Rec(json.dumps(event).encode(), ce_json)).classification == "confidential"
+    # a level below the default does not lower it for input the worker never wrapped
+    assert label(Rec(json.dumps({**event, "dataclassification": "public"}).encode(), ce_json)).classification \
+        == "internal"
+    broken = {k: v for k, v in event.items() if k != "specversion"} | {"dataclassification": "restricted"}
+    assert label(Rec(json.dumps(broken).encode(), ce_json)).classification == "restricted"
+    redis = {"payload": {"card": "4111"}, "meta": {"data_classification": "confidential"}}
+    assert label(Rec(json.dumps(redis).encode(), [])).classification == "confidential"
+    refused = {"payload": {"card": "4111"}, "meta": {"data_classification": "confidential", "priority": 99}}
+    assert label(Rec(json.dumps(refused).encode(), [])).classification == "restricted"
+    # bytes the normalize stage takes as a raw payload are what the pipeline would publish as
+    # `internal`: the console labels them the same
+    assert label(Rec(b'{"payload": {"card": "4111"}, "meta": {"data_cl', [])).classification == "internal"
+    # nothing declared: internal, as before
+    assert label(Rec(b'{"payload": {"a": 1}}', [])).classification == "internal"
+    assert label(Rec(b"\xff\x00 opaque", [])).classification == "internal"
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))

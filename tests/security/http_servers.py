@@ -1,12 +1,12 @@
 """One of Prism's three HTTP servers in a process of its own, for tests/security/test_http_limits.py
 (the memory a hostile request costs is measured on this process alone).
 
-    python -m tests.security.http_servers registry|console|worker PORT USERS_FILE DATA_DIR
+    python -m tests.security.http_servers registry|console|worker|supervisor PORT USERS_FILE DATA_DIR
 
 Each server is started the way production starts it - the registry and the console through
 ``app.security.http_limits.uvicorn_config`` + ``serve`` (what ``prism schema serve`` and
 ``prism console`` run), the worker's management API on Faust's aiohttp web server with
-``register_views`` - and reads its limits from the ``PRISM_HTTP_*`` environment. It prints
+``register_views``, the supervisor's status site as ``prism run --processes N`` serves it - and reads its limits from the ``PRISM_HTTP_*`` environment. It prints
 ``ready`` once it accepts connections and runs until it is terminated.
 """
 
@@ -84,6 +84,27 @@ def worker(port: int, users_file: Path, data: Path) -> None:
     asyncio.run(run())
 
 
+def supervisor(port: int, users_file: Path, data: Path) -> None:
+    """The status site of `prism run --processes N` (app/worker/supervisor.py), children not started."""
+    import os
+
+    from app.worker.management import ENV_USERS_FILE, ManagementSettings
+    from app.worker.supervisor import Supervisor
+
+    settings = ManagementSettings.from_env({**os.environ, ENV_USERS_FILE: str(users_file)})
+
+    async def run() -> None:
+        sup = Supervisor(processes=1, topology_name="limits", data_dir=data, env={}, management=settings)
+        runner = await sup.serve(port)
+        print("ready", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(run())
+
+
 if __name__ == "__main__":
     kind, port, users, data_dir = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
-    {"registry": registry, "console": console, "worker": worker}[kind](port, users, data_dir)
+    {"registry": registry, "console": console, "worker": worker, "supervisor": supervisor}[kind](port, users, data_dir)

@@ -442,3 +442,75 @@ def test_surfaces_built_from_settings_are_limited(tmp_path: Path, hashes: dict[s
     f = users_yaml(tmp_path / "u.yaml", [{"user": "alice", "hash": hashes["alice"], "roles": ["admin"]}])
     auth = auth_from_settings(users_file=f, jwt_config=None, allow_anonymous=None, realm="r", where="t")
     assert auth.limiter is not None and (auth.limiter.max_failures, auth.limiter.window_s) == (10, 60.0)
+
+
+# --------------------------------------------------------------------------- bearer clearance
+
+
+def _bearer(tmp_path: Path, **extra: object) -> tuple[http_auth.BearerAuth, object]:
+    """A BearerAuth over a one-key JWKS, and the key that signs its tokens."""
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+    from jwt.algorithms import OKPAlgorithm
+
+    key = ed25519.Ed25519PrivateKey.generate()
+    jwk = {**json.loads(OKPAlgorithm.to_jwk(key.public_key())), "kid": "c-1", "use": "sig", "alg": "EdDSA"}
+    (tmp_path / "jwks.json").write_text(json.dumps({"keys": [jwk]}))
+    conf = {"jwks_file": "jwks.json", "issuers": ["https://idp.test"], "audience": "prism-console",
+            "claims": {"publisher_id": "sub"}, **extra}
+    return http_auth.BearerAuth.from_mapping(conf, where="jwt.yaml", base_dir=tmp_path), key
+
+
+def _token(key: object, **claims: object) -> str:
+    import time
+
+    import jwt
+
+    now = int(time.time())
+    body = {"iss": "https://idp.test", "aud": "prism-console", "sub": "ops-bot", "iat": now, "exp": now + 300,
+            "roles": ["read"], **claims}
+    return jwt.encode(body, key, algorithm="EdDSA", headers={"kid": "c-1"})
+
+
+@pytest.mark.parametrize(("claim", "want"), [
+    ("confidential", "confidential"), (["internal", "restricted"], "restricted"), ("public internal", "internal"),
+    ("top-secret", None), ([7, None, {"x": 1}], None), (None, None), (42, None),
+])
+def test_a_bearer_users_clearance_is_the_highest_its_claim_names(tmp_path: Path, claim: object,
+                                                                  want: str | None) -> None:
+    bearer, key = _bearer(tmp_path, clearance_claim="prism_clearance")
+    claims = {} if claim is None else {"prism_clearance": claim}
+    p = bearer.principal(_token(key, **claims))
+    assert (p.name, p.method, p.clearance) == ("ops-bot", "bearer", want)
+
+
+def test_without_a_clearance_claim_no_token_claim_raises_a_bearer_users_clearance(tmp_path: Path) -> None:
+    """The console's default (internal) holds for every bearer user unless the operator names
+    the claim: a token cannot pick its own claim."""
+    bearer, key = _bearer(tmp_path)
+    token = _token(key, clearance="restricted", prism_clearance="restricted", roles=["admin"])
+    assert bearer.principal(token).clearance is None
+
+
+def test_a_clearance_map_translates_groups_and_ignores_literal_words(tmp_path: Path) -> None:
+    bearer, key = _bearer(tmp_path, clearance_claim="groups",
+                          clearance_map={"payments-oncall": "restricted", "analysts": "confidential"})
+    assert bearer.principal(_token(key, groups=["analysts", "payments-oncall"])).clearance == "restricted"
+    assert bearer.principal(_token(key, groups="analysts staff")).clearance == "confidential"
+    # with a map, a token naming a level itself means nothing
+    assert bearer.principal(_token(key, groups=["restricted"])).clearance is None
+
+
+@pytest.mark.parametrize(("extra", "where", "says"), [
+    ({"clearance_claim": ""}, "jwt.yaml.clearance_claim", "must name a claim"),
+    ({"clearance_claim": ["a"]}, "jwt.yaml.clearance_claim", "must name a claim"),
+    ({"clearance_map": {"g": "restricted"}}, "jwt.yaml.clearance_map", "needs clearance_claim"),
+    ({"clearance_claim": "g", "clearance_map": []}, "jwt.yaml.clearance_map", "must map claim values"),
+    ({"clearance_claim": "g", "clearance_map": {"ops": "top-secret"}}, "jwt.yaml.clearance_map.ops",
+     "clearance must be one of"),
+    ({"clearance_claim": "g", "clearance_map": {"ops": None}}, "jwt.yaml.clearance_map.ops", "cannot be empty"),
+])
+def test_bad_clearance_settings_stop_the_start_up(tmp_path: Path, extra: dict[str, object], where: str,
+                                                  says: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        _bearer(tmp_path, **extra)
+    assert err.value.path == where and says in err.value.message

@@ -1,5 +1,6 @@
-"""The HTTP hardening layer (app.security.http_limits) on all three of Prism's servers - the
-schema registry, the console and the worker's management API - each a real server in a process
+"""The HTTP hardening layer (app.security.http_limits) on all four of Prism's servers - the
+schema registry, the console, the worker's management API and the status site of a supervisor
+(`prism run --processes N`) - each a real server in a process
 of its own (tests/security/http_servers.py), attacked over raw loopback sockets with the hostile
 sizes of issue 28. For each attack the server's peak memory (VmHWM, reset through
 /proc/PID/clear_refs first) may grow by a few MB, not by the hundreds the attack sends, and the
@@ -33,8 +34,11 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The peak memory one hostile request may add to a server.
 MAX_GROWTH = 16 * MiB
 HEAD_TIMEOUT_S = 1.0
+MAX_CONNECTIONS = 16
 BODY_TIMEOUT_S = 1.0
 CHUNK = b"a" * MiB
+#: the servers on aiohttp (the others are on uvicorn)
+AIOHTTP = ("worker", "supervisor")
 
 
 @dataclass
@@ -47,7 +51,7 @@ class Server:
     @property
     def post_path(self) -> str:
         return {"registry": "/subjects/limits-value/versions", "console": "/login",
-                "worker": "/connectors/x/restart"}[self.kind]
+                "worker": "/connectors/x/restart", "supervisor": "/workers"}[self.kind]
 
     def status_of(self, field: str) -> int:
         """A /proc/PID/status field in bytes (VmRSS, VmHWM)."""
@@ -62,13 +66,14 @@ class Server:
         return self.status_of("VmRSS")
 
 
-@pytest.fixture(scope="module", params=["registry", "console", "worker"])
+@pytest.fixture(scope="module", params=["registry", "console", "worker", "supervisor"])
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     data = tmp_path_factory.mktemp(f"http-limits-{request.param}")
     users = write_users_file(data / "users.yaml")
     port = find_free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PRISM_HTTP_HEAD_TIMEOUT_S": str(HEAD_TIMEOUT_S),
-           "PRISM_HTTP_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S)}
+           "PRISM_HTTP_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
+           "PRISM_HTTP_MAX_CONNECTIONS": str(MAX_CONNECTIONS)}
     proc = subprocess.Popen([sys.executable, "-m", "tests.security.http_servers", request.param, str(port),
                              str(users), str(data)], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     try:
@@ -146,9 +151,15 @@ def _peak_growth(srv: Server, attack: object) -> tuple[object, int]:
     return result, srv.status_of("VmHWM") - before
 
 
+def _unread_refusal(srv: Server) -> int:
+    """What an aiohttp server answers a POST it reads no body for: the worker's route needs
+    credentials first (401); the supervisor has no POST route at all (405)."""
+    return 405 if srv.kind == "supervisor" else 401
+
+
 def _head_refused(srv: Server, status: int | None) -> bool:
     # uvicorn (registry, console): this layer's 431; aiohttp (worker): its own 400 for the same limits
-    return status == (400 if srv.kind == "worker" else 431)
+    return status == (400 if srv.kind in AIOHTTP else 431)
 
 
 def test_a_200_mib_header_is_cut_off_and_costs_a_few_mb(server: Server) -> None:
@@ -208,9 +219,9 @@ def test_three_400_mib_chunked_bodies_cost_a_few_mb(server: Server, authenticate
         return [_attack(server, b"", body()) for _ in range(3)]
 
     results, growth = _peak_growth(server, three)
-    refused_unread = server.kind == "worker" or (server.kind == "registry" and not authenticated)
+    refused_unread = server.kind in AIOHTTP or (server.kind == "registry" and not authenticated)
     for status, sent in results:  # type: ignore[union-attr]
-        assert status == (401 if refused_unread else 413), status
+        assert status == (_unread_refusal(server) if refused_unread else 413), status
         assert sent < 100 * MiB, f"the server read {sent} bytes of a 400 MiB body"
     # An authenticated registry writer's body is read up to the registry's 16 MiB limit before
     # it is cut off, and reading it (Starlette joins the pieces) costs about three times that.
@@ -240,7 +251,7 @@ def test_slowloris_headers_one_byte_at_a_time_are_cut_off(server: Server) -> Non
         response = _read_all(sock, timeout=5)
     elapsed = time.monotonic() - start
     assert elapsed < HEAD_TIMEOUT_S + 3, elapsed
-    assert _status(response) in ((408,) if server.kind != "worker" else (None,)), response[:200]
+    assert _status(response) in ((408,) if server.kind not in AIOHTTP else (None,)), response[:200]
     assert _get(server, "/healthz") == 200
 
 
@@ -292,10 +303,26 @@ def test_a_stalled_body_is_cut_off(server: Server) -> None:
         sock.sendall(head + b"user=a&p")
         response = _read_all(sock, timeout=10)
     elapsed = time.monotonic() - start
-    if server.kind == "worker":
-        assert _status(response) == 401 and elapsed < BODY_TIMEOUT_S, (response[:300], elapsed)
+    if server.kind in AIOHTTP:
+        assert _status(response) == _unread_refusal(server) and elapsed < BODY_TIMEOUT_S, (response[:300], elapsed)
     else:
         assert _status(response) == 408 and elapsed < BODY_TIMEOUT_S + 3, (response[:300], elapsed)
+
+
+def test_connections_past_the_limit_are_answered_503_and_the_server_recovers(server: Server) -> None:
+    """A client holding `max_connections` sockets open gets 503 on the next one (uvicorn's
+    `limit_concurrency`; on aiohttp the connection cap of this layer) - not a request handler
+    per socket until file descriptors run out - and once it lets go, requests are served."""
+    held = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(MAX_CONNECTIONS)]
+    try:
+        assert _get(server, "/healthz") == 503
+    finally:
+        for sock in held:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while (status := _get(server, "/healthz")) != 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert status == 200
 
 
 @pytest.mark.parametrize("levels", [65, 3_000, 100_000])

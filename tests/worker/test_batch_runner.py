@@ -5,6 +5,7 @@ does with records the consumer skipped and with inputs over the size limit."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Awaitable, Coroutine
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,7 +26,7 @@ from app.tables.dedup import DedupWindow
 from app.worker.batch_runner import BatchRunner
 from app.worker.continuity import OffsetTracker
 from app.worker.delivery import Batch, BatchEnd
-from app.worker.limits import WriteLimits
+from app.worker.limits import WriteLimits, record_size
 from app.worker.pipeline import build_stages, resolve_schema
 from app.worker.size_fit import SizeFitter
 from tests.worker.conftest import make_topology
@@ -170,3 +171,30 @@ async def test_stopping_while_the_broker_does_not_answer_abandons_the_batch(tmp_
     await (await runner.start(chain, [m], None))
     assert delivery.batches == [] and observer.abandoned == 1 and runner.stats.abandoned_batches == 1
     assert not consumer._unacked_messages and runner.stats.read == 0 and _current_event.get() is None
+
+
+async def test_outputs_are_held_to_their_exact_size_and_new_limits_are_followed(tmp_path: Path, keys: DevKeys) -> None:
+    """`SizeFitter.fit` measures every output exactly (a record of exactly the limit fits, one
+    byte less of limit sends the message to the DLQ as too_large), and the input limit, asked
+    once per message and remembered, follows the limits when they are replaced (re-read, lowered)."""
+    runner, delivery, _, _, chain, _, src = _runner(tmp_path, keys)
+    fitter = runner.fitter
+    roomy = fitter.input_limit_for(src)
+    await runner.process(chain, [_fetched(src, 0, 0, _good(src, 0))])
+    [(msg, item)] = delivery.batches[0].pending
+    assert isinstance(item, list)
+    v3 = next(e for e in item if e.topic == src + ".v3")
+    size = record_size(v3.record.key, v3.record.value, v3.record.headers)
+    for limit, fits in ((size, True), (size - 1, False)):
+        fitter.limits = WriteLimits(fitter.limits.max_request_size, {src + ".v3": limit},
+                                    output_topics=fitter.limits.output_topics)
+        pending: list[Any] = [(msg, list(item))]
+        outcomes = Counter({(src, 0, "emitted"): 1})
+        fitter.fit(chain, pending, outcomes, None)
+        assert isinstance(pending[0][1], list) is fits, limit
+        if not fits:
+            dlq = pending[0][1]
+            assert dlq.reason == "too_large" and any(f"would be {size} bytes".encode() in v for _, v in dlq.headers)
+            assert outcomes == {(src, 0, "emitted"): 0, (src, 0, "dlq"): 1}
+        # the input limit follows the limits now in force, not the ones first asked about
+        assert fitter.input_limit_for(src) == fitter.limits.input_limit_for(fitter.source_outputs[src]) < roomy

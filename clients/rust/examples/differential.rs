@@ -151,13 +151,34 @@ fn proto(data: &[u8]) -> Value {
         hash: String::new(),
         text: String::new(),
         descriptor: Some(file),
+        imports: Vec::new(),
         references: Vec::new(),
     };
     let name = text(3).rsplit('/').next().unwrap_or("");
-    match schema.decode(&payload, text(2), name) {
+    let mut answer = match schema.decode(&payload, text(2), name) {
         Ok(d) => json!({"outcome": "valid", "value": d.value}),
         Err(e) => json!({"outcome": "valid", "decode": e.reason()}),
+    };
+    // a fifth item, the registry's PII fields (`Msg.field`): the decoded value and a JSON
+    // payload as sent, masked by their payload paths
+    if let Some(pii) = a.get(4).and_then(Value::as_array) {
+        let pii: Vec<String> = pii.iter().filter_map(Value::as_str).map(String::from).collect();
+        let file = schema.descriptor.as_ref().expect("set above");
+        let Ok(paths) = prism_client::schema_decode::payload_pii_paths(file, name, &pii) else {
+            return json!({"error": "no pii paths"});
+        };
+        if let Some(v) = answer.get_mut("value") {
+            prism_client::registry::mask_pii(v, &paths);
+        }
+        if text(2).contains("json") {
+            if let Ok(mut sent) = serde_json::from_slice::<Value>(&payload) {
+                prism_client::registry::mask_pii(&mut sent, &paths);
+                answer["masked_payload"] = sent;
+            }
+        }
+        answer["mask_paths"] = json!(paths);
     }
+    answer
 }
 
 fn main() {

@@ -100,52 +100,29 @@ impl AvroSchema {
 
     /// The registry's PII paths of this schema (`pii_fields`: schema paths, `Order.email`,
     /// `Order.total.Money.units`, as app/schema/pii.py names the fields of every record
-    /// defined inline) as payload paths for [`mask_pii`](crate::registry::mask_pii)
-    /// (`email`, `total.units`, `items[].ssn`). A field under a map has no payload path in
-    /// `mask_pii`'s notation and is left out.
+    /// defined inline, a referenced type inlined at its first use) as payload paths for
+    /// [`mask_pii`](crate::registry::mask_pii): `email`, `total.units`, `items[].ssn`, and
+    /// under a map `attrs.*.x` (`*`: every key, the Python SDK's `pii_paths` notation). The
+    /// registry names a record's fields only where it is defined (its first use); a record
+    /// used again by name gets the same paths there, as the Python SDK masks it. A recursive
+    /// record's paths stop at the recursion (a path cannot repeat forever).
     pub fn payload_pii_paths(&self, schema_paths: &[String]) -> Vec<String> {
-        let mut out = Vec::new();
-        self.pii_walk(&self.root, "", "", schema_paths, &mut out, 0);
+        let mut walk = PiiWalk {
+            schema: self,
+            want: schema_paths,
+            memo: HashMap::new(),
+            steps: Vec::new(),
+        };
+        let mut out: Vec<String> = Vec::new();
+        // a path below a root array has no name in mask_pii's notation
+        for p in walk.go(&self.root, 0) {
+            if let Some(p) = p.strip_prefix('.') {
+                if !out.iter().any(|o| o == p) {
+                    out.push(p.to_owned());
+                }
+            }
+        }
         out
-    }
-
-    fn pii_walk(&self, s: &Schema, prefix: &str, at: &str, want: &[String], out: &mut Vec<String>, depth: usize) {
-        if depth > MAX_DEPTH {
-            return;
-        }
-        match s {
-            Schema::Record(r) => {
-                for f in &r.fields {
-                    let payload = format!("{at}{}", f.name);
-                    for name in [r.name.name.clone(), r.name.fullname(None)] {
-                        let path = format!("{prefix}{name}.{}", f.name);
-                        if want.contains(&path) && !out.contains(&payload) {
-                            out.push(payload.clone());
-                        }
-                        self.pii_walk(
-                            &f.schema,
-                            &format!("{path}."),
-                            &format!("{payload}."),
-                            want,
-                            out,
-                            depth + 1,
-                        );
-                    }
-                }
-            }
-            Schema::Union(u) => {
-                for b in u.variants() {
-                    self.pii_walk(b, prefix, at, want, out, depth + 1);
-                }
-            }
-            Schema::Array(a) => {
-                let at = at.strip_suffix('.').map(|p| format!("{p}[].")).unwrap_or_default();
-                if !at.is_empty() {
-                    self.pii_walk(&a.items, prefix, &at, want, out, depth + 1);
-                }
-            }
-            _ => {}
-        }
     }
 
     fn deref<'a>(&'a self, s: &'a Schema) -> std::result::Result<&'a Schema, String> {
@@ -316,6 +293,102 @@ impl AvroSchema {
 const PRIMITIVES: [&str; 8] = ["null", "boolean", "int", "long", "float", "double", "bytes", "string"];
 
 /// `a`, `a.b.C`: Avro's name grammar (`[A-Za-z_][A-Za-z0-9_]*`, dot-separated).
+/// The walk of [`AvroSchema::payload_pii_paths`]: the schema in field order, with the
+/// (short name, full name, field) steps of the registry's path so far. A record is walked at
+/// its first use; its PII paths are reused wherever it is used again by name (as the Python
+/// SDK's and the Go client's schema trees share one node per record).
+struct PiiWalk<'a> {
+    schema: &'a AvroSchema,
+    want: &'a [String],
+    /// a record's PII paths relative to it (`.email`, `.items[].ssn`); None while it is walked
+    memo: HashMap<Name, Option<Vec<String>>>,
+    steps: Vec<(String, String, String)>,
+}
+
+impl PiiWalk<'_> {
+    /// The PII paths below a value of schema `s`, as suffixes of the path that holds it:
+    /// `.email` (a record's field), `[].ssn` (an array's items), `.*.x` (a map's values).
+    fn go(&mut self, s: &Schema, depth: usize) -> Vec<String> {
+        if depth > MAX_DEPTH {
+            return Vec::new();
+        }
+        match s {
+            Schema::Ref { name } => match self.schema.names.get(name) {
+                Some(t) => self.go(t, depth + 1),
+                None => Vec::new(),
+            },
+            Schema::Record(r) => {
+                match self.memo.get(&r.name) {
+                    Some(Some(known)) => return known.clone(),
+                    Some(None) => return Vec::new(), // recursion: a path cannot repeat forever
+                    None => {}
+                }
+                self.memo.insert(r.name.clone(), None);
+                let mut out = Vec::new();
+                for f in &r.fields {
+                    self.steps
+                        .push((r.name.name.clone(), r.name.fullname(None), f.name.clone()));
+                    let mut budget = 10_000;
+                    if self.want.iter().any(|w| path_matches(w, &self.steps, &mut budget)) {
+                        out.push(format!(".{}", f.name));
+                    }
+                    for below in self.go(&f.schema, depth + 1) {
+                        out.push(format!(".{}{below}", f.name));
+                    }
+                    self.steps.pop();
+                }
+                self.memo.insert(r.name.clone(), Some(out.clone()));
+                out
+            }
+            Schema::Union(u) => {
+                let mut out = Vec::new();
+                for b in u.variants() {
+                    out.extend(self.go(b, depth + 1));
+                }
+                out
+            }
+            Schema::Array(a) => self
+                .go(&a.items, depth + 1)
+                .into_iter()
+                .map(|p| format!("[]{p}"))
+                .collect(),
+            Schema::Map(m) => self
+                .go(&m.types, depth + 1)
+                .into_iter()
+                .map(|p| format!(".*{p}"))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Whether the registry's path `w` (`Order.total.Money.units`; a record named as its schema
+/// writes it, short or full) is the path of `steps`. `budget` bounds the backtracking.
+fn path_matches(w: &str, steps: &[(String, String, String)], budget: &mut usize) -> bool {
+    let Some(((short, full, field), rest)) = steps.split_first() else {
+        return w.is_empty();
+    };
+    if *budget == 0 {
+        return false;
+    }
+    *budget -= 1;
+    let names: &[&String] = if short == full { &[short] } else { &[short, full] };
+    names.iter().any(|name| {
+        let Some(r) = w
+            .strip_prefix(name.as_str())
+            .and_then(|r| r.strip_prefix('.'))
+            .and_then(|r| r.strip_prefix(field.as_str()))
+        else {
+            return false;
+        };
+        if rest.is_empty() {
+            r.is_empty()
+        } else {
+            r.strip_prefix('.').is_some_and(|r| path_matches(r, rest, budget))
+        }
+    })
+}
+
 fn is_fullname(s: &str) -> bool {
     !s.is_empty()
         && s.split('.').all(|p| {
@@ -783,10 +856,49 @@ mod tests {
         )
         .unwrap();
         let want = ["Order.email", "Order.items.Item.ssn", "Order.attrs.A.x", "Order.nope"].map(String::from);
-        assert_eq!(s.payload_pii_paths(&want), ["email", "items[].ssn"]);
-        let mut v = json!({"email": "a@b", "items": [{"ssn": "1"}, {"ssn": "2"}]});
-        assert_eq!(crate::registry::mask_pii(&mut v, &s.payload_pii_paths(&want)), 3);
-        assert_eq!(v, json!({"email": "***", "items": [{"ssn": "***"}, {"ssn": "***"}]}));
+        assert_eq!(s.payload_pii_paths(&want), ["email", "items[].ssn", "attrs.*.x"]);
+        let mut v = json!({"email": "a@b", "items": [{"ssn": "1"}, {"ssn": "2"}],
+                           "attrs": {"k1": {"x": "s", "y": 1}, "k2": {"x": "t"}}});
+        assert_eq!(crate::registry::mask_pii(&mut v, &s.payload_pii_paths(&want)), 5);
+        assert_eq!(
+            v,
+            json!({"email": "***", "items": [{"ssn": "***"}, {"ssn": "***"}],
+                   "attrs": {"k1": {"x": "***", "y": 1}, "k2": {"x": "***"}}})
+        );
+    }
+
+    #[test]
+    fn pii_paths_follow_referenced_types_and_maps_of_them() {
+        // the registry names a referenced record's fields under its first use (it scans the
+        // schema with the referenced types inlined), a map's values under the map
+        let money = r#"{"type": "record", "name": "Money", "namespace": "common",
+            "fields": [{"name": "units", "type": "long"}, {"name": "payer", "type": "string"}]}"#;
+        let s = AvroSchema::parse_with_references(
+            r#"{"type": "record", "name": "shop.Order", "fields": [
+            {"name": "total", "type": "common.Money"},
+            {"name": "refunds", "type": {"type": "map", "values": {"type": "map", "values": "common.Money"}}},
+            {"name": "again", "type": "common.Money"}]}"#,
+            &[money.to_string()],
+        )
+        .unwrap();
+        let want = ["shop.Order.total.Money.payer", "Order.refunds.nope"].map(String::from);
+        assert_eq!(
+            s.payload_pii_paths(&want),
+            ["total.payer", "refunds.*.*.payer", "again.payer"]
+        );
+        let s = AvroSchema::parse_with_references(
+            r#"{"type": "record", "name": "Order", "namespace": "shop", "fields": [
+            {"name": "refunds", "type": {"type": "map", "values": {"type": "map", "values": "common.Money"}}},
+            {"name": "total", "type": "common.Money"}]}"#,
+            &[money.to_string()],
+        )
+        .unwrap();
+        let want = ["Order.refunds.Money.payer".to_string()];
+        assert_eq!(s.payload_pii_paths(&want), ["refunds.*.*.payer", "total.payer"]);
+        let mut v = json!({"refunds": {"a": {"b": {"units": 1, "payer": "p"}}}, "total": {"units": 2, "payer": "q"}});
+        assert_eq!(crate::registry::mask_pii(&mut v, &s.payload_pii_paths(&want)), 2);
+        assert_eq!(v["refunds"]["a"]["b"]["payer"], "***");
+        assert_eq!(v["total"]["payer"], "***"); // a reuse by name: the same record's field
     }
 
     #[test]

@@ -271,59 +271,179 @@ impl RegistryClient {
 
     /// The texts of the schemas a version's `references` name, transitively, dependencies first.
     pub(crate) fn referenced_texts(&self, v: &Value) -> Result<Vec<String>> {
-        let mut texts = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        self.referenced(v, 0, &mut seen, &mut texts)?;
-        Ok(texts)
+        Ok(self
+            .referenced_versions(v, "")?
+            .into_iter()
+            .map(|r| r.doc.get("schema").and_then(Value::as_str).unwrap_or("").to_owned())
+            .collect())
     }
 
-    fn referenced(
-        &self,
-        v: &Value,
-        depth: usize,
-        seen: &mut std::collections::HashSet<(String, i64)>,
-        out: &mut Vec<String>,
-    ) -> Result<()> {
-        let refs = v
-            .get("references")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        if refs.is_empty() {
-            return Ok(());
+    /// Every version a registry answer's `references` name, transitively, each once,
+    /// dependencies first (each version after the ones it references), as
+    /// app/schema/references.py's `resolve_fetched` walks them. `query` is appended to each
+    /// fetch (`?format=serialized` for protobuf). A registry answer is input too, so the walk
+    /// is bounded: at most [`MAX_REFERENCE_DEPTH`] deep, [`MAX_REFERENCES`] versions and
+    /// [`MAX_REFERENCED_BYTES`] of schema text in all; a reference back to a version on the
+    /// current path (the root's own subject and version included) is a cycle. Each failure is
+    /// `PrismError::Registry` at `schema.references`, naming the reference at fault.
+    pub(crate) fn referenced_versions(&self, root: &Value, query: &str) -> Result<Vec<ReferencedVersion>> {
+        let mut walk = RefWalk {
+            client: self,
+            query,
+            stack: Vec::new(),
+            done: std::collections::HashSet::new(),
+            out: Vec::new(),
+            bytes: 0,
+        };
+        if let (Some(s), Some(v)) = (
+            root.get("subject").and_then(Value::as_str),
+            root.get("version").and_then(Value::as_i64),
+        ) {
+            walk.stack.push((s.to_owned(), v));
         }
-        if depth >= 32 {
-            return Err(reg_err(
-                "schema references nest more than 32 deep".into(),
-                "register shallower references",
-            ));
-        }
-        for r in refs {
-            let subject = r.get("subject").and_then(Value::as_str).unwrap_or("").to_owned();
-            let version = r.get("version").and_then(Value::as_i64).unwrap_or(0);
-            if !seen.insert((subject.clone(), version)) {
-                continue;
-            }
-            if seen.len() > 256 {
-                return Err(reg_err(
-                    "a schema pulls in more than 256 referenced versions".into(),
-                    "register fewer references",
-                ));
-            }
-            let rv = self.request(
-                "GET",
-                &format!("/subjects/{}/versions/{version}", segment(&subject)),
-                None,
-            )?;
-            self.referenced(&rv, depth + 1, seen, out)?;
-            out.push(rv.get("schema").and_then(Value::as_str).unwrap_or("").to_owned());
-        }
-        Ok(())
+        walk.visit(root, "schema", 0)?;
+        Ok(walk.out)
     }
 
     /// `GET /v1/policies/{namespace}`: the namespace's policy (`require_schema`, PII policy, ...).
     pub fn policy(&self, namespace: &str) -> Result<Value> {
         self.request("GET", &format!("/v1/policies/{}", segment(namespace)), None)
+    }
+}
+
+/// How deep Confluent references may nest (the registry's own limit).
+pub const MAX_REFERENCE_DEPTH: usize = 32;
+/// How many referenced versions one schema may pull in, transitively (the Go client's bound).
+pub const MAX_REFERENCES: usize = 256;
+/// How much referenced schema text one schema may pull in, in all (Python's schema limit).
+pub const MAX_REFERENCED_BYTES: usize = crate::untrusted_json::DEFAULT_MAX_BYTES;
+
+/// One version a schema references (directly or through another reference).
+#[derive(Debug, Clone)]
+pub(crate) struct ReferencedVersion {
+    /// The reference's `name` (a protobuf import path, an Avro type name, a `$ref` target).
+    pub name: String,
+    pub subject: String,
+    pub version: i64,
+    /// The registry's answer for the version (`schema`, `version`, `references`, ...).
+    pub doc: Value,
+}
+
+pub(crate) fn refs_err(what: String) -> PrismError {
+    err!(
+        Registry,
+        what,
+        "schema.references",
+        "register every referenced subject version, and keep references acyclic, at most 32 deep and at most 256 versions per schema (docs/schema-registry.md, \"Schema references\")"
+    )
+}
+
+struct RefWalk<'c> {
+    client: &'c RegistryClient,
+    query: &'c str,
+    /// (subject, version) of the versions on the current path: a reference back is a cycle
+    stack: Vec<(String, i64)>,
+    done: std::collections::HashSet<(String, i64)>,
+    out: Vec<ReferencedVersion>,
+    bytes: usize,
+}
+
+impl RefWalk<'_> {
+    fn visit(&mut self, doc: &Value, where_: &str, depth: usize) -> Result<()> {
+        let refs = match doc.get("references") {
+            None | Some(Value::Null) => return Ok(()),
+            Some(Value::Array(a)) => a.clone(),
+            Some(_) => return Err(refs_err(format!("{where_}: references is not a list"))),
+        };
+        if refs.is_empty() {
+            return Ok(());
+        }
+        if depth >= MAX_REFERENCE_DEPTH {
+            return Err(refs_err(format!(
+                "{where_}: references nest more than {MAX_REFERENCE_DEPTH} deep"
+            )));
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, r) in refs.iter().enumerate() {
+            let text = |k: &str| r.get(k).and_then(Value::as_str).filter(|s| !s.is_empty());
+            let (Some(name), Some(subject)) = (text("name"), text("subject")) else {
+                return Err(refs_err(format!("{where_}: reference #{i} has no name or subject")));
+            };
+            let name: String = name.chars().take(300).collect();
+            if !names.insert(name.clone()) {
+                return Err(refs_err(format!("{where_}: reference name {name:?} appears twice")));
+            }
+            let version = match r.get("version") {
+                None | Some(Value::Null) => "latest".to_owned(),
+                Some(Value::Number(n)) if n.as_i64() == Some(-1) => "latest".to_owned(),
+                Some(Value::Number(n)) if n.as_i64().is_some_and(|v| v >= 1) => n.to_string(),
+                Some(Value::String(s)) if s == "latest" || s == "-1" => "latest".to_owned(),
+                Some(Value::String(s))
+                    if !s.is_empty() && s.len() < 10 && s.bytes().all(|b| b.is_ascii_digit()) && s != "0" =>
+                {
+                    s.clone()
+                }
+                Some(other) => {
+                    return Err(refs_err(format!(
+                        "{where_}: reference {name:?} has an invalid version {}",
+                        other.to_string().chars().take(100).collect::<String>()
+                    )))
+                }
+            };
+            let at = format!("reference {name:?} (subject {subject:?} version {version})");
+            let fetched = self
+                .client
+                .request(
+                    "GET",
+                    &format!(
+                        "/subjects/{}/versions/{}{}",
+                        segment(subject),
+                        segment(&version),
+                        self.query
+                    ),
+                    None,
+                )
+                .map_err(|e| refs_err(format!("{where_}: {at} cannot be read: {e}")))?;
+            let number = fetched.get("version").and_then(Value::as_i64).unwrap_or(0);
+            let key = (subject.to_owned(), number);
+            if self.stack.contains(&key) {
+                let chain: Vec<String> = self
+                    .stack
+                    .iter()
+                    .chain(std::iter::once(&key))
+                    .map(|(s, v)| format!("{s} v{v}"))
+                    .collect();
+                let chain: String = chain.join(" -> ").chars().take(500).collect();
+                return Err(refs_err(format!("{where_}: references form a cycle ({chain})")));
+            }
+            if self.done.contains(&key) {
+                continue; // reached again by another path (a diamond): already walked
+            }
+            if self.done.len() >= MAX_REFERENCES {
+                return Err(refs_err(format!(
+                    "{where_}: the schema pulls in more than {MAX_REFERENCES} referenced versions"
+                )));
+            }
+            let text_len = fetched.get("schema").and_then(Value::as_str).map_or(0, str::len);
+            self.bytes += text_len;
+            if self.bytes > MAX_REFERENCED_BYTES {
+                return Err(refs_err(format!(
+                    "{where_}: the referenced schemas exceed {MAX_REFERENCED_BYTES} bytes in all"
+                )));
+            }
+            self.stack.push(key.clone());
+            let inner = format!("reference {name:?} ({subject} v{number})");
+            self.visit(&fetched, &inner, depth + 1)?;
+            self.stack.pop();
+            self.done.insert(key);
+            self.out.push(ReferencedVersion {
+                name,
+                subject: subject.to_owned(),
+                version: number,
+                doc: fetched,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -358,9 +478,15 @@ pub fn validate_for_publish(
             "avro"
         }
         "PROTOBUF" => {
-            let file = client.serialized_descriptor(subject, v.version)?;
+            let (file, imports) = client.protobuf_descriptors(subject, v.version)?;
             let type_url = env.payload.as_ref().map(|p| p.type_url.as_str()).unwrap_or("");
-            crate::schema_decode::validate_protobuf(&file, &payload, env.content_type(), type_url)?;
+            crate::schema_decode::validate_protobuf_with_imports(
+                &file,
+                &imports,
+                &payload,
+                env.content_type(),
+                type_url,
+            )?;
             "protobuf"
         }
         other => {
@@ -541,8 +667,12 @@ pub fn violations(schema: &Value, payload: &Value) -> Result<Vec<Violation>> {
 /// The mask written over PII values.
 pub const MASK: &str = "***";
 
-/// Replace the values at `pii_paths` (`customer.email`, `items[].ssn`: the registry's notation)
-/// with [`MASK`]; returns how many values were masked. Paths that are not there are skipped.
+/// Replace the values at `pii_paths` (`customer.email`, `items[].ssn`: the registry's notation;
+/// `attrs.*.x`: `*` is every key of a map, as the Python SDK's `pii_paths` writes it) with
+/// [`MASK`]; returns how many values were masked. Paths that are not there are skipped. A
+/// segment `*` matches every key, so an object key that is literally `*` is not told apart
+/// (no Avro or protobuf field can be named so). A segment `a|b` matches key `a`, key `b` (a
+/// protobuf field by its proto and its JSON name) and the key `a|b` itself.
 pub fn mask_pii(value: &mut Value, pii_paths: &[String]) -> usize {
     pii_paths
         .iter()
@@ -558,28 +688,39 @@ fn mask_path(v: &mut Value, parts: &[&str]) -> usize {
         Some(n) => (n, true),
         None => (*first, false),
     };
-    let Some(child) = v.as_object_mut().and_then(|o| o.get_mut(name)) else {
+    let Some(obj) = v.as_object_mut() else {
         return 0;
     };
-    if each {
-        let Some(items) = child.as_array_mut() else { return 0 };
-        return items
-            .iter_mut()
-            .map(|x| {
-                if rest.is_empty() {
-                    *x = Value::String(MASK.into());
-                    1
-                } else {
-                    mask_path(x, rest)
-                }
-            })
-            .sum();
-    }
-    if rest.is_empty() {
-        *child = Value::String(MASK.into());
-        1
+    if name == "*" {
+        obj.values_mut().map(|child| mask_at(child, each, rest)).sum()
+    } else if name.contains('|') {
+        // either spelling of one field (`payer_email|payerEmail`), and the segment as a key
+        let mut names: Vec<&str> = vec![name];
+        names.extend(name.split('|').filter(|n| !n.is_empty()));
+        names.dedup();
+        obj.iter_mut()
+            .filter(|(k, _)| names.contains(&k.as_str()))
+            .map(|(_, child)| mask_at(child, each, rest))
+            .sum()
     } else {
-        mask_path(child, rest)
+        obj.get_mut(name).map_or(0, |child| mask_at(child, each, rest))
+    }
+}
+
+/// Mask `child` (each of its items when `each`), or the rest of the path below it.
+fn mask_at(child: &mut Value, each: bool, rest: &[&str]) -> usize {
+    let one = |x: &mut Value| {
+        if rest.is_empty() {
+            *x = Value::String(MASK.into());
+            1
+        } else {
+            mask_path(x, rest)
+        }
+    };
+    if each {
+        child.as_array_mut().map_or(0, |items| items.iter_mut().map(one).sum())
+    } else {
+        one(child)
     }
 }
 
@@ -637,6 +778,27 @@ mod tests {
         assert_eq!(
             v,
             json!({"customer": {"email": "***", "name": "x"}, "items": [{"ssn": "***"}, {"ssn": "***"}], "id": 7})
+        );
+    }
+
+    #[test]
+    fn masks_every_value_of_a_map() {
+        let mut v = json!({"attrs": {"a": {"x": "1", "y": 2}, "b": {"y": 3}, "c": 4},
+                           "lists": {"k": [{"x": "1"}, {"x": "2"}]}, "whole": {"a": "1", "b": "2"}});
+        let n = mask_pii(
+            &mut v,
+            &[
+                "attrs.*.x".into(),
+                "lists.*[].x".into(),
+                "whole.*".into(),
+                "nope.*.x".into(),
+            ],
+        );
+        assert_eq!(n, 5);
+        assert_eq!(
+            v,
+            json!({"attrs": {"a": {"x": "***", "y": 2}, "b": {"y": 3}, "c": 4},
+                   "lists": {"k": [{"x": "***"}, {"x": "***"}]}, "whole": {"a": "***", "b": "***"}})
         );
     }
 

@@ -57,6 +57,7 @@ fn orders() -> ResolvedSchema {
             message_type: vec![order, item],
             ..Default::default()
         }),
+        imports: Vec::new(),
         references: Vec::new(),
     }
 }
@@ -216,7 +217,17 @@ fn registry_pii_paths_become_payload_paths_of_the_decoded_message() {
     let want = ["OrderCreated.customer_id", "LineItem.sku", "Nope.x"].map(String::from);
     assert_eq!(
         payload_pii_paths(file, ORDER, &want).unwrap(),
-        ["customer_id", "items[].sku"]
+        ["customer_id|customerId", "items[].sku"]
+    );
+    // a protobuf-JSON payload may name the field by its JSON name: masked too, as Python does
+    let mut sent = json!({"customerId": "c", "order_id": "o", "items": [{"sku": "A"}]});
+    assert_eq!(
+        prism_client::registry::mask_pii(&mut sent, &payload_pii_paths(file, ORDER, &want).unwrap()),
+        2
+    );
+    assert_eq!(
+        sent,
+        json!({"customerId": "***", "order_id": "o", "items": [{"sku": "***"}]})
     );
     let mut b = vec![0x12, 1, b'c', 0x22, 3, 0x0a, 1, b'A', 0x22, 3, 0x0a, 1, b'B'];
     b.extend_from_slice(&[0x0a, 1, b'o']);

@@ -25,6 +25,8 @@ import (
 	"github.com/prism-envelope/prism/clients/go/prismerr"
 	"github.com/prism-envelope/prism/clients/go/registry"
 	"github.com/prism-envelope/prism/clients/go/signing"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 )
@@ -57,9 +59,12 @@ type request struct {
 	Password    string            `json:"password"`
 	Payload     json.RawMessage   `json:"payload"`
 	NackFirst   bool              `json:"nack_first"`
-	SchemaText  string            `json:"schema_text"`
-	ContentType string            `json:"content_type"`
-	AckReverse  bool              `json:"ack_reverse"`
+	// FixAuditTopic: on the first delivery_audit_failed, raise the audit topic's
+	// max.message.bytes (what an operator would fix), publish one internal message, read on
+	FixAuditTopic bool   `json:"fix_audit_topic"`
+	SchemaText    string `json:"schema_text"`
+	ContentType   string `json:"content_type"`
+	AckReverse    bool   `json:"ack_reverse"`
 	// an Ed25519 key to verify with too (the Prism worker's, for its re-signed outputs)
 	Ed25519KeyID     string `json:"ed25519_key_id"`
 	Ed25519PublicHex string `json:"ed25519_public_hex"`
@@ -408,8 +413,19 @@ func consume(ctx context.Context, req request) result {
 	var errs []any
 	var held []*kafka.Message
 	nacked := false
-	for len(got)+len(errs) < req.Count {
+	absorbed := 0 // the audit failure fix_audit_topic answers: reported, not counted
+	for len(got)+len(errs)-absorbed < req.Count {
 		m, err := sub.Subscription.Next(deadline)
+		if m == nil && req.FixAuditTopic && errors.Is(err, prismerr.ErrDeliveryAudit) {
+			req.FixAuditTopic = false
+			errs = append(errs, fail(err))
+			absorbed++
+			if err := fixAuditTopic(deadline, c, req); err != nil {
+				errs = append(errs, fail(err))
+				break
+			}
+			continue
+		}
 		if m == nil {
 			if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 				errs = append(errs, fail(err))
@@ -502,6 +518,33 @@ func consume(ctx context.Context, req request) result {
 	return result{"messages": got, "errors": errs, "committed": committed,
 		"stats": result{"received": st.Received, "withheld": st.Withheld, "expired": st.Expired, "audited": st.Audited,
 			"refusal_records": st.RefusalRecords}}
+}
+
+// fixAuditTopic raises the audit topic's record size limit, as an operator answering the
+// subscriber's delivery_audit_failed would, and publishes one internal message after the
+// refused ones, so the subscription has something it may read once they are audited.
+func fixAuditTopic(ctx context.Context, c *kafka.Client, req request) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(req.Brokers...))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	limit := "1048588"
+	res, err := kadm.NewClient(cl).AlterTopicConfigs(ctx, []kadm.AlterConfig{{Name: "max.message.bytes", Value: &limit}}, req.AuditTopic)
+	for _, r := range res {
+		if err == nil && r.Err != nil {
+			err = fmt.Errorf("%s: %w %s", r.Name, r.Err, r.ErrMessage)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	env, err := envelope.NewJSON(req.Topic, req.Namespace, map[string]any{"after_fix": true}, envelope.Options{DataClassification: "internal"})
+	if err != nil {
+		return err
+	}
+	_, err = c.Publish(ctx, req.Topic, env, kafka.PublishOptions{})
+	return err
 }
 
 // decodeBySchema resolves the schema env references through the registry (checked:
