@@ -46,8 +46,38 @@ def any_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broke
         embedded.stop()
 
 
+#: The driver JVM flags of every Spark the tests start (the session's own, and each `prism lake
+#: compact` child): C1 only and the serial GC, as tests/kafka/cluster.py's `light_jvm` gives the
+#: test brokers. A compaction of a test archive is a short-lived JVM that spends most of its time
+#: starting and compiling; C2 and parallel GC threads only compete for the 2 cores.
+SPARK_TEST_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+_SPARK_CONF = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Point Spark at a conf directory whose spark-defaults.conf sets
+    `spark.driver.defaultJavaOptions` (prepended to the `extraJavaOptions` that app.lake.spark
+    sets, so its log4j configuration stays). Through the environment it reaches the compaction
+    subprocesses too. A SPARK_CONF_DIR set by the caller is left alone."""
+    import os
+    import tempfile
+
+    if os.environ.get("SPARK_CONF_DIR"):
+        return
+    conf = Path(tempfile.mkdtemp(prefix="prism-test-spark-conf-"))
+    (conf / "spark-defaults.conf").write_text(f"spark.driver.defaultJavaOptions {SPARK_TEST_DRIVER_JAVA_OPTIONS}\n")
+    os.environ["SPARK_CONF_DIR"] = str(conf)
+    config.stash[_SPARK_CONF] = conf
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """Stop the PostgreSQL, Redis and NATS servers this run started (tests/servers.py)."""
+    """Stop the PostgreSQL, Redis and NATS servers this run started (tests/servers.py); remove
+    the Spark conf directory of `pytest_configure`."""
+    import shutil
+
     from tests import servers
 
     servers.stop_all()
+    conf = config.stash.get(_SPARK_CONF, None)
+    if conf is not None:
+        shutil.rmtree(conf, ignore_errors=True)

@@ -60,17 +60,37 @@ class ExactlyOnce:
         self.state = state
         self.fitter = fitter
         self.transactions = transactions
+        #: batches inside `_finish` right now (awaiting their predecessor or their transaction)
+        self.finishing = 0
 
     def deliver(self, batch: Batch, previous: Awaitable[None] | None, end: BatchEnd,
                 ) -> Coroutine[Any, Any, None]:
-        return self._finish(batch, previous, end)
+        return self._counted(self._finish(batch, previous, end))
+
+    async def _counted(self, finish: Coroutine[Any, Any, None]) -> None:
+        self.finishing += 1
+        try:
+            await finish
+        finally:
+            self.finishing -= 1
+
+    def _in_flight(self) -> bool:
+        """Whether waiting can still see a batch finish. Once a batch was abandoned (SIGTERM) or
+        its transaction failed (`state.abandoning`), the messages still tracked can never be
+        acknowledged - every later batch is abandoned too - so only the batches still inside
+        `_finish` are worth the wait. Waiting on the tracked messages then cost the whole
+        `WRITE_DRAIN_S` (20 s) before a fenced or timed-out worker exited, and before its
+        supervisor could start it again."""
+        if self.state.abandoning:
+            return self.finishing > 0
+        return bool(self.app.consumer._unacked_messages)
 
     async def close(self) -> None:
         """At shutdown, once the batches in flight are done (at most `WRITE_DRAIN_S`), stop the
         transactional producers; a transaction still open is aborted by the broker or fenced by
         the partition's next owner."""
         deadline = time.monotonic() + WRITE_DRAIN_S
-        while self.app.consumer._unacked_messages and time.monotonic() < deadline:
+        while self._in_flight() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         await self.transactions.close_all()
 

@@ -137,3 +137,44 @@ async def test_close_stops_the_transactional_producers() -> None:
     d, _, _, _, _, _, txn = _delivery(TxnProducer())
     await d.close()
     assert txn.all_closed
+
+
+async def test_close_after_a_failed_transaction_does_not_wait_for_its_batch() -> None:
+    """The failed batch stays tracked (read again from the committed offset) but can never be
+    acknowledged: close() stops the producers at once instead of waiting out `WRITE_DRAIN_S`."""
+    import time
+
+    d, _, consumer, state, _, _, txn = _delivery(TxnProducer(fail_with={b"v2-0": KafkaConnectionError()}))
+    with pytest.raises(TransactionFailed):
+        await d.deliver(batch(consumer, 2), None, RecordingEnd(consumer))
+    assert state.abandoning and len(consumer._unacked_messages) == 2 and d.finishing == 0
+    t0 = time.monotonic()
+    await d.close()
+    assert txn.all_closed and time.monotonic() - t0 < 1.0
+
+
+async def test_close_waits_for_a_batch_still_finishing_after_another_failed() -> None:
+    """Another partition's batch still inside its transaction when one failed: close() waits for
+    it to commit before stopping the producers."""
+    import asyncio
+
+    gate = asyncio.Event()
+
+    class Slow(TxnProducer):
+        async def commit_transaction(self) -> None:
+            await gate.wait()
+            await super().commit_transaction()
+
+    slow = Slow()
+    d, _, consumer, state, _, _, txn = _delivery(slow)
+    running = asyncio.ensure_future(d.deliver(batch(consumer, 2, partition=1), None, RecordingEnd(consumer)))
+    while d.finishing == 0 or "begin" not in slow.calls:
+        await asyncio.sleep(0.01)
+    state.abandoning = True  # as a failed transaction of another partition leaves it
+    closing = asyncio.ensure_future(d.close())
+    await asyncio.sleep(0.2)
+    assert not closing.done() and not txn.all_closed
+    gate.set()
+    await asyncio.wait_for(closing, 5)
+    await running
+    assert txn.all_closed and slow.calls[-1] == "commit" and d.finishing == 0
