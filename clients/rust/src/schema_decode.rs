@@ -715,6 +715,7 @@ fn decode_wire(
         return Err(pay_err("the payload nests messages too deep".into(), path));
     }
     let mut out = Map::new();
+    let proto3 = declared_proto3(file, msg);
     for r in wire::scan(buf, 0, buf.len()).map_err(|e| pay_err(format!("not protobuf: {e}"), path))? {
         let Some(f) = msg.field.iter().find(|f| f.number() == r.field as i32) else {
             continue;
@@ -777,7 +778,13 @@ fn decode_wire(
                     out.remove(other.name());
                 }
             }
-            out.insert(f.name().to_owned(), v);
+            if proto3 && implicit_presence(f) && is_default(file, f, &v) {
+                // proto3 without `optional`: a default written on the wire is no value
+                // (`MessageToDict` leaves the field out, as if it had not been written)
+                out.remove(f.name());
+            } else {
+                out.insert(f.name().to_owned(), v);
+            }
         }
     }
     if mode == Mode::Decode {
@@ -826,6 +833,48 @@ fn default_value(file: Pool<'_>, entry: &DescriptorProto, depth: usize, entry_na
 
 /// An enum field's number as `MessageToDict` writes it: the value's name, or the number when
 /// the enum has no such value (an open enum's unknown value).
+/// Whether `msg` is declared in a proto3 file of the pool (found by identity, so nested and
+/// same-named messages of other files are told apart).
+fn declared_proto3(pool: Pool<'_>, msg: &DescriptorProto) -> bool {
+    fn holds(msgs: &[DescriptorProto], want: &DescriptorProto) -> bool {
+        msgs.iter()
+            .any(|m| std::ptr::eq(m, want) || holds(&m.nested_type, want))
+    }
+    pool.files()
+        .find(|f| holds(&f.message_type, msg))
+        .is_some_and(|f| f.syntax() == "proto3")
+}
+
+/// A singular scalar field without explicit presence (proto3, not `optional`, no oneof): its
+/// default value is indistinguishable from its absence.
+fn implicit_presence(f: &FieldDescriptorProto) -> bool {
+    !is_repeated(f)
+        && !matches!(f.r#type(), Type::Message | Type::Group)
+        && f.oneof_index.is_none()
+        && !f.proto3_optional()
+}
+
+/// Whether the decoded value `v` of field `f` is its type's default: 0 (not -0.0), false, the
+/// empty string or bytes, "0" for a 64-bit integer, the enum's value numbered 0.
+fn is_default(pool: Pool<'_>, f: &FieldDescriptorProto, v: &Value) -> bool {
+    match v {
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64().is_some_and(|x| x == 0.0 && x.is_sign_positive()),
+        Value::String(s) if f.r#type() == Type::Enum => find_enum(pool, f.type_name())
+            .and_then(|e| e.value.iter().find(|x| x.number() == 0))
+            .is_some_and(|x| x.name() == s),
+        Value::String(s) => {
+            s.is_empty()
+                || (s == "0"
+                    && matches!(
+                        f.r#type(),
+                        Type::Int64 | Type::Uint64 | Type::Sint64 | Type::Fixed64 | Type::Sfixed64
+                    ))
+        }
+        _ => false,
+    }
+}
+
 fn enum_name(file: Pool<'_>, f: &FieldDescriptorProto, v: Value) -> Value {
     if f.r#type() != Type::Enum {
         return v;
