@@ -142,17 +142,23 @@ fn percent_decode(s: &str) -> Option<String> {
 }
 
 impl RegistryClient {
-    /// A protobuf version's `FileDescriptorProto`, read in Confluent's serialized form
-    /// (`?format=serialized`, base64). Its imports are not fetched: see
-    /// [`protobuf_descriptors`](Self::protobuf_descriptors).
-    pub fn serialized_descriptor(&self, subject: &str, version: i64) -> Result<FileDescriptorProto> {
-        let ser = self.request_value(
+    /// `GET /subjects/<subject>/versions/<version>?format=serialized`: the version with its
+    /// schema as a base64 `FileDescriptorProto`.
+    fn serialized_version(&self, subject: &str, version: i64) -> Result<serde_json::Value> {
+        self.request_value(
             "GET",
             &format!(
                 "/subjects/{}/versions/{version}?format=serialized",
                 crate::registry::segment(subject)
             ),
-        )?;
+        )
+    }
+
+    /// A protobuf version's `FileDescriptorProto`, read in Confluent's serialized form
+    /// (`?format=serialized`, base64). Its imports are not fetched: see
+    /// [`protobuf_descriptors`](Self::protobuf_descriptors).
+    pub fn serialized_descriptor(&self, subject: &str, version: i64) -> Result<FileDescriptorProto> {
+        let ser = self.serialized_version(subject, version)?;
         descriptor_of(&ser, "schema")
     }
 
@@ -171,13 +177,7 @@ impl RegistryClient {
         subject: &str,
         version: i64,
     ) -> Result<(FileDescriptorProto, Vec<FileDescriptorProto>)> {
-        let ser = self.request_value(
-            "GET",
-            &format!(
-                "/subjects/{}/versions/{version}?format=serialized",
-                crate::registry::segment(subject)
-            ),
-        )?;
+        let ser = self.serialized_version(subject, version)?;
         let main = descriptor_of(&ser, "schema")?;
         check_imports(&main, &ser, "schema")?;
         let mut imports = Vec::new();

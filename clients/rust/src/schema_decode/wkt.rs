@@ -11,7 +11,8 @@ use base64::Engine;
 use serde_json::{Map, Value};
 
 use super::{
-    decode_wire, find_message, from_json as message_from_json, pay_err, well_known_files, Mode, Pool, MAX_DEPTH,
+    decode_wire, find_message, from_json as message_from_json, json_int, pay_err, well_known_files, Mode, Pool,
+    MAX_DEPTH,
 };
 use crate::error::Result;
 
@@ -429,20 +430,8 @@ fn any_from_json(pool: Pool<'_>, v: &Value, depth: usize, at: &str) -> Result<Va
 fn wrapper_json(name: &str, v: &Value, at: &str) -> Result<Value> {
     let bad = |what: &str| pay_err(format!("{at}: {} is not {what}", super::clip(&v.to_string())), at);
     let int = |lo: i128, hi: i128| -> Result<i128> {
-        let n: Option<i128> = match v {
-            Value::Number(n) => n
-                .as_i64()
-                .map(i128::from)
-                .or_else(|| n.as_u64().map(i128::from))
-                .or_else(|| {
-                    n.as_f64()
-                        .filter(|x| x.fract() == 0.0 && x.abs() < 1e38)
-                        .map(|x| x as i128)
-                }),
-            Value::String(s) if !s.contains(' ') => s.parse::<i128>().ok(),
-            _ => None,
-        };
-        n.filter(|n| (lo..=hi).contains(n))
+        json_int(v)
+            .filter(|n| (lo..=hi).contains(n))
             .ok_or_else(|| bad("an integer in range"))
     };
     Ok(match name {
