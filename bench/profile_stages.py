@@ -37,6 +37,7 @@ import re
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 _STAGE = re.compile(r"^(\w+)\.process \(app/agents/")
@@ -84,16 +85,22 @@ def categorize(frames: list[str]) -> str | None:
     return "other (event loop, GC)"
 
 
+def _samples(path: Path) -> Iterator[tuple[list[str], int, str]]:
+    """(frames, sample count, part) of each counted stack of a py-spy raw file (`categorize`
+    leaves out the uncounted ones)."""
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        cat = categorize(frames)
+        if cat is not None:
+            yield frames, int(count), cat
+
+
 def load(path: Path) -> tuple[collections.Counter[str], collections.Counter[str]]:
     """(samples per part, samples of enrich's payload validation and of its warning log)."""
     parts: collections.Counter[str] = collections.Counter()
     enrich: collections.Counter[str] = collections.Counter()
-    for line in path.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        frames, n = stack.split(";"), int(count)
-        cat = categorize(frames)
-        if cat is None:
-            continue
+    for frames, n, cat in _samples(path):
         parts[cat] += n
         if cat == "Enrich":
             if any("payload_check" in f or "json_format" in f for f in frames):
@@ -137,12 +144,7 @@ def detail(path: Path, part: str, top: int = 30) -> str:
     line and the function it was in (its callee, or "self"), as shares of all counted samples."""
     lines: collections.Counter[str] = collections.Counter()
     total = 0
-    for line in path.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        frames, n = stack.split(";"), int(count)
-        cat = categorize(frames)
-        if cat is None:
-            continue
+    for frames, n, cat in _samples(path):
         total += n
         if not cat.startswith(part):
             continue
