@@ -125,7 +125,7 @@ if _native.module is not None:
     _WireFault = _native.module.WireFault
     _fault = _native.scan_fault
 
-    def scan(  # noqa: F811 - the compiled walk replaces the Python one (app/native.py)
+    def scan(  # the compiled walk replaces the Python one (app/native.py)
         buf: memoryview | bytes, start: int = 0, end: int | None = None,
     ) -> list[tuple[int, int, int, int, int]]:
         """`scan`, compiled (`prism_native.scan`, the Rust client's walker): the same tuples,
