@@ -33,27 +33,40 @@ create_exception!(
 /// this is the version it was written for (a stale wheel in a venv falls back to Python).
 const ABI: u32 = 1;
 
-fn fault_error(py: Python<'_>, f: WireFault) -> PyErr {
-    let none = py.None();
-    let args: (&str, usize, Py<PyAny>, Py<PyAny>, Py<PyAny>, Py<PyAny>) = match f {
-        WireFault::VarintPastEnd { at } => ("varint_past_end", at, none.clone_ref(py), none.clone_ref(py),
-            none.clone_ref(py), none),
-        WireFault::VarintTooLong { at } => ("varint_too_long", at, none.clone_ref(py), none.clone_ref(py),
-            none.clone_ref(py), none),
-        WireFault::InvalidField { at, field } => ("invalid_field", at, int(py, field), none.clone_ref(py),
-            none.clone_ref(py), none),
-        WireFault::LengthPastEnd { at, field, length, remaining } => ("length_past_end", at,
-            int(py, u128::from(field)), none.clone_ref(py), int(py, length), int(py, remaining as u128)),
-        WireFault::FixedPastEnd { at, field } => ("fixed_past_end", at, int(py, u128::from(field)),
-            none.clone_ref(py), none.clone_ref(py), none),
-        WireFault::BadWireType { at, field, wire_type } => ("bad_wire_type", at, int(py, u128::from(field)),
-            int(py, u128::from(wire_type)), none.clone_ref(py), none),
-    };
-    WireFaultError::new_err(args)
-}
+/// What a fault says, as `WireFault`'s args: (kind, at, field, wire_type, length, remaining),
+/// the numbers not given for a kind as None.
+type FaultArgs = (
+    &'static str,
+    usize,
+    Option<u128>,
+    Option<u8>,
+    Option<u128>,
+    Option<usize>,
+);
 
-fn int(py: Python<'_>, v: u128) -> Py<PyAny> {
-    v.into_pyobject(py).expect("an int").into_any().unbind()
+fn fault_args(f: WireFault) -> FaultArgs {
+    match f {
+        WireFault::VarintPastEnd { at } => ("varint_past_end", at, None, None, None, None),
+        WireFault::VarintTooLong { at } => ("varint_too_long", at, None, None, None, None),
+        WireFault::InvalidField { at, field } => ("invalid_field", at, Some(field), None, None, None),
+        WireFault::LengthPastEnd {
+            at,
+            field,
+            length,
+            remaining,
+        } => (
+            "length_past_end",
+            at,
+            Some(field.into()),
+            None,
+            Some(length),
+            Some(remaining),
+        ),
+        WireFault::FixedPastEnd { at, field } => ("fixed_past_end", at, Some(field.into()), None, None, None),
+        WireFault::BadWireType { at, field, wire_type } => {
+            ("bad_wire_type", at, Some(field.into()), Some(wire_type), None, None)
+        }
+    }
 }
 
 /// `scan` over a byte slice, as `app/envelope/wire.py`'s `scan` returns it: LEN records
@@ -72,16 +85,29 @@ fn scan_slice<'py>(py: Python<'py>, buf: &[u8], start: isize, end: Option<isize>
     let walked = catch_unwind(AssertUnwindSafe(|| wire::walk(buf, start as usize, end as usize)));
     let records = match walked {
         Ok(Ok(records)) => records,
-        Ok(Err(fault)) => return Err(fault_error(py, fault)),
+        Ok(Err(fault)) => return Err(WireFaultError::new_err(fault_args(fault))),
         Err(_) => {
-            return Err(WireFaultError::new_err(("internal", start as usize, py.None(), py.None(), py.None(),
-                py.None())))
+            return Err(WireFaultError::new_err((
+                "internal",
+                start as usize,
+                None::<u128>,
+                None::<u8>,
+                None::<u128>,
+                None::<usize>,
+            )))
         }
     };
     let mut items = Vec::with_capacity(records.len());
     for r in records {
-        let value_start = if r.wire_type == wire::LEN { r.value_start } else { r.start };
-        items.push(PyTuple::new(py, [r.field as usize, r.wire_type as usize, r.start, value_start, r.end])?);
+        let value_start = if r.wire_type == wire::LEN {
+            r.value_start
+        } else {
+            r.start
+        };
+        items.push(PyTuple::new(
+            py,
+            [r.field as usize, r.wire_type as usize, r.start, value_start, r.end],
+        )?);
     }
     PyList::new(py, items)
 }
@@ -91,7 +117,12 @@ fn scan_slice<'py>(py: Python<'py>, buf: &[u8], start: isize, end: Option<isize>
 /// (`memoryview`, `bytearray`).
 #[pyfunction]
 #[pyo3(signature = (buf, start=0, end=None))]
-fn scan<'py>(py: Python<'py>, buf: &Bound<'py, PyAny>, start: isize, end: Option<isize>) -> PyResult<Bound<'py, PyList>> {
+fn scan<'py>(
+    py: Python<'py>,
+    buf: &Bound<'py, PyAny>,
+    start: isize,
+    end: Option<isize>,
+) -> PyResult<Bound<'py, PyList>> {
     if let Ok(b) = buf.cast::<PyBytes>() {
         return scan_slice(py, b.as_bytes(), start, end);
     }
