@@ -160,11 +160,6 @@ def test_bounds_outside_the_buffer_are_an_index_error_not_a_crash() -> None:
         prism_native.scan("not bytes")  # type: ignore[union-attr]
 
 
-def test_an_unknown_fault_kind_is_still_a_typed_prism_error() -> None:
-    err = native.scan_fault(("internal", 3, None, None, None, None))
-    assert isinstance(err, PrismError) and "PRISM_NATIVE=0" in str(err)
-
-
 def _status_in_child(env: dict[str, str]) -> dict[str, Any]:
     code = "import json, app.native as n, app.envelope.wire as w; " \
            "print(json.dumps({**n.status(), 'python': w.scan is w._py_scan}))"
