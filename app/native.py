@@ -8,7 +8,9 @@ generated and hostile inputs). The choice is made once, at import, and reported 
 (the worker logs it at start-up and shows it under `native` in `/healthz`).
 
 What is compiled so far: `wire.scan`, the top-level record walk that normalize, verify_signature
-and the codec run several times per message (BENCHMARKS.md, "Compiled hot path").
+and the codec run several times per message, and `signing._security_record`, the security
+record's ambiguity checks every signature check and `check_unambiguous` start with
+(BENCHMARKS.md, "Compiled hot path").
 
 The native module reports a walk that stopped as `WireFault(kind, at, field, wire_type, length,
 remaining)`; `scan_fault` words it as the very `PrismError` (class, message, path, hint) the
@@ -24,7 +26,7 @@ from typing import Any
 from .errors import DecodeError, LengthError, PrismError, TruncatedError, WireTypeError
 
 #: The binding's contract version this code was written for (`prism_native.ABI`).
-ABI = 1
+ABI = 2
 ENV = "PRISM_NATIVE"
 
 
