@@ -2,7 +2,7 @@
 (app/native.py): one topology, one input topic of well-formed, signed, forged, truncated and
 non-envelope records, read by two workers one after the other (two consumer groups) - the
 first with `prism_native`, the second with the pure-Python walk put back in every module that
-uses it. Every output and DLQ record (key, value, headers) of the second run must equal the
+uses it and the pure-Python security-record check in `signing`. Every output and DLQ record (key, value, headers) of the second run must equal the
 first's. The outputs are signed with scope `pair`, so a record's bytes do not depend on how
 the worker happened to batch (a batch-scope tree does, in any two runs of the same code).
 """
@@ -22,6 +22,7 @@ import yaml
 from app import native
 from app.envelope import Layout, encode, new_envelope, wire
 from app.observability import tracecontext
+from app.security import signing
 from app.security.signing import SigningKey, sign
 from app.topology import load_topology
 from tests.support import require
@@ -57,12 +58,15 @@ def _inputs(topic: str, dev_keys: Any) -> list[tuple[bytes, bytes | None]]:
 
 
 def _python_walk_everywhere(monkeypatch: pytest.MonkeyPatch) -> int:
-    """Put the pure-Python `scan` back wherever the compiled one was imported by name."""
+    """Put the pure-Python `scan` back wherever the compiled one was imported by name, and the
+    pure-Python security-record check into `signing`."""
     patched, compiled = 0, wire.scan
     for mod in list(sys.modules.values()):
         if mod is not None and getattr(mod, "scan", None) is compiled and mod.__name__.startswith("app."):
             monkeypatch.setattr(mod, "scan", wire._py_scan)
             patched += 1
+    assert signing._security_record is not signing._py_security_record
+    monkeypatch.setattr(signing, "_security_record", signing._py_security_record)
     return patched
 
 
