@@ -8,7 +8,8 @@ option leaves the envelope field absent, which memo-031 gives a meaning (priorit
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,3 +151,30 @@ def current_otel_context() -> TraceContext | None:
     if not ctx.is_valid:
         return None
     return trace_context_of(ctx)
+
+
+def _context_getter() -> Callable[[], Any] | None:
+    """`get` of the ContextVar behind OpenTelemetry's default runtime context, when that is the
+    one in use (None otherwise, or without OpenTelemetry). A private attribute, read once and
+    type-checked: any other runtime context, or a future OpenTelemetry that renames it, just
+    means `no_otel_context` is never true and every publish asks `current_otel_context`."""
+    try:
+        from opentelemetry.context import _RUNTIME_CONTEXT
+    except ImportError:
+        return None
+    var = getattr(_RUNTIME_CONTEXT, "_current_context", None)
+    return var.get if isinstance(var, ContextVar) else None
+
+
+_otel_context = _context_getter()
+
+
+def no_otel_context() -> bool:
+    """True when `current_otel_context()` is certainly None: OpenTelemetry is not installed, or
+    its current context holds nothing at all (no span, no baggage). An empty context is the
+    common case of an uninstrumented publish, and testing it is one ContextVar read instead of
+    the four frames of `get_current_span` (issue 29: ~1.5 µs per publish between round trips).
+    False means "look": the caller then asks `current_otel_context`."""
+    if _current_span is None:
+        return True
+    return _otel_context is not None and not _otel_context()
