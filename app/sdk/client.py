@@ -64,7 +64,7 @@ from .backends.base import (
     check_commit_interval,
     check_isolation_level,
 )
-from .options import DEFAULT_OPTIONS, PrismPublishOptions, current_otel_context, no_otel_context, trace_context_of
+from .options import DEFAULT_OPTIONS, PrismPublishOptions, current_otel_context, otel_context, trace_context_of
 from .pii import PiiPolicy
 from .received import ReceivedEnvelope
 from .schemas import SchemaRequirement, SchemaResolver
@@ -83,6 +83,7 @@ BatchItem = tuple[str, Any] | tuple[str, Any, PrismPublishOptions | None]
 
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # what new_envelope's json.dumps builds per call
 _CONTENT_TYPE_JSON = pb.CONTENT_TYPE_JSON
+_JSON_CONTAINERS = (dict, list)  # a constant: `dict | list` in an isinstance builds a union per call
 
 
 def _varint(n: int) -> bytes:
@@ -485,9 +486,9 @@ class PrismClient:
         (field paths in `.violations`) and nothing is sent. The envelope then carries the
         schema context of the version it was validated against.
         """
-        if (options is None and self._plain_ok and isinstance(payload, dict | list) and topic
+        if (options is None and self._plain_ok and isinstance(payload, _JSON_CONTAINERS) and topic
                 and not schema_validation and schema_version is None
-                and (no_otel_context() or current_otel_context() is None)):
+                and (not otel_context() or current_otel_context() is None)):
             # The default publish of a dict/list (issue 29): `_json_envelope` + `publish_plain`
             # inline, no envelope object; the record is the general path's (`_build` +
             # `_outgoing` + `backend.publish`; tests/sdk/test_publish_path.py).

@@ -153,28 +153,24 @@ def current_otel_context() -> TraceContext | None:
     return trace_context_of(ctx)
 
 
-def _context_getter() -> Callable[[], Any] | None:
-    """`get` of the ContextVar behind OpenTelemetry's default runtime context, when that is the
-    one in use (None otherwise, or without OpenTelemetry). A private attribute, read once and
-    type-checked: any other runtime context, or a future OpenTelemetry that renames it, just
-    means `no_otel_context` is never true and every publish asks `current_otel_context`."""
+def _context_getter() -> Callable[[], Any]:
+    """What `otel_context()` is: `get` of the ContextVar behind OpenTelemetry's default runtime
+    context when that is the one in use; without OpenTelemetry a function returning None; with
+    another runtime context (or a future OpenTelemetry that renames the private attribute, read
+    once and type-checked) a function returning True, so every publish asks `current_otel_context`."""
+    if _current_span is None:
+        return lambda: None
     try:
         from opentelemetry.context import _RUNTIME_CONTEXT
     except ImportError:
-        return None
+        return lambda: True
     var = getattr(_RUNTIME_CONTEXT, "_current_context", None)
-    return var.get if isinstance(var, ContextVar) else None
+    return var.get if isinstance(var, ContextVar) else lambda: True
 
 
-_otel_context = _context_getter()
-
-
-def no_otel_context() -> bool:
-    """True when `current_otel_context()` is certainly None: OpenTelemetry is not installed, or
-    its current context holds nothing at all (no span, no baggage). An empty context is the
-    common case of an uninstrumented publish, and testing it is one ContextVar read instead of
-    the four frames of `get_current_span` (issue 29: ~1.5 µs per publish between round trips).
-    False means "look": the caller then asks `current_otel_context`."""
-    if _current_span is None:
-        return True
-    return _otel_context is not None and not _otel_context()
+#: `not otel_context()` means `current_otel_context()` is certainly None: OpenTelemetry is not
+#: installed, or its current context holds nothing at all (no span, no baggage). An empty context
+#: is the common case of an uninstrumented publish, and testing it is one ContextVar read instead
+#: of the four frames of `get_current_span` (issue 29: ~1.5 µs per publish between round trips).
+#: Anything else means "look": the caller then asks `current_otel_context`.
+otel_context: Callable[[], Any] = _context_getter()

@@ -324,3 +324,84 @@ async def test_a_default_publish_that_kafka_does_not_confirm_is_a_publish_error(
     producer.send = refuse
     with pytest.raises(PublishError, match="Kafka did not confirm"):
         await client.publish("orders", {"a": 1})
+
+
+@pytest.mark.parametrize("attr,value", [
+    ("signing_key", SigningKey.hmac_sha256("k", b"k" * 32)),
+    ("publisher_id", "svc"),
+    ("publisher_team", "team"),
+    ("auth_token", "jwt"),
+    ("layout", Layout.DRAFT),
+])
+async def test_a_client_setting_assigned_after_connecting_is_honoured_by_the_next_publish(attr, value):
+    """Issue 29: whether the default publish may take the direct path is worked out when a
+    client attribute is assigned, not per publish; assigning one after connecting moves the
+    next publish to the general path, and assigning it back returns it to the direct one."""
+    client, producer = _recording_kafka_client()
+    plain_calls = []
+    direct = client.backend.publish_plain
+
+    async def publish_plain(*args):
+        plain_calls.append(args)
+        await direct(*args)
+    client.backend.publish_plain = publish_plain
+    await client.publish("orders", {"a": 1})
+    assert len(plain_calls) == 1
+    original = getattr(client, attr)
+    setattr(client, attr, value)
+    await client.publish("orders", {"a": 1})
+    assert len(plain_calls) == 1 and len(producer.sent) == 2
+    (_topic, key, value_bytes, headers, ts) = producer.sent[1]
+    env = kb.decode(kb.KafkaRecord(key, value_bytes, headers, ts))
+    if attr == "signing_key":
+        assert env.security is not None and env.security.signature
+    elif attr == "layout":
+        assert (kb.PREFIX + "envelope-layout", b"draft") in headers
+    else:
+        assert env.security is not None
+    setattr(client, attr, original)
+    await client.publish("orders", {"a": 1})
+    assert len(plain_calls) == 2
+
+
+async def test_a_closed_client_does_not_take_the_direct_path():
+    from app.errors import ConfigError
+
+    client, producer = _recording_kafka_client()
+    await client.publish("orders", {"a": 1})
+    client._closed, client._connected = True, False  # what close() leaves
+    with pytest.raises(ConfigError, match="closed"):
+        await client.publish("orders", {"a": 1})
+    assert len(producer.sent) == 1
+
+
+async def test_the_default_publish_with_only_baggage_in_the_context_sends_no_trace_context():
+    """A non-empty OpenTelemetry context without a span: the cheap test says "look", the full
+    one finds no span, and the direct path sends the plain record."""
+    from opentelemetry import baggage, context
+
+    client, producer = _recording_kafka_client()
+    token = context.attach(baggage.set_baggage("k", "v"))
+    try:
+        await client.publish("orders", {"a": 1})
+    finally:
+        context.detach(token)
+    (_topic, key, value, headers, ts), = producer.sent
+    env = kb.decode(kb.KafkaRecord(key, value, headers, ts))
+    assert env.observability is None and value == encode(env, Layout.REVIEWED)
+
+
+async def test_an_unknown_opentelemetry_runtime_context_still_propagates_the_span(monkeypatch):
+    """If the ContextVar behind OpenTelemetry's context cannot be read (another runtime
+    context), `otel_context` always says "look": a span is still found and propagated."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from app.sdk import client as client_module
+
+    monkeypatch.setattr(client_module, "otel_context", lambda: True)
+    client, producer = _recording_kafka_client()
+    await client.publish("orders", {"a": 1})
+    with TracerProvider().get_tracer("t").start_as_current_span("publish"):
+        await client.publish("orders", {"a": 1})
+    plain, traced = (kb.decode(kb.KafkaRecord(k, v, h, t)) for _topic, k, v, h, t in producer.sent)
+    assert plain.observability is None and traced.observability is not None
