@@ -116,11 +116,12 @@ class _PlainWire:
     pieces come from `SerializeToString` of partial metadata messages (protobuf writes them,
     not this class); only the lengths and the timestamp are varints written here.
 
-    `headers` is the publishing backend's own per-topic record piece (`KafkaBackend.publish_plain`:
-    its `prism-*` headers split around the message id), filled on the first publish; the
-    binding's headers of a plain envelope depend on nothing but the topic and namespace."""
+    `kafka_headers` is `KafkaBackend.publish_plain`'s per-topic piece (the binding's `prism-*`
+    headers split around the message id), filled on its first publish: the binding's headers of
+    a plain envelope depend on nothing but the topic and namespace, so every Kafka client may
+    share them. A backend that gets a direct path of its own adds its own slot."""
 
-    __slots__ = ("after_id", "after_ms", "after_ms_any", "head6", "headers", "id_prefix", "namespace", "topic")
+    __slots__ = ("after_id", "after_ms", "after_ms_any", "head6", "id_prefix", "kafka_headers", "namespace", "topic")
 
     def __init__(self, topic: str, namespace: str) -> None:
         self.topic, self.namespace = topic, namespace
@@ -131,7 +132,7 @@ class _PlainWire:
         self.after_ms_any = self.after_ms + b"\x9a\x06"  # + the payload field's tag
         md_len6 = len(self.id_prefix) + 36 + len(self.after_id) + 6 + len(self.after_ms)
         self.head6 = b"\x0a" + _varint(md_len6) + self.id_prefix
-        self.headers: Any = None
+        self.kafka_headers: Any = None
 
     def wire(self, message_id: bytes, ms: int, value: bytes) -> bytes:
         """The envelope's bytes; `message_id` is the id's 36 ASCII bytes."""

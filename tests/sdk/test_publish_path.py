@@ -405,3 +405,28 @@ async def test_an_unknown_opentelemetry_runtime_context_still_propagates_the_spa
         await client.publish("orders", {"a": 1})
     plain, traced = (kb.decode(kb.KafkaRecord(k, v, h, t)) for _topic, k, v, h, t in producer.sent)
     assert plain.observability is None and traced.observability is not None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(min_size=1, max_size=60), st.text(min_size=1, max_size=40),
+       st.lists(st.dictionaries(st.text(max_size=8), st.integers() | st.text(max_size=300), max_size=4),
+                min_size=1, max_size=3))
+def test_direct_kafka_publishes_of_any_topic_and_namespace_are_the_general_paths_records(topic, namespace, payloads):
+    """Issue 29: the direct path's record - header list split once per (topic, namespace)
+    around the message id, bytes from the template - is the general path's and the codec's,
+    on the first publish to a topic (template miss) and on the later ones (hits)."""
+
+    async def run():
+        client, producer = _recording_kafka_client()
+        client.namespace = namespace
+        client.backend._known_topics.add(topic)
+        ids = [await client.publish(topic, payload) for payload in payloads]
+        general, _ = _recording_kafka_client()
+        for (sent_topic, key, value, headers, ts), message_id in zip(producer.sent, ids, strict=True):
+            env = kb.decode(kb.KafkaRecord(key, value, headers, ts))
+            assert (sent_topic, env.message_id, env.topic, env.namespace) == (topic, message_id, topic, namespace)
+            assert general.backend._parts(general._outgoing(env, DEFAULT_OPTIONS, True, value)) == \
+                (key, value, headers, ts)
+            assert headers == kb.headers_for(env, Layout.REVIEWED) and value == encode(env, Layout.REVIEWED)
+
+    asyncio.run(run())

@@ -52,11 +52,11 @@ class Outgoing:
 
 class PlainWire(Protocol):
     """What `Backend.publish_plain` gets of a plain envelope's topic (`app.sdk.client._PlainWire`):
-    its topic, a slot for the backend's own per-topic record pieces (None until the backend
-    fills it), and the envelope itself for a backend that needs more than the bytes."""
+    its topic, the Kafka backend's slot for its per-topic header pieces (None until it fills
+    it), and the envelope itself for a backend that needs more than the bytes."""
 
     topic: str
-    headers: Any
+    kafka_headers: Any
 
     def envelope(self, message_id: str, ms: int, value: bytes) -> Envelope: ...
 

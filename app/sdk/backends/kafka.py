@@ -217,7 +217,7 @@ class KafkaBackend(Backend):
         tests/sdk/test_publish_path.py), without the envelope object, the list, the `Outgoing`
         and the batch branches (issue 29: the default publish's hot path).
 
-        The binding's headers come from `plain.headers`, the topic's header list split around
+        The binding's headers come from `plain.kafka_headers`, the topic's header list split around
         the message id (`_split_id_header`, built by `kb.headers_for` on the first publish), so
         a publish builds one list and one tuple for them. `producer.send` then its future is
         `send_and_wait` without its extra coroutine."""
@@ -227,9 +227,9 @@ class KafkaBackend(Backend):
         producer = self._producer
         if producer is None:
             raise PublishError("the Kafka backend is not connected", hint="use the client inside `async with`")
-        split = plain.headers
+        split = plain.kafka_headers
         if split is None:
-            split = plain.headers = _split_id_header(
+            split = plain.kafka_headers = _split_id_header(
                 kb.headers_for(plain.envelope(message_id.decode(), ms, value), _REVIEWED))
         before, name, after = split
         try:
