@@ -30,7 +30,7 @@ in microseconds (what it costs whatever the network's latency is).
 Two CPU figures, because the wall-clock overhead on this shared 2-core machine swings:
 
 * envelope CPU before I/O (`envelope_pre_io_added_us`) - the library's send call (aiokafka
-  `send_and_wait`, redis-py `xadd`, nats-py `publish`, psycopg `execute`) is wrapped to
+  `send`, redis-py `xadd`, nats-py `publish`, psycopg `execute`) is wrapped to
   stamp when it is entered; per publish, the thread CPU time (`thread_time_ns`, so time
   the process spends descheduled does not count) from the start of the publish to that
   stamp is the Python work before the I/O. p50 of the envelope path minus p50 of the bare
@@ -38,7 +38,8 @@ Two CPU figures, because the wall-clock overhead on this shared 2-core machine s
   wrapper costs every path the same.
 * hot loop (`cpu_hot_loop`) - the same work (`publish_cpu`: `_build`, `_outgoing` and the
   backend's encoder, exactly what `publish` runs) in a tight loop against `json.dumps`
-  alone: the floor. The loop above pays 3-5x more for the same code, its caches being
+  alone: the floor. On Kafka: `publish` itself against a producer whose `send` confirms at
+  once, against the raw path's `send_and_wait` of `json.dumps` on the same stand-in. The loop above pays 3-5x more for the same code, its caches being
   cold after every round trip (the broker, the event loop and the other processes on the
   two cores run in between).
 
@@ -58,6 +59,7 @@ import os
 import random
 import statistics
 import time
+import types
 import uuid
 from typing import Any
 
@@ -128,56 +130,96 @@ def with_metadata(client: PrismClient, topic: str) -> Any:
     return send
 
 
+class _ConfirmingProducer:
+    """Stands in for aiokafka's producer in the hot loop: `send` returns a future that is
+    already done, so a publish runs to its end without I/O and without yielding."""
+
+    def __init__(self) -> None:
+        self._md = types.SimpleNamespace(partition=0, offset=0)
+
+    async def send(self, topic: str, value: bytes, key: bytes | None = None, partition: int | None = None,
+                   timestamp_ms: int | None = None, headers: Any = None) -> asyncio.Future[Any]:
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(self._md)
+        return future
+
+    async def send_and_wait(self, *args: Any, **kwargs: Any) -> Any:
+        return await (await self.send(*args, **kwargs))
+
+
+def _run(coro: Any) -> Any:
+    """Drive a coroutine that never suspends (`_ConfirmingProducer`) to its result."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    raise RuntimeError("the coroutine suspended")
+
+
 def publish_cpu(client: PrismClient, topic: str) -> Any:
     """What `client.publish(topic, PAYLOAD)` computes before its I/O call, as a function:
-    the envelope, the `Outgoing` and the backend's native record (same methods as publish)."""
+    the envelope, the `Outgoing` and the backend's native record (same methods as publish).
+    Kafka (issue 29): `publish` itself, whole, against `_ConfirmingProducer` (the caller
+    installs it): the direct path's own code, coroutines included."""
     from app.sdk.options import DEFAULT_OPTIONS
 
     backend = client.backend
-    encode = {"kafka": lambda b: b._parts, "redis": lambda b: b._fields, "nats": lambda b: b._message,
+    if backend.scheme == "kafka":
+        return lambda: _run(client.publish(topic, PAYLOAD))
+    encode = {"redis": lambda b: b._fields, "nats": lambda b: b._message,
               "postgresql": lambda b: b._row}[backend.scheme](backend)
 
     def run() -> Any:
         env, plain, wire = client._build(topic, PAYLOAD, DEFAULT_OPTIONS)
         return encode(client._outgoing(env, DEFAULT_OPTIONS, plain, wire))
-
-    if getattr(backend, "publish_plain", None) is not None:  # Kafka since issue 29: publish's direct path
-        from app.envelope.codec import Layout
-        from app.sdk.client import _json_envelope
-
-        headers = backend._plain_headers.get
-        namespace = client.namespace
-
-        def run() -> Any:
-            env, wire = _json_envelope(topic, PAYLOAD, namespace)
-            return wire, headers(env, Layout.REVIEWED)
     return run
 
 
 def envelope_cpu_us(client: PrismClient, topic: str) -> dict[str, float]:
     """Hot-loop CPU of building + encoding one envelope exactly as `publish` does (no I/O),
     against `json.dumps` alone, which the bare path pays too: the floor of the overhead; the
-    I/O-interleaved loop pays it with colder caches (see `pre_io` for what it costs there)."""
+    I/O-interleaved loop pays it with colder caches (see `pre_io` for what it costs there).
+    On Kafka both sides are whole publishes against `_ConfirmingProducer`: the SDK's
+    `publish` and the raw path's `send_and_wait(topic, json.dumps(payload))`."""
     from bench._timing import compare_us
 
-    times = compare_us({
-        "json": lambda: json.dumps(PAYLOAD, separators=(",", ":")).encode(),
-        "envelope": publish_cpu(client, topic),
-    })
+    backend = client.backend
+    if backend.scheme == "kafka":
+        real, backend._producer = backend._producer, _ConfirmingProducer()
+        try:
+            send = backend._producer.send_and_wait
+            times = compare_us({
+                "json": lambda: _run(send(topic, json.dumps(PAYLOAD, separators=(",", ":")).encode())),
+                "envelope": publish_cpu(client, topic),
+            })
+        finally:
+            backend._producer = real
+    else:
+        times = compare_us({
+            "json": lambda: json.dumps(PAYLOAD, separators=(",", ":")).encode(),
+            "envelope": publish_cpu(client, topic),
+        })
     return {"json_us": round(times["json"], 1), "envelope_us": round(times["envelope"], 1),
             "added_us": round(times["envelope"] - times["json"], 1)}
 
 
-def stamp_io(client: PrismClient) -> list[int]:
-    """Wrap the backend library's send call (the one every path ends in) so it records when it
-    was entered: `[perf_counter_ns, thread_time_ns]`. Time from the start of a publish to that
-    stamp is the Python work before the I/O; the wrapper costs every path the same."""
+def stamp_target(client: PrismClient) -> tuple[Any, str]:
+    """(object, method name) of the backend library's send call that every path ends in."""
     backend = client.backend
-    owner_attr, name = {"kafka": ("_producer", "send_and_wait"), "redis": ("client", "xadd"),
+    # Kafka: aiokafka's `send`, which `send_and_wait` calls and the SDK's direct path calls itself.
+    owner_attr, name = {"kafka": ("_producer", "send"), "redis": ("client", "xadd"),
                         "nats": ("js", "publish"), "postgresql": ("_pub", "execute")}[backend.scheme]
-    owner = getattr(backend, owner_attr)
+    return getattr(backend, owner_attr), name
+
+
+def stamp_io(owner: Any, name: str, stamp: list[int]) -> None:
+    """Wrap the backend library's send call (the one every path ends in: `stamp_target`, and
+    the raw producer's `send`) so it records when it was entered in `stamp`:
+    `[perf_counter_ns, thread_time_ns]`. Time from the start of a publish to that stamp is the
+    Python work before the I/O; the wrapper costs every path the same (the raw producer's
+    too: before issue 29's last change it was unwrapped, and the envelope path paid the
+    wrapper's coroutine alone)."""
     original = getattr(owner, name)
-    stamp = [0, 0]
     wall, cpu = time.perf_counter_ns, time.thread_time_ns
 
     async def stamped(*args: Any, **kwargs: Any) -> Any:
@@ -185,7 +227,6 @@ def stamp_io(client: PrismClient) -> list[int]:
         return await original(*args, **kwargs)
 
     setattr(owner, name, stamped)
-    return stamp
 
 
 async def measure(url: str, n: int, warmup: int) -> dict[str, Any]:
@@ -228,7 +269,11 @@ async def measure(url: str, n: int, warmup: int) -> dict[str, Any]:
         order = list(paths)
         pre_io: dict[str, list[float]] = {name: [] for name in paths}
         pre_io_cpu: dict[str, list[float]] = {name: [] for name in paths}
-        stamp = stamp_io(client)
+        stamp_original = getattr(*stamp_target(client))
+        stamp = [0, 0]
+        stamp_io(*stamp_target(client), stamp)
+        if raw_producer is not None:  # the raw path pays the same wrapper, on its own producer
+            stamp_io(raw_producer, "send", stamp)
         cpu = time.thread_time_ns
         rng = random.Random(7)
         for i in range(warmup + n):
@@ -239,11 +284,12 @@ async def measure(url: str, n: int, warmup: int) -> dict[str, Any]:
                 await paths[name]()
                 if i >= warmup:
                     samples[name].append((clock() - t0) / 1000)
-                    if name != "raw":  # the raw producer's send is not the stamped one
-                        pre_io[name].append((stamp[0] - t0) / 1000)
-                        pre_io_cpu[name].append((stamp[1] - c0) / 1000)
+                    pre_io[name].append((stamp[0] - t0) / 1000)
+                    pre_io_cpu[name].append((stamp[1] - c0) / 1000)
         if raw_producer is not None:
             await raw_producer.stop()
+        setattr(*stamp_target(client), stamp_original)
+        hot_loop = envelope_cpu_us(client, topic)  # connected: the Kafka loop runs `publish` itself
         await cleanup(client, [topic, bare_topic, meta_topic])
     out: dict[str, Any] = {name: summary(v) for name, v in samples.items() if v}
     b, e = out["bare"], out["envelope"]
@@ -258,7 +304,10 @@ async def measure(url: str, n: int, warmup: int) -> dict[str, Any]:
     out["pre_io_cpu_p50_us"] = {name: round(percentile(v, 50), 1) for name, v in pre_io_cpu.items() if v}
     out["envelope_pre_io_added_us"] = round(percentile(pre_io_cpu["envelope"], 50)
                                             - percentile(pre_io_cpu["bare"], 50), 1)
-    out["cpu_hot_loop"] = envelope_cpu_us(client, topic)
+    if "raw" in pre_io_cpu:  # issue 29: the SDK's CPU before aiokafka's send, over the raw producer's
+        out["envelope_pre_io_vs_raw_us"] = round(percentile(pre_io_cpu["envelope"], 50)
+                                                 - percentile(pre_io_cpu["raw"], 50), 1)
+    out["cpu_hot_loop"] = hot_loop
     return out
 
 
@@ -308,7 +357,8 @@ async def main() -> None:
                   f"+{r['envelope_pre_io_added_us']} µs, hot loop +{r['cpu_hot_loop']['added_us']} µs | "
                   f"load {r['loadavg_1m'][0]}-{r['loadavg_1m'][1]}"
                   + (f" | raw aiokafka p50 {r['raw']['p50_us']:7.1f}, envelope vs raw p50 "
-                     f"{r['overhead_vs_raw_pct']['p50']:+5.1f}% ({r['overhead_vs_raw_us']['p50']:+.0f} µs)"
+                     f"{r['overhead_vs_raw_pct']['p50']:+5.1f}% ({r['overhead_vs_raw_us']['p50']:+.0f} µs), "
+                     f"CPU before send vs raw +{r['envelope_pre_io_vs_raw_us']} µs"
                      if "raw" in r else ""),
                   flush=True)
             if broker is not None:

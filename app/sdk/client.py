@@ -64,7 +64,7 @@ from .backends.base import (
     check_commit_interval,
     check_isolation_level,
 )
-from .options import DEFAULT_OPTIONS, PrismPublishOptions, current_otel_context, trace_context_of
+from .options import DEFAULT_OPTIONS, PrismPublishOptions, current_otel_context, otel_context, trace_context_of
 from .pii import PiiPolicy
 from .received import ReceivedEnvelope
 from .schemas import SchemaRequirement, SchemaResolver
@@ -83,6 +83,7 @@ BatchItem = tuple[str, Any] | tuple[str, Any, PrismPublishOptions | None]
 
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # what new_envelope's json.dumps builds per call
 _CONTENT_TYPE_JSON = pb.CONTENT_TYPE_JSON
+_JSON_CONTAINERS = (dict, list)  # a constant: `dict | list` in an isinstance builds a union per call
 
 
 def _varint(n: int) -> bytes:
@@ -113,28 +114,64 @@ class _PlainWire:
     the bytes are `0x0a len(md) | 0x0a 0x24 id | <topic, namespace> | 0x20 varint(ms) |
     <content type, SDK version> | 0x9a 0x06 len(any) 0x12 len(value) value`. The constant
     pieces come from `SerializeToString` of partial metadata messages (protobuf writes them,
-    not this class); only the lengths and the timestamp are varints written here."""
+    not this class); only the lengths and the timestamp are varints written here.
 
-    __slots__ = ("after_id", "after_ms", "head6", "id_prefix")
+    `kafka_headers` is `KafkaBackend.publish_plain`'s per-topic piece (the binding's `prism-*`
+    headers split around the message id), filled on its first publish: the binding's headers of
+    a plain envelope depend on nothing but the topic and namespace, so every Kafka client may
+    share them. A backend that gets a direct path of its own adds its own slot."""
+
+    __slots__ = ("after_id", "after_ms", "after_ms_any", "head6", "id_prefix", "kafka_headers", "namespace", "topic")
 
     def __init__(self, topic: str, namespace: str) -> None:
+        self.topic, self.namespace = topic, namespace
         self.id_prefix = pb.PrismMetadata(message_id="0" * 36).SerializeToString()[:-36]  # tag + length
         self.after_id = pb.PrismMetadata(topic=topic, namespace=namespace).SerializeToString() + b"\x20"
         self.after_ms = pb.PrismMetadata(content_type=_CONTENT_TYPE_JSON,
                                          producer_sdk_version=SDK_VERSION).SerializeToString()
+        self.after_ms_any = self.after_ms + b"\x9a\x06"  # + the payload field's tag
         md_len6 = len(self.id_prefix) + 36 + len(self.after_id) + 6 + len(self.after_ms)
         self.head6 = b"\x0a" + _varint(md_len6) + self.id_prefix
+        self.kafka_headers: Any = None
 
-    def wire(self, message_id: str, ms: int, value: bytes) -> bytes:
-        n = len(value)
-        nv = _varint(n)
+    def wire(self, message_id: bytes, ms: int, value: bytes) -> bytes:
+        """The envelope's bytes; `message_id` is the id's 36 ASCII bytes."""
         if _MS6_LOW <= ms < _MS6_HIGH:
-            return b"".join((self.head6, message_id.encode(), self.after_id,
+            return b"".join((self.head6, message_id, self.after_id,
                              bytes((ms & 0x7F | 0x80, ms >> 7 & 0x7F | 0x80, ms >> 14 & 0x7F | 0x80,
                                     ms >> 21 & 0x7F | 0x80, ms >> 28 & 0x7F | 0x80, ms >> 35)),
-                             self.after_ms, b"\x9a\x06", _varint(n + 1 + len(nv)), b"\x12", nv, value))
-        md = b"".join((self.id_prefix, message_id.encode(), self.after_id, _varint(ms), self.after_ms))
-        return b"".join((b"\x0a", _varint(len(md)), md, b"\x9a\x06", _varint(n + 1 + len(nv)), b"\x12", nv, value))
+                             self.after_ms_any, _VALUE_HEADS.get(len(value)) or _value_head(len(value)), value))
+        md = b"".join((self.id_prefix, message_id, self.after_id, _varint(ms), self.after_ms))
+        return b"".join((b"\x0a", _varint(len(md)), md, b"\x9a\x06", _value_head(len(value)), value))
+
+    def envelope(self, message_id: str, ms: int, value: bytes) -> Envelope:
+        """The envelope whose bytes `wire` writes (for whoever needs more than the bytes)."""
+        return _PlainJsonEnvelope(message_id, self.topic, self.namespace, ms, value)
+
+
+def _value_head(n: int) -> bytes:
+    """`len(any) 0x12 len(value)` before a payload value of `n` bytes: the Any message's length
+    and its `value` field's tag and length. Kept for the lengths seen (`_VALUE_HEADS`)."""
+    nv = _varint(n)
+    head = _varint(n + 1 + len(nv)) + b"\x12" + nv
+    if len(_VALUE_HEADS) >= _MAX_VALUE_HEADS:
+        _VALUE_HEADS.clear()
+    _VALUE_HEADS[n] = head
+    return head
+
+
+_VALUE_HEADS: dict[int, bytes] = {}
+_MAX_VALUE_HEADS = 4096  # distinct payload lengths kept; more: start over
+
+
+def _plain_wire(topic: str, namespace: str) -> _PlainWire:
+    """The cached `_PlainWire` of (topic, namespace), made on first use."""
+    template = _WIRES.get((topic, namespace))
+    if template is None:
+        if len(_WIRES) >= _MAX_WIRES:
+            _WIRES.clear()
+        template = _WIRES[(topic, namespace)] = _PlainWire(topic, namespace)
+    return template
 
 
 _WIRES: dict[tuple[str, str], _PlainWire] = {}
@@ -201,16 +238,13 @@ def _json_envelope(topic: str, payload: Any, namespace: str) -> tuple[Envelope, 
     The bytes are a per-(topic, namespace) template with the id, the time and the payload
     filled in (`_PlainWire`); the envelope builds its header only if something asks for it
     (`_PlainJsonEnvelope`). Issue 29: building and serializing the header was about a third
-    of the envelope's overhead over a raw aiokafka producer."""
+    of the envelope's overhead over a raw aiokafka producer. `PrismClient.publish`'s direct
+    path does the same steps inline and builds no envelope object at all."""
     message_id = fast_uuid7()
     value = dumps_checked(payload, what="publish(payload=)", encode=_JSON.encode).encode()
     ms = int(time.time() * 1000)
-    template = _WIRES.get((topic, namespace))
-    if template is None:
-        if len(_WIRES) >= _MAX_WIRES:
-            _WIRES.clear()
-        template = _WIRES[(topic, namespace)] = _PlainWire(topic, namespace)
-    return _PlainJsonEnvelope(message_id, topic, namespace, ms, value), template.wire(message_id, ms, value)
+    template = _plain_wire(topic, namespace)
+    return template.envelope(message_id, ms, value), template.wire(message_id.encode(), ms, value)
 
 
 class UnreadableMessage:
@@ -314,6 +348,29 @@ class PrismClient:
         #: the registry's schemas for received messages (None without registry_url)
         self.schemas: SchemaResolver | None = SchemaResolver(registry_url) if registry_url else None
         self._requirement: SchemaRequirement | None = SchemaRequirement(registry_url) if registry_url else None
+        self._plain_ok = False
+        self._refresh_plain()
+
+    #: The attributes `_plain_ok` is computed from: assigning any of them recomputes it.
+    _PLAIN_INPUTS = frozenset({"_connected", "backend", "layout", "schema", "signing_key", "publisher_id",
+                               "publisher_team", "auth_token", "_requirement"})
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name in PrismClient._PLAIN_INPUTS and "_plain_ok" in self.__dict__:
+            self._refresh_plain()
+
+    def _refresh_plain(self) -> None:
+        """`_plain_ok`: whether a `publish(topic, dict_or_list)` with no options may take the
+        direct path - everything about the client that the path leaves out holds: connected,
+        a backend with `publish_plain`, the reviewed layout, no client schema, signing key,
+        publisher identity or schema requirement. Worked out here, whenever one of those
+        attributes is assigned (`__setattr__`), instead of on every publish (issue 29)."""
+        backend = self.backend
+        object.__setattr__(self, "_plain_ok", bool(
+            self._connected and backend.publish_plain is not None and self.layout is Layout.REVIEWED
+            and self.schema is None and self.signing_key is None and self._requirement is None
+            and not (self.publisher_id or self.publisher_team or self.auth_token)))
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def connect(self) -> Self:
@@ -430,16 +487,19 @@ class PrismClient:
         (field paths in `.violations`) and nothing is sent. The envelope then carries the
         schema context of the version it was validated against.
         """
-        if (options is None and not schema_validation and schema_version is None and self._requirement is None
-                and self._connected and self.backend.publish_plain is not None and isinstance(payload, dict | list)
-                and topic and self.layout is Layout.REVIEWED and self.schema is None and self.signing_key is None
-                and not (self.publisher_id or self.publisher_team or self.auth_token)
-                and current_otel_context() is None):
-            # The default publish of a dict/list (issue 29): what `_build` + `_outgoing` +
-            # `backend.publish` do for it, without the general path's branches and objects.
-            env, wire = _json_envelope(topic, payload, self.namespace)
-            await self.backend.publish_plain(env, wire)
-            return env.message_id
+        if (options is None and self._plain_ok and isinstance(payload, _JSON_CONTAINERS) and topic
+                and not schema_validation and schema_version is None
+                and (not otel_context() or current_otel_context() is None)):
+            # The default publish of a dict/list (issue 29): `_json_envelope` + `publish_plain`
+            # inline, no envelope object; the record is the general path's (`_build` +
+            # `_outgoing` + `backend.publish`; tests/sdk/test_publish_path.py).
+            message_id = fast_uuid7()
+            value = dumps_checked(payload, what="publish(payload=)", encode=_JSON.encode).encode()
+            ms = int(time.time() * 1000)
+            template = _WIRES.get((topic, self.namespace)) or _plain_wire(topic, self.namespace)
+            id_bytes = message_id.encode()
+            await self.backend.publish_plain(template, id_bytes, ms, template.wire(id_bytes, ms, value), value)
+            return message_id
         o = options or DEFAULT_OPTIONS
         schema = None
         if schema_validation:

@@ -8,7 +8,8 @@ option leaves the envelope field absent, which memo-031 gives a meaning (priorit
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,3 +151,26 @@ def current_otel_context() -> TraceContext | None:
     if not ctx.is_valid:
         return None
     return trace_context_of(ctx)
+
+
+def _context_getter() -> Callable[[], Any]:
+    """What `otel_context()` is: `get` of the ContextVar behind OpenTelemetry's default runtime
+    context when that is the one in use; without OpenTelemetry a function returning None; with
+    another runtime context (or a future OpenTelemetry that renames the private attribute, read
+    once and type-checked) a function returning True, so every publish asks `current_otel_context`."""
+    if _current_span is None:
+        return lambda: None
+    try:
+        from opentelemetry.context import _RUNTIME_CONTEXT
+    except ImportError:
+        return lambda: True
+    var = getattr(_RUNTIME_CONTEXT, "_current_context", None)
+    return var.get if isinstance(var, ContextVar) else lambda: True
+
+
+#: `not otel_context()` means `current_otel_context()` is certainly None: OpenTelemetry is not
+#: installed, or its current context holds nothing at all (no span, no baggage). An empty context
+#: is the common case of an uninstrumented publish, and testing it is one ContextVar read instead
+#: of the four frames of `get_current_span` (issue 29: ~1.5 µs per publish between round trips).
+#: Anything else means "look": the caller then asks `current_otel_context`.
+otel_context: Callable[[], Any] = _context_getter()

@@ -9,6 +9,8 @@ Each shortcut is compared here with the function it stands in for.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -234,7 +236,8 @@ def test_plain_wire_writes_every_publish_time_as_protobuf_does(ms):
     env, _ = _json_envelope("orders", {"a": 1}, "ns")
     ref = new_envelope("orders", {"a": 1}, namespace="ns", message_id=env.message_id,
                        published_at_ms=ms, producer_sdk_version=SDK_VERSION)
-    assert _PlainWire("orders", "ns").wire(env.message_id, ms, env.payload_bytes()) == encode(ref, Layout.REVIEWED)
+    wire = _PlainWire("orders", "ns").wire(env.message_id.encode(), ms, env.payload_bytes())
+    assert wire == encode(ref, Layout.REVIEWED)
 
 
 class _RecordingProducer:
@@ -243,11 +246,16 @@ class _RecordingProducer:
     def __init__(self):
         self.sent = []
 
-    async def send_and_wait(self, topic, value, key=None, headers=None, timestamp_ms=None):
+    async def send(self, topic, value, key=None, headers=None, timestamp_ms=None):
         from types import SimpleNamespace
 
         self.sent.append((topic, key, value, headers, timestamp_ms))
-        return SimpleNamespace(partition=0, offset=len(self.sent) - 1)
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(SimpleNamespace(partition=0, offset=len(self.sent) - 1))
+        return future
+
+    async def send_and_wait(self, *args, **kwargs):
+        return await (await self.send(*args, **kwargs))
 
 
 def _recording_kafka_client(**kwargs):
@@ -289,8 +297,8 @@ async def test_publishes_that_are_not_the_default_one_take_the_general_path(call
     client, producer = _recording_kafka_client(**client_kwargs)
     plain_calls = []
 
-    async def publish_plain(env, wire):
-        plain_calls.append(env)
+    async def publish_plain(*args):
+        plain_calls.append(args)
     client.backend.publish_plain = publish_plain
     await call(client)
     assert not plain_calls and len(producer.sent) == 1
@@ -313,6 +321,112 @@ async def test_a_default_publish_that_kafka_does_not_confirm_is_a_publish_error(
 
     async def refuse(*args, **kwargs):
         raise ConnectionError("broker gone")
-    producer.send_and_wait = refuse
+    producer.send = refuse
     with pytest.raises(PublishError, match="Kafka did not confirm"):
         await client.publish("orders", {"a": 1})
+
+
+@pytest.mark.parametrize("attr,value", [
+    ("signing_key", SigningKey.hmac_sha256("k", b"k" * 32)),
+    ("publisher_id", "svc"),
+    ("publisher_team", "team"),
+    ("auth_token", "jwt"),
+    ("layout", Layout.DRAFT),
+])
+async def test_a_client_setting_assigned_after_connecting_is_honoured_by_the_next_publish(attr, value):
+    """Issue 29: whether the default publish may take the direct path is worked out when a
+    client attribute is assigned, not per publish; assigning one after connecting moves the
+    next publish to the general path, and assigning it back returns it to the direct one."""
+    client, producer = _recording_kafka_client()
+    plain_calls = []
+    direct = client.backend.publish_plain
+
+    async def publish_plain(*args):
+        plain_calls.append(args)
+        await direct(*args)
+    client.backend.publish_plain = publish_plain
+    await client.publish("orders", {"a": 1})
+    assert len(plain_calls) == 1
+    original = getattr(client, attr)
+    setattr(client, attr, value)
+    await client.publish("orders", {"a": 1})
+    assert len(plain_calls) == 1 and len(producer.sent) == 2
+    (_topic, key, value_bytes, headers, ts) = producer.sent[1]
+    env = kb.decode(kb.KafkaRecord(key, value_bytes, headers, ts))
+    if attr == "signing_key":
+        assert env.security is not None and env.security.signature
+    elif attr == "layout":
+        assert (kb.PREFIX + "envelope-layout", b"draft") in headers
+    else:
+        assert env.security is not None
+    setattr(client, attr, original)
+    await client.publish("orders", {"a": 1})
+    assert len(plain_calls) == 2
+
+
+async def test_a_closed_client_does_not_take_the_direct_path():
+    from app.errors import ConfigError
+
+    client, producer = _recording_kafka_client()
+    await client.publish("orders", {"a": 1})
+    client._closed, client._connected = True, False  # what close() leaves
+    with pytest.raises(ConfigError, match="closed"):
+        await client.publish("orders", {"a": 1})
+    assert len(producer.sent) == 1
+
+
+async def test_the_default_publish_with_only_baggage_in_the_context_sends_no_trace_context():
+    """A non-empty OpenTelemetry context without a span: the cheap test says "look", the full
+    one finds no span, and the direct path sends the plain record."""
+    from opentelemetry import baggage, context
+
+    client, producer = _recording_kafka_client()
+    token = context.attach(baggage.set_baggage("k", "v"))
+    try:
+        await client.publish("orders", {"a": 1})
+    finally:
+        context.detach(token)
+    (_topic, key, value, headers, ts), = producer.sent
+    env = kb.decode(kb.KafkaRecord(key, value, headers, ts))
+    assert env.observability is None and value == encode(env, Layout.REVIEWED)
+
+
+async def test_an_unknown_opentelemetry_runtime_context_still_propagates_the_span(monkeypatch):
+    """If the ContextVar behind OpenTelemetry's context cannot be read (another runtime
+    context), `otel_context` always says "look": a span is still found and propagated."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from app.sdk import client as client_module
+
+    monkeypatch.setattr(client_module, "otel_context", lambda: True)
+    client, producer = _recording_kafka_client()
+    await client.publish("orders", {"a": 1})
+    with TracerProvider().get_tracer("t").start_as_current_span("publish"):
+        await client.publish("orders", {"a": 1})
+    plain, traced = (kb.decode(kb.KafkaRecord(k, v, h, t)) for _topic, k, v, h, t in producer.sent)
+    assert plain.observability is None and traced.observability is not None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(min_size=1, max_size=60), st.text(min_size=1, max_size=40),
+       st.lists(st.dictionaries(st.text(max_size=8), st.integers() | st.text(max_size=300), max_size=4),
+                min_size=1, max_size=3))
+def test_direct_kafka_publishes_of_any_topic_and_namespace_are_the_general_paths_records(topic, namespace, payloads):
+    """Issue 29: the direct path's record - header list split once per (topic, namespace)
+    around the message id, bytes from the template - is the general path's and the codec's,
+    on the first publish to a topic (template miss) and on the later ones (hits)."""
+
+    async def run():
+        client, producer = _recording_kafka_client()
+        client.namespace = namespace
+        client.backend._known_topics.add(topic)
+        ids = [await client.publish(topic, payload) for payload in payloads]
+        general, _ = _recording_kafka_client()
+        for (sent_topic, key, value, headers, ts), message_id in zip(producer.sent, ids, strict=True):
+            env = kb.decode(kb.KafkaRecord(key, value, headers, ts))
+            assert (sent_topic, env.message_id, env.topic, env.namespace) == (topic, message_id, topic, namespace)
+            assert general.backend._parts(general._outgoing(env, DEFAULT_OPTIONS, True, value)) == \
+                (key, value, headers, ts)
+            assert headers == kb.headers_for(env, Layout.REVIEWED) and value == encode(env, Layout.REVIEWED)
+
+    asyncio.run(run())

@@ -21,7 +21,7 @@ import abc
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from ...envelope.codec import Layout
@@ -48,6 +48,17 @@ class Outgoing:
     #: binding headers then differ from those of the previous such envelope of the topic in
     #: the message id alone, so backends may reuse them (`PlainTemplates`).
     plain: bool = False
+
+
+class PlainWire(Protocol):
+    """What `Backend.publish_plain` gets of a plain envelope's topic (`app.sdk.client._PlainWire`):
+    its topic, the Kafka backend's slot for its per-topic header pieces (None until it fills
+    it), and the envelope itself for a backend that needs more than the bytes."""
+
+    topic: str
+    kafka_headers: Any
+
+    def envelope(self, message_id: str, ms: int, value: bytes) -> Envelope: ...
 
 
 class PlainTemplates:
@@ -192,11 +203,12 @@ class Backend(abc.ABC):
     """One connection (pool) to a backend, shared by all publishes and subscriptions of a client."""
 
     scheme: ClassVar[str]
-    #: `async publish_plain(env, wire)`: the publish of one plain envelope (`Outgoing.plain`) in
-    #: the reviewed layout whose bytes are `wire`, the same record as `publish([Outgoing(...,
-    #: wire=wire, plain=True)])` with less per-call work; None when the backend has none
-    #: (then `PrismClient.publish` takes the general path).
-    publish_plain: Callable[[Envelope, bytes], Awaitable[None]] | None = None
+    #: `async publish_plain(plain, message_id, ms, wire, value)`: the publish of one plain
+    #: envelope (`Outgoing.plain`) in the reviewed layout - `plain.envelope(message_id, ms,
+    #: value)`, whose bytes are `wire` - the same record as `publish([Outgoing(..., wire=wire,
+    #: plain=True)])` with less per-call work; None when the backend has none (then
+    #: `PrismClient.publish` takes the general path). Read when the client connects.
+    publish_plain: Callable[[PlainWire, bytes, int, bytes, bytes], Awaitable[None]] | None = None
 
     def __init__(self, url: str) -> None:
         self.url = url

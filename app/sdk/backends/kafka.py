@@ -70,6 +70,7 @@ from .base import (
     Delivery,
     Outgoing,
     PlainTemplates,
+    PlainWire,
     RawMessage,
     SubscribeSettings,
     check_commit_interval,
@@ -84,6 +85,18 @@ log = logging.getLogger("prism.sdk.kafka")
 _REVIEWED = Layout.REVIEWED
 _KNOWN = ("partitions", "create_topics", "acks", "linger_ms", "session_timeout_ms", "heartbeat_interval_ms",
           "commit_interval_ms", "isolation_level", "security")
+
+
+_ID_HEADER = kb.PREFIX + c.MESSAGE_ID
+
+
+def _split_id_header(headers: list[tuple[str, bytes]]) -> tuple[tuple[tuple[str, bytes], ...], str,
+                                                                  tuple[tuple[str, bytes], ...]]:
+    """(headers before the message id's, its name, headers after it) of a plain envelope's
+    header list: every other header of a plain envelope depends only on its topic and namespace
+    (the same reasoning as `PlainTemplates`)."""
+    i = [name for name, _ in headers].index(_ID_HEADER)  # the binding writes it once, always
+    return tuple(headers[:i]), _ID_HEADER, tuple(headers[i + 1:])
 
 
 class KafkaBackend(Backend):
@@ -113,7 +126,7 @@ class KafkaBackend(Backend):
             self._client_kwargs = self._settings.aiokafka_kwargs()
         reject_unknown(params, url, _KNOWN)
         self._producer: Any = None
-        self._plain_headers = PlainTemplates(kb.headers_for, [kb.PREFIX + c.MESSAGE_ID], str.encode)
+        self._plain_headers = PlainTemplates(kb.headers_for, [_ID_HEADER], str.encode)
         self._known_topics: set[str] = set()
         self._topic_lock = asyncio.Lock()
         #: (topic, partition) -> offset of the last record this backend produced there.
@@ -197,20 +210,31 @@ class KafkaBackend(Backend):
             raise PublishError(f"Kafka did not confirm the publish: {exc!r}", path=redact_url(self.url),
                                hint="the message may or may not be stored; retry with the same message_id") from exc
 
-    async def publish_plain(self, env: Envelope, wire: bytes) -> None:  # type: ignore[override]
-        """`publish([Outgoing(env.topic, env, Layout.REVIEWED, wire=wire, plain=True)])`: the
-        same record (`_parts` of that item; tests/sdk/test_publish_path.py), without the list,
-        the `Outgoing` and the batch branches (issue 29: the default publish's hot path)."""
-        topic = env.topic
+    async def publish_plain(self, plain: PlainWire, message_id: bytes, ms: int, wire: bytes,  # type: ignore[override]
+                            value: bytes) -> None:
+        """`publish([Outgoing(topic, env, Layout.REVIEWED, wire=wire, plain=True)])` of the plain
+        envelope `plain.envelope(message_id, ms, value)`: the same record (`_parts` of that item;
+        tests/sdk/test_publish_path.py), without the envelope object, the list, the `Outgoing`
+        and the batch branches (issue 29: the default publish's hot path).
+
+        The binding's headers come from `plain.kafka_headers`, the topic's header list split around
+        the message id (`_split_id_header`, built by `kb.headers_for` on the first publish), so
+        a publish builds one list and one tuple for them. `producer.send` then its future is
+        `send_and_wait` without its extra coroutine."""
+        topic = plain.topic
         if topic not in self._known_topics:
             await self.ensure_topic(topic)
         producer = self._producer
         if producer is None:
             raise PublishError("the Kafka backend is not connected", hint="use the client inside `async with`")
-        ts = env.published_at_ms
+        split = plain.kafka_headers
+        if split is None:
+            split = plain.kafka_headers = _split_id_header(
+                kb.headers_for(plain.envelope(message_id.decode(), ms, value), _REVIEWED))
+        before, name, after = split
         try:
-            md = await producer.send_and_wait(topic, wire, key=None, headers=self._plain_headers.get(env, _REVIEWED),
-                                              timestamp_ms=ts if ts > 0 else None)
+            md = await (await producer.send(topic, wire, headers=[*before, (name, message_id), *after],
+                                            timestamp_ms=ms if ms > 0 else None))
         except Exception as exc:
             raise PublishError(f"Kafka did not confirm the publish: {exc!r}", path=redact_url(self.url),
                                hint="the message may or may not be stored; retry with the same message_id") from exc
