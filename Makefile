@@ -4,12 +4,13 @@
 #   make image  - the container images (localhost/prism, localhost/prism-lake) with podman
 #   make client-wheel - the client SDK's own distribution (prism-client, import prism_client) in dist/
 #   make test-go  - the Go client's tests (clients/go; needs Go 1.21+, scripts/ensure-go.sh)
+#   make native   - the optional compiled hot path (prism_native, clients/rust/python; needs cargo)
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: venv demo run test lint proto proto-check conformance conformance-check bench image client-wheel clean
+.PHONY: venv demo run test lint native proto proto-check conformance conformance-check bench image client-wheel clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -36,6 +37,7 @@ demo: $(STAMP)
 	$(BIN)/prism demo
 
 run: $(STAMP)   # a try-out: throwaway keys if none exist (`prism keys init` makes a set to share)
+	@$(MAKE) --no-print-directory native || echo "the compiled hot path did not build: the worker runs pure Python" >&2
 	$(BIN)/prism run --topology topologies/orders-created.yaml --dev-keys
 
 test: $(STAMP)
@@ -47,6 +49,7 @@ test: $(STAMP)
 	$(BIN)/ruff check app tests bench clients conformance
 	$(MAKE) --no-print-directory test-go
 	$(MAKE) --no-print-directory test-rust
+	$(MAKE) --no-print-directory native
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # The Go client (docs/sdk-go.md): generated types current, vet and gofmt clean, every test
@@ -72,6 +75,29 @@ test-rust:
 	cd clients/rust && $(CARGO) fmt --check
 	cd clients/rust && CARGO_TARGET_DIR=$(RUST_TARGET) $(CARGO) clippy --locked --all-targets --all-features -q -- -D warnings
 	cd clients/rust && CARGO_TARGET_DIR=$(RUST_TARGET) $(CARGO) test --locked -q
+
+# The worker's optional compiled hot path (app/native.py, docs/operations.md "Compiled hot
+# path"): a PyO3 module built from clients/rust's prism-client by maturin, installed into the
+# venv. Rebuilt only when the crates' sources change (its own stamp; $(STAMP) does not depend on
+# it). Without cargo it is skipped and the worker runs pure Python - except under CI=true, where
+# tests/envelope/test_wire_native.py must run, so a missing toolchain fails here.
+NATIVE_SRC   := $(wildcard clients/rust/src/*.rs clients/rust/python/src/*.rs) clients/rust/Cargo.toml \
+                clients/rust/python/Cargo.toml clients/rust/python/Cargo.lock clients/rust/python/pyproject.toml
+NATIVE_STAMP := $(VENV)/.native-installed
+native:
+	@if ! command -v $(CARGO) >/dev/null 2>&1; then \
+	  case "$$CI" in 1|true|yes) echo "CI=true: the compiled hot path needs cargo (https://rustup.rs)" >&2; exit 1 ;; esac; \
+	  echo "SKIPPED the compiled hot path (prism_native): no cargo; the worker runs pure Python" >&2; exit 0; fi
+	@test -x $(BIN)/python || { echo "no venv yet: run make venv first" >&2; exit 1; }
+	@$(MAKE) --no-print-directory $(NATIVE_STAMP)
+
+$(NATIVE_STAMP): $(NATIVE_SRC)
+	@test -x $(BIN)/maturin || $(BIN)/python -m pip install -q 'maturin>=1.5,<2'
+	rm -rf build/native-wheels
+	PATH="$$(dirname $(CARGO)):$$PATH" CARGO_TARGET_DIR=$(RUST_TARGET) $(BIN)/maturin build --release --locked -q \
+	  -m clients/rust/python/Cargo.toml -o build/native-wheels -i $(BIN)/python
+	$(BIN)/python -m pip install -q --force-reinstall --no-deps build/native-wheels/prism_native-*.whl
+	@touch $(NATIVE_STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check app tests bench clients conformance

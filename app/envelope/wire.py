@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple
 
+from .. import native as _native
 from ..errors import LengthError, TruncatedError, WireTypeError
 
 VARINT, I64, LEN, SGROUP, EGROUP, I32 = 0, 1, 2, 3, 4, 5
@@ -115,6 +116,24 @@ def scan(buf: memoryview | bytes, start: int = 0, end: int | None = None) -> lis
                 path=f"byte {rec_start}",
             )
     return out
+
+
+_py_scan = scan
+
+if _native.module is not None:
+    _native_scan = _native.module.scan
+    _WireFault = _native.module.WireFault
+    _fault = _native.scan_fault
+
+    def scan(  # the compiled walk replaces the Python one (app/native.py)
+        buf: memoryview | bytes, start: int = 0, end: int | None = None,
+    ) -> list[tuple[int, int, int, int, int]]:
+        """`scan`, compiled (`prism_native.scan`, the Rust client's walker): the same tuples,
+        and the same `PrismError` for bad input."""
+        try:
+            return _native_scan(buf, start, end)  # type: ignore[no-any-return]
+        except _WireFault as exc:
+            raise _fault(exc.args) from None
 
 
 def iter_records(buf: memoryview | bytes, start: int = 0, end: int | None = None) -> Iterator[Record]:

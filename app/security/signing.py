@@ -48,6 +48,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from google.protobuf.unknown_fields import UnknownFieldSet
 
+from .. import native as _native
 from .._gen.prism.envelope.draft import envelope_pb2 as dpb
 from .._gen.prism.envelope.v1 import envelope_pb2 as vpb
 from ..envelope.codec import (
@@ -656,8 +657,39 @@ def verify_and_decode(
 _Rec = tuple[int, int, int, int, int]
 
 
-def _security_record(view: memoryview, records: list[_Rec], lay: Layout, *, required: bool = True
-                     ) -> tuple[_Rec, list[_Rec], int]:
+def _repeated_field(lay: Layout, field: int, at: int) -> AmbiguousEnvelopeError:
+    return AmbiguousEnvelopeError(
+        f"{_TOP_SINGULAR[lay][field][0]} (field {field}) appears more than once in the envelope; protobuf would merge "
+        "the copies, so what was signed and what is read could differ", path=f"byte {at}",
+        hint="a producer writes each context once; a second copy was appended or the encoder is broken")
+
+
+def _wrong_wire_type(lay: Layout, field: int, wire_type: int, expected: int, at: int) -> AmbiguousEnvelopeError:
+    return AmbiguousEnvelopeError(f"{_TOP_SINGULAR[lay][field][0]} (field {field}) has wire type {wire_type}, "
+                                  f"not {expected}", path=f"byte {at}",
+                                  hint="the bytes are not an envelope of this layout")
+
+
+def _repeated_security_field(field: int, at: int) -> AmbiguousEnvelopeError:
+    return AmbiguousEnvelopeError(f"security.{_SEC_NAMES[field]} appears more than once in the security context",
+                                  path=f"byte {at}", hint="each security field is written once")
+
+
+def _wrong_security_wire_type(field: int, wire_type: int, expected: int, at: int) -> AmbiguousEnvelopeError:
+    return AmbiguousEnvelopeError(f"security.{_SEC_NAMES[field]} has wire type {wire_type}, not {expected}",
+                                  path=f"byte {at}", hint="the security context is malformed")
+
+
+def _located(found: tuple[_Rec, list[_Rec], int] | None, required: bool) -> tuple[_Rec, list[_Rec], int]:
+    if found is None:
+        if required:
+            raise _not_signed("envelope is not signed (no security context)")
+        return (0, 0, 0, 0, 0), [], SCOPE_LEGACY
+    return found
+
+
+def _py_security_record(view: memoryview, records: list[_Rec], lay: Layout, *, required: bool = True
+                        ) -> tuple[_Rec, list[_Rec], int]:
     """The one security record, its inner records and the declared scope, after the
     ambiguity checks. The scope is read from the wire as an unsigned varint (not through
     the int32 enum, which would wrap 2**32 + 2 to 2), as docs/signing.md says."""
@@ -667,21 +699,14 @@ def _security_record(view: memoryview, records: list[_Rec], lay: Layout, *, requ
         spec = singular.get(rec[0])
         if spec is None:
             continue
-        name, wt = spec
         if rec[0] in seen:
-            raise AmbiguousEnvelopeError(
-                f"{name} (field {rec[0]}) appears more than once in the envelope; protobuf would merge the copies, "
-                "so what was signed and what is read could differ", path=f"byte {rec[2]}",
-                hint="a producer writes each context once; a second copy was appended or the encoder is broken")
-        if rec[1] != wt:
-            raise AmbiguousEnvelopeError(f"{name} (field {rec[0]}) has wire type {rec[1]}, not {wt}",
-                                         path=f"byte {rec[2]}", hint="the bytes are not an envelope of this layout")
+            raise _repeated_field(lay, rec[0], rec[2])
+        if rec[1] != spec[1]:
+            raise _wrong_wire_type(lay, rec[0], rec[1], spec[1], rec[2])
         seen[rec[0]] = rec
     sec_rec = seen.get(lay.security_field)
     if sec_rec is None:
-        if required:
-            raise _not_signed("envelope is not signed (no security context)")
-        return (0, 0, 0, 0, 0), [], SCOPE_LEGACY
+        return _located(None, required)
     inner = scan(view, sec_rec[3], sec_rec[4])
     fields: set[int] = set()
     scope = SCOPE_LEGACY
@@ -689,17 +714,50 @@ def _security_record(view: memoryview, records: list[_Rec], lay: Layout, *, requ
         expected = _SEC_WIRE.get(fno)
         if expected is None:
             continue  # an unknown (newer) field: covered byte for byte in scope v2
-        name = _SEC_NAMES[fno]
         if fno in fields:
-            raise AmbiguousEnvelopeError(f"security.{name} appears more than once in the security context",
-                                         path=f"byte {start}", hint="each security field is written once")
+            raise _repeated_security_field(fno, start)
         if wt != expected:
-            raise AmbiguousEnvelopeError(f"security.{name} has wire type {wt}, not {expected}",
-                                         path=f"byte {start}", hint="the security context is malformed")
+            raise _wrong_security_wire_type(fno, wt, expected, start)
         fields.add(fno)
         if fno == _SEC_SCOPE:
             scope = read_varint(view, read_varint(view, start, rend)[1], rend)[0]
     return sec_rec, inner, scope
+
+
+_security_record = _py_security_record
+
+if _native.module is not None:
+    _native_security_record = _native.module.security_record
+    _WireFault = _native.module.WireFault
+    _SecurityFault = _native.module.SecurityFault
+
+    def _security_fault(lay: Layout, kind: str, field: int, wire_type: int | None, expected: int | None,
+                        at: int) -> AmbiguousEnvelopeError:
+        """The `AmbiguousEnvelopeError` the Python check raises for a fault the compiled one reported."""
+        if kind == "repeated_field":
+            return _repeated_field(lay, field, at)
+        if kind == "wrong_wire_type":
+            return _wrong_wire_type(lay, field, wire_type or 0, expected or 0, at)
+        if kind == "repeated_security_field":
+            return _repeated_security_field(field, at)
+        if kind == "wrong_security_wire_type":
+            return _wrong_security_wire_type(field, wire_type or 0, expected or 0, at)
+        return AmbiguousEnvelopeError(f"the compiled security-record check failed ({kind})", path=f"byte {at}",
+                                      hint=f"set {_native.ENV}=0 to use the pure-Python check, and report this input")
+
+    def _security_record(view: memoryview, records: list[_Rec], lay: Layout, *, required: bool = True
+                         ) -> tuple[_Rec, list[_Rec], int]:
+        """`_py_security_record`, compiled (`prism_native.security_record`, prism-client's
+        `locate_security_record`): the same records and scope, the same errors. `records` are
+        the caller's walk of these bytes; the compiled check walks them again (cheaper than
+        handing the tuples across)."""
+        try:
+            found = _native_security_record(view, lay is Layout.REVIEWED)
+        except _WireFault as exc:
+            raise _native.scan_fault(exc.args) from None
+        except _SecurityFault as exc:
+            raise _security_fault(lay, *exc.args) from None
+        return _located(found, required)
 
 
 def _parse_security(value: memoryview, lay: Layout) -> vpb.SecurityContext | dpb.SecurityContext:

@@ -58,6 +58,7 @@ from typing import IO, Any, NoReturn, Self
 import faust
 from faust.exceptions import AlreadyConfiguredWarning
 
+from app import native
 from app.broker.admin import BrokerSettings
 from app.broker.embedded import with_parent_death_signal
 from app.errors import ConfigError, PrismError
@@ -197,8 +198,9 @@ def ready_line(app: faust.App) -> str:
     parts = ", ".join(f"{t}[{','.join(map(str, sorted(ps)))}]" for t, ps in sorted(held.items())) or "none yet"
     brokers = ",".join(f"{u.host}:{u.port}" for u in app.conf.broker)
     web = f"http://{app.conf.web_bind}:{app.conf.web_port}" if app.conf.web_enabled else "off"
+    hot = "native" if native.ACTIVE else f"pure Python ({native.reason})"
     return (f"prism worker ready: topology {topology}, group {group}, partitions {parts}, broker {brokers}, "
-            f"web {web}, pid {os.getpid()}")
+            f"web {web}, pid {os.getpid()}, hot path {hot}")
 
 
 def event_loop_name(loop: asyncio.AbstractEventLoop | None = None) -> str:
@@ -218,7 +220,8 @@ def _write_ready_file(path: Path, app: faust.App) -> None:
 
     info = {"pid": os.getpid(), "app_id": app.conf.id, "ready_at": time.time(),
             "loop": type(asyncio.get_event_loop()).__module__, "event_loop": event_loop_name(),
-            "gc": {"threshold": list(gc.get_threshold()), "frozen": gc.get_freeze_count()}}
+            "gc": {"threshold": list(gc.get_threshold()), "frozen": gc.get_freeze_count()},
+            "native": native.status()}
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(info))
     tmp.replace(path)  # atomic: a reader never sees a half-written file

@@ -64,6 +64,7 @@ from aiohttp import web as aiohttp_web
 from faust.web import View
 from faust.web.base import BlueprintManager
 
+from app import native
 from app.errors import ConfigError
 from app.observability.metrics import CONTENT_TYPE
 from app.security.http_auth import (
@@ -395,7 +396,8 @@ def register_views(app: faust.App, observer: ObserverView, settings: ManagementS
             obs.refresh_gauges()
             r = obs.health.readiness()
             # which event loop runs the worker (uvloop is ~25 % faster; docs/platform-notes.md)
-            doc = {**r.to_dict(), "event_loop": event_loop_name(), "pid": os.getpid()}
+            # and whether the compiled hot path is in use (app/native.py)
+            doc = {**r.to_dict(), "event_loop": event_loop_name(), "pid": os.getpid(), "native": native.status()}
             return self.bytes(json.dumps(doc, sort_keys=True).encode(), content_type=JSON, status=r.http_status)
 
     class OpenApi(View):
@@ -600,7 +602,9 @@ _404 = {"404": {"description": "no topology with that name on this worker",
                 "content": {JSON: {"schema": _ERROR}}}}
 _HEALTH = {"type": "object", "properties": {"status": {"enum": ["ok", "fail"]}, "checks": {"type": "object"}}}
 _READY = {"type": "object", "properties": {**_HEALTH["properties"], "event_loop": {"type": "string"},
-                                          "pid": {"type": "integer"}}}
+                                          "pid": {"type": "integer"},
+                                          "native": {"type": "object", "properties": {
+                                              "active": {"type": "boolean"}, "detail": {"type": "string"}}}}}
 _TASK = {"type": "object", "properties": {
     "id": {"type": "integer"}, "state": {"enum": ["RUNNING", "PAUSED"]}, "worker_id": {"type": "string"},
     "topic": {"type": "string"}, "partition": {"type": "integer"}, "committed": {"type": ["integer", "null"]},

@@ -96,6 +96,22 @@ def _verify_and_decode(data: bytes) -> Any:
     return verify_and_decode(data, VerificationKeys({}))
 
 
+def _record_walk(data: bytes) -> Any:
+    from app.envelope.wire import scan  # compiled when prism_native is installed (app/native.py)
+
+    return scan(data), scan(memoryview(data), len(data) // 3, len(data) // 2)
+
+
+def _check_unambiguous(data: bytes) -> Any:
+    from app.envelope import Layout
+    from app.security.signing import check_unambiguous  # its security-record check is compiled too
+
+    for layout in Layout:
+        with contextlib.suppress(PrismError):
+            check_unambiguous(data, layout=layout)
+    return check_unambiguous(data)
+
+
 def _kafka_record(data: bytes) -> Any:
     from app.bindings.kafka import decode
 
@@ -137,6 +153,8 @@ DECODERS: dict[str, Callable[[bytes], Any]] = {
     "normalize (CloudEvent binary mode, legacy and LNMP headers)": _normalize_headers,
     "envelope decode, both layouts, payload read": _decode,
     "verify_and_decode": _verify_and_decode,
+    "top-level record walk (wire.scan, compiled or not)": _record_walk,
+    "signature ambiguity check, both layouts (compiled or not)": _check_unambiguous,
     "Kafka binding decode (value + prism-* headers)": _kafka_record,
     "LNMP binary container": _lnmp_container,
     "LNMP #ENVELOPE text": _lnmp_text,

@@ -44,6 +44,9 @@ PROVIDED_BY = {
 }
 #: Third-party imports that the wheel carries but no client code path reaches, and why.
 WORKER_ONLY = {"faust": "BrokerSettings.faust_credentials in broker/admin.py builds the worker's Faust credentials"}
+#: Optional modules built from this repository, not from an index: imported under `try` (ImportError:
+#: the pure-Python code runs), so neither a base dependency nor an extra.
+BUILT_HERE = {"prism_native": "the compiled hot path, clients/rust/python (`make native`); app/native.py falls back"}
 #: Modules that import an optional extra at module level; nothing in the SDK imports them
 #: unless that extra is in use (the clean-venv run checks that they are the only ones).
 EXTRA_MODULES = {"observability/metrics.py": "metrics", "observability/runtime_metrics.py": "metrics"}
@@ -192,6 +195,9 @@ def test_client_third_party_imports_are_declared() -> None:
                 tops = {alias.name.split(".")[0] for alias in node.names}
             for top in sorted(tops):
                 if top in sys.stdlib_module_names or top in ("__future__", "app") or top in WORKER_ONLY:
+                    continue
+                if top in BUILT_HERE:
+                    assert optional, f"{rel}:{node.lineno} imports {top} outside a try/except ImportError"
                     continue
                 dist = PROVIDED_BY.get(top)
                 if dist is None or dist not in BASE | extra_dists:

@@ -76,6 +76,9 @@ def test_prism_run_uses_uvloop(tmp_path: Path, dev_keys) -> None:
         assert info["event_loop"] == "uvloop", info
         _status, doc = wait_for(lambda: _readyz(port), 60, "/readyz answering", proc, log)
         assert doc["event_loop"] == "uvloop" and doc["pid"] == info["pid"], doc
+        # the compiled hot path's state (app/native.py), the same in both, and in the ready log line
+        assert doc["native"] == info["native"] and isinstance(info["native"]["active"], bool), doc
+        assert "hot path " in log.read_text(errors="replace")
     finally:
         code = stop(proc)
     assert code == 0, log.read_text(errors="replace")[-4000:]

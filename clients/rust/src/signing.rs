@@ -380,30 +380,69 @@ fn ambiguous(what: String, at: usize, hint: &str) -> PrismError {
     err!(AmbiguousEnvelope, what, format!("byte {at}"), hint)
 }
 
-fn security_record(data: &[u8], records: &[Record], lay: Layout) -> Result<Option<SecRecord>> {
+/// Why the security record of received bytes cannot be told unambiguously (docs/signing.md,
+/// steps 1-3), with the numbers as read, so each SDK words it in its own error type: this crate
+/// as `PrismError::AmbiguousEnvelope` ([`security_record`]), the Python worker's compiled path
+/// (`clients/rust/python`) as the `AmbiguousEnvelopeError` texts of `app/security/signing.py`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecurityFault {
+    /// The security record's own records cannot be walked.
+    Wire(wire::WireFault),
+    /// A singular top-level field appears twice; `at` is the second one's start.
+    RepeatedField { field: u32, at: usize },
+    /// A singular top-level field has another wire type than its own.
+    WrongWireType {
+        field: u32,
+        wire_type: u8,
+        expected: u8,
+        at: usize,
+    },
+    /// A known security-context field appears twice.
+    RepeatedSecurityField { field: u32, at: usize },
+    /// A known security-context field has another wire type than its own.
+    WrongSecurityWireType {
+        field: u32,
+        wire_type: u8,
+        expected: u8,
+        at: usize,
+    },
+}
+
+/// The one security record of received bytes, its records, and the declared scope (the
+/// varint's full value; 0, legacy, when absent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecurityRecord {
+    pub rec: Record,
+    pub inner: Vec<Record>,
+    pub scope: u128,
+}
+
+/// Find the security record among `records` (`wire::scan` of `data`) after the ambiguity
+/// checks of docs/signing.md (steps 2 and 3); `None` when there is none.
+pub fn locate_security_record(
+    data: &[u8],
+    records: &[Record],
+    lay: Layout,
+) -> std::result::Result<Option<SecurityRecord>, SecurityFault> {
     let mut seen: Vec<u32> = Vec::new();
     let mut sec: Option<Record> = None;
     for r in records {
-        let Some((name, wt)) = top_singular(lay, r.field) else {
+        let Some((_, wt)) = top_singular(lay, r.field) else {
             continue;
         };
         if seen.contains(&r.field) {
-            return Err(ambiguous(
-                format!(
-                    "{name} (field {}) appears more than once in the envelope; protobuf would merge \
-                the copies, so what was signed and what is read could differ",
-                    r.field
-                ),
-                r.start,
-                "a producer writes each context once; a second copy was appended or the encoder is broken",
-            ));
+            return Err(SecurityFault::RepeatedField {
+                field: r.field,
+                at: r.start,
+            });
         }
         if r.wire_type != wt {
-            return Err(ambiguous(
-                format!("{name} (field {}) has wire type {}, not {wt}", r.field, r.wire_type),
-                r.start,
-                "the bytes are not an envelope of this layout",
-            ));
+            return Err(SecurityFault::WrongWireType {
+                field: r.field,
+                wire_type: r.wire_type,
+                expected: wt,
+                at: r.start,
+            });
         }
         seen.push(r.field);
         if r.field == lay.security_field() {
@@ -411,34 +450,97 @@ fn security_record(data: &[u8], records: &[Record], lay: Layout) -> Result<Optio
         }
     }
     let Some(rec) = sec else { return Ok(None) };
-    let inner = wire::scan(data, rec.value_start, rec.end)?;
+    let inner = wire::walk(data, rec.value_start, rec.end).map_err(SecurityFault::Wire)?;
     let mut fields: Vec<u32> = Vec::new();
-    let mut scope = SCOPE_LEGACY;
+    let mut scope = u128::from(SCOPE_LEGACY);
     for r in &inner {
         let Some(expected) = sec_wire_type(r.field) else {
             continue;
         };
-        let name = SEC_NAMES[r.field as usize];
         if fields.contains(&r.field) {
-            return Err(ambiguous(
-                format!("security.{name} appears more than once in the security context"),
-                r.start,
-                "each security field is written once",
-            ));
+            return Err(SecurityFault::RepeatedSecurityField {
+                field: r.field,
+                at: r.start,
+            });
         }
         if r.wire_type != expected {
-            return Err(ambiguous(
-                format!("security.{name} has wire type {}, not {expected}", r.wire_type),
-                r.start,
-                "the security context is malformed",
-            ));
+            return Err(SecurityFault::WrongSecurityWireType {
+                field: r.field,
+                wire_type: r.wire_type,
+                expected,
+                at: r.start,
+            });
         }
         fields.push(r.field);
         if r.field == F_SCOPE {
-            scope = wire::varint_value(data, r)?;
+            scope = wire::read_varint_wide(data, r.value_start, r.end)
+                .map_err(SecurityFault::Wire)?
+                .0;
         }
     }
-    Ok(Some(SecRecord { rec, inner, scope }))
+    Ok(Some(SecurityRecord { rec, inner, scope }))
+}
+
+impl SecurityFault {
+    /// This crate's wording (the texts the Python worker uses too).
+    fn into_error(self, lay: Layout) -> PrismError {
+        let top = |field| top_singular(lay, field).map_or("", |(name, _)| name);
+        match self {
+            SecurityFault::Wire(f) => f.into(),
+            SecurityFault::RepeatedField { field, at } => ambiguous(
+                format!(
+                    "{} (field {field}) appears more than once in the envelope; protobuf would merge \
+                the copies, so what was signed and what is read could differ",
+                    top(field)
+                ),
+                at,
+                "a producer writes each context once; a second copy was appended or the encoder is broken",
+            ),
+            SecurityFault::WrongWireType {
+                field,
+                wire_type,
+                expected,
+                at,
+            } => ambiguous(
+                format!(
+                    "{} (field {field}) has wire type {wire_type}, not {expected}",
+                    top(field)
+                ),
+                at,
+                "the bytes are not an envelope of this layout",
+            ),
+            SecurityFault::RepeatedSecurityField { field, at } => ambiguous(
+                format!(
+                    "security.{} appears more than once in the security context",
+                    SEC_NAMES[field as usize]
+                ),
+                at,
+                "each security field is written once",
+            ),
+            SecurityFault::WrongSecurityWireType {
+                field,
+                wire_type,
+                expected,
+                at,
+            } => ambiguous(
+                format!(
+                    "security.{} has wire type {wire_type}, not {expected}",
+                    SEC_NAMES[field as usize]
+                ),
+                at,
+                "the security context is malformed",
+            ),
+        }
+    }
+}
+
+fn security_record(data: &[u8], records: &[Record], lay: Layout) -> Result<Option<SecRecord>> {
+    let found = locate_security_record(data, records, lay).map_err(|f| f.into_error(lay))?;
+    Ok(found.map(|s| SecRecord {
+        rec: s.rec,
+        inner: s.inner,
+        scope: u64::try_from(s.scope).unwrap_or(u64::MAX),
+    }))
 }
 
 /// Raise `AmbiguousEnvelope` if the bytes repeat a singular top-level or security field or

@@ -24,75 +24,152 @@ pub struct Record {
     pub end: usize,
 }
 
+/// Why a walk over records stopped, with the numbers as read (varints up to their full 70 bits,
+/// not saturated): each SDK words the failure in its own error type from these, so the Rust
+/// client ([`scan`], [`PrismError`](crate::PrismError)) and the Python worker's native scan
+/// (`clients/rust/python`, raising the same `PrismError` classes and texts as
+/// `app/envelope/wire.py`) share one walker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WireFault {
+    /// A varint runs past the end; `at` is where the input ended.
+    VarintPastEnd { at: usize },
+    /// Ten bytes, all with the continuation bit; `at` is just past the tenth.
+    VarintTooLong { at: usize },
+    /// Field number 0 or above 2^29-1; `at` is the record's start.
+    InvalidField { at: usize, field: u128 },
+    /// A LEN record claims more bytes than remain after its length prefix.
+    LengthPastEnd {
+        at: usize,
+        field: u32,
+        length: u128,
+        remaining: usize,
+    },
+    /// A fixed-width (I32/I64) value runs past the end.
+    FixedPastEnd { at: usize, field: u32 },
+    /// A group or an invalid wire type (3, 4, 6, 7).
+    BadWireType { at: usize, field: u32, wire_type: u8 },
+}
+
+fn saturated(v: u128) -> u64 {
+    u64::try_from(v).unwrap_or(u64::MAX)
+}
+
+impl From<WireFault> for crate::PrismError {
+    fn from(f: WireFault) -> Self {
+        const CUT: &str = "the message was truncated or corrupted in transit";
+        match f {
+            WireFault::VarintPastEnd { at } => err!(
+                Truncated,
+                "varint runs past the end of the input",
+                format!("byte {at}"),
+                CUT
+            ),
+            WireFault::VarintTooLong { at } => err!(
+                Malformed,
+                "varint longer than 10 bytes",
+                format!("byte {at}"),
+                "the bytes are not protobuf"
+            ),
+            WireFault::InvalidField { at, field } => err!(
+                Malformed,
+                // the number as the saturating reader gave it (the key saturated, then shifted)
+                format!("invalid field number {}", saturated(field << 3 | 7) >> 3),
+                format!("byte {at}"),
+                "the bytes are not protobuf"
+            ),
+            WireFault::LengthPastEnd {
+                at,
+                field,
+                length,
+                remaining,
+            } => err!(
+                Truncated,
+                format!(
+                    "field {field} claims {} bytes but only {remaining} remain",
+                    saturated(length)
+                ),
+                format!("byte {at}"),
+                CUT
+            ),
+            WireFault::FixedPastEnd { at, field } => err!(
+                Truncated,
+                format!("fixed-width field {field} runs past the end"),
+                format!("byte {at}"),
+                CUT
+            ),
+            WireFault::BadWireType { at, field, wire_type } => err!(
+                Malformed,
+                format!("wire type {wire_type} (group or invalid) for field {field} is not supported"),
+                format!("byte {at}"),
+                "the bytes are not an envelope"
+            ),
+        }
+    }
+}
+
+/// A base-128 varint at `pos`, no further than `end`, with all of its up to 70 bits;
+/// returns (value, position after it).
+pub fn read_varint_wide(buf: &[u8], mut pos: usize, end: usize) -> std::result::Result<(u128, usize), WireFault> {
+    let end = end.min(buf.len());
+    let mut result: u128 = 0;
+    for i in 0..10 {
+        if pos >= end {
+            return Err(WireFault::VarintPastEnd { at: pos });
+        }
+        let b = buf[pos];
+        pos += 1;
+        result |= u128::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            return Ok((result, pos));
+        }
+    }
+    Err(WireFault::VarintTooLong { at: pos })
+}
+
 /// Decode a base-128 varint at `pos`, no further than `end`; returns (value, position after it).
 ///
 /// At most 10 bytes are read. Bits beyond 64 (a 10th byte above 1) saturate the value to
 /// `u64::MAX`, so a caller that compares the value (a signature scope, a tree size) sees a
 /// number out of every range instead of a wrapped small one.
-pub fn read_varint(buf: &[u8], mut pos: usize, end: usize) -> Result<(u64, usize)> {
-    let mut result: u64 = 0;
-    let mut overflow = false;
-    for i in 0..10 {
-        if pos >= end || pos >= buf.len() {
-            return Err(err!(
-                Truncated,
-                "varint runs past the end of the input",
-                format!("byte {pos}"),
-                "the message was truncated or corrupted in transit"
-            ));
-        }
-        let b = buf[pos];
-        pos += 1;
-        let low = u64::from(b & 0x7f);
-        if i == 9 && low > 1 {
-            overflow = true;
-        }
-        result |= low.wrapping_shl(7 * i);
-        if b & 0x80 == 0 {
-            return Ok((if overflow { u64::MAX } else { result }, pos));
-        }
-    }
-    Err(err!(
-        Malformed,
-        "varint longer than 10 bytes",
-        format!("byte {pos}"),
-        "the bytes are not protobuf"
-    ))
+pub fn read_varint(buf: &[u8], pos: usize, end: usize) -> Result<(u64, usize)> {
+    let (v, p) = read_varint_wide(buf, pos, end)?;
+    Ok((saturated(v), p))
 }
 
 /// All records of one message in `buf[start..end]`, without copying anything. Rejects
 /// groups and wire types 6/7, field 0 and fields above 2^29-1, varints over 10 bytes and
 /// lengths that run past `end` (docs/signing.md, step 1).
 pub fn scan(buf: &[u8], start: usize, end: usize) -> Result<Vec<Record>> {
+    Ok(walk(buf, start, end)?)
+}
+
+/// [`scan`] with the failure as a [`WireFault`] (its numbers unsaturated), for callers that
+/// word it themselves: the Python binding, whose texts must be `app/envelope/wire.py`'s.
+pub fn walk(buf: &[u8], start: usize, end: usize) -> std::result::Result<Vec<Record>, WireFault> {
     let end = end.min(buf.len());
     let mut pos = start;
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(8);
     while pos < end {
         let rec_start = pos;
-        let (key, p) = read_varint(buf, pos, end)?;
+        let (key, p) = read_varint_wide(buf, pos, end)?;
         pos = p;
         let field = key >> 3;
         let wt = (key & 7) as u8;
-        if field == 0 || field > MAX_FIELD {
-            return Err(err!(
-                Malformed,
-                format!("invalid field number {field}"),
-                format!("byte {rec_start}"),
-                "the bytes are not protobuf"
-            ));
+        if field == 0 || field > MAX_FIELD as u128 {
+            return Err(WireFault::InvalidField { at: rec_start, field });
         }
         let field = field as u32;
         match wt {
             LEN => {
-                let (len, vs) = read_varint(buf, pos, end)?;
-                let remaining = (end - vs) as u64;
-                if len > remaining {
-                    return Err(err!(
-                        Truncated,
-                        format!("field {field} claims {len} bytes but only {remaining} remain"),
-                        format!("byte {rec_start}"),
-                        "the message was truncated or corrupted in transit"
-                    ));
+                let (len, vs) = read_varint_wide(buf, pos, end)?;
+                let remaining = end - vs;
+                if len > remaining as u128 {
+                    return Err(WireFault::LengthPastEnd {
+                        at: rec_start,
+                        field,
+                        length: len,
+                        remaining,
+                    });
                 }
                 pos = vs + len as usize;
                 out.push(Record {
@@ -104,7 +181,7 @@ pub fn scan(buf: &[u8], start: usize, end: usize) -> Result<Vec<Record>> {
                 });
             }
             VARINT => {
-                let (_, p) = read_varint(buf, pos, end)?;
+                let (_, p) = read_varint_wide(buf, pos, end)?;
                 out.push(Record {
                     field,
                     wire_type: wt,
@@ -117,12 +194,7 @@ pub fn scan(buf: &[u8], start: usize, end: usize) -> Result<Vec<Record>> {
             I64 | I32 => {
                 let n = if wt == I64 { 8 } else { 4 };
                 if end - pos < n {
-                    return Err(err!(
-                        Truncated,
-                        format!("fixed-width field {field} runs past the end"),
-                        format!("byte {rec_start}"),
-                        "the message was truncated or corrupted in transit"
-                    ));
+                    return Err(WireFault::FixedPastEnd { at: rec_start, field });
                 }
                 out.push(Record {
                     field,
@@ -134,12 +206,11 @@ pub fn scan(buf: &[u8], start: usize, end: usize) -> Result<Vec<Record>> {
                 pos += n;
             }
             _ => {
-                return Err(err!(
-                    Malformed,
-                    format!("wire type {wt} (group or invalid) for field {field} is not supported"),
-                    format!("byte {rec_start}"),
-                    "the bytes are not an envelope"
-                ));
+                return Err(WireFault::BadWireType {
+                    at: rec_start,
+                    field,
+                    wire_type: wt,
+                })
             }
         }
     }
@@ -191,6 +262,54 @@ mod tests {
             read_varint(&eleven, 0, 11),
             Err(crate::PrismError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn walk_reports_faults_with_unsaturated_numbers() {
+        // a 70-bit key: field number beyond 2^64, reported whole (scan saturates it)
+        let key = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f];
+        let WireFault::InvalidField { at: 0, field } = walk(&key, 0, 10).unwrap_err() else {
+            panic!("not an invalid field")
+        };
+        assert_eq!(field, ((1u128 << 70) - 1) >> 3);
+        match scan(&key, 0, 10).unwrap_err() {
+            crate::PrismError::Malformed(d) => {
+                assert_eq!(d.what, format!("invalid field number {}", u64::MAX >> 3))
+            }
+            other => panic!("{other:?}"),
+        }
+        // a LEN record claiming 2^64 + 1 bytes
+        let mut b = vec![0x0a];
+        b.extend_from_slice(&[0x81, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x02]);
+        assert_eq!(
+            walk(&b, 0, b.len()).unwrap_err(),
+            WireFault::LengthPastEnd {
+                at: 0,
+                field: 1,
+                length: (1u128 << 64) + 1,
+                remaining: 0
+            }
+        );
+        assert_eq!(
+            walk(&[0x80; 11], 0, 11).unwrap_err(),
+            WireFault::VarintTooLong { at: 10 }
+        );
+        assert_eq!(walk(&[0x0a], 0, 1).unwrap_err(), WireFault::VarintPastEnd { at: 1 });
+        assert_eq!(
+            walk(&[0x0d, 1, 2], 0, 3).unwrap_err(),
+            WireFault::FixedPastEnd { at: 0, field: 1 }
+        );
+        assert_eq!(
+            walk(&[0x0f], 0, 1).unwrap_err(),
+            WireFault::BadWireType {
+                at: 0,
+                field: 1,
+                wire_type: 7
+            }
+        );
+        // `end` past the buffer is cut to it; a range inside it walks that range alone
+        assert_eq!(walk(&[0x08, 0x01], 0, 99).unwrap().len(), 1);
+        assert_eq!(walk(&[0x08, 0x01, 0x10, 0x02], 2, 4).unwrap()[0].field, 2);
     }
 
     #[test]

@@ -1,0 +1,79 @@
+"""The one place that chooses between the compiled hot path and pure Python (issue 29).
+
+`prism_native` is a thin PyO3 binding over the Rust client's crate (`clients/rust/python/`,
+built by `make native` where cargo is installed). It is optional: without it, or with
+`PRISM_NATIVE=0`, every function is the pure-Python one it replaces, and the outputs are the
+same bytes either way (tests/envelope/test_wire_native.py runs both on the conformance vectors,
+generated and hostile inputs). The choice is made once, at import, and reported by `status()`
+(the worker logs it at start-up and shows it under `native` in `/healthz`).
+
+What is compiled so far: `wire.scan`, the top-level record walk that normalize, verify_signature
+and the codec run several times per message, and `signing._security_record`, the security
+record's ambiguity checks every signature check and `check_unambiguous` start with
+(BENCHMARKS.md, "Compiled hot path").
+
+The native module reports a walk that stopped as `WireFault(kind, at, field, wire_type, length,
+remaining)`; `scan_fault` words it as the very `PrismError` (class, message, path, hint) the
+Python walker raises, so callers cannot tell the two apart.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+from typing import Any
+
+from .errors import DecodeError, LengthError, PrismError, TruncatedError, WireTypeError
+
+#: The binding's contract version this code was written for (`prism_native.ABI`).
+ABI = 2
+ENV = "PRISM_NATIVE"
+
+
+def _load() -> tuple[ModuleType | None, str]:
+    setting = os.environ.get(ENV, "").strip().lower()
+    if setting in ("0", "false", "no", "off"):
+        return None, f"off ({ENV}={setting})"
+    try:
+        import prism_native  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        return None, "not installed (pure Python; `make native` builds it where cargo is installed)"
+    abi = getattr(prism_native, "ABI", None)
+    if abi != ABI:
+        return None, f"prism_native ABI {abi} is not {ABI} (a stale build: run `make native`); pure Python"
+    return prism_native, f"prism_native {getattr(prism_native, '__version__', '?')} (ABI {abi})"
+
+
+module, reason = _load()
+#: True when the compiled functions are in use.
+ACTIVE = module is not None
+
+
+def status() -> dict[str, Any]:
+    """What `/healthz` and the start-up log say about the hot path."""
+    return {"active": ACTIVE, "detail": reason}
+
+
+_CUT = "the message was truncated or corrupted in transit"
+
+
+def scan_fault(args: tuple[Any, ...]) -> PrismError:
+    """The `PrismError` `app.envelope.wire.scan` raises for the fault the native walk reported."""
+    kind, at, field, wire_type, length, remaining = args
+    where = f"byte {at}"
+    if kind == "varint_past_end":
+        return TruncatedError("varint runs past the end of the input", path=where)
+    if kind == "varint_too_long":
+        return LengthError("varint longer than 10 bytes", path=where)
+    if kind == "invalid_field":
+        return WireTypeError(f"invalid field number {field}", path=where)
+    if kind == "length_past_end":
+        return LengthError(f"field {field} claims {length} bytes but only {remaining} remain", path=where, hint=_CUT)
+    if kind == "fixed_past_end":
+        return TruncatedError(f"fixed-width field {field} runs past the end", path=where)
+    if kind == "bad_wire_type":
+        return WireTypeError(
+            f"wire type {wire_type} (group or invalid) for field {field} is not supported at the envelope's top level",
+            path=where)
+    return DecodeError(f"the compiled record walk failed ({kind})", path=where,
+                       hint=f"set {ENV}=0 to use the pure-Python walk, and report this input")

@@ -1,0 +1,234 @@
+//! `prism_native`: the Python worker's compiled hot path, a thin PyO3 binding over
+//! `prism-client` (the Rust client SDK's crate). Everything it computes is computed there
+//! (and tested by `cargo test` there); this file only converts between Python and Rust.
+//!
+//! Optional by design: `app/native.py` imports it when it is installed and `PRISM_NATIVE` is
+//! not `0`, and keeps the pure-Python implementation otherwise. Each function here must give
+//! exactly what its Python twin gives, byte for byte and error class for error class
+//! (tests/envelope/test_wire_native.py runs both on the conformance vectors and on generated
+//! and hostile inputs).
+//!
+//! Failures cross as `WireFault(kind, at, field, wire_type, length, remaining)`, the numbers
+//! as read; `app/native.py` words them as the `PrismError` the Python code raises. A panic
+//! (there should be none: prism-client does not panic on bad input) is caught here and
+//! crosses as a `WireFault` of kind `"internal"`, never as PyO3's `PanicException`.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use prism_client::signing::{locate_security_record, SecurityFault};
+use prism_client::wire::{self, Record, WireFault};
+use prism_client::Layout;
+use pyo3::buffer::PyBuffer;
+use pyo3::create_exception;
+use pyo3::exceptions::{PyIndexError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyTuple};
+
+create_exception!(
+    prism_native,
+    WireFaultError,
+    PyValueError,
+    "A walk over protobuf records stopped: args are (kind, at, field, wire_type, length, remaining)."
+);
+
+create_exception!(
+    prism_native,
+    SecurityFaultError,
+    PyValueError,
+    "The security record is ambiguous: args are (kind, field, wire_type, expected, at)."
+);
+
+/// Bumped whenever a function's contract changes: `app/native.py` uses the module only when
+/// this is the version it was written for (a stale wheel in a venv falls back to Python).
+const ABI: u32 = 2;
+
+/// What a fault says, as `WireFault`'s args: (kind, at, field, wire_type, length, remaining),
+/// the numbers not given for a kind as None.
+type FaultArgs = (
+    &'static str,
+    usize,
+    Option<u128>,
+    Option<u8>,
+    Option<u128>,
+    Option<usize>,
+);
+
+fn fault_args(f: WireFault) -> FaultArgs {
+    match f {
+        WireFault::VarintPastEnd { at } => ("varint_past_end", at, None, None, None, None),
+        WireFault::VarintTooLong { at } => ("varint_too_long", at, None, None, None, None),
+        WireFault::InvalidField { at, field } => ("invalid_field", at, Some(field), None, None, None),
+        WireFault::LengthPastEnd {
+            at,
+            field,
+            length,
+            remaining,
+        } => (
+            "length_past_end",
+            at,
+            Some(field.into()),
+            None,
+            Some(length),
+            Some(remaining),
+        ),
+        WireFault::FixedPastEnd { at, field } => ("fixed_past_end", at, Some(field.into()), None, None, None),
+        WireFault::BadWireType { at, field, wire_type } => {
+            ("bad_wire_type", at, Some(field.into()), Some(wire_type), None, None)
+        }
+    }
+}
+
+/// `scan` over a byte slice, as `app/envelope/wire.py`'s `scan` returns it: LEN records
+/// carry their value's start, every other record its own start (the Python convention).
+fn scan_slice<'py>(py: Python<'py>, buf: &[u8], start: isize, end: Option<isize>) -> PyResult<Bound<'py, PyList>> {
+    let len = buf.len() as isize;
+    let end = end.unwrap_or(len);
+    if start < 0 || end < 0 || end > len {
+        return Err(PyIndexError::new_err(format!(
+            "scan range {start}..{end} is outside the buffer of {len} bytes"
+        )));
+    }
+    if start >= end {
+        return Ok(PyList::empty(py));
+    }
+    let walked = catch_unwind(AssertUnwindSafe(|| wire::walk(buf, start as usize, end as usize)));
+    let records = match walked {
+        Ok(Ok(records)) => records,
+        Ok(Err(fault)) => return Err(WireFaultError::new_err(fault_args(fault))),
+        Err(_) => {
+            return Err(WireFaultError::new_err((
+                "internal",
+                start as usize,
+                None::<u128>,
+                None::<u8>,
+                None::<u128>,
+                None::<usize>,
+            )))
+        }
+    };
+    record_list(py, &records)
+}
+
+/// A record as `app/envelope/wire.py` gives it: LEN records carry their value's start, every
+/// other record its own start (the Python convention).
+fn record_tuple<'py>(py: Python<'py>, r: &Record) -> PyResult<Bound<'py, PyTuple>> {
+    let value_start = if r.wire_type == wire::LEN {
+        r.value_start
+    } else {
+        r.start
+    };
+    PyTuple::new(
+        py,
+        [r.field as usize, r.wire_type as usize, r.start, value_start, r.end],
+    )
+}
+
+fn record_list<'py>(py: Python<'py>, records: &[Record]) -> PyResult<Bound<'py, PyList>> {
+    let mut items = Vec::with_capacity(records.len());
+    for r in records {
+        items.push(record_tuple(py, r)?);
+    }
+    PyList::new(py, items)
+}
+
+/// The bytes of a `bytes` object or any contiguous buffer, for the length of `f`.
+fn with_bytes<'py, T>(buf: &Bound<'py, PyAny>, f: impl FnOnce(&[u8]) -> PyResult<T>) -> PyResult<T> {
+    if let Ok(b) = buf.cast::<PyBytes>() {
+        return f(b.as_bytes());
+    }
+    let view = PyBuffer::<u8>::get(buf)?;
+    if !view.is_c_contiguous() {
+        return Err(PyValueError::new_err("a contiguous buffer is needed"));
+    }
+    // SAFETY: the buffer is contiguous, of `len_bytes` u8 items, and `view` keeps it exported
+    // (and the GIL is held) for as long as the slice is used, within this call.
+    let slice = unsafe { std::slice::from_raw_parts(view.buf_ptr() as *const u8, view.len_bytes()) };
+    f(slice)
+}
+
+type SecurityArgs = (&'static str, u32, Option<u8>, Option<u8>, usize);
+
+fn security_args(f: SecurityFault) -> SecurityArgs {
+    match f {
+        SecurityFault::RepeatedField { field, at } => ("repeated_field", field, None, None, at),
+        SecurityFault::WrongWireType {
+            field,
+            wire_type,
+            expected,
+            at,
+        } => ("wrong_wire_type", field, Some(wire_type), Some(expected), at),
+        SecurityFault::RepeatedSecurityField { field, at } => ("repeated_security_field", field, None, None, at),
+        SecurityFault::WrongSecurityWireType {
+            field,
+            wire_type,
+            expected,
+            at,
+        } => ("wrong_security_wire_type", field, Some(wire_type), Some(expected), at),
+        SecurityFault::Wire(_) => ("wire", 0, None, None, 0), // not reached: converted by the caller
+    }
+}
+
+/// `app.security.signing._security_record`, compiled: the one security record of envelope
+/// bytes in `reviewed` (else draft) layout after the ambiguity checks, as
+/// `(record, inner records, scope)`, or None when there is none. The top-level walk is done
+/// here again (it is what the caller's `records` are). Faults: `WireFault` for records that
+/// cannot be walked, `SecurityFault` for an ambiguous record.
+#[pyfunction]
+fn security_record<'py>(
+    py: Python<'py>,
+    buf: &Bound<'py, PyAny>,
+    reviewed: bool,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let lay = if reviewed { Layout::Reviewed } else { Layout::Draft };
+    with_bytes(buf, |data| {
+        let located = catch_unwind(AssertUnwindSafe(|| {
+            let records = wire::walk(data, 0, data.len()).map_err(SecurityFault::Wire)?;
+            locate_security_record(data, &records, lay)
+        }));
+        let found = match located {
+            Ok(Ok(found)) => found,
+            Ok(Err(SecurityFault::Wire(fault))) => return Err(WireFaultError::new_err(fault_args(fault))),
+            Ok(Err(fault)) => return Err(SecurityFaultError::new_err(security_args(fault))),
+            Err(_) => {
+                let internal: FaultArgs = ("internal", 0, None, None, None, None);
+                return Err(WireFaultError::new_err(internal));
+            }
+        };
+        let Some(sec) = found else { return Ok(None) };
+        let rec = record_tuple(py, &sec.rec)?;
+        let inner = record_list(py, &sec.inner)?;
+        Ok(Some(PyTuple::new(
+            py,
+            [
+                rec.into_any(),
+                inner.into_any(),
+                sec.scope.into_pyobject(py)?.into_any(),
+            ],
+        )?))
+    })
+}
+
+/// All top-level records of `buf[start:end]` as `(field, wire_type, start, value_start, end)`
+/// tuples: `app.envelope.wire.scan`, compiled. `buf` is `bytes` or any contiguous buffer
+/// (`memoryview`, `bytearray`).
+#[pyfunction]
+#[pyo3(signature = (buf, start=0, end=None))]
+fn scan<'py>(
+    py: Python<'py>,
+    buf: &Bound<'py, PyAny>,
+    start: isize,
+    end: Option<isize>,
+) -> PyResult<Bound<'py, PyList>> {
+    with_bytes(buf, |data| scan_slice(py, data, start, end))
+}
+
+#[pymodule]
+fn prism_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("ABI", ABI)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("WireFault", m.py().get_type::<WireFaultError>())?;
+    m.add("SecurityFault", m.py().get_type::<SecurityFaultError>())?;
+    m.add_function(wrap_pyfunction!(scan, m)?)?;
+    m.add_function(wrap_pyfunction!(security_record, m)?)?;
+    Ok(())
+}
