@@ -8,9 +8,12 @@ generated and hostile inputs). The choice is made once, at import, and reported 
 (the worker logs it at start-up and shows it under `native` in `/healthz`).
 
 What is compiled so far: `wire.scan`, the top-level record walk that normalize, verify_signature
-and the codec run several times per message, and `signing._security_record`, the security
-record's ambiguity checks every signature check and `check_unambiguous` start with
-(BENCHMARKS.md, "Compiled hot path").
+and the codec run several times per message; `signing._security_record`, the security
+record's ambiguity checks every signature check and `check_unambiguous` start with; and the
+rest of the signature check's bytes work - `signing._message_parts`, the signed message of
+every scope (the re-framed security record, the pair and batch statements' digests, the
+Merkle path), and for HMAC signatures of scope v2 and legacy the MAC itself in the same call
+(`signing._check_mac`) (BENCHMARKS.md, "Compiled hot path").
 
 The native module reports a walk that stopped as `WireFault(kind, at, field, wire_type, length,
 remaining)`; `scan_fault` words it as the very `PrismError` (class, message, path, hint) the
@@ -26,7 +29,7 @@ from typing import Any
 from .errors import DecodeError, LengthError, PrismError, TruncatedError, WireTypeError
 
 #: The binding's contract version this code was written for (`prism_native.ABI`).
-ABI = 2
+ABI = 3
 ENV = "PRISM_NATIVE"
 
 

@@ -485,19 +485,16 @@ def root_from_path(leaf: bytes, index: int, size: int, path: bytes | memoryview)
     Raises `SignatureError` for an index outside the tree, a size over `MAX_TREE_SIZE`, a path
     that is not whole hashes, or one of the wrong length for (index, size)."""
     if not 0 < size <= MAX_TREE_SIZE:
-        raise SignatureError(f"batch-scope tree_size {size} is outside 1..{MAX_TREE_SIZE}",
-                             path="security.tree_size")
+        raise _tree_fault("tree_size", size)
     if index >= size:
-        raise SignatureError(f"batch-scope tree_index {index} is not below tree_size {size}",
-                             path="security.tree_index")
+        raise _tree_fault("tree_index", index, size)
     if len(path) % DIGEST_BYTES:
-        raise SignatureError(f"batch-scope tree_path is {len(path)} bytes, not a multiple of {DIGEST_BYTES}",
-                             path="security.tree_path")
+        raise _tree_fault("path_not_whole", len(path))
     fn, sn, r = index, size - 1, leaf
     for off in range(0, len(path), DIGEST_BYTES):
         p = bytes(path[off:off + DIGEST_BYTES])
         if sn == 0:
-            raise SignatureError("batch-scope tree_path is longer than the tree is deep", path="security.tree_path")
+            raise _tree_fault("path_too_long")
         if fn & 1 or fn == sn:
             r = _node(p, r)
             if not fn & 1:
@@ -509,8 +506,26 @@ def root_from_path(leaf: bytes, index: int, size: int, path: bytes | memoryview)
         fn >>= 1
         sn >>= 1
     if sn != 0:
-        raise SignatureError("batch-scope tree_path is shorter than the tree is deep", path="security.tree_path")
+        raise _tree_fault("path_too_short")
     return r
+
+
+def _tree_fault(kind: str, a: int | None = None, b: int | None = None) -> SignatureError:
+    """The error for a batch-scope tree field that leads to no root: one wording for the
+    Python walk up the path and the compiled one (`prism_native.signed_message`)."""
+    if kind == "tree_size":
+        return SignatureError(f"batch-scope tree_size {a} is outside 1..{MAX_TREE_SIZE}", path="security.tree_size")
+    if kind == "tree_index":
+        return SignatureError(f"batch-scope tree_index {a} is not below tree_size {b}", path="security.tree_index")
+    if kind == "path_not_whole":
+        return SignatureError(f"batch-scope tree_path is {a} bytes, not a multiple of {DIGEST_BYTES}",
+                              path="security.tree_path")
+    if kind == "path_too_long":
+        return SignatureError("batch-scope tree_path is longer than the tree is deep", path="security.tree_path")
+    if kind == "path_too_short":
+        return SignatureError("batch-scope tree_path is shorter than the tree is deep", path="security.tree_path")
+    return SignatureError(f"the compiled signed-message check failed ({kind})", path="security",
+                          hint=f"set {_native.ENV}=0 to use the pure-Python check, and report this input")
 
 
 def batch_statement(size: int, root: bytes) -> bytes:
@@ -771,8 +786,8 @@ def _parse_security(value: memoryview, lay: Layout) -> vpb.SecurityContext | dpb
     return sec
 
 
-def _message_parts(view: memoryview, sec_rec: _Rec, inner: list[_Rec], lay: Layout, scope: int
-                   ) -> list[bytes | memoryview]:
+def _py_message_parts(view: memoryview, sec_rec: _Rec, inner: list[_Rec], lay: Layout, scope: int
+                      ) -> list[bytes | memoryview]:
     _, _, start, vstart, end = sec_rec
     if scope == SCOPE_PAIR:
         return _pair_statement(view, sec_rec, inner, lay)
@@ -795,19 +810,52 @@ def _message_parts(view: memoryview, sec_rec: _Rec, inner: list[_Rec], lay: Layo
     return parts
 
 
+def _no_sibling(scope: str) -> SignatureError:
+    return SignatureError(f"{scope}-scope signature without a {DIGEST_BYTES}-byte sibling_digest",
+                          path="security.sibling_digest",
+                          hint="the envelope was changed after signing, or its producer is broken")
+
+
 def _copy_digests(view: memoryview, sec_rec: _Rec, inner: list[_Rec], lay: Layout, cut: frozenset[int],
                   sibling: memoryview | None, scope: str) -> tuple[bytes, bytes]:
     """(this copy's digest, its sibling's from `sibling_digest`), for the pair and batch scopes:
     the copy as received with the `cut` fields of its security record left out."""
     if sibling is None or len(sibling) != DIGEST_BYTES:
-        raise SignatureError(f"{scope}-scope signature without a {DIGEST_BYTES}-byte sibling_digest",
-                             path="security.sibling_digest",
-                             hint="the envelope was changed after signing, or its producer is broken")
+        raise _no_sibling(scope)
     _, _, start, vstart, end = sec_rec
     h = hashlib.sha256(view[:start])
     h.update(_reframe(view, inner, vstart, end, lay, cut))
     h.update(view[end:])
     return h.digest(), bytes(sibling)
+
+
+_message_parts = _py_message_parts
+#: `prism_native.signed_mac` when the compiled hot path is active (`_check_mac`), else None.
+_native_mac: Any = None
+
+if _native.module is not None:
+    _native_signed_message = _native.module.signed_message
+    _native_mac = _native.module.signed_mac
+    _StatementFault = _native.module.StatementFault
+    _KNOWN_SCOPES = frozenset({SCOPE_LEGACY, SCOPE_V2, SCOPE_PAIR, SCOPE_BATCH})
+
+    def _message_parts(view: memoryview, sec_rec: _Rec, inner: list[_Rec], lay: Layout, scope: int
+                       ) -> list[bytes | memoryview]:
+        """`_py_message_parts`, compiled (`prism_native.signed_message`, prism-client's
+        `signed_statement`): the same message as one bytes object (the digests, the re-framed
+        security record and the Merkle path worked out in Rust), the same errors. An unknown
+        scope is refused here, with the Python wording, before crossing."""
+        if scope not in _KNOWN_SCOPES:
+            return _py_message_parts(view, sec_rec, inner, lay, scope)
+        try:
+            return [_native_signed_message(view, lay is Layout.REVIEWED)]
+        except _StatementFault as exc:
+            kind, a, b, scope_name = exc.args
+            raise (_no_sibling(scope_name) if kind == "no_sibling" else _tree_fault(kind, a, b)) from None
+        except _WireFault as exc:
+            raise _native.scan_fault(exc.args) from None
+        except _SecurityFault as exc:
+            raise _security_fault(lay, *exc.args) from None
 
 
 def _pair_statement(view: memoryview, sec_rec: _Rec, inner: list[_Rec], lay: Layout) -> list[bytes | memoryview]:
@@ -887,8 +935,37 @@ def _verify_scoped(view: memoryview, sec_rec: _Rec, inner: list[_Rec], scope: in
             path="security.signature_scope",
             hint="sign with scope v2 (Prism SDK default), or set verify_signature.accept_legacy_scope "
                  "while old producers migrate (a downgrade risk: docs/signing.md)")
+    if _native_mac is not None and scope in (SCOPE_V2, SCOPE_LEGACY) and sec.signature_algorithm == HMAC_SHA256:
+        return _check_mac(view, lay, sec.signature, sec.signature_key_id, keys, scope)
     parts = _message_parts(view, sec_rec, inner, lay, scope)
     return _check(sec.signature, sec.signature_algorithm, sec.signature_key_id, parts, keys, scope)
+
+
+def _check_mac(view: memoryview, lay: Layout, signature: bytes, key_id: str, keys: VerificationKeys, scope: int
+               ) -> SignatureInfo:
+    """`_check` of an HMAC signature in scope v2 or legacy, with the message and its MAC
+    computed in one compiled call per candidate key (`prism_native.signed_mac`). These scopes'
+    messages cannot fail to form, so the errors and their order are `_check`'s: unknown key,
+    key of another algorithm, then no match."""
+    reviewed = lay is Layout.REVIEWED
+    for k in keys.candidates(key_id, HMAC_SHA256):
+        assert k.secret is not None and _native_mac is not None
+        try:
+            mac = _native_mac(view, reviewed, k.secret)
+        except _WireFault as exc:
+            raise _native.scan_fault(exc.args) from None
+        except _SecurityFault as exc:
+            raise _security_fault(lay, *exc.args) from None
+        except _StatementFault as exc:
+            raise _tree_fault(exc.args[0]) from None
+        if hmac.compare_digest(mac, signature):
+            return SignatureInfo(k.key_id, HMAC_SHA256, scope)
+    raise _forged()
+
+
+def _forged() -> SignatureError:
+    return SignatureError("signature does not match the envelope (forged or tampered)", path="security.signature",
+                          hint="the bytes changed after signing, or the producer used a different key")
 
 
 def _not_signed(message: str) -> SignatureError:
@@ -926,8 +1003,7 @@ def _check(signature: bytes, alg: str, key_id: str, signed: list[bytes | memoryv
             if entry is not None:
                 _remember(entry, k)
             return SignatureInfo(k.key_id, alg, scope)
-    raise SignatureError("signature does not match the envelope (forged or tampered)", path="security.signature",
-                         hint="the bytes changed after signing, or the producer used a different key")
+    raise _forged()
 
 
 # --------------------------------------------------------------------------- keyring files

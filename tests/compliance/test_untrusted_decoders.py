@@ -112,6 +112,20 @@ def _check_unambiguous(data: bytes) -> Any:
     return check_unambiguous(data)
 
 
+def _signed_message(data: bytes) -> Any:
+    from app.envelope import Layout
+    from app.security.signing import SigningKey, VerificationKeys, signed_message, verify
+
+    # the signed message and the HMAC check are compiled when prism_native is installed
+    keys = VerificationKeys.of([SigningKey.hmac_sha256("k", b"k" * 32)], accept_legacy_scope=True)
+    for layout in Layout:
+        with contextlib.suppress(PrismError):
+            signed_message(data, layout=layout)
+        with contextlib.suppress(PrismError):
+            verify(data, keys, layout=layout)
+    return signed_message(data)
+
+
 def _kafka_record(data: bytes) -> Any:
     from app.bindings.kafka import decode
 
@@ -155,6 +169,7 @@ DECODERS: dict[str, Callable[[bytes], Any]] = {
     "verify_and_decode": _verify_and_decode,
     "top-level record walk (wire.scan, compiled or not)": _record_walk,
     "signature ambiguity check, both layouts (compiled or not)": _check_unambiguous,
+    "signed message and HMAC check, both layouts (compiled or not)": _signed_message,
     "Kafka binding decode (value + prism-* headers)": _kafka_record,
     "LNMP binary container": _lnmp_container,
     "LNMP #ENVELOPE text": _lnmp_text,

@@ -2,9 +2,10 @@
 (app/native.py): one topology, one input topic of well-formed, signed, forged, truncated and
 non-envelope records, read by two workers one after the other (two consumer groups) - the
 first with `prism_native`, the second with the pure-Python walk put back in every module that
-uses it and the pure-Python security-record check in `signing`. Every output and DLQ record (key, value, headers) of the second run must equal the
-first's. The outputs are signed with scope `pair`, so a record's bytes do not depend on how
-the worker happened to batch (a batch-scope tree does, in any two runs of the same code).
+uses it and the pure-Python security-record check, signed message and HMAC check in `signing`.
+Every output and DLQ record (key, value, headers) of the second run must equal the first's.
+The outputs are signed with scope `pair`, so a record's bytes do not depend on how the worker
+happened to batch (a batch-scope tree does, in any two runs of the same code).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def _inputs(topic: str, dev_keys: Any) -> list[tuple[bytes, bytes | None]]:
 
 def _python_walk_everywhere(monkeypatch: pytest.MonkeyPatch) -> int:
     """Put the pure-Python `scan` back wherever the compiled one was imported by name, and the
-    pure-Python security-record check into `signing`."""
+    pure-Python security-record check, signed message and HMAC check into `signing`."""
     patched, compiled = 0, wire.scan
     for mod in list(sys.modules.values()):
         if mod is not None and getattr(mod, "scan", None) is compiled and mod.__name__.startswith("app."):
@@ -67,6 +68,9 @@ def _python_walk_everywhere(monkeypatch: pytest.MonkeyPatch) -> int:
             patched += 1
     assert signing._security_record is not signing._py_security_record
     monkeypatch.setattr(signing, "_security_record", signing._py_security_record)
+    assert signing._message_parts is not signing._py_message_parts and signing._native_mac is not None
+    monkeypatch.setattr(signing, "_message_parts", signing._py_message_parts)
+    monkeypatch.setattr(signing, "_native_mac", None)
     return patched
 
 

@@ -1,6 +1,6 @@
 """Types of `prism_native`, the worker's optional compiled hot path (clients/rust/python)."""
 
-ABI: int  # 2: scan and security_record
+ABI: int  # 3: scan, security_record, signed_message, signed_mac
 __version__: str
 
 class WireFault(ValueError):
@@ -16,3 +16,13 @@ class SecurityFault(ValueError):
 def security_record(buf: bytes | bytearray | memoryview, reviewed: bool
                     ) -> tuple[tuple[int, int, int, int, int], list[tuple[int, int, int, int, int]], int] | None:
     """`app.security.signing._security_record`, compiled: (record, inner records, scope) or None."""
+
+class StatementFault(ValueError):
+    """A pair or batch scope's signed message cannot be formed: args are (kind, a, b, scope name)."""
+
+def signed_message(buf: bytes | bytearray | memoryview, reviewed: bool) -> bytes:
+    """`b"".join(app.security.signing._py_message_parts(...))`, compiled: the signed message of
+    envelope bytes in every known scope (legacy, v2, pair, batch)."""
+
+def signed_mac(buf: bytes | bytearray | memoryview, reviewed: bool, secret: bytes) -> bytes:
+    """HMAC-SHA256 under `secret` of `signed_message(buf, reviewed)`."""

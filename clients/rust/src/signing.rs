@@ -556,11 +556,11 @@ pub fn check_unambiguous(data: &[u8], layout: Option<Layout>) -> Result<()> {
 
 /// The security record re-framed with the `cut` fields removed: minimal tag, minimal length,
 /// the remaining records byte for byte in received order.
-fn reframe(data: &[u8], sec: &SecRecord, lay: Layout, cut: &[u32], out: &mut Vec<u8>) {
+fn reframe(data: &[u8], rec: &Record, inner: &[Record], lay: Layout, cut: &[u32], out: &mut Vec<u8>) {
     let mut body_len = 0usize;
     let mut runs: Vec<(usize, usize)> = Vec::new();
-    let mut run = sec.rec.value_start;
-    for r in &sec.inner {
+    let mut run = rec.value_start;
+    for r in inner {
         if cut.contains(&r.field) {
             if r.start > run {
                 runs.push((run, r.start));
@@ -568,8 +568,8 @@ fn reframe(data: &[u8], sec: &SecRecord, lay: Layout, cut: &[u32], out: &mut Vec
             run = r.end;
         }
     }
-    if run < sec.rec.end {
-        runs.push((run, sec.rec.end));
+    if run < rec.end {
+        runs.push((run, rec.end));
     }
     for (a, b) in &runs {
         body_len += b - a;
@@ -592,28 +592,12 @@ fn not_signed(what: &str) -> PrismError {
 
 fn copy_digest(data: &[u8], sec: &SecRecord, lay: Layout, cut: &[u32]) -> [u8; 32] {
     let mut mid = Vec::with_capacity(sec.rec.end - sec.rec.start);
-    reframe(data, sec, lay, cut, &mut mid);
+    reframe(data, &sec.rec, &sec.inner, lay, cut, &mut mid);
     let mut h = Sha256::new();
     h.update(&data[..sec.rec.start]);
     h.update(&mid);
     h.update(&data[sec.rec.end..]);
     h.finalize().into()
-}
-
-fn sibling(data: &[u8], sec: &SecRecord, scope: &str) -> Result<[u8; 32]> {
-    let s = sec
-        .inner
-        .iter()
-        .find(|r| r.field == F_SIBLING)
-        .map(|r| &data[r.value_start..r.end]);
-    s.and_then(|s| <[u8; 32]>::try_from(s).ok()).ok_or_else(|| {
-        err!(
-            BadSignature,
-            format!("{scope}-scope signature without a {DIGEST_BYTES}-byte sibling_digest"),
-            "security.sibling_digest",
-            "the envelope was changed after signing, or its producer is broken"
-        )
-    })
 }
 
 /// RFC 9162 leaf hash of one message's two digests, in layout order.
@@ -635,53 +619,7 @@ fn node(left: &[u8], right: &[u8]) -> [u8; 32] {
 
 /// The root a `tree_path` leads to from `leaf` (RFC 9162 §2.1.3.2 without its final comparison).
 pub fn root_from_path(leaf: [u8; 32], index: u64, size: u64, path: &[u8]) -> Result<[u8; 32]> {
-    let bad = |what: String| {
-        err!(
-            BadSignature,
-            what,
-            "security.tree_path",
-            "the envelope was changed after signing"
-        )
-    };
-    if size == 0 || size > MAX_TREE_SIZE {
-        return Err(bad(format!(
-            "batch-scope tree_size {size} is outside 1..{MAX_TREE_SIZE}"
-        )));
-    }
-    if index >= size {
-        return Err(bad(format!(
-            "batch-scope tree_index {index} is not below tree_size {size}"
-        )));
-    }
-    if path.len() % DIGEST_BYTES != 0 {
-        return Err(bad(format!(
-            "batch-scope tree_path is {} bytes, not a multiple of {DIGEST_BYTES}",
-            path.len()
-        )));
-    }
-    let (mut fn_, mut sn, mut r) = (index, size - 1, leaf);
-    for p in path.chunks_exact(DIGEST_BYTES) {
-        if sn == 0 {
-            return Err(bad("batch-scope tree_path is longer than the tree is deep".into()));
-        }
-        if fn_ & 1 == 1 || fn_ == sn {
-            r = node(p, &r);
-            if fn_ & 1 == 0 {
-                while fn_ & 1 == 0 && fn_ != 0 {
-                    fn_ >>= 1;
-                    sn >>= 1;
-                }
-            }
-        } else {
-            r = node(&r, p);
-        }
-        fn_ >>= 1;
-        sn >>= 1;
-    }
-    if sn != 0 {
-        return Err(bad("batch-scope tree_path is shorter than the tree is deep".into()));
-    }
-    Ok(r)
+    root_fault(leaf, u128::from(index), u128::from(size), path).map_err(StatementFault::into_error)
 }
 
 fn mth(d: &[[u8; 32]]) -> [u8; 32] {
@@ -750,43 +688,202 @@ fn pair_statement(lay: Layout, own: &[u8; 32], other: &[u8; 32]) -> Vec<u8> {
     [SCOPE_PAIR_CONTEXT, d, r].concat()
 }
 
-fn message_for(data: &[u8], sec: &SecRecord, lay: Layout) -> Result<Vec<u8>> {
-    match sec.scope {
-        SCOPE_PAIR => {
-            let other = sibling(data, sec, "pair")?;
-            Ok(pair_statement(lay, &copy_digest(data, sec, lay, CUT_PAIR), &other))
+/// Why the signed message of a pair- or batch-scope envelope cannot be formed (its security
+/// record already passed the ambiguity checks). The numbers are the varints' full values, so a
+/// caller can word them as it likes (the Python verifier's texts differ from this crate's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatementFault {
+    /// A pair or batch scope without a 32-byte `sibling_digest` (`scope` is "pair" or "batch").
+    NoSibling { scope: &'static str },
+    /// `tree_size` outside 1..=`MAX_TREE_SIZE`.
+    TreeSize { size: u128 },
+    /// `tree_index` not below `tree_size`.
+    TreeIndex { index: u128, size: u128 },
+    /// `tree_path` is not whole 32-byte hashes.
+    PathNotWhole { len: usize },
+    /// `tree_path` has more hashes than the tree is deep.
+    PathTooLong,
+    /// `tree_path` has fewer hashes than the tree is deep.
+    PathTooShort,
+    /// A scope this verifier does not know.
+    UnsupportedScope { scope: u128 },
+}
+
+impl StatementFault {
+    fn into_error(self) -> PrismError {
+        let tree = |what: String| {
+            err!(
+                BadSignature,
+                what,
+                "security.tree_path",
+                "the envelope was changed after signing"
+            )
+        };
+        match self {
+            StatementFault::NoSibling { scope } => err!(
+                BadSignature,
+                format!("{scope}-scope signature without a {DIGEST_BYTES}-byte sibling_digest"),
+                "security.sibling_digest",
+                "the envelope was changed after signing, or its producer is broken"
+            ),
+            StatementFault::TreeSize { size } => tree(format!(
+                "batch-scope tree_size {} is outside 1..{MAX_TREE_SIZE}",
+                saturate(size)
+            )),
+            StatementFault::TreeIndex { index, size } => tree(format!(
+                "batch-scope tree_index {} is not below tree_size {}",
+                saturate(index),
+                saturate(size)
+            )),
+            StatementFault::PathNotWhole { len } => tree(format!(
+                "batch-scope tree_path is {len} bytes, not a multiple of {DIGEST_BYTES}"
+            )),
+            StatementFault::PathTooLong => tree("batch-scope tree_path is longer than the tree is deep".into()),
+            StatementFault::PathTooShort => tree("batch-scope tree_path is shorter than the tree is deep".into()),
+            StatementFault::UnsupportedScope { scope } => err!(
+                UnsupportedSignatureScope,
+                format!("signature scope {} is not supported by this verifier", saturate(scope)),
+                "security.signature_scope",
+                "supported: 0 (legacy), 2 (v2), 3 (pair), 4 (batch); upgrade the verifier or have the producer sign with scope v2"
+            ),
         }
-        SCOPE_BATCH => {
-            let (mut index, mut size, mut path): (u64, u64, &[u8]) = (0, 0, &[]);
+    }
+}
+
+/// This crate's errors show a varint over 64 bits as `u64::MAX` (`wire::read_varint`).
+fn saturate(v: u128) -> u64 {
+    u64::try_from(v).unwrap_or(u64::MAX)
+}
+
+fn root_fault(leaf: [u8; 32], index: u128, size: u128, path: &[u8]) -> std::result::Result<[u8; 32], StatementFault> {
+    if size == 0 || size > u128::from(MAX_TREE_SIZE) {
+        return Err(StatementFault::TreeSize { size });
+    }
+    if index >= size {
+        return Err(StatementFault::TreeIndex { index, size });
+    }
+    if path.len() % DIGEST_BYTES != 0 {
+        return Err(StatementFault::PathNotWhole { len: path.len() });
+    }
+    // both fit: size <= MAX_TREE_SIZE and index < size
+    let (mut fn_, mut sn, mut r) = (index as u64, size as u64 - 1, leaf);
+    for p in path.chunks_exact(DIGEST_BYTES) {
+        if sn == 0 {
+            return Err(StatementFault::PathTooLong);
+        }
+        if fn_ & 1 == 1 || fn_ == sn {
+            r = node(p, &r);
+            if fn_ & 1 == 0 {
+                while fn_ & 1 == 0 && fn_ != 0 {
+                    fn_ >>= 1;
+                    sn >>= 1;
+                }
+            }
+        } else {
+            r = node(&r, p);
+        }
+        fn_ >>= 1;
+        sn >>= 1;
+    }
+    if sn != 0 {
+        return Err(StatementFault::PathTooShort);
+    }
+    Ok(r)
+}
+
+fn sibling_fault(data: &[u8], inner: &[Record], scope: &'static str) -> std::result::Result<[u8; 32], StatementFault> {
+    inner
+        .iter()
+        .find(|r| r.field == F_SIBLING)
+        .and_then(|r| <[u8; 32]>::try_from(&data[r.value_start..r.end]).ok())
+        .ok_or(StatementFault::NoSibling { scope })
+}
+
+/// The signed message `M` of received envelope bytes whose security record `sec` was found
+/// by `locate_security_record` (docs/signing.md, steps 4 and 5): the envelope with its
+/// security record re-framed (scope v2: context string first) or as received (legacy), the
+/// pair statement (context, both copies' digests in layout order), or the batch statement
+/// (context, tree size, the root `tree_path` leads to from this message's leaf).
+pub fn signed_statement(
+    data: &[u8],
+    sec: &SecurityRecord,
+    lay: Layout,
+) -> std::result::Result<Vec<u8>, StatementFault> {
+    let with_inner = |cut: &[u32]| {
+        let mut mid = Vec::with_capacity(sec.rec.end - sec.rec.start);
+        reframe(data, &sec.rec, &sec.inner, lay, cut, &mut mid);
+        mid
+    };
+    let digest = |cut: &[u32]| -> [u8; 32] {
+        let mut h = Sha256::new();
+        h.update(&data[..sec.rec.start]);
+        h.update(with_inner(cut));
+        h.update(&data[sec.rec.end..]);
+        h.finalize().into()
+    };
+    match sec.scope {
+        s if s == u128::from(SCOPE_PAIR) => {
+            let other = sibling_fault(data, &sec.inner, "pair")?;
+            Ok(pair_statement(lay, &digest(CUT_PAIR), &other))
+        }
+        s if s == u128::from(SCOPE_BATCH) => {
+            let (mut index, mut size, mut path): (u128, u128, &[u8]) = (0, 0, &[]);
             for r in &sec.inner {
+                let value = || {
+                    wire::read_varint_wide(data, r.value_start, r.end)
+                        .map(|(v, _)| v)
+                        .unwrap_or(u128::MAX)
+                };
                 match r.field {
-                    F_TREE_INDEX => index = wire::varint_value(data, r)?,
-                    F_TREE_SIZE => size = wire::varint_value(data, r)?,
+                    F_TREE_INDEX => index = value(),
+                    F_TREE_SIZE => size = value(),
                     F_TREE_PATH => path = &data[r.value_start..r.end],
                     _ => {}
                 }
             }
-            let other = sibling(data, sec, "batch")?;
-            let own = copy_digest(data, sec, lay, CUT_BATCH);
-            let leaf = if lay == Layout::Draft { leaf_hash(&own, &other) } else { leaf_hash(&other, &own) };
-            Ok(batch_statement(size, &root_from_path(leaf, index, size, path)?))
+            let other = sibling_fault(data, &sec.inner, "batch")?;
+            let own = digest(CUT_BATCH);
+            let leaf = if lay == Layout::Draft {
+                leaf_hash(&own, &other)
+            } else {
+                leaf_hash(&other, &own)
+            };
+            Ok(batch_statement(saturate(size), &root_fault(leaf, index, size, path)?))
         }
-        SCOPE_V2 | SCOPE_LEGACY => {
+        s if s == u128::from(SCOPE_V2) || s == u128::from(SCOPE_LEGACY) => {
             let mut m = Vec::with_capacity(data.len() + 40);
-            if sec.scope == SCOPE_V2 {
-                m.extend_from_slice(if lay == Layout::Draft { SCOPE_V2_CONTEXT_DRAFT } else { SCOPE_V2_CONTEXT_REVIEWED });
+            if s == u128::from(SCOPE_V2) {
+                m.extend_from_slice(if lay == Layout::Draft {
+                    SCOPE_V2_CONTEXT_DRAFT
+                } else {
+                    SCOPE_V2_CONTEXT_REVIEWED
+                });
             }
             m.extend_from_slice(&data[..sec.rec.start]);
-            if sec.scope == SCOPE_V2 {
-                reframe(data, sec, lay, CUT_V2, &mut m);
+            if s == u128::from(SCOPE_V2) {
+                m.extend_from_slice(&with_inner(CUT_V2));
             }
             m.extend_from_slice(&data[sec.rec.end..]);
             Ok(m)
         }
-        other => Err(err!(UnsupportedSignatureScope, format!("signature scope {other} is not supported by this verifier"),
-            "security.signature_scope",
-            "supported: 0 (legacy), 2 (v2), 3 (pair), 4 (batch); upgrade the verifier or have the producer sign with scope v2")),
+        scope => Err(StatementFault::UnsupportedScope { scope }),
     }
+}
+
+/// HMAC-SHA256 of `m` under `secret` (any length: HMAC hashes a long key).
+pub fn hmac_sha256(secret: &[u8], m: &[u8]) -> [u8; 32] {
+    let mut h = <Hmac<Sha256> as Mac>::new_from_slice(secret).unwrap_or_else(|_| unreachable!());
+    h.update(m);
+    h.finalize().into_bytes().into()
+}
+
+fn message_for(data: &[u8], sec: &SecRecord, lay: Layout) -> Result<Vec<u8>> {
+    let located = SecurityRecord {
+        rec: sec.rec,
+        inner: sec.inner.clone(),
+        scope: u128::from(sec.scope),
+    };
+    signed_statement(data, &located, lay).map_err(StatementFault::into_error)
 }
 
 /// The signed message `M` of received envelope bytes, per the scope they declare (steps 1-5).

@@ -188,3 +188,114 @@ fn batch_verification_is_cached_per_statement_and_never_for_failures() {
         Err(PrismError::BadSignature(_))
     ));
 }
+
+fn located(data: &[u8], lay: Layout) -> signing::SecurityRecord {
+    let records = prism_client::wire::walk(data, 0, data.len()).unwrap();
+    signing::locate_security_record(data, &records, lay).unwrap().unwrap()
+}
+
+#[test]
+fn signed_statement_is_the_verifiers_message_in_every_scope_and_layout() {
+    for k in keys() {
+        let mut copies: Vec<Vec<u8>> = Vec::new();
+        for lay in [Layout::Draft, Layout::Reviewed] {
+            for scope in [SCOPE_V2, SCOPE_LEGACY] {
+                copies.push(signing::sign(&env(1), &k, lay, scope).unwrap());
+            }
+        }
+        let (d, r) = signing::sign_pair(&env(2), &k).unwrap();
+        copies.extend([d, r]);
+        for (d, r) in signing::sign_batch(&(0..5).map(env).collect::<Vec<_>>(), &k).unwrap() {
+            copies.extend([d, r]);
+        }
+        for b in &copies {
+            let (lay, _, expected) = signing::signed_message(b, None).unwrap();
+            assert_eq!(signing::signed_statement(b, &located(b, lay), lay).unwrap(), expected);
+        }
+    }
+    let k = &keys()[0];
+    let b = signing::sign(&env(3), k, Layout::Reviewed, SCOPE_V2).unwrap();
+    let sec = located(&b, Layout::Reviewed);
+    let m = signing::signed_statement(&b, &sec, Layout::Reviewed).unwrap();
+    let sig = sec.inner.iter().find(|r| r.field == 4).unwrap();
+    assert_eq!(
+        signing::hmac_sha256(&[7u8; 32], &m).as_slice(),
+        &b[sig.value_start..sig.end]
+    );
+}
+
+/// A reviewed-layout envelope that is only a security record of `body`.
+fn security_only(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    prism_client::wire::len_tag(&mut out, Layout::Reviewed.security_field());
+    prism_client::wire::put_varint(&mut out, body.len() as u64);
+    out.extend_from_slice(body);
+    out
+}
+
+fn varint_field(field: u8, v: u128) -> Vec<u8> {
+    let mut out = vec![field << 3];
+    let mut v = v;
+    while v >= 0x80 {
+        out.push((v as u8 & 0x7f) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+    out
+}
+
+#[test]
+fn signed_statement_faults_carry_the_full_numbers() {
+    use signing::StatementFault as F;
+    let sibling = [[0x5a, 32].as_slice(), &[3u8; 32]].concat();
+    let fault = |parts: &[&[u8]]| {
+        let b = security_only(&parts.concat());
+        signing::signed_statement(&b, &located(&b, Layout::Reviewed), Layout::Reviewed).unwrap_err()
+    };
+    let wide = 1u128 << 69;
+    assert_eq!(fault(&[&varint_field(10, 4)]), F::NoSibling { scope: "batch" });
+    assert_eq!(
+        fault(&[&varint_field(10, 3), &[0x5a, 1, 0]]),
+        F::NoSibling { scope: "pair" }
+    );
+    assert_eq!(fault(&[&varint_field(10, 4), &sibling]), F::TreeSize { size: 0 });
+    assert_eq!(
+        fault(&[&varint_field(10, 4), &sibling, &varint_field(13, wide)]),
+        F::TreeSize { size: wide }
+    );
+    assert_eq!(
+        fault(&[
+            &varint_field(10, 4),
+            &sibling,
+            &varint_field(13, 4),
+            &varint_field(12, wide)
+        ]),
+        F::TreeIndex { index: wide, size: 4 }
+    );
+    assert_eq!(
+        fault(&[
+            &varint_field(10, 4),
+            &sibling,
+            &varint_field(13, 2),
+            &[0x72, 31],
+            &[0u8; 31]
+        ]),
+        F::PathNotWhole { len: 31 }
+    );
+    assert_eq!(
+        fault(&[
+            &varint_field(10, 4),
+            &sibling,
+            &varint_field(13, 1),
+            &[0x72, 32],
+            &[0u8; 32]
+        ]),
+        F::PathTooLong
+    );
+    assert_eq!(
+        fault(&[&varint_field(10, 4), &sibling, &varint_field(13, 2)]),
+        F::PathTooShort
+    );
+    assert_eq!(fault(&[&varint_field(10, 9)]), F::UnsupportedScope { scope: 9 });
+    assert_eq!(fault(&[&varint_field(10, wide)]), F::UnsupportedScope { scope: wide });
+}

@@ -15,7 +15,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use prism_client::signing::{locate_security_record, SecurityFault};
+use prism_client::signing::{self, locate_security_record, SecurityFault, StatementFault};
 use prism_client::wire::{self, Record, WireFault};
 use prism_client::Layout;
 use pyo3::buffer::PyBuffer;
@@ -38,9 +38,16 @@ create_exception!(
     "The security record is ambiguous: args are (kind, field, wire_type, expected, at)."
 );
 
+create_exception!(
+    prism_native,
+    StatementFaultError,
+    PyValueError,
+    "The signed message of a pair or batch scope cannot be formed: args are (kind, a, b)."
+);
+
 /// Bumped whenever a function's contract changes: `app/native.py` uses the module only when
 /// this is the version it was written for (a stale wheel in a venv falls back to Python).
-const ABI: u32 = 2;
+const ABI: u32 = 3;
 
 /// What a fault says, as `WireFault`'s args: (kind, at, field, wire_type, length, remaining),
 /// the numbers not given for a kind as None.
@@ -208,6 +215,87 @@ fn security_record<'py>(
     })
 }
 
+type StatementArgs = (&'static str, Option<u128>, Option<u128>, Option<&'static str>);
+
+fn statement_args(f: StatementFault) -> StatementArgs {
+    match f {
+        StatementFault::NoSibling { scope } => ("no_sibling", None, None, Some(scope)),
+        StatementFault::TreeSize { size } => ("tree_size", Some(size), None, None),
+        StatementFault::TreeIndex { index, size } => ("tree_index", Some(index), Some(size), None),
+        StatementFault::PathNotWhole { len } => ("path_not_whole", Some(len as u128), None, None),
+        StatementFault::PathTooLong => ("path_too_long", None, None, None),
+        StatementFault::PathTooShort => ("path_too_short", None, None, None),
+        StatementFault::UnsupportedScope { scope } => ("unsupported_scope", Some(scope), None, None),
+    }
+}
+
+/// What stopped the signed message: the walk, the ambiguity checks, or the statement.
+enum Stop {
+    Wire(prism_client::wire::WireFault),
+    Security(SecurityFault),
+    Statement(StatementFault),
+    NotSigned,
+    Panic,
+}
+
+fn stop_error(stop: Stop) -> PyErr {
+    match stop {
+        Stop::Wire(f) | Stop::Security(SecurityFault::Wire(f)) => WireFaultError::new_err(fault_args(f)),
+        Stop::Security(f) => SecurityFaultError::new_err(security_args(f)),
+        Stop::Statement(f) => StatementFaultError::new_err(statement_args(f)),
+        Stop::NotSigned => StatementFaultError::new_err(("not_signed", None::<u128>, None::<u128>, None::<&str>)),
+        Stop::Panic => WireFaultError::new_err((
+            "internal",
+            0usize,
+            None::<u128>,
+            None::<u8>,
+            None::<u128>,
+            None::<usize>,
+        )),
+    }
+}
+
+/// The signed message of envelope bytes in `reviewed` (else draft) layout, computed by
+/// prism-client from a fresh walk (cheaper than taking the caller's records back).
+fn message_of(data: &[u8], reviewed: bool) -> Result<Vec<u8>, Stop> {
+    let lay = if reviewed { Layout::Reviewed } else { Layout::Draft };
+    let made = catch_unwind(AssertUnwindSafe(|| {
+        let records = wire::walk(data, 0, data.len()).map_err(Stop::Wire)?;
+        let sec = locate_security_record(data, &records, lay)
+            .map_err(Stop::Security)?
+            .ok_or(Stop::NotSigned)?;
+        signing::signed_statement(data, &sec, lay).map_err(Stop::Statement)
+    }));
+    made.unwrap_or(Err(Stop::Panic))
+}
+
+/// `b"".join(app.security.signing._message_parts(...))`, compiled: the message a signature
+/// over these envelope bytes signs, in every scope the verifier knows (legacy, v2, pair,
+/// batch). Faults: `StatementFault` (kind, a, b, scope name) for a pair or batch record that
+/// yields no statement or an unknown scope, `WireFault`/`SecurityFault` for bytes the caller
+/// should not have got this far with.
+#[pyfunction]
+fn signed_message<'py>(py: Python<'py>, buf: &Bound<'py, PyAny>, reviewed: bool) -> PyResult<Bound<'py, PyBytes>> {
+    with_bytes(buf, |data| match message_of(data, reviewed) {
+        Ok(m) => Ok(PyBytes::new(py, &m)),
+        Err(stop) => Err(stop_error(stop)),
+    })
+}
+
+/// HMAC-SHA256 under `secret` of `signed_message(buf, reviewed)`, in one call.
+#[pyfunction]
+fn signed_mac<'py>(
+    py: Python<'py>,
+    buf: &Bound<'py, PyAny>,
+    reviewed: bool,
+    secret: &[u8],
+) -> PyResult<Bound<'py, PyBytes>> {
+    with_bytes(buf, |data| match message_of(data, reviewed) {
+        Ok(m) => Ok(PyBytes::new(py, &signing::hmac_sha256(secret, &m))),
+        Err(stop) => Err(stop_error(stop)),
+    })
+}
+
 /// All top-level records of `buf[start:end]` as `(field, wire_type, start, value_start, end)`
 /// tuples: `app.envelope.wire.scan`, compiled. `buf` is `bytes` or any contiguous buffer
 /// (`memoryview`, `bytearray`).
@@ -228,7 +316,10 @@ fn prism_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("WireFault", m.py().get_type::<WireFaultError>())?;
     m.add("SecurityFault", m.py().get_type::<SecurityFaultError>())?;
+    m.add("StatementFault", m.py().get_type::<StatementFaultError>())?;
     m.add_function(wrap_pyfunction!(scan, m)?)?;
     m.add_function(wrap_pyfunction!(security_record, m)?)?;
+    m.add_function(wrap_pyfunction!(signed_message, m)?)?;
+    m.add_function(wrap_pyfunction!(signed_mac, m)?)?;
     Ok(())
 }
