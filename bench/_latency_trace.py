@@ -8,6 +8,12 @@ the steps are wrapped here, so the traced worker runs the shipped code between t
 record (topic, partition, offset), wall-clock seconds:
 
 * ``produced`` - the record's timestamp (CreateTime: the load client's producer sets it at send);
+* ``received`` - its fetch response parsed by aiokafka in Faust's consumer thread (the
+  `FetchResult` holding it created): broker, network and the consumer thread's turn;
+* ``drained`` - handed out of aiokafka's buffer to Faust's `getmany` (`FetchResult.getall`,
+  still in the consumer thread): how long the fetched records waited for the main loop to ask;
+* ``resumed`` - Faust's `_wait_next_records` returned in the worker's event loop: the hop back
+  from the consumer thread (`call_soon_threadsafe`, the GIL, the loop's other work);
 * ``fetched`` - appended to the batch source's buffer (`BatchBuffer.put`);
 * ``taken`` - its batch taken from the buffer (`BatchBuffer.take` returned);
 * ``chained`` - its batch through the chain, signed and fitted (`BatchRunner.start` returned);
@@ -40,9 +46,11 @@ import faust
 TRACE_ENV = "PRISM_LATENCY_TRACE"
 #: seconds: `sys.setswitchinterval` in the traced worker (an experiment knob; default Python's 5 ms)
 SWITCH_ENV = "PRISM_TRACE_SWITCH_INTERVAL"
-STEPS = ("produced", "fetched", "taken", "chained", "written", "acked")
+STEPS = ("produced", "received", "drained", "resumed", "fetched", "taken", "chained", "written", "acked")
 
 _marks: dict[tuple[str, int, int], dict[str, float]] = {}
+#: the steps before ``fetched`` (received, drained, resumed), merged into _marks at the put
+_pre: dict[tuple[str, int, int], dict[str, float]] = {}
 _lock = threading.Lock()
 #: per batch, in take order: [taken, chained, written] (0.0 until reached)
 _batches: list[list[float]] = []
@@ -138,8 +146,11 @@ def install(path: str) -> None:
         now = time.time()
         if not _first_fetch:
             _first_fetch.append(now)
+        key = _key(message)
         with _lock:
-            _marks[_key(message)] = {"produced": message.timestamp, "fetched": now}
+            d = _pre.pop(key, {})
+            d["produced"], d["fetched"] = message.timestamp, now
+            _marks[key] = d
         put(self, message)
 
     async def traced_take(self: Any, max_n: int, within: float) -> list[Any]:
@@ -202,6 +213,40 @@ def install(path: str) -> None:
             _commits.append((t0, time.time()))
 
     Consumer.commit = traced_commit  # type: ignore[method-assign]
+
+    # the fetch, split: aiokafka's FetchResult (consumer thread) and Faust's wait in the loop
+    from aiokafka.consumer.fetcher import FetchResult
+
+    fr_init, fr_getall, wait_next = FetchResult.__init__, FetchResult.getall, Consumer._wait_next_records
+
+    def traced_fr_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        fr_init(self, *args, **kwargs)
+        self._prism_t = time.time()
+
+    def traced_getall(self: Any, max_records: Any = None) -> Any:
+        out = fr_getall(self, max_records)
+        if out:
+            now, t = time.time(), getattr(self, "_prism_t", None)
+            with _lock:
+                for r in out:
+                    _pre[(r.topic, r.partition, r.offset)] = {"received": t or now, "drained": now}
+        return out
+
+    async def traced_wait_next(self: Any, timeout: float) -> Any:
+        records, active = await wait_next(self, timeout)
+        if records:
+            now = time.time()
+            with _lock:
+                for tp, recs in records.items():
+                    for r in recs:
+                        d = _pre.get((tp.topic, tp.partition, r.offset))
+                        if d is not None:
+                            d["resumed"] = now
+        return records, active
+
+    FetchResult.__init__ = traced_fr_init  # type: ignore[method-assign]
+    FetchResult.getall = traced_getall  # type: ignore[method-assign]
+    Consumer._wait_next_records = traced_wait_next  # type: ignore[method-assign]
     BatchBuffer.put = traced_put  # type: ignore[method-assign]
     BatchBuffer.take = traced_take  # type: ignore[method-assign]
     BatchRunner.start = traced_start  # type: ignore[method-assign]
