@@ -9,7 +9,10 @@ record (topic, partition, offset), wall-clock seconds:
 
 * ``produced`` - the record's timestamp (CreateTime: the load client's producer sets it at send);
 * ``received`` - its fetch response parsed by aiokafka in Faust's consumer thread (the
-  `FetchResult` holding it created): broker, network and the consumer thread's turn;
+  `FetchResult` holding it created): broker, network and the consumer thread's turn; split at
+  the send of the fetch request that brought it (``requested``, aiokafka's
+  `_proc_fetch_request` task started) into "waiting for a fetch" (aiokafka keeps one fetch in
+  flight per broker connection) and "answer" (the broker's long poll, reading and parsing);
 * ``drained`` - handed out of aiokafka's buffer to Faust's `getmany` (`FetchResult.getall`,
   still in the consumer thread): how long the fetched records waited for the main loop to ask;
 * ``resumed`` - Faust's `_wait_next_records` returned in the worker's event loop: the hop back
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextvars
 import gc
 import itertools
 import json
@@ -46,10 +50,15 @@ import faust
 TRACE_ENV = "PRISM_LATENCY_TRACE"
 #: seconds: `sys.setswitchinterval` in the traced worker (an experiment knob; default Python's 5 ms)
 SWITCH_ENV = "PRISM_TRACE_SWITCH_INTERVAL"
+#: ms: the traced worker's fetch_max_wait_ms on the embedded broker (an experiment knob; default 20,
+#: app/worker/offsets.py EMBEDDED_FETCH_MAX_WAIT_MS)
+FETCH_WAIT_ENV = "PRISM_TRACE_FETCH_MAX_WAIT_MS"
 STEPS = ("produced", "received", "drained", "resumed", "fetched", "taken", "chained", "written", "acked")
 
 _marks: dict[tuple[str, int, int], dict[str, float]] = {}
 #: the steps before ``fetched`` (received, drained, resumed), merged into _marks at the put
+#: the fetch request in flight in this task of aiokafka's fetcher: when it was sent
+_requested: contextvars.ContextVar[float | None] = contextvars.ContextVar("prism_fetch_requested", default=None)
 _pre: dict[tuple[str, int, int], dict[str, float]] = {}
 _lock = threading.Lock()
 #: per batch, in take order: [taken, chained, written] (0.0 until reached)
@@ -94,6 +103,18 @@ def summary() -> dict[str, Any]:
             out[f"{a}->{b}"] = {"n": len(vals), "p50": round(statistics.median(vals), 1),
                                 "p90": round(_pct(vals, 0.9), 1), "p99": round(_pct(vals, 0.99), 1),
                                 "max": round(max(vals), 1)}
+    # produced->received, split at the send of the fetch request that brought the record: how
+    # long it waited for a fetch to be sent (one in flight per broker connection; the consumer
+    # thread's turn), and from then (or from its produce, if later) to the parsed response
+    waits = [(r["requested"] - r["produced"]) * 1000 for r in rows if "requested" in r and "received" in r]
+    answers = [(r["received"] - max(r["produced"], r["requested"])) * 1000
+               for r in rows if "requested" in r and "received" in r]
+    for name, vals in (("produced->request_sent(waiting for a fetch)", [max(0.0, v) for v in waits]),
+                       ("request_sent_or_produced->received(answer)", answers)):
+        if vals:
+            out[name] = {"n": len(vals), "p50": round(statistics.median(vals), 1), "p90": round(_pct(vals, 0.9), 1),
+                         "p99": round(_pct(vals, 0.99), 1), "max": round(max(vals), 1)}
+
     def dist(vals: list[float]) -> dict[str, float]:
         if not vals:
             return {"n": 0}
@@ -219,17 +240,29 @@ def install(path: str) -> None:
 
     fr_init, fr_getall, wait_next = FetchResult.__init__, FetchResult.getall, Consumer._wait_next_records
 
+    from aiokafka.consumer.fetcher import Fetcher
+
+    proc_fetch = Fetcher._proc_fetch_request
+
+    async def traced_proc_fetch(self: Any, assignment: Any, node_id: Any, request: Any) -> Any:
+        _requested.set(time.time())  # this fetch request's task: sent now
+        return await proc_fetch(self, assignment, node_id, request)
+
     def traced_fr_init(self: Any, *args: Any, **kwargs: Any) -> None:
         fr_init(self, *args, **kwargs)
         self._prism_t = time.time()
+        self._prism_req = _requested.get()
 
     def traced_getall(self: Any, max_records: Any = None) -> Any:
         out = fr_getall(self, max_records)
         if out:
             now, t = time.time(), getattr(self, "_prism_t", None)
             with _lock:
+                req = getattr(self, "_prism_req", None)
                 for r in out:
-                    _pre[(r.topic, r.partition, r.offset)] = {"received": t or now, "drained": now}
+                    d = _pre[(r.topic, r.partition, r.offset)] = {"received": t or now, "drained": now}
+                    if req is not None:
+                        d["requested"] = req
         return out
 
     async def traced_wait_next(self: Any, timeout: float) -> Any:
@@ -244,6 +277,7 @@ def install(path: str) -> None:
                             d["resumed"] = now
         return records, active
 
+    Fetcher._proc_fetch_request = traced_proc_fetch  # type: ignore[method-assign]
     FetchResult.__init__ = traced_fr_init  # type: ignore[method-assign]
     FetchResult.getall = traced_getall  # type: ignore[method-assign]
     Consumer._wait_next_records = traced_wait_next  # type: ignore[method-assign]
@@ -281,6 +315,10 @@ def app_from_env() -> faust.App:
         import sys
 
         sys.setswitchinterval(float(os.environ[SWITCH_ENV]))
+    if os.environ.get(FETCH_WAIT_ENV):  # an experiment: the embedded broker's fetch long-poll bound
+        from app.worker import offsets
+
+        offsets.EMBEDDED_FETCH_MAX_WAIT_MS = int(os.environ[FETCH_WAIT_ENV])
     app = shipped()
     if path:
         app.task(lag_probe)
