@@ -58,6 +58,11 @@ STEPS = ("produced", "received", "drained", "resumed", "fetched", "taken", "chai
 _marks: dict[tuple[str, int, int], dict[str, float]] = {}
 #: the steps before ``fetched`` (received, drained, resumed), merged into _marks at the put
 #: the fetch request in flight in this task of aiokafka's fetcher: when it was sent
+#: the consumer thread's event loop lag (as _lags for the worker's loop) and its probe task
+_thread_lags: list[tuple[float, float]] = []
+_thread_probe: list[Any] = []
+#: (topic, partition) -> when each fetch request that asked for it was sent (ascending)
+_fetch_sent: dict[tuple[str, int], list[float]] = {}
 _requested: contextvars.ContextVar[float | None] = contextvars.ContextVar("prism_fetch_requested", default=None)
 _pre: dict[tuple[str, int, int], dict[str, float]] = {}
 _lock = threading.Lock()
@@ -115,6 +120,30 @@ def summary() -> dict[str, Any]:
             out[name] = {"n": len(vals), "p50": round(statistics.median(vals), 1), "p90": round(_pct(vals, 0.9), 1),
                          "p99": round(_pct(vals, 0.99), 1), "max": round(max(vals), 1)}
 
+    # Why the wait: was a fetch for the partition sent between the produce and the request that
+    # brought the record (then the record was not in the broker yet: the load client's produce
+    # path, the broker's write) or none (aiokafka had no fetch of it out: one in flight per
+    # connection, the partition's records still in its buffer, the consumer thread's turn)?
+    import bisect
+
+    sent = {tp: sorted(ts) for tp, ts in list(_fetch_sent.items())}
+    no_fetch: list[float] = []
+    not_there: list[float] = []
+    for key, r in ((k, r) for k, r in list(_marks.items()) if "requested" in r):
+        wait = (r["requested"] - r["produced"]) * 1000
+        if wait <= 0:
+            continue
+        ts = sent.get((key[0], key[1]), [])
+        i = bisect.bisect_right(ts, r["produced"])
+        earlier = i < len(ts) and ts[i] < r["requested"] - 1e-6
+        (not_there if earlier else no_fetch).append(wait)
+    for name, vals in (("wait: no fetch of the partition sent", no_fetch),
+                       ("wait: fetches sent, record not in the broker yet", not_there)):
+        if vals:
+            out[name] = {"n": len(vals), "p50": round(statistics.median(vals), 1), "p90": round(_pct(vals, 0.9), 1),
+                         "p99": round(_pct(vals, 0.99), 1), "max": round(max(vals), 1),
+                         "over_20ms": sum(1 for v in vals if v > 20)}
+
     def dist(vals: list[float]) -> dict[str, float]:
         if not vals:
             return {"n": 0}
@@ -123,6 +152,10 @@ def summary() -> dict[str, Any]:
 
     since = _first_fetch[0] if _first_fetch else float("inf")
     out["loop_lag_ms"] = dist([ms for ms, t in list(_lags) if t >= since])
+    out["consumer_thread_loop_lag_ms"] = dist([ms for ms, t in list(_thread_lags) if t >= since])
+    # per partition, the time between two fetch requests that asked for it
+    gaps = [(b - a) * 1000 for ts in sent.values() for a, b in itertools.pairwise(t for t in ts if t >= since)]
+    out["fetch_request_gap_per_partition_ms"] = dist(gaps)
     out["late_take_ms"] = dist(list(_late_take))
     for gen in (0, 1, 2):
         out[f"gc{gen}_ms"] = dist([ms for g, ms, t in list(_gcs) if g == gen and t >= since])
@@ -245,7 +278,14 @@ def install(path: str) -> None:
     proc_fetch = Fetcher._proc_fetch_request
 
     async def traced_proc_fetch(self: Any, assignment: Any, node_id: Any, request: Any) -> Any:
-        _requested.set(time.time())  # this fetch request's task: sent now
+        now = time.time()
+        if not _thread_probe:  # the consumer thread's loop: how late it wakes a 5 ms sleep
+            _thread_probe.append(asyncio.get_running_loop().create_task(lag_probe(_thread_lags)))
+        _requested.set(now)  # this fetch request's task: sent now
+        with _lock:
+            for topic, partitions in request.topics:
+                for partition, *_ in partitions:
+                    _fetch_sent.setdefault((topic, partition), []).append(now)
         return await proc_fetch(self, assignment, node_id, request)
 
     def traced_fr_init(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -321,13 +361,20 @@ def app_from_env() -> faust.App:
         offsets.EMBEDDED_FETCH_MAX_WAIT_MS = int(os.environ[FETCH_WAIT_ENV])
     app = shipped()
     if path:
-        app.task(lag_probe)
+        app.task(worker_lag_probe)
     return app
 
 
-async def lag_probe() -> None:
-    """How late the worker's event loop wakes a 5 ms sleep: its stalls (a long callback, GC)."""
+async def lag_probe(into: list[tuple[float, float]] | None = None) -> None:
+    """How late an event loop (the worker's; with `into`, the consumer thread's) wakes a 5 ms
+    sleep: its stalls (a long callback, GC, the GIL held by the other thread)."""
+    lags = _lags if into is None else into
     while True:
         t0 = time.perf_counter()
         await asyncio.sleep(0.005)
-        _lags.append(((time.perf_counter() - t0) * 1000 - 5, time.time()))
+        lags.append(((time.perf_counter() - t0) * 1000 - 5, time.time()))
+
+
+async def worker_lag_probe() -> None:
+    """`lag_probe` on the worker's loop (a Faust app task: takes no argument, or Faust passes the app)."""
+    await lag_probe()
