@@ -24,11 +24,11 @@ from tests.worker.harness import RunningPipeline
 N = 3_000
 
 
-async def _until(condition, what: str, timeout: float = 90.0) -> None:
+async def _until(condition, what: str, timeout: float = 90.0, state=lambda: None) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {what}: {state()}")
         await asyncio.sleep(0.05)
 
 
@@ -66,7 +66,9 @@ async def test_counts_held_between_commits_survive_a_clean_stop_exactly(any_brok
     second = RunningPipeline(topo, broker.bootstrap, tmp_path / "data2", app_id=app_id, embedded=broker.embedded)
     async with second:
         # the second worker's table starts from the changelog alone (fresh data dir)
-        await _until(lambda: _totals(second).get("emitted", 0) >= N, f"{N} emitted in the counters")
+        await _until(lambda: _totals(second).get("emitted", 0) >= N, f"{N} emitted in the counters",
+                     state=lambda: {"totals": _totals(second), "first read": counted_first,
+                                    "second read": second.pipeline.stats.read})
         await second.pipeline.app.consumer.commit()
         totals = _totals(second)
     assert totals.get("emitted") == N, totals
