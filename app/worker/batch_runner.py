@@ -31,9 +31,11 @@ metric pass per interval. What keeps the counts exact:
   covers a message whose counts are not handed to the producer with it, as before;
 * the counters are written before `RunStats.read` grows, in the same step, so a reader that sees
   `read == n` still sees all n counted;
-* a kill -9 loses the held counts of at most the last interval - but only of messages whose
-  offsets were not committed either (the commit flushes first), so they are read and counted
-  again on restart, as the unflushed changelog records of the last batches always were.
+* a kill -9 can lose the held counts of at most the last interval - only of messages whose
+  offsets were not committed either (the commit counts first). They are read again on restart,
+  and as their outputs and dedup ids were written they count as `duplicate` instead of
+  `emitted`: at-least-once statistics, as before, when the same could happen to the counter
+  records the producer had not sent yet (a window of milliseconds, now up to `count_every_s`).
 """
 
 from __future__ import annotations
