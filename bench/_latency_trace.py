@@ -53,6 +53,10 @@ SWITCH_ENV = "PRISM_TRACE_SWITCH_INTERVAL"
 #: ms: the traced worker's fetch_max_wait_ms on the embedded broker (an experiment knob; default 20,
 #: app/worker/offsets.py EMBEDDED_FETCH_MAX_WAIT_MS)
 FETCH_WAIT_ENV = "PRISM_TRACE_FETCH_MAX_WAIT_MS"
+#: "1": an experiment - the consumer thread drains aiokafka's buffer as records arrive (a pump
+#: task in the thread) and Faust's getmany takes them from there, so a partition's next fetch is
+#: not held back until the worker's loop asks. Steady state only: no rebalance handling.
+EAGER_ENV = "PRISM_TRACE_EAGER_DRAIN"
 STEPS = ("produced", "received", "drained", "resumed", "fetched", "taken", "chained", "written", "acked")
 
 _marks: dict[tuple[str, int, int], dict[str, float]] = {}
@@ -359,6 +363,8 @@ def app_from_env() -> faust.App:
         from app.worker import offsets
 
         offsets.EMBEDDED_FETCH_MAX_WAIT_MS = int(os.environ[FETCH_WAIT_ENV])
+    if os.environ.get(EAGER_ENV) == "1":
+        install_eager_drain()
     app = shipped()
     if path:
         app.task(worker_lag_probe)
@@ -378,3 +384,44 @@ async def lag_probe(into: list[tuple[float, float]] | None = None) -> None:
 async def worker_lag_probe() -> None:
     """`lag_probe` on the worker's loop (a Faust app task: takes no argument, or Faust passes the app)."""
     await lag_probe()
+
+
+def install_eager_drain() -> None:
+    """The `EAGER_ENV` experiment (bench only): Faust's `_fetch_records` (run in the consumer
+    thread for each `getmany` of the worker's loop) takes records from a list that a pump task in
+    the same thread fills from aiokafka as soon as they arrive."""
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    async def fetch_records(self: Any, consumer: Any, active_partitions: Any, timeout: float | None = None,
+                            max_records: int | None = None) -> Any:
+        if not self.consumer.flow_active:
+            return {}
+        st = getattr(self, "_prism_eager", None)
+        if st is None:
+            st = self._prism_eager = {"buf": {}, "ev": asyncio.Event(), "active": active_partitions}
+
+            async def pump() -> None:
+                fetcher = consumer._fetcher
+                while not (consumer._closed or fetcher._closed):
+                    if not self.consumer.flow_active:
+                        await asyncio.sleep(0.005)
+                        continue
+                    with fetcher._subscriptions.fetch_context():
+                        got = await fetcher.fetched_records(st["active"], timeout=1.0)
+                    for tp, recs in got.items():
+                        st["buf"].setdefault(tp, []).extend(recs)
+                    if got:
+                        st["ev"].set()
+
+            st["task"] = asyncio.get_running_loop().create_task(pump())
+        st["active"] = active_partitions
+        if not st["buf"]:
+            st["ev"].clear()
+            try:
+                await asyncio.wait_for(st["ev"].wait(), timeout)
+            except TimeoutError:
+                return {}
+        out, st["buf"] = st["buf"], {}
+        return out
+
+    AIOKafkaConsumerThread._fetch_records = fetch_records  # type: ignore[method-assign]
