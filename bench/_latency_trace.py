@@ -8,6 +8,15 @@ the steps are wrapped here, so the traced worker runs the shipped code between t
 record (topic, partition, offset), wall-clock seconds:
 
 * ``produced`` - the record's timestamp (CreateTime: the load client's producer sets it at send);
+* ``received`` - its fetch response parsed by aiokafka in Faust's consumer thread (the
+  `FetchResult` holding it created): broker, network and the consumer thread's turn; split at
+  the send of the fetch request that brought it (``requested``, aiokafka's
+  `_proc_fetch_request` task started) into "waiting for a fetch" (aiokafka keeps one fetch in
+  flight per broker connection) and "answer" (the broker's long poll, reading and parsing);
+* ``drained`` - handed out of aiokafka's buffer to Faust's `getmany` (`FetchResult.getall`,
+  still in the consumer thread): how long the fetched records waited for the main loop to ask;
+* ``resumed`` - Faust's `_wait_next_records` returned in the worker's event loop: the hop back
+  from the consumer thread (`call_soon_threadsafe`, the GIL, the loop's other work);
 * ``fetched`` - appended to the batch source's buffer (`BatchBuffer.put`);
 * ``taken`` - its batch taken from the buffer (`BatchBuffer.take` returned);
 * ``chained`` - its batch through the chain, signed and fitted (`BatchRunner.start` returned);
@@ -26,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextvars
 import gc
 import itertools
 import json
@@ -40,9 +50,25 @@ import faust
 TRACE_ENV = "PRISM_LATENCY_TRACE"
 #: seconds: `sys.setswitchinterval` in the traced worker (an experiment knob; default Python's 5 ms)
 SWITCH_ENV = "PRISM_TRACE_SWITCH_INTERVAL"
-STEPS = ("produced", "fetched", "taken", "chained", "written", "acked")
+#: ms: the traced worker's fetch_max_wait_ms on the embedded broker (an experiment knob; default 20,
+#: app/worker/offsets.py EMBEDDED_FETCH_MAX_WAIT_MS)
+FETCH_WAIT_ENV = "PRISM_TRACE_FETCH_MAX_WAIT_MS"
+#: "1": an experiment - the consumer thread drains aiokafka's buffer as records arrive (a pump
+#: task in the thread) and Faust's getmany takes them from there, so a partition's next fetch is
+#: not held back until the worker's loop asks. Steady state only: no rebalance handling.
+EAGER_ENV = "PRISM_TRACE_EAGER_DRAIN"
+STEPS = ("produced", "received", "drained", "resumed", "fetched", "taken", "chained", "written", "acked")
 
 _marks: dict[tuple[str, int, int], dict[str, float]] = {}
+#: the steps before ``fetched`` (received, drained, resumed), merged into _marks at the put
+#: the fetch request in flight in this task of aiokafka's fetcher: when it was sent
+#: the consumer thread's event loop lag (as _lags for the worker's loop) and its probe task
+_thread_lags: list[tuple[float, float]] = []
+_thread_probe: list[Any] = []
+#: (topic, partition) -> when each fetch request that asked for it was sent (ascending)
+_fetch_sent: dict[tuple[str, int], list[float]] = {}
+_requested: contextvars.ContextVar[float | None] = contextvars.ContextVar("prism_fetch_requested", default=None)
+_pre: dict[tuple[str, int, int], dict[str, float]] = {}
 _lock = threading.Lock()
 #: per batch, in take order: [taken, chained, written] (0.0 until reached)
 _batches: list[list[float]] = []
@@ -86,6 +112,42 @@ def summary() -> dict[str, Any]:
             out[f"{a}->{b}"] = {"n": len(vals), "p50": round(statistics.median(vals), 1),
                                 "p90": round(_pct(vals, 0.9), 1), "p99": round(_pct(vals, 0.99), 1),
                                 "max": round(max(vals), 1)}
+    # produced->received, split at the send of the fetch request that brought the record: how
+    # long it waited for a fetch to be sent (one in flight per broker connection; the consumer
+    # thread's turn), and from then (or from its produce, if later) to the parsed response
+    waits = [(r["requested"] - r["produced"]) * 1000 for r in rows if "requested" in r and "received" in r]
+    answers = [(r["received"] - max(r["produced"], r["requested"])) * 1000
+               for r in rows if "requested" in r and "received" in r]
+    for name, vals in (("produced->request_sent(waiting for a fetch)", [max(0.0, v) for v in waits]),
+                       ("request_sent_or_produced->received(answer)", answers)):
+        if vals:
+            out[name] = {"n": len(vals), "p50": round(statistics.median(vals), 1), "p90": round(_pct(vals, 0.9), 1),
+                         "p99": round(_pct(vals, 0.99), 1), "max": round(max(vals), 1)}
+
+    # Why the wait: was a fetch for the partition sent between the produce and the request that
+    # brought the record (then the record was not in the broker yet: the load client's produce
+    # path, the broker's write) or none (aiokafka had no fetch of it out: one in flight per
+    # connection, the partition's records still in its buffer, the consumer thread's turn)?
+    import bisect
+
+    sent = {tp: sorted(ts) for tp, ts in list(_fetch_sent.items())}
+    no_fetch: list[float] = []
+    not_there: list[float] = []
+    for key, r in ((k, r) for k, r in list(_marks.items()) if "requested" in r):
+        wait = (r["requested"] - r["produced"]) * 1000
+        if wait <= 0:
+            continue
+        ts = sent.get((key[0], key[1]), [])
+        i = bisect.bisect_right(ts, r["produced"])
+        earlier = i < len(ts) and ts[i] < r["requested"] - 1e-6
+        (not_there if earlier else no_fetch).append(wait)
+    for name, vals in (("wait: no fetch of the partition sent", no_fetch),
+                       ("wait: fetches sent, record not in the broker yet", not_there)):
+        if vals:
+            out[name] = {"n": len(vals), "p50": round(statistics.median(vals), 1), "p90": round(_pct(vals, 0.9), 1),
+                         "p99": round(_pct(vals, 0.99), 1), "max": round(max(vals), 1),
+                         "over_20ms": sum(1 for v in vals if v > 20)}
+
     def dist(vals: list[float]) -> dict[str, float]:
         if not vals:
             return {"n": 0}
@@ -94,6 +156,10 @@ def summary() -> dict[str, Any]:
 
     since = _first_fetch[0] if _first_fetch else float("inf")
     out["loop_lag_ms"] = dist([ms for ms, t in list(_lags) if t >= since])
+    out["consumer_thread_loop_lag_ms"] = dist([ms for ms, t in list(_thread_lags) if t >= since])
+    # per partition, the time between two fetch requests that asked for it
+    gaps = [(b - a) * 1000 for ts in sent.values() for a, b in itertools.pairwise(t for t in ts if t >= since)]
+    out["fetch_request_gap_per_partition_ms"] = dist(gaps)
     out["late_take_ms"] = dist(list(_late_take))
     for gen in (0, 1, 2):
         out[f"gc{gen}_ms"] = dist([ms for g, ms, t in list(_gcs) if g == gen and t >= since])
@@ -138,8 +204,11 @@ def install(path: str) -> None:
         now = time.time()
         if not _first_fetch:
             _first_fetch.append(now)
+        key = _key(message)
         with _lock:
-            _marks[_key(message)] = {"produced": message.timestamp, "fetched": now}
+            d = _pre.pop(key, {})
+            d["produced"], d["fetched"] = message.timestamp, now
+            _marks[key] = d
         put(self, message)
 
     async def traced_take(self: Any, max_n: int, within: float) -> list[Any]:
@@ -202,6 +271,60 @@ def install(path: str) -> None:
             _commits.append((t0, time.time()))
 
     Consumer.commit = traced_commit  # type: ignore[method-assign]
+
+    # the fetch, split: aiokafka's FetchResult (consumer thread) and Faust's wait in the loop
+    from aiokafka.consumer.fetcher import FetchResult
+
+    fr_init, fr_getall, wait_next = FetchResult.__init__, FetchResult.getall, Consumer._wait_next_records
+
+    from aiokafka.consumer.fetcher import Fetcher
+
+    proc_fetch = Fetcher._proc_fetch_request
+
+    async def traced_proc_fetch(self: Any, assignment: Any, node_id: Any, request: Any) -> Any:
+        now = time.time()
+        if not _thread_probe:  # the consumer thread's loop: how late it wakes a 5 ms sleep
+            _thread_probe.append(asyncio.get_running_loop().create_task(lag_probe(_thread_lags)))
+        _requested.set(now)  # this fetch request's task: sent now
+        with _lock:
+            for topic, partitions in request.topics:
+                for partition, *_ in partitions:
+                    _fetch_sent.setdefault((topic, partition), []).append(now)
+        return await proc_fetch(self, assignment, node_id, request)
+
+    def traced_fr_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        fr_init(self, *args, **kwargs)
+        self._prism_t = time.time()
+        self._prism_req = _requested.get()
+
+    def traced_getall(self: Any, max_records: Any = None) -> Any:
+        out = fr_getall(self, max_records)
+        if out:
+            now, t = time.time(), getattr(self, "_prism_t", None)
+            with _lock:
+                req = getattr(self, "_prism_req", None)
+                for r in out:
+                    d = _pre[(r.topic, r.partition, r.offset)] = {"received": t or now, "drained": now}
+                    if req is not None:
+                        d["requested"] = req
+        return out
+
+    async def traced_wait_next(self: Any, timeout: float) -> Any:
+        records, active = await wait_next(self, timeout)
+        if records:
+            now = time.time()
+            with _lock:
+                for tp, recs in records.items():
+                    for r in recs:
+                        d = _pre.get((tp.topic, tp.partition, r.offset))
+                        if d is not None:
+                            d["resumed"] = now
+        return records, active
+
+    Fetcher._proc_fetch_request = traced_proc_fetch  # type: ignore[method-assign]
+    FetchResult.__init__ = traced_fr_init  # type: ignore[method-assign]
+    FetchResult.getall = traced_getall  # type: ignore[method-assign]
+    Consumer._wait_next_records = traced_wait_next  # type: ignore[method-assign]
     BatchBuffer.put = traced_put  # type: ignore[method-assign]
     BatchBuffer.take = traced_take  # type: ignore[method-assign]
     BatchRunner.start = traced_start  # type: ignore[method-assign]
@@ -236,15 +359,69 @@ def app_from_env() -> faust.App:
         import sys
 
         sys.setswitchinterval(float(os.environ[SWITCH_ENV]))
+    if os.environ.get(FETCH_WAIT_ENV):  # an experiment: the embedded broker's fetch long-poll bound
+        from app.worker import offsets
+
+        offsets.EMBEDDED_FETCH_MAX_WAIT_MS = int(os.environ[FETCH_WAIT_ENV])
+    if os.environ.get(EAGER_ENV) == "1":
+        install_eager_drain()
     app = shipped()
     if path:
-        app.task(lag_probe)
+        app.task(worker_lag_probe)
     return app
 
 
-async def lag_probe() -> None:
-    """How late the worker's event loop wakes a 5 ms sleep: its stalls (a long callback, GC)."""
+async def lag_probe(into: list[tuple[float, float]] | None = None) -> None:
+    """How late an event loop (the worker's; with `into`, the consumer thread's) wakes a 5 ms
+    sleep: its stalls (a long callback, GC, the GIL held by the other thread)."""
+    lags = _lags if into is None else into
     while True:
         t0 = time.perf_counter()
         await asyncio.sleep(0.005)
-        _lags.append(((time.perf_counter() - t0) * 1000 - 5, time.time()))
+        lags.append(((time.perf_counter() - t0) * 1000 - 5, time.time()))
+
+
+async def worker_lag_probe() -> None:
+    """`lag_probe` on the worker's loop (a Faust app task: takes no argument, or Faust passes the app)."""
+    await lag_probe()
+
+
+def install_eager_drain() -> None:
+    """The `EAGER_ENV` experiment (bench only): Faust's `_fetch_records` (run in the consumer
+    thread for each `getmany` of the worker's loop) takes records from a list that a pump task in
+    the same thread fills from aiokafka as soon as they arrive."""
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    async def fetch_records(self: Any, consumer: Any, active_partitions: Any, timeout: float | None = None,
+                            max_records: int | None = None) -> Any:
+        if not self.consumer.flow_active:
+            return {}
+        st = getattr(self, "_prism_eager", None)
+        if st is None:
+            st = self._prism_eager = {"buf": {}, "ev": asyncio.Event(), "active": active_partitions}
+
+            async def pump() -> None:
+                fetcher = consumer._fetcher
+                while not (consumer._closed or fetcher._closed):
+                    if not self.consumer.flow_active:
+                        await asyncio.sleep(0.005)
+                        continue
+                    with fetcher._subscriptions.fetch_context():
+                        got = await fetcher.fetched_records(st["active"], timeout=1.0)
+                    for tp, recs in got.items():
+                        st["buf"].setdefault(tp, []).extend(recs)
+                    if got:
+                        st["ev"].set()
+
+            st["task"] = asyncio.get_running_loop().create_task(pump())
+        st["active"] = active_partitions
+        if not st["buf"]:
+            st["ev"].clear()
+            try:
+                await asyncio.wait_for(st["ev"].wait(), timeout)
+            except TimeoutError:
+                return {}
+        out, st["buf"] = st["buf"], {}
+        return out
+
+    AIOKafkaConsumerThread._fetch_records = fetch_records  # type: ignore[method-assign]

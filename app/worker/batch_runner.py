@@ -15,6 +15,27 @@ fitted to the topics' size limits (app/worker/size_fit.py) and handed, as one `B
 `Delivery` (app/worker/delivery.py: at_least_once or exactly_once), whose coroutine writes and
 acknowledges it while the next batch runs through the chain. The delivery ends a batch
 through `count` (outcome counters, the observer) and `account` (`RunStats.read`, `on_batch`).
+
+**Counting held for `count_every_s`** (at_least_once: `PipelineApp` sets 0.1 s; exactly_once and
+the default: 0, every batch at once). Each batch's counter-table writes (one changelog record per
+topic, partition and outcome), the observer's metric updates and `RunStats.read` are a fixed cost
+per batch; with adaptive batches a light stream's batches are a fetch of 10-20 messages, so that
+cost was paid per ~15 messages instead of per 500 (BENCHMARKS.md, issue 29, "Added latency").
+With `count_every_s` > 0 a written, acknowledged batch is held and counted together with the
+others of the same interval (`flush_counts`): the same sums, one table write per key and one
+metric pass per interval. What keeps the counts exact:
+
+* `flush_counts` runs at the top of every Faust offset commit (`hold_counts_until_commit`
+  wraps `Consumer.commit`; the periodic one, `commit_every`, a rebalance's and the last one at
+  shutdown), before the commit picks its offsets and before it flushes the producer: no commit
+  covers a message whose counts are not handed to the producer with it, as before;
+* the counters are written before `RunStats.read` grows, in the same step, so a reader that sees
+  `read == n` still sees all n counted;
+* a kill -9 can lose the held counts of at most the last interval - only of messages whose
+  offsets were not committed either (the commit counts first). They are read again on restart,
+  and as their outputs and dedup ids were written they count as `duplicate` instead of
+  `emitted`: at-least-once statistics, as before, when the same could happen to the counter
+  records the producer had not sent yet (a window of milliseconds, now up to `count_every_s`).
 """
 
 from __future__ import annotations
@@ -68,7 +89,7 @@ class BatchRunner:
                  fitter: SizeFitter, offsets: OffsetTracker, hole_fetcher: HoleFetcher,
                  counters: FaustTopicCounters, sequences: FaustSequenceTracker, dedups: dict[int, Dedup],
                  observe: BatchObserver | None = None,
-                 on_batch: Callable[[RunStats], None] | None = None) -> None:
+                 on_batch: Callable[[RunStats], None] | None = None, count_every_s: float = 0.0) -> None:
         self.app = app
         self.publisher = publisher
         self.delivery = delivery
@@ -82,6 +103,11 @@ class BatchRunner:
         self.dedups = dedups
         self.observe = observe
         self.on_batch = on_batch
+        #: > 0: batches are counted together, at most this long after they were acknowledged
+        #: (the module docstring); 0: each batch when it ends
+        self.count_every_s = count_every_s
+        self._held: list[Batch] = []  # written and acknowledged, not counted yet (count_every_s > 0)
+        self._flush_at: asyncio.TimerHandle | None = None
 
     async def process(self, chain: Chain, batch: list[Any]) -> None:
         """Run one batch start to finish (no overlap with another batch)."""
@@ -246,22 +272,78 @@ class BatchRunner:
 
     # -- BatchEnd (app/worker/delivery.py): the delivery ends each written batch with these -----
     def count(self, batch: Batch) -> None:
-        # One counter write per (topic, partition, outcome) per batch, not per message: every
-        # table write is also a changelog record.
-        for (topic, partition, outcome), n in batch.outcomes.items():
-            _current_event.set(weakref.ref(batch.stand_in_of[(topic, partition)]))
-            self.counters.incr(topic, outcome, n, partition=partition)
-        _current_event.set(None)
-        # Counted only now, when every message of the batch has its outcome written: a
-        # reader that sees `read == n` can rely on all n being accounted for.
-        if self.observe is not None and batch.observed is not None:
-            self.observe.batch_done(batch.chain, batch.records[0].topic, batch.observed)
+        """The batch's outcome counters and metrics, before it is acknowledged - or, with
+        `count_every_s`, held until `flush_counts` (after the acknowledgement, see `account`)."""
+        if self.count_every_s <= 0:
+            self._count([batch])
 
     def account(self, batch: Batch) -> None:
-        self.stats.read += batch.size
+        if self.count_every_s <= 0:
+            self.stats.read += batch.size
+            if self.on_batch is not None:
+                self.on_batch(self.stats)
+            return
+        # Held: counted with the interval's other batches. The batch is no longer in flight for
+        # the observer (pause and shutdown wait for that), only its counting is late.
+        if self.observe is not None:
+            self.observe.batch_finished()
+        self._held.append(batch)
+        if self._flush_at is None:
+            self._flush_at = asyncio.get_running_loop().call_later(self.count_every_s, self.flush_counts)
+
+    def flush_counts(self) -> None:
+        """Count every held batch now: counters, metrics, then `RunStats.read` and `on_batch`.
+        Synchronous, so nothing can acknowledge or commit in between; called by the interval's
+        timer and at the top of every offset commit (`hold_counts_until_commit`)."""
+        if self._flush_at is not None:
+            self._flush_at.cancel()
+            self._flush_at = None
+        held, self._held = self._held, []
+        if not held:
+            return
+        self._count(held)
+        self.stats.read += sum(b.size for b in held)
         if self.on_batch is not None:
             self.on_batch(self.stats)
 
+    def _count(self, batches: list[Batch]) -> None:
+        # One counter write per (topic, partition, outcome) per call, not per message: every
+        # table write is also a changelog record. Routed by the latest stand-in of the partition.
+        if len(batches) == 1:
+            outcomes, stand_in_of = batches[0].outcomes, batches[0].stand_in_of
+        else:
+            outcomes, stand_in_of = Counter(), {}
+            for b in batches:
+                outcomes.update(b.outcomes)
+                stand_in_of.update(b.stand_in_of)
+        for (topic, partition, outcome), n in outcomes.items():
+            if n:
+                _current_event.set(weakref.ref(stand_in_of[(topic, partition)]))
+                self.counters.incr(topic, outcome, n, partition=partition)
+        _current_event.set(None)
+        # Counted only now, when every message of the batch has its outcome written: a
+        # reader that sees `read == n` can rely on all n being accounted for.
+        obs = self.observe
+        if obs is None:
+            return
+        if self.count_every_s <= 0:
+            b = batches[0]
+            if b.observed is not None:
+                obs.batch_done(b.chain, b.records[0].topic, b.observed)
+            return
+        # one metric pass per chain and source topic for the whole interval
+        groups: dict[tuple[int, str], tuple[Chain, list[tuple[Message, Any]]]] = {}
+        for b in batches:
+            if b.observed is None:
+                continue
+            key = (id(b.chain), b.records[0].topic)
+            group = groups.get(key)
+            if group is None:
+                groups[key] = (b.chain, list(b.observed))
+            else:
+                group[1].extend(b.observed)
+        for (_, topic), (chain, observed) in groups.items():
+            obs.count_batches(chain, topic, observed)
 
 def message_from_record(r: Any) -> Message:
     """A `Message` from an aiokafka `ConsumerRecord` (the records the continuity check fetched)."""
@@ -270,8 +352,22 @@ def message_from_record(r: Any) -> Message:
                    timestamp_ms=r.timestamp if r.timestamp and r.timestamp > 0 else None)
 
 
+def hold_counts_until_commit(consumer: Any, runner: BatchRunner) -> None:
+    """Make every offset commit of `consumer` (Faust's) count the runner's held batches first
+    (`BatchRunner.flush_counts`, the module docstring). At the top of `Consumer.commit`, before
+    it waits for a running commit or picks its offsets: whatever it or the commit it waits for
+    covers has its counts handed to the producer, which Faust flushes before committing."""
+    original = consumer.commit
+
+    async def commit(*args: Any, **kwargs: Any) -> bool:
+        runner.flush_counts()
+        return await original(*args, **kwargs)
+
+    consumer.commit = commit
+
+
 async def _nothing() -> None:
     """The finishing step of a batch abandoned before its writes (`start`)."""
 
 
-__all__ = ["LNMP_SEQUENCE_EXT", "YIELD_EVERY", "BatchRunner", "message_from_record"]
+__all__ = ["LNMP_SEQUENCE_EXT", "YIELD_EVERY", "BatchRunner", "hold_counts_until_commit", "message_from_record"]

@@ -356,15 +356,26 @@ class Observer:
         self._idle.clear()
 
     def batch_done(self, chain: Chain, topic: str, observed: list[tuple[Message, Result]]) -> None:
-        """Turn one batch's results into metric increments (a few `inc(n)` per batch)."""
+        """Turn one batch's results into metric increments (a few `inc(n)` per batch); the
+        batch is no longer in flight."""
         try:
             self._count_batch(chain, topic, observed)
         finally:
-            self.batches += 1
-            self.in_flight -= 1
-            if self.in_flight <= 0:
-                self.in_flight = 0
-                self._idle.set()
+            self.batch_finished()
+
+    def batch_finished(self) -> None:
+        """A batch written and acknowledged, its metrics counted later with others
+        (`count_batches`; app/worker/batch_runner.py, `count_every_s`): no longer in flight."""
+        self.batches += 1
+        self.in_flight -= 1
+        if self.in_flight <= 0:
+            self.in_flight = 0
+            self._idle.set()
+
+    def count_batches(self, chain: Chain, topic: str, observed: list[tuple[Message, Result]]) -> None:
+        """The metric increments of several finished batches of one chain and source topic
+        together (their results in order): the same sums as one `batch_done` each, one pass."""
+        self._count_batch(chain, topic, observed)
 
     def batch_abandoned(self) -> None:
         """A batch left unacknowledged at shutdown (`PipelineApp`): no longer in flight, not counted."""

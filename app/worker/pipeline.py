@@ -61,7 +61,7 @@ from app.tables.dedup import DedupWindow, FaustDedupWindow
 from app.tables.sequence import FaustSequenceTracker
 from app.topology import EnrichStage, Topology, load_topology
 from app.worker.at_least_once import AtLeastOnce
-from app.worker.batch_runner import BatchRunner
+from app.worker.batch_runner import BatchRunner, hold_counts_until_commit
 from app.worker.batch_source import BatchSource
 from app.worker.continuity import HoleFetcher, OffsetTracker
 from app.worker.delivery import Delivery
@@ -86,6 +86,9 @@ from app.worker.transactions import (
 from app.worker.worker_state import WorkerState
 
 log = logging.getLogger("prism.worker")
+#: at_least_once: seconds a finished batch's counters and metrics may wait to be counted with the
+#: next ones (app/worker/batch_runner.py; every offset commit counts them first)
+COUNT_EVERY_S = 0.1
 
 
 def resolve_schema(settings: EnrichStage | None, base_dir: Path, *, validate: bool = False) -> SchemaInfo | None:
@@ -348,7 +351,12 @@ class PipelineApp:
         self.runner = BatchRunner(self.app, publisher=self.publisher, delivery=self.delivery, state=self.state,
                                   fitter=self.fitter, offsets=self.offsets, hole_fetcher=self.hole_fetcher,
                                   counters=self.counters, sequences=self.sequences, dedups=self.dedups,
-                                  observe=observe, on_batch=on_batch)
+                                  observe=observe, on_batch=on_batch,
+                                  # at_least_once: counted per interval, before each commit (the
+                                  # runner's docstring); exactly_once counts inside each transaction
+                                  count_every_s=0.0 if self.transactions is not None else COUNT_EVERY_S)
+        if self.transactions is None:
+            hold_counts_until_commit(self.app.consumer, self.runner)
         # Connect-style sinks (`sinks:` in the topology): separate agents reading the outputs.
         self.sinks = register_sinks(self.app, topology, bootstrap=bootstrap, overflow=self.overflow,
                                     limit_for=lambda t: self.fitter.limits.limit_for(t)) if topology.sinks else []

@@ -126,10 +126,19 @@ class RecordingObserver:
     def __init__(self) -> None:
         self.abandoned = 0
         self.blocked: list[str | None] = []
+        self.finished = 0
+        #: (topic, [(partition, offset) of each observed message]) per `count_batches` call
+        self.counted: list[tuple[str, list[tuple[int, int]]]] = []
 
     def batch_started(self) -> None: ...
 
     def batch_done(self, chain: Any, topic: str, observed: Any) -> None: ...
+
+    def batch_finished(self) -> None:
+        self.finished += 1
+
+    def count_batches(self, chain: Any, topic: str, observed: Any) -> None:
+        self.counted.append((topic, [(m.partition, m.offset) for m, _ in observed]))
 
     def batch_abandoned(self) -> None:
         self.abandoned += 1

@@ -198,3 +198,80 @@ async def test_outputs_are_held_to_their_exact_size_and_new_limits_are_followed(
             assert outcomes == {(src, 0, "emitted"): 0, (src, 0, "dlq"): 1}
         # the input limit follows the limits now in force, not the ones first asked about
         assert fitter.input_limit_for(src) == fitter.limits.input_limit_for(fitter.source_outputs[src]) < roomy
+
+
+async def _until(condition: Any, timeout: float = 5.0) -> None:
+    """Wait for `condition()` (the timer of held counts), failing after `timeout` seconds."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+async def test_held_counts_are_written_once_per_interval_with_the_same_sums(tmp_path: Path, keys: DevKeys) -> None:
+    """at_least_once (`count_every_s`): three finished batches make no counter write and no
+    metric pass of their own; the interval's flush writes each (partition, outcome) once with
+    the batches' sum, routed to its partition, one metric pass over all results in order, and
+    only then `read` - a reader that sees read == n sees all n counted."""
+    runner, _, counters, _, chain, observer, src = _runner(tmp_path, keys)
+    runner.count_every_s = 3600.0  # the timer does not fire in this test: the flush is called
+    batches = [[_fetched(src, 0, 0, _good(src, 0)), _fetched(src, 1, 0, _forbidden(src))],
+               [_fetched(src, 0, 1, _good(src, 1))],
+               [_fetched(src, 1, 1, _good(src, 2)), _fetched(src, 0, 2, _forbidden(src))]]
+    for b in batches:
+        await runner.process(chain, b)
+    assert counters.writes == [] and runner.stats.read == 0 and observer.counted == []
+    assert observer.finished == 3  # no longer in flight: pause and shutdown need not wait for the count
+    runner.flush_counts()
+    assert sorted(counters.writes) == [(src, "dlq", 1, 0, 0), (src, "dlq", 1, 1, 1), (src, "emitted", 1, 1, 1),
+                                       (src, "emitted", 2, 0, 0)]
+    assert observer.counted == [(src, [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2)])]
+    assert runner.stats.read == 5 and _current_event.get() is None
+    runner.flush_counts()  # nothing held: nothing written twice
+    assert len(counters.writes) == 4 and runner.stats.read == 5
+
+
+async def test_held_counts_are_written_by_the_interval_timer(tmp_path: Path, keys: DevKeys) -> None:
+    runner, _, counters, _, chain, _, src = _runner(tmp_path, keys)
+    runner.count_every_s = 0.02
+    await runner.process(chain, [_fetched(src, 0, 0, _good(src, 0))])
+    await runner.process(chain, [_fetched(src, 0, 1, _good(src, 1))])
+    await _until(lambda: runner.stats.read == 2)
+    assert counters.writes == [(src, "emitted", 2, 0, 0)]  # both batches in one write
+
+
+async def test_every_offset_commit_counts_the_held_batches_first(tmp_path: Path, keys: DevKeys) -> None:
+    """`hold_counts_until_commit`: Faust's commit (periodic, `commit_every`, a rebalance's, the
+    last one at shutdown) finds every acknowledged batch counted before it picks its offsets -
+    no commit covers a message whose counts are still held."""
+    from app.worker.batch_runner import hold_counts_until_commit
+
+    runner, _, counters, _, chain, _, src = _runner(tmp_path, keys)
+    runner.count_every_s = 3600.0
+    seen_at_commit: list[tuple[int, int]] = []
+
+    class Consumer:
+        async def commit(self, *args: Any, **kwargs: Any) -> bool:
+            seen_at_commit.append((len(counters.writes), runner.stats.read))
+            return True
+
+    consumer = Consumer()
+    hold_counts_until_commit(consumer, runner)
+    await runner.process(chain, [_fetched(src, 0, 0, _good(src, 0)), _fetched(src, 1, 0, _good(src, 1))])
+    assert counters.writes == []
+    assert await consumer.commit() is True
+    assert seen_at_commit == [(2, 2)]
+
+
+async def test_without_an_interval_each_batch_is_counted_before_its_acknowledgement(tmp_path: Path,
+                                                                                   keys: DevKeys) -> None:
+    """`count_every_s` 0 (exactly_once, where the counts belong to the batch's transaction):
+    counted by each batch itself, nothing held."""
+    runner, _, counters, _, chain, observer, src = _runner(tmp_path, keys)
+    assert runner.count_every_s == 0
+    await runner.process(chain, [_fetched(src, 0, 0, _good(src, 0))])
+    assert counters.writes == [(src, "emitted", 1, 0, 0)] and runner.stats.read == 1
+    assert runner._held == [] and observer.counted == []

@@ -62,3 +62,38 @@ def test_a_late_final_write_failure_is_counted_once_at_publish() -> None:
     obs._count_batch(chain, "t", a)
     obs._count_batch(chain, "t", _run(chain, 10, 1))
     assert _dlq_counts(obs) == {("authenticate", "token_expired"): 3.0, ("publish", "sink_failed"): 1.0}
+
+
+def _all_counts(obs: Observer) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every counter sample of the exposition (histograms left out: their buckets are timings)."""
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for fam in text_string_to_metric_families(obs.metrics.exposition().decode()):
+        if fam.type != "counter":
+            continue
+        for s in fam.samples:
+            if s.name.endswith("_total"):
+                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_batches_counted_together_give_the_sums_of_counting_each() -> None:
+    """at_least_once counts an interval's batches in one pass (`count_batches`,
+    app/worker/batch_runner.py `count_every_s`): the same counter values as one `batch_done`
+    per batch, and every batch leaves the in-flight count as it finishes."""
+    chain_a = Chain([_Expired()], dlq_topic_for=lambda t: t + ".dlq")
+    chain_b = Chain([_Expired()], dlq_topic_for=lambda t: t + ".dlq")
+    each, together = Observer(metrics=PipelineMetrics()), Observer(metrics=PipelineMetrics())
+    batches_a = [_run(chain_a, 0, 3), _run(chain_a, 3, 1), _run(chain_a, 4, 5)]
+    batches_b = [_run(chain_b, 0, 3), _run(chain_b, 3, 1), _run(chain_b, 4, 5)]
+    for b in batches_a:
+        each.batch_started()
+        each.batch_done(chain_a, "t", b)
+    for _ in batches_b:
+        together.batch_started()
+    assert together.in_flight == 3
+    for _ in batches_b:
+        together.batch_finished()
+    assert together.in_flight == 0 and together.batches == 3 and together._idle.is_set()
+    together.count_batches(chain_b, "t", [r for b in batches_b for r in b])
+    assert _all_counts(together) == _all_counts(each) and _all_counts(each)
+    assert _dlq_counts(together) == {("authenticate", "token_expired"): 9.0}
