@@ -5,6 +5,21 @@ Importing this package does not import Spark; `app.lake.compact`, `app.lake.writ
 `app.lake.maintenance.read_with_spark` do, when used.
 """
 
-from app.lake.archive import Archive, ArchiveFile, ArchiveRecord, ArchiveSink, ArchiveStats, Manifest
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.lake.archive import Archive, ArchiveFile, ArchiveRecord, ArchiveSink, ArchiveStats, Manifest
 
 __all__ = ["Archive", "ArchiveFile", "ArchiveRecord", "ArchiveSink", "ArchiveStats", "Manifest"]
+
+
+def __getattr__(name: str) -> Any:
+    """The archive names load (with pyarrow, ~0.2 s) on first use: every `prism` command imports
+    :mod:`app.lake.cli` to mount `prism lake`, most of them never touch the archive."""
+    if name in __all__:
+        from app.lake import archive
+
+        return getattr(archive, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from app.cli.output import CliTable as Table  # headers break between words, ids fold
 from app.errors import LakeError, PrismError
-from app.lake import maintenance
 
 lake_app = typer.Typer(help="Archive -> Delta Lake compaction and table maintenance.", no_args_is_help=True,
                        add_completion=False)
@@ -168,6 +167,8 @@ def optimize(
 ) -> None:
     """Compact small files (and optionally Z-order them)."""
     try:
+        from app.lake import maintenance  # pyarrow: loaded by the commands that use it
+
         doc = maintenance.optimize(table, zorder=zorder, target_size=target_size,
                                    storage_options=_storage_options(storage_option))
     except PrismError as exc:
@@ -187,6 +188,8 @@ def vacuum(
 ) -> None:
     """Delete files no longer needed (refuses a retention under 7 days unless --force)."""
     try:
+        from app.lake import maintenance  # pyarrow: loaded by the commands that use it
+
         doc = maintenance.vacuum(table, retention_hours=retention_hours, force=force, dry_run=dry_run, full=not lite,
                                  storage_options=_storage_options(storage_option))
     except PrismError as exc:
@@ -202,6 +205,8 @@ def stats(
 ) -> None:
     """Rows, files, partitions and versions of the table."""
     try:
+        from app.lake import maintenance  # pyarrow: loaded by the commands that use it
+
         doc = maintenance.stats(table, storage_options=_storage_options(storage_option)).to_dict()
     except PrismError as exc:
         _fail(exc)

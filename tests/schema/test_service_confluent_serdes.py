@@ -153,7 +153,7 @@ def test_json_schema_serializer_round_trip(live_server) -> None:  # type: ignore
 
 
 def test_protobuf_through_the_embedded_broker(live_server, broker) -> None:  # type: ignore[no-untyped-def]
-    from confluent_kafka import Consumer, Producer
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
     order_cls = _order_class()
     client = SchemaRegistryClient(live_server.sr_conf())
@@ -168,7 +168,11 @@ def test_protobuf_through_the_embedded_broker(live_server, broker) -> None:  # t
     de = ProtobufDeserializer(order_cls, {"use.deprecated.format": False}, SchemaRegistryClient(live_server.sr_conf()))
     consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"g-{uuid.uuid4().hex[:8]}",
                          "auto.offset.reset": "earliest"})
-    consumer.subscribe([topic])
+    # Every partition assigned from the start, no group join: the embedded broker holds a new
+    # group's first join for ~half the session timeout (librdkafka's default 45 s, so ~22 s of
+    # this test's ~24 s; docs/platform-notes.md, "Group joins are slow").
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
     got = []
     deadline = time.monotonic() + 30
     try:

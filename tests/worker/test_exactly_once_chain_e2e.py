@@ -42,6 +42,7 @@ from aiokafka.structs import TopicPartition
 
 from app.broker.admin import ensure_topics
 from app.broker.embedded import with_parent_death_signal
+from app.lake.archive import Archive
 from app.worker.faust_app import WorkerProcess
 from tests.worker import independent
 from tests.worker.conftest import ROOT, make_topology
@@ -80,6 +81,26 @@ class OpenTransactions:
 def _compact_cmd(archive: Path, table: str) -> list[str]:
     return with_parent_death_signal([sys.executable, "-m", "app.cli.main", "lake", "compact", str(archive), table,
                                      "--master", "local[2]", "--max-files", "1", "--json"])
+
+
+def _archived_rows(archive: Path, topic: str) -> int:
+    """Rows of `topic` in the archive's committed rolls (every manifest of every writer): what a
+    compaction reads. Committed rolls never overlap (each continues after the last committed
+    offset; a roll a kill cut short is discarded and read again), so this counts records once."""
+    if not archive.is_dir():
+        return 0
+    a = Archive(str(archive))
+    return sum(f.rows for w in a.writers() for m in a.manifests(w) for f in m.files if f.source_topic == topic)
+
+
+async def _wait_archived(archive: Path, topic: str, n: int, timeout: float, worker: WorkerProcess) -> None:
+    """Until the archive tap has committed `n` records of `topic` in its rolls (a roll every 1 s)."""
+    deadline = time.monotonic() + timeout
+    while (rows := _archived_rows(archive, topic)) < n:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the archive tap committed {rows} of {n} {topic} records in {timeout}s\n"
+                                 f"{worker.log_tail(4000)}")
+        await asyncio.sleep(0.1)
 
 
 def _commits(table: str) -> int:
@@ -150,7 +171,10 @@ async def test_kill_9_of_the_worker_and_the_compaction_one_row_per_committed_id(
             worker_kills.append({"at": len(watch.seen), "left_open": await txns.open()})
             workers[i + 1].start(timeout=120)
         await watch.wait_until(PRODUCED, 400, workers[-1])
-        await asyncio.sleep(3)  # a few archive rolls: the tap takes the tail
+        # the tap takes the tail: every record read from .v3 is in a committed roll before the stop
+        tail_started = time.monotonic()
+        await _wait_archived(archive, source + ".v3", sum(watch.v3_ids.values()), 60, workers[-1])
+        tail_s = time.monotonic() - tail_started
         code = workers[-1].stop(timeout=120)  # SIGTERM: the tap commits what it accepted
     finally:
         for w in workers:
@@ -180,7 +204,7 @@ async def test_kill_9_of_the_worker_and_the_compaction_one_row_per_committed_id(
         print(f"\nexactly_once chain (seed {SEED}): {PRODUCED} inputs; worker kills {worker_kills}; compactions "
               f"killed {killed_compactions}; .v3 records written {written}, committed {len(committed)} "
               f"(aborted {written - len(committed)}); Delta rows {len(rows)}, distinct ids {len(set(ids))}, "
-              f"table version {DeltaTable(table).version()}")
+              f"table version {DeltaTable(table).version()}; the archive tap's tail committed in {tail_s:.1f}s")
     assert len(committed) == PRODUCED and len(set(committed.values())) == PRODUCED  # exactly once on .v3
     assert len(ids) == len(set(ids)), "a message id twice in the Delta table"
     assert set(ids) == set(committed.values())

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -248,18 +247,32 @@ def test_prism_run_refuses_with_one_line(kafka, tmp_path: Path) -> None:
         await ensure_topics(kafka.bootstrap, {doc["sources"][0]["topic"]: 4})
         return await _member(kafka.bootstrap, group, doc["sources"][0]["topic"], "000000000000")
 
+    async def prism_run() -> tuple[int | None, str, str]:
+        """`prism run` awaited on the member's own loop, so the member keeps heartbeating while
+        the worker starts: a blocking wait would let the member's 6 s session lapse on a slow
+        start, and the worker would then find the group empty and run until the timeout."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PRISM_")}
+        env.update(PRISM_BROKER_URL=kafka.bootstrap, PYTHONPATH=str(ROOT))
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "app.cli.main", "run", "--topology", str(path), "--dev-keys",
+            "--data-dir", str(tmp_path / "data"), cwd=tmp_path, env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            stdout, stderr = await asyncio.wait_for(proc.communicate(), 180)
+        except TimeoutError:
+            proc.kill()
+            stdout, stderr = await proc.communicate()
+            raise AssertionError(f"prism run did not exit within 180 s:\n{stderr.decode(errors='replace')[-3000:]}") from None
+        return proc.returncode, stdout.decode(errors="replace"), stderr.decode(errors="replace")
+
     loop = asyncio.new_event_loop()
     member = loop.run_until_complete(hold())
     try:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PRISM_")}
-        env.update(PRISM_BROKER_URL=kafka.bootstrap, PYTHONPATH=str(ROOT))
-        out = subprocess.run([sys.executable, "-m", "app.cli.main", "run", "--topology", str(path), "--dev-keys",
-                              "--data-dir", str(tmp_path / "data")], cwd=tmp_path, env=env, capture_output=True,
-                             text=True, timeout=180)
-        errors = [line for line in out.stderr.splitlines() if line.startswith("error")]
-        assert out.returncode == 2, out.stderr[-3000:]
-        assert len(errors) == 1 and errors[0].startswith("error [topology_mismatch]"), out.stderr[-3000:]
-        assert "Traceback" not in out.stderr + out.stdout
+        code, stdout, stderr = loop.run_until_complete(prism_run())
+        errors = [line for line in stderr.splitlines() if line.startswith("error")]
+        assert code == 2, stderr[-3000:]
+        assert len(errors) == 1 and errors[0].startswith("error [topology_mismatch]"), stderr[-3000:]
+        assert "Traceback" not in stderr + stdout
     finally:
         loop.run_until_complete(member.stop())
         loop.close()
