@@ -54,6 +54,7 @@ re-read (and, for dedup, a duplicate - which at-least-once already allows).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -152,6 +153,9 @@ def _faust_classes() -> tuple[type, type]:
     from faust.tables import TableManager
     from faust.tables.recovery import Recovery
 
+    if not hasattr(TableManager, "_update_channels"):
+        raise RuntimeError(  # pragma: no cover - guards a Faust upgrade
+            "faust TableManager has no '_update_channels': app/tables/recovery.py must be re-checked against this Faust")
     for attr in ("_build_offsets", "_build_highwaters", "active_highwaters", "standby_offsets"):
         if not hasattr(Recovery, attr) and attr not in getattr(Recovery, "__annotations__", {}):
             raise RuntimeError(  # pragma: no cover - guards a Faust upgrade
@@ -246,6 +250,23 @@ def _faust_classes() -> tuple[type, type]:
             if self._recovery is None:
                 self._recovery = _PrismRecovery(self.app, self, beacon=self.beacon, loop=self.loop)
             return self._recovery
+
+        async def on_start(self) -> None:
+            """Faust's start-up without its fixed one-second sleep before the tables are finalized.
+
+            Why: Faust sleeps 1 s (``TableManager.on_start``) so that tables declared late - in an
+            agent's start-up - still make it into the subscription; the consumer does not subscribe
+            before that (the Conductor's "Waiting for tables to be registered"), so every worker
+            start and restart paid that second. Prism declares every table when the pipeline is
+            built, before the app starts (``app.worker.pipeline``: counters, sequences, dedup). A
+            table declared after this point still fails loudly, as it would after the sleep
+            (``RuntimeError: Too late to add tables at this point``). Nothing in the recovery
+            changes: the changelogs are subscribed and restored before the first record, as before.
+            """
+            await asyncio.sleep(0)  # one turn of the loop: work queued while the app was starting runs first
+            if not self.should_stop:
+                await self._update_channels()
+                await self.recovery.start()
 
     return _PrismRecovery, _PrismTableManager
 
