@@ -13,7 +13,11 @@ record's ambiguity checks every signature check and `check_unambiguous` start wi
 rest of the signature check's bytes work - `signing._message_parts`, the signed message of
 every scope (the re-framed security record, the pair and batch statements' digests, the
 Merkle path), and for HMAC signatures of scope v2 and legacy the MAC itself in the same call
-(`signing._check_mac`) (BENCHMARKS.md, "Compiled hot path").
+(`signing._check_mac`); and the publisher's copies of every message in both layouts,
+`signing._pair_copies` (the `.v2` head with `layouts.draft_metadata`'s conversion done on the
+serialized `.v3` metadata, the draft security context, both copies' pair/batch digests, in one
+call from the reviewed header's bytes; headers the shortcut does not convert take the Python
+path) (BENCHMARKS.md, "Compiled hot path" and "The `.v2` copy from the `.v3` bytes").
 
 The native module reports a walk that stopped as `WireFault(kind, at, field, wire_type, length,
 remaining)`; `scan_fault` words it as the very `PrismError` (class, message, path, hint) the
@@ -29,7 +33,7 @@ from typing import Any
 from .errors import DecodeError, LengthError, PrismError, TruncatedError, WireTypeError
 
 #: The binding's contract version this code was written for (`prism_native.ABI`).
-ABI = 3
+ABI = 4
 ENV = "PRISM_NATIVE"
 
 

@@ -392,7 +392,7 @@ def _as_is(hsec: vpb.SecurityContext | dpb.SecurityContext, layout: Layout) -> b
 _Copy = tuple[Layout, "vpb.SecurityContext | dpb.SecurityContext", bytes, list[bytes | memoryview]]
 
 
-def _pair_copies(env: Envelope, cut_fields: frozenset[int]) -> tuple[list[_Copy], bytes, bytes]:
+def _py_pair_copies(env: Envelope, cut_fields: frozenset[int]) -> tuple[list[_Copy], bytes, bytes]:
     """Both layouts' copies of a message whose signing fields are cleared (`begin_signature`),
     serialized up to the security record, and each copy's digest: SHA-256 over exactly what
     scope v2 would sign minus the context string and the `cut_fields` (`_as_is`: the fresh
@@ -419,6 +419,42 @@ def _pair_copies(env: Envelope, cut_fields: frozenset[int]) -> tuple[list[_Copy]
         copies.append((layout, hsec, head, payload))
         digests.append(h.digest())
     return copies, digests[0], digests[1]
+
+
+_pair_copies = _py_pair_copies
+
+if _native.module is not None:
+    _native_pair_copies = _native.module.pair_copies
+    _PAIR_CUTS = {_CUT_PAIR: False, _CUT_BATCH: True}
+
+    def _pair_copies(env: Envelope, cut_fields: frozenset[int]) -> tuple[list[_Copy], bytes, bytes]:
+        """`_py_pair_copies`, compiled (`prism_native.pair_copies`, prism-client's
+        `pair::pair_copies`): the reviewed header is serialized once here and everything else -
+        the cut of its security record, the draft head with its metadata converted, the draft
+        security context, both digests - is worked out from those bytes in one call, where
+        Python builds the draft metadata as a protobuf message and serializes, parses and
+        hashes piece by piece. The same copies and digests byte for byte
+        (tests/envelope/test_layouts_native.py). A header the compiled shortcut does not
+        convert (encryption, observability maps, unknown fields, several extension entries,
+        ...) gets None back and takes the Python path, which also words every error; the
+        compiled side has none to report."""
+        batch = _PAIR_CUTS.get(cut_fields)
+        if batch is None:
+            return _py_pair_copies(env, cut_fields)
+        reviewed = env.header
+        payload = env.payload.wire() if env.payload.present else None
+        try:
+            got = _native_pair_copies(reviewed.SerializeToString(), payload, batch)
+        except _WireFault as exc:  # only a caught panic: the shortcut reports no faults
+            raise DecodeError(f"the compiled pair copies failed ({exc.args[0]})", path="security",
+                              hint=f"set {_native.ENV}=0 to use the pure-Python path, and report this input"
+                              ) from None
+        if got is None:
+            return _py_pair_copies(env, cut_fields)
+        head_r, head_d, sec_d, digest_d, digest_r = got
+        return ([(Layout.DRAFT, dpb.SecurityContext.FromString(sec_d), head_d, payload_parts(env, Layout.DRAFT)),
+                 (Layout.REVIEWED, reviewed.security, head_r, payload_parts(env, Layout.REVIEWED))],
+                digest_d, digest_r)
 
 
 def _sign_pair(env: Envelope, key: SigningKey, sec: SecurityContext, layouts: Sequence[Layout]) -> list[bytes]:

@@ -2,7 +2,9 @@
 (app/native.py): one topology, one input topic of well-formed, signed, forged, truncated and
 non-envelope records, read by two workers one after the other (two consumer groups) - the
 first with `prism_native`, the second with the pure-Python walk put back in every module that
-uses it and the pure-Python security-record check, signed message and HMAC check in `signing`.
+uses it and the pure-Python security-record check, signed message, HMAC check and both
+layouts' copies with their digests (`_pair_copies`, the `.v2` head from the `.v3` bytes) in
+`signing`.
 Every output and DLQ record (key, value, headers) of the second run must equal the first's.
 The outputs are signed with scope `pair`, so a record's bytes do not depend on how the worker
 happened to batch (a batch-scope tree does, in any two runs of the same code).
@@ -60,7 +62,8 @@ def _inputs(topic: str, dev_keys: Any) -> list[tuple[bytes, bytes | None]]:
 
 def _python_walk_everywhere(monkeypatch: pytest.MonkeyPatch) -> int:
     """Put the pure-Python `scan` back wherever the compiled one was imported by name, and the
-    pure-Python security-record check, signed message and HMAC check into `signing`."""
+    pure-Python security-record check, signed message, HMAC check and pair copies into
+    `signing`."""
     patched, compiled = 0, wire.scan
     for mod in list(sys.modules.values()):
         if mod is not None and getattr(mod, "scan", None) is compiled and mod.__name__.startswith("app."):
@@ -71,6 +74,8 @@ def _python_walk_everywhere(monkeypatch: pytest.MonkeyPatch) -> int:
     assert signing._message_parts is not signing._py_message_parts and signing._native_mac is not None
     monkeypatch.setattr(signing, "_message_parts", signing._py_message_parts)
     monkeypatch.setattr(signing, "_native_mac", None)
+    assert signing._pair_copies is not signing._py_pair_copies
+    monkeypatch.setattr(signing, "_pair_copies", signing._py_pair_copies)
     return patched
 
 
@@ -96,6 +101,15 @@ async def test_outputs_are_identical_with_and_without_the_native_walk(broker, tm
     inputs = _inputs(topo.sources[0].topic, dev_keys)
 
     monkeypatch.setattr(tracecontext, "getrandbits", random.Random(29).getrandbits)
+    shortcuts = Counter[bool]()
+    compiled_pair = signing._native_pair_copies
+
+    def counted(*args: Any) -> Any:
+        got = compiled_pair(*args)
+        shortcuts[got is not None] += 1
+        return got
+
+    monkeypatch.setattr(signing, "_native_pair_copies", counted)
     async with RunningPipeline(topo, broker.bootstrap, tmp_path / "native") as p:
         for value, key in inputs:
             await p.send(value, key=key)
@@ -103,6 +117,7 @@ async def test_outputs_are_identical_with_and_without_the_native_walk(broker, tm
         first = await p.outputs()
     s1 = p.pipeline.summary()
     assert s1["emitted"] >= 5 and s1["dlq"] >= 2, s1  # (malformed bytes that are no envelope are wrapped)
+    assert shortcuts[True] >= 5, shortcuts  # the emitted copies took the compiled `.v2` shortcut
 
     assert _python_walk_everywhere(monkeypatch) >= 5
     monkeypatch.setattr(tracecontext, "getrandbits", random.Random(29).getrandbits)

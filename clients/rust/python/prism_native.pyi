@@ -1,6 +1,6 @@
 """Types of `prism_native`, the worker's optional compiled hot path (clients/rust/python)."""
 
-ABI: int  # 3: scan, security_record, signed_message, signed_mac
+ABI: int  # 4: scan, security_record, signed_message, signed_mac, pair_copies
 __version__: str
 
 class WireFault(ValueError):
@@ -26,3 +26,10 @@ def signed_message(buf: bytes | bytearray | memoryview, reviewed: bool) -> bytes
 
 def signed_mac(buf: bytes | bytearray | memoryview, reviewed: bool, secret: bytes) -> bytes:
     """HMAC-SHA256 under `secret` of `signed_message(buf, reviewed)`."""
+
+def pair_copies(header: bytes | bytearray | memoryview, payload: bytes | bytearray | memoryview | None, batch: bool
+                ) -> tuple[bytes, bytes, bytes, bytes, bytes] | None:
+    """`app.security.signing._pair_copies`' bytes work, compiled: from the reviewed header
+    serialized without its payload (signing fields cleared) and the payload `Any`'s bytes,
+    (head_reviewed, head_draft, security_draft value, digest_draft, digest_reviewed), or None
+    when the general path must convert the header."""

@@ -24,6 +24,7 @@ pub mod kafka;
 pub mod layouts;
 pub mod lnmp;
 pub mod model;
+pub mod pair;
 #[cfg(feature = "registry")]
 pub mod registry;
 #[cfg(feature = "registry")]

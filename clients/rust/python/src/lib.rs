@@ -15,6 +15,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use prism_client::pair;
 use prism_client::signing::{self, locate_security_record, SecurityFault, StatementFault};
 use prism_client::wire::{self, Record, WireFault};
 use prism_client::Layout;
@@ -47,7 +48,7 @@ create_exception!(
 
 /// Bumped whenever a function's contract changes: `app/native.py` uses the module only when
 /// this is the version it was written for (a stale wheel in a venv falls back to Python).
-const ABI: u32 = 3;
+const ABI: u32 = 4;
 
 /// What a fault says, as `WireFault`'s args: (kind, at, field, wire_type, length, remaining),
 /// the numbers not given for a kind as None.
@@ -296,6 +297,46 @@ fn signed_mac<'py>(
     })
 }
 
+/// `app.security.signing._pair_copies`' bytes work, compiled (prism-client's
+/// `pair::pair_copies`): from a reviewed header serialized without its payload (signing
+/// fields cleared) and the payload `Any`'s bytes (None when there is no payload),
+/// `(head_reviewed, head_draft, security_draft, digest_draft, digest_reviewed)` with the
+/// batch scope's cut (else the pair scope's), or None when the header is not one the
+/// shortcut converts byte for byte (the caller then takes the general path, which gives the
+/// same bytes or words the error). A panic crosses as `WireFault` of kind `"internal"`.
+#[pyfunction]
+#[pyo3(signature = (header, payload, batch))]
+fn pair_copies<'py>(
+    py: Python<'py>,
+    header: &Bound<'py, PyAny>,
+    payload: Option<&Bound<'py, PyAny>>,
+    batch: bool,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let cut = if batch { pair::CUT_BATCH } else { pair::CUT_PAIR };
+    let run = |full: &[u8], pay: Option<&[u8]>| -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let made = catch_unwind(AssertUnwindSafe(|| pair::pair_copies(full, pay, cut)));
+        let Ok(made) = made else {
+            let internal: FaultArgs = ("internal", 0, None, None, None, None);
+            return Err(WireFaultError::new_err(internal));
+        };
+        let Some(c) = made else { return Ok(None) };
+        Ok(Some(PyTuple::new(
+            py,
+            [
+                PyBytes::new(py, &c.head_reviewed),
+                PyBytes::new(py, &c.head_draft),
+                PyBytes::new(py, &c.security_draft),
+                PyBytes::new(py, &c.digest_draft),
+                PyBytes::new(py, &c.digest_reviewed),
+            ],
+        )?))
+    };
+    with_bytes(header, |full| match payload {
+        None => run(full, None),
+        Some(p) => with_bytes(p, |pay| run(full, Some(pay))),
+    })
+}
+
 /// All top-level records of `buf[start:end]` as `(field, wire_type, start, value_start, end)`
 /// tuples: `app.envelope.wire.scan`, compiled. `buf` is `bytes` or any contiguous buffer
 /// (`memoryview`, `bytearray`).
@@ -321,5 +362,6 @@ fn prism_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(security_record, m)?)?;
     m.add_function(wrap_pyfunction!(signed_message, m)?)?;
     m.add_function(wrap_pyfunction!(signed_mac, m)?)?;
+    m.add_function(wrap_pyfunction!(pair_copies, m)?)?;
     Ok(())
 }
