@@ -369,7 +369,13 @@ def install_seek_uncommitted(consumer: Any, sources: list[BatchSource]) -> None:
     backlog read to its end none does. Seen after kill -9 restarts of exactly_once workers,
     where a new owner's first fetch often races table recovery. With ``auto_offset_reset``
     ``earliest`` (the worker's), the start of the log is exactly where an uncommitted
-    partition's first record is; dedup absorbs what is read twice."""
+    partition's first record is; dedup absorbs what is read twice.
+
+    A partition whose position is already where a rewind would put it is not sought
+    (:func:`already_at_log_start`): aiokafka applies a seek only once the fetch in flight to the
+    broker returns, and on Apache Kafka that is a long poll on the empty changelogs (Faust's
+    ``fetch_max_wait_ms``, 1.5 s) - every worker start waited it for nothing
+    (docs/testing.md, "One worker start, phase by phase")."""
     if getattr(consumer, "_prism_seek_uncommitted", False):
         return
     consumer._prism_seek_uncommitted = True
@@ -379,16 +385,45 @@ def install_seek_uncommitted(consumer: Any, sources: list[BatchSource]) -> None:
         await original()
         names = frozenset().union(*(s.names for s in sources))
         committed = consumer._committed_offset
-        uncommitted = [tp for tp in consumer.assignment() if tp.topic in names and committed.get(tp) is None]
-        if uncommitted:
-            from aiokafka.structs import TopicPartition
+        uncommitted = sorted(tp for tp in consumer.assignment() if tp.topic in names and committed.get(tp) is None)
+        if not uncommitted:
+            return
+        from aiokafka.structs import TopicPartition
 
-            # aiokafka's own seek, in the consumer thread (Faust's consumer does not offer one)
-            await consumer._thread.seek_to_beginning(*(TopicPartition(tp.topic, tp.partition) for tp in uncommitted))
-            log.info("no committed offset for %s: read from the start of the log",
-                     ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(uncommitted)))
+        tps = [TopicPartition(tp.topic, tp.partition) for tp in uncommitted]
+
+        async def rewind() -> list[Any]:
+            # in the consumer thread, where aiokafka lives (Faust's consumer offers no seek)
+            client = consumer._thread._ensure_consumer()
+            assignment = client._subscription.subscription.assignment
+            moved = [tp for tp in tps if not already_at_log_start(assignment.state_value(tp))]
+            if moved:
+                await client.seek_to_beginning(*moved)
+            return moved
+
+        moved = await consumer._thread.call_thread(rewind)
+        log.info("no committed offset for %s: read from the start of the log (%s)",
+                 ", ".join(f"{tp.topic}[{tp.partition}]" for tp in uncommitted),
+                 f"rewound {len(moved)}, the rest were there" if moved else "all were there")
 
     consumer.perform_seek = perform_seek
+
+
+def already_at_log_start(state: Any) -> bool:
+    """True when aiokafka's partition state (``TopicPartitionState``) will read the partition
+    from the start of its log without a seek: its position is offset 0 - at or below every log
+    start, and a position below the log start is reset to it (``auto_offset_reset`` earliest:
+    the worker's) - or it already awaits a reset to the earliest offset.
+
+    Why this is enough for issue 31: aiokafka advances a position only when the consumer takes
+    the fetched records; a position still at 0 took none, so no dropped fetch can have moved it,
+    and records fetched but not yet taken are delivered from offset 0. Any other position (a log
+    start above 0 after retention, or a dropped fetch's end) is rewound as before."""
+    from aiokafka.consumer.fetcher import OffsetResetStrategy
+
+    if state.awaiting_reset:
+        return bool(state.reset_strategy == OffsetResetStrategy.EARLIEST)
+    return bool(state.has_valid_position and state.position == 0)
 
 
 def install_direct_drain(consumer: Any, sources: list[BatchSource]) -> None:

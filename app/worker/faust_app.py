@@ -66,6 +66,7 @@ from app.worker.dispatch import install_fast_dispatch
 from app.worker.offsets import install_listoffsets_workaround
 from app.worker.shutdown import clock as shutdown_clock
 from app.worker.shutdown import install as bound_shutdown
+from app.worker.shutdown import settle_loop
 
 __all__ = [
     "READY_FILE_ENV",
@@ -156,6 +157,11 @@ class PrismWorker(faust.Worker):
     def _on_sigint(self) -> None:
         shutdown_clock.begin()
         super()._on_sigint()
+
+    async def _sentinel_task(self) -> None:
+        """mode's last step before it closes the loop: a fixed 1 s sleep there, a condition
+        wait here - until no other task is pending, at most that second (`settle_loop`)."""
+        await settle_loop()
 
     def _on_sigusr1(self) -> None:
         """``kill -USR1``: the consumer snapshot and every task's await chain

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["HARD_EXIT_GRACE_S", "SHUTDOWN_DRAIN_S", "ShutdownClock", "clock", "install"]
+__all__ = ["HARD_EXIT_GRACE_S", "LOOP_SETTLE_S", "SHUTDOWN_DRAIN_S", "ShutdownClock", "clock", "install", "settle_loop"]
 
 log = logging.getLogger("prism.worker")
 
@@ -43,6 +43,12 @@ log = logging.getLogger("prism.worker")
 SHUTDOWN_DRAIN_S = 20.0
 #: After the deadline, how long the orderly stop may still take before the watchdog ends it.
 HARD_EXIT_GRACE_S = 4.0
+#: The longest the last step of a worker process's stop waits for the event loop to go idle before
+#: closing it: mode's own fixed wait there (`Worker._sentinel_task`, `asyncio.sleep(1.0)`).
+LOOP_SETTLE_S = 1.0
+#: Loop iterations run after the last task is gone: callbacks the stop's last steps scheduled
+#: (a closed transport's `connection_lost` is one `call_soon` away) run before the loop closes.
+_SETTLE_ROUNDS = 3
 #: `ShutdownClock.race`'s answer when the deadline passed first
 _OVERRUN = object()
 
@@ -250,3 +256,41 @@ def _abandon_queued(producer: Any, what: str, *, stop_sender: bool) -> None:
                 "take them). Outputs belong to batches left unacknowledged, read again on restart; a table changelog "
                 "record lost here can at worst let one redelivery through dedup", what, clock.drain_s, n,
                 extra={"event": "shutdown_abandoned"})
+
+
+async def settle_loop(bound: float = LOOP_SETTLE_S) -> float:
+    """Wait until no other task is pending on the running loop, at most `bound` seconds; return
+    the seconds waited. Tasks still pending at the bound are named in a WARNING (the loop is
+    closed with them, as mode would).
+
+    Why: the last step of mode's `Worker._shutdown_loop` (a worker process's stop, after every
+    service stopped and `_gather_all` found no task left) was a fixed `asyncio.sleep(1.0)`
+    (`_sentinel_task`) before the loop closed - 1.0 s of every SIGTERM, restart and test stop.
+    Traced at that point (asyncio loop, idle and mid-stream stops, web server on): no task, no
+    ready callback, no timer was left; the offsets are committed and the producer flushed before
+    (the services' stop). So the wait is a condition, not a sleep: whatever is still pending
+    keeps mode's full second; a quiet loop closes after a few iterations
+    (docs/testing.md, "One worker stop")."""
+    loop = asyncio.get_running_loop()
+    me = asyncio.current_task()
+    started = loop.time()
+    deadline = started + bound
+    while True:
+        for _ in range(_SETTLE_ROUNDS):
+            await asyncio.sleep(0)
+        others = {t for t in asyncio.all_tasks(loop) if t is not me and not t.done()}
+        left = deadline - loop.time()
+        if not others:
+            return loop.time() - started
+        if left <= 0:
+            names = ", ".join(sorted(_task_name(t) for t in others))
+            log.warning("shutdown: %d task(s) still pending %.1f s after the stop, closed with the event loop: %s",
+                        len(others), bound, names, extra={"event": "shutdown_tasks_pending"})
+            return loop.time() - started
+        await asyncio.wait(others, timeout=left)
+
+
+def _task_name(task: asyncio.Task[Any]) -> str:
+    coro = task.get_coro()
+    what = getattr(coro, "__qualname__", None) or repr(coro)
+    return f"{task.get_name()} ({what})"

@@ -7,10 +7,18 @@ import asyncio
 import gc
 import weakref
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from app.worker.batch_source import BatchBuffer, BatchSource, CurrentMessage, install_handler_hook
+from app.worker.batch_source import (
+    BatchBuffer,
+    BatchSource,
+    CurrentMessage,
+    already_at_log_start,
+    install_handler_hook,
+    install_seek_uncommitted,
+)
 
 
 async def test_take_returns_at_most_max_n_in_arrival_order() -> None:
@@ -298,3 +306,73 @@ async def test_split_partitions_finish_side_by_side_and_each_partition_in_order(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+# --------------------------------------------------------------------------- install_seek_uncommitted
+# Issue 31: every uncommitted batch-source partition is read from the start of its log; a
+# partition already there is not sought (a seek waits for the fetch in flight: 1.5 s on Kafka).
+
+
+def _state(*, reset: int | None = None, reset_to: int | None = None, consumed_to: int | None = None) -> Any:
+    """aiokafka's own partition state, driven the way its fetcher drives it."""
+    from aiokafka.consumer.subscription_state import TopicPartitionState
+
+    state = TopicPartitionState(assignment=None)
+    if reset is not None:
+        state.await_reset(reset)
+    if reset_to is not None:
+        state.reset_to(reset_to)
+    if consumed_to is not None:
+        state.consumed_to(consumed_to)
+    return state
+
+
+async def test_already_at_log_start_only_where_no_record_was_taken() -> None:
+    from aiokafka.consumer.fetcher import OffsetResetStrategy as R
+
+    assert already_at_log_start(_state(reset=R.EARLIEST))                       # the reset goes there
+    assert already_at_log_start(_state(reset=R.EARLIEST, reset_to=0))           # reset there, nothing taken
+    assert not already_at_log_start(_state(reset=R.EARLIEST, reset_to=0, consumed_to=500))  # a dropped fetch's end
+    assert not already_at_log_start(_state(reset=R.EARLIEST, reset_to=120))    # log start above 0 (retention)
+    assert not already_at_log_start(_state(reset=R.LATEST))                     # would go to the end
+    assert not already_at_log_start(_state())                                   # no position yet: sought as before
+
+
+class _SeekClient:
+    def __init__(self, states: dict[Any, Any]) -> None:
+        self.states = states
+        self.sought: list[Any] = []
+        self._subscription = SimpleNamespace(subscription=SimpleNamespace(
+            assignment=SimpleNamespace(state_value=states.__getitem__)))
+
+    async def seek_to_beginning(self, *tps: Any) -> None:
+        self.sought.extend(tps)
+
+
+async def test_perform_seek_rewinds_the_moved_uncommitted_partitions_only() -> None:
+    from aiokafka.consumer.fetcher import OffsetResetStrategy as R
+    from aiokafka.structs import TopicPartition as TP
+
+    src, other = "orders", "unrelated"
+    states = {TP(src, 0): _state(reset=R.EARLIEST, reset_to=0),                  # fresh: already there
+              TP(src, 1): _state(reset=R.EARLIEST, reset_to=0, consumed_to=700),  # fetched and dropped: rewind
+              TP(src, 2): _state(reset=R.EARLIEST, reset_to=40),                  # log start 40: rewind (as before)
+              TP(src, 3): _state(reset=R.EARLIEST, reset_to=0, consumed_to=90)}   # committed: Faust's own seek
+    client = _SeekClient(states)
+    seeks: list[str] = []
+
+    async def faust_perform_seek() -> None:
+        seeks.append("faust")
+
+    async def call_thread(fun: Any) -> Any:
+        return await fun()
+
+    thread = SimpleNamespace(call_thread=call_thread, _ensure_consumer=lambda: client)
+    consumer = SimpleNamespace(perform_seek=faust_perform_seek, _thread=thread,
+                               _committed_offset={TP(src, 3): 90},
+                               assignment=lambda: {*states, TP(other, 0)})
+    install_seek_uncommitted(consumer, [SimpleNamespace(names=frozenset({src}))])
+    install_seek_uncommitted(consumer, [SimpleNamespace(names=frozenset({src}))])  # once only
+    await consumer.perform_seek()
+    assert seeks == ["faust"]
+    assert sorted(client.sought) == [TP(src, 1), TP(src, 2)]

@@ -54,6 +54,8 @@ async def test_sigterm_mid_stream_no_loss_no_duplicates(any_broker: BrokerUnderT
         await watch.poll()
         at_stop = len(watch.seen)
         assert code == 0, first.log_tail()
+        # the stop ends every task it started: the loop closes without waiting out mode's second
+        assert "still pending" not in (tmp_path / "w1.log").read_text(), first.log_tail()
         second.start(timeout=60)
         await watch.wait_until(N, 60, second)
     finally:
