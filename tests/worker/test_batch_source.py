@@ -298,3 +298,79 @@ async def test_split_partitions_finish_side_by_side_and_each_partition_in_order(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+def test_take_free_leaves_busy_partitions_buffered_in_order() -> None:
+    buf = BatchBuffer(10)
+    for m in (_msg(0, 0), _msg(1, 0), _msg(0, 1), _msg(2, 0), _msg(1, 1)):
+        buf.put(m)
+    assert buf.count_free({0: True}) == 3
+    assert [(m.partition, m.offset) for m in buf.take_free(2, {0: True})] == [(1, 0), (2, 0)]
+    assert [(m.partition, m.offset) for m in buf.take_free(10, {})] == [(0, 0), (0, 1), (1, 1)]
+    assert len(buf) == 0 and buf.take_free(10, {}) == []
+
+
+async def test_split_a_busy_partition_gathers_its_next_batch_without_holding_the_others() -> None:
+    """exactly_once: with `depth` batches of partition 0 unfinished, its new messages wait in the
+    buffer and go out as one batch once it has room, while partition 1's go out at once."""
+    release: dict[tuple[int, int], asyncio.Event] = {}
+    batches: list[list[tuple[int, int]]] = []
+    finished: list[tuple[int, int]] = []
+
+    async def start(part, previous):
+        key = (part[0].partition, part[0].offset)
+        batches.append([(m.partition, m.offset) for m in part])
+        gate = release[key] = asyncio.Event()
+        if key[0] == 1:
+            gate.set()
+
+        async def finish() -> None:
+            if previous is not None:
+                await previous
+            await gate.wait()
+            finished.append(key)
+
+        return finish()
+
+    src = _source(start, depth=2)
+    task = asyncio.ensure_future(src.run())
+
+    async def until(cond) -> None:
+        for _ in range(200):
+            if cond():
+                return
+            await asyncio.sleep(0.005)
+        raise AssertionError(f"not reached: batches {batches}, finished {finished}")
+
+    try:
+        src.buffer.put(_msg(0, 0))
+        await until(lambda: len(batches) == 1)
+        src.buffer.put(_msg(0, 1))
+        await until(lambda: len(batches) == 2)  # depth 2: one committing, one waiting for it
+        for m in (_msg(0, 2), _msg(1, 0), _msg(0, 3)):
+            src.buffer.put(m)
+        await until(lambda: (1, 0) in finished)  # partition 1 is not held behind partition 0
+        assert batches[2] == [(1, 0)] and len(src.buffer) == 2  # partition 0's wait, buffered
+        release[(0, 0)].set()
+        await until(lambda: len(batches) == 4)
+        assert batches[3] == [(0, 2), (0, 3)]  # gathered into one batch
+        release[(0, 1)].set()
+        release[(0, 2)].set()
+        await until(lambda: len(finished) == 4)
+        assert finished == [(1, 0), (0, 0), (0, 1), (0, 2)]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_split_a_failed_batch_stops_the_source_without_new_input() -> None:
+    async def start(part, previous):
+        async def finish() -> None:
+            raise RuntimeError("transaction aborted")
+
+        return finish()
+
+    src = _source(start, depth=2)
+    src.buffer.put(_msg(0, 0))
+    with pytest.raises(RuntimeError, match="transaction aborted"):
+        await asyncio.wait_for(src.run(), 2)
