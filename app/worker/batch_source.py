@@ -86,10 +86,6 @@ class BatchBuffer:
         self._room.set()
         self._want = 0  # a taker waiting for this many items (0: none)
         self._enough = asyncio.Event()
-        #: set by a put of a partition not in `busy` (`take_free`'s taker waits on it, and on a
-        #: busy partition's batch finishing); `busy` is the taker's own dict, None without one
-        self.changed = asyncio.Event()
-        self.busy: dict[int, Any] | None = None
 
     def __len__(self) -> int:
         return len(self._items)
@@ -100,9 +96,6 @@ class BatchBuffer:
     def put(self, message: Any) -> None:
         items = self._items
         items.append(message)
-        busy = self.busy
-        if busy is None or message.partition not in busy:
-            self.changed.set()  # a message of a busy partition wakes nobody: its take must wait
         if len(items) == 1:
             self._nonempty.set()
         if self._want and len(items) >= self._want:
@@ -138,34 +131,10 @@ class BatchBuffer:
                 self._want = 0
         items = self._items
         batch, self._items = items[:max_n], items[max_n:]
-        self._taken()
-        return batch
-
-    def _taken(self) -> None:
         if not self._items:
             self._nonempty.clear()
         if len(self._items) < self.maxsize:
             self._room.set()
-
-    def count_free(self, busy: dict[int, Any]) -> int:
-        """How many buffered messages belong to partitions not in `busy`."""
-        return sum(1 for m in self._items if m.partition not in busy) if busy else len(self._items)
-
-    def take_free(self, max_n: int, busy: dict[int, Any]) -> list[Any]:
-        """Up to `max_n` buffered messages of the partitions not in `busy`, in fetch order,
-        without waiting; the messages of busy partitions stay buffered, in order, for a later
-        take (`BatchSource` with ``split_partitions``: a partition whose transactions are in
-        flight gathers its next batch here)."""
-        items = self._items
-        if not busy:
-            batch, self._items = items[:max_n], items[max_n:]
-        else:
-            batch, kept = [], []
-            for m in items:
-                (batch if len(batch) < max_n and m.partition not in busy else kept).append(m)
-            self._items = kept
-        if batch:
-            self._taken()
         return batch
 
 
@@ -222,127 +191,55 @@ class BatchSource:
     async def run(self) -> None:
         """Take batches and process them until cancelled (at app shutdown, after Faust's wait
         for the batches in flight)."""
-        if self.split_partitions:
-            await self._run_split()
-            return
         app = self.app
+        consumer = app.consumer
         flow = app.flow_control
         inflight: deque[asyncio.Future[None]] = deque()
+        last_of: dict[int, asyncio.Future[None]] = {}  # split_partitions: each partition's last batch
+        running: set[asyncio.Future[None]] = set()     # split_partitions: every batch not finished yet
         try:
             while True:
                 while inflight and inflight[0].done():
                     inflight.popleft().result()  # a failed batch raises here
                 batch = await self.buffer.take(self.batch_size, self.within)
+                generation = app.consumer_generation_id
                 if not flow.is_active():
                     continue  # a rebalance or shutdown began: these are fetched again
-                current = self._track(batch)
+                current = [m for m in batch if m.generation_id == generation]
                 if not current:
                     continue
-                finish = await self.start(current, inflight[-1] if inflight else None)
-                inflight.append(asyncio.ensure_future(finish))
+                unacked = consumer._unacked_messages
+                for m in current:
+                    if not m.tracked:
+                        m.tracked = True
+                        unacked.add(m)
+                if self.split_partitions:
+                    # One batch per partition, finished concurrently: each waits only for the
+                    # previous batch of *its* partition (exactly_once: a partition's transactions
+                    # commit in order; partitions have their own producers, so nothing orders them
+                    # across partitions). Serialising them all put one partition's transaction
+                    # round trips behind every other's (p50 latency x12, BENCHMARKS.md).
+                    parts = []
+                    for part in _by_partition(current):
+                        key = part[0].partition
+                        finish = await self.start(part, last_of.get(key))
+                        fut = last_of[key] = asyncio.ensure_future(finish)
+                        parts.append(fut)
+                        running.add(fut)
+                        fut.add_done_callback(running.discard)
+                    inflight.append(asyncio.ensure_future(_all_of(parts)))
+                else:
+                    finish = await self.start(current, inflight[-1] if inflight else None)
+                    inflight.append(asyncio.ensure_future(finish))
                 while len(inflight) >= self.depth:
                     await inflight.popleft()
+                for key in [k for k, f in last_of.items() if f.done()]:
+                    del last_of[key]
         finally:
             for fut in inflight:
                 fut.cancel()
-
-    def _track(self, batch: list[Any]) -> list[Any]:
-        """The messages of `batch` from the current consumer generation, tracked for
-        acknowledgement (those of an earlier one are fetched again)."""
-        generation = self.app.consumer_generation_id
-        current = [m for m in batch if m.generation_id == generation]
-        unacked = self.app.consumer._unacked_messages
-        for m in current:
-            if not m.tracked:
-                m.tracked = True
-                unacked.add(m)
-        return current
-
-    async def _run_split(self) -> None:
-        """`split_partitions` (exactly_once): one batch per source partition, and ``depth``
-        counted per partition - a partition has at most ``depth`` batches unfinished (one in
-        its transaction, one through the chain and waiting for it); its messages fetched
-        meanwhile stay in the buffer and become *one* batch when it has room again.
-
-        Why (BENCHMARKS.md, issue 29, "where exactly_once's added latency goes"): with
-        ``depth`` counted per fetch, the taker waited for the oldest fetch's transactions -
-        every partition's - before it took anything more, so one partition's commit held every
-        other's messages in the buffer, and a partition's messages went into as many small
-        transactions as fetches had brought them, each waiting for the one before. A
-        partition's transactions still commit one after the other, in offset order: each batch
-        waits for the previous one of its partition (`Start`'s second argument)."""
-        app = self.app
-        flow = app.flow_control
-        #: partition -> its unfinished batches, oldest first (a partition with `depth` is busy)
-        open_of: dict[int, list[asyncio.Future[None]]] = {}
-        busy: dict[int, Any] = {}
-        self.buffer.busy = busy
-        freed = asyncio.Event()
-        running: set[asyncio.Future[None]] = set()
-
-        failed: list[asyncio.Future[None]] = []
-
-        def finished(fut: asyncio.Future[None], key: int) -> None:
-            running.discard(fut)
-            if not fut.cancelled() and fut.exception() is not None:
-                failed.append(fut)
-            futs = open_of.get(key)
-            if futs is not None and fut in futs:
-                futs.remove(fut)
-                if not futs:
-                    del open_of[key]
-                busy.pop(key, None)
-            freed.set()
-
-        try:
-            while True:
-                if failed:
-                    failed[0].result()  # a failed batch raises here
-                batch = await self._take_free(busy, freed)
-                if not batch:
-                    continue  # a batch finished: its outcome is checked above, then the take again
-                if not flow.is_active():
-                    continue  # a rebalance or shutdown began: these are fetched again
-                current = self._track(batch)
-                for part in _by_partition(current):
-                    key = part[0].partition
-                    futs = open_of.setdefault(key, [])
-                    finish = await self.start(part, futs[-1] if futs else None)
-                    fut = asyncio.ensure_future(finish)
-                    futs.append(fut)
-                    running.add(fut)
-                    if len(futs) >= self.depth:
-                        busy[key] = True
-                    fut.add_done_callback(lambda f, key=key: finished(f, key))
-        finally:
             for fut in list(running):  # every partition's batch, not only each one's last
                 fut.cancel()
-
-    async def _take_free(self, busy: dict[int, Any], freed: asyncio.Event) -> list[Any]:
-        """The next batch of partitions with room (`BatchBuffer.take_free`): waits until one is
-        buffered, then - with a positive ``within`` - at most that long for ``batch_size``.
-        Wakes on a put and on a partition's batch finishing (`freed`), and only then; returns
-        nothing when a batch finished, so that the caller sees a failed one at once."""
-        buffer, max_n = self.buffer, self.batch_size
-        deadline: float | None = None
-        loop = asyncio.get_running_loop()
-        while True:
-            buffer.changed.clear()
-            freed.clear()
-            n = buffer.count_free(busy)
-            if n and (self.within <= 0 or n >= max_n or (deadline is not None and loop.time() >= deadline)):
-                return buffer.take_free(max_n, busy)
-            if n and deadline is None:
-                deadline = loop.time() + self.within
-            waits = [asyncio.ensure_future(buffer.changed.wait()), asyncio.ensure_future(freed.wait())]
-            try:
-                timeout = None if deadline is None else max(0.0, deadline - loop.time())
-                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waits:
-                    w.cancel()
-            if freed.is_set():
-                return []
 
 
 async def _all_of(futures: list[asyncio.Future[None]]) -> None:
