@@ -246,14 +246,6 @@ def install_all() -> None:
         put(self, message)
 
     BatchBuffer.put = indexed_put  # type: ignore[method-assign]
-    take_free = getattr(BatchBuffer, "take_free", None)
-    if take_free is not None:  # exactly_once's take since issue 29 (the at_least_once take is traced already)
-        def traced_take_free(self: Any, max_n: int, busy: Any) -> list[Any]:
-            batch = take_free(self, max_n, busy)
-            _latency_trace._stamp(batch, "taken")
-            return batch
-
-        BatchBuffer.take_free = traced_take_free  # type: ignore[method-assign]
     install()
 
 
