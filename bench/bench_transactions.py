@@ -13,6 +13,12 @@ exactly_once (what its consumers configure; a record becomes visible at the comm
 
 The rounds alternate the order of the two modes so that a load swing on a shared machine does not
 always hit the same one; the median round's ratio is reported.
+
+``--rounds 0 --latency-rate R`` runs the latency phase alone at R msg/s; ``--trace`` times each step
+of a record's way through the latency workers' transactions and joins when the reader saw it
+(bench/_eos_trace.py; ``result["trace"]``); ``--reader-wait MS`` sets the reader's
+``fetch_max_wait_ms`` (20 by default; 500 is aiokafka's default - whether a read_committed reader
+waits it out when a transaction commits).
 """
 
 from __future__ import annotations
