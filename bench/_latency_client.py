@@ -32,6 +32,10 @@ from bench.bench_pipeline import PARTITIONS, make_messages
 
 #: the reading consumer's isolation level (bench/bench_transactions.py sets read_committed)
 ISOLATION_ENV = "BENCH_ISOLATION_LEVEL"
+#: the reading consumer's fetch_max_wait_ms (default 20; bench_transactions --reader-wait)
+READER_WAIT_ENV = "BENCH_READER_FETCH_MAX_WAIT_MS"
+#: a file to write [bench-sent header, seen] per record to (bench/_eos_trace.py joins them)
+SEEN_ENV = "BENCH_SEEN_FILE"
 
 
 async def run(bootstrap: str, topic: str, out_topic: str, rate: float, n: int, keys_dir: str,
@@ -39,7 +43,8 @@ async def run(bootstrap: str, topic: str, out_topic: str, rate: float, n: int, k
     warm = int(rate * warmup_s)
     values = make_messages(ensure_dev_keys(Path(keys_dir)), topic, n + warm, scope=scope)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                fetch_max_wait_ms=20,  # Tansu answers long-polls late (app/worker/offsets.py)
+                                # Tansu answers long-polls late (app/worker/offsets.py)
+                                fetch_max_wait_ms=int(os.environ.get(READER_WAIT_ENV, "20")),
                                 # read_committed: the latency a consumer of an exactly_once worker sees
                                 isolation_level=os.environ.get(ISOLATION_ENV, "read_uncommitted"))
     await consumer.start()
@@ -50,6 +55,8 @@ async def run(bootstrap: str, topic: str, out_topic: str, rate: float, n: int, k
     await producer.start()
     lat: list[float] = []
     back = [0]
+    seen: list[tuple[str, float]] = []
+    seen_file = os.environ.get(SEEN_ENV)
 
     async def reader() -> None:
         while back[0] < n + warm:
@@ -61,6 +68,8 @@ async def run(bootstrap: str, topic: str, out_topic: str, rate: float, n: int, k
                     sent = headers.get("bench-sent")
                     if sent is not None:
                         back[0] += 1
+                        if seen_file:
+                            seen.append((sent.decode(), now))
                         if "bench-warmup" not in headers:
                             lat.append((now - float(sent)) * 1000)
 
@@ -75,6 +84,8 @@ async def run(bootstrap: str, topic: str, out_topic: str, rate: float, n: int, k
     await asyncio.wait_for(task, 180)
     await producer.stop()
     await consumer.stop()
+    if seen_file:
+        Path(seen_file).write_text(json.dumps(seen))
     lat.sort()
     return {"p50_ms": statistics.median(lat), "p99_ms": lat[max(0, int(len(lat) * 0.99) - 1)], "samples": len(lat)}
 

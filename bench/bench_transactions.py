@@ -13,6 +13,12 @@ exactly_once (what its consumers configure; a record becomes visible at the comm
 
 The rounds alternate the order of the two modes so that a load swing on a shared machine does not
 always hit the same one; the median round's ratio is reported.
+
+``--rounds 0 --latency-rate R`` runs the latency phase alone at R msg/s; ``--trace`` times each step
+of a record's way through the latency workers' transactions and joins when the reader saw it
+(bench/_eos_trace.py; ``result["trace"]``); ``--reader-wait MS`` sets the reader's
+``fetch_max_wait_ms`` (20 by default; 500 is aiokafka's default - whether a read_committed reader
+waits it out when a transaction commits).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from app.topology import load_topology
 from app.worker.faust_app import InProcessWorker, tune_gc
 from app.worker.pipeline import PipelineApp
 from bench._brokers import bench_broker
-from bench._latency_client import ISOLATION_ENV
+from bench._latency_client import ISOLATION_ENV, READER_WAIT_ENV, SEEN_ENV
 from bench.bench_pipeline import Clock, bench_topology, latency, make_messages, preload
 
 MODES = ("at_least_once", "exactly_once")
@@ -81,10 +87,13 @@ async def run_mode(bootstrap: str, broker_pid: int | None, topo_path: Path, n: i
 
 
 async def main_async(n: int, rounds: int, out: Path | None, with_latency: bool,
-                     latency_rate: float | None = None, batch_within_s: float | None = None) -> dict[str, Any]:
+                     latency_rate: float | None = None, batch_within_s: float | None = None,
+                     trace: bool = False, reader_wait_ms: int | None = None) -> dict[str, Any]:
     """`latency_rate`: the latency phase at this rate (msg/s) instead of half of at_least_once's
     measured maximum (with ``rounds=0``: the latency phase alone). `batch_within_s`: the latency
-    workers' fill wait (`PipelineApp(batch_within_s=...)`; default the worker's own)."""
+    workers' fill wait (`PipelineApp(batch_within_s=...)`; default the worker's own). `trace`:
+    time each step of a record's way through the latency workers (bench/_eos_trace.py) into
+    ``result["trace"]``. `reader_wait_ms`: the latency reader's fetch_max_wait_ms (default 20)."""
     tmp = Path(tempfile.mkdtemp(prefix="prism-bench-eos-"))
     keys = ensure_dev_keys(tmp / "keys")
     result: dict[str, Any] = {"n": n, "payload": "1 KB JSON, signed, with JWT", "rounds": []}
@@ -115,7 +124,15 @@ async def main_async(n: int, rounds: int, out: Path | None, with_latency: bool,
         if with_latency and (mid is not None or latency_rate):
             rate = latency_rate or mid["at_least_once"]["msgs_per_s"] / 2
             m = min(n, int(rate * 15))
-            result["latency"] = {"rate_msgs_per_s": rate}
+            result["latency"] = {"rate_msgs_per_s": rate, "load_before": os.getloadavg()[0]}
+            if reader_wait_ms is not None:
+                os.environ[READER_WAIT_ENV] = str(reader_wait_ms)
+                result["latency"]["reader_fetch_max_wait_ms"] = reader_wait_ms
+            if trace:
+                from bench import _eos_trace
+
+                _eos_trace.install_all()
+                result["trace"] = {}
             for mode in MODES:
                 lat_topic = f"bench.eoslat.{mode}.{uuid.uuid4().hex[:6]}"
                 (tmp / f"lat-{mode}").mkdir()
@@ -134,10 +151,19 @@ async def main_async(n: int, rounds: int, out: Path | None, with_latency: bool,
                         await self.w.stop()
 
                 os.environ[ISOLATION_ENV] = "read_committed" if mode == "exactly_once" else "read_uncommitted"
+                seen_file = tmp / f"seen-{mode}.json"
+                if trace:
+                    _eos_trace.reset()
+                    os.environ[SEEN_ENV] = str(seen_file)
                 result["latency"][mode] = await latency(bs, lat_topic, lat_topic + ".v3", m, rate, keys.folder,
                                                         _Worker)
                 print(f"latency {mode} at {rate:.0f} msg/s: {result['latency'][mode]}", flush=True)
-            os.environ.pop(ISOLATION_ENV, None)
+                if trace:
+                    result["trace"][mode] = _eos_trace.summary(seen_file)
+                    print(f"trace {mode}: {json.dumps(result['trace'][mode], indent=1)}", flush=True)
+            for env in (ISOLATION_ENV, SEEN_ENV, READER_WAIT_ENV):
+                os.environ.pop(env, None)
+            result["latency"]["load_after"] = os.getloadavg()[0]
             lat = result["latency"]
             lat["added_p50_ms"] = lat["exactly_once"]["p50_ms"] - lat["at_least_once"]["p50_ms"]
             lat["added_p99_ms"] = lat["exactly_once"]["p99_ms"] - lat["at_least_once"]["p99_ms"]
@@ -158,11 +184,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="latency phase at this rate (msg/s) instead of half the measured maximum")
     ap.add_argument("--batch-within", type=float, default=None,
                     help="latency workers: seconds a batch waits to fill (0.02: the fill wait before adaptive batches)")
+    ap.add_argument("--trace", action="store_true",
+                    help="time each step of a record's way through the latency workers (bench/_eos_trace.py)")
+    ap.add_argument("--reader-wait", type=int, default=None,
+                    help="the latency reader's fetch_max_wait_ms (default 20)")
     args = ap.parse_args(argv)
     from app.worker.faust_app import use_uvloop
 
     use_uvloop()
-    asyncio.run(main_async(args.n, args.rounds, args.json, not args.no_latency, args.latency_rate, args.batch_within))
+    asyncio.run(main_async(args.n, args.rounds, args.json, not args.no_latency, args.latency_rate, args.batch_within,
+                           args.trace, args.reader_wait))
     return 0
 
 

@@ -113,11 +113,19 @@ class ExactlyOnce:
         staged: list[Any] = []
         staged_for: list[str] = []
         sent: list[Any] = []
+        offsets = {TopicPartition(topic, partition): next_offset}
+        # the dedup changelog is written after the outputs are acknowledged (the ids of the
+        # messages whose outputs were written): its partition joins the first AddPartitionsToTxn
+        changelog = (window.table.changelog_topic.get_topic_name()
+                     if window is not None and hasattr(window, "stage_many") else None)
+        also_in = [TopicPartition(changelog, partition)] if changelog else []
         for attempt in range(1, SIZE_RETRIES + 1):
             producer = await txn.producer_for(topic, partition)
 
-            async def body(producer: Any = producer, split: bool = attempt > 1) -> dict[Any, int]:
-                written = await self.write_in_transaction(chain, producer, pending, split=split)
+            async def body(handed_over: asyncio.Future[None], producer: Any = producer,
+                           split: bool = attempt > 1) -> None:
+                written = await self.write_in_transaction(chain, producer, pending, split=split,
+                                                          handed_over=handed_over)
                 if window is not None and hasattr(window, "stage_many"):
                     ids = [m.env.message_id for m in written]
                     if ids != staged_for:  # staged once per outcome: staging takes due tombstones off a queue
@@ -125,10 +133,9 @@ class ExactlyOnce:
                                                       time.time())
                         staged_for[:] = ids
                     sent[:] = await window.send_staged(producer, staged)
-                return {TopicPartition(topic, partition): next_offset}
 
             try:
-                await txn.run(producer, body, str(self.app.conf.id))
+                await txn.run(producer, body, offsets, str(self.app.conf.id), also_in=also_in)
                 break
             except TransactionFailed as exc:
                 await txn.close([(topic, partition)])  # its next producer starts a fresh epoch: sequences from 0
@@ -158,18 +165,22 @@ class ExactlyOnce:
 
     async def write_in_transaction(self, chain: Chain, producer: Any,
                                    pending: list[tuple[Message, list[Emission] | DlqRecord]], *,
-                                   split: bool = False) -> list[Message]:
+                                   split: bool = False, handed_over: asyncio.Future[None] | None = None,
+                                   ) -> list[Message]:
         """Send the batch's records into the open transaction; returns the messages whose outputs
         were sent. An output refused before it was queued (`is_permanent`: its size, the topic)
         is replaced by its DLQ copy in the same transaction, as at_least_once does. A batch the
         broker refused for its size raises `_SizeRefused` (the caller aborts and runs the batch
-        again, split); any other failure makes the transaction uncommittable, so it raises."""
+        again, split); any other failure makes the transaction uncommittable, so it raises.
+        `handed_over` is resolved once the batch's records are queued (the transaction's offsets
+        go out then, `PartitionProducers.run`)."""
         direct = StartedProducer(producer)
         stats = self.state.stats
         emitted: list[Message] = []
         todo = pending
         for _ in range(2):  # the batch, then the DLQ copies of outputs refused up front
-            results = await send_all(direct, [item for _, item in todo], self.fitter.limits.limit_for, split=split)
+            results = await send_all(direct, [item for _, item in todo], self.fitter.limits.limit_for,
+                                     handed_over if todo is pending else None, split=split)
             refused = next((e for e in results if e is not None and not isinstance(e, RefusedUpFront)
                             and (isinstance(e, BatchTooLargeError) or is_size_refusal(e))), None)
             if refused is not None:

@@ -72,6 +72,15 @@ GUARANTEE_ENV = "PRISM_PROCESSING_GUARANTEE"
 #: 30 s bounds how long a dead worker's open transaction holds back `read_committed` readers
 #: (the last stable offset) when no new owner fences it sooner.
 TRANSACTION_TIMEOUT_MS = 30_000
+#: ms aiokafka waits before retrying a transactional producer's request (its default: 100). Kafka
+#: 3.6+ verifies a transaction's first write to a partition and its offset commit with the
+#: transaction coordinator (KIP-890); two such checks of one transactional id in flight at once
+#: on a broker answer one of them with a retriable error (NOT_ENOUGH_REPLICAS on a write,
+#: COORDINATOR_NOT_AVAILABLE on the offsets). Measured at 700 msg/s on Apache Kafka 4.4, 2-7 %
+#: of the transactions met one; at 100 ms each it was the p90 of the commit (BENCHMARKS.md, issue
+#: 29). 20 ms is what aiokafka itself waits after CONCURRENT_TRANSACTIONS; in a real outage the
+#: retries of these few producers come 5x as often, until the delivery timeout.
+TRANSACTION_RETRY_BACKOFF_MS = 20
 
 
 class TransactionFailed(Exception):
@@ -181,7 +190,7 @@ class PartitionProducers:
         self.sources = frozenset(sources)
         self.kwargs: dict[str, Any] = {
             "max_request_size": max_request_size, "max_batch_size": max_batch_size, "linger_ms": linger_ms,
-            "transaction_timeout_ms": transaction_timeout_ms,
+            "transaction_timeout_ms": transaction_timeout_ms, "retry_backoff_ms": TRANSACTION_RETRY_BACKOFF_MS,
             **(settings.aiokafka_kwargs() if settings is not None else {})}
         self._producers: dict[tuple[str, int], Any] = {}
         self._starting: dict[tuple[str, int], asyncio.Future[Any]] = {}
@@ -247,17 +256,37 @@ class PartitionProducers:
         if wanted:
             await asyncio.gather(*(self.producer_for(t, p) for t, p in wanted))
 
-    async def run(self, producer: Any, body: Callable[[], Awaitable[dict[Any, int]]], group_id: str) -> None:
-        """One transaction: begin, `body()` (sends everything and returns the input offsets to
-        commit: the next offset to read, per TopicPartition), send the offsets, commit. Any failure
-        aborts it (if the producer still can) and raises :class:`TransactionFailed`."""
+    async def run(self, producer: Any, body: Callable[[asyncio.Future[None]], Awaitable[None]],
+                  offsets: dict[Any, int], group_id: str, *, also_in: Iterable[Any] = ()) -> None:
+        """One transaction: begin, `body(handed_over)` (sends everything; resolves `handed_over`
+        once its records are queued in the producer), the input `offsets` (the next offset to
+        read, per TopicPartition), commit. Any failure aborts it (if the producer still can) and
+        raises :class:`TransactionFailed`.
+
+        Round trips (BENCHMARKS.md, issue 29, "where exactly_once's added latency goes"): the
+        offsets go to the coordinators (`AddOffsetsToTxn`, `TxnOffsetCommit`) as soon as the
+        records are queued, while their `Produce` requests are in flight, instead of after the
+        writes were acknowledged - two round trips off every transaction. What commits is the
+        same: a transaction's offsets and records are visible together at its `EndTxn` or not
+        at all, whatever order they reached the broker in. They are queued after the records so
+        that aiokafka's first coordinator request of the transaction is `AddPartitionsToTxn`,
+        whose `CONCURRENT_TRANSACTIONS` (the previous transaction's markers still being written)
+        it retries after 20 ms, where `AddOffsetsToTxn`'s waits its full `retry_backoff_ms`.
+        `also_in`: partitions the body writes to only after awaiting its first writes (the
+        dedup changelog), registered up front so that one `AddPartitionsToTxn` covers them."""
         await producer.begin_transaction()
+        _register_partitions(producer, also_in)
+        handed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        offsets_sent = asyncio.ensure_future(_offsets_once_queued(producer, handed, offsets, group_id))
         try:
-            offsets = await body()
-            await producer.send_offsets_to_transaction(offsets, group_id)
+            await body(handed)
+            if not handed.done():
+                handed.set_result(None)
+            await offsets_sent
             await producer.commit_transaction()
         except BaseException as exc:
             self.aborted += 1
+            await _settle(offsets_sent)
             try:
                 await asyncio.wait_for(producer.abort_transaction(), 10)
             except BaseException as abort_exc:  # fenced: the new owner's init aborted it already
@@ -266,3 +295,36 @@ class PartitionProducers:
                 raise
             raise TransactionFailed(f"{type(exc).__name__}: {exc}") from exc
         self.committed += 1
+
+
+async def _offsets_once_queued(producer: Any, handed: asyncio.Future[None], offsets: dict[Any, int],
+                               group_id: str) -> None:
+    await handed
+    await producer.send_offsets_to_transaction(offsets, group_id)
+
+
+async def _settle(task: asyncio.Future[None]) -> None:
+    """Stop `task` (the offsets of a transaction being aborted) and collect its outcome, so that
+    neither a pending task nor an unretrieved exception outlives the transaction. The abort that
+    follows still drains offsets aiokafka had queued: it sends them, then `EndTxn(abort)`."""
+    if not task.done():
+        task.cancel()
+    await asyncio.wait([task])
+    if not task.cancelled():
+        task.exception()
+
+
+def _register_partitions(producer: Any, tps: Iterable[Any]) -> None:
+    """Add `tps` to the open transaction before anything is written to them (aiokafka's own
+    `_append_batch` does this at each write; the sender sends one `AddPartitionsToTxn` for all the
+    partitions pending when it looks). Only partitions the producer's metadata knows: an unknown
+    one would be retried every `retry_backoff_ms` until it exists, where its first write fetches
+    the metadata first. A producer without aiokafka's transaction manager (a test double) skips it."""
+    manager = getattr(producer, "_txn_manager", None)
+    if manager is None:
+        return
+    cluster = producer.client.cluster
+    for tp in tps:
+        known = cluster.partitions_for_topic(tp.topic)
+        if known is not None and tp.partition in known:
+            manager.maybe_add_partition_to_txn(tp)

@@ -5,13 +5,16 @@ test_topic_limits_e2e.py, test_exactly_once_restart_soak.py."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from aiokafka.errors import KafkaConnectionError, RecordTooLargeError, TopicAuthorizationFailedError
+from aiokafka.structs import TopicPartition
 
 from app.worker.exactly_once import SIZE_RETRIES, ExactlyOnce
-from app.worker.transactions import PartitionProducers, TransactionFailed
+from app.worker.transactions import PartitionProducers, TransactionFailed, _register_partitions
 from tests.worker.fake_delivery import FailingProducer, FakeFitter, RecordingEnd, batch, worker
 
 
@@ -63,6 +66,14 @@ class FakeTransactions:
         self.all_closed = True
 
 
+def _aborted(producer: TxnProducer) -> bool:
+    """Begun and aborted, never committed. The offsets may have been sent into the transaction
+    (they go out once the records are queued, `PartitionProducers.run`): the abort discards them
+    with the records."""
+    calls = producer.calls
+    return calls[0] == "begin" and calls[-1] == "abort" and "commit" not in calls and len(calls) <= 3
+
+
 def _delivery(*producers: TxnProducer):  # type: ignore[no-untyped-def]
     app, consumer, state, observer = worker()
     fitter = FakeFitter()
@@ -88,7 +99,7 @@ async def test_a_size_refusal_aborts_and_runs_again_split_on_a_fresh_producer() 
     second = TxnProducer()
     d, _, consumer, state, _, fitter, txn = _delivery(first, second)
     await d.deliver(batch(consumer, 2), None, RecordingEnd(consumer))
-    assert first.calls == ["begin", "abort"] and txn.closed == [[("src", 0)]] and txn.handed == [first, second]
+    assert _aborted(first) and txn.closed == [[("src", 0)]] and txn.handed == [first, second]
     assert second.calls == ["begin", ("offsets", {("src", 0): 2}, "g"), "commit"]
     # fresh limits, the batch fitted again, one record per producer batch
     assert fitter.refusals == 1 and fitter.fits == 1 and state.stats.size_retried_transactions == 1
@@ -101,7 +112,7 @@ async def test_refused_every_time_the_transaction_fails_after_size_retries() -> 
     d, _, consumer, state, _, _, _ = _delivery(*producers)
     with pytest.raises(TransactionFailed):
         await d.deliver(batch(consumer, 2), None, RecordingEnd(consumer))
-    assert all(p.calls == ["begin", "abort"] for p in producers)
+    assert all(_aborted(p) for p in producers)
     assert state.abandoning and state.stats.size_retried_transactions == SIZE_RETRIES - 1
 
 
@@ -111,7 +122,7 @@ async def test_any_other_failure_aborts_and_stops_the_worker() -> None:
     end = RecordingEnd(consumer)
     with pytest.raises(TransactionFailed):
         await d.deliver(batch(consumer, 2), None, end)
-    assert producer.calls == ["begin", "abort"] and end.calls == []
+    assert _aborted(producer) and end.calls == []
     assert state.abandoning  # no later batch may commit past this one
     assert len(consumer._unacked_messages) == 2  # still tracked: read again from the committed offset
 
@@ -178,3 +189,64 @@ async def test_close_waits_for_a_batch_still_finishing_after_another_failed() ->
     await asyncio.wait_for(closing, 5)
     await running
     assert txn.all_closed and slow.calls[-1] == "commit" and d.finishing == 0
+
+
+class AckAfterOffsets(TxnProducer):
+    """The broker acknowledges the batch's writes only once the transaction's offsets were sent:
+    a transaction that waited for the writes before sending its offsets never finishes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[asyncio.Future[None]] = []
+
+    async def send_batch(self, batch: Any, topic: str, *, partition: int) -> asyncio.Future[None]:
+        await super().send_batch(batch, topic, partition=partition)
+        fut = asyncio.get_running_loop().create_future()
+        self.held.append(fut)
+        return fut
+
+    async def send_offsets_to_transaction(self, offsets: dict[Any, int], group_id: str) -> None:
+        await super().send_offsets_to_transaction(offsets, group_id)
+        for fut in self.held:
+            fut.set_result(None)
+
+
+async def test_the_offsets_go_out_while_the_writes_are_in_flight() -> None:
+    producer = AckAfterOffsets()
+    d, _, consumer, state, _, _, _ = _delivery(producer)
+    await asyncio.wait_for(d.deliver(batch(consumer, 3, partition=1), None, RecordingEnd(consumer)), 5)
+    assert producer.calls == ["begin", ("offsets", {("src", 1): 3}, "g"), "commit"]
+    assert producer.written("src.v3") == [b"v3-0", b"v3-1", b"v3-2"] and state.stats.emitted == 3
+
+
+class _Manager:
+    def __init__(self) -> None:
+        self.added: list[TopicPartition] = []
+
+    def maybe_add_partition_to_txn(self, tp: TopicPartition) -> None:
+        self.added.append(tp)
+
+
+def test_partitions_written_later_join_the_first_add_partitions_when_known() -> None:
+    producer = SimpleNamespace(_txn_manager=_Manager(), client=SimpleNamespace(
+        cluster=SimpleNamespace(partitions_for_topic=lambda t: {0, 1} if t == "cl" else None)))
+    _register_partitions(producer, [TopicPartition("cl", 1), TopicPartition("cl", 7), TopicPartition("new", 0)])
+    # a partition the metadata does not know yet is left to its first write (which fetches it)
+    assert producer._txn_manager.added == [TopicPartition("cl", 1)]
+    _register_partitions(SimpleNamespace(), [TopicPartition("cl", 1)])  # a producer without transactions: nothing
+
+
+async def test_an_abort_collects_the_offsets_still_waiting_for_the_records() -> None:
+    producer = TxnProducer()
+    txn = FakeTransactions(producer)
+    body_ran: list[bool] = []
+
+    async def body(handed_over: asyncio.Future[None]) -> None:
+        body_ran.append(True)
+        raise KafkaConnectionError()
+
+    with pytest.raises(TransactionFailed):
+        await txn.run(producer, body, {TopicPartition("src", 0): 1}, "g")
+    # the records were never queued: the offsets never went out, and nothing is left pending
+    assert body_ran and producer.calls == ["begin", "abort"] and txn.aborted == 1
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
