@@ -380,21 +380,32 @@ def test_prism_run_refuses_exactly_once_on_the_embedded_broker(tmp_path: Path, d
     assert not (tmp_path / "data" / "broker").exists()  # refused before a broker was started
 
 
-async def _open_transactions(bootstrap: str, topic: str, parts: int) -> list[int]:
-    """Partitions of `topic` with an open transaction: the last stable offset (what a
-    read_committed ListOffsets answers) behind the high watermark."""
-    from aiokafka.structs import TopicPartition
+class _OpenTransactions:
+    """Which partitions of `topic` have an open transaction: the last stable offset (what a
+    read_committed ListOffsets answers) behind the high watermark. Both consumers stay
+    connected, so one look takes a few milliseconds - the worker stays frozen only that long
+    when nothing is open, and the next freeze lands in a different moment of its cycle."""
 
-    tps = [TopicPartition(topic, p) for p in range(parts)]
-    ends = {}
-    for isolation in ("read_committed", "read_uncommitted"):
-        c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, isolation_level=isolation)
-        await c.start()
-        try:
-            ends[isolation] = await c.end_offsets(tps)
-        finally:
+    def __init__(self, bootstrap: str, topic: str, parts: int) -> None:
+        from aiokafka.structs import TopicPartition
+
+        self.tps = [TopicPartition(topic, p) for p in range(parts)]
+        self.consumers = {isolation: AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
+                                                      isolation_level=isolation)
+                          for isolation in ("read_committed", "read_uncommitted")}
+
+    async def __aenter__(self) -> _OpenTransactions:
+        for c in self.consumers.values():
+            await c.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for c in self.consumers.values():
             await c.stop()
-    return [tp.partition for tp in tps if ends["read_committed"][tp] < ends["read_uncommitted"][tp]]
+
+    async def look(self) -> list[int]:
+        ends = {isolation: await c.end_offsets(self.tps) for isolation, c in self.consumers.items()}
+        return [tp.partition for tp in self.tps if ends["read_committed"][tp] < ends["read_uncommitted"][tp]]
 
 
 async def test_a_transaction_that_times_out_is_aborted_and_its_batch_read_again(kafka, tmp_path: Path, dev_keys,
@@ -417,23 +428,33 @@ async def test_a_transaction_that_times_out_is_aborted_and_its_batch_read_again(
     worker = WorkerProcess(TARGET, log_path=tmp_path / "w1.log", env=env)
     again = WorkerProcess(TARGET, log_path=tmp_path / "w2.log", env=env)
     caught: list[int] = []
+    freezes = 0
     try:
         worker.start(timeout=90)
         await watch.wait_until(1_000, 120, worker)
-        for _ in range(10):  # freeze until a transaction is caught open (usually the first try)
-            os.kill(worker.pid, signal.SIGSTOP)
-            caught = await _open_transactions(bootstrap, source + ".v3", 4)
-            if caught:
-                # the broker aborts it once its 2 s are up: the stable offset reaches the high watermark
-                deadline = time.monotonic() + 60
-                while await _open_transactions(bootstrap, source + ".v3", 4):
-                    assert time.monotonic() < deadline, "the broker did not abort the timed-out transaction"
-                    await asyncio.sleep(0.2)
-            os.kill(worker.pid, signal.SIGCONT)
-            if caught:
-                break
-            await watch.wait_until(min(n, len(watch.seen) + 200), 60, worker)
-        assert caught, "no transaction was open in 10 freezes"
+        # Freeze until a transaction is caught open. Each freeze lands at a random moment of the
+        # worker's cycle (chain, then a transaction of ~10-40 ms per partition), so it can take a
+        # few; the backlog is topped up so transactions keep running until one is caught.
+        async with _OpenTransactions(bootstrap, source + ".v3", 4) as probe:
+            deadline = time.monotonic() + 120
+            while not caught:
+                assert time.monotonic() < deadline, f"no transaction was open in {freezes} freezes"
+                if len(watch.seen) > n - 3_000:
+                    await _produce_backlog(bootstrap, source, 4_000)
+                    n += 4_000
+                committed = len(watch.seen)
+                os.kill(worker.pid, signal.SIGSTOP)
+                freezes += 1
+                caught = await probe.look()
+                if caught:
+                    # the broker aborts it once its 2 s are up: the stable offset reaches the high watermark
+                    aborted_by = time.monotonic() + 60
+                    while await probe.look():
+                        assert time.monotonic() < aborted_by, "the broker did not abort the timed-out transaction"
+                        await asyncio.sleep(0.2)
+                os.kill(worker.pid, signal.SIGCONT)
+                if not caught:  # one more transaction committed: the next freeze is in a later cycle
+                    await watch.wait_until(committed + 1, 60, worker)
         log = await _stopped_by_an_aborted_transaction(worker, tmp_path / "w1.log")
         again.start(timeout=120)
         await watch.wait_until(n, 180, again)
@@ -445,7 +466,7 @@ async def test_a_transaction_that_times_out_is_aborted_and_its_batch_read_again(
     verdict = _Verdict(bootstrap, source, app_id)
     reason = next((line for line in log.splitlines() if "exactly_once: the transaction of a batch" in line), "")
     with capsys.disabled():
-        print(f"\ntransaction timeout: open on .v3 partitions {caught} when frozen; {reason.strip()[-200:]}; "
+        print(f"\ntransaction timeout: open on .v3 partitions {caught} when frozen (freeze {freezes}); {reason.strip()[-200:]}; "
               f"lost {len(verdict.lost)}, duplicates {verdict.duplicates}, .v3 records read_uncommitted "
               f"{verdict.v3_uncommitted}")
     assert verdict.lost == [] and verdict.duplicates == 0
