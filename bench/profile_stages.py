@@ -161,14 +161,18 @@ def detail(path: Path, part: str, top: int = 30) -> str:
     return "\n".join(out)
 
 
-async def worker(n: int) -> None:
-    """bench_pipeline's Prism chain alone (no raw loop, no Faust passthrough), for py-spy."""
+async def worker(n: int, payload: str = "bench") -> None:
+    """bench_pipeline's Prism chain alone (no raw loop, no Faust passthrough), for py-spy.
+    `payload`: "bench" (fails the topology's schema: validation's warn path) or "valid" (matches it,
+    the path production traffic takes)."""
     from app.broker.admin import ensure_topics
     from app.broker.embedded import EmbeddedBroker
     from app.security.devkeys import ensure_dev_keys
     from app.topology import load_topology
+    from bench import bench_pipeline
     from bench.bench_pipeline import bench_topology, make_messages, preload, run_chain
 
+    bench_pipeline.use_payload(payload)
     tmp = Path(tempfile.mkdtemp(prefix="prism-profile-"))
     keys = ensure_dev_keys(tmp / "keys")
     async with EmbeddedBroker(log_dir=tmp / "broker") as broker:
@@ -185,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("worker", help="run the worker's chain over a preloaded backlog (wrap it in py-spy)")
     w.add_argument("n", type=int)
+    w.add_argument("--payload", choices=("bench", "valid"), default="bench",
+                   help="bench: payload_1kb (fails the schema: the warn path); valid: payload_valid_1kb")
     r = sub.add_parser("report", help="per-stage table of py-spy raw files")
     r.add_argument("paths", nargs="+", type=Path)
     r.add_argument("--us", nargs="+", type=float, default=None, help="CPU µs per message of each run")
@@ -197,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         from app.worker.faust_app import use_uvloop
 
         use_uvloop()
-        asyncio.run(worker(args.n))
+        asyncio.run(worker(args.n, args.payload))
     elif args.cmd == "detail":
         print(detail(args.path, args.part, args.top))
     else:
