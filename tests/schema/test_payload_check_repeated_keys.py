@@ -18,6 +18,7 @@ import json
 import random
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,6 +36,13 @@ KEYS = ["a", "b", ":", "a:b", "order_id", "orderId", "items", "sku", "qty", "tag
 STRINGS = st.one_of(st.text(alphabet="ab:\\\"u03A\u00e9 ", max_size=8),
                     st.sampled_from([":", "::", "\\u003a", "T10:00:00Z", "a\\", "\ud800"]))
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_nan=False), STRINGS)
+#: well-typed orders of the fast path's schema whose strings are full of colons (the proof counts them)
+COLON_TEXT = st.text(alphabet="a:\u00e9\\\"", max_size=6)
+COLON_ITEM = st.deferred(lambda: st.fixed_dictionaries({}, optional={
+    "sku": COLON_TEXT, "qty": st.integers(-3, 3), "parts": st.lists(COLON_ITEM, max_size=2)}))
+COLON_ORDERS = st.fixed_dictionaries({}, optional={
+    "order_id": COLON_TEXT, "customerId": COLON_TEXT, "items": st.lists(COLON_ITEM, max_size=4),
+    "tags": st.lists(COLON_TEXT, max_size=3), "gift": st.booleans(), "total": st.floats(-1e9, 1e9)})
 TREES = st.recursive(SCALARS, lambda inner: st.one_of(
     st.lists(inner, max_size=4),
     st.lists(st.tuples(st.sampled_from(KEYS), inner), max_size=5).map(_Obj)), max_leaves=25)
@@ -111,7 +119,7 @@ def test_the_validator_says_what_parse_says_on_repeated_keys(tree: Any, seed: in
 
 
 @settings(max_examples=800, deadline=None)
-@given(ORDERS, st.integers(0, 2**32), st.sampled_from([0.0, 0.05, 0.3]))
+@given(st.one_of(ORDERS, COLON_ORDERS), st.integers(0, 2**32), st.sampled_from([0.0, 0.05, 0.3]))
 def test_valid_orders_with_a_repeated_key_get_parses_answer(doc: dict, seed: int, repeat: float) -> None:
     """The dangerous shape: after the plain decode a repeated key is gone and the order fits the
     schema; the proof must send it to Parse, which refuses it."""
@@ -122,7 +130,7 @@ def test_valid_orders_with_a_repeated_key_get_parses_answer(doc: dict, seed: int
 
 
 @settings(max_examples=400, deadline=None)
-@given(ORDERS)
+@given(st.one_of(ORDERS, COLON_ORDERS))
 def test_the_walks_count_is_the_proofs_count(doc: dict) -> None:
     """`_walk_top` sums keys and string colons while it checks; for every document it accepts
     that sum is the one `_no_repeated_keys` would count itself."""
@@ -145,6 +153,19 @@ def test_documents_without_repeats_are_shown_free_by_the_count() -> None:
         assert _prove(text) and _prove(json.dumps(doc, ensure_ascii=False)), text
 
 
+def test_valid_orders_with_colons_never_take_the_hooked_decode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk counts the colons of the strings it checks, so a timestamp or a URL in an order
+    does not send it to Parse's decode."""
+    v = validator_for(build_resolved(PROTO, "protobuf", url="u", version="v3", message="fast.Order"))
+    calls: list[bytes] = []
+    monkeypatch.setattr(payload_check, "_load_json", lambda p: calls.append(p))
+    doc = {"order_id": "2026-11-29T10:00:00Z", "customerId": "urn:c:1", "tags": ["a:b", "::"],
+           "items": [{"sku": f"s:{k}", "qty": k, "parts": [{"sku": "p:q"}]} for k in range(30)]}
+    for text in (json.dumps(doc), json.dumps(doc, indent=2), json.dumps(doc, separators=(",", ":"))):
+        assert v(text.encode(), "application/json") == []
+    assert calls == []
+
+
 def test_named_hostile_texts() -> None:
     """Each would be accepted by a count that forgot one of the proof's terms."""
     cases = [
@@ -159,6 +180,10 @@ def test_named_hostile_texts() -> None:
         '{"a": {"b": {}}, "a": {"b": {}}}',
         '{"x": [[[{"k": 1, "k": 2}]]]}',
         '{"order_id": "a:b", "order_id": "a:b"}',
+        '{"order_id": "a:b", "gift": true, "gift": true}',  # a string colon counted twice would hide it
+        '{"items": [{"sku": "a:b", "qty": 1, "qty": 1}]}',
+        '{"tags": ["a:b"], "gift": true, "gift": true}',
+        '{"order_id": "\\u003a", "gift": true, "gift": true}',
     ]
     for text in cases:
         assert _repeats(text)
