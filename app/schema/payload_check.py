@@ -185,6 +185,9 @@ _DOUBLE_MAX = 1.7976931348623157e308
 #: `_NUM`: lo/hi bound a float (and exclude inf and NaN, which compare false); an int may be any
 #: 64-bit value (well inside either float range)
 _FieldPlan = tuple[int, Any, Any, bool, Any, "str | None"]
+#: the check of every single string field with one JSON name (one object: `_fits_messages` tests
+#: it by identity, the commonest value of a document)
+_PLAIN_STR: _FieldPlan = (_STR, 0, 0, False, None, None)
 
 
 def _json_plan(desc: Any, _seen: dict[str, Any] | None = None) -> dict[str, _FieldPlan] | None:
@@ -233,7 +236,7 @@ def _json_plan(desc: Any, _seen: dict[str, Any] | None = None) -> dict[str, _Fie
         else:  # enums, bytes, groups: Parse's rules for those are not worth copying
             return None
         if f.json_name == f.name:
-            plan[f.name] = (*check, None)
+            plan[f.name] = _PLAIN_STR if check == _PLAIN_STR[:5] else (*check, None)
         else:  # both spellings name the field; a document using both is left to Parse
             plan[f.json_name], plan[f.name] = (*check, f.name), (*check, f.json_name)
     return plan
@@ -365,21 +368,23 @@ def _fits_messages(docs: Any, plan: dict[str, _FieldPlan], depth: int) -> int:
         counted += len(doc)
         for key, value in doc.items():
             check = plan.get(key)
-            if check is None:
-                return -1
-            kind, lo, hi, repeated, _sub, alias = check
-            if repeated or alias is not None or kind > _INT:
-                n = _fits_field(check, value, doc, depth)
-                if n < 0:
-                    return -1
-                counted += n
-            elif kind == _STR:
+            if check is _PLAIN_STR:
                 if type(value) is not str or (not value.isascii() and _SURROGATE.search(value) is not None):
                     return -1
                 if ":" in value:
                     counted += value.count(":")
-            elif type(value) is not int or not lo <= value <= hi:  # _INT
+                continue
+            if check is None:
                 return -1
+            kind, lo, hi, repeated, _sub, alias = check
+            if kind == _INT and not repeated and alias is None:
+                if type(value) is not int or not lo <= value <= hi:
+                    return -1
+            else:
+                n = _fits_field(check, value, doc, depth)
+                if n < 0:
+                    return -1
+                counted += n
     return counted
 
 
