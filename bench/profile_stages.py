@@ -4,10 +4,13 @@ Record (py-spy is in the dev extra; sampling, so the code runs at full speed):
 
     py-spy record -r 250 -f raw -o after.txt -- .venv/bin/python -m bench.bench_stages --n 6000 --passes 3
     py-spy record -r 250 -f raw -o worker.txt -- .venv/bin/python -m bench.profile_stages worker 20000
+    py-spy record -r 250 -f raw -o valid.txt -- .venv/bin/python -m bench.profile_stages worker 12000 --payload valid
 
 The first is the broker-free stage harness (`bench_stages`); the second is the worker itself:
 `PipelineApp` on Faust with the RocksDB dedup table, on the embedded broker, over a preloaded
-backlog (`bench_pipeline.run_chain`), so the framework, aiokafka and the table show too. For a
+backlog (`bench_pipeline.run_chain`), so the framework, aiokafka and the table show too. `--payload
+valid` sends the order that matches the topology's schema (production's path; the default, `bench`,
+fails it at its second key and measures validation's warn path). For a
 "before", run the same under a `git archive` of the older tree with this file copied in.
 
 Report (share of samples per stage, and µs when the total CPU per message is given):
