@@ -262,8 +262,9 @@ _HOOKED = json.JSONDecoder(object_pairs_hook=_no_duplicates)
 
 def _load_json(payload: bytes) -> Any:
     """The payload decoded the way `json_format.Parse` decodes it (UTF-8 text, `json.loads`,
-    duplicate keys refused), or `_UNLOADED`: decoded once, for the fast check and for Parse's
-    second half (`_parse_dict`) alike."""
+    duplicate keys refused), or `_UNLOADED`. Since issue 29 the judge only where the plain decode
+    (`_load_json_plain`) failed or the count (`_no_repeated_keys`) could not clear the text: when
+    it succeeds, its value equals the plain decoder's (the hook builds the same dict)."""
     try:
         text = payload.decode("utf-8")
         if text.startswith("\ufeff"):  # json.loads' own check, which `JSONDecoder.decode` leaves out
@@ -360,7 +361,7 @@ def _fits_messages(docs: Any, plan: dict[str, _FieldPlan], depth: int) -> int:
     values of an order - is checked here without a call to `_fits_field`: a 30-item order has
     ~90 values, and the calls cost about half of the walk."""
     if depth > _FAST_DEPTH:
-        return -1
+        return -1 if docs else 0  # as before: the depth limit stops objects, not an empty list
     counted = 0
     for doc in docs:
         if type(doc) is not dict:

@@ -193,3 +193,8 @@ def test_named_hostile_texts() -> None:
                     b'[' * 5000 + b']' * 5000, b'{"a":' * 3000 + b'1' + b'}' * 3000, b'NaN', b'{"total": Infinity}',
                     b'{"total": 1e400}', b'{"order_id": "a"} x', b' {"order_id": "a"}\n'):
         _check(PROTO, payload)
+    deep = b"[]"  # an empty list past the fast path's depth, and objects past it
+    for _ in range(40):
+        deep = b'[{"parts": ' + deep + b"}]"
+    _check(PROTO, b'{"items": ' + deep + b"}")
+    _check(PROTO, b'{"items": ' + deep.replace(b"[]", b'[{"sku": "a", "sku": "a"}]') + b"}")
