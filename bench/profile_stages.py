@@ -4,10 +4,13 @@ Record (py-spy is in the dev extra; sampling, so the code runs at full speed):
 
     py-spy record -r 250 -f raw -o after.txt -- .venv/bin/python -m bench.bench_stages --n 6000 --passes 3
     py-spy record -r 250 -f raw -o worker.txt -- .venv/bin/python -m bench.profile_stages worker 20000
+    py-spy record -r 250 -f raw -o valid.txt -- .venv/bin/python -m bench.profile_stages worker 12000 --payload valid
 
 The first is the broker-free stage harness (`bench_stages`); the second is the worker itself:
 `PipelineApp` on Faust with the RocksDB dedup table, on the embedded broker, over a preloaded
-backlog (`bench_pipeline.run_chain`), so the framework, aiokafka and the table show too. For a
+backlog (`bench_pipeline.run_chain`), so the framework, aiokafka and the table show too. `--payload
+valid` sends the order that matches the topology's schema (production's path; the default, `bench`,
+fails it at its second key and measures validation's warn path). For a
 "before", run the same under a `git archive` of the older tree with this file copied in.
 
 Report (share of samples per stage, and µs when the total CPU per message is given):
@@ -161,14 +164,18 @@ def detail(path: Path, part: str, top: int = 30) -> str:
     return "\n".join(out)
 
 
-async def worker(n: int) -> None:
-    """bench_pipeline's Prism chain alone (no raw loop, no Faust passthrough), for py-spy."""
+async def worker(n: int, payload: str = "bench") -> None:
+    """bench_pipeline's Prism chain alone (no raw loop, no Faust passthrough), for py-spy.
+    `payload`: "bench" (fails the topology's schema: validation's warn path) or "valid" (matches it,
+    the path production traffic takes)."""
     from app.broker.admin import ensure_topics
     from app.broker.embedded import EmbeddedBroker
     from app.security.devkeys import ensure_dev_keys
     from app.topology import load_topology
+    from bench import bench_pipeline
     from bench.bench_pipeline import bench_topology, make_messages, preload, run_chain
 
+    bench_pipeline.use_payload(payload)
     tmp = Path(tempfile.mkdtemp(prefix="prism-profile-"))
     keys = ensure_dev_keys(tmp / "keys")
     async with EmbeddedBroker(log_dir=tmp / "broker") as broker:
@@ -185,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("worker", help="run the worker's chain over a preloaded backlog (wrap it in py-spy)")
     w.add_argument("n", type=int)
+    w.add_argument("--payload", choices=("bench", "valid"), default="bench",
+                   help="bench: payload_1kb (fails the schema: the warn path); valid: payload_valid_1kb")
     r = sub.add_parser("report", help="per-stage table of py-spy raw files")
     r.add_argument("paths", nargs="+", type=Path)
     r.add_argument("--us", nargs="+", type=float, default=None, help="CPU µs per message of each run")
@@ -197,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         from app.worker.faust_app import use_uvloop
 
         use_uvloop()
-        asyncio.run(worker(args.n))
+        asyncio.run(worker(args.n, args.payload))
     elif args.cmd == "detail":
         print(detail(args.path, args.part, args.top))
     else:
