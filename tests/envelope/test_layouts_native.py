@@ -308,6 +308,10 @@ def test_corrupted_headers_give_the_python_bytes_or_none(env: Envelope, data: st
     b"\x0a\x00\x12\x0b\x60" + _VARINT70,  # a 70-bit tree_index
     b"\x0a\x00\x12\x00\x8a\x06\x00",  # an extensions entry with neither key nor value
     b"\x0a\x00\x12\x00\x8a\x06\x02\x0a\x7f",  # its key runs past the entry
+    # found by hypothesis: a schema record that does not walk (upb refuses the header) was copied
+    bytes.fromhex("0a14380040004a07303030f090808052033030306a00120812002a0042004a0022032a0030"),
+    b"\x0a\x05\x0a\x01m\x20\x00\x12\x00",  # published_at_ms 0 written out (upb drops it)
+    b"\x0a\x05\x0a\x01m\x20\x01\x12\x00\x1a\x02\x0a\x00",  # an empty trace_id written out
 ], ids=lambda b: b.hex() or "empty")
 def test_named_hostile_headers(hostile: bytes) -> None:
     for batch in (False, True):

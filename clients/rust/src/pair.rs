@@ -73,6 +73,12 @@ fn canon_varint(buf: &[u8], pos: usize, end: usize) -> Option<(u64, usize)> {
 /// The records of `buf[start..end]` when they are written as an encoder writes known fields:
 /// VARINT and LEN only, field numbers strictly increasing, minimal tags, lengths and values.
 fn canon_records(buf: &[u8], start: usize, end: usize) -> Option<Vec<Rec>> {
+    canon_records_repeating(buf, start, end, 0)
+}
+
+/// [`canon_records`], where field `repeated` (0: none) may also follow itself: the entries of
+/// a repeated field, which an encoder writes one after the other.
+fn canon_records_repeating(buf: &[u8], start: usize, end: usize, repeated: u32) -> Option<Vec<Rec>> {
     let mut out = Vec::with_capacity(12);
     let mut pos = start;
     let mut last = 0u32;
@@ -80,7 +86,7 @@ fn canon_records(buf: &[u8], start: usize, end: usize) -> Option<Vec<Rec>> {
         let (key, p) = canon_varint(buf, pos, end)?;
         let field = u32::try_from(key >> 3).ok()?;
         let wire_type = (key & 7) as u8;
-        if field <= last || field > (1 << 29) - 1 {
+        if (field <= last && !(field == last && field == repeated)) || field > (1 << 29) - 1 {
             return None;
         }
         last = field;
@@ -144,6 +150,10 @@ pub fn draft_metadata(m: &[u8]) -> Option<Vec<u8>> {
     let (mut ct, mut ce) = (None::<i32>, None::<i32>);
     for r in canon_records(m, 0, m.len())? {
         match (r.field, r.wire_type) {
+            // 1-4 have no presence: an encoder leaves a zero value out, so a record of one is
+            // not an encoder's output (upb would drop it and the reviewed bytes would differ)
+            (1..=3, LEN) if r.value == 0 => return None,
+            (4, VARINT) if r.value == 0 => return None,
             (1..=3 | 9..=13, LEN) => s[r.field as usize] = utf8(&m[r.value_start..r.end])?,
             (4, VARINT) => ms = r.value as i64,
             (5, VARINT) => ct = Some(as_i32(r.value)?),
@@ -274,6 +284,36 @@ fn digest(head: &[u8], security: &[u8], payload_prefix: &[u8], payload: Option<&
 
 const UNKNOWN_EXT_KEY: &[u8] = b"prism.unknown.";
 
+/// Whether `buf[start..end]` is a message of strings and at most one int32, as an encoder
+/// writes it: fields `1..=strings` non-empty UTF-8 strings (no presence: a zero value is left
+/// out), field `repeated` (0: none) UTF-8 strings that may be empty (the entries of a repeated
+/// string), field `int32` a non-zero int32, nothing else. These records are copied into both
+/// heads byte for byte, so they must be bytes upb reads and writes back unchanged: a record
+/// that does not walk, an unknown field or an invalid string gives `None` (the general path
+/// then words the error) instead of copies of bytes no parser would accept.
+fn canon_plain_message(
+    buf: &[u8],
+    start: usize,
+    end: usize,
+    strings: u32,
+    repeated: u32,
+    int32: Option<u32>,
+) -> Option<()> {
+    for r in canon_records_repeating(buf, start, end, repeated)? {
+        match (r.field, r.wire_type) {
+            (f, LEN) if (1..=strings).contains(&f) && r.value > 0 => {
+                utf8(&buf[r.value_start..r.end])?;
+            }
+            (f, LEN) if f == repeated && f != 0 => {
+                utf8(&buf[r.value_start..r.end])?;
+            }
+            (f, VARINT) if Some(f) == int32 && as_i32(r.value)? != 0 => {}
+            _ => return None,
+        }
+    }
+    Some(())
+}
+
 /// The draft head's tail for the reviewed head's records after the metadata (observability 3
 /// -> 5, schema 4 -> 6, one extensions entry 97 -> 99: same fields, new tags).
 fn draft_tail(head: &[u8], recs: &[Rec], out: &mut Vec<u8>) -> Option<()> {
@@ -283,14 +323,16 @@ fn draft_tail(head: &[u8], recs: &[Rec], out: &mut Vec<u8>) -> Option<()> {
         }
         let tag: &[u8] = match r.field {
             3 => {
-                // observability: maps may be written in another order after a re-parse
-                let walked = crate::wire::walk(head, r.value_start, r.end).ok()?;
-                if walked.iter().any(|w| w.field == 5 || w.field == 6) {
-                    return None;
-                }
+                // observability: trace_id, span_id, parent_span_id, trace_flags (int32); the
+                // maps (5, 6) may be written in another order after a re-parse: not converted
+                canon_plain_message(head, r.value_start, r.end, 3, 0, Some(4))?;
                 b"\x2a"
             }
-            4 => b"\x32",
+            // schema: six strings and the entries of `deprecated_fields_used`
+            4 => {
+                canon_plain_message(head, r.value_start, r.end, 6, 7, None)?;
+                b"\x32"
+            }
             97 => {
                 // one entry (records are strictly increasing): a key first, not a carried
                 // unknown one, then at most a value record and nothing else
@@ -632,6 +674,15 @@ mod tests {
             ("entry value longer", with(b"", b"\x8a\x06\x06\x0a\x01a\x12\x05b")),
             ("observability map", with(b"", b"\x1a\x06\x2a\x04\x0a\x00\x12\x00")),
             ("observability not walkable", with(b"", b"\x1a\x02\x0a\x05")),
+            ("observability unknown field", with(b"", b"\x1a\x02\x38\x01")),
+            ("observability empty trace_id", with(b"", b"\x1a\x02\x0a\x00")),
+            ("observability trace_flags 0", with(b"", b"\x1a\x02\x20\x00")),
+            ("observability invalid UTF-8", with(b"", b"\x1a\x03\x0a\x01\xff")),
+            // hypothesis found this one: a schema record that does not walk was copied as is
+            ("schema not walkable", with(b"", b"\x22\x03\x2a\x00\x30")),
+            ("schema unknown field", with(b"", b"\x22\x02\x40\x01")),
+            ("schema empty schema_url", with(b"", b"\x22\x02\x0a\x00")),
+            ("schema invalid UTF-8", with(b"", b"\x22\x03\x3a\x01\xff")),
             ("truncated", full[..full.len() - 1].to_vec()),
             (
                 "70-bit tag",
@@ -658,6 +709,29 @@ mod tests {
             f.extend_from_slice(sec);
             assert_eq!(pair_copies(&f, None, CUT_PAIR), None, "{sec:?}");
         }
+        // metadata fields without presence written with their zero value: not an encoder's
+        // output (upb drops them, so the reviewed head would not be the Python path's)
+        for meta in [b"\x0a\x01m\x12\x00\x20\x01".as_slice(), b"\x0a\x01m\x20\x00"] {
+            let mut f = vec![0x0a];
+            put_varint(&mut f, meta.len() as u64);
+            f.extend_from_slice(meta);
+            f.extend_from_slice(b"\x12\x03\x0a\x01p");
+            assert_eq!(pair_copies(&f, None, CUT_PAIR), None, "{meta:?}");
+        }
+        // while the same with the zero fields left out converts, and so do the contexts
+        // written as an encoder writes them
+        assert!(pair_copies(b"\x0a\x05\x0a\x01m\x20\x01\x12\x03\x0a\x01p", None, CUT_PAIR).is_some());
+        assert!(pair_copies(
+            &with(b"", b"\x1a\x05\x0a\x01t\x20\x01\x22\x07\x0a\x01u\x3a\x00\x3a\x00"),
+            None,
+            CUT_PAIR
+        )
+        .is_some());
+        // the entries of a repeated string may repeat; no other field may
+        assert_eq!(
+            pair_copies(&with(b"", b"\x22\x06\x0a\x01u\x0a\x01v"), None, CUT_PAIR),
+            None
+        );
         // no security record, or not right after the metadata
         assert_eq!(pair_copies(&full[..2 + meta_len], None, CUT_PAIR), None);
         assert_eq!(pair_copies(b"", None, CUT_PAIR), None);
