@@ -257,7 +257,8 @@ def _faust_classes() -> tuple[type, type, type, type]:
         connection nearly always has a long-poll ``Fetch`` in flight (Faust hard-codes
         ``fetch_max_wait_ms=1500``). Faust asks ``highwaters()`` and ``earliest_offsets()`` on that
         connection, so each query of a recovery waited out the fetch queued before it: on Apache
-        Kafka a worker start came in ~1.5 s quanta (measured: 2.1, 3.6, 5.1, 6.6 s; docs/testing.md).
+        Kafka a worker start came in ~1.5 s quanta (measured in-process: 5.2-6.8 s, 4.6 s of it
+        three queries waiting; 0.56-0.86 s through the probe - docs/testing.md).
         Here they go through a small group-less "probe" consumer with its own connection, with the
         worker consumer's credentials and ``isolation_level``. What is asked is Faust's stock query
         (``ListOffsets``; with ``in_transaction`` the consumer's last stable offsets, no request).
