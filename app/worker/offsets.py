@@ -79,6 +79,7 @@ from aiokafka.protocol.fetch import FetchRequest
 from app.errors import BrokerError
 
 __all__ = [
+    "await_topics_known",
     "fetch_high_watermarks",
     "install_listoffsets_workaround",
     "install_offsets_probe",
@@ -97,6 +98,8 @@ TPT = TypeVar("TPT")  # aiokafka TopicPartition or Faust TP: both are (topic, pa
 _READ_UNCOMMITTED = 0
 #: After the probe failed to connect, the offset queries use the worker consumer for this long.
 PROBE_RETRY_SECONDS = 30.0
+#: How long a subscribe waits for the broker's metadata to list topics Faust just created.
+SUBSCRIBE_METADATA_WAIT_SECONDS = 10.0
 #: The embedded broker answers an empty Fetch when ``max_wait`` or ``min_bytes`` is 0, so ask for
 #: one byte and wait at most this long; partitions with data answer at once.
 _FETCH_MAX_WAIT_MS = 100
@@ -242,7 +245,7 @@ def _faust_classes() -> tuple[type, type, type, type]:
     base_thread = faust_aiokafka.AIOKafkaConsumerThread
     base_consumer = faust_aiokafka.Consumer
     base_transport = faust_aiokafka.Transport
-    for owner, attr in ((base_thread, "highwaters"), (base_thread, "earliest_offsets"),
+    for owner, attr in ((base_thread, "highwaters"), (base_thread, "earliest_offsets"), (base_thread, "subscribe"),
                         (base_thread, "call_thread"), (base_thread, "on_thread_stop"),
                         (base_thread, "_ensure_consumer"), (base_consumer, "_new_consumer_thread")):
         if not hasattr(owner, attr):  # pragma: no cover - guards a Faust upgrade
@@ -274,6 +277,30 @@ def _faust_classes() -> tuple[type, type, type, type]:
         _probe_lock: asyncio.Lock | None = None
         _probe_retry_at: float = 0.0
         _probe_closed: bool = False
+
+        async def subscribe(self, topics: Iterable[str]) -> None:
+            """Faust's subscribe, once the worker consumer's metadata knows every topic.
+
+            Why: Faust creates the tables' changelog topics just before it subscribes, and on
+            Apache Kafka a new topic reaches the brokers' metadata a moment later. Joined before
+            that, the group's assignment leaves the changelog out ("Ignoring missing topic"),
+            aiokafka's metadata snapshot says it has 0 partitions, and the first table write
+            fails the worker with Faust's ``PartitionsMismatch`` before the rebalance that would
+            fix it. Seen once the recovery stopped waiting out long polls (the 4.6 s it took
+            before had hidden it). Bounded: a topic still unknown after
+            ``SUBSCRIBE_METADATA_WAIT_SECONDS`` is named in a WARNING and the subscribe goes on.
+            """
+            wanted = set(topics)
+
+            async def wait() -> list[str]:
+                return await await_topics_known(self._ensure_consumer()._client, wanted,
+                                                SUBSCRIBE_METADATA_WAIT_SECONDS)
+
+            missing = await self.call_thread(wait)
+            if missing:
+                log.warning("subscribing although the broker's metadata does not list %s yet (waited %ss); the "
+                            "group rebalances once it does", ", ".join(missing), SUBSCRIBE_METADATA_WAIT_SECONDS)
+            await super().subscribe(wanted)
 
         async def highwaters(self, *partitions: Any) -> Mapping[Any, int]:
             return await self.call_thread(self._probe_highwaters, partitions)
@@ -430,6 +457,34 @@ async def start_offsets_probe(kwargs: Mapping[str, Any]) -> AIOKafkaConsumer:
             hint="check that the broker is reachable from the worker and accepts one more connection "
                  "with the worker's credentials (max.connections.per.ip, quotas)") from exc
     return probe
+
+
+async def await_topics_known(client: AIOKafkaClient, topics: Iterable[str], timeout: float) -> list[str]:
+    """Wait until a full metadata fetch lists every one of ``topics`` with partitions; return the
+    topics still missing after ``timeout`` seconds (empty: all known).
+
+    A full fetch (not one naming the topics) so that a missing topic is never auto-created by
+    being named (the embedded broker does that). The client's own metadata is brought up to date
+    too, so what the coordinator snapshots at the join includes them.
+    """
+    wanted = set(topics)
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while True:
+        try:
+            cluster = await client.fetch_all_metadata()
+        except Exception as exc:  # the subscribe that follows reports a broker that does not answer
+            log.debug("metadata fetch before subscribing failed: %r", exc)
+            return sorted(wanted)
+        missing = sorted(t for t in wanted if not cluster.partitions_for_topic(t))
+        if not missing:
+            if any(not client.cluster.partitions_for_topic(t) for t in wanted):
+                await client.force_metadata_update()
+            return []
+        if time.monotonic() + delay > deadline:
+            return missing
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.5)
 
 
 async def track_topics(consumer: AIOKafkaConsumer, topics: Iterable[str]) -> None:
