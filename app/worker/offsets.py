@@ -54,6 +54,9 @@ The offsets probe (every broker, Apache Kafka included)
     thread; when it cannot connect, a ``BrokerError`` is logged and the queries fall back to the
     worker consumer's own connection (Faust's behaviour, slower), never a hang or a crash.
 
+    The same consumer thread subscribes only once the metadata lists every topic (Faust creates
+    the changelogs just before; see ``OffsetsProbeConsumerThread.subscribe`` for the race).
+
 A second embedded-broker quirk handled by the same consumer-thread subclass
     Tansu numbers a group's first generation 0, where Kafka starts at 1. aiokafka only sends
     ``LeaveGroup`` on close when ``generation > 0``, so the first worker of a new group left
