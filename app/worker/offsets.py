@@ -449,8 +449,10 @@ async def start_offsets_probe(kwargs: Mapping[str, Any]) -> AIOKafkaConsumer:
     timeout = max(float(kwargs.get("request_timeout_ms", 40_000)) / 1000, 1.0)
     try:
         await asyncio.wait_for(probe.start(), timeout)
-    except Exception as exc:
-        await probe.stop()
+    except BaseException as exc:
+        await probe.stop()  # also when cancelled (the thread stopping): never a leaked client
+        if not isinstance(exc, Exception):
+            raise
         servers = kwargs.get("bootstrap_servers")
         raise BrokerError(
             f"the worker's offsets probe (a second, group-less consumer connection for the table "
