@@ -238,7 +238,10 @@ def _faust_classes() -> tuple[type, type]:
                 return await true_end_offsets(thread._ensure_consumer(), tps)
 
             try:
-                ends = await thread.call_thread(query)
+                # The probe connection where there is one (app/worker/offsets.py): on the worker
+                # consumer's own connection the check waits behind its 1.5 s long-poll fetch.
+                verified = getattr(thread, "verified_end_offsets", None)
+                ends = await (verified(tps) if verified is not None else thread.call_thread(query))
             except Exception as exc:  # never worse than without the check: decide on ListOffsets
                 log.warning("could not verify changelog end offsets with a fetch: %r", exc)
                 return {}

@@ -63,7 +63,7 @@ from app.broker.admin import BrokerSettings
 from app.broker.embedded import with_parent_death_signal
 from app.errors import ConfigError, PrismError
 from app.worker.dispatch import install_fast_dispatch
-from app.worker.offsets import install_listoffsets_workaround
+from app.worker.offsets import install_listoffsets_workaround, install_offsets_probe
 from app.worker.shutdown import clock as shutdown_clock
 from app.worker.shutdown import install as bound_shutdown
 from app.worker.shutdown import settle_loop
@@ -356,7 +356,9 @@ def make_app(
     warnings.filterwarnings("ignore", category=AlreadyConfiguredWarning)
     app = faust.App(app_id, **conf)
     if embedded:
-        install_listoffsets_workaround(app)
+        install_listoffsets_workaround(app)  # includes the offsets probe
+    else:
+        install_offsets_probe(app)  # the recovery's offset queries off the long-poll connection
     if fast_dispatch:
         install_fast_dispatch(app.consumer)  # after the workaround: it replaces the consumer's transport
     bound_shutdown(app)  # SIGTERM's drain bounds the producer's and the consumer thread's stop

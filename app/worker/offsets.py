@@ -27,9 +27,8 @@ The workaround
     fails falls back to the listed value, i.e. never worse than stock. It is installed only for
     the embedded broker, by swapping in a consumer-thread subclass whose ``highwaters()`` uses it
     (``install_listoffsets_workaround``, called by ``make_app(embedded=True)``); Faust itself is
-    not patched or forked, and a real Kafka cluster keeps the stock code path. The queries run on
-    a separate group-less consumer connection so they do not wait behind the worker's long-poll
-    fetches. Cost: one ListOffsets plus one Fetch per broker per recovery, a few milliseconds.
+    not patched or forked, and a real Kafka cluster keeps the stock end offsets. Cost: one
+    ListOffsets plus one Fetch per broker per recovery, a few milliseconds.
 
     Proof: tests/broker/test_offsets.py compares the result with the records actually written
     (and shows ListOffsets is short); tests/tables/test_recovery.py restarts a worker with four
@@ -39,6 +38,24 @@ The workaround
     Only ``Consumer.highwaters`` is affected in Faust 0.15.3 (checked: it is the only caller of
     ``end_offsets``); ``Consumer.highwater(tp)`` (lag, commit checks) already reads the fetch
     response's high watermark.
+
+The offsets probe (every broker, Apache Kafka included)
+    Brokers answer one connection's requests in order, and the worker consumer's connection
+    nearly always has a long-poll ``Fetch`` in flight (Faust hard-codes ``fetch_max_wait_ms=1500``).
+    Every offset query of Faust's table recovery - ``highwaters()``, ``earliest_offsets()`` and
+    the recovery's end-offset check (``app/tables/recovery.py``) - waited behind it: on Apache
+    Kafka worker starts came in ~1.5 s quanta (docs/testing.md, "One worker start"). They now
+    run on a separate group-less "probe" consumer connection (``OffsetsProbeConsumerThread``,
+    ``install_offsets_probe``, called by ``make_app`` for every Kafka broker; the embedded
+    broker's transport extends it). The probe asks what Faust would: ``ListOffsets`` with the
+    worker consumer's ``isolation_level`` (under Prism's exactly_once, ``read_committed``: the
+    last stable offset) and its credentials; with Faust's ``in_transaction`` the highwaters are
+    the consumer's last stable offsets as before (no request). It is stopped with the consumer
+    thread; when it cannot connect, a ``BrokerError`` is logged and the queries fall back to the
+    worker consumer's own connection (Faust's behaviour, slower), never a hang or a crash.
+
+    The same consumer thread subscribes only once the metadata lists every topic (Faust creates
+    the changelogs just before; see ``OffsetsProbeConsumerThread.subscribe`` for the race).
 
 A second embedded-broker quirk handled by the same consumer-thread subclass
     Tansu numbers a group's first generation 0, where Kafka starts at 1. aiokafka only sends
@@ -50,7 +67,9 @@ A second embedded-broker quirk handled by the same consumer-thread subclass
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
@@ -60,11 +79,18 @@ from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import for_code
 from aiokafka.protocol.fetch import FetchRequest
 
+from app.errors import BrokerError
+
 __all__ = [
+    "await_topics_known",
     "fetch_high_watermarks",
     "install_listoffsets_workaround",
+    "install_offsets_probe",
     "leave_group_on_close",
     "listoffsets_workaround_installed",
+    "offsets_probe_installed",
+    "start_offsets_probe",
+    "track_topics",
     "true_end_offsets",
 ]
 
@@ -73,6 +99,10 @@ log = logging.getLogger(__name__)
 TPT = TypeVar("TPT")  # aiokafka TopicPartition or Faust TP: both are (topic, partition) tuples
 
 _READ_UNCOMMITTED = 0
+#: After the probe failed to connect, the offset queries use the worker consumer for this long.
+PROBE_RETRY_SECONDS = 30.0
+#: How long a subscribe waits for the broker's metadata to list topics Faust just created.
+SUBSCRIBE_METADATA_WAIT_SECONDS = 10.0
 #: The embedded broker answers an empty Fetch when ``max_wait`` or ``min_bytes`` is 0, so ask for
 #: one byte and wait at most this long; partitions with data answer at once.
 _FETCH_MAX_WAIT_MS = 100
@@ -207,31 +237,172 @@ def _aiokafka_tp(topic: str, partition: int) -> Any:
 # --------------------------------------------------------------------------- Faust binding
 
 
-def _faust_classes() -> tuple[type, type, type]:
-    """Build the Faust driver subclasses lazily (importing faust is slow and not always needed)."""
+def _faust_classes() -> tuple[type, type, type, type]:
+    """Build the Faust driver subclasses lazily (importing faust is slow and not always needed).
+
+    Returns the probe transport (every Kafka broker) and the embedded broker's consumer thread,
+    consumer and transport (the probe plus the embedded-only workarounds).
+    """
     from faust.transport.drivers import aiokafka as faust_aiokafka
 
     base_thread = faust_aiokafka.AIOKafkaConsumerThread
     base_consumer = faust_aiokafka.Consumer
     base_transport = faust_aiokafka.Transport
-    for owner, attr in ((base_thread, "highwaters"), (base_thread, "earliest_offsets"),
+    for owner, attr in ((base_thread, "highwaters"), (base_thread, "earliest_offsets"), (base_thread, "subscribe"),
                         (base_thread, "call_thread"), (base_thread, "on_thread_stop"),
                         (base_thread, "_ensure_consumer"), (base_consumer, "_new_consumer_thread")):
         if not hasattr(owner, attr):  # pragma: no cover - guards a Faust upgrade
             raise RuntimeError(
-                f"faust {owner.__name__} has no {attr!r}: the ListOffsets workaround in "
+                f"faust {owner.__name__} has no {attr!r}: the offset queries in "
                 "app/worker/offsets.py must be re-checked against this Faust version")
 
-    class TrueHighwaterConsumerThread(base_thread):  # type: ignore[misc, valid-type]
-        """Consumer thread for the embedded broker: true ``highwaters()``, LeaveGroup at generation 0.
+    class OffsetsProbeConsumerThread(base_thread):  # type: ignore[misc, valid-type]
+        """Faust's consumer thread with the table recovery's offset queries on their own connection.
 
-        The offset queries go through a small group-less "probe" consumer with its own
-        connection: brokers answer the requests of one connection in order, so on the worker
-        consumer's connection they would queue behind its long-poll fetch (Faust uses
-        ``fetch_max_wait_ms=1500``; measured 1.5-2.7 s per query during recovery).
+        Why: a broker answers the requests of one connection in order, and the worker consumer's
+        connection nearly always has a long-poll ``Fetch`` in flight (Faust hard-codes
+        ``fetch_max_wait_ms=1500``). Faust asks ``highwaters()`` and ``earliest_offsets()`` on that
+        connection, so each query of a recovery waited out the fetch queued before it: on Apache
+        Kafka a worker start came in ~1.5 s quanta (measured in-process: 5.2-6.8 s, 4.6 s of it
+        three queries waiting; 0.56-0.86 s through the probe - docs/testing.md).
+        Here they go through a small group-less "probe" consumer with its own connection, with the
+        worker consumer's credentials and ``isolation_level``. What is asked is Faust's stock query
+        (``ListOffsets``; with ``in_transaction`` the consumer's last stable offsets, no request).
+
+        The probe starts on the first query, is stopped with the thread, and never takes a start
+        down with it: when it cannot connect (:class:`~app.errors.BrokerError`, bounded by the
+        request timeout), the queries fall back to the worker consumer's connection - Faust's own
+        behaviour, slower - with a WARNING, and the probe is tried again after
+        ``PROBE_RETRY_SECONDS``.
         """
 
         _offsets_probe: AIOKafkaConsumer | None = None
+        _probe_lock: asyncio.Lock | None = None
+        _probe_retry_at: float = 0.0
+        _probe_closed: bool = False
+
+        async def subscribe(self, topics: Iterable[str]) -> None:
+            """Faust's subscribe, once the worker consumer's metadata knows every topic.
+
+            Why: Faust creates the tables' changelog topics just before it subscribes, and on
+            Apache Kafka a new topic reaches the brokers' metadata a moment later. Joined before
+            that, the group's assignment leaves the changelog out ("Ignoring missing topic"),
+            aiokafka's metadata snapshot says it has 0 partitions, and the first table write
+            fails the worker with Faust's ``PartitionsMismatch`` before the rebalance that would
+            fix it. Seen once the recovery stopped waiting out long polls (the 4.6 s it took
+            before had hidden it). Bounded: a topic still unknown after
+            ``SUBSCRIBE_METADATA_WAIT_SECONDS`` is named in a WARNING and the subscribe goes on.
+            """
+            wanted = set(topics)
+
+            async def wait() -> list[str]:
+                return await await_topics_known(self._ensure_consumer()._client, wanted,
+                                                SUBSCRIBE_METADATA_WAIT_SECONDS)
+
+            missing = await self.call_thread(wait)
+            if missing:
+                log.warning("subscribing although the broker's metadata does not list %s yet (waited %ss); the "
+                            "group rebalances once it does", ", ".join(missing), SUBSCRIBE_METADATA_WAIT_SECONDS)
+            await super().subscribe(wanted)
+
+        async def highwaters(self, *partitions: Any) -> Mapping[Any, int]:
+            return await self.call_thread(self._probe_highwaters, partitions)
+
+        async def _probe_highwaters(self, partitions: Iterable[Any]) -> Mapping[Any, int]:
+            consumer = self._ensure_consumer()
+            if self.consumer.in_transaction:  # stock: the last stable offsets the fetches reported
+                return {tp: consumer.last_stable_offset(tp) for tp in partitions}
+            tps = list(partitions)
+            return dict(await (await self._offsets_consumer(tps)).end_offsets(tps))
+
+        async def earliest_offsets(self, *partitions: Any) -> Mapping[Any, int]:
+            return await self.call_thread(self._probe_earliest, partitions)
+
+        async def _probe_earliest(self, partitions: Iterable[Any]) -> Mapping[Any, int]:
+            tps = list(partitions)
+            if not tps:
+                return {}
+            return dict(await (await self._offsets_consumer(tps)).beginning_offsets(tps))
+
+        async def verified_end_offsets(self, partitions: Iterable[Any]) -> Mapping[Any, int]:
+            """:func:`true_end_offsets` on the probe's connection (the table recovery's check)."""
+            tps = list(partitions)
+
+            async def query() -> Mapping[Any, int]:
+                return await true_end_offsets(await self._offsets_consumer(tps), tps)
+
+            return await self.call_thread(query)
+
+        async def _offsets_consumer(self, partitions: Iterable[Any] = ()) -> AIOKafkaConsumer:
+            """The probe, started on first use and tracking ``partitions``' topics; the worker
+            consumer itself when the probe cannot connect (see the class docstring)."""
+            if self._probe_lock is None:
+                self._probe_lock = asyncio.Lock()
+            async with self._probe_lock:
+                if self._offsets_probe is None and not self._probe_closed \
+                        and time.monotonic() >= self._probe_retry_at:
+                    try:
+                        probe = await start_offsets_probe(self._probe_kwargs())
+                    except BrokerError as exc:
+                        self._probe_retry_at = time.monotonic() + PROBE_RETRY_SECONDS
+                        log.warning("%s. The table recovery's offset queries use the worker consumer's own "
+                                    "connection meanwhile (each waits behind its long-poll fetch); the probe "
+                                    "is tried again in %ss", exc, PROBE_RETRY_SECONDS)
+                    else:
+                        if self._probe_closed:  # the thread stopped while the probe connected
+                            await probe.stop()
+                        else:
+                            self._offsets_probe = probe
+                probe = self._offsets_probe
+            if probe is None:
+                return self._ensure_consumer()
+            await track_topics(probe, {tp[0] for tp in partitions})
+            return probe
+
+        def _probe_kwargs(self) -> dict[str, Any]:
+            conf = self.app.conf
+            transport = self.transport
+            kwargs: dict[str, Any] = {}
+            if getattr(faust_aiokafka, "_AIOKAFKA_HAS_API_VERSION", False):  # pragma: no cover - old aiokafka
+                kwargs["api_version"] = conf.consumer_api_version
+            return dict(
+                kwargs,
+                bootstrap_servers=faust_aiokafka.server_list(transport.url, transport.default_port),
+                client_id=f"{conf.broker_client_id}-offsets",
+                request_timeout_ms=int(conf.broker_request_timeout * 1000),
+                metadata_max_age_ms=conf.consumer_metadata_max_age_ms,
+                connections_max_idle_ms=conf.consumer_connections_max_idle_ms,
+                enable_auto_commit=False,
+                # ListOffsets(latest) answers the last stable offset under read_committed: the
+                # probe asks what the worker consumer would (Prism's exactly_once reads committed).
+                isolation_level=getattr(self._ensure_consumer(), "_isolation_level", "read_uncommitted"),
+                **faust_aiokafka.credentials_to_aiokafka_auth(conf.broker_credentials, conf.ssl_context),
+            )
+
+        @property
+        def offsets_probe(self) -> AIOKafkaConsumer | None:
+            """The started probe, if any (diagnostics and tests)."""
+            return self._offsets_probe
+
+        async def on_thread_stop(self) -> None:
+            self._probe_closed = True
+            try:
+                await super().on_thread_stop()
+            finally:
+                probe, self._offsets_probe = self._offsets_probe, None
+                if probe is not None:
+                    await probe.stop()
+
+    class OffsetsProbeConsumer(base_consumer):  # type: ignore[misc, valid-type]
+        def _new_consumer_thread(self) -> Any:
+            return OffsetsProbeConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    class OffsetsProbeTransport(base_transport):  # type: ignore[misc, valid-type]
+        Consumer = OffsetsProbeConsumer
+
+    class TrueHighwaterConsumerThread(OffsetsProbeConsumerThread):  # type: ignore[misc, valid-type]
+        """Consumer thread for the embedded broker: the probe above, true ``highwaters()``,
+        LeaveGroup at generation 0, a 20 ms fetch wait."""
 
         def _create_worker_consumer(self, transport: Any) -> Any:
             # Tansu does not complete a waiting fetch when data arrives; it answers at about
@@ -244,64 +415,102 @@ def _faust_classes() -> tuple[type, type, type]:
             consumer._fetch_max_wait_ms = EMBEDDED_FETCH_MAX_WAIT_MS
             return consumer
 
-        async def highwaters(self, *partitions: Any) -> Mapping[Any, int]:
-            return await self.call_thread(self._true_highwaters, partitions)
-
-        async def _true_highwaters(self, partitions: Iterable[Any]) -> Mapping[Any, int]:
+        async def _probe_highwaters(self, partitions: Iterable[Any]) -> Mapping[Any, int]:
             consumer = self._ensure_consumer()
             if self.consumer.in_transaction:  # stock behaviour; the embedded broker has no transactions
                 return {tp: consumer.last_stable_offset(tp) for tp in partitions}
-            return await true_end_offsets(await self._probe(), partitions)
-
-        async def earliest_offsets(self, *partitions: Any) -> Mapping[Any, int]:
-            # Correct on this broker; routed through the probe only to skip the long-poll queue.
-            return await self.call_thread(self._earliest_via_probe, partitions)
-
-        async def _earliest_via_probe(self, partitions: Iterable[Any]) -> Mapping[Any, int]:
-            return dict(await (await self._probe()).beginning_offsets(list(partitions)))
-
-        async def _probe(self) -> AIOKafkaConsumer:
-            if self._offsets_probe is None:
-                conf = self.app.conf
-                transport = self.transport
-                probe = AIOKafkaConsumer(
-                    bootstrap_servers=faust_aiokafka.server_list(transport.url, transport.default_port),
-                    client_id=f"{conf.broker_client_id}-offsets",
-                    request_timeout_ms=int(conf.broker_request_timeout * 1000),
-                    enable_auto_commit=False,
-                    **faust_aiokafka.credentials_to_aiokafka_auth(conf.broker_credentials, conf.ssl_context),
-                )
-                await probe.start()
-                self._offsets_probe = probe
-            return self._offsets_probe
+            tps = list(partitions)
+            return await true_end_offsets(await self._offsets_consumer(tps), tps)
 
         async def on_thread_stop(self) -> None:
             if self._consumer is not None:
                 leave_group_on_close(self._consumer)
-            try:
-                await super().on_thread_stop()
-            finally:
-                if self._offsets_probe is not None:
-                    await self._offsets_probe.stop()
-                    self._offsets_probe = None
+            await super().on_thread_stop()
 
     class TrueHighwaterConsumer(base_consumer):  # type: ignore[misc, valid-type]
         def _new_consumer_thread(self) -> Any:
             return TrueHighwaterConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
-    class TrueHighwaterTransport(base_transport):  # type: ignore[misc, valid-type]
+    class TrueHighwaterTransport(OffsetsProbeTransport):  # type: ignore[misc, valid-type]
         Consumer = TrueHighwaterConsumer
 
-    return TrueHighwaterConsumerThread, TrueHighwaterConsumer, TrueHighwaterTransport
+    return OffsetsProbeTransport, TrueHighwaterConsumerThread, TrueHighwaterConsumer, TrueHighwaterTransport
+
+
+async def start_offsets_probe(kwargs: Mapping[str, Any]) -> AIOKafkaConsumer:
+    """Start a group-less consumer for offset queries, or raise :class:`~app.errors.BrokerError`.
+
+    Bounded: aiokafka's bootstrap tries each server once, and the whole start is cut at the
+    request timeout (``kwargs["request_timeout_ms"]``), so a broker that does not answer is an
+    error after that, never a hang. A probe that failed to start is stopped (its client may hold
+    a connection and the metadata task).
+    """
+    probe = AIOKafkaConsumer(**kwargs)
+    timeout = max(float(kwargs.get("request_timeout_ms", 40_000)) / 1000, 1.0)
+    try:
+        await asyncio.wait_for(probe.start(), timeout)
+    except BaseException as exc:
+        await probe.stop()  # also when cancelled (the thread stopping): never a leaked client
+        if not isinstance(exc, Exception):
+            raise
+        servers = kwargs.get("bootstrap_servers")
+        raise BrokerError(
+            f"the worker's offsets probe (a second, group-less consumer connection for the table "
+            f"recovery's offset queries) could not connect to {servers} within {timeout:g}s: "
+            f"{type(exc).__name__}: {exc}".rstrip(": "),
+            path="app.worker.offsets.start_offsets_probe",
+            hint="check that the broker is reachable from the worker and accepts one more connection "
+                 "with the worker's credentials (max.connections.per.ip, quotas)") from exc
+    return probe
+
+
+async def await_topics_known(client: AIOKafkaClient, topics: Iterable[str], timeout: float) -> list[str]:
+    """Wait until a full metadata fetch lists every one of ``topics`` with partitions; return the
+    topics still missing after ``timeout`` seconds (empty: all known).
+
+    A full fetch (not one naming the topics) so that a missing topic is never auto-created by
+    being named (the embedded broker does that). The client's own metadata is brought up to date
+    too, so what the coordinator snapshots at the join includes them.
+    """
+    wanted = set(topics)
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while True:
+        try:
+            cluster = await client.fetch_all_metadata()
+        except Exception as exc:  # the subscribe that follows reports a broker that does not answer
+            log.debug("metadata fetch before subscribing failed: %r", exc)
+            return sorted(wanted)
+        missing = sorted(t for t in wanted if not cluster.partitions_for_topic(t))
+        if not missing:
+            if any(not client.cluster.partitions_for_topic(t) for t in wanted):
+                await client.force_metadata_update()
+            return []
+        if time.monotonic() + delay > deadline:
+            return missing
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.5)
+
+
+async def track_topics(consumer: AIOKafkaConsumer, topics: Iterable[str]) -> None:
+    """Make ``consumer``'s metadata track ``topics`` (one metadata request when any is new).
+
+    A group-less consumer tracks no topic; aiokafka would learn a partition's leader only after a
+    failed first attempt and its retry backoff (100 ms) - see app/broker/metadata.py.
+    """
+    client = consumer._client
+    wanted = set(topics)
+    if wanted - set(client._topics):
+        await client.set_topics(sorted(set(client._topics) | wanted))
 
 
 #: Fetch long-poll bound on the embedded broker (see TrueHighwaterConsumerThread).
 EMBEDDED_FETCH_MAX_WAIT_MS = 20
 
-_CLASSES: tuple[type, type, type] | None = None
+_CLASSES: tuple[type, type, type, type] | None = None
 
 
-def _classes() -> tuple[type, type, type]:
+def _classes() -> tuple[type, type, type, type]:
     global _CLASSES
     if _CLASSES is None:
         _CLASSES = _faust_classes()
@@ -316,15 +525,33 @@ def install_listoffsets_workaround(app: Any) -> None:
     aiokafka transport whose consumer thread overrides ``highwaters()``; producer, topics and
     everything else are untouched.
     """
+    _install(app, _classes()[3], "the ListOffsets workaround")
+
+
+def install_offsets_probe(app: Any) -> None:
+    """Send ``app``'s table-recovery offset queries through a probe connection (any Kafka broker).
+
+    ``make_app`` calls it for every broker reached through ``PRISM_BROKER_URL``; the embedded
+    broker's :func:`install_listoffsets_workaround` includes the probe. Nothing else of Faust's
+    consumer changes: stock end offsets, stock fetch wait (see ``OffsetsProbeConsumerThread``).
+    """
+    _install(app, _classes()[0], "the offsets probe")
+
+
+def _install(app: Any, transport_cls: type, what: str) -> None:
     scheme = str(app.conf.broker_consumer[0].scheme)
     if scheme != "kafka":
-        raise ValueError(f"the ListOffsets workaround applies to the kafka:// transport, not {scheme}://")
+        raise ValueError(f"{what} applies to the kafka:// transport, not {scheme}://")
     if getattr(app, "_consumer", None) is not None:
-        raise RuntimeError("install the ListOffsets workaround before the app's consumer is created")
-    transport_cls = _classes()[2]
+        raise RuntimeError(f"install {what} before the app's consumer is created")
     app.transport = transport_cls(app.conf.broker_consumer, app)
 
 
 def listoffsets_workaround_installed(app: Any) -> bool:
     """True when ``app`` uses the fetch-derived end offsets (for assertions and diagnostics)."""
-    return isinstance(app.transport, _classes()[2])
+    return isinstance(app.transport, _classes()[3])
+
+
+def offsets_probe_installed(app: Any) -> bool:
+    """True when ``app``'s recovery offset queries use the probe connection (Kafka or embedded)."""
+    return isinstance(app.transport, _classes()[0])

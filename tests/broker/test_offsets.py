@@ -17,6 +17,7 @@ from app.worker.offsets import (
     fetch_high_watermarks,
     leave_group_on_close,
     listoffsets_workaround_installed,
+    offsets_probe_installed,
     true_end_offsets,
 )
 
@@ -103,6 +104,8 @@ def test_workaround_installed_only_for_the_embedded_broker(tmp_path: Path) -> No
     real = make_app(f"b-{uuid.uuid4().hex[:6]}", "127.0.0.1:9092", tmp_path / "b", embedded=False)
     assert listoffsets_workaround_installed(embedded)
     assert not listoffsets_workaround_installed(real)
+    # both ask the recovery's offsets on the probe connection (tests/worker/test_offsets.py)
+    assert offsets_probe_installed(embedded) and offsets_probe_installed(real)
     thread_cls = type(embedded.transport).Consumer._new_consumer_thread
     assert thread_cls is not type(real.transport).Consumer._new_consumer_thread
 
@@ -111,7 +114,8 @@ def test_workaround_installed_only_for_the_embedded_broker(tmp_path: Path) -> No
 async def test_on_apache_kafka_list_offsets_is_right_so_no_workaround_is_needed(kafka) -> None:
     """The other side of the difference: the same batched writes on Apache Kafka, where
     ListOffsets(latest) answers the true end - which is why `make_app(embedded=False)` (every
-    worker reached through PRISM_BROKER_URL) runs Faust's stock consumer."""
+    worker reached through PRISM_BROKER_URL) keeps Faust's stock end offsets (asked on the
+    offsets probe's connection, tests/worker/test_offsets.py)."""
     topic, tps = await batched_topic(kafka.bootstrap)
     written = WRITTEN
     consumer = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap)

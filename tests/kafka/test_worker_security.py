@@ -87,6 +87,11 @@ async def test_worker_runs_with_only_the_recipe_acls(kafka_secure: ApacheKafka, 
     async with RunningPipeline(topo, cfg["bootstrap_servers"], tmp_path / "w", app_id=app_id, embedded=False,
                                settings=settings) as p:
         assert preflight(settings, plan_for(p.pipeline)) == []  # the recipe passes the start-up check
+        # the table recovery's offset queries went through the offsets probe (app/worker/offsets.py),
+        # a second connection with the worker's credentials: it connected over this listener and
+        # the recipe's ACLs let it list and fetch the changelogs' offsets (else the start fails)
+        probe = p.pipeline.app.consumer._thread.offsets_probe
+        assert probe is not None and probe._client._security_protocol == listener
         kafka_secure.add_acl(user, "WRITE", topic=source)  # only the test's producer needs this
         await p.send(sign(new_envelope(source, {"amount": 1}, namespace="order-events"), real))
         forged = SigningKey.hmac_sha256("dev-producer-1", b"x" * 32)  # wrong secret: DLQ
@@ -98,6 +103,7 @@ async def test_worker_runs_with_only_the_recipe_acls(kafka_secure: ApacheKafka, 
         out = await p.outputs()
     assert len(out[f"{source}.v3"]) == 1
     assert len(out[source + topo.dlq.topic_suffix]) == 1
+    assert probe._closed  # stopped with the worker
 
 
 async def test_wrong_password_stops_the_worker_at_once(kafka_secure: ApacheKafka, tmp_path: Path,

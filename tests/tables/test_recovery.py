@@ -1,4 +1,4 @@
-"""RocksDB tables recover EXACTLY after a restart on the embedded broker.
+"""RocksDB tables recover EXACTLY after a restart on the embedded broker (and on Apache Kafka).
 
 One worker (tests/tables/recovery_app.py, run as a subprocess) consumes 5000 records from a
 4-partition topic into four RocksDB tables with changelogs, and is stopped cleanly. Then:
@@ -9,6 +9,8 @@ One worker (tests/tables/recovery_app.py, run as a subprocess) consumes 5000 rec
 
 On this broker both fail without app/worker/offsets.py (docs/platform-notes.md: "ListOffsets(latest)
 returns the wrong end"); ``test_without_the_workaround_the_broker_bug_breaks_restarts`` shows it.
+The ``test_on_kafka_*`` twins run (a) and (b) on Apache Kafka, where the recovery's offset queries
+go through the offsets probe's connection (app/worker/offsets.py) instead of the worker consumer's.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
 
 @dataclass
 class Scenario:
-    broker: EmbeddedBroker
+    broker: Any  # EmbeddedBroker, or tests/kafka's ApacheKafka: anything with .bootstrap
     topic: str
     app_id: str
     base: Path
@@ -92,33 +94,50 @@ async def produce_records(bootstrap: str, topic: str) -> None:
         await producer.stop()
 
 
-@pytest.fixture(scope="module")
-def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
-    require_broker_binary()
+def _require_rocksdict() -> None:
     try:
         import rocksdict  # noqa: F401
     except ImportError:
         require(False, "rocksdict is not installed (RocksDB tables need it)")
+
+
+def first_run(broker: Any, base: Path, *, workaround: bool = True) -> Scenario:
+    """A fresh topic with RECORDS records, consumed once into the tables by a first worker."""
+    topic, app_id = f"recovery-{uuid.uuid4().hex[:8]}", f"recovery-app-{uuid.uuid4().hex[:8]}"
+    asyncio.run(ensure_topics(broker.bootstrap, {topic: PARTITIONS}))
+    asyncio.run(produce_records(broker.bootstrap, topic))
+    scenario = Scenario(broker, topic, app_id, base, base / "data-first", {})
+    process, snapshot = scenario.worker("first", scenario.first_data_dir, workaround=workaround)
+    try:
+        process.start(timeout=60)
+        first = wait_for(lambda: (s := read_snapshot(snapshot, process.pid)) and
+                         s["processed_this_run"] >= RECORDS and s, 60, "the first worker to process 5000")
+    finally:
+        code = process.stop()
+    assert code == 0, f"first worker did not stop cleanly ({code}):\n{process.log_tail()}"
+    scenario.first = first
+    return scenario
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
+    require_broker_binary()
+    _require_rocksdict()
     base = tmp_path_factory.mktemp("recovery")
     broker = EmbeddedBroker(log_dir=base)
     broker.start()
     try:
-        topic, app_id = f"recovery-{uuid.uuid4().hex[:8]}", f"recovery-app-{uuid.uuid4().hex[:8]}"
-        asyncio.run(ensure_topics(broker.bootstrap, {topic: PARTITIONS}))
-        asyncio.run(produce_records(broker.bootstrap, topic))
-        scenario = Scenario(broker, topic, app_id, base, base / "data-first", {})
-        process, snapshot = scenario.worker("first", scenario.first_data_dir)
-        try:
-            process.start(timeout=60)
-            first = wait_for(lambda: (s := read_snapshot(snapshot, process.pid)) and
-                             s["processed_this_run"] >= RECORDS and s, 60, "the first worker to process 5000")
-        finally:
-            code = process.stop()
-        assert code == 0, f"first worker did not stop cleanly ({code}):\n{process.log_tail()}"
-        scenario.first = first
-        yield scenario
+        yield first_run(broker, base)
     finally:
         broker.stop()
+
+
+@pytest.fixture(scope="module")
+def kafka_scenario(kafka: Any, tmp_path_factory: pytest.TempPathFactory) -> Scenario:
+    """The same first run on Apache Kafka (``make_app(embedded=False)``: Faust's stock end
+    offsets, asked through the offsets probe - app/worker/offsets.py)."""
+    _require_rocksdict()
+    return first_run(kafka, tmp_path_factory.mktemp("recovery-kafka"), workaround=False)
 
 
 def assert_recovered_exactly(scenario: Scenario, name: str, data_dir: Path, *, workaround: bool = True) -> str:
@@ -216,3 +235,16 @@ def test_empty_data_dir_without_the_workaround_replays_the_changelog_exactly(sce
     log = assert_recovered_exactly(scenario, "empty-unflagged", scenario.base / "data-empty-unflagged",
                                    workaround=False)
     assert "a fetch shows" in log, log[-4000:]
+
+
+def test_on_kafka_restart_on_the_same_data_dir_recovers_exactly(kafka_scenario: Scenario) -> None:
+    """Apache Kafka: the recovery's ListOffsets go through the offsets probe's connection; the
+    ends it reads must be the changelogs' true ends (nothing re-read, nothing missing)."""
+    log = assert_recovered_exactly(kafka_scenario, "kafka-same-dir", kafka_scenario.first_data_dir, workaround=False)
+    assert "offsets probe" not in log, log[-4000:]  # the probe connected: no fallback warning
+
+
+def test_on_kafka_restart_on_an_empty_data_dir_replays_the_changelog_exactly(kafka_scenario: Scenario) -> None:
+    log = assert_recovered_exactly(kafka_scenario, "kafka-empty-dir", kafka_scenario.base / "data-empty",
+                                   workaround=False)
+    assert "offsets probe" not in log and "a fetch shows" not in log, log[-4000:]  # Kafka's ends are right
