@@ -79,10 +79,10 @@ from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import for_code
 from aiokafka.protocol.fetch import FetchRequest
 
+from app.broker.metadata import await_topics_known, track_topics
 from app.errors import BrokerError
 
 __all__ = [
-    "await_topics_known",
     "fetch_high_watermarks",
     "install_listoffsets_workaround",
     "install_offsets_probe",
@@ -90,7 +90,6 @@ __all__ = [
     "listoffsets_workaround_installed",
     "offsets_probe_installed",
     "start_offsets_probe",
-    "track_topics",
     "true_end_offsets",
 ]
 
@@ -462,46 +461,6 @@ async def start_offsets_probe(kwargs: Mapping[str, Any]) -> AIOKafkaConsumer:
             hint="check that the broker is reachable from the worker and accepts one more connection "
                  "with the worker's credentials (max.connections.per.ip, quotas)") from exc
     return probe
-
-
-async def await_topics_known(client: AIOKafkaClient, topics: Iterable[str], timeout: float) -> list[str]:
-    """Wait until a full metadata fetch lists every one of ``topics`` with partitions; return the
-    topics still missing after ``timeout`` seconds (empty: all known).
-
-    A full fetch (not one naming the topics) so that a missing topic is never auto-created by
-    being named (the embedded broker does that). The client's own metadata is brought up to date
-    too, so what the coordinator snapshots at the join includes them.
-    """
-    wanted = set(topics)
-    deadline = time.monotonic() + timeout
-    delay = 0.02
-    while True:
-        try:
-            cluster = await client.fetch_all_metadata()
-        except Exception as exc:  # the subscribe that follows reports a broker that does not answer
-            log.debug("metadata fetch before subscribing failed: %r", exc)
-            return sorted(wanted)
-        missing = sorted(t for t in wanted if not cluster.partitions_for_topic(t))
-        if not missing:
-            if any(not client.cluster.partitions_for_topic(t) for t in wanted):
-                await client.force_metadata_update()
-            return []
-        if time.monotonic() + delay > deadline:
-            return missing
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 0.5)
-
-
-async def track_topics(consumer: AIOKafkaConsumer, topics: Iterable[str]) -> None:
-    """Make ``consumer``'s metadata track ``topics`` (one metadata request when any is new).
-
-    A group-less consumer tracks no topic; aiokafka would learn a partition's leader only after a
-    failed first attempt and its retry backoff (100 ms) - see app/broker/metadata.py.
-    """
-    client = consumer._client
-    wanted = set(topics)
-    if wanted - set(client._topics):
-        await client.set_topics(sorted(set(client._topics) | wanted))
 
 
 #: Fetch long-poll bound on the embedded broker (see TrueHighwaterConsumerThread).
