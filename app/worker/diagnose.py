@@ -22,7 +22,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["consumer_snapshot", "task_stacks"]
+__all__ = ["consumer_snapshot", "task_stacks", "worker_task_stacks"]
 
 
 def _safe(read: Callable[[], Any]) -> Any:
@@ -132,3 +132,29 @@ def task_stacks(loop: asyncio.AbstractEventLoop | None = None, limit: int = 24) 
             chain = f"<unavailable: {exc!r}>"
         lines.append(f"{task.get_name()}: {chain}")
     return lines
+
+
+def worker_task_stacks(app: Any, loop: asyncio.AbstractEventLoop | None = None) -> list[str]:
+    """`task_stacks` of the worker's loop, then of the consumer thread's loop.
+
+    Why: Faust runs the aiokafka consumer in a thread with its own event loop, and every commit,
+    seek and offset read the worker awaits is carried out there (``call_thread``). A worker stuck in
+    a commit shows only ``call_thread -> <FutureIter>`` on its own loop; what the commit waits for
+    (a coordinator lookup, a lock, a request to a dead broker) is on the thread's loop. Listing a
+    foreign loop's tasks from this thread only reads them (``asyncio.all_tasks`` copies the set,
+    retrying while it changes), which is safe for a diagnosis."""
+    lines = task_stacks(loop)
+    thread_loop = _safe(lambda: app._consumer._thread.thread_loop)
+    if isinstance(thread_loop, asyncio.AbstractEventLoop) and thread_loop is not (loop or _running_loop()):
+        theirs = _safe(lambda: task_stacks(thread_loop))
+        if isinstance(theirs, str):  # the read failed: say so in place of the lines
+            theirs = [theirs]
+        lines.extend(f"[consumer thread] {line}" for line in theirs)
+    return lines
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

@@ -167,11 +167,11 @@ class PrismWorker(faust.Worker):
         """``kill -USR1``: the consumer snapshot and every task's await chain
         (:mod:`app.worker.diagnose`) - together they say where a stalled worker waits. Replaces
         mode's dump, which prints every frame's locals (messages, tokens, keys)."""
-        from app.worker.diagnose import consumer_snapshot, task_stacks
+        from app.worker.diagnose import consumer_snapshot, worker_task_stacks
 
         try:
             snapshot = json.dumps(consumer_snapshot(self.app), default=str)
-            stacks = task_stacks(self.loop)
+            stacks = worker_task_stacks(self.app, self.loop)
         except Exception as exc:  # never let a diagnostic take the worker down
             snapshot, stacks = f"<snapshot failed: {exc!r}>", []
         text = "\n".join([f"prism consumer snapshot: {snapshot}", f"prism tasks: {len(stacks)}",

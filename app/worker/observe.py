@@ -658,11 +658,11 @@ class Observer:
             return
         self.health.set_stalled(now)
         if now is not None and was is None:
-            from app.worker.diagnose import consumer_snapshot, task_stacks
+            from app.worker.diagnose import consumer_snapshot, worker_task_stacks
 
             try:
                 snapshot = json.dumps(consumer_snapshot(pipeline.app), default=str)
-                stacks = task_stacks()
+                stacks = worker_task_stacks(pipeline.app)
             except Exception as exc:  # the stall is reported even if its diagnosis fails
                 snapshot, stacks = f"<snapshot failed: {exc!r}>", []
             log.warning("%s. /readyz reports it (503) until a batch finishes. Diagnosis - consumer: %s; tasks: %s",
@@ -682,15 +682,25 @@ class Observer:
         if action is Action.RESEEK:
             log.warning("stall: rewinding the source partitions to their committed offsets to read again what a "
                         "fetch may have dropped", extra={"event": "stall_reseek"})
+            # Bounded: the rewind is carried out by the consumer thread, and a stall can be that very
+            # thread stuck (a commit that never returned, seen once after a partition leader's kill
+            # -9). Waiting on it unbounded kept this watch from ever reaching the exit below.
             try:
-                await app.consumer.perform_seek()
+                await asyncio.wait_for(app.consumer.perform_seek(), timeout=self.progress.stall_after_s)
+            except TimeoutError:
+                await self._exit_on_stall(app, f"the consumer did not carry out a rewind to the committed offsets "
+                                               f"within {self.progress.stall_after_s:.0f} s")
             except Exception as exc:  # the exit below still bounds the stall
                 log.warning("stall: the rewind failed: %r", exc)
             return
+        await self._exit_on_stall(app, f"a rewind to the committed offsets did not help within "
+                                       f"{self.progress.stall_after_s:.0f} s")
+
+    async def _exit_on_stall(self, app: Any, why: str) -> None:
+        """End the worker with a `StallError` (exit code 1) for its supervisor to restart."""
         from app.errors import StallError
 
-        exc = StallError(f"{self.progress.stalled}; a rewind to the committed offsets did not help within "
-                         f"{self.progress.stall_after_s:.0f} s",
+        exc = StallError(f"{self.progress.stalled}; {why}",
                          hint="nothing is lost: offsets were not committed past unprocessed records; the worker "
                               "exits so that its supervisor starts it afresh - report the logged diagnosis")
         log.error("error [%s] %s", exc.code, exc, extra={"event": "stall_exit"})

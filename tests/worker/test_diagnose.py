@@ -54,3 +54,40 @@ async def test_task_stacks_name_code_locations_not_local_values() -> None:
     mine = next(line for line in lines if line.startswith("secret-holder: "))
     assert "holds_a_secret (" in mine and "test_diagnose.py:" in mine and "wait (" in mine, mine
     assert not any("secret-token" in line for line in lines)
+
+
+async def test_worker_task_stacks_include_the_consumer_threads_loop() -> None:
+    """A commit stuck in Faust's consumer thread shows only ``call_thread`` on the worker's loop;
+    the dump must also list the thread loop's tasks (where the commit really waits)."""
+    import asyncio
+    import threading
+    from types import SimpleNamespace
+
+    from app.worker.diagnose import worker_task_stacks
+
+    thread_loop = asyncio.new_event_loop()
+    started, gate = threading.Event(), None
+
+    def run() -> None:
+        nonlocal gate
+        asyncio.set_event_loop(thread_loop)
+        gate = asyncio.Event()
+
+        async def stuck_commit() -> None:
+            started.set()
+            await gate.wait()
+
+        thread_loop.run_until_complete(stuck_commit())
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert started.wait(10)
+    app = SimpleNamespace(_consumer=SimpleNamespace(_thread=SimpleNamespace(thread_loop=thread_loop)))
+    lines = worker_task_stacks(app)
+    thread_loop.call_soon_threadsafe(gate.set)
+    t.join(10)
+    thread_loop.close()
+    mine = [line for line in lines if line.startswith("[consumer thread] ")]
+    assert any("stuck_commit (" in line and "wait (" in line for line in mine), lines
+    # no consumer (a worker not yet started): the worker's own loop only, no error
+    assert not any(line.startswith("[consumer") for line in worker_task_stacks(SimpleNamespace()))

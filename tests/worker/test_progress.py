@@ -182,3 +182,36 @@ async def test_the_observer_rewinds_then_crashes_the_app_with_a_stall_error(capl
     assert calls[0] == "seek" and isinstance(calls[1], StallError) and len(calls) == 2
     line = next(r.getMessage() for r in caplog.records if getattr(r, "event", "") == "stall_exit")
     assert line.startswith("error [stalled] stalled: 40 message(s)") and "fix:" in line
+
+
+async def test_a_rewind_the_consumer_never_carries_out_ends_the_worker(caplog: pytest.LogCaptureFixture) -> None:
+    """The stall seen in CI: the consumer thread stuck in a commit, so the rewind (which that thread
+    carries out) never returned either - and the watch, waiting on it, never reached its exit. The
+    rewind is bounded by the stall period; past it the worker exits with a StallError that says so."""
+    import asyncio
+
+    from app.errors import StallError
+
+    clock = Clock()
+    obs = _observer_over({0: 40})
+    obs.progress = ProgressWatch(0.2, clock)
+    crashed: list[BaseException] = []
+    never = asyncio.Event()
+
+    async def perform_seek() -> None:
+        await never.wait()
+
+    async def crash(exc: BaseException) -> None:
+        crashed.append(exc)
+
+    obs.pipeline.app.consumer = SimpleNamespace(perform_seek=perform_seek)
+    obs.pipeline.app.crash = crash
+    with caplog.at_level("WARNING", logger="prism.worker"):
+        obs._refresh_progress()
+        clock.now += 0.25  # stalled (past 0.2 s), not yet past the exit (0.4 s): the rewind is due
+        obs._refresh_progress()
+        await asyncio.wait_for(obs._act_on_stall(), timeout=10)
+    assert len(crashed) == 1 and isinstance(crashed[0], StallError), crashed
+    assert "did not carry out a rewind" in str(crashed[0])
+    line = next(r.getMessage() for r in caplog.records if getattr(r, "event", "") == "stall_exit")
+    assert line.startswith("error [stalled] stalled: 40 message(s)") and "fix:" in line
