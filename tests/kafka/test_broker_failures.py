@@ -285,8 +285,18 @@ def _wait(what: str, check: Any, timeout: float, worker: WorkerProcess) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f} s\n{worker.diagnose()}")
+            raise AssertionError(f"{what}: not within {timeout:.0f} s\n{worker.diagnose()}\n"
+                                 f"worker log, last lines (schema and fetch-retry noise left out):\n"
+                                 f"{_notable_log(worker)}")
         time.sleep(0.2)
+
+
+def _notable_log(worker: WorkerProcess, lines: int = 80) -> str:
+    """The worker log's last `lines` lines, without the per-record schema warnings and the
+    per-100-ms fetch retries to a killed node (they drown what a stall's diagnosis needs)."""
+    noise = ("schema_validation_failed", "Failed fetch messages from", "Unable connect to node")
+    kept = [ln for ln in worker.log_tail(2_000_000).splitlines() if not any(n in ln for n in noise)]
+    return "\n".join(kept[-lines:])
 
 
 def _verdict(r: Run) -> tuple[int, int, int, int]:
