@@ -54,7 +54,8 @@ The offsets probe (every broker, Apache Kafka included)
     thread; when it cannot connect, a ``BrokerError`` is logged and the queries fall back to the
     worker consumer's own connection (Faust's behaviour, slower), never a hang or a crash.
 
-    The same consumer thread subscribes only once the metadata lists every topic (Faust creates
+    The same consumer thread bounds every offset commit (app/worker/commit_bound.py), and
+    subscribes only once the metadata lists every topic (Faust creates
     the changelogs just before; see ``OffsetsProbeConsumerThread.subscribe`` for the race).
 
 A second embedded-broker quirk handled by the same consumer-thread subclass
@@ -81,6 +82,7 @@ from aiokafka.protocol.fetch import FetchRequest
 
 from app.broker.metadata import await_topics_known, track_topics
 from app.errors import BrokerError
+from app.worker.commit_bound import bounded_commit, commit_from_worker
 
 __all__ = [
     "fetch_high_watermarks",
@@ -249,7 +251,8 @@ def _faust_classes() -> tuple[type, type, type, type]:
     base_transport = faust_aiokafka.Transport
     for owner, attr in ((base_thread, "highwaters"), (base_thread, "earliest_offsets"), (base_thread, "subscribe"),
                         (base_thread, "call_thread"), (base_thread, "on_thread_stop"),
-                        (base_thread, "_ensure_consumer"), (base_consumer, "_new_consumer_thread")):
+                        (base_thread, "_ensure_consumer"), (base_thread, "commit"), (base_thread, "_commit"),
+                        (base_consumer, "_new_consumer_thread"), (base_consumer, "_commit_offsets")):
         if not hasattr(owner, attr):  # pragma: no cover - guards a Faust upgrade
             raise RuntimeError(
                 f"faust {owner.__name__} has no {attr!r}: the offset queries in "
@@ -279,6 +282,16 @@ def _faust_classes() -> tuple[type, type, type, type]:
         _probe_lock: asyncio.Lock | None = None
         _probe_retry_at: float = 0.0
         _probe_closed: bool = False
+        #: the last offset commit timed out (read by ``OffsetsProbeConsumer._commit_offsets``)
+        commit_timed_out: bool = False
+
+        async def commit(self, offsets: Mapping[Any, int]) -> bool:
+            """Faust's offset commit, bounded on both sides of the thread (app/worker/commit_bound.py)."""
+            n = len(offsets)
+            result = await commit_from_worker(
+                lambda: self.call_thread(bounded_commit, lambda: self._commit(offsets), n), n, self.thread_loop)
+            self.commit_timed_out = result is None
+            return bool(result)
 
         async def subscribe(self, topics: Iterable[str]) -> None:
             """Faust's subscribe, once the worker consumer's metadata knows every topic.
@@ -396,6 +409,40 @@ def _faust_classes() -> tuple[type, type, type, type]:
         def _new_consumer_thread(self) -> Any:
             return OffsetsProbeConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
+        #: offsets of a commit that timed out, per partition: sent again by the next commit
+        _recommit: dict[Any, int] | None = None
+
+        def _filter_committable_offsets(self, tps: Iterable[Any]) -> dict[Any, int]:
+            """Faust's, plus the offsets of a commit that timed out that nothing newer replaces.
+
+            Why: Faust drops a partition's acknowledged offsets from its list once a commit takes
+            them, and records them as committed even when the commit failed; a partition that gets
+            nothing new afterwards would never have them committed (app/worker/commit_bound.py)."""
+            tps = set(tps)
+            offsets = dict(super()._filter_committable_offsets(tps))
+            pending = self._recommit
+            if pending:
+                assigned = self.assignment()
+                for tp in list(pending):
+                    if tp not in assigned:
+                        del pending[tp]  # revoked: its new owner reads from the committed offset
+                    elif tp in tps and offsets.get(tp, -1) < pending[tp]:
+                        offsets[tp] = pending[tp]
+            return offsets
+
+        async def _commit_offsets(self, offsets: Mapping[Any, int], start_new_transaction: bool = True) -> bool:
+            did = await super()._commit_offsets(offsets, start_new_transaction=start_new_transaction)
+            if self._recommit is None:
+                self._recommit = {}
+            if did:
+                for tp, offset in offsets.items():
+                    if self._recommit.get(tp, offset + 1) <= offset:
+                        del self._recommit[tp]
+            elif getattr(self._thread, "commit_timed_out", False):
+                for tp, offset in offsets.items():
+                    self._recommit[tp] = max(offset, self._recommit.get(tp, offset))
+            return bool(did)
+
     class OffsetsProbeTransport(base_transport):  # type: ignore[misc, valid-type]
         Consumer = OffsetsProbeConsumer
 
@@ -426,7 +473,7 @@ def _faust_classes() -> tuple[type, type, type, type]:
                 leave_group_on_close(self._consumer)
             await super().on_thread_stop()
 
-    class TrueHighwaterConsumer(base_consumer):  # type: ignore[misc, valid-type]
+    class TrueHighwaterConsumer(OffsetsProbeConsumer):  # type: ignore[misc, valid-type]
         def _new_consumer_thread(self) -> Any:
             return TrueHighwaterConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
