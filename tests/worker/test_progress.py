@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -153,22 +154,31 @@ def test_a_stall_is_rewound_once_then_ends_the_worker_after_a_second_period() ->
     assert watch.action() is Action.RESEEK
 
 
+def _stalling_observer(stall_after_s: float, clock: Clock, perform_seek: Any,
+                       crashed: list[object]) -> Any:
+    """An observer over 40 waiting messages whose app rewinds with `perform_seek` and records
+    what it is crashed with in `crashed`."""
+    obs = _observer_over({0: 40})
+    obs.progress = ProgressWatch(stall_after_s, clock)
+
+    async def crash(exc: BaseException) -> None:
+        crashed.append(exc)
+
+    obs.pipeline.app.consumer = SimpleNamespace(perform_seek=perform_seek)
+    obs.pipeline.app.crash = crash
+    return obs
+
+
 async def test_the_observer_rewinds_then_crashes_the_app_with_a_stall_error(caplog: pytest.LogCaptureFixture) -> None:
     from app.errors import StallError
 
     clock = Clock()
-    obs = _observer_over({0: 40})
-    obs.progress = ProgressWatch(5, clock)
     calls: list[object] = []
 
     async def perform_seek() -> None:
         calls.append("seek")
 
-    async def crash(exc: BaseException) -> None:
-        calls.append(exc)
-
-    obs.pipeline.app.consumer = SimpleNamespace(perform_seek=perform_seek)
-    obs.pipeline.app.crash = crash
+    obs = _stalling_observer(5, clock, perform_seek, calls)
     with caplog.at_level("WARNING", logger="prism.worker"):
         obs._refresh_progress()
         await obs._act_on_stall()
@@ -193,19 +203,13 @@ async def test_a_rewind_the_consumer_never_carries_out_ends_the_worker(caplog: p
     from app.errors import StallError
 
     clock = Clock()
-    obs = _observer_over({0: 40})
-    obs.progress = ProgressWatch(0.2, clock)
-    crashed: list[BaseException] = []
+    crashed: list[object] = []
     never = asyncio.Event()
 
     async def perform_seek() -> None:
         await never.wait()
 
-    async def crash(exc: BaseException) -> None:
-        crashed.append(exc)
-
-    obs.pipeline.app.consumer = SimpleNamespace(perform_seek=perform_seek)
-    obs.pipeline.app.crash = crash
+    obs = _stalling_observer(0.2, clock, perform_seek, crashed)
     with caplog.at_level("WARNING", logger="prism.worker"):
         obs._refresh_progress()
         clock.now += 0.25  # stalled (past 0.2 s), not yet past the exit (0.4 s): the rewind is due
