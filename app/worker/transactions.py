@@ -286,6 +286,7 @@ class PartitionProducers:
             await producer.commit_transaction()
         except BaseException as exc:
             self.aborted += 1
+            why = _why(producer, exc)  # before the abort, which starts a fresh waiter
             await _settle(offsets_sent)
             try:
                 await asyncio.wait_for(producer.abort_transaction(), 10)
@@ -293,8 +294,32 @@ class PartitionProducers:
                 log.debug("abort after %r failed: %r", exc, abort_exc)
             if isinstance(exc, asyncio.CancelledError):
                 raise
-            raise TransactionFailed(f"{type(exc).__name__}: {exc}") from exc
+            raise TransactionFailed(why) from exc
         self.committed += 1
+
+
+def _why(producer: Any, exc: BaseException) -> str:
+    """What failed the transaction, for the worker's one error line. aiokafka's sender records a
+    transaction's fatal or abortable error (`ProducerFenced`, `InvalidProducerEpoch`, an
+    authorization failure) on its transaction manager, where the caller's next call sees only a
+    symptom - `send_batch` raising "Can't send messages while not in transaction" once the state is
+    FATAL_ERROR. The recorded error comes first, the symptom after it: an operator reading
+    "IllegalOperation" alone would look for a bug in Prism instead of the partition's new owner."""
+    said = _named(exc)
+    manager = getattr(producer, "_txn_manager", None)
+    waiter = manager.wait_for_transaction_end() if manager is not None else None
+    if waiter is None or not waiter.done() or waiter.cancelled():
+        return said
+    recorded = waiter.exception()
+    if recorded is None or recorded is exc:
+        return said
+    return f"{_named(recorded)} (then {said})"
+
+
+def _named(exc: BaseException) -> str:
+    """`Type: text`, once: aiokafka's errors already begin their text with their type's name."""
+    text, name = str(exc), type(exc).__name__
+    return text if text.startswith(name) else f"{name}: {text}"
 
 
 async def _offsets_once_queued(producer: Any, handed: asyncio.Future[None], offsets: dict[Any, int],

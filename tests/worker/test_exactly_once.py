@@ -250,3 +250,44 @@ async def test_an_abort_collects_the_offsets_still_waiting_for_the_records() -> 
     # the records were never queued: the offsets never went out, and nothing is left pending
     assert body_ran and producer.calls == ["begin", "abort"] and txn.aborted == 1
     assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
+
+
+async def test_a_fenced_producer_is_named_in_the_failure_not_only_its_symptom() -> None:
+    """aiokafka's sender records `ProducerFenced` on its transaction manager (state FATAL_ERROR); the
+    body's next write then raises only "Can't send messages while not in transaction". The
+    failure names the fencing first (ci of stop 37: the worker's error line said IllegalOperation)."""
+    from aiokafka.errors import IllegalOperation, ProducerFenced
+    from aiokafka.producer.transaction_manager import TransactionManager, TransactionState
+
+    producer = TxnProducer()
+    manager = producer._txn_manager = TransactionManager("t", 30_000)
+    producer.client = SimpleNamespace(cluster=SimpleNamespace(partitions_for_topic=lambda t: None))
+    manager._transition_to(TransactionState.READY)
+    manager.begin_transaction()
+    txn = FakeTransactions(producer)
+
+    async def body(handed_over: asyncio.Future[None]) -> None:
+        manager.fatal_error(ProducerFenced())
+        raise IllegalOperation("Can't send messages while not in transaction")
+
+    with pytest.raises(TransactionFailed) as failed:
+        await txn.run(producer, body, {TopicPartition("src", 0): 1}, "g")
+    assert str(failed.value).startswith("ProducerFenced: There is a newer producer")  # its name once
+    assert "(then IllegalOperation: Can't send messages while not in transaction)" in str(failed.value)
+    assert isinstance(failed.value.__cause__, IllegalOperation)  # the chain keeps what was raised
+
+
+async def test_a_failure_the_manager_did_not_record_is_named_as_raised() -> None:
+    from aiokafka.producer.transaction_manager import TransactionManager, TransactionState
+
+    producer = TxnProducer()
+    manager = producer._txn_manager = TransactionManager("t", 30_000)
+    producer.client = SimpleNamespace(cluster=SimpleNamespace(partitions_for_topic=lambda t: None))
+    manager._transition_to(TransactionState.READY)
+    manager.begin_transaction()
+
+    async def body(handed_over: asyncio.Future[None]) -> None:
+        raise KafkaConnectionError()
+
+    with pytest.raises(TransactionFailed, match=r"^KafkaConnectionError$"):
+        await FakeTransactions(producer).run(producer, body, {TopicPartition("src", 0): 1}, "g")
