@@ -3,7 +3,8 @@ at each step of a source record's way through it (issue 29, "added p99 latency")
 
     PRISM_LATENCY_TRACE=out.json python -m app.worker.faust_app bench._latency_trace:app_from_env
 
-``bench_release --latency --trace`` starts its latency workers this way. Nothing in app/ changes:
+``bench_release --latency --trace`` starts its latency workers this way (``PRISM_TRACE_SAMPLE=N``
+in its environment traces one record in N: `SAMPLE_ENV`). Nothing in app/ changes:
 the steps are wrapped here, so the traced worker runs the shipped code between them. Per source
 record (topic, partition, offset), wall-clock seconds:
 
@@ -57,6 +58,14 @@ FETCH_WAIT_ENV = "PRISM_TRACE_FETCH_MAX_WAIT_MS"
 #: task in the thread) and Faust's getmany takes them from there, so a partition's next fetch is
 #: not held back until the worker's loop asks. Steady state only: no rebalance handling.
 EAGER_ENV = "PRISM_TRACE_EAGER_DRAIN"
+#: N: trace one source record in N (those whose offset is a multiple of N; default 1, every one).
+#: Why: the full trace stamps every record at every step (dicts built and looked up under a
+#: lock, in both threads), which at half of the Apache Kafka backlog maximum is more than the
+#: worker has spare (a traced run fell behind, BENCHMARKS.md "Added latency on a quiet
+#: machine"); a tail round can only be attributed by a trace that leaves the worker its pace. Percentiles over 1 in N records of a
+#: stream whose offsets are not chosen by latency are the stream's, with 1/N of the samples.
+SAMPLE_ENV = "PRISM_TRACE_SAMPLE"
+_every = max(1, int(os.environ.get(SAMPLE_ENV, "1") or "1"))
 STEPS = ("produced", "received", "drained", "resumed", "fetched", "taken", "chained", "written", "acked")
 
 _marks: dict[tuple[str, int, int], dict[str, float]] = {}
@@ -88,9 +97,15 @@ def _key(m: Any) -> tuple[str, int, int]:
     return (m.topic, m.partition, m.offset)
 
 
+def _traced(offset: int) -> bool:
+    return _every == 1 or offset % _every == 0
+
+
 def _stamp(messages: Any, step: str, now: float | None = None) -> None:
     now = time.time() if now is None else now
     for m in messages:
+        if not _traced(m.offset):
+            continue
         d = _marks.get(_key(m))
         if d is not None and step not in d:
             d[step] = now
@@ -104,7 +119,7 @@ def _pct(values: list[float], q: float) -> float:
 def summary() -> dict[str, Any]:
     with _lock:
         rows = [dict(d) for d in _marks.values()]
-    out: dict[str, Any] = {"records": len(rows)}
+    out: dict[str, Any] = {"records": len(rows), "sampled_one_in": _every}
     pairs = list(itertools.pairwise(STEPS)) + [("produced", s) for s in STEPS[2:]]
     for a, b in pairs:
         vals = [(r[b] - r[a]) * 1000 for r in rows if a in r and b in r]
@@ -204,6 +219,9 @@ def install(path: str) -> None:
         now = time.time()
         if not _first_fetch:
             _first_fetch.append(now)
+        if not _traced(message.offset):
+            put(self, message)
+            return
         key = _key(message)
         with _lock:
             d = _pre.pop(key, {})
@@ -222,7 +240,7 @@ def install(path: str) -> None:
             _batch_of[id(batch[0])] = len(_batches)
             _batches.append([time.time(), 0.0, 0.0])
         for m in batch:
-            d = _marks.get(_key(m))
+            d = _marks.get(_key(m)) if _traced(m.offset) else None
             if d is not None:
                 d["batch"] = len(batch)
         return batch
@@ -304,6 +322,8 @@ def install(path: str) -> None:
             with _lock:
                 req = getattr(self, "_prism_req", None)
                 for r in out:
+                    if not _traced(r.offset):
+                        continue
                     d = _pre[(r.topic, r.partition, r.offset)] = {"received": t or now, "drained": now}
                     if req is not None:
                         d["requested"] = req
@@ -316,6 +336,8 @@ def install(path: str) -> None:
             with _lock:
                 for tp, recs in records.items():
                     for r in recs:
+                        if not _traced(r.offset):
+                            continue
                         d = _pre.get((tp.topic, tp.partition, r.offset))
                         if d is not None:
                             d["resumed"] = now
