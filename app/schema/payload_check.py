@@ -303,11 +303,13 @@ def _load_json_plain(payload: bytes) -> tuple[Any, str | None]:
 
 #: A run of 19 digits: an integer literal orjson may not keep as an int. It turns integers outside
 #: [-2**63, 2**64) into floats where `json` (and so `json_format.Parse`) keeps exact ints - a
-#: different value, and a different verdict for an integer or double field. Every integer in that
-#: range has at most 19 digits when negative and 20 when positive, and every one outside it at
-#: least 19, so a document without a 19-digit run has none outside it. (Digits in strings match
-#: too: such documents merely take `json.loads`.)
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+#: different value, and a different verdict for an integer or double field. Every integer outside
+#: that range has at least 19 digits, so a document without a 19-digit run has none. (Digits in
+#: strings count too: such documents merely take `json.loads`.) Found as 19 zeros once every digit
+#: is a zero: ~0.9 µs for the 1 KB order, where a regular expression took ~8.5 µs - as long as
+#: json's whole decode.
+_LONG_DIGITS = b"0" * 19
+_DIGITS_AS_ZERO = bytes.maketrans(b"0123456789", b"0000000000")
 
 
 def _orjson_loads(payload: bytes) -> Any:
@@ -324,7 +326,7 @@ def _orjson_loads(payload: bytes) -> Any:
     documents, bytes and mutated documents; without the digit guard they and the fast path's
     Parse comparison fail). What orjson refuses and `json` reads - NaN and Infinity, numbers
     that overflow to inf, lone surrogate escapes - goes to `json.loads` as before."""
-    if _orjson is None or _LONG_DIGITS.search(payload) is not None:
+    if _orjson is None or _LONG_DIGITS in payload.translate(_DIGITS_AS_ZERO):
         return _UNLOADED
     try:
         return _orjson.loads(payload)
