@@ -40,7 +40,7 @@ PROVIDED_BY = {
     "zstandard": "zstandard", "yaml": "pyyaml", "cloudevents": "cloudevents", "aiokafka": "aiokafka",
     "redis": "redis", "nats": "nats-py", "psycopg": "psycopg", "jsonschema": "jsonschema", "fastavro": "fastavro",
     "grpc_tools": "grpcio-tools", "prometheus_client": "prometheus-client", "opentelemetry": "opentelemetry-api",
-    "boto3": "boto3", "botocore": "boto3",
+    "boto3": "boto3", "botocore": "boto3", "orjson": "orjson",
 }
 #: Third-party imports that the wheel carries but no client code path reaches, and why.
 WORKER_ONLY = {"faust": "BrokerSettings.faust_credentials in broker/admin.py builds the worker's Faust credentials"}
