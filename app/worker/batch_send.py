@@ -46,7 +46,7 @@ before. The producer must be started; records go through the same accumulator as
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiokafka.errors import MessageSizeTooLargeError
@@ -102,7 +102,9 @@ def bounded_batch(producer: Any, max_bytes: int) -> Any:
 async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
                        handed_over: asyncio.Future[None] | None = None,
                        limit_for: Callable[[str], int] | None = None,
-                       split: bool = False) -> list[BaseException | None]:
+                       split: bool = False,
+                       on_queued: Callable[[list[BaseException | None]], Awaitable[None]] | None = None,
+                       ) -> list[BaseException | None]:
     """Queue every item's records, then await the deliveries; per item None or its error.
 
     Batches are bounded by `limit_for(topic)` (module docstring); with `split` every record
@@ -111,9 +113,16 @@ async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
     `producer` is a started `aiokafka.AIOKafkaProducer` (Faust's is `app.producer._ensure_producer()`).
     `handed_over`, if given, is resolved once every record is queued, before the deliveries are
     awaited (the worker starts the next batch's writes then, keeping batch order).
+    `on_queued`, if given, is awaited once every record is queued, before `handed_over` is
+    resolved and before the deliveries are awaited, with a copy of the per-item errors so far:
+    the items refused up front (:class:`RefusedUpFront`), None for every item fully queued.
+    Why: exactly_once queues the dedup changelog of the queued items then, in the same
+    transaction, so that its produce round trip overlaps the outputs' (app/worker/exactly_once.py).
     """
     errors: list[BaseException | None] = [None] * len(items)
     if not items:
+        if on_queued is not None:
+            await on_queued([])
         if handed_over is not None and not handed_over.done():
             handed_over.set_result(None)
         return errors
@@ -182,6 +191,8 @@ async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
             errors[i] = exc
     for tp in list(open_batches):
         await hand_over(tp)
+    if on_queued is not None:
+        await on_queued(list(errors))
     if handed_over is not None and not handed_over.done():
         handed_over.set_result(None)
     results = await asyncio.gather(*(f for f, *_ in sent), return_exceptions=True)
