@@ -53,7 +53,8 @@ from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-__all__ = ["BatchTooLargeError", "OutRecord", "RefusedUpFront", "bounded_batch", "is_size_refusal", "send_batched"]
+__all__ = ["BatchTooLargeError", "OutRecord", "RefusedUpFront", "bounded_batch", "is_size_refusal", "retrieved",
+           "send_batched"]
 
 #: (topic, key, value, timestamp_ms or None, headers)
 OutRecord = tuple[str, bytes | None, bytes | None, int | None, Sequence[tuple[str, bytes]]]
@@ -74,6 +75,14 @@ class BatchTooLargeError(Exception):
         self.topic = topic
         self.records = records
         self.cause = cause
+
+
+def retrieved(fut: asyncio.Future[Any]) -> None:
+    """Done-callback for a delivery nobody awaits any more (its transaction is failing or being
+    aborted): take its outcome, so that asyncio does not log "Future exception was never
+    retrieved" for an error the transaction's own failure already reports."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 def is_size_refusal(err: BaseException) -> bool:
@@ -192,7 +201,12 @@ async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
     for tp in list(open_batches):
         await hand_over(tp)
     if on_queued is not None:
-        await on_queued(list(errors))
+        try:
+            await on_queued(list(errors))
+        except BaseException:
+            for f, *_ in sent:  # the transaction fails: nobody awaits these deliveries any more
+                f.add_done_callback(retrieved)
+            raise
     if handed_over is not None and not handed_over.done():
         handed_over.set_result(None)
     results = await asyncio.gather(*(f for f, *_ in sent), return_exceptions=True)

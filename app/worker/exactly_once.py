@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.agents.dlq import DlqRecord
 from app.errors import SinkError
-from app.worker.batch_send import BatchTooLargeError, RefusedUpFront, is_size_refusal
+from app.worker.batch_send import BatchTooLargeError, RefusedUpFront, is_size_refusal, retrieved
 from app.worker.batch_source import release_all
 from app.worker.delivery import Batch, BatchEnd, StartedProducer, count_written, is_permanent, send_all
 from app.worker.transactions import PartitionProducers, TransactionFailed
@@ -79,6 +79,14 @@ def _restage(window: FaustDedupWindow, before: list[StagedRow], entries: list[tu
         return rows
     known = {row[0] for row in kept}
     return kept + [row for row in rows if row[1] is not None or row[0] not in known]
+
+
+def _watched(sent: list[tuple[asyncio.Future[Any], int]]) -> list[tuple[asyncio.Future[Any], int]]:
+    """`sent` (changelog deliveries), each taken care of when done: the commit awaits them, but an
+    aborted try (a size refusal in the same produce request) leaves them to nobody."""
+    for fut, _ in sent:
+        fut.add_done_callback(retrieved)
+    return sent
 
 
 class ExactlyOnce:
@@ -168,7 +176,7 @@ class ExactlyOnce:
                     if ids != staged_for:  # staged once per outcome: staging takes due tombstones off a queue
                         staged[:] = _restage(window, staged, [(m.env.message_id, m.partition) for m in msgs])
                         staged_for[:] = ids
-                    sent[:] = await window.send_staged(producer, staged)
+                    sent[:] = _watched(await window.send_staged(producer, staged))
 
                 dropped.clear()
                 written = await self.write_in_transaction(chain, producer, pending, split=split,
@@ -180,7 +188,7 @@ class ExactlyOnce:
                     done = {id(m) for m in written}
                     dropped[:] = window.stage_removals([(m.env.message_id, m.partition)
                                                         for m in queued if id(m) not in done])
-                    sent.extend(await window.send_staged(producer, dropped))
+                    sent.extend(_watched(await window.send_staged(producer, dropped)))
 
             try:
                 await txn.run(producer, body, offsets, str(self.app.conf.id), also_in=also_in)
