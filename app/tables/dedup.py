@@ -460,6 +460,22 @@ class FaustDedupWindow(DedupWindow):
                     tombstones.append((key, None, part))
         return tombstones + puts
 
+    def stage_removals(self, entries: Iterable[tuple[str, int]]) -> list[StagedRow]:
+        """Tombstones for ids staged by :meth:`stage_many` in the same transaction whose outputs then
+        failed after all (dead-lettered instead): sent after the puts, the changelog's last word on
+        each id is its removal, and :meth:`apply_staged` of the puts followed by these leaves the
+        ids absent - a re-send of those messages must not be dropped as a duplicate.
+
+        Why the put goes out at all: exactly_once queues the changelog as soon as the outputs are
+        queued, before their deliveries are known (app/worker/exactly_once.py), so that its produce
+        round trip overlaps theirs; an output failing after it was queued is rare."""
+        validate = self._validate
+        rows: list[StagedRow] = []
+        for message_id, partition in entries:
+            validate(message_id)
+            rows.append((message_id.encode(), None, int(partition)))
+        return rows
+
     async def send_staged(self, producer: Any, rows: list[StagedRow]) -> list[tuple[asyncio.Future[Any], int]]:
         """Hand `rows` to `producer` (the batch's transactional producer), one `send_batch` per
         changelog partition and full producer batch; returns (delivery future, records in it)."""

@@ -46,14 +46,15 @@ before. The producer must be started; records go through the same accumulator as
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
-__all__ = ["BatchTooLargeError", "OutRecord", "RefusedUpFront", "bounded_batch", "is_size_refusal", "send_batched"]
+__all__ = ["BatchTooLargeError", "OutRecord", "RefusedUpFront", "bounded_batch", "is_size_refusal", "retrieved",
+           "send_batched"]
 
 #: (topic, key, value, timestamp_ms or None, headers)
 OutRecord = tuple[str, bytes | None, bytes | None, int | None, Sequence[tuple[str, bytes]]]
@@ -74,6 +75,14 @@ class BatchTooLargeError(Exception):
         self.topic = topic
         self.records = records
         self.cause = cause
+
+
+def retrieved(fut: asyncio.Future[Any]) -> None:
+    """Done-callback for a delivery nobody awaits any more (its transaction is failing or being
+    aborted): take its outcome, so that asyncio does not log "Future exception was never
+    retrieved" for an error the transaction's own failure already reports."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 def is_size_refusal(err: BaseException) -> bool:
@@ -102,7 +111,9 @@ def bounded_batch(producer: Any, max_bytes: int) -> Any:
 async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
                        handed_over: asyncio.Future[None] | None = None,
                        limit_for: Callable[[str], int] | None = None,
-                       split: bool = False) -> list[BaseException | None]:
+                       split: bool = False,
+                       on_queued: Callable[[list[BaseException | None]], Awaitable[None]] | None = None,
+                       ) -> list[BaseException | None]:
     """Queue every item's records, then await the deliveries; per item None or its error.
 
     Batches are bounded by `limit_for(topic)` (module docstring); with `split` every record
@@ -111,9 +122,16 @@ async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
     `producer` is a started `aiokafka.AIOKafkaProducer` (Faust's is `app.producer._ensure_producer()`).
     `handed_over`, if given, is resolved once every record is queued, before the deliveries are
     awaited (the worker starts the next batch's writes then, keeping batch order).
+    `on_queued`, if given, is awaited once every record is queued, before `handed_over` is
+    resolved and before the deliveries are awaited, with a copy of the per-item errors so far:
+    the items refused up front (:class:`RefusedUpFront`), None for every item fully queued.
+    Why: exactly_once queues the dedup changelog of the queued items then, in the same
+    transaction, so that its produce round trip overlaps the outputs' (app/worker/exactly_once.py).
     """
     errors: list[BaseException | None] = [None] * len(items)
     if not items:
+        if on_queued is not None:
+            await on_queued([])
         if handed_over is not None and not handed_over.done():
             handed_over.set_result(None)
         return errors
@@ -182,6 +200,13 @@ async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
             errors[i] = exc
     for tp in list(open_batches):
         await hand_over(tp)
+    if on_queued is not None:
+        try:
+            await on_queued(list(errors))
+        except BaseException:
+            for f, *_ in sent:  # the transaction fails: nobody awaits these deliveries any more
+                f.add_done_callback(retrieved)
+            raise
     if handed_over is not None and not handed_over.done():
         handed_over.set_result(None)
     results = await asyncio.gather(*(f for f, *_ in sent), return_exceptions=True)

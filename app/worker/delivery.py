@@ -97,15 +97,17 @@ def is_permanent(err: BaseException) -> bool:
 
 
 async def send_all(producer: Any, items: list[list[Emission] | DlqRecord], limit_for: Callable[[str], int],
-                   handed_over: asyncio.Future[None] | None = None, *,
-                   split: bool = False) -> list[BaseException | None]:
+                   handed_over: asyncio.Future[None] | None = None, *, split: bool = False,
+                   on_queued: Callable[[list[BaseException | None]], Awaitable[None]] | None = None,
+                   ) -> list[BaseException | None]:
     """Send every item's records, in order, then await all their deliveries together;
     returns per item None (all its records written) or the error that failed it.
 
     `producer` is Faust's (its `_ensure_producer()` is the aiokafka producer): one producer call
     per topic-partition and batch (`app/worker/batch_send.py`), through the aiokafka producer
     beneath Faust's - the same accumulator, so Faust's flush before each offset commit still
-    covers these records. An item whose record is refused sends none of its later records."""
+    covers these records. An item whose record is refused sends none of its later records.
+    `on_queued`: `send_batched`'s - told which items were refused up front, once all are queued."""
     records: list[list[OutRecord]] = []
     append = records.append
     for item in items:
@@ -120,7 +122,7 @@ async def send_all(producer: Any, items: list[list[Emission] | DlqRecord], limit
                 one.append((e.topic, rec.key, rec.value, int(ms / 1000 * 1000.0) if ms else None, rec.headers))
             append(one)
     return await send_batched(producer._ensure_producer(), records, handed_over=handed_over,
-                              limit_for=limit_for, split=split)
+                              limit_for=limit_for, split=split, on_queued=on_queued)
 
 
 def count_written(stats: RunStats, item: list[Emission] | DlqRecord) -> None:

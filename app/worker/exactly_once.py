@@ -3,14 +3,30 @@
 The batch's outputs, its DLQ records, the dedup ids' changelog records and the next input
 offset commit together or not at all, through that partition's transactional producer
 (app/worker/transactions.py). Only then do the ids enter the local dedup store and the
-messages stop being tracked (Faust never commits them itself). A partition's transactions run
+messages stop being tracked (Faust never commits them itself).
+
+Order inside the transaction (issue 29, latency): the outputs are queued; then, before their
+deliveries are known, the changelog puts of the ids of the messages none of whose outputs was
+refused up front (`send_batched`'s `on_queued`); then the offsets; then the deliveries are
+awaited and `EndTxn` commits. The changelog's produce request thus travels with the outputs' -
+one produce round trip per transaction, where waiting for the outputs before writing the
+changelog cost two. What commits is the same: ids are recorded only for messages whose outputs
+commit. An output that fails after it was queued with a permanent error is dead-lettered in the
+same transaction, and its id, already queued as a put, is queued again as a tombstone after it
+(`FaustDedupWindow.stage_removals`): the changelog's last word, and the local store once
+`apply_staged` has run, say the id is absent, so a re-send is not dropped as a duplicate. Any
+other failure after queueing aborts the transaction, the changelog records with it.
+
+A partition's transactions run
 one after the other, in batch order; different partitions' run side by side
 (`BatchSource(split_partitions=True)`).
 
 A batch the broker refuses for its size aborts the transaction (`_SizeRefused`); the
 partition's producer is replaced (fresh epoch: the refused batch's sequence gap is what made
 every later send fail with `OutOfOrderSequenceNumber`), the limits are read again and the batch
-runs again split, up to `SIZE_RETRIES` times. Any other failure stops the worker with one error
+runs again split, up to `SIZE_RETRIES` times - its changelog is staged again only when the
+retry queues other ids, keeping the expiry tombstones the aborted try took off the window's
+queue (`_restage`). Any other failure stops the worker with one error
 line; the batch is read again from the committed offset by the restarted worker or the
 partition's next owner.
 """
@@ -20,12 +36,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from app.agents.dlq import DlqRecord
 from app.errors import SinkError
-from app.worker.batch_send import BatchTooLargeError, RefusedUpFront, is_size_refusal
+from app.worker.batch_send import BatchTooLargeError, RefusedUpFront, is_size_refusal, retrieved
 from app.worker.batch_source import release_all
 from app.worker.delivery import Batch, BatchEnd, StartedProducer, count_written, is_permanent, send_all
 from app.worker.transactions import PartitionProducers, TransactionFailed
@@ -37,6 +53,7 @@ if TYPE_CHECKING:
     from app.agents.base import Message
     from app.agents.chain import Chain
     from app.agents.publish import Emission
+    from app.tables.dedup import FaustDedupWindow, StagedRow
     from app.worker.size_fit import SizeFitter
 
 log = logging.getLogger("prism.worker")
@@ -48,6 +65,28 @@ SIZE_RETRIES = 3
 
 class _SizeRefused(Exception):
     """The broker refused one of the transaction's batches for its size."""
+
+
+def _restage(window: FaustDedupWindow, before: list[StagedRow], entries: list[tuple[str, int]]) -> list[StagedRow]:
+    """`window.stage_many(entries)`, keeping the expiry tombstones an earlier, aborted try of the
+    same batch staged (`before`): staging took them off the window's queue, so a retry whose ids
+    differ (a size retry refits the batch: an output may now be refused up front) would otherwise
+    lose them until the next expiry scan. Tombstones stay before the puts (an expired id recorded
+    again ends up recorded)."""
+    rows = window.stage_many(entries, time.time())
+    kept = [row for row in before if row[1] is None]
+    if not kept:
+        return rows
+    known = {row[0] for row in kept}
+    return kept + [row for row in rows if row[1] is not None or row[0] not in known]
+
+
+def _watched(sent: list[tuple[asyncio.Future[Any], int]]) -> list[tuple[asyncio.Future[Any], int]]:
+    """`sent` (changelog deliveries), each taken care of when done: the commit awaits them, but an
+    aborted try (a size refusal in the same produce request) leaves them to nobody."""
+    for fut, _ in sent:
+        fut.add_done_callback(retrieved)
+    return sent
 
 
 class ExactlyOnce:
@@ -110,29 +149,46 @@ class ExactlyOnce:
         topic, partition = batch.records[0].topic, batch.records[0].partition
         next_offset = max(m.offset for m in [*batch.records, *batch.repaired]) + 1
         window = getattr(dedup, "window", None) if dedup is not None else None
-        staged: list[Any] = []
+        if window is not None and not hasattr(window, "stage_many"):
+            window = None  # a window without a changelog: nothing to stage
+        staged: list[StagedRow] = []  # the changelog rows of the queued ids (and due expiry tombstones)
         staged_for: list[str] = []
+        dropped: list[StagedRow] = []  # tombstones of staged ids whose outputs failed after queueing
         sent: list[Any] = []
         offsets = {TopicPartition(topic, partition): next_offset}
-        # the dedup changelog is written after the outputs are acknowledged (the ids of the
-        # messages whose outputs were written): its partition joins the first AddPartitionsToTxn
-        changelog = (window.table.changelog_topic.get_topic_name()
-                     if window is not None and hasattr(window, "stage_many") else None)
+        # the dedup changelog is queued right after the outputs (module docstring): its partition
+        # joins the first AddPartitionsToTxn
+        changelog = window.table.changelog_topic.get_topic_name() if window is not None else None
         also_in = [TopicPartition(changelog, partition)] if changelog else []
         for attempt in range(1, SIZE_RETRIES + 1):
             producer = await txn.producer_for(topic, partition)
 
             async def body(handed_over: asyncio.Future[None], producer: Any = producer,
                            split: bool = attempt > 1) -> None:
-                written = await self.write_in_transaction(chain, producer, pending, split=split,
-                                                          handed_over=handed_over)
-                if window is not None and hasattr(window, "stage_many"):
-                    ids = [m.env.message_id for m in written]
+                queued: list[Message] = []
+
+                async def stage(msgs: list[Message]) -> None:
+                    # the ids of the messages whose outputs were all queued, before their deliveries
+                    # are known: one produce round trip for outputs and changelog together
+                    assert window is not None
+                    queued[:] = msgs
+                    ids = [m.env.message_id for m in msgs]
                     if ids != staged_for:  # staged once per outcome: staging takes due tombstones off a queue
-                        staged[:] = window.stage_many(((m.env.message_id, m.partition) for m in written),
-                                                      time.time())
+                        staged[:] = _restage(window, staged, [(m.env.message_id, m.partition) for m in msgs])
                         staged_for[:] = ids
-                    sent[:] = await window.send_staged(producer, staged)
+                    sent[:] = _watched(await window.send_staged(producer, staged))
+
+                dropped.clear()
+                written = await self.write_in_transaction(chain, producer, pending, split=split,
+                                                          handed_over=handed_over,
+                                                          on_queued=stage if window is not None else None)
+                if window is not None and len(written) != len(queued):
+                    # outputs that failed after they were queued were dead-lettered: their ids went to
+                    # the changelog as puts, so they go again as tombstones, after the puts
+                    done = {id(m) for m in written}
+                    dropped[:] = window.stage_removals([(m.env.message_id, m.partition)
+                                                        for m in queued if id(m) not in done])
+                    sent.extend(_watched(await window.send_staged(producer, dropped)))
 
             try:
                 await txn.run(producer, body, offsets, str(self.app.conf.id), also_in=also_in)
@@ -156,7 +212,7 @@ class ExactlyOnce:
                           "it is visible to read_committed consumers", batch.size, topic, partition, exc)
                 raise
         if window is not None and staged:
-            window.apply_staged(staged, sent)
+            window.apply_staged(staged + dropped, sent)  # the puts, then their removals: net absent
         if dedup is not None:
             dedup.end_batch(batch.token)
         end.count(batch)
@@ -166,6 +222,7 @@ class ExactlyOnce:
     async def write_in_transaction(self, chain: Chain, producer: Any,
                                    pending: list[tuple[Message, list[Emission] | DlqRecord]], *,
                                    split: bool = False, handed_over: asyncio.Future[None] | None = None,
+                                   on_queued: Callable[[list[Message]], Awaitable[None]] | None = None,
                                    ) -> list[Message]:
         """Send the batch's records into the open transaction; returns the messages whose outputs
         were sent. An output refused before it was queued (`is_permanent`: its size, the topic)
@@ -173,14 +230,25 @@ class ExactlyOnce:
         broker refused for its size raises `_SizeRefused` (the caller aborts and runs the batch
         again, split); any other failure makes the transaction uncommittable, so it raises.
         `handed_over` is resolved once the batch's records are queued (the transaction's offsets
-        go out then, `PartitionProducers.run`)."""
+        go out then, `PartitionProducers.run`). `on_queued`, just before that, is awaited with the
+        messages whose outputs were all queued - none refused up front - in batch order (the
+        dedup changelog goes out then); a message among them whose outputs fail later is missing
+        from the returned list."""
         direct = StartedProducer(producer)
         stats = self.state.stats
         emitted: list[Message] = []
         todo = pending
+
+        async def queued(errors: list[BaseException | None]) -> None:
+            assert on_queued is not None
+            await on_queued([m for (m, item), err in zip(pending, errors, strict=True)
+                             if err is None and isinstance(item, list)])
+
         for _ in range(2):  # the batch, then the DLQ copies of outputs refused up front
+            first = todo is pending
             results = await send_all(direct, [item for _, item in todo], self.fitter.limits.limit_for,
-                                     handed_over if todo is pending else None, split=split)
+                                     handed_over if first else None, split=split,
+                                     on_queued=queued if first and on_queued is not None else None)
             refused = next((e for e in results if e is not None and not isinstance(e, RefusedUpFront)
                             and (isinstance(e, BatchTooLargeError) or is_size_refusal(e))), None)
             if refused is not None:

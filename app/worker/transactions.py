@@ -272,8 +272,9 @@ class PartitionProducers:
         that aiokafka's first coordinator request of the transaction is `AddPartitionsToTxn`,
         whose `CONCURRENT_TRANSACTIONS` (the previous transaction's markers still being written)
         it retries after 20 ms, where `AddOffsetsToTxn`'s waits its full `retry_backoff_ms`.
-        `also_in`: partitions the body writes to only after awaiting its first writes (the
-        dedup changelog), registered up front so that one `AddPartitionsToTxn` covers them."""
+        `also_in`: partitions the body writes to besides its outputs (the dedup changelog, queued
+        once the outputs are queued), registered up front so that one `AddPartitionsToTxn` covers
+        them whatever the sender's timing."""
         await producer.begin_transaction()
         _register_partitions(producer, also_in)
         handed: asyncio.Future[None] = asyncio.get_running_loop().create_future()

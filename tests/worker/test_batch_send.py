@@ -146,6 +146,45 @@ async def test_a_record_that_fits_no_batch_fails_alone() -> None:
 
 async def test_nothing_to_send() -> None:
     assert await send_batched(FakeAiokafka(), []) == []
+    told: list[list[BaseException | None]] = []
+
+    async def on_queued(errors: list[BaseException | None]) -> None:
+        told.append(errors)
+
+    assert await send_batched(FakeAiokafka(), [], on_queued=on_queued) == [] and told == [[]]
+
+
+class _Pending(FakeAiokafka):
+    """Deliveries that stay pending until the test settles them."""
+
+    async def send_batch(self, batch, topic, *, partition):
+        await super().send_batch(batch, topic, partition=partition)
+        self.futures = [*getattr(self, "futures", []), asyncio.get_running_loop().create_future()]
+        return self.futures[-1]
+
+
+async def test_on_queued_names_the_items_refused_up_front_before_any_delivery_or_the_hand_over() -> None:
+    """exactly_once queues the dedup changelog of the queued items there (app/worker/exactly_once.py):
+    told once every record is queued, with the up-front refusals only, while every delivery is
+    still pending and before `handed_over` (the transaction's offsets) is resolved."""
+    p = _Pending(room=10)
+    handed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    told: list[tuple[list[BaseException | None], bool, bool]] = []
+
+    async def on_queued(errors: list[BaseException | None]) -> None:
+        told.append((errors, any(f.done() for f in p.futures), handed.done()))
+
+    items = [[("t", b"k", b"a", None, [])], [("t", b"k", b"x" * 2000, None, [])], [("u", b"k", b"c", None, [])]]
+    sending = asyncio.ensure_future(send_batched(p, items, handed_over=handed, on_queued=on_queued))
+    await handed
+    [(errors, delivered, was_handed)] = told
+    assert errors[0] is None and isinstance(errors[1], MessageSizeTooLargeError) and errors[2] is None
+    assert not delivered and not was_handed and not sending.done()
+    p.futures[0].set_result(None)
+    p.futures[1].set_exception(OSError("lost"))
+    errors = await sending
+    assert errors[0] is None and isinstance(errors[2], OSError)
+    assert told[0][0][2] is None  # a copy: what failed later is not what the caller was told
 
 
 @pytest.mark.parametrize("n", [1, 3])
@@ -225,3 +264,19 @@ async def test_a_closed_batch_is_ready_at_once_in_aiokafkas_accumulator() -> Non
     await acc.add_batch(closed_one, tp, 1)
     assert acc._batches[tp][0].remaining_linger() is None  # ready now
     assert closed_one.append(timestamp=None, key=b"k", value=b"late", headers=[]) is None  # nothing joins it
+
+
+async def test_a_failing_on_queued_leaves_no_delivery_error_unretrieved() -> None:
+    """exactly_once's changelog could not be queued: the transaction fails with that error, and the
+    outputs' deliveries nobody awaits any more do not each log "Future exception was never retrieved"."""
+    p = _Pending(room=10)
+
+    async def on_queued(errors: list[BaseException | None]) -> None:
+        raise RuntimeError("the changelog record does not fit an empty producer batch")
+
+    with pytest.raises(RuntimeError):
+        await send_batched(p, [[("t", b"k", b"a", None, [])], [("u", b"k", b"b", None, [])]], on_queued=on_queued)
+    for f in p.futures:
+        f.set_exception(OSError("aborted"))
+    await asyncio.sleep(0)  # the done-callbacks run
+    assert [f._log_traceback for f in p.futures] == [False, False]

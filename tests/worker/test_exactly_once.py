@@ -291,3 +291,205 @@ async def test_a_failure_the_manager_did_not_record_is_named_as_raised() -> None
 
     with pytest.raises(TransactionFailed, match=r"^KafkaConnectionError$"):
         await FakeTransactions(producer).run(producer, body, {TopicPartition("src", 0): 1}, "g")
+
+
+# -- the dedup changelog travels with the outputs (one produce round trip per transaction) ----------
+
+CHANGELOG = "g-dedup-changelog"
+
+
+class _KeyedBuilder:
+    """The fake producer's batch (`tests/worker/test_batch_send.py`), keeping each record's key too."""
+
+    def __init__(self, room: int) -> None:
+        self.records: list[bytes | None] = []
+        self.keys: list[bytes | None] = []
+        self.room = room
+
+    def append(self, *, timestamp: Any, key: bytes | None, value: bytes | None, headers: Any) -> Any:
+        if len(self.records) >= self.room:
+            return None
+        self.records.append(value)
+        self.keys.append(key)
+        return object()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class ChangelogProducer(TxnProducer):
+    """Records each changelog batch as a transaction call - (key, tombstone?) per record, and
+    whether an output's delivery was still pending then - and answers it with its offsets. With
+    a `gate`, the outputs' deliveries resolve only once it is set."""
+
+    def __init__(self, gate: asyncio.Event | None = None, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.gate = gate
+        self.outputs: list[asyncio.Future[Any]] = []
+        self.releases: list[asyncio.Future[None]] = []
+        self.next_offset = 0
+
+    def create_batch(self) -> _KeyedBuilder:
+        return _KeyedBuilder(self.room)
+
+    async def send_batch(self, batch: Any, topic: str, *, partition: int) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        if topic == CHANGELOG:
+            rows = [(k, v is None) for k, v in zip(batch.keys, batch.records, strict=True)]
+            self.calls.append(("changelog", rows, any(not f.done() for f in self.outputs)))
+            fut = loop.create_future()
+            fut.set_result(SimpleNamespace(topic_partition=(topic, partition), offset=self.next_offset))
+            self.next_offset += len(rows)
+            return fut
+        inner = await super().send_batch(batch, topic, partition=partition)
+        if self.gate is None:
+            return inner
+        gated = loop.create_future()
+
+        async def release() -> None:
+            await self.gate.wait()  # type: ignore[union-attr]
+            try:
+                gated.set_result(inner.result())
+            except BaseException as exc:
+                gated.set_exception(exc)
+
+        self.releases.append(asyncio.ensure_future(release()))  # held: a pending task is only weakly referenced
+        self.outputs.append(gated)
+        return gated
+
+
+def _dedup_batch(consumer: Any, n: int) -> Any:
+    """`batch(consumer, n)` whose messages carry ids ``id<i>`` and go through a dedup stage over a
+    Faust dedup window (a dict store) with a changelog."""
+    from app.agents.dedup import Dedup
+    from app.tables.dedup import FaustDedupWindow
+    from tests.tables.conftest import FakeApp
+
+    window = FaustDedupWindow(FakeApp(), window=10, max_deletes_per_event=4)
+    window.table.changelog_topic = SimpleNamespace(get_topic_name=lambda: CHANGELOG)
+    window.table.persisted = {}
+    window.table.set_persisted_offset = window.table.persisted.__setitem__
+    b = batch(consumer, n)
+    for m, _ in b.pending:
+        m.envelope = SimpleNamespace(message_id=f"id{m.offset}")
+    b.dedup = Dedup(window)
+    b.token = b.dedup.begin_batch()
+    return b
+
+
+def _changelog(producer: ChangelogProducer) -> list[tuple[bytes, bool]]:
+    """Every changelog record the producer was handed, in order: (key, tombstone?)."""
+    return [row for c in producer.calls if c[0] == "changelog" for row in c[1]]
+
+
+async def _until(cond: Any, timeout: float = 5.0) -> None:
+    async def poll() -> None:
+        while not cond():
+            await asyncio.sleep(0.005)
+    await asyncio.wait_for(poll(), timeout)
+
+
+async def test_the_changelog_is_queued_while_the_outputs_deliveries_are_pending() -> None:
+    gate = asyncio.Event()
+    producer = ChangelogProducer(gate=gate)
+    d, _, consumer, _, _, _, _ = _delivery(producer)
+    b = _dedup_batch(consumer, 3)
+    running = asyncio.ensure_future(d.deliver(b, None, RecordingEnd(consumer)))
+    try:
+        await _until(lambda: any(c[0] == "changelog" for c in producer.calls), 2.0)
+    finally:
+        gate.set()
+    await asyncio.wait_for(running, 5)
+    # handed over while every output was still in flight, before the offsets and the commit
+    assert producer.calls[1] == ("changelog", [(b"id0", False), (b"id1", False), (b"id2", False)], True)
+    assert [c if isinstance(c, str) else c[0] for c in producer.calls] == ["begin", "changelog", "offsets", "commit"]
+    window = b.dedup.window
+    assert all(window.entry(f"id{i}") is not None for i in range(3))
+    assert window.table.persisted == {(CHANGELOG, 0): 3}  # the commit marker's offset
+    assert not b.dedup.pending
+
+
+async def test_an_output_refused_up_front_puts_no_id_in_the_changelog() -> None:
+    producer = ChangelogProducer()
+    d, _, consumer, state, _, _, _ = _delivery(producer)
+    b = _dedup_batch(consumer, 3)
+    outputs = b.pending[1][1]
+    outputs[1].record.value = b"x" * 2000  # larger than the producer's max_request_size: refused before queueing
+    await d.deliver(b, None, RecordingEnd(consumer))
+    assert _changelog(producer) == [(b"id0", False), (b"id2", False)]
+    assert producer.written("src.dlq") == [b"dlq:m1"] and state.stats.emitted == 2
+    window = b.dedup.window
+    assert window.entry("id1") is None and window.entry("id0") is not None and window.entry("id2") is not None
+    assert producer.calls[-1] == "commit"
+
+
+async def test_an_output_failing_after_it_was_queued_is_put_then_tombstoned_and_absent_locally() -> None:
+    producer = ChangelogProducer(fail_with={b"v2-1": TopicAuthorizationFailedError()}, room=1)
+    d, _, consumer, state, _, _, _ = _delivery(producer)
+    b = _dedup_batch(consumer, 3)
+    await d.deliver(b, None, RecordingEnd(consumer))
+    # one transaction: the puts with the outputs, the tombstone of id1 after them, then the commit
+    assert _changelog(producer) == [(b"id0", False), (b"id1", False), (b"id2", False), (b"id1", True)]
+    assert [c if isinstance(c, str) else c[0] for c in producer.calls] == [  # room=1: a record per batch
+        "begin", "changelog", "changelog", "changelog", "offsets", "changelog", "commit"]
+    assert producer.written("src.dlq") == [b"dlq:m1"] and state.stats.emitted == 2
+    window = b.dedup.window
+    assert window.entry("id1") is None and window.entry("id0") is not None and window.entry("id2") is not None
+    assert window.table.persisted == {(CHANGELOG, 0): 4}
+
+
+async def test_a_size_retry_stages_the_same_ids_once_and_commits_them_with_the_retry() -> None:
+    import time
+
+    first = ChangelogProducer(fail_with={b"v3-0": RecordTooLargeError()})
+    second = ChangelogProducer()
+    d, _, consumer, _, _, _, _ = _delivery(first, second)
+    b = _dedup_batch(consumer, 3)
+    window = b.dedup.window
+    window.record_many([("old", 0)], now=0.0)  # long expired: its tombstone is due on partition 0
+    assert await window.scan_expired(now=time.time()) == 1
+    stagings: list[list[tuple[str, int]]] = []
+    stage_many = window.stage_many
+
+    def counted(entries: Any, now: float | None = None) -> Any:
+        entries = list(entries)
+        stagings.append(entries)
+        return stage_many(entries, now)
+
+    window.stage_many = counted
+    await d.deliver(b, None, RecordingEnd(consumer))
+    rows = [(b"old", True), (b"id0", False), (b"id1", False), (b"id2", False)]
+    kinds = [c if isinstance(c, str) else c[0] for c in first.calls]
+    assert kinds == ["begin", "changelog", "offsets", "abort"]  # the changelog was aborted with the outputs
+    assert _changelog(first) == rows
+    assert _changelog(second) == rows and second.calls[-1] == "commit"
+    assert stagings == [[("id0", 0), ("id1", 0), ("id2", 0)]]  # once: staging takes due tombstones off a queue
+    assert window.entry("old") is None and all(window.entry(f"id{i}") is not None for i in range(3))
+
+
+async def test_a_size_retry_with_other_ids_keeps_the_expiry_tombstones_the_aborted_try_took() -> None:
+    """The retry refits the batch (limits read anew): message 1's output is now dead-lettered up
+    front, so the retry stages other ids - and must still delete the expired id whose tombstone
+    the aborted try took off the window's queue."""
+    import time
+
+    from app.agents.dlq import DlqRecord
+
+    first = ChangelogProducer(fail_with={b"v3-0": RecordTooLargeError()})
+    second = ChangelogProducer()
+    d, _, consumer, _, _, fitter, _ = _delivery(first, second)
+    b = _dedup_batch(consumer, 3)
+    window = b.dedup.window
+    window.record_many([("old", 0)], now=0.0)
+    assert await window.scan_expired(now=time.time()) == 1
+
+    def fit(chain: Any, pending: Any, outcomes: Any, observed: Any) -> None:
+        m1 = pending[1][0]
+        pending[1] = (m1, DlqRecord("src.dlq", m1.key, b"dlq:" + m1.value, headers=[]))
+
+    fitter.fit = fit
+    await d.deliver(b, None, RecordingEnd(consumer))
+    assert _changelog(second) == [(b"old", True), (b"id0", False), (b"id2", False)]
+    assert second.calls[-1] == "commit" and second.written("src.dlq") == [b"dlq:m1"]
+    assert window.entry("old") is None and window.entry("id1") is None
+    assert window.entry("id0") is not None and window.entry("id2") is not None
