@@ -89,6 +89,24 @@ def _watched(sent: list[tuple[asyncio.Future[Any], int]]) -> list[tuple[asyncio.
     return sent
 
 
+async def _changelog_delivered(sent: list[tuple[asyncio.Future[Any], int]]) -> None:
+    """Wait for the transaction's changelog deliveries; raise `SinkError` if one failed.
+
+    Why: aiokafka's commit waits for a transaction's batches (`flush_for_commit`) but not for
+    their success - a changelog batch the broker refused for good would be missing from a
+    transaction that commits anyway, leaving the dedup table restored from the changelog
+    without ids whose outputs were committed. Failing here aborts the transaction instead. It
+    costs no round trip: the changelog travels in the outputs' produce requests, whose
+    deliveries the body has awaited already."""
+    for fut, _ in sent:
+        try:
+            await fut
+        except Exception as exc:
+            raise SinkError(f"writing the dedup changelog in the transaction failed: {exc!r}",
+                            hint="the transaction is aborted and the batch read again; check the changelog "
+                                 "topic and the worker's write access to it") from exc
+
+
 class ExactlyOnce:
     """The exactly_once `Delivery` (app/worker/delivery.py) over `transactions`, the
     transactional producers of the owned source partitions."""
@@ -189,6 +207,8 @@ class ExactlyOnce:
                     dropped[:] = window.stage_removals([(m.env.message_id, m.partition)
                                                         for m in queued if id(m) not in done])
                     sent.extend(_watched(await window.send_staged(producer, dropped)))
+                if sent:
+                    await _changelog_delivered(sent)
 
             try:
                 await txn.run(producer, body, offsets, str(self.app.conf.id), also_in=also_in)

@@ -322,9 +322,11 @@ class ChangelogProducer(TxnProducer):
     whether an output's delivery was still pending then - and answers it with its offsets. With
     a `gate`, the outputs' deliveries resolve only once it is set."""
 
-    def __init__(self, gate: asyncio.Event | None = None, **kw: Any) -> None:
+    def __init__(self, gate: asyncio.Event | None = None, changelog_fails: BaseException | None = None,
+                 **kw: Any) -> None:
         super().__init__(**kw)
         self.gate = gate
+        self.changelog_fails = changelog_fails
         self.outputs: list[asyncio.Future[Any]] = []
         self.releases: list[asyncio.Future[None]] = []
         self.next_offset = 0
@@ -338,6 +340,9 @@ class ChangelogProducer(TxnProducer):
             rows = [(k, v is None) for k, v in zip(batch.keys, batch.records, strict=True)]
             self.calls.append(("changelog", rows, any(not f.done() for f in self.outputs)))
             fut = loop.create_future()
+            if self.changelog_fails is not None:
+                fut.set_exception(self.changelog_fails)
+                return fut
             fut.set_result(SimpleNamespace(topic_partition=(topic, partition), offset=self.next_offset))
             self.next_offset += len(rows)
             return fut
@@ -493,3 +498,18 @@ async def test_a_size_retry_with_other_ids_keeps_the_expiry_tombstones_the_abort
     assert second.calls[-1] == "commit" and second.written("src.dlq") == [b"dlq:m1"]
     assert window.entry("old") is None and window.entry("id1") is None
     assert window.entry("id0") is not None and window.entry("id2") is not None
+
+
+async def test_a_changelog_write_that_fails_aborts_the_transaction() -> None:
+    """aiokafka commits a transaction whose batch failed (its commit waits for the batches, not
+    for their success): a refused changelog write must abort it, or the committed outputs' ids
+    would be missing from the dedup table restored from the changelog."""
+    producer = ChangelogProducer(changelog_fails=TopicAuthorizationFailedError(CHANGELOG))
+    d, _, consumer, state, _, _, _ = _delivery(producer)
+    b = _dedup_batch(consumer, 2)
+    with pytest.raises(TransactionFailed, match="writing the dedup changelog in the transaction failed"):
+        await d.deliver(b, None, RecordingEnd(consumer))
+    calls = producer.calls
+    assert calls[0] == "begin" and calls[-1] == "abort" and "commit" not in calls and state.abandoning
+    window = b.dedup.window
+    assert window.entry("id0") is None and window.entry("id1") is None  # nothing applied locally
