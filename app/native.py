@@ -33,7 +33,7 @@ from typing import Any
 from .errors import DecodeError, LengthError, PrismError, TruncatedError, WireTypeError
 
 #: The binding's contract version this code was written for (`prism_native.ABI`).
-ABI = 4
+ABI = 5
 ENV = "PRISM_NATIVE"
 
 
