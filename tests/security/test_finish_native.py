@@ -88,12 +88,21 @@ def _compiled(envs: Sequence[Envelope], key: signing.SigningKey, layouts: Sequen
     return signing.finish_batch(prepared, key), sum(p.compiled is not None for p in prepared)
 
 
+def _assert_same(got: list[list[bytes]], expected: list[list[bytes]]) -> None:
+    """`got == expected`, failing on the first message that differs (a failed comparison of
+    65,536 messages' copies would have pytest print all of them)."""
+    assert len(got) == len(expected)
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+        if g != e:
+            assert (i, g) == (i, e)
+
+
 def _same(envs: Sequence[Envelope], key: signing.SigningKey, layouts: Sequence[Layout], *, verify: bool = True
           ) -> int:
     """Compiled and reference copies of copies of `envs` are the same bytes, and each verifies;
     returns how many messages the compiled path took."""
     got, compiled = _compiled([_copy(e) for e in envs], key, layouts)
-    assert got == _reference([_copy(e) for e in envs], key, layouts)
+    _assert_same(got, _reference([_copy(e) for e in envs], key, layouts))
     if verify:
         for copies in got:
             for data in copies:
@@ -169,7 +178,7 @@ def test_the_workers_message_takes_the_splice_at_the_tree_size_limit() -> None:
     envs = [received] * signing.MAX_TREE_SIZE
     got, compiled = _compiled([_copy(e) for e in envs], HMAC_KEY, BOTH)
     assert compiled == signing.MAX_TREE_SIZE
-    assert got == _reference([_copy(e) for e in envs], HMAC_KEY, BOTH)
+    _assert_same(got, _reference([_copy(e) for e in envs], HMAC_KEY, BOTH))
     for i in (0, 1, 2, 3, 4095, 4096, 32767, 32768, signing.MAX_TREE_SIZE - 2, signing.MAX_TREE_SIZE - 1):
         for data in got[i]:
             signing.verify(data, KEYS[HMAC_KEY.algorithm])
@@ -250,7 +259,7 @@ def test_the_python_finish_still_gives_the_reference() -> None:
     envs = _preparable(_envelopes_of_the_vectors())[:90]
     with _python_finish():
         got, _ = _compiled([_copy(e) for e in envs], ED_KEY, BOTH)
-    assert got == _reference([_copy(e) for e in envs], ED_KEY, BOTH)
+    _assert_same(got, _reference([_copy(e) for e in envs], ED_KEY, BOTH))
 
 
 def test_a_panic_is_worded_as_a_prism_error(monkeypatch: pytest.MonkeyPatch) -> None:
