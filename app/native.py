@@ -17,7 +17,10 @@ Merkle path), and for HMAC signatures of scope v2 and legacy the MAC itself in t
 `signing._pair_copies` (the `.v2` head with `layouts.draft_metadata`'s conversion done on the
 serialized `.v3` metadata, the draft security context, both copies' pair/batch digests, in one
 call from the reviewed header's bytes; headers the shortcut does not convert take the Python
-path) (BENCHMARKS.md, "Compiled hot path" and "The `.v2` copy from the `.v3` bytes").
+path); and the batch signature's last step, `signing.finish_batch` (the Merkle tree, the root
+signed once through a callback, and each copy's batch fields spliced into the prepared
+security context's bytes, one call per batch) (BENCHMARKS.md, "Compiled hot path", "The `.v2`
+copy from the `.v3` bytes" and "finish_batch's per-copy writes compiled").
 
 The native module reports a walk that stopped as `WireFault(kind, at, field, wire_type, length,
 remaining)`; `scan_fault` words it as the very `PrismError` (class, message, path, hint) the

@@ -1,6 +1,8 @@
 """Types of `prism_native`, the worker's optional compiled hot path (clients/rust/python)."""
 
-ABI: int  # 4: scan, security_record, signed_message, signed_mac, pair_copies
+from collections.abc import Callable
+
+ABI: int  # 5: scan, security_record, signed_message, signed_mac, pair_copies, finish_batch
 __version__: str
 
 class WireFault(ValueError):
@@ -33,3 +35,11 @@ def pair_copies(header: bytes | bytearray | memoryview, payload: bytes | bytearr
     serialized without its payload (signing fields cleared) and the payload `Any`'s bytes,
     (head_reviewed, head_draft, security_draft value, digest_draft, digest_reviewed), or None
     when the general path must convert the header."""
+
+def finish_batch(items: list[tuple[bytes, bytes, tuple[bytes, bytes, bytes, bytes, bytes,
+                                                      bytes | bytearray | memoryview | None] | None]],
+                 sign: Callable[[bytes], bytes]) -> tuple[bytes, list[list[bytes] | bytes]]:
+    """`app.security.signing.finish_batch`, compiled: items are (digest_draft, digest_reviewed,
+    pieces), pieces None or (layout codes, head_draft, security_draft, head_reviewed, reviewed
+    header, payload); the Merkle tree is built, `sign(statement)` called once, and per message
+    its finished copies come back, or its audit path where Python must write it."""
