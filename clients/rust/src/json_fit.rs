@@ -356,7 +356,7 @@ impl<'de> Visitor<'de> for ValueSeed<'_> {
     /// A non-negative integer literal of 64 bits.
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
         match self.kind {
-            Kind::Int { hi, .. } if v <= hi => Ok(()),
+            Kind::Int { lo, hi } if v <= hi && (lo <= 0 || v >= lo as u64) => Ok(()),
             Kind::Num { .. } => Ok(()),
             _ => Err(no()),
         }
@@ -536,6 +536,38 @@ mod tests {
         assert!(matches!(Plan::new(vec![m], 32), Err(PlanError::RepeatedKey { .. })));
         let m = Message::new(vec![(vec!["a"], one(Kind::Num { lo: 0.0, hi: f64::NAN }))]);
         assert!(matches!(Plan::new(vec![m], 32), Err(PlanError::BadBounds { .. })));
+    }
+
+    proptest::proptest! {
+        /// Any bytes, and valid orders with a byte changed: never a panic, and a yes only for a
+        /// JSON object (Parse's own verdict is checked on the Python side, where Parse is).
+        #[test]
+        fn arbitrary_and_mutated_bytes(
+            data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..96),
+            at in 0usize..200,
+            byte in proptest::prelude::any::<u8>(),
+        ) {
+            let plan = order();
+            if plan.fits(&data) {
+                let v: serde_json::Value = serde_json::from_slice(&data).unwrap();
+                proptest::prop_assert!(v.is_object());
+            }
+            let mut doc = br#"{"orderId":"o-1","items":[{"sku":"s","qty":2,"parts":[{"sku":"p"}]}],"total":12.5,"small":7,"tags":["a"]}"#.to_vec();
+            let i = at % doc.len();
+            doc[i] = byte;
+            if plan.fits(&doc) {
+                let v: serde_json::Value = serde_json::from_slice(&doc).unwrap();
+                proptest::prop_assert!(v.is_object());
+            }
+        }
+    }
+
+    #[test]
+    fn a_range_that_excludes_zero() {
+        let m = Message::new(vec![(vec!["n"], one(Kind::Int { lo: 5, hi: 9 }))]);
+        let plan = Plan::new(vec![m], 32).unwrap();
+        assert!(plan.fits(br#"{"n": 5}"#) && plan.fits(br#"{"n": 9}"#));
+        assert!(!plan.fits(br#"{"n": 4}"#) && !plan.fits(br#"{"n": 10}"#) && !plan.fits(br#"{"n": -1}"#));
     }
 
     #[test]
