@@ -1,6 +1,8 @@
 """Types of `prism_native`, the worker's optional compiled hot path (clients/rust/python)."""
 
-ABI: int  # 4: scan, security_record, signed_message, signed_mac, pair_copies
+from typing import Any
+
+ABI: int  # 5: scan, security_record, signed_message, signed_mac, pair_copies, DocPlan
 __version__: str
 
 class WireFault(ValueError):
@@ -33,3 +35,16 @@ def pair_copies(header: bytes | bytearray | memoryview, payload: bytes | bytearr
     serialized without its payload (signing fields cleared) and the payload `Any`'s bytes,
     (head_reviewed, head_draft, security_draft value, digest_draft, digest_reviewed), or None
     when the general path must convert the header."""
+
+class DocPlan:
+    """The payload check's compiled one-sided fast path (`app.schema.payload_check._compiled_fits`):
+    the plan of a protobuf message's JSON form, flattened by `payload_check._flat_plan`."""
+
+    def __init__(self, messages: list[list[tuple[tuple[str, ...], int, Any, Any, bool, int | None]]],
+                 max_depth: int) -> None:
+        """`messages`: per message (the first is the document's), per field (JSON keys, kind
+        0..4 = str/int/num/bool/msg, lo, hi, repeated, message index); ValueError for a bad plan."""
+
+    def fits(self, payload: bytes | bytearray | memoryview) -> bool:
+        """True only when `json_format.Parse` certainly accepts `payload` for the message; False
+        for anything else or not certain (the Python validator then decides, as without it)."""

@@ -19,6 +19,7 @@ pub mod encryption;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod json_fit;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod layouts;

@@ -15,6 +15,8 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+mod doc_check;
+
 use prism_client::pair;
 use prism_client::signing::{self, locate_security_record, SecurityFault, StatementFault};
 use prism_client::wire::{self, Record, WireFault};
@@ -48,7 +50,7 @@ create_exception!(
 
 /// Bumped whenever a function's contract changes: `app/native.py` uses the module only when
 /// this is the version it was written for (a stale wheel in a venv falls back to Python).
-const ABI: u32 = 4;
+const ABI: u32 = 5;
 
 /// What a fault says, as `WireFault`'s args: (kind, at, field, wire_type, length, remaining),
 /// the numbers not given for a kind as None.
@@ -140,7 +142,7 @@ fn record_list<'py>(py: Python<'py>, records: &[Record]) -> PyResult<Bound<'py, 
 }
 
 /// The bytes of a `bytes` object or any contiguous buffer, for the length of `f`.
-fn with_bytes<'py, T>(buf: &Bound<'py, PyAny>, f: impl FnOnce(&[u8]) -> PyResult<T>) -> PyResult<T> {
+pub(crate) fn with_bytes<'py, T>(buf: &Bound<'py, PyAny>, f: impl FnOnce(&[u8]) -> PyResult<T>) -> PyResult<T> {
     if let Ok(b) = buf.cast::<PyBytes>() {
         return f(b.as_bytes());
     }
@@ -363,5 +365,6 @@ fn prism_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(signed_message, m)?)?;
     m.add_function(wrap_pyfunction!(signed_mac, m)?)?;
     m.add_function(wrap_pyfunction!(pair_copies, m)?)?;
+    m.add_class::<doc_check::DocPlan>()?;
     Ok(())
 }
