@@ -1,8 +1,9 @@
 """Types of `prism_native`, the worker's optional compiled hot path (clients/rust/python)."""
 
 from collections.abc import Callable
+from typing import Any
 
-ABI: int  # 5: scan, security_record, signed_message, signed_mac, pair_copies, finish_batch
+ABI: int  # 6: scan, security_record, signed_message, signed_mac, pair_copies, DocPlan, finish_batch
 __version__: str
 
 class WireFault(ValueError):
@@ -43,3 +44,16 @@ def finish_batch(items: list[tuple[bytes, bytes, tuple[bytes, bytes, bytes, byte
     pieces), pieces None or (layout codes, head_draft, security_draft, head_reviewed, reviewed
     header, payload); the Merkle tree is built, `sign(statement)` called once, and per message
     its finished copies come back, or its audit path where Python must write it."""
+
+class DocPlan:
+    """The payload check's compiled one-sided fast path (`app.schema.payload_check._compiled_fits`):
+    the plan of a protobuf message's JSON form, flattened by `payload_check._flat_plan`."""
+
+    def __init__(self, messages: list[list[tuple[tuple[str, ...], int, Any, Any, bool, int | None]]],
+                 max_depth: int) -> None:
+        """`messages`: per message (the first is the document's), per field (JSON keys, kind
+        0..4 = str/int/num/bool/msg, lo, hi, repeated, message index); ValueError for a bad plan."""
+
+    def fits(self, payload: bytes | bytearray | memoryview) -> bool:
+        """True only when `json_format.Parse` certainly accepts `payload` for the message; False
+        for anything else or not certain (the Python validator then decides, as without it)."""

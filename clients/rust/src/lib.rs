@@ -21,6 +21,7 @@ pub mod error;
 pub mod finish;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod json_fit;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod layouts;

@@ -15,6 +15,8 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+mod doc_check;
+
 use prism_client::finish::{self, BatchFields, Pieces};
 use prism_client::pair;
 use prism_client::signing::{self, locate_security_record, SecurityFault, StatementFault};
@@ -49,7 +51,7 @@ create_exception!(
 
 /// Bumped whenever a function's contract changes: `app/native.py` uses the module only when
 /// this is the version it was written for (a stale wheel in a venv falls back to Python).
-const ABI: u32 = 5;
+const ABI: u32 = 6;
 
 /// What a fault says, as `WireFault`'s args: (kind, at, field, wire_type, length, remaining),
 /// the numbers not given for a kind as None.
@@ -141,7 +143,7 @@ fn record_list<'py>(py: Python<'py>, records: &[Record]) -> PyResult<Bound<'py, 
 }
 
 /// The bytes of a `bytes` object or any contiguous buffer, for the length of `f`.
-fn with_bytes<'py, T>(buf: &Bound<'py, PyAny>, f: impl FnOnce(&[u8]) -> PyResult<T>) -> PyResult<T> {
+pub(crate) fn with_bytes<'py, T>(buf: &Bound<'py, PyAny>, f: impl FnOnce(&[u8]) -> PyResult<T>) -> PyResult<T> {
     let mut view = None;
     f(buffer_slice(buf, &mut view)?)
 }
@@ -453,5 +455,6 @@ fn prism_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(signed_mac, m)?)?;
     m.add_function(wrap_pyfunction!(pair_copies, m)?)?;
     m.add_function(wrap_pyfunction!(finish_batch, m)?)?;
+    m.add_class::<doc_check::DocPlan>()?;
     Ok(())
 }
