@@ -655,7 +655,10 @@ def finish_batch(prepared: Sequence[PreparedMessage], key: SigningKey) -> list[l
     security context's bytes where the protobuf encoder would put them - in one call per
     batch, the signature made here through a callback. The same bytes as setting the fields
     on the protobuf contexts and serializing them again (tests/security/test_finish_native.py);
-    a message it cannot splice exactly comes back as its audit path and is written here."""
+    a message it cannot splice exactly comes back as its audit path and is written here. (The
+    compiled path leaves the envelopes' own security contexts as `prepare_batch` left them;
+    the Python path sets the batch fields on the reviewed one as it writes. Nothing reads
+    them after the batch is finished: the copies are the output.)"""
     n = len(prepared)
     if n == 0:
         return []
