@@ -17,7 +17,10 @@ Merkle path), and for HMAC signatures of scope v2 and legacy the MAC itself in t
 `signing._pair_copies` (the `.v2` head with `layouts.draft_metadata`'s conversion done on the
 serialized `.v3` metadata, the draft security context, both copies' pair/batch digests, in one
 call from the reviewed header's bytes; headers the shortcut does not convert take the Python
-path) (BENCHMARKS.md, "Compiled hot path" and "The `.v2` copy from the `.v3` bytes"); and the
+path) (BENCHMARKS.md, "Compiled hot path" and "The `.v2` copy from the `.v3` bytes"); the
+batch signature's last step, `signing.finish_batch` (the Merkle tree, the root signed once
+through a callback, and each copy's batch fields spliced into the prepared security context's
+bytes, one call per batch; BENCHMARKS.md, "finish_batch's per-copy writes compiled"); and the
 enrich stage's check of a JSON payload against a protobuf schema, one-sided
 (`payload_check._compiled_fits`, `prism_native.DocPlan`, prism-client's `json_fit`): one call
 reads the bytes against the plan the Python fast path walks and says True only for documents
@@ -38,7 +41,7 @@ from typing import Any
 from .errors import DecodeError, LengthError, PrismError, TruncatedError, WireTypeError
 
 #: The binding's contract version this code was written for (`prism_native.ABI`).
-ABI = 5
+ABI = 6
 ENV = "PRISM_NATIVE"
 
 

@@ -44,14 +44,17 @@ def test_a_stale_build_falls_back_and_says_so(monkeypatch: pytest.MonkeyPatch) -
     assert module is None and "stale build" in reason and "make native" in reason
 
 
-def test_an_abi_4_build_without_the_doc_plan_is_stale(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("abi", [4, 5])
+def test_an_older_build_without_the_doc_plan_or_the_batch_finish_is_stale(
+        monkeypatch: pytest.MonkeyPatch, abi: int) -> None:
     """A wheel built before `DocPlan` (ABI 4) would lack the class `payload_check` builds its
-    compiled check from: it is ignored, and the reason names both versions."""
-    _fake(monkeypatch, 4)
+    compiled check from, one built before `finish_batch` (ABI 5) the function `signing` takes
+    at import: either is ignored, and the reason names both versions."""
+    _fake(monkeypatch, abi)
     monkeypatch.delenv(native.ENV, raising=False)
     module, reason = native._load()
-    assert native.ABI == 5
-    assert module is None and "ABI 4 is not 5" in reason and "stale build" in reason
+    assert native.ABI == 6
+    assert module is None and f"ABI {abi} is not 6" in reason and "stale build" in reason
 
 
 def test_a_missing_module_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -422,39 +422,59 @@ def _py_pair_copies(env: Envelope, cut_fields: frozenset[int]) -> tuple[list[_Co
 
 
 _pair_copies = _py_pair_copies
+#: The compiled batch finish (`prism_native.finish_batch`), or None: `finish_batch` then
+#: builds the tree and writes every copy in Python.
+_native_finish_batch: Any = None
+
+
+def _compiled_pieces(env: Envelope, batch: bool) -> tuple[bytes, bytes | None, tuple[bytes, ...]] | None:
+    """The compiled `pair_copies` of a message whose signing fields are cleared: (reviewed
+    header serialized, payload `Any` bytes or None, (head_reviewed, head_draft,
+    security_draft, digest_draft, digest_reviewed)), or None without the compiled module or
+    for a header it does not convert (the Python path then does)."""
+    return None
+
+
+def _copies_from_pieces(env: Envelope, head_r: bytes, head_d: bytes, sec_d: bytes) -> list[_Copy]:
+    """The protobuf copies `_py_pair_copies` gives, from the compiled call's bytes: the draft
+    security context parsed from its bytes, the reviewed one the model's own."""
+    return [(Layout.DRAFT, dpb.SecurityContext.FromString(sec_d), head_d, payload_parts(env, Layout.DRAFT)),
+            (Layout.REVIEWED, env.header.security, head_r, payload_parts(env, Layout.REVIEWED))]
+
 
 if _native.module is not None:
     _native_pair_copies = _native.module.pair_copies
+    _native_finish_batch = _native.module.finish_batch
     _PAIR_CUTS = {_CUT_PAIR: False, _CUT_BATCH: True}
 
-    def _pair_copies(env: Envelope, cut_fields: frozenset[int]) -> tuple[list[_Copy], bytes, bytes]:
-        """`_py_pair_copies`, compiled (`prism_native.pair_copies`, prism-client's
-        `pair::pair_copies`): the reviewed header is serialized once here and everything else -
-        the cut of its security record, the draft head with its metadata converted, the draft
-        security context, both digests - is worked out from those bytes in one call, where
-        Python builds the draft metadata as a protobuf message and serializes, parses and
-        hashes piece by piece. The same copies and digests byte for byte
-        (tests/envelope/test_layouts_native.py). A header the compiled shortcut does not
-        convert (encryption, observability maps, unknown fields, several extension entries,
-        ...) gets None back and takes the Python path, which also words every error; the
-        compiled side has none to report."""
-        batch = _PAIR_CUTS.get(cut_fields)
-        if batch is None:
-            return _py_pair_copies(env, cut_fields)
-        reviewed = env.header
+    def _compiled_pieces(env: Envelope, batch: bool) -> tuple[bytes, bytes | None, tuple[bytes, ...]] | None:
+        """`prism_native.pair_copies` (prism-client's `pair::pair_copies`): the reviewed header
+        is serialized once here and everything else - the cut of its security record, the draft
+        head with its metadata converted, the draft security context, both digests - is worked
+        out from those bytes in one call, where Python builds the draft metadata as a protobuf
+        message and serializes, parses and hashes piece by piece. The same copies and digests
+        byte for byte (tests/envelope/test_layouts_native.py). A header the compiled shortcut
+        does not convert (encryption, observability maps, unknown fields, several extension
+        entries, ...) gets None back and takes the Python path, which also words every error;
+        the compiled side has none to report."""
+        full = env.header.SerializeToString()
         payload = env.payload.wire() if env.payload.present else None
         try:
-            got = _native_pair_copies(reviewed.SerializeToString(), payload, batch)
+            got = _native_pair_copies(full, payload, batch)
         except _WireFault as exc:  # only a caught panic: the shortcut reports no faults
             raise DecodeError(f"the compiled pair copies failed ({exc.args[0]})", path="security",
                               hint=f"set {_native.ENV}=0 to use the pure-Python path, and report this input"
                               ) from None
+        return None if got is None else (full, payload, got)
+
+    def _pair_copies(env: Envelope, cut_fields: frozenset[int]) -> tuple[list[_Copy], bytes, bytes]:
+        """`_py_pair_copies`, compiled where it can be (`_compiled_pieces`)."""
+        batch = _PAIR_CUTS.get(cut_fields)
+        got = None if batch is None else _compiled_pieces(env, batch)
         if got is None:
             return _py_pair_copies(env, cut_fields)
-        head_r, head_d, sec_d, digest_d, digest_r = got
-        return ([(Layout.DRAFT, dpb.SecurityContext.FromString(sec_d), head_d, payload_parts(env, Layout.DRAFT)),
-                 (Layout.REVIEWED, reviewed.security, head_r, payload_parts(env, Layout.REVIEWED))],
-                digest_d, digest_r)
+        head_r, head_d, sec_d, digest_d, digest_r = got[2]
+        return _copies_from_pieces(env, head_r, head_d, sec_d), digest_d, digest_r
 
 
 def _sign_pair(env: Envelope, key: SigningKey, sec: SecurityContext, layouts: Sequence[Layout]) -> list[bytes]:
@@ -572,17 +592,38 @@ def batch_statement(size: int, root: bytes) -> bytes:
 @dataclass(slots=True)
 class PreparedMessage:
     """One message's copies in both layouts, serialized and hashed but not yet signed
-    (`prepare_batch`); `finish_batch` signs a whole batch of them at once. Holds the protobuf
-    security contexts the final bytes are serialized from, so nothing is encoded twice."""
+    (`prepare_batch`); `finish_batch` signs a whole batch of them at once.
 
-    copies: list[_Copy]
+    Either `copies` holds the protobuf security contexts the final bytes are serialized from
+    (the Python path), or `compiled` holds the compiled `pair_copies`' bytes, which
+    `finish_batch` splices the batch fields into without any protobuf work: `(layout codes,
+    head_draft, security_draft, head_reviewed, reviewed header, payload)`. Nothing is
+    encoded twice either way. `env` is kept for a copy the splice leaves to Python."""
+
+    copies: list[_Copy] | None
     draft_digest: bytes
     reviewed_digest: bytes
     layouts: tuple[Layout, ...]
+    env: Envelope | None = None
+    compiled: tuple[bytes, bytes, bytes, bytes, bytes, bytes | None] | None = None
 
     @property
     def leaf(self) -> bytes:
         return leaf_hash(self.draft_digest, self.reviewed_digest)
+
+    def protobuf_copies(self) -> list[_Copy]:
+        """`copies`, made from the compiled bytes when the message took the compiled path."""
+        if self.copies is None:
+            assert self.env is not None and self.compiled is not None
+            _, head_d, sec_d, head_r, _, _ = self.compiled
+            self.copies = _copies_from_pieces(self.env, head_r, head_d, sec_d)
+        return self.copies
+
+
+@functools.lru_cache(maxsize=64)
+def _layout_codes(layouts: tuple[Layout, ...]) -> bytes:
+    """`layouts` as `prism_native.finish_batch` takes them: one byte per copy, 1 for reviewed."""
+    return bytes(lay is Layout.REVIEWED for lay in layouts)
 
 
 def prepare_batch(env: Envelope, key: SigningKey, layouts: Sequence[Layout]) -> PreparedMessage:
@@ -590,8 +631,14 @@ def prepare_batch(env: Envelope, key: SigningKey, layouts: Sequence[Layout]) -> 
     key id and scope recorded (`begin_signature`), both copies serialized, their digests.
     Encoding errors surface here, per message, before the batch is signed."""
     begin_signature(env, key, SCOPE_BATCH)
-    copies, draft_digest, reviewed_digest = _pair_copies(env, _CUT_BATCH)
-    return PreparedMessage(copies, draft_digest, reviewed_digest, tuple(layouts))
+    lays = tuple(layouts)
+    got = _compiled_pieces(env, True)
+    if got is not None:
+        full, payload, (head_r, head_d, sec_d, digest_d, digest_r) = got
+        return PreparedMessage(None, digest_d, digest_r, lays, env,
+                               (_layout_codes(lays), head_d, sec_d, head_r, full, payload))
+    copies, draft_digest, reviewed_digest = _py_pair_copies(env, _CUT_BATCH)
+    return PreparedMessage(copies, draft_digest, reviewed_digest, lays)
 
 
 def finish_batch(prepared: Sequence[PreparedMessage], key: SigningKey) -> list[list[bytes]]:
@@ -601,28 +648,51 @@ def finish_batch(prepared: Sequence[PreparedMessage], key: SigningKey) -> list[l
     Why: an Ed25519 signature is ~36 µs of fixed cost; a batch of 500 shares one, and each
     message pays a leaf and ~log2(n) node hashes of 64-65 bytes instead. Each copy gets the
     signature, its sibling's digest, its leaf index, the tree size and its audit path,
-    inserted into the security record without changing any other byte."""
+    inserted into the security record without changing any other byte.
+
+    Compiled (`prism_native.finish_batch`, prism-client's `finish`): the tree, and for each
+    message prepared on the compiled path its copies, the batch fields spliced into the
+    security context's bytes where the protobuf encoder would put them - in one call per
+    batch, the signature made here through a callback. The same bytes as setting the fields
+    on the protobuf contexts and serializing them again (tests/security/test_finish_native.py);
+    a message it cannot splice exactly comes back as its audit path and is written here. (The
+    compiled path leaves the envelopes' own security contexts as `prepare_batch` left them;
+    the Python path sets the batch fields on the reviewed one as it writes. Nothing reads
+    them after the batch is finished: the copies are the output.)"""
     n = len(prepared)
     if n == 0:
         return []
     if n > MAX_TREE_SIZE:
         raise SignatureError(f"a batch-scope signature covers at most {MAX_TREE_SIZE} messages, not {n}",
                              hint="sign smaller batches")
+    if _native_finish_batch is not None:
+        try:
+            sig, done = _native_finish_batch([(p.draft_digest, p.reviewed_digest, p.compiled) for p in prepared],
+                                             lambda statement: signature_over(key, [statement]))
+        except _WireFault as exc:  # only a caught panic: the splice reports no faults
+            raise SignatureError(f"the compiled batch finish failed ({exc.args[0]})", path="security",
+                                 hint=f"set {_native.ENV}=0 to use the pure-Python path, and report this input"
+                                 ) from None
+        return [got if type(got) is list else _written(p, i, n, sig, got)
+                for i, (p, got) in enumerate(zip(prepared, done, strict=True))]
     root, paths = merkle_tree([p.leaf for p in prepared])
     sig = signature_over(key, [batch_statement(n, root)])
-    out: list[list[bytes]] = []
-    for i, (p, path) in enumerate(zip(prepared, paths, strict=True)):
-        written: dict[Layout, bytes] = {}
-        for layout, hsec, head, payload in p.copies:
-            hsec.signature = sig
-            hsec.sibling_digest = p.reviewed_digest if layout is Layout.DRAFT else p.draft_digest
-            hsec.tree_index = i
-            hsec.tree_size = n
-            if path:  # absent rather than empty: an empty optional field would still be written
-                hsec.tree_path = path
-            written[layout] = b"".join([head, security_bytes(hsec, layout), *payload])
-        out.append([written[layout] for layout in p.layouts])
-    return out
+    return [_written(p, i, n, sig, path) for i, (p, path) in enumerate(zip(prepared, paths, strict=True))]
+
+
+def _written(p: PreparedMessage, index: int, size: int, sig: bytes, path: bytes) -> list[bytes]:
+    """A message's copies in its layouts the protobuf way: the batch fields set on each copy's
+    security context, which is serialized again (`security_bytes`) between head and payload."""
+    written: dict[Layout, bytes] = {}
+    for layout, hsec, head, payload in p.protobuf_copies():
+        hsec.signature = sig
+        hsec.sibling_digest = p.reviewed_digest if layout is Layout.DRAFT else p.draft_digest
+        hsec.tree_index = index
+        hsec.tree_size = size
+        if path:  # absent rather than empty: an empty optional field would still be written
+            hsec.tree_path = path
+        written[layout] = b"".join([head, security_bytes(hsec, layout), *payload])
+    return [written[layout] for layout in p.layouts]
 
 
 def sign_batch(envs: Sequence[Envelope], key: SigningKey, layouts: Sequence[Layout]) -> list[list[bytes]]:

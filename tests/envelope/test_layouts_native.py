@@ -47,12 +47,16 @@ def _native_built() -> None:
 
 @contextlib.contextmanager
 def _python_path() -> Iterator[None]:
-    compiled = signing._pair_copies
+    """Signing without the compiled copies: the pair scope's, and the batch scope's prepare
+    and finish (which use the compiled pieces and finish directly)."""
+    compiled = signing._pair_copies, signing._compiled_pieces, signing._native_finish_batch
     signing._pair_copies = signing._py_pair_copies
+    signing._compiled_pieces = lambda env, batch: None
+    signing._native_finish_batch = None
     try:
         yield
     finally:
-        signing._pair_copies = compiled
+        signing._pair_copies, signing._compiled_pieces, signing._native_finish_batch = compiled
 
 
 def _copy(env: Envelope) -> Envelope:

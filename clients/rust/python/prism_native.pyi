@@ -1,8 +1,9 @@
 """Types of `prism_native`, the worker's optional compiled hot path (clients/rust/python)."""
 
+from collections.abc import Callable
 from typing import Any
 
-ABI: int  # 5: scan, security_record, signed_message, signed_mac, pair_copies, DocPlan
+ABI: int  # 6: scan, security_record, signed_message, signed_mac, pair_copies, DocPlan, finish_batch
 __version__: str
 
 class WireFault(ValueError):
@@ -35,6 +36,14 @@ def pair_copies(header: bytes | bytearray | memoryview, payload: bytes | bytearr
     serialized without its payload (signing fields cleared) and the payload `Any`'s bytes,
     (head_reviewed, head_draft, security_draft value, digest_draft, digest_reviewed), or None
     when the general path must convert the header."""
+
+def finish_batch(items: list[tuple[bytes, bytes, tuple[bytes, bytes, bytes, bytes, bytes,
+                                                      bytes | bytearray | memoryview | None] | None]],
+                 sign: Callable[[bytes], bytes]) -> tuple[bytes, list[list[bytes] | bytes]]:
+    """`app.security.signing.finish_batch`, compiled: items are (digest_draft, digest_reviewed,
+    pieces), pieces None or (layout codes, head_draft, security_draft, head_reviewed, reviewed
+    header, payload); the Merkle tree is built, `sign(statement)` called once, and per message
+    its finished copies come back, or its audit path where Python must write it."""
 
 class DocPlan:
     """The payload check's compiled one-sided fast path (`app.schema.payload_check._compiled_fits`):

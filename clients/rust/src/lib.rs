@@ -2,7 +2,8 @@
 //!
 //! * [`codec`]: both wire layouts (RFC-031 draft, memo-031 reviewed), the zero-copy
 //!   header-only parse ([`codec::decode_view`]) and the lossless conversion ([`layouts`]).
-//! * [`signing`]: HMAC-SHA256 and Ed25519 in the v2, pair and batch scopes (docs/signing.md).
+//! * [`signing`]: HMAC-SHA256 and Ed25519 in the v2, pair and batch scopes (docs/signing.md);
+//!   [`pair`] and [`finish`]: the Python worker's compiled pair/batch copies on bytes.
 //! * [`encryption`]: AES-256-GCM, ChaCha20-Poly1305, KMS data keys, RSA-OAEP, ML-KEM-768/1024 and
 //!   the X25519 + ML-KEM-1024 hybrid (docs/encryption.md).
 //! * [`lnmp`]: LNMP containers, `#ENVELOPE` text and bare records, mapped to and from envelopes.
@@ -17,6 +18,7 @@ pub mod codec;
 pub mod compression;
 pub mod encryption;
 pub mod error;
+pub mod finish;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod json_fit;

@@ -49,17 +49,17 @@ pub struct PairCopies {
 /// One record of a canonically written message: field, wire type, the whole record
 /// `start..end`, and for VARINT records the value, for LEN records the value's start.
 #[derive(Debug, Clone, Copy)]
-struct Rec {
-    field: u32,
-    wire_type: u8,
-    start: usize,
-    value_start: usize,
-    end: usize,
-    value: u64,
+pub(crate) struct Rec {
+    pub(crate) field: u32,
+    pub(crate) wire_type: u8,
+    pub(crate) start: usize,
+    pub(crate) value_start: usize,
+    pub(crate) end: usize,
+    pub(crate) value: u64,
 }
 
 /// The minimal number of bytes of `v` as a varint.
-fn varint_len(v: u64) -> usize {
+pub(crate) fn varint_len(v: u64) -> usize {
     (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
 }
 
@@ -72,7 +72,7 @@ fn canon_varint(buf: &[u8], pos: usize, end: usize) -> Option<(u64, usize)> {
 
 /// The records of `buf[start..end]` when they are written as an encoder writes known fields:
 /// VARINT and LEN only, field numbers strictly increasing, minimal tags, lengths and values.
-fn canon_records(buf: &[u8], start: usize, end: usize) -> Option<Vec<Rec>> {
+pub(crate) fn canon_records(buf: &[u8], start: usize, end: usize) -> Option<Vec<Rec>> {
     canon_records_repeating(buf, start, end, 0)
 }
 

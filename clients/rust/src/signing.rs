@@ -622,12 +622,24 @@ pub fn root_from_path(leaf: [u8; 32], index: u64, size: u64, path: &[u8]) -> Res
     root_fault(leaf, u128::from(index), u128::from(size), path).map_err(StatementFault::into_error)
 }
 
-fn mth(d: &[[u8; 32]]) -> [u8; 32] {
+/// The root of `d` (RFC 9162 §2.1.1), pushing onto `paths[i]` (the path of leaf `lo + i`) the
+/// hash of every sibling subtree on the way down: each node is hashed once, O(n log n) in all
+/// (a separate PATH recursion per leaf would hash the tree again for every leaf: O(n²)).
+fn mth_paths(d: &[[u8; 32]], paths: &mut [Vec<u8>]) -> [u8; 32] {
     if d.len() == 1 {
         return d[0];
     }
     let k = largest_pow2_below(d.len());
-    node(&mth(&d[..k]), &mth(&d[k..]))
+    let (left_paths, right_paths) = paths.split_at_mut(k);
+    let left = mth_paths(&d[..k], left_paths);
+    let right = mth_paths(&d[k..], right_paths);
+    for p in left_paths {
+        p.extend_from_slice(&right);
+    }
+    for p in right_paths {
+        p.extend_from_slice(&left);
+    }
+    node(&left, &right)
 }
 
 fn largest_pow2_below(n: usize) -> usize {
@@ -638,21 +650,8 @@ fn largest_pow2_below(n: usize) -> usize {
     k
 }
 
-fn audit_path(m: usize, d: &[[u8; 32]], out: &mut Vec<u8>) {
-    if d.len() <= 1 {
-        return;
-    }
-    let k = largest_pow2_below(d.len());
-    if m < k {
-        audit_path(m, &d[..k], out);
-        out.extend_from_slice(&mth(&d[k..]));
-    } else {
-        audit_path(m - k, &d[k..], out);
-        out.extend_from_slice(&mth(&d[..k]));
-    }
-}
-
-/// The Merkle root of `leaves` and the audit path of each (RFC 9162 §2.1.1, §2.1.3.1).
+/// The Merkle root of `leaves` and the audit path of each (RFC 9162 §2.1.1, §2.1.3.1), each
+/// path its hashes concatenated, nearest the leaf first.
 pub fn merkle_tree(leaves: &[[u8; 32]]) -> Result<([u8; 32], Vec<Vec<u8>>)> {
     if leaves.is_empty() {
         return Err(err!(
@@ -662,12 +661,10 @@ pub fn merkle_tree(leaves: &[[u8; 32]]) -> Result<([u8; 32], Vec<Vec<u8>>)> {
             "sign a non-empty batch"
         ));
     }
-    let paths = (0..leaves.len()).map(|i| {
-        let mut p = Vec::new();
-        audit_path(i, leaves, &mut p);
-        p
-    });
-    Ok((mth(leaves), paths.collect()))
+    let depth = (usize::BITS - (leaves.len() - 1).leading_zeros()) as usize;
+    let mut paths = vec![Vec::with_capacity(depth * DIGEST_BYTES); leaves.len()];
+    let root = mth_paths(leaves, &mut paths);
+    Ok((root, paths))
 }
 
 /// `Q || uint64_be(size) || root`: the batch scope's signed statement.

@@ -17,6 +17,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 mod doc_check;
 
+use prism_client::finish::{self, BatchFields, Pieces};
 use prism_client::pair;
 use prism_client::signing::{self, locate_security_record, SecurityFault, StatementFault};
 use prism_client::wire::{self, Record, WireFault};
@@ -50,7 +51,7 @@ create_exception!(
 
 /// Bumped whenever a function's contract changes: `app/native.py` uses the module only when
 /// this is the version it was written for (a stale wheel in a venv falls back to Python).
-const ABI: u32 = 5;
+const ABI: u32 = 6;
 
 /// What a fault says, as `WireFault`'s args: (kind, at, field, wire_type, length, remaining),
 /// the numbers not given for a kind as None.
@@ -143,17 +144,8 @@ fn record_list<'py>(py: Python<'py>, records: &[Record]) -> PyResult<Bound<'py, 
 
 /// The bytes of a `bytes` object or any contiguous buffer, for the length of `f`.
 pub(crate) fn with_bytes<'py, T>(buf: &Bound<'py, PyAny>, f: impl FnOnce(&[u8]) -> PyResult<T>) -> PyResult<T> {
-    if let Ok(b) = buf.cast::<PyBytes>() {
-        return f(b.as_bytes());
-    }
-    let view = PyBuffer::<u8>::get(buf)?;
-    if !view.is_c_contiguous() {
-        return Err(PyValueError::new_err("a contiguous buffer is needed"));
-    }
-    // SAFETY: the buffer is contiguous, of `len_bytes` u8 items, and `view` keeps it exported
-    // (and the GIL is held) for as long as the slice is used, within this call.
-    let slice = unsafe { std::slice::from_raw_parts(view.buf_ptr() as *const u8, view.len_bytes()) };
-    f(slice)
+    let mut view = None;
+    f(buffer_slice(buf, &mut view)?)
 }
 
 type SecurityArgs = (&'static str, u32, Option<u8>, Option<u8>, usize);
@@ -339,6 +331,103 @@ fn pair_copies<'py>(
     })
 }
 
+/// The bytes of a `bytes` object or a contiguous buffer (`view` keeps the buffer exported
+/// while the slice is used): a payload may be a `memoryview` of the received message.
+fn buffer_slice<'a>(buf: &'a Bound<'_, PyAny>, view: &'a mut Option<PyBuffer<u8>>) -> PyResult<&'a [u8]> {
+    if let Ok(b) = buf.cast::<PyBytes>() {
+        return Ok(b.as_bytes());
+    }
+    let v = view.insert(PyBuffer::<u8>::get(buf)?);
+    if !v.is_c_contiguous() {
+        return Err(PyValueError::new_err("a contiguous buffer is needed"));
+    }
+    // SAFETY: the buffer is contiguous, of `len_bytes` u8 items, and `view` keeps it exported
+    // (and the GIL is held) for as long as the slice, which borrows `view`, is used.
+    Ok(unsafe { std::slice::from_raw_parts(v.buf_ptr() as *const u8, v.len_bytes()) })
+}
+
+/// `app.security.signing.finish_batch`, compiled (prism-client's `finish`): `items` are the
+/// batch's prepared messages as `(digest_draft, digest_reviewed, pieces)`, `pieces` None or
+/// `(layouts, head_draft, security_draft, head_reviewed, header_reviewed, payload)` from
+/// `pair_copies` (`layouts`: one byte per copy wanted, 1 reviewed, 0 draft). Builds the
+/// Merkle tree, calls `sign(statement)` once for the signature, and returns
+/// `(signature, per message: its copies, or its audit path when it has no pieces or they
+/// do not splice exactly and the caller must write it)`.
+#[pyfunction]
+fn finish_batch<'py>(
+    py: Python<'py>,
+    items: Vec<Bound<'py, PyTuple>>,
+    sign: &Bound<'py, PyAny>,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyList>)> {
+    fn digest<'a>(b: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8; 32]> {
+        let b = b.cast::<PyBytes>()?.as_bytes();
+        b.try_into().map_err(|_| PyValueError::new_err("a digest is 32 bytes"))
+    }
+    let mut parts = Vec::with_capacity(items.len());
+    for item in &items {
+        let (d, r, p) = (
+            item.get_borrowed_item(0)?,
+            item.get_borrowed_item(1)?,
+            item.get_borrowed_item(2)?,
+        );
+        parts.push((d.to_owned(), r.to_owned(), p.to_owned()));
+    }
+    let mut digests = Vec::with_capacity(parts.len());
+    for (d, r, _) in &parts {
+        digests.push((digest(d)?, digest(r)?));
+    }
+    let internal = || {
+        let args: FaultArgs = ("internal", 0, None, None, None, None);
+        WireFaultError::new_err(args)
+    };
+    let (root, paths) = catch_unwind(AssertUnwindSafe(|| finish::batch_tree(&digests)))
+        .map_err(|_| internal())?
+        .ok_or_else(|| PyValueError::new_err("a Merkle tree needs at least one leaf"))?;
+    let size = digests.len() as u64;
+    let statement = signing::batch_statement(size, &root);
+    let signature = sign.call1((PyBytes::new(py, &statement),))?;
+    let sig = signature.cast::<PyBytes>()?.as_bytes();
+    let out = PyList::empty(py);
+    for (i, ((pieces, path), (dd, rd))) in parts.iter().map(|t| &t.2).zip(&paths).zip(&digests).enumerate() {
+        let fields = BatchFields {
+            signature: sig,
+            index: i as u64,
+            size,
+            path,
+        };
+        let done = if pieces.is_none() {
+            None
+        } else {
+            let t = pieces.cast::<PyTuple>()?;
+            let b = |k: usize| -> PyResult<Bound<'py, PyBytes>> { Ok(t.get_item(k)?.cast_into::<PyBytes>()?) };
+            let (lays, hd, sd, hr, full) = (b(0)?, b(1)?, b(2)?, b(3)?, b(4)?);
+            let payload = t.get_item(5)?;
+            let mut view = None;
+            let payload = if payload.is_none() {
+                None
+            } else {
+                Some(buffer_slice(&payload, &mut view)?)
+            };
+            let p = Pieces {
+                head_draft: hd.as_bytes(),
+                security_draft: sd.as_bytes(),
+                head_reviewed: hr.as_bytes(),
+                header_reviewed: full.as_bytes(),
+                payload,
+                digest_draft: dd,
+                digest_reviewed: rd,
+            };
+            let reviewed: Vec<bool> = lays.as_bytes().iter().map(|&l| l != 0).collect();
+            catch_unwind(AssertUnwindSafe(|| finish::finish_message(&p, &reviewed, &fields))).map_err(|_| internal())?
+        };
+        match done {
+            Some(copies) => out.append(PyList::new(py, copies.iter().map(|c| PyBytes::new(py, c)))?)?,
+            None => out.append(PyBytes::new(py, path))?,
+        }
+    }
+    Ok((signature, out))
+}
+
 /// All top-level records of `buf[start:end]` as `(field, wire_type, start, value_start, end)`
 /// tuples: `app.envelope.wire.scan`, compiled. `buf` is `bytes` or any contiguous buffer
 /// (`memoryview`, `bytearray`).
@@ -365,6 +454,7 @@ fn prism_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(signed_message, m)?)?;
     m.add_function(wrap_pyfunction!(signed_mac, m)?)?;
     m.add_function(wrap_pyfunction!(pair_copies, m)?)?;
+    m.add_function(wrap_pyfunction!(finish_batch, m)?)?;
     m.add_class::<doc_check::DocPlan>()?;
     Ok(())
 }
