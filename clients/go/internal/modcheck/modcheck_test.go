@@ -34,6 +34,23 @@ func goCmd(t *testing.T, dir string, env []string, args ...string) string {
 	return string(out)
 }
 
+// fetchGraph puts the go.mod of every module in the client's module graph into the module
+// cache, through the configured GOPROXY. Why: a workspace build (go.work) loads the client's
+// whole module graph, where the client's own build prunes it (go >= 1.17 modules), so it asks
+// for go.mod files the client's build never fetched - go-spew, a test dependency of
+// protocompile, on a fresh machine - and GOPROXY=off then fails for a reason that has nothing
+// to do with the example. After this the offline build below can still use nothing outside the
+// client's own module graph.
+func fetchGraph(t *testing.T) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "list", "-m", "all")
+	cmd.Dir = clientDir(t)
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOTOOLCHAIN=local")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go list -m all in %s (the client's module graph, through GOPROXY): %v\n%s", cmd.Dir, err, out)
+	}
+}
+
 const want = "ok order=42 key=example-producer scope=2"
 
 // TestExampleModuleWithReplace: examples/offline, a separate module whose go.mod requires the
@@ -83,6 +100,7 @@ func TestWorkspaceWithoutReplace(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(app, "go.sum"), sum, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	fetchGraph(t)
 	noMod := []string{"GOFLAGS=", "GOWORK=" + filepath.Join(work, "go.work")}
 	goCmd(t, work, []string{"GOFLAGS=", "GOWORK="}, "work", "init", "./app", clientDir(t))
 	bin := filepath.Join(work, "app.bin")
