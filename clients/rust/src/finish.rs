@@ -22,14 +22,9 @@
 //! (protobuf), which gives the same bytes. Nothing here panics on any input.
 
 use crate::pair::{canon_records, Rec};
-use crate::signing::{leaf_hash, merkle_tree};
+use crate::signing::{leaf_hash, merkle_tree, F_SIBLING, F_SIGNATURE, F_TREE_INDEX, F_TREE_PATH, F_TREE_SIZE};
 use crate::wire::{put_len_record, put_varint, LEN};
 
-const F_SIGNATURE: u32 = 4;
-const F_SIBLING: u32 = 11;
-const F_TREE_INDEX: u32 = 12;
-const F_TREE_SIZE: u32 = 13;
-const F_TREE_PATH: u32 = 14;
 /// The highest security-context field a prepared (unsigned) context may hold.
 const LAST_UNSIGNED: u32 = 10;
 

@@ -34,12 +34,12 @@ pub const SCOPE_PAIR_CONTEXT: &[u8] = b"prism-envelope-signature/pair\x00";
 pub const SCOPE_BATCH_CONTEXT: &[u8] = b"prism-envelope-signature/batch\x00";
 
 const F_AUTH_TOKEN: u32 = 3;
-const F_SIGNATURE: u32 = 4;
+pub(crate) const F_SIGNATURE: u32 = 4;
 const F_SCOPE: u32 = 10;
-const F_SIBLING: u32 = 11;
-const F_TREE_INDEX: u32 = 12;
-const F_TREE_SIZE: u32 = 13;
-const F_TREE_PATH: u32 = 14;
+pub(crate) const F_SIBLING: u32 = 11;
+pub(crate) const F_TREE_INDEX: u32 = 12;
+pub(crate) const F_TREE_SIZE: u32 = 13;
+pub(crate) const F_TREE_PATH: u32 = 14;
 const CUT_V2: &[u32] = &[F_AUTH_TOKEN, F_SIGNATURE];
 const CUT_PAIR: &[u32] = &[F_AUTH_TOKEN, F_SIGNATURE, F_SIBLING];
 const CUT_BATCH: &[u32] = &[
