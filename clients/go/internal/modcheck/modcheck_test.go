@@ -34,20 +34,21 @@ func goCmd(t *testing.T, dir string, env []string, args ...string) string {
 	return string(out)
 }
 
-// fetchGraph puts the go.mod of every module in the client's module graph into the module
-// cache, through the configured GOPROXY. Why: a workspace build (go.work) loads the client's
-// whole module graph, where the client's own build prunes it (go >= 1.17 modules), so it asks
-// for go.mod files the client's build never fetched - go-spew, a test dependency of
-// protocompile, on a fresh machine - and GOPROXY=off then fails for a reason that has nothing
-// to do with the example. After this the offline build below can still use nothing outside the
-// client's own module graph.
-func fetchGraph(t *testing.T) {
+// fetchGraph puts into the module cache, through the configured GOPROXY, the go.mod of every
+// module the workspace's module graph names; `env` selects the workspace (GOWORK). Why: a
+// workspace build loads the client's whole module graph, where the client's own build prunes it
+// (go >= 1.17 modules), so it asks for go.mod files the client's build never fetched - go-spew,
+// a test dependency of protocompile, on a fresh machine - and GOPROXY=off then fails for a
+// reason that has nothing to do with the example. Checksums it learns go to the workspace's
+// go.work.sum (a temporary folder), never to the checkout; and after this the offline build
+// still can use no module outside the client's own graph.
+func fetchGraph(t *testing.T, dir string, env []string) {
 	t.Helper()
 	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "list", "-m", "all")
-	cmd.Dir = clientDir(t)
-	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOTOOLCHAIN=local")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), append([]string{"GOTOOLCHAIN=local"}, env...)...)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go list -m all in %s (the client's module graph, through GOPROXY): %v\n%s", cmd.Dir, err, out)
+		t.Fatalf("go list -m all in %s (the workspace's module graph, through GOPROXY): %v\n%s", dir, err, out)
 	}
 }
 
@@ -100,9 +101,9 @@ func TestWorkspaceWithoutReplace(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(app, "go.sum"), sum, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	fetchGraph(t)
 	noMod := []string{"GOFLAGS=", "GOWORK=" + filepath.Join(work, "go.work")}
 	goCmd(t, work, []string{"GOFLAGS=", "GOWORK="}, "work", "init", "./app", clientDir(t))
+	fetchGraph(t, app, noMod)
 	bin := filepath.Join(work, "app.bin")
 	goCmd(t, app, noMod, "build", "-o", bin, ".")
 	out, err := exec.Command(bin).CombinedOutput()
