@@ -10,7 +10,11 @@ archive rolls -> `prism lake compact` -> Delta table.
   what it left. Each kill also cuts an archive roll short.
 * `prism lake compact --max-files 1` (one Delta commit per archive file) is then killed with
   SIGKILL 0-1 s after its 1st or 2nd commit (chosen at random) - mid decode, mid write, mid
-  commit - three times; each killed run leaves work for the next.
+  commit - three times; each killed run leaves work for the next. Those kills need archive files
+  to cut into (at least three per kill), so the last `WAVES` x `WAVE` inputs are produced after
+  the worker kills, one wave at a time, each archived before the next: every wave is in a roll of
+  its own. (The whole input as one backlog made as many rolls as seconds the worker took, and a
+  faster worker made too few.)
 
 Then one compaction runs to the end, and the table must hold:
 
@@ -50,6 +54,10 @@ from tests.worker.test_crash_e2e import ArchiveWatcher, _produce_backlog
 
 PARTITIONS = 4
 PRODUCED = 12_000
+#: inputs produced up front, for the worker kills to cut into; the rest follows in waves
+BACKLOG = 8_000
+WAVES = 8
+WAVE = (PRODUCED - BACKLOG) // WAVES
 WORKER_KILLS = 3
 COMPACT_KILLS = 3
 TARGET = "app.worker.pipeline:app_from_env"
@@ -143,7 +151,7 @@ async def test_kill_9_of_the_worker_and_the_compaction_one_row_per_committed_id(
                          archive={"enabled": True, "path": str(archive), "roll_interval_s": 1})
     source = topo.sources[0].topic
     await ensure_topics(kafka.bootstrap, topo.topics())
-    await _produce_backlog(kafka.bootstrap, source, PRODUCED)
+    await _produce_backlog(kafka.bootstrap, source, BACKLOG)
     # One stable archive writer id, as a StatefulSet pod has: each restarted worker continues (and
     # cleans up) the rolls its killed predecessor left.
     env = {"PRISM_TOPOLOGY": str(tmp_path / "topology.yaml"), "PRISM_BOOTSTRAP": kafka.bootstrap,
@@ -163,14 +171,21 @@ async def test_kill_9_of_the_worker_and_the_compaction_one_row_per_committed_id(
         workers[0].start(timeout=120)
         for i in range(WORKER_KILLS):
             # a random amount of progress, then the first moment a transaction is open
-            await watch.wait_until(min(PRODUCED - 2_000, len(watch.seen) + rng.randint(300, 1_500)), 300, workers[i])
+            await watch.wait_until(min(BACKLOG - 2_000, len(watch.seen) + rng.randint(300, 1_500)), 300, workers[i])
             deadline = time.monotonic() + 30
             while not await txns.open() and time.monotonic() < deadline:
                 pass
             workers[i].kill()  # kill -9: the open transaction stays open, an archive roll is cut short
             worker_kills.append({"at": len(watch.seen), "left_open": await txns.open()})
             workers[i + 1].start(timeout=120)
-        await watch.wait_until(PRODUCED, 400, workers[-1])
+        await watch.wait_until(BACKLOG, 400, workers[-1])
+        produced = BACKLOG
+        for _ in range(WAVES):  # each wave archived before the next: a roll of its own
+            await _wait_archived(archive, source + ".v3", sum(watch.v3_ids.values()), 60, workers[-1])
+            await _produce_backlog(kafka.bootstrap, source, WAVE)
+            produced += WAVE
+            await watch.wait_until(produced, 120, workers[-1])
+        assert produced == PRODUCED
         # the tap takes the tail: every record read from .v3 is in a committed roll before the stop
         tail_started = time.monotonic()
         await _wait_archived(archive, source + ".v3", sum(watch.v3_ids.values()), 60, workers[-1])
