@@ -11,10 +11,9 @@ archive rolls -> `prism lake compact` -> Delta table.
 * `prism lake compact --max-files 1` (one Delta commit per archive file) is then killed with
   SIGKILL 0-1 s after its 1st or 2nd commit (chosen at random) - mid decode, mid write, mid
   commit - three times; each killed run leaves work for the next. Those kills need archive files
-  to cut into (at least three per kill), so the last `WAVES` x `WAVE` inputs are produced after
-  the worker kills, one wave at a time, each archived before the next: every wave is in a roll of
-  its own. (The whole input as one backlog made as many rolls as seconds the worker took, and a
-  faster worker made too few.)
+  to cut into (at least three per kill): the backlog makes as many rolls as seconds the worker
+  takes, which a faster worker made too few, so after it more inputs follow in waves of `WAVE`,
+  each archived before the next (a roll of its own), until the archive holds enough files.
 
 Then one compaction runs to the end, and the table must hold:
 
@@ -53,11 +52,10 @@ from tests.worker.conftest import ROOT, make_topology
 from tests.worker.test_crash_e2e import ArchiveWatcher, _produce_backlog
 
 PARTITIONS = 4
-PRODUCED = 12_000
-#: inputs produced up front, for the worker kills to cut into; the rest follows in waves
-BACKLOG = 8_000
-WAVES = 8
-WAVE = (PRODUCED - BACKLOG) // WAVES
+#: inputs produced up front, for the worker kills to cut into
+BACKLOG = 12_000
+#: inputs per wave after the backlog, while the archive has too few files for the compaction kills
+WAVE = 500
 WORKER_KILLS = 3
 COMPACT_KILLS = 3
 TARGET = "app.worker.pipeline:app_from_env"
@@ -99,6 +97,11 @@ def _archived_rows(archive: Path, topic: str) -> int:
         return 0
     a = Archive(str(archive))
     return sum(f.rows for w in a.writers() for m in a.manifests(w) for f in m.files if f.source_topic == topic)
+
+
+def _archive_files(archive: Path) -> int:
+    """Parquet files under the archive: what `prism lake compact --max-files 1` commits one by one."""
+    return len(list(archive.rglob("*.parquet")))
 
 
 async def _wait_archived(archive: Path, topic: str, n: int, timeout: float, worker: WorkerProcess) -> None:
@@ -152,6 +155,7 @@ async def test_kill_9_of_the_worker_and_the_compaction_one_row_per_committed_id(
     source = topo.sources[0].topic
     await ensure_topics(kafka.bootstrap, topo.topics())
     await _produce_backlog(kafka.bootstrap, source, BACKLOG)
+    produced = BACKLOG
     # One stable archive writer id, as a StatefulSet pod has: each restarted worker continues (and
     # cleans up) the rolls its killed predecessor left.
     env = {"PRISM_TOPOLOGY": str(tmp_path / "topology.yaml"), "PRISM_BOOTSTRAP": kafka.bootstrap,
@@ -179,13 +183,13 @@ async def test_kill_9_of_the_worker_and_the_compaction_one_row_per_committed_id(
             worker_kills.append({"at": len(watch.seen), "left_open": await txns.open()})
             workers[i + 1].start(timeout=120)
         await watch.wait_until(BACKLOG, 400, workers[-1])
-        produced = BACKLOG
-        for _ in range(WAVES):  # each wave archived before the next: a roll of its own
+        for _ in range(3 * COMPACT_KILLS):  # each wave archived before the next: a roll of its own
             await _wait_archived(archive, source + ".v3", sum(watch.v3_ids.values()), 60, workers[-1])
+            if _archive_files(archive) >= 3 * COMPACT_KILLS:
+                break
             await _produce_backlog(kafka.bootstrap, source, WAVE)
             produced += WAVE
             await watch.wait_until(produced, 120, workers[-1])
-        assert produced == PRODUCED
         # the tap takes the tail: every record read from .v3 is in a committed roll before the stop
         tail_started = time.monotonic()
         await _wait_archived(archive, source + ".v3", sum(watch.v3_ids.values()), 60, workers[-1])
@@ -197,7 +201,7 @@ async def test_kill_9_of_the_worker_and_the_compaction_one_row_per_committed_id(
         await watch.consumer.stop()
         await txns.stop()
     assert code == 0, workers[-1].log_tail(4000)
-    rolls = len(list(archive.rglob("*.parquet")))
+    rolls = _archive_files(archive)
     assert rolls >= 3 * COMPACT_KILLS, f"only {rolls} archive rolls: too few for the compaction kills"
     killed_compactions = await _killed_compactions(archive, table, rng, compact_log)
     # the last compaction runs to the end: whatever the killed ones left must not matter
@@ -206,7 +210,7 @@ async def test_kill_9_of_the_worker_and_the_compaction_one_row_per_committed_id(
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
 
     committed = {(m.partition(), m.offset()): dict(m.headers() or [])["prism-message-id"].decode()
-                 for m in independent.consume_all(kafka.bootstrap, source + ".v3", PARTITIONS, expected=PRODUCED,
+                 for m in independent.consume_all(kafka.bootstrap, source + ".v3", PARTITIONS, expected=produced,
                                                   timeout=90, read_committed=True)}
     # every record written, aborted ones too (read_uncommitted; `expected=0`: read to the end of each partition)
     written = len(independent.consume_all(kafka.bootstrap, source + ".v3", PARTITIONS, expected=0, timeout=90))
@@ -216,11 +220,11 @@ async def test_kill_9_of_the_worker_and_the_compaction_one_row_per_committed_id(
     ids = [r["message_id"] for r in rows]
     not_committed = [r for r in rows if committed.get((r["source_partition"], r["source_offset"])) != r["message_id"]]
     with capsys.disabled():
-        print(f"\nexactly_once chain (seed {SEED}): {PRODUCED} inputs; worker kills {worker_kills}; compactions "
+        print(f"\nexactly_once chain (seed {SEED}): {produced} inputs; worker kills {worker_kills}; compactions "
               f"killed {killed_compactions}; .v3 records written {written}, committed {len(committed)} "
               f"(aborted {written - len(committed)}); Delta rows {len(rows)}, distinct ids {len(set(ids))}, "
               f"table version {DeltaTable(table).version()}; the archive tap's tail committed in {tail_s:.1f}s")
-    assert len(committed) == PRODUCED and len(set(committed.values())) == PRODUCED  # exactly once on .v3
+    assert len(committed) == produced and len(set(committed.values())) == produced  # exactly once on .v3
     assert len(ids) == len(set(ids)), "a message id twice in the Delta table"
     assert set(ids) == set(committed.values())
     assert not_committed == [], not_committed[:10]  # no row of an aborted transaction
