@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -35,7 +36,6 @@ import pytest
 from aiokafka import TopicPartition
 
 from app.broker.admin import ensure_topics
-from app.broker.embedded import find_free_port
 from tests.brokers import BrokerUnderTest
 from tests.worker import independent
 from tests.worker.conftest import ROOT, make_topology
@@ -68,14 +68,27 @@ async def _wait_seen(watch: ArchiveWatcher, n: int, timeout: float, proc: subpro
         await watch.poll()
 
 
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (the source ports of outgoing connections)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def _free_port_block(n: int) -> int:
     """A port P with P .. P+n-1 all free on loopback now: `prism run --processes N --web-port P`
     serves its status on P and child i's web server (its `/metrics`) on P+1+i, and refuses to
-    start when one of them is taken."""
-    for _ in range(100):
-        base = find_free_port()
-        if base + n > 65536:
-            continue
+    start when one of them is taken.
+
+    The block is taken below the ephemeral range. A port inside it can be handed out as the
+    source port of any outgoing connection between this check and the supervisor's bind - the
+    workers' own Kafka connections among them: a fresh-clone run once failed with "port ... is in
+    use (at --web-port)". Below the range only a listener could take it."""
+    low = max(_ephemeral_low(), 10_000 + 2 * n)
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(10_000, low - n)
         socks: list[socket.socket] = []
         try:
             for port in range(base, base + n):
@@ -89,7 +102,7 @@ def _free_port_block(n: int) -> int:
         finally:
             for s in socks:
                 s.close()
-    raise AssertionError(f"no {n} consecutive free loopback ports found")
+    raise AssertionError(f"no {n} consecutive free loopback ports found below the ephemeral range ({low})")
 
 
 def _buffered(web_url: str) -> float:
