@@ -100,9 +100,12 @@ def test_binding_envelopes_give_the_same_records(env: Envelope, layouts: tuple[L
     _same(env, layouts)
 
 
-_ids = lambda n: st.one_of(  # noqa: E731
-    st.just(""), st.just("0" * n), st.text("0123456789abcdef", min_size=n, max_size=n),
-    st.text("0123456789abcdefABCDEF", min_size=n, max_size=n), st.text("0123456789abcdef", min_size=n - 1, max_size=n - 1),
+#: valid ids (lowercase hex, not all zeros) and ids that are not, drawn half and half below
+_valid_ids = lambda n: st.one_of(  # noqa: E731
+    st.just(TRACE if n == 32 else SPAN), st.text("0123456789abcdef", min_size=n, max_size=n).filter(lambda s: s != "0" * n))
+_other_ids = lambda n: st.one_of(  # noqa: E731
+    st.just(""), st.just("0" * n), st.text("0123456789abcdefABCDEF", min_size=n, max_size=n),
+    st.text("0123456789abcdef", min_size=n - 1, max_size=n - 1),
     st.text("0123456789abcdef", min_size=n + 1, max_size=n + 1), st.text("0123456789abcdefé ", max_size=n + 2))
 _text = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)
 _tracestates = st.sampled_from([None, b"congo=t61rcWkgMzE", b"rojo=00f067aa0ba902b7,congo=t61rcWkgMzE",
@@ -137,7 +140,9 @@ def shortcut_envelopes(draw: st.DrawFn) -> Envelope:
     if draw(st.booleans()):
         obs = h.observability
         obs.SetInParent()
-        obs.trace_id, obs.span_id = draw(_ids(32)), draw(_ids(16))
+        valid = draw(st.booleans())
+        obs.trace_id = draw(_valid_ids(32) if valid or draw(st.booleans()) else _other_ids(32))
+        obs.span_id = draw(_valid_ids(16) if valid or draw(st.booleans()) else _other_ids(16))
         obs.parent_span_id = draw(st.sampled_from(["", SPAN, "x"]))
         obs.trace_flags = draw(st.one_of(st.integers(0, 3), st.integers(0, 255), st.sampled_from([256, -1, -2**31]),
                                          st.integers(-2**31, 2**31 - 1)))
