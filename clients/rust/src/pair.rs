@@ -471,13 +471,13 @@ fn content_type_of(ct: Option<i32>, custom: &[u8]) -> &[u8] {
 /// not read (no header depends on them); [`pair_copies`] checks them.
 pub fn envelope_headers(full: &[u8]) -> Option<EnvelopeHeaders<'_>> {
     let (mut meta, mut obs) = (None, None);
-    let mut extensions = Vec::new();
+    let mut tracestate_entry = false;
     for r in canon_records_repeating(full, 0, full.len(), 97)? {
         match (r.field, r.wire_type) {
             (1, LEN) => meta = Some(&full[r.value_start..r.end]),
             (3, LEN) => obs = Some(&full[r.value_start..r.end]),
             (2 | 4, LEN) => {}
-            (97, LEN) => extensions.push(&full[r.value_start..r.end]),
+            (97, LEN) => tracestate_entry |= may_be_tracestate(&full[r.value_start..r.end]),
             _ => return None,
         }
     }
@@ -527,10 +527,11 @@ pub fn envelope_headers(full: &[u8]) -> Option<EnvelopeHeaders<'_>> {
         tp.extend_from_slice(trace_id);
         tp.push(b'-');
         tp.extend_from_slice(span_id);
-        tp.extend_from_slice(format!("-{:02x}", flags & 3).as_bytes());
+        tp.extend_from_slice(b"-0"); // the known flags: 0..=3, two hex digits
+        tp.push(b"0123"[(flags & 3) as usize]);
         headers.push((crate::binding::TRACEPARENT, Cow::Owned(tp)));
     }
-    let tracestate_pending = traced && extensions.iter().any(|e| may_be_tracestate(e));
+    let tracestate_pending = traced && tracestate_entry;
     Some(EnvelopeHeaders {
         headers,
         tracestate_pending,

@@ -17,6 +17,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 mod doc_check;
 
+use prism_client::binding;
 use prism_client::finish::{self, BatchFields, Pieces};
 use prism_client::pair;
 use prism_client::signing::{self, locate_security_record, SecurityFault, StatementFault};
@@ -26,6 +27,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyList, PyString, PyTuple};
 
 create_exception!(
@@ -328,10 +330,7 @@ fn pair_copies<'py>(
                     .map(|(name, value)| {
                         PyTuple::new(
                             py,
-                            [
-                                PyString::intern(py, name).into_any(),
-                                PyBytes::new(py, value).into_any(),
-                            ],
+                            [header_name(py, name).into_any(), PyBytes::new(py, value).into_any()],
                         )
                     })
                     .collect::<PyResult<Vec<_>>>()?;
@@ -356,6 +355,30 @@ fn pair_copies<'py>(
         None => run(full, None),
         Some(p) => with_bytes(p, |pay| run(full, Some(pay))),
     })
+}
+
+/// The names `pair::envelope_headers` gives, as Python strings made once (a `str` built per
+/// header and message was a measurable part of the call).
+static HEADER_NAMES: PyOnceLock<Vec<(&'static str, Py<PyString>)>> = PyOnceLock::new();
+
+fn header_name<'py>(py: Python<'py>, name: &'static str) -> Bound<'py, PyString> {
+    let names = HEADER_NAMES.get_or_init(py, || {
+        [
+            binding::MESSAGE_ID,
+            binding::TOPIC,
+            binding::NAMESPACE,
+            binding::TRACE_ID,
+            binding::CONTENT_TYPE,
+            binding::TRACEPARENT,
+        ]
+        .into_iter()
+        .map(|n| (n, PyString::intern(py, n).unbind()))
+        .collect()
+    });
+    match names.iter().find(|(n, _)| *n == name) {
+        Some((_, s)) => s.bind(py).clone(),
+        None => PyString::intern(py, name),
+    }
 }
 
 /// The bytes of a `bytes` object or a contiguous buffer (`view` keeps the buffer exported
