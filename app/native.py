@@ -17,7 +17,9 @@ Merkle path), and for HMAC signatures of scope v2 and legacy the MAC itself in t
 `signing._pair_copies` (the `.v2` head with `layouts.draft_metadata`'s conversion done on the
 serialized `.v3` metadata, the draft security context, both copies' pair/batch digests, in one
 call from the reviewed header's bytes; headers the shortcut does not convert take the Python
-path) (BENCHMARKS.md, "Compiled hot path" and "The `.v2` copy from the `.v3` bytes"); the
+path; the same call reads the Kafka binding's metadata and `traceparent` headers from those
+bytes, `PreparedMessage.headers`) (BENCHMARKS.md, "Compiled hot path", "The `.v2` copy from the
+`.v3` bytes" and "prepare's headers compiled"); the
 batch signature's last step, `signing.finish_batch` (the Merkle tree, the root signed once
 through a callback, and each copy's batch fields spliced into the prepared security context's
 bytes, one call per batch; BENCHMARKS.md, "finish_batch's per-copy writes compiled"); and the
@@ -41,7 +43,7 @@ from typing import Any
 from .errors import DecodeError, LengthError, PrismError, TruncatedError, WireTypeError
 
 #: The binding's contract version this code was written for (`prism_native.ABI`).
-ABI = 6
+ABI = 7
 ENV = "PRISM_NATIVE"
 
 

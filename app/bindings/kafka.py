@@ -161,10 +161,15 @@ def _envelope_headers(env: Envelope) -> list[tuple[str, bytes]]:
     tp = traceparent_of(env) if env.header.HasField("observability") else None
     if tp is not None:
         out.append((TRACEPARENT, tp.encode()))
-        ts = tracestate_of(env)
-        if ts is not None:
-            out.append((TRACESTATE, ts.encode()))
+        _append_tracestate(env, out)
     return out
+
+
+def _append_tracestate(env: Envelope, out: list[tuple[str, bytes]]) -> None:
+    """The `tracestate` header after `traceparent`, when the envelope carries a valid one."""
+    ts = tracestate_of(env)
+    if ts is not None:
+        out.append((TRACESTATE, ts.encode()))
 
 
 def headers_for(env: Envelope, layout: Layout) -> list[tuple[str, bytes]]:
@@ -252,12 +257,20 @@ def prepare_batch_records(
     """The per-message half of `encode_layouts` with a batch-scope signature: headers, key,
     timestamp and both copies' bytes and digests (`app.security.signing.prepare_batch`).
     Everything that can fail for this message alone (a header that disagrees with the
-    envelope, an encoding error) fails here, before the batch is signed."""
+    envelope, an encoding error) fails here, before the batch is signed. On the compiled path
+    the envelope headers come from `prepare_batch`'s compiled call, which reads them from the
+    bytes it serializes anyway (`PreparedMessage.headers`; the same headers, tests/bindings/
+    test_kafka_headers_native.py)."""
     extra = list(headers)
-    common = _envelope_headers(env)
     record_key = partition_key(env, key, key_fallback)
     ts = env.published_at_ms
-    prepared = prepare_batch(env, sign_with, layouts)
+    prepared = prepare_batch(env, sign_with, layouts)  # only touches env.security: the headers read none of it
+    common = prepared.headers
+    if common is None:
+        common = _envelope_headers(env)
+    elif prepared.tracestate_pending:  # the compiled reader leaves the W3C grammar to tracestate_of
+        common = [*common]
+        _append_tracestate(env, common)
     records = _records(layouts, [b""] * len(layouts), common, extra, record_key, ts if ts > 0 else None)
     return PendingRecords(prepared, records)
 

@@ -427,11 +427,16 @@ _pair_copies = _py_pair_copies
 _native_finish_batch: Any = None
 
 
-def _compiled_pieces(env: Envelope, batch: bool) -> tuple[bytes, bytes | None, tuple[bytes, ...]] | None:
+#: The compiled `pair_copies`' answer: head_reviewed, head_draft, security_draft, digest_draft,
+#: digest_reviewed, the Kafka binding's envelope headers (or None) and whether a tracestate
+#: entry is still to be checked (`prism_native.pair_copies`).
+_Pieces = tuple[bytes, bytes, bytes, bytes, bytes, "list[tuple[str, bytes]] | None", bool]
+
+
+def _compiled_pieces(env: Envelope, batch: bool) -> tuple[bytes, bytes | None, _Pieces] | None:
     """The compiled `pair_copies` of a message whose signing fields are cleared: (reviewed
-    header serialized, payload `Any` bytes or None, (head_reviewed, head_draft,
-    security_draft, digest_draft, digest_reviewed)), or None without the compiled module or
-    for a header it does not convert (the Python path then does)."""
+    header serialized, payload `Any` bytes or None, `_Pieces`), or None without the compiled
+    module or for a header it does not convert (the Python path then does)."""
     return None
 
 
@@ -447,13 +452,14 @@ if _native.module is not None:
     _native_finish_batch = _native.module.finish_batch
     _PAIR_CUTS = {_CUT_PAIR: False, _CUT_BATCH: True}
 
-    def _compiled_pieces(env: Envelope, batch: bool) -> tuple[bytes, bytes | None, tuple[bytes, ...]] | None:
+    def _compiled_pieces(env: Envelope, batch: bool) -> tuple[bytes, bytes | None, _Pieces] | None:
         """`prism_native.pair_copies` (prism-client's `pair::pair_copies`): the reviewed header
         is serialized once here and everything else - the cut of its security record, the draft
         head with its metadata converted, the draft security context, both digests - is worked
         out from those bytes in one call, where Python builds the draft metadata as a protobuf
         message and serializes, parses and hashes piece by piece. The same copies and digests
-        byte for byte (tests/envelope/test_layouts_native.py). A header the compiled shortcut
+        byte for byte (tests/envelope/test_layouts_native.py). The same call reads the Kafka
+        binding's envelope headers from those bytes (`PreparedMessage.headers`). A header the compiled shortcut
         does not convert (encryption, observability maps, unknown fields, several extension
         entries, ...) gets None back and takes the Python path, which also words every error;
         the compiled side has none to report."""
@@ -473,7 +479,7 @@ if _native.module is not None:
         got = None if batch is None else _compiled_pieces(env, batch)
         if got is None:
             return _py_pair_copies(env, cut_fields)
-        head_r, head_d, sec_d, digest_d, digest_r = got[2]
+        head_r, head_d, sec_d, digest_d, digest_r, _, _ = got[2]
         return _copies_from_pieces(env, head_r, head_d, sec_d), digest_d, digest_r
 
 
@@ -606,6 +612,13 @@ class PreparedMessage:
     layouts: tuple[Layout, ...]
     env: Envelope | None = None
     compiled: tuple[bytes, bytes, bytes, bytes, bytes, bytes | None] | None = None
+    #: The Kafka binding's envelope headers (`app.bindings.kafka._envelope_headers` but
+    #: `tracestate`), read by the compiled call from the bytes it already had, so the binding
+    #: reads no metadata field in Python; None: not read (the binding builds them itself).
+    headers: list[tuple[str, bytes]] | None = None
+    #: With `headers`: a `traceparent` is among them and a `w3c.tracestate` extension entry
+    #: may exist, whose value the binding still checks (`tracestate_of`).
+    tracestate_pending: bool = False
 
     @property
     def leaf(self) -> bytes:
@@ -634,9 +647,9 @@ def prepare_batch(env: Envelope, key: SigningKey, layouts: Sequence[Layout]) -> 
     lays = tuple(layouts)
     got = _compiled_pieces(env, True)
     if got is not None:
-        full, payload, (head_r, head_d, sec_d, digest_d, digest_r) = got
+        full, payload, (head_r, head_d, sec_d, digest_d, digest_r, headers, pending) = got
         return PreparedMessage(None, digest_d, digest_r, lays, env,
-                               (_layout_codes(lays), head_d, sec_d, head_r, full, payload))
+                               (_layout_codes(lays), head_d, sec_d, head_r, full, payload), headers, pending)
     copies, draft_digest, reviewed_digest = _py_pair_copies(env, _CUT_BATCH)
     return PreparedMessage(copies, draft_digest, reviewed_digest, lays)
 

@@ -279,7 +279,7 @@ def _check_bytes(data: bytes, payload: bytes | None, batch: bool) -> None:
         return
     expected = _python_for_bytes(data, payload, batch)
     assert expected is not None, data.hex()  # a value only for an encoder's canonical output
-    head_r, head_d, sec_d, digest_d, digest_r = got
+    head_r, head_d, sec_d, digest_d, digest_r, _, _ = got
     assert (head_r, head_d, vpb.SecurityContext.FromString(sec_d).SerializeToString(), digest_d, digest_r) == (
         expected[0], expected[1], vpb.SecurityContext.FromString(expected[2]).SerializeToString(), *expected[3:]), data.hex()
 

@@ -3,7 +3,8 @@
 from collections.abc import Callable
 from typing import Any
 
-ABI: int  # 6: scan, security_record, signed_message, signed_mac, pair_copies, DocPlan, finish_batch
+ABI: int  # 7: scan, security_record, signed_message, signed_mac, pair_copies (with the envelope headers), DocPlan,
+#          finish_batch
 __version__: str
 
 class WireFault(ValueError):
@@ -31,11 +32,13 @@ def signed_mac(buf: bytes | bytearray | memoryview, reviewed: bool, secret: byte
     """HMAC-SHA256 under `secret` of `signed_message(buf, reviewed)`."""
 
 def pair_copies(header: bytes | bytearray | memoryview, payload: bytes | bytearray | memoryview | None, batch: bool
-                ) -> tuple[bytes, bytes, bytes, bytes, bytes] | None:
+                ) -> tuple[bytes, bytes, bytes, bytes, bytes, list[tuple[str, bytes]] | None, bool] | None:
     """`app.security.signing._pair_copies`' bytes work, compiled: from the reviewed header
     serialized without its payload (signing fields cleared) and the payload `Any`'s bytes,
-    (head_reviewed, head_draft, security_draft value, digest_draft, digest_reviewed), or None
-    when the general path must convert the header."""
+    (head_reviewed, head_draft, security_draft value, digest_draft, digest_reviewed, headers,
+    tracestate_pending), or None when the general path must convert the header. `headers`:
+    `app.bindings.kafka._envelope_headers` read from the same bytes, without `tracestate`,
+    which the caller appends when `tracestate_pending` (None: the caller builds them)."""
 
 def finish_batch(items: list[tuple[bytes, bytes, tuple[bytes, bytes, bytes, bytes, bytes,
                                                       bytes | bytearray | memoryview | None] | None]],

@@ -19,6 +19,8 @@
 //! is never wrong, only slower. Nothing here panics on any input (`cargo test`: generated
 //! headers against [`crate::layouts::reviewed_to_draft`], hostile and 70-bit inputs).
 
+use std::borrow::Cow;
+
 use sha2::{Digest, Sha256};
 
 use crate::wire::{read_varint_wide, LEN, VARINT};
@@ -419,6 +421,133 @@ pub fn pair_copies(full: &[u8], payload: Option<&[u8]>, cut: &[u32]) -> Option<P
     })
 }
 
+/// The Kafka binding's headers that depend on the envelope alone, read from the reviewed
+/// header's bytes: what `app.bindings.kafka._envelope_headers` builds from the protobuf
+/// objects, in its order and wording ([`envelope_headers`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvelopeHeaders<'a> {
+    /// `(name, value)` of the non-empty ones among `prism-message-id`, `prism-topic`,
+    /// `prism-namespace`, `prism-trace-id`, `prism-content-type` (the MIME string), then
+    /// `traceparent` when the observability context holds a valid trace.
+    pub headers: Vec<(&'static str, Cow<'a, [u8]>)>,
+    /// A `traceparent` is among them and the header has an extensions entry that is, or may
+    /// be, `w3c.tracestate`: the caller still checks its value against the W3C grammar and
+    /// appends `tracestate` when it holds (the Python side's `tracestate_of`).
+    pub tracestate_pending: bool,
+}
+
+/// A lowercase-hex id of `len` characters that is not all zeros (`_from_envelope_fields`).
+fn trace_hex(id: &[u8], len: usize) -> bool {
+    id.len() == len && id.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) && id.iter().any(|&b| b != b'0')
+}
+
+/// The `prism-content-type` value for metadata's `content_type` (field 5, `None`: absent) and
+/// `content_type_custom` (11): `get_content_type` in app/envelope/model.py.
+fn content_type_of(ct: Option<i32>, custom: &[u8]) -> &[u8] {
+    match ct {
+        Some(1) => b"application/protobuf",
+        Some(2) => b"application/json",
+        Some(3) => b"application/avro",
+        Some(99) => custom,
+        _ => b"",
+    }
+}
+
+/// The Kafka binding's envelope headers ([`EnvelopeHeaders`]) for a reviewed header serialized
+/// without its payload (`full`, as [`pair_copies`] takes it), so the worker's publisher gets
+/// them from the call that already has the bytes instead of reading ten protobuf fields and
+/// validating the trace ids in Python.
+///
+/// The rules are the Python binding's: a metadata copy only when not empty; `prism-trace-id`
+/// is the observability context's `trace_id` as it is; `traceparent` is
+/// `00-<trace_id>-<span_id>-<flags & 3, 2 hex digits>` when the context is present, the ids
+/// are 32 and 16 lowercase hex digits, not all zeros, and the flags within 0..=255 (the
+/// version-00 rules, only the known flag bits propagated), else absent.
+///
+/// Only what it is sure of: the top level must be metadata, security, observability, schema
+/// and extensions records as an encoder writes them, the metadata and observability contexts
+/// known fields only, canonical, strings UTF-8 and no observability maps; anything else gives
+/// `None` and the caller builds the headers its own way. The security and schema records are
+/// not read (no header depends on them); [`pair_copies`] checks them.
+pub fn envelope_headers(full: &[u8]) -> Option<EnvelopeHeaders<'_>> {
+    let (mut meta, mut obs) = (None, None);
+    let mut tracestate_entry = false;
+    for r in canon_records_repeating(full, 0, full.len(), 97)? {
+        match (r.field, r.wire_type) {
+            (1, LEN) => meta = Some(&full[r.value_start..r.end]),
+            (3, LEN) => obs = Some(&full[r.value_start..r.end]),
+            (2 | 4, LEN) => {}
+            (97, LEN) => tracestate_entry |= may_be_tracestate(&full[r.value_start..r.end]),
+            _ => return None,
+        }
+    }
+    let meta = meta?;
+    let mut s: [&[u8]; 12] = [&[]; 12];
+    let mut ct = None;
+    for r in canon_records(meta, 0, meta.len())? {
+        match (r.field, r.wire_type) {
+            (1..=3 | 11, LEN) => s[r.field as usize] = utf8(&meta[r.value_start..r.end])?,
+            (9 | 10 | 12 | 13, LEN) => {}
+            (5, VARINT) => ct = Some(as_i32(r.value)?),
+            (4 | 6 | 7 | 8, VARINT) => {}
+            _ => return None,
+        }
+    }
+    let (mut trace_id, mut span_id, mut flags): (&[u8], &[u8], i32) = (b"", b"", 0);
+    if let Some(o) = obs {
+        for r in canon_records(o, 0, o.len())? {
+            match (r.field, r.wire_type) {
+                (1, LEN) => trace_id = utf8(&o[r.value_start..r.end])?,
+                (2, LEN) => span_id = utf8(&o[r.value_start..r.end])?,
+                (3, LEN) => {
+                    utf8(&o[r.value_start..r.end])?;
+                }
+                (4, VARINT) => flags = as_i32(r.value)?,
+                _ => return None, // the maps (5, 6), unknown fields, other wire types
+            }
+        }
+    }
+    let mut headers: Vec<(&'static str, Cow<'_, [u8]>)> = Vec::with_capacity(7);
+    let content_type = content_type_of(ct, s[11]);
+    for (name, value) in [
+        (crate::binding::MESSAGE_ID, s[1]),
+        (crate::binding::TOPIC, s[2]),
+        (crate::binding::NAMESPACE, s[3]),
+        (crate::binding::TRACE_ID, trace_id),
+        (crate::binding::CONTENT_TYPE, content_type),
+    ] {
+        if !value.is_empty() {
+            headers.push((name, Cow::Borrowed(value)));
+        }
+    }
+    let traced = obs.is_some() && (0..=0xff).contains(&flags) && trace_hex(trace_id, 32) && trace_hex(span_id, 16);
+    if traced {
+        let mut tp = Vec::with_capacity(55);
+        tp.extend_from_slice(b"00-");
+        tp.extend_from_slice(trace_id);
+        tp.push(b'-');
+        tp.extend_from_slice(span_id);
+        tp.extend_from_slice(b"-0"); // the known flags: 0..=3, two hex digits
+        tp.push(b"0123"[(flags & 3) as usize]);
+        headers.push((crate::binding::TRACEPARENT, Cow::Owned(tp)));
+    }
+    let tracestate_pending = traced && tracestate_entry;
+    Some(EnvelopeHeaders {
+        headers,
+        tracestate_pending,
+    })
+}
+
+/// Whether an extensions map entry's key is, or may be, `w3c.tracestate`: an entry that
+/// does not walk as an encoder writes one may be (the caller reads the map itself).
+fn may_be_tracestate(entry: &[u8]) -> bool {
+    let Some(recs) = canon_records(entry, 0, entry.len()) else {
+        return true;
+    };
+    let key = recs.iter().find(|r| r.field == 1 && r.wire_type == LEN);
+    key.is_some_and(|k| &entry[k.value_start..k.end] == crate::binding::TRACESTATE_EXTENSION.as_bytes())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -763,5 +892,182 @@ mod tests {
                 "{ms}"
             );
         }
+    }
+
+    /// `_envelope_headers` of app/bindings/kafka.py over the decoded message, written from the
+    /// Python rules rather than from [`envelope_headers`]' walk; the tracestate left pending
+    /// when a valid traceparent goes with a `w3c.tracestate` entry.
+    fn reference_headers(h: &v1::PrismEnvelope) -> Owned {
+        let m = h.metadata.clone().unwrap_or_default();
+        let ct: &str = match m.content_type {
+            Some(1) => "application/protobuf",
+            Some(2) => "application/json",
+            Some(3) => "application/avro",
+            Some(99) => m.content_type_custom.as_deref().unwrap_or(""),
+            _ => "",
+        };
+        let o = h.observability.as_ref();
+        let tid = o.map(|o| o.trace_id.as_str()).unwrap_or("");
+        let mut out = Vec::new();
+        for (n, v) in [
+            ("prism-message-id", m.message_id.as_str()),
+            ("prism-topic", m.topic.as_str()),
+            ("prism-namespace", m.namespace.as_str()),
+            ("prism-trace-id", tid),
+            ("prism-content-type", ct),
+        ] {
+            if !v.is_empty() {
+                out.push((n, v.as_bytes().to_vec()));
+            }
+        }
+        let hex =
+            |s: &str, n: usize| s.len() == n && s.chars().all(|c| "0123456789abcdef".contains(c)) && s != "0".repeat(n);
+        let tp = o.filter(|o| (0..=255).contains(&o.trace_flags) && hex(&o.trace_id, 32) && hex(&o.span_id, 16));
+        if let Some(o) = tp {
+            let v = format!("00-{}-{}-{:02x}", o.trace_id, o.span_id, o.trace_flags & 3);
+            out.push(("traceparent", v.into_bytes()));
+        }
+        (out, tp.is_some() && h.extensions.contains_key("w3c.tracestate"))
+    }
+
+    /// The headers as owned `(name, value)` pairs and whether a tracestate is pending.
+    type Owned = (Vec<(&'static str, Vec<u8>)>, bool);
+
+    fn got_headers(full: &[u8]) -> Option<Owned> {
+        let g = envelope_headers(full)?;
+        Some((
+            g.headers.into_iter().map(|(n, v)| (n, v.into_owned())).collect(),
+            g.tracestate_pending,
+        ))
+    }
+
+    fn traced_header() -> impl Strategy<Value = v1::PrismEnvelope> {
+        let id = |n: usize| -> BoxedStrategy<String> {
+            let re = |r: String| prop::string::string_regex(&r).unwrap().boxed();
+            prop_oneof![
+                Just(String::new()).boxed(),
+                Just("0".repeat(n)).boxed(),
+                re(format!("[0-9a-f]{{{n}}}")),
+                re(format!("[0-9a-fA-F]{{{n}}}")),
+                re(format!("[0-9a-f]{{{}}}", n - 1)),
+                re(format!("[0-9a-f]{{{}}}", n + 1)),
+                re("[0-9a-fé]{1,40}".into()),
+            ]
+            .boxed()
+        };
+        let flags = prop_oneof![0..4i32, 0..=255i32, Just(256), Just(-1), any::<i32>()];
+        let obs =
+            prop::option::of(
+                (id(32), id(16), opt_str(), flags).prop_map(|(t, s, p, f)| v1::ObservabilityContext {
+                    trace_id: t,
+                    span_id: s,
+                    parent_span_id: p.unwrap_or_default(),
+                    trace_flags: f,
+                    ..Default::default()
+                }),
+            );
+        let ct = prop::option::of(prop_oneof![0..4i32, Just(99), Just(7), Just(-5)]);
+        let ext = prop::collection::btree_map(
+            prop_oneof![Just("w3c.tracestate".to_string()), Just(String::new()), "[a-z.]{1,16}"],
+            prop::collection::vec(any::<u8>(), 0..6),
+            0..3,
+        );
+        (header(), obs, ct, opt_str(), "[a-zé /._-]{0,12}", ext).prop_map(|(mut h, o, ct, ctc, id, e)| {
+            let m = h.metadata.as_mut().unwrap();
+            m.content_type = ct;
+            m.content_type_custom = ctc;
+            m.message_id = id;
+            h.observability = o;
+            h.extensions = e.into_iter().collect();
+            h
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3000))]
+        #[test]
+        fn the_headers_are_the_python_bindings(h in traced_header()) {
+            prop_assert_eq!(got_headers(&h.encode_to_vec()), Some(reference_headers(&h)));
+        }
+
+        #[test]
+        fn the_headers_of_any_bytes_are_a_value_or_none(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
+            let _ = envelope_headers(&bytes);
+        }
+
+        #[test]
+        fn the_headers_of_a_corrupted_header_are_its_decoding_or_none(h in traced_header(),
+                                                                      at in any::<prop::sample::Index>(), b in any::<u8>()) {
+            let mut full = h.encode_to_vec();
+            let i = at.index(full.len());
+            full[i] = b;
+            // a value only where prost reads the same message back from the bytes
+            if let Some(got) = got_headers(&full) {
+                // (the security and schema records are not read: prost may refuse them)
+                if let Ok(back) = v1::PrismEnvelope::decode(full.as_slice()) {
+                    prop_assert_eq!(got, reference_headers(&back));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_headers_words_and_declines() {
+        let tid = "0af7651916cd43dd8448eb211c80319c";
+        let sid = "b7ad6b7169203331";
+        let mut h = base();
+        h.metadata.as_mut().unwrap().content_type = Some(2);
+        h.observability = Some(v1::ObservabilityContext {
+            trace_id: tid.into(),
+            span_id: sid.into(),
+            trace_flags: 0x83, // unknown bits are not propagated
+            ..Default::default()
+        });
+        let (got, pending) = got_headers(&h.encode_to_vec()).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                ("prism-message-id", b"m".to_vec()),
+                ("prism-trace-id", tid.as_bytes().to_vec()),
+                ("prism-content-type", b"application/json".to_vec()),
+                ("traceparent", format!("00-{tid}-{sid}-03").into_bytes()),
+            ]
+        );
+        assert!(!pending);
+        h.extensions.insert("w3c.tracestate".into(), b"a=b".to_vec());
+        assert!(got_headers(&h.encode_to_vec()).unwrap().1);
+        // an entry whose key it cannot read may be the tracestate one: left to the caller
+        let mut odd = base().encode_to_vec();
+        odd.extend_from_slice(b"\x1a\x34\x0a\x20");
+        odd.extend_from_slice(tid.as_bytes());
+        odd.extend_from_slice(b"\x12\x10");
+        odd.extend_from_slice(sid.as_bytes());
+        let valued = [odd.as_slice(), b"\x8a\x06\x02\x12\x00"].concat(); // key "": not the one
+        assert!(!got_headers(&valued).unwrap().1);
+        odd.extend_from_slice(b"\x8a\x06\x02\x0a\x05"); // its key runs past the entry
+        assert!(got_headers(&odd).unwrap().1);
+        let full = base().encode_to_vec();
+        for (what, extra) in [
+            ("observability map", b"\x1a\x06\x2a\x04\x0a\x00\x12\x00".as_slice()),
+            ("observability invalid UTF-8", b"\x1a\x03\x0a\x01\xff"),
+            ("trace_flags outside int32", b"\x1a\x06\x20\x80\x80\x80\x80\x10"),
+            ("unknown top-level field", b"\xa8\x06\x01"),
+            ("payload record", b"\x9a\x06\x00"),
+            ("fixed64", b"\xf9\x05\x00\x00\x00\x00\x00\x00\x00\x00"),
+        ] {
+            assert_eq!(got_headers(&[full.as_slice(), extra].concat()), None, "{what}");
+        }
+        for (what, meta) in [
+            ("unknown metadata field", b"\x0a\x01m\xa0\x06\x01".as_slice()),
+            ("message_id invalid UTF-8", b"\x0a\x01\xff"),
+            ("content type outside int32", b"\x28\x80\x80\x80\x80\x10"),
+            ("content_type_custom as VARINT", b"\x58\x01"),
+        ] {
+            let mut f = vec![0x0a];
+            put_varint(&mut f, meta.len() as u64);
+            f.extend_from_slice(meta);
+            assert_eq!(got_headers(&f), None, "{what}");
+        }
+        assert_eq!(got_headers(b""), None, "no metadata");
     }
 }

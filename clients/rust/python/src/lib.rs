@@ -17,6 +17,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 mod doc_check;
 
+use prism_client::binding;
 use prism_client::finish::{self, BatchFields, Pieces};
 use prism_client::pair;
 use prism_client::signing::{self, locate_security_record, SecurityFault, StatementFault};
@@ -26,7 +27,8 @@ use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyBytes, PyList, PyString, PyTuple};
 
 create_exception!(
     prism_native,
@@ -51,7 +53,7 @@ create_exception!(
 
 /// Bumped whenever a function's contract changes: `app/native.py` uses the module only when
 /// this is the version it was written for (a stale wheel in a venv falls back to Python).
-const ABI: u32 = 6;
+const ABI: u32 = 7;
 
 /// What a fault says, as `WireFault`'s args: (kind, at, field, wire_type, length, remaining),
 /// the numbers not given for a kind as None.
@@ -294,10 +296,14 @@ fn signed_mac<'py>(
 /// `app.security.signing._pair_copies`' bytes work, compiled (prism-client's
 /// `pair::pair_copies`): from a reviewed header serialized without its payload (signing
 /// fields cleared) and the payload `Any`'s bytes (None when there is no payload),
-/// `(head_reviewed, head_draft, security_draft, digest_draft, digest_reviewed)` with the
-/// batch scope's cut (else the pair scope's), or None when the header is not one the
-/// shortcut converts byte for byte (the caller then takes the general path, which gives the
-/// same bytes or words the error). A panic crosses as `WireFault` of kind `"internal"`.
+/// `(head_reviewed, head_draft, security_draft, digest_draft, digest_reviewed, headers,
+/// tracestate_pending)` with the batch scope's cut (else the pair scope's), or None when the
+/// header is not one the shortcut converts byte for byte (the caller then takes the general
+/// path, which gives the same bytes or words the error). `headers` are the Kafka binding's
+/// envelope headers read from the same bytes (`pair::envelope_headers`: a list of
+/// `(name, value)`, or None where the caller builds them), `tracestate_pending` whether the
+/// caller must still check a `w3c.tracestate` entry: one call, so the publisher's `prepare`
+/// reads no metadata field in Python. A panic crosses as `WireFault` of kind `"internal"`.
 #[pyfunction]
 #[pyo3(signature = (header, payload, batch))]
 fn pair_copies<'py>(
@@ -308,20 +314,40 @@ fn pair_copies<'py>(
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
     let cut = if batch { pair::CUT_BATCH } else { pair::CUT_PAIR };
     let run = |full: &[u8], pay: Option<&[u8]>| -> PyResult<Option<Bound<'py, PyTuple>>> {
-        let made = catch_unwind(AssertUnwindSafe(|| pair::pair_copies(full, pay, cut)));
+        let made = catch_unwind(AssertUnwindSafe(|| {
+            pair::pair_copies(full, pay, cut).map(|c| (c, pair::envelope_headers(full)))
+        }));
         let Ok(made) = made else {
             let internal: FaultArgs = ("internal", 0, None, None, None, None);
             return Err(WireFaultError::new_err(internal));
         };
-        let Some(c) = made else { return Ok(None) };
+        let Some((c, headers)) = made else { return Ok(None) };
+        let (list, pending) = match headers {
+            Some(h) => {
+                let items = h
+                    .headers
+                    .iter()
+                    .map(|(name, value)| {
+                        PyTuple::new(
+                            py,
+                            [header_name(py, name).into_any(), PyBytes::new(py, value).into_any()],
+                        )
+                    })
+                    .collect::<PyResult<Vec<_>>>()?;
+                (PyList::new(py, items)?.into_any(), h.tracestate_pending)
+            }
+            None => (py.None().into_bound(py), false),
+        };
         Ok(Some(PyTuple::new(
             py,
             [
-                PyBytes::new(py, &c.head_reviewed),
-                PyBytes::new(py, &c.head_draft),
-                PyBytes::new(py, &c.security_draft),
-                PyBytes::new(py, &c.digest_draft),
-                PyBytes::new(py, &c.digest_reviewed),
+                PyBytes::new(py, &c.head_reviewed).into_any(),
+                PyBytes::new(py, &c.head_draft).into_any(),
+                PyBytes::new(py, &c.security_draft).into_any(),
+                PyBytes::new(py, &c.digest_draft).into_any(),
+                PyBytes::new(py, &c.digest_reviewed).into_any(),
+                list,
+                PyBool::new(py, pending).to_owned().into_any(),
             ],
         )?))
     };
@@ -329,6 +355,30 @@ fn pair_copies<'py>(
         None => run(full, None),
         Some(p) => with_bytes(p, |pay| run(full, Some(pay))),
     })
+}
+
+/// The names `pair::envelope_headers` gives, as Python strings made once (a `str` built per
+/// header and message was a measurable part of the call).
+static HEADER_NAMES: PyOnceLock<Vec<(&'static str, Py<PyString>)>> = PyOnceLock::new();
+
+fn header_name<'py>(py: Python<'py>, name: &'static str) -> Bound<'py, PyString> {
+    let names = HEADER_NAMES.get_or_init(py, || {
+        [
+            binding::MESSAGE_ID,
+            binding::TOPIC,
+            binding::NAMESPACE,
+            binding::TRACE_ID,
+            binding::CONTENT_TYPE,
+            binding::TRACEPARENT,
+        ]
+        .into_iter()
+        .map(|n| (n, PyString::intern(py, n).unbind()))
+        .collect()
+    });
+    match names.iter().find(|(n, _)| *n == name) {
+        Some((_, s)) => s.bind(py).clone(),
+        None => PyString::intern(py, name),
+    }
 }
 
 /// The bytes of a `bytes` object or a contiguous buffer (`view` keeps the buffer exported
