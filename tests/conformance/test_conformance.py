@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from app._gen.prism.envelope.draft import envelope_pb2 as dpb
 from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
+from app.bindings.kafka import headers_for
 from app.envelope import Layout, Limits, convert, decode, detect_layout, encode
 from app.errors import PrismError
 from app.formats.lnmp_envelope import decode_message, to_lnmp
@@ -300,6 +301,14 @@ def run_negative(doc: dict[str, Any], v: dict[str, Any]) -> None:
     assert _matches(got, v["expected_verify"]), got
 
 
+def run_kafka_headers(doc: dict[str, Any], v: dict[str, Any]) -> None:
+    data = bytes.fromhex(v["envelope_hex"])
+    layout = Layout(v["layout"])
+    assert detect_layout(data) is layout
+    expected = [(name, value.encode("utf-8")) for name, value in v["headers"]]
+    assert headers_for(decode(data), layout) == expected
+
+
 RUNNERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], None]] = {
     "signature": run_signature,
     "envelope": run_envelope,
@@ -308,6 +317,7 @@ RUNNERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], None]] = {
     "key_wrap": run_key_wrap,
     "lnmp": run_lnmp,
     "negative": run_negative,
+    "kafka_headers": run_kafka_headers,
 }
 
 
