@@ -97,6 +97,29 @@ def test_a_change_to_the_wire_format_makes_the_suite_stale(module: str, name: st
     assert any(p.startswith(stale_folder) for p in stale) and "manifest.json" in stale
 
 
+@pytest.mark.parametrize(("name", "value", "case"), [
+    ("KNOWN_FLAGS", 0x01, "flags/2"),  # random-trace-id no longer propagated
+    ("TRACESTATE_MAX_LENGTH", 8193, "tracestate/8193-characters"),  # the cap moved
+    ("TRACESTATE_MAX_MEMBERS", 33, "tracestate/33-members"),
+])
+def test_a_change_to_the_trace_header_rules_stops_the_binding_generator(name: str, value: int, case: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each binding case states the trace headers it expects: a Python change to the rules
+    Go and Rust must follow cannot slip into regenerated vectors without changing the case."""
+    from app.observability import tracecontext
+    from conformance import generate_bindings
+    monkeypatch.setattr(tracecontext, name, value)
+    with pytest.raises(AssertionError, match=case):
+        generate_bindings.build()
+
+
+def test_a_change_to_the_kafka_header_names_makes_the_suite_stale(monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.bindings import kafka
+    monkeypatch.setattr(kafka, "_FIELD_WIRE", tuple(n.replace("prism-", "prism-x-") for n in kafka._FIELD_WIRE))
+    stale = generate.stale_files(generate.build())
+    assert "bindings/kafka-headers.json" in stale and "manifest.json" in stale
+
+
 def test_the_manifest_lists_every_vector_file_with_its_hash_and_kind() -> None:
     on_disk = sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*.json") if p.name != "manifest.json")
     assert sorted(DOCS) == on_disk
