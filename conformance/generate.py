@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import (
+    generate_bindings,
     generate_conversion,
     generate_encryption,
     generate_envelopes,
@@ -51,6 +52,8 @@ GENERATORS: list[tuple[str, Callable[[], dict[str, str]], str]] = [
      "and envelope fields; strict-mode refusals"),
     ("negative", generate_negative.build, "truncation at every record boundary and inside every record, bad varints, "
      "wrong wire types, duplicated records, bad UTF-8, size limits, tampered and relabelled signed envelopes"),
+    ("bindings", generate_bindings.build, "the Kafka binding's headers per envelope and layout: prism-* metadata "
+     "copies, W3C traceparent (id and flag rules) and tracestate (Level 1, strict, re-formatted)"),
 ]
 
 #: What a conforming implementation does with each kind of vector (README.md has the details).
@@ -125,6 +128,14 @@ KINDS: dict[str, dict[str, Any]] = {
                 "refused, checking in the README's order: the outcome must be expected_verify. Where expected_payload "
                 "is given (header-only vectors), `model` is the header alone, the payload record must be at "
                 "payload_location, and only reading the payload fails, with expected_payload.",
+    },
+    "kafka_headers": {
+        "file_fields": [],
+        "inputs": ["envelope_hex", "layout"],
+        "expect": ["headers"],
+        "task": "Decode envelope_hex (layout `layout`) and build the Kafka binding's own headers for it in that "
+                "layout (docs/bindings.md, the Kafka table). They must equal `headers` exactly: the same [name, "
+                "value] pairs in the same order, each value the UTF-8 bytes of the JSON string.",
     },
 }
 

@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from app._gen.prism.envelope.draft import envelope_pb2 as dpb
 from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
+from app.bindings.kafka import headers_for
 from app.envelope import Layout, Limits, convert, decode, detect_layout, encode
 from app.errors import PrismError
 from app.formats.lnmp_envelope import decode_message, to_lnmp
@@ -94,6 +95,29 @@ def test_a_change_to_the_wire_format_makes_the_suite_stale(module: str, name: st
     monkeypatch.setattr(mod, name, {**current, **value} if isinstance(current, dict) else value)
     stale = generate.stale_files(generate.build())
     assert any(p.startswith(stale_folder) for p in stale) and "manifest.json" in stale
+
+
+@pytest.mark.parametrize(("name", "value", "case"), [
+    ("KNOWN_FLAGS", 0x01, "flags/2"),  # random-trace-id no longer propagated
+    ("TRACESTATE_MAX_LENGTH", 8193, "tracestate/8193-characters"),  # the cap moved
+    ("TRACESTATE_MAX_MEMBERS", 33, "tracestate/33-members"),
+])
+def test_a_change_to_the_trace_header_rules_stops_the_binding_generator(name: str, value: int, case: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each binding case states the trace headers it expects: a Python change to the rules
+    Go and Rust must follow cannot slip into regenerated vectors without changing the case."""
+    from app.observability import tracecontext
+    from conformance import generate_bindings
+    monkeypatch.setattr(tracecontext, name, value)
+    with pytest.raises(AssertionError, match=case):
+        generate_bindings.build()
+
+
+def test_a_change_to_the_kafka_header_names_makes_the_suite_stale(monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.bindings import kafka
+    monkeypatch.setattr(kafka, "_FIELD_WIRE", tuple(n.replace("prism-", "prism-x-") for n in kafka._FIELD_WIRE))
+    stale = generate.stale_files(generate.build())
+    assert "bindings/kafka-headers.json" in stale and "manifest.json" in stale
 
 
 def test_the_manifest_lists_every_vector_file_with_its_hash_and_kind() -> None:
@@ -300,6 +324,14 @@ def run_negative(doc: dict[str, Any], v: dict[str, Any]) -> None:
     assert _matches(got, v["expected_verify"]), got
 
 
+def run_kafka_headers(doc: dict[str, Any], v: dict[str, Any]) -> None:
+    data = bytes.fromhex(v["envelope_hex"])
+    layout = Layout(v["layout"])
+    assert detect_layout(data) is layout
+    expected = [(name, value.encode("utf-8")) for name, value in v["headers"]]
+    assert headers_for(decode(data), layout) == expected
+
+
 RUNNERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], None]] = {
     "signature": run_signature,
     "envelope": run_envelope,
@@ -308,6 +340,7 @@ RUNNERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], None]] = {
     "key_wrap": run_key_wrap,
     "lnmp": run_lnmp,
     "negative": run_negative,
+    "kafka_headers": run_kafka_headers,
 }
 
 

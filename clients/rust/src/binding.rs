@@ -56,29 +56,93 @@ pub fn layout_for_topic(topic: &str) -> Result<Layout> {
     }
 }
 
+/// The trace flag bits propagated (W3C Level 1 `sampled`, Level 2 `random-trace-id`): the
+/// others are sent as zero ("Vendors MUST set those to zero").
+const KNOWN_TRACE_FLAGS: i32 = 0x03;
+/// At most this many `tracestate` list members (W3C); more drops the whole value.
+const TRACESTATE_MAX_MEMBERS: usize = 32;
+/// A longer `tracestate` is dropped before parsing (Python's DoS guard, as OpenTelemetry's).
+const TRACESTATE_MAX_LENGTH: usize = 8192;
+
 fn is_lower_hex(s: &str, len: usize) -> bool {
     s.len() == len
         && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
         && s.bytes().any(|b| b != b'0')
 }
 
-/// `00-<trace_id>-<span_id>-<flags:02x>` when the ids are valid and not all zero.
+/// `00-<trace_id>-<span_id>-<flags:02x>` when the ids are 32 and 16 lowercase hex digits, not
+/// all zero, and the flags fit the header's byte (0..=255); only the known flag bits are sent.
+/// These are Python's rules (`app/observability/tracecontext.py`, `_from_envelope_fields` and
+/// `TraceParent.propagated_flags`), pinned by `conformance/bindings/kafka-headers.json`.
 pub fn traceparent_of(env: &Envelope) -> Option<String> {
     let o = env.header.observability.as_ref()?;
-    (is_lower_hex(&o.trace_id, 32) && is_lower_hex(&o.span_id, 16))
-        .then(|| format!("00-{}-{}-{:02x}", o.trace_id, o.span_id, o.trace_flags & 0xff))
+    ((0..=0xff).contains(&o.trace_flags) && is_lower_hex(&o.trace_id, 32) && is_lower_hex(&o.span_id, 16)).then(|| {
+        format!(
+            "00-{}-{}-{:02x}",
+            o.trace_id,
+            o.span_id,
+            o.trace_flags & KNOWN_TRACE_FLAGS
+        )
+    })
 }
 
-fn tracestate_of(env: &Envelope) -> Option<String> {
-    let raw = env.header.extensions.get(TRACESTATE_EXTENSION)?;
-    let s = std::str::from_utf8(raw).ok()?;
-    // W3C: at most 32 list members of printable ASCII; anything else is dropped, not forwarded
-    let ok = !s.is_empty()
-        && s.len() <= 512
-        && s.bytes().all(|b| (0x20..0x7f).contains(&b))
-        && s.split(',').count() <= 32
-        && s.split(',').all(|m| m.trim().is_empty() || m.contains('='));
-    ok.then(|| s.to_owned())
+/// The `tracestate` header for the `w3c.tracestate` extension, or `None` when it is absent or
+/// invalid: an invalid tracestate is dropped, never forwarded (W3C Trace Context).
+pub fn tracestate_of(env: &Envelope) -> Option<String> {
+    normalize_tracestate(env.header.extensions.get(TRACESTATE_EXTENSION)?)
+}
+
+/// Python's strict W3C Level 1 parse and re-format (`parse_tracestate` then
+/// `format_tracestate`): at most 8192 ASCII characters; members split on `,`, spaces and tabs
+/// around each trimmed, empty ones dropped; every other member `key=value` by the Level 1
+/// grammar with no key twice, at most 32 of them; the members joined again with `,`. Anything
+/// else drops the whole value (`None`), as does a value with no member.
+pub fn normalize_tracestate(raw: &[u8]) -> Option<String> {
+    if raw.len() > TRACESTATE_MAX_LENGTH || !raw.is_ascii() {
+        return None;
+    }
+    let text = std::str::from_utf8(raw).ok()?;
+    let mut keys = std::collections::HashSet::new();
+    let mut members = Vec::new();
+    for member in text.split(',') {
+        let member = member.trim_matches([' ', '\t']);
+        if member.is_empty() {
+            continue;
+        }
+        let (key, value) = member.split_once('=')?;
+        if !is_tracestate_key(key) || !is_tracestate_value(value) || !keys.insert(key) {
+            return None;
+        }
+        members.push(member);
+    }
+    (!members.is_empty() && members.len() <= TRACESTATE_MAX_MEMBERS).then(|| members.join(","))
+}
+
+/// A Level 1 key: `simple-key` (a-z, then up to 255 of a-z 0-9 `_ - * /`) or
+/// `tenant@system` (a-z or 0-9 then up to 240 key characters; a-z then up to 13).
+fn is_tracestate_key(key: &str) -> bool {
+    fn part(s: &str, max: usize, first: fn(u8) -> bool) -> bool {
+        let b = s.as_bytes();
+        (1..=max).contains(&b.len())
+            && first(b[0])
+            && b.iter()
+                .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"_-*/".contains(&c))
+    }
+    match key.split_once('@') {
+        None => part(key, 256, |c| c.is_ascii_lowercase()),
+        Some((tenant, system)) => {
+            part(tenant, 241, |c| c.is_ascii_lowercase() || c.is_ascii_digit())
+                && part(system, 14, |c| c.is_ascii_lowercase())
+        }
+    }
+}
+
+/// A value: 1 to 256 printable ASCII characters other than `,` and `=`, the last not a space.
+fn is_tracestate_value(value: &str) -> bool {
+    let b = value.as_bytes();
+    (1..=256).contains(&b.len())
+        && b.iter().all(|&c| (0x20..=0x7e).contains(&c) && c != b',' && c != b'=')
+        && b[b.len() - 1] != b' '
 }
 
 /// The binding's own headers for `env` in `layout` (docs/bindings.md, the Kafka table).
@@ -359,5 +423,37 @@ mod tests {
         );
         e.header.observability.as_mut().unwrap().span_id = "0000000000000000".into();
         assert!(traceparent_of(&e).is_none());
+    }
+
+    // conformance/bindings/kafka-headers.json pins the rules case by case (tests/conformance.rs);
+    // these check what no list of cases can: any bytes at all.
+    proptest::proptest! {
+        /// Untrusted extension bytes never panic, and what comes out is a tracestate the
+        /// parser takes back unchanged: ASCII, no longer than the input, at most 32 members,
+        /// none empty or padded.
+        #[test]
+        fn tracestate_of_any_bytes_is_a_fixed_point(raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600)) {
+            if let Some(out) = normalize_tracestate(&raw) {
+                proptest::prop_assert!(out.is_ascii() && out.len() <= raw.len());
+                proptest::prop_assert_eq!(normalize_tracestate(out.as_bytes()), Some(out.clone()));
+                let members: Vec<&str> = out.split(',').collect();
+                proptest::prop_assert!(members.len() <= TRACESTATE_MAX_MEMBERS);
+                proptest::prop_assert!(members.iter().all(|m| !m.is_empty() && m.trim_matches([' ', '\t']) == *m));
+            }
+        }
+
+        /// Lists of members built from the Level 1 grammar, padded with spaces and tabs: the
+        /// output is the trimmed members joined with `,` when the keys are distinct and there
+        /// are 1 to 32 of them, else nothing (random bytes rarely reach these paths).
+        #[test]
+        fn tracestate_of_grammar_members(members in proptest::collection::vec(
+            "[ \t]{0,2}[a-z][a-z0-9_*/-]{0,2}(@[a-z][a-z0-9]{0,2})?=[!-+\\--<>-~ ]{0,3}[!-+\\--<>-~][ \t]{0,2}", 0..40)
+        ) {
+            let trimmed: Vec<&str> = members.iter().map(|m| m.trim_matches([' ', '\t'])).collect();
+            let keys: std::collections::HashSet<&str> = trimmed.iter().map(|m| m.split_once('=').unwrap().0).collect();
+            let expected = (!trimmed.is_empty() && trimmed.len() <= TRACESTATE_MAX_MEMBERS && keys.len() == trimmed.len())
+                .then(|| trimmed.join(","));
+            proptest::prop_assert_eq!(normalize_tracestate(members.join(",").as_bytes()), expected);
+        }
     }
 }

@@ -27,6 +27,15 @@ fn files_of(kind: &str) -> Vec<(String, Value)> {
     out
 }
 
+/// How many vectors manifest.json lists for one file (a runner must run all of them).
+fn manifest_vectors(path: &str) -> u64 {
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(conformance_dir().join("manifest.json")).unwrap()).unwrap();
+    let files = manifest["files"].as_array().unwrap();
+    let entry = files.iter().find(|f| f["path"] == path).unwrap();
+    entry["vectors"].as_u64().unwrap()
+}
+
 fn hex(v: &Value) -> Vec<u8> {
     hex::decode(v.as_str().unwrap()).unwrap()
 }
@@ -703,12 +712,58 @@ fn lnmp_vectors() {
     );
 }
 
+/// The Kafka binding's headers (kind "kafka_headers"): for each decoded envelope,
+/// `binding::headers_for` must give exactly Python's headers - names, values and order - so a
+/// router or tracing tool reading them sees the same message whichever SDK published it.
+#[test]
+fn kafka_headers_vectors() {
+    use prism_client::binding;
+    let mut failures = Vec::new();
+    let mut count = 0;
+    let mut listed = 0;
+    for (path, file) in files_of("kafka_headers") {
+        listed += manifest_vectors(&path);
+        for v in file["vectors"].as_array().unwrap() {
+            let name = v["name"].as_str().unwrap();
+            let data = hex(&v["envelope_hex"]);
+            let lay = codec::detect_layout(&data).unwrap();
+            if layout_name(lay) != v["layout"] {
+                failures.push(format!("{path} {name}: layout {}", layout_name(lay)));
+                continue;
+            }
+            let env = codec::decode(&data, &Limits::default()).unwrap();
+            let got: Vec<(String, String)> = binding::headers_for(&env, lay)
+                .into_iter()
+                .map(|(n, v)| (n, String::from_utf8(v).unwrap()))
+                .collect();
+            let want: Vec<(String, String)> = v["headers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|h| (h[0].as_str().unwrap().to_owned(), h[1].as_str().unwrap().to_owned()))
+                .collect();
+            count += 1;
+            if got != want {
+                failures.push(format!("{path} {name}:\n  got  {got:?}\n  want {want:?}"));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {count} kafka_headers vectors fail:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert_eq!(count, listed, "ran {count} of the {listed} vectors manifest.json lists");
+    assert!(count > 100);
+}
+
 /// Every kind in the manifest is run by a test above. A kind without a runner is not skipped
 /// in silence: it must be listed in `NOT_IMPLEMENTED`, which the test prints, and which is
 /// empty - so a new kind fails here until Rust runs it.
 #[test]
 fn every_manifest_kind_has_a_runner() {
-    const RUN: [&str; 7] = [
+    const RUN: [&str; 8] = [
         "signature",
         "envelope",
         "conversion",
@@ -716,6 +771,7 @@ fn every_manifest_kind_has_a_runner() {
         "key_wrap",
         "negative",
         "lnmp",
+        "kafka_headers",
     ];
     const NOT_IMPLEMENTED: [&str; 0] = [];
     let manifest: Value =

@@ -13,13 +13,14 @@ import (
 // RunByGo are the kinds whose every vector the Go tests run (each package's
 // conformance_test.go reads the manifest's files of its kind).
 var RunByGo = map[string]string{
-	"signature":  "signing.TestSignatureVectors",
-	"envelope":   "envelope.TestEnvelopeVectors",
-	"conversion": "envelope.TestConversionVectors",
-	"negative":   "envelope.TestNegativeDecodeVectors, signing.TestNegativeVerifyVectors",
-	"encryption": "encryption.TestEncryptionVectors",
-	"key_wrap":   "encryption.TestKeyWrapVectors",
-	"lnmp":       "lnmp.TestLNMPVectors",
+	"signature":     "signing.TestSignatureVectors",
+	"envelope":      "envelope.TestEnvelopeVectors",
+	"conversion":    "envelope.TestConversionVectors",
+	"negative":      "envelope.TestNegativeDecodeVectors, signing.TestNegativeVerifyVectors",
+	"encryption":    "encryption.TestEncryptionVectors",
+	"key_wrap":      "encryption.TestKeyWrapVectors",
+	"lnmp":          "lnmp.TestLNMPVectors",
+	"kafka_headers": "kafka.TestKafkaHeaderVectors",
 }
 
 // NotInGoClient are the kinds the Go client does not implement, with why (none today).
