@@ -64,10 +64,27 @@ const TRACESTATE_MAX_MEMBERS: usize = 32;
 /// A longer `tracestate` is dropped before parsing (Python's DoS guard, as OpenTelemetry's).
 const TRACESTATE_MAX_LENGTH: usize = 8192;
 
-fn is_lower_hex(s: &str, len: usize) -> bool {
-    s.len() == len
-        && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        && s.bytes().any(|b| b != b'0')
+/// A lowercase-hex id of `len` characters that is not all zeros (`_from_envelope_fields`).
+fn is_trace_hex(id: &[u8], len: usize) -> bool {
+    id.len() == len && id.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) && id.iter().any(|&b| b != b'0')
+}
+
+/// The `traceparent` value for an observability context's fields, or `None` when they make
+/// no usable trace: the one place of the rule in this crate (the SDK's [`traceparent_of`] and
+/// the worker's compiled headers, `pair::envelope_headers`, both call it).
+pub(crate) fn traceparent_value(trace_id: &[u8], span_id: &[u8], flags: i32) -> Option<Vec<u8>> {
+    if !((0..=0xff).contains(&flags) && is_trace_hex(trace_id, 32) && is_trace_hex(span_id, 16)) {
+        return None;
+    }
+    let mut tp = Vec::with_capacity(55);
+    tp.extend_from_slice(b"00-");
+    tp.extend_from_slice(trace_id);
+    tp.push(b'-');
+    tp.extend_from_slice(span_id);
+    tp.push(b'-');
+    let known = (flags & KNOWN_TRACE_FLAGS) as u8; // 0..=3: two hex digits
+    tp.extend_from_slice(&[b'0', b"0123"[known as usize]]);
+    Some(tp)
 }
 
 /// `00-<trace_id>-<span_id>-<flags:02x>` when the ids are 32 and 16 lowercase hex digits, not
@@ -76,14 +93,9 @@ fn is_lower_hex(s: &str, len: usize) -> bool {
 /// `TraceParent.propagated_flags`), pinned by `conformance/bindings/kafka-headers.json`.
 pub fn traceparent_of(env: &Envelope) -> Option<String> {
     let o = env.header.observability.as_ref()?;
-    ((0..=0xff).contains(&o.trace_flags) && is_lower_hex(&o.trace_id, 32) && is_lower_hex(&o.span_id, 16)).then(|| {
-        format!(
-            "00-{}-{}-{:02x}",
-            o.trace_id,
-            o.span_id,
-            o.trace_flags & KNOWN_TRACE_FLAGS
-        )
-    })
+    let tp = traceparent_value(o.trace_id.as_bytes(), o.span_id.as_bytes(), o.trace_flags)?;
+    // only ASCII hex digits and dashes went in
+    Some(String::from_utf8(tp).expect("traceparent is ASCII"))
 }
 
 /// The `tracestate` header for the `w3c.tracestate` extension, or `None` when it is absent or

@@ -436,11 +436,6 @@ pub struct EnvelopeHeaders<'a> {
     pub tracestate_pending: bool,
 }
 
-/// A lowercase-hex id of `len` characters that is not all zeros (`_from_envelope_fields`).
-fn trace_hex(id: &[u8], len: usize) -> bool {
-    id.len() == len && id.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) && id.iter().any(|&b| b != b'0')
-}
-
 /// The `prism-content-type` value for metadata's `content_type` (field 5, `None`: absent) and
 /// `content_type_custom` (11): `get_content_type` in app/envelope/model.py.
 fn content_type_of(ct: Option<i32>, custom: &[u8]) -> &[u8] {
@@ -520,15 +515,9 @@ pub fn envelope_headers(full: &[u8]) -> Option<EnvelopeHeaders<'_>> {
             headers.push((name, Cow::Borrowed(value)));
         }
     }
-    let traced = obs.is_some() && (0..=0xff).contains(&flags) && trace_hex(trace_id, 32) && trace_hex(span_id, 16);
-    if traced {
-        let mut tp = Vec::with_capacity(55);
-        tp.extend_from_slice(b"00-");
-        tp.extend_from_slice(trace_id);
-        tp.push(b'-');
-        tp.extend_from_slice(span_id);
-        tp.extend_from_slice(b"-0"); // the known flags: 0..=3, two hex digits
-        tp.push(b"0123"[(flags & 3) as usize]);
+    let traceparent = obs.and_then(|_| crate::binding::traceparent_value(trace_id, span_id, flags));
+    let traced = traceparent.is_some();
+    if let Some(tp) = traceparent {
         headers.push((crate::binding::TRACEPARENT, Cow::Owned(tp)));
     }
     let tracestate_pending = traced && tracestate_entry;
