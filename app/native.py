@@ -41,7 +41,7 @@ from typing import Any
 from .errors import DecodeError, LengthError, PrismError, TruncatedError, WireTypeError
 
 #: The binding's contract version this code was written for (`prism_native.ABI`).
-ABI = 6
+ABI = 7
 ENV = "PRISM_NATIVE"
 
 

@@ -44,17 +44,17 @@ def test_a_stale_build_falls_back_and_says_so(monkeypatch: pytest.MonkeyPatch) -
     assert module is None and "stale build" in reason and "make native" in reason
 
 
-@pytest.mark.parametrize("abi", [4, 5])
+@pytest.mark.parametrize("abi", [4, 5, 6])
 def test_an_older_build_without_the_doc_plan_or_the_batch_finish_is_stale(
         monkeypatch: pytest.MonkeyPatch, abi: int) -> None:
     """A wheel built before `DocPlan` (ABI 4) would lack the class `payload_check` builds its
-    compiled check from, one built before `finish_batch` (ABI 5) the function `signing` takes
-    at import: either is ignored, and the reason names both versions."""
+    compiled check from, one built before `finish_batch` (ABI 5) or `security_span` (ABI 6) a
+    function `signing` takes at import: each is ignored, and the reason names both versions."""
     _fake(monkeypatch, abi)
     monkeypatch.delenv(native.ENV, raising=False)
     module, reason = native._load()
-    assert native.ABI == 6
-    assert module is None and f"ABI {abi} is not 6" in reason and "stale build" in reason
+    assert native.ABI == 7
+    assert module is None and f"ABI {abi} is not 7" in reason and "stale build" in reason
 
 
 def test_a_missing_module_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:

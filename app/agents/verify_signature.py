@@ -50,8 +50,11 @@ class VerifySignature(Stage):
             if sec is not None and sec.signature:
                 namespace = header.metadata.namespace
                 check_keyring_scope(self.keyring, sec.signature_key_id, namespace)
+                # with normalize's walk, `sec` is a parse of these very bytes' header: the record
+                # is not parsed again (`verify`'s `security`)
                 msg.signature = verify(value, self.keyring.keys_for(namespace),
-                                       accept_legacy_scope=self.accept_legacy_scope, layout=layout, records=records)
+                                       accept_legacy_scope=self.accept_legacy_scope, layout=layout, records=records,
+                                       security=sec if records is not None else None)
                 if self.producers is not None:  # the topology's `producers:` key_ids (app/security/producers.py)
                     self.producers.check_key(msg.signature.key_id, namespace, msg.topic)
                 return

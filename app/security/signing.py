@@ -738,7 +738,8 @@ def check_unambiguous(data: bytes | memoryview, *, layout: Layout | None = None,
 
 
 def verify(data: bytes | memoryview, keys: VerificationKeys, *, layout: Layout | None = None,
-           accept_legacy_scope: bool | None = None, records: list[_Rec] | None = None) -> SignatureInfo:
+           accept_legacy_scope: bool | None = None, records: list[_Rec] | None = None,
+           security: vpb.SecurityContext | dpb.SecurityContext | None = None) -> SignatureInfo:
     """Verify the signature on received envelope bytes. Raises `SignatureError` if it is
     missing, malformed or wrong (comparison is constant-time), `UnknownKeyError` if the
     named key is not trusted, `AmbiguousEnvelopeError` if the record layout is ambiguous,
@@ -747,13 +748,23 @@ def verify(data: bytes | memoryview, keys: VerificationKeys, *, layout: Layout |
 
     `records`, when given, must be `wire.scan(data)` of these very bytes: a caller that
     already walked them (the worker's normalize stage) saves the second walk. Every check
-    below still runs on them."""
+    below still runs on them. `security`, when given, must be the security context a
+    protobuf parse of these very bytes' header gave (either layout's, or the reviewed one a
+    draft header was converted to: the fields read here - signature, algorithm, key id -
+    are copied as they are): the worker's normalize stage parsed it, and the record is
+    then not parsed a second time. The ambiguity checks still run first, so a context
+    protobuf merged from two records is never trusted."""
     view = memoryview(data)
     if records is None:
         records = scan(view)
     lay = layout or _detect(records)
+    if security is not None and _native_security_span is not None:
+        # the compiled checks without a tuple per inner record: with the compiled message
+        # parts (`_message_parts`), a known scope needs neither the record nor its inner ones
+        scope = _security_span(view, lay)[2]
+        return _verify_scoped(view, None, None, scope, lay, security, keys, accept_legacy_scope)
     sec_rec, inner, scope = _security_record(view, records, lay)
-    sec = _parse_security(view[sec_rec[3]:sec_rec[4]], lay)
+    sec = security if security is not None else _parse_security(view[sec_rec[3]:sec_rec[4]], lay)
     return _verify_scoped(view, sec_rec, inner, scope, lay, sec, keys, accept_legacy_scope)
 
 
@@ -881,6 +892,27 @@ if _native.module is not None:
         return _located(found, required)
 
 
+#: `prism_native.security_span` when the compiled hot path is active (`verify` with a parsed
+#: security context), else None.
+_native_security_span: Any = None
+
+if _native.module is not None:
+    _native_security_span = _native.module.security_span
+
+    def _security_span(view: memoryview, lay: Layout) -> tuple[int, int, int]:
+        """`_security_record`'s checks, faults and not-signed error, compiled, giving only the
+        record's (value_start, end, scope): no tuple is built per inner record."""
+        try:
+            found = _native_security_span(view, lay is Layout.REVIEWED)
+        except _WireFault as exc:
+            raise _native.scan_fault(exc.args) from None
+        except _SecurityFault as exc:
+            raise _security_fault(lay, *exc.args) from None
+        if found is None:
+            raise _not_signed("envelope is not signed (no security context)")
+        return found  # type: ignore[no-any-return]
+
+
 def _parse_security(value: memoryview, lay: Layout) -> vpb.SecurityContext | dpb.SecurityContext:
     # The two layouts' SecurityContext share field numbers 1-10 but not the nested
     # EncryptionMetadata, so each is read with its own class.
@@ -892,8 +924,18 @@ def _parse_security(value: memoryview, lay: Layout) -> vpb.SecurityContext | dpb
     return sec
 
 
-def _py_message_parts(view: memoryview, sec_rec: _Rec, inner: list[_Rec], lay: Layout, scope: int
+def _unsupported_scope(scope: int) -> SignatureScopeError:
+    return SignatureScopeError(f"signature scope {scope} is not supported by this verifier",
+                               path="security.signature_scope",
+                               hint=f"supported: {', '.join(f'{v} ({n})' for v, n in SCOPE_NAMES.items())}; "
+                                    "upgrade the verifier or have the producer sign with scope v2")
+
+
+def _py_message_parts(view: memoryview, sec_rec: _Rec | None, inner: list[_Rec] | None, lay: Layout, scope: int
                       ) -> list[bytes | memoryview]:
+    if scope not in SCOPE_NAMES:  # before the record is read: `verify`'s compiled path passes none
+        raise _unsupported_scope(scope)
+    assert sec_rec is not None and inner is not None  # every caller with a known scope has them
     _, _, start, vstart, end = sec_rec
     if scope == SCOPE_PAIR:
         return _pair_statement(view, sec_rec, inner, lay)
@@ -902,11 +944,6 @@ def _py_message_parts(view: memoryview, sec_rec: _Rec, inner: list[_Rec], lay: L
     parts: list[bytes | memoryview] = []
     if scope == SCOPE_V2:
         parts.append(SCOPE_V2_CONTEXT[lay])
-    elif scope != SCOPE_LEGACY:
-        raise SignatureScopeError(f"signature scope {scope} is not supported by this verifier",
-                                  path="security.signature_scope",
-                                  hint=f"supported: {', '.join(f'{v} ({n})' for v, n in SCOPE_NAMES.items())}; "
-                                       "upgrade the verifier or have the producer sign with scope v2")
     if start > 0:
         parts.append(view[:start])
     if scope == SCOPE_V2:
@@ -945,7 +982,7 @@ if _native.module is not None:
     _StatementFault = _native.module.StatementFault
     _KNOWN_SCOPES = frozenset({SCOPE_LEGACY, SCOPE_V2, SCOPE_PAIR, SCOPE_BATCH})
 
-    def _message_parts(view: memoryview, sec_rec: _Rec, inner: list[_Rec], lay: Layout, scope: int
+    def _message_parts(view: memoryview, sec_rec: _Rec | None, inner: list[_Rec] | None, lay: Layout, scope: int
                        ) -> list[bytes | memoryview]:
         """`_py_message_parts`, compiled (`prism_native.signed_message`, prism-client's
         `signed_statement`): the same message as one bytes object (the digests, the re-framed
@@ -1028,7 +1065,7 @@ def clear_verification_cache() -> None:
         _VERIFIED.clear()
 
 
-def _verify_scoped(view: memoryview, sec_rec: _Rec, inner: list[_Rec], scope: int, lay: Layout,
+def _verify_scoped(view: memoryview, sec_rec: _Rec | None, inner: list[_Rec] | None, scope: int, lay: Layout,
                    sec: vpb.SecurityContext | dpb.SecurityContext, keys: VerificationKeys,
                    accept_legacy_scope: bool | None) -> SignatureInfo:
     if not sec.signature:

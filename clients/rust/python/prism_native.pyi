@@ -3,7 +3,7 @@
 from collections.abc import Callable
 from typing import Any
 
-ABI: int  # 6: scan, security_record, signed_message, signed_mac, pair_copies, DocPlan, finish_batch
+ABI: int  # 7: scan, security_record, security_span, signed_message, signed_mac, pair_copies, DocPlan, finish_batch
 __version__: str
 
 class WireFault(ValueError):
@@ -19,6 +19,9 @@ class SecurityFault(ValueError):
 def security_record(buf: bytes | bytearray | memoryview, reviewed: bool
                     ) -> tuple[tuple[int, int, int, int, int], list[tuple[int, int, int, int, int]], int] | None:
     """`app.security.signing._security_record`, compiled: (record, inner records, scope) or None."""
+
+def security_span(buf: bytes | bytearray | memoryview, reviewed: bool) -> tuple[int, int, int] | None:
+    """`security_record`'s checks and faults, giving only (value_start, end, scope) or None."""
 
 class StatementFault(ValueError):
     """A pair or batch scope's signed message cannot be formed: args are (kind, a, b, scope name)."""

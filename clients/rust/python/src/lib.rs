@@ -19,7 +19,7 @@ mod doc_check;
 
 use prism_client::finish::{self, BatchFields, Pieces};
 use prism_client::pair;
-use prism_client::signing::{self, locate_security_record, SecurityFault, StatementFault};
+use prism_client::signing::{self, locate_security_record, SecurityFault, SecurityRecord, StatementFault};
 use prism_client::wire::{self, Record, WireFault};
 use prism_client::Layout;
 use pyo3::buffer::PyBuffer;
@@ -51,7 +51,7 @@ create_exception!(
 
 /// Bumped whenever a function's contract changes: `app/native.py` uses the module only when
 /// this is the version it was written for (a stale wheel in a venv falls back to Python).
-const ABI: u32 = 6;
+const ABI: u32 = 7;
 
 /// What a fault says, as `WireFault`'s args: (kind, at, field, wire_type, length, remaining),
 /// the numbers not given for a kind as None.
@@ -170,6 +170,26 @@ fn security_args(f: SecurityFault) -> SecurityArgs {
     }
 }
 
+/// The one security record of envelope bytes in `reviewed` (else draft) layout after the
+/// ambiguity checks (a fresh walk of `data`), or None when there is none; faults as the
+/// Python errors `security_record` and `security_span` raise.
+fn located(data: &[u8], reviewed: bool) -> PyResult<Option<SecurityRecord>> {
+    let lay = if reviewed { Layout::Reviewed } else { Layout::Draft };
+    let located = catch_unwind(AssertUnwindSafe(|| {
+        let records = wire::walk(data, 0, data.len()).map_err(SecurityFault::Wire)?;
+        locate_security_record(data, &records, lay)
+    }));
+    match located {
+        Ok(Ok(found)) => Ok(found),
+        Ok(Err(SecurityFault::Wire(fault))) => Err(WireFaultError::new_err(fault_args(fault))),
+        Ok(Err(fault)) => Err(SecurityFaultError::new_err(security_args(fault))),
+        Err(_) => {
+            let internal: FaultArgs = ("internal", 0, None, None, None, None);
+            Err(WireFaultError::new_err(internal))
+        }
+    }
+}
+
 /// `app.security.signing._security_record`, compiled: the one security record of envelope
 /// bytes in `reviewed` (else draft) layout after the ambiguity checks, as
 /// `(record, inner records, scope)`, or None when there is none. The top-level walk is done
@@ -181,22 +201,10 @@ fn security_record<'py>(
     buf: &Bound<'py, PyAny>,
     reviewed: bool,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
-    let lay = if reviewed { Layout::Reviewed } else { Layout::Draft };
     with_bytes(buf, |data| {
-        let located = catch_unwind(AssertUnwindSafe(|| {
-            let records = wire::walk(data, 0, data.len()).map_err(SecurityFault::Wire)?;
-            locate_security_record(data, &records, lay)
-        }));
-        let found = match located {
-            Ok(Ok(found)) => found,
-            Ok(Err(SecurityFault::Wire(fault))) => return Err(WireFaultError::new_err(fault_args(fault))),
-            Ok(Err(fault)) => return Err(SecurityFaultError::new_err(security_args(fault))),
-            Err(_) => {
-                let internal: FaultArgs = ("internal", 0, None, None, None, None);
-                return Err(WireFaultError::new_err(internal));
-            }
+        let Some(sec) = located(data, reviewed)? else {
+            return Ok(None);
         };
-        let Some(sec) = found else { return Ok(None) };
         let rec = record_tuple(py, &sec.rec)?;
         let inner = record_list(py, &sec.inner)?;
         Ok(Some(PyTuple::new(
@@ -207,6 +215,17 @@ fn security_record<'py>(
                 sec.scope.into_pyobject(py)?.into_any(),
             ],
         )?))
+    })
+}
+
+/// `security_record` for a caller that needs only where the record's value lies and its
+/// scope (the verifier of an envelope whose security context is already parsed):
+/// `(value_start, end, scope)` or None, the same checks and faults, without building a
+/// tuple per inner record.
+#[pyfunction]
+fn security_span(buf: &Bound<'_, PyAny>, reviewed: bool) -> PyResult<Option<(usize, usize, u128)>> {
+    with_bytes(buf, |data| {
+        Ok(located(data, reviewed)?.map(|sec| (sec.rec.value_start, sec.rec.end, sec.scope)))
     })
 }
 
@@ -451,6 +470,7 @@ fn prism_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("StatementFault", m.py().get_type::<StatementFaultError>())?;
     m.add_function(wrap_pyfunction!(scan, m)?)?;
     m.add_function(wrap_pyfunction!(security_record, m)?)?;
+    m.add_function(wrap_pyfunction!(security_span, m)?)?;
     m.add_function(wrap_pyfunction!(signed_message, m)?)?;
     m.add_function(wrap_pyfunction!(signed_mac, m)?)?;
     m.add_function(wrap_pyfunction!(pair_copies, m)?)?;
