@@ -42,7 +42,9 @@ from tests.security.test_signing_statement_native import _FIELDS, KEYS, SECRET, 
 from tests.support import require
 
 ED_KEY = signing.SigningKey.ed25519("e1", Ed25519PrivateKey.from_private_bytes(bytes(range(32))))
-SIGNERS = [signing.SigningKey.hmac_sha256("k1", SECRET), ED_KEY]
+#: k1 named by id (one candidate: the MAC comes with the record's check), the same secret
+#: under no id (every HMAC key of the keyring is a candidate, the right one second), Ed25519
+SIGNERS = [signing.SigningKey.hmac_sha256("k1", SECRET), signing.SigningKey.hmac_sha256("", SECRET), ED_KEY]
 BOTH = signing.VerificationKeys.of([*KEYS.keys.values(), ED_KEY], accept_legacy_scope=True)
 
 

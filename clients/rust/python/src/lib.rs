@@ -218,14 +218,42 @@ fn security_record<'py>(
     })
 }
 
+/// What `security_span` gives: the record's (value_start, end, scope), and the MAC when one
+/// was asked for and the scope is one whose message `signed_mac` forms (v2 or legacy).
+type Span<'py> = (usize, usize, u128, Option<Bound<'py, PyBytes>>);
+
 /// `security_record` for a caller that needs only where the record's value lies and its
 /// scope (the verifier of an envelope whose security context is already parsed):
-/// `(value_start, end, scope)` or None, the same checks and faults, without building a
-/// tuple per inner record.
+/// `(value_start, end, scope, mac)` or None, the same checks and faults, without building a
+/// tuple per inner record. With `secret`, and a scope of 2 (v2) or 0 (legacy), `mac` is
+/// `signed_mac(buf, reviewed, secret)` from this same walk (else None): the verifier of an
+/// HMAC signature with one candidate key then makes one call, not two.
 #[pyfunction]
-fn security_span(buf: &Bound<'_, PyAny>, reviewed: bool) -> PyResult<Option<(usize, usize, u128)>> {
+#[pyo3(signature = (buf, reviewed, secret=None))]
+fn security_span<'py>(
+    py: Python<'py>,
+    buf: &Bound<'py, PyAny>,
+    reviewed: bool,
+    secret: Option<&[u8]>,
+) -> PyResult<Option<Span<'py>>> {
     with_bytes(buf, |data| {
-        Ok(located(data, reviewed)?.map(|sec| (sec.rec.value_start, sec.rec.end, sec.scope)))
+        let Some(sec) = located(data, reviewed)? else {
+            return Ok(None);
+        };
+        let mac = match secret {
+            Some(secret) if sec.scope == 0 || sec.scope == 2 => {
+                let lay = if reviewed { Layout::Reviewed } else { Layout::Draft };
+                let made = catch_unwind(AssertUnwindSafe(|| signing::signed_statement(data, &sec, lay)));
+                let m = match made {
+                    Ok(Ok(m)) => m,
+                    Ok(Err(fault)) => return Err(stop_error(Stop::Statement(fault))),
+                    Err(_) => return Err(stop_error(Stop::Panic)),
+                };
+                Some(PyBytes::new(py, &signing::hmac_sha256(secret, &m)))
+            }
+            _ => None,
+        };
+        Ok(Some((sec.rec.value_start, sec.rec.end, sec.scope, mac)))
     })
 }
 
