@@ -294,7 +294,8 @@ def normalize(
     error: type[FormatError] = FormatError
 
     if shape in _PRISM_SHAPES:
-        env = _prism(data, pairs, env, notes, limits)
+        if env is None or pairs:  # else `_prism` has nothing to do (the usual envelope on Kafka)
+            env = _prism(data, pairs, env, notes, limits)
         if records is not None:
             return NormalizeResult(env, shape, notes, records, _LAYOUT_OF[shape])
         return NormalizeResult(env, shape, notes)
