@@ -46,8 +46,8 @@ class VerifySignature(Stage):
             value = msg.value
             records, layout = (scanned[1], scanned[2]) if scanned is not None and scanned[0] is value else (None, None)
             header = env.header
-            sec = header.security if header.HasField("security") else None
-            if sec is not None and sec.signature:
+            sec = header.security  # an absent context reads as the empty default: no signature
+            if sec.signature:
                 namespace = header.metadata.namespace
                 check_keyring_scope(self.keyring, sec.signature_key_id, namespace)
                 # with normalize's walk, `sec` is a parse of these very bytes' header: the record
