@@ -70,8 +70,9 @@ class Normalize(Stage):
                         default_content_type=self.settings.default_content_type, key=msg.key,
                         now_ms=msg.timestamp_ms,
                         # the same input record always gets the same generated id, so a
-                        # redelivery after a crash is caught by dedup
-                        id_seed=f"{topic}/{msg.partition}/{msg.offset}".encode(),
+                        # redelivery after a crash is caught by dedup (formatted only for the
+                        # shapes that may need an id: not for every envelope)
+                        id_seed=lambda: f"{topic}/{msg.partition}/{msg.offset}".encode(),
                         strict=topic not in self._loose)
         shape = res.shape
         msg.shape = str(shape)
