@@ -43,7 +43,7 @@ from typing import Any
 from .errors import DecodeError, LengthError, PrismError, TruncatedError, WireTypeError
 
 #: The binding's contract version this code was written for (`prism_native.ABI`).
-ABI = 7
+ABI = 8
 ENV = "PRISM_NATIVE"
 
 

@@ -70,8 +70,9 @@ class Normalize(Stage):
                         default_content_type=self.settings.default_content_type, key=msg.key,
                         now_ms=msg.timestamp_ms,
                         # the same input record always gets the same generated id, so a
-                        # redelivery after a crash is caught by dedup
-                        id_seed=f"{topic}/{msg.partition}/{msg.offset}".encode(),
+                        # redelivery after a crash is caught by dedup (formatted only for the
+                        # shapes that may need an id: not for every envelope)
+                        id_seed=lambda: f"{topic}/{msg.partition}/{msg.offset}".encode(),
                         strict=topic not in self._loose)
         shape = res.shape
         msg.shape = str(shape)
@@ -84,14 +85,12 @@ class Normalize(Stage):
             self._newer_version(res.envelope, topic)
         msg.generated_id = bool(notes) and any(n.startswith("metadata.message_id generated") for n in notes)
         header = env.header
-        if header.HasField("security"):
-            sec = header.security
-            token = sec.auth_token  # one read: each builds a str
-            # the publisher the input states: a claim until a verifier confirms it (app/agents/identity.py)
-            msg.claimed = (sec.publisher_id, sec.publisher_team)
-        else:
-            token = ""
-            msg.claimed = ("", "")
+        # An absent security context reads as the empty default (reading never sets it): ""
+        # for the token and the publisher, without the HasField call (~0.1 µs per message).
+        sec = header.security
+        token = sec.auth_token  # one read: each builds a str
+        # the publisher the input states: a claim until a verifier confirms it (app/agents/identity.py)
+        msg.claimed = (sec.publisher_id, sec.publisher_team)
         if token:
             msg.secrets.append(token.encode())
             if not (token.startswith("eyJ") and token.count(".") >= 2) and token.strip("*"):

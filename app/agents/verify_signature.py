@@ -46,12 +46,15 @@ class VerifySignature(Stage):
             value = msg.value
             records, layout = (scanned[1], scanned[2]) if scanned is not None and scanned[0] is value else (None, None)
             header = env.header
-            sec = header.security if header.HasField("security") else None
-            if sec is not None and sec.signature:
+            sec = header.security  # an absent context reads as the empty default: no signature
+            if sec.signature:
                 namespace = header.metadata.namespace
                 check_keyring_scope(self.keyring, sec.signature_key_id, namespace)
+                # with normalize's walk, `sec` is a parse of these very bytes' header: the record
+                # is not parsed again (`verify`'s `security`)
                 msg.signature = verify(value, self.keyring.keys_for(namespace),
-                                       accept_legacy_scope=self.accept_legacy_scope, layout=layout, records=records)
+                                       accept_legacy_scope=self.accept_legacy_scope, layout=layout, records=records,
+                                       security=sec if records is not None else None)
                 if self.producers is not None:  # the topology's `producers:` key_ids (app/security/producers.py)
                     self.producers.check_key(msg.signature.key_id, namespace, msg.topic)
                 return

@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
@@ -267,7 +267,7 @@ def normalize(
     key: bytes | None = None,
     strict: bool = True,
     limits: Limits = DEFAULT_LIMITS,
-    id_seed: bytes | None = None,
+    id_seed: bytes | Callable[[], bytes] | None = None,
 ) -> NormalizeResult:
     """Turn a message of any shape into a valid envelope.
 
@@ -278,7 +278,9 @@ def normalize(
     header, Redis `meta.auth_token`) ends up in `security.auth_token` and nowhere else.
     `key` is the Kafka record key (the CloudEvents `partitionkey`). `strict=False` applies the
     LNMP loose mode (a malformed LNMP envelope is ignored, the record kept). `id_seed` makes a
-    generated message id deterministic (see `app.envelope.ids.uuid7_from_seed`).
+    generated message id deterministic (see `app.envelope.ids.uuid7_from_seed`); a callable
+    giving it is called only for the shapes that may need one (not for a Prism envelope, which
+    carries its own id): the worker's seed is then not formatted for every record.
 
     Raises a `FormatError` subclass for malformed input, `SizeLimitError` for oversized input.
     """
@@ -294,7 +296,8 @@ def normalize(
     error: type[FormatError] = FormatError
 
     if shape in _PRISM_SHAPES:
-        env = _prism(data, pairs, env, notes, limits)
+        if env is None or pairs:  # else `_prism` has nothing to do (the usual envelope on Kafka)
+            env = _prism(data, pairs, env, notes, limits)
         if records is not None:
             return NormalizeResult(env, shape, notes, records, _LAYOUT_OF[shape])
         return NormalizeResult(env, shape, notes)
@@ -330,7 +333,7 @@ def normalize(
         # is the producer's promise of complete metadata; one that breaks it is rejected by
         # the validate stage (memo-031 "missing required fields"), never silently patched.
         finalize(env, topic=topic, namespace=namespace, default_content_type=default_content_type,
-                 now_ms=now_ms, notes=notes, error=error, id_seed=id_seed)
+                 now_ms=now_ms, notes=notes, error=error, id_seed=id_seed() if callable(id_seed) else id_seed)
     return NormalizeResult(env, shape, notes)
 
 

@@ -72,6 +72,7 @@ from ..errors import (
     ConfigError,
     DecodeError,
     LegacySignatureScopeError,
+    PrismError,
     SignatureError,
     SignatureScopeError,
     UnknownKeyError,
@@ -109,6 +110,7 @@ DIGEST_BYTES = 32
 #: RFC 9162 domain separation: a leaf hash and an interior node hash can never be confused.
 _LEAF_PREFIX, _NODE_PREFIX = b"\x00", b"\x01"
 
+_REVIEWED_LAYOUT = Layout.REVIEWED  # a module global: an Enum attribute costs ~50 ns per message
 _SEC_AUTH_TOKEN, _SEC_SIGNATURE, _SEC_SCOPE, _SEC_SIBLING = 3, 4, 10, 11
 _SEC_TREE_INDEX, _SEC_TREE_SIZE, _SEC_TREE_PATH = 12, 13, 14
 #: Fields the signed message leaves out of the security record: scope v2 cuts `auth_token`
@@ -222,6 +224,21 @@ class SignatureInfo:
     key_id: str
     algorithm: str
     scope: int = SCOPE_V2
+
+
+#: The `SignatureInfo`s verifications returned, by value: it is frozen, so one object can be
+#: every message's (a frozen dataclass costs ~0.3 µs to build). Keyed by a trusted key's id
+#: (never a name the input chose), a known algorithm and scope: bounded by the keyrings.
+_INFOS: dict[tuple[str, str, int], SignatureInfo] = {}
+
+
+def _signature_info(key_id: str, alg: str, scope: int) -> SignatureInfo:
+    info = _INFOS.get((key_id, alg, scope))
+    if info is None:
+        if len(_INFOS) >= 4096:  # keyrings reloaded many times over: start afresh
+            _INFOS.clear()
+        info = _INFOS[(key_id, alg, scope)] = SignatureInfo(key_id, alg, scope)
+    return info
 
 
 @functools.lru_cache(maxsize=256)
@@ -751,7 +768,8 @@ def check_unambiguous(data: bytes | memoryview, *, layout: Layout | None = None,
 
 
 def verify(data: bytes | memoryview, keys: VerificationKeys, *, layout: Layout | None = None,
-           accept_legacy_scope: bool | None = None, records: list[_Rec] | None = None) -> SignatureInfo:
+           accept_legacy_scope: bool | None = None, records: list[_Rec] | None = None,
+           security: vpb.SecurityContext | dpb.SecurityContext | None = None) -> SignatureInfo:
     """Verify the signature on received envelope bytes. Raises `SignatureError` if it is
     missing, malformed or wrong (comparison is constant-time), `UnknownKeyError` if the
     named key is not trusted, `AmbiguousEnvelopeError` if the record layout is ambiguous,
@@ -760,13 +778,20 @@ def verify(data: bytes | memoryview, keys: VerificationKeys, *, layout: Layout |
 
     `records`, when given, must be `wire.scan(data)` of these very bytes: a caller that
     already walked them (the worker's normalize stage) saves the second walk. Every check
-    below still runs on them."""
+    below still runs on them. `security`, when given, must be the security context a
+    protobuf parse of these very bytes' header gave (either layout's, or the reviewed one a
+    draft header was converted to: the fields read here - signature, algorithm, key id -
+    are copied as they are): the worker's normalize stage parsed it, and the record is
+    then not parsed a second time. The ambiguity checks still run first, so a context
+    protobuf merged from two records is never trusted."""
     view = memoryview(data)
     if records is None:
         records = scan(view)
     lay = layout or _detect(records)
+    if security is not None and _native_security_span is not None:
+        return _verify_parsed(data, lay, security, keys, accept_legacy_scope)
     sec_rec, inner, scope = _security_record(view, records, lay)
-    sec = _parse_security(view[sec_rec[3]:sec_rec[4]], lay)
+    sec = security if security is not None else _parse_security(view[sec_rec[3]:sec_rec[4]], lay)
     return _verify_scoped(view, sec_rec, inner, scope, lay, sec, keys, accept_legacy_scope)
 
 
@@ -894,6 +919,58 @@ if _native.module is not None:
         return _located(found, required)
 
 
+#: `prism_native.security_span` when the compiled hot path is active (`verify` with a parsed
+#: security context), else None.
+_native_security_span: Any = None
+
+if _native.module is not None:
+    _native_security_span = _native.module.security_span
+
+    def _security_span(data: bytes | memoryview, lay: Layout, secret: bytes | None
+                       ) -> tuple[int, int, int, bytes | None]:
+        """`_security_record`'s checks, faults and not-signed error, compiled, giving only the
+        record's (value_start, end, scope) - no tuple is built per inner record - and, for a
+        `secret` and scope v2 or legacy, the MAC `_check_mac` would compute with it."""
+        try:
+            found = _native_security_span(data, lay is _REVIEWED_LAYOUT, secret)
+        except _WireFault as exc:
+            raise _native.scan_fault(exc.args) from None
+        except _SecurityFault as exc:
+            raise _security_fault(lay, *exc.args) from None
+        except _StatementFault as exc:  # pragma: no cover - v2 and legacy messages always form
+            raise _tree_fault(exc.args[0]) from None
+        if found is None:
+            raise _not_signed("envelope is not signed (no security context)")
+        return found  # type: ignore[no-any-return]
+
+    def _verify_parsed(data: bytes | memoryview, lay: Layout, sec: vpb.SecurityContext | dpb.SecurityContext,
+                       keys: VerificationKeys, accept_legacy_scope: bool | None) -> SignatureInfo:
+        """`verify` given the parsed context, compiled: one call locates and checks the record
+        and - for an HMAC signature with one candidate key - computes the MAC `_check_mac`
+        would (scopes v2 and legacy), from the same walk. The verdict and every error, in
+        their order, are `_verify_scoped`'s: the key is only looked up early, and a lookup
+        that fails is left for `_verify_scoped` to raise in its place, after the record's
+        checks, the not-signed and the legacy-scope errors."""
+        key: VerificationKey | None = None
+        signature = sec.signature
+        if signature and sec.signature_algorithm == HMAC_SHA256:
+            try:
+                found = keys.candidates(sec.signature_key_id, HMAC_SHA256)
+            except PrismError:
+                found = []
+            if len(found) == 1:
+                key = found[0]
+        _, _, scope, mac = _security_span(data, lay, None if key is None else key.secret)
+        if mac is None or key is None:
+            # the compiled message parts (`_message_parts`) read neither the record nor its
+            # inner records for a known scope; an unknown one is refused before they are read
+            return _verify_scoped(data, None, None, scope, lay, sec, keys, accept_legacy_scope)  # type: ignore[arg-type]
+        _refuse_legacy(scope, keys, accept_legacy_scope)
+        if hmac.compare_digest(mac, signature):
+            return _signature_info(key.key_id, HMAC_SHA256, scope)
+        raise _forged()
+
+
 def _parse_security(value: memoryview, lay: Layout) -> vpb.SecurityContext | dpb.SecurityContext:
     # The two layouts' SecurityContext share field numbers 1-10 but not the nested
     # EncryptionMetadata, so each is read with its own class.
@@ -905,8 +982,18 @@ def _parse_security(value: memoryview, lay: Layout) -> vpb.SecurityContext | dpb
     return sec
 
 
-def _py_message_parts(view: memoryview, sec_rec: _Rec, inner: list[_Rec], lay: Layout, scope: int
+def _unsupported_scope(scope: int) -> SignatureScopeError:
+    return SignatureScopeError(f"signature scope {scope} is not supported by this verifier",
+                               path="security.signature_scope",
+                               hint=f"supported: {', '.join(f'{v} ({n})' for v, n in SCOPE_NAMES.items())}; "
+                                    "upgrade the verifier or have the producer sign with scope v2")
+
+
+def _py_message_parts(view: memoryview, sec_rec: _Rec | None, inner: list[_Rec] | None, lay: Layout, scope: int
                       ) -> list[bytes | memoryview]:
+    if scope not in SCOPE_NAMES:  # before the record is read: `verify`'s compiled path passes none
+        raise _unsupported_scope(scope)
+    assert sec_rec is not None and inner is not None  # every caller with a known scope has them
     _, _, start, vstart, end = sec_rec
     if scope == SCOPE_PAIR:
         return _pair_statement(view, sec_rec, inner, lay)
@@ -915,11 +1002,6 @@ def _py_message_parts(view: memoryview, sec_rec: _Rec, inner: list[_Rec], lay: L
     parts: list[bytes | memoryview] = []
     if scope == SCOPE_V2:
         parts.append(SCOPE_V2_CONTEXT[lay])
-    elif scope != SCOPE_LEGACY:
-        raise SignatureScopeError(f"signature scope {scope} is not supported by this verifier",
-                                  path="security.signature_scope",
-                                  hint=f"supported: {', '.join(f'{v} ({n})' for v, n in SCOPE_NAMES.items())}; "
-                                       "upgrade the verifier or have the producer sign with scope v2")
     if start > 0:
         parts.append(view[:start])
     if scope == SCOPE_V2:
@@ -958,7 +1040,7 @@ if _native.module is not None:
     _StatementFault = _native.module.StatementFault
     _KNOWN_SCOPES = frozenset({SCOPE_LEGACY, SCOPE_V2, SCOPE_PAIR, SCOPE_BATCH})
 
-    def _message_parts(view: memoryview, sec_rec: _Rec, inner: list[_Rec], lay: Layout, scope: int
+    def _message_parts(view: memoryview, sec_rec: _Rec | None, inner: list[_Rec] | None, lay: Layout, scope: int
                        ) -> list[bytes | memoryview]:
         """`_py_message_parts`, compiled (`prism_native.signed_message`, prism-client's
         `signed_statement`): the same message as one bytes object (the digests, the re-framed
@@ -1041,11 +1123,19 @@ def clear_verification_cache() -> None:
         _VERIFIED.clear()
 
 
-def _verify_scoped(view: memoryview, sec_rec: _Rec, inner: list[_Rec], scope: int, lay: Layout,
+def _verify_scoped(view: memoryview, sec_rec: _Rec | None, inner: list[_Rec] | None, scope: int, lay: Layout,
                    sec: vpb.SecurityContext | dpb.SecurityContext, keys: VerificationKeys,
                    accept_legacy_scope: bool | None) -> SignatureInfo:
     if not sec.signature:
         raise _not_signed("envelope is not signed")
+    _refuse_legacy(scope, keys, accept_legacy_scope)
+    if _native_mac is not None and scope in (SCOPE_V2, SCOPE_LEGACY) and sec.signature_algorithm == HMAC_SHA256:
+        return _check_mac(view, lay, sec.signature, sec.signature_key_id, keys, scope)
+    parts = _message_parts(view, sec_rec, inner, lay, scope)
+    return _check(sec.signature, sec.signature_algorithm, sec.signature_key_id, parts, keys, scope)
+
+
+def _refuse_legacy(scope: int, keys: VerificationKeys, accept_legacy_scope: bool | None) -> None:
     if scope == SCOPE_LEGACY and not (keys.accept_legacy_scope if accept_legacy_scope is None
                                       else accept_legacy_scope):
         raise LegacySignatureScopeError(
@@ -1054,10 +1144,6 @@ def _verify_scoped(view: memoryview, sec_rec: _Rec, inner: list[_Rec], scope: in
             path="security.signature_scope",
             hint="sign with scope v2 (Prism SDK default), or set verify_signature.accept_legacy_scope "
                  "while old producers migrate (a downgrade risk: docs/signing.md)")
-    if _native_mac is not None and scope in (SCOPE_V2, SCOPE_LEGACY) and sec.signature_algorithm == HMAC_SHA256:
-        return _check_mac(view, lay, sec.signature, sec.signature_key_id, keys, scope)
-    parts = _message_parts(view, sec_rec, inner, lay, scope)
-    return _check(sec.signature, sec.signature_algorithm, sec.signature_key_id, parts, keys, scope)
 
 
 def _check_mac(view: memoryview, lay: Layout, signature: bytes, key_id: str, keys: VerificationKeys, scope: int
@@ -1078,7 +1164,7 @@ def _check_mac(view: memoryview, lay: Layout, signature: bytes, key_id: str, key
         except _StatementFault as exc:
             raise _tree_fault(exc.args[0]) from None
         if hmac.compare_digest(mac, signature):
-            return SignatureInfo(k.key_id, HMAC_SHA256, scope)
+            return _signature_info(k.key_id, HMAC_SHA256, scope)
     raise _forged()
 
 
@@ -1105,7 +1191,7 @@ def _check(signature: bytes, alg: str, key_id: str, signed: list[bytes | memoryv
         entry = (alg, key_id, b"".join(signed), bytes(signature))
         hit = _cached_key(entry, candidates)
         if hit is not None:
-            return SignatureInfo(hit.key_id, alg, scope)
+            return _signature_info(hit.key_id, alg, scope)
     for k in candidates:
         ok = False
         if alg == HMAC_SHA256:
@@ -1121,7 +1207,7 @@ def _check(signature: bytes, alg: str, key_id: str, signed: list[bytes | memoryv
         if ok:
             if entry is not None:
                 _remember(entry, k)
-            return SignatureInfo(k.key_id, alg, scope)
+            return _signature_info(k.key_id, alg, scope)
     raise _forged()
 
 

@@ -57,6 +57,45 @@ def test_normalize_envelope_and_legacy_and_declared_format():
         normalized(b'{"a":1}', fmt="prism")
 
 
+def test_normalize_reads_an_absent_security_context_as_empty_and_leaves_it_absent():
+    """normalize reads the token and the publisher off `header.security` without asking
+    whether it is there: an absent one must read as empty and stay absent (the envelope, as
+    encoded later, gains no empty security record)."""
+    env = new_envelope("orders.created", b"{}", namespace="order-events")
+    assert not env.header.HasField("security")
+    data = encode(env)
+    msg = normalized(data)
+    assert msg.claimed == ("", "") and msg.secrets == []
+    assert not msg.env.header.HasField("security") and encode(msg.env) == data
+    signed = new_envelope("orders.created", b"{}", namespace="order-events")
+    sec = signed.ensure_security()
+    sec.publisher_id, sec.publisher_team, sec.auth_token = "svc-a", "team-a", "opaque-token-1234"
+    msg = normalized(encode(signed))
+    assert msg.claimed == ("svc-a", "team-a") and msg.secrets == [b"opaque-token-1234"]
+
+
+def test_normalize_seeds_a_generated_id_with_the_records_topic_partition_and_offset():
+    """The stage's seed is formatted lazily (only a shape that may need an id calls it): the id
+    it generates is the one the formatted seed gives, the same on a redelivery of the record,
+    another at another offset."""
+    from app.formats.detect import normalize
+
+    msg = make_msg(b"raw bytes, no id", offset=41)
+    Normalize(NormalizeStage(), namespaces=NS, formats={"orders.created": "auto"}).process(msg)
+    assert msg.generated_id
+    expected = normalize(b"raw bytes, no id", topic="orders.created", namespace="order-events",
+                         now_ms=msg.timestamp_ms, id_seed=b"orders.created/0/41").envelope.message_id
+    assert msg.env.message_id == expected
+    again = make_msg(b"raw bytes, no id", offset=41)
+    again.timestamp_ms = msg.timestamp_ms
+    Normalize(NormalizeStage(), namespaces=NS, formats={"orders.created": "auto"}).process(again)
+    assert again.env.message_id == expected
+    other = make_msg(b"raw bytes, no id", offset=42)
+    other.timestamp_ms = msg.timestamp_ms
+    Normalize(NormalizeStage(), namespaces=NS, formats={"orders.created": "auto"}).process(other)
+    assert other.env.message_id != expected
+
+
 def test_validate_rejects_with_every_problem():
     env, _ = envelope_bytes(published_at_ms=int(time.time() * 1000) + 3_600_000)
     env.metadata.message_id = "x" * 300

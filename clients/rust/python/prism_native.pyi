@@ -3,8 +3,8 @@
 from collections.abc import Callable
 from typing import Any
 
-ABI: int  # 7: scan, security_record, signed_message, signed_mac, pair_copies (with the envelope headers), DocPlan,
-#          finish_batch
+ABI: int  # 8: scan, security_record, security_span, signed_message, signed_mac, pair_copies (with the envelope
+#          headers), DocPlan, finish_batch
 __version__: str
 
 class WireFault(ValueError):
@@ -20,6 +20,11 @@ class SecurityFault(ValueError):
 def security_record(buf: bytes | bytearray | memoryview, reviewed: bool
                     ) -> tuple[tuple[int, int, int, int, int], list[tuple[int, int, int, int, int]], int] | None:
     """`app.security.signing._security_record`, compiled: (record, inner records, scope) or None."""
+
+def security_span(buf: bytes | bytearray | memoryview, reviewed: bool, secret: bytes | None = None
+                  ) -> tuple[int, int, int, bytes | None] | None:
+    """`security_record`'s checks and faults, giving only (value_start, end, scope, mac) or None:
+    `mac` is `signed_mac(buf, reviewed, secret)` for a `secret` and scope 2 or 0, else None."""
 
 class StatementFault(ValueError):
     """A pair or batch scope's signed message cannot be formed: args are (kind, a, b, scope name)."""

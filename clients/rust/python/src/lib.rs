@@ -20,7 +20,7 @@ mod doc_check;
 use prism_client::binding;
 use prism_client::finish::{self, BatchFields, Pieces};
 use prism_client::pair;
-use prism_client::signing::{self, locate_security_record, SecurityFault, StatementFault};
+use prism_client::signing::{self, locate_security_record, SecurityFault, SecurityRecord, StatementFault};
 use prism_client::wire::{self, Record, WireFault};
 use prism_client::Layout;
 use pyo3::buffer::PyBuffer;
@@ -53,7 +53,7 @@ create_exception!(
 
 /// Bumped whenever a function's contract changes: `app/native.py` uses the module only when
 /// this is the version it was written for (a stale wheel in a venv falls back to Python).
-const ABI: u32 = 7;
+const ABI: u32 = 8;
 
 /// What a fault says, as `WireFault`'s args: (kind, at, field, wire_type, length, remaining),
 /// the numbers not given for a kind as None.
@@ -172,6 +172,26 @@ fn security_args(f: SecurityFault) -> SecurityArgs {
     }
 }
 
+/// The one security record of envelope bytes in `reviewed` (else draft) layout after the
+/// ambiguity checks (a fresh walk of `data`), or None when there is none; faults as the
+/// Python errors `security_record` and `security_span` raise.
+fn located(data: &[u8], reviewed: bool) -> PyResult<Option<SecurityRecord>> {
+    let lay = if reviewed { Layout::Reviewed } else { Layout::Draft };
+    let located = catch_unwind(AssertUnwindSafe(|| {
+        let records = wire::walk(data, 0, data.len()).map_err(SecurityFault::Wire)?;
+        locate_security_record(data, &records, lay)
+    }));
+    match located {
+        Ok(Ok(found)) => Ok(found),
+        Ok(Err(SecurityFault::Wire(fault))) => Err(WireFaultError::new_err(fault_args(fault))),
+        Ok(Err(fault)) => Err(SecurityFaultError::new_err(security_args(fault))),
+        Err(_) => {
+            let internal: FaultArgs = ("internal", 0, None, None, None, None);
+            Err(WireFaultError::new_err(internal))
+        }
+    }
+}
+
 /// `app.security.signing._security_record`, compiled: the one security record of envelope
 /// bytes in `reviewed` (else draft) layout after the ambiguity checks, as
 /// `(record, inner records, scope)`, or None when there is none. The top-level walk is done
@@ -183,22 +203,10 @@ fn security_record<'py>(
     buf: &Bound<'py, PyAny>,
     reviewed: bool,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
-    let lay = if reviewed { Layout::Reviewed } else { Layout::Draft };
     with_bytes(buf, |data| {
-        let located = catch_unwind(AssertUnwindSafe(|| {
-            let records = wire::walk(data, 0, data.len()).map_err(SecurityFault::Wire)?;
-            locate_security_record(data, &records, lay)
-        }));
-        let found = match located {
-            Ok(Ok(found)) => found,
-            Ok(Err(SecurityFault::Wire(fault))) => return Err(WireFaultError::new_err(fault_args(fault))),
-            Ok(Err(fault)) => return Err(SecurityFaultError::new_err(security_args(fault))),
-            Err(_) => {
-                let internal: FaultArgs = ("internal", 0, None, None, None, None);
-                return Err(WireFaultError::new_err(internal));
-            }
+        let Some(sec) = located(data, reviewed)? else {
+            return Ok(None);
         };
-        let Some(sec) = found else { return Ok(None) };
         let rec = record_tuple(py, &sec.rec)?;
         let inner = record_list(py, &sec.inner)?;
         Ok(Some(PyTuple::new(
@@ -209,6 +217,45 @@ fn security_record<'py>(
                 sec.scope.into_pyobject(py)?.into_any(),
             ],
         )?))
+    })
+}
+
+/// What `security_span` gives: the record's (value_start, end, scope), and the MAC when one
+/// was asked for and the scope is one whose message `signed_mac` forms (v2 or legacy).
+type Span<'py> = (usize, usize, u128, Option<Bound<'py, PyBytes>>);
+
+/// `security_record` for a caller that needs only where the record's value lies and its
+/// scope (the verifier of an envelope whose security context is already parsed):
+/// `(value_start, end, scope, mac)` or None, the same checks and faults, without building a
+/// tuple per inner record. With `secret`, and a scope of 2 (v2) or 0 (legacy), `mac` is
+/// `signed_mac(buf, reviewed, secret)` from this same walk (else None): the verifier of an
+/// HMAC signature with one candidate key then makes one call, not two.
+#[pyfunction]
+#[pyo3(signature = (buf, reviewed, secret=None))]
+fn security_span<'py>(
+    py: Python<'py>,
+    buf: &Bound<'py, PyAny>,
+    reviewed: bool,
+    secret: Option<&[u8]>,
+) -> PyResult<Option<Span<'py>>> {
+    with_bytes(buf, |data| {
+        let Some(sec) = located(data, reviewed)? else {
+            return Ok(None);
+        };
+        let mac = match secret {
+            Some(secret) if sec.scope == 0 || sec.scope == 2 => {
+                let lay = if reviewed { Layout::Reviewed } else { Layout::Draft };
+                let made = catch_unwind(AssertUnwindSafe(|| signing::signed_statement(data, &sec, lay)));
+                let m = match made {
+                    Ok(Ok(m)) => m,
+                    Ok(Err(fault)) => return Err(stop_error(Stop::Statement(fault))),
+                    Err(_) => return Err(stop_error(Stop::Panic)),
+                };
+                Some(PyBytes::new(py, &signing::hmac_sha256(secret, &m)))
+            }
+            _ => None,
+        };
+        Ok(Some((sec.rec.value_start, sec.rec.end, sec.scope, mac)))
     })
 }
 
@@ -501,6 +548,7 @@ fn prism_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("StatementFault", m.py().get_type::<StatementFaultError>())?;
     m.add_function(wrap_pyfunction!(scan, m)?)?;
     m.add_function(wrap_pyfunction!(security_record, m)?)?;
+    m.add_function(wrap_pyfunction!(security_span, m)?)?;
     m.add_function(wrap_pyfunction!(signed_message, m)?)?;
     m.add_function(wrap_pyfunction!(signed_mac, m)?)?;
     m.add_function(wrap_pyfunction!(pair_copies, m)?)?;
