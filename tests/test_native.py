@@ -56,8 +56,8 @@ def test_an_older_build_is_stale(
     _fake(monkeypatch, abi)
     monkeypatch.delenv(native.ENV, raising=False)
     module, reason = native._load()
-    assert native.ABI == 7
-    assert module is None and f"ABI {abi} is not 7" in reason and "stale build" in reason
+    assert native.ABI == 8
+    assert module is None and f"ABI {abi} is not 8" in reason and "stale build" in reason
 
 
 def test_a_missing_module_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
