@@ -412,6 +412,11 @@ class FaustDedupWindow(DedupWindow):
 
     async def _hand_over(self, producer: Any, topic: str, builder: Any,
                          records: list[tuple[bytes, bytes, int]]) -> None:
+        # Complete: ready to send at once. An open builder lingers in the accumulator for the
+        # producer's linger (5 ms), and a lingering batch is left out of the produce request the
+        # sender builds meanwhile - it went out alone, a request of its own per batch of ids
+        # (app/worker/at_least_once.py, module docstring; app/worker/batch_send.py, "Sent at once").
+        builder.close()
         fut = await producer.send_batch(builder, topic, partition=records[0][2])
         self._inflight.add(fut)
         fut.add_done_callback(functools.partial(self._changelog_sent, list(records)))

@@ -132,8 +132,13 @@ class _Builder:
     def __init__(self, room: int) -> None:
         self.records: list[tuple[bytes, bytes, Any, Any]] = []
         self.room = room
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
 
     def append(self, *, timestamp: Any, key: bytes, value: bytes, headers: Any) -> Any:
+        assert not self.closed, "appended to a closed batch"
         if len(self.records) >= self.room:
             return None
         self.records.append((key, value, timestamp, headers))
@@ -160,6 +165,7 @@ class _Producer:
 
     def __init__(self, room: int = 100, known: set[int] | None = frozenset(range(8))) -> None:  # type: ignore[assignment]
         self.sent: list[tuple[str, list[tuple[bytes, bytes, Any, Any]], int, asyncio.Future[Any]]] = []
+        self.closed: list[bool] = []  # per sent batch: handed over complete (no linger in the accumulator)?
         self.room = room
         self.cluster = _Cluster(None if known is None else set(known), set(range(8)))
         self.client = SimpleNamespace(cluster=self.cluster, force_metadata_update=self.cluster.force_metadata_update)
@@ -175,6 +181,7 @@ class _Producer:
         assert known is not None and partition in known, "Unrecognized partition"  # as aiokafka does
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.sent.append((topic, batch.records, partition, fut))
+        self.closed.append(batch.closed)
         return fut
 
 
@@ -227,6 +234,9 @@ def test_deferred_changelog_requeues_failed_sends_and_persists_acked_offsets() -
         assert dedup.unsent == 0 and [(_keys(s), s[2]) for s in producer.sent] == [
             ([b"id-0"], 0), ([b"id-1", b"id-2"], 1), ([b"id-3"], 1)]
         assert producer.sent[0][1][0] == (b"id-0", _ENTRY.pack(5000, 0), None, [])
+        # handed over complete: an open batch waits out the producer's linger in the accumulator
+        # and misses the produce request the sender builds meanwhile (a request of its own)
+        assert producer.closed == [True, True, True]
         producer.sent[0][3].set_result(_Md("app-dedup-changelog", 0, 7))
         producer.sent[1][3].set_exception(RuntimeError("broker gone"))
         producer.sent[2][3].set_result(_Md("app-dedup-changelog", 1, 3))
