@@ -415,7 +415,7 @@ class FaustDedupWindow(DedupWindow):
         # Complete: ready to send at once. An open builder lingers in the accumulator for the
         # producer's linger (5 ms), and a lingering batch is left out of the produce request the
         # sender builds meanwhile - it went out alone, a request of its own per batch of ids
-        # (app/worker/at_least_once.py, module docstring; app/worker/batch_send.py, "Sent at once").
+        # (as the outputs are: app/worker/batch_send.py, module docstring, "Sent at once").
         builder.close()
         fut = await producer.send_batch(builder, topic, partition=records[0][2])
         self._inflight.add(fut)
