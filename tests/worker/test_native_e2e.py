@@ -63,7 +63,9 @@ def _inputs(topic: str, dev_keys: Any) -> list[tuple[bytes, bytes | None]]:
 def _python_walk_everywhere(monkeypatch: pytest.MonkeyPatch) -> int:
     """Put the pure-Python `scan` back wherever the compiled one was imported by name, and the
     pure-Python security-record check, signed message, HMAC check and pair copies into
-    `signing`."""
+    `signing` - and take away the compiled record span `verify` uses with a parsed context
+    (`_verify_parsed`), as a build without the module has none: its compiled path hands the
+    signed-message step no records, which only the compiled step reads that way."""
     patched, compiled = 0, wire.scan
     for mod in list(sys.modules.values()):
         if mod is not None and getattr(mod, "scan", None) is compiled and mod.__name__.startswith("app."):
@@ -74,6 +76,8 @@ def _python_walk_everywhere(monkeypatch: pytest.MonkeyPatch) -> int:
     assert signing._message_parts is not signing._py_message_parts and signing._native_mac is not None
     monkeypatch.setattr(signing, "_message_parts", signing._py_message_parts)
     monkeypatch.setattr(signing, "_native_mac", None)
+    assert signing._native_security_span is not None
+    monkeypatch.setattr(signing, "_native_security_span", None)
     assert signing._pair_copies is not signing._py_pair_copies
     monkeypatch.setattr(signing, "_pair_copies", signing._py_pair_copies)
     return patched
