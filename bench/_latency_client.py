@@ -4,7 +4,8 @@ separate processes in reality, and sharing the worker's CPU would inflate its la
     python -m bench._latency_client BOOTSTRAP TOPIC OUT_TOPIC RATE N KEYS_DIR [SCOPE [WARMUP_S]]
 
 Publishes N signed envelopes at RATE msg/s with a send-timestamp header and reads OUT_TOPIC
-until all N are back; prints {"p50_ms", "p99_ms", "samples"} as JSON.
+until all N are back; prints {"p50_ms", "p99_ms", "samples", "messages"} as JSON (`messages`:
+every record sent, the warm-up's included - what a worker carried in the run).
 
 WARMUP_S (default 0): the first RATE x WARMUP_S messages are sent and read back like the others
 but not counted. A worker's ready file appears before its first fetch round: measured with
@@ -87,7 +88,8 @@ async def run(bootstrap: str, topic: str, out_topic: str, rate: float, n: int, k
     if seen_file:
         Path(seen_file).write_text(json.dumps(seen))
     lat.sort()
-    return {"p50_ms": statistics.median(lat), "p99_ms": lat[max(0, int(len(lat) * 0.99) - 1)], "samples": len(lat)}
+    return {"p50_ms": statistics.median(lat), "p99_ms": lat[max(0, int(len(lat) * 0.99) - 1)], "samples": len(lat),
+            "messages": n + warm}
 
 
 if __name__ == "__main__":
