@@ -52,7 +52,7 @@ async def test_batched_records_match_per_record_sends(broker) -> None:
     try:
         futs = [await p.send(a + sfx, v, key=k, timestamp_ms=ts, headers=h) for it in items for sfx, k, v, ts, h in it]
         await asyncio.gather(*futs)
-        errors = await send_batched(p, [[(b + sfx, k, v, ts, h) for sfx, k, v, ts, h in it] for it in items])
+        errors = await send_batched(p, [[(b + sfx, k, v, ts, h, None) for sfx, k, v, ts, h in it] for it in items])
     finally:
         await p.stop()
     assert errors == [None] * len(items)
@@ -80,6 +80,9 @@ class _Builder:
 
     def close(self):
         self.closed = True
+
+    def record_count(self):
+        return len(self.records)
 
 
 class _Cluster:
@@ -122,8 +125,8 @@ class FakeAiokafka:
 
 async def test_a_failed_batch_fails_every_item_in_it_and_only_those() -> None:
     p = FakeAiokafka(fail={b"c"}, room=2)
-    items = [[("t", b"k", b"a", None, [])], [("t", b"k", b"b", None, [])], [("t", b"k", b"c", None, [])],
-             [("u", b"k", b"d", None, [])]]
+    items = [[("t", b"k", b"a", None, [], None)], [("t", b"k", b"b", None, [], None)], [("t", b"k", b"c", None, [], None)],
+             [("u", b"k", b"d", None, [], None)]]
     errors = await send_batched(p, items)
     assert p.batches == [("t", [b"a", b"b"]), ("t", [b"c"]), ("u", [b"d"])]  # in order, split when full
     assert errors[0] is None and errors[1] is None and errors[3] is None
@@ -132,7 +135,7 @@ async def test_a_failed_batch_fails_every_item_in_it_and_only_those() -> None:
 
 async def test_an_oversized_record_fails_its_item_before_anything_of_it_is_queued_after() -> None:
     p = FakeAiokafka()
-    items = [[("t", b"k", b"x" * 2000, None, []), ("t", b"k", b"second", None, [])], [("t", b"k", b"ok", None, [])]]
+    items = [[("t", b"k", b"x" * 2000, None, [], None), ("t", b"k", b"second", None, [], None)], [("t", b"k", b"ok", None, [], None)]]
     errors = await send_batched(p, items)
     assert isinstance(errors[0], MessageSizeTooLargeError) and errors[1] is None
     assert p.batches == [("t", [b"ok"])]  # the refused item's later record was not sent
@@ -140,7 +143,7 @@ async def test_an_oversized_record_fails_its_item_before_anything_of_it_is_queue
 
 async def test_a_record_that_fits_no_batch_fails_alone() -> None:
     p = FakeAiokafka(room=0)
-    errors = await send_batched(p, [[("t", b"k", b"a", None, [])]])
+    errors = await send_batched(p, [[("t", b"k", b"a", None, [], None)]])
     assert isinstance(errors[0], MessageSizeTooLargeError) and p.batches == []
 
 
@@ -174,7 +177,7 @@ async def test_on_queued_names_the_items_refused_up_front_before_any_delivery_or
     async def on_queued(errors: list[BaseException | None]) -> None:
         told.append((errors, any(f.done() for f in p.futures), handed.done()))
 
-    items = [[("t", b"k", b"a", None, [])], [("t", b"k", b"x" * 2000, None, [])], [("u", b"k", b"c", None, [])]]
+    items = [[("t", b"k", b"a", None, [], None)], [("t", b"k", b"x" * 2000, None, [], None)], [("u", b"k", b"c", None, [], None)]]
     sending = asyncio.ensure_future(send_batched(p, items, handed_over=handed, on_queued=on_queued))
     await handed
     [(errors, delivered, was_handed)] = told
@@ -190,7 +193,7 @@ async def test_on_queued_names_the_items_refused_up_front_before_any_delivery_or
 @pytest.mark.parametrize("n", [1, 3])
 async def test_every_item_of_a_successful_batch_succeeds(n: int) -> None:
     p = FakeAiokafka(room=10)
-    assert await send_batched(p, [[("t", None, b"v%d" % i, 1, [])] for i in range(n)]) == [None] * n
+    assert await send_batched(p, [[("t", None, b"v%d" % i, 1, [], None)] for i in range(n)]) == [None] * n
 
 
 class _SizedCluster:
@@ -224,7 +227,7 @@ async def test_keys_land_where_aiokafkas_default_partitioner_puts_them() -> None
             return await super().send_batch(batch, topic, partition=partition)
 
     keys = [f"order-{i:06d}-{'x' * (i % 23)}".encode() for i in range(200)]
-    items = [[(t, k, k + t.encode(), None, []) for t in ("seven", "three")] for k in keys]
+    items = [[(t, k, k + t.encode(), None, [], None) for t in ("seven", "three")] for k in keys]
     producer = Placing(DefaultPartitioner())
     assert await send_batched(producer, items) == [None] * len(items)
     reference = DefaultPartitioner()
@@ -275,7 +278,7 @@ async def test_a_failing_on_queued_leaves_no_delivery_error_unretrieved() -> Non
         raise RuntimeError("the changelog record does not fit an empty producer batch")
 
     with pytest.raises(RuntimeError):
-        await send_batched(p, [[("t", b"k", b"a", None, [])], [("u", b"k", b"b", None, [])]], on_queued=on_queued)
+        await send_batched(p, [[("t", b"k", b"a", None, [], None)], [("u", b"k", b"b", None, [], None)]], on_queued=on_queued)
     for f in p.futures:
         f.set_exception(OSError("aborted"))
     await asyncio.sleep(0)  # the done-callbacks run
