@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from types import SimpleNamespace
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from app.broker.admin import ensure_topics
-from app.worker.batch_send import send_batched
+from app.worker import batch_send
+from app.worker.batch_send import BatchTooLargeError, RefusedUpFront, send_batched
 
 PARTS = 4
 
@@ -145,6 +148,71 @@ async def test_a_record_that_fits_no_batch_fails_alone() -> None:
     p = FakeAiokafka(room=0)
     errors = await send_batched(p, [[("t", b"k", b"a", None, [], None)]])
     assert isinstance(errors[0], MessageSizeTooLargeError) and p.batches == []
+
+
+@pytest.mark.parametrize("via", ["max_request_size", "limit_for"])
+async def test_a_record_exactly_at_its_limit_goes_and_one_byte_over_is_refused_up_front(via: str) -> None:
+    """A caller without a size fit (size None: `send_batched` measures the record itself, with
+    aiokafka's estimate), its limit the producer's `max_request_size` or the topic's `limit_for`."""
+    headers = [("prism-h", b"v" * 40)]
+    size = DefaultRecordBatchBuilder.estimate_size_in_bytes(b"k", b"x" * 500, headers)
+    for limit, fits in ((size, True), (size - 1, False)):
+        p = FakeAiokafka(room=10)
+        p._max_request_size = limit if via == "max_request_size" else 1 << 20
+        kw = {"limit_for": lambda topic, limit=limit: limit} if via == "limit_for" else {}
+        errors = await send_batched(p, [[("t", b"k", b"x" * 500, None, headers, None)]], **kw)
+        if fits:
+            assert errors == [None] and p.batches == [("t", [b"x" * 500])]
+        else:
+            assert isinstance(errors[0], RefusedUpFront) and p.batches == []
+            assert f"is {size} bytes when serialized" in str(errors[0])
+
+
+async def test_a_size_handed_over_meets_the_same_limit_and_is_not_measured_again(monkeypatch) -> None:
+    """`OutRecord`'s size: a caller that measured the record (the worker's size fit) hands it over;
+    `send_batched` holds it to the limit in force at the send, exactly at it and one byte over,
+    and measures only the records handed over without one."""
+    calls: list[int] = []
+    real = DefaultRecordBatchBuilder.estimate_size_in_bytes
+
+    def counting(key, value, headers):
+        calls.append(1)
+        return real(key, value, headers)
+
+    monkeypatch.setattr(batch_send, "DefaultRecordBatchBuilder", SimpleNamespace(estimate_size_in_bytes=counting))
+    size = real(b"k", b"a" * 300, [])
+    for limit, fits in ((size, True), (size - 1, False)):
+        p = FakeAiokafka(room=10)
+        calls.clear()
+        errors = await send_batched(p, [[("t", b"k", b"a" * 300, None, [], size)], [("t", b"k", b"b", None, [], None)]],
+                                    limit_for=lambda topic, limit=limit: limit)
+        assert calls == [1]  # the second record only: the first one's size was handed over
+        assert errors[1] is None
+        if fits:
+            assert errors[0] is None and p.batches == [("t", [b"a" * 300, b"b"])]
+        else:
+            assert isinstance(errors[0], RefusedUpFront) and f"is {size} bytes" in str(errors[0])
+            assert p.batches == [("t", [b"b"])]
+
+
+async def test_a_batch_refused_for_its_size_is_no_verdict_on_its_records_but_a_lone_record_is() -> None:
+    """The records a batch held (aiokafka's `record_count`) decide which error its items get:
+    several - `BatchTooLargeError` (the caller retries them split); one - the broker's refusal."""
+    from aiokafka.errors import RecordTooLargeError
+
+    class Refusing(FakeAiokafka):
+        async def send_batch(self, batch, topic, *, partition):
+            await super().send_batch(batch, topic, partition=partition)  # recorded, as delivered
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_exception(RecordTooLargeError())
+            return fut
+
+    p = Refusing(room=10)
+    errors = await send_batched(p, [[("t", b"k", b"a", None, [], None)], [("t", b"k", b"b", None, [], None)],
+                                    [("u", b"k", b"c", None, [], None)]])
+    assert p.batches == [("t", [b"a", b"b"]), ("u", [b"c"])]
+    assert [type(e) for e in errors] == [BatchTooLargeError, BatchTooLargeError, RecordTooLargeError]
+    assert errors[0].records == 2  # type: ignore[union-attr]
 
 
 async def test_nothing_to_send() -> None:
