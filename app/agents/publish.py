@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.agents.base import Message
 from app.agents.identity import IdentityRule, settle
@@ -73,6 +73,12 @@ class Emission:
 
     topic: str
     record: kafka.KafkaRecord
+    #: the record's size as aiokafka estimates it, set by `SizeFitter.fit` (app/worker/size_fit.py)
+    #: when it checked the record against its topic's limit, so that the send's own up-front
+    #: check (`send_batched`) does not estimate it a second time; None: not measured yet. The
+    #: record is complete when it is measured (the batch is signed before the fit) and nothing
+    #: changes it after.
+    size: int | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(slots=True)  # not frozen: one per message, like Emission

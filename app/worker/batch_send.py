@@ -15,7 +15,10 @@ change:
   serializers and compression (the builder comes from the producer, `create_batch`);
 * the size limit: a record larger than `max_request_size` (or than `limit_for(topic)`, the
   topic's limit from `app/worker/limits.py`) is refused before it is queued, with aiokafka's
-  `MessageSizeTooLargeError` - a last guard: the worker checks sizes before it gets here;
+  `MessageSizeTooLargeError` - a last guard: the worker checks sizes before it gets here. Its
+  size is aiokafka's estimate, taken here unless the caller hands over the one it measured
+  (`OutRecord`'s last field; the worker's size fit measures every output once, issue 29) -
+  the check itself is the same either way, against the limit in force at the send;
 * the order: per topic-partition, records are appended in item order, and batches of one
   topic-partition are handed over in order.
 
@@ -56,8 +59,11 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 __all__ = ["BatchTooLargeError", "OutRecord", "RefusedUpFront", "bounded_batch", "is_size_refusal", "retrieved",
            "send_batched"]
 
-#: (topic, key, value, timestamp_ms or None, headers)
-OutRecord = tuple[str, bytes | None, bytes | None, int | None, Sequence[tuple[str, bytes]]]
+#: (topic, key, value, timestamp_ms or None, headers, size or None): `size` is the record's
+#: `DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)` when the caller has
+#: measured it already (the worker's `SizeFitter.fit` does, for every output), None otherwise -
+#: `send_batched` then measures it itself. Either way the same number meets the same limit.
+OutRecord = tuple[str, bytes | None, bytes | None, int | None, Sequence[tuple[str, bytes]], int | None]
 
 
 class RefusedUpFront(MessageSizeTooLargeError):
@@ -143,40 +149,42 @@ async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
     hashes: dict[bytes, int] | None = {} if type(partitioner) is DefaultPartitioner else None
     max_request = producer._max_request_size
     estimate = DefaultRecordBatchBuilder.estimate_size_in_bytes
-    partitions: dict[str, tuple[list[int], list[int]]] = {}
-    limits: dict[str, int] = {}  # topic -> its limit, asked once per call (two records per message)
+    # topic -> (all partitions, available ones, its limit): looked up once per call and topic
+    # (two records per message), one dict lookup per record
+    known: dict[str, tuple[list[int], list[int], int]] = {}
     open_batches: dict[tuple[str, int], tuple[Any, set[int]]] = {}  # tp -> (builder, owning items)
-    counts: dict[tuple[str, int], int] = {}  # tp -> records in its open batch
     sent: list[tuple[asyncio.Future[Any], set[int], str, int]] = []  # (delivery, owners, topic, records)
 
     async def hand_over(tp: tuple[str, int]) -> None:
         builder, owners = open_batches.pop(tp)
-        n = counts.pop(tp, 0)
         builder.close()  # complete: ready to send now, no linger (module docstring, "Sent at once")
-        sent.append((await producer.send_batch(builder, tp[0], partition=tp[1]), owners, tp[0], n))
+        # record_count(): the records appended (aiokafka counts them; a refused append adds none)
+        sent.append((await producer.send_batch(builder, tp[0], partition=tp[1]), owners, tp[0],
+                     builder.record_count()))
 
     for i, records in enumerate(items):
         try:
-            for topic, key, value, ts_ms, headers in records:
-                parts = partitions.get(topic)
-                if parts is None:
+            for topic, key, value, ts_ms, headers, size in records:
+                dest = known.get(topic)
+                if dest is None:
                     await producer.client._wait_on_metadata(topic)  # as `send` does, once per topic
-                    parts = partitions[topic] = (list(metadata.partitions_for_topic(topic)),
-                                                 list(metadata.available_partitions_for_topic(topic)))
-                limit = limits.get(topic)
-                if limit is None:
-                    limit = limits[topic] = max_request if limit_for is None else min(max_request, limit_for(topic))
-                if estimate(key, value, headers) > limit:
+                    dest = known[topic] = (list(metadata.partitions_for_topic(topic)),
+                                           list(metadata.available_partitions_for_topic(topic)),
+                                           max_request if limit_for is None else min(max_request, limit_for(topic)))
+                parts, available, limit = dest
+                if size is None:  # not measured by the caller (OutRecord)
+                    size = estimate(key, value, headers)
+                if size > limit:
                     raise RefusedUpFront(
-                        f"the record for {topic} is {estimate(key, value, headers)} bytes when serialized, larger "
+                        f"the record for {topic} is {size} bytes when serialized, larger "
                         f"than its limit ({limit}; the producer's max_request_size is {max_request})")
                 if key is not None and hashes is not None:
                     h = hashes.get(key)
                     if h is None:
                         h = hashes[key] = murmur2(key) & 0x7FFFFFFF
-                    tp = (topic, parts[0][h % len(parts[0])])
+                    tp = (topic, parts[h % len(parts)])
                 else:
-                    tp = (topic, partitioner(key, *parts))
+                    tp = (topic, partitioner(key, parts, available))
                 entry = open_batches.get(tp)
                 if entry is not None and split:
                     await hand_over(tp)  # one record per batch
@@ -192,10 +200,8 @@ async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
                         appended = None
                     if appended is None:
                         del open_batches[tp]  # nothing in it: never hand over an empty batch
-                        counts.pop(tp, None)
                         raise RefusedUpFront(f"the record for {topic} does not fit an empty batch")
                 entry[1].add(i)
-                counts[tp] = counts.get(tp, 0) + 1
         except Exception as exc:  # refused before it was queued: the item failed, sends nothing more
             errors[i] = exc
     for tp in list(open_batches):

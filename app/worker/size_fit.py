@@ -166,7 +166,9 @@ class SizeFitter:
 
         Every output record is measured exactly (`record_size`, aiokafka's compiled estimate):
         that is cheaper than the rough Python sum over the headers it replaced (~0.3 against
-        ~0.65 µs for an output with eight headers), so no record needs a "far below" shortcut."""
+        ~0.65 µs for an output with eight headers), so no record needs a "far below" shortcut.
+        The size is kept on the output (`Emission.size`): the send's own up-front check uses
+        it instead of measuring the record again (issue 29)."""
         limits = self.limits
         limit_of: dict[str, int] = {}  # topic -> its limit, for this batch
         for i, (msg, item) in enumerate(pending):
@@ -179,7 +181,9 @@ class SizeFitter:
                 limit = limit_of.get(topic)
                 if limit is None:
                     limit = limit_of[topic] = limits.limit_for(topic)
-                size = _size(rec.key, rec.value, rec.headers)
+                # kept on the emission: the send checks this size again, against the limit in
+                # force then (`send_all`), without measuring the record a second time
+                size = e.size = _size(rec.key, rec.value, rec.headers)
                 if size > limit:
                     over = (topic, int(size), limit)
                     break

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from types import SimpleNamespace
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from app.broker.admin import ensure_topics
-from app.worker.batch_send import send_batched
+from app.worker import batch_send
+from app.worker.batch_send import BatchTooLargeError, RefusedUpFront, send_batched
 
 PARTS = 4
 
@@ -52,7 +55,7 @@ async def test_batched_records_match_per_record_sends(broker) -> None:
     try:
         futs = [await p.send(a + sfx, v, key=k, timestamp_ms=ts, headers=h) for it in items for sfx, k, v, ts, h in it]
         await asyncio.gather(*futs)
-        errors = await send_batched(p, [[(b + sfx, k, v, ts, h) for sfx, k, v, ts, h in it] for it in items])
+        errors = await send_batched(p, [[(b + sfx, k, v, ts, h, None) for sfx, k, v, ts, h in it] for it in items])
     finally:
         await p.stop()
     assert errors == [None] * len(items)
@@ -80,6 +83,9 @@ class _Builder:
 
     def close(self):
         self.closed = True
+
+    def record_count(self):
+        return len(self.records)
 
 
 class _Cluster:
@@ -122,8 +128,8 @@ class FakeAiokafka:
 
 async def test_a_failed_batch_fails_every_item_in_it_and_only_those() -> None:
     p = FakeAiokafka(fail={b"c"}, room=2)
-    items = [[("t", b"k", b"a", None, [])], [("t", b"k", b"b", None, [])], [("t", b"k", b"c", None, [])],
-             [("u", b"k", b"d", None, [])]]
+    items = [[("t", b"k", b"a", None, [], None)], [("t", b"k", b"b", None, [], None)], [("t", b"k", b"c", None, [], None)],
+             [("u", b"k", b"d", None, [], None)]]
     errors = await send_batched(p, items)
     assert p.batches == [("t", [b"a", b"b"]), ("t", [b"c"]), ("u", [b"d"])]  # in order, split when full
     assert errors[0] is None and errors[1] is None and errors[3] is None
@@ -132,7 +138,7 @@ async def test_a_failed_batch_fails_every_item_in_it_and_only_those() -> None:
 
 async def test_an_oversized_record_fails_its_item_before_anything_of_it_is_queued_after() -> None:
     p = FakeAiokafka()
-    items = [[("t", b"k", b"x" * 2000, None, []), ("t", b"k", b"second", None, [])], [("t", b"k", b"ok", None, [])]]
+    items = [[("t", b"k", b"x" * 2000, None, [], None), ("t", b"k", b"second", None, [], None)], [("t", b"k", b"ok", None, [], None)]]
     errors = await send_batched(p, items)
     assert isinstance(errors[0], MessageSizeTooLargeError) and errors[1] is None
     assert p.batches == [("t", [b"ok"])]  # the refused item's later record was not sent
@@ -140,8 +146,73 @@ async def test_an_oversized_record_fails_its_item_before_anything_of_it_is_queue
 
 async def test_a_record_that_fits_no_batch_fails_alone() -> None:
     p = FakeAiokafka(room=0)
-    errors = await send_batched(p, [[("t", b"k", b"a", None, [])]])
+    errors = await send_batched(p, [[("t", b"k", b"a", None, [], None)]])
     assert isinstance(errors[0], MessageSizeTooLargeError) and p.batches == []
+
+
+@pytest.mark.parametrize("via", ["max_request_size", "limit_for"])
+async def test_a_record_exactly_at_its_limit_goes_and_one_byte_over_is_refused_up_front(via: str) -> None:
+    """A caller without a size fit (size None: `send_batched` measures the record itself, with
+    aiokafka's estimate), its limit the producer's `max_request_size` or the topic's `limit_for`."""
+    headers = [("prism-h", b"v" * 40)]
+    size = DefaultRecordBatchBuilder.estimate_size_in_bytes(b"k", b"x" * 500, headers)
+    for limit, fits in ((size, True), (size - 1, False)):
+        p = FakeAiokafka(room=10)
+        p._max_request_size = limit if via == "max_request_size" else 1 << 20
+        kw = {"limit_for": lambda topic, limit=limit: limit} if via == "limit_for" else {}
+        errors = await send_batched(p, [[("t", b"k", b"x" * 500, None, headers, None)]], **kw)
+        if fits:
+            assert errors == [None] and p.batches == [("t", [b"x" * 500])]
+        else:
+            assert isinstance(errors[0], RefusedUpFront) and p.batches == []
+            assert f"is {size} bytes when serialized" in str(errors[0])
+
+
+async def test_a_size_handed_over_meets_the_same_limit_and_is_not_measured_again(monkeypatch) -> None:
+    """`OutRecord`'s size: a caller that measured the record (the worker's size fit) hands it over;
+    `send_batched` holds it to the limit in force at the send, exactly at it and one byte over,
+    and measures only the records handed over without one."""
+    calls: list[int] = []
+    real = DefaultRecordBatchBuilder.estimate_size_in_bytes
+
+    def counting(key, value, headers):
+        calls.append(1)
+        return real(key, value, headers)
+
+    monkeypatch.setattr(batch_send, "DefaultRecordBatchBuilder", SimpleNamespace(estimate_size_in_bytes=counting))
+    size = real(b"k", b"a" * 300, [])
+    for limit, fits in ((size, True), (size - 1, False)):
+        p = FakeAiokafka(room=10)
+        calls.clear()
+        errors = await send_batched(p, [[("t", b"k", b"a" * 300, None, [], size)], [("t", b"k", b"b", None, [], None)]],
+                                    limit_for=lambda topic, limit=limit: limit)
+        assert calls == [1]  # the second record only: the first one's size was handed over
+        assert errors[1] is None
+        if fits:
+            assert errors[0] is None and p.batches == [("t", [b"a" * 300, b"b"])]
+        else:
+            assert isinstance(errors[0], RefusedUpFront) and f"is {size} bytes" in str(errors[0])
+            assert p.batches == [("t", [b"b"])]
+
+
+async def test_a_batch_refused_for_its_size_is_no_verdict_on_its_records_but_a_lone_record_is() -> None:
+    """The records a batch held (aiokafka's `record_count`) decide which error its items get:
+    several - `BatchTooLargeError` (the caller retries them split); one - the broker's refusal."""
+    from aiokafka.errors import RecordTooLargeError
+
+    class Refusing(FakeAiokafka):
+        async def send_batch(self, batch, topic, *, partition):
+            await super().send_batch(batch, topic, partition=partition)  # recorded, as delivered
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_exception(RecordTooLargeError())
+            return fut
+
+    p = Refusing(room=10)
+    errors = await send_batched(p, [[("t", b"k", b"a", None, [], None)], [("t", b"k", b"b", None, [], None)],
+                                    [("u", b"k", b"c", None, [], None)]])
+    assert p.batches == [("t", [b"a", b"b"]), ("u", [b"c"])]
+    assert [type(e) for e in errors] == [BatchTooLargeError, BatchTooLargeError, RecordTooLargeError]
+    assert errors[0].records == 2  # type: ignore[union-attr]
 
 
 async def test_nothing_to_send() -> None:
@@ -174,7 +245,7 @@ async def test_on_queued_names_the_items_refused_up_front_before_any_delivery_or
     async def on_queued(errors: list[BaseException | None]) -> None:
         told.append((errors, any(f.done() for f in p.futures), handed.done()))
 
-    items = [[("t", b"k", b"a", None, [])], [("t", b"k", b"x" * 2000, None, [])], [("u", b"k", b"c", None, [])]]
+    items = [[("t", b"k", b"a", None, [], None)], [("t", b"k", b"x" * 2000, None, [], None)], [("u", b"k", b"c", None, [], None)]]
     sending = asyncio.ensure_future(send_batched(p, items, handed_over=handed, on_queued=on_queued))
     await handed
     [(errors, delivered, was_handed)] = told
@@ -190,11 +261,12 @@ async def test_on_queued_names_the_items_refused_up_front_before_any_delivery_or
 @pytest.mark.parametrize("n", [1, 3])
 async def test_every_item_of_a_successful_batch_succeeds(n: int) -> None:
     p = FakeAiokafka(room=10)
-    assert await send_batched(p, [[("t", None, b"v%d" % i, 1, [])] for i in range(n)]) == [None] * n
+    assert await send_batched(p, [[("t", None, b"v%d" % i, 1, [], None)] for i in range(n)]) == [None] * n
 
 
 class _SizedCluster:
-    """Topics with different partition counts (the memo must not assume one count per key)."""
+    """Topics with different partition counts (the memo must not assume one count per key), and
+    some partitions unavailable (a keyed record still goes by all of them, as aiokafka places it)."""
 
     counts = {"seven": 7, "three": 3}
 
@@ -202,7 +274,7 @@ class _SizedCluster:
         return set(range(self.counts[topic]))
 
     def available_partitions_for_topic(self, topic):
-        return set(range(self.counts[topic]))
+        return set(range(0, self.counts[topic], 2))
 
 
 async def test_keys_land_where_aiokafkas_default_partitioner_puts_them() -> None:
@@ -224,19 +296,22 @@ async def test_keys_land_where_aiokafkas_default_partitioner_puts_them() -> None
             return await super().send_batch(batch, topic, partition=partition)
 
     keys = [f"order-{i:06d}-{'x' * (i % 23)}".encode() for i in range(200)]
-    items = [[(t, k, k + t.encode(), None, []) for t in ("seven", "three")] for k in keys]
+    items = [[(t, k, k + t.encode(), None, [], None) for t in ("seven", "three")] for k in keys]
     producer = Placing(DefaultPartitioner())
     assert await send_batched(producer, items) == [None] * len(items)
     reference = DefaultPartitioner()
     for topic, n in _SizedCluster.counts.items():
         for k in keys:
-            want = reference(k, list(range(n)), list(range(n)))
+            want = reference(k, list(range(n)), list(range(0, n, 2)))
             assert k + topic.encode() in producer.placed[(topic, want)]
+    keyless = Placing(DefaultPartitioner())  # no key: a random available partition, as aiokafka's
+    assert await send_batched(keyless, [[("seven", None, b"v%d" % i, None, [], None)] for i in range(30)]) == [None] * 30
+    assert {p for _, p in keyless.placed} <= {0, 2, 4, 6}
 
-    calls: list[bytes | None] = []
-    custom = Placing(lambda key, all_parts, available: calls.append(key) or all_parts[-1])
+    calls: list[tuple[bytes | None, list[int], list[int]]] = []
+    custom = Placing(lambda key, all_parts, available: calls.append((key, all_parts, available)) or all_parts[-1])
     assert await send_batched(custom, items[:5]) == [None] * 5
-    assert calls == [k for k in keys[:5] for _ in range(2)]
+    assert calls == [(k, list(range(n)), list(range(0, n, 2))) for k in keys[:5] for n in (7, 3)]
 
 
 async def test_a_closed_batch_is_ready_at_once_in_aiokafkas_accumulator() -> None:
@@ -275,7 +350,7 @@ async def test_a_failing_on_queued_leaves_no_delivery_error_unretrieved() -> Non
         raise RuntimeError("the changelog record does not fit an empty producer batch")
 
     with pytest.raises(RuntimeError):
-        await send_batched(p, [[("t", b"k", b"a", None, [])], [("u", b"k", b"b", None, [])]], on_queued=on_queued)
+        await send_batched(p, [[("t", b"k", b"a", None, [], None)], [("u", b"k", b"b", None, [], None)]], on_queued=on_queued)
     for f in p.futures:
         f.set_exception(OSError("aborted"))
     await asyncio.sleep(0)  # the done-callbacks run

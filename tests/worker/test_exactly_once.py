@@ -316,6 +316,9 @@ class _KeyedBuilder:
     def close(self) -> None:
         self.closed = True
 
+    def record_count(self) -> int:
+        return len(self.records)
+
 
 class ChangelogProducer(TxnProducer):
     """Records each changelog batch as a transaction call - (key, tombstone?) per record, and
