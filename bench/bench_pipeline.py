@@ -96,11 +96,14 @@ def make_messages(keys: DevKeys, topic: str, n: int, *, scope: int | None = None
     return out
 
 
-async def preload(bootstrap: str, topic: str, values: list[bytes]) -> None:
+async def preload(bootstrap: str, topic: str, values: list[bytes],
+                  headers: list[tuple[str, bytes]] | None = None) -> None:
+    """Produce `values` to `topic`, each record with `headers` (none by default: a backlog of
+    bare envelopes; `bench.profile_stages --headers` gives them a live producer's headers)."""
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1024 * 1024)
     await p.start()
     try:
-        futs = [await p.send(topic, v, key=str(i % 64).encode()) for i, v in enumerate(values)]
+        futs = [await p.send(topic, v, key=str(i % 64).encode(), headers=headers) for i, v in enumerate(values)]
         await asyncio.gather(*futs)
     finally:
         await p.stop()

@@ -5,12 +5,14 @@ Record (py-spy is in the dev extra; sampling, so the code runs at full speed):
     py-spy record -r 250 -f raw -o after.txt -- .venv/bin/python -m bench.bench_stages --n 6000 --passes 3
     py-spy record -r 250 -f raw -o worker.txt -- .venv/bin/python -m bench.profile_stages worker 20000
     py-spy record -r 250 -f raw -o valid.txt -- .venv/bin/python -m bench.profile_stages worker 12000 --payload valid
+    py-spy record -r 250 -f raw -o hdr.txt -- .venv/bin/python -m bench.profile_stages worker 12000 --payload valid --headers 1
 
 The first is the broker-free stage harness (`bench_stages`); the second is the worker itself:
 `PipelineApp` on Faust with the RocksDB dedup table, on the embedded broker, over a preloaded
 backlog (`bench_pipeline.run_chain`), so the framework, aiokafka and the table show too. `--payload
 valid` sends the order that matches the topology's schema (production's path; the default, `bench`,
-fails it at its second key and measures validation's warn path). For a
+fails it at its second key and measures validation's warn path). `--headers N` gives every backlog
+record N ordinary producer headers (`bench-sent` first, as the latency client's live stream has). For a
 "before", run the same under a `git archive` of the older tree with this file copied in.
 
 Report (share of samples per stage, and µs when the total CPU per message is given):
@@ -164,10 +166,20 @@ def detail(path: Path, part: str, top: int = 30) -> str:
     return "\n".join(out)
 
 
-async def worker(n: int, payload: str = "bench") -> None:
+def producer_headers(n: int) -> list[tuple[str, bytes]] | None:
+    """`n` ordinary producer headers (none of them `prism-*`, a trace or an auth header), as a
+    live producer sets them: `bench-sent` first, as `bench/_latency_client.py` sends it, then
+    application headers. None for 0: records without headers, as `preload` sends by default."""
+    if n <= 0:
+        return None
+    return [("bench-sent", b"1764495000.123456"), *((f"x-app-header-{i}", f"value-{i}".encode()) for i in range(1, n))]
+
+
+async def worker(n: int, payload: str = "bench", headers: int = 0) -> None:
     """bench_pipeline's Prism chain alone (no raw loop, no Faust passthrough), for py-spy.
     `payload`: "bench" (fails the topology's schema: validation's warn path) or "valid" (matches it,
-    the path production traffic takes)."""
+    the path production traffic takes). `headers`: how many ordinary producer headers each backlog
+    record carries (`producer_headers`): a live producer's records nearly always carry some."""
     from app.broker.admin import ensure_topics
     from app.broker.embedded import EmbeddedBroker
     from app.security.devkeys import ensure_dev_keys
@@ -182,7 +194,7 @@ async def worker(n: int, payload: str = "bench") -> None:
         topic = f"bench.in.{uuid.uuid4().hex[:6]}"
         topo_path = bench_topology(tmp, keys, topic, None)
         await ensure_topics(broker.bootstrap, load_topology(topo_path).topics())
-        await preload(broker.bootstrap, topic, make_messages(keys, topic, n))
+        await preload(broker.bootstrap, topic, make_messages(keys, topic, n), producer_headers(headers))
         result, _ = await run_chain(broker.bootstrap, topo_path, n, tmp / "chain")
         print(result, flush=True)
 
@@ -194,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("n", type=int)
     w.add_argument("--payload", choices=("bench", "valid"), default="bench",
                    help="bench: payload_1kb (fails the schema: the warn path); valid: payload_valid_1kb")
+    w.add_argument("--headers", type=int, default=0,
+                   help="ordinary producer headers per record (bench-sent, x-app-header-1, ...); default none")
     r = sub.add_parser("report", help="per-stage table of py-spy raw files")
     r.add_argument("paths", nargs="+", type=Path)
     r.add_argument("--us", nargs="+", type=float, default=None, help="CPU µs per message of each run")
@@ -206,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         from app.worker.faust_app import use_uvloop
 
         use_uvloop()
-        asyncio.run(worker(args.n, args.payload))
+        asyncio.run(worker(args.n, args.payload, args.headers))
     elif args.cmd == "detail":
         print(detail(args.path, args.part, args.top))
     else:
