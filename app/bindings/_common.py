@@ -234,6 +234,25 @@ def merge_headers(
     return extra + [(n, v) for n, v in ours if n.lower() not in taken]
 
 
+def can_clash(extra: Iterable[tuple[str, object]], *, owned: Callable[[str], bool], shared: frozenset[str]) -> bool:
+    """Whether `merge_headers(ours, extra, owned=owned, ...)` can be anything but `[*extra, *ours]`.
+
+    Why: a binding that writes one message in several layouts (Kafka's `.v2` and `.v3`) would
+    otherwise run the merge once per layout, and a live producer's records nearly always carry
+    headers of their own (tracing, application headers) that can never meet ours. For every
+    `ours` whose names, lowercased, are all `owned` or in `shared` (the lowercase names the
+    binding writes outside its own namespace, e.g. `traceparent`): when no `extra` name,
+    lowercased, is owned or in `shared`, `merge_headers` raises nothing (only an owned name can
+    conflict) and gives way to nothing (no `extra` name equals one of ours), so it returns
+    exactly `[*extra, *ours]`. False means that, True that the caller must merge.
+    """
+    for name, _ in extra:
+        key = name.lower()
+        if key in shared or owned(key):
+            return True
+    return False
+
+
 # --------------------------------------------------------------------------- header-safe text
 
 # Printable ASCII except space and '%': these pass through unchanged, so ordinary ids and

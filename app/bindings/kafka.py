@@ -226,11 +226,20 @@ def encode_layouts(
 
 def _records(layouts: Sequence[Layout], values: Sequence[bytes], common: list[tuple[str, bytes]],
              extra: list[tuple[str, bytes]], record_key: bytes | None, timestamp: int | None) -> list[KafkaRecord]:
+    """One record per layout, `extra` merged with our headers (`c.merge_headers`).
+
+    Our names are `prism-*` or `traceparent`/`tracestate` (`_REGENERATED`), so caller headers
+    that are none of these - a live producer's forwarded ones (`passthrough_headers` drops the
+    rest) - are checked once per message (`c.can_clash`) and simply go first in every layout:
+    the merge, once per layout, was ~3 µs of a message with one producer header."""
+    merge = bool(extra) and c.can_clash(extra, owned=is_owned, shared=_REGENERATED)
     out = []
     for layout, value in zip(layouts, values, strict=True):
-        ours = [*_LAYOUT_HEADERS[layout], *common]
-        merged = c.merge_headers(ours, extra, owned=is_owned, binding="kafka") if extra else ours
-        out.append(KafkaRecord(key=record_key, value=value, headers=merged, timestamp_ms=timestamp))
+        if merge:
+            headers = c.merge_headers([*_LAYOUT_HEADERS[layout], *common], extra, owned=is_owned, binding="kafka")
+        else:
+            headers = [*extra, *_LAYOUT_HEADERS[layout], *common]
+        out.append(KafkaRecord(key=record_key, value=value, headers=headers, timestamp_ms=timestamp))
     return out
 
 

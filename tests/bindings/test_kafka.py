@@ -226,3 +226,124 @@ def test_size_limit_is_checked_before_anything_else():
     rec = kafka.encode(order(), sign_with=HMAC)
     with pytest.raises(SizeLimitError, match="over the 64-byte limit"):
         kafka.decode(rec, limits=Limits(max_message_bytes=64), verify_with=KEYS)
+
+
+# --------------------------------------------------------------------------- caller headers, once per message
+
+
+def _merge_headers_before(ours, extra, *, owned, binding):
+    """`app.bindings._common.merge_headers` as it was when `_records` called it once per layout
+    for every message with caller headers: the reference the per-message path must equal."""
+    extra = list(extra)
+    if not extra:
+        return list(ours)
+    ours_by_name = {name.lower(): value for name, value in ours}
+    taken = set()
+    for name, value in extra:
+        key = name.lower()
+        if owned(key) and (key not in ours_by_name or ours_by_name[key] != value):
+            raise BindingError(
+                f"caller header {name} conflicts with the {binding} binding's own headers",
+                path=name,
+                hint="drop prism headers of the input record before re-publishing "
+                     "(app.bindings.<backend>.passthrough_headers)",
+            )
+        taken.add(key)
+    return extra + [(n, v) for n, v in ours if n.lower() not in taken]
+
+
+def _headers_before(env, layouts, extra):
+    """The header lists (or the error) `encode_layouts` gave before: the merge per layout."""
+    try:
+        out = []
+        for layout in layouts:
+            ours = kafka.headers_for(env, layout)
+            out.append(_merge_headers_before(ours, extra, owned=kafka.is_owned, binding="kafka") if extra else ours)
+        return out
+    except BindingError as exc:
+        return (type(exc), str(exc), exc.path, exc.hint)
+
+
+def _headers_now(call):
+    try:
+        return [r.headers for r in call()]
+    except BindingError as exc:
+        return (type(exc), str(exc), exc.path, exc.hint)
+
+
+def _spellings(name: str) -> st.SearchStrategy[str]:
+    return st.sampled_from([name, name.upper(), name.title(), name[:1].upper() + name[1:]])
+
+
+#: Names a caller header can have: every one the binding writes, each in several spellings, other
+#: `prism-*` names, names that only look like ours, a live producer's ordinary ones, any text.
+_OUR_NAMES = [*kafka._WIRE_NAMES.values(), kafka.TRACEPARENT, kafka.TRACESTATE]
+_caller_names = st.one_of(
+    st.sampled_from(_OUR_NAMES).flatmap(_spellings),
+    st.sampled_from(["prism-source", "prism-auth-token", "Prism-X-New", "prism-", "prism_topic", "xprism-topic",
+                     "traceparent2", "trace-parent", "bench-sent", "app-tenant", "ce_id", "content-type"]),
+    st.text(max_size=12),
+)
+
+
+@st.composite
+def _caller_headers(draw, env):
+    """Caller headers for `env`: values often equal to the binding's own for that name (so an
+    owned header can agree, and give way), else any bytes or None; duplicates allowed."""
+    ours = {n: v for lay in Layout for n, v in kafka.headers_for(env, lay)}
+    out = []
+    for name in draw(st.lists(_caller_names, max_size=6)):
+        own = ours.get(name.lower())
+        choices = [st.binary(max_size=8), st.none()] + ([st.just(own)] * 3 if own is not None else [])
+        out.append((name, draw(st.one_of(*choices))))
+    return out
+
+
+_LAYOUT_ORDERS = st.sampled_from([(Layout.DRAFT, Layout.REVIEWED), (Layout.REVIEWED, Layout.DRAFT),
+                                  (Layout.REVIEWED,), (Layout.DRAFT,), ()])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data(), binding_envelopes(), _LAYOUT_ORDERS)
+def test_caller_headers_merge_as_once_per_layout(data, env, layouts):
+    """`encode_layouts` and `prepare_batch_records` decide the caller headers once per message
+    (`_common.can_clash`); the records' headers, or the BindingError, are what the merge once per
+    layout gave: same lists, same order, same message, path and hint - in every layout order."""
+    extra = data.draw(_caller_headers(env))
+    expected = _headers_before(env, layouts, extra)
+    assert _headers_now(lambda: kafka.encode_layouts(env, layouts, headers=extra)) == expected
+    pending = _headers_now(lambda: kafka.prepare_batch_records(env, layouts, HMAC, headers=extra).records)
+    assert pending == expected
+
+
+def test_ordinary_caller_headers_go_first_in_every_layout():
+    """The live producer's case: headers that cannot meet ours, in every record, each record's
+    list its own (the publisher appends to one layout's alone)."""
+    env = order()
+    extra = [("bench-sent", b"1764495000.1"), ("App-Tenant", b"acme"), ("bench-sent", None)]
+    recs = kafka.encode_layouts(env, (Layout.DRAFT, Layout.REVIEWED), headers=extra)
+    for rec, layout in zip(recs, (Layout.DRAFT, Layout.REVIEWED), strict=True):
+        assert rec.headers == [*extra, *kafka.headers_for(env, layout)]
+    assert recs[0].headers is not recs[1].headers
+
+
+def test_a_caller_header_that_meets_ours_is_still_merged():
+    """`traceparent` in any case gives way to nothing of the caller's; an agreeing `prism-*`
+    replaces ours; a disagreeing one is refused in the first layout that disagrees."""
+    env = order()
+    tp = (b"00-11111111111111111111111111111111-2222222222222222-00")
+    recs = kafka.encode_layouts(env, (Layout.DRAFT, Layout.REVIEWED), headers=[("TraceParent", tp)])
+    assert all([v for n, v in r.headers if n.lower() == "traceparent"] == [tp] for r in recs)
+    with pytest.raises(BindingError, match="prism-envelope-layout") as err:
+        kafka.encode_layouts(env, (Layout.REVIEWED, Layout.DRAFT), headers=[("prism-envelope-layout", b"draft")])
+    assert err.value.path == "prism-envelope-layout"
+
+
+def test_every_name_the_binding_writes_is_owned_or_regenerated():
+    """`_records`' once-per-message check is exact only if each of our names is `prism-*` or in
+    `_REGENERATED` (`_common.can_clash`): on an envelope that carries every optional header."""
+    env = order(content_type="application/json")
+    env.extensions["w3c.tracestate"] = b"congo=t61rcWkgMzE"
+    names = {n for lay in Layout for n, _ in kafka.headers_for(env, lay)}
+    assert {"traceparent", "tracestate", "prism-trace-id", "prism-envelope-version"} <= names
+    assert all(kafka.is_owned(n) or n in kafka._REGENERATED for n in names)
