@@ -45,6 +45,10 @@ _BOOL = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no":
 TOKEN_HEADERS: tuple[str, ...] = ("prism-auth-token", "authorization", "x-auth-token", "auth-token", "x-api-key")
 #: Credential headers that are not Prism tokens: dropped, never copied anywhere.
 SECRET_HEADERS: frozenset[str] = frozenset({"proxy-authorization", "cookie", "set-cookie"})
+#: Every header name `take_auth_token` reads: for pairs with none of them it finds no token,
+#: consumes nothing and notes nothing, so a caller may skip it (a live producer's headers are
+#: nearly always tracing and application headers, none of these).
+AUTH_HEADERS: frozenset[str] = frozenset(TOKEN_HEADERS) | SECRET_HEADERS
 
 
 # --------------------------------------------------------------------------- headers

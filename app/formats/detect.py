@@ -64,7 +64,7 @@ from ..errors import (
 from . import cloudevents as ce
 from . import legacy, lnmp, lnmp_bindings
 from . import lnmp_envelope as lnmp_env
-from ._fields import finalize, header_pairs, set_auth_token, take_auth_token
+from ._fields import AUTH_HEADERS, finalize, header_pairs, set_auth_token, take_auth_token
 
 Headers = Sequence[tuple[str, bytes | str]]
 
@@ -115,6 +115,12 @@ _PRISM_DRAFT, _PRISM_REVIEWED, _DRAFT = InputShape.PRISM_DRAFT, InputShape.PRISM
 _PRISM_SHAPES = frozenset({_PRISM_DRAFT, _PRISM_REVIEWED})
 _NATS_MARKERS = frozenset(n for n in legacy.NATS_HEADERS)
 _KAFKA_MARKERS = frozenset(legacy.KAFKA_HEADERS)
+_CE_PREFIX = ce.CE_PREFIX
+#: The binding headers `_prism` checks against a Prism envelope, in the order it checks them.
+_CROSS_CHECKED = ("prism-message-id", "prism-topic", "prism-namespace")
+#: Every header name `_prism` reads: an envelope whose headers have none of them (a live
+#: producer's tracing and application headers) has nothing to cross-check and no token to take.
+_PRISM_READS = frozenset(_CROSS_CHECKED) | AUTH_HEADERS
 
 
 def _prism_hints(names: set[str]) -> bool:
@@ -212,13 +218,14 @@ def _is_lnmp_text_record(value: bytes) -> bool:
 def _detect(value: bytes, pairs: list[tuple[str, bytes]], limits: Limits = DEFAULT_LIMITS,
             dropped: list[str] | None = None) -> tuple[InputShape, Envelope | None, Records | None]:
     """(shape, envelope, records): the last two only for a valid envelope (`_valid_envelope`)."""
-    if pairs:
+    if pairs:  # a live producer's records nearly always carry headers: ~0.15 µs saved below
         names = {n for n, _ in pairs}
-        ct = _content_type(pairs)
+        ct = _content_type(pairs) if "content-type" in names else ""
         if ct.startswith(ce.STRUCTURED_PREFIX):
             return InputShape.CLOUDEVENT_STRUCTURED, None, None
-        if any(n.startswith(ce.CE_PREFIX) for n in names):
-            return InputShape.CLOUDEVENT_BINARY, None, None
+        for n in names:  # a loop, not any(<generator>): no generator frame per message
+            if n.startswith(_CE_PREFIX):
+                return InputShape.CLOUDEVENT_BINARY, None, None
     else:  # the usual envelope on Kafka: no header can declare anything
         names, ct = _NO_NAMES, ""
     valid = _valid_envelope(value, limits, dropped if dropped is not None else []) if value else None
@@ -353,11 +360,16 @@ def _prism(data: bytes, pairs: list[tuple[str, bytes]], env: Envelope | None, no
                                        "corrupted envelope bytes: re-send the complete envelope, encoded "
                                        "by a Prism SDK") from None
         notes += [f"dropped converting the draft layout: {d}" for d in dropped]
-    if not pairs:  # nothing to cross-check, no token to take (the usual envelope on Kafka)
+    # Nothing to cross-check, no token to take: the usual envelope on Kafka has no headers, a
+    # live producer's has only its own (~1.2 µs per message for the checks that find nothing).
+    # A loop, not any(<generator>): ~60 against ~150 ns for one header.
+    for name, _ in pairs:
+        if name in _PRISM_READS:
+            break
+    else:
         return env
     found = {n: v for n, v in pairs}
-    for header, actual in (("prism-message-id", env.message_id), ("prism-topic", env.topic),
-                           ("prism-namespace", env.namespace)):
+    for header, actual in zip(_CROSS_CHECKED, (env.message_id, env.topic, env.namespace), strict=True):
         claimed = found.get(header)
         if claimed is not None and actual and claimed.decode("utf-8", errors="replace") != actual:
             raise PrismShapeError(f"header {header} disagrees with the envelope", path=f"header {header}",

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import uuid
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -13,6 +16,7 @@ from app.envelope import Layout, decode, encode, new_envelope, validate
 from app.envelope.codec import Limits
 from app.envelope.validation import required_problems
 from app.errors import (
+    AmbiguousMapEntryError,
     CloudEventError,
     EnvelopeError,
     FormatError,
@@ -25,9 +29,12 @@ from app.errors import (
 from app.formats import cloudevents as ce
 from app.formats import legacy, lnmp
 from app.formats import lnmp_envelope as le
+from app.formats._fields import SECRET_HEADERS, TOKEN_HEADERS, set_auth_token, take_auth_token
 from app.formats.detect import InputShape, detect, normalize
 from tests.strategies import envelopes
 
+#: the module itself (`app.formats.detect` is also the name of the function the package exports)
+detect_mod = importlib.import_module("app.formats.detect")
 S = InputShape
 NOW = 1_700_000_000_000
 ENV = new_envelope("orders.created", {"id": 1}, namespace="orders", published_at_ms=NOW - 5)
@@ -312,3 +319,152 @@ def test_lnmp_looking_text_is_a_raw_payload_unless_declared() -> None:
     assert detect(text, declared) is InputShape.LNMP_TEXT
     as_lnmp = normalize(text, declared, topic="t", namespace="n")
     assert as_lnmp.envelope.payload_bytes() == text and as_lnmp.envelope.content_type == le.CONTENT_TYPE_TEXT
+
+
+# --------------------------------------------------------------------------- producer headers, checked cheaply
+
+
+def _detect_before(value, pairs, limits=detect_mod.DEFAULT_LIMITS, dropped=None):
+    """`_detect` as it was before the header scans were shortened: the reference."""
+    if pairs:
+        names = {n for n, _ in pairs}
+        ct = detect_mod._content_type(pairs)
+        if ct.startswith(ce.STRUCTURED_PREFIX):
+            return S.CLOUDEVENT_STRUCTURED, None, None
+        if any(n.startswith(ce.CE_PREFIX) for n in names):
+            return S.CLOUDEVENT_BINARY, None, None
+    else:
+        names, ct = frozenset(), ""
+    valid = detect_mod._valid_envelope(value, limits, dropped if dropped is not None else []) if value else None
+    if valid is not None:
+        env, layout, records = valid
+        return (S.PRISM_DRAFT if layout is Layout.DRAFT else S.PRISM_REVIEWED), env, records
+    if detect_mod._prism_hints(names) or detect_mod._envelope_prefix(value):
+        env, layout = None, Layout.REVIEWED
+        with contextlib.suppress(EnvelopeError):
+            layout = detect_mod.detect_layout(value)
+        return (S.PRISM_DRAFT if layout is Layout.DRAFT else S.PRISM_REVIEWED), env, None
+    lnmp_hint = detect_mod.lnmp_bindings.has_lnmp_headers(names) or ct in le.BINARY_CONTENT_TYPES \
+        or ct in le.TEXT_CONTENT_TYPES
+    if lnmp.is_container(value):
+        return S.LNMP_BINARY, None, None
+    if lnmp.has_text_header(value):
+        return S.LNMP_TEXT, None, None
+    if lnmp_hint:
+        if ct in le.BINARY_CONTENT_TYPES or not detect_mod._is_utf8(value):
+            return S.LNMP_BINARY, None, None
+        return S.LNMP_TEXT, None, None
+    if any(n.startswith("nats-") for n in names) or names & detect_mod._NATS_MARKERS:
+        return S.NATS_HEADERS, None, None
+    if names & detect_mod._KAFKA_MARKERS:
+        return S.KAFKA_HEADERS, None, None
+    if legacy.looks_like_redis_json(value):
+        return S.REDIS_JSON, None, None
+    if detect_mod._is_lnmp_text_record(value):
+        return S.LNMP_TEXT, None, None
+    return S.RAW, None, None
+
+
+def _prism_before(data, pairs, env, notes, limits):
+    """`_prism` as it was before it skipped headers it does not read: the reference."""
+    if env is None:
+        dropped: list[str] = []
+        try:
+            env = decode(data, limits=limits, dropped=dropped)
+        except (SizeLimitError, AmbiguousMapEntryError):
+            raise
+        except EnvelopeError as exc:
+            raise PrismShapeError(f"value looks like a Prism envelope (prism-* headers or a leading metadata "
+                                  f"block) but does not decode: {exc.message}",
+                                  path=exc.path or "value",
+                                  hint=f"{exc.hint + '; ' if exc.hint else ''}the producer sent truncated or "
+                                       "corrupted envelope bytes: re-send the complete envelope, encoded "
+                                       "by a Prism SDK") from None
+        notes += [f"dropped converting the draft layout: {d}" for d in dropped]
+    if not pairs:
+        return env
+    found = {n: v for n, v in pairs}
+    for header, actual in (("prism-message-id", env.message_id), ("prism-topic", env.topic),
+                           ("prism-namespace", env.namespace)):
+        claimed = found.get(header)
+        if claimed is not None and actual and claimed.decode("utf-8", errors="replace") != actual:
+            raise PrismShapeError(f"header {header} disagrees with the envelope", path=f"header {header}",
+                                  hint="headers and envelope must come from one encode()")
+    auth = take_auth_token(pairs)
+    notes += auth.notes
+    set_auth_token(env, auth.token, notes, "headers")
+    return env
+
+
+def _outcome(value, headers):
+    """Everything `normalize` returns (or raises), comparable across two runs."""
+    try:
+        r = normalize(value, headers, topic="orders.created", namespace="n", now_ms=NOW, id_seed=b"seed", key=b"k")
+    except PrismError as exc:
+        return (type(exc), str(exc), exc.path, exc.hint)
+    return (r.shape, encode(r.envelope), r.envelope, r.notes, r.records, r.layout)
+
+
+def _header_spellings(name: str) -> st.SearchStrategy[str]:
+    return st.sampled_from([name, name.upper(), name.title()])
+
+
+#: Every name `_prism` and `_detect` read, in several spellings, next to a live producer's names.
+_producer_names = st.one_of(
+    st.sampled_from([*detect_mod._CROSS_CHECKED, *TOKEN_HEADERS, *SECRET_HEADERS, "content-type", "ce_id",
+                     "ce_specversion", "prism-envelope-layout", "prism-dlq-attestation", "traceparent",
+                     "correlation-id", "nats-msg-id", "lnmp.timestamp"]).flatmap(_header_spellings),
+    st.sampled_from(["bench-sent", "app-tenant", "x-request-id", "prism", "prismtopic", "ce", "cookies"]),
+    st.text(max_size=10),
+)
+_ENV_WITH_TOKEN = new_envelope("orders.created", {"id": 2}, namespace="orders", published_at_ms=NOW)
+_ENV_WITH_TOKEN.ensure_security().auth_token = "eyJhbGciOi.eyJzdWIi.sig"
+_PRODUCER_BODIES = [REVIEWED, DRAFT, encode(_ENV_WITH_TOKEN), CE_STRUCT.value, CE_BIN.value, LNMP_BIN, LNMP_TXT,
+                    REDIS, b"hello", REVIEWED[:-3]]
+
+
+@st.composite
+def _producer_headers(draw):
+    """Header lists whose values are often what the envelope says (a cross-check that agrees),
+    else a token, a content type, any bytes, text or None."""
+    known = {"prism-message-id": ENV.message_id.encode(), "prism-topic": ENV.topic.encode(),
+             "prism-namespace": ENV.namespace.encode(), "authorization": b"Bearer tok-1",
+             "content-type": draw(st.sampled_from([b"application/cloudevents+json", b"text/lnmp", b"text/plain"]))}
+    out = []
+    for name in draw(st.lists(_producer_names, max_size=5)):
+        choices = [st.binary(max_size=12), st.text(max_size=6), st.none()]
+        if name.lower() in known:
+            choices += [st.just(known[name.lower()])] * 3
+        out.append((name, draw(st.one_of(*choices))))
+    return out
+
+
+@settings(max_examples=500, deadline=None)
+@given(value=st.sampled_from(_PRODUCER_BODIES), headers=_producer_headers())
+def test_producer_headers_normalize_as_before(value: bytes, headers: list) -> None:
+    """`normalize` skips the Prism cross-check and the token search when no header is one they
+    read, and scans the headers once less in `_detect`: for any header list (our names in any
+    case, tokens, secrets, content types, CloudEvents and ordinary names, duplicates, None and
+    text values) on every shape, the result - shape, envelope bytes, notes, records - or the
+    error is what the implementations kept here as the reference give."""
+    now = _outcome(value, headers)
+    with mock.patch.object(detect_mod, "_prism", _prism_before), \
+            mock.patch.object(detect_mod, "_detect", _detect_before):
+        before = _outcome(value, headers)
+    assert now == before
+
+
+def test_ordinary_producer_headers_leave_an_envelope_as_without_them() -> None:
+    """The live producer's case: `bench-sent` and application headers change nothing."""
+    assert _outcome(REVIEWED, [("bench-sent", b"1764495000.1"), ("App-Tenant", b"acme")]) == _outcome(REVIEWED, None)
+
+
+def test_a_read_header_among_ordinary_ones_is_still_read() -> None:
+    """One header `_prism` reads, last after ordinary ones: still cross-checked, still taken."""
+    hs = [("bench-sent", b"1"), ("Prism-Topic", b"payments.created")]
+    with pytest.raises(PrismShapeError, match="prism-topic"):
+        normalize(REVIEWED, hs, topic="t", namespace="n")
+    r = normalize(REVIEWED, [("bench-sent", b"1"), ("Cookie", b"c=1"), ("X-Auth-Token", b"tok-2")],
+                  topic="t", namespace="n")
+    assert r.envelope.security is not None and r.envelope.security.auth_token == "tok-2"
+    assert r.notes == ["header cookie dropped: credentials other than a Prism auth token are never forwarded"]
