@@ -436,6 +436,8 @@ def _producer_headers(draw):
         if name.lower() in known:
             choices += [st.just(known[name.lower()])] * 3
         out.append((name, draw(st.one_of(*choices))))
+    if draw(st.integers(0, 3)) == 0:  # a declared content type, which can decide the shape
+        out.insert(draw(st.integers(0, len(out))), (draw(_header_spellings("content-type")), known["content-type"]))
     return out
 
 
