@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.profile_stages import categorize, detail, load, main, report
+from bench.profile_stages import categorize, detail, load, main, producer_headers, report
 
 RUN = "main (bench/x.py:1);run (app/worker/pipeline.py:10)"
 
@@ -81,3 +81,18 @@ def test_detail_names_the_innermost_worker_line_and_its_callee(tmp_path: Path) -
     assert "| BatchSource.run (batch_source.py:221) -> self | 10.0 |" in table
     assert "Normalize" not in table
     assert main(["detail", str(raw), "worker loop", "--top", "1"]) == 0
+
+
+def test_producer_headers_are_ordinary_ones() -> None:
+    """`--headers N`: N headers a live producer sets (`bench-sent` first, as the latency client
+    sends it), none of which Prism reads or regenerates - the cost measured is the plain one."""
+    from app.bindings import kafka
+    from app.formats._fields import AUTH_HEADERS
+
+    assert producer_headers(0) is None
+    hs = producer_headers(4)
+    assert hs is not None and len(hs) == 4 and hs[0][0] == "bench-sent"
+    names = [n.lower() for n, _ in hs]
+    assert len(set(names)) == 4 and all(isinstance(v, bytes) and v for _, v in hs)
+    assert not any(kafka.is_owned(n) or n in kafka._REGENERATED or n in AUTH_HEADERS or n.startswith("ce_")
+                   for n in names)
