@@ -27,7 +27,9 @@ enrich stage's check of a JSON payload against a protobuf schema, one-sided
 (`payload_check._compiled_fits`, `prism_native.DocPlan`, prism-client's `json_fit`): one call
 reads the bytes against the plan the Python fast path walks and says True only for documents
 `json_format.Parse` certainly accepts; on False the Python validator runs as before, so every
-violation keeps its text (BENCHMARKS.md, "The payload check compiled").
+violation keeps its text (BENCHMARKS.md, "The payload check compiled"); and Kafka's key hash,
+`murmur2` (prism-client's `partition::murmur2`, the Java client's), with which the worker places
+its keyed output records (`app/bindings/partitioner.py`; aiokafka's pure-Python hash otherwise).
 
 The native module reports a walk that stopped as `WireFault(kind, at, field, wire_type, length,
 remaining)`; `scan_fault` words it as the very `PrismError` (class, message, path, hint) the
@@ -43,7 +45,7 @@ from typing import Any
 from .errors import DecodeError, LengthError, PrismError, TruncatedError, WireTypeError
 
 #: The binding's contract version this code was written for (`prism_native.ABI`).
-ABI = 8
+ABI = 9
 ENV = "PRISM_NATIVE"
 
 

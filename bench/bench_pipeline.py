@@ -97,16 +97,25 @@ def make_messages(keys: DevKeys, topic: str, n: int, *, scope: int | None = None
 
 
 async def preload(bootstrap: str, topic: str, values: list[bytes],
-                  headers: list[tuple[str, bytes]] | None = None) -> None:
+                  headers: list[tuple[str, bytes]] | None = None, *, uuid_keys: bool = False) -> None:
     """Produce `values` to `topic`, each record with `headers` (none by default: a backlog of
-    bare envelopes; `bench.profile_stages --headers` gives them a live producer's headers)."""
+    bare envelopes; `bench.profile_stages --headers` gives them a live producer's headers), keyed
+    "0".."63" (1-2 bytes), or with `uuid_keys` each by a 36-byte UUID as text - what
+    `kafka.partition_key` gives by default (the correlation id), so the worker, which keeps the
+    input key, hashes keys of a realistic length (issue 29)."""
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1024 * 1024)
     await p.start()
     try:
-        futs = [await p.send(topic, v, key=str(i % 64).encode(), headers=headers) for i, v in enumerate(values)]
+        futs = [await p.send(topic, v, key=_uuid_key(i) if uuid_keys else str(i % 64).encode(), headers=headers)
+                for i, v in enumerate(values)]
         await asyncio.gather(*futs)
     finally:
         await p.stop()
+
+
+def _uuid_key(i: int) -> bytes:
+    """A UUID-shaped key per message, the same every run (a fixed odd multiplier spreads them)."""
+    return str(uuid.UUID(int=i * 0x9E3779B97F4A7C15F39CC0605CEDC834 % 2**128)).encode()
 
 
 class Clock:

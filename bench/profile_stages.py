@@ -6,13 +6,16 @@ Record (py-spy is in the dev extra; sampling, so the code runs at full speed):
     py-spy record -r 250 -f raw -o worker.txt -- .venv/bin/python -m bench.profile_stages worker 20000
     py-spy record -r 250 -f raw -o valid.txt -- .venv/bin/python -m bench.profile_stages worker 12000 --payload valid
     py-spy record -r 250 -f raw -o hdr.txt -- .venv/bin/python -m bench.profile_stages worker 12000 --payload valid --headers 1
+    .venv/bin/python -m bench.profile_stages worker 12000 --payload valid --uuid-keys
 
 The first is the broker-free stage harness (`bench_stages`); the second is the worker itself:
 `PipelineApp` on Faust with the RocksDB dedup table, on the embedded broker, over a preloaded
 backlog (`bench_pipeline.run_chain`), so the framework, aiokafka and the table show too. `--payload
 valid` sends the order that matches the topology's schema (production's path; the default, `bench`,
 fails it at its second key and measures validation's warn path). `--headers N` gives every backlog
-record N ordinary producer headers (`bench-sent` first, as the latency client's live stream has). For a
+record N ordinary producer headers (`bench-sent` first, as the latency client's live stream has).
+`--uuid-keys` keys the input records by 36-byte UUIDs, as a Prism producer's correlation ids
+(default: "0".."63"). For a
 "before", run the same under a `git archive` of the older tree with this file copied in.
 
 Report (share of samples per stage, and µs when the total CPU per message is given):
@@ -175,11 +178,14 @@ def producer_headers(n: int) -> list[tuple[str, bytes]] | None:
     return [("bench-sent", b"1764495000.123456"), *((f"x-app-header-{i}", f"value-{i}".encode()) for i in range(1, n))]
 
 
-async def worker(n: int, payload: str = "bench", headers: int = 0) -> None:
+async def worker(n: int, payload: str = "bench", headers: int = 0, uuid_keys: bool = False) -> None:
     """bench_pipeline's Prism chain alone (no raw loop, no Faust passthrough), for py-spy.
     `payload`: "bench" (fails the topology's schema: validation's warn path) or "valid" (matches it,
     the path production traffic takes). `headers`: how many ordinary producer headers each backlog
-    record carries (`producer_headers`): a live producer's records nearly always carry some."""
+    record carries (`producer_headers`): a live producer's records nearly always carry some.
+    `uuid_keys`: input records keyed by 36-byte UUIDs (the default key of a Prism producer, its
+    correlation id) instead of "0".."63"; the worker keeps the key, so its output placement
+    hashes realistic keys (issue 29)."""
     from app.broker.admin import ensure_topics
     from app.broker.embedded import EmbeddedBroker
     from app.security.devkeys import ensure_dev_keys
@@ -194,7 +200,8 @@ async def worker(n: int, payload: str = "bench", headers: int = 0) -> None:
         topic = f"bench.in.{uuid.uuid4().hex[:6]}"
         topo_path = bench_topology(tmp, keys, topic, None)
         await ensure_topics(broker.bootstrap, load_topology(topo_path).topics())
-        await preload(broker.bootstrap, topic, make_messages(keys, topic, n), producer_headers(headers))
+        await preload(broker.bootstrap, topic, make_messages(keys, topic, n), producer_headers(headers),
+                      uuid_keys=uuid_keys)
         result, _ = await run_chain(broker.bootstrap, topo_path, n, tmp / "chain")
         print(result, flush=True)
 
@@ -208,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="bench: payload_1kb (fails the schema: the warn path); valid: payload_valid_1kb")
     w.add_argument("--headers", type=int, default=0,
                    help="ordinary producer headers per record (bench-sent, x-app-header-1, ...); default none")
+    w.add_argument("--uuid-keys", action="store_true",
+                   help='key the input records by 36-byte UUIDs (default: "0".."63")')
     r = sub.add_parser("report", help="per-stage table of py-spy raw files")
     r.add_argument("paths", nargs="+", type=Path)
     r.add_argument("--us", nargs="+", type=float, default=None, help="CPU µs per message of each run")
@@ -220,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         from app.worker.faust_app import use_uvloop
 
         use_uvloop()
-        asyncio.run(worker(args.n, args.payload, args.headers))
+        asyncio.run(worker(args.n, args.payload, args.headers, args.uuid_keys))
     elif args.cmd == "detail":
         print(detail(args.path, args.part, args.top))
     else:

@@ -9,7 +9,8 @@ sources call these; tests exercise them without any server.
     same = kafka.decode(consumer_record)   # header copies cross-checked
 
 Modules: `kafka`, `nats`, `redis` (Pub/Sub bytes and Streams fields), `postgres` (JSONB row
-and DDL), `s3` (object key, body, metadata), `tracecontext` (W3C headers). Every decode
+and DDL), `s3` (object key, body, metadata), `tracecontext` (W3C headers), `partitioner`
+(Kafka's key placement, the key hash compiled when `prism_native` is in use). Every decode
 raises `app.errors.BindingError` when a header copy disagrees with the envelope, and the
 codec's `EnvelopeError` subclasses for malformed bytes. See docs/bindings.md.
 """

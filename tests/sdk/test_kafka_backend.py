@@ -131,6 +131,31 @@ def test_read_committed_is_the_default_and_both_places_can_change_it() -> None:
     assert (inner.isolation_level, inner.commit_interval_s) == ("read_committed", 1.0)
 
 
+async def test_the_producer_places_keys_with_the_compiled_hash_partitioner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK's producer gets `app.bindings.partitioner.Partitioner` (aiokafka's placement, the
+    hash compiled when prism_native is in use; tests/bindings/test_partitioner.py proves the
+    placement the same), and nothing else of its settings changes."""
+    import aiokafka
+
+    from app.bindings.partitioner import Partitioner
+
+    made: list[dict[str, Any]] = []
+
+    class Producer:
+        def __init__(self, **kwargs: Any) -> None:
+            made.append(kwargs)
+
+        async def start(self) -> None:
+            pass
+
+    monkeypatch.setattr(aiokafka, "AIOKafkaProducer", Producer)
+    client = PrismClient("kafka://127.0.0.1:9?linger_ms=3&acks=1")
+    await client.backend.connect()
+    (kwargs,) = made
+    assert type(kwargs.pop("partitioner")) is Partitioner
+    assert kwargs == {"bootstrap_servers": "127.0.0.1:9", "acks": 1, "linger_ms": 3, "enable_idempotence": False}
+
+
 # --------------------------------------------------------------------------- batched commits
 
 integration = pytest.mark.integration

@@ -277,11 +277,17 @@ class _SizedCluster:
         return set(range(0, self.counts[topic], 2))
 
 
-async def test_keys_land_where_aiokafkas_default_partitioner_puts_them() -> None:
-    """Each key is hashed once per call (the pure-Python murmur2 is the costly part) and placed
-    exactly as `DefaultPartitioner` places it, for every topic's partition count; a custom
-    partitioner is still called per record."""
+@pytest.mark.parametrize("kind", ["aiokafka", "prism"])
+async def test_keys_land_where_aiokafkas_default_partitioner_puts_them(kind: str) -> None:
+    """Each key is hashed once per call (the costly part: compiled when prism_native is in use,
+    app/bindings/partitioner.py) and placed exactly as aiokafka's `DefaultPartitioner` places
+    it, for every topic's partition count - with the producer's partitioner aiokafka's or the
+    SDK's compiled-hash twin. Keys of every length mod 4 up to 35 bytes, 36-byte UUIDs (the
+    correlation ids `partition_key` gives by default) and bytes >= 0x80. A custom partitioner is
+    still called per record."""
     from aiokafka.partitioner import DefaultPartitioner
+
+    from app.bindings.partitioner import Partitioner
 
     class Placing(FakeAiokafka):
         def __init__(self, partitioner) -> None:
@@ -296,15 +302,17 @@ async def test_keys_land_where_aiokafkas_default_partitioner_puts_them() -> None
             return await super().send_batch(batch, topic, partition=partition)
 
     keys = [f"order-{i:06d}-{'x' * (i % 23)}".encode() for i in range(200)]
+    keys += [str(uuid.UUID(int=i * 0x9E3779B97F4A7C15_F39CC0605CEDC834 % 2**128)).encode() for i in range(200)]
+    keys += [bytes((i * 37 + j * 101) % 256 for j in range(i % 41)) + b"\x80\xff" for i in range(100)]
     items = [[(t, k, k + t.encode(), None, [], None) for t in ("seven", "three")] for k in keys]
-    producer = Placing(DefaultPartitioner())
+    producer = Placing(DefaultPartitioner() if kind == "aiokafka" else Partitioner())
     assert await send_batched(producer, items) == [None] * len(items)
     reference = DefaultPartitioner()
     for topic, n in _SizedCluster.counts.items():
         for k in keys:
             want = reference(k, list(range(n)), list(range(0, n, 2)))
             assert k + topic.encode() in producer.placed[(topic, want)]
-    keyless = Placing(DefaultPartitioner())  # no key: a random available partition, as aiokafka's
+    keyless = Placing(DefaultPartitioner() if kind == "aiokafka" else Partitioner())  # no key: a random available partition, as aiokafka's
     assert await send_batched(keyless, [[("seven", None, b"v%d" % i, None, [], None)] for i in range(30)]) == [None] * 30
     assert {p for _, p in keyless.placed} <= {0, 2, 4, 6}
 

@@ -4,7 +4,7 @@ non-envelope records, read by two workers one after the other (two consumer grou
 first with `prism_native`, the second with the pure-Python walk put back in every module that
 uses it and the pure-Python security-record check, signed message, HMAC check and both
 layouts' copies with their digests (`_pair_copies`, the `.v2` head from the `.v3` bytes) in
-`signing`.
+`signing`, and aiokafka's key hash in `batch_send`.
 Every output and DLQ record (key, value, headers) of the second run must equal the first's.
 The outputs are signed with scope `pair`, so a record's bytes do not depend on how the worker
 happened to batch (a batch-scope tree does, in any two runs of the same code).
@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+from aiokafka.partitioner import murmur2 as py_murmur2
 
 from app import native
 from app.envelope import Layout, encode, new_envelope, wire
@@ -28,6 +29,7 @@ from app.observability import tracecontext
 from app.security import signing
 from app.security.signing import SigningKey, sign
 from app.topology import load_topology
+from app.worker import batch_send
 from tests.support import require
 from tests.worker.conftest import make_topology
 from tests.worker.harness import RunningPipeline
@@ -80,6 +82,10 @@ def _python_walk_everywhere(monkeypatch: pytest.MonkeyPatch) -> int:
     monkeypatch.setattr(signing, "_native_security_span", None)
     assert signing._pair_copies is not signing._py_pair_copies
     monkeypatch.setattr(signing, "_pair_copies", signing._py_pair_copies)
+    # aiokafka's own key hash for the outputs' placement (app/bindings/partitioner.py; the
+    # placement itself is compared over many partitions in tests/worker/test_batch_send.py)
+    assert batch_send.murmur2 is not py_murmur2
+    monkeypatch.setattr(batch_send, "murmur2", py_murmur2)
     return patched
 
 

@@ -135,8 +135,14 @@ class KafkaBackend(Backend):
     async def connect(self) -> None:
         from aiokafka import AIOKafkaProducer
 
+        from ...bindings.partitioner import Partitioner
+
+        # Partitioner: aiokafka's default placement with Kafka's key hash compiled when
+        # prism_native is in use - the same partition for every key (app/bindings/partitioner.py),
+        # ~3.8 µs less per keyed publish of a 36-byte correlation id (issue 29).
         self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks=self.acks, linger_ms=self.linger_ms,
-                                          enable_idempotence=False, **self._client_kwargs)
+                                          enable_idempotence=False, partitioner=Partitioner(),
+                                          **self._client_kwargs)
         try:
             await self._producer.start()
         except Exception as exc:

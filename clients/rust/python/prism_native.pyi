@@ -3,8 +3,8 @@
 from collections.abc import Callable
 from typing import Any
 
-ABI: int  # 8: scan, security_record, security_span, signed_message, signed_mac, pair_copies (with the envelope
-#          headers), DocPlan, finish_batch
+ABI: int  # 9: scan, security_record, security_span, signed_message, signed_mac, pair_copies (with the envelope
+#          headers), DocPlan, finish_batch, murmur2
 __version__: str
 
 class WireFault(ValueError):
@@ -52,6 +52,10 @@ def finish_batch(items: list[tuple[bytes, bytes, tuple[bytes, bytes, bytes, byte
     pieces), pieces None or (layout codes, head_draft, security_draft, head_reviewed, reviewed
     header, payload); the Merkle tree is built, `sign(statement)` called once, and per message
     its finished copies come back, or its audit path where Python must write it."""
+
+def murmur2(data: bytes | bytearray | memoryview) -> int:
+    """`aiokafka.partitioner.murmur2`, compiled (the Java client's `Utils.murmur2`): Kafka's key
+    hash as the same unsigned 32-bit value, for placing keyed records (`app/worker/batch_send.py`)."""
 
 class DocPlan:
     """The payload check's compiled one-sided fast path (`app.schema.payload_check._compiled_fits`):

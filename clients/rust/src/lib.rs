@@ -6,6 +6,7 @@
 //!   [`pair`] and [`finish`]: the Python worker's compiled pair/batch copies on bytes.
 //! * [`encryption`]: AES-256-GCM, ChaCha20-Poly1305, KMS data keys, RSA-OAEP, ML-KEM-768/1024 and
 //!   the X25519 + ML-KEM-1024 hybrid (docs/encryption.md).
+//! * [`partition`]: Kafka's key hash (`murmur2`, the Java client's), for placing keyed records.
 //! * [`lnmp`]: LNMP containers, `#ENVELOPE` text and bare records, mapped to and from envelopes.
 //!
 //! Every failure on bad input is a [`PrismError`]; nothing in this crate panics on bad input.
@@ -28,6 +29,7 @@ pub mod layouts;
 pub mod lnmp;
 pub mod model;
 pub mod pair;
+pub mod partition;
 #[cfg(feature = "registry")]
 pub mod registry;
 #[cfg(feature = "registry")]

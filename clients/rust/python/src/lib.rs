@@ -20,6 +20,7 @@ mod doc_check;
 use prism_client::binding;
 use prism_client::finish::{self, BatchFields, Pieces};
 use prism_client::pair;
+use prism_client::partition;
 use prism_client::signing::{self, locate_security_record, SecurityFault, SecurityRecord, StatementFault};
 use prism_client::wire::{self, Record, WireFault};
 use prism_client::Layout;
@@ -53,7 +54,7 @@ create_exception!(
 
 /// Bumped whenever a function's contract changes: `app/native.py` uses the module only when
 /// this is the version it was written for (a stale wheel in a venv falls back to Python).
-const ABI: u32 = 8;
+const ABI: u32 = 9;
 
 /// What a fault says, as `WireFault`'s args: (kind, at, field, wire_type, length, remaining),
 /// the numbers not given for a kind as None.
@@ -539,6 +540,16 @@ fn scan<'py>(
     with_bytes(buf, |data| scan_slice(py, data, start, end))
 }
 
+/// Kafka's key hash, `aiokafka.partitioner.murmur2` compiled (prism-client's
+/// `partition::murmur2`, the Java client's `Utils.murmur2`): the same unsigned 32-bit value
+/// for every input. `data` is `bytes` or any contiguous buffer. Why: the worker places every
+/// keyed output record itself (`app/worker/batch_send.py`), and the pure-Python hash of a
+/// 36-byte key costs ~4 µs, twice per message.
+#[pyfunction]
+fn murmur2(data: &Bound<'_, PyAny>) -> PyResult<u32> {
+    with_bytes(data, |d| Ok(partition::murmur2(d)))
+}
+
 #[pymodule]
 fn prism_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ABI", ABI)?;
@@ -553,6 +564,7 @@ fn prism_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(signed_mac, m)?)?;
     m.add_function(wrap_pyfunction!(pair_copies, m)?)?;
     m.add_function(wrap_pyfunction!(finish_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(murmur2, m)?)?;
     m.add_class::<doc_check::DocPlan>()?;
     Ok(())
 }
