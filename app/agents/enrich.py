@@ -93,16 +93,20 @@ class Enrich(Stage):
             sc.schema_hash, sc.schema_name, sc.compatibility_mode = s.hash, s.name, s.compatibility
         if s.pii_fields:
             env.ensure_security().contains_pii = True
-        if self._validates:
-            self._validate(msg, s)
+        if not (self._validates or self._reads_payload):
+            return
+        # read once for validation and tracking alike: each read walks the protobuf again
+        encrypted, content_type = env.is_encrypted, env.content_type
+        body = self._validate(msg, s, encrypted, content_type) if self._validates else None
         if not self._reads_payload:  # no checker, and no deprecated field this schema could report
             return
-        track_deprecated = self._may_track and env.content_type == "application/protobuf"
-        if env.is_encrypted or (s.checker is None and not track_deprecated):
+        track_deprecated = self._may_track and content_type == "application/protobuf"
+        if encrypted or (s.checker is None and not track_deprecated):
             return
-        body = env.payload_bytes()
+        if body is None:
+            body = env.payload_bytes()
         if s.checker is not None:
-            problems = s.checker(body, env.content_type)
+            problems = s.checker(body, content_type)
             if problems:
                 raise PayloadSchemaError(f"payload does not conform to {s.name or s.url} {s.version}: "
                                          + "; ".join(problems), path="payload",
@@ -116,22 +120,24 @@ class Enrich(Stage):
     def mode_for(self, namespace: str) -> str:
         return self.namespace_validation.get(namespace, self.validation)
 
-    def _validate(self, msg: Message, s: SchemaInfo) -> None:
+    def _validate(self, msg: Message, s: SchemaInfo, encrypted: bool, content_type: str) -> bytes | None:
+        """Validate the payload per the namespace's mode; the plaintext payload it read (so
+        `process` does not read it again), or None when it read none."""
         env = msg.env
         namespace = env.namespace
         mode = self.namespace_validation.get(namespace, self.validation)
         if mode == "off":
-            return
-        key = (namespace, s.version)
-        if env.is_encrypted:  # the worker cannot read it; the producer's SDK can validate before encrypting
-            self.validations[(*key, mode, "skipped")] += 1
-            return
+            return None
+        if encrypted:  # the worker cannot read it; the producer's SDK can validate before encrypting
+            self.validations[(namespace, s.version, mode, "skipped")] += 1
+            return None
         assert s.validator is not None
-        violations = s.validator(env.payload_bytes(), env.content_type)
+        body = env.payload_bytes()
+        violations = s.validator(body, content_type)
         if not violations:
-            self.validations[(*key, mode, "valid")] += 1
-            return
-        self.validations[(*key, mode, "invalid")] += 1
+            self.validations[(namespace, s.version, mode, "valid")] += 1
+            return body
+        self.validations[(namespace, s.version, mode, "invalid")] += 1
         paths = ", ".join(v.path for v in violations[:3]) + (", ..." if len(violations) > 3 else "")
         self._log(msg, mode, violations, s)
         if mode == "strict":
@@ -143,6 +149,7 @@ class Enrich(Stage):
         if headers is None:
             headers = msg.out_headers = []
         headers.append((VALIDATION_HEADER, f"failed; {paths}".encode()))
+        return body
 
     def _log(self, msg: Message, mode: str, violations: list[Any], s: SchemaInfo) -> None:
         """The `schema_validation_failed` event: field path and the violated rule, never the value

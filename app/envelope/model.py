@@ -64,12 +64,14 @@ PROTOBUF_TYPE_URL_PREFIX = "type.googleapis.com/"
 
 
 def get_content_type(md: PrismMetadata) -> str:
-    """The metadata's content type as a MIME string ("" when unset)."""
-    if not md.HasField("content_type"):
-        return ""
-    if md.content_type == pb.CONTENT_TYPE_CUSTOM:
+    """The metadata's content type as a MIME string ("" when unset).
+
+    No `HasField`: an unset field reads as `CONTENT_TYPE_UNSPECIFIED` (0), which maps to ""
+    just as absence does (the enrich stage and the publisher read it per message)."""
+    ct = md.content_type
+    if ct == pb.CONTENT_TYPE_CUSTOM:
         return md.content_type_custom
-    return _CT_TO_MIME.get(md.content_type, "")
+    return _CT_TO_MIME.get(ct, "")
 
 
 def set_content_type(md: PrismMetadata, mime: str) -> None:
@@ -141,6 +143,20 @@ class Payload:
     def _parse(self) -> None:
         raw = self._raw
         assert raw is not None
+        # The common shape first: one `value` record (tag 0x12, a length of one or two varint
+        # bytes) spanning the whole buffer, no type_url - what every JSON and bytes payload is.
+        # It is what the walk below yields for these bytes, without the compiled scan's call and
+        # tuple list (~0.2 µs a message); any other shape takes the walk.
+        n = len(raw)
+        if n > 1 and raw[0] == 0x12:
+            b = raw[1]
+            if b < 0x80:
+                if n - 2 == b:
+                    self._type_url, self._value = "", raw[2:]
+                    return
+            elif n > 2 and raw[2] < 0x80 and n - 3 == (b & 0x7F) | (raw[2] << 7):
+                self._type_url, self._value = "", raw[3:]
+                return
         type_url = ""
         value: memoryview = raw[0:0]
         for field, wt, _, vstart, end in scan(raw):
@@ -288,8 +304,8 @@ class Envelope:
 
     @property
     def is_encrypted(self) -> bool:
-        sec = self.security
-        return sec is not None and sec.HasField("encryption")
+        h = self.header  # not through `security`: one property call less, asked several times a message
+        return h.HasField("security") and h.security.HasField("encryption")
 
     def expires_at_ms(self) -> int | None:
         ttl = self.header.metadata.ttl_seconds

@@ -201,6 +201,24 @@ def new_span_id() -> str:
             return sid
 
 
+def new_trace_and_span_id() -> tuple[str, str]:
+    """`(new_trace_id(), new_span_id())`, the same two ids from one 192-bit draw.
+
+    Why: a restarted trace needs both (the worker's enrich stage, for every message that
+    arrives without a context); one `getrandbits(192)` turned into hex by `bytes.hex` is
+    ~0.3 µs less than two draws formatted by `format`. The ids are the very same:
+    `getrandbits` fills an n-bit number from 32-bit outputs, least significant first, so the
+    low 128 bits are what `getrandbits(128)` would have returned and the high 64 bits the next
+    `getrandbits(64)` (tests/observability/test_tracecontext.py checks it on seeded
+    generators). An all-zero id (never in practice) falls back to the two draws.
+    """
+    h = getrandbits(192).to_bytes(24).hex()
+    sid, tid = h[:16], h[16:]
+    if tid == _ZERO_TRACE or sid == _ZERO_SPAN:
+        return new_trace_id(), new_span_id()
+    return tid, sid
+
+
 # --------------------------------------------------------------------------- tracestate
 
 
@@ -500,8 +518,10 @@ def continue_or_start(
         parent: str | None = inc.traceparent.parent_id
         flags = inc.traceparent.propagated_flags()
         state = inc.tracestate
+        span_id = new_span_id()
     else:
-        trace_id, parent, state = new_trace_id(), None, _EMPTY_STATE  # immutable: one shared empty state
+        trace_id, span_id = new_trace_and_span_id()
+        parent, state = None, _EMPTY_STATE  # immutable: one shared empty state
         flags = FLAG_RANDOM | (FLAG_SAMPLED if sampled else 0)
-    write_envelope_context(envelope, trace_id, new_span_id(), parent, flags, state)
+    write_envelope_context(envelope, trace_id, span_id, parent, flags, state)
     return TraceContinuation(trace_id, parent, flags)

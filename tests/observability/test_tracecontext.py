@@ -6,7 +6,11 @@ and the spec prose (Level 1 REC + Level 2). IDs name the suite test they mirror.
 
 from __future__ import annotations
 
+import random
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.envelope import decode, encode, new_envelope
 from app.errors import TraceContextError
@@ -122,6 +126,58 @@ def test_new_ids_are_valid_and_distinct():
     assert len(tids) == 200 and len(sids) == 200
     assert all(tc.is_valid_trace_id(t) for t in tids)
     assert all(tc.is_valid_span_id(s) for s in sids)
+
+
+
+def _reference_ids(getrandbits) -> tuple[str, str]:
+    """The restart's ids as continue_or_start drew them before `new_trace_and_span_id`: a
+    128-bit trace id, then a 64-bit span id, each formatted and redrawn while all zero."""
+    while True:
+        tid = f"{getrandbits(128):032x}"
+        if tid != "0" * 32:
+            break
+    while True:
+        sid = f"{getrandbits(64):016x}"
+        if sid != "0" * 16:
+            return tid, sid
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(min_value=0, max_value=2**64), draws=st.integers(min_value=1, max_value=4))
+def test_one_draw_gives_the_ids_of_two(seed: int, draws: int) -> None:
+    """`new_trace_and_span_id` returns, draw after draw, exactly the ids the two separate
+    draws gave on the same seeded generator (the same stream, so seeded runs stay the same)."""
+    ref, new = random.Random(seed), random.Random(seed)
+    orig = tc.getrandbits
+    tc.getrandbits = new.getrandbits
+    try:
+        for _ in range(draws):
+            got = tc.new_trace_and_span_id()
+            assert got == _reference_ids(ref.getrandbits)
+            assert tc.is_valid_trace_id(got[0]) and tc.is_valid_span_id(got[1])
+    finally:
+        tc.getrandbits = orig
+
+
+@pytest.mark.parametrize("zero_bits", [(0, 128), (128, 192)], ids=["zero_trace", "zero_span"])
+def test_one_draw_never_gives_an_all_zero_id(monkeypatch, zero_bits):
+    """A draw whose trace or span half is zero is not used: the ids come from fresh draws."""
+    lo, hi = zero_bits
+    first = ((1 << 192) - 1) & ~(((1 << (hi - lo)) - 1) << lo)  # ones but the zero half
+    draws = iter([first, 0x1234, 0, 0x5678])  # then: a trace id, a zero span id (redrawn), a span id
+    monkeypatch.setattr(tc, "getrandbits", lambda k: next(draws))
+    assert tc.new_trace_and_span_id() == (f"{0x1234:032x}", f"{0x5678:016x}")
+
+
+def test_restart_writes_the_ids_of_two_draws(monkeypatch):
+    """continue_or_start on an envelope without a context: trace and span id as the reference."""
+    monkeypatch.setattr(tc, "getrandbits", random.Random(29).getrandbits)
+    env = new_envelope("t", b"x", namespace="ns")
+    cont = tc.continue_or_start(env)
+    tid, sid = _reference_ids(random.Random(29).getrandbits)
+    obs = env.observability
+    assert (cont.trace_id, cont.parent_span_id, obs.trace_id, obs.span_id) == (tid, None, tid, sid)
+    assert obs.trace_flags == tc.FLAG_RANDOM | tc.FLAG_SAMPLED
 
 
 # --------------------------------------------------------------------------- tracestate table
