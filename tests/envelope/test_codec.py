@@ -298,3 +298,21 @@ def test_decode_records_takes_the_same_path_as_before(env, layout, extra, small_
     mixed = b"".join(pieces)
     limits = Limits(max_header_bytes=len(mixed) // 3) if small_header else DEFAULT_LIMITS
     assert _outcome(decode_records, mixed, layout, limits) == _outcome(_decode_records_before, mixed, layout, limits)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=40), st.integers(0, 40), st.integers(0, 40))
+def test_payload_from_wire_reads_a_view_or_bytes_alike(buf, a, b):
+    """from_wire keeps a memoryview it is given (the decoder's fresh slice) and wraps bytes in
+    one: either way a memoryview of the same bytes, parsed the same."""
+    view = memoryview(buf)[min(a, b) : max(a, b)]
+    for p in (Payload.from_wire(view), Payload.from_wire(bytes(view))):
+        assert type(p._raw) is memoryview and bytes(p._raw) == bytes(view) and p.present
+    assert _parsed(Payload.from_wire(view)) == _parsed(Payload.from_wire(bytes(view)))
+
+
+def _parsed(p):
+    try:
+        return p.type_url, bytes(p.value)
+    except EnvelopeError as exc:
+        return type(exc), str(exc)
