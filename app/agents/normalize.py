@@ -32,6 +32,9 @@ _ACCEPTS: dict[str, frozenset[InputShape]] = {
 }
 ENVELOPE_SHAPES = _ACCEPTS["prism"]
 LNMP_SHAPES = _ACCEPTS["lnmp"]
+#: the member `process` tests on every message, as a module name (an EnumType attribute
+#: lookup costs ~50 ns more; as in app/formats/detect.py)
+_PRISM_DRAFT = InputShape.PRISM_DRAFT
 log = logging.getLogger("prism.worker")
 #: newer envelope versions already warned about in this process: one line per version, not per message
 _WARNED_VERSIONS: set[int] = set()
@@ -81,7 +84,7 @@ class Normalize(Stage):
         if res.records is not None and type(msg.value) is bytes:  # immutable: the walk stays true
             msg.scanned = (msg.value, res.records, res.layout)  # type: ignore[assignment]  # Message.scanned
         notes = res.notes
-        if shape is InputShape.PRISM_DRAFT and notes:  # a newer version always leaves a note
+        if shape is _PRISM_DRAFT and notes:  # a newer version always leaves a note
             self._newer_version(res.envelope, topic)
         msg.generated_id = bool(notes) and any(n.startswith("metadata.message_id generated") for n in notes)
         header = env.header
@@ -93,7 +96,9 @@ class Normalize(Stage):
         msg.claimed = (sec.publisher_id, sec.publisher_team)
         if token:
             msg.secrets.append(token.encode())
-            if not (token.startswith("eyJ") and token.count(".") >= 2) and token.strip("*"):
+            # "at least two dots" as two `find`s: they stop at the second dot, where `count`
+            # reads the whole token, signature included (~170 ns less for a JWT; issue 29)
+            if not (token.startswith("eyJ") and token.find(".", token.find(".") + 1) >= 0) and token.strip("*"):
                 # Opaque tokens have no recognisable shape: tell the log redactor about them.
                 # (JWTs are masked by their shape; registering each would only cost CPU. A
                 # replayed DLQ record's token is all '*': nothing to hide.)

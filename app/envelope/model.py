@@ -132,9 +132,12 @@ class Payload:
 
     @classmethod
     def from_wire(cls, raw: bytes | memoryview) -> Payload:
-        """Wrap the serialized `Any` message bytes without parsing them yet."""
+        """Wrap the serialized `Any` message bytes without parsing them yet.
+
+        A memoryview is kept as it is: the decoder passes a fresh slice of the received
+        buffer that nothing else holds, and wrapping it again cost ~40 ns per message (issue 29)."""
         p = cls.__new__(cls)
-        p._raw = memoryview(raw)
+        p._raw = raw if type(raw) is memoryview else memoryview(raw)
         p._type_url = None
         p._value = None
         p.present = True

@@ -295,7 +295,9 @@ def normalize(
     if size > limits.max_message_bytes:
         raise SizeLimitError(f"message is {size} bytes, over the {limits.max_message_bytes}-byte limit",
                              hint="raise Limits.max_message_bytes or have the producer split the message")
-    data = bytes(value)
+    # `bytes(b)` of a bytes object is that object, but through the type call (~60 ns): the
+    # worker's values are always bytes (issue 29)
+    data = value if type(value) is bytes else bytes(value)
     pairs = header_pairs(headers) if headers else []
     dropped: list[str] = []
     shape, env, records = _detect(data, pairs, limits, dropped)

@@ -3,11 +3,14 @@ import json
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app._gen.prism.envelope.draft import envelope_pb2 as dpb
 from app._gen.prism.envelope.v1 import envelope_pb2 as vpb
 from app.envelope import DEFAULT_LIMITS, Layout, Limits, convert, decode, detect_layout, encode, new_envelope
-from app.envelope.model import Payload
+from app.envelope.codec import _parse_header, decode_records
+from app.envelope.model import Envelope, Payload
+from app.envelope.wire import LEN, encode_varint, scan
 from app.errors import DecodeError, EnvelopeError, LayoutError, SizeLimitError, WireTypeError
 from tests.strategies import envelopes
 
@@ -217,3 +220,99 @@ def test_split_header_cuts_the_one_security_record_whatever_the_header_holds(env
         assert head == b"".join(strip_field(full, layout.security_field))
         assert sec == b"".join(full[r[2]:r[4]] for r in scan(full) if r[0] == layout.security_field)
         assert bool(sec) == header.HasField("security")
+
+
+def _decode_records_before(view, records, lay, limits=DEFAULT_LIMITS, dropped=None):
+    """`decode_records` as it was before issue 29 counted the payload records in a loop: the
+    reference the property test below holds the current one to (only the count changed)."""
+    pf = lay.payload_field
+    if records:
+        f, wt, start, vstart, end = records[-1]
+        if f == pf and wt == LEN and [r[0] for r in records].count(pf) == 1:
+            if start > limits.max_header_bytes:
+                raise SizeLimitError(
+                    f"envelope header is {start} bytes, over the {limits.max_header_bytes}-byte limit",
+                    hint="move bulky data into the payload, or raise Limits.max_header_bytes",
+                )
+            return Envelope(_parse_header(view[:start], lay, dropped), Payload.from_wire(view[vstart:end]))
+    header_parts, payload_recs, header_len = [], [], 0
+    for r in records:
+        if r[0] == pf:
+            if r[1] != LEN:
+                raise WireTypeError(f"payload field {pf} must be length-delimited, got wire type {r[1]}",
+                                    path=f"byte {r[2]}")
+            payload_recs.append(r)
+        else:
+            header_parts.append(view[r[2] : r[4]])
+            header_len += r[4] - r[2]
+    if header_len > limits.max_header_bytes:
+        raise SizeLimitError(
+            f"envelope header is {header_len} bytes, over the {limits.max_header_bytes}-byte limit",
+            hint="move bulky data into the payload, or raise Limits.max_header_bytes",
+        )
+    header = _parse_header(b"".join(header_parts), lay, dropped)
+    if not payload_recs:
+        payload = Payload.absent()
+    elif len(payload_recs) == 1:
+        r = payload_recs[0]
+        payload = Payload.from_wire(view[r[3] : r[4]])
+    else:
+        payload = Payload.from_wire(b"".join(view[r[3] : r[4]] for r in payload_recs))
+    return Envelope(header, payload)
+
+
+def _outcome(fn, data, lay, limits):
+    """What one decode_records gives: the envelope's every observable part, or the error."""
+    view = memoryview(data)
+    dropped: list[str] = []
+    try:
+        env = fn(view, scan(view), lay, limits, dropped)
+    except EnvelopeError as exc:
+        return type(exc), str(exc), exc.path, exc.hint
+    raw = env.payload._raw
+    return (env.header.SerializeToString(deterministic=True), env.payload.present,
+            None if raw is None else bytes(raw), dropped)
+
+
+def _payload_record(field: int, body: bytes) -> bytes:
+    return encode_varint(field << 3 | LEN) + encode_varint(len(body)) + body
+
+
+@settings(max_examples=300, deadline=None)
+@given(env=envelopes(), layout=st.sampled_from(list(Layout)),
+       extra=st.lists(st.tuples(st.integers(0, 1000), st.sampled_from(["len", "varint", "other"]),
+                                st.binary(max_size=12)), max_size=3),
+       small_header=st.booleans())
+def test_decode_records_takes_the_same_path_as_before(env, layout, extra, small_header):
+    """Envelopes with payload records added anywhere (none, one, several; length-delimited or
+    not), under a header limit that sometimes refuses them: the same envelope or the same error."""
+    data = encode(env, layout)
+    pf = layout.payload_field
+    records = scan(memoryview(data))
+    pieces = [data[r[2] : r[4]] for r in records]
+    for where, kind, body in extra:
+        rec = (_payload_record(pf, body) if kind == "len" else
+               encode_varint(pf << 3) + encode_varint(len(body)) if kind == "varint" else
+               _payload_record(97 if layout is Layout.DRAFT else 5, body))
+        pieces.insert(where % (len(pieces) + 1), rec)
+    mixed = b"".join(pieces)
+    limits = Limits(max_header_bytes=len(mixed) // 3) if small_header else DEFAULT_LIMITS
+    assert _outcome(decode_records, mixed, layout, limits) == _outcome(_decode_records_before, mixed, layout, limits)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=40), st.integers(0, 40), st.integers(0, 40))
+def test_payload_from_wire_reads_a_view_or_bytes_alike(buf, a, b):
+    """from_wire keeps a memoryview it is given (the decoder's fresh slice) and wraps bytes in
+    one: either way a memoryview of the same bytes, parsed the same."""
+    view = memoryview(buf)[min(a, b) : max(a, b)]
+    for p in (Payload.from_wire(view), Payload.from_wire(bytes(view))):
+        assert type(p._raw) is memoryview and bytes(p._raw) == bytes(view) and p.present
+    assert _parsed(Payload.from_wire(view)) == _parsed(Payload.from_wire(bytes(view)))
+
+
+def _parsed(p):
+    try:
+        return p.type_url, bytes(p.value)
+    except EnvelopeError as exc:
+        return type(exc), str(exc)

@@ -251,6 +251,28 @@ def test_payload_bytes_are_never_changed(value: bytes, names: list[str]) -> None
         assert bytes(r.envelope.payload.value) == value
 
 
+def _result(value, headers):
+    """normalize's whole answer, or its error, in comparable form."""
+    try:
+        r = normalize(value, headers, topic="t", namespace="n", now_ms=NOW, id_seed=b"t/0/1")
+    except FormatError as exc:
+        return type(exc), str(exc)
+    return r.shape, encode(r.envelope), r.notes, r.records, r.layout
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=st.one_of(st.binary(max_size=64), st.builds(
+    lambda p: encode(new_envelope("t", p, namespace="n")), st.binary(max_size=64))),
+    names=st.lists(st.sampled_from(["correlation-id", "content-type", "prism-topic", "x-other"]), max_size=2))
+def test_a_bytearray_or_memoryview_value_normalizes_as_its_bytes(value: bytes, names: list[str]) -> None:
+    """normalize copies a value that is not `bytes` and takes a `bytes` one as it is (issue 29:
+    no `bytes(value)` call for the worker's values): either way, the same result."""
+    headers = [(n, b"v") for n in names]
+    expected = _result(value, headers)
+    assert _result(bytearray(value), headers) == expected
+    assert _result(memoryview(value), headers) == expected
+
+
 _names = st.sampled_from([
     "ce_specversion", "ce_id", "ce_source", "ce_type", "ce_time", "ce_traceparent", "ce_prismpriority",
     "ce_prismextensions", "ce_dataclassification", "content-type", "prism-message-id", "prism-envelope-layout",
