@@ -141,6 +141,43 @@ async def test_clear_drops_everything_and_makes_room() -> None:
     assert await asyncio.wait_for(taker, 1) == [3]
 
 
+def _fetched(partition: int, offset: int) -> Any:
+    return SimpleNamespace(tp=("t", partition), partition=partition, offset=offset)
+
+
+def test_a_clear_tells_the_lowest_offset_dropped_per_partition() -> None:
+    buf = BatchBuffer(10)
+    told: list[dict[Any, int]] = []
+    buf.on_dropped = told.append
+    buf.clear()  # nothing dropped: nothing told
+    for m in (_fetched(1, 7), _fetched(0, 4), _fetched(1, 5), _fetched(0, 6)):
+        buf.put(m)
+    buf.clear()
+    assert told == [{("t", 1): 5, ("t", 0): 4}]
+
+
+async def test_the_handler_leaves_a_message_to_the_rewind_pending_for_its_partition() -> None:
+    # a message that waited on flow control while its resume cleared the buffer: the partition's
+    # pending rewind reads it again after what the clear dropped - put now, it would come first
+    resumed = asyncio.Event()
+    rewinds = {("t", 0): 3}
+    app = SimpleNamespace(flow_control=SimpleNamespace(acquire=resumed.wait),
+                          producer=SimpleNamespace(buffer=SimpleNamespace(wait_until_ebb=_done)),
+                          consumer=SimpleNamespace(_prism_rewinds=rewinds))
+    source = BatchSource.__new__(BatchSource)
+    source.app, source.buffer = app, BatchBuffer(10)
+    handler = source.handler()
+    waiting = [asyncio.ensure_future(handler(m)) for m in (_fetched(0, 2), _fetched(0, 3), _fetched(0, 9), _fetched(1, 9))]
+    await asyncio.sleep(0)
+    resumed.set()
+    await asyncio.gather(*waiting)
+    assert [(m.partition, m.offset) for m in source.buffer._items] == [(0, 2), (1, 9)]
+
+
+async def _done() -> None:
+    return None
+
+
 def test_buffer_size_must_be_positive() -> None:
     with pytest.raises(ValueError, match="maxsize"):
         BatchBuffer(0)

@@ -3,7 +3,8 @@ their list - checked against a stand-in for Faust's consumer (the attributes the
 Faust's own round-robin scheduler), without a broker. What it must keep from Faust's loop:
 read offsets and gaps, the conductor path for other topics and whenever the handler could
 wait, a rebalance abandoning the rest of a fetch, a fetch made while flow is stopped seeking
-back instead of delivering."""
+back instead of delivering, and records a buffer dropped while flow was active (mode's
+`FlowControlEvent.resume()` clears it after Faust's seek) read again from the partition."""
 
 from __future__ import annotations
 
@@ -20,6 +21,30 @@ from app.worker.batch_source import BatchBuffer, install_direct_drain
 
 class _Stop(Exception):
     pass
+
+
+class Rec(int):
+    """A fetched record as the loop sees it: its offset (aiokafka's `ConsumerRecord.offset`)."""
+
+    @property
+    def offset(self) -> int:
+        return int(self)
+
+
+class FakeClient:
+    """aiokafka's consumer as `rewind_to` reads it: assigned partitions, positions, seek."""
+
+    def __init__(self, positions: dict[tuple[str, int], int]) -> None:
+        self.positions = positions
+        self.seeks: list[tuple[str, int, int]] = []
+        state = lambda ktp: SimpleNamespace(has_valid_position=True, position=self.positions[tuple(ktp)])  # noqa: E731
+        self._subscription = SimpleNamespace(
+            assigned_partitions=lambda: {tuple(tp) for tp in self.positions},
+            subscription=SimpleNamespace(assignment=SimpleNamespace(state_value=state)))
+
+    def seek(self, ktp: Any, offset: int) -> None:
+        self.seeks.append((ktp.topic, ktp.partition, offset))
+        self.positions[(ktp.topic, ktp.partition)] = offset
 
 
 class FakeConsumer:
@@ -54,6 +79,12 @@ class FakeConsumer:
         self.buffer = BatchBuffer(buffer_size)
         self.sources = [SimpleNamespace(names=frozenset(direct_topics), buffer=self.buffer)]
         self.on_deliver: Any = None
+        self.client = FakeClient({})
+
+        async def call_thread(fn: Any) -> Any:
+            return await fn()
+
+        self._thread = SimpleNamespace(_ensure_consumer=lambda: self.client, call_thread=call_thread)
 
     async def _drain_messages(self, fetcher: Any) -> None:  # Faust's loop, replaced by the install
         raise AssertionError("Faust's own loop ran")
@@ -68,7 +99,7 @@ class FakeConsumer:
         fetch = self.fetches.pop(0)
         if callable(fetch):
             fetch = fetch(self)
-        return fetch, None
+        return {tp: [Rec(r) for r in recs] for tp, recs in fetch.items()}, None
 
     def _to_message(self, tp: TP, record: Any) -> Any:
         return SimpleNamespace(topic=tp.topic, partition=tp.partition, offset=record, tp=tp,
@@ -176,3 +207,81 @@ def test_a_fetch_made_while_flow_is_stopped_seeks_back_instead_of_delivering() -
     c = FakeConsumer([stopped], direct_topics={"a"})
     _run(c)
     assert c.seeks == 1 and _buffered(c) == [] and c.delivered == []
+
+
+def _clear(consumer: FakeConsumer, position: dict[tuple[str, int], int]) -> None:
+    """mode's `FlowControlEvent.resume()`: flow active again, every managed queue cleared; the
+    partitions' fetch positions are where the records taken so far left them."""
+    consumer.client.positions.update(position)
+    consumer.buffer.clear()
+
+
+def test_records_a_clear_drops_while_flow_is_active_are_read_again_before_anything_after_them() -> None:
+    def resumed_while_fetching(consumer: FakeConsumer) -> dict[TP, list[int]]:
+        _clear(consumer, {("a", 0): 5})  # 0..2 buffered and cleared; 3, 4 in this fetch
+        return {A0: [3, 4]}
+
+    c = FakeConsumer([{A0: [0, 1, 2]}, resumed_while_fetching, {A0: [0, 1, 2, 3, 4]}], direct_topics={"a"})
+    _run(c)
+    assert c.client.seeks == [("a", 0, 0)]  # back to the first record dropped
+    # 3 and 4 were not handed on after a hole: they come again, in order, after 0..2
+    assert _buffered(c) == [("a", 0, n) for n in range(5)]
+    assert c.gaps == [] and c.seeks == 0
+
+
+def test_a_clear_during_the_loops_own_await_reads_the_rest_of_the_fetch_again_too() -> None:
+    def resume(consumer: FakeConsumer, message: Any) -> None:  # the conductor's handler awaited
+        consumer.on_deliver = None  # once
+        _clear(consumer, {("a", 0): 3, ("b", 0): 10})
+
+    # round robin: a0@0 (listed), b0@7 (conductor: the clear drops a0@0), then the rest abandoned
+    c = FakeConsumer([{A0: [0, 1, 2], B0: [7, 8, 9]}, {A0: [0, 1, 2]}, {B0: [8, 9]}], direct_topics={"a"})
+    c.on_deliver = resume
+    _run(c)
+    assert sorted(c.client.seeks) == [("a", 0, 0), ("b", 0, 8)]
+    assert _buffered(c) == [("a", 0, 0), ("a", 0, 1), ("a", 0, 2)]
+    assert c.delivered == [("b", 0, 7), ("b", 0, 8), ("b", 0, 9)]  # each once, in order
+
+
+def test_a_partition_a_seek_already_moved_back_is_not_sought_and_keeps_what_it_fetched_since() -> None:
+    def resumed(consumer: FakeConsumer) -> dict[TP, list[int]]:
+        # the taker had 0 already; Faust's seek moved a0 back to 0 after 1, 2 were listed, and
+        # this fetch took 0 again: 1 is next anyway (0 comes twice - the seek's at-least-once)
+        consumer.buffer._items.pop(0)
+        _clear(consumer, {("a", 0): 1})
+        return {A0: [0]}
+
+    c = FakeConsumer([{A0: [0, 1, 2]}, resumed, {A0: [1, 2]}], direct_topics={"a"})
+    _run(c)
+    assert c.client.seeks == []  # read from 1 next anyway
+    assert _buffered(c) == [("a", 0, 0), ("a", 0, 1), ("a", 0, 2)]
+
+
+def test_a_clear_while_flow_is_suspended_is_left_to_the_rebalances_seek() -> None:
+    def revoked(consumer: FakeConsumer) -> dict[TP, list[int]]:
+        consumer.app.flow_control.active = False  # Faust's on_partitions_revoked: suspend, then clear
+        _clear(consumer, {("a", 0): 3})
+        consumer.app.flow_control.active = True
+        return {}
+
+    c = FakeConsumer([{A0: [0, 1, 2]}, revoked], direct_topics={"a"})
+    _run(c)
+    assert c.client.seeks == [] and _buffered(c) == []
+
+
+def test_a_clear_during_a_records_own_await_hands_on_neither_it_nor_the_rest() -> None:
+    # a1 was just sought to its committed offset 3 (Faust's read offset then names the *next*
+    # record, not the last one read): its 3 must be read again too, not taken as handed on
+    c = FakeConsumer([{A0: [0, 1, 2]}, {A0: [5, 6], A1: [3, 4]}, {A0: [0, 1, 2, 5, 6], A1: [3, 4]}],
+                     direct_topics={"a"})
+    c._read_offset[A1] = 3
+
+    async def gap_then_resume(tp: TP, start: int, end: int) -> None:  # a5's gap awaits; the resume clears
+        c.gaps.append((tp, start, end))
+        if len(c.gaps) == 1:
+            _clear(c, {("a", 0): 7, ("a", 1): 5})
+
+    c._add_gap = gap_then_resume  # type: ignore[method-assign]
+    _run(c)
+    assert sorted(c.client.seeks) == [("a", 0, 0), ("a", 1, 3)]
+    assert _buffered(c) == [("a", 0, 0), ("a", 0, 1), ("a", 0, 2), ("a", 0, 5), ("a", 0, 6), ("a", 1, 3), ("a", 1, 4)]
