@@ -562,6 +562,7 @@ def install_direct_drain(consumer: Any, sources: list[BatchSource]) -> None:
     consumer._prism_rewinds = rewinds  # the handler (conductor path) leaves a message to a pending rewind
     for source in sources:
         source.buffer.on_dropped = on_dropped
+    install_resume_rewinds(flow, rewinds, skip=getattr(app.tables, "_changelog_queue", None))
 
     def direct_buffer(topic: str) -> BatchBuffer | None:
         for source in sources:
@@ -687,6 +688,35 @@ def install_direct_drain(consumer: Any, sources: list[BatchSource]) -> None:
             raise
 
     consumer._drain_messages = drain_messages
+
+
+def install_resume_rewinds(flow: Any, rewinds: dict[Any, int], *, skip: Any = None) -> None:
+    """Make flow control's resume note, before it clears its queues, the lowest offset per
+    partition of the events in the queues of Faust's own agents (the sinks': their streams'
+    channel and outbox queues), so that the fetch loop reads those partitions again from there.
+
+    Why: mode's ``FlowControlEvent.resume()`` clears every queue it manages, also after Faust's
+    post-recovery seek (module docstring). An event dropped from an agent's queue is never
+    acknowledged: Faust's commit guard holds the partition's commits before a hole wider than one
+    offset - the event waits for the next start - and passes a one-offset hole, which loses it for
+    that agent. The batch buffers report their own clears (:attr:`BatchBuffer.on_dropped`);
+    `skip` is the table manager's changelog queue, whose events recovery reads on its own terms."""
+    if getattr(flow, "_prism_resume_rewinds", False):
+        return
+    flow._prism_resume_rewinds = True
+    original = flow.resume
+
+    def resume() -> None:
+        for queue in list(getattr(flow, "_queues", ())):
+            if queue is skip or isinstance(queue, BatchBuffer):
+                continue
+            events = getattr(queue, "_queue", None)  # asyncio.Queue's deque (mode clears it)
+            if events:
+                merge_lowest(rewinds, lowest_offsets(
+                    m for m in (getattr(e, "message", None) for e in events) if hasattr(m, "tp")))
+        original()
+
+    flow.resume = resume
 
 
 def _after_rewind(records: dict[Any, list[Any]], after: dict[Any, int],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +73,14 @@ class RunningPipeline:
         expected = s["emitted"] * len(names[:-1]) + s["dlq"]
         return await read_all(self.bootstrap, {n: topics[n] for n in names}, expected_total=expected, timeout=30,
                               settings=self.settings)
+
+
+async def until(condition: Callable[[], bool], what: str, timeout: float = 90.0,
+                state: Callable[[], Any] = lambda: None) -> None:
+    """Wait (polling every 50 ms) until `condition()` holds; past `timeout` fail with `what`
+    and what `state()` shows then - a condition, not a sleep, in every end-to-end test."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}: {state()}")
+        await asyncio.sleep(0.05)

@@ -9,7 +9,7 @@ back instead of delivering, and records a buffer dropped while flow was active (
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+from collections import defaultdict, deque
 from types import SimpleNamespace
 from typing import Any
 
@@ -68,9 +68,16 @@ class FakeConsumer:
         self.gaps: list[tuple[TP, int, int]] = []
         self.seeks = 0
         self.highwaters: list[TP] = []
-        flow = SimpleNamespace(active=True)
+        flow = SimpleNamespace(active=True, _queues=[])
         flow.is_active = lambda: flow.active
-        self.app = SimpleNamespace(
+
+        def resume() -> None:  # mode's FlowControlEvent.resume: active, then every queue cleared
+            flow.active = True
+            for queue in flow._queues:
+                queue.clear()
+
+        flow.resume = resume
+        self.app = SimpleNamespace(tables=SimpleNamespace(_changelog_queue=None),
             consumer_generation_id=1, flow_control=flow,
             producer=SimpleNamespace(buffer=SimpleNamespace(size=0, max_messages=10)),
             topics=SimpleNamespace(acks_enabled_for=lambda topic: True),
@@ -285,3 +292,22 @@ def test_a_clear_during_a_records_own_await_hands_on_neither_it_nor_the_rest() -
     _run(c)
     assert sorted(c.client.seeks) == [("a", 0, 0), ("a", 1, 3)]
     assert _buffered(c) == [("a", 0, 0), ("a", 0, 1), ("a", 0, 2), ("a", 0, 5), ("a", 0, 6), ("a", 1, 3), ("a", 1, 4)]
+
+
+def test_events_a_resume_clears_from_an_agents_queue_are_read_again() -> None:
+    """A sink's stream queue (a Faust agent's, not a batch buffer) cleared by flow control's
+    resume: the loop reads the partitions of its events again from the lowest one."""
+    event = lambda p, o: SimpleNamespace(message=SimpleNamespace(tp=TP("s", p), offset=o))  # noqa: E731
+    agent_queue = SimpleNamespace(_queue=deque([event(0, 4), event(0, 5), event(1, 9)]))
+    agent_queue.clear = agent_queue._queue.clear
+
+    def resumed(consumer: FakeConsumer) -> dict[TP, list[int]]:
+        consumer.client.positions.update({("s", 0): 6, ("s", 1): 10})
+        consumer.app.flow_control.resume()
+        return {}
+
+    c = FakeConsumer([resumed, {TP("s", 0): [4, 5], TP("s", 1): [9]}], direct_topics={"a"})
+    c.app.flow_control._queues.append(agent_queue)
+    _run(c)
+    assert sorted(c.client.seeks) == [("s", 0, 4), ("s", 1, 9)] and not agent_queue._queue
+    assert c.delivered == [("s", 0, 4), ("s", 1, 9), ("s", 0, 5)]  # round robin, each once

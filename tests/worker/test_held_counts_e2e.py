@@ -12,24 +12,14 @@ message counted twice or as a duplicate."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from pathlib import Path
 
 from tests.brokers import BrokerUnderTest
 from tests.worker.conftest import make_topology
-from tests.worker.harness import RunningPipeline
+from tests.worker.harness import RunningPipeline, until
 
 N = 3_000
-
-
-async def _until(condition, what: str, timeout: float = 90.0, state=lambda: None) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}: {state()}")
-        await asyncio.sleep(0.05)
 
 
 def _totals(rp: RunningPipeline) -> dict[str, int]:
@@ -58,7 +48,7 @@ async def test_counts_held_between_commits_survive_a_clean_stop_exactly(any_brok
             await first.producer.send(first.source, json.dumps({"i": i}).encode(), partition=i % 2)
         await first.producer.flush()
         # stop mid-stream: once some batches are written (their counts held until a commit)
-        await _until(lambda: first.pipeline.stats.written.get(first.source + ".v3", 0) >= N // 4, "first writes")
+        await until(lambda: first.pipeline.stats.written.get(first.source + ".v3", 0) >= N // 4, "first writes")
     counted_first = first.pipeline.stats.read
     assert not runner._held, "a held batch outlived the worker's last commit"
     assert sum(flushes) > 0 and 0 < counted_first <= N
@@ -66,7 +56,7 @@ async def test_counts_held_between_commits_survive_a_clean_stop_exactly(any_brok
     second = RunningPipeline(topo, broker.bootstrap, tmp_path / "data2", app_id=app_id, embedded=broker.embedded)
     async with second:
         # the second worker's table starts from the changelog alone (fresh data dir)
-        await _until(lambda: _totals(second).get("emitted", 0) >= N, f"{N} emitted in the counters",
+        await until(lambda: _totals(second).get("emitted", 0) >= N, f"{N} emitted in the counters",
                      state=lambda: {"totals": _totals(second), "first read": counted_first,
                                     "second read": second.pipeline.stats.read})
         await second.pipeline.app.consumer.commit()

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +25,9 @@ import pytest
 
 from tests.brokers import BrokerUnderTest
 from tests.worker.conftest import make_topology
-from tests.worker.harness import RunningPipeline
+from tests.worker.harness import RunningPipeline, until
 
 FIRST, SECOND = 400, 300
-
-
-async def _until(condition: Any, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def _hold_the_window(rp: RunningPipeline) -> dict[str, Any]:
@@ -57,7 +48,7 @@ def _hold_the_window(rp: RunningPipeline) -> dict[str, Any]:
         active = {tp.topic for tp in consumer._get_active_partitions()}
         if seen["listed"] or rp.source not in active or not app.flow_control.is_active():
             return
-        await _until(lambda: len(buffer) > 0, "the fetch loop to list source records after the seek", 30)
+        await until(lambda: len(buffer) > 0, "the fetch loop to list source records after the seek", 30)
         seen["listed"] = len(buffer)
 
     async def gated_take(*args: Any) -> list[Any]:
