@@ -591,7 +591,7 @@ def install_direct_drain(consumer: Any, sources: list[BatchSource]) -> None:
             after = await rewind_to(consumer, lowest)
             for tp, position in after.items():
                 set_read_offset(tp, position or None)  # as Faust's seek: the next record read is not "already read"
-            log.info("records dropped from the batch buffer with no seek after them are read again: %s",
+            log.info("records dropped unprocessed with no seek after them are read again: %s",
                      ", ".join(f"{tp.topic}[{tp.partition}] from offset {o}" for tp, o in sorted(after.items())))
             return after
 
