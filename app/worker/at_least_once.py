@@ -133,11 +133,9 @@ class AtLeastOnce:
             state.write_watch.end(watch, next((r for r in results if r is not None), None))
             handed_over = None
             failed = [(m, item, r) for (m, item), r in zip(todo, results, strict=True) if r is not None]
-            for (m, item), r in zip(todo, results, strict=True):
-                if r is None:
-                    count_written(stats, item)
-                    if isinstance(item, list):
-                        emitted.append(m)
+            # counted in one pass; all of `todo` when nothing failed (the usual send)
+            emitted += count_written(stats, todo if not failed else
+                                     [(m, item) for (m, item), r in zip(todo, results, strict=True) if r is None])
             if not failed:
                 if state.blocked is not None:
                     await state.set_blocked(None)

@@ -133,21 +133,24 @@ class BatchRunner:
         dedup = self.dedups.get(id(chain))
         token = dedup.begin_batch() if dedup is not None else None
         offsets, repaired = self.offsets, list[Message]()
-        active: CurrentMessage | None = None
+        # the partition of the message before: a fetch hands a partition's records on together,
+        # so the stand-in is looked up only when the partition changes, not per message
+        at_topic, at_partition = "", -1
         for i, m in enumerate(batch):
             if i and not i % YIELD_EVERY:
                 # Let the loop breathe within a long batch: the previous batch's produce
                 # requests go out, heartbeats and fetches run.
                 await asyncio.sleep(0)
-            # Faust's (non-windowed) tables route a write by the current event's topic and
-            # partition only: one stand-in per partition of the batch, set when it changes.
-            current = stand_in_of.get((m.topic, m.partition))
-            if current is None:
-                current = stand_in_of[(m.topic, m.partition)] = CurrentMessage(m)
-            if current is not active:
+            topic, partition, headers, ts = m.topic, m.partition, m.headers, m.timestamp
+            if partition != at_partition or topic != at_topic:
+                # Faust's (non-windowed) tables route a write by the current event's topic and
+                # partition only: one stand-in per partition of the batch, set when it changes.
+                at_topic, at_partition = topic, partition
+                current = stand_in_of.get((topic, partition))
+                if current is None:
+                    current = stand_in_of[(topic, partition)] = CurrentMessage(m)
                 _current_event.set(weakref.ref(current))
-                active = current
-            if not offsets.advance(m.topic, m.partition, m.offset):
+            if not offsets.advance(topic, partition, m.offset):
                 # Records the consumer skipped come first, in order, routed like this one.
                 try:
                     missing = await self.missing_before(m.topic, m.partition, m.offset)
@@ -160,10 +163,12 @@ class BatchRunner:
                         await asyncio.sleep(0)  # a hole can hold thousands of records
                     repaired.append(msg)
                     outcomes[(msg.topic, msg.partition, self.run_one(chain, msg, prepared, observed))] += 1
-            msg = Message(topic=m.topic, partition=m.partition, offset=m.offset, value=m.value or b"", key=m.key,
-                          headers=[(k, v) for k, v in (m.headers or []) if v is not None],
-                          timestamp_ms=int(m.timestamp * 1000) if m.timestamp else None)
-            outcomes[(m.topic, m.partition, self.run_one(chain, msg, prepared, observed))] += 1
+            # Message(topic, partition, offset, value, key, headers, timestamp_ms), positionally (~0.25 µs
+            # less than by keyword); most records carry no headers: no list comprehension for them
+            msg = Message(topic, partition, m.offset, m.value or b"", m.key,
+                          [(k, v) for k, v in headers if v is not None] if headers else [],
+                          int(ts * 1000) if ts else None)
+            outcomes[(topic, partition, self.run_one(chain, msg, prepared, observed))] += 1
         _current_event.set(None)
         # Phase 2: the batch's outputs signed at once (scope batch: one signature), in order.
         pending = self.sign_prepared(chain, prepared, outcomes, observed)
@@ -229,6 +234,9 @@ class BatchRunner:
         except Exception as exc:  # signing failed: DLQ, never crash
             done, failure = iter(()), exc
         chain.stats.stage_ns["publish"] += time.perf_counter_ns() - t0
+        if failure is None and len(items) == len(prepared):
+            # every message emitted (the usual batch): each signed output in its message's place
+            return [(msg, signed) for (msg, _), signed in zip(prepared, done, strict=True)]
         out: list[tuple[Message, list[Emission] | DlqRecord]] = []
         for msg, item in prepared:
             if not isinstance(item, Prepared):

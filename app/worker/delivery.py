@@ -17,7 +17,7 @@ This module also holds what both send with: `send_all`.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -129,14 +129,24 @@ async def send_all(producer: Any, items: list[list[Emission] | DlqRecord], limit
                               limit_for=limit_for, split=split, on_queued=on_queued)
 
 
-def count_written(stats: RunStats, item: list[Emission] | DlqRecord) -> None:
-    """One item written: its records per topic, and one emitted message for outputs."""
-    if isinstance(item, DlqRecord):
-        stats.written[item.topic] += 1
-    else:
-        stats.emitted += 1
-        for e in item:
-            stats.written[e.topic] += 1
+def count_written(stats: RunStats, written: Iterable[tuple[Message, list[Emission] | DlqRecord]]) -> list[Message]:
+    """Items written: their records per topic, one emitted message per item of outputs; returns
+    the messages whose outputs (not DLQ copies) were written, in order. Called once per send with
+    all the items it wrote: the topics go into `RunStats.written` in one `Counter.update` (~0.15 µs
+    per message less than two `+= 1` each, issue 29)."""
+    topics: list[str] = []
+    add = topics.append
+    emitted: list[Message] = []
+    for m, item in written:
+        if isinstance(item, DlqRecord):
+            add(item.topic)
+        else:
+            emitted.append(m)
+            for e in item:
+                add(e.topic)
+    stats.emitted += len(emitted)
+    stats.written.update(topics)
+    return emitted
 
 
 def ts_ms(ms: int | None) -> int | None:

@@ -277,9 +277,7 @@ class ExactlyOnce:
             retry: list[tuple[Message, list[Emission] | DlqRecord]] = []
             for (m, item), err in zip(todo, results, strict=True):
                 if err is None:
-                    count_written(stats, item)
-                    if isinstance(item, list):
-                        emitted.append(m)
+                    emitted += count_written(stats, [(m, item)])
                 elif isinstance(item, list) and is_permanent(err):
                     if is_size_refusal(err):
                         stats.too_large += 1
