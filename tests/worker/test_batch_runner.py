@@ -275,3 +275,36 @@ async def test_without_an_interval_each_batch_is_counted_before_its_acknowledgem
     await runner.process(chain, [_fetched(src, 0, 0, _good(src, 0))])
     assert counters.writes == [(src, "emitted", 1, 0, 0)] and runner.stats.read == 1
     assert runner._held == [] and observer.counted == []
+
+
+async def test_each_message_runs_as_itself_with_its_partition_as_the_current_event(tmp_path: Path,
+                                                                                   keys: DevKeys) -> None:
+    """Faust's tables route a write by the current event: while the chain runs a message, the
+    stand-in is its own topic's and partition's - when partitions alternate, and when the next
+    message has the same partition number in another topic (a batch source can read several
+    topics; the stand-in is looked up only when the partition changes). The `Message` the chain
+    gets is the record as fetched: headers without the valueless ones, the timestamp in ms."""
+    runner, _, _, _, chain, _, src = _runner(tmp_path, keys)
+    other = src + ".other"
+    seen: list[tuple[str, int, str, int, list[tuple[str, bytes]], int | None]] = []
+    run = chain.run
+
+    def spy(msg: Any) -> Any:
+        current = _current_event.get()().message  # type: ignore[misc]
+        seen.append((current.topic, current.partition, msg.topic, msg.partition, list(msg.headers),
+                     msg.timestamp_ms))
+        return run(msg)
+
+    chain.run = spy  # type: ignore[method-assign]
+    fetched = [_fetched(src, 0, 0, _good(src, 0)), _fetched(other, 0, 0, _forbidden(src)),
+               _fetched(src, 0, 1, _good(src, 1)), _fetched(src, 1, 0, _good(src, 2)),
+               _fetched(other, 0, 1, _forbidden(src)), _fetched(src, 1, 1, _good(src, 3))]
+    fetched[2] = FaustMessage(src, 0, 1, 1764495000.123, 0, [("a", b"1"), ("gone", None), ("b", b"")],
+                              b"k", _good(src, 1), None)
+    fetched[3] = FaustMessage(src, 1, 0, None, 0, None, b"k", _good(src, 2), None)  # type: ignore[arg-type]
+    await runner.process(chain, fetched)
+    assert [(t, p) for t, p, *_ in seen] == [(m.topic, m.partition) for m in fetched]
+    assert [(t, p) for _, _, t, p, _, _ in seen] == [(m.topic, m.partition) for m in fetched]
+    assert [h for *_, h, _ in seen] == [[], [], [("a", b"1"), ("b", b"")], [], [], []]
+    assert [ts for *_, ts in seen] == [None, None, 1764495000123, None, None, None]
+    assert _current_event.get() is None
