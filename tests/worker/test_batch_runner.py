@@ -308,3 +308,21 @@ async def test_each_message_runs_as_itself_with_its_partition_as_the_current_eve
     assert [h for *_, h, _ in seen] == [[], [], [("a", b"1"), ("b", b"")], [], [], []]
     assert [ts for *_, ts in seen] == [None, None, 1764495000123, None, None, None]
     assert _current_event.get() is None
+
+
+async def test_an_input_is_measured_with_its_key_and_every_header(tmp_path: Path, keys: DevKeys) -> None:
+    """The input limit holds key + value + each header's name and value: an input of exactly the
+    limit runs the chain, one byte more - in the value or in a header - goes to the DLQ as
+    too_large without running it."""
+    runner, delivery, _, _, chain, _, src = _runner(tmp_path, keys)
+    limit = runner.fitter.input_limit_for(src)
+    headers = [("h1", b"abc"), ("name", b"")]  # 9 bytes
+    value = b"x" * (limit - 2 - 9)  # key b"k<offset>": 2 bytes
+    fetched = [FaustMessage(src, 0, 0, 0.0, 0, headers, b"k0", value, None),
+               FaustMessage(src, 0, 1, 0.0, 0, [*headers, ("", b"y")], b"k1", value, None),
+               FaustMessage(src, 0, 2, 0.0, 0, headers, b"k2", value + b"x", None),
+               FaustMessage(src, 0, 3, 0.0, 0, [], b"k3", value + b"x" * 9, None)]
+    await runner.process(chain, fetched)
+    reasons = [item.reason if isinstance(item, DlqRecord) else "emitted" for _, item in delivery.batches[0].pending]
+    assert reasons[1:3] == ["too_large", "too_large"] and reasons[0] != "too_large" and reasons[3] != "too_large"
+    assert runner.stats.too_large == 2
