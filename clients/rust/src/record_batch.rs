@@ -57,7 +57,10 @@ fn varint_len(n: i64) -> usize {
 
 /// One partition's batch being written: [`BatchWriter::begin`] a record, write its fields in
 /// order ([`BatchWriter::bytes`], [`BatchWriter::count`]), then [`BatchWriter::commit`] it, which
-/// says whether it fitted; [`BatchWriter::finish`] gives the batch for [`seal`].
+/// says whether it fitted; [`BatchWriter::finish`] gives the batch for [`seal`]. One writer can
+/// write batch after batch ([`BatchWriter::restart`]), keeping its buffers: a batch is up to the
+/// producer's batch size (256 KiB for the worker), and fresh buffers that large are fresh pages
+/// from the kernel every time, which cost more than writing the records into them.
 #[derive(Debug)]
 pub struct BatchWriter {
     buf: Vec<u8>,
@@ -84,6 +87,17 @@ impl BatchWriter {
             timestamp: 0,
             records: 0,
         }
+    }
+
+    /// Empty again, for a batch of this size and kind; the buffers are kept.
+    pub fn restart(&mut self, batch_size: usize, transactional: bool) {
+        self.buf.clear();
+        self.buf.resize(HEADER_LEN, 0);
+        self.batch_size = batch_size;
+        self.attributes = if transactional { TRANSACTIONAL } else { 0 };
+        self.first_timestamp = UNSET;
+        self.max_timestamp = UNSET;
+        self.records = 0;
     }
 
     /// Records committed so far.
@@ -142,7 +156,7 @@ impl BatchWriter {
     }
 
     /// The batch with its header written, except the producer state and the CRC: [`seal`] it.
-    pub fn finish(mut self) -> Vec<u8> {
+    pub fn finish(&mut self) -> &mut [u8] {
         let len = self.buf.len();
         let h = &mut self.buf;
         h[..LENGTH_AT].copy_from_slice(&0i64.to_be_bytes()); // base offset: the broker's
@@ -155,7 +169,7 @@ impl BatchWriter {
         h[FIRST_TIMESTAMP_AT..MAX_TIMESTAMP_AT].copy_from_slice(&self.first_timestamp.to_be_bytes());
         h[MAX_TIMESTAMP_AT..PRODUCER_ID_AT].copy_from_slice(&self.max_timestamp.to_be_bytes());
         h[RECORD_COUNT_AT..HEADER_LEN].copy_from_slice(&self.records.to_be_bytes());
-        self.buf
+        &mut self.buf
     }
 }
 
@@ -224,9 +238,22 @@ mod tests {
             &[("h", Some(b"x")), ("n", None)]
         ));
         assert!(record(&mut w, 990, None, Some(b""), &[]));
-        let mut batch = w.finish();
-        assert!(seal(&mut batch, 7, 3, 11));
-        assert_eq!(hex::encode(&batch), AIOKAFKA);
+        let batch = w.finish();
+        assert!(seal(batch, 7, 3, 11));
+        assert_eq!(hex::encode(batch), AIOKAFKA);
+        // again, from a restarted writer: the same bytes
+        w.restart(1 << 20, true);
+        assert!(record(
+            &mut w,
+            1000,
+            Some(b"k"),
+            Some(b"v"),
+            &[("h", Some(b"x")), ("n", None)]
+        ));
+        assert!(record(&mut w, 990, None, Some(b""), &[]));
+        let batch = w.finish();
+        assert!(seal(batch, 7, 3, 11));
+        assert_eq!(hex::encode(batch), AIOKAFKA);
     }
 
     const AIOKAFKA: &str = "000000000000000000000048ffffffff027f24d0b500100000000100000000000003e800000000000003e8000000000000000700030000000b000000021e000000026b02760402680278026e010c001302010000";
@@ -248,13 +275,16 @@ mod tests {
         assert!(record(&mut w, 5, None, Some(&value), &[]));
         assert!(!record(&mut w, 5, None, Some(&value), &[])); // would reach it exactly
         assert_eq!(w.finish().len(), HEADER_LEN + one);
+        w.restart(10, false);
+        assert_eq!(w.records(), 0);
+        assert!(record(&mut w, 5, None, Some(&value), &[]));
     }
 
     #[test]
     fn the_crc_covers_everything_after_it() {
         let mut w = BatchWriter::new(1 << 20, false);
         assert!(record(&mut w, 1, Some(b"a"), None, &[]));
-        let mut batch = w.finish();
+        let mut batch = w.finish().to_vec();
         assert!(seal(&mut batch, -1, -1, 0));
         let crc = u32::from_be_bytes(batch[CRC_AT..ATTRIBUTES_AT].try_into().unwrap());
         assert_eq!(crc, crc32c::crc32c(&batch[ATTRIBUTES_AT..]));

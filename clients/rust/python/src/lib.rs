@@ -592,14 +592,35 @@ fn record_batch<'py>(
     if start >= n {
         return Err(PyIndexError::new_err("no record at start"));
     }
-    let mut w = BatchWriter::new(batch_size, transactional);
+    thread_local! {
+        // One writer whose buffers outlive the call (`BatchWriter::restart`: fresh 256 KiB
+        // buffers per batch cost more in page faults than the records' writing).
+        static WRITER: std::cell::RefCell<BatchWriter> = std::cell::RefCell::new(BatchWriter::new(0, false));
+    }
+    WRITER.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut w) => write_batch(py, &mut w, records, start, batch_size, transactional),
+        // re-entered (a header sequence's Python code called this again): a writer of its own
+        Err(_) => write_batch(py, &mut BatchWriter::new(0, false), records, start, batch_size, transactional),
+    })
+}
+
+fn write_batch<'py>(
+    py: Python<'py>,
+    w: &mut BatchWriter,
+    records: &Bound<'py, PyList>,
+    start: usize,
+    batch_size: usize,
+    transactional: bool,
+) -> PyResult<(Bound<'py, PyByteArray>, usize)> {
+    let n = records.len();
+    w.restart(batch_size, transactional);
     for i in start..n {
         let rec = records.get_item(i)?;
         let rec = rec.cast::<PyTuple>()?;
         let ts = rec.get_borrowed_item(3)?;
         w.begin(if ts.is_none() { now_ms() } else { ts.extract::<i64>()? });
-        batch_field(&mut w, &*rec.get_borrowed_item(1)?)?;
-        batch_field(&mut w, &*rec.get_borrowed_item(2)?)?;
+        batch_field(w, &*rec.get_borrowed_item(1)?)?;
+        batch_field(w, &*rec.get_borrowed_item(2)?)?;
         let headers = rec.get_borrowed_item(4)?;
         w.count(headers.len()?);
         for h in headers.try_iter()? {
@@ -610,14 +631,14 @@ fn record_batch<'py>(
             }
             let key = h.get_borrowed_item(0)?;
             w.bytes(Some(key.cast::<PyString>()?.to_str()?.as_bytes()));
-            batch_field(&mut w, &*h.get_borrowed_item(1)?)?;
+            batch_field(w, &*h.get_borrowed_item(1)?)?;
         }
         if !w.commit() {
             break;
         }
     }
     let count = w.records();
-    Ok((PyByteArray::new(py, &w.finish()), count))
+    Ok((PyByteArray::new(py, w.finish()), count))
 }
 
 /// Write the producer state (id, epoch, base sequence) and the CRC-32C into a batch from
