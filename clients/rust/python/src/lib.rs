@@ -600,7 +600,14 @@ fn record_batch<'py>(
     WRITER.with(|cell| match cell.try_borrow_mut() {
         Ok(mut w) => write_batch(py, &mut w, records, start, batch_size, transactional),
         // re-entered (a header sequence's Python code called this again): a writer of its own
-        Err(_) => write_batch(py, &mut BatchWriter::new(0, false), records, start, batch_size, transactional),
+        Err(_) => write_batch(
+            py,
+            &mut BatchWriter::new(0, false),
+            records,
+            start,
+            batch_size,
+            transactional,
+        ),
     })
 }
 
