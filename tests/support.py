@@ -110,10 +110,8 @@ def headless_chromium(*flags: str) -> Iterator[Any]:
     """A headless Chromium WebDriver, quit afterwards: for a fixture to ``yield from``
     (scripts/ensure-test-deps.sh installs it; skipped without it, a failure under CI=true).
     ``flags``: Chromium flags besides the headless ones (``--window-size=W,H``)."""
-    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail("chromium / chromedriver required under CI=true (Debian: chromium chromium-driver)")
-        pytest.skip("chromium not installed")
+    require(os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER),
+            "chromium and chromedriver (Debian: chromium chromium-driver)")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

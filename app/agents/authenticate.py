@@ -3,7 +3,9 @@
 Tokens are stripped whatever the policy (even `off`): memo-031 Recommendation 5 says a
 token never reaches backend storage. Verified tokens are cached by their SHA-256 until
 `min(exp, now + 60 s)`: producers reuse one token for thousands of messages, and an RS256
-or EdDSA verification costs tens of microseconds. A JWKS reload clears the cache.
+or EdDSA verification costs tens of microseconds. A JWKS reload clears the cache. The token
+used last is also kept with its entry, so the next message with the same token - the usual
+case - is matched by a string comparison (~20 ns) instead of its SHA-256 and the lookup (~0.4 µs).
 
 With a `producers:` section in the topology, this is also where the principal is bound: the
 verified publisher id (or "anonymous" when no token was verified) must be declared for the
@@ -32,6 +34,8 @@ from app.topology import AuthenticateStage
 
 CACHE_SECONDS = 60.0
 CACHE_SIZE = 10_000
+#: once per message: a module name, not an EnumType attribute lookup (~60 ns on Python 3.11)
+_TOKEN = Method.TOKEN
 
 
 class Authenticate(Stage):
@@ -53,6 +57,11 @@ class Authenticate(Stage):
         self.authenticator = Authenticator(self.config)
         self._cache: OrderedDict[bytes, tuple[Identity, float]] = OrderedDict()
         self._keyring_version = -1
+        #: the token used last, its identity and until when it holds: `_cache`'s newest used
+        #: entry, kept under the token itself so that a repeat needs no digest (module docs).
+        #: It holds one token at a time, as the message being processed does, and only while
+        #: its entry is valid.
+        self._last: tuple[str, Identity, float] | None = None
 
     def _identity(self, token: str) -> Identity:
         now = time.time()
@@ -63,10 +72,17 @@ class Authenticate(Stage):
         keyring.refresh()
         if keyring.version != self._keyring_version:
             self._cache.clear()
+            self._last = None
             self._keyring_version = keyring.version
+        last = self._last
+        if last is not None:
+            if last[0] == token and last[2] > now:
+                return last[1]  # what the lookup below would return: this entry is in `_cache`
+            self._last = None  # another token, or expired: the token is not kept any longer
         digest = hashlib.sha256(token.encode()).digest()
         hit = self._cache.get(digest)
         if hit is not None and hit[1] > now:
+            self._last = (token, hit[0], hit[1])
             return hit[0]
         identity = self.authenticator.authenticate(token, now=now)
         exp = identity.claims.get("exp")
@@ -74,6 +90,7 @@ class Authenticate(Stage):
         self._cache[digest] = (identity, until)
         if len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
+        self._last = (token, identity, until)
         return identity
 
     def process(self, msg: Message) -> None:
@@ -102,11 +119,14 @@ class Authenticate(Stage):
                                          "security.auth_token), or set authenticate.policy to optional")
                 return
             msg.identity = self._identity(token)
-            msg.identity_method = Method.TOKEN
+            msg.identity_method = _TOKEN
             apply_identity(env, msg.identity)
             return msg.identity.publisher_id
         finally:
-            strip_token(env)
+            if token:  # read from this very context above, so present: what strip_token clears,
+                header.security.ClearField("auth_token")  # without its three reads (~0.25 µs)
+            else:
+                strip_token(env)
 
     def _attested(self, msg: Message, raw: bytes) -> None:
         """Take the identity from a replayed DLQ record's attestation (module docs)."""

@@ -75,6 +75,13 @@ class Method(enum.StrEnum):
     NONE = "none"
 
 
+#: `settle` runs on every message: the methods as module names, not EnumType attribute lookups
+#: (~60 ns each on Python 3.11), and each method's extension value encoded once, not read
+#: through `.value` (a property) and encoded per message
+_TOKEN, _KEY, _ATTESTATION, _NONE = Method.TOKEN, Method.KEY, Method.ATTESTATION, Method.NONE
+_METHOD_BYTES = {m: m.value.encode() for m in Method}
+
+
 @dataclass(frozen=True, slots=True)
 class IdentityRule:
     """What the rule needs besides the message: which keys are bound to which publisher, and
@@ -121,17 +128,17 @@ def settle(msg: Message, rule: IdentityRule) -> None:
     verified_team: str = ""
     identity = msg.identity
     if identity is not None:
-        method = Method.ATTESTATION if msg.identity_method == Method.ATTESTATION else Method.TOKEN
+        method = _ATTESTATION if msg.identity_method == _ATTESTATION else _TOKEN
         verified_id, verified_team = identity.publisher_id, identity.publisher_team or ""
     else:
         key_id = msg.signature.key_id if msg.signature is not None else ""
         bound = rule.key_publishers.get(key_id) if key_id else None
         if bound is not None:
-            method = Method.KEY
+            method = _KEY
             verified_id, verified_team = bound.publisher_id, bound.publisher_team or ""
             ext[KEY_ID_EXTENSION] = key_id.encode()
         else:
-            method = Method.NONE
+            method = _NONE
 
     if verified_id:
         sec = env.ensure_security()
@@ -147,9 +154,9 @@ def settle(msg: Message, rule: IdentityRule) -> None:
         ext[CLAIMED_PUBLISHER_ID] = claimed_id.encode()
     if claimed_team and claimed_team != verified_team:
         ext[CLAIMED_PUBLISHER_TEAM] = claimed_team.encode()
-    ext[METHOD_EXTENSION] = method.value.encode()
+    ext[METHOD_EXTENSION] = _METHOD_BYTES[method]
 
-    if method is Method.NONE:
+    if method is _NONE:
         floor = rule.floors.get(msg.topic)
         if floor is not None:
             _raise_to_floor(env, floor)

@@ -127,15 +127,21 @@ def sanity_problems(env: Envelope, *, now_ms: int | None = None,
                               f"(allowed skew {policy.max_future_skew_ms // 1000}s)"))
     elif 0 < published < now - policy.max_age_ms:
         p.append(FieldProblem("metadata.published_at_ms", "is unrealistically old"))
-    ids = (md.message_id, md.correlation_id, md.causality_parent)
-    names = (md.topic, md.namespace)
+    ids = mid, cid, cause = (md.message_id, md.correlation_id, md.causality_parent)
+    names = topic, namespace = (md.topic, md.namespace)
     sec = h.security if h.HasField("security") else None
     who = (sec.publisher_id, sec.publisher_team) if sec is not None else ()
-    # One length test per group and one regex search over all the strings (a control
+    # Five length tests and one control-character test over all the strings (a control
     # character is one character: joining cannot make or hide one) find the usual "no
-    # problem" at once; only then are the fields named one by one.
-    if (max(map(len, ids)) > policy.max_id_length or max(map(len, names)) > policy.max_name_length
-            or _CONTROL.search("".join((*ids, *names, *who)))):
+    # problem" at once; only then are the fields named one by one. The lengths are compared
+    # one by one, not by `max(map(len, ...))` (~0.25 µs less), and the joined text is first
+    # asked `isprintable()`: every control character is unprintable, so a printable text has
+    # none and the regex search (~0.2 µs more on a valid message's ~70 characters) is left
+    # for a text with some unprintable character, which it then judges as before.
+    id_max, name_max = policy.max_id_length, policy.max_name_length
+    joined = "".join((*ids, *names, *who))
+    if (len(mid) > id_max or len(cid) > id_max or len(cause) > id_max or len(topic) > name_max
+            or len(namespace) > name_max or (not joined.isprintable() and _CONTROL.search(joined))):
         p += _string_problems(ids, names, who, policy)
     obs = h.observability if h.HasField("observability") else None
     labels = obs.labels if obs is not None else None

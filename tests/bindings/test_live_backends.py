@@ -13,7 +13,6 @@ Each test skips locally when its server is down but FAILS under CI=true.
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 
 import pytest
@@ -25,14 +24,13 @@ from app.bindings import redis as rb
 from app.envelope import Layout, new_envelope
 from tests import servers
 from tests.bindings.strategies import binding_envelopes, subject_topics, wire_equivalent
+from tests.support import require
 
 pytestmark = pytest.mark.integration
 
 
 def unavailable(what: str, exc: Exception) -> None:
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{what} is required under CI=true but unavailable: {exc}")
-    pytest.skip(f"{what} unavailable: {exc}")
+    require(False, f"{what} unavailable: {exc}")
 
 
 # --------------------------------------------------------------------------- PostgreSQL

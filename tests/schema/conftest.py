@@ -4,7 +4,6 @@ authenticates (one per role), and a real uvicorn server."""
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import threading
 import time
@@ -18,7 +17,7 @@ from app.schema.registry import Registry
 from app.schema.store import PostgresStore, SqliteStore
 from app.security.http_auth import FailureLimiter, HttpAuth, auth_from_settings
 from tests import servers
-from tests.support import creds, write_users_file
+from tests.support import creds, require, write_users_file
 
 
 @pytest.fixture(scope="session")
@@ -64,10 +63,7 @@ def store(request: pytest.FixtureRequest, tmp_path) -> Iterator:  # type: ignore
         s.close()
         return
     problem = _pg_available()
-    if problem:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"PostgreSQL required under CI=true but unavailable at {pg_dsn()}: {problem}")
-        pytest.skip(f"PostgreSQL unavailable: {problem}")
+    require(not problem, f"PostgreSQL at {pg_dsn()}: {problem}")
     s = PostgresStore(pg_dsn(), pg_schema=f"prism_reg_test_{uuid.uuid4().hex[:10]}")
     yield s
     s.drop()

@@ -8,7 +8,6 @@ bytes through the embedded broker with a real produce/consume."""
 from __future__ import annotations
 
 import functools
-import os
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from google.protobuf import descriptor_pool, message_factory
 from app.schema.protoparse import compile_proto
 from app.schema.store import PostgresStore
 from tests.schema.conftest import _pg_available, free_port, pg_dsn
-from tests.support import creds, write_users_file
+from tests.support import creds, require, write_users_file
 
 MONEY = 'syntax = "proto3";\npackage common;\nmessage Money {\n  string currency = 1;\n  int64 units = 2;\n}\n'
 ORDER = '''syntax = "proto3";
@@ -203,10 +202,7 @@ def serve_process(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[st
         store_url = f"sqlite:///{tmp_path / 'reg.db'}"
     else:
         problem = _pg_available()
-        if problem:
-            if os.environ.get("CI", "").lower() == "true":
-                pytest.fail(f"PostgreSQL required under CI=true but unavailable at {pg_dsn()}: {problem}")
-            pytest.skip(f"PostgreSQL unavailable: {problem}")
+        require(not problem, f"PostgreSQL at {pg_dsn()}: {problem}")
         pg_schema = f"prism_reg_test_{uuid.uuid4().hex[:10]}"
         store_url = f"{pg_dsn()}?schema={pg_schema}"
     port = free_port()
