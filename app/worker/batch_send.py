@@ -241,6 +241,27 @@ async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
     async def hand_over(tp: tuple[str, int]) -> None:
         await send(tp, *open_batches.pop(tp))
 
+    async def append(tp: tuple[str, int], i: int, limit: int, ts_ms: int | None, key: bytes | None,
+                     value: bytes | None, headers: Sequence[tuple[str, bytes | None]]) -> None:
+        """Item `i`'s record into `tp`'s open aiokafka batch (raises if it is refused)."""
+        entry = open_batches.get(tp)
+        if entry is not None and split:
+            await hand_over(tp)  # one record per batch
+            entry = None
+        if entry is None:
+            entry = open_batches[tp] = (bounded_batch(producer, limit), set())
+        if entry[0].append(timestamp=ts_ms, key=key, value=value, headers=headers) is None:
+            if entry[1]:
+                await hand_over(tp)  # full: send it, start the next one with this record
+                entry = open_batches[tp] = (bounded_batch(producer, limit), set())
+                appended = entry[0].append(timestamp=ts_ms, key=key, value=value, headers=headers)
+            else:
+                appended = None
+            if appended is None:
+                del open_batches[tp]  # nothing in it: never hand over an empty batch
+                raise RefusedUpFront(f"the record for {tp[0]} does not fit an empty batch")
+        entry[1].add(i)
+
     for i, records in enumerate(items):
         try:
             for record in records:
@@ -274,34 +295,28 @@ async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
                     batch[0].append(record)
                     batch[1].append(i)
                     continue
-                entry = open_batches.get(tp)
-                if entry is not None and split:
-                    await hand_over(tp)  # one record per batch
-                    entry = None
-                if entry is None:
-                    entry = open_batches[tp] = (bounded_batch(producer, limit), set())
-                if entry[0].append(timestamp=ts_ms, key=key, value=value, headers=headers) is None:
-                    if entry[1]:
-                        await hand_over(tp)  # full: send it, start the next one with this record
-                        entry = open_batches[tp] = (bounded_batch(producer, limit), set())
-                        appended = entry[0].append(timestamp=ts_ms, key=key, value=value, headers=headers)
-                    else:
-                        appended = None
-                    if appended is None:
-                        del open_batches[tp]  # nothing in it: never hand over an empty batch
-                        raise RefusedUpFront(f"the record for {topic} does not fit an empty batch")
-                entry[1].add(i)
+                await append(tp, i, limit, ts_ms, key, value, headers)
         except Exception as exc:  # refused before it was queued: the item failed, sends nothing more
             errors[i] = exc
-    for tp in list(open_batches):
-        await hand_over(tp)
     for tp, (recs, owner, cap) in queued.items():
         start = 0
         while start < len(recs):
             assert _record_batch is not None  # `compiled`
-            buf, n = _record_batch(recs, start, cap, transactional)
+            try:
+                buf, n = _record_batch(recs, start, cap, transactional)
+            except Exception:
+                # a record the compiled writer does not take (not bytes, say): the rest of this
+                # partition goes through aiokafka's builder, which refuses that item alone
+                for (topic, key, value, ts_ms, headers, _), i in zip(recs[start:], owner[start:], strict=True):
+                    try:
+                        await append(tp, i, known[topic][2], ts_ms, key, value, headers)
+                    except Exception as exc:
+                        errors[i] = exc
+                break
             await send(tp, ClosedBatch(buf, n), set(owner[start:start + n]))
             start += n
+    for tp in list(open_batches):
+        await hand_over(tp)
     if on_queued is not None:
         try:
             await on_queued(list(errors))

@@ -234,3 +234,32 @@ def test_send_batched_writes_what_aiokafkas_builders_write(items: list[list[tupl
     ours = asyncio.run(run(True))
     assert ours == theirs
     assert all(e in (type(None), RefusedUpFront) for e in ours[0])
+
+
+@pytest.mark.parametrize("bad", [
+    ("a", b"k", "a str value", 1_700_000_000_000, [], 100),
+    ("a", b"k", b"v", 1_700_000_000_000, [("h", "a str header value")], 100),
+    ("a", b"k", b"v", 1_700_000_000_000, None, 100),  # no header list: aiokafka's builder takes it as []
+])  # sized, as the worker's records are: no up-front estimate refuses them before the writer
+def test_a_record_the_compiled_writer_refuses_fails_its_item_alone(bad: tuple) -> None:
+    """A record the compiled writer does not take (not bytes, say) never escapes `send_batched`:
+    the partition's batch goes through aiokafka's builder, which refuses that item alone (or takes
+    it) - the same per-item outcomes and batches as with aiokafka's builder throughout."""
+    good = [("a", b"k", b"v%d" % i, 1_700_000_000_000 + i, [("h", b"x")], None) for i in range(3)]
+    items = [[good[0]], [bad], [good[1], good[2]]]
+
+    async def run(compiled: bool) -> tuple[list[Any], dict]:
+        p = _Producer(3000, False)
+        saved = batch_send._record_batch
+        batch_send._record_batch = saved if compiled else None
+        try:
+            errors = await send_batched(p, items)
+        finally:
+            batch_send._record_batch = saved
+        return [type(e) for e in errors], p.batches
+
+    theirs = asyncio.run(run(False))
+    ours = asyncio.run(run(True))
+    assert ours == theirs
+    assert ours[0][0] is type(None) and ours[0][2] is type(None)  # the others' records went out
+    assert sum(n for tp in ours[1].values() for _, n in tp) == 3 + (ours[0][1] is type(None))
