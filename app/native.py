@@ -29,7 +29,10 @@ reads the bytes against the plan the Python fast path walks and says True only f
 `json_format.Parse` certainly accepts; on False the Python validator runs as before, so every
 violation keeps its text (BENCHMARKS.md, "The payload check compiled"); and Kafka's key hash,
 `murmur2` (prism-client's `partition::murmur2`, the Java client's), with which the worker places
-its keyed output records (`app/bindings/partitioner.py`; aiokafka's pure-Python hash otherwise).
+its keyed output records (`app/bindings/partitioner.py`; aiokafka's pure-Python hash otherwise);
+and the output records' Kafka v2 record batches, `record_batch` and `seal_batch` (prism-client's
+`record_batch`: the bytes aiokafka's `DefaultRecordBatchBuilder` writes, one call per batch instead
+of a Python builder call per record; `app/worker/batch_send.py`; aiokafka's builder otherwise).
 
 The native module reports a walk that stopped as `WireFault(kind, at, field, wire_type, length,
 remaining)`; `scan_fault` words it as the very `PrismError` (class, message, path, hint) the
@@ -45,7 +48,7 @@ from typing import Any
 from .errors import DecodeError, LengthError, PrismError, TruncatedError, WireTypeError
 
 #: The binding's contract version this code was written for (`prism_native.ABI`).
-ABI = 9
+ABI = 10
 ENV = "PRISM_NATIVE"
 
 

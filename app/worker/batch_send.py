@@ -22,6 +22,18 @@ change:
 * the order: per topic-partition, records are appended in item order, and batches of one
   topic-partition are handed over in order.
 
+Written in one compiled call per batch: with `prism_native` in use (`app/native.py`) and a real
+aiokafka producer without compression or serializers (the worker's), each topic-partition's
+records are collected as they are placed and written into Kafka v2 record batches by
+`prism_native.record_batch` - the bytes aiokafka's `DefaultRecordBatchBuilder` writes for them,
+batch boundaries included (a record that would make a batch reach its size starts the next one;
+the first record of a batch always goes in) - and handed to aiokafka as :class:`ClosedBatch`es,
+which the producer seals with its id, epoch and base sequence when it drains them (`seal_batch`:
+those fields and the CRC). Why: aiokafka's `BatchBuilder.append`, a Python wrapper over its
+compiled builder, cost ~2 µs per record, two records per message (issue 29; BENCHMARKS.md,
+"Produce path"). Otherwise (no module, a stale one, compression, serializers, a stand-in
+producer) every record goes through aiokafka's own builder as before.
+
 Sent at once: every batch is closed before it is handed over. aiokafka holds an open batch in
 its accumulator for ``linger_ms`` (5 ms for the worker's producer) in case later ``send`` calls
 add to it; these batches are complete when handed over, so the linger only delayed them - and,
@@ -56,13 +68,19 @@ from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
+from app import native as _native
 from app.bindings.partitioner import Partitioner, murmur2
+
+#: `prism_native.record_batch` / `seal_batch` when the compiled module is in use, else None
+#: (module docstring, "Written in one compiled call per batch").
+_record_batch: Callable[..., tuple[bytearray, int]] | None = getattr(_native.module, "record_batch", None)
+_seal_batch: Callable[[bytearray, int, int, int], None] | None = getattr(_native.module, "seal_batch", None)
 
 #: Partitioners that place a keyed record by Kafka's rule, which `send_batched` then applies
 #: itself (one hash per key per call): aiokafka's default and its compiled-hash twin.
 _KAFKA_PLACEMENT = (DefaultPartitioner, Partitioner)
 
-__all__ = ["BatchTooLargeError", "OutRecord", "RefusedUpFront", "bounded_batch", "is_size_refusal", "retrieved",
+__all__ = ["BatchTooLargeError", "ClosedBatch", "OutRecord", "RefusedUpFront", "bounded_batch", "is_size_refusal", "retrieved",
            "send_batched"]
 
 #: (topic, key, value, timestamp_ms or None, headers, size or None): `size` is the record's
@@ -87,6 +105,50 @@ class BatchTooLargeError(Exception):
         self.topic = topic
         self.records = records
         self.cause = cause
+
+
+class ClosedBatch:
+    """A complete record batch from `prism_native.record_batch`, as aiokafka's producer takes a
+    `BatchBuilder` (`send_batch`): closed, so no `send` adds to it; the accumulator reads its
+    `record_count()` for the sequence numbers, gives it the producer state when it drains it
+    (`_set_producer_state`), and the sender takes its bytes (`_build`), sealed then with that
+    state - the default, -1/-1/0, is what aiokafka's builder writes for a producer without one."""
+
+    __slots__ = ("_buffer", "_count", "_sealed", "_state")
+
+    def __init__(self, buffer: bytearray, count: int) -> None:
+        self._buffer = buffer
+        self._count = count
+        self._state = (-1, -1, 0)
+        self._sealed = False
+
+    def append(self, *, timestamp: int | None, key: bytes | None, value: bytes | None,
+               headers: Sequence[tuple[str, bytes | None]] = ()) -> None:
+        """Closed: nothing joins it (what `BatchBuilder.append` returns for a closed batch)."""
+        return None
+
+    def close(self) -> None:
+        """Already closed (written complete)."""
+
+    def closed(self) -> bool:
+        return True
+
+    def record_count(self) -> int:
+        return self._count
+
+    def size(self) -> int:
+        return len(self._buffer)
+
+    def _set_producer_state(self, producer_id: int, producer_epoch: int, base_sequence: int) -> None:
+        self._state = (producer_id, producer_epoch, base_sequence)
+        self._sealed = False
+
+    def _build(self) -> bytearray:
+        if not self._sealed:
+            assert _seal_batch is not None  # made only when the compiled module is in use
+            _seal_batch(self._buffer, *self._state)
+            self._sealed = True
+        return self._buffer
 
 
 def retrieved(fut: asyncio.Future[Any]) -> None:
@@ -156,22 +218,54 @@ async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
     hashes: dict[bytes, int] | None = {} if type(partitioner) in _KAFKA_PLACEMENT else None
     max_request = producer._max_request_size
     estimate = DefaultRecordBatchBuilder.estimate_size_in_bytes
+    acc = getattr(producer, "_message_accumulator", None)
+    # compiled batches (module docstring): a real aiokafka producer whose builder would write
+    # uncompressed records as given
+    compiled = (_record_batch is not None and acc is not None and acc._compression_type == 0
+                and producer._key_serializer is None and producer._value_serializer is None)
+    transactional = compiled and acc._txn_manager is not None and acc._txn_manager.transactional_id is not None
     # topic -> (all partitions, available ones, its limit): looked up once per call and topic
     # (two records per message), one dict lookup per record
     known: dict[str, tuple[list[int], list[int], int]] = {}
     open_batches: dict[tuple[str, int], tuple[Any, set[int]]] = {}  # tp -> (builder, owning items)
+    # compiled: tp -> (its records in order, each one's item, the batch size)
+    queued: dict[tuple[str, int], tuple[list[OutRecord], list[int], int]] = {}
     sent: list[tuple[asyncio.Future[Any], set[int], str, int]] = []  # (delivery, owners, topic, records)
 
-    async def hand_over(tp: tuple[str, int]) -> None:
-        builder, owners = open_batches.pop(tp)
-        builder.close()  # complete: ready to send now, no linger (module docstring, "Sent at once")
+    async def send(tp: tuple[str, int], batch: Any, owners: set[int]) -> None:
+        batch.close()  # complete: ready to send now, no linger (module docstring, "Sent at once")
         # record_count(): the records appended (aiokafka counts them; a refused append adds none)
-        sent.append((await producer.send_batch(builder, tp[0], partition=tp[1]), owners, tp[0],
-                     builder.record_count()))
+        sent.append((await producer.send_batch(batch, tp[0], partition=tp[1]), owners, tp[0],
+                     batch.record_count()))
+
+    async def hand_over(tp: tuple[str, int]) -> None:
+        await send(tp, *open_batches.pop(tp))
+
+    async def append(tp: tuple[str, int], i: int, limit: int, ts_ms: int | None, key: bytes | None,
+                     value: bytes | None, headers: Sequence[tuple[str, bytes | None]]) -> None:
+        """Item `i`'s record into `tp`'s open aiokafka batch (raises if it is refused)."""
+        entry = open_batches.get(tp)
+        if entry is not None and split:
+            await hand_over(tp)  # one record per batch
+            entry = None
+        if entry is None:
+            entry = open_batches[tp] = (bounded_batch(producer, limit), set())
+        if entry[0].append(timestamp=ts_ms, key=key, value=value, headers=headers) is None:
+            if entry[1]:
+                await hand_over(tp)  # full: send it, start the next one with this record
+                entry = open_batches[tp] = (bounded_batch(producer, limit), set())
+                appended = entry[0].append(timestamp=ts_ms, key=key, value=value, headers=headers)
+            else:
+                appended = None
+            if appended is None:
+                del open_batches[tp]  # nothing in it: never hand over an empty batch
+                raise RefusedUpFront(f"the record for {tp[0]} does not fit an empty batch")
+        entry[1].add(i)
 
     for i, records in enumerate(items):
         try:
-            for topic, key, value, ts_ms, headers, size in records:
+            for record in records:
+                topic, key, value, ts_ms, headers, size = record
                 dest = known.get(topic)
                 if dest is None:
                     await producer.client._wait_on_metadata(topic)  # as `send` does, once per topic
@@ -192,25 +286,35 @@ async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
                     tp = (topic, parts[h % len(parts)])
                 else:
                     tp = (topic, partitioner(key, parts, available))
-                entry = open_batches.get(tp)
-                if entry is not None and split:
-                    await hand_over(tp)  # one record per batch
-                    entry = None
-                if entry is None:
-                    entry = open_batches[tp] = (bounded_batch(producer, limit), set())
-                if entry[0].append(timestamp=ts_ms, key=key, value=value, headers=headers) is None:
-                    if entry[1]:
-                        await hand_over(tp)  # full: send it, start the next one with this record
-                        entry = open_batches[tp] = (bounded_batch(producer, limit), set())
-                        appended = entry[0].append(timestamp=ts_ms, key=key, value=value, headers=headers)
-                    else:
-                        appended = None
-                    if appended is None:
-                        del open_batches[tp]  # nothing in it: never hand over an empty batch
-                        raise RefusedUpFront(f"the record for {topic} does not fit an empty batch")
-                entry[1].add(i)
+                if compiled:
+                    batch = queued.get(tp)
+                    if batch is None:
+                        # the batch size `bounded_batch` gives; 0 with `split`: only a batch's
+                        # first record goes in (`record_batch` refuses one reaching the size)
+                        batch = queued[tp] = ([], [], 0 if split else min(acc._batch_size, limit))
+                    batch[0].append(record)
+                    batch[1].append(i)
+                    continue
+                await append(tp, i, limit, ts_ms, key, value, headers)
         except Exception as exc:  # refused before it was queued: the item failed, sends nothing more
             errors[i] = exc
+    for tp, (recs, owner, cap) in queued.items():
+        start = 0
+        while start < len(recs):
+            assert _record_batch is not None  # `compiled`
+            try:
+                buf, n = _record_batch(recs, start, cap, transactional)
+            except Exception:
+                # a record the compiled writer does not take (not bytes, say): the rest of this
+                # partition goes through aiokafka's builder, which refuses that item alone
+                for (topic, key, value, ts_ms, headers, _), i in zip(recs[start:], owner[start:], strict=True):
+                    try:
+                        await append(tp, i, known[topic][2], ts_ms, key, value, headers)
+                    except Exception as exc:
+                        errors[i] = exc
+                break
+            await send(tp, ClosedBatch(buf, n), set(owner[start:start + n]))
+            start += n
     for tp in list(open_batches):
         await hand_over(tp)
     if on_queued is not None:

@@ -11,11 +11,13 @@ from types import SimpleNamespace
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from app.broker.admin import ensure_topics
 from app.worker import batch_send
 from app.worker.batch_send import BatchTooLargeError, RefusedUpFront, send_batched
+from tests.support import require
 
 PARTS = 4
 
@@ -40,7 +42,13 @@ async def _read_all(bootstrap: str, topic: str, n: int) -> dict[int, list[tuple]
         await c.stop()
 
 
-async def test_batched_records_match_per_record_sends(broker) -> None:
+@pytest.mark.parametrize("builder", ["compiled", "aiokafka"])
+async def test_batched_records_match_per_record_sends(broker, builder: str, monkeypatch) -> None:
+    """Both builders of `send_batched`: `prism_native.record_batch` (when built) and aiokafka's."""
+    if builder == "aiokafka":
+        monkeypatch.setattr(batch_send, "_record_batch", None)
+    else:
+        require(batch_send._record_batch is not None, "prism_native is not built or is stale (make native: needs cargo)")
     run = uuid.uuid4().hex[:6]
     a, b = f"bs.{run}.a", f"bs.{run}.b"  # written per record / batched
     await ensure_topics(broker.bootstrap, {a + ".v2": PARTS, a + ".v3": PARTS, b + ".v2": PARTS, b + ".v3": PARTS})
@@ -55,10 +63,19 @@ async def test_batched_records_match_per_record_sends(broker) -> None:
     try:
         futs = [await p.send(a + sfx, v, key=k, timestamp_ms=ts, headers=h) for it in items for sfx, k, v, ts, h in it]
         await asyncio.gather(*futs)
+        handed: list[type] = []
+        send_batch = p.send_batch
+
+        async def spy(batch, topic, *, partition):
+            handed.append(type(batch))
+            return await send_batch(batch, topic, partition=partition)
+
+        monkeypatch.setattr(p, "send_batch", spy)
         errors = await send_batched(p, [[(b + sfx, k, v, ts, h, None) for sfx, k, v, ts, h in it] for it in items])
     finally:
         await p.stop()
     assert errors == [None] * len(items)
+    assert set(handed) == {batch_send.ClosedBatch if builder == "compiled" else BatchBuilder}
     for sfx in (".v2", ".v3"):
         want = await _read_all(broker.bootstrap, a + sfx, len(items))
         got = await _read_all(broker.bootstrap, b + sfx, len(items))

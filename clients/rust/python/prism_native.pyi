@@ -3,8 +3,8 @@
 from collections.abc import Callable
 from typing import Any
 
-ABI: int  # 9: scan, security_record, security_span, signed_message, signed_mac, pair_copies (with the envelope
-#          headers), DocPlan, finish_batch, murmur2
+ABI: int  # 10: scan, security_record, security_span, signed_message, signed_mac, pair_copies (with the envelope
+#          headers), DocPlan, finish_batch, murmur2, record_batch, seal_batch
 __version__: str
 
 class WireFault(ValueError):
@@ -56,6 +56,16 @@ def finish_batch(items: list[tuple[bytes, bytes, tuple[bytes, bytes, bytes, byte
 def murmur2(data: bytes | bytearray | memoryview) -> int:
     """`aiokafka.partitioner.murmur2`, compiled (the Java client's `Utils.murmur2`): Kafka's key
     hash as the same unsigned 32-bit value, for placing keyed records (`app/worker/batch_send.py`)."""
+
+def record_batch(records: list[tuple[Any, ...]], start: int, batch_size: int,
+                 transactional: bool) -> tuple[bytearray, int]:
+    """One Kafka v2 record batch (uncompressed) of `records[start:]` - the worker's `OutRecord`s
+    `(topic, key, value, timestamp_ms or None, headers, size)` - as many as fit `batch_size`, written
+    as aiokafka's `DefaultRecordBatchBuilder` writes them: `(batch, count)`, the batch without its
+    producer state and CRC (`seal_batch`), `count` >= 1 records taken (`app/worker/batch_send.py`)."""
+
+def seal_batch(batch: bytearray, producer_id: int, producer_epoch: int, base_sequence: int) -> None:
+    """Write the producer state and the CRC-32C into a batch from `record_batch`, in place."""
 
 class DocPlan:
     """The payload check's compiled one-sided fast path (`app.schema.payload_check._compiled_fits`):

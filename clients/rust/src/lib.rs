@@ -6,7 +6,8 @@
 //!   [`pair`] and [`finish`]: the Python worker's compiled pair/batch copies on bytes.
 //! * [`encryption`]: AES-256-GCM, ChaCha20-Poly1305, KMS data keys, RSA-OAEP, ML-KEM-768/1024 and
 //!   the X25519 + ML-KEM-1024 hybrid (docs/encryption.md).
-//! * [`partition`]: Kafka's key hash (`murmur2`, the Java client's), for placing keyed records.
+//! * [`partition`]: Kafka's key hash (`murmur2`, the Java client's), for placing keyed records;
+//!   [`record_batch`]: Kafka's v2 record batch as aiokafka writes it, for the worker's output.
 //! * [`lnmp`]: LNMP containers, `#ENVELOPE` text and bare records, mapped to and from envelopes.
 //!
 //! Every failure on bad input is a [`PrismError`]; nothing in this crate panics on bad input.
@@ -30,6 +31,7 @@ pub mod lnmp;
 pub mod model;
 pub mod pair;
 pub mod partition;
+pub mod record_batch;
 #[cfg(feature = "registry")]
 pub mod registry;
 #[cfg(feature = "registry")]

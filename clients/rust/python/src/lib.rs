@@ -21,6 +21,7 @@ use prism_client::binding;
 use prism_client::finish::{self, BatchFields, Pieces};
 use prism_client::pair;
 use prism_client::partition;
+use prism_client::record_batch::{seal, BatchWriter};
 use prism_client::signing::{self, locate_security_record, SecurityFault, SecurityRecord, StatementFault};
 use prism_client::wire::{self, Record, WireFault};
 use prism_client::Layout;
@@ -29,7 +30,7 @@ use pyo3::create_exception;
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyBytes, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyByteArray, PyBytes, PyList, PyString, PyTuple};
 
 create_exception!(
     prism_native,
@@ -54,7 +55,7 @@ create_exception!(
 
 /// Bumped whenever a function's contract changes: `app/native.py` uses the module only when
 /// this is the version it was written for (a stale wheel in a venv falls back to Python).
-const ABI: u32 = 9;
+const ABI: u32 = 10;
 
 /// What a fault says, as `WireFault`'s args: (kind, at, field, wire_type, length, remaining),
 /// the numbers not given for a kind as None.
@@ -550,6 +551,122 @@ fn murmur2(data: &Bound<'_, PyAny>) -> PyResult<u32> {
     with_bytes(data, |d| Ok(partition::murmur2(d)))
 }
 
+/// One record's key, value or header value: None is Kafka's null, anything else `bytes` or a
+/// contiguous buffer (what aiokafka's builder takes).
+fn batch_field(w: &mut BatchWriter, obj: &Bound<'_, PyAny>) -> PyResult<()> {
+    if obj.is_none() {
+        w.bytes(None);
+        Ok(())
+    } else {
+        with_bytes(obj, |b| {
+            w.bytes(Some(b));
+            Ok(())
+        })
+    }
+}
+
+/// aiokafka's "now" for a record without a timestamp: Unix milliseconds.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// One Kafka v2 record batch (uncompressed) of `records[start:]`, as many as fit, written as
+/// aiokafka's `DefaultRecordBatchBuilder` writes them (prism-client's `record_batch`): returns
+/// `(batch, count)`, the batch a `bytearray` to give `seal_batch` once its producer state is
+/// known, `count` the records it took (at least one: a record that would make the batch reach
+/// `batch_size` bytes is left for the next batch, except the first). `records` are the worker's
+/// `OutRecord`s, `(topic, key, value, timestamp_ms or None, headers, size)`; only key, value,
+/// timestamp (None: now) and headers (`(str, bytes or None)` pairs) are read. Why: one call per
+/// batch instead of a Python builder call per record (`app/worker/batch_send.py`, issue 29).
+#[pyfunction]
+fn record_batch<'py>(
+    py: Python<'py>,
+    records: &Bound<'py, PyList>,
+    start: usize,
+    batch_size: usize,
+    transactional: bool,
+) -> PyResult<(Bound<'py, PyByteArray>, usize)> {
+    let n = records.len();
+    if start >= n {
+        return Err(PyIndexError::new_err("no record at start"));
+    }
+    thread_local! {
+        // One writer whose buffers outlive the call (`BatchWriter::restart`: fresh 256 KiB
+        // buffers per batch cost more in page faults than the records' writing).
+        static WRITER: std::cell::RefCell<BatchWriter> = std::cell::RefCell::new(BatchWriter::new(0, false));
+    }
+    WRITER.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut w) => write_batch(py, &mut w, records, start, batch_size, transactional),
+        // re-entered (a header sequence's Python code called this again): a writer of its own
+        Err(_) => write_batch(
+            py,
+            &mut BatchWriter::new(0, false),
+            records,
+            start,
+            batch_size,
+            transactional,
+        ),
+    })
+}
+
+fn write_batch<'py>(
+    py: Python<'py>,
+    w: &mut BatchWriter,
+    records: &Bound<'py, PyList>,
+    start: usize,
+    batch_size: usize,
+    transactional: bool,
+) -> PyResult<(Bound<'py, PyByteArray>, usize)> {
+    let n = records.len();
+    w.restart(batch_size, transactional);
+    for i in start..n {
+        let rec = records.get_item(i)?;
+        let rec = rec.cast::<PyTuple>()?;
+        let ts = rec.get_borrowed_item(3)?;
+        w.begin(if ts.is_none() { now_ms() } else { ts.extract::<i64>()? });
+        batch_field(w, &*rec.get_borrowed_item(1)?)?;
+        batch_field(w, &*rec.get_borrowed_item(2)?)?;
+        let headers = rec.get_borrowed_item(4)?;
+        w.count(headers.len()?);
+        for h in headers.try_iter()? {
+            let h = h?;
+            let h = h.cast::<PyTuple>()?;
+            if h.len() != 2 {
+                return Err(PyValueError::new_err("a header is a (key, value) pair"));
+            }
+            let key = h.get_borrowed_item(0)?;
+            w.bytes(Some(key.cast::<PyString>()?.to_str()?.as_bytes()));
+            batch_field(w, &*h.get_borrowed_item(1)?)?;
+        }
+        if !w.commit() {
+            break;
+        }
+    }
+    let count = w.records();
+    Ok((PyByteArray::new(py, w.finish()), count))
+}
+
+/// Write the producer state (id, epoch, base sequence) and the CRC-32C into a batch from
+/// `record_batch`, in place: what aiokafka's builder writes when the producer drains the batch.
+#[pyfunction]
+fn seal_batch(
+    batch: &Bound<'_, PyByteArray>,
+    producer_id: i64,
+    producer_epoch: i16,
+    base_sequence: i32,
+) -> PyResult<()> {
+    // SAFETY: the GIL is held, and nothing runs Python code or resizes the bytearray while the
+    // slice is used (only within `seal`).
+    let bytes = unsafe { batch.as_bytes_mut() };
+    if seal(bytes, producer_id, producer_epoch, base_sequence) {
+        Ok(())
+    } else {
+        Err(PyValueError::new_err("not a record batch: shorter than a batch header"))
+    }
+}
+
 #[pymodule]
 fn prism_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ABI", ABI)?;
@@ -565,6 +682,8 @@ fn prism_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pair_copies, m)?)?;
     m.add_function(wrap_pyfunction!(finish_batch, m)?)?;
     m.add_function(wrap_pyfunction!(murmur2, m)?)?;
+    m.add_function(wrap_pyfunction!(record_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(seal_batch, m)?)?;
     m.add_class::<doc_check::DocPlan>()?;
     Ok(())
 }
