@@ -205,6 +205,25 @@ class _Producer:
         return fut
 
 
+def _sent_both_ways(items: list[list[tuple]], batch_size: int, txn: bool,
+                    **kwargs: Any) -> tuple[tuple[list[Any], dict], tuple[list[Any], dict]]:
+    """`send_batched(items, **kwargs)` with aiokafka's builders, then with the compiled writer:
+    each time the per-item outcome types and the batches the broker would get."""
+
+    async def run(compiled: bool) -> tuple[list[Any], dict]:
+        p = _Producer(batch_size, txn)
+        saved = batch_send._record_batch
+        batch_send._record_batch = saved if compiled else None
+        random.seed(7)  # keyless records: aiokafka's partitioner picks at random, the same picks both times
+        try:
+            errors = await send_batched(p, items, **kwargs)
+        finally:
+            batch_send._record_batch = saved
+        return [type(e) for e in errors], p.batches
+
+    return asyncio.run(run(False)), asyncio.run(run(True))
+
+
 _out = st.tuples(st.sampled_from(["a", "b"]), st.none() | st.binary(min_size=1, max_size=8), st.binary(max_size=600),
                  st.integers(0, 1 << 42), _headers)
 
@@ -217,21 +236,8 @@ def test_send_batched_writes_what_aiokafkas_builders_write(items: list[list[tupl
     """Same batches per topic-partition (bytes, record counts, order), same per-item outcomes -
     records over the topic's limit refused up front, an item's later records not sent."""
     out = [[(t, k, v, ts, h, None) for t, k, v, ts, h in item] for item in items]
-
-    async def run(compiled: bool) -> tuple[list[Any], dict]:
-        p = _Producer(batch_size, txn)
-        saved = batch_send._record_batch
-        batch_send._record_batch = saved if compiled else None
-        random.seed(7)  # keyless records: aiokafka's partitioner picks at random, the same picks both times
-        try:
-            errors = await send_batched(p, out, limit_for=lambda topic: limit if topic == "a" else limit // 2,
-                                        split=split)
-        finally:
-            batch_send._record_batch = saved
-        return [type(e) for e in errors], p.batches
-
-    theirs = asyncio.run(run(False))
-    ours = asyncio.run(run(True))
+    theirs, ours = _sent_both_ways(out, batch_size, txn,
+                                   limit_for=lambda topic: limit if topic == "a" else limit // 2, split=split)
     assert ours == theirs
     assert all(e in (type(None), RefusedUpFront) for e in ours[0])
 
@@ -246,20 +252,7 @@ def test_a_record_the_compiled_writer_refuses_fails_its_item_alone(bad: tuple) -
     the partition's batch goes through aiokafka's builder, which refuses that item alone (or takes
     it) - the same per-item outcomes and batches as with aiokafka's builder throughout."""
     good = [("a", b"k", b"v%d" % i, 1_700_000_000_000 + i, [("h", b"x")], None) for i in range(3)]
-    items = [[good[0]], [bad], [good[1], good[2]]]
-
-    async def run(compiled: bool) -> tuple[list[Any], dict]:
-        p = _Producer(3000, False)
-        saved = batch_send._record_batch
-        batch_send._record_batch = saved if compiled else None
-        try:
-            errors = await send_batched(p, items)
-        finally:
-            batch_send._record_batch = saved
-        return [type(e) for e in errors], p.batches
-
-    theirs = asyncio.run(run(False))
-    ours = asyncio.run(run(True))
+    theirs, ours = _sent_both_ways([[good[0]], [bad], [good[1], good[2]]], 3000, False)
     assert ours == theirs
     assert ours[0][0] is type(None) and ours[0][2] is type(None)  # the others' records went out
     assert sum(n for tp in ours[1].values() for _, n in tp) == 3 + (ours[0][1] is type(None))
