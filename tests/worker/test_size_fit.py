@@ -21,7 +21,7 @@ from app.agents.base import Message
 from app.agents.dlq import DlqRecord
 from app.agents.publish import Emission
 from app.bindings.kafka import KafkaRecord
-from app.worker import batch_send, size_fit
+from app.worker import batch_send, delivery, size_fit
 from app.worker.batch_send import RefusedUpFront
 from app.worker.delivery import send_all
 from app.worker.limits import WriteLimits, record_size
@@ -113,13 +113,14 @@ async def test_each_output_is_measured_once_on_its_way_to_the_broker(measured: d
 
 
 @pytest.mark.parametrize("compiled", [True, False])
-def test_each_output_keeps_its_size_and_with_the_module_its_headers_written_ahead(
+async def test_each_output_keeps_its_size_and_with_the_module_its_headers_written_ahead(
         compiled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """With `prism_native` the fit keeps the record's size (aiokafka's estimate, the same number)
     and its headers as a record batch holds them (`Emission.tail`, what the compiled batch writer
     copies); without it the size alone. A record the compiled call does not take (a value of
     two-byte items, which aiokafka's estimate counts by its length) is measured by the estimate,
-    without a tail."""
+    without a tail. `send_all` hands each output's own size and tail to `send_batched` (a DLQ
+    copy: neither)."""
     if compiled:
         require(size_fit._tail is not None, "prism_native is not built or is stale (make native: needs cargo)")
     else:
@@ -136,6 +137,20 @@ def test_each_output_keeps_its_size_and_with_the_module_its_headers_written_ahea
         assert all(e.tail == _header_tail(e.record.headers) for e in outputs)
     else:
         assert all(e.tail is None for e in outputs)
+    handed: list[Any] = []
+
+    async def capture(producer: Any, items: list[Any], **kwargs: Any) -> list[None]:
+        handed.extend(items)
+        return [None] * len(items)
+
+    monkeypatch.setattr(delivery, "send_batched", capture)
+    dlq = DlqRecord(DLQ, b"k", b"d", [("prism.errors.reason", b"schema_invalid")], None, "schema_invalid")
+    await send_all(FaustProducer(_producer()), [item for _, item in pending[:3]] + [dlq], fitter.limits.limit_for)
+    assert [[(r[0], r[5], r[6]) for r in item] for item in handed[:3]] == \
+        [[(e.topic, e.size, e.tail) for e in item] for _, item in pending[:3]]
+    assert all(r[6] is e.tail for item, (_, es) in zip(handed[:3], pending[:3], strict=True)
+               for r, e in zip(item, es, strict=True))
+    assert handed[3] == [(DLQ, b"k", b"d", None, dlq.headers, None, None)]
 
 
 def _varint(n: int) -> bytes:
