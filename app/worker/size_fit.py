@@ -181,11 +181,11 @@ class SizeFitter:
         `prism_native.record_tail`): its headers written as its record batch will hold them.
         Why: this runs right after the batch is signed, while the records' header objects are
         in the CPU's caches; the send runs after the next batch's first messages went through
-        the chain, and reading a record's dozen header objects again then cost ~1 µs per record
-        in cache misses, where copying its one contiguous tail costs a fraction of that
-        (BENCHMARKS.md, "The output headers written ahead"). A record the compiled call does not
-        take (a value that is not bytes, say) is measured by aiokafka's estimate and sent from
-        its fields."""
+        the chain, when reading a record's dozen header objects again missed the caches (the
+        compiled batch writer's call ~1.7-2 µs per record by the wall clock, ~0.5 with the
+        tails; the worker ~1-1.5 µs per message less in CPU, BENCHMARKS.md, "The output headers
+        written ahead"). A record the compiled call does not take (a buffer of items wider than
+        a byte, say) is measured by aiokafka's estimate and sent from its fields."""
         limits = self.limits
         tail_of = _tail
         limit_of: dict[str, int] = {}  # topic -> its limit, for this batch

@@ -597,7 +597,7 @@ fn field_size_of(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
 /// it: `(size, tail)`. `key` and `value` are None or `bytes` (or contiguous buffers); only their
 /// lengths are read. Why: the worker's size fit measures every output right after the batch is
 /// signed, while the record's header objects are in the CPU's caches; the send, a batch later,
-/// read them again at ~1 µs per record in cache misses (`app/worker/size_fit.py`, issue 29).
+/// read them again when they had left the caches (`app/worker/size_fit.py`, issue 29).
 /// The key and the value are one object each and are read by the send: writing them ahead
 /// as well cost more at the fit than it saved at the send.
 #[pyfunction]
