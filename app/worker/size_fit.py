@@ -183,7 +183,7 @@ class SizeFitter:
         in the CPU's caches; the send runs after the next batch's first messages went through
         the chain, when reading a record's dozen header objects again missed the caches (the
         compiled batch writer's call ~1.7-2 µs per record by the wall clock, ~0.5 with the
-        tails; the worker ~1-1.5 µs per message less in CPU, BENCHMARKS.md, "The output headers
+        tails; the worker ~2 µs per message less in CPU, BENCHMARKS.md, "The output headers
         written ahead"). A record the compiled call does not take (a buffer of items wider than
         a byte, say) is measured by aiokafka's estimate and sent from its fields."""
         limits = self.limits

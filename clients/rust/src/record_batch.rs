@@ -20,7 +20,7 @@
 //! are. Why: the worker measures every output record right after it is signed, while its header
 //! objects are still in the CPU's caches, and sends it a batch later, when reading them again (a
 //! dozen small Python objects per record) missed the caches (~1.7-2 µs per record by the wall
-//! clock, ~0.5 with the headers written ahead; ~1-1.5 µs per message of the worker's CPU): its
+//! clock, ~0.5 with the headers written ahead; ~2 µs per message of the worker's CPU): its
 //! headers written ahead are one contiguous tail, read at the speed of a copy (issue 29). The sizes of a
 //! record's fields ([`field_size`] for the key and the value, the tail's length for the headers)
 //! plus [`ESTIMATE_OVERHEAD`] are aiokafka's `estimate_size_in_bytes` of the record, so the same
