@@ -48,7 +48,7 @@ from typing import Any
 from .errors import DecodeError, LengthError, PrismError, TruncatedError, WireTypeError
 
 #: The binding's contract version this code was written for (`prism_native.ABI`).
-ABI = 10
+ABI = 11
 ENV = "PRISM_NATIVE"
 
 

@@ -51,8 +51,8 @@ async def run(topology_path: str, bootstrap: str, group: str, n: int, stats_path
     two_phase = hasattr(publisher, "prepare")  # an older Publisher signs in `emissions`
 
     def _out(emissions: list[Any]) -> list[OutRecord]:
-        # size None: no size fit here, send_batched measures each record itself
-        return [(e.topic, e.record.key, e.record.value, e.record.timestamp_ms, e.record.headers, None)
+        # size and tail None: no size fit here, send_batched measures and writes each record itself
+        return [(e.topic, e.record.key, e.record.value, e.record.timestamp_ms, e.record.headers, None, None)
                 for e in emissions]
     consumer = AIOKafkaConsumer(*[s.topic for s in topo.sources], bootstrap_servers=bootstrap, group_id=group,
                                 enable_auto_commit=False, auto_offset_reset="earliest",

@@ -7,7 +7,7 @@ worker run's noise.
 
 Each message is the worker's two outputs (`.v2`, `.v3`; 36-byte key, 1.8 KB value, eight headers,
 as `bench/bench_worker_loop.py` builds them), written in calls of `--batch` messages, as the worker
-writes a batch, with the sizes handed over as the size fit does. The figure is this process's CPU
+writes a batch, with the sizes (and the headers' tails) handed over as the size fit does. The figure is this process's CPU
 (`time.process_time`: the event loop, `send_batched`, aiokafka's sender encoding the produce
 requests and reading the responses; not the broker's) per message, one line per pass, then the
 medians and the paired ratio. The producer is a plain one (the embedded broker gives no producer
@@ -29,7 +29,7 @@ from aiokafka import AIOKafkaProducer
 
 from app.broker.admin import ensure_topics
 from app.broker.embedded import EmbeddedBroker
-from app.worker import batch_send
+from app.worker import batch_send, size_fit
 from app.worker.batch_send import OutRecord, send_batched
 from app.worker.limits import record_size
 from bench.bench_worker_loop import HEADERS
@@ -43,9 +43,16 @@ def items(run: str, n: int) -> list[list[OutRecord]]:
         key = b"%036d" % i
         value = bytes([i % 251]) * 1800
         headers = list(HEADERS)
-        out.append([(f"{run}.{sfx}", key, value, 1_700_000_000_123 + i, headers, record_size(key, value, headers))
+        out.append([(f"{run}.{sfx}", key, value, 1_700_000_000_123 + i, headers, *_measured(key, value, headers))
                     for sfx in ("v2", "v3")])
     return out
+
+
+def _measured(key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> tuple[int, bytes | None]:
+    """The size (and with the compiled module the headers' tail) the worker's size fit hands over."""
+    if size_fit._tail is not None:
+        return size_fit._tail(key, value, headers)
+    return record_size(key, value, headers), None
 
 
 async def one_pass(producer: AIOKafkaProducer, work: list[list[OutRecord]], batch: int, compiled: bool) -> float:

@@ -44,7 +44,7 @@ def test_a_stale_build_falls_back_and_says_so(monkeypatch: pytest.MonkeyPatch) -
     assert module is None and "stale build" in reason and "make native" in reason
 
 
-@pytest.mark.parametrize("abi", [4, 5, 6, 7, 8, 9])
+@pytest.mark.parametrize("abi", [4, 5, 6, 7, 8, 9, 10])
 def test_an_older_build_is_stale(
         monkeypatch: pytest.MonkeyPatch, abi: int) -> None:
     """A wheel built before `DocPlan` (ABI 4) would lack the class `payload_check` builds its
@@ -54,12 +54,14 @@ def test_an_older_build_is_stale(
     those headers but not both (two branches took 7; merged as 8), and an ABI 8 build lacks
     `murmur2`, which `app.bindings.partitioner` takes at import, and an ABI 9 build lacks
     `record_batch` and `seal_batch`, with which `app.worker.batch_send` writes the output
-    batches: each is ignored, and the reason names both versions."""
+    batches, and an ABI 10 build lacks `record_tail`, which the size fit takes at import, and
+    its `record_batch` would not read a record's tail: each is ignored, and the reason names
+    both versions."""
     _fake(monkeypatch, abi)
     monkeypatch.delenv(native.ENV, raising=False)
     module, reason = native._load()
-    assert native.ABI == 10
-    assert module is None and f"ABI {abi} is not 10" in reason and "stale build" in reason
+    assert native.ABI == 11
+    assert module is None and f"ABI {abi} is not 11" in reason and "stale build" in reason
 
 
 def test_a_missing_module_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -79,6 +79,11 @@ class Emission:
     #: record is complete when it is measured (the batch is signed before the fit) and nothing
     #: changes it after.
     size: int | None = field(default=None, compare=False, repr=False)
+    #: the record's headers as a Kafka record batch holds them (`prism_native.record_tail`),
+    #: written by `SizeFitter.fit` when it measured the record with the compiled module, for the
+    #: send to copy instead of reading the header objects again (app/worker/size_fit.py); None:
+    #: not written (no module, or not fitted yet).
+    tail: bytes | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(slots=True)  # not frozen: one per message, like Emission

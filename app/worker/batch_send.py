@@ -17,7 +17,7 @@ change:
   topic's limit from `app/worker/limits.py`) is refused before it is queued, with aiokafka's
   `MessageSizeTooLargeError` - a last guard: the worker checks sizes before it gets here. Its
   size is aiokafka's estimate, taken here unless the caller hands over the one it measured
-  (`OutRecord`'s last field; the worker's size fit measures every output once, issue 29) -
+  (`OutRecord`'s `size`; the worker's size fit measures every output once, issue 29) -
   the check itself is the same either way, against the limit in force at the send;
 * the order: per topic-partition, records are appended in item order, and batches of one
   topic-partition are handed over in order.
@@ -25,7 +25,8 @@ change:
 Written in one compiled call per batch: with `prism_native` in use (`app/native.py`) and a real
 aiokafka producer without compression or serializers (the worker's), each topic-partition's
 records are collected as they are placed and written into Kafka v2 record batches by
-`prism_native.record_batch` - the bytes aiokafka's `DefaultRecordBatchBuilder` writes for them,
+`prism_native.record_batch` - each record's headers from its tail when the size fit wrote one
+(`OutRecord`) -, the bytes aiokafka's `DefaultRecordBatchBuilder` writes for them,
 batch boundaries included (a record that would make a batch reach its size starts the next one;
 the first record of a batch always goes in) - and handed to aiokafka as :class:`ClosedBatch`es,
 which the producer seals with its id, epoch and base sequence when it drains them (`seal_batch`:
@@ -83,11 +84,15 @@ _KAFKA_PLACEMENT = (DefaultPartitioner, Partitioner)
 __all__ = ["BatchTooLargeError", "ClosedBatch", "OutRecord", "RefusedUpFront", "bounded_batch", "is_size_refusal", "retrieved",
            "send_batched"]
 
-#: (topic, key, value, timestamp_ms or None, headers, size or None): `size` is the record's
-#: `DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)` when the caller has
-#: measured it already (the worker's `SizeFitter.fit` does, for every output), None otherwise -
-#: `send_batched` then measures it itself. Either way the same number meets the same limit.
-OutRecord = tuple[str, bytes | None, bytes | None, int | None, Sequence[tuple[str, bytes]], int | None]
+#: (topic, key, value, timestamp_ms or None, headers, size or None, tail or None): `size` is the
+#: record's `DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)` when the
+#: caller has measured it already (the worker's `SizeFitter.fit` does, for every output), None
+#: otherwise - `send_batched` then measures it itself. Either way the same number meets the same
+#: limit. `tail` is the second half of `prism_native.record_tail(key, value, headers)` when the
+#: caller wrote it (the size fit does, with the compiled module, whose size is the first half):
+#: the record's headers as its batch holds them, which the compiled batch writer copies instead
+#: of reading the header objects (app/worker/size_fit.py, why); aiokafka's builder ignores it.
+OutRecord = tuple[str, bytes | None, bytes | None, int | None, Sequence[tuple[str, bytes]], int | None, bytes | None]
 
 
 class RefusedUpFront(MessageSizeTooLargeError):
@@ -265,7 +270,7 @@ async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
     for i, records in enumerate(items):
         try:
             for record in records:
-                topic, key, value, ts_ms, headers, size = record
+                topic, key, value, ts_ms, headers, size, _ = record
                 dest = known.get(topic)
                 if dest is None:
                     await producer.client._wait_on_metadata(topic)  # as `send` does, once per topic
@@ -307,7 +312,7 @@ async def send_batched(producer: Any, items: Sequence[Sequence[OutRecord]], *,
             except Exception:
                 # a record the compiled writer does not take (not bytes, say): the rest of this
                 # partition goes through aiokafka's builder, which refuses that item alone
-                for (topic, key, value, ts_ms, headers, _), i in zip(recs[start:], owner[start:], strict=True):
+                for (topic, key, value, ts_ms, headers, _, _), i in zip(recs[start:], owner[start:], strict=True):
                     try:
                         await append(tp, i, known[topic][2], ts_ms, key, value, headers)
                     except Exception as exc:

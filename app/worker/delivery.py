@@ -108,22 +108,24 @@ async def send_all(producer: Any, items: list[list[Emission] | DlqRecord], limit
     beneath Faust's - the same accumulator, so Faust's flush before each offset commit still
     covers these records. An item whose record is refused sends none of its later records.
     An output's size is the one `SizeFitter.fit` measured (`Emission.size`) when it was fitted;
-    `send_batched` checks it against the limit in force now, as it would its own estimate.
+    `send_batched` checks it against the limit in force now, as it would its own estimate. Its
+    tail (`Emission.tail`), its headers written then, is what the compiled batch writer copies.
     `on_queued`: `send_batched`'s - told which items were refused up front, once all are queued."""
     records: list[list[OutRecord]] = []
     append = records.append
     for item in items:
         if isinstance(item, DlqRecord):
-            append([(item.topic, item.key, item.value, ts_ms(item.timestamp_ms), item.headers, None)])
+            append([(item.topic, item.key, item.value, ts_ms(item.timestamp_ms), item.headers, None, None)])
         else:
             one = []
             for e in item:
                 rec = e.record
                 ms = rec.timestamp_ms
-                # ts_ms(ms) inlined: two records per message; e.size: the size fit's measurement
-                # (None when not fitted), so the send does not estimate the record again
+                # ts_ms(ms) inlined: two records per message; e.size and e.tail: the size fit's
+                # measurement and the record's headers written then (None when not fitted), so the
+                # send neither estimates the record again nor reads its header objects
                 one.append((e.topic, rec.key, rec.value, int(ms / 1000 * 1000.0) if ms else None, rec.headers,
-                            e.size))
+                            e.size, e.tail))
             append(one)
     return await send_batched(producer._ensure_producer(), records, handed_over=handed_over,
                               limit_for=limit_for, split=split, on_queued=on_queued)

@@ -13,10 +13,12 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
+from app import native as _native
 from app.agents.chain import Outcome
 from app.agents.dlq import VALUE_REF, DlqRecord, fit_dlq_record
 from app.broker.admin import BrokerSettings, read_max_message_bytes
@@ -39,6 +41,11 @@ LIMITS_REFRESH_S = 60.0
 
 #: `record_size` without its `int()` wrapper (the same aiokafka estimate, already an int)
 _size = DefaultRecordBatchBuilder.estimate_size_in_bytes
+#: `prism_native.record_tail` when the compiled module is in use (`app.native`), else None:
+#: `(size, tail)`, the record's `_size` and its headers as its record batch will hold them
+#: (`SizeFitter.fit`).
+_tail: Callable[[bytes | None, bytes | None, Any], tuple[int, bytes]] | None = getattr(
+    _native.module, "record_tail", None)
 
 #: One message's outputs or its DLQ copy, as a batch carries them to the delivery.
 Pending = list[tuple["Message", "list[Emission] | DlqRecord"]]
@@ -168,8 +175,19 @@ class SizeFitter:
         that is cheaper than the rough Python sum over the headers it replaced (~0.3 against
         ~0.65 µs for an output with eight headers), so no record needs a "far below" shortcut.
         The size is kept on the output (`Emission.size`): the send's own up-front check uses
-        it instead of measuring the record again (issue 29)."""
+        it instead of measuring the record again (issue 29).
+
+        With the compiled module the same number comes with the record's tail (`Emission.tail`,
+        `prism_native.record_tail`): its headers written as its record batch will hold them.
+        Why: this runs right after the batch is signed, while the records' header objects are
+        in the CPU's caches; the send runs after the next batch's first messages went through
+        the chain, when reading a record's dozen header objects again missed the caches (the
+        compiled batch writer's call ~1.7-2 µs per record by the wall clock, ~0.5 with the
+        tails; the worker ~2 µs per message less in CPU, BENCHMARKS.md, "The output headers
+        written ahead"). A record the compiled call does not take (a buffer of items wider than
+        a byte, say) is measured by aiokafka's estimate and sent from its fields."""
         limits = self.limits
+        tail_of = _tail
         limit_of: dict[str, int] = {}  # topic -> its limit, for this batch
         for i, (msg, item) in enumerate(pending):
             if isinstance(item, DlqRecord):
@@ -183,7 +201,15 @@ class SizeFitter:
                     limit = limit_of[topic] = limits.limit_for(topic)
                 # kept on the emission: the send checks this size again, against the limit in
                 # force then (`send_all`), without measuring the record a second time
-                size = e.size = _size(rec.key, rec.value, rec.headers)
+                if tail_of is not None:
+                    try:
+                        size, e.tail = tail_of(rec.key, rec.value, rec.headers)
+                    except (TypeError, ValueError, BufferError):  # not bytes: aiokafka measures it, the send walks it
+                        e.tail = None
+                        size = _size(rec.key, rec.value, rec.headers)
+                    e.size = size
+                else:
+                    size = e.size = _size(rec.key, rec.value, rec.headers)
                 if size > limit:
                     over = (topic, int(size), limit)
                     break

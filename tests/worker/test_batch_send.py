@@ -14,6 +14,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
+from app import native
 from app.broker.admin import ensure_topics
 from app.worker import batch_send
 from app.worker.batch_send import BatchTooLargeError, RefusedUpFront, send_batched
@@ -42,13 +43,22 @@ async def _read_all(bootstrap: str, topic: str, n: int) -> dict[int, list[tuple]
         await c.stop()
 
 
-@pytest.mark.parametrize("builder", ["compiled", "aiokafka"])
+@pytest.mark.parametrize("builder", ["compiled", "tails", "aiokafka"])
 async def test_batched_records_match_per_record_sends(broker, builder: str, monkeypatch) -> None:
-    """Both builders of `send_batched`: `prism_native.record_batch` (when built) and aiokafka's."""
+    """Both builders of `send_batched`: `prism_native.record_batch` (when built) - from the
+    records' fields, or ("tails") from each record's size and tail written ahead as the worker's
+    size fit writes them (`prism_native.record_tail`) - and aiokafka's."""
     if builder == "aiokafka":
         monkeypatch.setattr(batch_send, "_record_batch", None)
     else:
         require(batch_send._record_batch is not None, "prism_native is not built or is stale (make native: needs cargo)")
+
+    def measured(k: bytes | None, v: bytes, h: list) -> tuple[int | None, bytes | None]:
+        if builder != "tails":
+            return None, None
+        size, tail = native.module.record_tail(k, v, h)
+        return size, tail
+
     run = uuid.uuid4().hex[:6]
     a, b = f"bs.{run}.a", f"bs.{run}.b"  # written per record / batched
     await ensure_topics(broker.bootstrap, {a + ".v2": PARTS, a + ".v3": PARTS, b + ".v2": PARTS, b + ".v3": PARTS})
@@ -71,11 +81,12 @@ async def test_batched_records_match_per_record_sends(broker, builder: str, monk
             return await send_batch(batch, topic, partition=partition)
 
         monkeypatch.setattr(p, "send_batch", spy)
-        errors = await send_batched(p, [[(b + sfx, k, v, ts, h, None) for sfx, k, v, ts, h in it] for it in items])
+        errors = await send_batched(p, [[(b + sfx, k, v, ts, h, *measured(k, v, h)) for sfx, k, v, ts, h in it]
+                                        for it in items])
     finally:
         await p.stop()
     assert errors == [None] * len(items)
-    assert set(handed) == {batch_send.ClosedBatch if builder == "compiled" else BatchBuilder}
+    assert set(handed) == {BatchBuilder if builder == "aiokafka" else batch_send.ClosedBatch}
     for sfx in (".v2", ".v3"):
         want = await _read_all(broker.bootstrap, a + sfx, len(items))
         got = await _read_all(broker.bootstrap, b + sfx, len(items))
@@ -145,8 +156,8 @@ class FakeAiokafka:
 
 async def test_a_failed_batch_fails_every_item_in_it_and_only_those() -> None:
     p = FakeAiokafka(fail={b"c"}, room=2)
-    items = [[("t", b"k", b"a", None, [], None)], [("t", b"k", b"b", None, [], None)], [("t", b"k", b"c", None, [], None)],
-             [("u", b"k", b"d", None, [], None)]]
+    items = [[("t", b"k", b"a", None, [], None, None)], [("t", b"k", b"b", None, [], None, None)], [("t", b"k", b"c", None, [], None, None)],
+             [("u", b"k", b"d", None, [], None, None)]]
     errors = await send_batched(p, items)
     assert p.batches == [("t", [b"a", b"b"]), ("t", [b"c"]), ("u", [b"d"])]  # in order, split when full
     assert errors[0] is None and errors[1] is None and errors[3] is None
@@ -155,7 +166,7 @@ async def test_a_failed_batch_fails_every_item_in_it_and_only_those() -> None:
 
 async def test_an_oversized_record_fails_its_item_before_anything_of_it_is_queued_after() -> None:
     p = FakeAiokafka()
-    items = [[("t", b"k", b"x" * 2000, None, [], None), ("t", b"k", b"second", None, [], None)], [("t", b"k", b"ok", None, [], None)]]
+    items = [[("t", b"k", b"x" * 2000, None, [], None, None), ("t", b"k", b"second", None, [], None, None)], [("t", b"k", b"ok", None, [], None, None)]]
     errors = await send_batched(p, items)
     assert isinstance(errors[0], MessageSizeTooLargeError) and errors[1] is None
     assert p.batches == [("t", [b"ok"])]  # the refused item's later record was not sent
@@ -163,7 +174,7 @@ async def test_an_oversized_record_fails_its_item_before_anything_of_it_is_queue
 
 async def test_a_record_that_fits_no_batch_fails_alone() -> None:
     p = FakeAiokafka(room=0)
-    errors = await send_batched(p, [[("t", b"k", b"a", None, [], None)]])
+    errors = await send_batched(p, [[("t", b"k", b"a", None, [], None, None)]])
     assert isinstance(errors[0], MessageSizeTooLargeError) and p.batches == []
 
 
@@ -177,7 +188,7 @@ async def test_a_record_exactly_at_its_limit_goes_and_one_byte_over_is_refused_u
         p = FakeAiokafka(room=10)
         p._max_request_size = limit if via == "max_request_size" else 1 << 20
         kw = {"limit_for": lambda topic, limit=limit: limit} if via == "limit_for" else {}
-        errors = await send_batched(p, [[("t", b"k", b"x" * 500, None, headers, None)]], **kw)
+        errors = await send_batched(p, [[("t", b"k", b"x" * 500, None, headers, None, None)]], **kw)
         if fits:
             assert errors == [None] and p.batches == [("t", [b"x" * 500])]
         else:
@@ -201,7 +212,7 @@ async def test_a_size_handed_over_meets_the_same_limit_and_is_not_measured_again
     for limit, fits in ((size, True), (size - 1, False)):
         p = FakeAiokafka(room=10)
         calls.clear()
-        errors = await send_batched(p, [[("t", b"k", b"a" * 300, None, [], size)], [("t", b"k", b"b", None, [], None)]],
+        errors = await send_batched(p, [[("t", b"k", b"a" * 300, None, [], size, None)], [("t", b"k", b"b", None, [], None, None)]],
                                     limit_for=lambda topic, limit=limit: limit)
         assert calls == [1]  # the second record only: the first one's size was handed over
         assert errors[1] is None
@@ -225,8 +236,8 @@ async def test_a_batch_refused_for_its_size_is_no_verdict_on_its_records_but_a_l
             return fut
 
     p = Refusing(room=10)
-    errors = await send_batched(p, [[("t", b"k", b"a", None, [], None)], [("t", b"k", b"b", None, [], None)],
-                                    [("u", b"k", b"c", None, [], None)]])
+    errors = await send_batched(p, [[("t", b"k", b"a", None, [], None, None)], [("t", b"k", b"b", None, [], None, None)],
+                                    [("u", b"k", b"c", None, [], None, None)]])
     assert p.batches == [("t", [b"a", b"b"]), ("u", [b"c"])]
     assert [type(e) for e in errors] == [BatchTooLargeError, BatchTooLargeError, RecordTooLargeError]
     assert errors[0].records == 2  # type: ignore[union-attr]
@@ -262,7 +273,7 @@ async def test_on_queued_names_the_items_refused_up_front_before_any_delivery_or
     async def on_queued(errors: list[BaseException | None]) -> None:
         told.append((errors, any(f.done() for f in p.futures), handed.done()))
 
-    items = [[("t", b"k", b"a", None, [], None)], [("t", b"k", b"x" * 2000, None, [], None)], [("u", b"k", b"c", None, [], None)]]
+    items = [[("t", b"k", b"a", None, [], None, None)], [("t", b"k", b"x" * 2000, None, [], None, None)], [("u", b"k", b"c", None, [], None, None)]]
     sending = asyncio.ensure_future(send_batched(p, items, handed_over=handed, on_queued=on_queued))
     await handed
     [(errors, delivered, was_handed)] = told
@@ -278,7 +289,7 @@ async def test_on_queued_names_the_items_refused_up_front_before_any_delivery_or
 @pytest.mark.parametrize("n", [1, 3])
 async def test_every_item_of_a_successful_batch_succeeds(n: int) -> None:
     p = FakeAiokafka(room=10)
-    assert await send_batched(p, [[("t", None, b"v%d" % i, 1, [], None)] for i in range(n)]) == [None] * n
+    assert await send_batched(p, [[("t", None, b"v%d" % i, 1, [], None, None)] for i in range(n)]) == [None] * n
 
 
 class _SizedCluster:
@@ -321,7 +332,7 @@ async def test_keys_land_where_aiokafkas_default_partitioner_puts_them(kind: str
     keys = [f"order-{i:06d}-{'x' * (i % 23)}".encode() for i in range(200)]
     keys += [str(uuid.UUID(int=i * 0x9E3779B97F4A7C15_F39CC0605CEDC834 % 2**128)).encode() for i in range(200)]
     keys += [bytes((i * 37 + j * 101) % 256 for j in range(i % 41)) + b"\x80\xff" for i in range(100)]
-    items = [[(t, k, k + t.encode(), None, [], None) for t in ("seven", "three")] for k in keys]
+    items = [[(t, k, k + t.encode(), None, [], None, None) for t in ("seven", "three")] for k in keys]
     producer = Placing(DefaultPartitioner() if kind == "aiokafka" else Partitioner())
     assert await send_batched(producer, items) == [None] * len(items)
     reference = DefaultPartitioner()
@@ -330,7 +341,7 @@ async def test_keys_land_where_aiokafkas_default_partitioner_puts_them(kind: str
             want = reference(k, list(range(n)), list(range(0, n, 2)))
             assert k + topic.encode() in producer.placed[(topic, want)]
     keyless = Placing(DefaultPartitioner() if kind == "aiokafka" else Partitioner())  # no key: a random available partition, as aiokafka's
-    assert await send_batched(keyless, [[("seven", None, b"v%d" % i, None, [], None)] for i in range(30)]) == [None] * 30
+    assert await send_batched(keyless, [[("seven", None, b"v%d" % i, None, [], None, None)] for i in range(30)]) == [None] * 30
     assert {p for _, p in keyless.placed} <= {0, 2, 4, 6}
 
     calls: list[tuple[bytes | None, list[int], list[int]]] = []
@@ -375,7 +386,7 @@ async def test_a_failing_on_queued_leaves_no_delivery_error_unretrieved() -> Non
         raise RuntimeError("the changelog record does not fit an empty producer batch")
 
     with pytest.raises(RuntimeError):
-        await send_batched(p, [[("t", b"k", b"a", None, [], None)], [("u", b"k", b"b", None, [], None)]], on_queued=on_queued)
+        await send_batched(p, [[("t", b"k", b"a", None, [], None, None)], [("u", b"k", b"b", None, [], None, None)]], on_queued=on_queued)
     for f in p.futures:
         f.set_exception(OSError("aborted"))
     await asyncio.sleep(0)  # the done-callbacks run

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from aiokafka.producer.message_accumulator import BatchBuilder, MessageAccumulator
 from aiokafka.producer.transaction_manager import TransactionManager
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.structs import TopicPartition
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,6 +28,7 @@ from app.worker.batch_send import ClosedBatch, RefusedUpFront, send_batched
 from tests.support import require
 
 _record_batch = getattr(native.module, "record_batch", None)
+_record_tail = getattr(native.module, "record_tail", None)
 
 
 @pytest.fixture(autouse=True)
@@ -61,9 +63,19 @@ def _aiokafka_batches(recs: list[tuple], batch_size: int, txn: bool,
     return out
 
 
-def _compiled_batches(recs: list[tuple], batch_size: int, txn: bool,
-                      state: tuple[int, int, int] | None) -> list[tuple[bytes, int, int]]:
-    out_records = [("t", key, value, ts, headers, None) for key, value, ts, headers in recs]
+def _with_tail(key: bytes | None, value: bytes | None, headers: list) -> tuple[int, bytes]:
+    """The size and tail the worker's size fit writes ahead for a record (`SizeFitter.fit`)."""
+    assert _record_tail is not None
+    size, tail = _record_tail(key, value, headers)
+    return size, tail
+
+
+def _compiled_batches(recs: list[tuple], batch_size: int, txn: bool, state: tuple[int, int, int] | None,
+                      tails: list[bool] = ()) -> list[tuple[bytes, int, int]]:
+    """`tails[i]`: record i carries its tail (written from it, not from its fields)."""
+    out_records = [("t", key, value, ts, headers, *(_with_tail(key, value, headers) if i < len(tails) and tails[i]
+                                                     else (None, None)))
+                   for i, (key, value, ts, headers) in enumerate(recs)]
     out, start = [], 0
     while start < len(recs):
         assert _record_batch is not None
@@ -80,12 +92,43 @@ def _compiled_batches(recs: list[tuple], batch_size: int, txn: bool,
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(recs=st.lists(_record, min_size=1, max_size=12), batch_size=st.integers(0, 3000), txn=st.booleans(),
-       state=st.none() | _state)
+       state=st.none() | _state, tails=st.lists(st.booleans(), max_size=12))
 def test_the_bytes_and_boundaries_are_aiokafkas(recs: list[tuple], batch_size: int, txn: bool,
-                                                state: tuple[int, int, int] | None) -> None:
+                                                state: tuple[int, int, int] | None, tails: list[bool]) -> None:
     """Every batch byte for byte (header, CRC, producer state, transactional bit, records), its
-    record count and its size before sealing; batch sizes small enough that records spill."""
-    assert _compiled_batches(recs, batch_size, txn, state) == _aiokafka_batches(recs, batch_size, txn, state)
+    record count and its size before sealing; batch sizes small enough that records spill. Some
+    records (`tails`) are written from the tail the size fit writes ahead, the others from their
+    fields, mixed in one batch."""
+    assert _compiled_batches(recs, batch_size, txn, state, tails) == _aiokafka_batches(recs, batch_size, txn, state)
+
+
+@settings(max_examples=400, deadline=None)
+@given(rec=_record)
+def test_a_tail_measures_what_aiokafka_estimates(rec: tuple) -> None:
+    """The size fit takes a record's size from `record_tail`: aiokafka's `estimate_size_in_bytes`
+    for every key, value and headers (None values, non-ASCII header names, lengths across varint
+    boundaries)."""
+    key, value, _, headers = rec
+    assert _with_tail(key, value, headers)[0] == DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)
+
+
+def test_a_tail_refuses_what_the_writer_refuses() -> None:
+    """The same checks as `record_batch` on a record's fields: the size fit then measures the
+    record with aiokafka's estimate and the send writes it from its fields."""
+    assert _record_tail is not None
+    with pytest.raises(TypeError):
+        _record_tail("text", b"v", [])  # a key is bytes
+    with pytest.raises(TypeError):
+        _record_tail(None, b"v", [(b"k", b"v")])  # a header key is str
+    with pytest.raises(TypeError):
+        _record_tail(None, b"v", [("k", "a str header value")])
+    with pytest.raises(ValueError):
+        _record_tail(None, b"v", [("k", b"v", b"x")])
+    with pytest.raises(TypeError):
+        _record_tail(None, b"v", None)
+    with pytest.raises(TypeError):
+        _record_tail(None, "a str value", [])
+    assert _record_tail(None, memoryview(b"v"), [("k", bytearray(b"x"))]) == _record_tail(None, b"v", [("k", b"x")])
 
 
 def test_a_record_without_a_timestamp_is_stamped_now() -> None:
@@ -224,8 +267,9 @@ def _sent_both_ways(items: list[list[tuple]], batch_size: int, txn: bool,
     return asyncio.run(run(False)), asyncio.run(run(True))
 
 
+#: the last field: the record carries the size and tail the size fit writes ahead
 _out = st.tuples(st.sampled_from(["a", "b"]), st.none() | st.binary(min_size=1, max_size=8), st.binary(max_size=600),
-                 st.integers(0, 1 << 42), _headers)
+                 st.integers(0, 1 << 42), _headers, st.booleans())
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -235,7 +279,8 @@ def test_send_batched_writes_what_aiokafkas_builders_write(items: list[list[tupl
                                                            split: bool, txn: bool) -> None:
     """Same batches per topic-partition (bytes, record counts, order), same per-item outcomes -
     records over the topic's limit refused up front, an item's later records not sent."""
-    out = [[(t, k, v, ts, h, None) for t, k, v, ts, h in item] for item in items]
+    out = [[(t, k, v, ts, h, *(_with_tail(k, v, h) if tail else (None, None))) for t, k, v, ts, h, tail in item]
+           for item in items]
     theirs, ours = _sent_both_ways(out, batch_size, txn,
                                    limit_for=lambda topic: limit if topic == "a" else limit // 2, split=split)
     assert ours == theirs
@@ -243,15 +288,16 @@ def test_send_batched_writes_what_aiokafkas_builders_write(items: list[list[tupl
 
 
 @pytest.mark.parametrize("bad", [
-    ("a", b"k", "a str value", 1_700_000_000_000, [], 100),
-    ("a", b"k", b"v", 1_700_000_000_000, [("h", "a str header value")], 100),
-    ("a", b"k", b"v", 1_700_000_000_000, None, 100),  # no header list: aiokafka's builder takes it as []
+    ("a", b"k", "a str value", 1_700_000_000_000, [], 100, None),
+    ("a", b"k", b"v", 1_700_000_000_000, [("h", "a str header value")], 100, None),
+    ("a", b"k", b"v", 1_700_000_000_000, None, 100, None),  # no header list: aiokafka's builder takes it as []
+    ("a", b"k", b"v", 1_700_000_000_000, [], 100, "a str tail"),
 ])  # sized, as the worker's records are: no up-front estimate refuses them before the writer
 def test_a_record_the_compiled_writer_refuses_fails_its_item_alone(bad: tuple) -> None:
     """A record the compiled writer does not take (not bytes, say) never escapes `send_batched`:
     the partition's batch goes through aiokafka's builder, which refuses that item alone (or takes
     it) - the same per-item outcomes and batches as with aiokafka's builder throughout."""
-    good = [("a", b"k", b"v%d" % i, 1_700_000_000_000 + i, [("h", b"x")], None) for i in range(3)]
+    good = [("a", b"k", b"v%d" % i, 1_700_000_000_000 + i, [("h", b"x")], None, None) for i in range(3)]
     theirs, ours = _sent_both_ways([[good[0]], [bad], [good[1], good[2]]], 3000, False)
     assert ours == theirs
     assert ours[0][0] is type(None) and ours[0][2] is type(None)  # the others' records went out

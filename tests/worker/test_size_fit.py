@@ -8,6 +8,7 @@ the topic's, and DLQ copies included. The real chain's too_large copy is in test
 
 from __future__ import annotations
 
+import array
 import itertools
 from collections import Counter
 from types import SimpleNamespace
@@ -20,11 +21,12 @@ from app.agents.base import Message
 from app.agents.dlq import DlqRecord
 from app.agents.publish import Emission
 from app.bindings.kafka import KafkaRecord
-from app.worker import batch_send, size_fit
+from app.worker import batch_send, delivery, size_fit
 from app.worker.batch_send import RefusedUpFront
 from app.worker.delivery import send_all
 from app.worker.limits import WriteLimits, record_size
 from app.worker.size_fit import SizeFitter
+from tests.support import require
 from tests.worker.fake_delivery import FakeChain, FaustProducer, worker
 from tests.worker.test_batch_send import FakeAiokafka
 
@@ -67,13 +69,23 @@ def _outcomes(pending: list[Any]) -> Counter[tuple[str, int, str]]:
 
 @pytest.fixture
 def measured(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """How often the fit and the send each measure a record (aiokafka's size estimate)."""
+    """How often the fit and the send each measure a record (aiokafka's size estimate, or at the
+    fit `prism_native.record_tail`, which gives it with the record's headers written ahead)."""
     calls = {"fit": 0, "send": 0}
     real = size_fit._size
+    real_tail = size_fit._tail
 
     def fit_size(key: Any, value: Any, headers: Any) -> int:
         calls["fit"] += 1
         return real(key, value, headers)
+
+    def fit_tail(key: Any, value: Any, headers: Any) -> tuple[int, bytes]:
+        calls["fit"] += 1
+        assert real_tail is not None
+        return real_tail(key, value, headers)
+
+    if real_tail is not None:
+        monkeypatch.setattr(size_fit, "_tail", fit_tail)
 
     def send_size(key: Any, value: Any, headers: Any) -> int:
         calls["send"] += 1
@@ -98,6 +110,66 @@ async def test_each_output_is_measured_once_on_its_way_to_the_broker(measured: d
     # the send measured the DLQ copy only (the fit cuts a DLQ copy down, it does not keep its size)
     assert measured == {"fit": 8, "send": 1}
     assert [t for t, _ in p.batches] == [V2, V3, DLQ] and len(p.batches[0][1]) == 4
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+async def test_each_output_keeps_its_size_and_with_the_module_its_headers_written_ahead(
+        compiled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `prism_native` the fit keeps the record's size (aiokafka's estimate, the same number)
+    and its headers as a record batch holds them (`Emission.tail`, what the compiled batch writer
+    copies); without it the size alone. A record the compiled call does not take (a value of
+    two-byte items, which aiokafka's estimate counts by its length) is measured by the estimate,
+    without a tail. `send_all` hands each output's own size and tail to `send_batched` (a DLQ
+    copy: neither)."""
+    if compiled:
+        require(size_fit._tail is not None, "prism_native is not built or is stale (make native: needs cargo)")
+    else:
+        monkeypatch.setattr(size_fit, "_tail", None)
+    fitter = _fitter()
+    pending: list[Any] = [_message(i) for i in range(3)]
+    value = memoryview(array.array("H", [1, 2, 3]))
+    odd = Emission(V2, KafkaRecord(key=b"k", value=value, headers=list(HEADERS), timestamp_ms=1))  # type: ignore[arg-type]
+    pending.append((pending[2][0], [odd]))
+    fitter.fit(FakeChain(), pending, _outcomes(pending), None)  # type: ignore[arg-type]
+    outputs = [e for _, item in pending[:3] for e in item]
+    assert all(e.size == _size(e) for e in outputs) and odd.size == _size(odd) and odd.tail is None
+    if compiled:
+        assert all(e.tail == _header_tail(e.record.headers) for e in outputs)
+    else:
+        assert all(e.tail is None for e in outputs)
+    handed: list[Any] = []
+
+    async def capture(producer: Any, items: list[Any], **kwargs: Any) -> list[None]:
+        handed.extend(items)
+        return [None] * len(items)
+
+    monkeypatch.setattr(delivery, "send_batched", capture)
+    dlq = DlqRecord(DLQ, b"k", b"d", [("prism.errors.reason", b"schema_invalid")], None, "schema_invalid")
+    await send_all(FaustProducer(_producer()), [item for _, item in pending[:3]] + [dlq], fitter.limits.limit_for)
+    assert [[(r[0], r[5], r[6]) for r in item] for item in handed[:3]] == \
+        [[(e.topic, e.size, e.tail) for e in item] for _, item in pending[:3]]
+    assert all(r[6] is e.tail for item, (_, es) in zip(handed[:3], pending[:3], strict=True)
+               for r, e in zip(item, es, strict=True))
+    assert handed[3] == [(DLQ, b"k", b"d", None, dlq.headers, None, None)]
+
+
+def _varint(n: int) -> bytes:
+    z, out = (n << 1) ^ (n >> 63), bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+def _header_tail(headers: list[tuple[str, bytes | None]]) -> bytes:
+    """A record's headers as a Kafka v2 record batch holds them, written independently of the
+    compiled code: the header count, then each key (UTF-8) and value, every length a zigzag
+    varint (-1 for a null value)."""
+    def field(b: bytes | None) -> bytes:
+        return _varint(-1) if b is None else _varint(len(b)) + b
+
+    return _varint(len(headers)) + b"".join(field(k.encode()) + field(v) for k, v in headers)
 
 
 #: Each case: (limit of .v3 at the fit, at the send, the producer's max_request_size), as

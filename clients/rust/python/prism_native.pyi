@@ -3,8 +3,8 @@
 from collections.abc import Callable
 from typing import Any
 
-ABI: int  # 10: scan, security_record, security_span, signed_message, signed_mac, pair_copies (with the envelope
-#          headers), DocPlan, finish_batch, murmur2, record_batch, seal_batch
+ABI: int  # 11: scan, security_record, security_span, signed_message, signed_mac, pair_copies (with the envelope
+#          headers), DocPlan, finish_batch, murmur2, record_tail, record_batch (reading a record's tail), seal_batch
 __version__: str
 
 class WireFault(ValueError):
@@ -57,12 +57,19 @@ def murmur2(data: bytes | bytearray | memoryview) -> int:
     """`aiokafka.partitioner.murmur2`, compiled (the Java client's `Utils.murmur2`): Kafka's key
     hash as the same unsigned 32-bit value, for placing keyed records (`app/worker/batch_send.py`)."""
 
+def record_tail(key: bytes | None, value: bytes | None, headers: Any) -> tuple[int, bytes]:
+    """`(size, tail)`: the record's size as aiokafka's
+    `DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)` gives it, and its
+    `(str, bytes or None)` headers as a record batch holds them, for `record_batch` to copy as
+    they are (`app/worker/size_fit.py`)."""
+
 def record_batch(records: list[tuple[Any, ...]], start: int, batch_size: int,
                  transactional: bool) -> tuple[bytearray, int]:
     """One Kafka v2 record batch (uncompressed) of `records[start:]` - the worker's `OutRecord`s
-    `(topic, key, value, timestamp_ms or None, headers, size)` - as many as fit `batch_size`, written
-    as aiokafka's `DefaultRecordBatchBuilder` writes them: `(batch, count)`, the batch without its
-    producer state and CRC (`seal_batch`), `count` >= 1 records taken (`app/worker/batch_send.py`)."""
+    `(topic, key, value, timestamp_ms or None, headers, size, tail)` - as many as fit `batch_size`,
+    written as aiokafka's `DefaultRecordBatchBuilder` writes them: `(batch, count)`, the batch
+    without its producer state and CRC (`seal_batch`), `count` >= 1 records taken
+    (`app/worker/batch_send.py`). A record with a tail (`record_tail`'s) has its headers written from it."""
 
 def seal_batch(batch: bytearray, producer_id: int, producer_epoch: int, base_sequence: int) -> None:
     """Write the producer state and the CRC-32C into a batch from `record_batch`, in place."""

@@ -21,7 +21,7 @@ use prism_client::binding;
 use prism_client::finish::{self, BatchFields, Pieces};
 use prism_client::pair;
 use prism_client::partition;
-use prism_client::record_batch::{seal, BatchWriter};
+use prism_client::record_batch::{field_size, seal, BatchWriter, Fields, Tail, ESTIMATE_OVERHEAD};
 use prism_client::signing::{self, locate_security_record, SecurityFault, SecurityRecord, StatementFault};
 use prism_client::wire::{self, Record, WireFault};
 use prism_client::Layout;
@@ -55,7 +55,7 @@ create_exception!(
 
 /// Bumped whenever a function's contract changes: `app/native.py` uses the module only when
 /// this is the version it was written for (a stale wheel in a venv falls back to Python).
-const ABI: u32 = 10;
+const ABI: u32 = 11;
 
 /// What a fault says, as `WireFault`'s args: (kind, at, field, wire_type, length, remaining),
 /// the numbers not given for a kind as None.
@@ -553,7 +553,7 @@ fn murmur2(data: &Bound<'_, PyAny>) -> PyResult<u32> {
 
 /// One record's key, value or header value: None is Kafka's null, anything else `bytes` or a
 /// contiguous buffer (what aiokafka's builder takes).
-fn batch_field(w: &mut BatchWriter, obj: &Bound<'_, PyAny>) -> PyResult<()> {
+fn batch_field(w: &mut impl Fields, obj: &Bound<'_, PyAny>) -> PyResult<()> {
     if obj.is_none() {
         w.bytes(None);
         Ok(())
@@ -563,6 +563,65 @@ fn batch_field(w: &mut BatchWriter, obj: &Bound<'_, PyAny>) -> PyResult<()> {
             Ok(())
         })
     }
+}
+
+/// A record's headers (`(str, bytes or None)` pairs), in the batch's order: their count, then
+/// each one's key and value.
+fn header_fields(w: &mut impl Fields, headers: &Bound<'_, PyAny>) -> PyResult<()> {
+    w.count(headers.len()?);
+    for h in headers.try_iter()? {
+        let h = h?;
+        let h = h.cast::<PyTuple>()?;
+        if h.len() != 2 {
+            return Err(PyValueError::new_err("a header is a (key, value) pair"));
+        }
+        let key = h.get_borrowed_item(0)?;
+        w.bytes(Some(key.cast::<PyString>()?.to_str()?.as_bytes()));
+        batch_field(w, &*h.get_borrowed_item(1)?)?;
+    }
+    Ok(())
+}
+
+/// The bytes a record's key or value takes in a record batch (its length prefix included).
+fn field_size_of(obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    if obj.is_none() {
+        Ok(field_size(None))
+    } else {
+        with_bytes(obj, |b| Ok(field_size(Some(b.len()))))
+    }
+}
+
+/// A record's headers (`(str, bytes or None)` pairs) as a record batch holds them - their count,
+/// then each one's key and value - for `record_batch` to copy as they are, and the record's size
+/// as aiokafka's `DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)` gives
+/// it: `(size, tail)`. `key` and `value` are None or `bytes` (or contiguous buffers); only their
+/// lengths are read. Why: the worker's size fit measures every output right after the batch is
+/// signed, while the record's header objects are in the CPU's caches; the send, a batch later,
+/// read them again when they had left the caches (`app/worker/size_fit.py`, issue 29).
+/// The key and the value are one object each and are read by the send: writing them ahead
+/// as well cost more at the fit than it saved at the send.
+#[pyfunction]
+fn record_tail<'py>(
+    py: Python<'py>,
+    key: &Bound<'py, PyAny>,
+    value: &Bound<'py, PyAny>,
+    headers: &Bound<'py, PyAny>,
+) -> PyResult<(usize, Bound<'py, PyBytes>)> {
+    thread_local! {
+        // one buffer whose capacity outlives the call: the tail is copied out of it
+        static TAIL: std::cell::RefCell<Tail> = std::cell::RefCell::new(Tail::default());
+    }
+    let fixed = ESTIMATE_OVERHEAD + field_size_of(key)? + field_size_of(value)?;
+    let write = |t: &mut Tail| -> PyResult<(usize, Bound<'py, PyBytes>)> {
+        t.clear();
+        header_fields(t, headers)?;
+        Ok((fixed + t.as_bytes().len(), PyBytes::new(py, t.as_bytes())))
+    };
+    TAIL.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut t) => write(&mut t),
+        // re-entered (a header sequence's Python code called this again): a buffer of its own
+        Err(_) => write(&mut Tail::default()),
+    })
 }
 
 /// aiokafka's "now" for a record without a timestamp: Unix milliseconds.
@@ -626,19 +685,19 @@ fn write_batch<'py>(
         let rec = rec.cast::<PyTuple>()?;
         let ts = rec.get_borrowed_item(3)?;
         w.begin(if ts.is_none() { now_ms() } else { ts.extract::<i64>()? });
+        let tail = if rec.len() > 6 {
+            Some(rec.get_borrowed_item(6)?)
+        } else {
+            None
+        };
         batch_field(w, &*rec.get_borrowed_item(1)?)?;
         batch_field(w, &*rec.get_borrowed_item(2)?)?;
-        let headers = rec.get_borrowed_item(4)?;
-        w.count(headers.len()?);
-        for h in headers.try_iter()? {
-            let h = h?;
-            let h = h.cast::<PyTuple>()?;
-            if h.len() != 2 {
-                return Err(PyValueError::new_err("a header is a (key, value) pair"));
-            }
-            let key = h.get_borrowed_item(0)?;
-            w.bytes(Some(key.cast::<PyString>()?.to_str()?.as_bytes()));
-            batch_field(w, &*h.get_borrowed_item(1)?)?;
+        match tail {
+            Some(t) if !t.is_none() => with_bytes(&t, |b| {
+                w.tail(b);
+                Ok(())
+            })?,
+            _ => header_fields(w, &*rec.get_borrowed_item(4)?)?,
         }
         if !w.commit() {
             break;
@@ -682,6 +741,7 @@ fn prism_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pair_copies, m)?)?;
     m.add_function(wrap_pyfunction!(finish_batch, m)?)?;
     m.add_function(wrap_pyfunction!(murmur2, m)?)?;
+    m.add_function(wrap_pyfunction!(record_tail, m)?)?;
     m.add_function(wrap_pyfunction!(record_batch, m)?)?;
     m.add_function(wrap_pyfunction!(seal_batch, m)?)?;
     m.add_class::<doc_check::DocPlan>()?;
