@@ -317,6 +317,26 @@ def _faust_classes() -> tuple[type, type, type, type]:
                             "group rebalances once it does", ", ".join(missing), SUBSCRIBE_METADATA_WAIT_SECONDS)
             await super().subscribe(wanted)
 
+        def _create_worker_consumer(self, transport: Any) -> Any:
+            # Faust hard-codes fetch_max_wait_ms=1500. aiokafka keeps one fetch in flight per
+            # broker, and a partition whose fetched records the worker has not taken for 100 ms
+            # (its prefetch backoff) no longer holds the next fetch back: it goes out for the
+            # other partitions alone. When those are idle - the LNMP sequence table's changelog,
+            # which Faust keeps fetching and nothing writes without LNMP inputs - the broker holds
+            # it the whole max wait, and the source partitions are not fetched until it returns:
+            # 1.5 s stalls of a live stream, after which a worker at half its maximum stayed
+            # behind for the rest of a latency round (BENCHMARKS.md, "A live stream's fetch
+            # stalls"). The bound caps such a stall; a fetch with data returns at once either way.
+            consumer = super()._create_worker_consumer(transport)
+            if not hasattr(consumer, "_fetch_max_wait_ms"):  # pragma: no cover - guards an aiokafka upgrade
+                raise RuntimeError("aiokafka consumer has no _fetch_max_wait_ms; re-check app/worker/offsets.py")
+            consumer._fetch_max_wait_ms = self.fetch_max_wait_ms()
+            return consumer
+
+        def fetch_max_wait_ms(self) -> int:
+            """The worker consumer's fetch long-poll bound (read when the consumer is created)."""
+            return KAFKA_FETCH_MAX_WAIT_MS
+
         async def highwaters(self, *partitions: Any) -> Mapping[Any, int]:
             return await self.call_thread(self._probe_highwaters, partitions)
 
@@ -450,16 +470,11 @@ def _faust_classes() -> tuple[type, type, type, type]:
         """Consumer thread for the embedded broker: the probe above, true ``highwaters()``,
         LeaveGroup at generation 0, a 20 ms fetch wait."""
 
-        def _create_worker_consumer(self, transport: Any) -> Any:
+        def fetch_max_wait_ms(self) -> int:
             # Tansu does not complete a waiting fetch when data arrives; it answers at about
             # half the max wait. Faust hard-codes fetch_max_wait_ms=1500, which puts ~700 ms
             # on every hop; measured: 500 ms -> data visible after 222 ms, 20 ms -> after 4 ms.
-            # On a real Kafka broker the long-poll returns at once, so this stays embedded-only.
-            consumer = super()._create_worker_consumer(transport)
-            if not hasattr(consumer, "_fetch_max_wait_ms"):  # pragma: no cover - guards an aiokafka upgrade
-                raise RuntimeError("aiokafka consumer has no _fetch_max_wait_ms; re-check app/worker/offsets.py")
-            consumer._fetch_max_wait_ms = EMBEDDED_FETCH_MAX_WAIT_MS
-            return consumer
+            return EMBEDDED_FETCH_MAX_WAIT_MS
 
         async def _probe_highwaters(self, partitions: Iterable[Any]) -> Mapping[Any, int]:
             consumer = self._ensure_consumer()
@@ -512,6 +527,10 @@ async def start_offsets_probe(kwargs: Mapping[str, Any]) -> AIOKafkaConsumer:
 
 #: Fetch long-poll bound on the embedded broker (see TrueHighwaterConsumerThread).
 EMBEDDED_FETCH_MAX_WAIT_MS = 20
+#: Fetch long-poll bound on Apache Kafka (see OffsetsProbeConsumerThread._create_worker_consumer):
+#: what a fetch of idle partitions alone can hold the source partitions back. An idle worker
+#: fetches ~20 times a second instead of ~0.7.
+KAFKA_FETCH_MAX_WAIT_MS = 50
 
 _CLASSES: tuple[type, type, type, type] | None = None
 
