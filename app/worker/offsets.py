@@ -41,7 +41,8 @@ The workaround
 
 The offsets probe (every broker, Apache Kafka included)
     Brokers answer one connection's requests in order, and the worker consumer's connection
-    nearly always has a long-poll ``Fetch`` in flight (Faust hard-codes ``fetch_max_wait_ms=1500``).
+    nearly always has a long-poll ``Fetch`` in flight (Faust hard-codes ``fetch_max_wait_ms=1500``;
+    Prism bounds it since, ``KAFKA_FETCH_MAX_WAIT_MS``, and the queries stay off that connection).
     Every offset query of Faust's table recovery - ``highwaters()``, ``earliest_offsets()`` and
     the recovery's end-offset check (``app/tables/recovery.py``) - waited behind it: on Apache
     Kafka worker starts came in ~1.5 s quanta (docs/testing.md, "One worker start"). They now
