@@ -41,7 +41,8 @@ The workaround
 
 The offsets probe (every broker, Apache Kafka included)
     Brokers answer one connection's requests in order, and the worker consumer's connection
-    nearly always has a long-poll ``Fetch`` in flight (Faust hard-codes ``fetch_max_wait_ms=1500``).
+    nearly always has a long-poll ``Fetch`` in flight (Faust hard-codes ``fetch_max_wait_ms=1500``;
+    Prism bounds it since, ``KAFKA_FETCH_MAX_WAIT_MS``, and the queries stay off that connection).
     Every offset query of Faust's table recovery - ``highwaters()``, ``earliest_offsets()`` and
     the recovery's end-offset check (``app/tables/recovery.py``) - waited behind it: on Apache
     Kafka worker starts came in ~1.5 s quanta (docs/testing.md, "One worker start"). They now
@@ -317,6 +318,26 @@ def _faust_classes() -> tuple[type, type, type, type]:
                             "group rebalances once it does", ", ".join(missing), SUBSCRIBE_METADATA_WAIT_SECONDS)
             await super().subscribe(wanted)
 
+        def _create_worker_consumer(self, transport: Any) -> Any:
+            # Faust hard-codes fetch_max_wait_ms=1500. aiokafka keeps one fetch in flight per
+            # broker, and a partition whose fetched records the worker has not taken for 100 ms
+            # (its prefetch backoff) no longer holds the next fetch back: it goes out for the
+            # other partitions alone. When those are idle - the LNMP sequence table's changelog,
+            # which Faust keeps fetching and nothing writes without LNMP inputs - the broker holds
+            # it the whole max wait, and the source partitions are not fetched until it returns:
+            # 1.5 s stalls of a live stream, after which a worker at half its maximum stayed
+            # behind for the rest of a latency round (BENCHMARKS.md, "A live stream's fetch
+            # stalls"). The bound caps such a stall; a fetch with data returns at once either way.
+            consumer = super()._create_worker_consumer(transport)
+            if not hasattr(consumer, "_fetch_max_wait_ms"):  # pragma: no cover - guards an aiokafka upgrade
+                raise RuntimeError("aiokafka consumer has no _fetch_max_wait_ms; re-check app/worker/offsets.py")
+            consumer._fetch_max_wait_ms = self.fetch_max_wait_ms()
+            return consumer
+
+        def fetch_max_wait_ms(self) -> int:
+            """The worker consumer's fetch long-poll bound (read when the consumer is created)."""
+            return KAFKA_FETCH_MAX_WAIT_MS
+
         async def highwaters(self, *partitions: Any) -> Mapping[Any, int]:
             return await self.call_thread(self._probe_highwaters, partitions)
 
@@ -450,16 +471,11 @@ def _faust_classes() -> tuple[type, type, type, type]:
         """Consumer thread for the embedded broker: the probe above, true ``highwaters()``,
         LeaveGroup at generation 0, a 20 ms fetch wait."""
 
-        def _create_worker_consumer(self, transport: Any) -> Any:
+        def fetch_max_wait_ms(self) -> int:
             # Tansu does not complete a waiting fetch when data arrives; it answers at about
             # half the max wait. Faust hard-codes fetch_max_wait_ms=1500, which puts ~700 ms
             # on every hop; measured: 500 ms -> data visible after 222 ms, 20 ms -> after 4 ms.
-            # On a real Kafka broker the long-poll returns at once, so this stays embedded-only.
-            consumer = super()._create_worker_consumer(transport)
-            if not hasattr(consumer, "_fetch_max_wait_ms"):  # pragma: no cover - guards an aiokafka upgrade
-                raise RuntimeError("aiokafka consumer has no _fetch_max_wait_ms; re-check app/worker/offsets.py")
-            consumer._fetch_max_wait_ms = EMBEDDED_FETCH_MAX_WAIT_MS
-            return consumer
+            return EMBEDDED_FETCH_MAX_WAIT_MS
 
         async def _probe_highwaters(self, partitions: Iterable[Any]) -> Mapping[Any, int]:
             consumer = self._ensure_consumer()
@@ -512,6 +528,10 @@ async def start_offsets_probe(kwargs: Mapping[str, Any]) -> AIOKafkaConsumer:
 
 #: Fetch long-poll bound on the embedded broker (see TrueHighwaterConsumerThread).
 EMBEDDED_FETCH_MAX_WAIT_MS = 20
+#: Fetch long-poll bound on Apache Kafka (see OffsetsProbeConsumerThread._create_worker_consumer):
+#: what a fetch of idle partitions alone can hold the source partitions back. An idle worker
+#: fetches ~20 times a second instead of ~0.7.
+KAFKA_FETCH_MAX_WAIT_MS = 50
 
 _CLASSES: tuple[type, type, type, type] | None = None
 

@@ -32,13 +32,14 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.client import AIOKafkaClient
 
 from app.errors import BrokerError
-from app.worker.offsets import offsets_probe_installed, start_offsets_probe
+from app.worker import offsets
+from app.worker.offsets import KAFKA_FETCH_MAX_WAIT_MS, offsets_probe_installed, start_offsets_probe
 from tests.worker.conftest import make_topology
 from tests.worker.harness import RunningPipeline
 
 pytestmark = pytest.mark.integration
 
-#: Faust's hard-coded long poll on Apache Kafka (the embedded broker's 20 ms stays embedded-only).
+#: Faust's hard-coded long poll (Prism bounds it: 50 ms on Apache Kafka, 20 ms on the embedded broker).
 LONG_POLL_S = 1.5
 
 
@@ -123,7 +124,11 @@ def _listoffsets_timestamps(request: Any) -> set[int]:
 
 
 async def test_the_recovery_on_kafka_does_not_wait_out_the_long_poll(kafka, tmp_path: Path, dev_keys,
-                                                                     requests: _Requests, marks: _Marks) -> None:
+                                                                     requests: _Requests, marks: _Marks,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # Faust's own 1.5 s long poll, which the worker consumer has without Prism's bound
+    # (test_the_worker_consumers_fetches_on_kafka_are_bounded): the probe must not wait behind it
+    monkeypatch.setattr(offsets, "KAFKA_FETCH_MAX_WAIT_MS", int(LONG_POLL_S * 1000))
     topo = make_topology(tmp_path, dev_keys, partitions=2)
     rp = RunningPipeline(topo, kafka.bootstrap, tmp_path / "w", embedded=False)
     app = rp.pipeline.app
@@ -131,8 +136,8 @@ async def test_the_recovery_on_kafka_does_not_wait_out_the_long_poll(kafka, tmp_
     thread = app.consumer._thread
     async with rp:
         worker_client = thread._ensure_consumer()._client._client_id
-        # the long poll is still there (Faust's 1500 ms; the 20 ms is the embedded broker's) -
-        # which is what the recovery's queries would have queued behind
+        # the long poll is there (Faust's 1500 ms, set above) - what the recovery's queries
+        # would have queued behind
         assert thread._ensure_consumer()._fetch_max_wait_ms == int(LONG_POLL_S * 1000)
         probe = thread.offsets_probe
         assert probe is not None, "the recovery's offset queries did not start the probe"
@@ -156,6 +161,27 @@ async def test_the_recovery_on_kafka_does_not_wait_out_the_long_poll(kafka, tmp_
     assert probe._closed
     assert not any(conn.connected() for conn in probe._client._conns.values())
     assert probe._client._sync_task is None or probe._client._sync_task.done()
+
+
+async def test_the_worker_consumers_fetches_on_kafka_are_bounded(kafka, tmp_path: Path, dev_keys,
+                                                                  requests: _Requests, marks: _Marks) -> None:
+    """A fetch that finds no data returns after `KAFKA_FETCH_MAX_WAIT_MS`, not Faust's 1.5 s: such
+    a fetch of idle partitions alone (the LNMP sequences changelog, which Faust keeps fetching)
+    held a live stream's source partitions back for its whole long poll (app/worker/offsets.py,
+    `OffsetsProbeConsumerThread._create_worker_consumer`)."""
+    topo = make_topology(tmp_path, dev_keys, partitions=2)
+    rp = RunningPipeline(topo, kafka.bootstrap, tmp_path / "w", embedded=False)
+    thread = rp.pipeline.app.consumer._thread
+    async with rp:
+        consumer = thread._ensure_consumer()
+        assert consumer._fetch_max_wait_ms == KAFKA_FETCH_MAX_WAIT_MS < 1500
+        await marks.wait_for("Recovery complete", timeout=30)
+        worker_client = consumer._client._client_id
+        before = len(requests.by(worker_client, "Fetch"))
+        await asyncio.sleep(2.0)  # nothing sent: every fetch waits out its long poll
+        idle = [s for _, s in requests.by(worker_client, "Fetch")[before:]]
+    assert len(idle) >= 10, f"{len(idle)} fetches in 2 s of an idle stream"
+    assert max(idle) < 0.5, f"a fetch of an idle stream took {max(idle):.2f}s"
 
 
 async def _open_transaction_topic(bootstrap: str, committed: int, pending: int) -> tuple[str, AIOKafkaProducer]:
