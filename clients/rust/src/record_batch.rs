@@ -273,6 +273,10 @@ mod tests {
     fn fields(w: &mut impl Fields, key: Option<&[u8]>, value: Option<&[u8]>, headers: &[Header]) {
         w.bytes(key);
         w.bytes(value);
+        header_fields(w, headers);
+    }
+
+    fn header_fields(w: &mut impl Fields, headers: &[Header]) {
         w.count(headers.len());
         for (k, v) in headers {
             w.bytes(Some(k.as_bytes()));
@@ -311,11 +315,7 @@ mod tests {
         headers: &[Header],
     ) -> bool {
         let mut t = Tail::default();
-        t.count(headers.len());
-        for (k, v) in headers {
-            t.bytes(Some(k.as_bytes()));
-            t.bytes(*v);
-        }
+        header_fields(&mut t, headers);
         w.begin(ts);
         w.bytes(key);
         w.bytes(value);
