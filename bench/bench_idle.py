@@ -41,6 +41,7 @@ from bench.bench_release import (
     head_version,
     run_on_uvloop,
     stop,
+    wait_ready,
 )
 
 #: the long polls compared: Prism's bound, and Faust's hard-coded value it replaces
@@ -63,11 +64,7 @@ async def one_run(broker: Any, tmp: Path, keys: Any, wait_ms: int, settle: float
         extra_env={READY_FILE_ENV: str(ready), "BENCH_FETCH_MAX_WAIT_MS": str(wait_ms)},
         broker_env=broker.worker_env, target=IDLE_TARGET)
     try:
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            if time.monotonic() > deadline or procs[0].poll() is not None:
-                raise RuntimeError(f"the idle worker did not get ready; see {tmp / 'logs'}")
-            await asyncio.sleep(0.1)
+        await wait_ready(ready, procs, f"the idle worker did not get ready; see {tmp / 'logs'}")
         await asyncio.sleep(settle)  # past the start's own work (recovery, first commits)
         pids = [p.pid for p in procs]
         load_before = os.getloadavg()[0]

@@ -234,6 +234,16 @@ class Contender:
         return procs
 
 
+async def wait_ready(ready: Path, procs: list[subprocess.Popen[bytes]], failure: str, timeout: float = 120.0) -> None:
+    """Wait for a worker's ready file (`READY_FILE_ENV`); `failure` is raised if the first process
+    exits first or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not ready.exists():
+        if time.monotonic() > deadline or procs[0].poll() is not None:
+            raise RuntimeError(failure)
+        await asyncio.sleep(0.1)
+
+
 def stop(procs: list[subprocess.Popen[bytes]], timeout: float = 30.0) -> None:
     for p in procs:
         if p.poll() is None:
@@ -408,11 +418,7 @@ async def latency(broker: BenchBroker, tmp: Path, keys: Any, versions: list[Vers
                                                         extra_env=extra, broker_env=broker.worker_env,
                                                         target=TRACED_TARGET if traced else WORKER_TARGET)
         try:
-            deadline = time.monotonic() + 120
-            while not ready.exists():
-                if time.monotonic() > deadline or procs[0].poll() is not None:
-                    raise RuntimeError(f"the latency worker did not get ready; see {tmp / 'logs'}")
-                await asyncio.sleep(0.1)
+            await wait_ready(ready, procs, f"the latency worker did not get ready; see {tmp / 'logs'}")
             cpu0 = cpu_seconds([p.pid for p in procs])
             res = await client(topic, f"{topic}.v3", version)
             # the worker's CPU while it carried the offered rate: how busy it was, per message it
