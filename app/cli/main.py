@@ -588,6 +588,13 @@ def _one_line_usage_errors() -> None:
         ctx = getattr(e, "ctx", None)
         where = ctx.command_path if ctx is not None else "prism"
         message = " ".join(e.format_message().split())
+        if type(e).__name__ == "NoArgsIsHelpError":
+            # a bare group (`prism keys`): typer has printed the group's help already and the
+            # exception's own message is that (empty) rendering - say what is missing instead.
+            # Typer vendors its own click, so the group is found by what it does, not its class.
+            list_commands = getattr(ctx.command, "list_commands", None) if ctx is not None else None
+            names = list_commands(ctx) if list_commands is not None else []
+            message = "missing command" + (f" (one of: {', '.join(names)})" if names else "")
         print(f"error [usage] {message} (at {where}); fix: see `{where} --help`", file=sys.stderr)
 
     typer.rich_utils.rich_format_error = one_line  # type: ignore[assignment]

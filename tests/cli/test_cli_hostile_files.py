@@ -78,3 +78,15 @@ def test_usage_mistakes_are_one_line(files: Path, args: tuple[str, ...]) -> None
     res = _prism(*args, cwd=files)
     assert res.returncode == 2
     assert _one_error_line(res).startswith("error [usage] ")
+
+
+@pytest.mark.parametrize(("args", "commands"), [(("keys",), "init"), (("dlq",), "replay, list, show")])
+def test_a_group_without_its_command_says_which_commands_it_has(files: Path, args: tuple[str, ...],
+                                                                commands: str) -> None:
+    """A bare group prints its help (what the user asked for, in effect) and then the one error
+    line, which names what is missing - not an empty `error [usage]  (at ...)`."""
+    res = _prism(*args, cwd=files)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    last = [ln for ln in res.stderr.splitlines() if ln.strip()][-1]
+    assert last.startswith(f"error [usage] missing command (one of: {commands}) (at "), last
+    assert last.endswith(f" {args[0]}); fix: see `{last.split('(at ')[1].split(')')[0]} --help`"), last
