@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import ssl
 import time
 import urllib.error
@@ -234,25 +233,6 @@ def _print_supervisor(doc: dict[str, Any], con: Console) -> None:
 # --------------------------------------------------------------------------- dlq list / show
 
 
-_REL = re.compile(r"^(\d+)([smhd])$")
-
-
-def parse_since(value: str | None, now: float | None = None) -> float | None:
-    """`--since`: `30s`, `10m`, `2h`, `7d` ago, or an ISO-8601 timestamp. Returns epoch seconds."""
-    if not value:
-        return None
-    now = time.time() if now is None else now
-    m = _REL.match(value.strip())
-    if m:
-        return now - int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
-    try:
-        dt = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise ConfigError(f"--since {value!r} is neither a duration nor an ISO-8601 time", path="--since",
-                          hint="use e.g. 10m, 2h, 7d or 2026-11-21T20:00:00Z") from None
-    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
-
-
 def dlq_row(rec: Any) -> dict[str, Any]:
     from app.agents.dlq import error_context
     from app.security.attestation import HEADER, describe
@@ -448,12 +428,14 @@ def register(app: typer.Typer, dlq_app: typer.Typer) -> None:
         json_out: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
         """Dead-lettered records with why they failed (oldest first)."""
+        from app.sdk.audit import parse_since
         from app.topology import load_topology
 
+        # the user's own words first: a bad --since is reported before any broker is looked for
+        after = parse_since(since).timestamp() if since else None
         topo = load_topology(topology)
         bootstrap, settings = _bootstrap()
-        recs = asyncio.run(read_dlq(topo, bootstrap, settings=settings, reason=reason, since=parse_since(since),
-                                    limit=limit))
+        recs = asyncio.run(read_dlq(topo, bootstrap, settings=settings, reason=reason, since=after, limit=limit))
         rows = [dlq_row(r) for r in recs]
         if json_out:
             typer.echo(json.dumps(rows, indent=2))

@@ -235,17 +235,25 @@ def audit_outgoing(record: dict[str, Any], audit_topic: str, namespace: str, lay
 
 
 def parse_since(value: str, *, now: datetime | None = None) -> datetime:
-    """`--since`: a duration back from now (`30m`, `12h`, `7d`) or an ISO 8601 time."""
+    """`--since` of `prism audit` and `prism dlq list`: a duration back from now (`30s`, `30m`,
+    `12h`, `7d`, `2w`) or an ISO 8601 time (no zone: UTC). One parser for both commands, so the
+    two accept the same words. A duration reaching before year 1 is refused as a `ConfigError`
+    rather than overflowing `timedelta` into a traceback."""
     now = now or datetime.now(UTC)
-    m = re.fullmatch(r"\s*(\d+)\s*([smhdw])\s*", value)
+    hint = "e.g. --since 24h, --since 7d or --since 2026-01-31T00:00:00Z"
+    m = re.fullmatch(r"\s*(\d{1,18})\s*([smhdw])\s*", value)
     if m:
         unit = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[m.group(2)]
-        return now - timedelta(seconds=int(m.group(1)) * unit)
+        try:
+            return now - timedelta(seconds=int(m.group(1)) * unit)
+        except OverflowError:
+            raise ConfigError(f"--since {value.strip()!r} reaches back before year 1", path="--since",
+                              hint=hint) from None
     try:
         ts = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
     except ValueError:
         raise ConfigError(f"--since {value!r} is neither a duration nor an ISO 8601 time", path="--since",
-                          hint="e.g. --since 24h, --since 7d or --since 2026-01-31T00:00:00Z") from None
+                          hint=hint) from None
     return ts if ts.tzinfo is not None else ts.replace(tzinfo=UTC)
 
 

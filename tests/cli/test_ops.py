@@ -8,13 +8,11 @@ import json
 import time
 from pathlib import Path
 
-import pytest
 import typer
 from typer.testing import CliRunner
 
-from app.cli.ops import parse_since, register
+from app.cli.ops import register
 from app.envelope import encode, new_envelope
-from app.errors import ConfigError
 from app.worker.management import ManagementSettings
 from app.worker.observe import Observer
 from tests.support import USERS, write_users_file
@@ -30,12 +28,15 @@ def _cli() -> typer.Typer:
     return app
 
 
-def test_parse_since() -> None:
-    assert parse_since("10m", now=1000.0) == 400.0
-    assert parse_since("2026-01-01T00:00:00Z") == 1767225600.0
-    assert parse_since(None) is None
-    with pytest.raises(ConfigError):
-        parse_since("yesterday")
+def test_a_bad_since_is_reported_before_any_broker_is_looked_for(tmp_path: Path, monkeypatch) -> None:
+    """The user's own words first: with nothing listening at the broker address, `--since 5q`
+    is still the one error, not a refused connection followed by it on the next try."""
+    monkeypatch.setenv("PRISM_BROKER_URL", "127.0.0.1:1")
+    res = CliRunner().invoke(_cli(), ["dlq", "list", "--since", "5q", "-t", str(tmp_path / "none.yaml")])
+    assert res.exit_code == 2, res.output
+    line = " ".join(res.output.split())
+    assert line.startswith("error [bad_config] --since '5q' is neither a duration nor an ISO 8601 time (at --since)")
+    assert "fix: e.g. --since 24h" in line and "Kafka" not in line, line
 
 
 async def test_status_and_dlq_commands(broker, tmp_path: Path, dev_keys, monkeypatch) -> None:  # noqa: F811

@@ -7,11 +7,13 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from app.envelope.model import new_envelope
-from app.sdk.audit import AUDIT_EVENT, REFUSAL_EVENT, AuditFilter, records_from, refused_reads
+from app.errors import ConfigError
+from app.sdk.audit import AUDIT_EVENT, REFUSAL_EVENT, AuditFilter, parse_since, records_from, refused_reads
 
 
 def _raw(payload: bytes) -> SimpleNamespace:
@@ -48,3 +50,26 @@ def test_any_record_gives_refused_reads_and_a_filter_answer_never_an_exception(r
     for where in (AuditFilter(), AuditFilter(namespace="n", classification="internal"), AuditFilter(topic="t"),
                   AuditFilter(since=since)):  # `prism audit --since`: a forged time_ms crashed it (int("x"))
         assert where.matches(record) in (True, False)
+
+
+def test_since_reads_durations_and_iso_times() -> None:
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    assert parse_since("10m", now=now) == datetime(2026, 11, 30, 11, 50, tzinfo=UTC)
+    assert parse_since(" 2w ", now=now) == datetime(2026, 11, 16, 12, 0, tzinfo=UTC)
+    assert parse_since("2026-01-01T00:00:00Z") == datetime(2026, 1, 1, tzinfo=UTC)
+    assert parse_since("2026-01-01T00:00:00") == datetime(2026, 1, 1, tzinfo=UTC)  # no zone: UTC
+    for bad in ("yesterday", "5q", "99999999999999d", "1" * 40 + "s"):
+        with pytest.raises(ConfigError) as exc:
+            parse_since(bad, now=now)
+        assert exc.value.path == "--since" and exc.value.hint
+
+
+@given(st.text(max_size=60))
+def test_since_ends_in_a_time_or_a_config_error(text: str) -> None:
+    """`--since` is the user's text: any of it is a UTC-aware time or a `ConfigError`, never an
+    `OverflowError` (`prism audit --since 999999999999999d` was a traceback)."""
+    try:
+        when = parse_since(text)
+    except ConfigError:
+        return
+    assert when.tzinfo is not None
