@@ -96,7 +96,7 @@ def compact(
     master: Annotated[str | None, typer.Option(help="Spark master when Prism starts Spark (default local[*]; "
                                                     "ignored under spark-submit).")] = None,
     writer: Annotated[str, typer.Option(help="auto | delta-spark | delta-rs.")] = "auto",
-    max_files: Annotated[int, typer.Option(help="Archive files per Delta commit.")] = 2000,
+    max_files: Annotated[int, typer.Option(min=1, help="Archive files per Delta commit.")] = 2000,
     storage_option: StorageOpt = None,
     as_json: JsonOpt = False,
 ) -> None:

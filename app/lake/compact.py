@@ -188,7 +188,8 @@ class Compactor:
                  writer: str = "auto", max_files: int = 2000, storage_options: dict[str, str] | None = None,
                  fault: Fault | None = None, jars_note: str = "") -> None:
         if max_files <= 0:
-            raise ArchiveError("max_files must be positive")
+            raise ArchiveError(f"max_files must be positive, not {max_files}", path="max_files",
+                               hint="give the number of archive files per Delta commit, e.g. 2000")
         self.spark = spark
         # local paths absolute before Spark or delta-rs see them (app/lake/storage.py absolute_url)
         archive_url, table_url = absolute_url(archive_url), absolute_url(table_url)

@@ -30,6 +30,13 @@ _INTERVAL = re.compile(r"interval\s+(\d+(?:\.\d+)?)\s+(second|minute|hour|day|we
 _UNIT_HOURS = {"second": 1 / 3600, "minute": 1 / 60, "hour": 1.0, "day": 24.0, "week": 168.0}
 
 
+#: The longest vacuum retention taken: about 114 years. delta-rs takes whole hours as an
+#: unsigned 64-bit number and turns them into milliseconds; a longer one would overflow there.
+MAX_RETENTION_HOURS = 1_000_000.0
+#: delta-rs's own bounds for an optimize target file size (bytes).
+MAX_TARGET_SIZE = 2**63 - 1
+
+
 def open_table(table_uri: str, storage_options: dict[str, str] | None = None) -> DeltaTable:
     from deltalake import DeltaTable
 
@@ -43,6 +50,10 @@ def open_table(table_uri: str, storage_options: dict[str, str] | None = None) ->
 def optimize(table_uri: str, *, zorder: list[str] | None = None, target_size: int | None = None,
              storage_options: dict[str, str] | None = None) -> dict[str, Any]:
     """Rewrite small files into larger ones, optionally Z-ordered by `zorder` columns."""
+    if target_size is not None and not 1 <= target_size <= MAX_TARGET_SIZE:
+        # checked here, not left to delta-rs: its refusal is an OverflowError or ValueError
+        raise LakeError(f"target size of {target_size} bytes is out of range", path="--target-size",
+                        hint=f"give a file size in bytes from 1 to {MAX_TARGET_SIZE}, e.g. 268435456 (256 MiB)")
     dt = open_table(table_uri, storage_options)
     if zorder:
         bad = [c for c in zorder if c in PARTITION_COLUMNS]
@@ -75,10 +86,13 @@ def vacuum(table_uri: str, *, retention_hours: float = DEFAULT_RETENTION_HOURS, 
     `full=True` (Delta's default VACUUM mode) also removes files no commit ever referenced,
     e.g. those of a compaction run killed before its commit.
     """
+    if not (math.isfinite(retention_hours) and 0 <= retention_hours <= MAX_RETENTION_HOURS):
+        # NaN passed every comparison below and then failed in math.ceil: refused first
+        raise LakeError(f"retention of {retention_hours:g} hours is not a number of hours from 0 to "
+                             f"{MAX_RETENTION_HOURS:g}", path="--retention-hours",
+                             hint=f"e.g. --retention-hours {DEFAULT_RETENTION_HOURS:g} (Delta's default, 7 days)")
     dt = open_table(table_uri, storage_options)
     minimum = min_retention_hours(dt)
-    if retention_hours < 0:
-        raise RetentionError(f"retention of {retention_hours} hours is negative")
     if retention_hours < minimum and not force:
         raise RetentionError(
             f"retention of {retention_hours:g} hours is under the table's minimum of {minimum:g} hours",
