@@ -340,7 +340,7 @@ def _supervisor(topology_file: Path, topo: Any, *, processes: int, bootstrap: st
 def demo(
     topology: Annotated[Path, typer.Option("--topology", "-t")] = DEFAULT_TOPOLOGY,
     messages: Annotated[int, typer.Option("--messages", "-n", min=1, help="how many messages to publish")] = 5000,
-    rate: Annotated[float, typer.Option(help="messages per second (0: as fast as possible)")] = 0.0,
+    rate: Annotated[float, typer.Option(min=0, help="messages per second (0: as fast as possible)")] = 0.0,
     data_dir: Annotated[Path, typer.Option()] = Path("var/demo"),
     seed: Annotated[int, typer.Option(help="load generator seed")] = 7,
     lake: Annotated[bool, typer.Option(help="archive and compact into a Delta table with local Spark")] = True,

@@ -50,7 +50,7 @@ def register(envelope_app: typer.Typer) -> None:
         group: Annotated[str, typer.Option(help="source consumer group; also names the checkpoint")] = "prism-migrate",
         namespace: Annotated[str, typer.Option(help="namespace given to legacy entries that carry none")] = "migrated",
         batch_size: Annotated[int, typer.Option(min=1)] = 500,
-        idle_seconds: Annotated[float, typer.Option(help="drain ends after the source was quiet this long")] = 10.0,
+        idle_seconds: Annotated[float, typer.Option(min=0, help="drain ends after the source was quiet this long")] = 10.0,
         follow: Annotated[bool, typer.Option(help="keep mirroring until Ctrl-C instead of draining")] = False,
         json_out: Annotated[bool, typer.Option("--json", help="print the final report as JSON")] = False,
     ) -> None:

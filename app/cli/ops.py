@@ -371,7 +371,7 @@ def register(app: typer.Typer, dlq_app: typer.Typer) -> None:
     def status(
         url: Annotated[str, typer.Option(help="the worker's web address (prism run --web-port)")] = DEFAULT_URL,
         json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
-        interval: Annotated[float, typer.Option(min=0.1, help="seconds between the two scrapes for rates")] = 1.0,
+        interval: Annotated[float, typer.Option(min=0.1, max=3600, help="seconds between the two scrapes for rates")] = 1.0,
         user: Annotated[str | None, typer.Option(envvar="PRISM_ADMIN_USER",
                                                  help="management API user (HTTP basic)")] = None,
         password: Annotated[str | None, typer.Option(envvar="PRISM_ADMIN_PASSWORD",

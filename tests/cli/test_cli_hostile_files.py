@@ -73,7 +73,12 @@ def test_schema_audit_names_every_schema_it_cannot_parse(files: Path) -> None:
 
 
 @pytest.mark.parametrize("args", [("envelope", "convert", "x"), ("nosuch",), ("run", "--web-port", "abc"),
-                                  ("dlq", "list", "--bogus")])
+                                  ("dlq", "list", "--bogus"),
+                                  # numbers no command can use: NaN passed `> 0` checks, inf slept forever
+                                  ("demo", "--rate", "nan"), ("status", "--interval", "inf"),
+                                  ("envelope", "migrate", "--from", "redis://127.0.0.1:1/s", "--to",
+                                   "kafka://127.0.0.1:1", "--topic", "t", "--idle-seconds", "nan"),
+                                  ("lake", "compact", "a", "t", "--max-files", "0")])
 def test_usage_mistakes_are_one_line(files: Path, args: tuple[str, ...]) -> None:
     res = _prism(*args, cwd=files)
     assert res.returncode == 2
