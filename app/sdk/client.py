@@ -63,6 +63,7 @@ from .backends.base import (
     check_commit_every,
     check_commit_interval,
     check_isolation_level,
+    check_seconds,
 )
 from .options import DEFAULT_OPTIONS, PrismPublishOptions, current_otel_context, otel_context, trace_context_of
 from .pii import PiiPolicy
@@ -630,6 +631,13 @@ class PrismClient:
                               hint="consumers sharing a group share the work; name yours, e.g. 'billing'")
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}", path="subscribe(batch_size=)")
+        check_seconds(poll_interval, "poll_interval", "subscribe(poll_interval=)")
+        check_seconds(ack_wait_s, "ack_wait_s", "subscribe(ack_wait_s=)")
+        if claim_idle_ms is not None and (isinstance(claim_idle_ms, bool) or not isinstance(claim_idle_ms, int)
+                                          or claim_idle_ms < 1):
+            raise ConfigError(f"claim_idle_ms must be None or an integer >= 1, got {claim_idle_ms!r}",
+                              path="subscribe(claim_idle_ms=)",
+                              hint="None takes the URL's claim_idle_ms (default 30000)")
         if commit_interval_ms is not None:
             check_commit_interval(commit_interval_ms, "subscribe(commit_interval_ms=)")
         check_commit_every(commit_every, "subscribe(commit_every=)")
@@ -752,6 +760,11 @@ class Subscription:
         """Up to `max_messages` messages; waits at most `timeout` seconds for the first."""
         if self._closed:
             raise ConfigError("the subscription is closed", hint="subscribe again")
+        if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
+            raise ConfigError(f"max_messages must be an integer >= 1, got {max_messages!r}",
+                              path="receive_batch(max_messages=)", hint="e.g. 100")
+        if timeout is not None:
+            check_seconds(timeout, "timeout", "receive(timeout=)", positive=False)
         if self._refusal_error is not None:  # a refusal record that failed after messages were handed out
             err, self._refusal_error = self._refusal_error, None
             raise err

@@ -109,13 +109,32 @@ def test_bad_url_options_are_refused_when_the_client_is_created(query: str) -> N
                                     {"commit_interval_ms": "500"}, {"commit_interval_ms": True},
                                     {"commit_interval_ms": 2.5}, {"commit_every": 0}, {"commit_every": -1},
                                     {"commit_every": "10"}, {"isolation_level": "dirty"},
-                                    {"isolation_level": ""}])
+                                    {"isolation_level": ""},
+                                    # a NaN poll interval made `async for` poll without ever waiting
+                                    {"poll_interval": float("nan")}, {"poll_interval": 0}, {"poll_interval": -1},
+                                    {"poll_interval": float("inf")}, {"poll_interval": "1"},
+                                    {"ack_wait_s": float("nan")}, {"ack_wait_s": 0}, {"claim_idle_ms": 0},
+                                    {"claim_idle_ms": 1.5}, {"claim_idle_ms": True}])
 def test_bad_subscribe_options_are_refused(kwargs: dict[str, Any]) -> None:
     client = PrismClient("kafka://127.0.0.1:9")
     with pytest.raises(ConfigError) as info:
         client.subscribe("t", group="g", **kwargs)
     name = next(iter(kwargs))
     assert f"subscribe({name}=)" in str(info.value)
+
+
+@pytest.mark.parametrize(("args", "where"), [((0, 1.0), "receive_batch(max_messages=)"),
+                                             ((1, float("nan")), "receive(timeout=)"),
+                                             ((1, -0.5), "receive(timeout=)"),
+                                             ((1, float("inf")), "receive(timeout=)")])
+async def test_bad_receive_arguments_are_refused_before_anything_is_fetched(args: tuple[Any, Any],
+                                                                            where: str) -> None:
+    """Refused before the subscription starts (no broker listens at port 9): a NaN time-out
+    never passed its deadline and polled without waiting."""
+    sub = PrismClient("kafka://127.0.0.1:9").subscribe("t", group="g")
+    with pytest.raises(ConfigError) as info:
+        await sub.receive_batch(*args)
+    assert where in str(info.value) and sub._inner is None
 
 
 def test_read_committed_is_the_default_and_both_places_can_change_it() -> None:

@@ -18,6 +18,7 @@ them in `ReceivedEnvelope`. Everything here is async and runs on the client's ev
 from __future__ import annotations
 
 import abc
+import math
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -267,6 +268,19 @@ def check_isolation_level(value: Any, where: str) -> str:
                           path=where, hint="read_committed hides the records of aborted transactions; "
                                            "it is what consumers of an exactly_once pipeline need")
     return str(value)
+
+
+def check_seconds(value: Any, name: str, where: str, *, positive: bool = True, most: float = 86_400.0) -> float:
+    """`value` as a number of seconds (`positive`: above 0, else 0 too) up to `most`, or
+    `ConfigError` naming `name` and `where`. A NaN deadline is never passed, so a receive loop
+    given one polled without ever waiting; an infinite one never ends."""
+    ok = (not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+          and (value > 0 if positive else value >= 0) and value <= most)
+    if not ok:
+        floor = "above 0" if positive else "from 0"
+        raise ConfigError(f"{name} must be a number of seconds {floor} up to {most:g}, got {value!r}", path=where,
+                          hint="e.g. 1.0; to wait for good, loop around the call")
+    return float(value)
 
 
 def check_commit_every(value: Any, where: str) -> int | None:
