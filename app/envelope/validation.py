@@ -20,6 +20,11 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 CLASSIFICATIONS = frozenset({"public", "internal", "confidential", "restricted"})
 
 
+def has_control_characters(text: str) -> bool:
+    """The sanity rule for producer strings; `isprintable()` first answers the usual text."""
+    return not text.isprintable() and _CONTROL.search(text) is not None
+
+
 def required_problems(env: Envelope) -> list[FieldProblem]:
     """Problems that make an envelope unusable anywhere (missing ids, payload, ...)."""
     p: list[FieldProblem] = []

@@ -13,6 +13,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..envelope.validation import CLASSIFICATIONS as _CLASSIFICATIONS
+from ..envelope.validation import SanityPolicy, has_control_characters
 from ..errors import ConfigError, TraceContextError
 from ..observability.tracecontext import (
     FLAG_SAMPLED,
@@ -85,16 +87,84 @@ class PrismPublishOptions:
     extensions: Mapping[str, bytes] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        """Every problem at once, each as the envelope field would refuse it later - as a
+        protobuf `ValueError`, `TypeError` or `UnicodeEncodeError` at publish, or a DLQ entry
+        at the worker (metadata sanity): a caller's mistake is a `ConfigError` here."""
         problems = []
-        if self.priority is not None and not 0 <= self.priority <= 10:
-            problems.append(f"priority must be 0-10, got {self.priority}")
-        if self.ttl_seconds is not None and self.ttl_seconds < 0:
-            problems.append(f"ttl_seconds must be >= 0, got {self.ttl_seconds}")
+        if self.priority is not None and not (_is_int(self.priority) and 0 <= self.priority <= 10):
+            problems.append(f"priority must be 0-10, got {self.priority!r}")
+        if self.ttl_seconds is not None and not (_is_int(self.ttl_seconds) and 0 <= self.ttl_seconds <= _INT64_MAX):
+            problems.append(f"ttl_seconds must be an integer from 0 to {_INT64_MAX}, got {self.ttl_seconds!r}")
         if self.key is not None and not isinstance(self.key, bytes):
             problems.append("key must be bytes")
+        for name in ("message_id", "correlation_id", "causality_parent"):
+            text = getattr(self, name)
+            if text is not None and (why := _text_problem(text, _MAX_ID_LENGTH)):
+                problems.append(f"{name} {why}")
+        if self.message_id == "":
+            problems.append("message_id must not be empty (None: a new UUIDv7)")
+        for name in ("content_type", "content_encoding"):
+            text = getattr(self, name)
+            if text is not None and (why := _text_problem(text, _MAX_NAME_LENGTH)):
+                problems.append(f"{name} {why}")
+        if self.data_classification is not None and self.data_classification not in _CLASSIFICATIONS:
+            problems.append(f"data_classification must be one of {sorted(_CLASSIFICATIONS)}, "
+                            f"got {self.data_classification!r}")
+        problems += _map_problems("labels", self.labels, str, _MAX_LABELS)
+        problems += _map_problems("extensions", self.extensions, bytes, None)
         if problems:
             raise ConfigError("invalid PrismPublishOptions: " + "; ".join(problems), path="PrismPublishOptions",
-                              hint="priority is 0 (lowest) to 10 (highest); ttl_seconds 0 means no expiry")
+                              hint="docs/sdk.md (PrismPublishOptions) gives each option's range; priority is 0 (lowest) "
+                                   "to 10 (highest), ttl_seconds 0 means no expiry")
+
+
+_INT64_MAX = 2**63 - 1
+#: The worker's metadata sanity limits (app/envelope/validation.py `SanityPolicy`): what the
+#: SDK lets through here the worker would dead-letter.
+_SANITY = SanityPolicy()
+_MAX_ID_LENGTH = _SANITY.max_id_length
+_MAX_NAME_LENGTH = _SANITY.max_name_length
+_MAX_LABELS = _SANITY.max_label_count
+_MAX_LABEL_LENGTH = _SANITY.max_label_length
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _text_problem(text: Any, longest: int) -> str | None:
+    """Why `text` cannot be an envelope string: not a str, over `longest`, a control
+    character, or not encodable as UTF-8 (a lone surrogate); None when it can."""
+    if not isinstance(text, str):
+        return f"must be a str, got {type(text).__name__}"
+    if len(text) > longest:
+        return f"is {len(text)} characters, over {longest}"
+    if has_control_characters(text):
+        return "contains control characters"
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return "is not valid Unicode text (a lone surrogate)"
+    return None
+
+
+def _map_problems(name: str, value: Any, kind: type, most: int | None) -> list[str]:
+    """`labels` (str -> str, at most `most` entries, each pair within the label length) and
+    `extensions` (str -> bytes) as the envelope's protobuf maps take them."""
+    if value is None:
+        return []
+    if not isinstance(value, Mapping):
+        return [f"{name} must be a mapping, got {type(value).__name__}"]
+    if most is not None and len(value) > most:
+        return [f"{name} has {len(value)} entries, over {most}"]
+    out = []
+    for k, v in value.items():
+        why = _text_problem(k, _MAX_LABEL_LENGTH) or (
+            (_text_problem(v, _MAX_LABEL_LENGTH - len(k)) if kind is str else None)
+            if isinstance(v, kind) else f"value must be {kind.__name__}, got {type(v).__name__}")
+        if why:
+            out.append(f"{name}[{str(k)[:32]!r}] {why}")
+    return out
 
 
 DEFAULT_OPTIONS = PrismPublishOptions()

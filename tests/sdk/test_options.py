@@ -3,8 +3,14 @@
 
 from __future__ import annotations
 
-import pytest
+import re
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.envelope.codec import decode, encode
+from app.envelope.validation import required_problems, sanity_problems
 from app.errors import ConfigError, TraceContextError
 from app.sdk import PrismClient, PrismPublishOptions
 from app.sdk.backends import backend_for_url
@@ -17,8 +23,60 @@ from app.security.signing import SigningKey
 def test_options_are_validated_up_front():
     with pytest.raises(ConfigError, match="priority must be 0-10, got 11"):
         PrismPublishOptions(priority=11)
-    with pytest.raises(ConfigError, match="ttl_seconds must be >= 0"):
+    with pytest.raises(ConfigError, match="ttl_seconds must be an integer from 0 to"):
         PrismPublishOptions(ttl_seconds=-1)
+
+
+@pytest.mark.parametrize(("kwargs", "said"), [
+    # each of these was a protobuf ValueError / TypeError or a UnicodeEncodeError at publish,
+    # or an envelope the worker dead-letters for its metadata
+    ({"priority": float("nan")}, "priority must be 0-10"), ({"priority": True}, "priority must be 0-10"),
+    ({"ttl_seconds": 2**63}, "ttl_seconds must be an integer"), ({"ttl_seconds": 1.5}, "ttl_seconds must be"),
+    ({"message_id": ""}, "message_id must not be empty"), ({"message_id": "x" * 129}, "over 128"),
+    ({"correlation_id": "\ud800"}, "lone surrogate"), ({"causality_parent": "a\nb"}, "control characters"),
+    ({"content_type": 5}, "content_type must be a str"), ({"content_encoding": "gzip\x00"}, "control characters"),
+    ({"data_classification": "topsecret"}, "data_classification must be one of"),
+    ({"labels": {1: "v"}}, "labels['1'] must be a str"), ({"labels": {"k": 2}}, "value must be str"),
+    ({"labels": {"k": "v" * 300}}, "labels['k']"), ({"labels": {str(i): "v" for i in range(65)}}, "over 64"),
+    ({"labels": ["k"]}, "labels must be a mapping"), ({"extensions": {"x": "text"}}, "value must be bytes"),
+])
+def test_an_option_the_envelope_cannot_carry_is_a_config_error(kwargs, said):
+    with pytest.raises(ConfigError, match=re.escape(said)) as info:
+        PrismPublishOptions(**kwargs)
+    assert info.value.path == "PrismPublishOptions" and "docs/sdk.md" in info.value.hint
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(ConfigError) as info:
+        PrismPublishOptions(priority=11, message_id="", data_classification="x", labels={"k": 1})
+    assert [w in info.value.message for w in ("priority", "message_id", "data_classification", "labels")] == [True] * 4
+
+
+_text = st.one_of(st.none(), st.text(max_size=140), st.integers())
+
+
+@settings(max_examples=200, deadline=None)
+@given(correlation_id=_text, message_id=_text, content_type=_text, priority=st.one_of(st.none(), st.integers()),
+       ttl_seconds=st.one_of(st.none(), st.integers(min_value=-2, max_value=2**64)),
+       labels=st.one_of(st.none(), st.dictionaries(st.text(max_size=20), st.one_of(st.text(max_size=300),
+                                                                                    st.integers()), max_size=3)),
+       classification=st.one_of(st.none(), st.sampled_from(["public", "internal", "secret"])))
+def test_accepted_options_always_build_an_envelope_the_worker_accepts(correlation_id, message_id, content_type,
+                                                                     priority, ttl_seconds, labels, classification):
+    """Options are either refused up front or build, encode and pass the worker's required and
+    sanity checks: nothing in between reaches a broker."""
+    try:
+        o = PrismPublishOptions(correlation_id=correlation_id, message_id=message_id, content_type=content_type,
+                                priority=priority, ttl_seconds=ttl_seconds, labels=labels,
+                                data_classification=classification)
+    except ConfigError:
+        return
+    env = _CLIENT.build_envelope("t", {"a": 1}, o)
+    decoded = decode(encode(env))
+    assert required_problems(decoded) == [] and sanity_problems(decoded) == []
+
+
+_CLIENT = PrismClient("kafka://127.0.0.1:9", namespace="n")
 
 
 def test_trace_context_from_a_traceparent_string():
