@@ -2,7 +2,11 @@ package envelope
 
 import (
 	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prism-envelope/prism/clients/go/gen/reviewedpb"
 	"github.com/prism-envelope/prism/clients/go/prismerr"
@@ -30,9 +34,93 @@ type Options struct {
 // SDKVersion is what this client writes into metadata.producer_sdk_version.
 const SDKVersion = "prism-go/0.1.0"
 
+// The worker's metadata limits (its sanity check dead-letters an envelope over them), checked
+// when an envelope is built so that a producer hears of its mistake, not its consumers.
+const (
+	maxIDLength    = 128 // message_id, correlation_id, causality_parent
+	maxNameLength  = 249 // topic (Kafka's own limit), namespace, content type and encoding
+	maxLabels      = 64
+	maxLabelLength = 256 // a label's key and value together
+)
+
+var classifications = map[string]bool{"public": true, "internal": true, "confidential": true, "restricted": true}
+
+// textProblem says why s cannot be an envelope string: not UTF-8 (proto
+// would refuse it at Marshal), over longest characters, or a control character (the
+// worker's sanity rule).
+func textProblem(s string, longest int) string {
+	if !utf8.ValidString(s) {
+		return "is not valid UTF-8"
+	}
+	if n := utf8.RuneCountInString(s); n > longest { // characters, as the worker counts them
+		return fmt.Sprintf("is %d characters, over %d", n, longest)
+	}
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f {
+			return "contains control characters"
+		}
+	}
+	return ""
+}
+
+// optionProblems lists every problem of o at once, each with its field path.
+func optionProblems(topic, namespace string, o Options) []string {
+	var out []string
+	add := func(path, why string) {
+		if why != "" {
+			out = append(out, path+" "+why)
+		}
+	}
+	for _, f := range []struct{ path, v string }{{"metadata.topic", topic}, {"metadata.namespace", namespace}} {
+		if f.v == "" {
+			add(f.path, "is required")
+		}
+		add(f.path, textProblem(f.v, maxNameLength))
+	}
+	for _, f := range []struct{ path, v string }{{"metadata.message_id", o.MessageID},
+		{"metadata.correlation_id", o.CorrelationID}, {"metadata.causality_parent", o.CausalityParent}} {
+		add(f.path, textProblem(f.v, maxIDLength))
+	}
+	add("metadata.content_type", textProblem(o.ContentType, maxNameLength))
+	add("metadata.content_encoding", textProblem(o.ContentEncoding, maxNameLength))
+	if o.Priority != nil && (*o.Priority < 0 || *o.Priority > 10) {
+		add("metadata.priority", fmt.Sprintf("%d is outside 0-10", *o.Priority))
+	}
+	if o.TTLSeconds != nil && *o.TTLSeconds < 0 {
+		add("metadata.ttl_seconds", fmt.Sprintf("must be >= 0, got %d", *o.TTLSeconds))
+	}
+	if o.DataClassification != "" && !classifications[o.DataClassification] {
+		add("security.data_classification", fmt.Sprintf("must be public, internal, confidential or restricted, got %q",
+			o.DataClassification))
+	}
+	if len(o.Labels) > maxLabels {
+		add("observability.labels", fmt.Sprintf("has %d entries, over %d", len(o.Labels), maxLabels))
+	}
+	for k, v := range o.Labels {
+		why := textProblem(k, maxLabelLength)
+		if why == "" {
+			why = textProblem(v, maxLabelLength-utf8.RuneCountInString(k))
+		}
+		add(fmt.Sprintf("observability.labels[%q]", truncate(k, 32)), why)
+	}
+	for k := range o.Extensions {
+		add(fmt.Sprintf("extensions[%q]", truncate(k, 32)), textProblem(k, maxLabelLength))
+	}
+	sort.Strings(out) // map order is random: the same mistake reads the same every time
+	return out
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
 func build(topic, namespace string, typeURL string, value []byte, defaultCT string, o Options) (*Envelope, error) {
-	if topic == "" || namespace == "" {
-		return nil, prismerr.New("invalid_envelope", "topic and namespace are required", "pass both to the builder").At("metadata")
+	if problems := optionProblems(topic, namespace, o); len(problems) > 0 {
+		return nil, prismerr.New("invalid_envelope", strings.Join(problems, "; "),
+			"fix every field listed; the limits are the worker's metadata checks (docs/sdk.md, PrismPublishOptions)")
 	}
 	md := &reviewedpb.PrismMetadata{Topic: topic, Namespace: namespace, MessageId: o.MessageID}
 	if md.MessageId == "" {
@@ -56,9 +144,6 @@ func build(topic, namespace string, typeURL string, value []byte, defaultCT stri
 		}
 	}
 	if o.Priority != nil {
-		if *o.Priority < 0 || *o.Priority > 10 {
-			return nil, prismerr.Newf("invalid_envelope", "priority %d is outside 0-10", *o.Priority).At("metadata.priority")
-		}
 		md.Priority = proto.Int32(*o.Priority)
 	}
 	if o.TTLSeconds != nil {
