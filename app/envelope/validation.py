@@ -25,6 +25,24 @@ def has_control_characters(text: str) -> bool:
     return not text.isprintable() and _CONTROL.search(text) is not None
 
 
+def text_problem(text: object, longest: int) -> str | None:
+    """Why `text` cannot be a producer string of an envelope: not a str, over `longest`
+    characters, a control character (the sanity rule), or not encodable as UTF-8 (a lone
+    surrogate, which protobuf refuses at serialization); None when it can. The SDK's publish
+    options and its audit records ask this before a broker is involved."""
+    if not isinstance(text, str):
+        return f"must be a str, got {type(text).__name__}"
+    if len(text) > longest:
+        return f"is {len(text)} characters, over {longest}"
+    if has_control_characters(text):
+        return "contains control characters"
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return "is not valid Unicode text (a lone surrogate)"
+    return None
+
+
 def required_problems(env: Envelope) -> list[FieldProblem]:
     """Problems that make an envelope unusable anywhere (missing ids, payload, ...)."""
     p: list[FieldProblem] = []

@@ -56,6 +56,7 @@ from typing import Any
 
 from ..envelope.codec import decode
 from ..envelope.model import Envelope, new_envelope
+from ..envelope.validation import SanityPolicy, text_problem
 from ..errors import ConfigError, PrismError
 
 #: Lowest first (app/envelope/validation.py CLASSIFICATIONS).
@@ -69,6 +70,8 @@ DEFAULT_CLEARANCE = "internal"
 #: An envelope without a classification is judged as this: not public, so a `public` subscriber
 #: (a dashboard, an external feed) never receives data nobody labelled.
 UNCLASSIFIED_AS = "internal"
+#: The longest message id kept as an audit envelope's correlation id (the worker's id limit).
+_MAX_ID_LENGTH = SanityPolicy().max_id_length
 DEFAULT_AUDIT_TOPIC = "prism.audit"
 #: The audit record's own classification: it names principals and message ids, not data.
 AUDIT_RECORD_CLASSIFICATION = "internal"
@@ -215,9 +218,15 @@ def refused_reads(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def audit_envelope(record: dict[str, Any], audit_topic: str, namespace: str) -> Envelope:
-    """The envelope an audit record travels in (JSON payload, classified `internal`)."""
+    """The envelope an audit record travels in (JSON payload, classified `internal`), its
+    correlation id the message's id. An id the worker's metadata checks would refuse (only a
+    producer outside Prism writes one: over 128 characters, a control character) is left out
+    of the correlation id - the record itself still names it - so that the audit record is
+    written whatever the audited message carries. The Go and Rust clients do the same."""
+    message_id = str(record["message_id"])
+    correlation = message_id if text_problem(message_id, _MAX_ID_LENGTH) is None else None
     return new_envelope(audit_topic, record, namespace=namespace, data_classification=AUDIT_RECORD_CLASSIFICATION,
-                        correlation_id=str(record["message_id"]))
+                        correlation_id=correlation)
 
 
 def audit_outgoing(record: dict[str, Any], audit_topic: str, namespace: str, layout: Any, signing_key: Any,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..envelope.validation import CLASSIFICATIONS as _CLASSIFICATIONS
-from ..envelope.validation import SanityPolicy, has_control_characters
+from ..envelope.validation import SanityPolicy, text_problem
 from ..errors import ConfigError, TraceContextError
 from ..observability.tracecontext import (
     FLAG_SAMPLED,
@@ -99,13 +99,13 @@ class PrismPublishOptions:
             problems.append("key must be bytes")
         for name in ("message_id", "correlation_id", "causality_parent"):
             text = getattr(self, name)
-            if text is not None and (why := _text_problem(text, _MAX_ID_LENGTH)):
+            if text is not None and (why := text_problem(text, _MAX_ID_LENGTH)):
                 problems.append(f"{name} {why}")
         if self.message_id == "":
             problems.append("message_id must not be empty (None: a new UUIDv7)")
         for name in ("content_type", "content_encoding"):
             text = getattr(self, name)
-            if text is not None and (why := _text_problem(text, _MAX_NAME_LENGTH)):
+            if text is not None and (why := text_problem(text, _MAX_NAME_LENGTH)):
                 problems.append(f"{name} {why}")
         if self.data_classification is not None and self.data_classification not in _CLASSIFICATIONS:
             problems.append(f"data_classification must be one of {sorted(_CLASSIFICATIONS)}, "
@@ -132,22 +132,6 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _text_problem(text: Any, longest: int) -> str | None:
-    """Why `text` cannot be an envelope string: not a str, over `longest`, a control
-    character, or not encodable as UTF-8 (a lone surrogate); None when it can."""
-    if not isinstance(text, str):
-        return f"must be a str, got {type(text).__name__}"
-    if len(text) > longest:
-        return f"is {len(text)} characters, over {longest}"
-    if has_control_characters(text):
-        return "contains control characters"
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return "is not valid Unicode text (a lone surrogate)"
-    return None
-
-
 def _map_problems(name: str, value: Any, kind: type, most: int | None) -> list[str]:
     """`labels` (str -> str, at most `most` entries, each pair within the label length) and
     `extensions` (str -> bytes) as the envelope's protobuf maps take them."""
@@ -159,8 +143,8 @@ def _map_problems(name: str, value: Any, kind: type, most: int | None) -> list[s
         return [f"{name} has {len(value)} entries, over {most}"]
     out = []
     for k, v in value.items():
-        why = _text_problem(k, _MAX_LABEL_LENGTH) or (
-            (_text_problem(v, _MAX_LABEL_LENGTH - len(k)) if kind is str else None)
+        why = text_problem(k, _MAX_LABEL_LENGTH) or (
+            (text_problem(v, _MAX_LABEL_LENGTH - len(k)) if kind is str else None)
             if isinstance(v, kind) else f"value must be {kind.__name__}, got {type(v).__name__}")
         if why:
             out.append(f"{name}[{str(k)[:32]!r}] {why}")

@@ -13,7 +13,15 @@ from hypothesis import strategies as st
 
 from app.envelope.model import new_envelope
 from app.errors import ConfigError
-from app.sdk.audit import AUDIT_EVENT, REFUSAL_EVENT, AuditFilter, parse_since, records_from, refused_reads
+from app.sdk.audit import (
+    AUDIT_EVENT,
+    REFUSAL_EVENT,
+    AuditFilter,
+    audit_envelope,
+    parse_since,
+    records_from,
+    refused_reads,
+)
 
 
 def _raw(payload: bytes) -> SimpleNamespace:
@@ -73,3 +81,14 @@ def test_since_ends_in_a_time_or_a_config_error(text: str) -> None:
     except ConfigError:
         return
     assert when.tzinfo is not None
+
+
+@pytest.mark.parametrize(("message_id", "kept"), [("0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", True), ("x" * 128, True),
+                                                  ("x" * 129, False), ("a\nb", False), ("a\x7fb", False)])
+def test_an_audit_record_is_built_whatever_id_the_audited_message_carries(message_id: str, kept: bool) -> None:
+    """The correlation id is the message id only where the worker would accept it as an id:
+    a rogue producer's id must not make the audit record unwritable (the message would then be
+    nacked and fetched again for good). The record still names the id."""
+    env = audit_envelope({"message_id": message_id, "event": AUDIT_EVENT}, "prism.audit", "n")
+    assert env.metadata.correlation_id == (message_id if kept else "")
+    assert env.payload_json()["message_id"] == message_id

@@ -63,6 +63,11 @@ func textProblem(s string, longest int) string {
 	return ""
 }
 
+// IDProblem says why id cannot be an envelope id (message, correlation or causality id) by
+// the worker's metadata checks: over 128 characters, not UTF-8, or a control character; ""
+// when it can. Audit records ask it before quoting a received message's id.
+func IDProblem(id string) string { return textProblem(id, maxIDLength) }
+
 // optionProblems lists every problem of o at once, each with its field path.
 func optionProblems(topic, namespace string, o Options) []string {
 	var out []string

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -67,5 +68,30 @@ func TestAFullRefusalRecordStaysBounded(t *testing.T) {
 	raw, _ := json.Marshal(r)
 	if len(raw) > 64*1024 || len(raw) > size+1024 {
 		t.Fatalf("a record of %d refusals is %d bytes (entries' bound %d)", RefusalsPerRecord, len(raw), size)
+	}
+}
+
+// An audited message's id the builder would refuse is left out of the audit envelope's
+// correlation id instead of making the audit record unwritable.
+func TestAnAuditRecordIsBuiltWhateverIDTheMessageCarries(t *testing.T) {
+	c, err := New(Config{Brokers: []string{"127.0.0.1:9"}, Namespace: "n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := &Subscription{c: c, auditTopic: "prism.audit"}
+	for id, kept := range map[string]bool{"m-1": true, strings.Repeat("x", 128): true,
+		strings.Repeat("x", 129): false, "a\nb": false} {
+		env, value, _, err := s.encodeAudit(map[string]string{"message_id": id}, id)
+		if err != nil || len(value) == 0 {
+			t.Fatalf("%q: %v", id, err)
+		}
+		want := ""
+		if kept {
+			want = id
+		}
+		if got := env.Header.GetMetadata().GetCorrelationId(); got != want {
+			t.Fatalf("%q: correlation id %q", id, got)
+		}
 	}
 }

@@ -522,8 +522,16 @@ func refOf(rec *kgo.Record) string {
 
 // encodeAudit is an audit record in its envelope (JSON, classified internal), signed with the
 // client's key when it has one, in the audit topic's layout: the bytes Python's writer sends.
+//
+// correlationID is the audited message's id. One the worker would refuse as an id (only a
+// producer outside Prism writes one) is left out, as the Python SDK does: the record still
+// names it, and the audit record must be written whatever the message carries - the message
+// would otherwise be fetched again for good.
 func (s *Subscription) encodeAudit(record any, correlationID string) (*envelope.Envelope, []byte, envelope.Layout, error) {
 	layout := s.c.layoutFor(s.auditTopic)
+	if envelope.IDProblem(correlationID) != "" {
+		correlationID = ""
+	}
 	aenv, err := envelope.NewJSON(s.auditTopic, s.c.cfg.Namespace, record, envelope.Options{DataClassification: "internal", CorrelationID: correlationID})
 	if err != nil {
 		return nil, nil, layout, err

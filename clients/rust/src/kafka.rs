@@ -352,11 +352,20 @@ fn refusal_record(topic: &str, opts: &SubscribeOptions, held: &[Refusal]) -> Res
         record["count"] = serde_json::json!(held.len());
         record["messages"] = serde_json::Value::Array(messages);
     }
-    Envelope::builder(opts.audit_topic.clone(), first.namespace.clone())
+    audit_builder(&opts.audit_topic, &first.namespace, &first.message_id)
         .json(&record)?
-        .correlation_id(first.message_id.clone())
-        .data_classification("internal")
-        .build()
+        .build_quoting()
+}
+
+/// An audit record's envelope: classified internal, in the audited message's namespace, its
+/// id as the correlation id - unless the worker would refuse it as an id (only a producer
+/// outside Prism writes one), as the Python and Go clients do; the record still names it.
+fn audit_builder(audit_topic: &str, namespace: &str, message_id: &str) -> crate::model::EnvelopeBuilder {
+    let b = Envelope::builder(audit_topic.to_owned(), namespace.to_owned()).data_classification("internal");
+    match crate::model::text_problem(message_id, crate::model::MAX_ID_LENGTH) {
+        None => b.correlation_id(message_id.to_owned()),
+        Some(_) => b,
+    }
 }
 
 /// Where each partition of `held` must be read again from (its earliest held offset).
@@ -490,11 +499,9 @@ fn audit_record(
         "backend": "kafka",
         "ref": format!("{partition}:{offset}"),
     });
-    Envelope::builder(opts.audit_topic.clone(), env.namespace())
+    audit_builder(&opts.audit_topic, env.namespace(), env.message_id())
         .json(&record)?
-        .correlation_id(env.message_id())
-        .data_classification("internal")
-        .build()
+        .build_quoting()
 }
 
 fn audit_failed(e: PrismError) -> PrismError {
@@ -960,6 +967,40 @@ mod tests {
 
     fn record_of(env: &Envelope) -> serde_json::Value {
         serde_json::from_slice(&env.payload_bytes().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn an_audit_record_is_built_whatever_the_audited_message_carries() {
+        // a rogue producer's id (too long, a control character) and namespace (empty): the
+        // audit record is still written - the message would otherwise be fetched again for
+        // good - and the id is left out of its correlation id only where it is unacceptable
+        let opts = SubscribeOptions::default();
+        for (id, ns, kept) in [
+            ("m-1", "ns", true),
+            (&*"x".repeat(128), "ns", true),
+            (&*"x".repeat(129), "ns", false),
+            ("a\nb", "", false),
+        ] {
+            let mut r = refusal(1, ns, Clearance::Restricted);
+            r.message_id = id.to_owned();
+            let env = refusal_record("t", &opts, &[r]).unwrap();
+            let corr = env.metadata().and_then(|m| m.correlation_id.as_deref());
+            assert_eq!(corr, kept.then_some(id), "{id:?}");
+            assert_eq!(record_of(&env)["message_id"].as_str(), Some(id));
+            let received = crate::model::Envelope::builder("t", "n")
+                .text("x")
+                .message_id("m")
+                .build()
+                .unwrap();
+            let mut received = received;
+            received.header.metadata.as_mut().unwrap().message_id = id.to_owned();
+            received.header.metadata.as_mut().unwrap().namespace = ns.to_owned();
+            let env = audit_record("t", &opts, &received, Clearance::Restricted, 0, 1).unwrap();
+            assert_eq!(
+                env.metadata().and_then(|m| m.correlation_id.as_deref()),
+                kept.then_some(id)
+            );
+        }
     }
 
     #[test]

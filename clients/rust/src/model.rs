@@ -419,8 +419,26 @@ impl EnvelopeBuilder {
         self.env.security_mut().contains_pii = Some(pii);
         self
     }
-    /// The envelope; it must have a payload (compressed here when a content encoding is set).
-    pub fn build(mut self) -> Result<Envelope> {
+    /// The envelope; it must have a payload (compressed here when a content encoding is set),
+    /// and its metadata must be within the worker's limits ([`builder_problems`]): a mistake is
+    /// refused here, every problem at once, not dead-lettered by the worker later.
+    pub fn build(self) -> Result<Envelope> {
+        let problems = builder_problems(&self.env);
+        if !problems.is_empty() {
+            return Err(err!(
+                Validation,
+                problems.join("; "),
+                "",
+                "fix every field listed; the limits are the worker's metadata checks (docs/sdk.md, PrismPublishOptions)"
+            ));
+        }
+        self.build_quoting()
+    }
+
+    /// [`Self::build`] without the metadata limits, for records that quote a received message
+    /// (audit records: its namespace, its id) and must be written whatever it carries - the
+    /// message would otherwise be fetched again for good. As Python's `new_envelope`.
+    pub(crate) fn build_quoting(mut self) -> Result<Envelope> {
         let encoding = self.env.content_encoding().to_owned();
         let Some(p) = self.env.payload.as_mut() else {
             return Err(err!(
@@ -448,6 +466,108 @@ impl EnvelopeBuilder {
         }
         Ok(self.env)
     }
+}
+
+/// The worker's metadata limits (its sanity check dead-letters an envelope over them).
+pub(crate) const MAX_ID_LENGTH: usize = 128; // message_id, correlation_id, causality_parent
+const MAX_NAME_LENGTH: usize = 249; // topic (Kafka's own limit), namespace, content type and encoding
+const MAX_LABELS: usize = 64;
+const MAX_LABEL_LENGTH: usize = 256; // a label's key and value together
+const CLASSIFICATIONS: [&str; 4] = ["public", "internal", "confidential", "restricted"];
+
+/// Why `s` cannot be an envelope string: over `longest` characters, or a control character.
+pub(crate) fn text_problem(s: &str, longest: usize) -> Option<String> {
+    let n = s.chars().count();
+    if n > longest {
+        return Some(format!("is {n} characters, over {longest}"));
+    }
+    s.chars()
+        .any(|c| (c as u32) < 0x20 || c as u32 == 0x7f)
+        .then(|| "contains control characters".to_owned())
+}
+
+/// What [`EnvelopeBuilder::build`] refuses, each with its field path: the required topic and
+/// namespace, priority 0-10, a TTL of at least 0, the ids', names' and labels' lengths, control
+/// characters, and a classification other than public, internal, confidential or restricted.
+pub fn builder_problems(env: &Envelope) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut add = |path: String, why: Option<String>| {
+        if let Some(why) = why {
+            out.push(format!("{path} {why}"));
+        }
+    };
+    if let Some(m) = env.metadata() {
+        for (name, v) in [("topic", &m.topic), ("namespace", &m.namespace)] {
+            let why = if v.is_empty() {
+                Some("is required".to_owned())
+            } else {
+                text_problem(v, MAX_NAME_LENGTH)
+            };
+            add(format!("metadata.{name}"), why);
+        }
+        let ids = [
+            ("message_id", Some(&m.message_id)),
+            ("correlation_id", m.correlation_id.as_ref()),
+            ("causality_parent", m.causality_parent.as_ref()),
+        ];
+        for (name, v) in ids {
+            add(
+                format!("metadata.{name}"),
+                v.and_then(|v| text_problem(v, MAX_ID_LENGTH)),
+            );
+        }
+        add(
+            "metadata.content_type".to_owned(),
+            text_problem(env.content_type(), MAX_NAME_LENGTH),
+        );
+        add(
+            "metadata.content_encoding".to_owned(),
+            text_problem(env.content_encoding(), MAX_NAME_LENGTH),
+        );
+        if let Some(p) = m.priority.filter(|p| !(0..=10).contains(p)) {
+            add("metadata.priority".to_owned(), Some(format!("{p} is outside 0-10")));
+        }
+        if let Some(t) = m.ttl_seconds.filter(|t| *t < 0) {
+            add(
+                "metadata.ttl_seconds".to_owned(),
+                Some(format!("must be >= 0, got {t}")),
+            );
+        }
+    }
+    if let Some(c) = env.security().and_then(|s| s.data_classification.as_deref()) {
+        if !CLASSIFICATIONS.contains(&c) {
+            add(
+                "security.data_classification".to_owned(),
+                Some(format!(
+                    "must be public, internal, confidential or restricted, got {c:?}"
+                )),
+            );
+        }
+    }
+    if let Some(labels) = env.header.observability.as_ref().map(|o| &o.labels) {
+        if labels.len() > MAX_LABELS {
+            add(
+                "observability.labels".to_owned(),
+                Some(format!("has {} entries, over {MAX_LABELS}", labels.len())),
+            );
+        }
+        for (k, v) in labels {
+            let why = text_problem(k, MAX_LABEL_LENGTH)
+                .or_else(|| text_problem(v, MAX_LABEL_LENGTH.saturating_sub(k.chars().count())));
+            add(
+                format!("observability.labels[{:?}]", k.chars().take(32).collect::<String>()),
+                why,
+            );
+        }
+    }
+    for k in env.header.extensions.keys() {
+        add(
+            format!("extensions[{:?}]", k.chars().take(32).collect::<String>()),
+            text_problem(k, MAX_LABEL_LENGTH),
+        );
+    }
+    out.sort(); // map order is not the caller's: the same mistake reads the same every time
+    out
 }
 
 /// Required fields (memo-031): message_id, topic, namespace, published_at_ms, payload; priority 0-10.
@@ -500,6 +620,53 @@ mod tests {
             set_content_type(&mut m, s);
             assert_eq!(content_type(&m), s);
         }
+    }
+
+    #[test]
+    fn builder_refuses_what_the_worker_would_dead_letter_every_problem_at_once() {
+        let err = Envelope::builder("t", "n")
+            .text("x")
+            .priority(11)
+            .ttl_seconds(-1)
+            .correlation_id("a\nb")
+            .message_id("x".repeat(129))
+            .data_classification("topsecret")
+            .label("k", "v".repeat(256))
+            .build()
+            .unwrap_err();
+        assert_eq!(err.reason(), "invalid_envelope");
+        let text = err.to_string();
+        for want in [
+            "metadata.priority 11 is outside 0-10",
+            "metadata.ttl_seconds must be >= 0, got -1",
+            "metadata.correlation_id contains control characters",
+            "metadata.message_id is 129 characters, over 128",
+            "security.data_classification must be",
+            "observability.labels[\"k\"] is 256 characters, over 255",
+        ] {
+            assert!(text.contains(want), "{want:?} missing from {text}");
+        }
+        let mut many = Envelope::builder("t", "n").text("x");
+        for i in 0..65 {
+            many = many.label(i.to_string(), "v");
+        }
+        assert!(many
+            .build()
+            .unwrap_err()
+            .to_string()
+            .contains("has 65 entries, over 64"));
+        assert!(Envelope::builder("", "n")
+            .text("x")
+            .build()
+            .unwrap_err()
+            .to_string()
+            .contains("metadata.topic is required"));
+        let ok = Envelope::builder("t", "n")
+            .text("x")
+            .priority(10)
+            .ttl_seconds(0)
+            .label("k", "v".repeat(255));
+        assert!(ok.data_classification("restricted").build().is_ok());
     }
 
     #[test]
