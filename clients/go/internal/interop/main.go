@@ -539,6 +539,30 @@ func fixAuditTopic(ctx context.Context, c *kafka.Client, req request) error {
 	if err != nil {
 		return err
 	}
+	// The broker answers AlterConfigs once the controller has the change; the partition's
+	// leader applies it when it replays the metadata a moment later. Until then it still
+	// refuses the record (a second delivery_audit_failed, seen once under load), so wait
+	// until a broker describes the new limit.
+	adm := kadm.NewClient(cl)
+	for {
+		rcs, err := adm.DescribeTopicConfigs(ctx, req.AuditTopic)
+		if err == nil {
+			if rc, err := rcs.On(req.AuditTopic, nil); err == nil && rc.Err == nil {
+				applied := false
+				for _, cfg := range rc.Configs {
+					applied = applied || (cfg.Key == "max.message.bytes" && cfg.Value != nil && *cfg.Value == limit)
+				}
+				if applied {
+					break
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 	env, err := envelope.NewJSON(req.Topic, req.Namespace, map[string]any{"after_fix": true}, envelope.Options{DataClassification: "internal"})
 	if err != nil {
 		return err
