@@ -17,7 +17,6 @@ from datetime import date, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -883,19 +882,11 @@ def _loc(loc: tuple[Any, ...]) -> str:
 
 def load_topology(path: str | Path) -> Topology:
     """Load and validate a topology file. Raises `ConfigError` listing every problem."""
+    from .config_files import read_config
+
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read topology file: {exc.strerror}", path=str(path),
-                          hint="pass an existing file, e.g. --topology topologies/orders-created.yaml") from exc
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise ConfigError(f"not valid YAML: {getattr(exc, 'problem', exc)}", path=where,
-                          hint="check indentation and quoting at that line") from exc
+    raw = read_config(path, what="topology file", by_suffix=False,
+                      missing_hint="pass an existing file, e.g. --topology topologies/orders-created.yaml")
     if not isinstance(raw, dict):
         raise ConfigError("a topology must be a YAML mapping", path=str(path),
                           hint="start from topologies/orders-created.yaml")

@@ -56,7 +56,6 @@ import base64
 import binascii
 import hashlib
 import hmac
-import json
 import secrets
 import time
 from collections import OrderedDict
@@ -70,6 +69,7 @@ from app.errors import AuthError, ConfigError
 # The client side (header building) lives in client_auth so that clients need no argon2/PyJWT;
 # re-exported because the CLI, the console and the tests import it from here.
 from app.security.client_auth import basic_header, client_auth_from_env, client_auth_header
+from app.untrusted_json import loads_untrusted
 
 ROLE_READ = "read"
 ROLE_WRITE = "write"
@@ -233,10 +233,11 @@ def claimed_name(header: str) -> str:
             parts = rest.split(".")
             if len(parts) != 3 or len(parts[1]) > MAX_HEADER_BYTES:
                 return ""
-            payload = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+            payload = loads_untrusted(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)),
+                                      what="bearer token payload", max_bytes=MAX_HEADER_BYTES)
             sub = payload.get("sub") if isinstance(payload, dict) else None
             return f"jwt:{sub[:256]}" if isinstance(sub, str) else ""
-    except (binascii.Error, ValueError, RecursionError):
+    except (binascii.Error, ValueError):  # JsonInputError is a ValueError
         return ""
     return ""
 
@@ -364,20 +365,11 @@ def _check_clearance(value: object, *, where: str) -> str | None:
 def load_users(path: str | Path) -> dict[str, UserRecord]:
     """Read and validate a users file (YAML or JSON). Every problem is reported at once, with
     the entry it is in and how to fix it."""
-    import yaml
+    from app.config_files import read_config
 
     p = Path(path)
-    try:
-        raw = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read users file: {exc.strerror}", path=str(p),
-                          hint="pass an existing YAML/JSON file (see docs/schema-registry.md, Authentication)") \
-            from None
-    try:
-        doc = json.loads(raw) if p.suffix.lower() == ".json" else yaml.safe_load(raw)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise ConfigError(f"users file is not valid {'JSON' if p.suffix.lower() == '.json' else 'YAML'}: "
-                          f"{str(exc).splitlines()[0]}", path=str(p)) from None
+    doc = read_config(p, what="users file",
+                      missing_hint="pass an existing YAML/JSON file (see docs/schema-registry.md, Authentication)")
     entries = doc.get("users") if isinstance(doc, Mapping) else doc
     if isinstance(doc, Mapping) and set(doc) - {"users"}:
         raise ConfigError(f"unknown top-level key(s) {sorted(map(str, set(doc) - {'users'}))}", path=str(p),
@@ -491,15 +483,11 @@ class BearerAuth:
 
     @classmethod
     def from_file(cls, path: str | Path) -> BearerAuth:
-        import yaml
+        from app.config_files import read_config
 
         p = Path(path)
-        try:
-            doc = yaml.safe_load(p.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"cannot read JWT settings: {exc.strerror}", path=str(p)) from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"JWT settings are not valid YAML: {str(exc).splitlines()[0]}", path=str(p)) from None
+        doc = read_config(p, what="JWT settings", by_suffix=False,
+                          missing_hint="pass an existing YAML file (see docs/operations.md, management API)")
         return cls.from_mapping(doc if doc is not None else {}, where=str(p), base_dir=p.parent)
 
     def roles_of(self, claims: Mapping[str, Any]) -> frozenset[str]:

@@ -481,22 +481,11 @@ class FileKeyring:
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, clock: Callable[[], datetime] = _utcnow) -> FileKeyring:
         """Load and validate a keyring file; `KeyringError` lists every problem at once."""
+        from app.config_files import read_config
+
         p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise KeyringError(f"cannot read keyring file {p}: {exc.strerror}", path=str(p),
-                               hint="check the path, or create one with `python -m app.security.keys generate PATH`"
-                               ) from None
-        except UnicodeDecodeError:
-            raise KeyringError(f"keyring file {p} is not UTF-8 text", path=str(p)) from None
-        try:
-            data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
-        except (json.JSONDecodeError, yaml.YAMLError) as exc:
-            line = getattr(exc, "lineno", None) or getattr(getattr(exc, "problem_mark", None), "line", None)
-            where = f"{p}:{line}" if line is not None else str(p)
-            raise KeyringError(f"keyring file {where} is not valid {'JSON' if p.suffix.lower() == '.json' else 'YAML'}",
-                               path=where, hint="fix the syntax at that line") from None
+        data = read_config(p, what="keyring file", error=KeyringError,
+                           missing_hint="check the path, or create one with `python -m app.security.keys generate PATH`")
         return cls.from_mapping(data, source=str(p), clock=clock)
 
     @classmethod
@@ -864,6 +853,8 @@ class MountedSecretsKeyProvider:
             return ("unreadable",)
 
     def _load(self) -> FileKeyring:
+        from app.config_files import read_config
+
         probs = _Problems(f"mounted secret {self.path}")
         files = self._files()
         if not files:
@@ -873,10 +864,9 @@ class MountedSecretsKeyProvider:
         for f in files:
             fp = _Problems(f.name)
             try:
-                text = f.read_text(encoding="utf-8")
-                data = json.loads(text) if f.suffix.lower() == ".json" else yaml.safe_load(text)
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as exc:
-                probs.add(f.name, f"cannot be read as a key ({type(exc).__name__}); each file holds one key "
+                data = read_config(f, what="key file", error=KeyringError)
+            except KeyringError as exc:
+                probs.add(f.name, f"cannot be read as a key ({exc.message}); each file holds one key "
                                   "record or a keyring document")
                 continue
             if isinstance(data, Mapping) and "keys" in data:

@@ -1284,16 +1284,11 @@ def load_signing_keyring(path: str | Path) -> SigningKeyring:
     import base64
     import binascii
 
-    import yaml
+    from app.config_files import read_config
 
     path = Path(path)
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read signing keyring: {exc.strerror}", path=str(path),
-                          hint="generate one with `prism keys init` or point the topology at an existing file") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"signing keyring is not valid YAML/JSON: {exc}", path=str(path)) from exc
+    doc = read_config(path, what="signing keyring", by_suffix=False,
+                      missing_hint="generate one with `prism keys init` or point the topology at an existing file")
     if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
         raise ConfigError("signing keyring must be a mapping with a `keys` list", path=str(path))
     problems: list[str] = []

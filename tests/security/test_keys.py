@@ -209,8 +209,10 @@ def test_mismatched_halves_duplicates_and_missing_material(tmp_path: Path, ring:
 @pytest.mark.parametrize(
     ("name", "content", "match"),
     [
-        ("ring.json", '{"keys": [', "ring.json:1 is not valid JSON"),
+        ("ring.json", '{"keys": [', "keyring file is not valid JSON: Expecting value at line 1"),
+        ("ring.json", '{"keys": [], "keys": []}', "duplicate"),
         ("ring.yaml", "keys: [\n  - {id: a\n", "is not valid YAML"),
+        ("ring.yaml", "keys: []\nkeys: []\n", "ring.yaml:2:1); fix: keep one of them"),
         ("ring.json", "[1, 2]", "top level: must be a mapping"),
         ("ring.json", '{"version": 2, "keys": []}', "version: 2 is not supported"),
         ("ring.json", '{"keys": [], "extra": 1}', "unknown field 'extra'"),
