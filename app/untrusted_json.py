@@ -121,6 +121,18 @@ def loads_untrusted(data: bytes | bytearray | memoryview | str, *, what: str,
         raise JsonSyntaxError(f"not valid JSON: {exc}", path=what, hint="send strict JSON (RFC 8259)") from None
 
 
+def read_json_response(response: Any, *, what: str, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
+    """The JSON body of an HTTP response (anything with ``read(n)``) from a server Prism talks
+    to - the schema registry, a worker - read no further than `max_bytes` + 1 and decoded by
+    `loads_untrusted`: a misconfigured or hostile address cannot make a CLI command or the
+    console hold an unbounded body, or meet a ``RecursionError``. An empty body is ``None``."""
+    data = response.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise JsonTooLargeError(f"{what} answered with more than {max_bytes} bytes", path=what,
+                                hint="check that the address is the Prism server you meant")
+    return loads_untrusted(data, what=what, max_bytes=max_bytes) if data.strip() else None
+
+
 def dumps_checked(value: Any, *, what: str, encode: Callable[[Any], str] | None = None,
                   max_depth: int = DEFAULT_MAX_DEPTH) -> str:
     """``json.dumps(value)`` (or ``encode(value)``) for a value a caller hands Prism to send,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +125,19 @@ def headless_chromium(*flags: str) -> Iterator[Any]:
     drv = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
     yield drv
     drv.quit()
+
+
+@contextlib.contextmanager
+def serve_http(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """`handler` on a threading HTTP server at 127.0.0.1 (a free port) for the block: its base
+    URL. For a test's stand-in of a server Prism talks to (a registry, a hostile address);
+    stopped and joined on exit."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, name="test-http", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.errors import JsonInputError, JsonSyntaxError, JsonTooDeepError, JsonTooLargeError, PrismError
-from app.untrusted_json import DEFAULT_MAX_DEPTH, dumps_checked, json_depth, loads_untrusted
+from app.untrusted_json import DEFAULT_MAX_DEPTH, dumps_checked, json_depth, loads_untrusted, read_json_response
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
@@ -153,3 +153,33 @@ def test_dumps_checked_refuses_what_no_reader_would_accept(levels: int) -> None:
 @given(json_values)
 def test_whatever_dumps_checked_sends_loads_untrusted_reads(value: object) -> None:
     assert loads_untrusted(dumps_checked(value, what="payload"), what="payload") == value
+
+
+class _Body:
+    """A response body that counts what is read from it."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.taken = data, 0
+
+    def read(self, n: int = -1) -> bytes:
+        out = self.data[self.taken:] if n < 0 else self.data[self.taken:self.taken + n]
+        self.taken += len(out)
+        return out
+
+
+def test_a_response_body_is_read_no_further_than_its_limit() -> None:
+    body = _Body(b"[" + b"1," * 1_000_000 + b"1]")
+    with pytest.raises(JsonTooLargeError, match="answered with more than 1000 bytes"):
+        read_json_response(body, what="GET http://x/", max_bytes=1000)
+    assert body.taken == 1001  # not the 2 MB behind it
+
+
+@pytest.mark.parametrize(("data", "value"), [(b"", None), (b"  \n", None), (b'{"a": [1]}', {"a": [1]})])
+def test_a_response_body_decodes_like_any_untrusted_json(data: bytes, value: object) -> None:
+    assert read_json_response(_Body(data), what="GET http://x/") == value
+
+
+@pytest.mark.parametrize("data", [b"[" * 100_000 + b"]" * 100_000, b"{", b"\xff", b"NaN"])
+def test_a_hostile_response_body_is_a_json_input_error(data: bytes) -> None:
+    with pytest.raises(JsonInputError):
+        read_json_response(_Body(data), what="GET http://x/")

@@ -28,6 +28,7 @@ from rich.text import Text
 from app.cli.output import CliTable as Table  # headers break between words, ids fold
 from app.cli.output import friendly
 from app.errors import ConfigError, PrismError
+from app.untrusted_json import read_json_response
 
 DEFAULT_URL = "http://127.0.0.1:6066"
 DEFAULT_TOPOLOGY = Path("topologies/orders-created.yaml")
@@ -51,13 +52,22 @@ class WorkerRefused(PrismError):
     code = "worker_refused"
 
 
+#: A worker's /metrics text: ~100 KiB with many partitions; far above, it is not a worker.
+_MAX_TEXT_BODY = 16 * 1024 * 1024
+
+
 def _get(url: str, timeout: float = 10.0, client: WorkerClient | None = None) -> Any:
     client = client or WorkerClient()
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=dict(client.headers)), timeout=timeout,
                                     context=client.context) as r:
-            body = r.read()
-            return json.loads(body) if "json" in r.headers.get("Content-Type", "") else body.decode()
+            if "json" in r.headers.get("Content-Type", ""):
+                return read_json_response(r, what=url)
+            body = r.read(_MAX_TEXT_BODY + 1)  # the /metrics text of a worker: bounded like JSON
+            if len(body) > _MAX_TEXT_BODY:
+                raise PrismError(f"{url} answered with more than {_MAX_TEXT_BODY} bytes",
+                                 hint="check that the address is a Prism worker's web port")
+            return body.decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         if exc.code in (401, 403):
             raise WorkerRefused(f"worker refused {url} (HTTP {exc.code})",

@@ -24,10 +24,11 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from app.cli.output import fail
-from app.errors import PrismError
+from app.errors import JsonInputError, PrismError
 from app.schema.compat import check as compat_check
 from app.schema.model import CompatibilityMode, SchemaError, SchemaFormat
 from app.schema.pii import PiiPolicy, audit, check_policy
+from app.untrusted_json import loads_untrusted, read_json_response
 
 schema_app = typer.Typer(help="Schema registry: register, discover, check compatibility, govern PII.",
                          no_args_is_help=True)
@@ -87,12 +88,15 @@ def _api(base: str, method: str, path: str, body: Any = None) -> Any:
                                           **client_auth_header(**_CREDENTIALS)})
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
-            return json.loads(r.read().decode() or "null")
+            return read_json_response(r, what=f"{method} {base}{path}")
+    except JsonInputError as e:
+        _fail("registry_bad_answer", f"the registry's answer is not usable JSON: {e.message}",
+              where=f"{method} {base}{path}", fix="check that --registry (PRISM_REGISTRY_URL) is a Prism schema registry")
     except urllib.error.HTTPError as e:
-        raw = e.read().decode()
+        raw = e.read(64 * 1024).decode("utf-8", "replace")  # an error body is shown, never walked
         if e.code in (401, 403):
             try:
-                msg = json.loads(raw).get("message", raw)
+                msg = loads_untrusted(raw, what="registry error").get("message", raw)
             except (ValueError, AttributeError):
                 msg = raw
             _fail("registry_unauthorized" if e.code == 401 else "registry_forbidden",
@@ -101,7 +105,7 @@ def _api(base: str, method: str, path: str, body: Any = None) -> Any:
                       "PRISM_REGISTRY_PASSWORD / PRISM_REGISTRY_TOKEN)"
                       + (" for a user with the needed role" if e.code == 403 else ""))
         try:
-            parsed = json.loads(raw)
+            parsed = loads_untrusted(raw, what="registry error")
         except ValueError:
             parsed = raw
         raise ApiError(e.code, parsed) from None

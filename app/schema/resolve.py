@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SchemaReferencesError
-from ..untrusted_json import loads_untrusted
+from ..untrusted_json import read_json_response
 from .canonical import schema_hash
 from .model import CompatibilityMode, SchemaError, SchemaFormat, schema_json
 from .pii import pii_fields as compute_pii_fields
@@ -179,7 +179,7 @@ def _http_json(url: str, timeout: float = 10.0) -> Any:
                                                **client_auth_from_env("PRISM_REGISTRY")})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return loads_untrusted(resp.read(), what=f"GET {url}")
+            return read_json_response(resp, what=f"GET {url}")
     except urllib.error.HTTPError as e:
         if e.code in (401, 403):
             raise SchemaResolutionError(

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import serve_http
 from tests.worker.conftest import ROOT
 
 HOSTILE = {
@@ -95,3 +96,35 @@ def test_a_group_without_its_command_says_which_commands_it_has(files: Path, arg
     last = [ln for ln in res.stderr.splitlines() if ln.strip()][-1]
     assert last.startswith(f"error [usage] missing command (one of: {commands}) (at "), last
     assert last.endswith(f" {args[0]}); fix: see `{last.split('(at ')[1].split(')')[0]} --help`"), last
+
+
+@pytest.fixture
+def hostile_server():
+    """An HTTP server at a Prism address that answers every GET with JSON nested 100,000 deep:
+    what a misconfigured or hostile address can send `prism status` and `prism schema` (the
+    size bound is tests/test_untrusted_json.py's)."""
+    import http.server
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"[" * 100_000 + b"]" * 100_000
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with serve_http(Handler) as url:
+        yield url
+
+
+@pytest.mark.parametrize("args", [("status", "--url", "{url}"), ("schema", "list", "--registry", "{url}"),
+                                  ("schema", "get", "--topic", "t", "--registry", "{url}")])
+def test_a_hostile_server_is_one_error_line(files: Path, hostile_server: str, args: tuple[str, ...]) -> None:
+    """Deeply nested JSON from the address given was a RecursionError traceback."""
+    res = _prism(*(a.format(url=hostile_server) for a in args), cwd=files)
+    assert res.returncode != 0
+    assert "nested too deeply" in _one_error_line(res)

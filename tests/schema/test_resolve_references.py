@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 import urllib.parse
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from app.sdk.schemas import MASK, SchemaResolver
 from app.topology import EnrichStage
 from app.worker.pipeline import resolve_schema
 from tests.sdk.test_publish_validation import client_with_recorder
-from tests.support import creds
+from tests.support import creds, serve_http
 
 CURRENCY = 'syntax = "proto3";\npackage common;\nenum Currency {\n  CURRENCY_UNSPECIFIED = 0;\n  EUR = 1;\n}\n'
 MONEY = ('syntax = "proto3";\npackage common;\nimport "common/currency.proto";\n'
@@ -250,15 +249,8 @@ def fake_registry(fake: FakeRegistry) -> Iterator[str]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        t.join(timeout=10)
+    with serve_http(Handler) as url:
+        yield url
 
 
 def _ref(name: str, subject: str, version: int | str = 1) -> dict[str, Any]:
