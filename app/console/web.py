@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import jinja2
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
@@ -497,17 +497,21 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         return render(request, "subjects.html", rows=rows, q=needle, total=len(all_subjects), by_id=by_id)
 
     @app.get("/subjects/{subject:path}", response_class=HTMLResponse, responses=GUARDED_404)
-    async def subject(request: Request, subject: str, to: int | None = None) -> HTMLResponse:
+    async def subject(request: Request, subject: str, to: int | None = None,
+                      frm: str | None = Query(None, alias="from")) -> HTMLResponse:
+        """`from` is declared (under its alias: a Python keyword) so that the OpenAPI document,
+        and the schema-driven fuzzing of tests/console/test_console_fuzz.py, know it."""
         import asyncio
 
-        frm = request.query_params.get("from")  # a Python keyword: read by hand
         versions = list(await registry.get(f"/v1/subjects/{_seg(subject)}/versions"))
         if not versions:
             raise NotFound(f"subject {subject!r} has no versions")
         numbers = [v["version"] for v in versions]
         to_v = to if to in numbers else numbers[-1]
         before = [n for n in numbers if n < to_v]
-        from_v = int(frm) if frm and frm.isdigit() and int(frm) in numbers else (before[-1] if before else None)
+        # ASCII digits only: `str.isdigit()` also takes "²", which int() refuses (a 500 page)
+        asked = int(frm) if frm and len(frm) <= 9 and frm.isascii() and frm.isdigit() else None
+        from_v = asked if asked in numbers else (before[-1] if before else None)
         seg = _seg(subject)
         pairs = list(itertools.pairwise(numbers))
         policy, pair_diffs, new, old = await asyncio.gather(

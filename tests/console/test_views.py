@@ -239,6 +239,10 @@ def test_subjects_configured_compatibility_and_real_verdicts(client: TestClient)
     # another pair, asked for: v2 against v1 of the FULL subject is the same pair
     again = client.get(f"/subjects/{FULL_SUBJECT}", params={"from": 1, "to": 2})
     assert "breaking (FULL)" in again.text
+    # `from` is read by hand (a Python keyword): digits int() refuses were a 500 page
+    for odd in ("²", "١", "9" * 5000, "-1", " 1", ""):
+        page = client.get(f"/subjects/{FULL_SUBJECT}", params={"from": odd, "to": 2})
+        assert page.status_code == 200 and "breaking (FULL)" in page.text, (odd, page.status_code)
 
 
 def test_governance_pii_approvals_policies_and_audit(client: TestClient) -> None:
