@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from app.decimal_text import decimal
+
 from ..errors import BrokerError, ConfigError
 
 __all__ = [
@@ -126,7 +128,7 @@ def _parse_servers(raw: str) -> tuple[list[str], list[str]]:
             continue
         port = 9092
         if port_text:
-            if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            if not 0 < (decimal(port_text) or 0) < 65536:
                 problems.append(f"PRISM_BROKER_URL: {entry!r} has an invalid port {port_text!r}")
                 continue
             port = int(port_text)
@@ -179,7 +181,7 @@ def _replication_factor(raw: str, cluster: bool, problems: list[str]) -> int:
     is created - for a table changelog that is after the worker has joined its group."""
     if not raw:
         return 1
-    if not raw.isdigit() or not 1 <= int(raw) <= 32767:
+    if not 1 <= (decimal(raw) or 0) <= 32767:
         problems.append(f"PRISM_REPLICATION_FACTOR: {raw!r} is not a whole number from 1 to 32767 (the number of "
                         "brokers each topic Prism creates is replicated to, e.g. 3)")
         return 1

@@ -82,6 +82,7 @@ from app.agents.dlq import (
     error_context,
     strip_error_headers,
 )
+from app.decimal_text import decimal
 from app.errors import ConfigError, PrismError
 from app.topology import Source, Topology
 from app.worker.limits import WriteLimits, max_request_from_env, record_size
@@ -715,7 +716,7 @@ async def _replay_chunk(producer: AIOKafkaProducer, consumer: AIOKafkaConsumer, 
             dlq_topic=rec.topic, dlq_partition=rec.partition, dlq_offset=rec.offset,
             value_sha256=hashlib.sha256(rec.value or b"").hexdigest(), source_topic=source.topic,
             source_partition=int(ctx["partition"]),
-            source_offset=int(ctx["offset"]) if ctx.get("offset", "").isdigit() else None,
+            source_offset=decimal(ctx.get("offset")),
             replayed_partition=int(outcome.target_partition or 0), replayed_offset=-1, replayed_at_ms=now, by=by,
             forced=outcome.why == "forced", replays=outcome.replays_before + 1, state="pending",
             pending_from=int(ends.get(TopicPartition(source.topic, int(outcome.target_partition or 0)), 0)),

@@ -27,6 +27,7 @@ from rich.text import Text
 
 from app.cli.output import CliTable as Table  # headers break between words, ids fold
 from app.cli.output import friendly
+from app.decimal_text import decimal
 from app.errors import ConfigError, PrismError
 from app.untrusted_json import read_json_response
 
@@ -94,9 +95,10 @@ def _locked_until(retry_after: str | None) -> str:
     from datetime import UTC, datetime, timedelta
 
     text = (retry_after or "").strip()
-    if text.isdigit() and len(text) <= 9:
-        until = datetime.now(UTC) + timedelta(seconds=int(text))
-        return f"locked out for {int(text)} s, until {until:%H:%M:%S} UTC"
+    seconds = decimal(text, most_digits=9)
+    if seconds is not None:
+        until = datetime.now(UTC) + timedelta(seconds=seconds)
+        return f"locked out for {seconds} s, until {until:%H:%M:%S} UTC"
     return f"locked out; Retry-After {text[:64]!r}" if text else "locked out for a while (no Retry-After)"
 
 

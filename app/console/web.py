@@ -36,6 +36,7 @@ from app.console.backends import BackendError, Kafka, NotFound, RegistryClient, 
 from app.console.clearance import RefusalAudit, Withheld, clearance_of, covers, label
 from app.console.sessions import COOKIE, Session, Sessions, check_same_origin, csrf_ok
 from app.console.settings import MAX_FORM_BYTES, ConsoleSettings, static_dir, templates_dir
+from app.decimal_text import decimal
 from app.schema.pretty import pretty_schema
 from app.security.http_auth import Principal, TooManyFailures, Unauthenticated, basic_header
 from app.security.http_limits import BodyLimit
@@ -481,9 +482,9 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         needle = (q or "").strip()
         all_subjects = await registry.subjects()
         by_id: list[dict[str, Any]] = []
-        if needle.isdigit():  # a schema id: which subjects and versions use it
+        if (schema_id := decimal(needle, most_digits=10)) is not None:  # which subjects and versions use it
             try:
-                by_id = list(await registry.get(f"/schemas/ids/{int(needle)}/versions"))
+                by_id = list(await registry.get(f"/schemas/ids/{schema_id}/versions"))
             except BackendError:
                 by_id = []
         low = needle.lower()
@@ -509,8 +510,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         numbers = [v["version"] for v in versions]
         to_v = to if to in numbers else numbers[-1]
         before = [n for n in numbers if n < to_v]
-        # ASCII digits only: `str.isdigit()` also takes "²", which int() refuses (a 500 page)
-        asked = int(frm) if frm and len(frm) <= 9 and frm.isascii() and frm.isdigit() else None
+        asked = decimal(frm, most_digits=9)  # "²" passed isdigit() and failed int(): a 500 page
         from_v = asked if asked in numbers else (before[-1] if before else None)
         seg = _seg(subject)
         pairs = list(itertools.pairwise(numbers))

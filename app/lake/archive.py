@@ -44,6 +44,7 @@ from urllib.parse import quote, unquote
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from app.decimal_text import decimal
 from app.envelope import decode, detect_layout, encode
 from app.errors import ArchiveError, EnvelopeError
 from app.lake.storage import Store, temp_leftovers
@@ -207,7 +208,7 @@ class Archive:
         for f in self.store.list_files(f"{MANIFEST_DIR}/{writer}", recursive=False):
             name = f.path.rsplit("/", 1)[-1]
             stem, _, ext = name.partition(".")
-            if not stem.isdigit():
+            if decimal(stem) is None:  # not one of ours ("²" passes isdigit() and fails int())
                 continue
             if ext == "json":
                 committed.append(int(stem))

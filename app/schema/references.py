@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..decimal_text import decimal
 from .model import SchemaError, schema_json
 
 
@@ -70,8 +71,8 @@ def parse_references(raw: Sequence[Mapping[str, Any]] | None) -> tuple[RawRefere
             v: int | str = "latest"
         elif isinstance(version, int) and not isinstance(version, bool) and version >= 1:
             v = version
-        elif isinstance(version, str) and version.isdigit() and int(version) >= 1:
-            v = int(version)
+        elif isinstance(version, str) and (decimal(version) or 0) >= 1:
+            v = decimal(version) or 1
         else:
             raise SchemaError(f"reference {name!r} has an invalid version {version!r}")
         if name in seen:

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.decimal_text import decimal
 from app.schema import pii as pii_mod
 from app.schema.canonical import schema_hash
 from app.schema.compat import check as compat_check
@@ -517,8 +518,8 @@ class Registry:
     def _version_number(self, subject: str, version: int | str) -> int:
         if isinstance(version, int):
             num = version
-        elif isinstance(version, str) and version.isdigit():
-            num = int(version)
+        elif isinstance(version, str) and decimal(version) is not None:
+            num = decimal(version)
         else:
             for r in self.store.versions(subject, include_deleted=False):
                 if r.label == version:

@@ -57,6 +57,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.decimal_text import decimal
 from app.errors import JsonInputError
 from app.schema import associations as assoc
 from app.schema import authz
@@ -955,7 +956,8 @@ def _json_bytes(obj: Any) -> bytes:
 def _ver(v: str) -> int | str:
     if v == "latest" or v == "-1":
         return "latest"
-    return int(v) if v.lstrip("-").isdigit() else v
+    n = decimal(v.removeprefix("-"))
+    return v if n is None else (-n if v.startswith("-") else n)
 
 
 def _approval_json(a: Any) -> dict[str, Any]:

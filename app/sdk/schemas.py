@@ -55,6 +55,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..decimal_text import decimal
 from ..envelope.compression import DEFAULT_MAX_DECOMPRESSED
 from ..errors import PayloadError, SchemaReferenceError, SchemaRequiredError
 from ..schema.model import SchemaFormat, schema_json
@@ -71,8 +72,9 @@ MAX_DEPTH = 64
 #: the `schema.id` envelope extension (Confluent schema ids from headers, app/formats/_fields.py)
 SCHEMA_ID_EXTENSION = "schema.id"
 
-_SUBJECT_VERSION = re.compile(r"/subjects/([^/]+)/versions/(\d+)/?$")
-_SCHEMA_ID = re.compile(r"/(?:v1/schemas|schemas/ids)/(\d+)/?$")
+# [0-9]{1,10}, not \d+: a received envelope's URL, read back by int() (no other digits, no 5,000 of them)
+_SUBJECT_VERSION = re.compile(r"/subjects/([^/]+)/versions/([0-9]{1,10})/?$")
+_SCHEMA_ID = re.compile(r"/(?:v1/schemas|schemas/ids)/([0-9]{1,10})/?$")
 _PII_OPTION, _ENCRYPT_OPTION = 50430, 50431  # app/schema/pii.py
 
 
@@ -510,8 +512,8 @@ class SchemaRef:
         raw = env.extensions.get(SCHEMA_ID_EXTENSION) if m is None else None
         if m is not None or raw:
             text = m.group(1) if m is not None else bytes(raw).decode("utf-8", "replace").strip()
-            if text.isdigit() and 0 < int(text) < 2**31:
-                return cls(None, None, int(text), digest, name)
+            if 0 < (schema_id := decimal(text) or 0) < 2**31:
+                return cls(None, None, schema_id, digest, name)
         raise SchemaReferenceError(
             f"message {env.message_id} names no registered schema (schema_url {url[:200]!r})",
             path="schema.schema_url",

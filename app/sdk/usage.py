@@ -34,7 +34,8 @@ import urllib.request
 
 log = logging.getLogger("prism.sdk.usage")
 
-_VERSION_PATH = re.compile(r"/subjects/([^/]+)/versions/(\d+)/?$")
+# [0-9]{1,10}, not \d+: the URL is a received envelope's, and int() refuses 5,000 digits
+_VERSION_PATH = re.compile(r"/subjects/([^/]+)/versions/([0-9]{1,10})/?$")
 DEFAULT_INTERVAL_S = 60.0
 
 

@@ -236,7 +236,9 @@ class KeyRecord:
         return f"KeyRecord({self.key_id!r}, {self.key_type!r}, {kind}, not_before={_iso(self.not_before)})"
 
 
-_DURATION = re.compile(r"^\s*(\d+)\s*([smhdw]?)\s*$")
+_DURATION = re.compile(r"^\s*([0-9]{1,12})\s*([smhdw]?)\s*$")
+#: The longest duration a keyring setting takes: ten years (timedelta overflows near 2.7 million).
+_MAX_DURATION_S = 10 * 366 * 86400
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
@@ -251,8 +253,8 @@ def parse_duration(value: Any) -> timedelta:
         if not m:
             raise ValueError(f"{value!r} is not a duration like '7d', '12h', '30m' or a number of seconds")
         secs = int(m.group(1)) * _UNITS[m.group(2)]
-    if secs < 0:
-        raise ValueError("duration must not be negative")
+    if not 0 <= secs <= _MAX_DURATION_S:  # NaN fails both; inf and 10**15 s overflowed timedelta
+        raise ValueError(f"duration must be from 0 to {_MAX_DURATION_S} seconds (ten years), got {value!r}")
     return timedelta(seconds=secs)
 
 

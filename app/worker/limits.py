@@ -37,6 +37,7 @@ from typing import Any
 
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
+from app.decimal_text import decimal
 from app.envelope.codec import DEFAULT_LIMITS
 from app.errors import ConfigError, NoRoomError
 
@@ -67,7 +68,7 @@ def max_request_from_env(environ: Mapping[str, str] | None = None) -> int | None
     raw = (os.environ if environ is None else environ).get(MAX_REQUEST_ENV, "").strip()
     if not raw:
         return None
-    if not raw.isdigit() or int(raw) < MIN_MAX_REQUEST:
+    if (decimal(raw) or 0) < MIN_MAX_REQUEST:
         raise ConfigError(f"{MAX_REQUEST_ENV}={raw!r} is not a byte count of at least {MIN_MAX_REQUEST}",
                           path=MAX_REQUEST_ENV, hint="set the producer's max_request_size in bytes, e.g. 4194304")
     return int(raw)

@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from app.cli.ops import register
+from app.cli.ops import _locked_until, register
 from app.envelope import encode, new_envelope
 from app.worker.management import ManagementSettings
 from app.worker.observe import Observer
@@ -26,6 +26,12 @@ def _cli() -> typer.Typer:
     app.add_typer(dlq, name="dlq")
     register(app, dlq)
     return app
+
+
+def test_a_retry_after_that_is_no_number_is_shown_as_it_is() -> None:
+    assert _locked_until("42").startswith("locked out for 42 s, until ")
+    assert _locked_until("²") == "locked out; Retry-After '²'"  # isdigit() took it, int() refused it
+    assert _locked_until("9" * 5000).startswith("locked out; Retry-After '999")
 
 
 def test_a_bad_since_is_reported_before_any_broker_is_looked_for(tmp_path: Path, monkeypatch) -> None:

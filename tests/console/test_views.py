@@ -223,6 +223,9 @@ def test_subjects_configured_compatibility_and_real_verdicts(client: TestClient)
     assert client.get("/subjects", params={"q": "nothing-like-it"}).text.count('class="subject-row"') == 0
     by_id = client.get("/subjects", params={"q": "2"})  # a schema id: the subjects and versions using it
     assert 'id="by-id"' in by_id.text and f"{BACKWARD_SUBJECT} v2" in by_id.text
+    for odd in ("²", "9" * 5000):  # passed isdigit(), failed int(): a 500 page
+        page = client.get("/subjects", params={"q": odd})
+        assert page.status_code == 200 and 'id="by-id"' not in page.text, odd
 
     backward = client.get(f"/subjects/{BACKWARD_SUBJECT}")
     full = client.get(f"/subjects/{FULL_SUBJECT}")

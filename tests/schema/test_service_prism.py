@@ -112,6 +112,9 @@ def test_versions_are_immutable_and_ids_shared(client: TestClient, registry: Reg
     assert again["version"] == 1 and again["created"] is False
     assert not hasattr(registry.store, "update_schema")
     assert client.get("/v1/subjects/a.events/versions/1").json()["schema"] == V1
+    # a version that is no number int() reads ("²" passed isdigit(); 5,000 digits): not found, never a 500
+    for odd in ("²", "9" * 5000, "-²"):
+        assert client.get(f"/v1/subjects/a.events/versions/{odd}").status_code in (404, 422), odd
 
 
 def test_metrics_and_ui(client: TestClient) -> None:

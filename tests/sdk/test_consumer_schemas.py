@@ -235,8 +235,10 @@ async def test_forged_and_broken_references(registry_server) -> None:  # noqa: F
     # a foreign host in the URL is never called: only the path is read, the client's registry asked
     evil = forged(schema_url=f"http://203.0.113.9:1/v1/subjects/{TOPIC}/versions/1")
     assert (await evil.decoded()) == doc
-    # nothing usable, or garbage
-    for url_ in ("", "file:///etc/passwd", f"{url}/v1/subjects/{TOPIC}/versions/latest"):
+    # nothing usable, or garbage (digits int() refuses: "²", 5,000 of them - were a ValueError)
+    for url_ in ("", "file:///etc/passwd", f"{url}/v1/subjects/{TOPIC}/versions/latest",
+                 f"{url}/v1/subjects/{TOPIC}/versions/²", f"{url}/v1/subjects/{TOPIC}/versions/{'9' * 5000}",
+                 f"{url}/v1/schemas/{'9' * 5000}"):
         with pytest.raises(SchemaReferenceError, match="names no registered schema"):
             await forged(schema_url=url_).decoded()
     # a schema id (the Confluent header, app/formats): must be registered under this topic
@@ -249,6 +251,12 @@ async def test_forged_and_broken_references(registry_server) -> None:  # noqa: F
     foreign_id.header.schema.schema_hash = ""
     with pytest.raises(SchemaReferenceError, match="not registered under"):
         await _received(foreign_id, client).decoded()
+    for odd in ("²", "9" * 5000):
+        odd_id = _envelope(doc, resolved)
+        odd_id.header.schema.schema_url = ""
+        odd_id.extensions["schema.id"] = odd.encode()
+        with pytest.raises(SchemaReferenceError, match="names no registered schema"):
+            await _received(odd_id, client).decoded()
     unknown_id = _envelope(doc, resolved)
     unknown_id.header.schema.schema_url = f"{url}/v1/schemas/424242"
     with pytest.raises(SchemaReferenceError, match="schema id 424242 cannot be read"):

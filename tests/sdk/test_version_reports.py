@@ -55,6 +55,8 @@ async def publish_two_versions(backend_url: str, registry_url: str, registry: Re
     schemas = [resolve_schema_config({"registry_type": "prism", "registry_url": registry_url, "subject": topic,
                                       "version": v}) for v in ("1", "2")]
     assert [subject_version(s.url) for s in schemas] == [(topic, 1), (topic, 2)]
+    # a received envelope's URL: 5,000 digits were a ValueError in int(), not "names no version"
+    assert subject_version(f"http://r/v1/subjects/{topic}/versions/{'9' * 5000}") is None
     for schema in schemas:
         async with PrismClient(backend_url, namespace="shop", schema=schema) as producer:
             for i in range(3):

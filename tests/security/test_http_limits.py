@@ -414,3 +414,14 @@ def test_bind_listen_holds_the_port_until_the_server_serves_on_it() -> None:
     for bad in (0, 65536, 99999):
         with pytest.raises(ConfigError, match="is not a TCP port"):
             bind_listen("127.0.0.1", bad)
+
+
+@pytest.mark.parametrize("length", ["9" * 5000, "²", "１２"])
+def test_a_content_length_that_is_no_number_is_a_400_never_a_500(server: Server, length: str) -> None:
+    """5,000 digits passed `isdigit()` and failed `int()` (over its 4,300-digit limit) in the
+    body limit, as did "²": whichever layer sees the head first refuses it as a bad request."""
+    head = (f"POST {server.post_path} HTTP/1.1\r\nHost: x\r\n{_auth_line(server)}"
+            f"Content-Type: application/json\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n").encode()
+    status, _ = _attack(server, head)
+    assert status in (400, 413), status
+    assert _get(server, "/healthz") == 200
