@@ -338,14 +338,15 @@ def _faust_classes() -> tuple[type, type, type, type]:
             # Faust hard-codes fetch_max_wait_ms=1500. aiokafka keeps one fetch in flight per
             # broker, and a partition whose fetched records the worker has not taken for 100 ms
             # (its prefetch backoff) no longer holds the next fetch back: it goes out for the
-            # other partitions alone. When those are idle - the LNMP sequence table's changelog,
-            # which aiokafka keeps fetching (Faust pauses a changelog only in its own bookkeeping)
-            # and nothing writes without LNMP inputs - the broker holds it the whole max wait, and
-            # the source partitions are not fetched until it returns: 1.5 s stalls of a live
-            # stream, after which a worker at half its maximum stayed behind for the rest of a
-            # latency round (BENCHMARKS.md, "A live stream counted, and its 1.5 s fetch stalls";
-            # the idle cost: "What the fetch bound costs an idle worker"). The bound caps such a
-            # stall; a fetch with data returns at once either way.
+            # other partitions alone. When those are idle - measured: the LNMP sequence table's
+            # changelog, which aiokafka fetched after recovery until the changelogs were paused
+            # in aiokafka (app/tables/recovery.py); still: a source partition that receives
+            # nothing - the broker holds it the whole max wait, and the busy source partitions
+            # are not fetched until it returns: 1.5 s stalls of a live stream, after which a
+            # worker at half its maximum stayed behind for the rest of a latency round
+            # (BENCHMARKS.md, "A live stream counted, and its 1.5 s fetch stalls"; the idle cost:
+            # "What the fetch bound costs an idle worker", "Changelogs paused after their
+            # recovery"). The bound caps such a stall; a fetch with data returns at once either way.
             consumer = super()._create_worker_consumer(transport)
             if not hasattr(consumer, "_fetch_max_wait_ms"):  # pragma: no cover - guards an aiokafka upgrade
                 raise RuntimeError("aiokafka consumer has no _fetch_max_wait_ms; re-check app/worker/offsets.py")
