@@ -15,7 +15,12 @@ the worker's and the broker's CPU (utime + stime from /proc, every thread) are r
 `--window` seconds with no traffic. The two settings alternate, the order flipped every round;
 the figure is the median of the rounds, and the ratio of the medians.
 
-    python -m bench.bench_idle [--rounds 4] [--window 20] [--settle 5] [--json PATH]
+With ``--baseline REV`` (and ``--baseline-python``, as `bench_release`), every round also runs
+the baseline's worker at both settings, interleaved with this tree's: before/after of a change
+to what the worker fetches (BENCHMARKS.md, "Changelogs paused after their recovery").
+
+    python -m bench.bench_idle [--rounds 4] [--window 20] [--settle 5] [--baseline main
+        --baseline-python PY] [--json PATH]
 """
 
 from __future__ import annotations
@@ -35,10 +40,12 @@ from bench._brokers import bench_broker
 from bench.bench_release import (
     PARTITIONS,
     Contender,
+    Version,
     bench_topology,
     cpu_seconds,
     create_topics,
     head_version,
+    release_version,
     run_on_uvloop,
     stop,
     wait_ready,
@@ -49,11 +56,13 @@ WAITS_MS = (50, 1500)
 IDLE_TARGET = "bench._idle_worker:app_from_env"
 
 
-async def one_run(broker: Any, tmp: Path, keys: Any, wait_ms: int, settle: float, window: float) -> dict[str, Any]:
-    """One idle worker with the long poll at `wait_ms`: its and the broker's CPU per second."""
+async def one_run(broker: Any, tmp: Path, keys: Any, wait_ms: int, settle: float, window: float,
+                  version: Version | None = None) -> dict[str, Any]:
+    """One idle worker of `version` (default this tree) with the long poll at `wait_ms`: its and
+    the broker's CPU per second."""
     from app.worker.faust_app import READY_FILE_ENV
 
-    version = head_version()
+    version = version or head_version()
     name = f"idle-{wait_ms}-{uuid.uuid4().hex[:6]}"
     topic = f"bench.idle.{uuid.uuid4().hex[:8]}"
     topology = bench_topology(version, tmp, keys, topic, name)
@@ -89,19 +98,31 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     keys = ensure_dev_keys(tmp / "keys")
     result: dict[str, Any] = {"partitions": PARTITIONS, "window_s": args.window, "settle_s": args.settle,
                               "rounds": []}
+    versions: list[tuple[str, Version]] = [("head", head_version())]
+    if args.baseline:
+        versions.append(("baseline", release_version(args.baseline, args.cache, fresh=False,
+                                                     python=args.baseline_python)))
+    runs = [(label, version, wait_ms) for label, version in versions for wait_ms in WAITS_MS]
+    keys_of = {f"{label}-{wait_ms}" if args.baseline else str(wait_ms): (label, wait_ms)
+               for label, _v, wait_ms in runs}
     async with bench_broker("kafka", tmp) as broker:
         for r in range(args.rounds):
             one = {}
-            for wait_ms in (WAITS_MS if r % 2 == 0 else WAITS_MS[::-1]):
-                res = one[str(wait_ms)] = await one_run(broker, tmp, keys, wait_ms, args.settle, args.window)
-                print(f"[round {r + 1}/{args.rounds}] long poll {wait_ms} ms: worker {res['worker_cpu_ms_per_s']} "
-                      f"ms CPU/s, broker {res['broker_cpu_ms_per_s']} ms CPU/s (load {res['load_1m']})", flush=True)
+            for label, version, wait_ms in (runs if r % 2 == 0 else runs[::-1]):
+                key = f"{label}-{wait_ms}" if args.baseline else str(wait_ms)
+                res = one[key] = await one_run(broker, tmp, keys, wait_ms, args.settle, args.window, version)
+                print(f"[round {r + 1}/{args.rounds}] {label}, long poll {wait_ms} ms: worker "
+                      f"{res['worker_cpu_ms_per_s']} ms CPU/s, broker {res['broker_cpu_ms_per_s']} ms CPU/s "
+                      f"(load {res['load_1m']})", flush=True)
             result["rounds"].append(one)
-    medians = {str(w): {k: statistics.median(r[str(w)][k] for r in result["rounds"])
-                        for k in ("worker_cpu_ms_per_s", "broker_cpu_ms_per_s")} for w in WAITS_MS}
+    medians = {key: {k: statistics.median(r[key][k] for r in result["rounds"])
+                     for k in ("worker_cpu_ms_per_s", "broker_cpu_ms_per_s")} for key in keys_of}
     result["medians"] = medians
-    bound, faust = medians[str(WAITS_MS[0])], medians[str(WAITS_MS[1])]
-    result["extra_cpu_ms_per_s"] = {k: round(bound[k] - faust[k], 2) for k in bound}
+    result["extra_cpu_ms_per_s"] = {}
+    for label, _v in versions:
+        prefix = f"{label}-" if args.baseline else ""
+        bound, faust = medians[f"{prefix}{WAITS_MS[0]}"], medians[f"{prefix}{WAITS_MS[1]}"]
+        result["extra_cpu_ms_per_s"][label] = {k: round(bound[k] - faust[k], 2) for k in bound}
     print(json.dumps({"medians": medians, "extra_cpu_ms_per_s": result["extra_cpu_ms_per_s"]}, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
@@ -113,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4, help="rounds; each runs both settings, order alternating")
     ap.add_argument("--window", type=float, default=20.0, help="seconds of idle CPU counted per run")
     ap.add_argument("--settle", type=float, default=5.0, help="seconds after the ready file before counting")
+    ap.add_argument("--baseline", default=None, help="also run this git revision's worker (e.g. main)")
+    ap.add_argument("--baseline-python", type=Path, default=None,
+                    help="the baseline's interpreter (no venv of its own: same dependencies)")
+    ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "prism-bench-release",
+                    help="where the baseline's export is kept (as bench_release)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.window <= 0 or args.settle < 0:

@@ -156,7 +156,8 @@ def _faust_classes() -> tuple[type, type]:
     if not hasattr(TableManager, "_update_channels"):
         raise RuntimeError(  # pragma: no cover - guards a Faust upgrade
             "faust TableManager has no '_update_channels': app/tables/recovery.py must be re-checked against this Faust")
-    for attr in ("_build_offsets", "_build_highwaters", "active_highwaters", "standby_offsets"):
+    for attr in ("_build_offsets", "_build_highwaters", "_seek_offsets", "on_recovery_completed", "_is_changelog_tp",
+                 "signal_recovery_start", "active_highwaters", "standby_offsets", "standby_tps"):
         if not hasattr(Recovery, attr) and attr not in getattr(Recovery, "__annotations__", {}):
             raise RuntimeError(  # pragma: no cover - guards a Faust upgrade
                 f"faust Recovery has no {attr!r}: app/tables/recovery.py must be re-checked against this Faust")
@@ -166,10 +167,13 @@ def _faust_classes() -> tuple[type, type]:
 
         #: partitions rebuilt so far (for tests, logs and metrics)
         rebuilt: list[AheadOfChangelog]
+        #: raised each time a recovery is about to read changelog partitions (`_fetch_changelogs`)
+        fetch_epoch: int
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.rebuilt = []
+            self.fetch_epoch = 0
             if getattr(self.app, "_prism_read_committed", False):
                 self.app = _ReadCommittedView(self.app)
 
@@ -222,6 +226,73 @@ def _faust_classes() -> tuple[type, type]:
                             "was re-created)", table.name, a, wiped)
             if seek:
                 await consumer.seek_wait({a.tp: max(offsets[a.tp], 0) for a in ahead})
+
+        async def _seek_offsets(self, consumer: Any, tps: Any, offsets: Any, title: str) -> None:
+            # Faust seeks every changelog partition a recovery is about to read (actives, then
+            # standbys) just before it reads them: that is where they are made fetchable again.
+            await self._fetch_changelogs(consumer, tps)
+            await super()._seek_offsets(consumer, tps, offsets, title)
+
+        async def on_recovery_completed(self, generation_id: int = 0) -> None:
+            await super().on_recovery_completed(generation_id)
+            await self._pause_changelogs(generation_id)
+
+        async def _fetch_changelogs(self, consumer: Any, tps: Any) -> None:
+            """Make `tps` fetched by aiokafka again (see :meth:`_pause_changelogs`). The epoch
+            goes up first: a pause issued before this point finds it changed and does nothing,
+            one that ran before it is undone here (both run in the consumer thread, in order)."""
+            from app.worker.batch_source import set_fetching
+
+            self.fetch_epoch += 1
+            if tps:
+                await set_fetching(consumer, tps, paused=False)
+
+        async def _pause_changelogs(self, generation_id: int) -> None:
+            """Pause in aiokafka the changelog partitions Faust has stopped reading (issue 29).
+
+            Why: after a recovery Faust only stops *asking* aiokafka for the changelog
+            partitions (``pause_partitions``); aiokafka goes on fetching every assigned
+            partition it has not paused itself, so each fetch carried the changelogs and a fetch
+            of idle changelogs alone held the source partitions back for the whole long poll
+            (docs/operations.md, "The worker consumer's fetches"). Paused, they are left out of
+            every fetch until the next recovery reads them (:meth:`_fetch_changelogs`, or a new
+            assignment: aiokafka starts every one with nothing paused). The producer side is
+            untouched: table writes still go to the changelog.
+
+            Paused: the changelog partitions of this assignment that Faust itself has paused -
+            never a standby partition (Faust reads those for as long as they are assigned) nor
+            one Faust keeps reading after the recovery (``recovery_buffer_size`` 1).
+
+            The race with a rebalance: the pause is applied in the consumer thread and only if,
+            there and then, aiokafka's group generation is still the one this recovery finished
+            for, no reassignment is under way, and no recovery has begun reading since
+            (``fetch_epoch``); otherwise it is dropped - a pause can cost fetches, never stall a
+            recovery. A failure is logged and the changelogs stay fetched, as before."""
+            from app.worker.batch_source import set_fetching
+
+            app = self.app
+            consumer = app.consumer
+            if app.consumer_generation_id != generation_id or self.signal_recovery_start.is_set():
+                return  # a rebalance began: the recovery it starts decides
+            epoch = self.fetch_epoch
+            paused = getattr(consumer, "_paused_partitions", set())
+            tps = {tp for tp in consumer.assignment()
+                   if self._is_changelog_tp(tp) and tp in paused and tp not in self.standby_tps}
+            if not tps:
+                return
+            try:
+                await set_fetching(consumer, tps, paused=True,
+                                   still=lambda client: self.still_current(client, generation_id, epoch))
+            except Exception as exc:
+                log.warning("could not pause the table changelog partitions after recovery (they stay fetched): "
+                            "%r", exc)
+
+        def still_current(self, client: Any, generation_id: int, epoch: int) -> bool:
+            """In the consumer thread: is the recovery that ended for `generation_id` at `epoch`
+            still the last one (aiokafka's generation the same, no reassignment under way, no
+            recovery reading since)?"""
+            return (self.fetch_epoch == epoch and client._coordinator.generation == generation_id
+                    and not client._subscription.reassignment_in_progress)
 
         async def _verified_ends(self, consumer: Any, tps: list[Any]) -> dict[Any, int]:
             """Last offsets from a Fetch's high watermark (``app.worker.offsets.true_end_offsets``),

@@ -67,7 +67,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
 __all__ = ["BatchBuffer", "BatchSource", "CurrentMessage", "ack_all", "install_seek_uncommitted", "lowest_offsets",
-           "release_all", "rewind_to"]
+           "release_all", "rewind_to", "set_fetching", "set_source_fetching"]
 
 log = logging.getLogger("prism.worker")
 
@@ -413,20 +413,39 @@ async def set_source_fetching(consumer: Any, source_topics: set[str], *, paused:
     Why not Faust's `consumer.pause_partitions`: it only narrows the set Faust asks aiokafka
     for, aiokafka keeps fetching the partition and DROPS records fetched for partitions not
     asked for (`Fetcher.fetched_records`), which loses them (measured: a record produced
-    while paused never arrived after resume). aiokafka's own pause stops the fetch itself.
-    Runs in the consumer thread's loop, where aiokafka lives."""
+    while paused never arrived after resume). aiokafka's own pause stops the fetch itself."""
+    await set_fetching(consumer, [tp for tp in consumer.assignment() if tp.topic in source_topics], paused=paused)
+
+
+async def set_fetching(consumer: Any, tps: Iterable[Any], *, paused: bool,
+                       still: Callable[[Any], bool] | None = None) -> set[Any]:
+    """Pause/resume `tps` (Faust TPs) in the consumer's aiokafka client, where aiokafka decides
+    what it fetches: a paused partition is left out of every fetch request. The sources'
+    pause above and the table changelogs' after their recovery (app/tables/recovery.py) both
+    go through here.
+
+    Runs in the consumer thread's loop, where aiokafka lives, as one step with no await in it:
+    `still(client)` (optional) is asked there first and nothing changes when it says False -
+    the check and the change cannot be split by a rebalance. Partitions aiokafka no longer has
+    assigned are skipped (its pause and resume raise on them; a new assignment starts with every
+    partition fetched). Returns the partitions changed."""
     from aiokafka.structs import TopicPartition
 
-    tps = [TopicPartition(tp.topic, tp.partition) for tp in consumer.assignment() if tp.topic in source_topics]
+    wanted = [TopicPartition(tp.topic, tp.partition) for tp in tps]
 
-    async def apply() -> None:
+    async def apply() -> set[Any]:
         client = consumer._thread._ensure_consumer()
+        if still is not None and not still(client):
+            return set()
+        current = client._subscription.assigned_partitions()
+        mine = [tp for tp in wanted if tp in current]
         if paused:
-            client.pause(*tps)
+            client.pause(*mine)
         else:
-            client.resume(*tps)
+            client.resume(*mine)
+        return set(mine)
 
-    await consumer._thread.call_thread(apply)
+    return set(await consumer._thread.call_thread(apply))
 
 
 def install_seek_uncommitted(consumer: Any, sources: list[BatchSource]) -> None:

@@ -92,6 +92,7 @@ __all__ = [
     "leave_group_on_close",
     "listoffsets_workaround_installed",
     "offsets_probe_installed",
+    "paused_in_aiokafka",
     "start_offsets_probe",
     "true_end_offsets",
 ]
@@ -230,6 +231,20 @@ def leave_group_on_close(consumer: AIOKafkaConsumer) -> None:
     coordinator._prism_leave_patched = True
 
 
+def paused_in_aiokafka(consumer: AIOKafkaConsumer | None, tp: Any) -> bool:
+    """True when aiokafka's current assignment has `tp` paused (it is left out of every fetch).
+    A read of aiokafka's state from outside its thread, as Faust's livelock check makes; False
+    when there is no consumer or assignment, or the state cannot be read."""
+    if consumer is None:
+        return False
+    try:
+        assignment = consumer._subscription.subscription.assignment
+        state = assignment.state_value(_aiokafka_tp(tp[0], tp[1])) if assignment is not None else None
+    except Exception:  # no subscription yet, or changed under us: report as Faust would
+        return False
+    return bool(state is not None and state.paused)
+
+
 def _aiokafka_tp(topic: str, partition: int) -> Any:
     from aiokafka.structs import TopicPartition
 
@@ -253,6 +268,7 @@ def _faust_classes() -> tuple[type, type, type, type]:
     for owner, attr in ((base_thread, "highwaters"), (base_thread, "earliest_offsets"), (base_thread, "subscribe"),
                         (base_thread, "call_thread"), (base_thread, "on_thread_stop"),
                         (base_thread, "_ensure_consumer"), (base_thread, "commit"), (base_thread, "_commit"),
+                        (base_thread, "verify_event_path"),
                         (base_consumer, "_new_consumer_thread"), (base_consumer, "_commit_offsets")):
         if not hasattr(owner, attr):  # pragma: no cover - guards a Faust upgrade
             raise RuntimeError(
@@ -322,14 +338,15 @@ def _faust_classes() -> tuple[type, type, type, type]:
             # Faust hard-codes fetch_max_wait_ms=1500. aiokafka keeps one fetch in flight per
             # broker, and a partition whose fetched records the worker has not taken for 100 ms
             # (its prefetch backoff) no longer holds the next fetch back: it goes out for the
-            # other partitions alone. When those are idle - the LNMP sequence table's changelog,
-            # which aiokafka keeps fetching (Faust pauses a changelog only in its own bookkeeping)
-            # and nothing writes without LNMP inputs - the broker holds it the whole max wait, and
-            # the source partitions are not fetched until it returns: 1.5 s stalls of a live
-            # stream, after which a worker at half its maximum stayed behind for the rest of a
-            # latency round (BENCHMARKS.md, "A live stream counted, and its 1.5 s fetch stalls";
-            # the idle cost: "What the fetch bound costs an idle worker"). The bound caps such a
-            # stall; a fetch with data returns at once either way.
+            # other partitions alone. When those are idle - measured: the LNMP sequence table's
+            # changelog, which aiokafka fetched after recovery until the changelogs were paused
+            # in aiokafka (app/tables/recovery.py); still: a source partition that receives
+            # nothing - the broker holds it the whole max wait, and the busy source partitions
+            # are not fetched until it returns: 1.5 s stalls of a live stream, after which a
+            # worker at half its maximum stayed behind for the rest of a latency round
+            # (BENCHMARKS.md, "A live stream counted, and its 1.5 s fetch stalls"; the idle cost:
+            # "What the fetch bound costs an idle worker", "Changelogs paused after their
+            # recovery"). The bound caps such a stall; a fetch with data returns at once either way.
             consumer = super()._create_worker_consumer(transport)
             if not hasattr(consumer, "_fetch_max_wait_ms"):  # pragma: no cover - guards an aiokafka upgrade
                 raise RuntimeError("aiokafka consumer has no _fetch_max_wait_ms; re-check app/worker/offsets.py")
@@ -339,6 +356,17 @@ def _faust_classes() -> tuple[type, type, type, type]:
         def fetch_max_wait_ms(self) -> int:
             """The worker consumer's fetch long-poll bound (read when the consumer is created)."""
             return KAFKA_FETCH_MAX_WAIT_MS
+
+        def verify_event_path(self, now: float, tp: Any) -> None:
+            # Faust's livelock check logs an ERROR ("Aiokafka stopped fetching from ...") every
+            # few seconds for any assigned partition aiokafka has not fetched within
+            # stream_processing_timeout (300 s). A partition paused in aiokafka on purpose - the
+            # tables' changelogs after their recovery (app/tables/recovery.py), the sources of a
+            # blocked or paused worker (batch_source.set_source_fetching) - is not fetched
+            # because it must not be: not a stall to report.
+            if paused_in_aiokafka(self._consumer, tp):
+                return None
+            return super().verify_event_path(now, tp)
 
         async def highwaters(self, *partitions: Any) -> Mapping[Any, int]:
             return await self.call_thread(self._probe_highwaters, partitions)

@@ -8,6 +8,11 @@ Configuration comes from the environment (the test sets it per run):
   has been idle for a 0.1 s tick and something changed since the last write
 * ``RT_WORKAROUND``: ``0`` disables the ListOffsets workaround (to show the broker bug)
 * ``RT_RECOVERY``: ``stock`` uses Faust's own table recovery instead of app/tables/recovery.py
+* ``RT_STANDBYS``: ``table_standby_replicas`` (default 0)
+
+The snapshot also says what the worker holds and what aiokafka fetches (``sources``: the source
+partitions assigned, ``changelogs``: the changelog partitions assigned, ``paused``: the partitions
+paused in aiokafka), and is written again whenever that changes (a rebalance).
 
 Every record is ``key = "k<n>"``, ``value = {"id": <message id>, "seq": <per-key sequence>}``.
 The agent updates all four kinds of table: a plain per-key count, topic counters, per-source
@@ -37,7 +42,7 @@ def build() -> faust.App:
     app = make_app(
         env["RT_APP_ID"], env["RT_BOOTSTRAP"], env["RT_DATA_DIR"],
         partitions=partitions, embedded=env.get("RT_WORKAROUND", "1") == "1",
-        broker_commit_interval=0.5,
+        broker_commit_interval=0.5, standby_replicas=int(env.get("RT_STANDBYS", "0")),
         **({"TableManager": "faust.tables:TableManager"} if env.get("RT_RECOVERY") == "stock" else {}),
     )
     source = app.topic(topic_name, partitions=partitions, key_serializer="raw", value_serializer="json")
@@ -66,17 +71,33 @@ def build() -> faust.App:
                     await emitted.flush_changelog()
             state["processed"] += 1
 
+    def fetch_state() -> tuple[frozenset[tuple[str, int]], frozenset[tuple[str, int]]] | None:
+        """(assigned, paused in aiokafka) - aiokafka's state read from outside its thread (None
+        when a rebalance changed it under the read: the next tick reads again)."""
+        client = app.consumer._thread._consumer
+        try:
+            assigned = frozenset((tp.topic, tp.partition) for tp in app.consumer.assignment())
+            paused = frozenset() if client is None else frozenset(
+                (tp.topic, tp.partition) for tp in client._subscription.paused_partitions())
+        except RuntimeError:
+            return None
+        return assigned, paused
+
     @app.timer(0.1)
     async def snapshot() -> None:
         # Write only when idle (nothing processed since the last tick): reading every table is
         # not free, and a test only needs the state once processing has settled.
         processed = state["processed"]
         idle, state["last_seen"] = processed == state.get("last_seen"), processed
-        if not idle or state["written_at"] == processed:
+        fetching = fetch_state()
+        if not idle or fetching is None or state["written_at"] == (processed, fetching):
             return
         await emitted.flush_changelog()  # the tail of the last batch
-        state["written_at"] = processed
+        state["written_at"] = (processed, fetching)
         data = {
+            "sources": sorted(p for t, p in fetching[0] if t == topic_name),
+            "changelogs": sorted([t, p] for t, p in fetching[0] if t in app.tables.changelog_topics),
+            "paused": sorted([t, p] for t, p in fetching[1]),
             "pid": os.getpid(),
             "processed_this_run": state["processed"],
             "duplicates_this_run": state["duplicates"],
