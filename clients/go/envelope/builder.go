@@ -68,6 +68,11 @@ func textProblem(s string, longest int) string {
 // when it can. Audit records ask it before quoting a received message's id.
 func IDProblem(id string) string { return textProblem(id, maxIDLength) }
 
+// NameProblem says why s cannot be an envelope's topic or namespace: over 249 characters,
+// not UTF-8, or a control character; "" when it can. Clients check their namespace with it
+// when they are created.
+func NameProblem(s string) string { return textProblem(s, maxNameLength) }
+
 // optionProblems lists every problem of o at once, each with its field path.
 func optionProblems(topic, namespace string, o Options) []string {
 	var out []string

@@ -95,3 +95,13 @@ func TestAnAuditRecordIsBuiltWhateverIDTheMessageCarries(t *testing.T) {
 		}
 	}
 }
+
+// A namespace no envelope can carry is refused when the client is created.
+func TestANamespaceNoEnvelopeCanCarryIsRefusedAtNew(t *testing.T) {
+	for _, ns := range []string{"a\nb", strings.Repeat("n", 250), "\xff"} {
+		if _, err := New(Config{Brokers: []string{"127.0.0.1:9"}, Namespace: ns}); err == nil ||
+			!strings.Contains(err.Error(), "bad_config: kafka.Config Namespace ") {
+			t.Fatalf("%q: %v", ns, err)
+		}
+	}
+}

@@ -64,6 +64,11 @@ func New(cfg Config) (*Client, error) {
 	if len(cfg.Brokers) == 0 || cfg.Namespace == "" {
 		return nil, prismerr.New("bad_config", "kafka.Config needs Brokers and Namespace", `e.g. kafka.Config{Brokers: []string{"127.0.0.1:9092"}, Namespace: "order-events"}`)
 	}
+	if why := envelope.NameProblem(cfg.Namespace); why != "" {
+		// every envelope carries it: refused here, not on every publish and audit record
+		return nil, prismerr.New("bad_config", "kafka.Config Namespace "+why, "a namespace names a team's "+
+			"messages, e.g. order-events").At("Namespace")
+	}
 	if cfg.Partitions <= 0 {
 		cfg.Partitions = 1
 	}
