@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from app.decimal_text import decimal
-
+from ..decimal_text import decimal
 from ..errors import BrokerError, ConfigError
 
 __all__ = [

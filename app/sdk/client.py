@@ -28,7 +28,7 @@ from google.protobuf.message import Message
 from .._gen.prism.envelope.v1 import envelope_pb2 as pb
 from ..envelope.codec import Layout
 from ..envelope.model import Envelope, Payload, new_envelope
-from ..envelope.validation import required_problems
+from ..envelope.validation import SanityPolicy, required_problems, text_problem
 from ..errors import ConfigError, DeliveryAuditError, PrismError, SchemaAssertionError, ValidationError
 from ..observability.tracecontext import write_envelope_context
 from ..schema.assertion import OnMismatch, SchemaAssertion, SchemaMismatchError
@@ -327,6 +327,10 @@ class PrismClient:
         if not namespace:
             raise ConfigError("namespace must not be empty", path="PrismClient(namespace=)",
                               hint="every envelope carries a namespace; pass your team's, e.g. 'order-events'")
+        if (why := text_problem(namespace, SanityPolicy().max_name_length)) is not None:
+            # every envelope carries it: refused here, not on every publish (or at the worker)
+            raise ConfigError(f"namespace {why}", path="PrismClient(namespace=)",
+                              hint="a namespace names a team's messages, e.g. 'order-events'")
         self.url = url
         self.namespace = namespace
         self.layout = Layout(layout)

@@ -483,7 +483,7 @@ class FileKeyring:
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, clock: Callable[[], datetime] = _utcnow) -> FileKeyring:
         """Load and validate a keyring file; `KeyringError` lists every problem at once."""
-        from app.config_files import read_config
+        from ..config_files import read_config
 
         p = Path(path)
         data = read_config(p, what="keyring file", error=KeyringError,
@@ -855,7 +855,7 @@ class MountedSecretsKeyProvider:
             return ("unreadable",)
 
     def _load(self) -> FileKeyring:
-        from app.config_files import read_config
+        from ..config_files import read_config
 
         probs = _Problems(f"mounted secret {self.path}")
         files = self._files()

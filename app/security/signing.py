@@ -1284,7 +1284,7 @@ def load_signing_keyring(path: str | Path) -> SigningKeyring:
     import base64
     import binascii
 
-    from app.config_files import read_config
+    from ..config_files import read_config
 
     path = Path(path)
     doc = read_config(path, what="signing keyring", by_suffix=False,

@@ -170,3 +170,12 @@ def test_jetstream_names_are_valid_and_distinct():
     assert jetstream_name("PRISM_orders") == "PRISM_orders"
     a, b = jetstream_name("PRISM_a.b"), jetstream_name("PRISM_a_b")
     assert a != b and a.startswith("PRISM_a_b_") and "." not in a
+
+
+@pytest.mark.parametrize(("namespace", "said"), [("a\nb", "contains control characters"),
+                                                 ("n" * 250, "250 characters, over 249"),
+                                                 ("\ud800", "lone surrogate"), ("", "must not be empty")])
+def test_a_namespace_no_envelope_can_carry_is_refused_when_the_client_is_made(namespace, said):
+    with pytest.raises(ConfigError, match=said) as info:
+        PrismClient("kafka://127.0.0.1:9", namespace=namespace)
+    assert info.value.path == "PrismClient(namespace=)"
