@@ -43,6 +43,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
+from ..decimal_text import decimal
 from ..errors import LnmpError
 
 MAGIC = b"LNMP"
@@ -534,10 +535,12 @@ def _tokenize(body: str) -> list[tuple[str, str]]:
 
 
 def _u64_text(key: str, value: str) -> int:
-    if not _DIGITS.fullmatch(value) or int(value) > U64_MAX:
+    # decimal(), not int() after [0-9]+: 5,000 digits were int()'s ValueError out of the decoder
+    number = decimal(value, most_digits=20) if _DIGITS.fullmatch(value) else None
+    if number is None or number > U64_MAX:
         raise LnmpError(f"#ENVELOPE {key} {value[:40]!r} is not an unsigned 64-bit decimal", path=f"#ENVELOPE {key}",
                         hint=f"write {key} as digits only, e.g. {key}=42")
-    return int(value)
+    return number
 
 
 def parse_text_header(line: str) -> LnmpEnvelope:

@@ -50,9 +50,14 @@ def _genuine() -> list[bytes]:
 @st.composite
 def hostile(draw: st.DrawFn) -> bytes:
     """Random bytes, or a genuine input damaged: a byte changed, cut short, or two spliced."""
-    kind = draw(st.sampled_from(["random", "flip", "truncate", "splice", "deep"]))
+    kind = draw(st.sampled_from(["random", "flip", "truncate", "splice", "deep", "digits"]))
     if kind == "random":
         return draw(st.binary(max_size=2048))
+    if kind == "digits":  # a number int() refuses (over 4,300 digits), where a decoder reads one
+        base = draw(st.sampled_from(_genuine()))
+        at = draw(st.integers(0, len(base)))
+        key = draw(st.sampled_from([b"", b"timestamp=", b"sequence=", b'"time": ', b"F1=", b"1"]))
+        return base[:at] + key + b"9" * draw(st.integers(4_301, 6_000)) + base[at:]
     if kind == "deep":  # nested JSON deeper than any recursive parser survives
         depth = draw(st.integers(1_000, 50_000))
         return b"[" * depth + b"]" * draw(st.integers(0, depth))
