@@ -18,7 +18,8 @@ between the fetch and the chain (BENCHMARKS.md, "Release comparison").
   `Message` to a list (:class:`BatchBuffer`); no `Event`, no channel queue, no stream. The
   handler keeps the conductor's two waits (flow control, the producer buffer's ebb) and blocks
   while the buffer is full, which stops the fetch loop as a full stream queue would.
-* **One task per source topic** takes up to ``batch_size`` messages - what has been fetched
+* **One task per source topic** takes up to ``batch_size`` messages (exactly_once: of each
+  partition, :meth:`BatchBuffer.take`'s ``per_partition``) - what has been fetched
   when the chain is ready for another batch (below) - drops those from an earlier consumer
   generation or taken while flow control is suspended (a rebalance: they will be fetched again
   from the committed offset, exactly what the stream does), tracks the rest for
