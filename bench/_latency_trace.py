@@ -229,12 +229,12 @@ def install(path: str) -> None:
             _marks[key] = d
         put(self, message)
 
-    async def traced_take(self: Any, max_n: int, within: float) -> list[Any]:
+    async def traced_take(self: Any, max_n: int, within: float, **kw: Any) -> list[Any]:
         if self._items:
             d = _marks.get(_key(self._items[0]))
             if d is not None:
                 _late_take.append((time.time() - d["fetched"]) * 1000)
-        batch = await take(self, max_n, within)
+        batch = await take(self, max_n, within, **kw)
         _stamp(batch, "taken")
         if batch:
             _batch_of[id(batch[0])] = len(_batches)

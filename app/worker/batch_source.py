@@ -18,7 +18,8 @@ between the fetch and the chain (BENCHMARKS.md, "Release comparison").
   `Message` to a list (:class:`BatchBuffer`); no `Event`, no channel queue, no stream. The
   handler keeps the conductor's two waits (flow control, the producer buffer's ebb) and blocks
   while the buffer is full, which stops the fetch loop as a full stream queue would.
-* **One task per source topic** takes up to ``batch_size`` messages - what has been fetched
+* **One task per source topic** takes up to ``batch_size`` messages (exactly_once: of each
+  partition, :meth:`BatchBuffer.take`'s ``per_partition``) - what has been fetched
   when the chain is ready for another batch (below) - drops those from an earlier consumer
   generation or taken while flow control is suspended (a rebalance: they will be fetched again
   from the committed offset, exactly what the stream does), tracks the rest for
@@ -134,10 +135,16 @@ class BatchBuffer:
         if dropped and self.on_dropped is not None:
             self.on_dropped(lowest_offsets(dropped))
 
-    async def take(self, max_n: int, within: float = 0.0) -> list[Any]:
+    async def take(self, max_n: int, within: float = 0.0, *, per_partition: bool = False) -> list[Any]:
         """Up to `max_n` messages: waits for the first, then at most `within` seconds for the
         batch to fill (Faust's `take_events` contract). ``within=0``: what is buffered now, not
-        waiting for more (the adaptive batches of the module docstring)."""
+        waiting for more (the adaptive batches of the module docstring).
+
+        ``per_partition``: `max_n` bounds each partition's messages instead of the whole take
+        (exactly_once, whose batch is one partition's transaction): a partition's batch grows
+        with what accumulated while its previous transaction ran, as with at_least_once, instead
+        of `max_n` being shared by every partition of the fetch (BENCHMARKS.md, "exactly_once on
+        a live stream"). What a partition has beyond `max_n` stays buffered, in order."""
         while not self._items:
             await self._nonempty.wait()
         if len(self._items) < max_n and within > 0:
@@ -150,7 +157,10 @@ class BatchBuffer:
             finally:
                 self._want = 0
         items = self._items
-        batch, self._items = items[:max_n], items[max_n:]
+        if per_partition and len(items) > max_n:
+            batch, self._items = _per_partition(items, max_n)
+        else:
+            batch, self._items = items[:max_n], items[max_n:]
         if not self._items:
             self._nonempty.clear()
         if len(self._items) < self.maxsize:
@@ -228,7 +238,7 @@ class BatchSource:
             while True:
                 while inflight and inflight[0].done():
                     inflight.popleft().result()  # a failed batch raises here
-                batch = await self.buffer.take(self.batch_size, self.within)
+                batch = await self.buffer.take(self.batch_size, self.within, per_partition=self.split_partitions)
                 generation = app.consumer_generation_id
                 if not flow.is_active():
                     continue  # a rebalance or shutdown began: these are fetched again
@@ -275,6 +285,21 @@ async def _all_of(futures: list[asyncio.Future[None]]) -> None:
     await asyncio.wait(futures)
     for fut in futures:
         fut.result()
+
+
+def _per_partition(items: list[Any], max_n: int) -> tuple[list[Any], list[Any]]:
+    """`items` split into (the first `max_n` of each partition, the rest), both in their order."""
+    taken: dict[int, int] = {}
+    batch: list[Any] = []
+    rest: list[Any] = []
+    for m in items:
+        n = taken.get(m.partition, 0)
+        if n < max_n:
+            taken[m.partition] = n + 1
+            batch.append(m)
+        else:
+            rest.append(m)
+    return batch, rest
 
 
 def _by_partition(messages: list[Any]) -> list[list[Any]]:

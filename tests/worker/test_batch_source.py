@@ -345,6 +345,54 @@ async def test_split_partitions_finish_side_by_side_and_each_partition_in_order(
         await asyncio.gather(task, return_exceptions=True)
 
 
+async def test_take_per_partition_bounds_each_partition_not_the_whole_take() -> None:
+    """exactly_once (issue 29, a live stream): `max_n` is each partition's transaction's bound. A
+    shared bound split a backlog of 4 partitions into transactions of a quarter of it, whose
+    fixed cost then outgrew the rate the worker keeps up with. What a partition has beyond
+    `max_n` stays buffered, in order, and comes first in the next take."""
+    buf = BatchBuffer(100)
+    msgs = [_msg(p, o) for o in range(4) for p in (0, 1, 2)]  # 12 messages, interleaved
+    for m in msgs:
+        buf.put(m)
+    batch = await buf.take(3, per_partition=True)
+    assert [(m.partition, m.offset) for m in batch] == [(p, o) for o in range(3) for p in (0, 1, 2)]
+    assert [(m.partition, m.offset) for m in await buf.take(3, per_partition=True)] == [(0, 3), (1, 3), (2, 3)]
+    assert len(buf) == 0 and not buf._nonempty.is_set()
+    for m in [_msg(0, o) for o in range(5)] + [_msg(1, 0)]:
+        buf.put(m)
+    assert [(m.partition, m.offset) for m in await buf.take(2, per_partition=True)] == [(0, 0), (0, 1), (1, 0)]
+    assert [m.offset for m in await buf.take(2)] == [2, 3]  # the rest kept its order; a shared bound
+    assert [m.offset for m in await buf.take(2)] == [4]
+
+
+async def test_split_partitions_take_up_to_batch_size_per_partition() -> None:
+    """The exactly_once source loop takes `batch_size` messages of each partition at once."""
+    seen: list[list[tuple[int, int]]] = []
+
+    async def start(part, previous):
+        seen.append([(m.partition, m.offset) for m in part])
+
+        async def finish() -> None:
+            if previous is not None:
+                await previous
+        return finish()
+
+    src = _source(start)  # batch_size 10
+    for o in range(10):
+        for p in range(3):
+            src.buffer.put(_msg(p, o))
+    task = asyncio.ensure_future(src.run())
+    try:
+        for _ in range(100):
+            if len(seen) == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert seen == [[(p, o) for o in range(10)] for p in range(3)]  # one take, three whole transactions
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 # --------------------------------------------------------------------------- install_seek_uncommitted
 # Issue 31: every uncommitted batch-source partition is read from the start of its log; a
 # partition already there is not sought (a seek waits for the fetch in flight: 1.5 s on Kafka).
