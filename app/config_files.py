@@ -2,7 +2,7 @@
 settings, signing keyrings and key directories.
 
 Why not ``yaml.safe_load(path.read_text())``, as each of them did? A configuration file is
-input Prism did not write, and that call has five ways to fail that are not a `PrismError`
+input Prism did not write, and that call has six ways to fail that are not a `PrismError`
 with the file and line:
 
 * text that is not UTF-8 raised ``UnicodeDecodeError`` (a traceback from `prism run`);
@@ -12,7 +12,8 @@ with the file and line:
 * a key written twice was silently resolved to its last value - `name:` twice, or two
   `stages:` lists, of which the first was then never run;
 * aliases can stand for far more values than the file holds (nine anchors of nine
-  references each are 387 million strings), which whatever walks the value then expands.
+  references each are 387 million strings), which whatever walks the value then expands, or
+  for the part they stand in (`a: &a [*a]`, a list that contains itself).
 
 `read_config` refuses each of them with the file, line and column where it can, as the
 caller's own error type, and parses JSON files (``.json``) with the bounded JSON decoder
@@ -97,20 +98,31 @@ class _BoundedLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _expanded_size(value: Any, most: int) -> int:
+def _expanded_size(value: Any, most: int) -> int | None:
     """How many values `value` stands for with every shared (aliased) part counted each time it
-    is used; stops counting past `most`. Linear in the distinct objects: one total per object."""
+    is used, capped at `most` + 1; None when it contains itself (`a: &a [*a]`, which PyYAML
+    builds as a recursive list - anything walking it would never end). Linear in the distinct
+    objects: one total per object, a depth-first walk with no recursion."""
     totals: dict[int, int] = {}
+    open_: set[int] = set()  # the objects whose parts are being counted: the current path
     stack: list[tuple[Any, bool]] = [(value, False)]
     while stack:
         obj, children_done = stack.pop()
-        if id(obj) in totals:
-            continue
+        key = id(obj)
         children = list(obj.keys()) + list(obj.values()) if isinstance(obj, dict) else (
             obj if isinstance(obj, list) else ())
-        if children_done or not children:
-            totals[id(obj)] = min(most + 1, 1 + sum(totals[id(c)] for c in children))
+        if children_done:
+            open_.discard(key)
+            totals[key] = min(most + 1, 1 + sum(totals[id(c)] for c in children))
             continue
+        if key in totals:
+            continue
+        if key in open_:
+            return None
+        if not children:
+            totals[key] = 1
+            continue
+        open_.add(key)
         stack.append((obj, True))
         stack.extend((c, False) for c in children if id(c) not in totals)
     return totals[id(value)]
@@ -138,7 +150,11 @@ def parse_config_text(text: str, *, what: str, source: str, json: bool = False,
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise error(f"{what} is not valid YAML: {problem}", path=where,
                     hint=getattr(exc, "hint", None) or "check indentation and quoting at that line") from None
-    if _expanded_size(value, MAX_VALUES) > MAX_VALUES:
+    size = _expanded_size(value, MAX_VALUES)
+    if size is None:
+        raise error(f"{what} contains itself through a YAML alias", path=source,
+                    hint="an alias (*name) must not stand inside the part its anchor (&name) names")
+    if size > MAX_VALUES:
         raise error(f"{what} stands for more than {MAX_VALUES:,} values once its YAML aliases are expanded",
                     path=source, hint="write the repeated parts out, or use fewer levels of aliases")
     return value

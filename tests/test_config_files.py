@@ -37,6 +37,8 @@ def _error(tmp_path: Path, data: bytes, name: str = "t.yaml", **kw) -> ConfigErr
     (b"a: !!int x\n", "'x' cannot be read as its type", "t.yaml:1:4"),
     (b"a: !!int\n", "'' cannot be read as its type", "t.yaml:1:4"),
     (b"a: 1" + b"0" * 5000, "cannot be read as its type (Exceeds the limit", "t.yaml:1:4"),
+    (b"a: &a [1, [2, *a]]\n", "contains itself through a YAML alias", "t.yaml"),  # was an endless walk
+    (b"a: &a {b: *a}\n", "contains itself through a YAML alias", "t.yaml"),
     (BOMB.encode(), f"more than {MAX_VALUES:,} values once its YAML aliases are expanded", "t.yaml"),
 ])
 def test_a_bad_file_is_one_config_error_with_where(tmp_path: Path, data: bytes, said: str, at: str) -> None:
@@ -54,8 +56,9 @@ def test_a_missing_or_oversized_file_names_the_path_and_the_fix(tmp_path: Path) 
 
 
 def test_merge_keys_and_repeated_aliases_within_bounds_are_fine() -> None:
-    doc = parse_config_text("base: &b {x: 1, y: 2}\nother:\n  <<: *b\n  y: 3\nlist: [*b, *b]\n", what="t", source="s")
-    assert doc["other"] == {"x": 1, "y": 3} and doc["list"] == [{"x": 1, "y": 2}] * 2
+    doc = parse_config_text("base: &b {x: 1, y: 2}\nother:\n  <<: *b\n  y: 3\nlist: [*b, *b, [*b]]\n", what="t",
+                            source="s")
+    assert doc["other"] == {"x": 1, "y": 3} and doc["list"] == [{"x": 1, "y": 2}] * 2 + [[{"x": 1, "y": 2}]]
 
 
 def test_json_files_are_read_strictly_by_suffix_and_yaml_otherwise(tmp_path: Path) -> None:
