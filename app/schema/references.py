@@ -71,8 +71,8 @@ def parse_references(raw: Sequence[Mapping[str, Any]] | None) -> tuple[RawRefere
             v: int | str = "latest"
         elif isinstance(version, int) and not isinstance(version, bool) and version >= 1:
             v = version
-        elif isinstance(version, str) and (decimal(version) or 0) >= 1:
-            v = decimal(version) or 1
+        elif isinstance(version, str) and (number := decimal(version)) is not None and number >= 1:
+            v = number
         else:
             raise SchemaError(f"reference {name!r} has an invalid version {version!r}")
         if name in seen:

@@ -518,8 +518,8 @@ class Registry:
     def _version_number(self, subject: str, version: int | str) -> int:
         if isinstance(version, int):
             num = version
-        elif isinstance(version, str) and decimal(version) is not None:
-            num = decimal(version)
+        elif isinstance(version, str) and (number := decimal(version)) is not None:
+            num = number
         else:
             for r in self.store.versions(subject, include_deleted=False):
                 if r.label == version:

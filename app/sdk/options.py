@@ -143,9 +143,11 @@ def _map_problems(name: str, value: Any, kind: type, most: int | None) -> list[s
         return [f"{name} has {len(value)} entries, over {most}"]
     out = []
     for k, v in value.items():
-        why = text_problem(k, _MAX_LABEL_LENGTH) or (
-            (text_problem(v, _MAX_LABEL_LENGTH - len(k)) if kind is str else None)
-            if isinstance(v, kind) else f"value must be {kind.__name__}, got {type(v).__name__}")
+        why = text_problem(k, _MAX_LABEL_LENGTH)
+        if why is None and not isinstance(v, kind):
+            why = f"value must be {kind.__name__}, got {type(v).__name__}"
+        elif why is None and kind is str:  # a label: key and value together within the length
+            why = text_problem(v, _MAX_LABEL_LENGTH - len(k))
         if why:
             out.append(f"{name}[{str(k)[:32]!r}] {why}")
     return out
