@@ -339,6 +339,13 @@ class ConfigError(PrismError):
     code = "bad_config"
 
 
+class FileAccessError(PrismError):
+    """A file or directory a command was told to read or write cannot be used (missing, not
+    permitted, a directory, a full disk). A CLI failure, never a message's."""
+
+    code = "file_error"
+
+
 class NoRoomError(ConfigError):
     """The output topics' size limits leave an input no usable room (app/worker/limits.py)."""
 

@@ -368,10 +368,16 @@ def demo(
 
 
 def _read_input(path: str) -> bytes:
+    """At most one byte over the envelope size limit, so the decoder refuses a larger input
+    as too large - and `/dev/zero` or an endless pipe is not read until memory runs out."""
+    from app.envelope.codec import DEFAULT_LIMITS
+
+    most = DEFAULT_LIMITS.max_message_bytes + 1
     if path == "-":
-        return sys.stdin.buffer.read()
+        return sys.stdin.buffer.read(most)
     try:
-        return Path(path).read_bytes()
+        with open(path, "rb") as f:
+            return f.read(most)
     except OSError as exc:
         raise typer.BadParameter(f"cannot read {path}: {exc.strerror}") from None
 

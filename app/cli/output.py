@@ -145,14 +145,24 @@ def fail(exc: PrismError, exit_code: int = 2) -> NoReturn:
 
 def as_prism_error(exc: BaseException) -> PrismError | None:
     """A broker or network failure that escaped a command's own checks (the broker went away
-    mid-command, a timeout) as the typed error it is; None for anything else (a bug: its
-    traceback is the report). Authentication and TLS failures keep their own codes."""
+    mid-command, a timeout), or a file the command could not read or write, as the typed error
+    it is; None for anything else (a bug: its traceback is the report). Authentication and TLS
+    failures keep their own codes."""
     from aiokafka.errors import KafkaError
 
     from app.errors import BrokerError
 
     if not isinstance(exc, KafkaError | OSError | TimeoutError):
         return None
+    if isinstance(exc, OSError) and exc.filename is not None:
+        # a file the command reads or writes (`-o`, `--dir`, `--export`): not the broker's
+        # failure, which is what this reported before; sockets carry no file name
+        from app.errors import FileAccessError
+
+        return FileAccessError(f"cannot use {exc.filename}: {exc.strerror or type(exc).__name__}",
+                               path=str(exc.filename),
+                               hint="check that the path exists, is the kind of file asked for and is writable "
+                                    "(or readable) by this user")
     from app.broker.admin import BrokerSettings
     from app.broker.preflight import _translate
 

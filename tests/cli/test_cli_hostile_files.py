@@ -50,7 +50,7 @@ def _one_error_line(res: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("name", ["deep.json", "garbage.bin", "big.bin", "lnmp.txt"])
+@pytest.mark.parametrize("name", ["deep.json", "garbage.bin", "big.bin", "lnmp.txt", "/dev/zero"])
 @pytest.mark.parametrize("command", [("envelope", "inspect"), ("envelope", "validate"),
                                      ("envelope", "convert", "--to", "reviewed", "-o", "out.bin")])
 def test_envelope_commands_on_hostile_files(files: Path, command: tuple[str, ...], name: str) -> None:
@@ -128,3 +128,12 @@ def test_a_hostile_server_is_one_error_line(files: Path, hostile_server: str, ar
     res = _prism(*(a.format(url=hostile_server) for a in args), cwd=files)
     assert res.returncode != 0
     assert "nested too deeply" in _one_error_line(res)
+
+
+def test_a_file_a_command_cannot_write_is_a_file_error_not_a_broker_one(files: Path) -> None:
+    """An OSError naming a file was reported as "the broker connection failed" with a fix about
+    PRISM_BROKER_URL; it is the path the user gave."""
+    res = _prism("keys", "init", "--dir", "/proc/no-such-dir/keys", cwd=files)
+    assert res.returncode == 2
+    line = _one_error_line(res)
+    assert line.startswith("error [file_error] cannot use /proc/no-such-dir") and "PRISM_BROKER_URL" not in line
