@@ -20,7 +20,7 @@ from rich.text import Text
 
 from app.cli.output import friendly
 
-console = Console()
+console = Console(emoji=False)
 
 
 def _default_url() -> str:

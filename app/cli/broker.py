@@ -18,7 +18,7 @@ from app.cli.output import friendly
 
 broker_app = typer.Typer(help="A local embedded broker that outlives workers (for the DLQ workflow).",
                          no_args_is_help=True)
-console = Console(highlight=False)
+console = Console(highlight=False, emoji=False)
 StateDir = Annotated[Path | None, typer.Option(
     "--state-dir", "--data-dir", envvar="PRISM_BROKER_STATE_DIR",
     help="pid, port and log files of the local broker (default var/broker); its topics live in its memory")]

@@ -573,7 +573,7 @@ async def replay(topology: Topology, bootstrap: str, *, settings: Any = None, re
     values: dict[tuple[str, int, int], bytes] = {}
     source_limits: WriteLimits | None = None
     left = limit or None
-    with Progress(console=console or Console(stderr=True), transient=True) as progress:
+    with Progress(console=console or Console(stderr=True, emoji=False), transient=True) as progress:
         for s in sources:
             dlq, ledger_name = s.topic + suffix, ledger_topic(s.topic + suffix)
             report.ledgers[dlq] = ledger_name

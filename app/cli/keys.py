@@ -19,7 +19,7 @@ from rich.console import Console
 from app.cli.output import friendly
 
 keys_app = typer.Typer(help="Worker and producer keys (signing keyring, token issuer, JWKS).", no_args_is_help=True)
-console = Console(highlight=False)
+console = Console(highlight=False, emoji=False)
 DEFAULT_TOPOLOGY = Path("topologies/orders-created.yaml")
 
 _WHAT = {

@@ -42,8 +42,8 @@ def _mount_keys_and_broker() -> None:
 
 _mount_keys_and_broker()
 
-console = Console()
-err_console = Console(stderr=True)
+console = Console(emoji=False)
+err_console = Console(stderr=True, emoji=False)
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_TOPOLOGY = Path("topologies/orders-created.yaml")
 
@@ -146,6 +146,9 @@ def run(
     # PRISM_MAX_REQUEST_BYTES: this process's pipeline uses the value checked here; the children
     # of --processes N inherit the variable and read it with the same function (app_from_env)
     max_request = found.attempt(max_request_from_env)
+    from app.worker.lag import lag_settings_from_env
+
+    found.attempt(lag_settings_from_env)  # the lag monitor reads them once the worker runs
     size_overrides: dict[str, Any] = {} if max_request is None else {"producer_max_request_size": max_request}
     from app.worker.transactions import EXACTLY_ONCE, GUARANTEE_ENV, check_guarantee, check_transactions, refusal
 

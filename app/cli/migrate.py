@@ -18,8 +18,8 @@ from rich.console import Console
 from app.cli.output import print_error
 from app.errors import PrismError
 
-console = Console()
-err_console = Console(stderr=True)
+console = Console(emoji=False)
+err_console = Console(stderr=True, emoji=False)
 F = TypeVar("F", bound=Callable[..., Any])
 
 

@@ -55,7 +55,7 @@ NOT_ENVELOPE = "not_envelope"
 
 migrate_app = typer.Typer(help="Track the .v2 sunset: consumers still on .v2, producer SDK adoption.",
                           no_args_is_help=True)
-console = Console()
+console = Console(emoji=False)
 
 
 @dataclass(frozen=True, slots=True)

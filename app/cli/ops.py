@@ -33,7 +33,7 @@ from app.untrusted_json import read_json_response
 
 DEFAULT_URL = "http://127.0.0.1:6066"
 DEFAULT_TOPOLOGY = Path("topologies/orders-created.yaml")
-console = Console()
+console = Console(emoji=False)
 
 
 # --------------------------------------------------------------------------- status
@@ -274,7 +274,7 @@ async def read_dlq(topology: Any, bootstrap: str, *, settings: Any = None, reaso
               if sources is None or s.topic in sources}
     records: list[Any] = []
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=con or Console(stderr=True), transient=True) as progress:
+                  console=con or Console(stderr=True, emoji=False), transient=True) as progress:
         progress.add_task(escape(f"reading {', '.join(topics)}"), total=None)
         for topic, partitions in topics.items():
             records.extend(await read_to_end(bootstrap, topic, partitions, settings=settings))

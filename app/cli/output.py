@@ -29,7 +29,7 @@ from app.errors import ConfigProblems, PrismError
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 #: Errors go to stderr, so `--json` output on stdout stays parseable.
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, emoji=False)
 
 
 class CliTable(Table):

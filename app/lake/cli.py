@@ -23,7 +23,7 @@ from app.errors import LakeError, PrismError
 
 lake_app = typer.Typer(help="Archive -> Delta Lake compaction and table maintenance.", no_args_is_help=True,
                        add_completion=False)
-_err = Console(stderr=True, soft_wrap=True)
+_err = Console(stderr=True, soft_wrap=True, emoji=False)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
 StorageOpt = Annotated[list[str] | None, typer.Option(
@@ -68,7 +68,7 @@ def _emit(doc: dict[str, Any], as_json: bool, title: str) -> None:
         if isinstance(value, list | dict):
             value = json.dumps(value, default=str) if len(json.dumps(value, default=str)) < 200 else f"({len(value)} items)"
         table.add_row(key, str(value))
-    Console().print(table)
+    Console(emoji=False).print(table)
 
 
 def _delta_jars(writer: str) -> tuple[dict[str, str] | None, str]:
@@ -151,7 +151,7 @@ def compact(
             t.add_row(b.archive_writer, f"{b.first_seq}-{b.last_seq}", str(b.files), str(b.rows_in),
                       str(b.rows_written), str(b.duplicates), f"{b.quarantined_records} rec / {b.quarantined_files} files",
                       str(b.tokens_dropped), str(b.table_version), f"{b.seconds:.1f}")
-        Console().print(t if summary.batches else "nothing new to compact")
+        Console(emoji=False).print(t if summary.batches else "nothing new to compact")
         if summary.exit_code:
             _err.print(f"[yellow]some input was quarantined under {summary.quarantine}[/]")
     raise typer.Exit(summary.exit_code)

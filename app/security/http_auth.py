@@ -138,9 +138,10 @@ class FailureLimiter:
     def __init__(self, max_failures: int = 10, window_s: float = 60.0, *, max_clients: int = 65_536,
                  names_per_address: int = 10, known_good_s: float = 24 * 3600.0,
                  clock: Any = time.monotonic) -> None:
-        if max_failures < 1 or not window_s > 0 or names_per_address < 1:
-            raise ConfigError(f"failure limit must be >= 1 attempt in > 0 s, got {max_failures} in {window_s} s",
-                              path=f"{ENV_MAX_FAILURES} / {ENV_FAILURE_WINDOW}")
+        if max_failures < 1 or not 0 < window_s < 366 * 86400 or names_per_address < 1:  # NaN and inf too
+            raise ConfigError(f"failure limit must be >= 1 attempt in a window over 0 s and under a year, got "
+                              f"{max_failures} in {window_s} s", path=f"{ENV_MAX_FAILURES} / {ENV_FAILURE_WINDOW}",
+                              hint="e.g. PRISM_AUTH_MAX_FAILURES=10 PRISM_AUTH_FAILURE_WINDOW_S=60")
         self.max_failures, self.window_s, self.max_clients = max_failures, float(window_s), max_clients
         self.max_address_failures = max_failures * names_per_address
         self.known_good_s = known_good_s

@@ -64,10 +64,11 @@ def _env_seconds(name: str, default: float, env: Mapping[str, str] | None = None
         from app.errors import ConfigError
 
         raise ConfigError(f"{name}={raw!r} is not a number of seconds", path=name, hint=f"e.g. {name}=5") from None
-    if value <= 0:
+    if not 0 < value < 86_400:  # NaN fails it too: it crashed the worker after it had started
         from app.errors import ConfigError
 
-        raise ConfigError(f"{name}={raw!r} must be above 0", path=name, hint=f"e.g. {name}={default:g}")
+        raise ConfigError(f"{name}={raw!r} must be a number of seconds above 0 and under a day", path=name,
+                          hint=f"e.g. {name}={default:g}")
     return value
 
 
@@ -252,9 +253,16 @@ def monitor_for_pipeline(pipeline: Any, env: Mapping[str, str] | None = None) ->
     fetcher = pipeline.hole_fetcher
     reader = LagReader(fetcher.bootstrap, client_kwargs=fetcher.consumer_kwargs,
                        end_from_fetch=listoffsets_workaround_installed(pipeline.app))
+    interval_s, timeout_s = lag_settings_from_env(env)
     return LagMonitor(reader, str(pipeline.app.conf.id), tuple(sorted({s.topic for s in pipeline.topology.sources})),
-                      interval_s=_env_seconds(ENV_INTERVAL, DEFAULT_INTERVAL_S, env),
-                      timeout_s=_env_seconds(ENV_TIMEOUT, DEFAULT_TIMEOUT_S, env))
+                      interval_s=interval_s, timeout_s=timeout_s)
+
+
+def lag_settings_from_env(env: Mapping[str, str] | None = None) -> tuple[float, float]:
+    """(interval, timeout) of the lag monitor, from PRISM_LAG_INTERVAL_S / PRISM_LAG_TIMEOUT_S.
+    `prism run` calls it with its other start-up checks: the monitor is built once the worker
+    runs, and a bad value (NaN was accepted) crashed the worker then instead of refusing the start."""
+    return _env_seconds(ENV_INTERVAL, DEFAULT_INTERVAL_S, env), _env_seconds(ENV_TIMEOUT, DEFAULT_TIMEOUT_S, env)
 
 
 async def read_group_lag(bootstrap: str, group: str, topics: Iterable[str] | None = None, *,
@@ -293,4 +301,4 @@ def read_group_lag_from_env(group: str, topics: Iterable[str] | None = None,
 
 
 __all__ = ["ENV_INTERVAL", "ENV_TIMEOUT", "GroupLag", "LagMonitor", "LagReader", "PartitionLag",
-           "monitor_for_pipeline", "read_group_lag", "read_group_lag_from_env"]
+           "lag_settings_from_env", "monitor_for_pipeline", "read_group_lag", "read_group_lag_from_env"]

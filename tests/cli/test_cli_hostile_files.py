@@ -137,3 +137,10 @@ def test_a_file_a_command_cannot_write_is_a_file_error_not_a_broker_one(files: P
     assert res.returncode == 2
     line = _one_error_line(res)
     assert line.startswith("error [file_error] cannot use /proc/no-such-dir") and "PRISM_BROKER_URL" not in line
+
+
+def test_an_error_quoting_user_text_prints_it_as_written(files: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """rich turned ":b:" in a quoted value into an emoji: PRISM_BROKER_URL=a:b:c was shown as 'a🅱c'."""
+    monkeypatch.setenv("PRISM_BROKER_URL", "a:b:c")
+    line = _one_error_line(_prism("dlq", "list", "-t", str(ROOT / "topologies/orders-created.yaml"), cwd=files))
+    assert "'a:b:c' has an invalid port 'c'" in line, line

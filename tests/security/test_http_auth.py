@@ -319,7 +319,8 @@ def test_the_limiter_remembers_a_bounded_number_of_addresses() -> None:
 
 
 @pytest.mark.parametrize("env", [{"PRISM_AUTH_MAX_FAILURES": "0"}, {"PRISM_AUTH_FAILURE_WINDOW_S": "-1"},
-                                 {"PRISM_AUTH_MAX_FAILURES": "ten"}])
+                                 {"PRISM_AUTH_MAX_FAILURES": "ten"}, {"PRISM_AUTH_FAILURE_WINDOW_S": "nan"},
+                                 {"PRISM_AUTH_FAILURE_WINDOW_S": "inf"}])  # inf: failures never forgotten
 def test_bad_limit_settings_stop_the_start_up(env: dict[str, str]) -> None:
     with pytest.raises(ConfigError, match="PRISM_AUTH_MAX_FAILURES"):
         FailureLimiter.from_env(env)

@@ -219,3 +219,14 @@ async def test_a_rewind_the_consumer_never_carries_out_ends_the_worker(caplog: p
     assert "did not carry out a rewind" in str(crashed[0])
     line = next(r.getMessage() for r in caplog.records if getattr(r, "event", "") == "stall_exit")
     assert line.startswith("error [stalled] stalled: 40 message(s)") and "fix:" in line
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1", "x", "86400"])
+def test_lag_settings_that_are_no_usable_seconds_stop_the_start(value: str) -> None:
+    """PRISM_LAG_INTERVAL_S=nan was accepted and crashed the worker once the monitor started."""
+    from app.errors import ConfigError
+    from app.worker.lag import lag_settings_from_env
+
+    with pytest.raises(ConfigError, match="PRISM_LAG_INTERVAL_S"):
+        lag_settings_from_env({"PRISM_LAG_INTERVAL_S": value})
+    assert lag_settings_from_env({"PRISM_LAG_INTERVAL_S": "2.5"})[0] == 2.5
