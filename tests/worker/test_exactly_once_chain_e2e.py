@@ -58,6 +58,11 @@ BACKLOG = 12_000
 WAVE = 500
 WORKER_KILLS = 3
 COMPACT_KILLS = 3
+#: Archive rolls before the compaction kills (each run commits one per Delta commit). A killed
+#: run commits 1-2 files, then up to a second more of them before its SIGKILL: with 3 rolls a
+#: kill (9), the third run once found so few left that it finished before it could be killed
+#: (exactly_once's larger per-partition transactions made the rolls fewer). 6 a kill leaves work.
+ROLLS_NEEDED = 6 * COMPACT_KILLS
 TARGET = "app.worker.pipeline:app_from_env"
 SEED = int(os.environ.get("PRISM_CHAIN_SEED", "20261127"))
 
@@ -183,9 +188,9 @@ async def test_kill_9_of_the_worker_and_the_compaction_one_row_per_committed_id(
             worker_kills.append({"at": len(watch.seen), "left_open": await txns.open()})
             workers[i + 1].start(timeout=120)
         await watch.wait_until(BACKLOG, 400, workers[-1])
-        for _ in range(3 * COMPACT_KILLS):  # each wave archived before the next: a roll of its own
+        for _ in range(ROLLS_NEEDED):  # each wave archived before the next: a roll of its own
             await _wait_archived(archive, source + ".v3", sum(watch.v3_ids.values()), 60, workers[-1])
-            if _archive_files(archive) >= 3 * COMPACT_KILLS:
+            if _archive_files(archive) >= ROLLS_NEEDED:
                 break
             await _produce_backlog(kafka.bootstrap, source, WAVE)
             produced += WAVE
@@ -202,7 +207,7 @@ async def test_kill_9_of_the_worker_and_the_compaction_one_row_per_committed_id(
         await txns.stop()
     assert code == 0, workers[-1].log_tail(4000)
     rolls = _archive_files(archive)
-    assert rolls >= 3 * COMPACT_KILLS, f"only {rolls} archive rolls: too few for the compaction kills"
+    assert rolls >= ROLLS_NEEDED, f"only {rolls} archive rolls: too few for the compaction kills"
     killed_compactions = await _killed_compactions(archive, table, rng, compact_log)
     # the last compaction runs to the end: whatever the killed ones left must not matter
     res = await asyncio.to_thread(subprocess.run, [*_compact_cmd(archive, table)[:-3], "--json"], cwd=ROOT,

@@ -51,9 +51,9 @@ def _hold_the_window(rp: RunningPipeline) -> dict[str, Any]:
         await until(lambda: len(buffer) > 0, "the fetch loop to list source records after the seek", 30)
         seen["listed"] = len(buffer)
 
-    async def gated_take(*args: Any) -> list[Any]:
+    async def gated_take(*args: Any, **kwargs: Any) -> list[Any]:
         await gate.wait()
-        return await take(*args)
+        return await take(*args, **kwargs)
 
     def resume_then_open() -> None:
         resume()  # mode clears the managed queues here
