@@ -141,3 +141,17 @@ def serve_http(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+async def committed_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
+    """The group's committed offset of each partition of ``topic`` as the broker has it (0 where
+    none): asked by a consumer in the group that never joins it (``committed`` asks the
+    coordinator), so the group's members are not disturbed."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    await reader.start()
+    try:
+        return {p: max(await reader.committed(TopicPartition(topic, p)) or 0, 0) for p in range(partitions)}
+    finally:
+        await reader.stop()

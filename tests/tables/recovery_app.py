@@ -9,6 +9,7 @@ Configuration comes from the environment (the test sets it per run):
 * ``RT_WORKAROUND``: ``0`` disables the ListOffsets workaround (to show the broker bug)
 * ``RT_RECOVERY``: ``stock`` uses Faust's own table recovery instead of app/tables/recovery.py
 * ``RT_STANDBYS``: ``table_standby_replicas`` (default 0)
+* ``RT_COMMIT_INTERVAL``: ``broker_commit_interval`` in seconds (default 0.5)
 
 The snapshot also says what the worker holds and what aiokafka fetches (``sources``: the source
 partitions assigned, ``changelogs``: the changelog partitions assigned, ``paused``: the partitions
@@ -42,7 +43,8 @@ def build() -> faust.App:
     app = make_app(
         env["RT_APP_ID"], env["RT_BOOTSTRAP"], env["RT_DATA_DIR"],
         partitions=partitions, embedded=env.get("RT_WORKAROUND", "1") == "1",
-        broker_commit_interval=0.5, standby_replicas=int(env.get("RT_STANDBYS", "0")),
+        broker_commit_interval=float(env.get("RT_COMMIT_INTERVAL", "0.5")),
+        standby_replicas=int(env.get("RT_STANDBYS", "0")),
         **({"TableManager": "faust.tables:TableManager"} if env.get("RT_RECOVERY") == "stock" else {}),
     )
     source = app.topic(topic_name, partitions=partitions, key_serializer="raw", value_serializer="json")

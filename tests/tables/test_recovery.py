@@ -31,7 +31,7 @@ from aiokafka import AIOKafkaProducer
 from app.broker.admin import ensure_topics
 from app.broker.embedded import EmbeddedBroker
 from app.worker.faust_app import WorkerProcess
-from tests.support import require, require_broker_binary
+from tests.support import committed_offsets, require, require_broker_binary
 
 pytestmark = pytest.mark.integration
 
@@ -64,12 +64,13 @@ class Scenario:
     first: dict[str, Any]
 
     def worker(self, name: str, data_dir: Path, *, workaround: bool = True,
-               stock_recovery: bool = False, standbys: int = 0) -> tuple[WorkerProcess, Path]:
+               stock_recovery: bool = False, standbys: int = 0,
+               commit_interval: float = 0.5) -> tuple[WorkerProcess, Path]:
         snapshot = self.base / f"{name}.json"
         env = {"RT_APP_ID": self.app_id, "RT_BOOTSTRAP": self.broker.bootstrap, "RT_DATA_DIR": str(data_dir),
                "RT_TOPIC": self.topic, "RT_PARTITIONS": str(PARTITIONS), "RT_SNAPSHOT": str(snapshot),
                "RT_WORKAROUND": "1" if workaround else "0", "RT_RECOVERY": "stock" if stock_recovery else "prism",
-               "RT_STANDBYS": str(standbys)}
+               "RT_STANDBYS": str(standbys), "RT_COMMIT_INTERVAL": str(commit_interval)}
         process = WorkerProcess("tests.tables.recovery_app:build", log_path=self.base / f"{name}.log",
                                 env=env, cwd=ROOT)
         return process, snapshot
@@ -318,3 +319,43 @@ def test_on_kafka_a_worker_joining_and_leaving_recovers_with_the_changelogs_paus
     log = a.log_path.read_text()
     assert "ConsistencyError" not in log and "Traceback" not in log, log[-4000:]
     assert code == 0
+
+
+def _a_join_reads_nothing_again(broker: Any, base: Path, *, workaround: bool) -> None:
+    """Worker A processes RECORDS with a commit timer that never fires (an hour), then B joins.
+    The join revokes all of A's partitions: what A processed must be committed at that
+    revocation (app/worker/offsets.py, ``OffsetsProbeConsumer.on_partitions_revoked``), so
+    neither A nor B reads any of it again. Stock Faust 0.15.3 forgets the acknowledged offsets
+    before its revocation commit: every record since the last timer commit was processed twice
+    (all RECORDS here; 767-925 of 1,500 in the join-and-leave test below, at a 0.5 s timer)."""
+    _require_rocksdict()
+    topic, app_id = f"join-{uuid.uuid4().hex[:8]}", f"join-app-{uuid.uuid4().hex[:8]}"
+    asyncio.run(ensure_topics(broker.bootstrap, {topic: PARTITIONS}))
+    asyncio.run(produce_records(broker.bootstrap, topic))
+    sc = Scenario(broker, topic, app_id, base, base / "data-a", {})
+    a, snap_a = sc.worker("a", base / "data-a", workaround=workaround, commit_interval=3600)
+    b, snap_b = sc.worker("b", base / "data-b", workaround=workaround, commit_interval=3600)
+    try:
+        a.start(timeout=60)
+        wait_for(lambda: (s := read_snapshot(snap_a, a.pid)) and s["processed_this_run"] == RECORDS, 60,
+                 "A to process RECORDS")
+        assert asyncio.run(committed_offsets(broker.bootstrap, app_id, topic, PARTITIONS)) == dict.fromkeys(
+            range(PARTITIONS), 0)  # the timer has not committed anything
+        b.start(timeout=60)
+        wait_for(lambda: sum(asyncio.run(committed_offsets(broker.bootstrap, app_id, topic, PARTITIONS)).values())
+                 == RECORDS, 30, "the revocation to commit what A processed")
+        sa = _settled(snap_a, a, PARTITIONS // 2, RECORDS, "A after B joined")
+        sb = _settled(snap_b, b, PARTITIONS // 2, 0, "B after it joined")
+        assert sa["processed_this_run"] == RECORDS and sb["processed_this_run"] == 0, (sa, sb)
+        assert sa["counter_total"] + sb["counter_total"] == RECORDS, (sa, sb)
+    finally:
+        codes = b.stop(), a.stop()
+    assert codes == (0, 0), (b.log_tail(), a.log_tail())
+
+
+def test_a_worker_joining_reads_nothing_again(scenario: Scenario, tmp_path_factory: pytest.TempPathFactory) -> None:
+    _a_join_reads_nothing_again(scenario.broker, tmp_path_factory.mktemp("join-embedded"), workaround=True)
+
+
+def test_on_kafka_a_worker_joining_reads_nothing_again(kafka: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    _a_join_reads_nothing_again(kafka, tmp_path_factory.mktemp("join-kafka"), workaround=False)

@@ -22,6 +22,7 @@ from app.envelope import encode, new_envelope
 from app.worker import commit_bound
 from app.worker.commit_bound import bounded_commit, commit_from_worker
 from tests.brokers import BrokerUnderTest
+from tests.support import committed_offsets
 from tests.worker.conftest import make_topology
 from tests.worker.harness import RunningPipeline
 
@@ -85,21 +86,6 @@ async def test_the_worker_side_bound_covers_a_commit_the_thread_never_started(
     assert await commit_from_worker(answered, 2, None, timeout=1) is True
 
 
-async def _committed(bootstrap: str, group: str, topic: str, partitions: int) -> int:
-    """The group's committed offsets of ``topic`` summed, as the broker has them (a consumer in
-    the group that never joins it: ``committed`` asks the coordinator)."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
-    await reader.start()
-    try:
-        total = 0
-        for p in range(partitions):
-            total += max(await reader.committed(TopicPartition(topic, p)) or 0, 0)
-        return total
-    finally:
-        await reader.stop()
-
 
 @pytest.mark.integration
 async def test_a_worker_whose_commit_never_returns_goes_on_and_commits_everything(
@@ -139,9 +125,9 @@ async def test_a_worker_whose_commit_never_returns_goes_on_and_commits_everythin
                 value = encode(new_envelope(p.source, {"i": i}, namespace="order-events"))
                 await (await p.producer.send(p.source, value, partition=0))
             await p.wait_read(n)
-            while await _committed(broker.bootstrap, group, p.source, 2) < n:
+            while sum((await committed_offsets(broker.bootstrap, group, p.source, 2)).values()) < n:
                 assert time.monotonic() < deadline, (
-                    f"committed {await _committed(broker.bootstrap, group, p.source, 2)} of {n}")
+                    f"committed {sum((await committed_offsets(broker.bootstrap, group, p.source, 2)).values())} of {n}")
                 await asyncio.sleep(0.2)
             outputs = await p.outputs()
     assert len(outputs[p.source + ".v3"]) == n

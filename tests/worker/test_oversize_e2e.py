@@ -27,14 +27,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.structs import TopicPartition
+from aiokafka import AIOKafkaProducer
 
 from app.agents.dlq import VALUE_LENGTH, VALUE_SHA256, VALUE_TRUNCATED, error_context
 from app.broker.admin import ensure_topics
 from app.demo.runner import read_all
 from app.worker.faust_app import WorkerProcess
 from tests.brokers import BrokerUnderTest
+from tests.support import committed_offsets
 from tests.worker.conftest import make_topology
 
 MIB = 1024 * 1024
@@ -73,14 +73,6 @@ def _body(total: int, tag: str) -> bytes:
     assert total >= len(head) + len(tail)
     return head + b"x" * (total - len(head) - len(tail)) + tail
 
-
-async def _committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
-    await c.start()
-    try:
-        return {p: (await c.committed(TopicPartition(topic, p))) or 0 for p in range(partitions)}
-    finally:
-        await c.stop()
 
 
 async def test_every_size_around_the_limits(any_broker: BrokerUnderTest, tmp_path: Path, dev_keys: Any) -> None:
@@ -151,7 +143,7 @@ async def test_every_size_around_the_limits(any_broker: BrokerUnderTest, tmp_pat
         total = 2 * len(sizes)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            committed = await _committed(bootstrap, group, source, 2)
+            committed = await committed_offsets(bootstrap, group, source, 2)
             if sum(committed.values()) == total:
                 break
             await asyncio.sleep(0.5)
