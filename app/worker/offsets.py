@@ -70,6 +70,7 @@ A second embedded-broker quirk handled by the same consumer-thread subclass
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections import defaultdict
@@ -96,6 +97,10 @@ __all__ = [
     "start_offsets_probe",
     "true_end_offsets",
 ]
+
+#: Faust's per-partition consumer state that a revocation forgets (after its commit: see
+#: ``OffsetsProbeConsumer.on_partitions_revoked``)
+REVOKED_PARTITION_STATE = ("_gap", "_acked", "_acked_index", "_read_offset", "_committed_offset")
 
 log = logging.getLogger(__name__)
 
@@ -270,11 +275,21 @@ def _faust_classes() -> tuple[type, type, type, type]:
                         (base_thread, "_ensure_consumer"), (base_thread, "commit"), (base_thread, "_commit"),
                         (base_thread, "verify_event_path"),
                         (base_consumer, "_new_consumer_thread"), (base_consumer, "_commit_offsets"),
-                        (base_consumer, "on_partitions_revoked"), (base_consumer, "maybe_wait_for_commit_to_finish")):
+                        (base_consumer, "on_partitions_revoked")):
         if not hasattr(owner, attr):  # pragma: no cover - guards a Faust upgrade
             raise RuntimeError(
                 f"faust {owner.__name__} has no {attr!r}: the offset queries in "
                 "app/worker/offsets.py must be re-checked against this Faust version")
+    # the per-partition state `OffsetsProbeConsumer.on_partitions_revoked` forgets (instance
+    # attributes: declared on the class, set in __init__)
+    declared = {name for cls in base_consumer.__mro__ for name in getattr(cls, "__annotations__", {})}
+    missing = [a for a in (*REVOKED_PARTITION_STATE, "_active_partitions", "_paused_partitions") if a not in declared]
+    takes_handler = any("on_partitions_revoked" in inspect.signature(cls.__init__).parameters
+                        for cls in base_consumer.__mro__ if "__init__" in vars(cls))
+    if missing or not takes_handler:
+        raise RuntimeError(  # pragma: no cover - guards a Faust upgrade
+            f"faust Consumer no longer declares {missing or 'on_partitions_revoked'}: its revocation in "
+            "app/worker/offsets.py must be re-checked against this Faust version")
 
     class OffsetsProbeConsumerThread(base_thread):  # type: ignore[misc, valid-type]
         """Faust's consumer thread with the table recovery's offset queries on their own connection.
@@ -465,25 +480,38 @@ def _faust_classes() -> tuple[type, type, type, type]:
         _recommit: dict[Any, int] | None = None
 
         async def on_partitions_revoked(self, revoked: set[Any]) -> None:
-            """Commit what the streams acknowledged in `revoked`, then Faust's revocation.
+            """Faust's revocation with its two halves in the right order: the app's handler
+            first (wait for the streams, then commit what they acknowledged), then forget the
+            revoked partitions' acknowledged and committed offsets.
 
-            Why: Faust 0.15.3 (``Consumer.on_partitions_revoked``) forgets the revoked
-            partitions' acknowledged offsets *before* it runs the app's revocation handler, whose
-            "wait for the streams, then commit" then finds nothing of them to commit. Whatever
-            was acknowledged since the last timer commit - up to ``broker_commit_interval`` of
-            records - was read and processed again by the partition's next owner, on every
-            rebalance, a clean join or leave included (eager rebalancing revokes everything).
-            Seen: 767-925 of 1,500 records of one partition processed twice when a second worker
-            left cleanly (tests/tables/test_recovery.py, the join-and-leave rebalance). Kafka
-            Connect and Kafka Streams commit in ``onPartitionsRevoked``; so does this, with the
-            same commit as the timer's (bounded, app/worker/commit_bound.py), after any commit
-            in flight. Records still being processed are acknowledged later and committed by
-            Faust's own handler as before. Under exactly_once nothing is acknowledged to Faust
-            (offsets commit inside each transaction), so this commits nothing there."""
-            if revoked and any(self._acked.get(tp) for tp in revoked):
-                await self.maybe_wait_for_commit_to_finish()
-                await self.commit(set(revoked))
-            await super().on_partitions_revoked(revoked)
+            Why: Faust 0.15.3 (``Consumer.on_partitions_revoked``) forgets them *first* (since
+            faust-streaming PR #95; its issue #502 is the symptom), so the handler's "wait for
+            the streams, then commit" found nothing of the revoked partitions to commit, and
+            whatever was acknowledged since the last timer commit - up to
+            ``broker_commit_interval`` (2.8 s) of records - was read and processed again by the
+            partition's next owner, on every rebalance, a clean join or leave included (eager
+            rebalancing revokes everything). Seen: 767-925 of 1,500 records of one partition
+            processed twice when a second worker left cleanly (tests/tables/test_recovery.py,
+            the join-and-leave rebalance); 5,580 of 24,000 across one join and one leave under
+            load (docs/operations.md, "What a rebalance does"). Kafka Connect and Kafka Streams
+            commit in ``onPartitionsRevoked``; drain first, forget second. A commit made before
+            the handler would not do: what the streams acknowledge while it is in flight would
+            still be forgotten (measured: 50 records at one join). Under exactly_once nothing is
+            acknowledged to Faust (offsets commit inside each transaction)."""
+            from faust.utils.tracing import traced_from_parent_span
+
+            span = self.app._start_span_from_rebalancing("on_partitions_revoked")
+            tracing = traced_from_parent_span(span)
+            with span:
+                if self._active_partitions is not None:  # as Faust: no more records of them
+                    self._active_partitions.difference_update(revoked)
+                self._paused_partitions.difference_update(revoked)
+                try:
+                    await tracing(self._on_partitions_revoked, partitions=revoked)(revoked)
+                finally:
+                    for tp in revoked:  # as Faust, after the handler's commit instead of before
+                        for name in REVOKED_PARTITION_STATE:
+                            getattr(self, name).pop(tp, None)
 
         def _filter_committable_offsets(self, tps: Iterable[Any]) -> dict[Any, int]:
             """Faust's, plus the offsets of a commit that timed out that nothing newer replaces.

@@ -323,7 +323,7 @@ def test_on_kafka_a_worker_joining_and_leaving_recovers_with_the_changelogs_paus
 
 def _a_join_reads_nothing_again(broker: Any, base: Path, *, workaround: bool) -> None:
     """Worker A processes RECORDS with a commit timer that never fires (an hour), then B joins.
-    The join revokes all of A's partitions: what A processed must be committed at that
+    The join revokes all of A's partitions: what A processed must be committed by that
     revocation (app/worker/offsets.py, ``OffsetsProbeConsumer.on_partitions_revoked``), so
     neither A nor B reads any of it again. Stock Faust 0.15.3 forgets the acknowledged offsets
     before its revocation commit: every record since the last timer commit was processed twice

@@ -296,3 +296,47 @@ async def test_start_offsets_probe_on_a_silent_server_is_a_broker_error_after_th
             conn.close()
         listener.close()
     await asyncio.sleep(0)  # the stopped probe's closed transport callbacks run inside the test
+
+
+def _revocation_fixture(handler: Any) -> tuple[Any, Any, Any]:
+    """A stand-in for Faust's consumer with the state a revocation touches, two partitions."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from faust.types import TP
+
+    gone, kept = TP("src", 0), TP("src", 1)
+    app = SimpleNamespace(_start_span_from_rebalancing=lambda name: contextlib.nullcontext())
+    consumer = SimpleNamespace(
+        app=app, _active_partitions={gone, kept}, _paused_partitions={gone}, _on_partitions_revoked=handler,
+        _gap={gone: [3], kept: [9]}, _acked={gone: [5, 6], kept: [11]}, _acked_index={gone: {5, 6}, kept: {11}},
+        _read_offset={gone: 6, kept: 11}, _committed_offset={gone: 5, kept: 11})
+    return consumer, gone, kept
+
+
+async def test_a_revocation_commits_what_was_acknowledged_before_it_forgets_the_partitions() -> None:
+    """The app's revocation handler (Faust's: wait for the streams, then commit) must still see
+    the revoked partitions' acknowledged offsets; they are forgotten after it. Stock Faust 0.15.3
+    forgot them first, so its commit had nothing of them to commit (docs/operations.md, "What a
+    rebalance does"). Also when the handler fails, the partitions are forgotten."""
+    consumer_cls = offsets._faust_classes()[0].Consumer
+    seen: list[tuple[Any, ...]] = []
+
+    async def handler(revoked: Any) -> None:
+        seen.append((set(revoked), dict(consumer._acked), dict(consumer._committed_offset),
+                     set(consumer._active_partitions)))
+
+    consumer, gone, kept = _revocation_fixture(handler)
+    await consumer_cls.on_partitions_revoked(consumer, {gone})
+    assert seen == [({gone}, {gone: [5, 6], kept: [11]}, {gone: 5, kept: 11}, {kept})]
+    for name in offsets.REVOKED_PARTITION_STATE:
+        assert getattr(consumer, name) == {kept: getattr(consumer, name)[kept]}, name
+    assert consumer._active_partitions == {kept} and consumer._paused_partitions == set()
+
+    async def failing(revoked: Any) -> None:
+        raise RuntimeError("the handler failed")
+
+    consumer, gone, kept = _revocation_fixture(failing)
+    with pytest.raises(RuntimeError, match="the handler failed"):
+        await consumer_cls.on_partitions_revoked(consumer, {gone})
+    assert all(gone not in getattr(consumer, name) for name in offsets.REVOKED_PARTITION_STATE)

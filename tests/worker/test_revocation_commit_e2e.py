@@ -3,8 +3,8 @@
 The bug this guards: Faust 0.15.3 forgets a revoked partition's acknowledged offsets before its
 own revocation commit, so on every rebalance - a clean join or leave too - everything a worker
 had processed since its last timer commit (Faust's ``broker_commit_interval``, 2.8 s by default)
-was read and processed again by the partition's next owner. Prism commits at the revocation
-(app/worker/offsets.py, ``OffsetsProbeConsumer.on_partitions_revoked``).
+was read and processed again by the partition's next owner. Prism lets the streams finish and
+commits before it forgets (app/worker/offsets.py, ``OffsetsProbeConsumer.on_partitions_revoked``).
 
 Worker A (in this process) has a commit timer that never fires (an hour), processes N records
 and commits nothing. Worker B (a subprocess, the same group) joins: the rebalance revokes A's
