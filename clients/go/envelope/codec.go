@@ -117,7 +117,7 @@ func DecodeWith(data []byte, opts DecodeOptions) (*Envelope, []string, error) {
 		return nil, nil, prismerr.Newf("too_large", "envelope is %d bytes, over the %d-byte limit", len(data), limits.MaxMessageBytes).
 			WithHint("raise Limits.MaxMessageBytes or have the producer split the message")
 	}
-	recs, err := Scan(data)
+	recs, err := ScanEnvelope(data, opts.Layout, limits.MaxHeaderBytes)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -133,7 +133,19 @@ type parsed struct {
 }
 
 func parse(data []byte, lay envelope.Layout, required bool) (*parsed, error) {
-	recs, err := envelope.Scan(data)
+	return parseWithin(data, lay, required, nil)
+}
+
+// parseWithin is parse with the header limit applied while the records are walked
+// (envelope.ScanEnvelope); limits nil: no limit.
+func parseWithin(data []byte, lay envelope.Layout, required bool, limits *envelope.Limits) (*parsed, error) {
+	var recs []envelope.Record
+	var err error
+	if limits != nil {
+		recs, err = envelope.ScanEnvelope(data, lay, limits.MaxHeaderBytes)
+	} else {
+		recs, err = envelope.Scan(data)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -354,16 +366,17 @@ func Verify(data []byte, keys *Keys, opts VerifyOptions) (Info, error) {
 // VerifyAndDecode checks the records for ambiguity, decodes (within the size limits) and
 // verifies, in one pass over the records: what a consumer normally wants.
 func VerifyAndDecode(data []byte, keys *Keys, opts VerifyOptions) (*envelope.Envelope, Info, error) {
-	p, err := parse(data, opts.Layout, true)
-	if err != nil {
-		return nil, Info{}, err
-	}
 	limits := envelope.DefaultLimits
 	if opts.Limits != nil {
 		limits = *opts.Limits
 	}
+	// the limits before the walk: a record costs ~40 bytes of memory, its input as little as 2
 	if len(data) > limits.MaxMessageBytes {
 		return nil, Info{}, prismerr.Newf("too_large", "envelope is %d bytes, over the %d-byte limit", len(data), limits.MaxMessageBytes)
+	}
+	p, err := parseWithin(data, opts.Layout, true, &limits)
+	if err != nil {
+		return nil, Info{}, err
 	}
 	env, _, err := envelope.DecodeRecords(data, p.recs, p.lay, limits)
 	if err != nil {

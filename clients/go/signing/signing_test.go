@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"errors"
+	"runtime"
 	"testing"
 
 	"github.com/prism-envelope/prism/clients/go/envelope"
@@ -180,5 +181,27 @@ func TestUnsignedAndUnknownKey(t *testing.T) {
 	}
 	if _, err := signing.NewHMACKey("short", make([]byte, 31)); !errors.Is(err, prismerr.ErrConfig) {
 		t.Fatalf("short HMAC secret: %v", err)
+	}
+}
+
+// TestVerifyAndDecodeLimitsBeforeTheWalk: the message limit is checked before the records are
+// walked and the header limit while they are (envelope.ScanEnvelope): the walk came first, so
+// 32 MiB of two-byte records (refused by the 16 MiB message limit) made ~11M records, over 1 GB
+// allocated, before the refusal.
+func TestVerifyAndDecodeLimitsBeforeTheWalk(t *testing.T) {
+	keys := signing.NewKeys(testKeys(t)[0].VerificationKey())
+	for _, size := range []int{32 << 20, 16<<20 - 64} {
+		data := bytes.Repeat([]byte{0x90, 0x03, 0x00}, size/3)
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		_, _, err := signing.VerifyAndDecode(data, keys, signing.VerifyOptions{})
+		runtime.ReadMemStats(&after)
+		if !errors.Is(err, prismerr.ErrSizeLimit) {
+			t.Errorf("%d bytes: %v, want a size limit error", len(data), err)
+		}
+		if got := after.TotalAlloc - before.TotalAlloc; got > 64<<20 {
+			t.Errorf("%d bytes: allocated %d MB before refusing", len(data), got>>20)
+		}
 	}
 }
