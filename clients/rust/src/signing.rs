@@ -1166,7 +1166,7 @@ pub fn verify_and_decode<'a>(
             "raise Limits::max_message_bytes or have the producer split the message"
         ));
     }
-    let records = wire::scan(data, 0, data.len())?;
+    let records = crate::codec::scan_envelope(data, layout, limits.max_header_bytes)?;
     let lay = match layout {
         Some(l) => l,
         None => layout_of_records(&records)?,

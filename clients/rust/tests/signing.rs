@@ -299,3 +299,16 @@ fn signed_statement_faults_carry_the_full_numbers() {
     assert_eq!(fault(&[&varint_field(10, 9)]), F::UnsupportedScope { scope: 9 });
     assert_eq!(fault(&[&varint_field(10, wide)]), F::UnsupportedScope { scope: wide });
 }
+
+/// `verify_and_decode` applies the header limit while it walks the records: 16 MiB of tiny
+/// records ending in a truncated one is refused for its size before the walk reaches the end
+/// (it walked all 5.6M records first, and answered `Truncated`).
+#[test]
+fn verify_and_decode_stops_the_walk_at_the_header_limit() {
+    let key = SigningKey::hmac_sha256("k", &[9u8; 32]).unwrap();
+    let keys = VerificationKeys::new([key.verification_key()]);
+    let mut data = [0x90u8, 0x03, 0x00].repeat(Limits::default().max_message_bytes / 3 - 2);
+    data.extend_from_slice(&[0x92, 0x03, 0x05]);
+    let got = signing::verify_and_decode(&data, &keys, None, &Limits::default(), None);
+    assert!(matches!(got, Err(PrismError::SizeLimit(_))), "{got:?}");
+}
