@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"compress/zlib"
 	"io"
+	"math"
 
 	"github.com/klauspost/compress/s2"
 	"github.com/klauspost/compress/zstd"
@@ -83,18 +84,7 @@ func Decompress(data []byte, encoding string, maxSize int) ([]byte, error) {
 		}
 		return out, nil
 	case "snappy":
-		n, err := s2.DecodedLen(data)
-		if err != nil {
-			return nil, (&prismerr.Error{Code: "bad_compression", What: "snappy preamble is not valid", Path: "payload"}).Wrap(err)
-		}
-		if n > maxSize {
-			return nil, tooBig()
-		}
-		out, err := s2.Decode(nil, data)
-		if err != nil {
-			return nil, (&prismerr.Error{Code: "bad_compression", What: "snappy payload is invalid: " + err.Error(), Path: "payload"}).Wrap(err)
-		}
-		return out, nil
+		return snappyDecode(data, maxSize)
 	case "zstd":
 		// One frame and nothing after it (see gzip): Go's decoder reads every frame, Python's
 		// and Rust's the first only.
@@ -156,4 +146,84 @@ func zstdFrameLen(data []byte) (int, bool) {
 		return 0, false
 	}
 	return pos, true
+}
+
+// snappyDecode reads a raw Snappy block (the format Python's cramjam and Rust's snap read),
+// strictly: s2.Decode also reads S2's extensions (a copy with offset 0 repeats the last offset),
+// so bytes Python and Rust refuse decoded to a value in Go. The declared length is checked
+// against maxSize before anything is allocated, and the block must produce exactly it.
+func snappyDecode(src []byte, maxSize int) ([]byte, error) {
+	corrupt := func(what string) error {
+		return prismerr.New("bad_compression", "snappy payload is invalid: "+what, "").At("payload")
+	}
+	n, pos, err := ReadVarint(src, 0)
+	if err != nil || n > math.MaxUint32 {
+		return nil, corrupt("the preamble is not a valid length")
+	}
+	if n > uint64(maxSize) {
+		return nil, prismerr.Newf("bad_compression", "snappy payload declares %d bytes, over the %d-byte limit", n, maxSize).At("payload")
+	}
+	dst := make([]byte, 0, int(n))
+	for pos < len(src) {
+		tag := src[pos]
+		pos++
+		var length, offset int
+		switch tag & 3 {
+		case 0: // literal
+			length = int(tag >> 2)
+			if length >= 60 {
+				k := length - 59 // 1-4 little-endian length bytes
+				if len(src)-pos < k {
+					return nil, corrupt("literal length runs past the end")
+				}
+				length = 0
+				for i := k - 1; i >= 0; i-- {
+					length = length<<8 | int(src[pos+i])
+				}
+				pos += k
+			}
+			length++
+			if length <= 0 || len(src)-pos < length || int(n)-len(dst) < length {
+				return nil, corrupt("literal runs past the end of the input or the declared length")
+			}
+			dst = append(dst, src[pos:pos+length]...)
+			pos += length
+			continue
+		case 1: // copy, 1-byte offset
+			if len(src)-pos < 1 {
+				return nil, corrupt("copy runs past the end")
+			}
+			length = 4 + int(tag>>2&7)
+			offset = int(tag&0xe0)<<3 | int(src[pos])
+			pos++
+		case 2: // copy, 2-byte offset
+			if len(src)-pos < 2 {
+				return nil, corrupt("copy runs past the end")
+			}
+			length = 1 + int(tag>>2)
+			offset = int(src[pos]) | int(src[pos+1])<<8
+			pos += 2
+		default: // copy, 4-byte offset
+			if len(src)-pos < 4 {
+				return nil, corrupt("copy runs past the end")
+			}
+			length = 1 + int(tag>>2)
+			offset = int(uint32(src[pos]) | uint32(src[pos+1])<<8 | uint32(src[pos+2])<<16 | uint32(src[pos+3])<<24)
+			pos += 4
+		}
+		if offset <= 0 || offset > len(dst) || int(n)-len(dst) < length {
+			return nil, corrupt("copy offset " + itoa(offset) + " or length " + itoa(length) + " is out of range")
+		}
+		if offset >= length {
+			dst = append(dst, dst[len(dst)-offset:len(dst)-offset+length]...)
+			continue
+		}
+		for i := 0; i < length; i++ { // byte by byte: this copy overlaps what it writes
+			dst = append(dst, dst[len(dst)-offset])
+		}
+	}
+	if len(dst) != int(n) {
+		return nil, corrupt("the block decodes to " + itoa(len(dst)) + " bytes, not the " + u64toa(n) + " it declares")
+	}
+	return dst, nil
 }

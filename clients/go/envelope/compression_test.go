@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
@@ -81,5 +82,35 @@ func TestCompressRoundTripsLarge(t *testing.T) {
 	_ = w.Close()
 	if out, err := envelope.Decompress(framed, "zstd", envelope.DefaultMaxDecompressed); err != nil || len(out) != 800_000 {
 		t.Fatalf("checksummed multi-block frame: %d bytes, %v", len(out), err)
+	}
+}
+
+// TestSnappyIsSnappyNotS2: a raw Snappy block is read as Python (cramjam) and Rust (snap) read
+// it. s2.Decode also takes S2's extension - a copy with offset 0 repeats the last offset - so
+// 0a04414201020100, which both refuse, read as "ABABABABAB" in Go.
+func TestSnappyIsSnappyNotS2(t *testing.T) {
+	// Python's compress(b"hello prism " * 50, "snappy")
+	py := "d8042c68656c6c6f20707269736d20fe0c00fe0c00fe0c00fe0c00fe0c00fe0c00fe0c00fe0c00fe0c002e0c00"
+	if out, err := envelope.Decompress(unhex(t, py), "snappy", 1<<20); err != nil || string(out) != strings.Repeat("hello prism ", 50) {
+		t.Fatalf("Python's snappy block: %q, %v", out, err)
+	}
+	for _, c := range []struct{ name, data string }{
+		{"S2 repeat offset", "0a04414201020100"},
+		{"copy offset 0", "060441420100"},
+		{"copy before the start", "0604414201ff"},
+		{"declares more than it holds", "0604414201"},
+		{"literal past the declared length", "02084142430a"},
+		{"literal past the end", "0a2041"},
+		{"over the limit", "ffffffff0f"},
+		{"empty", ""},
+		{"preamble only", "80"},
+	} {
+		out, err := envelope.Decompress(unhex(t, c.data), "snappy", 1<<20)
+		if !errors.Is(err, prismerr.ErrCompression) {
+			t.Errorf("%s (%s): got %q, %v; want a bad_compression error", c.name, c.data, out, err)
+		}
+	}
+	if out, err := envelope.Decompress([]byte{0}, "snappy", 1<<20); err != nil || len(out) != 0 {
+		t.Errorf("an empty block: %q, %v", out, err)
 	}
 }
