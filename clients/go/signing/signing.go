@@ -451,6 +451,12 @@ func check(sig []byte, alg, keyID string, m []byte, keys *Keys, scope Scope) (In
 	for _, k := range candidates {
 		var ok bool
 		if alg == HMACSHA256 {
+			// a key built without NewHMACKey (VerificationKey is a plain struct) may hold an
+			// empty or short secret - an empty one makes HMAC forgeable by anyone
+			if len(k.Secret) < MinHMACKeyBytes {
+				return Info{}, prismerr.Newf("bad_keyring", "hmac-sha256 key %q is %d bytes; at least %d are required", k.KeyID, len(k.Secret), MinHMACKeyBytes).
+					At("security.signature_key_id").WithHint("build verification keys with NewHMACKey(...).VerificationKey(), from 32+ random bytes")
+			}
 			ok = hmac.Equal(mac(k.Secret, m), sig)
 		} else {
 			ok = len(k.PublicKey) == ed25519.PublicKeySize && ed25519.Verify(k.PublicKey, m, sig)

@@ -2,7 +2,9 @@ package signing_test
 
 import (
 	"bytes"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"errors"
 	"runtime"
 	"testing"
@@ -202,6 +204,45 @@ func TestVerifyAndDecodeLimitsBeforeTheWalk(t *testing.T) {
 		}
 		if got := after.TotalAlloc - before.TotalAlloc; got > 64<<20 {
 			t.Errorf("%d bytes: allocated %d MB before refusing", len(data), got>>20)
+		}
+	}
+}
+
+// TestShortHMACVerificationKeyNeverVerifies: VerificationKey is a plain struct, so a keyring
+// can hold an HMAC key whose secret is empty (an unset environment variable, say). Anyone can
+// compute HMAC under the empty key: such a signature verified. A secret shorter than
+// MinHMACKeyBytes is now a bad_keyring error, never a verdict.
+func TestShortHMACVerificationKeyNeverVerifies(t *testing.T) {
+	env, err := envelope.NewBytes("t", "ns", []byte("pay me"), envelope.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	real, err := signing.NewHMACKey("k", bytes.Repeat([]byte{7}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wire, err := signing.Sign(env, real, envelope.Reviewed, signing.ScopeV2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _, err := signing.SignedMessage(wire, envelope.Reviewed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := hmac.New(sha256.New, bytes.Repeat([]byte{7}, 32))
+	good.Write(m)
+	at := bytes.Index(wire, good.Sum(nil))
+	if at < 0 {
+		t.Fatal("signature not found in the wire bytes")
+	}
+	for _, secret := range [][]byte{nil, []byte("short")} {
+		forger := hmac.New(sha256.New, secret)
+		forger.Write(m)
+		forged := append([]byte(nil), wire...)
+		copy(forged[at:], forger.Sum(nil))
+		keys := signing.NewKeys(&signing.VerificationKey{KeyID: "k", Algorithm: signing.HMACSHA256, Secret: secret})
+		if info, err := signing.Verify(forged, keys, signing.VerifyOptions{}); !errors.Is(err, prismerr.ErrKeyring) {
+			t.Errorf("a %d-byte secret: %+v, %v; want a bad_keyring error", len(secret), info, err)
 		}
 	}
 }
