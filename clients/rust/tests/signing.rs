@@ -312,3 +312,33 @@ fn verify_and_decode_stops_the_walk_at_the_header_limit() {
     let got = signing::verify_and_decode(&data, &keys, None, &Limits::default(), None);
     assert!(matches!(got, Err(PrismError::SizeLimit(_))), "{got:?}");
 }
+
+/// `VerificationKey::Hmac`'s fields are public, so a keyring can hold an HMAC key with an empty
+/// or short secret (built without `SigningKey::hmac_sha256`); HMAC under the empty key is
+/// anyone's to compute, and such a forged signature verified. It is `KeyNotUsable` now.
+#[test]
+fn a_short_hmac_verification_key_never_verifies() {
+    let env = Envelope::builder("t", "ns").text("pay me").build().unwrap();
+    let real = SigningKey::hmac_sha256("k", &[7u8; 32]).unwrap();
+    let wire = signing::sign(&env, &real, Layout::Reviewed, SCOPE_V2).unwrap();
+    let (_, _, m) = signing::signed_message(&wire, Some(Layout::Reviewed)).unwrap();
+    let good = signing::hmac_sha256(&[7u8; 32], &m);
+    let at = wire
+        .windows(32)
+        .position(|w| w == good)
+        .expect("the signature in the wire bytes");
+    for secret in [Vec::new(), b"short".to_vec()] {
+        let mut forged = wire.clone();
+        forged[at..at + 32].copy_from_slice(&signing::hmac_sha256(&secret, &m));
+        let keys = VerificationKeys::new([signing::VerificationKey::Hmac {
+            key_id: "k".into(),
+            secret: secret.clone(),
+        }]);
+        let got = signing::verify(&forged, &keys, None, None);
+        assert!(
+            matches!(got, Err(PrismError::KeyNotUsable(_))),
+            "{}-byte secret: {got:?}",
+            secret.len()
+        );
+    }
+}
