@@ -18,6 +18,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/prism-envelope/prism/clients/go/gen/reviewedpb"
+	"github.com/prism-envelope/prism/clients/go/internal/untrustedjson"
 	"github.com/prism-envelope/prism/clients/go/prismerr"
 	"google.golang.org/protobuf/proto"
 )
@@ -290,6 +291,11 @@ func (e *Envelope) PayloadJSON(out any) error {
 	b, err := e.PayloadBytes()
 	if err != nil {
 		return err
+	}
+	// the bounded checks Python's and Rust's payload_json apply (app/untrusted_json.py)
+	if what := untrustedjson.Check(b, untrustedjson.MaxDepth); what != "" {
+		return prismerr.New("payload_error", "payload is not valid JSON: "+what,
+			"content_type is "+quote(ContentType(e.Header.GetMetadata()))+"; read it with PayloadBytes instead").At("payload")
 	}
 	if err := json.Unmarshal(b, out); err != nil {
 		return &prismerr.Error{Code: "payload_error", What: "payload is not valid JSON for the requested type: " + err.Error(),

@@ -1,11 +1,14 @@
 package envelope_test
 
 import (
+	"errors"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prism-envelope/prism/clients/go/envelope"
+	"github.com/prism-envelope/prism/clients/go/prismerr"
 )
 
 // TestIsExpiredDoesNotWrap: expiry is published_at_ms + ttl_seconds*1000 computed exactly, as
@@ -37,6 +40,33 @@ func TestIsExpiredDoesNotWrap(t *testing.T) {
 		}
 		if exp := env.ExpiresAt(); !c.expired && c.ttl > 0 && !exp.After(now) {
 			t.Errorf("published_at_ms=%d ttl_seconds=%d: ExpiresAt %v is not after now", c.pub, c.ttl, exp)
+		}
+	}
+}
+
+// TestPayloadJSONIsBounded: PayloadJSON applies the checks of Python's and Rust's
+// payload_json (app/untrusted_json.py): encoding/json alone read invalid UTF-8 as U+FFFD - a
+// value where they refuse the payload - and nested 10,000 levels deep where they stop at 64.
+func TestPayloadJSONIsBounded(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		payload []byte
+		ok      bool
+	}{
+		{"plain", []byte(`{"a":[1,{"b":"c"}]}`), true},
+		{"64 levels", []byte(strings.Repeat("[", 64) + strings.Repeat("]", 64)), true},
+		{"brackets in strings", []byte(`["` + strings.Repeat("[", 100) + `"]`), true},
+		{"invalid UTF-8 in a string", []byte("{\"a\":\"\xff\"}"), false},
+		{"65 levels", []byte(strings.Repeat("[", 65) + strings.Repeat("]", 65)), false},
+	} {
+		env, err := envelope.NewBytes("t", "ns", c.payload, envelope.Options{ContentType: "application/json"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v any
+		err = env.PayloadJSON(&v)
+		if c.ok && err != nil || !c.ok && !errors.Is(err, prismerr.ErrPayload) {
+			t.Errorf("%s: %v (value %v)", c.name, err, v)
 		}
 	}
 }
