@@ -416,6 +416,9 @@ func (p *parsed) verify(sig []byte, alg, keyID string, keys *Keys, opts VerifyOp
 	if len(sig) == 0 {
 		return Info{}, notSigned("envelope is not signed")
 	}
+	if keys == nil { // no keyring: nothing is trusted (unknown_key), never a nil dereference
+		keys = &Keys{}
+	}
 	accept := keys.AcceptLegacyScope
 	if opts.AcceptLegacyScope != nil {
 		accept = *opts.AcceptLegacyScope

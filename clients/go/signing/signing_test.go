@@ -246,3 +246,22 @@ func TestShortHMACVerificationKeyNeverVerifies(t *testing.T) {
 		}
 	}
 }
+
+// TestVerifyWithoutKeysIsAnError: a nil *Keys (no keyring configured) trusts nothing; it was a
+// nil pointer dereference inside Verify.
+func TestVerifyWithoutKeysIsAnError(t *testing.T) {
+	env, err := envelope.NewBytes("t", "ns", []byte("x"), envelope.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wire, err := signing.Sign(env, testKeys(t)[0], envelope.Reviewed, signing.ScopeV2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := signing.Verify(wire, nil, signing.VerifyOptions{}); !errors.Is(err, prismerr.ErrUnknownKey) {
+		t.Fatalf("Verify: %v", err)
+	}
+	if _, _, err := signing.VerifyAndDecode(wire, nil, signing.VerifyOptions{}); !errors.Is(err, prismerr.ErrUnknownKey) {
+		t.Fatalf("VerifyAndDecode: %v", err)
+	}
+}
