@@ -314,6 +314,9 @@ type DecryptOptions struct {
 // Decrypt returns the payload as it was before encryption (still compressed when
 // content_encoding says so). The envelope is not modified.
 func Decrypt(env *envelope.Envelope, keys *Keyring, opts DecryptOptions) ([]byte, error) {
+	if keys == nil { // no keyring: no key (unknown_key), never a nil dereference
+		keys = NewKeyring()
+	}
 	meta := env.Header.GetSecurity().GetEncryption()
 	if meta == nil {
 		return nil, prismerr.New("decryption_failed", "envelope is not encrypted (no security.encryption)", "read it with Envelope.PayloadBytes").At("security.encryption")

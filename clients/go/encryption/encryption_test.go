@@ -178,3 +178,16 @@ func FuzzDecrypt(f *testing.F) {
 		}
 	})
 }
+
+// TestDecryptWithoutKeyringIsAnError: a nil *Keyring (none configured) holds no key; it was a
+// nil pointer dereference inside Decrypt.
+func TestDecryptWithoutKeyringIsAnError(t *testing.T) {
+	env := newEnv(t, []byte("secret"))
+	key := bytes.Repeat([]byte{3}, 32)
+	if err := encryption.EncryptSymmetric(env, encryption.AES256GCM, "k1", key, encryption.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := encryption.Decrypt(env, nil, encryption.DecryptOptions{}); !errors.Is(err, prismerr.ErrUnknownKey) {
+		t.Fatalf("%v", err)
+	}
+}

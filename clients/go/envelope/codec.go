@@ -1,10 +1,14 @@
 package envelope
 
 import (
+	"errors"
+
 	"github.com/prism-envelope/prism/clients/go/gen/draftpb"
 	"github.com/prism-envelope/prism/clients/go/gen/reviewedpb"
 	"github.com/prism-envelope/prism/clients/go/prismerr"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // Layout is one of RFC-031's two wire layouts.
@@ -117,7 +121,7 @@ func DecodeWith(data []byte, opts DecodeOptions) (*Envelope, []string, error) {
 		return nil, nil, prismerr.Newf("too_large", "envelope is %d bytes, over the %d-byte limit", len(data), limits.MaxMessageBytes).
 			WithHint("raise Limits.MaxMessageBytes or have the producer split the message")
 	}
-	recs, err := Scan(data)
+	recs, err := ScanEnvelope(data, opts.Layout, limits.MaxHeaderBytes)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -195,12 +199,18 @@ func parseHeader(head []byte, lay Layout) (*reviewedpb.PrismEnvelope, []string, 
 		if err := unmarshal.Unmarshal(head, h); err != nil {
 			return nil, nil, bad(err)
 		}
+		if err := unknownDepth(h.ProtoReflect(), 0); err != nil {
+			return nil, nil, bad(err)
+		}
 		upbMapEntries(h.ProtoReflect(), head, 0)
 		h.Payload = nil
 		return h, nil, nil
 	}
 	d := &draftpb.PrismEnvelope{}
 	if err := unmarshal.Unmarshal(head, d); err != nil {
+		return nil, nil, bad(err)
+	}
+	if err := unknownDepth(d.ProtoReflect(), 0); err != nil {
 		return nil, nil, bad(err)
 	}
 	upbMapEntries(d.ProtoReflect(), head, 0)
@@ -359,4 +369,65 @@ func SecurityRecord(sec proto.Message, lay Layout) ([]byte, error) {
 	out := AppendVarint(nil, uint64(lay.SecurityField()<<3|WireLen))
 	out = AppendVarint(out, uint64(len(body)))
 	return append(out, body...), nil
+}
+
+// unknownDepth applies the recursion limit to groups kept as unknown fields, as upb (Python)
+// does: Go's runtime skips an unknown group with its own limit of 10,000 levels, whatever
+// UnmarshalOptions.RecursionLimit says, so a header Python refuses (a group nested 100 deep in
+// metadata) decoded in Go. depth is m's nesting below the envelope; a message's depth plus the
+// groups nested in its unknown fields may not exceed the limit.
+func unknownDepth(m protoreflect.Message, depth int) error {
+	if g := groupDepth(m.GetUnknown()); depth+g > unmarshal.RecursionLimit {
+		return errors.New("groups in unknown fields nest deeper than the recursion limit (" + itoa(unmarshal.RecursionLimit) + ")")
+	}
+	var err error
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		switch {
+		case fd.IsMap():
+			if fd.MapValue().Message() != nil {
+				v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
+					err = unknownDepth(mv.Message(), depth+2) // the entry, then its value
+					return err == nil
+				})
+			}
+		case fd.Message() != nil && fd.IsList():
+			for i, l := 0, v.List(); i < l.Len() && err == nil; i++ {
+				err = unknownDepth(l.Get(i).Message(), depth+1)
+			}
+		case fd.Message() != nil:
+			err = unknownDepth(v.Message(), depth+1)
+		}
+		return err == nil
+	})
+	return err
+}
+
+// groupDepth is the deepest group nesting in raw (unknown fields, already validated by the
+// runtime's parse).
+func groupDepth(raw []byte) int {
+	depth, max := 0, 0
+	for len(raw) > 0 {
+		_, typ, n := protowire.ConsumeTag(raw)
+		if n < 0 {
+			return max
+		}
+		raw = raw[n:]
+		switch typ {
+		case protowire.StartGroupType:
+			depth++
+			if depth > max {
+				max = depth
+			}
+			continue
+		case protowire.EndGroupType:
+			depth--
+			continue
+		}
+		m := protowire.ConsumeFieldValue(0, typ, raw)
+		if m < 0 {
+			return max
+		}
+		raw = raw[m:]
+	}
+	return max
 }

@@ -2,6 +2,7 @@ package envelope_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/prism-envelope/prism/clients/go/envelope"
@@ -30,6 +31,22 @@ func seed(f *testing.F) {
 		{0x0a, 0x00, 0x12, 0x03, 0x0a, 0x01, 0xff}, // reviewed: security holding invalid UTF-8
 	} {
 		f.Add(s)
+	}
+	// compressed payloads, so the fuzzer's mutations reach the gzip, snappy and zstd decoders
+	// (FuzzDecode reads every payload with PayloadBytes)
+	for _, enc := range []string{"gzip", "snappy", "zstd"} {
+		env, err := envelope.NewJSON("orders.created", "order-events", map[string]any{"order_id": 42, "note": strings.Repeat("hello prism ", 40)},
+			envelope.Options{ContentEncoding: enc})
+		if err != nil {
+			f.Fatal(err)
+		}
+		for _, lay := range []envelope.Layout{envelope.Draft, envelope.Reviewed} {
+			b, err := envelope.Encode(env, lay)
+			if err != nil {
+				f.Fatal(err)
+			}
+			f.Add(b)
+		}
 	}
 }
 

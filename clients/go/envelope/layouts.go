@@ -70,14 +70,23 @@ func subMutable(m protoreflect.Message, path string) protoreflect.Message {
 
 // carryUnknown puts src's unknown fields into ext under prefix+path: their numbers mean
 // something else in the other layout, so they cannot be written there on their own numbers.
-func carryUnknown(src protoreflect.Message, prefix string, ext map[string][]byte) {
+// Unknown fields the record walker cannot read (a group) cannot be carried: they are refused
+// with the walker's error, as Python's conversion refuses them (UnknownRecords would carry
+// them whole, so a draft header Python refuses decoded in Go).
+func carryUnknown(src protoreflect.Message, prefix string, ext map[string][]byte) error {
 	for _, path := range carriedPaths {
 		if m := sub(src, path); m != nil {
+			if raw := m.GetUnknown(); len(raw) > 0 {
+				if _, err := Scan(raw); err != nil {
+					return err
+				}
+			}
 			if raw := UnknownRecords(m); len(raw) > 0 {
 				ext[prefix+path] = append([]byte(nil), raw...)
 			}
 		}
 	}
+	return nil
 }
 
 // restoreUnknown puts fields carried by carryUnknown back on their own numbers in dst (the
@@ -232,7 +241,9 @@ func DraftToReviewed(d *draftpb.PrismEnvelope) (*reviewedpb.PrismEnvelope, []str
 	for _, k := range []string{encTypeKey, encPubKey, encEncapKey, encParamsKey} {
 		delete(ext, k)
 	}
-	carryUnknown(d.ProtoReflect(), draftUnknown, ext)
+	if err := carryUnknown(d.ProtoReflect(), draftUnknown, ext); err != nil {
+		return nil, nil, err
+	}
 	for k := range ext {
 		if strings.HasPrefix(k, reviewedUnknown) {
 			restoreUnknown(v.ProtoReflect(), reviewedUnknown, ext)
@@ -322,7 +333,9 @@ func ReviewedToDraft(v *reviewedpb.PrismEnvelope) (*draftpb.PrismEnvelope, []str
 		}
 		d.Security = ds
 	}
-	carryUnknown(v.ProtoReflect(), reviewedUnknown, ext)
+	if err := carryUnknown(v.ProtoReflect(), reviewedUnknown, ext); err != nil {
+		return nil, nil, err
+	}
 	for k := range ext {
 		if strings.HasPrefix(k, draftUnknown) {
 			restoreUnknown(d.ProtoReflect(), draftUnknown, ext)

@@ -12,10 +12,13 @@ package envelope
 
 import (
 	"encoding/json"
+	"math"
+	"math/big"
 	"time"
 	"unicode/utf8"
 
 	"github.com/prism-envelope/prism/clients/go/gen/reviewedpb"
+	"github.com/prism-envelope/prism/clients/go/internal/untrustedjson"
 	"github.com/prism-envelope/prism/clients/go/prismerr"
 	"google.golang.org/protobuf/proto"
 )
@@ -233,13 +236,39 @@ func (e *Envelope) Priority() int32 {
 	return DefaultPriority
 }
 
-// ExpiresAt is the expiry time, or the zero time when the envelope does not expire.
+// ExpiresAt is the expiry time, or the zero time when the envelope does not expire. An
+// expiry past the int64 millisecond range (a TTL of math.MaxInt64, which the builders and
+// Python's options accept) is clamped to the range's end: still after any clock's now.
 func (e *Envelope) ExpiresAt() time.Time {
-	md := e.Header.GetMetadata()
-	if md.GetTtlSeconds() <= 0 {
+	ms, ok := e.expiryMs()
+	if !ok {
 		return time.Time{}
 	}
-	return time.UnixMilli(md.GetPublishedAtMs() + md.GetTtlSeconds()*1000)
+	return time.UnixMilli(ms)
+}
+
+// IsExpired reports whether now is at or past the expiry, Python's Envelope.is_expired:
+// published_at_ms + ttl_seconds * 1000 computed without overflow (int64 arithmetic would wrap
+// a large TTL around to a time in the past and drop a message that never expires).
+func (e *Envelope) IsExpired(now time.Time) bool {
+	ms, ok := e.expiryMs()
+	return ok && now.UnixMilli() >= ms
+}
+
+// expiryMs is published_at_ms + ttl_seconds * 1000, exact, clamped to math.MaxInt64 (ttl > 0,
+// so the sum is never below published_at_ms >= math.MinInt64); false when ttl_seconds <= 0.
+func (e *Envelope) expiryMs() (int64, bool) {
+	md := e.Header.GetMetadata()
+	ttl := md.GetTtlSeconds()
+	if ttl <= 0 {
+		return 0, false
+	}
+	x := new(big.Int).Mul(big.NewInt(ttl), big.NewInt(1000))
+	x.Add(x, big.NewInt(md.GetPublishedAtMs()))
+	if !x.IsInt64() {
+		return math.MaxInt64, true
+	}
+	return x.Int64(), true
 }
 
 // PayloadBytes is the plaintext payload, decompressed per content_encoding (at most
@@ -262,6 +291,11 @@ func (e *Envelope) PayloadJSON(out any) error {
 	b, err := e.PayloadBytes()
 	if err != nil {
 		return err
+	}
+	// the bounded checks Python's and Rust's payload_json apply (app/untrusted_json.py)
+	if what := untrustedjson.Check(b, untrustedjson.MaxDepth); what != "" {
+		return prismerr.New("payload_error", "payload is not valid JSON: "+what,
+			"content_type is "+quote(ContentType(e.Header.GetMetadata()))+"; read it with PayloadBytes instead").At("payload")
 	}
 	if err := json.Unmarshal(b, out); err != nil {
 		return &prismerr.Error{Code: "payload_error", What: "payload is not valid JSON for the requested type: " + err.Error(),

@@ -88,6 +88,57 @@ func itoa(n int) string { return strconv.Itoa(n) }
 // groups and invalid wire types, field number 0 and numbers above 2^29-1, varints longer
 // than 10 bytes and lengths that run past the end (docs/signing.md, step 1).
 func Scan(buf []byte) ([]Record, error) {
+	return scan(buf, nil)
+}
+
+// ScanEnvelope is Scan for the top level of an envelope whose header (every record but the
+// payload) may take at most maxHeader bytes, checked while it walks: a record is ~40 bytes of
+// memory, so 16 MiB of two-byte records would otherwise become ~5.6M records (over 1 GB
+// allocated) before DecodeRecords refuses the header. lay may be Auto: the walk stops once the
+// header is over the limit in both layouts. A repeated payload record's tag and length count
+// as header (Prism's encoders write one payload record; protobuf would merge the copies), so
+// a flood of empty payload records is bounded too.
+func ScanEnvelope(buf []byte, lay Layout, maxHeader int) ([]Record, error) {
+	return scan(buf, &headerBudget{lay: lay, max: maxHeader})
+}
+
+type headerBudget struct {
+	lay     Layout
+	max     int
+	bytes   [3]int  // by Layout: header bytes so far were the envelope of that layout
+	payload [3]bool // by Layout: a payload record was seen
+}
+
+// add counts r and reports whether the header is over the limit in every layout it may be.
+func (b *headerBudget) add(r Record) bool {
+	over := true
+	for _, lay := range [...]Layout{Draft, Reviewed} {
+		if b.lay != Auto && b.lay != lay {
+			continue
+		}
+		switch {
+		case r.Field != lay.PayloadField() || r.WireType != WireLen:
+			b.bytes[lay] += r.End - r.Start
+		case b.payload[lay]:
+			b.bytes[lay] += r.ValueStart - r.Start
+		default:
+			b.payload[lay] = true
+		}
+		over = over && b.bytes[lay] > b.max
+	}
+	return over
+}
+
+func (b *headerBudget) err(at int) error {
+	n := b.bytes[Draft]
+	if b.lay == Reviewed || b.lay == Auto && b.bytes[Reviewed] < n {
+		n = b.bytes[Reviewed]
+	}
+	return prismerr.Newf("too_large", "envelope header is over the %d-byte limit (%d bytes by byte %d)", b.max, n, at).
+		WithHint("move bulky data into the payload, or raise Limits.MaxHeaderBytes")
+}
+
+func scan(buf []byte, budget *headerBudget) ([]Record, error) {
 	out := make([]Record, 0, 8)
 	pos, end := 0, len(buf)
 	for pos < end {
@@ -135,6 +186,9 @@ func Scan(buf []byte) ([]Record, error) {
 		default:
 			return nil, prismerr.Newf("wire_type",
 				"wire type %d (group or invalid) for field %d is not supported at the envelope's top level", wt, f).At(byteAt(start))
+		}
+		if budget != nil && budget.add(out[len(out)-1]) {
+			return nil, budget.err(pos)
 		}
 	}
 	return out, nil

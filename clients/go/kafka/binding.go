@@ -200,7 +200,13 @@ func DecodeRecord(r *kgo.Record, opts DecodeOptions) (*envelope.Envelope, *signi
 		}
 		found[name] = v
 	}
-	detected, err := envelope.DetectLayout(r.Value)
+	// within the header limit: an unbounded walk of a 16 MiB value of tiny records is millions
+	// of records before the decode below would refuse the header (envelope.ScanEnvelope)
+	recs, err := envelope.ScanEnvelope(r.Value, envelope.Auto, limits.MaxHeaderBytes)
+	if err != nil {
+		return nil, nil, err
+	}
+	detected, err := envelope.LayoutOfRecords(recs)
 	if err != nil {
 		return nil, nil, err
 	}

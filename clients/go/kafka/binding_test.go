@@ -1,7 +1,9 @@
 package kafka_test
 
 import (
+	"bytes"
 	"errors"
+	"runtime"
 	"testing"
 
 	"github.com/prism-envelope/prism/clients/go/envelope"
@@ -181,4 +183,24 @@ func FuzzDecodeRecord(f *testing.F) {
 			t.Fatalf("untyped error: %v", err)
 		}
 	})
+}
+
+// TestDecodeRecordDetectsTheLayoutWithinTheHeaderLimit: DecodeRecord detected the layout with
+// an unbounded walk of the whole value before the bounded decode, so 16 MiB of tiny records
+// became 5.6M records (1.2 GB allocated) before the refusal; a truncated last record made it
+// answer "truncated" after walking them all. The walk now stops at the header limit.
+func TestDecodeRecordDetectsTheLayoutWithinTheHeaderLimit(t *testing.T) {
+	value := bytes.Repeat([]byte{0x90, 0x03, 0x00}, envelope.DefaultLimits.MaxMessageBytes/3-2)
+	value = append(value, 0x92, 0x03, 0x05) // field 50 claims 5 bytes, none there
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	_, _, err := kafka.DecodeRecord(&kgo.Record{Value: value}, kafka.DecodeOptions{})
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, prismerr.ErrSizeLimit) {
+		t.Fatalf("%v, want a size limit error", err)
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > 64<<20 {
+		t.Fatalf("allocated %d MB before refusing", got>>20)
+	}
 }

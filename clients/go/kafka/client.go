@@ -499,7 +499,7 @@ func (s *Subscription) Next(ctx context.Context) (*Message, error) {
 			continue
 		}
 		if !s.cfg.KeepExpired {
-			if exp := env.ExpiresAt(); !exp.IsZero() && !time.Now().Before(exp) {
+			if env.IsExpired(time.Now()) {
 				s.mu.Lock()
 				s.stats.Expired++
 				s.mu.Unlock()

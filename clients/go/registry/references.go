@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/prism-envelope/prism/clients/go/internal/untrustedjson"
 	"github.com/prism-envelope/prism/clients/go/prismerr"
 )
 
@@ -413,29 +414,4 @@ func boundedJSON(text, what string) (any, error) {
 }
 
 // jsonDepth is the bracket nesting of a JSON text (strings skipped), without parsing it.
-func jsonDepth(text string) int {
-	depth, max, inStr, esc := 0, 0, false, false
-	for i := 0; i < len(text); i++ {
-		c := text[i]
-		switch {
-		case inStr:
-			if esc {
-				esc = false
-			} else if c == '\\' {
-				esc = true
-			} else if c == '"' {
-				inStr = false
-			}
-		case c == '"':
-			inStr = true
-		case c == '{' || c == '[':
-			depth++
-			if depth > max {
-				max = depth
-			}
-		case c == '}' || c == ']':
-			depth--
-		}
-	}
-	return max
-}
+func jsonDepth(text string) int { return untrustedjson.Depth([]byte(text)) }

@@ -133,7 +133,19 @@ type parsed struct {
 }
 
 func parse(data []byte, lay envelope.Layout, required bool) (*parsed, error) {
-	recs, err := envelope.Scan(data)
+	return parseWithin(data, lay, required, nil)
+}
+
+// parseWithin is parse with the header limit applied while the records are walked
+// (envelope.ScanEnvelope); limits nil: no limit.
+func parseWithin(data []byte, lay envelope.Layout, required bool, limits *envelope.Limits) (*parsed, error) {
+	var recs []envelope.Record
+	var err error
+	if limits != nil {
+		recs, err = envelope.ScanEnvelope(data, lay, limits.MaxHeaderBytes)
+	} else {
+		recs, err = envelope.Scan(data)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -354,16 +366,17 @@ func Verify(data []byte, keys *Keys, opts VerifyOptions) (Info, error) {
 // VerifyAndDecode checks the records for ambiguity, decodes (within the size limits) and
 // verifies, in one pass over the records: what a consumer normally wants.
 func VerifyAndDecode(data []byte, keys *Keys, opts VerifyOptions) (*envelope.Envelope, Info, error) {
-	p, err := parse(data, opts.Layout, true)
-	if err != nil {
-		return nil, Info{}, err
-	}
 	limits := envelope.DefaultLimits
 	if opts.Limits != nil {
 		limits = *opts.Limits
 	}
+	// the limits before the walk: a record costs ~40 bytes of memory, its input as little as 2
 	if len(data) > limits.MaxMessageBytes {
 		return nil, Info{}, prismerr.Newf("too_large", "envelope is %d bytes, over the %d-byte limit", len(data), limits.MaxMessageBytes)
+	}
+	p, err := parseWithin(data, opts.Layout, true, &limits)
+	if err != nil {
+		return nil, Info{}, err
 	}
 	env, _, err := envelope.DecodeRecords(data, p.recs, p.lay, limits)
 	if err != nil {
@@ -403,6 +416,9 @@ func (p *parsed) verify(sig []byte, alg, keyID string, keys *Keys, opts VerifyOp
 	if len(sig) == 0 {
 		return Info{}, notSigned("envelope is not signed")
 	}
+	if keys == nil { // no keyring: nothing is trusted (unknown_key), never a nil dereference
+		keys = &Keys{}
+	}
 	accept := keys.AcceptLegacyScope
 	if opts.AcceptLegacyScope != nil {
 		accept = *opts.AcceptLegacyScope
@@ -438,6 +454,12 @@ func check(sig []byte, alg, keyID string, m []byte, keys *Keys, scope Scope) (In
 	for _, k := range candidates {
 		var ok bool
 		if alg == HMACSHA256 {
+			// a key built without NewHMACKey (VerificationKey is a plain struct) may hold an
+			// empty or short secret - an empty one makes HMAC forgeable by anyone
+			if len(k.Secret) < MinHMACKeyBytes {
+				return Info{}, prismerr.Newf("bad_keyring", "hmac-sha256 key %q is %d bytes; at least %d are required", k.KeyID, len(k.Secret), MinHMACKeyBytes).
+					At("security.signature_key_id").WithHint("build verification keys with NewHMACKey(...).VerificationKey(), from 32+ random bytes")
+			}
 			ok = hmac.Equal(mac(k.Secret, m), sig)
 		} else {
 			ok = len(k.PublicKey) == ed25519.PublicKeySize && ed25519.Verify(k.PublicKey, m, sig)

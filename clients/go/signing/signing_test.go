@@ -2,8 +2,11 @@ package signing_test
 
 import (
 	"bytes"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"errors"
+	"runtime"
 	"testing"
 
 	"github.com/prism-envelope/prism/clients/go/envelope"
@@ -180,5 +183,85 @@ func TestUnsignedAndUnknownKey(t *testing.T) {
 	}
 	if _, err := signing.NewHMACKey("short", make([]byte, 31)); !errors.Is(err, prismerr.ErrConfig) {
 		t.Fatalf("short HMAC secret: %v", err)
+	}
+}
+
+// TestVerifyAndDecodeLimitsBeforeTheWalk: the message limit is checked before the records are
+// walked and the header limit while they are (envelope.ScanEnvelope): the walk came first, so
+// 32 MiB of two-byte records (refused by the 16 MiB message limit) made ~11M records, over 1 GB
+// allocated, before the refusal.
+func TestVerifyAndDecodeLimitsBeforeTheWalk(t *testing.T) {
+	keys := signing.NewKeys(testKeys(t)[0].VerificationKey())
+	for _, size := range []int{32 << 20, 16<<20 - 64} {
+		data := bytes.Repeat([]byte{0x90, 0x03, 0x00}, size/3)
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		_, _, err := signing.VerifyAndDecode(data, keys, signing.VerifyOptions{})
+		runtime.ReadMemStats(&after)
+		if !errors.Is(err, prismerr.ErrSizeLimit) {
+			t.Errorf("%d bytes: %v, want a size limit error", len(data), err)
+		}
+		if got := after.TotalAlloc - before.TotalAlloc; got > 64<<20 {
+			t.Errorf("%d bytes: allocated %d MB before refusing", len(data), got>>20)
+		}
+	}
+}
+
+// TestShortHMACVerificationKeyNeverVerifies: VerificationKey is a plain struct, so a keyring
+// can hold an HMAC key whose secret is empty (an unset environment variable, say). Anyone can
+// compute HMAC under the empty key: such a signature verified. A secret shorter than
+// MinHMACKeyBytes is now a bad_keyring error, never a verdict.
+func TestShortHMACVerificationKeyNeverVerifies(t *testing.T) {
+	env, err := envelope.NewBytes("t", "ns", []byte("pay me"), envelope.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	real, err := signing.NewHMACKey("k", bytes.Repeat([]byte{7}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wire, err := signing.Sign(env, real, envelope.Reviewed, signing.ScopeV2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _, err := signing.SignedMessage(wire, envelope.Reviewed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := hmac.New(sha256.New, bytes.Repeat([]byte{7}, 32))
+	good.Write(m)
+	at := bytes.Index(wire, good.Sum(nil))
+	if at < 0 {
+		t.Fatal("signature not found in the wire bytes")
+	}
+	for _, secret := range [][]byte{nil, []byte("short")} {
+		forger := hmac.New(sha256.New, secret)
+		forger.Write(m)
+		forged := append([]byte(nil), wire...)
+		copy(forged[at:], forger.Sum(nil))
+		keys := signing.NewKeys(&signing.VerificationKey{KeyID: "k", Algorithm: signing.HMACSHA256, Secret: secret})
+		if info, err := signing.Verify(forged, keys, signing.VerifyOptions{}); !errors.Is(err, prismerr.ErrKeyring) {
+			t.Errorf("a %d-byte secret: %+v, %v; want a bad_keyring error", len(secret), info, err)
+		}
+	}
+}
+
+// TestVerifyWithoutKeysIsAnError: a nil *Keys (no keyring configured) trusts nothing; it was a
+// nil pointer dereference inside Verify.
+func TestVerifyWithoutKeysIsAnError(t *testing.T) {
+	env, err := envelope.NewBytes("t", "ns", []byte("x"), envelope.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wire, err := signing.Sign(env, testKeys(t)[0], envelope.Reviewed, signing.ScopeV2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := signing.Verify(wire, nil, signing.VerifyOptions{}); !errors.Is(err, prismerr.ErrUnknownKey) {
+		t.Fatalf("Verify: %v", err)
+	}
+	if _, _, err := signing.VerifyAndDecode(wire, nil, signing.VerifyOptions{}); !errors.Is(err, prismerr.ErrUnknownKey) {
+		t.Fatalf("VerifyAndDecode: %v", err)
 	}
 }

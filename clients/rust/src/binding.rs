@@ -4,7 +4,7 @@
 //! every header copy must agree with the envelope (a router that reads headers and a consumer
 //! that reads the envelope must never see two different messages).
 
-use crate::codec::{decode_view, detect_layout, EnvelopeView, Layout, Limits};
+use crate::codec::{decode_view, layout_of_records, scan_envelope, EnvelopeView, Layout, Limits};
 use crate::error::{err, Result};
 use crate::model::Envelope;
 use crate::signing::{self, SignatureInfo, SigningKey, VerificationKeys, SCOPE_V2};
@@ -310,7 +310,9 @@ pub fn decode<'a>(
         found.push((name, text));
     }
     let get = |k: &str| found.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_str());
-    let detected = detect_layout(data)?;
+    // within the header limit: an unbounded walk of a 16 MiB value of tiny records is millions
+    // of records before the decode below would refuse the header (codec::scan_envelope)
+    let detected = layout_of_records(&scan_envelope(data, None, limits.max_header_bytes)?)?;
     let layout = match (get(ENVELOPE_LAYOUT), get(ENVELOPE_VERSION)) {
         (Some("draft"), _) => Layout::Draft,
         (Some("reviewed"), _) => Layout::Reviewed,
@@ -390,6 +392,23 @@ mod tests {
             .correlation_id("c-1")
             .build()
             .unwrap()
+    }
+
+    /// The layout is detected within the header limit: 16 MiB of tiny records ending in a
+    /// truncated one is refused for its size before the walk reaches the end. `detect_layout`
+    /// walked every record first (5.6M of them) and answered `Truncated`.
+    #[test]
+    fn layout_detection_stops_at_the_header_limit() {
+        let mut value = [0x90u8, 0x03, 0x00].repeat(Limits::default().max_message_bytes / 3 - 2);
+        value.extend_from_slice(&[0x92, 0x03, 0x05]);
+        let rec = KafkaRecord {
+            key: None,
+            value,
+            headers: vec![],
+            timestamp_ms: 0,
+        };
+        let got = decode(&rec, &Limits::default(), None);
+        assert!(matches!(got, Err(crate::PrismError::SizeLimit(_))), "{got:?}");
     }
 
     #[test]

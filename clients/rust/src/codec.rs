@@ -144,6 +144,48 @@ fn too_large(what: &str, size: usize, limit: usize, hint: &str) -> crate::PrismE
     )
 }
 
+/// The top-level records of an envelope whose header (every record but the payload) may take at
+/// most `max_header` bytes, checked while walking: a record is 32 bytes of memory and as little
+/// as 2 of input, so 16 MiB of tiny records would otherwise become millions of records before
+/// [`decode_records`] refused the header. `layout: None`: the walk stops once the header is
+/// over the limit in both layouts. A repeated payload record's tag and length count as header
+/// (encoders write one payload record; protobuf merges copies), so a flood of empty payload
+/// records is bounded too.
+pub fn scan_envelope(data: &[u8], layout: Option<Layout>, max_header: usize) -> Result<Vec<Record>> {
+    let layouts: &[Layout] = match layout {
+        Some(Layout::Draft) => &[Layout::Draft],
+        Some(Layout::Reviewed) => &[Layout::Reviewed],
+        None => &[Layout::Draft, Layout::Reviewed],
+    };
+    let mut header = [0usize; 2]; // by position in `layouts`
+    let mut payload = [false; 2];
+    let (records, whole) = wire::walk_while(data, 0, data.len(), |r| {
+        let mut over = true;
+        for (i, lay) in layouts.iter().enumerate() {
+            if r.field != lay.payload_field() || r.wire_type != LEN {
+                header[i] += r.end - r.start;
+            } else if payload[i] {
+                header[i] += r.value_start - r.start;
+            } else {
+                payload[i] = true;
+            }
+            over &= header[i] > max_header;
+        }
+        !over
+    })?;
+    if !whole {
+        let least = header[..layouts.len()].iter().min().copied().unwrap_or_default();
+        let at = records.last().map_or(0, |r| r.end);
+        return Err(err!(
+            SizeLimit,
+            format!("envelope header is over the {max_header}-byte limit ({least} bytes by byte {at})"),
+            "",
+            "move bulky data into the payload, or raise Limits::max_header_bytes"
+        ));
+    }
+    Ok(records)
+}
+
 /// The header-only parse, borrowing the payload. `layout: None` detects it.
 pub fn decode_view<'a>(data: &'a [u8], layout: Option<Layout>, limits: &Limits) -> Result<EnvelopeView<'a>> {
     if data.len() > limits.max_message_bytes {
@@ -154,7 +196,7 @@ pub fn decode_view<'a>(data: &'a [u8], layout: Option<Layout>, limits: &Limits) 
             "raise Limits::max_message_bytes or have the producer split the message",
         ));
     }
-    let records = wire::scan(data, 0, data.len())?;
+    let records = scan_envelope(data, layout, limits.max_header_bytes)?;
     let lay = match layout {
         Some(l) => l,
         None => layout_of_records(&records)?,
@@ -502,4 +544,64 @@ pub fn convert(data: &[u8], to: Layout, limits: &Limits) -> Result<(Vec<u8>, Vec
         }
     }
     Ok((try_encode(&env, to)?, dropped))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PrismError;
+
+    /// 16 MiB of three-byte records with a truncated record at the very end: the header limit
+    /// stops the walk long before the end (it refuses the size, never reaching the truncation).
+    /// The walk used to go through every record first - 5.6M records, 180 MB of them - and
+    /// answer `Truncated`; with the last record intact it refused the header only afterwards.
+    fn flood(record: &[u8], prefix: &[u8]) -> Vec<u8> {
+        let mut data = prefix.to_vec();
+        data.extend(record.repeat(Limits::default().max_message_bytes / record.len() - 2));
+        data.extend_from_slice(&[0x92, 0x03, 0x05]); // field 50, 5 bytes claimed, none there
+        data
+    }
+
+    #[test]
+    fn the_header_limit_stops_the_walk() {
+        for (what, data) in [
+            ("unknown varint records", flood(&[0x90, 0x03, 0x00], b"")),
+            // empty payload records are not header, but their repeated framing is:
+            // a flood of them was accepted whole
+            ("empty reviewed payload records", flood(&[0x9a, 0x06, 0x00], b"")),
+            ("empty draft payload records", flood(&[0x1a, 0x00], &[0x08, 0x01])),
+        ] {
+            for layout in [None, Some(Layout::Draft), Some(Layout::Reviewed)] {
+                match decode_view(&data, layout, &Limits::default()) {
+                    Err(PrismError::SizeLimit(_)) => {}
+                    other => panic!("{what} as {layout:?}: {other:?}"),
+                }
+            }
+        }
+        let mut many = [0x9a, 0x06, 0x00].repeat(1000);
+        many.extend_from_slice(&[0x0a, 0x00]);
+        assert!(
+            decode_view(&many, None, &Limits::default()).is_ok(),
+            "a few repeated payload records merge"
+        );
+    }
+
+    /// One payload record of any size is not header, whatever layout the walk assumes.
+    #[test]
+    fn one_payload_record_is_not_header() {
+        let env = Envelope::builder("t", "ns").bytes(vec![7u8; 1 << 20]).build().unwrap();
+        for lay in [Layout::Draft, Layout::Reviewed] {
+            let data = encode(&env, lay);
+            for as_layout in [None, Some(lay)] {
+                assert!(
+                    scan_envelope(&data, as_layout, 1024).is_ok(),
+                    "{lay:?} as {as_layout:?}"
+                );
+            }
+            assert!(matches!(
+                scan_envelope(&data, Some(lay), 8),
+                Err(PrismError::SizeLimit(_))
+            ));
+        }
+    }
 }

@@ -33,6 +33,9 @@ pub fn decode_all(data: &[u8]) {
                     assert!(value.is_empty() || (at >= base && at + value.len() <= base + data.len()));
                 }
                 let env = view.to_envelope().unwrap_or_else(|_| view.header_envelope());
+                // the payload as a consumer reads it: decompressed per content_encoding (gzip,
+                // snappy, zstd decoders of untrusted bytes), bounded, or an error
+                let _ = env.payload_bytes();
                 for lay in [Layout::Draft, Layout::Reviewed] {
                     let bytes = codec::encode(&env, lay);
                     // what this crate writes, it reads back (limits aside)

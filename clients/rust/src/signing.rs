@@ -985,6 +985,22 @@ pub(crate) fn verify_records(
         }
     }
     for k in candidates {
+        // the enum's fields are public, so a keyring can hold an HMAC key built without
+        // `SigningKey::hmac_sha256` and an empty or short secret - HMAC under an empty key is
+        // anyone's to compute
+        if let VerificationKey::Hmac { key_id, secret } = k {
+            if secret.len() < MIN_HMAC_KEY_BYTES {
+                return Err(err!(
+                    KeyNotUsable,
+                    format!(
+                        "HMAC key {key_id:?} is {} bytes; at least {MIN_HMAC_KEY_BYTES} required",
+                        secret.len()
+                    ),
+                    "security.signature_key_id",
+                    "build verification keys with SigningKey::hmac_sha256(..).verification_key(), from 32+ random bytes"
+                ));
+            }
+        }
         if k.verifies(&m, &signature) {
             if let (Some(e), Ok(mut c)) = (entry, keys.verified.lock()) {
                 c.put(e, k.key_id().to_owned());
@@ -1166,7 +1182,7 @@ pub fn verify_and_decode<'a>(
             "raise Limits::max_message_bytes or have the producer split the message"
         ));
     }
-    let records = wire::scan(data, 0, data.len())?;
+    let records = crate::codec::scan_envelope(data, layout, limits.max_header_bytes)?;
     let lay = match layout {
         Some(l) => l,
         None => layout_of_records(&records)?,

@@ -146,6 +146,18 @@ pub fn scan(buf: &[u8], start: usize, end: usize) -> Result<Vec<Record>> {
 /// [`scan`] with the failure as a [`WireFault`] (its numbers unsaturated), for callers that
 /// word it themselves: the Python binding, whose texts must be `app/envelope/wire.py`'s.
 pub fn walk(buf: &[u8], start: usize, end: usize) -> std::result::Result<Vec<Record>, WireFault> {
+    walk_while(buf, start, end, |_| true).map(|(out, _)| out)
+}
+
+/// [`walk`] that asks `more` after each record whether to go on: it returns the records so far
+/// and `false` as soon as `more` says no (the codec's header limit, checked while walking), or
+/// every record and `true`.
+pub fn walk_while(
+    buf: &[u8],
+    start: usize,
+    end: usize,
+    mut more: impl FnMut(&Record) -> bool,
+) -> std::result::Result<(Vec<Record>, bool), WireFault> {
     let end = end.min(buf.len());
     let mut pos = start;
     let mut out = Vec::with_capacity(8);
@@ -213,8 +225,11 @@ pub fn walk(buf: &[u8], start: usize, end: usize) -> std::result::Result<Vec<Rec
                 })
             }
         }
+        if !more(&out[out.len() - 1]) {
+            return Ok((out, false));
+        }
     }
-    Ok(out)
+    Ok((out, true))
 }
 
 /// The value of a VARINT record (saturated past 64 bits, see [`read_varint`]).

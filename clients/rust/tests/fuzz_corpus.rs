@@ -8,6 +8,7 @@
 
 use std::path::Path;
 
+use prism_client::codec::Layout;
 use prism_client::fuzzing::{decode_all, decrypt_all, lnmp_all, verify_all};
 use proptest::prelude::*;
 use serde_json::Value;
@@ -30,6 +31,20 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
         }
     }
     assert!(out.len() > 250, "seed corpus is {} inputs", out.len());
+    // compressed payloads, so mutations reach the gzip, snappy and zstd decoders
+    // (`decode_all` reads every payload as a consumer does, decompressed)
+    let doc = serde_json::json!({"order_id": 42, "note": "hello prism ".repeat(40)});
+    for enc in ["gzip", "snappy", "zstd"] {
+        let env = prism_client::Envelope::builder("orders.created", "order-events")
+            .content_encoding(enc)
+            .json(&doc)
+            .unwrap()
+            .build()
+            .unwrap();
+        for lay in [Layout::Draft, Layout::Reviewed] {
+            out.push(("envelope".to_owned(), prism_client::codec::encode(&env, lay)));
+        }
+    }
     out
 }
 

@@ -299,3 +299,46 @@ fn signed_statement_faults_carry_the_full_numbers() {
     assert_eq!(fault(&[&varint_field(10, 9)]), F::UnsupportedScope { scope: 9 });
     assert_eq!(fault(&[&varint_field(10, wide)]), F::UnsupportedScope { scope: wide });
 }
+
+/// `verify_and_decode` applies the header limit while it walks the records: 16 MiB of tiny
+/// records ending in a truncated one is refused for its size before the walk reaches the end
+/// (it walked all 5.6M records first, and answered `Truncated`).
+#[test]
+fn verify_and_decode_stops_the_walk_at_the_header_limit() {
+    let key = SigningKey::hmac_sha256("k", &[9u8; 32]).unwrap();
+    let keys = VerificationKeys::new([key.verification_key()]);
+    let mut data = [0x90u8, 0x03, 0x00].repeat(Limits::default().max_message_bytes / 3 - 2);
+    data.extend_from_slice(&[0x92, 0x03, 0x05]);
+    let got = signing::verify_and_decode(&data, &keys, None, &Limits::default(), None);
+    assert!(matches!(got, Err(PrismError::SizeLimit(_))), "{got:?}");
+}
+
+/// `VerificationKey::Hmac`'s fields are public, so a keyring can hold an HMAC key with an empty
+/// or short secret (built without `SigningKey::hmac_sha256`); HMAC under the empty key is
+/// anyone's to compute, and such a forged signature verified. It is `KeyNotUsable` now.
+#[test]
+fn a_short_hmac_verification_key_never_verifies() {
+    let env = Envelope::builder("t", "ns").text("pay me").build().unwrap();
+    let real = SigningKey::hmac_sha256("k", &[7u8; 32]).unwrap();
+    let wire = signing::sign(&env, &real, Layout::Reviewed, SCOPE_V2).unwrap();
+    let (_, _, m) = signing::signed_message(&wire, Some(Layout::Reviewed)).unwrap();
+    let good = signing::hmac_sha256(&[7u8; 32], &m);
+    let at = wire
+        .windows(32)
+        .position(|w| w == good)
+        .expect("the signature in the wire bytes");
+    for secret in [Vec::new(), b"short".to_vec()] {
+        let mut forged = wire.clone();
+        forged[at..at + 32].copy_from_slice(&signing::hmac_sha256(&secret, &m));
+        let keys = VerificationKeys::new([signing::VerificationKey::Hmac {
+            key_id: "k".into(),
+            secret: secret.clone(),
+        }]);
+        let got = signing::verify(&forged, &keys, None, None);
+        assert!(
+            matches!(got, Err(PrismError::KeyNotUsable(_))),
+            "{}-byte secret: {got:?}",
+            secret.len()
+        );
+    }
+}
