@@ -33,7 +33,10 @@ credentials); the other GETs need the ``read`` role, which anonymous requests ha
 format) or a bearer JWT (``PRISM_ADMIN_JWT_CONFIG``), through the same
 :mod:`app.security.http_auth` as the schema registry. With no credentials configured the
 mutating routes are simply closed (401). Refusals look like Kafka Connect's:
-``{"error_code": 401|403, "message": ...}``, 401 with ``WWW-Authenticate``.
+``{"error_code": 401|403, "message": ...}``, 401 with ``WWW-Authenticate``. A pause, resume or
+restart that a browser sent from another site's page is refused (403) before any credentials are
+looked at: the browser would add the basic credentials it cached for the worker
+(:func:`app.security.http_auth.cross_site_refusal`).
 
 Every route the web server serves goes through the table, Faust's own included: the check is
 an aiohttp middleware on the server (:func:`_guard`), keyed by the template of the route the
@@ -74,6 +77,7 @@ from app.security.http_auth import (
     TooManyFailures,
     Unauthenticated,
     auth_from_settings,
+    cross_site_refusal,
 )
 from app.security.http_limits import HttpLimits, harden_aiohttp_runner
 from app.worker.faust_app import event_loop_name
@@ -555,6 +559,10 @@ def _guard(auth: HttpAuth) -> Any:
         if info.http_exception is not None or info.route.resource is None:
             return await handler(request)
         template = info.route.resource.canonical
+        why = cross_site_refusal(request.method, request.headers.get("Host"), request.headers.get("Origin"),
+                                 request.headers.get("Sec-Fetch-Site"))
+        if why is not None:  # another site's page, riding on a browser's cached basic credentials
+            return aiohttp_web.json_response({"error_code": 403, "message": f"Forbidden: {why}"}, status=403)
         need = rule_for(request.method, template)
         if need != OPEN:
             verdict = await authorize(auth, need, f"{request.method} {template}",
