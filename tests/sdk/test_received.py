@@ -41,7 +41,7 @@ def test_a_publish_time_no_datetime_can_hold_is_a_validation_error(ms: int) -> N
     msg = _received(b"{}")
     msg.envelope.header.metadata.published_at_ms = ms
     with pytest.raises(ValidationError, match=f"metadata.published_at_ms: {ms} is not a time") as info:
-        msg.published_at
+        _ = msg.published_at
     assert info.value.problems[0].path == "metadata.published_at_ms"
     msg.envelope.header.metadata.published_at_ms = 1_760_000_000_000
     assert msg.published_at.year == 2025
