@@ -245,6 +245,20 @@ def _print_supervisor(doc: dict[str, Any], con: Console) -> None:
 # --------------------------------------------------------------------------- dlq list / show
 
 
+def record_time(ms: Any) -> str | None:
+    """A Kafka record's timestamp (epoch ms) as ISO 8601 UTC, or None when there is none (0, or
+    -1) or no calendar time fits it. Why: the producer of the source topic sets it (CreateTime,
+    copied onto the DLQ record), and one record stamped 2**62 made ``datetime`` raise - the
+    console's DLQ page of that pipeline answered 500 for every record, ``prism dlq list`` a
+    traceback."""
+    if not isinstance(ms, int) or isinstance(ms, bool) or ms <= 0:
+        return None
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
 def dlq_row(rec: Any) -> dict[str, Any]:
     from app.agents.dlq import error_context
     from app.security.attestation import HEADER, describe
@@ -256,7 +270,7 @@ def dlq_row(rec: Any) -> dict[str, Any]:
     identity = "" if att is None else f"{att.get('publisher_id')}" + (
         f" ({att.get('publisher_team')})" if att.get("publisher_team") else "")
     return {"attested_identity": identity,"dlq_topic": rec.topic, "dlq_partition": rec.partition, "dlq_offset": rec.offset,
-            "timestamp": datetime.fromtimestamp(rec.timestamp / 1000, UTC).isoformat() if rec.timestamp else None,
+            "timestamp": record_time(rec.timestamp),
             "source": f"{ctx.get('topic', '?')}/{ctx.get('partition', '?')}@{ctx.get('offset', '?')}",
             "stage": ctx.get("stage", ""), "reason": ctx.get("reason", ""), "attempts": ctx.get("attempts", ""),
             "error": ctx.get("exception.message", ""), "exception": ctx.get("exception.class.name", "")}

@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from app.cli.ops import _locked_until, register
+from app.cli.ops import _locked_until, dlq_row, record_time, register
 from app.envelope import encode, new_envelope
 from app.worker.management import ManagementSettings
 from app.worker.observe import Observer
@@ -26,6 +26,20 @@ def _cli() -> typer.Typer:
     app.add_typer(dlq, name="dlq")
     register(app, dlq)
     return app
+
+
+def test_a_dlq_record_stamped_outside_the_calendar_is_a_row_without_a_time() -> None:
+    """The source topic's producer sets a record's timestamp and the DLQ copy keeps it: 2**62
+    made dlq_row raise ValueError ('year 146140482 is out of range'), so `prism dlq list` died
+    with a traceback and the console's DLQ page of the pipeline answered 500."""
+    from types import SimpleNamespace
+
+    for ms in (2**62, 2**63 - 1, 253_402_300_800_000, -1, 0):
+        rec = SimpleNamespace(topic="t.dlq", partition=0, offset=7, timestamp=ms, key=None, value=b"x",
+                              headers=[("prism.errors.reason", b"bad_envelope")])
+        row = dlq_row(rec)
+        assert row["timestamp"] is None and row["reason"] == "bad_envelope" and row["dlq_offset"] == 7, ms
+    assert record_time(1_760_000_000_000) == "2025-10-09T08:53:20+00:00"
 
 
 def test_a_retry_after_that_is_no_number_is_shown_as_it_is() -> None:
