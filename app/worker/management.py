@@ -221,13 +221,27 @@ def _config_value(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
+def _without_credentials(value: Any) -> Any:
+    from app.sinks.base import redact_credentials
+
+    if isinstance(value, str):
+        return redact_credentials(value)
+    if isinstance(value, dict):
+        return {k: _without_credentials(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_credentials(v) for v in value]
+    return value
+
+
 def topology_config(observer: ObserverView) -> dict[str, str]:
     """The topology as Connect's connector config: a flat map of strings (top-level keys; a nested
-    value as compact JSON), ``name`` included as Connect includes it. No secrets can be in it:
-    a topology names hosts and key files only, credentials come from the environment."""
+    value as compact JSON), ``name`` included as Connect includes it. A topology should name hosts
+    and key files only, credentials coming from the environment - but a sink's URL or DSN may
+    hold a password (docs/sinks.md masks it in logs and errors), and this is served to every
+    reader, anonymous ones by default: every password in a URL or DSN is masked (``***``)."""
     p = observer.pipeline
     assert p is not None
-    doc = p.topology.model_dump(mode="json", by_alias=True, exclude_none=True)
+    doc = _without_credentials(p.topology.model_dump(mode="json", by_alias=True, exclude_none=True))
     return {str(k): _config_value(v) for k, v in doc.items()}
 
 
