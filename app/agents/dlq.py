@@ -7,9 +7,10 @@ the stage, a stable reason code and the attempt count. Unlike Connect's DLQ, Pri
 covers failures of the final writes (output topics, sinks).
 
 Secrets are masked *in place with the same length*: the value stays a decodable envelope
-(protobuf length prefixes still match) or valid JSON/text, just without the token. An
-existing header is never overwritten (Connect's rule); `prism dlq replay` removes the
-`prism.errors.*` headers before re-injecting a record.
+(protobuf length prefixes still match) or valid JSON/text, just without the token. The
+`prism.errors.*` headers are the worker's alone: ones the failed message already carried were
+written by its producer and are dropped (`build_dlq_record` says why); `prism dlq replay`
+removes the worker's before re-injecting a record.
 
 A message whose identity was verified before it failed also gets a `prism-dlq-attestation`
 header: that identity, signed by the worker and bound to this record's value and headers
@@ -105,7 +106,14 @@ def build_dlq_record(msg: Message, *, stage: str, stage_class: str, error: BaseE
         reason, text = error.code, str(error)
     else:  # a bug in a stage: still never crash, never drop
         reason, text = "internal_error", f"{type(error).__name__}: {error}"
-    headers = scrub_headers(list(msg.headers), known)
+    # `prism.errors.*` on the failed message are not this worker's: a producer wrote them (they
+    # also pass through to the outputs, and so reach a sink's dead letters). Kept, they stood in
+    # for the worker's own context - a forged reason, stage, error text and "fix" shown to the
+    # operator, the true ones dropped - and a forged `prism.errors.value.ref` + `.value.sha256`
+    # made `prism dlq replay` (and the console's Replay) read the file or S3 object the producer
+    # named, on the operator's machine, and put it on the source topic. The DLQ copy is what a
+    # replay sends, which strips them anyway; the source topic keeps the original.
+    headers = scrub_headers(strip_error_headers(list(msg.headers)), known)
     value = mask_secrets(msg.value, known)
     if attester is not None and msg.identity is not None and msg.envelope is not None:
         # A replayed record that failed again: its old attestation is superseded by this one
@@ -114,7 +122,6 @@ def build_dlq_record(msg: Message, *, stage: str, stage_class: str, error: BaseE
         headers.append(attester.header(msg.identity, message_id=msg.envelope.message_id, topic=msg.topic,
                                        partition=msg.partition, offset=msg.offset, key=msg.key, value=value,
                                        headers=headers))
-    present = {k for k, _ in headers}
     context = {
         "topic": msg.topic,
         "partition": str(msg.partition),
@@ -128,9 +135,7 @@ def build_dlq_record(msg: Message, *, stage: str, stage_class: str, error: BaseE
     }
     context_known = known + [f for v in pii_values for f in {v.encode(), repr(v)[1:-1].encode()}]
     for name, val in context.items():
-        hk = PREFIX + name
-        if hk not in present:
-            headers.append((hk, mask_secrets(val.encode(), context_known)))
+        headers.append((PREFIX + name, mask_secrets(val.encode(), context_known)))
     return DlqRecord(dlq_topic, msg.key, value, headers, msg.timestamp_ms, reason)
 
 

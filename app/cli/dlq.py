@@ -208,11 +208,17 @@ async def read_to_end(bootstrap: str, topic: str, partitions: int, *, settings: 
     reads to the true end (corrected for the embedded broker, app/worker/offsets.py) and raises
     rather than returning a partial read. A topic that does not exist reads as empty and is not
     created: a consumer naming it would create it on a broker that auto-creates topics, and
-    reading (`prism dlq list`, a replay with nothing to replay) must leave nothing behind."""
+    reading (`prism dlq list`, a replay with nothing to replay) must leave nothing behind.
+
+    `read_committed`: an `exactly_once` worker writes its DLQ records inside the batch's
+    transaction, and a batch cut short is aborted and processed again - read uncommitted, the
+    DLQ (and the console's DLQ pages) held the aborted copy besides the committed one, and a
+    replay put the failed record back twice. Without transactions it reads the same records."""
     if not await topic_exists(bootstrap, topic, settings=settings):
         return []
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
-                                enable_auto_commit=False, **(settings.aiokafka_kwargs() if settings else {}))
+                                enable_auto_commit=False, isolation_level="read_committed",
+                                **(settings.aiokafka_kwargs() if settings else {}))
     await consumer.start()
     out: list[Any] = []
     try:

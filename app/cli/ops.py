@@ -245,8 +245,22 @@ def _print_supervisor(doc: dict[str, Any], con: Console) -> None:
 # --------------------------------------------------------------------------- dlq list / show
 
 
+def record_time(ms: Any) -> str | None:
+    """A Kafka record's timestamp (epoch ms) as ISO 8601 UTC, or None when there is none (0, or
+    -1) or no calendar time fits it. Why: the producer of the source topic sets it (CreateTime,
+    copied onto the DLQ record), and one record stamped 2**62 made ``datetime`` raise - the
+    console's DLQ page of that pipeline answered 500 for every record, ``prism dlq list`` a
+    traceback."""
+    if not isinstance(ms, int) or isinstance(ms, bool) or ms <= 0:
+        return None
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC).isoformat()
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
 def dlq_row(rec: Any) -> dict[str, Any]:
-    from app.agents.dlq import error_context
+    from app.agents.dlq import error_context, mask_secrets
     from app.security.attestation import HEADER, describe
 
     ctx = error_context(list(rec.headers or []))
@@ -256,10 +270,13 @@ def dlq_row(rec: Any) -> dict[str, Any]:
     identity = "" if att is None else f"{att.get('publisher_id')}" + (
         f" ({att.get('publisher_team')})" if att.get("publisher_team") else "")
     return {"attested_identity": identity,"dlq_topic": rec.topic, "dlq_partition": rec.partition, "dlq_offset": rec.offset,
-            "timestamp": datetime.fromtimestamp(rec.timestamp / 1000, UTC).isoformat() if rec.timestamp else None,
+            "timestamp": record_time(rec.timestamp),
             "source": f"{ctx.get('topic', '?')}/{ctx.get('partition', '?')}@{ctx.get('offset', '?')}",
             "stage": ctx.get("stage", ""), "reason": ctx.get("reason", ""), "attempts": ctx.get("attempts", ""),
-            "error": ctx.get("exception.message", ""), "exception": ctx.get("exception.class.name", "")}
+            # masked as the headers are (dlq_show_doc): the worker masks what it writes, but a
+            # DLQ topic may hold records other writers put there, and the list shows this text
+            "error": mask_secrets(ctx.get("exception.message", "").encode()).decode(errors="replace"),
+            "exception": ctx.get("exception.class.name", "")}
 
 
 async def read_dlq(topology: Any, bootstrap: str, *, settings: Any = None, reason: str | None = None,
@@ -319,10 +336,15 @@ def dlq_show_doc(rec: Any) -> dict[str, Any]:
 
     from app.agents.dlq import _SECRET_HEADERS, mask_secrets
     from app.cli.envelope_view import REDACTED, value_doc
+    from app.observability.redaction import is_sensitive_key
 
     value = rec.value or b""
-    headers = {k: REDACTED if k.lower() in _SECRET_HEADERS and v else mask_secrets(v or b"").decode(errors="replace")
-               for k, v in rec.headers or []}
+    # A header is secret by the names the log redaction uses too (api-key, password, *-token,
+    # *-secret, session...): the producer's headers are kept on the DLQ copy, and only the
+    # worker's short list of auth headers was masked there - `x-api-key: sk_live_...` and
+    # `password: ...` were shown to every reader of the record page.
+    headers = {k: REDACTED if (k.lower() in _SECRET_HEADERS or is_sensitive_key(k)) and v
+               else mask_secrets(v or b"").decode(errors="replace") for k, v in rec.headers or []}
     return {**dlq_row(rec), "key": None if rec.key is None else mask_secrets(rec.key).decode(errors="replace"),
             "headers": headers, "value_bytes": len(value), "value_sha256": hashlib.sha256(value).hexdigest(),
             "value": value_doc(value)}

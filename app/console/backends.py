@@ -297,8 +297,10 @@ class Kafka:
 
         if not await topic_exists(self._need(), topic, settings=self.settings):  # never create it by asking
             return None
+        # read_committed, as every consumer of an exactly_once pipeline's outputs must read (the
+        # trace would otherwise report the record of an aborted, retried batch)
         consumer = AIOKafkaConsumer(bootstrap_servers=self._need(), group_id=None, enable_auto_commit=False,
-                                    auto_offset_reset="earliest",
+                                    auto_offset_reset="earliest", isolation_level="read_committed",
                                     **(self.settings.aiokafka_kwargs() if self.settings else {}))
         await consumer.start()
         try:

@@ -103,14 +103,20 @@ def _environment() -> jinja2.Environment:
 
 
 def _when(value: Any) -> str:
-    """Epoch seconds or milliseconds (or an ISO string) as UTC, to the second."""
+    """Epoch seconds or milliseconds (or an ISO string) as UTC, to the second. Total: a time no
+    calendar holds - a record's timestamp is its producer's to set (the trace page shows the
+    output record's), a ledger entry's is whoever wrote the topic's - shows as its number, where
+    ``datetime`` raised and the page answered 500."""
     if value in (None, ""):
         return ""
     if isinstance(value, str):
         return value[:19].replace("T", " ")
-    t = float(value)
-    t = t / 1000 if t > 1e11 else t
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        t = float(value)
+        t = t / 1000 if t > 1e11 else t
+        return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return f"{str(value)[:40]} (not a date)"
 
 
 async def _form(request: Request) -> dict[str, str]:

@@ -63,11 +63,13 @@ from app.security.http_auth import (
     ERROR_FORBIDDEN,
     ERROR_TOO_MANY_FAILURES,
     ERROR_UNAUTHENTICATED,
+    SAFE_METHODS,
     HttpAuth,
     Principal,
     TooManyFailures,
     Unauthenticated,
     auth_from_settings,
+    cross_site_refusal,
 )
 
 CONFLUENT_CT = "application/vnd.schemaregistry.v1+json"
@@ -295,6 +297,16 @@ class RegistryAuthMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if scope["method"] not in SAFE_METHODS:
+            # before anything else, open routes included: a browser's cached basic credentials
+            # must not let another site's page change the registry (http_auth.cross_site_refusal)
+            seen = {k: v.decode("latin-1") for k, v in reversed(scope["headers"])
+                    if k in (b"host", b"origin", b"sec-fetch-site")}
+            why = cross_site_refusal(scope["method"], seen.get(b"host"), seen.get(b"origin"),
+                                     seen.get(b"sec-fetch-site"))
+            if why is not None:
+                await self._refuse(scope, receive, send, 403, ERROR_FORBIDDEN, f"Forbidden: {why}")
+                return
         rule = rule_for(scope["method"], scope["path"])
         if rule.need == OPEN:
             await self.app(scope, receive, send)

@@ -29,7 +29,14 @@ from .._gen.prism.envelope.v1 import envelope_pb2 as pb
 from ..envelope.codec import Layout
 from ..envelope.model import Envelope, Payload, new_envelope
 from ..envelope.validation import SanityPolicy, required_problems, text_problem
-from ..errors import ConfigError, DeliveryAuditError, PrismError, SchemaAssertionError, ValidationError
+from ..errors import (
+    ConfigError,
+    DeliveryAuditError,
+    PrismError,
+    SchemaAssertionError,
+    TopicMismatchError,
+    ValidationError,
+)
 from ..observability.tracecontext import write_envelope_context
 from ..schema.assertion import OnMismatch, SchemaAssertion, SchemaMismatchError
 from ..security.encryption import encrypt_envelope
@@ -601,6 +608,7 @@ class PrismClient:
         commit_interval_ms: int | None = None,
         commit_every: int | None = None,
         isolation_level: str | None = None,
+        topic_aliases: Iterable[str] = (),
     ) -> Subscription:
         """Subscribe `group` to `topic`; iterate the result (`async for msg in sub`).
 
@@ -609,7 +617,11 @@ class PrismClient:
           (`error`), is logged once per version and delivered (`warn`), or is delivered
           silently (`ignore`).
         * `verify_with` - every message must carry a valid signature by one of these keys;
-          otherwise `SignatureError`/`UnknownKeyError` is raised for it.
+          otherwise `SignatureError`/`UnknownKeyError` is raised for it. A signed message must
+          also claim this topic (`metadata.topic`: `topic`, the source of a worker's
+          `<source>.v2`/`.v3` output, or one of `topic_aliases`), else `TopicMismatchError`:
+          a signature is the producer's word for the topic it wrote to, and a valid one copied
+          onto another topic (a refund approval replayed onto an order topic) is not for this one.
         * `decrypt_with` - encrypted payloads are decrypted (lazily) by `payload()`.
         * `pii_fields` (and/or `schema`, whose PII fields are added) - reading one of these
           fields from `payload()` warns (`PiiAccessWarning`).
@@ -647,6 +659,14 @@ class PrismClient:
         check_commit_every(commit_every, "subscribe(commit_every=)")
         if isolation_level is not None:
             check_isolation_level(isolation_level, "subscribe(isolation_level=)")
+        aliases = [topic_aliases] if isinstance(topic_aliases, str) else list(topic_aliases)
+        if any(not isinstance(a, str) or not a for a in aliases):
+            raise ConfigError(f"topic_aliases must be topic names, got {aliases!r:.100}",
+                              path="subscribe(topic_aliases=)", hint="e.g. topic_aliases=['orders.created.legacy']")
+        claimable = {topic, *aliases}
+        for suffix in (".v2", ".v3"):  # a Prism worker's outputs claim their source topic
+            if topic.endswith(suffix) and len(topic) > len(suffix):
+                claimable.add(topic[: -len(suffix)])
         cleared = Clearance.of(clearance, principal, audit_topic, topic, signed=self.signing_key is not None)
         settings = SubscribeSettings(group=group, batch_size=batch_size, ack_wait_s=ack_wait_s,
                                      claim_idle_ms=claim_idle_ms, commit_interval_ms=commit_interval_ms,
@@ -659,7 +679,8 @@ class PrismClient:
             fields.update(schema.pii_fields)
         sub = Subscription(self, topic, settings, verify_with=verify_with, decrypt_with=decrypt_with,
                            assertion=assertion, pii=PiiPolicy(fields), payload_type=payload_type,
-                           poll_interval=poll_interval, drop_expired=drop_expired, clearance=cleared)
+                           poll_interval=poll_interval, drop_expired=drop_expired, clearance=cleared,
+                           claimable_topics=frozenset(claimable))
         self._subscriptions.add(sub)
         return sub
 
@@ -673,8 +694,11 @@ class Subscription:
     def __init__(self, client: PrismClient, topic: str, settings: SubscribeSettings, *,
                  verify_with: VerificationKeys | None, decrypt_with: KeyProvider | DataKeyProvider | None,
                  assertion: SchemaAssertion | None, pii: PiiPolicy, payload_type: type[Message] | None,
-                 poll_interval: float, drop_expired: bool, clearance: Clearance | None = None) -> None:
+                 poll_interval: float, drop_expired: bool, clearance: Clearance | None = None,
+                 claimable_topics: frozenset[str] | None = None) -> None:
         self.client, self.topic, self.settings = client, topic, settings
+        #: the `metadata.topic` values a verified message may claim here (`PrismClient.subscribe`)
+        self.claimable_topics = claimable_topics if claimable_topics is not None else frozenset({topic})
         self.verify_with, self.decrypt_with = verify_with, decrypt_with
         self.assertion, self.pii, self.payload_type = assertion, pii, payload_type
         self.poll_interval, self.drop_expired = poll_interval, drop_expired
@@ -830,6 +854,12 @@ class Subscription:
     async def _accept(self, d: Delivery) -> ReceivedEnvelope | None:
         try:
             env = d.decode(self.verify_with)
+            if self.verify_with is not None and env.topic not in self.claimable_topics:
+                raise TopicMismatchError(
+                    f"message {env.message_id[:64]} claims topic {env.topic[:200]!r} but was read from {self.topic!r}: "
+                    "a signed message replayed from another topic", path="metadata.topic",
+                    hint="ack() or nack() err.delivery (dead-letter it); if this topic legitimately carries that "
+                         "topic's messages, subscribe with topic_aliases=[...]")
         except PrismError as exc:
             exc.delivery = UnreadableMessage(d, exc)  # type: ignore[attr-defined]
             raise

@@ -19,7 +19,7 @@ from google.protobuf.message import Message
 
 from ..envelope.compression import DEFAULT_MAX_DECOMPRESSED
 from ..envelope.model import PROTOBUF_TYPE_URL_PREFIX, Envelope
-from ..errors import ConfigError, JsonInputError, PayloadError
+from ..errors import ConfigError, FieldProblem, JsonInputError, PayloadError, ValidationError
 from ..formats.legacy import is_json_content_type
 from ..observability.tracecontext import carrier_from
 from ..security.encryption import decrypt_to_envelope
@@ -115,7 +115,18 @@ class ReceivedEnvelope:
 
     @property
     def published_at(self) -> datetime:
-        return datetime.fromtimestamp(self.envelope.published_at_ms / 1000, tz=UTC)
+        """The envelope's publish time. The producer writes it (a signature only proves who):
+        a value no ``datetime`` can hold (past the year 9999) raises ``ValidationError``, one of
+        the SDK's typed errors, instead of the ``ValueError`` that crashed a consumer loop
+        logging it."""
+        ms = self.envelope.published_at_ms
+        try:
+            return datetime.fromtimestamp(ms / 1000, tz=UTC)
+        except (ValueError, OverflowError, OSError):
+            raise ValidationError([FieldProblem("metadata.published_at_ms",
+                                                f"{ms} is not a time a datetime can hold")],
+                                  hint="the producer wrote a bogus publish time; read envelope.published_at_ms "
+                                       "for the raw value") from None
 
     @property
     def content_type(self) -> str:

@@ -108,6 +108,46 @@ class TooManyFailures(AuthError):
         self.retry_after = retry_after
 
 
+#: Methods a browser may send across sites without the server's consent and that change nothing.
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def cross_site_refusal(method: str, host: str | None, origin: str | None, fetch_site: str | None) -> str | None:
+    """Why a state-changing request that a browser sent from another site is refused, or None.
+
+    Why: a browser caches HTTP basic credentials for an origin - the registry's ``/ui``, a
+    worker's management API opened after its 401 challenge - and sends them with every request
+    to it, a cross-site form post included, which needs no CORS preflight. A page anywhere
+    could then ``POST /v1/approvals/{id}/approve`` to the registry as the admin who looked at
+    the UI (approving a breaking schema change in the admin's name), or restart a worker's
+    topology. No Prism server takes a state-changing request from a browser page of another
+    site (the registry UI only reads; the console's forms post to the console, which checks its
+    own session, CSRF token and origin), so: an unsafe method is refused when the browser says
+    the request is not same-origin (``Sec-Fetch-Site`` ``cross-site`` or ``same-site``), or,
+    from a browser that does not send that header, when its ``Origin`` is ``null`` or names
+    another host than the request's ``Host``. Clients that are not browsers (the SDK, the CLI,
+    Confluent clients, curl) send neither header and are not affected."""
+    if method.upper() in SAFE_METHODS:
+        return None
+    site = (fetch_site or "").strip().lower()
+    if site in ("same-origin", "none"):
+        return None  # the browser says so (also behind a proxy that rewrites Host)
+    if site in ("cross-site", "same-site"):
+        return f"a {method} from another site's page is refused (Sec-Fetch-Site: {site})"
+    if origin is None:
+        return None
+    from urllib.parse import urlsplit
+
+    value = origin.strip()
+    try:
+        netloc = urlsplit(value).netloc.lower() if value.lower() != "null" else ""
+    except ValueError:
+        netloc = ""
+    if not netloc or netloc != (host or "").strip().lower():
+        return f"a {method} from another origin ({value[:100]!r}) is refused"
+    return None
+
+
 ENV_MAX_FAILURES = "PRISM_AUTH_MAX_FAILURES"
 ENV_FAILURE_WINDOW = "PRISM_AUTH_FAILURE_WINDOW_S"
 

@@ -23,12 +23,16 @@ limit                             what happens past it                       def
                                   previous response): 408, closed
 ``body_timeout_s``                longest wait for the next piece of a body  30 s
                                   the route is reading: 408, closed
+``min_body_rate``                 after ``body_timeout_s``, a body must       1024 B/s
+                                  average this many bytes a second: 408,
+                                  closed (a piece every 29 s held a
+                                  connection for as long as the body was)
 ``keep_alive_s``                  idle keep-alive connection closed          5 s
 ``max_connections``               more open connections: 503                 512
 ================================  =========================================  ==================
 
 Settings: ``PRISM_HTTP_MAX_HEAD_BYTES``, ``PRISM_HTTP_MAX_HEADERS``, ``PRISM_HTTP_HEAD_TIMEOUT_S``,
-``PRISM_HTTP_BODY_TIMEOUT_S``, ``PRISM_HTTP_KEEP_ALIVE_S``, ``PRISM_HTTP_MAX_CONNECTIONS``
+``PRISM_HTTP_BODY_TIMEOUT_S``, ``PRISM_HTTP_MIN_BODY_RATE``, ``PRISM_HTTP_KEEP_ALIVE_S``, ``PRISM_HTTP_MAX_CONNECTIONS``
 (:meth:`HttpLimits.from_env`, validated at start-up: a bad value is a ``ConfigError``). The body
 limit is each server's own (what its routes accept), passed by its code.
 
@@ -85,13 +89,14 @@ class HttpLimits:
     max_body_bytes: int = 64 * 1024
     head_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
+    min_body_rate: int = 1024
     keep_alive_s: float = 5.0
     max_connections: int = 512
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be > 0, got {getattr(self, name)!r}"
                     for name in ("max_head_bytes", "max_headers", "max_body_bytes", "head_timeout_s",
-                                 "body_timeout_s", "keep_alive_s", "max_connections")
+                                 "body_timeout_s", "min_body_rate", "keep_alive_s", "max_connections")
                     if not getattr(self, name) > 0]
         if self.max_head_bytes < 1024:
             problems.append(f"max_head_bytes must be at least 1024 (a request line and a few headers), "
@@ -111,7 +116,8 @@ class HttpLimits:
         env = os.environ if env is None else env
         values: dict[str, Any] = {"max_body_bytes": max_body_bytes}
         for name, kind in (("max_head_bytes", int), ("max_headers", int), ("head_timeout_s", float),
-                           ("body_timeout_s", float), ("keep_alive_s", float), ("max_connections", int)):
+                           ("body_timeout_s", float), ("min_body_rate", int), ("keep_alive_s", float),
+                           ("max_connections", int)):
             var = ENV_PREFIX + name.upper()
             raw = (env.get(var) or "").strip()
             if not raw:
@@ -331,7 +337,12 @@ class BodyLimit:
     anything is read; a body without one (chunked) is cut off when it crosses the limit - the
     reader gets an exception, and whatever the app answers then is replaced by the 413. A body
     whose next piece does not come within ``body_timeout_s`` is answered 408. Every refusal
-    closes the connection, so the rest of the body is never read. Add it last (outermost)."""
+    closes the connection, so the rest of the body is never read. Past ``body_timeout_s`` from
+    the first read the body must also keep an average of ``min_body_rate`` bytes a second (the
+    allowance grows with every byte, as Apache's ``mod_reqtimeout`` MinRate): without it a client
+    sending a byte every 29 s held a connection, unauthenticated (``POST /login`` reads its
+    form), for as long as the body was - 16,000 bytes, five days - and 512 of them took every
+    connection of the server. Add it last (outermost)."""
 
     def __init__(self, app: Any, limits: HttpLimits, refusal: Refusal = plain_refusal) -> None:
         self.app, self.limits, self.refusal = app, limits, refusal
@@ -355,16 +366,26 @@ class BodyLimit:
             elif key == b"transfer-encoding":
                 has_body = True
         seen, failure, started, complete = 0, None, False, False
-        timeout = self.limits.body_timeout_s
+        timeout, rate = self.limits.body_timeout_s, self.limits.min_body_rate
+        loop = asyncio.get_running_loop()
+        first_read: float | None = None
 
         async def counted() -> Any:
-            nonlocal seen, failure, complete
+            nonlocal seen, failure, complete, first_read
             if complete:  # the body is read: later calls wait for a disconnect, for as long as a response takes
                 return await receive()
+            now = loop.time()
+            if first_read is None:
+                first_read = now
+            # the whole body's deadline: the grace, plus a second for every `rate` bytes received
+            wait = min(timeout, first_read + timeout + seen / rate - now)
             try:
-                message = await asyncio.wait_for(receive(), timeout)
+                if wait <= 0:
+                    raise TimeoutError
+                message = await asyncio.wait_for(receive(), wait)
             except TimeoutError:
-                failure = (408, f"the request body stalled for {timeout:g} s")
+                failure = (408, f"the request body stalled for {timeout:g} s" if wait >= timeout else
+                           f"the request body came slower than {rate} bytes a second")
                 raise _BodyTimeout from None
             if message["type"] == "http.request":
                 complete = not message.get("more_body", False)

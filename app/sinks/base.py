@@ -30,6 +30,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -265,6 +266,26 @@ def url_secrets(url: str | None) -> list[str]:
     except ValueError:
         return []
     return [parts.password] if parts.password else []
+
+
+#: a libpq keyword/value connection string's password (`host=db password=secret`, quoted or not)
+_CONNINFO_PASSWORD = re.compile(r"(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s']\S*)")
+
+
+def redact_credentials(text: str) -> str:
+    """`text` (a URL, a DSN, any configured string) with a password in it replaced: a URL's
+    (``redis://:pw@host``, ``postgresql://u:pw@host``) and a libpq keyword string's
+    (``password=pw``). For what is shown or served, not only what is logged."""
+    if "://" in text:
+        try:
+            urlsplit(text)
+        except ValueError:
+            pass  # not a URL: shown as it is (redact_url would replace it whole)
+        else:
+            text = redact_url(text)
+    if "=" in text and "password" in text.lower():
+        text = _CONNINFO_PASSWORD.sub(lambda m: f"{m.group(1)}***", text)
+    return text
 
 
 def redact_url(url: str) -> str:

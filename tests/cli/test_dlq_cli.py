@@ -304,3 +304,28 @@ async def test_replay_ledger_selection_and_routing(broker, tmp_path: Path, dev_k
     entry = latest[refs[1]]
     assert (entry["replays"], entry["forced"], entry["source_partition"], entry["source_offset"]) == (2, True, 1, 101)
     assert entry["dlq_topic"] == src + ".dlq" and len(entry["value_sha256"]) == 64 and "@" in entry["by"]
+
+
+async def test_the_dlq_is_read_committed(kafka) -> None:  # Apache Kafka (tests/kafka/fixtures.py)
+    """An exactly_once worker writes DLQ records inside its batch's transaction; a batch cut
+    short is aborted and done again. Read uncommitted, `prism dlq list`/`replay` and the
+    console's DLQ pages saw the aborted copy next to the committed one (a replay put the record
+    back twice). Now only committed records are read - and without transactions, all of them."""
+    import uuid
+
+    topic = kafka.create_topic(f"orders-{uuid.uuid4().hex[:8]}.dlq")
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap, transactional_id=f"tx-{uuid.uuid4().hex}")
+    plain = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap)
+    await producer.start()
+    await plain.start()
+    try:
+        for value, commit in ((b"aborted copy", False), (b"committed copy", True)):
+            await producer.begin_transaction()
+            await producer.send_and_wait(topic, value, partition=0)
+            await (producer.commit_transaction() if commit else producer.abort_transaction())
+        await plain.send_and_wait(topic, b"written without a transaction", partition=0)
+    finally:
+        await producer.stop()
+        await plain.stop()
+    records = await read_to_end(kafka.bootstrap, topic, 1)
+    assert [r.value for r in records] == [b"committed copy", b"written without a transaction"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from app.cli.ops import _locked_until, register
+from app.cli.ops import _locked_until, dlq_row, record_time, register
 from app.envelope import encode, new_envelope
 from app.worker.management import ManagementSettings
 from app.worker.observe import Observer
@@ -26,6 +26,20 @@ def _cli() -> typer.Typer:
     app.add_typer(dlq, name="dlq")
     register(app, dlq)
     return app
+
+
+def test_a_dlq_record_stamped_outside_the_calendar_is_a_row_without_a_time() -> None:
+    """The source topic's producer sets a record's timestamp and the DLQ copy keeps it: 2**62
+    made dlq_row raise ValueError ('year 146140482 is out of range'), so `prism dlq list` died
+    with a traceback and the console's DLQ page of the pipeline answered 500."""
+    from types import SimpleNamespace
+
+    for ms in (2**62, 2**63 - 1, 253_402_300_800_000, -1, 0):
+        rec = SimpleNamespace(topic="t.dlq", partition=0, offset=7, timestamp=ms, key=None, value=b"x",
+                              headers=[("prism.errors.reason", b"bad_envelope")])
+        row = dlq_row(rec)
+        assert row["timestamp"] is None and row["reason"] == "bad_envelope" and row["dlq_offset"] == 7, ms
+    assert record_time(1_760_000_000_000) == "2025-10-09T08:53:20+00:00"
 
 
 def test_a_retry_after_that_is_no_number_is_shown_as_it_is() -> None:
@@ -131,3 +145,29 @@ def test_status_prints_a_supervisor_and_escapes_child_errors() -> None:
     assert "supervisor pid 10" in text and "not ready" in text and "restarting" in text and "-9" in text
     assert "h-1-p0" in text and "h-1-p1" in text and "uvloop" in text
     assert "[bold red]x[/]" in text  # shown as typed, not interpreted
+
+
+def test_secret_headers_and_tokens_in_the_error_are_not_shown() -> None:
+    """`prism dlq show` and the console's record page redact headers by the names the log
+    redaction knows (x-api-key, password, *-token were shown in clear), and the error text on
+    the list is masked like the headers (a bearer JWT in it was shown on the console's list and
+    record page while the same text in the header table was masked)."""
+    from types import SimpleNamespace
+
+    from app.cli.ops import dlq_show_doc
+
+    jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJl"
+    rec = SimpleNamespace(topic="t.dlq", partition=0, offset=3, timestamp=1_760_000_000_000, key=None,
+                          value=b'{"a": 1}', headers=[
+                              ("prism.errors.exception.message", f"token Bearer {jwt} expired".encode()),
+                              ("x-api-key", b"sk_live_SECRET123"), ("password", b"hunter2"),
+                              ("X-Secret-Token", b"TOPSECRET"), ("traceparent", b"00-abc-def-01"),
+                              ("content-type", b"application/json")])
+    row = dlq_row(rec)
+    assert jwt not in row["error"] and row["error"].startswith("token Bearer ***") and "expired" in row["error"]
+    doc = dlq_show_doc(rec)
+    text = json.dumps(doc)
+    for secret in ("sk_live_SECRET123", "hunter2", "TOPSECRET", jwt):
+        assert secret not in text, secret
+    assert doc["headers"]["x-api-key"] == doc["headers"]["password"] == doc["headers"]["X-Secret-Token"] == "<redacted>"
+    assert doc["headers"]["traceparent"] == "00-abc-def-01" and doc["headers"]["content-type"] == "application/json"

@@ -214,6 +214,32 @@ def test_dlq_pages_decode_redact_and_escape(client: TestClient) -> None:
     assert missing.status_code == 404 and "Not found" in missing.text
 
 
+def test_record_times_no_calendar_holds_do_not_take_the_pages_down(client: TestClient,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record's timestamp is its producer's (CreateTime, kept on the DLQ copy and on the
+    output): one stamped 2**62 made the DLQ page of the pipeline a 500 for every record, and so
+    did its record page and a trace that found such an output record."""
+    import tests.console.test_views as me
+
+    far = [FakeRecord(f"{SRC}.dlq", 1, 5, b'{"a": 1}', timestamp=2**62, headers=RECORDS[1].headers),
+           FakeRecord(f"{SRC}.dlq", 1, 6, b'{"a": 2}', timestamp=253_402_300_800_000, headers=RECORDS[1].headers)]
+    monkeypatch.setattr(me, "RECORDS", [*RECORDS, *far])
+
+    async def find_output(self: Kafka, topic: str, partitions: int, marker: bytes) -> Any:
+        return FakeRecord(f"{SRC}.v3", 0, 3, b"{}", timestamp=2**62)
+
+    monkeypatch.setattr(Kafka, "find_output", find_output)
+    login(client, "reader")
+    listing = client.get("/pipelines/orders-x/dlq")
+    assert listing.status_code == 200, listing.text
+    assert 'data-ref="1@5"' in listing.text and 'data-ref="1@6"' in listing.text and 'data-ref="1@0"' in listing.text
+    for ref in ("1@5", "1@6"):
+        record = client.get(f"/pipelines/orders-x/dlq/{SRC}/{ref}")
+        assert record.status_code == 200 and f"<title>{ref} · DLQ of orders-x" in record.text, record.text
+    trace = client.get("/pipelines/orders-x/trace", params={"topic": SRC, "partition": 1, "offset": 105})
+    assert trace.status_code == 200 and f"{2**62} (not a date)" in trace.text, trace.text
+
+
 def test_subjects_configured_compatibility_and_real_verdicts(client: TestClient) -> None:
     login(client, "reader")
     listing = client.get("/subjects", params={"q": "orders."})

@@ -206,6 +206,30 @@ def client(registry: Registry, auth: HttpAuth) -> TestClient:
     return TestClient(create_app(seeded(registry), auth=auth))
 
 
+def test_a_cross_site_page_cannot_approve_with_an_admins_cached_credentials(client: TestClient,
+                                                                               registry: Registry) -> None:
+    """An admin who opened ``/ui`` has basic credentials cached in the browser, which adds them to
+    a cross-site form post (no CORS preflight, no body needed): ``POST /v1/approvals/1/approve``
+    from another site's page approved a pending breaking change in the admin's name. Now any
+    state-changing request a browser marks as coming from elsewhere is refused (403) before the
+    credentials count; scripts (no ``Origin``) and same-origin pages are unaffected."""
+    for hostile in ({"Origin": "https://evil.example", "Content-Type": "application/x-www-form-urlencoded"},
+                    {"Origin": "null"}, {"Sec-Fetch-Site": "cross-site"},
+                    {"Sec-Fetch-Site": "same-site", "Origin": "https://ui.example"}):
+        r = call(client, "POST", "/v1/approvals/1/approve", "admin", headers=hostile)
+        assert r.status_code == 403 and r.json()["error_code"] == 40301 and "refused" in r.json()["message"], (
+            hostile, r.text)
+        r = call(client, "POST", "/subjects/orders.created/versions", "admin", headers=hostile,
+                 json={"schema": V2, "schemaType": "PROTOBUF"})
+        assert r.status_code == 403, (hostile, r.text)
+    assert [a.status for a in registry.store.approvals("orders.created")] == ["pending"]
+    assert [v.version for v in registry.versions("orders.created")] == [1]
+    # what a browser reads from anywhere and what a script or the registry's own page sends still works
+    assert call(client, "GET", "/v1/approvals", "admin", headers={"Origin": "https://evil.example"}).status_code == 200
+    r = call(client, "POST", "/v1/approvals/1/approve", "admin", headers={"Origin": "http://testserver"})
+    assert r.status_code == 200 and r.json()["status"] == "approved", r.text
+
+
 def test_spoofed_actor_header_is_ignored(client: TestClient, registry: Registry) -> None:
     r = client.post("/subjects/orders.created/versions", json={"schema": V2, "schemaType": "PROTOBUF"},
                     headers={**auth_headers("writer"), "X-Prism-Actor": "admin"})

@@ -12,7 +12,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from app.envelope.codec import Layout, decode
-from app.errors import DecryptionError, PayloadError, SignatureError, UnknownKeyError
+from app.errors import ConfigError, DecryptionError, PayloadError, SignatureError, TopicMismatchError, UnknownKeyError
 from app.sdk import EncryptionOptions, PrismClient, PrismPublishOptions
 from app.security import keys as keymod
 from app.security.algorithms import KEY_ML_KEM_768, KEY_SYMMETRIC_256
@@ -39,7 +39,7 @@ async def receive_all(client: PrismClient, topic: str, count: int, **subscribe_k
         while len(out) < count:
             try:
                 msg = await sub.receive(timeout=1)
-            except (SignatureError, UnknownKeyError) as err:
+            except (SignatureError, UnknownKeyError, TopicMismatchError) as err:
                 out.append(err)
                 await err.delivery.ack()  # a real consumer would dead-letter it first
                 continue
@@ -189,3 +189,49 @@ def test_canonical_signature_is_scope_v2_and_binds_the_security_context_through_
         edited["security"][field] = value
         with pytest.raises(SignatureError, match="forged or tampered"):
             verify(canonical_wire(pgb.from_document(edited)), TRUSTED)
+
+
+async def test_a_signed_message_copied_from_another_topic_is_a_topic_mismatch(kafka_url, topic):
+    """A signature proves who wrote the envelope, and `metadata.topic` is part of what it signs:
+    a producer's valid message of `payments.refund.approved`, copied verbatim onto this topic,
+    was handed out as verified. Now it raises TopicMismatchError with the delivery to settle;
+    the worker's `<source>.v3` outputs (claiming their source) and declared aliases still pass."""
+    from aiokafka import AIOKafkaProducer
+
+    import app.bindings.kafka as kb
+
+    async with PrismClient(kafka_url, namespace="payments", signing_key=PRODUCER) as client:
+        await client.publish(topic, {"own": 1})
+        copied = kb.encode(client.build_envelope("payments.refund.approved", {"refund": 10**6}), sign_with=PRODUCER)
+        alias = kb.encode(client.build_envelope(topic + ".legacy", {"legacy": 1}), sign_with=PRODUCER)
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_url.removeprefix("kafka://").split("?")[0])
+        await producer.start()
+        try:
+            for rec in (copied, alias):
+                await producer.send_and_wait(topic, rec.value, headers=list(rec.headers))
+        finally:
+            await producer.stop()
+        await client.publish(topic, {"own": 2})
+        got = await receive_all(client, topic, 4, verify_with=TRUSTED)
+        assert [m.payload() for m in got if not isinstance(m, Exception)] == [{"own": 1}, {"own": 2}]
+        refused = [m for m in got if isinstance(m, Exception)]
+        assert len(refused) == 2 and all(isinstance(e, TopicMismatchError) for e in refused), refused
+        assert "claims topic 'payments.refund.approved'" in refused[0].message
+        assert refused[0].delivery.error is refused[0]
+        # declared as an alias, the legacy topic's message is this topic's
+        async with client.subscribe(topic, group="aliased", verify_with=TRUSTED,
+                                    topic_aliases=[topic + ".legacy"]) as sub:
+            seen = []
+            while len(seen) < 4:
+                try:
+                    msg = await sub.receive(timeout=10)
+                except TopicMismatchError as err:
+                    seen.append("mismatch")
+                    await err.delivery.ack()
+                    continue
+                assert msg is not None
+                seen.append(msg.payload())
+                await msg.ack()
+        assert seen == [{"own": 1}, "mismatch", {"legacy": 1}, {"own": 2}]
+    with pytest.raises(ConfigError, match="topic_aliases"):
+        PrismClient(kafka_url, namespace="payments").subscribe(topic, group="g", topic_aliases=[""])

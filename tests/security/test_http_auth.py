@@ -26,6 +26,7 @@ from app.security.http_auth import (
     auth_from_settings,
     basic_header,
     client_auth_from_env,
+    cross_site_refusal,
     hash_password,
     load_users,
     parse_role,
@@ -515,3 +516,25 @@ def test_bad_clearance_settings_stop_the_start_up(tmp_path: Path, extra: dict[st
     with pytest.raises(ConfigError) as err:
         _bearer(tmp_path, **extra)
     assert err.value.path == where and says in err.value.message
+
+
+@pytest.mark.parametrize(("method", "host", "origin", "site", "refused"), [
+    ("POST", "reg:8081", "https://evil.example", None, True),
+    ("POST", "reg:8081", "null", None, True),
+    ("POST", "reg:8081", "http://reg:8081.evil.example", None, True),
+    ("PUT", "reg:8081", "http://reg:8081", "cross-site", True),   # the browser's word wins
+    ("DELETE", "reg:8081", None, "same-site", True),              # a sibling subdomain is another app
+    ("POST", "reg:8081", "http://REG:8081", None, False),
+    ("POST", "reg:8081", "https://proxy.example", "same-origin", False),  # behind a proxy rewriting Host
+    ("POST", "reg:8081", None, "none", False),                    # typed into the address bar
+    ("POST", "reg:8081", None, None, False),                      # a script: the SDK, the CLI, curl
+    ("GET", "reg:8081", "https://evil.example", "cross-site", False),
+    ("OPTIONS", "reg:8081", "https://evil.example", None, False),
+])
+def test_cross_site_refusal(method: str, host: str, origin: str | None, site: str | None, refused: bool) -> None:
+    """Which requests a browser sent from another site's page are refused (the registry's and
+    the worker's guards call this before authenticating: cached basic credentials ride along)."""
+    why = cross_site_refusal(method, host, origin, site)
+    assert (why is not None) is refused, why
+    if why is not None:
+        assert method in why and "refused" in why

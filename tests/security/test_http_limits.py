@@ -309,6 +309,33 @@ def test_a_stalled_body_is_cut_off(server: Server) -> None:
         assert _status(response) == 408 and elapsed < BODY_TIMEOUT_S + 3, (response[:300], elapsed)
 
 
+def test_a_body_trickled_slower_than_the_minimum_rate_is_cut_off(server: Server) -> None:
+    """A byte every half body-timeout never trips the wait for the next piece: before, such a
+    body held the connection for as long as it was (the console's log-in form, unauthenticated:
+    16,000 bytes at one per 29 s is five days; 512 of them took every connection). Past the
+    body timeout a body must average PRISM_HTTP_MIN_BODY_RATE bytes a second: 408, closed."""
+    head = (f"POST {server.post_path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+            f"{_auth_line(server)}Content-Length: 1000\r\n\r\n").encode()
+    start = time.monotonic()
+    response = b""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(head)
+        while time.monotonic() - start < 8 * BODY_TIMEOUT_S and not response:
+            try:
+                sock.sendall(b"a")
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            if select.select([sock], [], [], BODY_TIMEOUT_S / 2)[0]:
+                response = _read_all(sock, timeout=5)
+        response = response or _read_all(sock, timeout=1)
+    elapsed = time.monotonic() - start
+    if server.kind in AIOHTTP:  # no route reads a body: answered at once
+        assert _status(response) == _unread_refusal(server) and elapsed < BODY_TIMEOUT_S, (response[:300], elapsed)
+    else:
+        assert _status(response) == 408 and b"slower than" in response, (response[:300], elapsed)
+        assert elapsed < BODY_TIMEOUT_S + 3, elapsed
+
+
 def test_connections_past_the_limit_are_answered_503_and_the_server_recovers(server: Server) -> None:
     """A client holding `max_connections` sockets open gets 503 on the next one (uvicorn's
     `limit_concurrency`; on aiohttp the connection cap of this layer) - not a request handler
@@ -359,6 +386,8 @@ def test_limits_come_from_the_environment_and_are_validated() -> None:
     ({"PRISM_HTTP_HEAD_TIMEOUT_S": "0"}, "head_timeout_s must be > 0"),
     ({"PRISM_HTTP_MAX_HEAD_BYTES": "100"}, "at least 1024"),
     ({"PRISM_HTTP_BODY_TIMEOUT_S": "soon"}, "is not a number"),
+    ({"PRISM_HTTP_MIN_BODY_RATE": "0"}, "min_body_rate must be > 0"),
+    ({"PRISM_HTTP_MIN_BODY_RATE": "fast"}, "PRISM_HTTP_MIN_BODY_RATE='fast' is not an integer"),
 ])
 def test_bad_settings_are_config_errors(env: dict[str, str], says: str) -> None:
     with pytest.raises(ConfigError, match=says):

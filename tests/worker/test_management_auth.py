@@ -162,6 +162,28 @@ async def test_wrong_password_forged_basic_and_malformed(tmp_path: Path, users_f
             assert headers["WWW-Authenticate"] == 'Basic realm="prism-worker", charset="UTF-8"'
 
 
+async def test_a_cross_site_page_cannot_ride_on_cached_admin_credentials(tmp_path: Path, users_file: Path) -> None:
+    """A browser that opened the management API sends its cached basic credentials with a
+    cross-site form post too (no CORS preflight): such a restart, pause or resume is refused
+    (403) before the credentials count, while the same request from a script, or from a page
+    of the worker's own origin, reaches the view (404: no pipeline is attached here)."""
+    async with web(tmp_path, settings_of({"PRISM_ADMIN_USERS_FILE": str(users_file)})) as url:
+        host = url.split("//", 1)[1]
+        path = "/connectors/orders-pipeline/restart"
+        for hostile in ({"Origin": "https://evil.example"}, {"Origin": "null"},
+                        {"Sec-Fetch-Site": "cross-site", "Origin": f"http://{host}"},
+                        {"Sec-Fetch-Site": "same-site"}):
+            status, body, _ = await request(url, "POST", path, "admin", headers=hostile)
+            assert status == 403 and body["error_code"] == 403 and "refused" in body["message"], (hostile, body)
+            status, _, _ = await request(url, "PUT", "/connectors/orders-pipeline/pause", "admin", headers=hostile)
+            assert status == 403, hostile
+        for fine in ({}, {"Origin": f"http://{host}"}, {"Sec-Fetch-Site": "same-origin"}, {"Sec-Fetch-Site": "none"}):
+            status, body, _ = await request(url, "POST", path, "admin", headers=fine)
+            assert status == 404, (fine, body)
+        # reads stay readable from anywhere (a dashboard on another host may show them)
+        assert (await request(url, "GET", "/connectors", "reader", headers={"Origin": "https://evil.example"}))[0] == 200
+
+
 async def test_bearer_jwt_on_the_worker(tmp_path: Path) -> None:
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
