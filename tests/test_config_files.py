@@ -91,3 +91,15 @@ def test_arbitrary_bytes_end_in_a_value_or_a_config_error(data: bytes) -> None:
         parse_config_text(text, what="topology file", source="t.yaml")
     except ConfigError as exc:
         assert exc.message.startswith("topology file ") and exc.path.startswith("t.yaml")
+
+
+def test_read_text_stops_one_byte_past_its_limit(tmp_path: Path) -> None:
+    """`read_text` is the bounded reader for files that are not configuration (`prism schema`'s
+    schema files): an endless file ends in the caller's error, not in reading until memory runs
+    out; exactly the limit is taken."""
+    from app.config_files import read_text
+
+    with pytest.raises(ConfigError, match="schema file is over 1024 bytes"):
+        read_text("/dev/zero", what="schema file", max_bytes=1024)
+    (tmp_path / "s.proto").write_text("x" * 1024)
+    assert read_text(tmp_path / "s.proto", what="schema file", max_bytes=1024) == "x" * 1024
