@@ -11,7 +11,7 @@ import os
 import re
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -577,6 +577,9 @@ def build_app() -> typer.Typer:
         from app.cli.audit import register as register_audit
 
         register_audit(app)  # prism audit
+        from app.cli.output import friendly_everywhere
+
+        friendly_everywhere(app)  # the mounted sub-apps' commands too: one error line, never a traceback
         _built = True
     return app
 
@@ -610,7 +613,36 @@ def _one_line_usage_errors() -> None:
     click.ClickException.show = one_line  # type: ignore[method-assign]
 
 
+def _undecodable(text: str) -> bool:
+    """Python decodes argv and the environment with `surrogateescape`: a byte that is not UTF-8
+    is a lone surrogate in the `str`, which every later encode (a socket address, a URL, a
+    database, a file name in JSON) refuses with a `UnicodeEncodeError` traceback."""
+    return any("\udc80" <= c <= "\udcff" for c in text)
+
+
+def _shown(text: str) -> str:
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _refuse_undecodable_input(argv: list[str], environ: Mapping[str, str]) -> None:
+    """Arguments and PRISM_* variables that are not UTF-8 text, refused once, here, as the one
+    `error [usage]` line - not wherever each command happens to encode them first (it was a
+    traceback from `prism dlq list`, `prism lake stats`, `prism status --group`, `prism schema`
+    with such a PRISM_BROKER_URL, path, group name or registry URL)."""
+    for i, arg in enumerate(argv, start=1):
+        if _undecodable(arg):
+            print(f"error [usage] argument {i} ('{_shown(arg)}') is not UTF-8 text (at prism); fix: pass UTF-8 "
+                  "text (check the shell's locale and where the value came from)", file=sys.stderr)
+            raise SystemExit(2)
+    for name in sorted(environ):
+        if name.startswith("PRISM_") and (_undecodable(name) or _undecodable(environ[name])):
+            print(f"error [usage] environment variable {_shown(name)} ('{_shown(environ[name])}') is not UTF-8 text "
+                  f"(at {_shown(name)}); fix: set it to UTF-8 text, or unset it", file=sys.stderr)
+            raise SystemExit(2)
+
+
 def main() -> None:
+    _refuse_undecodable_input(sys.argv[1:], os.environ)
     build_app()
     _one_line_usage_errors()
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")

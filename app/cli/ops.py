@@ -8,6 +8,7 @@ tables and progress bars (rich) for people.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import ssl
 import time
@@ -28,7 +29,7 @@ from rich.text import Text
 from app.cli.output import CliTable as Table  # headers break between words, ids fold
 from app.cli.output import friendly
 from app.decimal_text import decimal
-from app.errors import ConfigError, PrismError
+from app.errors import ConfigError, JsonInputError, PrismError
 from app.untrusted_json import read_json_response
 
 DEFAULT_URL = "http://127.0.0.1:6066"
@@ -87,6 +88,12 @@ def _get(url: str, timeout: float = 10.0, client: WorkerClient | None = None) ->
     except (urllib.error.URLError, OSError) as exc:
         raise PrismError(f"cannot reach the worker at {url} (unreachable: {getattr(exc, 'reason', exc)})",
                          hint="start it with `prism run --web-port PORT` and pass --url http://HOST:PORT") from None
+    except JsonInputError:
+        raise  # the worker's answer (a ValueError too), not the URL
+    except (ValueError, http.client.InvalidURL) as exc:  # "Invalid IPv6 URL", a space in the host
+        raise ConfigError(f"the worker URL {url!r} is not usable: {exc}", path="--url",
+                          hint="pass --url http://HOST:PORT of the worker's --web-port, e.g. http://127.0.0.1:6066"
+                          ) from None
 
 
 def _locked_until(retry_after: str | None) -> str:

@@ -139,3 +139,23 @@ def test_envelope_tools_round_trip(tmp_path: Path) -> None:
     (tmp_path / "bad.bin").write_bytes(encode(bad))
     res = prism("envelope", "validate", str(tmp_path / "bad.bin"))
     assert res.returncode == 1 and "metadata.message_id" in res.stdout
+
+
+def test_arguments_and_variables_that_are_not_utf8_are_one_usage_line(tmp_path: Path) -> None:
+    """A byte that is not UTF-8 in an argument or a PRISM_* variable reaches Python as a lone
+    surrogate; wherever a command encoded it first (a socket address, a URL, a table path) it was a
+    `UnicodeEncodeError` traceback. It is refused before any command runs, naming which."""
+    import os
+
+    base = [sys.executable, "-m", "app.cli.main"]
+    env = {k: v for k, v in os.environb.items() if not k.startswith(b"PRISM_")}
+    for args, extra, fragment in (
+        ([b"lake", b"stats", str(tmp_path).encode() + b"/\xff"], {}, "argument 3 ('"),
+        ([b"status", b"--group", b"\xfe"], {}, "argument 3 ('\\xfe') is not UTF-8 text"),
+        ([b"dlq", b"list"], {b"PRISM_BROKER_URL": b"\xff:9092"},
+         "environment variable PRISM_BROKER_URL ('\\xff:9092') is not UTF-8 text (at PRISM_BROKER_URL)"),
+    ):
+        res = subprocess.run(base + args, capture_output=True, cwd=ROOT, timeout=60, env={**env, **extra})
+        err = res.stderr.decode()
+        assert res.returncode == 2 and "Traceback" not in err, err
+        assert err.count("\n") == 1 and err.startswith("error [usage] ") and fragment in err and "; fix: " in err, err

@@ -45,6 +45,16 @@ def test_a_bad_since_is_reported_before_any_broker_is_looked_for(tmp_path: Path,
     assert "fix: e.g. --since 24h" in line and "Kafka" not in line, line
 
 
+def test_a_worker_url_that_cannot_be_a_url_is_one_line() -> None:
+    """`prism status --url 'http://no such'` (http.client.InvalidURL) and `--url http://[::1`
+    (ValueError from urllib) were tracebacks; now the one `bad_config` line naming --url."""
+    for url in ("http://no such", "http://[::1"):
+        res = CliRunner().invoke(_cli(), ["status", "--url", url])
+        line = " ".join(res.output.split())
+        assert res.exit_code == 2 and line.startswith("error [bad_config] the worker URL"), res.output
+        assert "(at --url)" in line and "fix: pass --url http://HOST:PORT" in line, line
+
+
 async def test_status_and_dlq_commands(broker, tmp_path: Path, dev_keys, monkeypatch) -> None:  # noqa: F811
     topo = make_topology(tmp_path, dev_keys, partitions=2)
     src = topo.sources[0].topic
