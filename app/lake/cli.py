@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -57,6 +58,28 @@ def _spark_failure(exc: Exception, what: str) -> LakeError:
     return LakeError(f"{what} failed: {type(exc).__name__}: {first[:400]}",
                      hint="check the archive and table locations (local paths, or s3://... with --storage-option) "
                           "and that Java 17+ runs (Spark's own log above this line says more)")
+
+
+def _maintain(what: str, action: Callable[[Any], Any]) -> Any:
+    """Run a delta-rs maintenance `action(maintenance module)`; every failure is the one error
+    line. delta-rs raises its own `DeltaError`, `OSError` (a file where the table should be, an
+    object store without credentials) and more for a table it cannot read; `optimize`, `vacuum`
+    and `stats` caught only `PrismError`, so a corrupt `_delta_log` was a Python traceback. Its
+    Rust side logs warnings (the AWS credential chain's, five lines for an `s3://` table without
+    credentials) unless RUST_LOG says otherwise: errors only, so the error line stays the one."""
+    os.environ.setdefault("RUST_LOG", "error")
+    try:
+        from app.lake import maintenance  # pyarrow, deltalake: loaded by the commands that use them
+
+        return action(maintenance)
+    except PrismError as exc:
+        _fail(exc)
+    except Exception as exc:  # DeltaError, OSError, TableNotFoundError, pyarrow's errors
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        _fail(LakeError(f"{what} failed: {type(exc).__name__}: {first[:400]}",
+                        hint="check that the location is a Delta table this user can read (a local directory "
+                             "holding _delta_log, or s3://... with --storage-option for its endpoint and "
+                             "credentials)"))
 
 
 def _emit(doc: dict[str, Any], as_json: bool, title: str) -> None:
@@ -166,13 +189,9 @@ def optimize(
     as_json: JsonOpt = False,
 ) -> None:
     """Compact small files (and optionally Z-order them)."""
-    try:
-        from app.lake import maintenance  # pyarrow: loaded by the commands that use it
-
-        doc = maintenance.optimize(table, zorder=zorder, target_size=target_size,
-                                   storage_options=_storage_options(storage_option))
-    except PrismError as exc:
-        _fail(exc)
+    options = _storage_options(storage_option)
+    doc = _maintain(f"optimize {table}", lambda m: m.optimize(table, zorder=zorder, target_size=target_size,
+                                                                storage_options=options))
     _emit(doc, as_json, "prism lake optimize")
 
 
@@ -187,13 +206,9 @@ def vacuum(
     as_json: JsonOpt = False,
 ) -> None:
     """Delete files no longer needed (refuses a retention under 7 days unless --force)."""
-    try:
-        from app.lake import maintenance  # pyarrow: loaded by the commands that use it
-
-        doc = maintenance.vacuum(table, retention_hours=retention_hours, force=force, dry_run=dry_run, full=not lite,
-                                 storage_options=_storage_options(storage_option))
-    except PrismError as exc:
-        _fail(exc)
+    options = _storage_options(storage_option)
+    doc = _maintain(f"vacuum {table}", lambda m: m.vacuum(table, retention_hours=retention_hours, force=force,
+                                                            dry_run=dry_run, full=not lite, storage_options=options))
     _emit(doc, as_json, "prism lake vacuum")
 
 
@@ -204,12 +219,8 @@ def stats(
     as_json: JsonOpt = False,
 ) -> None:
     """Rows, files, partitions and versions of the table."""
-    try:
-        from app.lake import maintenance  # pyarrow: loaded by the commands that use it
-
-        doc = maintenance.stats(table, storage_options=_storage_options(storage_option)).to_dict()
-    except PrismError as exc:
-        _fail(exc)
+    options = _storage_options(storage_option)
+    doc = _maintain(f"stats {table}", lambda m: m.stats(table, storage_options=options).to_dict())
     _emit(doc, as_json, "prism lake stats")
 
 
