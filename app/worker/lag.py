@@ -43,7 +43,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -273,15 +273,34 @@ async def read_group_lag(bootstrap: str, group: str, topics: Iterable[str] | Non
     reader = LagReader(bootstrap, client_kwargs=client_kwargs, end_from_fetch=end_from_fetch)
     try:
         async def _read() -> GroupLag:
+            from aiokafka.errors import KafkaConnectionError
+
             names = list(topics or ())
             if not names:
-                _consumer, admin = await reader._clients()
-                names = sorted({tp.topic for tp in await admin.list_consumer_group_offsets(group)})
+                consumer, admin = await reader._clients()
+                try:
+                    names = sorted({tp.topic for tp in await admin.list_consumer_group_offsets(group)})
+                except KafkaConnectionError:
+                    return await _committed_topics_one_by_one(reader, consumer, group)
             return await reader.read(group, names)
 
         return await asyncio.wait_for(_read(), timeout_s)
     finally:
         await reader.stop()
+
+
+async def _committed_topics_one_by_one(reader: LagReader, consumer: Any, group: str) -> GroupLag:
+    """The group's lag on every topic it has committed offsets for, asked partition by partition.
+
+    Why: the embedded broker (Tansu) closes the connection on an OffsetFetch for "all topics"
+    (the request without a topic list), so `prism status --group prism-<topology>` - the
+    documented command - failed with "Connection ... closed" on the default broker; with
+    `--topic` it worked. The same question with every topic's partitions named is answered."""
+    cluster = await consumer._client.fetch_all_metadata()
+    every = sorted(t for t in cluster.topics() if not t.startswith("__"))
+    lag = await reader.read(group, every)
+    kept = {p.topic for p in lag.partitions if p.committed is not None}
+    return replace(lag, topics=tuple(sorted(kept)), partitions=tuple(p for p in lag.partitions if p.topic in kept))
 
 
 def read_group_lag_from_env(group: str, topics: Iterable[str] | None = None,
