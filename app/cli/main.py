@@ -609,7 +609,13 @@ def _one_line_usage_errors() -> None:
             message = "missing command" + (f" (one of: {', '.join(names)})" if names else "")
         print(f"error [usage] {message} (at {where}); fix: see `{where} --help`", file=sys.stderr)
 
+    def aborted() -> None:
+        # typer's "Aborted." when a prompt's input ends (Ctrl-D, a closed stdin): the error line too
+        print("error [aborted] the input ended before the command had what it asked for (at prism); fix: run it "
+              "again and answer the prompt, or give the input as its --help says (e.g. --stdin)", file=sys.stderr)
+
     typer.rich_utils.rich_format_error = one_line  # type: ignore[assignment]
+    typer.rich_utils.rich_abort_error = aborted  # type: ignore[assignment]
     click.ClickException.show = one_line  # type: ignore[method-assign]
 
 

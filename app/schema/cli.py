@@ -568,6 +568,11 @@ def _stdin_line() -> str:
               fix="pipe UTF-8 text (check the terminal's or the file's encoding)")
 
 
+def _terminal() -> bool:
+    """Whether stdin is a terminal the password can be asked on without echo."""
+    return sys.stdin.isatty()
+
+
 @schema_app.command("hash-password")
 def hash_password_cmd(
     user: Annotated[str | None, typer.Option(help="also print a users-file entry for this user")] = None,
@@ -586,6 +591,11 @@ def hash_password_cmd(
         role_set = parse_roles(roles, where="--roles")
     except ConfigError as e:
         fail(e)
+    if not stdin and not _terminal():
+        # getpass without a terminal warns that the password may be echoed, reads the pipe, then
+        # ends in "Aborted." - three lines and a Python warning instead of the one error line
+        _fail("no_terminal", "no terminal to ask for the password on", where="stdin",
+              fix="pipe it instead: prism schema hash-password --stdin <<< \"$PASSWORD\"")
     # the prompt on stderr, so `prism schema hash-password --user u >> users.yaml` writes only the entry
     password = _stdin_line() if stdin else typer.prompt("password", hide_input=True, confirmation_prompt=True,
                                                         err=True)

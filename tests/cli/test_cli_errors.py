@@ -159,3 +159,20 @@ def test_arguments_and_variables_that_are_not_utf8_are_one_usage_line(tmp_path: 
         err = res.stderr.decode()
         assert res.returncode == 2 and "Traceback" not in err, err
         assert err.count("\n") == 1 and err.startswith("error [usage] ") and fragment in err and "; fix: " in err, err
+
+
+def test_an_aborted_prompt_is_one_error_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """Ctrl-D at a prompt (or a closed stdin) made typer print "Aborted." - not the error line a
+    script greps for. `main` installs the one-line form for it with the usage errors'."""
+    import click
+    import typer.rich_utils
+
+    from app.cli.main import _one_line_usage_errors
+
+    for owner, name in ((typer.rich_utils, "rich_abort_error"), (typer.rich_utils, "rich_format_error"),
+                        (click.ClickException, "show")):
+        monkeypatch.setattr(owner, name, getattr(owner, name))  # restored after the test
+    _one_line_usage_errors()
+    typer.rich_utils.rich_abort_error()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error [aborted] ") and "; fix: " in err, err

@@ -257,7 +257,8 @@ def test_client_headers_from_env() -> None:
 # --------------------------------------------------------------------------- hashing CLI
 
 
-def test_hash_password_cli(tmp_path: Path) -> None:
+def test_hash_password_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.schema import cli
     from app.schema.cli import schema_app
 
     runner = CliRunner()
@@ -278,6 +279,10 @@ def test_hash_password_cli(tmp_path: Path) -> None:
     assert short.exit_code == 2 and "shorter than 12" in short.output
     bad = runner.invoke(schema_app, ["hash-password", "--stdin", "--roles", "root"], input="x" * 20 + "\n")
     assert bad.exit_code == 2 and "unknown role" in bad.output
+    # no terminal: the one error line naming --stdin (it was getpass's echo warning, then "Aborted.")
+    piped = runner.invoke(schema_app, ["hash-password"], input="prompted-password-1\n")
+    assert piped.exit_code == 2 and piped.output.startswith("error [no_terminal]") and "--stdin" in piped.output
+    monkeypatch.setattr(cli, "_terminal", lambda: True)  # CliRunner's stdin stands in for a terminal
     prompted = runner.invoke(schema_app, ["hash-password"], input="prompted-password-1\nprompted-password-1\n")
     # the prompt goes to stderr (CliRunner echoes the hidden input's newlines on stdout; a tty does not)
     assert prompted.exit_code == 0 and prompted.stdout.strip().startswith("$argon2id$")
