@@ -23,8 +23,10 @@ end in a value or that error, never another exception.
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import yaml
 
@@ -172,6 +174,37 @@ def read_config(path: str | Path, *, what: str, error: type[PrismError] = Config
                              error=error)
 
 
+#: How long a named pipe may take to bring its first bytes (`open_for_reading`).
+PIPE_WAIT_S = 10.0
+
+
+def open_for_reading(path: str | Path, *, pipe_wait_s: float = PIPE_WAIT_S) -> BinaryIO:
+    """`open(path, "rb")` that cannot hang on a named pipe nothing writes to.
+
+    Why: opening a FIFO for reading waits for a writer, forever - `prism topics create -t
+    pipe.yaml` or `prism envelope inspect pipe` hung without a word. It is opened without
+    waiting; a pipe then has `pipe_wait_s` to bring its first bytes (or its end) - what
+    `-t <(cat topology.yaml)` or a writer started next to the command does at once - or it is an
+    `OSError` saying so, which each caller reports as its one error line.
+    (The client distribution ships this module: where there is no `fcntl`, a plain open.)"""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no FIFOs in the file system
+        return open(path, "rb")  # the caller closes it
+    import select
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode) and not select.select([fd], [], [], pipe_wait_s)[0]:
+            raise OSError(errno.ETIMEDOUT, f"nothing wrote to this named pipe within {pipe_wait_s:g} s")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_text(path: str | Path, *, what: str, error: type[PrismError] = ConfigError, missing_hint: str | None = None,
               max_bytes: int = MAX_BYTES, size_hint: str | None = None) -> str:
     """The UTF-8 text of a file an operator names, read no further than `max_bytes` + 1: every
@@ -183,7 +216,7 @@ def read_text(path: str | Path, *, what: str, error: type[PrismError] = ConfigEr
     and a schema that was not UTF-8 was a `UnicodeDecodeError` traceback."""
     p = Path(path)
     try:
-        with p.open("rb") as f:
+        with open_for_reading(p) as f:
             data = f.read(max_bytes + 1)
     except OSError as exc:
         raise error(f"cannot read {what}: {exc.strerror or exc}", path=str(p),

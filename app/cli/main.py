@@ -378,8 +378,10 @@ def _read_input(path: str) -> bytes:
     most = DEFAULT_LIMITS.max_message_bytes + 1
     if path == "-":
         return sys.stdin.buffer.read(most)
+    from app.config_files import open_for_reading
+
     try:
-        with open(path, "rb") as f:
+        with open_for_reading(path) as f:  # a named pipe without a writer: empty, not a hang
             return f.read(most)
     except OSError as exc:
         raise typer.BadParameter(f"cannot read {path}: {exc.strerror}") from None
