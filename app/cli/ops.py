@@ -313,9 +313,24 @@ def dlq_table(rows: list[dict[str, Any]]) -> Table:
         when = (row["timestamp"] or "")[:19].replace("T", "\n")
         topic, _, where = row["source"].rpartition("/")
         identity = f"\nas {row['attested_identity']}" if row["attested_identity"] else ""
-        table.add_row(Text(f"{row['dlq_partition']}@{row['dlq_offset']}\n{when}"),
-                      Text(f"{topic} {where}\n{row['reason']}\n({row['stage']}){identity}"), Text(row["error"]))
+        record = f"{row['dlq_partition']}@{row['dlq_offset']}"
+        left = "\n".join(_cell(v, _MAX_CODE, record) for v in (f"{topic} {where}", row["reason"], f"({row['stage']})"))
+        table.add_row(Text(f"{record}\n{when}"), Text(left + _cell(identity, _MAX_CODE, record)),
+                      Text(_cell(row["error"], _MAX_ERROR, record)))
     return table
+
+
+#: What one cell of `prism dlq list` shows of a header: the worker writes codes and topic names of
+#: a few dozen characters and errors of a few hundred; headers are data anyone who can write to
+#: the DLQ topic chooses - a 200 KB `prism.errors.reason` filled 7,700 lines of the table.
+_MAX_CODE = 200
+_MAX_ERROR = 4000
+
+
+def _cell(text: str, most: int, record: str) -> str:
+    if len(text) <= most:
+        return text
+    return f"{text[:most]}… ({len(text) - most} more characters: prism dlq show {record})"
 
 
 def dlq_show_doc(rec: Any) -> dict[str, Any]:

@@ -141,3 +141,24 @@ def test_status_prints_a_supervisor_and_escapes_child_errors() -> None:
     assert "supervisor pid 10" in text and "not ready" in text and "restarting" in text and "-9" in text
     assert "h-1-p0" in text and "h-1-p1" in text and "uvloop" in text
     assert "[bold red]x[/]" in text  # shown as typed, not interpreted
+
+
+def test_a_huge_header_fills_a_few_lines_of_dlq_list_not_thousands() -> None:
+    """Headers are data whoever writes to the DLQ topic chooses: a 200 KB `prism.errors.reason`
+    was 7,700 lines of `prism dlq list`. Each cell shows its start and how to see the rest."""
+    import io
+
+    from rich.console import Console
+
+    from app.cli.ops import dlq_table
+
+    row = {"dlq_partition": 0, "dlq_offset": 4, "timestamp": "2026-12-01T04:21:19+00:00",
+           "source": "orders.created/0@5", "reason": "r" * 200_000, "stage": "verify", "attested_identity": "",
+           "error": "e" * 100_000}
+    table = dlq_table([row])
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(table)
+    assert len(out.getvalue().splitlines()) < 300, len(out.getvalue().splitlines())
+    left, error = (str(c.plain) for c in (table.columns[1]._cells[0], table.columns[2]._cells[0]))
+    assert left == f"orders.created 0@5\n{'r' * 200}… (199800 more characters: prism dlq show 0@4)\n(verify)"
+    assert error == f"{'e' * 4000}… (96000 more characters: prism dlq show 0@4)"
