@@ -427,7 +427,8 @@ def register(app: typer.Typer, dlq_app: typer.Typer) -> None:
         if group is not None:
             from app.worker.lag import read_group_lag_from_env
 
-            lag_doc = read_group_lag_from_env(group, topic).to_dict()
+            lag_doc = read_group_lag_from_env(group, topic, note=lambda line: Console(stderr=True, emoji=False).print(
+                line, markup=False, highlight=False, soft_wrap=True)).to_dict()
             if json_out:
                 typer.echo(json.dumps(lag_doc, indent=2, sort_keys=True))
             else:

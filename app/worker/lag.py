@@ -42,7 +42,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -304,19 +304,17 @@ async def _committed_topics_one_by_one(reader: LagReader, consumer: Any, group: 
 
 
 def read_group_lag_from_env(group: str, topics: Iterable[str] | None = None,
-                            env: Mapping[str, str] | None = None) -> GroupLag:
-    """``prism status --group``: connect with the usual ``PRISM_BROKER_URL`` / SASL / TLS settings."""
-    from app.broker.admin import BrokerSettings
-    from app.errors import PrismError
+                            note: Callable[[str], None] | None = None) -> GroupLag:
+    """``prism status --group``: connect with the usual ``PRISM_BROKER_URL`` / SASL / TLS settings
+    (an unreachable broker or a wrong password is one line each), or - without
+    ``PRISM_BROKER_URL`` - to the running local broker, said through `note`, as `prism dlq list`
+    does (docs/operations.md); it said "no broker configured" while `prism broker start`'s
+    broker, the one the worker used, was running."""
+    from app.broker.local import cli_bootstrap
 
-    settings = BrokerSettings.from_env(env)
-    if settings.embedded:
-        raise PrismError("no broker configured", path="PRISM_BROKER_URL",
-                         hint="set PRISM_BROKER_URL=host:port of the broker the group consumes from")
-    from app.broker.local import check_reachable
-
-    check_reachable(settings)  # unreachable, or a wrong password: one line each
-    return asyncio.run(read_group_lag(settings.bootstrap, group, topics, client_kwargs=settings.aiokafka_kwargs()))
+    bootstrap, settings = cli_bootstrap(note)
+    return asyncio.run(read_group_lag(bootstrap, group, topics,
+                                      client_kwargs=settings.aiokafka_kwargs() if settings is not None else None))
 
 
 __all__ = ["ENV_INTERVAL", "ENV_TIMEOUT", "GroupLag", "LagMonitor", "LagReader", "PartitionLag",
