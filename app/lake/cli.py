@@ -82,6 +82,27 @@ def _maintain(what: str, action: Callable[[Any], Any]) -> Any:
                              "credentials)"))
 
 
+def _check_local_archive(archive: str) -> None:
+    """A local archive must be a directory that exists. Why: the archive's store creates its root,
+    so `prism lake compact /typo/archive TABLE` made that directory (and `_quarantine` in it),
+    reported "nothing new to compact" and exited 0 - a compaction job pointed at the wrong path
+    succeeded every night. The worker creates the archive directory when it starts."""
+    from app.lake.storage import absolute_url, is_local_url
+
+    try:
+        local = is_local_url(archive)
+    except ValueError as exc:
+        _fail(LakeError(f"archive {archive!r} is not a usable URL: {exc}", path="ARCHIVE",
+                        hint="a local directory, file:///dir or s3://bucket/prefix"))
+    if not local:
+        return
+    path = absolute_url(archive)
+    if not os.path.isdir(path):
+        _fail(LakeError(f"archive {path} {'is not a directory' if os.path.exists(path) else 'does not exist'}",
+                        path="ARCHIVE", hint="give the topology's archive.path (the worker creates it when it starts "
+                                             "and writes rolls there); check the path for a typo"))
+
+
 def _emit(doc: dict[str, Any], as_json: bool, title: str) -> None:
     if as_json:
         typer.echo(json.dumps(doc, indent=2, default=str))
@@ -126,6 +147,8 @@ def compact(
     """Decode new archive rolls, dedup by message id, and commit them to the Delta table."""
     from app.lake.compact import Compactor
     from app.lake.spark import existing_session, get_spark
+
+    _check_local_archive(archive)  # before Spark: seconds, not a JVM start, for a typo
 
     # Stop Spark at the end only if this command started it (not under spark-submit or a caller's session).
     owned = existing_session() is None and "PYSPARK_GATEWAY_PORT" not in os.environ

@@ -25,3 +25,24 @@ def test_a_table_delta_rs_cannot_read_is_one_error_line(tmp_path: Path, command:
         lines = res.output.strip().splitlines()
         assert res.exit_code == 1 and len(lines) == 1, res.output
         assert lines[0].startswith(f"error [lake_error] {command[0]} {location} failed: {cause}") and "; fix: " in lines[0]
+
+
+def test_compacting_an_archive_that_is_not_there_is_an_error_not_nothing_new(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prism lake compact /typo/archive TABLE` created that directory (and `_quarantine` in it),
+    said "nothing new to compact" and exited 0 - after starting Spark. Now it is the one error
+    line, before Spark, and nothing is created."""
+    import app.lake.spark
+
+    def no_spark(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("Spark started for an archive that does not exist")
+
+    monkeypatch.setattr(app.lake.spark, "get_spark", no_spark)
+    a_file = tmp_path / "rolls.txt"
+    a_file.write_text("x")
+    for archive, what in ((tmp_path / "typo" / "archive", "does not exist"), (a_file, "is not a directory")):
+        res = CliRunner().invoke(lake_app, ["compact", str(archive), str(tmp_path / "table")], catch_exceptions=False)
+        lines = res.output.strip().splitlines()
+        assert res.exit_code == 1 and len(lines) == 1, res.output
+        assert lines[0].startswith(f"error [lake_error] archive {archive} {what} (at ARCHIVE); fix: "), lines[0]
+    assert not (tmp_path / "typo").exists() and not (tmp_path / "table").exists()
