@@ -569,8 +569,15 @@ def _stdin_line() -> str:
 
 
 def _terminal() -> bool:
-    """Whether stdin is a terminal the password can be asked on without echo."""
-    return sys.stdin.isatty()
+    """Whether there is a terminal to ask for the password on without echo: stdin, or the
+    controlling terminal getpass opens (`/dev/tty`) when stdin is a pipe."""
+    if sys.stdin.isatty():
+        return True
+    try:
+        with open("/dev/tty", "rb"):
+            return True
+    except OSError:
+        return False
 
 
 @schema_app.command("hash-password")

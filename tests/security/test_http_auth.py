@@ -280,6 +280,7 @@ def test_hash_password_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     bad = runner.invoke(schema_app, ["hash-password", "--stdin", "--roles", "root"], input="x" * 20 + "\n")
     assert bad.exit_code == 2 and "unknown role" in bad.output
     # no terminal: the one error line naming --stdin (it was getpass's echo warning, then "Aborted.")
+    monkeypatch.setattr(cli, "_terminal", lambda: False)
     piped = runner.invoke(schema_app, ["hash-password"], input="prompted-password-1\n")
     assert piped.exit_code == 2 and piped.output.startswith("error [no_terminal]") and "--stdin" in piped.output
     monkeypatch.setattr(cli, "_terminal", lambda: True)  # CliRunner's stdin stands in for a terminal
@@ -520,3 +521,18 @@ def test_bad_clearance_settings_stop_the_start_up(tmp_path: Path, extra: dict[st
     with pytest.raises(ConfigError) as err:
         _bearer(tmp_path, **extra)
     assert err.value.path == where and says in err.value.message
+
+
+def test_hash_password_without_any_terminal_says_to_use_stdin() -> None:
+    """In its own session (no controlling terminal, as under cron or a CI runner) with stdin not
+    a terminal, getpass warned that the password may be echoed, read what it could and ended in
+    "Aborted."; it is one error line naming --stdin now."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "app.cli.main", "schema", "hash-password"], stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=60, start_new_session=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert res.returncode == 2 and res.stdout == "", res
+    assert res.stderr.startswith("error [no_terminal] no terminal to ask for the password on (at stdin); fix: ")
+    assert res.stderr.count("\n") == 1 and "--stdin" in res.stderr, res.stderr
