@@ -356,6 +356,8 @@ def demo(
     from app.worker.faust_app import use_uvloop
 
     topo = load_topology(topology)
+    if json_out is not None:
+        _check_output_file(json_out, "--json")
     use_uvloop()
     report = asyncio.run(run_demo(topo, messages=messages, rate=rate, data_dir=data_dir,
                                   keys_dir=Path("var/dev-keys"), console=console, seed=seed, lake=lake))
@@ -365,6 +367,19 @@ def demo(
                                         "topics": dict(report.topic_counts), "mismatches": report.mismatches,
                                         "lake": report.lake, "seconds": report.seconds}, indent=2))
     raise typer.Exit(0 if report.ok else 1)
+
+
+def _check_output_file(path: Path, option: str) -> None:
+    """A file the command will write at its end, checked at its start: `prism demo --json /tmp`
+    ran the whole demo (broker, worker, 5,000 messages) and only then failed to write its report."""
+    if path.is_dir():
+        raise ConfigError(f"{option} {str(path)!r} is a directory", path=option,
+                          hint=f"name a file, e.g. {option} report.json")
+    parent = path.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise ConfigError(f"{option} {str(path)!r}: cannot write in {str(parent)!r} "
+                          f"({'no such directory' if not parent.exists() else 'not a writable directory'})",
+                          path=option, hint="name a file in an existing directory this user can write")
 
 
 # --------------------------------------------------------------------------- envelope tools

@@ -176,3 +176,13 @@ def test_an_aborted_prompt_is_one_error_line(monkeypatch: pytest.MonkeyPatch, ca
     typer.rich_utils.rich_abort_error()
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error [aborted] ") and "; fix: " in err, err
+
+
+def test_demo_checks_its_report_file_before_it_starts(tmp_path: Path) -> None:
+    """`prism demo --json DIR` ran the whole demo - broker, worker, every message - and then failed
+    to write its report. The file is checked first; nothing is started."""
+    data = tmp_path / "demo-data"
+    for target, fragment in ((tmp_path, "is a directory"), (tmp_path / "none" / "r.json", "no such directory")):
+        res = prism("demo", "--json", str(target), "-n", "1", "--no-lake", "--data-dir", str(data))
+        assert_clean_error(res, "bad_config", fragment, "(at --json)")
+        assert (res.stdout + res.stderr).count("\n") == 1 and not data.exists(), res.stdout + res.stderr
