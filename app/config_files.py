@@ -23,8 +23,10 @@ end in a value or that error, never another exception.
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import yaml
 
@@ -167,19 +169,64 @@ def read_config(path: str | Path, *, what: str, error: type[PrismError] = Config
     the path and a fix: unreadable, over `MAX_BYTES`, not UTF-8, not valid, nested deeper than
     `MAX_DEPTH`, a key twice in a mapping, or more than `MAX_VALUES` once aliases expand."""
     p = Path(path)
+    text = read_text(p, what=what, error=error, missing_hint=missing_hint)
+    return parse_config_text(text, what=what, source=str(p), json=by_suffix and p.suffix.lower() == ".json",
+                             error=error)
+
+
+#: How long a named pipe may take to bring its first bytes (`open_for_reading`).
+PIPE_WAIT_S = 10.0
+
+
+def open_for_reading(path: str | Path, *, pipe_wait_s: float = PIPE_WAIT_S) -> BinaryIO:
+    """`open(path, "rb")` that cannot hang on a named pipe nothing writes to.
+
+    Why: opening a FIFO for reading waits for a writer, forever - `prism topics create -t
+    pipe.yaml` or `prism envelope inspect pipe` hung without a word. It is opened without
+    waiting; a pipe then has `pipe_wait_s` to bring its first bytes (or its end) - what
+    `-t <(cat topology.yaml)` or a writer started next to the command does at once - or it is an
+    `OSError` saying so, which each caller reports as its one error line.
+    (The client distribution ships this module: where there is no `fcntl`, a plain open.)"""
     try:
-        with p.open("rb") as f:
-            data = f.read(MAX_BYTES + 1)
+        import fcntl
+    except ImportError:  # Windows: no FIFOs in the file system
+        return open(path, "rb")  # the caller closes it
+    import select
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode) and not select.select([fd], [], [], pipe_wait_s)[0]:
+            raise OSError(errno.ETIMEDOUT, f"nothing wrote to this named pipe within {pipe_wait_s:g} s")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_text(path: str | Path, *, what: str, error: type[PrismError] = ConfigError, missing_hint: str | None = None,
+              max_bytes: int = MAX_BYTES, size_hint: str | None = None) -> str:
+    """The UTF-8 text of a file an operator names, read no further than `max_bytes` + 1: every
+    failure - unreadable, a directory, too large, not UTF-8 - is `error` with `what`, the path
+    and a fix. `read_config` parses what this returns; files that are not configuration (the
+    schema files `prism schema` reads) use it alone.
+
+    Why one reader: `prism schema validate --file /dev/zero` read until memory ran out (7 GB),
+    and a schema that was not UTF-8 was a `UnicodeDecodeError` traceback."""
+    p = Path(path)
+    try:
+        with open_for_reading(p) as f:
+            data = f.read(max_bytes + 1)
     except OSError as exc:
         raise error(f"cannot read {what}: {exc.strerror or exc}", path=str(p),
                     hint=missing_hint or "check the path and its permissions") from None
-    if len(data) > MAX_BYTES:
-        raise error(f"{what} is over {MAX_BYTES // (1024 * 1024)} MiB", path=str(p),
-                    hint="a configuration file is a few KiB; check that the path names the right file")
+    if len(data) > max_bytes:
+        size = f"{max_bytes // (1024 * 1024)} MiB" if max_bytes >= 1024 * 1024 else f"{max_bytes} bytes"
+        raise error(f"{what} is over {size}", path=str(p),
+                    hint=size_hint or "a configuration file is a few KiB; check that the path names the right file")
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise error(f"{what} is not UTF-8 text (byte {exc.start})", path=str(p),
                     hint="save it as UTF-8") from None
-    return parse_config_text(text, what=what, source=str(p), json=by_suffix and p.suffix.lower() == ".json",
-                             error=error)

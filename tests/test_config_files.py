@@ -91,3 +91,42 @@ def test_arbitrary_bytes_end_in_a_value_or_a_config_error(data: bytes) -> None:
         parse_config_text(text, what="topology file", source="t.yaml")
     except ConfigError as exc:
         assert exc.message.startswith("topology file ") and exc.path.startswith("t.yaml")
+
+
+def test_read_text_stops_one_byte_past_its_limit(tmp_path: Path) -> None:
+    """`read_text` is the bounded reader for files that are not configuration (`prism schema`'s
+    schema files): an endless file ends in the caller's error, not in reading until memory runs
+    out; exactly the limit is taken."""
+    from app.config_files import read_text
+
+    with pytest.raises(ConfigError, match="schema file is over 1024 bytes"):
+        read_text("/dev/zero", what="schema file", max_bytes=1024)
+    (tmp_path / "s.proto").write_text("x" * 1024)
+    assert read_text(tmp_path / "s.proto", what="schema file", max_bytes=1024) == "x" * 1024
+
+
+def test_a_named_pipe_without_a_writer_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    """Opening a FIFO waits for a writer: `prism topics create -t pipe.yaml` hung forever. Now a
+    pipe that brings nothing within the wait is the caller's error, and one whose writer comes
+    along - what `-t <(cat topology.yaml)` passes, or a writer started just after - is read."""
+    import os
+    import subprocess
+    import sys
+
+    from app.config_files import open_for_reading
+
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)
+    script = ("import sys\nfrom app.config_files import read_config\n"
+              "try:\n    read_config(sys.argv[1], what='topology file')\nexcept Exception as e:\n    print(e)\n")
+    # in a child with a timeout: without the fix this open never returns
+    res = subprocess.run([sys.executable, "-c", script, str(fifo)], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert res.stdout.startswith("cannot read topology file: nothing wrote to this named pipe within 10 s"), res
+    with pytest.raises(OSError, match=r"within 0\.2 s"):
+        open_for_reading(fifo, pipe_wait_s=0.2)
+    writer = subprocess.Popen(["sh", "-c", f"sleep 0.3; printf 'name: x\\n' > {fifo}"])
+    try:
+        assert read_config(fifo, what="topology file") == {"name": "x"}
+    finally:
+        writer.wait(timeout=30)

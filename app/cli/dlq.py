@@ -677,13 +677,19 @@ async def _source_limits(topology: Topology, bootstrap: str, settings: Any) -> W
 async def _resolve_ref(rec: Any, outcome: Outcome, topology: Topology, limit: int) -> bytes | None:
     """The whole value a truncated copy's reference names, verified and checked against the source
     topic's `limit`; None (and `outcome` skipped with why) when it cannot be replayed."""
-    from app.worker.dlq_overflow import OverflowStore, read_ref
+    from app.worker.dlq_overflow import OverflowStore, RefTooLarge, read_ref
 
     expected = (_header(rec, VALUE_SHA256) or b"").decode(errors="replace")
     cfg = topology.dlq.overflow
     try:
         configured = OverflowStore(cfg.path) if cfg is not None else None
-        whole = await asyncio.to_thread(read_ref, outcome.value_ref, expected, configured)
+        whole = await asyncio.to_thread(read_ref, outcome.value_ref, expected, configured, max_bytes=limit)
+    except RefTooLarge as exc:
+        outcome.action, outcome.why = "skipped", "too_large"
+        outcome.detail = (f"the whole value is over the {limit}-byte limit of {outcome.target_topic} "
+                          f"({exc.message}): it would be refused again - raise the topic's max.message.bytes and PRISM_MAX_REQUEST_BYTES "
+                          "first")
+        return None
     except ValueError as exc:
         outcome.action, outcome.why, outcome.detail = "skipped", "ref_mismatch", f"{exc}: never replayed"
         return None

@@ -73,9 +73,16 @@ def init(
     directory (a volume, or `kubectl create secret generic prism-keys --from-file=...`)."""
     from app.security.devkeys import KEY_FILES, existing_key_files, init_keys, topology_key_files
 
+    if force and keep_existing:
+        # documented as `[--force | --keep-existing]`; --force won silently and replaced the set
+        # a start-up job meant to keep, and every producer's and consumer's keys with it
+        from app.errors import ConfigError
+
+        raise ConfigError("--force and --keep-existing contradict each other", path="--force/--keep-existing",
+                          hint="pass --keep-existing to keep a complete set, or --force (alone) to replace it")
     folder = dir_ if dir_ is not None else _default_dir(topology)
     present = existing_key_files(folder)
-    if keep_existing and len(present) == len(KEY_FILES) and not force:
+    if keep_existing and len(present) == len(KEY_FILES):
         console.print(f"kept the key set in {folder} (all of {', '.join(KEY_FILES)} exist)", markup=False)
         return
     from app.security.devkeys import is_throwaway

@@ -11,7 +11,7 @@ import os
 import re
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -356,6 +356,8 @@ def demo(
     from app.worker.faust_app import use_uvloop
 
     topo = load_topology(topology)
+    if json_out is not None:
+        _check_output_file(json_out, "--json")
     use_uvloop()
     report = asyncio.run(run_demo(topo, messages=messages, rate=rate, data_dir=data_dir,
                                   keys_dir=Path("var/dev-keys"), console=console, seed=seed, lake=lake))
@@ -365,6 +367,19 @@ def demo(
                                         "topics": dict(report.topic_counts), "mismatches": report.mismatches,
                                         "lake": report.lake, "seconds": report.seconds}, indent=2))
     raise typer.Exit(0 if report.ok else 1)
+
+
+def _check_output_file(path: Path, option: str) -> None:
+    """A file the command will write at its end, checked at its start: `prism demo --json /tmp`
+    ran the whole demo (broker, worker, 5,000 messages) and only then failed to write its report."""
+    if path.is_dir():
+        raise ConfigError(f"{option} {str(path)!r} is a directory", path=option,
+                          hint=f"name a file, e.g. {option} report.json")
+    parent = path.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise ConfigError(f"{option} {str(path)!r}: cannot write in {str(parent)!r} "
+                          f"({'no such directory' if not parent.exists() else 'not a writable directory'})",
+                          path=option, hint="name a file in an existing directory this user can write")
 
 
 # --------------------------------------------------------------------------- envelope tools
@@ -378,8 +393,10 @@ def _read_input(path: str) -> bytes:
     most = DEFAULT_LIMITS.max_message_bytes + 1
     if path == "-":
         return sys.stdin.buffer.read(most)
+    from app.config_files import open_for_reading
+
     try:
-        with open(path, "rb") as f:
+        with open_for_reading(path) as f:  # a named pipe without a writer: empty, not a hang
             return f.read(most)
     except OSError as exc:
         raise typer.BadParameter(f"cannot read {path}: {exc.strerror}") from None
@@ -577,6 +594,9 @@ def build_app() -> typer.Typer:
         from app.cli.audit import register as register_audit
 
         register_audit(app)  # prism audit
+        from app.cli.output import friendly_everywhere
+
+        friendly_everywhere(app)  # the mounted sub-apps' commands too: one error line, never a traceback
         _built = True
     return app
 
@@ -606,11 +626,46 @@ def _one_line_usage_errors() -> None:
             message = "missing command" + (f" (one of: {', '.join(names)})" if names else "")
         print(f"error [usage] {message} (at {where}); fix: see `{where} --help`", file=sys.stderr)
 
+    def aborted() -> None:
+        # typer's "Aborted." when a prompt's input ends (Ctrl-D, a closed stdin): the error line too
+        print("error [aborted] the input ended before the command had what it asked for (at prism); fix: run it "
+              "again and answer the prompt, or give the input as its --help says (e.g. --stdin)", file=sys.stderr)
+
     typer.rich_utils.rich_format_error = one_line  # type: ignore[assignment]
+    typer.rich_utils.rich_abort_error = aborted  # type: ignore[assignment]
     click.ClickException.show = one_line  # type: ignore[method-assign]
 
 
+def _undecodable(text: str) -> bool:
+    """Python decodes argv and the environment with `surrogateescape`: a byte that is not UTF-8
+    is a lone surrogate in the `str`, which every later encode (a socket address, a URL, a
+    database, a file name in JSON) refuses with a `UnicodeEncodeError` traceback."""
+    return any("\udc80" <= c <= "\udcff" for c in text)
+
+
+def _shown(text: str) -> str:
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _refuse_undecodable_input(argv: list[str], environ: Mapping[str, str]) -> None:
+    """Arguments and PRISM_* variables that are not UTF-8 text, refused once, here, as the one
+    `error [usage]` line - not wherever each command happens to encode them first (it was a
+    traceback from `prism dlq list`, `prism lake stats`, `prism status --group`, `prism schema`
+    with such a PRISM_BROKER_URL, path, group name or registry URL)."""
+    for i, arg in enumerate(argv, start=1):
+        if _undecodable(arg):
+            print(f"error [usage] argument {i} ('{_shown(arg)}') is not UTF-8 text (at prism); fix: pass UTF-8 "
+                  "text (check the shell's locale and where the value came from)", file=sys.stderr)
+            raise SystemExit(2)
+    for name in sorted(environ):
+        if name.startswith("PRISM_") and (_undecodable(name) or _undecodable(environ[name])):
+            print(f"error [usage] environment variable {_shown(name)} ('{_shown(environ[name])}') is not UTF-8 text "
+                  f"(at {_shown(name)}); fix: set it to UTF-8 text, or unset it", file=sys.stderr)
+            raise SystemExit(2)
+
+
 def main() -> None:
+    _refuse_undecodable_input(sys.argv[1:], os.environ)
     build_app()
     _one_line_usage_errors()
     os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")

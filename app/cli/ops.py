@@ -8,6 +8,7 @@ tables and progress bars (rich) for people.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import ssl
 import time
@@ -28,7 +29,7 @@ from rich.text import Text
 from app.cli.output import CliTable as Table  # headers break between words, ids fold
 from app.cli.output import friendly
 from app.decimal_text import decimal
-from app.errors import ConfigError, PrismError
+from app.errors import ConfigError, JsonInputError, PrismError
 from app.untrusted_json import read_json_response
 
 DEFAULT_URL = "http://127.0.0.1:6066"
@@ -87,6 +88,12 @@ def _get(url: str, timeout: float = 10.0, client: WorkerClient | None = None) ->
     except (urllib.error.URLError, OSError) as exc:
         raise PrismError(f"cannot reach the worker at {url} (unreachable: {getattr(exc, 'reason', exc)})",
                          hint="start it with `prism run --web-port PORT` and pass --url http://HOST:PORT") from None
+    except JsonInputError:
+        raise  # the worker's answer (a ValueError too), not the URL
+    except (ValueError, http.client.InvalidURL) as exc:  # "Invalid IPv6 URL", a space in the host
+        raise ConfigError(f"the worker URL {url!r} is not usable: {exc}", path="--url",
+                          hint="pass --url http://HOST:PORT of the worker's --web-port, e.g. http://127.0.0.1:6066"
+                          ) from None
 
 
 def _locked_until(retry_after: str | None) -> str:
@@ -323,9 +330,24 @@ def dlq_table(rows: list[dict[str, Any]]) -> Table:
         when = (row["timestamp"] or "")[:19].replace("T", "\n")
         topic, _, where = row["source"].rpartition("/")
         identity = f"\nas {row['attested_identity']}" if row["attested_identity"] else ""
-        table.add_row(Text(f"{row['dlq_partition']}@{row['dlq_offset']}\n{when}"),
-                      Text(f"{topic} {where}\n{row['reason']}\n({row['stage']}){identity}"), Text(row["error"]))
+        record = f"{row['dlq_partition']}@{row['dlq_offset']}"
+        left = "\n".join(_cell(v, _MAX_CODE, record) for v in (f"{topic} {where}", row["reason"], f"({row['stage']})"))
+        table.add_row(Text(f"{record}\n{when}"), Text(left + _cell(identity, _MAX_CODE, record)),
+                      Text(_cell(row["error"], _MAX_ERROR, record)))
     return table
+
+
+#: What one cell of `prism dlq list` shows of a header: the worker writes codes and topic names of
+#: a few dozen characters and errors of a few hundred; headers are data anyone who can write to
+#: the DLQ topic chooses - a 200 KB `prism.errors.reason` filled 7,700 lines of the table.
+_MAX_CODE = 200
+_MAX_ERROR = 4000
+
+
+def _cell(text: str, most: int, record: str) -> str:
+    if len(text) <= most:
+        return text
+    return f"{text[:most]}… ({len(text) - most} more characters: prism dlq show {record})"
 
 
 def dlq_show_doc(rec: Any) -> dict[str, Any]:
@@ -427,7 +449,8 @@ def register(app: typer.Typer, dlq_app: typer.Typer) -> None:
         if group is not None:
             from app.worker.lag import read_group_lag_from_env
 
-            lag_doc = read_group_lag_from_env(group, topic).to_dict()
+            lag_doc = read_group_lag_from_env(group, topic, note=lambda line: Console(stderr=True, emoji=False).print(
+                line, markup=False, highlight=False, soft_wrap=True)).to_dict()
             if json_out:
                 typer.echo(json.dumps(lag_doc, indent=2, sort_keys=True))
             else:

@@ -79,8 +79,12 @@ def _longest_word(header: RenderableType) -> int:
 
 
 def error_line(exc: PrismError) -> str:
-    """The one-line error as markup: a red `error` tag, then the code and text escaped."""
-    return f"[bold red]error[/] {escape(f'[{exc.code}] {exc}')}"
+    """The one-line error as markup: a red `error` tag, then the code and text escaped. Line
+    breaks in the text (a compiler's or a server's multi-line message, a header's value) are
+    folded into spaces here, where every error is printed: `prism schema validate` of a bad
+    .proto printed protoc's 33 lines as one error before."""
+    text = " ".join(f"[{exc.code}] {exc}".split())
+    return f"[bold red]error[/] {escape(text)}"
 
 
 def print_error(exc: PrismError, console: Console | None = None) -> None:
@@ -198,4 +202,21 @@ def friendly(fn: F) -> F:
             print_problems(typed)
             raise typer.Exit(2) from None
 
+    wrapper._prism_friendly = True  # type: ignore[attr-defined]  # `friendly_everywhere` wraps once
     return wrapper  # type: ignore[return-value]
+
+
+def friendly_everywhere(tree: typer.Typer) -> None:
+    """Every command of `tree` and of its sub-apps under `friendly`, once.
+
+    Why here and not per command: the sub-apps other packages own (`prism schema`, `prism lake`,
+    `prism console`) were mounted without it, so a file that was a directory (`schema audit`,
+    `schema get --output`) or a broker failure there was a Python traceback while the same
+    failure elsewhere was the one error line. A command's own `typer.Exit` (the registry
+    commands' exit 1) passes through unchanged."""
+    for info in tree.registered_commands:
+        if info.callback is not None and not getattr(info.callback, "_prism_friendly", False):
+            info.callback = friendly(info.callback)
+    for group in tree.registered_groups:
+        if isinstance(group.typer_instance, typer.Typer):
+            friendly_everywhere(group.typer_instance)

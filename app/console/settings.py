@@ -55,8 +55,19 @@ def audit_key(keyring_path: str | None, key_id: str | None) -> tuple[Any, str]:
 
 
 def _url(value: str, where: str) -> str:
+    """A back end's http(s) URL, checked when the console starts: one urllib cannot parse
+    (`http://[::1`, a port that is no number) was a `ValueError` traceback at start-up, and one
+    with a space or a control character in it (`http://no such`) started a console whose every
+    page then failed."""
     text = value.strip().rstrip("/")
-    parts = urlsplit(text)
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in text):
+        raise ConfigError(f"{value!r} holds a space or a control character", path=where,
+                          hint="e.g. http://127.0.0.1:8081")
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - a port that is no number or out of range raises here
+    except ValueError as exc:
+        raise ConfigError(f"{value!r} is not a usable URL: {exc}", path=where, hint="e.g. http://127.0.0.1:8081") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"{value!r} is not an http(s) URL", path=where, hint="e.g. http://127.0.0.1:8081")
     if parts.username or parts.password:

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -59,6 +60,49 @@ def _spark_failure(exc: Exception, what: str) -> LakeError:
                           "and that Java 17+ runs (Spark's own log above this line says more)")
 
 
+def _maintain(what: str, action: Callable[[Any], Any]) -> Any:
+    """Run a delta-rs maintenance `action(maintenance module)`; every failure is the one error
+    line. delta-rs raises its own `DeltaError`, `OSError` (a file where the table should be, an
+    object store without credentials) and more for a table it cannot read; `optimize`, `vacuum`
+    and `stats` caught only `PrismError`, so a corrupt `_delta_log` was a Python traceback. Its
+    Rust side logs warnings (the AWS credential chain's, five lines for an `s3://` table without
+    credentials) unless RUST_LOG says otherwise: errors only, so the error line stays the one."""
+    os.environ.setdefault("RUST_LOG", "error")
+    try:
+        from app.lake import maintenance  # pyarrow, deltalake: loaded by the commands that use them
+
+        return action(maintenance)
+    except PrismError as exc:
+        _fail(exc)
+    except Exception as exc:  # DeltaError, OSError, TableNotFoundError, pyarrow's errors
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        _fail(LakeError(f"{what} failed: {type(exc).__name__}: {first[:400]}",
+                        hint="check that the location is a Delta table this user can read (a local directory "
+                             "holding _delta_log, or s3://... with --storage-option for its endpoint and "
+                             "credentials)"))
+
+
+def _check_local_archive(archive: str) -> None:
+    """A local archive must be a directory that exists. Why: the archive's store creates its root,
+    so `prism lake compact /typo/archive TABLE` made that directory (and `_quarantine` in it),
+    reported "nothing new to compact" and exited 0 - a compaction job pointed at the wrong path
+    succeeded every night. The worker creates the archive directory when it starts."""
+    from app.lake.storage import absolute_url, is_local_url
+
+    try:
+        local = is_local_url(archive)
+    except ValueError as exc:
+        _fail(LakeError(f"archive {archive!r} is not a usable URL: {exc}", path="ARCHIVE",
+                        hint="a local directory, file:///dir or s3://bucket/prefix"))
+    if not local:
+        return
+    path = absolute_url(archive)
+    if not os.path.isdir(path):
+        _fail(LakeError(f"archive {path} {'is not a directory' if os.path.exists(path) else 'does not exist'}",
+                        path="ARCHIVE", hint="give the topology's archive.path (the worker creates it when it starts "
+                                             "and writes rolls there); check the path for a typo"))
+
+
 def _emit(doc: dict[str, Any], as_json: bool, title: str) -> None:
     if as_json:
         typer.echo(json.dumps(doc, indent=2, default=str))
@@ -103,6 +147,8 @@ def compact(
     """Decode new archive rolls, dedup by message id, and commit them to the Delta table."""
     from app.lake.compact import Compactor
     from app.lake.spark import existing_session, get_spark
+
+    _check_local_archive(archive)  # before Spark: seconds, not a JVM start, for a typo
 
     # Stop Spark at the end only if this command started it (not under spark-submit or a caller's session).
     owned = existing_session() is None and "PYSPARK_GATEWAY_PORT" not in os.environ
@@ -166,13 +212,9 @@ def optimize(
     as_json: JsonOpt = False,
 ) -> None:
     """Compact small files (and optionally Z-order them)."""
-    try:
-        from app.lake import maintenance  # pyarrow: loaded by the commands that use it
-
-        doc = maintenance.optimize(table, zorder=zorder, target_size=target_size,
-                                   storage_options=_storage_options(storage_option))
-    except PrismError as exc:
-        _fail(exc)
+    options = _storage_options(storage_option)
+    doc = _maintain(f"optimize {table}", lambda m: m.optimize(table, zorder=zorder, target_size=target_size,
+                                                                storage_options=options))
     _emit(doc, as_json, "prism lake optimize")
 
 
@@ -187,13 +229,9 @@ def vacuum(
     as_json: JsonOpt = False,
 ) -> None:
     """Delete files no longer needed (refuses a retention under 7 days unless --force)."""
-    try:
-        from app.lake import maintenance  # pyarrow: loaded by the commands that use it
-
-        doc = maintenance.vacuum(table, retention_hours=retention_hours, force=force, dry_run=dry_run, full=not lite,
-                                 storage_options=_storage_options(storage_option))
-    except PrismError as exc:
-        _fail(exc)
+    options = _storage_options(storage_option)
+    doc = _maintain(f"vacuum {table}", lambda m: m.vacuum(table, retention_hours=retention_hours, force=force,
+                                                            dry_run=dry_run, full=not lite, storage_options=options))
     _emit(doc, as_json, "prism lake vacuum")
 
 
@@ -204,12 +242,8 @@ def stats(
     as_json: JsonOpt = False,
 ) -> None:
     """Rows, files, partitions and versions of the table."""
-    try:
-        from app.lake import maintenance  # pyarrow: loaded by the commands that use it
-
-        doc = maintenance.stats(table, storage_options=_storage_options(storage_option)).to_dict()
-    except PrismError as exc:
-        _fail(exc)
+    options = _storage_options(storage_option)
+    doc = _maintain(f"stats {table}", lambda m: m.stats(table, storage_options=options).to_dict())
     _emit(doc, as_json, "prism lake stats")
 
 

@@ -99,10 +99,13 @@ class Store:
             raise ArchiveError(f"cannot delete {rel!r} under {self.url_for_messages}: {exc}") from exc
 
     # -- reads -----------------------------------------------------------------------------------
-    def read(self, rel: str) -> bytes:
+    def read(self, rel: str, max_bytes: int | None = None) -> bytes:
+        """The bytes of `rel`; with `max_bytes`, at most one byte more than that, so a caller
+        that reads a location it did not choose (a reference in a record) can refuse a larger
+        file without holding it - or reading `/dev/zero` until memory runs out."""
         try:
             with self.fs.open_input_stream(self.full(rel)) as f:
-                return f.read()
+                return f.read() if max_bytes is None else f.read(max_bytes + 1)
         except FileNotFoundError as exc:
             raise ArchiveError(f"{rel!r} does not exist under {self.url_for_messages}") from exc
         except OSError as exc:

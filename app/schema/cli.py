@@ -12,6 +12,7 @@ audit log records the authenticated user, so there is no ``--actor``.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import sys
@@ -83,10 +84,10 @@ def _api(base: str, method: str, path: str, body: Any = None) -> Any:
     from app.security.http_auth import client_auth_header
 
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(base.rstrip("/") + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json", "Accept": "application/json",
-                                          **client_auth_header(**_CREDENTIALS)})
     try:
+        req = urllib.request.Request(base.rstrip("/") + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json", "Accept": "application/json",
+                                              **client_auth_header(**_CREDENTIALS)})
         with urllib.request.urlopen(req, timeout=30) as r:
             return read_json_response(r, what=f"{method} {base}{path}")
     except JsonInputError as e:
@@ -112,18 +113,33 @@ def _api(base: str, method: str, path: str, body: Any = None) -> Any:
     except urllib.error.URLError as e:
         _fail("registry_unreachable", f"cannot reach the registry: {e.reason}", where=base,
               fix="start it (`prism schema serve`) or pass --registry URL (PRISM_REGISTRY_URL)")
+    except (ValueError, http.client.InvalidURL) as e:  # "Invalid IPv6 URL", a space in the host: before any request
+        _fail("bad_registry_url", f"the registry URL is not usable: {e}", where=base,
+              fix="pass --registry http://HOST:PORT (PRISM_REGISTRY_URL), e.g. http://127.0.0.1:8081")
+    except (http.client.HTTPException, OSError) as e:  # closed mid-answer, a read timeout
+        _fail("registry_unreachable", f"the registry connection failed: {type(e).__name__}: {e}", where=base,
+              fix="check that --registry (PRISM_REGISTRY_URL) is a running Prism schema registry, then retry")
 
 
 def _q(s: str) -> str:
     return urllib.parse.quote(s, safe="")
 
 
+#: The registry refuses a schema over 16 MiB; a file past that is not a schema.
+MAX_SCHEMA_FILE_BYTES = 16 * 1024 * 1024
+
+
 def _read(path: Path) -> str:
+    """A schema file's text through the one bounded reader (app/config_files.py): a directory, a
+    file that is not UTF-8, or `/dev/zero` is the one `bad_input` line, not a traceback or a read
+    until memory runs out."""
+    from app.config_files import read_text
+
     try:
-        return path.read_text(encoding="utf-8")
-    except OSError as e:
-        _fail("bad_input", f"cannot read the file: {e.strerror or e}", where=str(path),
-              fix="check the path and its permissions")
+        return read_text(path, what="schema file", error=PrismError, max_bytes=MAX_SCHEMA_FILE_BYTES,
+                         size_hint="a schema is far smaller; check that the path names the schema file")
+    except PrismError as e:
+        _fail("bad_input", e.message, where=e.path, fix=e.hint)
 
 
 def _fmt(path: Path, fmt: str | None) -> SchemaFormat:
@@ -356,8 +372,14 @@ def audit_cmd(
 ) -> None:
     """PII audit over all schemas (registry or a directory). Exit 1 when any schema has untagged PII."""
     if directory is not None:
-        files = sorted(p for p in directory.rglob("*") if p.suffix in (".proto", ".avsc", ".json"))
-        entries = audit((str(p.relative_to(directory)), SchemaFormat.from_filename(p.name), p.read_text())
+        if not directory.is_dir():  # rglob of a missing directory is empty: an audit of nothing, exit 0
+            _fail("bad_input", "not a directory" if directory.exists() else "no such directory",
+                  where=str(directory), fix="pass --dir DIRECTORY that holds .proto, .avsc or .json schema files")
+        files = sorted(p for p in directory.rglob("*") if p.suffix in (".proto", ".avsc", ".json") and p.is_file())
+        if not files:
+            _fail("bad_input", "no schema files (.proto, .avsc, .json) under the directory", where=str(directory),
+                  fix="pass --dir DIRECTORY that holds the schema files")
+        entries = audit((str(p.relative_to(directory)), SchemaFormat.from_filename(p.name), _read(p))
                         for p in files)
         rows = [{"schema": e.label, "ok": e.ok, "untagged": list(e.untagged)} for e in entries]
     else:
@@ -528,6 +550,36 @@ if __name__ == "__main__":  # pragma: no cover
     sys.exit(schema_app())
 
 
+#: Far above any password; a longer first line of stdin is not one.
+MAX_PASSWORD_BYTES = 4096
+
+
+def _stdin_line() -> str:
+    """The first line of stdin, bounded and UTF-8: `--stdin < /dev/zero` read without end, and
+    bytes that are not UTF-8 were a `UnicodeEncodeError` traceback when hashed."""
+    raw = sys.stdin.buffer.readline(MAX_PASSWORD_BYTES + 1)
+    if len(raw.rstrip(b"\r\n")) > MAX_PASSWORD_BYTES:
+        _fail("bad_input", f"the first line of stdin is over {MAX_PASSWORD_BYTES} bytes", where="--stdin",
+              fix="pipe the password alone, on one line (e.g. prism schema hash-password --stdin <<< \"$PASSWORD\")")
+    try:
+        return raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as e:
+        _fail("bad_input", f"the password on stdin is not UTF-8 text (byte {e.start})", where="--stdin",
+              fix="pipe UTF-8 text (check the terminal's or the file's encoding)")
+
+
+def _terminal() -> bool:
+    """Whether there is a terminal to ask for the password on without echo: stdin, or the
+    controlling terminal getpass opens (`/dev/tty`) when stdin is a pipe."""
+    if sys.stdin.isatty():
+        return True
+    try:
+        with open("/dev/tty", "rb"):
+            return True
+    except OSError:
+        return False
+
+
 @schema_app.command("hash-password")
 def hash_password_cmd(
     user: Annotated[str | None, typer.Option(help="also print a users-file entry for this user")] = None,
@@ -546,11 +598,14 @@ def hash_password_cmd(
         role_set = parse_roles(roles, where="--roles")
     except ConfigError as e:
         fail(e)
-    if stdin:
-        password = sys.stdin.readline().rstrip("\r\n")
-    else:
-        # on stderr, so `prism schema hash-password --user u >> users.yaml` writes only the entry
-        password = typer.prompt("password", hide_input=True, confirmation_prompt=True, err=True)
+    if not stdin and not _terminal():
+        # getpass without a terminal warns that the password may be echoed, reads the pipe, then
+        # ends in "Aborted." - three lines and a Python warning instead of the one error line
+        _fail("no_terminal", "no terminal to ask for the password on", where="stdin",
+              fix="pipe it instead: prism schema hash-password --stdin <<< \"$PASSWORD\"")
+    # the prompt on stderr, so `prism schema hash-password --user u >> users.yaml` writes only the entry
+    password = _stdin_line() if stdin else typer.prompt("password", hide_input=True, confirmation_prompt=True,
+                                                        err=True)
     if len(password) < 12:
         _fail("weak_password", "the password is shorter than 12 characters", where="password",
               fix="use a long random one (e.g. python -c 'import secrets; print(secrets.token_urlsafe(24))')")

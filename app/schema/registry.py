@@ -85,6 +85,30 @@ class InvalidVersion(RegistryError):
     status, code = 422, 42202
 
 
+class InvalidSubject(RegistryError):
+    """A subject name no one could have meant: empty, blank, or holding control characters or
+    text that is not Unicode (a lone surrogate from a JSON ``\\udcff`` escape)."""
+
+    status, code = 422, 42208
+
+
+def check_subject(subject: str, what: str = "subject") -> None:
+    """Refuse a subject name that is empty, only spaces, or holds a control character or a lone
+    surrogate, before anything is stored.
+
+    Why: `prism schema register --topic ''` registered subject `''` (exit 0, URL
+    /v1/subjects//versions/1) - a typo'd shell variable became a subject no one can address -
+    and a lone surrogate reached the store and came back as HTTP 500 "Error in the backend data
+    store" instead of the client's error."""
+    if not subject.strip():
+        raise InvalidSubject(f"Invalid {what}: the {what} name is empty; name it, e.g. orders.created")
+    bad = next((c for c in subject if c < " " or c == "\x7f" or "\ud800" <= c <= "\udfff"), None)
+    if bad is not None:
+        raise InvalidSubject(f"Invalid {what} {subject.encode('utf-8', 'backslashreplace').decode()!r}: it holds "
+                             f"{'a control character' if bad < ' ' or bad == chr(0x7f) else 'text that is not Unicode'}"
+                             f" (U+{ord(bad):04X})")
+
+
 class InvalidCompatibilityLevel(RegistryError):
     status, code = 422, 42203
 
@@ -602,11 +626,17 @@ class Registry:
         different policy (BACKWARD) than the one registrations applied (NONE)."""
         if name == GLOBAL_SCOPE:
             return PolicyTarget("global", GLOBAL_SCOPE, None, None)
+        # An empty name after the prefix is refused, not read as something else: `prism schema
+        # policy set --subject ''` stored a policy for the NAMESPACE "subject:", `--namespace ''`
+        # one for the namespace "" (exit 0 both).
         if name.startswith("ns:"):
+            check_subject(name[3:], what="namespace")
             return PolicyTarget("namespace", name, None, name[3:])
-        if name.startswith("subject:") and len(name) > len("subject:"):
+        if name.startswith("subject:"):
             subject = name[len("subject:"):]
+            check_subject(subject)
             return PolicyTarget("subject", subject, subject, None)
+        check_subject(name, what="policy scope")
         if self.store.get_config(name) is not None or self.store.versions(name, include_deleted=True):
             return PolicyTarget("subject", name, name, None)
         return PolicyTarget("namespace", f"ns:{name}", None, name)
@@ -763,6 +793,7 @@ class Registry:
 
         Modes (Confluent): READONLY refuses; an explicit ``schema_id`` (and ``version``) needs
         IMPORT mode, see :meth:`_import`; without one the subject must be READWRITE."""
+        check_subject(subject)
         fmt = SchemaFormat.parse(fmt)
         if not dry_run:
             mode = self._check_writable(subject, "registering a schema")

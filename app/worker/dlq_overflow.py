@@ -46,9 +46,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("prism.worker")
 
-__all__ = ["OverflowStore", "build_overflow", "read_ref"]
+__all__ = ["OverflowStore", "RefTooLarge", "build_overflow", "read_ref"]
 
 _SCHEMES = ("file://", "s3://")
+
+
+class RefTooLarge(PrismError):
+    """A referenced whole value over the size the reader would take (`read_ref`'s `max_bytes`)."""
+
+    code = "too_large"
 
 
 class OverflowStore:
@@ -100,8 +106,8 @@ class OverflowStore:
     def owns(self, ref: str) -> bool:
         return ref.startswith(self.base + "/")
 
-    def get(self, ref: str) -> bytes:
-        return self.store.read(ref[len(self.base) + 1:])
+    def get(self, ref: str, max_bytes: int | None = None) -> bytes:
+        return self.store.read(ref[len(self.base) + 1:], max_bytes)
 
 
 def build_overflow(topology: Topology) -> OverflowStore | None:
@@ -119,12 +125,19 @@ def build_overflow(topology: Topology) -> OverflowStore | None:
     return store
 
 
-def read_ref(ref: str, expected_sha256: str, configured: OverflowStore | None = None) -> bytes:
+def read_ref(ref: str, expected_sha256: str, configured: OverflowStore | None = None, *,
+             max_bytes: int | None = None) -> bytes:
     """The value a `prism.errors.value.ref` names, checked against its digest. Resolved against the
     `configured` store when the reference lies below it (its URL carries the endpoint), else opened
-    as it is. Raises `PrismError` (unreadable) or `ValueError` (the bytes do not match)."""
+    as it is. Raises `PrismError` (unreadable), `RefTooLarge` (more than `max_bytes`) or
+    `ValueError` (the bytes do not match).
+
+    Why `max_bytes`: the reference comes from a record's header, which anyone who can write to
+    the DLQ topic controls; `file:///dev/zero` or a huge file was read whole before its digest
+    was checked (`prism dlq replay --dry-run` grew to gigabytes). At most one byte over the
+    limit is read, and a larger value could not be replayed anyway."""
     if configured is not None and configured.owns(ref):
-        data = configured.get(ref)
+        data = configured.get(ref, max_bytes)
     else:
         if not ref.startswith(_SCHEMES):
             raise PrismError(f"{ref!r} is not a file:// or s3:// reference", path="prism.errors.value.ref")
@@ -133,9 +146,13 @@ def read_ref(ref: str, expected_sha256: str, configured: OverflowStore | None = 
         fs, path = open_filesystem(ref)
         try:
             with fs.open_input_stream(path) as f:
-                data = f.read()
+                data = f.read() if max_bytes is None else f.read(max_bytes + 1)
         except OSError as exc:
             raise PrismError(f"cannot read {ref}: {exc}", path="prism.errors.value.ref") from exc
+    if max_bytes is not None and len(data) > max_bytes:
+        raise RefTooLarge(f"{ref} holds more than {max_bytes} bytes", path="prism.errors.value.ref",
+                          hint="a value larger than its topic's limit cannot be replayed: raise the topic's "
+                               "max.message.bytes and PRISM_MAX_REQUEST_BYTES first")
     digest = hashlib.sha256(data).hexdigest()
     if digest != expected_sha256:
         raise ValueError(f"{ref} holds {len(data)} bytes with SHA-256 {digest}, not the recorded {expected_sha256}")

@@ -42,8 +42,8 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -273,10 +273,15 @@ async def read_group_lag(bootstrap: str, group: str, topics: Iterable[str] | Non
     reader = LagReader(bootstrap, client_kwargs=client_kwargs, end_from_fetch=end_from_fetch)
     try:
         async def _read() -> GroupLag:
+            from aiokafka.errors import KafkaConnectionError
+
             names = list(topics or ())
             if not names:
-                _consumer, admin = await reader._clients()
-                names = sorted({tp.topic for tp in await admin.list_consumer_group_offsets(group)})
+                consumer, admin = await reader._clients()
+                try:
+                    names = sorted({tp.topic for tp in await admin.list_consumer_group_offsets(group)})
+                except KafkaConnectionError:
+                    return await _committed_topics_one_by_one(reader, consumer, group)
             return await reader.read(group, names)
 
         return await asyncio.wait_for(_read(), timeout_s)
@@ -284,20 +289,32 @@ async def read_group_lag(bootstrap: str, group: str, topics: Iterable[str] | Non
         await reader.stop()
 
 
+async def _committed_topics_one_by_one(reader: LagReader, consumer: Any, group: str) -> GroupLag:
+    """The group's lag on every topic it has committed offsets for, asked partition by partition.
+
+    Why: the embedded broker (Tansu) closes the connection on an OffsetFetch for "all topics"
+    (the request without a topic list), so `prism status --group prism-<topology>` - the
+    documented command - failed with "Connection ... closed" on the default broker; with
+    `--topic` it worked. The same question with every topic's partitions named is answered."""
+    cluster = await consumer._client.fetch_all_metadata()
+    every = sorted(t for t in cluster.topics() if not t.startswith("__"))
+    lag = await reader.read(group, every)
+    kept = {p.topic for p in lag.partitions if p.committed is not None}
+    return replace(lag, topics=tuple(sorted(kept)), partitions=tuple(p for p in lag.partitions if p.topic in kept))
+
+
 def read_group_lag_from_env(group: str, topics: Iterable[str] | None = None,
-                            env: Mapping[str, str] | None = None) -> GroupLag:
-    """``prism status --group``: connect with the usual ``PRISM_BROKER_URL`` / SASL / TLS settings."""
-    from app.broker.admin import BrokerSettings
-    from app.errors import PrismError
+                            note: Callable[[str], None] | None = None) -> GroupLag:
+    """``prism status --group``: connect with the usual ``PRISM_BROKER_URL`` / SASL / TLS settings
+    (an unreachable broker or a wrong password is one line each), or - without
+    ``PRISM_BROKER_URL`` - to the running local broker, said through `note`, as `prism dlq list`
+    does (docs/operations.md); it said "no broker configured" while `prism broker start`'s
+    broker, the one the worker used, was running."""
+    from app.broker.local import cli_bootstrap
 
-    settings = BrokerSettings.from_env(env)
-    if settings.embedded:
-        raise PrismError("no broker configured", path="PRISM_BROKER_URL",
-                         hint="set PRISM_BROKER_URL=host:port of the broker the group consumes from")
-    from app.broker.local import check_reachable
-
-    check_reachable(settings)  # unreachable, or a wrong password: one line each
-    return asyncio.run(read_group_lag(settings.bootstrap, group, topics, client_kwargs=settings.aiokafka_kwargs()))
+    bootstrap, settings = cli_bootstrap(note)
+    return asyncio.run(read_group_lag(bootstrap, group, topics,
+                                      client_kwargs=settings.aiokafka_kwargs() if settings is not None else None))
 
 
 __all__ = ["ENV_INTERVAL", "ENV_TIMEOUT", "GroupLag", "LagMonitor", "LagReader", "PartitionLag",

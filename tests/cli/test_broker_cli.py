@@ -133,3 +133,21 @@ def test_a_port_in_use_is_one_clear_error(tmp_path: Path) -> None:
     assert res.returncode == 2 and "Traceback" not in res.stdout + res.stderr, res.stderr
     assert f"error [broker_port_in_use] cannot start the local broker: 127.0.0.1:{taken} is already in use" in res.stderr
     assert "; fix: " in res.stderr and not (tmp_path / "state" / "broker.pid").exists()
+
+
+def test_status_group_finds_the_local_broker_as_dlq_list_does(tmp_path: Path) -> None:
+    """docs/operations.md: `prism status --group` connects "as `prism dlq list` does" - which, without
+    PRISM_BROKER_URL, is the running local broker. It said "no broker configured" instead."""
+    require_broker_binary()
+    state, port = tmp_path / "state", find_free_port()
+    group = f"g-{os.getpid()}-{port}"
+    assert prism(state, "broker", "start", "--port", str(port)).returncode == 0
+    try:
+        res = prism(state, "status", "--group", group, "--json")
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert json.loads(res.stdout)["group"] == group  # stdout is the JSON alone
+        assert f"using the local broker on 127.0.0.1:{port}" in res.stderr, res.stderr
+    finally:
+        assert prism(state, "broker", "stop").returncode == 0
+    gone = prism(state, "status", "--group", group)
+    assert gone.returncode == 2 and gone.stderr.startswith("error [") and "prism broker start" in gone.stderr

@@ -139,3 +139,50 @@ def test_envelope_tools_round_trip(tmp_path: Path) -> None:
     (tmp_path / "bad.bin").write_bytes(encode(bad))
     res = prism("envelope", "validate", str(tmp_path / "bad.bin"))
     assert res.returncode == 1 and "metadata.message_id" in res.stdout
+
+
+def test_arguments_and_variables_that_are_not_utf8_are_one_usage_line(tmp_path: Path) -> None:
+    """A byte that is not UTF-8 in an argument or a PRISM_* variable reaches Python as a lone
+    surrogate; wherever a command encoded it first (a socket address, a URL, a table path) it was a
+    `UnicodeEncodeError` traceback. It is refused before any command runs, naming which."""
+    import os
+
+    base = [sys.executable, "-m", "app.cli.main"]
+    env = {k: v for k, v in os.environb.items() if not k.startswith(b"PRISM_")}
+    for args, extra, fragment in (
+        ([b"lake", b"stats", str(tmp_path).encode() + b"/\xff"], {}, "argument 3 ('"),
+        ([b"status", b"--group", b"\xfe"], {}, "argument 3 ('\\xfe') is not UTF-8 text"),
+        ([b"dlq", b"list"], {b"PRISM_BROKER_URL": b"\xff:9092"},
+         "environment variable PRISM_BROKER_URL ('\\xff:9092') is not UTF-8 text (at PRISM_BROKER_URL)"),
+    ):
+        res = subprocess.run(base + args, capture_output=True, cwd=ROOT, timeout=60, env={**env, **extra})
+        err = res.stderr.decode()
+        assert res.returncode == 2 and "Traceback" not in err, err
+        assert err.count("\n") == 1 and err.startswith("error [usage] ") and fragment in err and "; fix: " in err, err
+
+
+def test_an_aborted_prompt_is_one_error_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """Ctrl-D at a prompt (or a closed stdin) made typer print "Aborted." - not the error line a
+    script greps for. `main` installs the one-line form for it with the usage errors'."""
+    import click
+    import typer.rich_utils
+
+    from app.cli.main import _one_line_usage_errors
+
+    for owner, name in ((typer.rich_utils, "rich_abort_error"), (typer.rich_utils, "rich_format_error"),
+                        (click.ClickException, "show")):
+        monkeypatch.setattr(owner, name, getattr(owner, name))  # restored after the test
+    _one_line_usage_errors()
+    typer.rich_utils.rich_abort_error()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error [aborted] ") and "; fix: " in err, err
+
+
+def test_demo_checks_its_report_file_before_it_starts(tmp_path: Path) -> None:
+    """`prism demo --json DIR` ran the whole demo - broker, worker, every message - and then failed
+    to write its report. The file is checked first; nothing is started."""
+    data = tmp_path / "demo-data"
+    for target, fragment in ((tmp_path, "is a directory"), (tmp_path / "none" / "r.json", "no such directory")):
+        res = prism("demo", "--json", str(target), "-n", "1", "--no-lake", "--data-dir", str(data))
+        assert_clean_error(res, "bad_config", fragment, "(at --json)")
+        assert (res.stdout + res.stderr).count("\n") == 1 and not data.exists(), res.stdout + res.stderr

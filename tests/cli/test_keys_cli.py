@@ -66,6 +66,9 @@ def test_keys_init_writes_a_private_set_once_and_run_finds_it(tmp_path: Path) ->
     assert (keys / "signing.json").read_bytes() == before  # never replaced behind anyone's back
     kept = prism("keys", "init", "--dir", str(keys), "--keep-existing")
     assert kept.returncode == 0 and "kept" in kept.stdout and (keys / "signing.json").read_bytes() == before
+    both = prism("keys", "init", "--dir", str(keys), "--keep-existing", "--force")  # docs: [--force | --keep-existing]
+    assert_clean_error(both, "bad_config", "--force and --keep-existing contradict each other")
+    assert (keys / "signing.json").read_bytes() == before  # not replaced by the contradiction
     forced = prism("keys", "init", "--dir", str(keys), "--force")
     assert forced.returncode == 0 and (keys / "signing.json").read_bytes() != before
 

@@ -59,6 +59,16 @@ def test_a_bad_since_is_reported_before_any_broker_is_looked_for(tmp_path: Path,
     assert "fix: e.g. --since 24h" in line and "Kafka" not in line, line
 
 
+def test_a_worker_url_that_cannot_be_a_url_is_one_line() -> None:
+    """`prism status --url 'http://no such'` (http.client.InvalidURL) and `--url http://[::1`
+    (ValueError from urllib) were tracebacks; now the one `bad_config` line naming --url."""
+    for url in ("http://no such", "http://[::1"):
+        res = CliRunner().invoke(_cli(), ["status", "--url", url])
+        line = " ".join(res.output.split())
+        assert res.exit_code == 2 and line.startswith("error [bad_config] the worker URL"), res.output
+        assert "(at --url)" in line and "fix: pass --url http://HOST:PORT" in line, line
+
+
 async def test_status_and_dlq_commands(broker, tmp_path: Path, dev_keys, monkeypatch) -> None:  # noqa: F811
     topo = make_topology(tmp_path, dev_keys, partitions=2)
     src = topo.sources[0].topic
@@ -171,3 +181,24 @@ def test_secret_headers_and_tokens_in_the_error_are_not_shown() -> None:
         assert secret not in text, secret
     assert doc["headers"]["x-api-key"] == doc["headers"]["password"] == doc["headers"]["X-Secret-Token"] == "<redacted>"
     assert doc["headers"]["traceparent"] == "00-abc-def-01" and doc["headers"]["content-type"] == "application/json"
+
+
+def test_a_huge_header_fills_a_few_lines_of_dlq_list_not_thousands() -> None:
+    """Headers are data whoever writes to the DLQ topic chooses: a 200 KB `prism.errors.reason`
+    was 7,700 lines of `prism dlq list`. Each cell shows its start and how to see the rest."""
+    import io
+
+    from rich.console import Console
+
+    from app.cli.ops import dlq_table
+
+    row = {"dlq_partition": 0, "dlq_offset": 4, "timestamp": "2026-12-01T04:21:19+00:00",
+           "source": "orders.created/0@5", "reason": "r" * 200_000, "stage": "verify", "attested_identity": "",
+           "error": "e" * 100_000}
+    table = dlq_table([row])
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(table)
+    assert len(out.getvalue().splitlines()) < 300, len(out.getvalue().splitlines())
+    left, error = (str(c.plain) for c in (table.columns[1]._cells[0], table.columns[2]._cells[0]))
+    assert left == f"orders.created 0@5\n{'r' * 200}… (199800 more characters: prism dlq show 0@4)\n(verify)"
+    assert error == f"{'e' * 4000}… (96000 more characters: prism dlq show 0@4)"

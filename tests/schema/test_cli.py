@@ -156,3 +156,55 @@ def test_prism_schema_serve_prints_its_start_line(tmp_path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_schema_files_are_read_bounded_and_as_utf8(tmp_path: Path) -> None:
+    """A schema file that is not UTF-8, a directory, or endless (`/dev/zero`) is the one
+    `bad_input` line with exit 2: they were a `UnicodeDecodeError` traceback, an
+    `IsADirectoryError` traceback (`audit --dir`) and a read until memory ran out (7 GB)."""
+    (tmp_path / "latin1.proto").write_bytes(b'syntax = "proto3"; // caf\xe9\nmessage A {}\n')
+    (tmp_path / "dir.proto").mkdir()
+    for args, fragment in (
+        (("validate", "--file", str(tmp_path / "latin1.proto")), "schema file is not UTF-8 text (byte 25)"),
+        (("validate", "--file", "/dev/zero", "--format", "json"), "schema file is over 16 MiB"),
+        (("validate", "--file", str(tmp_path / "dir.proto")), "Is a directory"),
+        (("register", "--file", str(tmp_path / "latin1.proto"), "--topic", "orders.created"), "not UTF-8"),
+        (("audit", "--dir", str(tmp_path)), "schema file is not UTF-8 text"),
+    ):
+        r = run(*args, registry="http://127.0.0.1:9")
+        lines = r.output.strip().splitlines()
+        assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error [bad_input]"), r.output
+        assert fragment in r.output and "; fix: " in r.output, r.output
+
+
+def test_audit_of_a_directory_that_is_not_there_is_an_error(tmp_path: Path) -> None:
+    """`audit --dir` of a typo'd path audited nothing and exited 0: a CI job passed without
+    looking at one schema."""
+    for target, what in ((tmp_path / "nope", "no such directory"), (tmp_path, "no schema files")):
+        r = run("audit", "--dir", str(target))
+        assert r.exit_code == 2 and r.output.startswith("error [bad_input]") and what in r.output, r.output
+    (tmp_path / "f.proto").write_text(V1)
+    r = run("audit", "--dir", str(tmp_path / "f.proto"))
+    assert r.exit_code == 2 and "not a directory" in r.output, r.output
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "pii.proto").write_text(PII)
+    assert run("audit", "--dir", str(tmp_path)).exit_code == 1  # a real audit still finds untagged PII
+
+
+def test_hash_password_stdin_is_bounded_and_utf8() -> None:
+    """`--stdin < /dev/zero` read one endless line; bytes that are not UTF-8 were a traceback."""
+    for data, fragment in ((b"\xff\xfe-not-utf8-at-all\n", "not UTF-8 text (byte 0)"),
+                           (b"x" * 100_000, "over 4096 bytes")):
+        r = runner.invoke(schema_app, ["hash-password", "--stdin"], input=data)
+        assert r.exit_code == 2 and r.output.startswith("error [bad_input]") and fragment in r.output, r.output
+    ok = runner.invoke(schema_app, ["hash-password", "--stdin"], input=b"correct horse battery staple\n")
+    assert ok.exit_code == 0 and ok.output.startswith("$argon2id$"), ok.output
+
+
+def test_a_registry_url_that_cannot_be_a_url_is_one_line() -> None:
+    """`--registry 'http://no such'` (http.client.InvalidURL) and `http://[::1` (ValueError) were
+    tracebacks; an unreachable one already was a line."""
+    for url, code in (("http://no such", "bad_registry_url"), ("http://[::1", "bad_registry_url"),
+                      ("http://127.0.0.1:9", "registry_unreachable")):
+        r = run("list", registry=url)
+        assert r.exit_code == 2 and r.output.startswith(f"error [{code}]") and "; fix: " in r.output, r.output

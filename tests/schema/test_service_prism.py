@@ -4,6 +4,7 @@ Runs on SQLite and PostgreSQL (see conftest ``store``)."""
 from __future__ import annotations
 
 import base64
+import json
 
 import pytest
 from fastapi.testclient import TestClient
@@ -126,3 +127,33 @@ def test_metrics_and_ui(client: TestClient) -> None:
     assert 'prism_schema_registry_validation_failures_total{operation="register",reason="incompatible"} 1.0' in text
     assert "prism_schema_registry_cache_hit_ratio" in text and "prism_schema_registry_requests_total" in text
     assert "Prism Schema Registry" in client.get("/ui").text
+
+
+def test_a_subject_no_one_could_mean_is_refused_not_stored(client: TestClient) -> None:
+    """`prism schema register --topic ''` stored subject '' (exit 0), and a lone surrogate (a
+    JSON `\\udcff` escape) reached the store as HTTP 500 "Error in the backend data store". Both
+    are the client's error, 422, on the native and the Confluent route; nothing is stored."""
+    for topic, fragment in (("", "is empty"), ("   ", "is empty"), ("orders\ncreated", "a control character"),
+                            ("orders\udcff", "not Unicode")):
+        r = client.post("/v1/schemas", content=json.dumps({"topic": topic, "schema": V1, "format": "protobuf"}),
+                        headers={"Content-Type": "application/json"})
+        assert r.status_code == 422 and r.json()["error_code"] == 42208 and fragment in r.json()["message"], r.text
+    r = client.post("/subjects/%20/versions", json={"schema": '{"type": "string"}'})
+    assert r.status_code == 422 and r.json()["error_code"] == 42208, r.text
+    assert client.get("/v1/subjects").json() == []
+    assert reg(client, "orders.created", V1).status_code == 200  # a real name still registers
+
+
+def test_a_policy_scope_with_an_empty_name_is_refused_not_read_as_another(client: TestClient,
+                                                                          registry: Registry) -> None:
+    """`prism schema policy set --subject ''` stored a policy for the NAMESPACE "subject:" and
+    `--namespace ''` one for the namespace "" (exit 0 both). An empty name after the prefix is the
+    client's error now, on GET and PUT alike; nothing is stored."""
+    for scope, what in (("subject:", "subject"), ("ns:", "namespace"), ("ns:%20", "namespace"), ("%20", "policy scope")):
+        put = client.put(f"/v1/policies/{scope}", json={"require_schema": True})
+        assert put.status_code == 422 and put.json()["error_code"] == 42208, put.text
+        assert f"Invalid {what}: the {what} name is empty" in put.json()["message"], put.text
+        assert client.get(f"/v1/policies/{scope}").status_code == 422
+    assert all(registry.store.get_config(key) is None for key in ("ns:", "ns:subject:", "ns: ", " "))
+    ok = client.put("/v1/policies/subject:orders.created", json={"require_pii_tags": True})
+    assert ok.status_code == 200 and ok.json()["kind"] == "subject", ok.text

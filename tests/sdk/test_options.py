@@ -160,6 +160,14 @@ def test_urls_pick_backends_and_reject_what_they_do_not_understand():
         backend_for_url("kafka://user:hunter2@h:9092?partitions=zero")
     assert "hunter2" not in str(info.value)
     assert redact_url("postgresql://u:pw@h/db") == "postgresql://u:***@h/db"
+    # urllib's ValueError for an unclosed IPv6 bracket, and redis-py's for a port that is no
+    # number (at connect), were tracebacks from `prism audit --url` / `prism envelope check-compat`
+    for url in ("kafka://[::1", "redis://u:hunter2@[::1:6379/0"):
+        with pytest.raises(ConfigError, match="not a usable backend URL: Invalid IPv6 URL") as info:
+            backend_for_url(url)
+        assert "hunter2" not in str(info.value)
+    with pytest.raises(ConfigError, match="the Redis URL's port is not usable"):
+        backend_for_url("redis://h:abc/0")
     with pytest.raises(ConfigError, match="namespace must not be empty"):
         PrismClient("redis://h", namespace="")
     with pytest.raises(ConfigError, match="group must not be empty"):

@@ -258,7 +258,8 @@ def test_client_headers_from_env() -> None:
 # --------------------------------------------------------------------------- hashing CLI
 
 
-def test_hash_password_cli(tmp_path: Path) -> None:
+def test_hash_password_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.schema import cli
     from app.schema.cli import schema_app
 
     runner = CliRunner()
@@ -279,6 +280,11 @@ def test_hash_password_cli(tmp_path: Path) -> None:
     assert short.exit_code == 2 and "shorter than 12" in short.output
     bad = runner.invoke(schema_app, ["hash-password", "--stdin", "--roles", "root"], input="x" * 20 + "\n")
     assert bad.exit_code == 2 and "unknown role" in bad.output
+    # no terminal: the one error line naming --stdin (it was getpass's echo warning, then "Aborted.")
+    monkeypatch.setattr(cli, "_terminal", lambda: False)
+    piped = runner.invoke(schema_app, ["hash-password"], input="prompted-password-1\n")
+    assert piped.exit_code == 2 and piped.output.startswith("error [no_terminal]") and "--stdin" in piped.output
+    monkeypatch.setattr(cli, "_terminal", lambda: True)  # CliRunner's stdin stands in for a terminal
     prompted = runner.invoke(schema_app, ["hash-password"], input="prompted-password-1\nprompted-password-1\n")
     # the prompt goes to stderr (CliRunner echoes the hidden input's newlines on stdout; a tty does not)
     assert prompted.exit_code == 0 and prompted.stdout.strip().startswith("$argon2id$")
@@ -538,3 +544,18 @@ def test_cross_site_refusal(method: str, host: str, origin: str | None, site: st
     assert (why is not None) is refused, why
     if why is not None:
         assert method in why and "refused" in why
+
+
+def test_hash_password_without_any_terminal_says_to_use_stdin() -> None:
+    """In its own session (no controlling terminal, as under cron or a CI runner) with stdin not
+    a terminal, getpass warned that the password may be echoed, read what it could and ended in
+    "Aborted."; it is one error line naming --stdin now."""
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "app.cli.main", "schema", "hash-password"], stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=60, start_new_session=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert res.returncode == 2 and res.stdout == "", res
+    assert res.stderr.startswith("error [no_terminal] no terminal to ask for the password on (at stdin); fix: ")
+    assert res.stderr.count("\n") == 1 and "--stdin" in res.stderr, res.stderr

@@ -23,7 +23,7 @@ from app.agents.dlq import VALUE_LENGTH, VALUE_REF, VALUE_SHA256, VALUE_TRUNCATE
 from app.demo.runner import read_all
 from app.errors import ConfigError, SizeLimitError
 from app.topology import load_topology
-from app.worker.dlq_overflow import OverflowStore, build_overflow, read_ref
+from app.worker.dlq_overflow import OverflowStore, RefTooLarge, build_overflow, read_ref
 from app.worker.limits import MAX_REQUEST_ENV, max_request_from_env, record_size
 from tests.cli.test_dlq_cli import _seed
 from tests.worker.conftest import make_topology
@@ -64,6 +64,22 @@ def test_the_whole_value_is_stored_before_the_record_and_named_in_it(tmp_path: P
     assert fit_dlq_record(small, LIMIT, store.put) is small
     with pytest.raises(ValueError, match="not the recorded"):
         read_ref(ref, "0" * 64)
+
+
+def test_a_reference_is_read_no_further_than_the_limit(tmp_path: Path) -> None:
+    """The reference is a header anyone who writes to the DLQ topic controls: `file:///dev/zero`
+    must end in a refusal after `max_bytes` + 1 bytes, not in reading until memory runs out (it
+    did: `prism dlq replay --dry-run` grew to gigabytes), through the configured store too."""
+    with pytest.raises(RefTooLarge, match="more than 4096 bytes"):
+        read_ref("file:///dev/zero", "0" * 64, max_bytes=4096)
+    store = OverflowStore(f"file://{tmp_path}/overflow")
+    value = b"v" * 5000
+    digest = hashlib.sha256(value).hexdigest()
+    ref = store.put(digest, value)
+    assert ref is not None
+    with pytest.raises(RefTooLarge):
+        read_ref(ref, digest, store, max_bytes=4999)
+    assert read_ref(ref, digest, store, max_bytes=5000) == value  # exactly the limit is taken
 
 
 def test_a_store_that_fails_leaves_digest_and_length(tmp_path: Path, caplog: pytest.LogCaptureFixture,

@@ -37,7 +37,11 @@ DRIVERS = {
 
 def backend_for_url(url: str) -> Backend:
     """The backend a URL names (not yet connected). Raises `ConfigError` for other schemes."""
-    scheme = urlsplit(url).scheme.lower()
+    try:
+        scheme = urlsplit(url).scheme.lower()
+    except ValueError as exc:  # "Invalid IPv6 URL": a traceback from `prism audit --url` before
+        raise ConfigError(f"not a usable backend URL: {exc}", path=redact_url(url),
+                          hint="write scheme://host:port, an IPv6 host in brackets (kafka://[::1]:9092)") from None
     if scheme not in SCHEMES:
         raise ConfigError(f"unsupported backend URL scheme {scheme or '(none)'!r}", path=redact_url(url),
                           hint="use kafka://host:port, redis://host:port/db, nats://host:port or "

@@ -64,6 +64,11 @@ class RedisBackend(Backend):
         from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
         parts = urlsplit(url)
+        try:
+            parts.port  # noqa: B018 - one host: a port that is no number or out of range raises here
+        except ValueError as exc:  # in redis-py's from_url at connect, as a traceback, before
+            raise ConfigError(f"the Redis URL's port is not usable: {exc}", path=redact_url(url),
+                              hint="write redis://host:port/db, e.g. redis://127.0.0.1:6379/0") from None
         params = dict(parse_qsl(parts.query, keep_blank_values=True))
         self.prefix = params.pop("prefix", "")
         self.maxlen = int_param(params, "maxlen", 0, url)
