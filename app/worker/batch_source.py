@@ -67,8 +67,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
-__all__ = ["BatchBuffer", "BatchSource", "CurrentMessage", "ack_all", "install_seek_uncommitted", "lowest_offsets",
-           "release_all", "rewind_to", "set_fetching", "set_source_fetching"]
+__all__ = ["BatchBuffer", "BatchSource", "CurrentMessage", "ack_all", "hold_until_seek", "install_seek_uncommitted",
+           "lowest_offsets", "release_all", "release_seek_hold", "rewind_to", "set_fetching", "set_source_fetching"]
 
 log = logging.getLogger("prism.worker")
 
@@ -468,9 +468,60 @@ async def set_fetching(consumer: Any, tps: Iterable[Any], *, paused: bool,
             client.pause(*mine)
         else:
             client.resume(*mine)
+        held = getattr(consumer, "_prism_seek_hold", None)
+        if held:  # an explicit pause or resume is the partition's state from now on (`hold_until_seek`)
+            held.difference_update(mine)
         return set(mine)
 
     return set(await consumer._thread.call_thread(apply))
+
+
+async def hold_until_seek(consumer: Any, source_topics: frozenset[str]) -> None:
+    """Stop aiokafka fetching the batch sources' partitions until the seek that ends the
+    rebalance is done (:func:`release_seek_hold`, run by `perform_seek`).
+
+    Why: Faust's ``Recovery._resume_streams`` makes the stream partitions active
+    (``resume_partitions``) and only then seeks them to the committed offsets - a round trip
+    per assigned partition (aiokafka's ``seek_to_committed``), ~0.1-0.3 s. Flow control is
+    already active then (the recovery resumed it to read the changelogs), so records fetched in
+    that window were processed, and the seek then sent the partition back to the committed
+    offset: everything processed in the window was processed again (measured: 500-1,000 records
+    per partition at a join or a leave under a live stream). Worse, the read-offset bookkeeping
+    the seek reset then recorded the re-read range as a "gap" as well as acknowledging it, and
+    Faust's commit, which counts consecutive acknowledged offsets, advanced by one or two
+    offsets per commit from then on - a partition's committed offset stalled for the rest of
+    the assignment (`OffsetsProbeConsumer._new_offset`). Paused in aiokafka, nothing of the
+    partitions is fetched until the seek has put them where they are read from.
+
+    Only partitions nobody else has paused are held (the management API's pause, a blocked
+    worker: :func:`set_source_fetching`), and an explicit pause or resume meanwhile takes a
+    partition out of the hold, so the release never resumes what someone else paused. Runs in
+    the consumer thread, as one step. Faust announces the end of a recovery twice
+    (``on_rebalance_complete``): the hold accumulates."""
+    async def apply() -> None:
+        client = consumer._thread._ensure_consumer()
+        held: set[Any] = getattr(consumer, "_prism_seek_hold", None) or set()
+        others = client.paused() - held
+        mine = [tp for tp in client._subscription.assigned_partitions()
+                if tp.topic in source_topics and tp not in others and tp not in held]
+        client.pause(*mine)
+        consumer._prism_seek_hold = held | set(mine)
+
+    await consumer._thread.call_thread(apply)
+
+
+async def release_seek_hold(consumer: Any) -> None:
+    """Fetch the partitions :func:`hold_until_seek` held again (those still assigned)."""
+    if not getattr(consumer, "_prism_seek_hold", None):
+        return
+
+    async def apply() -> None:
+        client = consumer._thread._ensure_consumer()
+        held, consumer._prism_seek_hold = consumer._prism_seek_hold, set()
+        current = client._subscription.assigned_partitions()
+        client.resume(*[tp for tp in held if tp in current])
+
+    await consumer._thread.call_thread(apply)
 
 
 def install_seek_uncommitted(consumer: Any, sources: list[BatchSource]) -> None:
@@ -500,6 +551,12 @@ def install_seek_uncommitted(consumer: Any, sources: list[BatchSource]) -> None:
     original = consumer.perform_seek
 
     async def perform_seek() -> None:
+        try:
+            await seek()
+        finally:
+            await release_seek_hold(consumer)  # the partitions are where they are read from (`hold_until_seek`)
+
+    async def seek() -> None:
         await original()
         names = frozenset().union(*(s.names for s in sources))
         committed = consumer._committed_offset
@@ -590,6 +647,17 @@ def install_direct_drain(consumer: Any, sources: list[BatchSource]) -> None:
     consumer._prism_direct_drain = True
     install_seek_uncommitted(consumer, sources)
     app = consumer.app
+
+    async def hold(sender: Any = None, **_: Any) -> None:
+        # Faust sends it where a recovery ends, before `_resume_streams` resumes and seeks the
+        # stream partitions: held until that seek is done (`hold_until_seek`; released by
+        # `perform_seek`, install_seek_uncommitted)
+        try:
+            await hold_until_seek(consumer, frozenset().union(*(s.names for s in sources)))
+        except Exception as exc:  # the consumer is stopping: what was held is read again, as before
+            log.warning("could not hold the source partitions until the seek: %r", exc)
+
+    app.on_rebalance_complete.connect(hold)
     flow = app.flow_control
     pbuf = app.producer.buffer
     #: the lowest offset per partition of records a buffer dropped while flow control was active:

@@ -461,3 +461,73 @@ async def test_perform_seek_rewinds_the_moved_uncommitted_partitions_only() -> N
     await consumer.perform_seek()
     assert seeks == ["faust"]
     assert sorted(client.sought) == [TP(src, 1), TP(src, 2)]
+
+
+class _PauseClient:
+    """aiokafka's pause surface, in memory: what `hold_until_seek` and `set_fetching` touch."""
+
+    def __init__(self, assigned: set[Any]) -> None:
+        self.assigned, self._paused = set(assigned), set[Any]()
+        self._subscription = SimpleNamespace(assigned_partitions=lambda: set(self.assigned))
+
+    def paused(self) -> set[Any]:
+        return set(self._paused)
+
+    def pause(self, *tps: Any) -> None:
+        self._paused.update(tps)
+
+    def resume(self, *tps: Any) -> None:
+        self._paused.difference_update(tps)
+
+
+async def test_the_sources_are_held_until_the_seek_and_only_what_the_hold_paused_is_resumed() -> None:
+    """The post-recovery seek's window (`hold_until_seek`): the batch sources' partitions are
+    paused in aiokafka until the seek is done, then fetched again - except one the operator
+    (or a blocked worker) paused, before or during the hold."""
+    from aiokafka.structs import TopicPartition as TP
+
+    from app.worker.batch_source import hold_until_seek, release_seek_hold, set_fetching
+
+    src, table = "orders", "app-dedup-orders-changelog"
+    client = _PauseClient({TP(src, 0), TP(src, 1), TP(src, 2), TP(table, 0)})
+    client.pause(TP(src, 2))  # the management API's pause, re-applied at the assignment
+
+    async def call_thread(fun: Any) -> Any:
+        return await fun()
+
+    consumer = SimpleNamespace(_thread=SimpleNamespace(call_thread=call_thread, _ensure_consumer=lambda: client),
+                               assignment=lambda: {TP(src, p) for p in range(3)} | {TP(table, 0)})
+    await hold_until_seek(consumer, frozenset({src}))
+    assert client.paused() == {TP(src, 0), TP(src, 1), TP(src, 2)}  # the sources only, not the changelog
+    await hold_until_seek(consumer, frozenset({src}))  # Faust announces a recovery's end twice
+    assert consumer._prism_seek_hold == {TP(src, 0), TP(src, 1)}  # never the operator's
+    await set_fetching(consumer, [TP(src, 1)], paused=True)  # paused meanwhile (a blocked worker)
+    await release_seek_hold(consumer)
+    assert client.paused() == {TP(src, 1), TP(src, 2)}
+    assert consumer._prism_seek_hold == set()
+    await release_seek_hold(consumer)  # nothing held: nothing changes
+    assert client.paused() == {TP(src, 1), TP(src, 2)}
+
+
+async def test_perform_seek_releases_the_hold_after_the_seeks() -> None:
+    from aiokafka.structs import TopicPartition as TP
+
+    src = "orders"
+    client = _PauseClient({TP(src, 0)})
+    order: list[str] = []
+
+    async def call_thread(fun: Any) -> Any:
+        return await fun()
+
+    async def faust_perform_seek() -> None:
+        order.append(f"seek, paused={sorted(p.partition for p in client.paused())}")
+
+    consumer = SimpleNamespace(perform_seek=faust_perform_seek, _committed_offset={TP(src, 0): 5},
+                               _thread=SimpleNamespace(call_thread=call_thread, _ensure_consumer=lambda: client),
+                               assignment=lambda: {TP(src, 0)})
+    install_seek_uncommitted(consumer, [SimpleNamespace(names=frozenset({src}))])
+    from app.worker.batch_source import hold_until_seek
+
+    await hold_until_seek(consumer, frozenset({src}))
+    await consumer.perform_seek()
+    assert order == ["seek, paused=[0]"] and client.paused() == set()

@@ -340,3 +340,49 @@ async def test_a_revocation_commits_what_was_acknowledged_before_it_forgets_the_
     with pytest.raises(RuntimeError, match="the handler failed"):
         await consumer_cls.on_partitions_revoked(consumer, {gone})
     assert all(gone not in getattr(consumer, name) for name in offsets.REVOKED_PARTITION_STATE)
+
+
+def test_a_gap_over_acknowledged_offsets_does_not_slow_the_commits_down() -> None:
+    """Faust 0.15.3 merges a partition's gaps into its acknowledged offsets; an offset both
+    acknowledged and in a gap was listed twice, its commit stopped at the copy and left it
+    behind, and every later commit advanced by one or two offsets (seen after a rebalance under
+    a live stream). The partition's list is cleaned after each commit, so the next takes
+    everything consecutive again."""
+    from collections import defaultdict
+
+    from faust.types import TP
+    from intervaltree import IntervalTree
+
+    consumer_cls = offsets._faust_classes()[0].Consumer
+    consumer = object.__new__(consumer_cls)  # the commit bookkeeping only, no service
+    consumer._acked, consumer._acked_index = defaultdict(list), defaultdict(set)
+    consumer._gap, consumer._committed_offset = defaultdict(IntervalTree), defaultdict(lambda: None)
+    tp = TP("src", 0)
+    consumer._committed_offset[tp] = 466
+    consumer._acked[tp] = list(range(466, 1904))  # 466..1903 processed and acknowledged
+    consumer._acked_index[tp] = set(consumer._acked[tp])
+    consumer._gap[tp].addi(467, 470)  # and 467..469 recorded as a gap as well
+    first = consumer_cls._new_offset(consumer, tp)  # Faust's: stops at the copy of 467
+    consumer._committed_offset[tp] = first
+    second = consumer_cls._new_offset(consumer, tp)
+    assert (first, second) == (468, 1904)  # stock Faust: 468, 469, 470, ...
+    assert consumer._acked[tp] == [] and consumer._acked_index[tp] == set()
+
+
+def test_new_offset_keeps_faust_s_answer_on_a_clean_list() -> None:
+    """No gap, no copy: the override changes nothing (a hole still holds the commit back)."""
+    from collections import defaultdict
+
+    from faust.types import TP
+    from intervaltree import IntervalTree
+
+    consumer_cls = offsets._faust_classes()[0].Consumer
+    consumer = object.__new__(consumer_cls)
+    consumer._acked, consumer._acked_index = defaultdict(list), defaultdict(set)
+    consumer._gap, consumer._committed_offset = defaultdict(IntervalTree), defaultdict(lambda: None)
+    tp = TP("src", 0)
+    consumer._committed_offset[tp] = 10
+    consumer._acked[tp] = [10, 11, 12, 14, 15]  # 13 not acknowledged yet
+    consumer._acked_index[tp] = set(consumer._acked[tp])
+    assert consumer_cls._new_offset(consumer, tp) == 13
+    assert consumer._acked[tp] == [14, 15] and consumer._acked_index[tp] == {14, 15}
