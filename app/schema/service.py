@@ -621,7 +621,7 @@ def create_app(registry: Registry | None = None, *, store_url: str | None = None
     @app.get("/v1/policies", tags=["prism"])
     def v1_policies() -> list[dict[str, Any]]:
         """Every stored setting, by the scope key ``GET|PUT /v1/policies/{scope}`` take."""
-        return [{"scope": c.scope, "kind": reg.policy_target(c.scope).kind, "compatibility": c.compatibility,
+        return [{"scope": c.scope, "kind": reg.policy_target(c.scope, check=False).kind, "compatibility": c.compatibility,
                  "pii_policy": c.pii_policy, "approval_required": c.approval_required,
                  "require_schema": c.require_schema, "require_pii_tags": c.require_pii_tags}
                 for c in reg.store.configs()]

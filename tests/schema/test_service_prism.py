@@ -157,3 +157,14 @@ def test_a_policy_scope_with_an_empty_name_is_refused_not_read_as_another(client
     assert all(registry.store.get_config(key) is None for key in ("ns:", "ns:subject:", "ns: ", " "))
     ok = client.put("/v1/policies/subject:orders.created", json={"require_pii_tags": True})
     assert ok.status_code == 200 and ok.json()["kind"] == "subject", ok.text
+
+
+def test_the_policy_list_shows_a_stored_scope_it_would_refuse_as_a_new_name(client: TestClient) -> None:
+    """A subject setting stored through the Confluent API (``PUT /config/{subject}`` takes any
+    name Confluent's does) whose name the Prism scope rules refuse - a control character -
+    is listed, not turned into a 422 for the whole list (found by the schema-driven fuzzing)."""
+    put = client.put("/config/%02odd", json={"compatibility": "NONE"})
+    assert put.status_code == 200, put.text
+    r = client.get("/v1/policies")
+    assert r.status_code == 200, r.text
+    assert {"scope": "\x02odd", "kind": "subject"}.items() <= next(p for p in r.json() if p["scope"] == "\x02odd").items()
