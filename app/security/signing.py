@@ -61,6 +61,7 @@ from ..envelope.codec import (
     draft_split,
     layout_header,
     payload_parts,
+    scan_records,
     security_bytes,
     split_header,
 )
@@ -821,7 +822,7 @@ def verify_and_decode(
     `limits` apply as in `decode`: the message size first, the header size when decoding."""
     check_message_size(len(data), limits)
     view = memoryview(data)
-    records = scan(view)
+    records = scan_records(view, layout, limits)
     lay = layout or _detect(records)
     sec_rec, inner, scope = _security_record(view, records, lay)
     env = decode_records(view, records, lay, limits)

@@ -604,3 +604,11 @@ def test_a_short_hmac_verification_key_is_refused_where_it_is_built(secret: byte
 def test_an_hmac_verification_key_without_a_secret_is_refused() -> None:
     with pytest.raises(AlgorithmError, match="'k' is 0 bytes"):
         VerificationKey("k", "hmac-sha256")
+
+
+def test_verify_and_decode_applies_the_header_limit_while_walking() -> None:
+    """16 MiB of three-byte records ending in a truncated one: refused for the header's size
+    once the walk passes 256 KiB (it walked all 5.6M records first and answered `LengthError`)."""
+    data = b"\x90\x03\x00" * (16 * 1024 * 1024 // 3 - 2) + b"\x92\x03\x05"
+    with pytest.raises(SizeLimitError, match=r"header is over the 262144-byte limit \(\d+ bytes by byte 2621\d\d\)"):
+        verify_and_decode(data, KEYS)
