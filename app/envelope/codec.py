@@ -30,7 +30,7 @@ from .layouts import (
     reviewed_to_draft,
 )
 from .model import Envelope, Payload
-from .wire import LEN, VARINT, encode_varint, read_varint, scan, strip_field
+from .wire import LEN, VARINT, encode_varint, read_varint, scan, scan_envelope, strip_field
 
 
 class Layout(enum.StrEnum):
@@ -113,8 +113,16 @@ def decode(
         if env is not None:
             return env
     view = memoryview(data)
-    records = scan(view)
+    records = scan_records(view, layout, limits)
     return decode_records(view, records, layout or layout_of_records(records), limits, dropped)
+
+
+def scan_records(view: memoryview, layout: Layout | None, limits: Limits) -> list[tuple[int, int, int, int, int]]:
+    """The top-level records of an envelope (`layout` None: either layout), the header limit
+    applied while walking (`wire.scan_envelope`): what every decoder of a whole envelope walks
+    with, after `check_message_size`."""
+    fields = (3, 99) if layout is None else ((99,) if layout is _REVIEWED else (3,))
+    return scan_envelope(view, fields, limits.max_header_bytes)
 
 
 def check_message_size(size: int, limits: Limits) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from .. import native as _native
-from ..errors import LengthError, TruncatedError, WireTypeError
+from ..errors import LengthError, SizeLimitError, TruncatedError, WireTypeError
 
 VARINT, I64, LEN, SGROUP, EGROUP, I32 = 0, 1, 2, 3, 4, 5
 _MAX_FIELD = (1 << 29) - 1
@@ -62,10 +62,20 @@ def scan(buf: memoryview | bytes, start: int = 0, end: int | None = None) -> lis
     bytes) is decoded inline and records are plain tuples (a NamedTuple costs ~5x more to
     build); `iter_records` gives the named form.
     """
-    end = len(buf) if end is None else end
+    return _walk(buf, start, len(buf) if end is None else end, None)
+
+
+def _walk(buf: memoryview | bytes, start: int, end: int, limit: tuple[tuple[int, ...], int] | None,
+          ) -> list[tuple[int, int, int, int, int]]:
+    """`scan`'s walk; with `limit` = (payload fields, max header bytes), `scan_envelope`'s,
+    which stops once the header is over the limit for every payload field (layout) given."""
     pos = start
     out: list[tuple[int, int, int, int, int]] = []
     append = out.append
+    if limit is not None:
+        payload_fields, max_header = limit
+        header = [0] * len(payload_fields)
+        seen = [False] * len(payload_fields)
     while pos < end:
         rec_start = pos
         b = buf[pos]
@@ -115,6 +125,22 @@ def scan(buf: memoryview | bytes, start: int = 0, end: int | None = None) -> lis
                 f"wire type {wt} (group or invalid) for field {field} is not supported at the envelope's top level",
                 path=f"byte {rec_start}",
             )
+        if limit is not None:
+            over = True
+            for i, pf in enumerate(payload_fields):
+                if field != pf or wt != LEN:
+                    header[i] += pos - rec_start
+                elif seen[i]:  # a repeated payload record: its tag and length are header
+                    header[i] += out[-1][3] - rec_start
+                else:
+                    seen[i] = True
+                if header[i] <= max_header:
+                    over = False
+            if over:
+                raise SizeLimitError(
+                    f"envelope header is over the {max_header}-byte limit ({min(header)} bytes by byte {pos})",
+                    hint="move bulky data into the payload, or raise Limits.max_header_bytes",
+                )
     return out
 
 
@@ -134,6 +160,28 @@ if _native.module is not None:
             return _native_scan(buf, start, end)  # type: ignore[no-any-return]
         except _WireFault as exc:
             raise _fault(exc.args) from None
+
+
+def scan_envelope(buf: memoryview | bytes, payload_fields: tuple[int, ...], max_header: int,
+                  ) -> list[tuple[int, int, int, int, int]]:
+    """`scan` of an envelope's top level with the header limit applied while walking.
+
+    A record is a ~100-byte tuple and may be 2-3 bytes of input, so 16 MiB of tiny records
+    (or of empty payload records, which are not header) became millions of tuples, gigabytes,
+    before the header was checked. The header is every record but the payload record; a
+    repeated payload record's tag and length count as header (encoders write one payload
+    record; protobuf merges copies). `payload_fields`: the payload's field number in each
+    layout the bytes may be (3 draft, 99 reviewed); the walk stops with `SizeLimitError` once
+    the header is over `max_header` in all of them - the Go and Rust clients' `ScanEnvelope` /
+    `scan_envelope`, the same rule (docs/formats.md, "Size first").
+
+    Input no longer than `max_header` cannot hold a header over it and has at most half as many
+    records as bytes: that (every message the worker's hot path sees but large ones) is walked
+    by `scan`, compiled where it is; the rest by the Python walk, which can stop.
+    """
+    if len(buf) <= max_header:
+        return scan(buf)
+    return _walk(buf, 0, len(buf), (payload_fields, max_header))
 
 
 def iter_records(buf: memoryview | bytes, start: int = 0, end: int | None = None) -> Iterator[Record]:

@@ -48,6 +48,7 @@ from ..envelope.codec import (
     decode_records,
     detect_layout,
     layout_of_records,
+    scan_records,
 )
 from ..envelope.model import Envelope, set_content_type
 from ..envelope.validation import required_problems
@@ -146,7 +147,7 @@ def _valid_envelope(value: bytes, limits: Limits, dropped: list[str]) -> tuple[E
         if len(value) > limits.max_message_bytes:
             return None  # decode's SizeLimitError, an EnvelopeError like the rest
         view = memoryview(value)
-        records = scan(view)
+        records = scan_records(view, None, limits)
         layout = layout_of_records(records)
         env = decode_records(view, records, layout, limits, found)
     except EnvelopeError:

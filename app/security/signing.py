@@ -61,6 +61,7 @@ from ..envelope.codec import (
     draft_split,
     layout_header,
     payload_parts,
+    scan_records,
     security_bytes,
     split_header,
 )
@@ -137,6 +138,18 @@ _TOP_SINGULAR = {
 }
 
 
+def _check_hmac_secret(key_id: str, secret: bytes | None) -> None:
+    """The one rule for HMAC secrets, signing and verifying alike: at least 32 bytes. Anyone
+    can compute HMAC under an empty or short secret (an unset environment variable, say), so a
+    verification key holding one would accept forged signatures; the Go and Rust clients
+    refuse such a key too (bad keyring / key not usable)."""
+    size = 0 if secret is None else len(secret)
+    if size < MIN_HMAC_KEY_BYTES:
+        raise AlgorithmError(f"HMAC key {key_id!r} is {size} bytes; at least {MIN_HMAC_KEY_BYTES} required",
+                             path="security.signature_key_id",
+                             hint="generate 32 random bytes (e.g. `openssl rand -base64 32`)")
+
+
 @dataclass(frozen=True, slots=True)
 class SigningKey:
     """A key that signs. Never serialized; only `key_id` ever leaves the process."""
@@ -148,9 +161,7 @@ class SigningKey:
 
     @classmethod
     def hmac_sha256(cls, key_id: str, secret: bytes) -> SigningKey:
-        if len(secret) < MIN_HMAC_KEY_BYTES:
-            raise AlgorithmError(f"HMAC key {key_id!r} is {len(secret)} bytes; at least {MIN_HMAC_KEY_BYTES} required",
-                                 hint="generate 32 random bytes (e.g. `openssl rand -base64 32`)")
+        _check_hmac_secret(key_id, secret)
         return cls(key_id, HMAC_SHA256, secret=secret)
 
     @classmethod
@@ -173,6 +184,12 @@ class VerificationKey:
     algorithm: str
     secret: bytes | None = None
     public_key: Ed25519PublicKey | None = None
+
+    def __post_init__(self) -> None:
+        # built directly (not from `SigningKey.hmac_sha256`), a key could hold a secret no
+        # signing key may have; it is refused here, where it is built, never at a verdict
+        if self.algorithm == HMAC_SHA256:
+            _check_hmac_secret(self.key_id, self.secret)
 
     def __repr__(self) -> str:
         return f"VerificationKey({self.key_id!r}, {self.algorithm!r})"
@@ -199,6 +216,8 @@ class VerificationKeys:
         return out
 
     def add(self, key: VerificationKey) -> None:
+        if key.algorithm == HMAC_SHA256:  # a key whose secret was swapped after it was built
+            _check_hmac_secret(key.key_id, key.secret)
         self.keys[key.key_id] = key
 
     def candidates(self, key_id: str, algorithm: str) -> list[VerificationKey]:
@@ -803,7 +822,7 @@ def verify_and_decode(
     `limits` apply as in `decode`: the message size first, the header size when decoding."""
     check_message_size(len(data), limits)
     view = memoryview(data)
-    records = scan(view)
+    records = scan_records(view, layout, limits)
     lay = layout or _detect(records)
     sec_rec, inner, scope = _security_record(view, records, lay)
     env = decode_records(view, records, lay, limits)

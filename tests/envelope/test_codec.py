@@ -316,3 +316,22 @@ def _parsed(p):
         return p.type_url, bytes(p.value)
     except EnvelopeError as exc:
         return type(exc), str(exc)
+
+
+@pytest.mark.parametrize("layout", [None, Layout.DRAFT, Layout.REVIEWED])
+@pytest.mark.parametrize("record", [b"\x90\x03\x00", b"\x9a\x06\x00", b"\x1a\x00"])
+def test_decode_applies_the_header_limit_while_walking(layout, record):
+    """16 MiB of tiny records (or of empty payload records, whose repeated framing is header)
+    ending in a truncated record: refused for the header's size near its 256 KiB, not walked
+    into millions of records first (which then failed on the last one, or for a flood of
+    payload records, decoded)."""
+    data = b"\x08\x01" + record * ((16 * 1024 * 1024 - 2) // len(record) - 2) + b"\x92\x03\x05"
+    with pytest.raises(SizeLimitError, match=r"header is over the 262144-byte limit \(\d+ bytes by byte 26\d{4}\)"):
+        decode(data, layout=layout)
+
+
+def test_a_repeated_payload_records_framing_is_header():
+    many = b"\x9a\x06\x00" * 400 + b"\x0a\x00"  # reviewed: 400 empty payload records, merged
+    assert bytes(decode(many, layout=Layout.REVIEWED).payload.value) == b""
+    with pytest.raises(SizeLimitError, match="header"):
+        decode(many, layout=Layout.REVIEWED, limits=Limits(max_header_bytes=1000))

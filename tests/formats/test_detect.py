@@ -492,3 +492,19 @@ def test_a_read_header_among_ordinary_ones_is_still_read() -> None:
                   topic="t", namespace="n")
     assert r.envelope.security is not None and r.envelope.security.auth_token == "tok-2"
     assert r.notes == ["header cookie dropped: credentials other than a Prism auth token are never forwarded"]
+
+
+def test_a_flood_of_tiny_records_is_not_walked_whole() -> None:
+    """16 MiB of three-byte records: the envelope check walked all 5.6M of them into tuples
+    (hundreds of MB) before it found the header over its limit; it stops near 256 KiB now."""
+    import tracemalloc
+
+    data = b"\x90\x03\x00" * (16 * 1024 * 1024 // 3 - 2)
+    tracemalloc.start()
+    try:
+        with contextlib.suppress(PrismError):
+            normalize(data, topic="t", namespace="n")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 80 * 1024 * 1024, f"{peak / 1e6:.0f} MB"

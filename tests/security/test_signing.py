@@ -36,6 +36,7 @@ from app.security.signing import (
     SCOPE_PAIR,
     SCOPE_V2,
     SigningKey,
+    VerificationKey,
     VerificationKeys,
     check_unambiguous,
     sign,
@@ -573,3 +574,41 @@ def test_verify_and_decode_applies_the_message_size_limit_like_decode(layout):
         with pytest.raises(SizeLimitError):
             call()
     assert verify_and_decode(data, KEYS, limits=Limits(max_message_bytes=len(data)))[1].key_id == HMAC_KEY.key_id
+
+
+@settings(max_examples=40, deadline=None)
+@given(secret=st.binary(max_size=31))
+def test_a_short_hmac_verification_key_is_refused_where_it_is_built(secret: bytes) -> None:
+    """Anyone can compute HMAC under an empty or short secret (an unset environment variable):
+    a `VerificationKey` built directly with one verified such forged signatures. It is now the
+    same typed error `SigningKey.hmac_sha256` raises, when the key is built, as the Go and Rust
+    clients refuse it; the forged envelope never verifies."""
+    forger = SigningKey.__new__(SigningKey)  # a signing key the constructor would refuse
+    object.__setattr__(forger, "key_id", "k")
+    object.__setattr__(forger, "algorithm", "hmac-sha256")
+    object.__setattr__(forger, "secret", secret)
+    object.__setattr__(forger, "private_key", None)
+    forged = sign(fixed_envelope(), forger)
+    with pytest.raises(AlgorithmError, match=f"'k' is {len(secret)} bytes; at least 32 required"):
+        VerificationKey("k", "hmac-sha256", secret=secret)
+    with pytest.raises(AlgorithmError, match="at least 32"):
+        VerificationKeys.of([forger])
+    good = VerificationKey("k", "hmac-sha256", secret=b"s" * 32)
+    object.__setattr__(good, "secret", secret)  # swapped after it was built
+    with pytest.raises(AlgorithmError, match="at least 32"):
+        VerificationKeys().add(good)
+    with pytest.raises(SignatureError):
+        verify(forged, VerificationKeys.of([SigningKey.hmac_sha256("k", b"s" * 32)]))
+
+
+def test_an_hmac_verification_key_without_a_secret_is_refused() -> None:
+    with pytest.raises(AlgorithmError, match="'k' is 0 bytes"):
+        VerificationKey("k", "hmac-sha256")
+
+
+def test_verify_and_decode_applies_the_header_limit_while_walking() -> None:
+    """16 MiB of three-byte records ending in a truncated one: refused for the header's size
+    once the walk passes 256 KiB (it walked all 5.6M records first and answered `LengthError`)."""
+    data = b"\x90\x03\x00" * (16 * 1024 * 1024 // 3 - 2) + b"\x92\x03\x05"
+    with pytest.raises(SizeLimitError, match=r"header is over the 262144-byte limit \(\d+ bytes by byte 2621\d\d\)"):
+        verify_and_decode(data, KEYS)
