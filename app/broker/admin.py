@@ -101,12 +101,24 @@ def validate_topic_name(name: str) -> None:
 # --------------------------------------------------------------------------- settings
 
 
+#: A host of a bootstrap entry: a DNS name or IPv4 address, or a bracketed IPv6 address.
+_HOST_RE = re.compile(r"^(?:[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?|\[[0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.-]+)?\])$")
+
+
 def _parse_servers(raw: str) -> tuple[list[str], list[str]]:
-    """Parse ``host:port[,host:port]`` (``kafka://`` prefixes and ``;`` separators accepted)."""
+    """Parse ``host:port[,host:port]`` (``kafka://`` prefixes and ``;`` separators accepted).
+
+    Only ``,`` and ``;`` separate entries (spaces around them are fine): whitespace inside an
+    entry is a problem, not a separator - ``no such:1`` was taken for ``no:9092,such:1`` and the
+    error then blamed a host nobody named. Every host is checked to be a host name or address."""
     servers: list[str] = []
     problems: list[str] = []
-    for entry in re.split(r"[,;\s]+", raw.strip()):
+    for entry in (part.strip() for part in re.split(r"[,;]", raw.strip())):
         if not entry:
+            continue
+        if any(c.isspace() for c in entry):
+            problems.append(f"PRISM_BROKER_URL: {entry!r} contains whitespace; separate host:port entries with "
+                            "commas (e.g. kafka-1:9092,kafka-2:9092)")
             continue
         value = entry
         if "://" in value:
@@ -124,6 +136,10 @@ def _parse_servers(raw: str) -> tuple[list[str], list[str]]:
             host, _, port_text = value.rpartition(":") if ":" in value else (value, "", "")
         if not host or host == "[]":
             problems.append(f"PRISM_BROKER_URL: {entry!r} has no host name")
+            continue
+        if not _HOST_RE.match(host):
+            problems.append(f"PRISM_BROKER_URL: {entry!r} has an invalid host {host!r}; use a host name, an IPv4 "
+                            "address or [an IPv6 address]")
             continue
         port = 9092
         if port_text:
