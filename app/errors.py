@@ -388,6 +388,14 @@ class BrokerError(PrismError):
     code = "broker_error"
 
 
+class NoBrokerError(BrokerError):
+    """A command that reads or writes an existing broker found none: PRISM_BROKER_URL is unset
+    and no local broker (`prism broker start`) runs. Its own code, not the generic
+    ``prism_error``, so that a script can tell "start a broker" from any other failure."""
+
+    code = "no_broker"
+
+
 class ExpiredError(PrismError):
     """The message's TTL has passed; it is accounted as expired, not as an error."""
 
