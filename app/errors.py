@@ -339,6 +339,14 @@ class ConfigError(PrismError):
     code = "bad_config"
 
 
+class TopicNotFoundError(ConfigError):
+    """A command was told to read a topic (an audit topic, a DLQ reason's topic) that does not
+    exist: an empty result would look like a successful read of nothing (`prism audit
+    --audit-topic typo` said "0 audited deliveries" and exited 0)."""
+
+    code = "topic_not_found"
+
+
 class FileAccessError(PrismError):
     """A file or directory a command was told to read or write cannot be used (missing, not
     permitted, a directory, a full disk). A CLI failure, never a message's."""

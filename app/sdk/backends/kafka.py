@@ -259,6 +259,14 @@ class KafkaBackend(Backend):
         return AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
                                 auto_offset_reset="earliest", **self._client_kwargs, **kwargs)
 
+    async def topic_exists(self, topic: str) -> bool:
+        consumer = self.consumer(group_id=None)
+        await consumer.start()
+        try:
+            return bool(await partitions_of(consumer, topic))  # a metadata fetch never creates it
+        finally:
+            await consumer.stop()
+
     async def sample(self, topic: str, limit: int) -> list[RawMessage]:
         records = await read_partitions(self, topic, None, limit=limit)
         return [RawMessage(bytes(r.value or b""), [(n, bytes(v or b"")) for n, v in r.headers or ()],
