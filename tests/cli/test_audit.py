@@ -45,3 +45,10 @@ async def test_an_existing_audit_topic_without_deliveries_is_an_empty_audit(brok
                                   f"kafka://{broker.bootstrap}", "--audit-topic", topic)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "0 audited deliveries, 0 refused reads (1 other messages" in res.stdout, res.stdout
+
+
+def test_a_kafka_url_with_a_space_in_its_host_is_one_error_line(tmp_path: Path) -> None:
+    """`--url 'kafka://no such:1'` reached aiokafka as the host `no such`; the URL's hosts now go
+    through the one bootstrap parser, refused before any connection."""
+    res = prism("audit", "--keyring", str(_keyring(tmp_path)), "--url", "kafka://no such:1")
+    assert "'no such:1' contains whitespace" in one_error_line(res, "bad_config")

@@ -105,7 +105,11 @@ class KafkaBackend(Backend):
     def __init__(self, url: str) -> None:
         super().__init__(url)
         parts, params = split_url(url)
-        self.bootstrap = parts.netloc
+        # the one parser of bootstrap lists (PRISM_BROKER_URL's): `kafka://no such:1` was handed to
+        # aiokafka as it was; credentials (never used: security=env) are not a host to check or show
+        from ...broker.admin import parse_bootstrap
+
+        self.bootstrap = parse_bootstrap(parts.netloc.rpartition("@")[2], redact_url(url))
         self.partitions = int_param(params, "partitions", 1, url, minimum=1)
         self.create_topics = bool(int_param(params, "create_topics", 1, url))
         acks_raw = params.pop("acks", "all")
