@@ -138,16 +138,16 @@ def _parse_servers(raw: str, where: str = "PRISM_BROKER_URL") -> tuple[list[str]
         if not host or host == "[]":
             problems.append(f"{label}{entry!r} has no host name")
             continue
-        if not _HOST_RE.match(host):
-            problems.append(f"{label}{entry!r} has an invalid host {host!r}; use a host name, an IPv4 "
-                            "address or [an IPv6 address]")
-            continue
         port = 9092
         if port_text:
             if not 0 < (decimal(port_text) or 0) < 65536:
                 problems.append(f"{label}{entry!r} has an invalid port {port_text!r}")
                 continue
             port = int(port_text)
+        if not _HOST_RE.match(host):
+            problems.append(f"{label}{entry!r} has an invalid host {host!r}; use a host name, an IPv4 "
+                            "address or [an IPv6 address]")
+            continue
         servers.append(f"{host}:{port}")
     return servers, problems
 
