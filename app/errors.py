@@ -339,6 +339,14 @@ class ConfigError(PrismError):
     code = "bad_config"
 
 
+class TopicNotFoundError(ConfigError):
+    """A command was told to read a topic (an audit topic, a DLQ reason's topic) that does not
+    exist: an empty result would look like a successful read of nothing (`prism audit
+    --audit-topic typo` said "0 audited deliveries" and exited 0)."""
+
+    code = "topic_not_found"
+
+
 class FileAccessError(PrismError):
     """A file or directory a command was told to read or write cannot be used (missing, not
     permitted, a directory, a full disk). A CLI failure, never a message's."""
@@ -386,6 +394,14 @@ class BrokerError(PrismError):
     which the client SDK uses, raises it too, and the client must not carry the broker launcher."""
 
     code = "broker_error"
+
+
+class NoBrokerError(BrokerError):
+    """A command that reads or writes an existing broker found none: PRISM_BROKER_URL is unset
+    and no local broker (`prism broker start`) runs. Its own code, not the generic
+    ``prism_error``, so that a script can tell "start a broker" from any other failure."""
+
+    code = "no_broker"
 
 
 class ExpiredError(PrismError):

@@ -101,18 +101,31 @@ def validate_topic_name(name: str) -> None:
 # --------------------------------------------------------------------------- settings
 
 
-def _parse_servers(raw: str) -> tuple[list[str], list[str]]:
-    """Parse ``host:port[,host:port]`` (``kafka://`` prefixes and ``;`` separators accepted)."""
+#: A host of a bootstrap entry: a DNS name or IPv4 address, or a bracketed IPv6 address.
+_HOST_RE = re.compile(r"^(?:[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?|\[[0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.-]+)?\])$")
+
+
+def _parse_servers(raw: str, where: str = "PRISM_BROKER_URL") -> tuple[list[str], list[str]]:
+    """Parse ``host:port[,host:port]`` (``kafka://`` prefixes and ``;`` separators accepted).
+
+    Only ``,`` and ``;`` separate entries (spaces around them are fine): whitespace inside an
+    entry is a problem, not a separator - ``no such:1`` was taken for ``no:9092,such:1`` and the
+    error then blamed a host nobody named. Every host is checked to be a host name or address."""
     servers: list[str] = []
     problems: list[str] = []
-    for entry in re.split(r"[,;\s]+", raw.strip()):
+    label = f"{where}: " if where else ""
+    for entry in (part.strip() for part in re.split(r"[,;]", raw.strip())):
         if not entry:
+            continue
+        if any(c.isspace() for c in entry):
+            problems.append(f"{label}{entry!r} contains whitespace; separate host:port entries with "
+                            "commas (e.g. kafka-1:9092,kafka-2:9092)")
             continue
         value = entry
         if "://" in value:
             scheme, _, value = value.partition("://")
             if scheme.lower() != "kafka":
-                problems.append(f"PRISM_BROKER_URL: {entry!r} has scheme {scheme!r}; use host:port or "
+                problems.append(f"{label}{entry!r} has scheme {scheme!r}; use host:port or "
                                 "kafka://host:port")
                 continue
         value = value.rstrip("/")
@@ -123,16 +136,33 @@ def _parse_servers(raw: str) -> tuple[list[str], list[str]]:
         else:
             host, _, port_text = value.rpartition(":") if ":" in value else (value, "", "")
         if not host or host == "[]":
-            problems.append(f"PRISM_BROKER_URL: {entry!r} has no host name")
+            problems.append(f"{label}{entry!r} has no host name")
             continue
         port = 9092
         if port_text:
             if not 0 < (decimal(port_text) or 0) < 65536:
-                problems.append(f"PRISM_BROKER_URL: {entry!r} has an invalid port {port_text!r}")
+                problems.append(f"{label}{entry!r} has an invalid port {port_text!r}")
                 continue
             port = int(port_text)
+        if not _HOST_RE.match(host):
+            problems.append(f"{label}{entry!r} has an invalid host {host!r}; use a host name, an IPv4 "
+                            "address or [an IPv6 address]")
+            continue
         servers.append(f"{host}:{port}")
     return servers, problems
+
+
+def parse_bootstrap(raw: str, where: str) -> str:
+    """``raw`` (a bootstrap list: a ``kafka://`` URL's host part, a ``--broker`` value) as the
+    ``host:port,...`` string clients take, checked as PRISM_BROKER_URL is - the one parser of
+    bootstrap lists. Raises `ConfigError` naming ``where`` for every problem at once."""
+    servers, problems = _parse_servers(raw, "")
+    if not servers and not problems:
+        problems.append("no host:port found")
+    if problems:
+        raise ConfigError("invalid Kafka bootstrap: " + "; ".join(problems), path=where,
+                          hint="write host:port entries separated by commas, e.g. kafka-1:9092,kafka-2:9092")
+    return ",".join(servers)
 
 
 def _check_client_cert(env: Mapping[str, str], protocol: str,

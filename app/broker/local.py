@@ -199,7 +199,7 @@ def cli_bootstrap(note: Callable[[str], None] | None = None) -> tuple[str, Any]:
     through `note`), else an error naming both ways to get one. A private broker would be empty,
     so these commands never start one."""
     from app.broker.admin import BrokerSettings
-    from app.errors import PrismError
+    from app.errors import NoBrokerError
 
     settings = BrokerSettings.from_env()
     if not settings.embedded:
@@ -207,9 +207,9 @@ def cli_bootstrap(note: Callable[[str], None] | None = None) -> tuple[str, Any]:
         return settings.bootstrap, settings
     running = find_running()
     if running is None:
-        raise PrismError("no broker configured and no local broker running",
-                         hint="start one with `prism broker start` (and run the worker while it runs: `prism run` "
-                              "uses it), or set PRISM_BROKER_URL=host:port of your Kafka cluster")
+        raise NoBrokerError("no broker configured and no local broker running", path="PRISM_BROKER_URL",
+                            hint="start one with `prism broker start` (and run the worker while it runs: `prism "
+                                 "run` uses it), or set PRISM_BROKER_URL=host:port of your Kafka cluster")
     if note is not None:
         note(f"using the {running.describe()}; set PRISM_BROKER_URL for a Kafka cluster")
     return running.bootstrap, None

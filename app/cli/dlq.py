@@ -579,6 +579,9 @@ async def replay(topology: Topology, bootstrap: str, *, settings: Any = None, re
     values: dict[tuple[str, int, int], bytes] = {}
     source_limits: WriteLimits | None = None
     left = limit or None
+    #: reason -> count of the records the other selectors chose (`--reason` that matches none)
+    reasons_seen: dict[str, int] = {}
+    matched_reason = False
     with Progress(console=console or Console(stderr=True, emoji=False), transient=True) as progress:
         for s in sources:
             dlq, ledger_name = s.topic + suffix, ledger_topic(s.topic + suffix)
@@ -601,9 +604,15 @@ async def replay(topology: Topology, bootstrap: str, *, settings: Any = None, re
             ledger = read_ledger(ledger_records, problems)
             if problems:
                 report.warnings.append(ledger_warning(ledger_name, problems))
-            selected = [rec for rec in sorted(dlq_records, key=lambda r: (r.partition, r.offset))
-                        if selections[s.topic].matches(rec.partition, rec.offset)
-                        and (reason is None or error_context(list(rec.headers or [])).get("reason") == reason)]
+            selected = []
+            for rec in sorted(dlq_records, key=lambda r: (r.partition, r.offset)):
+                if not selections[s.topic].matches(rec.partition, rec.offset):
+                    continue
+                rec_reason = error_context(list(rec.headers or [])).get("reason", "")
+                reasons_seen[rec_reason] = reasons_seen.get(rec_reason, 0) + 1
+                if reason is None or rec_reason == reason:
+                    selected.append(rec)
+            matched_reason = matched_reason or bool(selected)
             sent = await _find_pending_sends(bootstrap, settings, s, ledger, selected)
             progress.remove_task(task)
             chosen: list[tuple[Any, Outcome]] = []
@@ -632,6 +641,8 @@ async def replay(topology: Topology, bootstrap: str, *, settings: Any = None, re
                     chosen.append((rec, outcome))
                 report.outcomes.append(outcome)
             plans.append((s, ledger_name, chosen))
+    if reason is not None and not matched_reason:
+        raise _unknown_reason(reason, reasons_seen, [s.topic + suffix for s in sources])
     if dry_run or not (confirms or any(chosen for _, _, chosen in plans)):
         return report  # nothing to write: nothing is created either (not even the ledger topic)
     from app.broker.admin import ensure_topics
@@ -660,6 +671,29 @@ async def replay(topology: Topology, bootstrap: str, *, settings: Any = None, re
         await consumer.stop()
         await producer.stop()
     return report
+
+
+def _unknown_reason(reason: str, seen: dict[str, int], dlqs: list[str]) -> BadSelector:
+    """`--reason` that no selected DLQ record has: a typo replayed nothing and said "would replay
+    0", exit 0. The reasons that do exist (most frequent first, each shortened: a reason is
+    whatever the DLQ topic holds), or that there is nothing to replay at all."""
+    where = ", ".join(dlqs)
+    if not seen:
+        return BadSelector(f"no DLQ record has reason {_short(reason)}: {where} has no records (to select)",
+                           path="--reason", hint="nothing to replay; list the DLQ with `prism dlq list`")
+    ranked = sorted(seen.items(), key=lambda kv: (-kv[1], kv[0]))
+    shown = ", ".join(f"{_short(r) if r else '(none)'} ({n})" for r, n in ranked[:_MAX_REASONS])
+    more = f" and {len(ranked) - _MAX_REASONS} more" if len(ranked) > _MAX_REASONS else ""
+    return BadSelector(f"no DLQ record has reason {_short(reason)}; the reasons in {where} are {shown}{more}",
+                       path="--reason", hint="pass one of those reasons (`prism dlq list` shows each record's)")
+
+
+#: how many existing reasons a `--reason` error lists, and how long each may be
+_MAX_REASONS, _MAX_REASON_CHARS = 10, 60
+
+
+def _short(text: str) -> str:
+    return repr(text if len(text) <= _MAX_REASON_CHARS else text[:_MAX_REASON_CHARS] + "...")
 
 
 async def _source_limits(topology: Topology, bootstrap: str, settings: Any) -> WriteLimits:

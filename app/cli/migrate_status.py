@@ -41,7 +41,7 @@ from rich.text import Text
 
 from app.cli.output import CliTable as Table  # headers break between words, ids fold
 from app.cli.output import friendly
-from app.errors import PrismError
+from app.errors import NoBrokerError
 
 if TYPE_CHECKING:
     from app.worker.lag import GroupLag
@@ -287,7 +287,7 @@ def _bootstrap() -> tuple[str, Any]:
 
         settings = BrokerSettings.from_env()
         if settings.embedded:
-            raise PrismError("no broker configured", path="PRISM_BROKER_URL",
+            raise NoBrokerError("no broker configured", path="PRISM_BROKER_URL",
                              hint="set PRISM_BROKER_URL=host:port of the broker the topology runs on") from None
         from app.broker.preflight import preflight
 

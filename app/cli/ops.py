@@ -342,12 +342,16 @@ def dlq_table(rows: list[dict[str, Any]]) -> Table:
 #: the DLQ topic chooses - a 200 KB `prism.errors.reason` filled 7,700 lines of the table.
 _MAX_CODE = 200
 _MAX_ERROR = 4000
+#: what `prism dlq show` prints of one header value (or the key); `--json` prints all of it
+_MAX_HEADER = 1000
 
 
-def _cell(text: str, most: int, record: str) -> str:
+def _cell(text: str, most: int, record: str, *, whole: str = "") -> str:
+    """`text`, or its first `most` characters and how to see the rest (`prism dlq show RECORD`,
+    plus `whole`: ` --json` where `show` itself caps)."""
     if len(text) <= most:
         return text
-    return f"{text[:most]}… ({len(text) - most} more characters: prism dlq show {record})"
+    return f"{text[:most]}… ({len(text) - most} more characters: prism dlq show {record}{whole})"
 
 
 def dlq_show_doc(rec: Any) -> dict[str, Any]:
@@ -377,16 +381,25 @@ def print_dlq_record(doc: dict[str, Any], con: Console) -> None:
     def say(text: str) -> None:
         con.print(text, markup=False, highlight=False, soft_wrap=True)
 
-    say(f"{doc['dlq_topic']} {doc['dlq_partition']}@{doc['dlq_offset']}  ({doc['timestamp'] or 'no timestamp'})")
-    say(f"source     {doc['source']}")
-    say(f"failed     {doc['reason']} at stage {doc['stage']} (attempts {doc['attempts'] or '?'})")
-    say(f"error      {doc['error']}")
+    # Every field but the value is a header (or the key) anyone who can write the DLQ topic
+    # chooses: capped as `dlq list` caps its cells - a 200 KB header filled thousands of lines -
+    # with how to get all of it (`--json` prints every field whole).
+    record = f"{doc['dlq_partition']}@{doc['dlq_offset']}"
+
+    def cap(text: Any, most: int) -> str:
+        return _cell(str(text), most, record, whole=" --json")
+
+    say(f"{doc['dlq_topic']} {record}  ({doc['timestamp'] or 'no timestamp'})")
+    say(f"source     {cap(doc['source'], _MAX_CODE)}")
+    say(f"failed     {cap(doc['reason'], _MAX_CODE)} at stage {cap(doc['stage'], _MAX_CODE)} "
+        f"(attempts {cap(doc['attempts'] or '?', _MAX_CODE)})")
+    say(f"error      {cap(doc['error'], _MAX_ERROR)}")
     if doc["attested_identity"]:
-        say(f"identity   {doc['attested_identity']} (attested; the worker verifies it on replay)")
-    say(f"key        {doc['key'] if doc['key'] is not None else '(none)'}")
+        say(f"identity   {cap(doc['attested_identity'], _MAX_CODE)} (attested; the worker verifies it on replay)")
+    say(f"key        {cap(doc['key'], _MAX_HEADER) if doc['key'] is not None else '(none)'}")
     say("headers")
     for k, v in doc["headers"].items():
-        say(f"  {k}: {v}")
+        say(f"  {cap(k, _MAX_CODE)}: {cap(v, _MAX_HEADER)}")
     value = doc["value"]
     say(f"value      {doc['value_bytes']} bytes, sha256 {doc['value_sha256']}, {value['kind']}"
         + (f" (not an envelope: {value['not_an_envelope']})" if value.get("not_an_envelope") else ""))

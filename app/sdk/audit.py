@@ -57,7 +57,7 @@ from typing import Any
 from ..envelope.codec import decode
 from ..envelope.model import Envelope, new_envelope
 from ..envelope.validation import SanityPolicy, text_problem
-from ..errors import ConfigError, PrismError
+from ..errors import ConfigError, PrismError, TopicNotFoundError
 
 #: Lowest first (app/envelope/validation.py CLASSIFICATIONS).
 LEVELS = ("public", "internal", "confidential", "restricted")
@@ -376,8 +376,12 @@ def entries_from(raws: Iterable[Any], keyring: Any) -> tuple[list[AuditEntry], i
     return out, skipped
 
 
-async def _sample(url: str, audit_topic: str, limit: int) -> list[Any]:
+async def _sample(url: str, audit_topic: str, limit: int, *, must_exist: bool = False) -> list[Any]:
+    """The one place the audit source is opened. With `must_exist` (`prism audit`), a topic that
+    was never written is an `AuditTopicMissingError`, not an empty audit: `--audit-topic typo`
+    reported "0 audited deliveries" and exit 0."""
     from .backends import backend_for_url
+    from .backends.base import redact_url
     from .backends.postgres import PostgresBackend
 
     backend = backend_for_url(url)
@@ -385,7 +389,13 @@ async def _sample(url: str, audit_topic: str, limit: int) -> list[Any]:
         backend.create = False  # reading never creates a schema or a table
     await backend.connect()
     try:
-        return list(await backend.sample(audit_topic, limit))
+        raws = list(await backend.sample(audit_topic, limit))
+        if not raws and must_exist and not await backend.topic_exists(audit_topic):
+            raise TopicNotFoundError(
+                f"the audit topic {audit_topic!r} does not exist at {redact_url(url)}", path="--audit-topic",
+                hint=f"check the name (subscribers write to {DEFAULT_AUDIT_TOPIC!r} unless their subscribe() "
+                     "audit_topic says otherwise) and --url; it appears with the first audited delivery")
+        return raws
     finally:
         await backend.close()
 
@@ -404,7 +414,7 @@ async def read_audit(url: str, *, audit_topic: str = DEFAULT_AUDIT_TOPIC, where:
 async def read_audit_entries(url: str, keyring: Any, *, audit_topic: str = DEFAULT_AUDIT_TOPIC,
                              where: AuditFilter | None = None, limit: int = 100_000) -> tuple[list[AuditEntry], int]:
     """`read_audit`, each record verified with `keyring` (`prism audit`)."""
-    raws = await _sample(url, audit_topic, limit)
+    raws = await _sample(url, audit_topic, limit, must_exist=True)
     entries, skipped = entries_from(raws, keyring)
     f = where or AuditFilter()
     return [e for e in entries if f.matches(e.record)], skipped

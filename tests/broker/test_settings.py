@@ -197,3 +197,16 @@ def test_client_certificate_problems_are_listed_at_once(tmp_path: Path) -> None:
     assert len(mismatched) == 1 and "not a matching pair" in mismatched[0]
     assert problems_of({"PRISM_BROKER_URL": "b", "PRISM_SECURITY_PROTOCOL": "SSL",
                         "PRISM_SSL_KEY_PASSWORD": "x"})[0].startswith("PRISM_SSL_KEY_PASSWORD: set, but")
+
+
+@pytest.mark.parametrize("url, problem", [
+    ("no such:1", "'no such:1' contains whitespace"),
+    ("a:1,b c:2", "'b c:2' contains whitespace"),
+    ("bad/host:1", "invalid host 'bad/host'"),
+    ("-x:1", "invalid host '-x'"),
+])
+def test_a_bootstrap_entry_is_never_split_at_whitespace_or_taken_with_a_bad_host(url: str, problem: str) -> None:
+    """`no such:1` was parsed as `no:9092,such:1` and the connection error named hosts nobody
+    wrote; now it is the one settings problem, with a fix hint."""
+    problems = problems_of({"PRISM_BROKER_URL": url})
+    assert len(problems) == 1 and problem in problems[0], problems

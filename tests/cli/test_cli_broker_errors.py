@@ -119,3 +119,11 @@ def test_a_server_given_a_bad_or_busy_port_says_so_in_one_line_and_exits(command
     assert f"port {port} on 127.0.0.1 is in use" in line and "ss -ltnp" in line
     line = one_error_line(prism(*base, "--host", "10.255.255.1", "--port", "8099", env=env), "bad_config")
     assert "not available" in line and "--host" in line
+
+
+def test_a_bootstrap_with_a_space_is_one_settings_error_line() -> None:
+    """`PRISM_BROKER_URL='no such:1'` was split into `no:9092,such:1` and reported as an
+    unreachable `no:9092`; now it is refused as written, before any connection."""
+    res = prism("dlq", "list", env={"PRISM_BROKER_URL": "no such:1"})
+    line = one_error_line(res, "bad_broker_settings")
+    assert "'no such:1' contains whitespace" in line and "no:9092" not in line

@@ -122,7 +122,8 @@ def test_errors_are_one_line_without_markup(tmp_path: Path, dev_keys) -> None:  
                        "cannot reach the worker")
     no_broker = {"PRISM_BROKER_URL": None}
     for args in (("dlq", "list", "-t", t), ("dlq", "show", "0@1", "-t", t), ("dlq", "replay", "-t", t)):
-        assert_clean_error(prism(*args, env=no_broker), "prism_error", "no broker configured", "PRISM_BROKER_URL")
+        # its own code (it was the generic prism_error): a script can tell "start a broker" apart
+        assert_clean_error(prism(*args, env=no_broker), "no_broker", "no broker configured", "PRISM_BROKER_URL")
     assert_clean_error(prism("dlq", "list", "-t", str(tmp_path / "missing.yaml")), "bad_config", "missing.yaml")
     assert_clean_error(prism("status", "--cafile", str(tmp_path / "none.pem")), "bad_config", "cannot load CA file")
 
@@ -304,6 +305,31 @@ async def test_replay_ledger_selection_and_routing(broker, tmp_path: Path, dev_k
     entry = latest[refs[1]]
     assert (entry["replays"], entry["forced"], entry["source_partition"], entry["source_offset"]) == (2, True, 1, 101)
     assert entry["dlq_topic"] == src + ".dlq" and len(entry["value_sha256"]) == 64 and "@" in entry["by"]
+
+
+async def test_a_reason_no_record_has_is_an_error_listing_the_reasons_there_are(broker, tmp_path: Path,
+                                                                                 dev_keys) -> None:  # noqa: F811
+    """`prism dlq replay --reason typo` said "would replay 0" and exited 0; now one error line
+    naming the reasons the DLQ does hold - or that it holds nothing - and nothing is written."""
+    from app.broker.admin import ensure_topics
+
+    topo = make_topology(tmp_path, dev_keys, partitions=2)
+    t = str(tmp_path / "topology.yaml")
+    dlq = topo.sources[0].topic + ".dlq"
+    await ensure_topics(broker.bootstrap, topo.topics())
+    res = await _cli("dlq", "replay", "-t", t, "--reason", "typo", "--dry-run", bootstrap=broker.bootstrap)
+    assert_clean_error(res, "bad_selector", "no DLQ record has reason 'typo'", f"{dlq} has no records")
+    copies, _ = _dlq_copies(topo, dev_keys, 2)
+    await _seed(broker.bootstrap, copies, [0, 1])
+    for extra in (("--dry-run",), ()):
+        res = await _cli("dlq", "replay", "-t", t, "--reason", "typo", *extra, bootstrap=broker.bootstrap)
+        assert_clean_error(res, "bad_selector", "no DLQ record has reason 'typo'",
+                           f"the reasons in {dlq} are 'namespace_not_allowed' (2)")
+        assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not await topic_exists(broker.bootstrap, ledger_topic(dlq))  # nothing was replayed or recorded
+    res = await _cli("dlq", "replay", "-t", t, "--reason", "namespace_not_allowed", "--dry-run",
+                     bootstrap=broker.bootstrap)
+    assert res.returncode == 0 and "2" in res.stdout, res.stdout + res.stderr
 
 
 async def test_the_dlq_is_read_committed(kafka) -> None:  # Apache Kafka (tests/kafka/fixtures.py)

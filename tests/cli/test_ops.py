@@ -202,3 +202,29 @@ def test_a_huge_header_fills_a_few_lines_of_dlq_list_not_thousands() -> None:
     left, error = (str(c.plain) for c in (table.columns[1]._cells[0], table.columns[2]._cells[0]))
     assert left == f"orders.created 0@5\n{'r' * 200}… (199800 more characters: prism dlq show 0@4)\n(verify)"
     assert error == f"{'e' * 4000}… (96000 more characters: prism dlq show 0@4)"
+
+
+def test_a_huge_header_fills_a_few_lines_of_dlq_show_and_json_keeps_it_whole() -> None:
+    """`prism dlq show` printed every header whole: a 200 KB header was thousands of lines. Each
+    header-derived field is capped as `dlq list` caps its cells, saying how to get all of it
+    (`--json`, which keeps every value whole)."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from app.cli.ops import dlq_show_doc, print_dlq_record
+
+    rec = SimpleNamespace(topic="t.dlq", partition=0, offset=4, timestamp=1_760_000_000_000, key=b"k" * 50_000,
+                          value=b'{"a": 1}', headers=[("prism.errors.reason", b"r" * 200_000),
+                                                      ("x-trace", b"h" * 200_000), ("n" * 5_000, b"v")])
+    doc = dlq_show_doc(rec)
+    assert doc["headers"]["x-trace"] == "h" * 200_000  # --json: whole
+    out = io.StringIO()
+    print_dlq_record(doc, Console(file=out, width=80, color_system=None))
+    text = out.getvalue()
+    assert len(text) < 20_000 and len(text.splitlines()) < 300, len(text)
+    assert f"  x-trace: {'h' * 1000}… (199000 more characters: prism dlq show 0@4 --json)" in text
+    assert f"failed     {'r' * 200}… (199800 more characters: prism dlq show 0@4 --json) at stage" in text
+    assert f"key        {'k' * 1000}… (49000 more characters: prism dlq show 0@4 --json)" in text
+    assert f"  {'n' * 200}… (4800 more characters: prism dlq show 0@4 --json): v" in text

@@ -92,3 +92,25 @@ def test_an_audit_record_is_built_whatever_id_the_audited_message_carries(messag
     env = audit_envelope({"message_id": message_id, "event": AUDIT_EVENT}, "prism.audit", "n")
     assert env.metadata.correlation_id == (message_id if kept else "")
     assert env.payload_json()["message_id"] == message_id
+
+
+async def test_reading_a_missing_audit_topic_is_topic_not_found_on_every_backend(backend_url: str, topic: str) -> None:
+    """`prism audit --audit-topic typo` read a never-written topic as an empty audit ("0 audited
+    deliveries", exit 0) on every backend; an existing topic without audit records stays an
+    empty answer, not an error."""
+    from app.errors import TopicNotFoundError
+    from app.sdk.audit import read_audit_entries
+    from app.sdk.backends import backend_for_url
+
+    with pytest.raises(TopicNotFoundError, match=f"the audit topic '{topic}' does not exist"):
+        await read_audit_entries(backend_url, None, audit_topic=topic)
+    backend = backend_for_url(backend_url)
+    await backend.connect()
+    try:
+        assert not await backend.topic_exists(topic)  # asking did not create it
+        await backend.publish_bytes(topic, b"not an audit record")
+        assert await backend.topic_exists(topic)
+    finally:
+        await backend.close()
+    if not backend_url.startswith("postgresql"):  # its publish_bytes row is no envelope to sample
+        assert await read_audit_entries(backend_url, None, audit_topic=topic) == ([], 1)

@@ -168,6 +168,14 @@ def test_urls_pick_backends_and_reject_what_they_do_not_understand():
         assert "hunter2" not in str(info.value)
     with pytest.raises(ConfigError, match="the Redis URL's port is not usable"):
         backend_for_url("redis://h:abc/0")
+    # a Kafka URL's hosts go through the one bootstrap parser (PRISM_BROKER_URL's): `no such:1`
+    # was handed to aiokafka as a host with a space in it
+    assert backend_for_url("kafka://a:1,b?partitions=2").bootstrap == "a:1,b:9092"
+    for url, problem in (("kafka://no such:1", "'no such:1' contains whitespace"),
+                         ("kafka://u:hunter2@-bad:1", "invalid host '-bad'"), ("kafka://", "no host:port found")):
+        with pytest.raises(ConfigError, match="invalid Kafka bootstrap") as info:
+            backend_for_url(url)
+        assert problem in str(info.value) and "hunter2" not in str(info.value), info.value
     with pytest.raises(ConfigError, match="namespace must not be empty"):
         PrismClient("redis://h", namespace="")
     with pytest.raises(ConfigError, match="group must not be empty"):

@@ -236,6 +236,12 @@ class Backend(abc.ABC):
     async def sample(self, topic: str, limit: int) -> list[RawMessage]:
         """Up to `limit` stored messages of `topic`, oldest first, without consuming them."""
 
+    async def topic_exists(self, topic: str) -> bool:
+        """Whether `topic` was ever written (or created), asked without creating it: an empty
+        `sample` cannot tell a topic with no messages from a misspelt name. True when the
+        backend cannot say."""
+        return True
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {redact_url(self.url)}>"
 

@@ -105,7 +105,11 @@ class KafkaBackend(Backend):
     def __init__(self, url: str) -> None:
         super().__init__(url)
         parts, params = split_url(url)
-        self.bootstrap = parts.netloc
+        # the one parser of bootstrap lists (PRISM_BROKER_URL's): `kafka://no such:1` was handed to
+        # aiokafka as it was; credentials (never used: security=env) are not a host to check or show
+        from ...broker.admin import parse_bootstrap
+
+        self.bootstrap = parse_bootstrap(parts.netloc.rpartition("@")[2], redact_url(url))
         self.partitions = int_param(params, "partitions", 1, url, minimum=1)
         self.create_topics = bool(int_param(params, "create_topics", 1, url))
         acks_raw = params.pop("acks", "all")
@@ -258,6 +262,14 @@ class KafkaBackend(Backend):
 
         return AIOKafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
                                 auto_offset_reset="earliest", **self._client_kwargs, **kwargs)
+
+    async def topic_exists(self, topic: str) -> bool:
+        consumer = self.consumer(group_id=None)
+        await consumer.start()
+        try:
+            return bool(await partitions_of(consumer, topic))  # a metadata fetch never creates it
+        finally:
+            await consumer.stop()
 
     async def sample(self, topic: str, limit: int) -> list[RawMessage]:
         records = await read_partitions(self, topic, None, limit=limit)

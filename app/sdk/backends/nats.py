@@ -165,6 +165,9 @@ class NatsBackend(Backend):
     def subscription(self, topic: str, settings: SubscribeSettings) -> BackendSubscription:
         return _NatsSubscription(self, topic, settings)
 
+    async def topic_exists(self, topic: str) -> bool:
+        return await self.stream_for(topic, create=False) is not None
+
     async def sample(self, topic: str, limit: int) -> list[RawMessage]:
         from nats.js.errors import NotFoundError
 

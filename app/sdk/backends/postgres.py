@@ -190,6 +190,16 @@ class PostgresBackend(Backend):
     def subscription(self, topic: str, settings: SubscribeSettings) -> BackendSubscription:
         return _PgSubscription(self, topic, settings)
 
+    async def topic_exists(self, topic: str) -> bool:
+        """A topic is its rows in the one events table: it exists once a row names it."""
+        import psycopg
+
+        try:
+            cur = await self._pub.execute(f"SELECT 1 FROM {pg.TABLE} WHERE topic = %s LIMIT 1", (topic,))
+        except psycopg.errors.UndefinedTable:
+            return False
+        return await cur.fetchone() is not None
+
     async def sample(self, topic: str, limit: int) -> list[RawMessage]:
         import psycopg
 

@@ -136,6 +136,9 @@ class RedisBackend(Backend):
     def subscription(self, topic: str, settings: SubscribeSettings) -> BackendSubscription:
         return _RedisSubscription(self, topic, settings)
 
+    async def topic_exists(self, topic: str) -> bool:
+        return _text(await self.client.type(self.key(topic))) != "none"
+
     async def sample(self, topic: str, limit: int) -> list[RawMessage]:
         key = self.key(topic)
         kind = _text(await self.client.type(key))
