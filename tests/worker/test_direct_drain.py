@@ -77,8 +77,11 @@ class FakeConsumer:
                 queue.clear()
 
         flow.resume = resume
+        #: receivers of Faust's `on_rebalance_complete` (the drain holds the sources until the seek)
+        self.rebalance_complete: list[Any] = []
         self.app = SimpleNamespace(tables=SimpleNamespace(_changelog_queue=None),
             consumer_generation_id=1, flow_control=flow,
+            on_rebalance_complete=SimpleNamespace(connect=self.rebalance_complete.append),
             producer=SimpleNamespace(buffer=SimpleNamespace(size=0, max_messages=10)),
             topics=SimpleNamespace(acks_enabled_for=lambda topic: True),
             monitor=SimpleNamespace(track_tp_end_offset=lambda tp, hw: self.highwaters.append(tp)))
@@ -158,6 +161,7 @@ def test_batch_source_records_go_to_the_list_partition_by_partition() -> None:
     assert c.delivered == []  # no conductor round trip
     assert dict(c._read_offset) == {A0: 3, A1: 6}
     assert c.highwaters == [A0, A1, A0]  # once per partition per fetch, not per record
+    assert len(c.rebalance_complete) == 1  # the sources are held from a recovery's end until its seek
 
 
 def test_other_topics_take_faust_path_in_its_round_robin_order() -> None:
