@@ -266,17 +266,36 @@ def record_time(ms: Any) -> str | None:
         return None
 
 
-def dlq_row(rec: Any) -> dict[str, Any]:
+def attestation_reader_for(topology: Any) -> tuple[Any, str]:
+    """The verifier of `topology`'s DLQ attestations (public keys only), or None and why not -
+    a listing still works without keys, it just cannot vouch for an identity."""
+    from app.security.topology_keys import attestation_reader
+
+    try:
+        reader = attestation_reader(topology)
+    except PrismError as exc:
+        return None, f"the topology's keyring could not be read ({exc.message})"
+    return reader, "" if reader is not None else "the topology names no Ed25519 worker key or has attestations off"
+
+
+def dlq_row(rec: Any, attestations: Any = None, *, unchecked: str = "no worker key here",
+            ) -> dict[str, Any]:
+    """One DLQ record as the list shows it. `attestations` (an `AttestationVerifier`, from
+    `topology_keys.attestation_reader`) checks the attested identity, which the header alone
+    only claims; without one the row says it was not checked and why (`unchecked`)."""
     from app.agents.dlq import error_context, mask_secrets
-    from app.security.attestation import HEADER, describe
+    from app.security.attestation import HEADER, describe, verdict
 
     ctx = error_context(list(rec.headers or []))
     raw = next((v for k, v in rec.headers or [] if k == HEADER and v), None)
     att = describe(raw) if raw is not None else None
-    # what a replay would authenticate as; unverified here (the worker verifies it on replay)
+    # what a replay would authenticate as, and whether that claim holds for this record
     identity = "" if att is None else f"{att.get('publisher_id')}" + (
         f" ({att.get('publisher_team')})" if att.get("publisher_team") else "")
-    return {"attested_identity": identity,"dlq_topic": rec.topic, "dlq_partition": rec.partition, "dlq_offset": rec.offset,
+    checked = "" if raw is None else verdict(raw, attestations, topic=str(ctx.get("topic", "")), key=rec.key,
+                                             value=rec.value or b"", headers=list(rec.headers or []),
+                                             unchecked=unchecked)
+    return {"attested_identity": identity, "attestation": checked, "dlq_topic": rec.topic, "dlq_partition": rec.partition, "dlq_offset": rec.offset,
             "timestamp": record_time(rec.timestamp),
             "source": f"{ctx.get('topic', '?')}/{ctx.get('partition', '?')}@{ctx.get('offset', '?')}",
             "stage": ctx.get("stage", ""), "reason": ctx.get("reason", ""), "attempts": ctx.get("attempts", ""),
@@ -329,7 +348,7 @@ def dlq_table(rows: list[dict[str, Any]]) -> Table:
     for row in rows:
         when = (row["timestamp"] or "")[:19].replace("T", "\n")
         topic, _, where = row["source"].rpartition("/")
-        identity = f"\nas {row['attested_identity']}" if row["attested_identity"] else ""
+        identity = f"\nas {row['attested_identity']}\n({row['attestation']})" if row["attested_identity"] else ""
         record = f"{row['dlq_partition']}@{row['dlq_offset']}"
         left = "\n".join(_cell(v, _MAX_CODE, record) for v in (f"{topic} {where}", row["reason"], f"({row['stage']})"))
         table.add_row(Text(f"{record}\n{when}"), Text(left + _cell(identity, _MAX_CODE, record)),
@@ -354,7 +373,8 @@ def _cell(text: str, most: int, record: str, *, whole: str = "") -> str:
     return f"{text[:most]}… ({len(text) - most} more characters: prism dlq show {record}{whole})"
 
 
-def dlq_show_doc(rec: Any) -> dict[str, Any]:
+def dlq_show_doc(rec: Any, attestations: Any = None, *, unchecked: str = "no worker key here",
+                 ) -> dict[str, Any]:
     """`prism dlq show --json`: the row of `dlq list`, the key, the headers (secret ones redacted)
     and the value - decoded (an envelope with its token redacted, JSON, text or hex), with its
     size and SHA-256. The raw bytes are what `--export FILE` writes."""
@@ -371,7 +391,7 @@ def dlq_show_doc(rec: Any) -> dict[str, Any]:
     # `password: ...` were shown to every reader of the record page.
     headers = {k: REDACTED if (k.lower() in _SECRET_HEADERS or is_sensitive_key(k)) and v
                else mask_secrets(v or b"").decode(errors="replace") for k, v in rec.headers or []}
-    return {**dlq_row(rec), "key": None if rec.key is None else mask_secrets(rec.key).decode(errors="replace"),
+    return {**dlq_row(rec, attestations, unchecked=unchecked), "key": None if rec.key is None else mask_secrets(rec.key).decode(errors="replace"),
             "headers": headers, "value_bytes": len(value), "value_sha256": hashlib.sha256(value).hexdigest(),
             "value": value_doc(value)}
 
@@ -395,7 +415,8 @@ def print_dlq_record(doc: dict[str, Any], con: Console) -> None:
         f"(attempts {cap(doc['attempts'] or '?', _MAX_CODE)})")
     say(f"error      {cap(doc['error'], _MAX_ERROR)}")
     if doc["attested_identity"]:
-        say(f"identity   {cap(doc['attested_identity'], _MAX_CODE)} (attested; the worker verifies it on replay)")
+        say(f"identity   {cap(doc['attested_identity'], _MAX_CODE)} (attestation {doc['attestation']}; the worker "
+            "verifies it again on replay)")
     say(f"key        {cap(doc['key'], _MAX_HEADER) if doc['key'] is not None else '(none)'}")
     say("headers")
     for k, v in doc["headers"].items():
@@ -506,7 +527,8 @@ def register(app: typer.Typer, dlq_app: typer.Typer) -> None:
         topo = load_topology(topology)
         bootstrap, settings = _bootstrap()
         recs = asyncio.run(read_dlq(topo, bootstrap, settings=settings, reason=reason, since=after, limit=limit))
-        rows = [dlq_row(r) for r in recs]
+        reader, unchecked = attestation_reader_for(topo)
+        rows = [dlq_row(r, reader, unchecked=unchecked) for r in recs]
         if json_out:
             typer.echo(json.dumps(rows, indent=2))
             return
@@ -547,7 +569,8 @@ def register(app: typer.Typer, dlq_app: typer.Typer) -> None:
             raise PrismError(f"no record at {part}@{off} in {dlq_topic}", path=ref,
                              hint="list them with `prism dlq list`")
         rec = match[0]
-        doc = dlq_show_doc(rec)
+        reader, unchecked = attestation_reader_for(topo)
+        doc = dlq_show_doc(rec, reader, unchecked=unchecked)
         if export is not None:
             try:
                 export.write_bytes(rec.value or b"")

@@ -281,6 +281,27 @@ def describe(raw: bytes) -> dict[str, Any] | None:
     return {k: doc.get(k) for k in ("publisher_id", "publisher_team", "message_id", "kid", "iat_ms")}
 
 
+def verdict(raw: bytes, verifier: AttestationVerifier | None, *, topic: str, key: bytes | None, value: bytes,
+            headers: Iterable[tuple[str, bytes | None]], unchecked: str = "no worker key here",
+            now: float | None = None) -> str:
+    """What a reader of the DLQ may believe of a record's attestation: ``"verified"`` when it
+    verifies for this record as a replay would check it, else ``"NOT verified: <why>"``, or
+    ``"not checked: <unchecked>"`` without a verifier.
+
+    Why: `describe` reads the claims without checking them, and the attestation header is one
+    anyone who can write the source or DLQ topic can set - a producer's forged
+    ``publisher_id: admin`` was listed as the record's attested identity. Display decides
+    nothing (the worker verifies again on replay), but an operator reads it to decide what to
+    replay."""
+    if verifier is None:
+        return f"not checked: {unchecked}"
+    try:
+        verifier.verify(raw, message_id="", topic=topic, key=key, value=value, headers=headers, now=now)
+    except AttestationError as exc:
+        return f"NOT verified: {exc.message}"
+    return "verified"
+
+
 def header_value(headers: Iterable[tuple[str, bytes | None]]) -> bytes | None:
     """The attestation header's value; a record with two is refused (which one would count?)."""
     found = [v for k, v in headers if k == HEADER]
@@ -290,4 +311,4 @@ def header_value(headers: Iterable[tuple[str, bytes | None]]) -> bytes | None:
 
 
 __all__ = ["HEADER", "Attestation", "AttestationVerifier", "Attester", "describe", "header_value", "record_digest",
-           "trusted_keys", "value_digest"]
+           "trusted_keys", "value_digest", "verdict"]

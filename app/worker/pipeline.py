@@ -51,9 +51,10 @@ from app.broker.admin import BrokerSettings, RetentionCheck, check_retention
 from app.errors import ConfigError, PrismError
 from app.observability.logging import install_redaction
 from app.schema.pii import PiiValueFinder
-from app.security.attestation import AttestationVerifier, Attester, trusted_keys
+from app.security.attestation import AttestationVerifier
 from app.security.producers import ProducerBindings, check_key_ids_known, keyring_scopes
-from app.security.signing import ED25519, SigningKey, SigningKeyring, load_signing_keyring
+from app.security.signing import SigningKeyring
+from app.security.topology_keys import attestation_setup, keyring_for
 from app.security.worker_encryption import WorkerEncryption, build_worker_encryption
 from app.sinks.runner import register_sinks
 from app.tables.counters import FaustTopicCounters
@@ -199,32 +200,6 @@ def build_stages(topology: Topology, *, keyring: SigningKeyring | None, schema: 
     return insert_identity_stage(stages, IdentityRule.of(t, keyring))
 
 
-def attestation_setup(topology: Topology, keyring: SigningKeyring | None, worker_key: SigningKey | None,
-                      ) -> tuple[Attester | None, AttestationVerifier | None]:
-    """The DLQ attester (the worker's Ed25519 key) and the verifier of replayed attestations.
-    Both None when attestations are off or the worker has no Ed25519 key: then a replayed
-    authenticated record fails authentication, as it would without this feature."""
-    cfg = topology.dlq.attestation
-    if not cfg.enabled or topology.stage("authenticate") is None or keyring is None:
-        return None, None
-    key = worker_key or keyring.worker_key()
-    attester = Attester(key) if key is not None and key.algorithm == ED25519 else None
-    if attester is None and not cfg.trusted_keys:
-        log.warning("DLQ attestations are off: the worker has no Ed25519 worker key, so authenticated messages "
-                    "that reach the DLQ cannot be replayed with their identity (set worker_key in the keyring)")
-        return None, None
-    keys = trusted_keys(keyring, cfg.trusted_keys, default=attester.key.key_id if attester else None)
-    return attester, AttestationVerifier(keys, max_age_s=cfg.max_age_s)
-
-
-def _keyring_for(topology: Topology) -> SigningKeyring | None:
-    path = topology.outputs.keyring
-    vs = topology.stage("verify_signature")
-    if path is None and vs is not None:
-        path = vs.keyring
-    return load_signing_keyring(topology.resolve(path)) if path else None
-
-
 class PipelineApp:
     """One topology's worker: builds its parts and wires them into one Faust app. Construct,
     then run with `run_worker(p.app)` or `InProcessWorker(p.app)`.
@@ -290,7 +265,7 @@ class PipelineApp:
         # entry per message, so let a few batches' worth queue up.
         self.app.producer.buffer.max_messages = max(10_000, batch_size * 8)
         # -- keys, schema, encryption: checked now, before any broker is touched -----------------
-        self.keyring = _keyring_for(topology)
+        self.keyring = keyring_for(topology)
         worker_key = None
         if topology.outputs.sign:
             if self.keyring is None:

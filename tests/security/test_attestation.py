@@ -185,3 +185,23 @@ def test_describe_shows_claims_for_display_only() -> None:
     shown = describe(attest())
     assert shown is not None and shown["publisher_id"] == "orders-service" and shown["kid"] == "prism-worker-1"
     assert describe(b"\xff") is None and describe(b"!!.x") is None and describe(b"W10.x") is None  # [] body
+
+
+def test_verdict_says_whether_a_listed_identity_is_genuine() -> None:
+    """`prism dlq list|show` and the console show the attested identity. The header is one a
+    producer can set: a forged `publisher_id` was listed as if attested. The verdict is the
+    replay's own check, for display."""
+    from app.security.attestation import verdict
+
+    def say(raw: bytes, v: AttestationVerifier | None = verifier(), topic: str = "orders") -> str:
+        return verdict(raw, v, topic=topic, now=NOW + 10, **RECORD)
+
+    assert say(attest()) == "verified"
+    forged = say(attest(OTHER))
+    assert forged.startswith("NOT verified: ") and "signature does not verify" in forged
+    assert say(attest(), topic="payments").startswith("NOT verified: attestation is for source topic")
+    assert say(b"!!.x").startswith("NOT verified: ")
+    assert say(attest(), None) == "not checked: no worker key here"
+    assert verdict(attest(), None, topic="orders", unchecked="why", **RECORD) == "not checked: why"
+    assert verdict(attest(), verifier(), topic="orders", now=NOW + 7200, **RECORD).startswith(
+        "NOT verified: attestation is 7200 s old")

@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
-from app.cli.ops import dlq_row
+from app.cli.ops import attestation_reader_for, dlq_row
 from app.demo.runner import read_all
 from app.envelope import decode
 from app.security.attestation import HEADER
@@ -46,9 +47,16 @@ async def test_replayed_dlq_records_keep_their_verified_identity(any_broker: Bro
     attested = {attestation_doc(r)["message_id"]: attestation_doc(r) for r in dlq}
     assert len(attested) == N
     # `prism dlq list|show` tell the operator which identity a replay will carry
-    rows = [dlq_row(r) for r in dlq]
+    reader, _ = attestation_reader_for(topo)
+    rows = [dlq_row(r, reader) for r in dlq]
     assert sorted(r["attested_identity"] for r in rows) == sorted(
         f"{d['publisher_id']} ({d['publisher_team']})" for d in attested.values())
+    assert {r["attestation"] for r in rows} == {"verified"}
+    # The header is one anyone who writes the topic can set: moved onto another payload, the
+    # same claim is listed as not verified.
+    moved = SimpleNamespace(**{k: getattr(dlq[0], k) for k in ("topic", "partition", "offset", "timestamp", "key",
+                                                                "headers")}, value=dlq[1].value)
+    assert dlq_row(moved, reader)["attestation"].startswith("NOT verified: attestation is for another payload")
 
     # The fix: the policy change, rolled out by restarting the worker on the same consumer group.
     fixed = fixed_topology(topo, tmp_path / "fixed")

@@ -1,4 +1,4 @@
-"""How a worker sets up DLQ attestations from its topology and keyring (app/worker/pipeline.py)."""
+"""How the worker and the CLI get the keys a topology names: the DLQ attestation set-up (app/security/topology_keys.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,16 @@ import pytest
 import yaml
 
 from app.errors import ConfigError
+from app.security.devkeys import DevKeys, ensure_dev_keys
 from app.security.signing import load_signing_keyring
+from app.security.topology_keys import attestation_setup
 from app.topology import load_topology
-from app.worker.pipeline import attestation_setup
 from tests.worker.conftest import make_topology
+
+
+@pytest.fixture(scope="module")
+def dev_keys(tmp_path_factory: pytest.TempPathFactory) -> DevKeys:
+    return ensure_dev_keys(tmp_path_factory.mktemp("dev-keys"))
 
 
 def _with(tmp_path: Path, dev_keys, **dlq_attestation):
@@ -50,3 +56,25 @@ def test_without_an_ed25519_worker_key_replays_keep_failing_authentication(tmp_p
     ring.worker_key_id = None
     assert attestation_setup(_with(tmp_path, dev_keys), ring, None) == (None, None)
     assert "DLQ attestations are off" in caplog.text
+
+
+def test_the_cli_reads_attestations_with_the_worker_keys_public_half(tmp_path: Path, dev_keys) -> None:
+    """`prism dlq list|show` check attestations with the keys the worker would trust, and need no
+    private key to do it."""
+    from app.security.topology_keys import attestation_reader
+
+    reader = attestation_reader(_with(tmp_path, dev_keys, trusted_keys=[]))
+    assert reader is not None and set(reader.keys) == {"prism-worker-1"}
+    assert attestation_reader(_with(tmp_path, dev_keys, enabled=False)) is None
+
+
+def test_an_unreadable_keyring_is_a_reason_in_the_listing_not_a_crash(tmp_path: Path, dev_keys) -> None:
+    from app.cli.ops import attestation_reader_for
+
+    topo = _with(tmp_path, dev_keys)
+    doc = yaml.safe_load((tmp_path / "topology.yaml").read_text())
+    doc["outputs"]["keyring"] = str(tmp_path / "missing.json")
+    (tmp_path / "topology.yaml").write_text(yaml.safe_dump(doc))
+    reader, why = attestation_reader_for(load_topology(tmp_path / "topology.yaml"))
+    assert reader is None and why.startswith("the topology's keyring could not be read (")
+    assert attestation_reader_for(topo)[0] is not None
