@@ -67,14 +67,17 @@ test-go: $(STAMP)
 
 
 # The Rust client (clients/rust, docs/sdk-rust.md): formatting, clippy, then every test (the
-# conformance suite, the generated-types currency check, the fuzz corpus replay). The build is
-# cached in one fixed target directory, so a second run compiles only what changed.
+# conformance suite, the generated-types currency check, the fuzz corpus replay), with every
+# feature on - as clippy checks it - so the unit tests of the `kafka` feature (the subscriber's
+# clearance, audit and TTL rules; they need the system librdkafka, which ensure-test-deps.sh
+# installs) run too. The build is cached in one fixed target directory, so a second run
+# compiles only what changed.
 CARGO        ?= $(shell command -v cargo 2>/dev/null || echo $(HOME)/.cargo/bin/cargo)
 RUST_TARGET  ?= $(HOME)/.cache/prism/cargo-target
 test-rust:
 	cd clients/rust && $(CARGO) fmt --check
 	cd clients/rust && CARGO_TARGET_DIR=$(RUST_TARGET) $(CARGO) clippy --locked --all-targets --all-features -q -- -D warnings
-	cd clients/rust && CARGO_TARGET_DIR=$(RUST_TARGET) $(CARGO) test --locked -q
+	cd clients/rust && CARGO_TARGET_DIR=$(RUST_TARGET) $(CARGO) test --locked -q --all-features
 
 # The worker's optional compiled hot path (app/native.py, docs/operations.md "Compiled hot
 # path"): a PyO3 module built from clients/rust's prism-client by maturin, installed into the

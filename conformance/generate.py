@@ -27,6 +27,7 @@ from . import (
     generate_conversion,
     generate_encryption,
     generate_envelopes,
+    generate_expiry,
     generate_key_wrap,
     generate_lnmp,
     generate_negative,
@@ -54,6 +55,8 @@ GENERATORS: list[tuple[str, Callable[[], dict[str, str]], str]] = [
      "wrong wire types, duplicated records, bad UTF-8, size limits, tampered and relabelled signed envelopes"),
     ("bindings", generate_bindings.build, "the Kafka binding's headers per envelope and layout: prism-* metadata "
      "copies, W3C traceparent (id and flag rules) and tracestate (Level 1, strict, re-formatted)"),
+    ("expiry", generate_expiry.build, "TTL expiry: published_at_ms + ttl_seconds * 1000, the boundary expired, "
+     "ttl 0 and negative never expiring, huge TTLs and timestamps at the int64 limits without overflow"),
 ]
 
 #: What a conforming implementation does with each kind of vector (README.md has the details).
@@ -136,6 +139,17 @@ KINDS: dict[str, dict[str, Any]] = {
         "task": "Decode envelope_hex (layout `layout`) and build the Kafka binding's own headers for it in that "
                 "layout (docs/bindings.md, the Kafka table). They must equal `headers` exactly: the same [name, "
                 "value] pairs in the same order, each value the UTF-8 bytes of the JSON string.",
+    },
+    "expiry": {
+        "file_fields": [],
+        "inputs": ["envelope_hex", "layout", "now_ms"],
+        "expect": ["published_at_ms", "ttl_seconds", "expires_at_ms", "expired"],
+        "task": "Decode envelope_hex (layout `layout`). Its metadata.published_at_ms and ttl_seconds must equal "
+                "published_at_ms and ttl_seconds (decimal strings; null: absent). The message is expired at now_ms "
+                "exactly when `expired` is true: now_ms >= published_at_ms + ttl_seconds * 1000, computed without "
+                "overflow, and never when ttl_seconds is absent, 0 or negative. expires_at_ms is that exact sum "
+                "(it may lie beyond int64: an expiry past 2^63-1 is after every int64 now_ms), null when there is "
+                "none. int64 values are decimal strings.",
     },
 }
 

@@ -190,7 +190,8 @@ async def test_go_produces_worker_resigns_rust_consumes(kafka: ApacheKafka, tmp_
         await chain.check_outputs()
     got = [ln for ln in lines if "payload" in ln]
     assert [ln for ln in lines if "error" in ln or "fatal" in ln] == []
-    assert lines[-1]["stats"] == {"delivered": ORDERS, "withheld": 0, "audited": 0, "failed": 0, "refusal_records": 0}
+    assert lines[-1]["stats"] == {"delivered": ORDERS, "withheld": 0, "audited": 0, "failed": 0, "expired": 0,
+                                  "refusal_records": 0}
     assert sorted(m["message_id"] for m in got) == sorted(out["message_ids"])  # the producer's ids, kept
     chain.check(got, orders, GO_KEY_ID, GO_PUBLISHER)
     chain.check_decoded(got, "application/json")

@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import Any
 
 import pytest
 import yaml
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from app.bindings import kafka as kb
 from app.envelope import Layout, new_envelope
@@ -165,7 +166,7 @@ def test_python_publishes_rust_subscribes(interop: Path, kafka: ApacheKafka, top
     assert all(d["key_id"] == key.key_id and d["scope"] == 2 for d in delivered)
     assert [ln["error"] for ln in lines if "error" in ln] == ["bad_signature"]
     # the aborted record never came; the withheld one has its own (refusal) record
-    assert stats == {"delivered": 3, "withheld": 1, "audited": 1, "failed": 1, "refusal_records": 1}
+    assert stats == {"delivered": 3, "withheld": 1, "audited": 1, "failed": 1, "expired": 0, "refusal_records": 1}
 
     audits = _consume(kafka.bootstrap, audit_topic, 2)
     assert len(audits) == 2
@@ -234,6 +235,43 @@ def test_rust_refusals_of_one_fetch_share_one_record(interop: Path, kafka: Apach
     ring = load_signing_keyring(_audit_keyring(tmp_path, key, "svc-rust"))
     entries, _ = entries_from([SimpleNamespace(envelope=None, value=r.value) for r in audits], ring)
     assert all(e.verified for e in entries), [e.problem for e in entries]
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_rust_drops_expired_messages(interop: Path, kafka: ApacheKafka, topics: tuple[str, str], api: str) -> None:
+    """A message past its TTL is committed and skipped by the Rust subscriber, as the Python SDK's
+    and the Go client's subscribers do: counted as expired, never handed out, and - confidential -
+    never audited (nobody read it). A TTL of 2^63-1 s never expires (no overflow). With the sync
+    API the expired messages come last, fetched with the live ones before them: they wait for
+    the ack of the last message handed out, then are committed too - the group's offset reaches
+    the end. The async API returns one message per call, so its topic ends with a live one."""
+    _, audit_topic = topics
+    topic = kafka.create_topic(f"rust-ttl-{uuid.uuid4().hex[:8]}")
+    key = _hmac_key()
+    hour_ago = int(time.time() * 1000) - 3_600_000
+    expired = [("expired", "internal", 60), ("expired-1s", "internal", 1), ("expired-confidential", "confidential", 60)]
+    live = [("live", "internal", 3600), ("huge-ttl", "public", 2**63 - 1)]
+    sequence = ([expired[0], *live, *expired[1:]] if api == "sync" else [expired[0], live[0], *expired[1:], live[1]])
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+    for n, cls, ttl in sequence:
+        env = new_envelope(topic, {"n": n}, namespace="interop", data_classification=cls, ttl_seconds=ttl,
+                           published_at_ms=hour_ago if n.startswith("expired") else None)
+        rec = kb.encode(env, Layout.REVIEWED, sign_with=key)
+        producer.produce(topic, value=rec.value, key=rec.key, headers=rec.headers, timestamp=rec.timestamp_ms)
+    assert producer.flush(30) == 0
+    lines = _run(interop, "subscribe", kafka.bootstrap, topic, str(len(sequence)), "confidential", "svc-rust",
+                 audit_topic, api=api)
+    assert [ln for ln in lines if "error" in ln or "fatal" in ln] == []
+    assert sorted(ln["payload"]["n"] for ln in lines if "payload" in ln) == ["huge-ttl", "live"]
+    stats = lines[-1]["stats"]
+    assert stats == {"delivered": 2, "withheld": 0, "audited": 0, "failed": 0, "expired": 3, "refusal_records": 0}
+    if api == "sync":  # commits of the sync API are synchronous: done when the subscriber exits
+        group = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": lines[-1]["group"]})
+        try:
+            [committed] = group.committed([TopicPartition(topic, 0)], timeout=30)
+        finally:
+            group.close()
+        assert committed.offset == len(sequence)
 
 
 @pytest.fixture(scope="module")

@@ -113,6 +113,21 @@ def test_a_change_to_the_trace_header_rules_stops_the_binding_generator(name: st
         generate_bindings.build()
 
 
+def test_a_change_to_the_ttl_rule_stops_the_expiry_generator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each expiry case states its verdict: a Python change to the rule Go and Rust follow (here
+    the boundary made live) cannot slip into regenerated vectors without changing the case."""
+    from app.envelope.model import Envelope
+    from conformance import generate_expiry
+
+    def strictly_after(self: Envelope, now_ms: int | None = None) -> bool:
+        exp = self.expires_at_ms()
+        return exp is not None and now_ms is not None and now_ms > exp
+
+    monkeypatch.setattr(Envelope, "is_expired", strictly_after)
+    with pytest.raises(AssertionError, match="at-boundary"):
+        generate_expiry.build()
+
+
 def test_a_change_to_the_kafka_header_names_makes_the_suite_stale(monkeypatch: pytest.MonkeyPatch) -> None:
     from app.bindings import kafka
     monkeypatch.setattr(kafka, "_FIELD_WIRE", tuple(n.replace("prism-", "prism-x-") for n in kafka._FIELD_WIRE))
@@ -332,6 +347,18 @@ def run_kafka_headers(doc: dict[str, Any], v: dict[str, Any]) -> None:
     assert headers_for(decode(data), layout) == expected
 
 
+def run_expiry(doc: dict[str, Any], v: dict[str, Any]) -> None:
+    data = bytes.fromhex(v["envelope_hex"])
+    assert detect_layout(data) is Layout(v["layout"])
+    env = decode(data)
+    md = env.header.metadata
+    ttl = str(md.ttl_seconds) if md.HasField("ttl_seconds") else None
+    assert (str(md.published_at_ms), ttl) == (v["published_at_ms"], v["ttl_seconds"])
+    expiry = env.expires_at_ms()
+    assert (None if expiry is None else str(expiry)) == v["expires_at_ms"]
+    assert env.is_expired(int(v["now_ms"])) is v["expired"]
+
+
 RUNNERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], None]] = {
     "signature": run_signature,
     "envelope": run_envelope,
@@ -341,6 +368,7 @@ RUNNERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], None]] = {
     "lnmp": run_lnmp,
     "negative": run_negative,
     "kafka_headers": run_kafka_headers,
+    "expiry": run_expiry,
 }
 
 

@@ -244,31 +244,42 @@ func (e *Envelope) ExpiresAt() time.Time {
 	if !ok {
 		return time.Time{}
 	}
-	return time.UnixMilli(ms)
+	if !ms.IsInt64() {
+		return time.UnixMilli(math.MaxInt64)
+	}
+	return time.UnixMilli(ms.Int64())
 }
 
 // IsExpired reports whether now is at or past the expiry, Python's Envelope.is_expired:
 // published_at_ms + ttl_seconds * 1000 computed without overflow (int64 arithmetic would wrap
-// a large TTL around to a time in the past and drop a message that never expires).
+// a large TTL around to a time in the past and drop a message that never expires). An expiry
+// past the int64 range is after every now, math.MaxInt64 ms included - not clamped to it
+// (conformance/expiry/, "expiry-past-int64-max").
 func (e *Envelope) IsExpired(now time.Time) bool {
 	ms, ok := e.expiryMs()
-	return ok && now.UnixMilli() >= ms
+	return ok && ms.IsInt64() && now.UnixMilli() >= ms.Int64()
 }
 
-// expiryMs is published_at_ms + ttl_seconds * 1000, exact, clamped to math.MaxInt64 (ttl > 0,
-// so the sum is never below published_at_ms >= math.MinInt64); false when ttl_seconds <= 0.
-func (e *Envelope) expiryMs() (int64, bool) {
+// expiryMs is published_at_ms + ttl_seconds * 1000, exact (it may exceed int64; ttl > 0, so it
+// is never below published_at_ms >= math.MinInt64); false when ttl_seconds <= 0.
+func (e *Envelope) expiryMs() (*big.Int, bool) {
 	md := e.Header.GetMetadata()
 	ttl := md.GetTtlSeconds()
 	if ttl <= 0 {
-		return 0, false
+		return nil, false
 	}
 	x := new(big.Int).Mul(big.NewInt(ttl), big.NewInt(1000))
-	x.Add(x, big.NewInt(md.GetPublishedAtMs()))
-	if !x.IsInt64() {
-		return math.MaxInt64, true
+	return x.Add(x, big.NewInt(md.GetPublishedAtMs())), true
+}
+
+// ExpiresAtMs is the exact expiry in Unix milliseconds (published_at_ms + ttl_seconds * 1000,
+// possibly beyond int64), or nil when the envelope does not expire.
+func (e *Envelope) ExpiresAtMs() *big.Int {
+	ms, ok := e.expiryMs()
+	if !ok {
+		return nil
 	}
-	return x.Int64(), true
+	return ms
 }
 
 // PayloadBytes is the plaintext payload, decompressed per content_encoding (at most

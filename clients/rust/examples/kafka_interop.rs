@@ -10,6 +10,8 @@
 //! token, reviewed layout): the producer of tests/clients/test_chain.py, whose worker verifies
 //! that key. The optional Ed25519 key of `subscribe` is trusted as well as the HMAC test key:
 //! the chain test passes the Prism worker's public key, to verify its re-signed outputs.
+//! `subscribe` judges EXPECTED messages (handed out, withheld, undeliverable or dropped as
+//! expired), then prints its counters and consumer group as the last line.
 //! Every result is one JSON line on stdout. With `PRISM_INTEROP_ASYNC=1`, `publish` and
 //! `subscribe` use the async API (`AsyncPublisher`, `AsyncSubscriber`, feature `kafka-async`)
 //! on a tokio runtime instead: the test runs both and expects the same results.
@@ -21,7 +23,7 @@ use prism_client::codec::Layout;
 use prism_client::encryption::{self, Key, Keyring};
 use prism_client::error::Detail;
 use prism_client::kafka::{
-    AsyncPublisher, AsyncSubscriber, Clearance, Delivery, Publisher, SubscribeOptions, Subscriber,
+    AsyncPublisher, AsyncSubscriber, Clearance, Delivery, Publisher, Stats, SubscribeOptions, Subscriber,
 };
 use prism_client::registry::{Auth, RegistryClient};
 use prism_client::signing::{SigningKey, VerificationKey, VerificationKeys};
@@ -216,13 +218,14 @@ fn report(d: &Delivery, ring: &Keyring, registry: Option<&RegistryClient>) -> Re
 /// The async subscriber's loop: one `next().await` at a time, until `expected` messages were
 /// judged or 60 s passed.
 fn subscribe_async(brokers: &str, topic: &str, expected: u64, opts: SubscribeOptions) -> Result<(), PrismError> {
+    let group = opts.group.clone();
     let rt = runtime()?;
     let ring = keyring();
     let reg = registry()?;
     let stats = rt.block_on(async {
         let mut sub = AsyncSubscriber::connect(brokers, topic, opts, &[])?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while sub.stats.delivered + sub.stats.withheld + sub.stats.failed < expected {
+        while judged(&sub.stats) < expected {
             let Ok(next) = tokio::time::timeout_at(deadline, sub.next()).await else {
                 break;
             };
@@ -240,12 +243,23 @@ fn subscribe_async(brokers: &str, topic: &str, expected: u64, opts: SubscribeOpt
         sub.flush_refusals().await?; // `next` cancelled at the deadline may still hold some
         Ok::<_, PrismError>(sub.stats.clone())
     })?;
+    print_stats(&stats, &group);
+    Ok(())
+}
+
+/// The messages judged so far: handed out, withheld, undeliverable or dropped as expired.
+fn judged(s: &Stats) -> u64 {
+    s.delivered + s.withheld + s.failed + s.expired
+}
+
+/// The last line: the subscription's counters and its consumer group (whose committed
+/// offsets the test reads).
+fn print_stats(s: &Stats, group: &str) {
     println!(
         "{}",
-        json!({"stats": {"delivered": stats.delivered, "withheld": stats.withheld, "audited": stats.audited,
-        "failed": stats.failed, "refusal_records": stats.refusal_records}})
+        json!({"stats": {"delivered": s.delivered, "withheld": s.withheld, "audited": s.audited,
+        "failed": s.failed, "expired": s.expired, "refusal_records": s.refusal_records}, "group": group})
     );
-    Ok(())
 }
 
 fn subscribe(
@@ -283,6 +297,7 @@ fn subscribe(
         signing_key: Some(hmac_key()),
         ..Default::default()
     };
+    let group = opts.group.clone();
     if use_async() {
         return subscribe_async(brokers, topic, expected, opts);
     }
@@ -290,7 +305,7 @@ fn subscribe(
     let ring = keyring();
     let reg = registry()?;
     let deadline = Instant::now() + Duration::from_secs(60);
-    while sub.stats.delivered + sub.stats.withheld + sub.stats.failed < expected && Instant::now() < deadline {
+    while judged(&sub.stats) < expected && Instant::now() < deadline {
         for r in sub.poll(Duration::from_millis(500), 100)? {
             match r {
                 Ok(d) => {
@@ -304,12 +319,7 @@ fn subscribe(
             }
         }
     }
-    let s = &sub.stats;
-    println!(
-        "{}",
-        json!({"stats": {"delivered": s.delivered, "withheld": s.withheld, "audited": s.audited,
-        "failed": s.failed, "refusal_records": s.refusal_records}})
-    );
+    print_stats(&sub.stats, &group);
     Ok(())
 }
 

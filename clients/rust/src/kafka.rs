@@ -10,6 +10,10 @@
 //!   open transactions are never delivered), signature verification before decoding,
 //!   classification clearance, a signed audit record before a confidential or restricted
 //!   message is handed out (docs/sdk.md, "Classification and audit"), explicit commits (`ack`).
+//!   A message past its TTL ([`Envelope::is_expired`]: `published_at_ms + ttl_seconds * 1000`,
+//!   the Python SDK's and the Go client's rule) is counted in [`Stats::expired`], committed
+//!   and skipped - after the clearance check, before any audit record - unless
+//!   [`SubscribeOptions::drop_expired`] is false ([`ExpiredCommits`] says when it is committed).
 //!   A message withheld for clearance is held until the one signed `classified_refused`
 //!   record of the refusals met in one fetch (at most [`REFUSALS_PER_RECORD`] messages and
 //!   ~[`REFUSAL_RECORD_BYTES`]) is written, then committed - the Python SDK's format
@@ -17,7 +21,9 @@
 //! * Async (feature `kafka-async`): [`AsyncPublisher`] and [`AsyncSubscriber`] do the same on
 //!   rdkafka's `FutureProducer` and `StreamConsumer`, for tokio applications.
 
+use std::collections::HashMap;
 use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
@@ -224,6 +230,10 @@ pub struct SubscribeOptions {
     pub limits: Limits,
     /// Where a new group starts: the earliest offset (true) or the end (false).
     pub from_beginning: bool,
+    /// Drop messages past their TTL (default true, as the Python SDK's `drop_expired` and the
+    /// Go client's `KeepExpired: false`): counted in [`Stats::expired`], committed, never
+    /// handed out. False hands them out like any other (check [`Envelope::is_expired`]).
+    pub drop_expired: bool,
 }
 
 impl Default for SubscribeOptions {
@@ -237,6 +247,7 @@ impl Default for SubscribeOptions {
             signing_key: None,
             limits: Limits::default(),
             from_beginning: true,
+            drop_expired: true,
         }
     }
 }
@@ -266,6 +277,9 @@ pub struct Stats {
     pub withheld: u64,
     pub audited: u64,
     pub failed: u64,
+    /// Messages past their TTL, dropped (committed, never handed out): Python's
+    /// `stats["expired"]`, Go's `Stats().Expired`.
+    pub expired: u64,
     /// `classified_refused` audit records written (one per fetch's refusals, or per
     /// [`REFUSALS_PER_RECORD`]).
     pub refusal_records: u64,
@@ -439,13 +453,26 @@ enum Verdict {
     /// Above the subscriber's clearance: never handed out; committed once its refusal's
     /// audit record is written.
     Withheld(Box<Refusal>),
+    /// Past its TTL (and `drop_expired`): never handed out, not audited; committed as
+    /// [`ExpiredCommits`] says.
+    Expired,
     /// Hand it out, after publishing the audit record when there is one.
     Deliver(Box<Delivery>, Option<Box<Envelope>>),
 }
 
-/// Verify, decode, apply the clearance, and build the audit record a confidential or
-/// restricted delivery needs - shared by the sync and async subscribers.
-fn judge(topic: &str, opts: &SubscribeOptions, rec: &KafkaRecord, partition: i32, offset: i64) -> Result<Verdict> {
+/// Verify, decode, apply the clearance, drop an expired message (at `now_ms`), and build the
+/// audit record a confidential or restricted delivery needs - shared by the sync and async
+/// subscribers. The order is the Python SDK's and the Go client's: a message above the
+/// clearance is withheld (and its refusal audited) whether or not it expired; an expired one
+/// is dropped before its delivery would be audited.
+fn judge(
+    topic: &str,
+    opts: &SubscribeOptions,
+    rec: &KafkaRecord,
+    partition: i32,
+    offset: i64,
+    now_ms: i64,
+) -> Result<Verdict> {
     let (view, signature) = binding::decode(rec, &opts.limits, opts.verify_with.as_ref())?;
     let envelope = view.to_envelope()?;
     let level = Clearance::of(envelope.security().and_then(|s| s.data_classification.as_deref()));
@@ -458,6 +485,9 @@ fn judge(topic: &str, opts: &SubscribeOptions, rec: &KafkaRecord, partition: i32
             partition,
             offset,
         })));
+    }
+    if opts.drop_expired && envelope.is_expired(now_ms) {
+        return Ok(Verdict::Expired);
     }
     let audit = if level >= Clearance::Confidential {
         Some(Box::new(audit_record(
@@ -520,6 +550,87 @@ fn commit_list(topic: &str, partition: i32, offset: i64) -> Result<TopicPartitio
     Ok(tpl)
 }
 
+/// When a dropped (expired) message is committed. Python and Go acknowledge it at once, and
+/// their commit moves only over the contiguous prefix of settled messages, so it never
+/// commits a message handed out before it that the application has not acknowledged yet.
+/// Here `ack` commits through an offset (everything before it on its partition), so the same
+/// guarantee takes this bookkeeping: an expired message is committed at once when nothing
+/// fetched before it on its partition (handed out, withheld or undeliverable) is still
+/// unacknowledged; otherwise it is committed by the acknowledgement that settles the last
+/// such message. A message kept after it needs no bookkeeping: its own `ack` commits past
+/// the expired one. Unknown state (after a seek or a rebalance) only delays a commit - the
+/// message is then fetched again and dropped again - never commits one that is still out.
+#[derive(Debug, Default)]
+pub struct ExpiredCommits {
+    partitions: HashMap<i32, Outstanding>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Outstanding {
+    /// The last offset fetched and not dropped (handed out, withheld or undeliverable).
+    kept: Option<i64>,
+    /// The highest offset committed through this subscriber.
+    committed: Option<i64>,
+    /// The last expired offset waiting for the `ack` of `kept`.
+    waiting: Option<i64>,
+}
+
+impl ExpiredCommits {
+    /// A message at `offset` was fetched and kept (delivered, withheld or undeliverable).
+    pub fn kept(&mut self, partition: i32, offset: i64) {
+        let p = self.partitions.entry(partition).or_default();
+        p.kept = Some(p.kept.map_or(offset, |k| k.max(offset)));
+        if p.waiting.is_some_and(|w| w < offset) {
+            p.waiting = None; // acknowledging the kept message commits past it
+        }
+    }
+
+    /// A message at `offset` was dropped as expired: true when it is to be committed now.
+    pub fn expired(&mut self, partition: i32, offset: i64) -> bool {
+        let p = self.partitions.entry(partition).or_default();
+        let settled = match (p.kept, p.committed) {
+            (None, _) => true,
+            (Some(k), Some(c)) => c >= k,
+            (Some(_), None) => false,
+        };
+        if settled {
+            p.committed = Some(p.committed.map_or(offset, |c| c.max(offset)));
+            p.waiting = None;
+        } else {
+            p.waiting = Some(p.waiting.map_or(offset, |w| w.max(offset)));
+        }
+        settled
+    }
+
+    /// Everything through `offset` was committed; returns an expired offset beyond it to
+    /// commit as well, when `offset` settled the last kept message before it.
+    pub fn acked(&mut self, partition: i32, offset: i64) -> Option<i64> {
+        let p = self.partitions.entry(partition).or_default();
+        p.committed = Some(p.committed.map_or(offset, |c| c.max(offset)));
+        let waiting = p
+            .waiting
+            .filter(|w| *w > offset && p.kept.is_none_or(|k| offset >= k))?;
+        p.waiting = None;
+        p.committed = Some(waiting);
+        Some(waiting)
+    }
+
+    /// The partition is read again from `offset`: a waiting expired message at or after it
+    /// will be fetched (and judged) again.
+    pub fn rewound(&mut self, partition: i32, offset: i64) {
+        if let Some(p) = self.partitions.get_mut(&partition) {
+            if p.waiting.is_some_and(|w| w >= offset) {
+                p.waiting = None;
+            }
+        }
+    }
+}
+
+/// The bookkeeping of a subscriber, shared by `&self` methods (`ack`, `seek`).
+fn expired_commits(m: &Mutex<ExpiredCommits>) -> std::sync::MutexGuard<'_, ExpiredCommits> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A subscription to one topic (read_committed), verifying and judging every message.
 pub struct Subscriber {
     topic: String,
@@ -529,6 +640,7 @@ pub struct Subscriber {
     refused: Refusals,
     /// A refusal record that failed after good messages were handed out: the next poll's error.
     pending: Option<PrismError>,
+    expired: Mutex<ExpiredCommits>,
     pub stats: Stats,
 }
 
@@ -551,12 +663,13 @@ impl Subscriber {
             audit,
             refused: Refusals::default(),
             pending: None,
+            expired: Mutex::default(),
             stats: Stats::default(),
         })
     }
 
     /// Wait up to `max_wait` for records, then take what else is there (at most `max` records),
-    /// judging each. The messages withheld for clearance share one signed `classified_refused`
+    /// judging each (expired messages are dropped: [`Stats::expired`]). The messages withheld for clearance share one signed `classified_refused`
     /// record, written before they are committed; when it cannot be written they are read
     /// again (the partitions rewound), the messages handed out are still returned, and the
     /// next `poll` returns the error.
@@ -618,11 +731,23 @@ impl Subscriber {
             wait = Duration::ZERO;
             let (rec, partition, offset) = rec;
             match self.judge(&rec, partition, offset) {
-                Ok(Some(d)) => {
-                    self.stats.delivered += 1;
-                    out.push(Ok(d));
+                Ok(Judged::Expired) => {
+                    self.stats.expired += 1;
+                    if expired_commits(&self.expired).expired(partition, offset) {
+                        if let Err(e) = self.commit_through(partition, offset) {
+                            // dropped all the same (fetched and dropped again if the commit
+                            // did not land); the failure is the next poll's error, after the
+                            // messages judged good are handed out
+                            self.pending.get_or_insert(e);
+                        }
+                    }
+                    continue;
                 }
-                Ok(None) => {} // withheld: held for its refusal record
+                Ok(Judged::Delivered(d)) => {
+                    self.stats.delivered += 1;
+                    out.push(Ok(*d));
+                }
+                Ok(Judged::Withheld) => {} // held for its refusal record
                 Err(error) => {
                     self.stats.failed += 1;
                     out.push(Err(Undeliverable {
@@ -636,27 +761,33 @@ impl Subscriber {
         Ok(out)
     }
 
-    /// Verify, decode, apply the clearance, audit; `None` when withheld (held for the
-    /// refusal record, written at once when it is full).
-    fn judge(&mut self, rec: &KafkaRecord, partition: i32, offset: i64) -> Result<Option<Delivery>> {
-        match judge(&self.topic, &self.opts, rec, partition, offset)? {
+    /// Verify, decode, apply the clearance and the TTL, audit; a withheld message is held for
+    /// the refusal record (written at once when it is full). Every message but an
+    /// expired one is recorded as kept (out until acknowledged) for [`ExpiredCommits`].
+    fn judge(&mut self, rec: &KafkaRecord, partition: i32, offset: i64) -> Result<Judged> {
+        let verdict = judge(&self.topic, &self.opts, rec, partition, offset, now_ms());
+        if !matches!(verdict, Ok(Verdict::Expired)) {
+            expired_commits(&self.expired).kept(partition, offset);
+        }
+        Ok(match verdict? {
+            Verdict::Expired => Judged::Expired,
             Verdict::Withheld(r) => {
                 self.stats.withheld += 1;
                 if self.refused.push(*r) {
                     self.flush_refusals()?;
                 }
-                Ok(None)
+                Judged::Withheld
             }
-            Verdict::Deliver(d, None) => Ok(Some(*d)),
+            Verdict::Deliver(d, None) => Judged::Delivered(d),
             Verdict::Deliver(d, Some(audit)) => {
                 if let Err(e) = self.audit.publish(&self.opts.audit_topic, &audit, Layout::Reviewed) {
                     self.seek(partition, offset)?; // not handed out: fetched again later
                     return Err(audit_failed(e));
                 }
                 self.stats.audited += 1;
-                Ok(Some(*d))
+                Judged::Delivered(d)
             }
-        }
+        })
     }
 
     /// Commit a handed-out message (and everything before it on its partition).
@@ -664,8 +795,18 @@ impl Subscriber {
         self.ack_at(d.partition, d.offset)
     }
 
-    /// Commit up to and including `offset` on `partition` (e.g. after a DLQ write of an `Undeliverable`).
+    /// Commit up to and including `offset` on `partition` (e.g. after a DLQ write of an
+    /// `Undeliverable`), and the expired messages dropped right after it when it settles
+    /// the last message handed out before them ([`ExpiredCommits`]).
     pub fn ack_at(&self, partition: i32, offset: i64) -> Result<()> {
+        self.commit_through(partition, offset)?;
+        match expired_commits(&self.expired).acked(partition, offset) {
+            Some(dropped) => self.commit_through(partition, dropped),
+            None => Ok(()),
+        }
+    }
+
+    fn commit_through(&self, partition: i32, offset: i64) -> Result<()> {
         self.consumer
             .commit(&commit_list(&self.topic, partition, offset)?, CommitMode::Sync)
             .map_err(|e| transport(e, "commit failed"))
@@ -673,10 +814,21 @@ impl Subscriber {
 
     /// A nack: the partition is read again from `offset`.
     pub fn seek(&self, partition: i32, offset: i64) -> Result<()> {
+        expired_commits(&self.expired).rewound(partition, offset);
         self.consumer
             .seek(&self.topic, partition, Offset::Offset(offset), Duration::from_secs(10))
             .map_err(|e| transport(e, "seek failed"))
     }
+}
+
+/// What the sync subscriber made of one record.
+enum Judged {
+    /// Handed out.
+    Delivered(Box<Delivery>),
+    /// Above the clearance: held for its refusal record.
+    Withheld,
+    /// Past its TTL: dropped.
+    Expired,
 }
 
 // ------------------------------------------------------------------ async (feature `kafka-async`)
@@ -754,6 +906,7 @@ pub struct AsyncSubscriber {
     refused: Refusals,
     /// A refusal record that failed after a good message was handed out: the next call's error.
     pending: Option<PrismError>,
+    expired: Mutex<ExpiredCommits>,
     pub stats: Stats,
 }
 
@@ -778,6 +931,7 @@ impl AsyncSubscriber {
             audit,
             refused: Refusals::default(),
             pending: None,
+            expired: Mutex::default(),
             stats: Stats::default(),
         })
     }
@@ -785,6 +939,7 @@ impl AsyncSubscriber {
     /// The next message: `Ok(Ok(delivery))`, or `Ok(Err(undeliverable))` for one that failed
     /// verification or decoding (never dropped: the caller decides, then `ack_at`). `Err` is a
     /// transport failure. Pending until a message arrives (wrap it in a timeout as needed).
+    /// Expired messages are dropped on the way ([`Stats::expired`]).
     ///
     /// Messages withheld for clearance are held until the one signed `classified_refused`
     /// record of those met in a row is written - before waiting for more, before the next
@@ -850,7 +1005,17 @@ impl AsyncSubscriber {
                 }
             };
             let (rec, partition, offset) = incoming(&received.map_err(|e| transport(e, "consume failed"))?);
-            match judge(&self.topic, &self.opts, &rec, partition, offset) {
+            let verdict = judge(&self.topic, &self.opts, &rec, partition, offset, now_ms());
+            if !matches!(verdict, Ok(Verdict::Expired)) {
+                expired_commits(&self.expired).kept(partition, offset);
+            }
+            match verdict {
+                Ok(Verdict::Expired) => {
+                    self.stats.expired += 1;
+                    if expired_commits(&self.expired).expired(partition, offset) {
+                        self.commit_through(partition, offset)?;
+                    }
+                }
                 Ok(Verdict::Withheld(r)) => {
                     self.stats.withheld += 1;
                     if self.refused.push(*r) {
@@ -897,8 +1062,18 @@ impl AsyncSubscriber {
         self.ack_at(d.partition, d.offset)
     }
 
-    /// Queue the commit of everything up to and including `offset` on `partition`.
+    /// Queue the commit of everything up to and including `offset` on `partition`, and of the
+    /// expired messages dropped right after it when it settles the last message handed out
+    /// before them ([`ExpiredCommits`]).
     pub fn ack_at(&self, partition: i32, offset: i64) -> Result<()> {
+        self.commit_through(partition, offset)?;
+        match expired_commits(&self.expired).acked(partition, offset) {
+            Some(dropped) => self.commit_through(partition, dropped),
+            None => Ok(()),
+        }
+    }
+
+    fn commit_through(&self, partition: i32, offset: i64) -> Result<()> {
         self.consumer
             .commit(&commit_list(&self.topic, partition, offset)?, CommitMode::Async)
             .map_err(|e| transport(e, "commit failed"))
@@ -907,13 +1082,21 @@ impl AsyncSubscriber {
     /// [`ack`](Self::ack), waiting for the broker's answer (blocks the thread for one round
     /// trip: call it at shutdown or from `spawn_blocking`).
     pub fn ack_blocking(&self, d: &Delivery) -> Result<()> {
-        self.consumer
-            .commit(&commit_list(&self.topic, d.partition, d.offset)?, CommitMode::Sync)
-            .map_err(|e| transport(e, "commit failed"))
+        let commit = |offset| {
+            self.consumer
+                .commit(&commit_list(&self.topic, d.partition, offset)?, CommitMode::Sync)
+                .map_err(|e| transport(e, "commit failed"))
+        };
+        commit(d.offset)?;
+        match expired_commits(&self.expired).acked(d.partition, d.offset) {
+            Some(dropped) => commit(dropped),
+            None => Ok(()),
+        }
     }
 
     /// A nack: the partition is read again from `offset`.
     pub fn seek(&self, partition: i32, offset: i64) -> Result<()> {
+        expired_commits(&self.expired).rewound(partition, offset);
         self.consumer
             .seek(&self.topic, partition, Offset::Offset(offset), Duration::from_secs(10))
             .map_err(|e| transport(e, "seek failed"))
@@ -1047,6 +1230,91 @@ mod tests {
         let anon = refusal_record("t", &SubscribeOptions::default(), &several[..1]).unwrap();
         assert!(record_of(&anon)["principal"].is_null());
         assert_eq!(rewind_points(&several), vec![(1, 1), (0, 2)]);
+    }
+
+    const T0: i64 = 1_767_225_600_000;
+
+    fn record(classification: &str, ttl: Option<i64>) -> KafkaRecord {
+        let mut b = Envelope::builder("t", "ns")
+            .text("x")
+            .published_at_ms(T0)
+            .data_classification(classification);
+        if let Some(t) = ttl {
+            b = b.ttl_seconds(t);
+        }
+        binding::encode(&b.build().unwrap(), Layout::Reviewed, None, &[], None).unwrap()
+    }
+
+    fn verdict(opts: &SubscribeOptions, rec: &KafkaRecord, now: i64) -> &'static str {
+        match judge("t", opts, rec, 0, 7, now).unwrap() {
+            Verdict::Withheld(_) => "withheld",
+            Verdict::Expired => "expired",
+            Verdict::Deliver(_, None) => "delivered",
+            Verdict::Deliver(_, Some(_)) => "delivered+audit",
+        }
+    }
+
+    #[test]
+    fn an_expired_message_is_dropped_after_the_clearance_check_and_before_its_audit() {
+        let opts = SubscribeOptions {
+            clearance: Clearance::Confidential,
+            principal: Some("svc".into()),
+            ..Default::default()
+        };
+        let live = record("internal", Some(60));
+        assert_eq!(verdict(&opts, &live, T0 + 59_999), "delivered");
+        // at the boundary: expired
+        assert_eq!(verdict(&opts, &live, T0 + 60_000), "expired");
+        // no TTL, a TTL of 0, a TTL whose milliseconds overflow i64: never expired
+        for ttl in [None, Some(0), Some(i64::MAX), Some(i64::MAX / 1000 + 1)] {
+            assert_eq!(
+                verdict(&opts, &record("internal", ttl), i64::MAX),
+                "delivered",
+                "{ttl:?}"
+            );
+        }
+        // an expired confidential message: dropped, and no audit record (it is not read)
+        let confidential = record("confidential", Some(1));
+        assert_eq!(verdict(&opts, &confidential, T0 + 999), "delivered+audit");
+        assert_eq!(verdict(&opts, &confidential, T0 + 1000), "expired");
+        // above the clearance: withheld (and audited as refused) whether or not it expired
+        assert_eq!(verdict(&opts, &record("restricted", Some(1)), T0 + 1000), "withheld");
+        // drop_expired false: handed out like any other
+        let keep = SubscribeOptions {
+            drop_expired: false,
+            ..opts
+        };
+        assert_eq!(verdict(&keep, &live, T0 + 60_000), "delivered");
+        assert!(SubscribeOptions::default().drop_expired);
+    }
+
+    #[test]
+    fn an_expired_message_is_committed_only_when_nothing_before_it_is_still_out() {
+        let mut c = ExpiredCommits::default();
+        // first on its partition: nothing out before it, committed at once
+        assert!(c.expired(0, 3));
+        // 4 handed out, not acknowledged: 5 and 6 wait for 4's ack, which commits through 6
+        c.kept(0, 4);
+        assert!(!c.expired(0, 5));
+        assert!(!c.expired(0, 6));
+        assert_eq!(c.acked(0, 4), Some(6));
+        // everything out is settled again
+        assert!(c.expired(0, 7));
+        // a message kept after the expired one: its own ack commits past it
+        c.kept(0, 8);
+        assert!(!c.expired(0, 9));
+        c.kept(0, 10);
+        assert_eq!(c.acked(0, 8), None); // 9 is not committed with 8: 10 is still out
+        assert!(!c.expired(0, 11));
+        assert_eq!(c.acked(0, 10), Some(11));
+        // partitions are separate
+        c.kept(1, 0);
+        assert!(c.expired(2, 0));
+        assert!(!c.expired(1, 1));
+        // a nack (seek) at or before the waiting one: it is fetched again, nothing to commit
+        c.rewound(1, 0);
+        assert_eq!(c.acked(1, 0), None);
+        assert!(c.expired(1, 1)); // fetched again after 0 was acknowledged: committed at once
     }
 
     #[test]

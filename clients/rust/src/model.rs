@@ -212,6 +212,49 @@ impl Envelope {
     }
 }
 
+impl Envelope {
+    /// When the message expires, in Unix milliseconds: `published_at_ms + ttl_seconds * 1000`;
+    /// None when it never does (no metadata, no TTL, or a TTL of 0 or less). An expiry past
+    /// the i64 range (a TTL of `i64::MAX`, which the builders of every SDK accept) is
+    /// saturated to `i64::MAX`, as Go's `ExpiresAt` does; [`Envelope::is_expired`] compares
+    /// the exact value.
+    pub fn expires_at_ms(&self) -> Option<i64> {
+        let m = self.metadata()?;
+        expiry_ms(m.published_at_ms, m.ttl_seconds).map(|e| i64::try_from(e).unwrap_or(i64::MAX))
+    }
+
+    /// Whether the message is expired at `now_ms` (Unix milliseconds): the rule of
+    /// [`ttl_expired`], on this envelope's `published_at_ms` and `ttl_seconds`.
+    pub fn is_expired(&self, now_ms: i64) -> bool {
+        self.metadata()
+            .is_some_and(|m| ttl_expired(m.published_at_ms, m.ttl_seconds, now_ms))
+    }
+
+    /// [`Envelope::is_expired`] by this machine's clock.
+    pub fn is_expired_now(&self) -> bool {
+        self.is_expired(now_ms())
+    }
+}
+
+/// The exact expiry `published_at_ms + ttl_seconds * 1000` (i128: no i64 operands can
+/// overflow it), or None when `ttl_seconds` is absent, 0 or negative (no expiry).
+pub fn expiry_ms(published_at_ms: i64, ttl_seconds: Option<i64>) -> Option<i128> {
+    let ttl = ttl_seconds.filter(|t| *t > 0)?;
+    Some(i128::from(published_at_ms) + i128::from(ttl) * 1000)
+}
+
+/// The TTL rule every SDK applies (Python's `Envelope.is_expired`, Go's `IsExpired`, the
+/// vectors of conformance/expiry/): a message with a TTL above 0 is expired once `now_ms` is
+/// at or past `published_at_ms + ttl_seconds * 1000`. The producer's `published_at_ms` is the
+/// start (not the broker's timestamp, not when it was received), there is no allowance for
+/// clock skew (a producer whose clock runs ahead gets a later expiry), a TTL of 0 or less
+/// means "never expires", and the sum is exact: a huge TTL or a `published_at_ms` near the
+/// i64 limits never wraps around to a time in the past (Go's int64 arithmetic once did, and
+/// dropped messages that never expire).
+pub fn ttl_expired(published_at_ms: i64, ttl_seconds: Option<i64>, now_ms: i64) -> bool {
+    expiry_ms(published_at_ms, ttl_seconds).is_some_and(|e| i128::from(now_ms) >= e)
+}
+
 /// The metadata's content type as a MIME string ("" when unset).
 pub fn content_type(m: &v1::PrismMetadata) -> &str {
     match m.content_type.map(ContentType::try_from) {
@@ -667,6 +710,58 @@ mod tests {
             .ttl_seconds(0)
             .label("k", "v".repeat(255));
         assert!(ok.data_classification("restricted").build().is_ok());
+    }
+
+    fn with_ttl(published_at_ms: i64, ttl: Option<i64>) -> Envelope {
+        let mut env = Envelope::builder("t", "n")
+            .text("x")
+            .published_at_ms(published_at_ms)
+            .build()
+            .unwrap();
+        // set directly: a foreign producer may write what the builder refuses (a negative TTL)
+        env.header.metadata.as_mut().unwrap().ttl_seconds = ttl;
+        env
+    }
+
+    #[test]
+    fn expiry_is_published_at_plus_ttl_at_or_after() {
+        let t0 = 1_767_225_600_000;
+        let env = with_ttl(t0, Some(60));
+        assert_eq!(env.expires_at_ms(), Some(t0 + 60_000));
+        assert!(!env.is_expired(t0 + 59_999));
+        assert!(env.is_expired(t0 + 60_000)); // the boundary is expired (>=), as in Python
+        assert!(env.is_expired(t0 + 60_001));
+        for ttl in [None, Some(0), Some(-5), Some(i64::MIN)] {
+            let env = with_ttl(t0, ttl);
+            assert_eq!(env.expires_at_ms(), None, "{ttl:?}");
+            assert!(!env.is_expired(i64::MAX), "{ttl:?}: never expires");
+        }
+        // no metadata at all: nothing expires
+        assert!(!Envelope::default().is_expired(i64::MAX));
+        // by this machine's clock: an hour's TTL from now is live, one second from 1970 is not
+        assert!(!with_ttl(now_ms(), Some(3600)).is_expired_now());
+        assert!(with_ttl(0, Some(1)).is_expired_now());
+    }
+
+    #[test]
+    fn huge_ttls_and_timestamps_near_the_i64_limits_never_wrap() {
+        // ttl * 1000 alone overflows i64 (Go's old bug made these expired at once)
+        for ttl in [i64::MAX, i64::MAX / 1000 + 1] {
+            let env = with_ttl(1_767_225_600_000, Some(ttl));
+            assert!(!env.is_expired(1_767_225_600_000));
+            assert!(!env.is_expired(i64::MAX));
+            assert_eq!(env.expires_at_ms(), Some(i64::MAX)); // saturated for display
+        }
+        // the sum lands exactly on i64::MAX: expired at i64::MAX; one past it: never
+        assert!(with_ttl(i64::MAX - 1000, Some(1)).is_expired(i64::MAX));
+        assert!(!with_ttl(i64::MAX - 999, Some(1)).is_expired(i64::MAX));
+        assert!(!with_ttl(i64::MAX, Some(i64::MAX)).is_expired(i64::MAX));
+        // a published_at_ms at the bottom of the range
+        assert!(!with_ttl(i64::MIN, Some(1)).is_expired(i64::MIN + 999));
+        assert!(with_ttl(i64::MIN, Some(1)).is_expired(i64::MIN + 1000));
+        assert_eq!(with_ttl(i64::MIN, Some(1)).expires_at_ms(), Some(i64::MIN + 1000));
+        assert_eq!(expiry_ms(i64::MAX, Some(i64::MAX)), Some(i128::from(i64::MAX) * 1001));
+        assert!(!ttl_expired(i64::MAX, Some(i64::MAX), i64::MAX));
     }
 
     #[test]

@@ -758,12 +758,66 @@ fn kafka_headers_vectors() {
     assert!(count > 100);
 }
 
+/// TTL expiry (kind "expiry"): for each decoded envelope, `Envelope::is_expired` at `now_ms`
+/// must be Python's verdict and `model::expiry_ms` its exact expiry - the subscriber drops a
+/// message by this rule, so an SDK that disagrees keeps what another drops. int64 values
+/// are decimal strings (most are beyond 2^53); expiries beyond int64 come back as i128.
+#[test]
+fn expiry_vectors() {
+    use prism_client::model::expiry_ms;
+    let int = |v: &Value| v.as_str().map(|s| s.parse::<i128>().unwrap());
+    let mut failures = Vec::new();
+    let mut count = 0;
+    let mut listed = 0;
+    for (path, file) in files_of("expiry") {
+        listed += manifest_vectors(&path);
+        for v in file["vectors"].as_array().unwrap() {
+            let name = v["name"].as_str().unwrap();
+            let data = hex(&v["envelope_hex"]);
+            let lay = codec::detect_layout(&data).unwrap();
+            let env = codec::decode(&data, &Limits::default()).unwrap();
+            let md = env.metadata().unwrap();
+            let now = i64::try_from(int(&v["now_ms"]).unwrap()).unwrap();
+            let got = (
+                layout_name(lay),
+                i128::from(md.published_at_ms),
+                md.ttl_seconds.map(i128::from),
+                expiry_ms(md.published_at_ms, md.ttl_seconds),
+                env.is_expired(now),
+                env.expires_at_ms(),
+            );
+            let want_expiry = int(&v["expires_at_ms"]);
+            let want = (
+                v["layout"].as_str().unwrap(),
+                int(&v["published_at_ms"]).unwrap(),
+                int(&v["ttl_seconds"]),
+                want_expiry,
+                v["expired"].as_bool().unwrap(),
+                // saturated to i64::MAX where the exact expiry is past it
+                want_expiry.map(|e| i64::try_from(e).unwrap_or(i64::MAX)),
+            );
+            count += 1;
+            if got != want {
+                failures.push(format!("{path} {name}:\n  got  {got:?}\n  want {want:?}"));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {count} expiry vectors fail:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert_eq!(count, listed, "ran {count} of the {listed} vectors manifest.json lists");
+    assert!(count >= 30);
+}
+
 /// Every kind in the manifest is run by a test above. A kind without a runner is not skipped
 /// in silence: it must be listed in `NOT_IMPLEMENTED`, which the test prints, and which is
 /// empty - so a new kind fails here until Rust runs it.
 #[test]
 fn every_manifest_kind_has_a_runner() {
-    const RUN: [&str; 8] = [
+    const RUN: [&str; 9] = [
         "signature",
         "envelope",
         "conversion",
@@ -772,6 +826,7 @@ fn every_manifest_kind_has_a_runner() {
         "negative",
         "lnmp",
         "kafka_headers",
+        "expiry",
     ];
     const NOT_IMPLEMENTED: [&str; 0] = [];
     let manifest: Value =

@@ -21,6 +21,7 @@ var RunByGo = map[string]string{
 	"key_wrap":      "encryption.TestKeyWrapVectors",
 	"lnmp":          "lnmp.TestLNMPVectors",
 	"kafka_headers": "kafka.TestKafkaHeaderVectors",
+	"expiry":        "envelope.TestExpiryVectors",
 }
 
 // NotInGoClient are the kinds the Go client does not implement, with why (none today).
