@@ -39,14 +39,34 @@ CLASSIFICATIONS = ("public", "internal", "confidential", "restricted")
 ValidationMode = Annotated[Literal["off", "warn", "strict"],
                            # YAML 1.1 reads a bare `off` as false: take it as the word it was
                            BeforeValidator(lambda v: "off" if v is False else v)]
+#: The longest retention a topic config takes (Kafka's `retention.ms` is a Java long)
+MAX_RETENTION_MS = 2**63 - 1
 InputFormat = Literal["auto", "prism", "cloudevents", "kafka-headers", "nats-headers", "redis-json", "lnmp", "raw"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Every topology model: unknown keys refused (a typo is an error, not a default), and values
+    taken as the type YAML gave them - `partitions: true` was 1 and `partitions: "4"` 4 (strict),
+    and `roll_interval_s: .nan` was refused as "less than or equal to 3600" (no NaN, no inf)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
-TopicName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$")]
+def _not_dots(v: str) -> str:
+    if v in (".", ".."):
+        raise ValueError(f"{v!r} is not a Kafka topic name (Kafka refuses '.' and '..')")
+    return v
+
+
+#: Kafka's topic name rules (249 characters at most, `.` and `..` refused); 200 leaves room for
+#: the names Prism derives from a source (`<topic>.v3`, `<topic><dlq suffix>.replayed`).
+TopicName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$"),
+                      AfterValidator(_not_dots)]
+#: `off` (and `on`) in YAML 1.1 are booleans: a policy written `off` is taken as the word it was
+_OffWord = BeforeValidator(lambda v: "off" if v is False else v)
+Policy = Annotated[Literal["required", "optional", "off"], _OffWord]
+#: Envelope namespaces: the names `producers:` and `namespaces:` take (1-249: the envelope's limit)
+NamespaceName = Annotated[str, Field(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._:/@+-]+$")]
 
 
 _DURATION = re.compile(r"^\s*(\d{1,9})\s*(ms|s|m|h|d)\s*$")
@@ -71,6 +91,9 @@ def parse_duration_ms(value: str | int) -> int:
         ms = int(m.group(1)) * _UNIT_MS[m.group(2)]
     if ms <= 0:
         raise ValueError(f"duration {value!r} must be positive")
+    if ms > MAX_RETENTION_MS:
+        raise ValueError(f"duration {value!r} is longer than Kafka takes ({MAX_RETENTION_MS} ms); write e.g. 30d, "
+                         "or null for the broker's default")
     return ms
 
 
@@ -116,7 +139,7 @@ class Source(_Strict):
     topic_aliases: list[TopicName] = []  # other envelope topics accepted here (e.g. an old name during a rename)
     format: InputFormat = "auto"
     partitions: Annotated[int, Field(ge=1, le=1024)] = 4
-    namespace: str | None = None  # overrides the topology default for legacy inputs
+    namespace: NamespaceName | None = None  # overrides the topology default for legacy inputs
     #: The lowest classification a message from a producer that is not authenticated (no
     #: verified token, key bound to a publisher, or DLQ attestation) may carry from this
     #: source: a lower or absent one is raised to it, before the policy stage
@@ -129,6 +152,15 @@ class Source(_Strict):
     #: `retention.ms` when Prism creates the topic, checked by the worker at start-up.
     #: null: leave the broker's default (and skip the check).
     retention: str | int | None = DEFAULT_SOURCE_RETENTION
+
+    @field_validator("retention", mode="before")
+    @classmethod
+    def _retention_type(cls, v: Any) -> Any:
+        # one message for a value of the wrong type, not one per member of `str | int | None`
+        if v is not None and (isinstance(v, bool) or not isinstance(v, str | int)):
+            raise ValueError(f"{str(v)[:64]!r} is not a duration: write e.g. 24h, 30m, 7d, a whole number of "
+                             "milliseconds, or null for the broker's default")
+        return v
 
     @field_validator("retention")
     @classmethod
@@ -154,7 +186,7 @@ class ValidateStage(_Strict):
 
 
 class AuthenticateStage(_Strict):
-    policy: Literal["required", "optional", "off"] = "required"
+    policy: Policy = "required"
     jwks: str  # path to an RFC 7517 JWKS file
     issuer: str | list[str] | None = None
     audience: str | None = None
@@ -165,7 +197,7 @@ class AuthenticateStage(_Strict):
 
 
 class VerifySignatureStage(_Strict):
-    policy: Literal["required", "optional", "off"] = "optional"
+    policy: Policy = "optional"
     keyring: str  # path to a signing keyring file (docs/signing.md, "Keyring files")
     #: Accept legacy-scope signatures (memo-031 Option 2: the envelope minus its security
     #: context). A DOWNGRADE RISK: such a signature does not cover publisher, classification,
@@ -333,14 +365,29 @@ class DlqOverflow(_Strict):
         return v
 
 
+def _backoff_in_order(model: Any) -> Any:
+    """`backoff_initial_ms` no larger than `backoff_max_ms`: the first retry waiting longer than
+    the cap is a swapped pair, which the retry loop would silently clamp."""
+    if model.backoff_initial_ms > model.backoff_max_ms:
+        raise ValueError(f"backoff_initial_ms {model.backoff_initial_ms} is larger than backoff_max_ms "
+                         f"{model.backoff_max_ms} - the first wait would exceed the cap; swap them, or raise "
+                         "backoff_max_ms")
+    return model
+
+
 class Dlq(_Strict):
-    topic_suffix: str = ".dlq"
+    #: the DLQ topic is `<source topic><topic_suffix>`: a suffix, so it can never be the source
+    #: itself (an empty suffix sent failed records back into the topic they were read from)
+    topic_suffix: Annotated[str, Field(min_length=2, max_length=32, pattern=r"^[._-][A-Za-z0-9._-]+$")] = ".dlq"
     attestation: DlqAttestation = DlqAttestation()
     #: the whole value of a truncated DLQ copy, stored by reference; None: digest and length only
     overflow: DlqOverflow | None = None
     max_attempts: Annotated[int, Field(ge=1, le=20)] = 3
-    backoff_initial_ms: Annotated[int, Field(ge=1)] = 50
-    backoff_max_ms: Annotated[int, Field(ge=1)] = 2000
+    backoff_initial_ms: Annotated[int, Field(ge=1, le=600_000)] = 50
+    #: at most 10 minutes between attempts (the sinks' bound): 10**18 slept for ever
+    backoff_max_ms: Annotated[int, Field(ge=1, le=600_000)] = 2000
+
+    _order = model_validator(mode="after")(_backoff_in_order)
 
 
 class Archive(_Strict):
@@ -350,8 +397,8 @@ class Archive(_Strict):
     (costs one more produce per message)."""
 
     enabled: bool = True
-    topic: str | None = None
-    path: str = "var/archive"
+    topic: TopicName | None = None
+    path: Annotated[str, Field(min_length=1)] = "var/archive"
     partitions: Annotated[int, Field(ge=1, le=1024)] = 4
     #: the archive tap commits its open roll (a Parquet file + manifest) at least this often -
     #: Kafka Connect's S3 sink `rotate.interval.ms`: how stale the lake may be at most, against
@@ -474,6 +521,8 @@ class _SinkBase(_Strict):
     backoff_initial_ms: Annotated[int, Field(ge=1, le=60_000)] = 100
     backoff_max_ms: Annotated[int, Field(ge=1, le=600_000)] = 5_000
     timeout_ms: Annotated[int, Field(ge=100, le=600_000)] = 10_000  # one write attempt
+
+    _order = model_validator(mode="after")(_backoff_in_order)
 
 
 class RedisPubSubSinkSpec(_SinkBase):
@@ -626,8 +675,8 @@ class EncryptionSettings(_Strict):
 
 
 class Topology(_Strict):
-    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
-    namespace: str
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$", max_length=200)]
+    namespace: NamespaceName
     sources: Annotated[list[Source], Field(min_length=1)]
     stages: list[StageSpec]
     outputs: Outputs = Outputs()
@@ -658,8 +707,8 @@ class Topology(_Strict):
         stage order and a bad `producers:` entry reports both at once (pydantic stops a model's
         chain of validators at the first that raises)."""
         problems: list[str] = []
-        for check in (self._check_order, self._check_sources, self._check_validation, self._check_encryption,
-                      self._check_producers):
+        for check in (self._check_order, self._check_sources, self._check_topics, self._check_validation,
+                      self._check_encryption, self._check_producers):
             try:
                 check()
             except ValueError as exc:
@@ -689,7 +738,7 @@ class Topology(_Strict):
                             "namespace; with `validation` settings it is ambiguous - remove it and write "
                             "`validation: strict`")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError("\n".join(problems))  # one problem each (load_topology)
         return self
 
     def validation_modes(self) -> tuple[str, dict[str, str]]:
@@ -718,7 +767,7 @@ class Topology(_Strict):
             problems.append(f"encryption.algorithm: {exc.message} (stages.policy allowed_algorithms / fips_mode) - "
                             "pick an algorithm the policy stage allows")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError("\n".join(problems))  # one problem each (load_topology)
         return self
 
 
@@ -744,9 +793,47 @@ class Topology(_Strict):
                     f"sources[{i}].topic_aliases: {stolen} are other sources of this topology; an alias would "
                     f"let envelopes of that source be replayed onto {src.topic!r} - remove the alias")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError("\n".join(problems))  # one problem each (load_topology)
         return self
 
+
+    def _check_topics(self) -> Topology:
+        """Every topic the topology reads or writes has one role: a source's DLQ or output that
+        is another source (or its output, or the archive topic) made the worker write into a topic
+        it reads - a loop - or mix DLQ records into consumers' outputs. And no two names differ
+        only by `.` against `_` (Kafka refuses to create the second: their metric names collide).
+        Lengths need no check here: a source topic (200) plus the longest suffix (32) and
+        `.replayed` stay under Kafka's 249."""
+        roles: dict[str, list[str]] = {}
+        listed: set[str] = set()
+        for i, src in enumerate(self.sources):
+            if src.topic in listed:
+                continue  # a source listed twice: `_check_sources` says so, once
+            listed.add(src.topic)
+            roles.setdefault(src.topic, []).append(f"sources[{i}].topic")
+            for layout in self.outputs.layouts:
+                roles.setdefault(f"{src.topic}.{layout}", []).append(f"the {layout} output of sources[{i}]")
+            dlq = src.topic + self.dlq.topic_suffix
+            roles.setdefault(dlq, []).append(f"the DLQ of sources[{i}]")
+            roles.setdefault(dlq + ".replayed", []).append(f"the DLQ replay ledger of sources[{i}]")
+        if self.archive.enabled and self.archive.topic:
+            roles.setdefault(self.archive.topic, []).append("archive.topic")
+        problems = []
+        for name, what in roles.items():
+            if len(what) > 1:
+                # led by the key that made the clash (load_topology finds its line)
+                key = next((w for w in reversed(what) if w.endswith(".topic")), "dlq.topic_suffix")
+                problems.append(f"{key}: topic {name!r} is {' and '.join(what)} - each topic has one role; rename "
+                                "the topic, or change dlq.topic_suffix / archive.topic")
+        folded: dict[str, str] = {}
+        for name in roles:
+            other = folded.setdefault(name.replace(".", "_"), name)
+            if other != name:
+                problems.append(f"topics {other!r} and {name!r} differ only by '.' against '_', which Kafka "
+                                "refuses (their metric names collide) - rename one")
+        if problems:
+            raise ValueError("\n".join(problems))  # one problem each (load_topology)
+        return self
 
     def _check_producers(self) -> Topology:
         if self.producers is None:
@@ -780,7 +867,7 @@ class Topology(_Strict):
                                 f"(sources: {sorted(sources)}); the check compares the topic a message was read "
                                 "from")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError("\n".join(problems))  # one problem each (load_topology)
         return self
 
 
@@ -863,12 +950,15 @@ def _parse_stages(raw: Any) -> tuple[list[dict[str, Any]], list[str]]:
             problems.append(f"stages[{i}]: must be a stage name or a one-key mapping `name: {{settings}}`")
             continue
         if not isinstance(name, str) or name not in _STAGE_MODELS:
-            problems.append(f"stages[{i}]: unknown stage {str(name)[:64]!r}; known stages: {', '.join(STAGE_ORDER)}")
+            close = _closest(str(name), STAGE_ORDER)
+            problems.append(f"stages[{i}]: unknown stage {str(name)[:64]!r}"
+                            + (f" - did you mean {close!r}?" if close else "")
+                            + f" (known stages: {', '.join(STAGE_ORDER)})")
             continue
         try:
             out.append({"name": name, "settings": _STAGE_MODELS[name].model_validate(settings)})
         except ValidationError as exc:
-            problems.extend(f"stages[{i}].{name}.{_loc(e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
+            problems.extend(f"stages[{i}].{name}.{_loc(e['loc'])}: {_say(e, [_STAGE_MODELS[name]])}"
                             for e in exc.errors())
     return out, problems
 
@@ -880,16 +970,98 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
+def _closest(word: str, choices: Any) -> str | None:
+    """The choice a typo most likely meant (difflib's ratio, as Python's own "Did you mean")."""
+    import difflib
+
+    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The topology models a field's annotation holds (through Annotated, unions, lists, dicts)."""
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+def _models_at(roots: list[type[BaseModel]], loc: tuple[Any, ...]) -> list[type[BaseModel]]:
+    """The models whose keys are allowed at `loc` (a pydantic error location). A part that names
+    no field - a list index, a dict key, a union's tag - keeps the models it was found in."""
+    models = roots
+    for part in loc:
+        if not isinstance(part, str):
+            continue
+        inner = [m for model in models for name, f in model.model_fields.items() if part in (name, f.alias)
+                 for m in _models_in(f.annotation)]
+        if inner:
+            models = inner
+    return models
+
+
+def _keys_of(models: list[type[BaseModel]]) -> list[str]:
+    return sorted({f.alias or name for m in models for name, f in m.model_fields.items() if name != "base_dir"})
+
+
+def _say(error: Any, roots: list[type[BaseModel]]) -> str:
+    """A pydantic error as a person fixes it: an unknown key with the key it most likely meant
+    (or the keys allowed there), a missing key as missing - not "Extra inputs are not permitted"."""
+    kind, loc = error["type"], tuple(error["loc"])
+    if kind == "extra_forbidden" and loc and isinstance(loc[-1], str):
+        keys = _keys_of(_models_at(roots, loc[:-1]))
+        close = _closest(loc[-1], keys)
+        if close:
+            return f"unknown key - did you mean {close!r}?"
+        return "unknown key" + (f" (the keys here: {', '.join(keys)})" if keys else "")
+    if kind == "missing":
+        return "required, and missing"
+    return str(error["msg"]).removeprefix("Value error, ")
+
+
+_KEY_PATH = re.compile(r"[A-Za-z_][\w-]*(?:\[\d+\]|\.[A-Za-z_][\w-]*)*")
+
+
+def _path_of(problem: str) -> tuple[str | int, ...]:
+    """The key path a problem starts with (`sources[0].partitions: ...` -> sources, 0, partitions)."""
+    m = _KEY_PATH.match(problem)
+    if not m:
+        return ()
+    out: list[str | int] = []
+    for part in re.findall(r"\[(\d+)\]|([^.\[\]]+)", m.group(0)):
+        out.append(int(part[0]) if part[0] else part[1])
+    return tuple(out)
+
+
+def _line_of(problem: str, lines: dict[tuple[str | int, ...], int]) -> int | None:
+    """The line of the deepest key of the problem's path that the file has (pydantic adds parts
+    the YAML does not have - a union's tag, `str`/`int` of a union - which are skipped)."""
+    where: tuple[str | int, ...] = ()
+    line = None
+    for part in _path_of(problem):
+        if (*where, part) in lines:
+            where = (*where, part)
+            line = lines[where]
+    return line
+
+
 def load_topology(path: str | Path) -> Topology:
-    """Load and validate a topology file. Raises `ConfigError` listing every problem."""
-    from .config_files import read_config
+    """Load and validate a topology file. Raises `ConfigError` listing every problem, each with
+    the file and the line of the key it is about."""
+    from .config_files import key_lines, parse_config_text, read_text
 
     path = Path(path)
-    raw = read_config(path, what="topology file", by_suffix=False,
-                      missing_hint="pass an existing file, e.g. --topology topologies/orders-created.yaml")
+    text = read_text(path, what="topology file",
+                     missing_hint="pass an existing file, e.g. --topology topologies/orders-created.yaml")
+    raw = parse_config_text(text, what="topology file", source=str(path))
     if not isinstance(raw, dict):
-        raise ConfigError("a topology must be a YAML mapping", path=str(path),
-                          hint="start from topologies/orders-created.yaml")
+        kinds = {list: "a list", str: "a single string", int: "a number", float: "a number", bool: "a boolean"}
+        got = ("is empty" if raw is None or not text.strip() else
+               f"is {kinds.get(type(raw), type(raw).__name__)}, not a mapping")
+        raise ConfigError(f"a topology must be a YAML mapping of keys (name, namespace, sources, stages, ...); this "
+                          f"file {got}", path=str(path),
+                          hint="start from topologies/orders-created.yaml (docs/topologies.md lists every key)")
     # Every problem in one pass: the stages are parsed one by one (a bad stage does not hide the
     # next), and the rest of the file is validated even when a stage is bad - with the stages
     # that parsed, keeping only the errors of other keys (the checks across stages would judge a
@@ -906,15 +1078,21 @@ def load_topology(path: str | Path) -> Topology:
         for e in exc.errors():
             if stage_problems and (not e["loc"] or e["loc"][0] == "stages"):
                 continue
-            msg = e["msg"].removeprefix("Value error, ")
+            msg = _say(e, [Topology])
             problems.extend(f"{_loc(e['loc'])}: {one}" if e["loc"] else one for one in msg.split("\n"))
     else:
         if not stage_problems:
             return topo
     problems = stage_problems + problems
+    lines = key_lines(text)
+
+    def where(problem: str) -> str:
+        line = _line_of(problem, lines)
+        return f"{path}:{line}" if line else str(path)
+
     hint = "see docs/topologies.md for every key and its allowed values"
     message = f"invalid topology ({len(problems)} problem(s)): " + "; ".join(problems)
     if len(problems) == 1:
-        raise ConfigError(message, path=str(path), hint=hint)
-    raise ConfigProblems(message, [ConfigError(f"invalid topology: {p}", path=str(path), hint=hint) for p in problems],
+        raise ConfigError(message, path=where(problems[0]), hint=hint)
+    raise ConfigProblems(message, [ConfigError(f"invalid topology: {p}", path=where(p), hint=hint) for p in problems],
                          path=str(path), hint=hint, summary=f"{len(problems)} problems in topology {path}")

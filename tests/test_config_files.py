@@ -130,3 +130,15 @@ def test_a_named_pipe_without_a_writer_is_an_error_not_a_hang(tmp_path: Path) ->
         assert read_config(fifo, what="topology file") == {"name": "x"}
     finally:
         writer.wait(timeout=30)
+
+
+def test_key_lines_maps_key_paths_to_their_lines() -> None:
+    """What `load_topology` names a problem's line with: each key and list item's first line;
+    an aliased part is not walked again; a document the loader refuses maps to nothing."""
+    from app.config_files import key_lines
+
+    text = "name: x\nsources:\n  - topic: a\n    partitions: 4\n  - topic: b\nbase: &b {k: 1}\nuse: *b\n"
+    assert key_lines(text) == {("name",): 1, ("sources",): 2, ("sources", 0): 3, ("sources", 0, "topic"): 3,
+                               ("sources", 0, "partitions"): 4, ("sources", 1): 5, ("sources", 1, "topic"): 5,
+                               ("base",): 6, ("base", "k"): 6, ("use",): 7}
+    assert key_lines("a: [") == {} and key_lines("") == {}

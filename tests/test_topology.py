@@ -56,7 +56,7 @@ def test_dlq_attestation_settings(tmp_path: Path) -> None:
     assert t.dlq.attestation.trusted_keys == ["prism-worker-0"]
     with pytest.raises(ConfigError, match="max_age_s"):
         _load(tmp_path, dlq={"attestation": {"max_age_s": 5}})
-    with pytest.raises(ConfigError, match=r"dlq\.attestation\.trust_everyone: Extra inputs"):
+    with pytest.raises(ConfigError, match=r"dlq\.attestation\.trust_everyone: unknown key"):
         _load(tmp_path, dlq={"attestation": {"trust_everyone": True}})
 
 
@@ -164,3 +164,103 @@ def test_cli_prints_one_error_line_per_problem(tmp_path: Path) -> None:
     errors = [line for line in out.stderr.splitlines() if line.startswith("error [bad_config]")]
     assert len(errors) == 2 and "window_s" in errors[0] and "partitions" in errors[1], out.stderr
     assert out.stderr.strip().splitlines()[-1] == "2 configuration problems; nothing was started"
+
+
+# --------------------------------------------------------------------------- a new user's and an attacker's files
+
+
+def _problems(path: Path) -> list[ConfigError]:
+    """Every problem `load_topology` reports for `path` (one or several)."""
+    with pytest.raises(ConfigError) as err:
+        load_topology(path)
+    return list(getattr(err.value, "problems", [err.value]))
+
+
+@pytest.mark.parametrize("edit, where, why", [
+    # YAML gives these types: they were taken as 1, 4 and 3600 (pydantic's lax mode)
+    (lambda d: d["sources"][0].update(partitions=True), "sources[0].partitions", "valid integer"),
+    (lambda d: d["sources"][0].update(partitions="4"), "sources[0].partitions", "valid integer"),
+    (lambda d: d["stages"][5]["dedup"].update(window_s=3600.0), "stages[5].dedup.window_s", "valid integer"),
+    # NaN was "less than or equal to 3600"
+    (lambda d: d["archive"].update(roll_interval_s=float("nan")), "archive.roll_interval_s", "finite number"),
+    (lambda d: d["sources"][0].update(retention=1.5), "sources[0].retention", "is not a duration"),
+    (lambda d: d["sources"][0].update(retention=10**30), "sources[0].retention", "longer than Kafka takes"),
+    (lambda d: d["sources"][0].update(topic=".."), "sources[0].topic", "not a Kafka topic name"),
+    (lambda d: d.update(namespace=""), "namespace", "at least 1 character"),
+    (lambda d: d["archive"].update(path=""), "archive.path", "at least 1 character"),
+    (lambda d: d["archive"].update(topic="bad topic"), "archive.topic", "should match pattern"),
+    (lambda d: d["dlq"].update(backoff_initial_ms=5000, backoff_max_ms=10), "dlq", "larger than backoff_max_ms"),
+    (lambda d: d["dlq"].update(backoff_max_ms=10**18), "dlq.backoff_max_ms", "less than or equal to 600000"),
+    # an empty suffix made the DLQ the source topic itself: failed records were read again, forever
+    (lambda d: d["dlq"].update(topic_suffix=""), "dlq.topic_suffix", "at least 2 characters"),
+    (lambda d: d["dlq"].update(topic_suffix="/../x"), "dlq.topic_suffix", "should match pattern"),
+    (lambda d: d["dlq"].update(topic_suffix=".v3"), "dlq.topic_suffix",
+     "'orders.created.v3' is the v3 output of sources[0] and the DLQ of sources[0]"),
+    (lambda d: d["archive"].update(topic="orders.created"), "archive.topic",
+     "'orders.created' is sources[0].topic and archive.topic"),
+    (lambda d: d["sources"].append({"topic": "orders.created.dlq"}), "sources[1].topic",
+     "'orders.created.dlq' is the DLQ of sources[0] and sources[1].topic"),
+    (lambda d: d["sources"].append({"topic": "orders_created"}), "",
+     "'orders.created' and 'orders_created' differ only by '.' against '_'"),
+])
+def test_values_that_would_misbehave_later_are_refused_at_load(tmp_path: Path, edit, where: str, why: str) -> None:
+    problems = _problems(_shipped_with(tmp_path, edit))
+    assert any(p.message.split(": ", 1)[-1].startswith(f"{where}: ") and why in p.message if where else
+               why in p.message for p in problems), [p.message for p in problems]
+
+
+def test_the_longest_names_a_topology_derives_are_names_kafka_takes(tmp_path: Path) -> None:
+    topo = load_topology(_shipped_with(tmp_path, lambda d: (d["sources"][0].update(topic="a" * 200),
+                                                              d["dlq"].update(topic_suffix="." + "d" * 31))))
+    from app.cli.dlq import ledger_topics
+
+    assert max(len(t) for t in [*topo.topics(), *ledger_topics(topo)]) <= 249
+
+
+def test_a_policy_written_off_is_the_word_off(tmp_path: Path) -> None:
+    """YAML 1.1 reads a bare `off` as false: `policy: off` was refused as not one of
+    'required', 'optional' or 'off' - while saying it may be 'off'."""
+    text = (ROOT / "topologies/orders-created.yaml").read_text().replace(
+        "      policy: optional    # verify signatures", "      policy: off    # verify signatures")
+    path = tmp_path / "t.yaml"
+    path.write_text(text.replace("    key_ids: [dev-producer-1]", "    # no key ids"))
+    assert load_topology(path).stage("verify_signature").policy == "off"
+
+
+def test_typos_name_the_key_they_meant_and_every_problem_its_line(tmp_path: Path) -> None:
+    """"Extra inputs are not permitted" named neither the key meant nor where the typo was; each
+    problem now says which key was likely meant and is at `file:line`."""
+    text = (ROOT / "topologies/orders-created.yaml").read_text()
+    lines = text.splitlines()
+    bad = (text.replace("    partitions: 4", "    partition: 4")
+               .replace("  max_attempts: 3", "  max_atempts: 3")
+               .replace("      window_s: 3600", "      windows: 3600")
+               .replace("  - enrich:", "  - enrichh:"))
+    path = tmp_path / "t.yaml"
+    path.write_text(bad)
+    problems = {p.message.removeprefix("invalid topology: "): p.path for p in _problems(path)}
+
+    def line(start: str) -> str:
+        return f"{path}:{next(i for i, ln in enumerate(lines, 1) if ln.startswith(start))}"
+
+    assert problems == {
+        "stages[5].dedup.windows: unknown key - did you mean 'window_s'?": line("      window_s: 3600"),
+        "stages[6]: unknown stage 'enrichh' - did you mean 'enrich'? (known stages: normalize, validate, "
+        "authenticate, verify_signature, policy, dedup, enrich)": line("  - enrich:"),
+        "sources[0].partition: unknown key - did you mean 'partitions'?": line("    partitions: 4"),
+        "dlq.max_atempts: unknown key - did you mean 'max_attempts'?": line("  max_attempts: 3"),
+    }, problems
+    # nothing close: the keys allowed there
+    path.write_text(text.replace("  max_attempts: 3", "  zzz: 3"))
+    (only,) = _problems(path)
+    assert "dlq.zzz: unknown key (the keys here: attestation, backoff_initial_ms, backoff_max_ms, max_attempts, " \
+           "overflow, topic_suffix)" in only.message and only.path == line("  max_attempts: 3")
+
+
+@pytest.mark.parametrize("text, what", [("", "is empty"), ("# nothing\n", "is empty"), ("- a\n", "is a list"),
+                                        ("hello", "is a single string"), ("42", "is a number")])
+def test_a_file_that_is_not_a_mapping_says_what_it_is(tmp_path: Path, text: str, what: str) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text(text)
+    (only,) = _problems(path)
+    assert f"this file {what}" in only.message and "orders-created.yaml" in (only.hint or "")

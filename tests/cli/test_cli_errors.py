@@ -33,6 +33,11 @@ def assert_clean_error(res: subprocess.CompletedProcess, code: str, *fragments: 
 VALID = (ROOT / "topologies/orders-created.yaml").read_text()
 
 
+def _line(text: str) -> int:
+    """The line of the shipped topology that `text` starts (1-based)."""
+    return VALID[:VALID.index(text)].count("\n") + 1
+
+
 @pytest.mark.parametrize(
     ("mutate", "code", "fragments"),
     [
@@ -46,10 +51,15 @@ VALID = (ROOT / "topologies/orders-created.yaml").read_text()
          "bad_config", ["stages[2].authenticate.policy", "'required', 'optional' or 'off'"]),
         (lambda t: t.replace("layouts: [v2, v3]", "layouts: [v4]"), "bad_config", ["outputs.layouts"]),
         (lambda t: t.replace("namespace: order-events\n", "namespace: order-events\ncolour: blue\n"), "bad_config",
-         ["colour", "Extra inputs are not permitted"]),
+         ["colour: unknown key", ".yaml:13); fix: "]),
+        # a typo names the key it meant, and the line it is on
+        (lambda t: t.replace("  max_attempts: 3", "  max_attempt: 3"), "bad_config",
+         ["dlq.max_attempt: unknown key - did you mean 'max_attempts'?", f".yaml:{_line('  max_attempts: 3')})"]),
+        (lambda t: t.replace("      window_s: 3600", "      window_s: true"), "bad_config",
+         ["stages[5].dedup.window_s: Input should be a valid integer", f".yaml:{_line('      window_s: 3600')})"]),
     ],
     ids=["yaml-syntax", "unknown-stage", "zero-partitions", "no-normalize", "still-valid", "bad-enum",
-         "bad-layout", "unknown-key"],
+         "bad-layout", "unknown-key", "typo-key", "bool-for-int"],
 )
 def test_bad_topology_files(tmp_path: Path, mutate, code: str, fragments: list[str]) -> None:
     path = ROOT / "topologies" / f".test-{tmp_path.name}.yaml"

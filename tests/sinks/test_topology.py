@@ -39,8 +39,8 @@ def test_no_sinks_is_the_default(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("sinks", "expected"), [
-    ([{"type": "nats", "name": "n", "stream": "S", "bucket": "x"}], "sinks[0].nats.bucket: Extra inputs"),
-    ([{"type": "s3", "name": "s"}], "sinks[0].s3.bucket: Field required"),
+    ([{"type": "nats", "name": "n", "stream": "S", "bucket": "x"}], "sinks[0].nats.bucket: unknown key"),
+    ([{"type": "s3", "name": "s"}], "sinks[0].s3.bucket: required, and missing"),
     ([{"type": "kafka", "name": "k"}], "sinks[0]"),
     ([{"type": "postgres", "name": "a"}, {"type": "postgres", "name": "a"}], "sink names must be unique"),
     ([{"type": "postgres", "name": "Bad Name"}], "sinks[0].postgres.name"),
