@@ -196,3 +196,17 @@ def test_demo_checks_its_report_file_before_it_starts(tmp_path: Path) -> None:
         res = prism("demo", "--json", str(target), "-n", "1", "--no-lake", "--data-dir", str(data))
         assert_clean_error(res, "bad_config", fragment, "(at --json)")
         assert (res.stdout + res.stderr).count("\n") == 1 and not data.exists(), res.stdout + res.stderr
+
+
+def test_bad_worker_variables_name_the_variable_and_the_value_meant() -> None:
+    """PRISM_PROCESSING_GUARANTEE=exactly-once was reported at `--processing-guarantee` (an option
+    the operator never passed), and a reserved PRISM_METRIC_LABELS key at `metrics.label_allowlist`
+    (a key no file has); both at once now, each at its variable, the guarantee with the word meant."""
+    res = prism("run", "--dev-keys", env={"PRISM_BROKER_URL": "127.0.0.1:1", "PRISM_PROCESSING_GUARANTEE": "exactly-once",
+                                         "PRISM_METRIC_LABELS": "team,__name__"})
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error [")]
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert any("'exactly-once' is not a processing guarantee - did you mean 'exactly_once'? "
+               "(at PRISM_PROCESSING_GUARANTEE)" in ln for ln in lines), res.stderr
+    assert any("'__name__'" in ln and "(at PRISM_METRIC_LABELS); fix: " in ln for ln in lines), res.stderr
+    assert res.stderr.strip().splitlines()[-1] == "2 configuration problems; nothing was started", res.stderr
