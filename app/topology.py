@@ -245,6 +245,12 @@ class SchemaRef(_Strict):
         missing = [k for k in needed if not getattr(self, k)]
         if missing:
             raise ValueError(f"registry_type {self.registry_type} needs {' and '.join(missing)}")
+        if self.registry_type in ("file", "git") and self.path and not self.path.lower().endswith(
+                (".proto", ".avsc", ".avro", ".json")):
+            # the resolver tells the format by the extension; its error said "pass --format", an
+            # option of `prism schema`, which a topology does not have
+            raise ValueError(f"path {self.path[:200]!r}: the schema's format is told by its file extension - name a "
+                             ".proto, .avsc (.avro) or .json file")
         if self.registry_type != "git" and (self.repository or self.ref):
             raise ValueError("repository and ref are for registry_type git only")
         if self.registry_type == "git" and self.repository and (

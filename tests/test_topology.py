@@ -188,6 +188,9 @@ def _problems(path: Path) -> list[ConfigError]:
     (lambda d: d["sources"][0].update(topic=".."), "sources[0].topic", "not a Kafka topic name"),
     (lambda d: d.update(namespace=""), "namespace", "at least 1 character"),
     (lambda d: d["archive"].update(path=""), "archive.path", "at least 1 character"),
+    # the resolver tells the format by the extension, and its error said "pass --format"
+    (lambda d: d["stages"][6]["enrich"]["schema"].update(path="/dev/zero"), "stages[6].enrich.schema",
+     "told by its file extension"),
     (lambda d: d["archive"].update(topic="bad topic"), "archive.topic", "should match pattern"),
     (lambda d: d["dlq"].update(backoff_initial_ms=5000, backoff_max_ms=10), "dlq", "larger than backoff_max_ms"),
     (lambda d: d["dlq"].update(backoff_max_ms=10**18), "dlq.backoff_max_ms", "less than or equal to 600000"),
