@@ -36,9 +36,17 @@ Classification = Literal["public", "internal", "confidential", "restricted"]
 CLASSIFICATIONS = ("public", "internal", "confidential", "restricted")
 #: Schema validation of payloads (RFC-030 "Migration Path"): off, warn (log, count, forward with
 #: the `prism-schema-validation` header) or strict (DLQ as `schema_validation_failed`).
-ValidationMode = Annotated[Literal["off", "warn", "strict"],
-                           # YAML 1.1 reads a bare `off` as false: take it as the word it was
-                           BeforeValidator(lambda v: "off" if v is False else v)]
+def _off_word(v: Any) -> Any:
+    """YAML 1.1 reads a bare `off`/`no` as false - taken as the word `off` - and `on`/`yes` as
+    true, which names no mode: said so, not as "should be 'off', 'warn' or 'strict'"."""
+    if v is False:
+        return "off"
+    if v is True:
+        raise ValueError("on / yes / true is YAML for a boolean, not a mode: write warn or strict (or off)")
+    return v
+
+
+ValidationMode = Annotated[Literal["off", "warn", "strict"], BeforeValidator(_off_word)]
 #: The longest retention a topic config takes (Kafka's `retention.ms` is a Java long)
 MAX_RETENTION_MS = 2**63 - 1
 InputFormat = Literal["auto", "prism", "cloudevents", "kafka-headers", "nats-headers", "redis-json", "lnmp", "raw"]
@@ -531,9 +539,30 @@ class _SinkBase(_Strict):
     _order = model_validator(mode="after")(_backoff_in_order)
 
 
+def _url_scheme(*schemes: str, optional: bool = False) -> AfterValidator:
+    """A connection string's scheme checked at load: `url: http://h` or `ftp://x` was accepted
+    and failed only when the sink first connected, after the worker had started. `optional`:
+    a string without `://` passes (libpq's keyword/value form, `host=db dbname=x`)."""
+
+    def check(v: str) -> str:
+        if optional and "://" not in v:
+            return v
+        scheme = v.split("://", 1)[0].lower() if "://" in v else ""
+        if scheme not in schemes or not v.split("://", 1)[1].strip():
+            raise ValueError(f"{v.split('@')[-1][:100]!r} is not a {' / '.join(s + '://' for s in schemes)} URL")
+        return v
+
+    return AfterValidator(check)
+
+
+#: S3's bucket naming rules: 3-63 lowercase letters, digits, dots and hyphens, a letter or digit
+#: at each end (an uppercase or underscore name was accepted and refused by S3 at the first write)
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
 class RedisPubSubSinkSpec(_SinkBase):
     type: Literal["redis-pubsub"]
-    url: str = "redis://127.0.0.1:6379/0"
+    url: Annotated[str, _url_scheme("redis", "rediss", "unix")] = "redis://127.0.0.1:6379/0"
     channel: str | None = None                    # default: the envelope's topic
     min_subscribers: Annotated[int, Field(ge=0)] = 0  # PUBLISH reaching fewer counts as not delivered
     dedup_ttl_s: Annotated[int, Field(ge=0)] = 86_400  # 0: no replay protection
@@ -543,7 +572,7 @@ class RedisPubSubSinkSpec(_SinkBase):
 
 class RedisStreamSinkSpec(_SinkBase):
     type: Literal["redis-stream"]
-    url: str = "redis://127.0.0.1:6379/0"
+    url: Annotated[str, _url_scheme("redis", "rediss", "unix")] = "redis://127.0.0.1:6379/0"
     stream: str | None = None                     # default: the envelope's topic
     maxlen: Annotated[int, Field(ge=1)] | None = None  # approximate trim (XADD MAXLEN ~)
     dedup_ttl_s: Annotated[int, Field(ge=1)] = 86_400
@@ -553,7 +582,7 @@ class RedisStreamSinkSpec(_SinkBase):
 
 class PostgresSinkSpec(_SinkBase):
     type: Literal["postgres"]
-    dsn: str = "postgresql://127.0.0.1:5432/postgres"
+    dsn: Annotated[str, _url_scheme("postgresql", "postgres", optional=True)] = "postgresql://127.0.0.1:5432/postgres"
     db_schema: Annotated[str, Field(alias="schema", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")] = "public"
     create_table: bool = True
     #: the largest envelope document (JSON text) a row takes; default jsonb's own maximum,
@@ -563,7 +592,7 @@ class PostgresSinkSpec(_SinkBase):
 
 class NatsSinkSpec(_SinkBase):
     type: Literal["nats"]
-    url: str = "nats://127.0.0.1:4222"
+    url: Annotated[str, _url_scheme("nats", "tls", "ws", "wss")] = "nats://127.0.0.1:4222"
     stream: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]+$")]
     subject: str | None = None                    # default: the envelope's topic
     create_stream: bool = True
@@ -573,8 +602,8 @@ class NatsSinkSpec(_SinkBase):
 
 class S3SinkSpec(_SinkBase):
     type: Literal["s3"]
-    bucket: Annotated[str, Field(min_length=3, max_length=63)]
-    endpoint: str | None = None                   # e.g. http://127.0.0.1:9000; None: AWS
+    bucket: Annotated[str, Field(min_length=3, max_length=63, pattern=_BUCKET.pattern)]
+    endpoint: Annotated[str, _url_scheme("http", "https")] | None = None  # e.g. http://127.0.0.1:9000; None: AWS
     region: str = "us-east-1"
     prefix: str = "events"
     create_bucket: bool = False
@@ -1023,6 +1052,12 @@ def _say(error: Any, roots: list[type[BaseModel]]) -> str:
         return "unknown key" + (f" (the keys here: {', '.join(keys)})" if keys else "")
     if kind == "missing":
         return "required, and missing"
+    if kind == "union_tag_invalid":  # a sink `type:` that is no sink type
+        ctx = error.get("ctx") or {}
+        tags = [t.strip(" '") for t in str(ctx.get("expected_tags", "")).split(",") if t.strip(" '")]
+        close = _closest(str(ctx.get("tag", "")), tags)
+        return (f"type {str(ctx.get('tag', ''))[:64]!r} is not a sink type"
+                + (f" - did you mean {close!r}?" if close else "") + f" (one of {', '.join(tags)})")
     return str(error["msg"]).removeprefix("Value error, ")
 
 

@@ -220,6 +220,14 @@ def test_the_longest_names_a_topology_derives_are_names_kafka_takes(tmp_path: Pa
     assert max(len(t) for t in [*topo.topics(), *ledger_topics(topo)]) <= 249
 
 
+def test_validation_written_on_says_yaml_made_it_a_boolean(tmp_path: Path) -> None:
+    text = (ROOT / "topologies/orders-created.yaml").read_text().replace("validation: warn", "validation: on")
+    path = tmp_path / "t.yaml"
+    path.write_text(text)
+    (only,) = _problems(path)
+    assert "validation: on / yes / true is YAML for a boolean, not a mode: write warn or strict" in only.message
+
+
 def test_a_policy_written_off_is_the_word_off(tmp_path: Path) -> None:
     """YAML 1.1 reads a bare `off` as false: `policy: off` was refused as not one of
     'required', 'optional' or 'off' - while saying it may be 'off'."""
