@@ -150,8 +150,12 @@ def parse_config_text(text: str, *, what: str, source: str, json: bool = False,
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise error(f"{what} is not valid YAML: {problem}", path=where,
-                    hint=getattr(exc, "hint", None) or "check indentation and quoting at that line") from None
+        hint = getattr(exc, "hint", None) or (
+            # `!vault x`, `!!python/object ...`: the safe loader builds no tags (never code)
+            "remove the tag: configuration files take plain YAML values; quote the value if the ! is part of it"
+            if problem.startswith("could not determine a constructor") else
+            "check indentation and quoting at that line")
+        raise error(f"{what} is not valid YAML: {problem}", path=where, hint=hint) from None
     size = _expanded_size(value, MAX_VALUES)
     if size is None:
         raise error(f"{what} contains itself through a YAML alias", path=source,

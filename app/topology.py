@@ -1052,6 +1052,9 @@ def _say(error: Any, roots: list[type[BaseModel]]) -> str:
         return "unknown key" + (f" (the keys here: {', '.join(keys)})" if keys else "")
     if kind == "missing":
         return "required, and missing"
+    if kind in _WANTED and "input" in error:
+        # what YAML made of the value: `name: 2024-01-01` is a date, `partitions: "4"` text, `x:` null
+        return f"should be {_WANTED[kind]}, not {_yaml_kind(error['input'])}"
     if kind == "union_tag_invalid":  # a sink `type:` that is no sink type
         ctx = error.get("ctx") or {}
         tags = [t.strip(" '") for t in str(ctx.get("expected_tags", "")).split(",") if t.strip(" '")]
@@ -1059,6 +1062,32 @@ def _say(error: Any, roots: list[type[BaseModel]]) -> str:
         return (f"type {str(ctx.get('tag', ''))[:64]!r} is not a sink type"
                 + (f" - did you mean {close!r}?" if close else "") + f" (one of {', '.join(tags)})")
     return str(error["msg"]).removeprefix("Value error, ")
+
+
+#: pydantic's type errors, as what the key takes
+_WANTED = {"string_type": "text", "int_type": "a whole number", "float_type": "a number", "bool_type": "true or false",
+           "list_type": "a list", "dict_type": "a mapping", "model_type": "a mapping of settings"}
+
+
+def _yaml_kind(value: Any) -> str:
+    """How YAML read a value, for "should be a valid integer, not the text '4'"."""
+    shown = repr(value)[:64]
+    if value is None:
+        return "empty (YAML null): give a value"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()} (YAML reads on/off/yes/no/true/false so): quote it if it is text"
+    if isinstance(value, datetime | date):
+        return f"a date ({value}) - YAML reads dates: quote it (\"{value}\") to make it text"
+    if isinstance(value, int | float):
+        return f"the number {shown}" + (" - quote it to make it text" if isinstance(value, int) else "")
+    if isinstance(value, str):
+        return f"the text {shown}" + (" - write the number without quotes" if value.strip().lstrip("-").isdigit()
+                                      else "")
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
 
 
 _KEY_PATH = re.compile(r"[A-Za-z_][\w-]*(?:\[\d+\]|\.[A-Za-z_][\w-]*)*")

@@ -142,3 +142,12 @@ def test_key_lines_maps_key_paths_to_their_lines() -> None:
                                ("sources", 0, "partitions"): 4, ("sources", 1): 5, ("sources", 1, "topic"): 5,
                                ("base",): 6, ("base", "k"): 6, ("use",): 7}
     assert key_lines("a: [") == {} and key_lines("") == {}
+
+
+def test_a_yaml_tag_says_to_remove_it(tmp_path: Path) -> None:
+    """`!vault x` and `!!python/object/...`: the safe loader builds no tag; the fix said "check
+    indentation and quoting", which is not what is wrong."""
+    for text in ("name: !vault secret\n", "name: !!python/object/apply:os.system ['id']\n"):
+        with pytest.raises(ConfigError, match="could not determine a constructor") as err:
+            parse_config_text(text, what="topology file", source="t.yaml")
+        assert err.value.path == "t.yaml:1:7" and (err.value.hint or "").startswith("remove the tag")

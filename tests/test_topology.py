@@ -178,9 +178,16 @@ def _problems(path: Path) -> list[ConfigError]:
 
 @pytest.mark.parametrize("edit, where, why", [
     # YAML gives these types: they were taken as 1, 4 and 3600 (pydantic's lax mode)
-    (lambda d: d["sources"][0].update(partitions=True), "sources[0].partitions", "valid integer"),
-    (lambda d: d["sources"][0].update(partitions="4"), "sources[0].partitions", "valid integer"),
-    (lambda d: d["stages"][5]["dedup"].update(window_s=3600.0), "stages[5].dedup.window_s", "valid integer"),
+    (lambda d: d["sources"][0].update(partitions=True), "sources[0].partitions",
+     "should be a whole number, not the boolean true"),
+    (lambda d: d["sources"][0].update(partitions="4"), "sources[0].partitions",
+     "should be a whole number, not the text '4' - write the number without quotes"),
+    (lambda d: d["stages"][5]["dedup"].update(window_s=3600.0), "stages[5].dedup.window_s",
+     "should be a whole number, not the number 3600.0"),
+    # YAML makes a date of 2024-01-01 and null of an empty value
+    (lambda d: d.update(name=__import__("datetime").date(2024, 1, 1)), "name",
+     "should be text, not a date (2024-01-01) - YAML reads dates: quote it"),
+    (lambda d: d.update(namespace=None), "namespace", "should be text, not empty (YAML null): give a value"),
     # NaN was "less than or equal to 3600"
     (lambda d: d["archive"].update(roll_interval_s=float("nan")), "archive.roll_interval_s", "finite number"),
     (lambda d: d["sources"][0].update(retention=1.5), "sources[0].retention", "is not a duration"),

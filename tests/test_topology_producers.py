@@ -101,9 +101,9 @@ def test_an_entry_for_nobody_is_refused(tmp_path: Path) -> None:
     ({"principals": ["a", "a"], "namespaces": ["n"]}, "producers[0].principals", "more than once"),
     ({"key_ids": ["k-*"], "namespaces": ["n"]}, "producers[0].key_ids", "not a key id"),
     ({"key_ids": ["k 1"], "namespaces": ["n"]}, "producers[0].key_ids", "not a key id"),
-    ({"principals": "svc-orders", "namespaces": ["n"]}, "producers[0].principals", "valid list"),
+    ({"principals": "svc-orders", "namespaces": ["n"]}, "producers[0].principals", "should be a list"),
     ({"principals": ["a"], "namespaces": ["n"], "topics": ["bad topic"]}, "producers[0].topics", "pattern"),
-    ({"principals": ["a"], "namespaces": ["n"], "anonymous": "maybe"}, "producers[0].anonymous", "boolean"),
+    ({"principals": ["a"], "namespaces": ["n"], "anonymous": "maybe"}, "producers[0].anonymous", "should be true or false"),
 ])
 def test_unknown_keys_and_bad_values_name_the_key(tmp_path: Path, entry: dict, where: str, why: str) -> None:
     text = _error(tmp_path, producers=[entry])

@@ -56,7 +56,7 @@ def _line(text: str) -> int:
         (lambda t: t.replace("  max_attempts: 3", "  max_attempt: 3"), "bad_config",
          ["dlq.max_attempt: unknown key - did you mean 'max_attempts'?", f".yaml:{_line('  max_attempts: 3')})"]),
         (lambda t: t.replace("      window_s: 3600", "      window_s: true"), "bad_config",
-         ["stages[5].dedup.window_s: Input should be a valid integer", f".yaml:{_line('      window_s: 3600')})"]),
+         ["stages[5].dedup.window_s: should be a whole number, not the boolean true", f".yaml:{_line('      window_s: 3600')})"]),
     ],
     ids=["yaml-syntax", "unknown-stage", "zero-partitions", "no-normalize", "still-valid", "bad-enum",
          "bad-layout", "unknown-key", "typo-key", "bool-for-int"],
