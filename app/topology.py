@@ -1052,6 +1052,10 @@ def _say(error: Any, roots: list[type[BaseModel]]) -> str:
         return "unknown key" + (f" (the keys here: {', '.join(keys)})" if keys else "")
     if kind == "missing":
         return "required, and missing"
+    if kind == "string_pattern_mismatch":
+        pattern = str((error.get("ctx") or {}).get("pattern", ""))
+        words = _PATTERN_WORDS.get(pattern, f"text matching {pattern}")
+        return f"{str(error.get('input'))[:100]!r} is not allowed here: use {words}"
     if kind in _WANTED and "input" in error:
         # what YAML made of the value: `name: 2024-01-01` is a date, `partitions: "4"` text, `x:` null
         return f"should be {_WANTED[kind]}, not {_yaml_kind(error['input'])}"
@@ -1064,6 +1068,17 @@ def _say(error: Any, roots: list[type[BaseModel]]) -> str:
     return str(error["msg"]).removeprefix("Value error, ")
 
 
+#: The name rules of the topology, as a person reads them (pydantic says the regular expression)
+_PATTERN_WORDS = {
+    r"^[A-Za-z0-9._-]+$": "letters, digits, '.', '_' and '-' (a Kafka topic name)",
+    r"^[A-Za-z0-9._:/@+-]+$": "letters, digits and . _ : / @ + - (a namespace name)",
+    r"^[._-][A-Za-z0-9._-]+$": "'.', '_' or '-' then letters, digits, '.', '_' or '-' (e.g. .dlq)",
+    r"^[a-z0-9][a-z0-9-]*$": "lowercase letters, digits and '-', starting with a letter or digit (e.g. orders-created)",
+    r"^[A-Za-z_][A-Za-z0-9_]{0,62}$": "a PostgreSQL identifier: letters, digits and '_', not starting with a digit",
+    r"^[A-Za-z0-9_-]+$": "letters, digits, '_' and '-'",
+    r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$": "an S3 bucket name: 3-63 lowercase letters, digits, '.' and '-', "
+                                           "a letter or digit at each end",
+}
 #: pydantic's type errors, as what the key takes
 _WANTED = {"string_type": "text", "int_type": "a whole number", "float_type": "a number", "bool_type": "true or false",
            "list_type": "a list", "dict_type": "a mapping", "model_type": "a mapping of settings"}

@@ -198,12 +198,14 @@ def _problems(path: Path) -> list[ConfigError]:
     # the resolver tells the format by the extension, and its error said "pass --format"
     (lambda d: d["stages"][6]["enrich"]["schema"].update(path="/dev/zero"), "stages[6].enrich.schema",
      "told by its file extension"),
-    (lambda d: d["archive"].update(topic="bad topic"), "archive.topic", "should match pattern"),
+    (lambda d: d["archive"].update(topic="bad topic"), "archive.topic",
+     "'bad topic' is not allowed here: use letters, digits, '.', '_' and '-' (a Kafka topic name)"),
     (lambda d: d["dlq"].update(backoff_initial_ms=5000, backoff_max_ms=10), "dlq", "larger than backoff_max_ms"),
     (lambda d: d["dlq"].update(backoff_max_ms=10**18), "dlq.backoff_max_ms", "less than or equal to 600000"),
     # an empty suffix made the DLQ the source topic itself: failed records were read again, forever
     (lambda d: d["dlq"].update(topic_suffix=""), "dlq.topic_suffix", "at least 2 characters"),
-    (lambda d: d["dlq"].update(topic_suffix="/../x"), "dlq.topic_suffix", "should match pattern"),
+    (lambda d: d["dlq"].update(topic_suffix="/../x"), "dlq.topic_suffix",
+     "'/../x' is not allowed here: use '.', '_' or '-' then"),
     (lambda d: d["dlq"].update(topic_suffix=".v3"), "dlq.topic_suffix",
      "'orders.created.v3' is the v3 output of sources[0] and the DLQ of sources[0]"),
     (lambda d: d["archive"].update(topic="orders.created"), "archive.topic",
@@ -282,3 +284,15 @@ def test_a_file_that_is_not_a_mapping_says_what_it_is(tmp_path: Path, text: str,
     path.write_text(text)
     (only,) = _problems(path)
     assert f"this file {what}" in only.message and "orders-created.yaml" in (only.hint or "")
+
+
+def test_every_name_rule_of_the_topology_is_said_in_words() -> None:
+    """A pattern error said the regular expression (`String should match pattern '^[a-z0-9]...'`);
+    each pattern the models use has words in `_PATTERN_WORDS` - a new one must add its own."""
+    import re as regex
+
+    from app.topology import _PATTERN_WORDS
+
+    source = (ROOT / "app/topology.py").read_text()
+    used = set(regex.findall(r'pattern=r"([^"]+)"', source)) | {r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"}
+    assert used and used <= set(_PATTERN_WORDS), used - set(_PATTERN_WORDS)

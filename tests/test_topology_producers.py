@@ -102,7 +102,8 @@ def test_an_entry_for_nobody_is_refused(tmp_path: Path) -> None:
     ({"key_ids": ["k-*"], "namespaces": ["n"]}, "producers[0].key_ids", "not a key id"),
     ({"key_ids": ["k 1"], "namespaces": ["n"]}, "producers[0].key_ids", "not a key id"),
     ({"principals": "svc-orders", "namespaces": ["n"]}, "producers[0].principals", "should be a list"),
-    ({"principals": ["a"], "namespaces": ["n"], "topics": ["bad topic"]}, "producers[0].topics", "pattern"),
+    ({"principals": ["a"], "namespaces": ["n"], "topics": ["bad topic"]}, "producers[0].topics",
+     "'bad topic' is not allowed here: use letters, digits, '.', '_' and '-' (a Kafka topic name)"),
     ({"principals": ["a"], "namespaces": ["n"], "anonymous": "maybe"}, "producers[0].anonymous", "should be true or false"),
 ])
 def test_unknown_keys_and_bad_values_name_the_key(tmp_path: Path, entry: dict, where: str, why: str) -> None:
@@ -131,7 +132,7 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
     (["orders.created"], "is the source topic itself"),
     (["orders.new", "orders.new"], "listed twice"),
     (["orders.updated"], "are other sources of this topology"),
-    (["bad topic"], "pattern"),
+    (["bad topic"], "is not allowed here: use letters, digits"),
 ])
 def test_topic_aliases(tmp_path: Path, aliases: list[str], why: str) -> None:
     sources = [{"topic": "orders.created", "topic_aliases": aliases}, {"topic": "orders.updated"}]
