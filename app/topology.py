@@ -428,8 +428,16 @@ _PRINCIPAL = re.compile(r"^[!-~]+$")  # printable ASCII, no spaces: what a JWT `
 _NAME = re.compile(r"^[A-Za-z0-9._:/@+-]+$")
 
 
+def _repeated(values: list[Any]) -> list[Any]:
+    """The values listed more than once, sorted. Linear: `values.count(v)` for each value made a
+    topology of 8,000 sources take 7 s to load (and 200,000 - a 4 MiB file - hours)."""
+    from collections import Counter
+
+    return sorted(v for v, n in Counter(values).items() if n > 1)
+
+
 def _no_repeats(values: list[str], what: str) -> None:
-    dupes = sorted({v for v in values if values.count(v) > 1})
+    dupes = _repeated(values)
     if dupes:
         raise ValueError(f"{what} lists {dupes} more than once")
 
@@ -519,7 +527,7 @@ class ProducerSpec(_Strict):
 
 def _unique_sink_names(sinks: list[Any]) -> list[Any]:
     names = [s.name for s in sinks]
-    dupes = sorted({n for n in names if names.count(n) > 1})
+    dupes = _repeated(names)
     if dupes:
         raise ValueError(f"sink names must be unique (each is a Faust agent and a metrics label); repeated: {dupes}")
     return sinks
@@ -808,7 +816,8 @@ class Topology(_Strict):
 
     def _check_sources(self) -> Topology:
         topics = [s.topic for s in self.sources]
-        dupes = sorted({t for t in topics if topics.count(t) > 1})
+        dupes = _repeated(topics)
+        every_topic = set(topics)  # once: a set per source made loading quadratic in the sources
         if dupes:
             raise ValueError(f"sources: topic(s) {dupes} listed twice; each source topic once")
         problems: list[str] = []
@@ -816,13 +825,13 @@ class Topology(_Strict):
             if src.topic in src.topic_aliases:
                 raise ValueError(f"sources[{i}].topic_aliases: {src.topic!r} is the source topic itself; list only "
                                  "other names")
-            repeated = sorted({a for a in src.topic_aliases if src.topic_aliases.count(a) > 1})
+            repeated = _repeated(src.topic_aliases)
             if repeated:
                 raise ValueError(f"sources[{i}].topic_aliases: {repeated} listed twice; list each name once")
             if src.lnmp is not None and src.format not in ("auto", "lnmp"):
                 problems.append(f"sources[{i}].lnmp: the source's format is {src.format!r}, which never reads LNMP, "
                                 "so these settings would never apply - remove `lnmp:` or set format to auto or lnmp")
-            stolen = sorted(set(src.topic_aliases) & set(topics))
+            stolen = sorted(set(src.topic_aliases) & every_topic)
             if stolen:
                 raise ValueError(
                     f"sources[{i}].topic_aliases: {stolen} are other sources of this topology; an alias would "

@@ -296,3 +296,21 @@ def test_every_name_rule_of_the_topology_is_said_in_words() -> None:
     source = (ROOT / "app/topology.py").read_text()
     used = set(regex.findall(r'pattern=r"([^"]+)"', source)) | {r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"}
     assert used and used <= set(_PATTERN_WORDS), used - set(_PATTERN_WORDS)
+
+
+def test_checking_many_sources_is_linear() -> None:
+    """`topics.count(t)` per source and a set of every topic built per source made the checks
+    quadratic: 8,000 sources took 7 s to load and a 4 MiB file of them hours. 20,000 sources are
+    checked in well under a second now (the bound leaves room for a loaded machine)."""
+    import time
+
+    from app.topology import Topology
+
+    doc = yaml.safe_load((ROOT / "topologies/orders-created.yaml").read_text())
+    doc.pop("producers")
+    doc["stages"] = [{"name": "normalize", "settings": {}}]
+    doc["validation"] = "off"
+    doc["sources"] = [{"topic": f"t{i}"} for i in range(20_000)]
+    started = time.monotonic()
+    topo = Topology.model_validate(doc)
+    assert len(topo.sources) == 20_000 and time.monotonic() - started < 10
