@@ -188,8 +188,9 @@ class NormalizeStage(_Strict):
 
 
 class ValidateStage(_Strict):
-    max_future_skew_s: Annotated[int, Field(ge=0)] = 300
-    max_age_days: Annotated[int, Field(ge=1)] = 365
+    #: bounded like every number of the topology (a year; a century): larger values meant nothing
+    max_future_skew_s: Annotated[int, Field(ge=0, le=365 * 86_400)] = 300
+    max_age_days: Annotated[int, Field(ge=1, le=36_500)] = 365
     max_id_length: Annotated[int, Field(ge=16, le=4096)] = 128
 
 
@@ -568,24 +569,29 @@ def _url_scheme(*schemes: str, optional: bool = False) -> AfterValidator:
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 
+#: The longest replay-protection TTL (10 years): Redis refuses an expire time past its limit
+#: (`ERR invalid expire time`) at every write, which left a sink with a huge TTL in an outage
+MAX_DEDUP_TTL_S = 10 * 365 * 86_400
+
+
 class RedisPubSubSinkSpec(_SinkBase):
     type: Literal["redis-pubsub"]
     url: Annotated[str, _url_scheme("redis", "rediss", "unix")] = "redis://127.0.0.1:6379/0"
     channel: str | None = None                    # default: the envelope's topic
-    min_subscribers: Annotated[int, Field(ge=0)] = 0  # PUBLISH reaching fewer counts as not delivered
-    dedup_ttl_s: Annotated[int, Field(ge=0)] = 86_400  # 0: no replay protection
+    min_subscribers: Annotated[int, Field(ge=0, le=1_000_000)] = 0  # PUBLISH reaching fewer counts as not delivered
+    dedup_ttl_s: Annotated[int, Field(ge=0, le=MAX_DEDUP_TTL_S)] = 86_400  # 0: no replay protection
     #: the server's proto-max-bulk-len (Redis's default 512 MB): a larger message goes to the DLQ
-    max_bulk_bytes: Annotated[int, Field(ge=1024)] = 512 * 1024 * 1024
+    max_bulk_bytes: Annotated[int, Field(ge=1024, le=2**63 - 1)] = 512 * 1024 * 1024
 
 
 class RedisStreamSinkSpec(_SinkBase):
     type: Literal["redis-stream"]
     url: Annotated[str, _url_scheme("redis", "rediss", "unix")] = "redis://127.0.0.1:6379/0"
     stream: str | None = None                     # default: the envelope's topic
-    maxlen: Annotated[int, Field(ge=1)] | None = None  # approximate trim (XADD MAXLEN ~)
-    dedup_ttl_s: Annotated[int, Field(ge=1)] = 86_400
+    maxlen: Annotated[int, Field(ge=1, le=2**63 - 1)] | None = None  # approximate trim (XADD MAXLEN ~)
+    dedup_ttl_s: Annotated[int, Field(ge=1, le=MAX_DEDUP_TTL_S)] = 86_400
     #: the server's proto-max-bulk-len (Redis's default 512 MB): a larger field goes to the DLQ
-    max_bulk_bytes: Annotated[int, Field(ge=1024)] = 512 * 1024 * 1024
+    max_bulk_bytes: Annotated[int, Field(ge=1024, le=2**63 - 1)] = 512 * 1024 * 1024
 
 
 class PostgresSinkSpec(_SinkBase):

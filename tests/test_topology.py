@@ -195,6 +195,8 @@ def _problems(path: Path) -> list[ConfigError]:
     (lambda d: d["sources"][0].update(topic=".."), "sources[0].topic", "not a Kafka topic name"),
     (lambda d: d.update(namespace=""), "namespace", "at least 1 character"),
     (lambda d: d["archive"].update(path=""), "archive.path", "at least 1 character"),
+    (lambda d: d["stages"][1]["validate"].update(max_age_days=10**30), "stages[1].validate.max_age_days",
+     "less than or equal to 36500"),
     # the resolver tells the format by the extension, and its error said "pass --format"
     (lambda d: d["stages"][6]["enrich"]["schema"].update(path="/dev/zero"), "stages[6].enrich.schema",
      "told by its file extension"),

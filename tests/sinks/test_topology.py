@@ -55,6 +55,9 @@ def test_no_sinks_is_the_default(tmp_path: Path) -> None:
     ([{"type": "s3", "name": "s", "bucket": "b-1", "endpoint": "minio:9000"}], "sinks[0].s3.endpoint"),
     ([{"type": "postgres", "name": "p", "backoff_initial_ms": 9000, "backoff_max_ms": 100}],
      "sinks[0].postgres: backoff_initial_ms 9000 is larger than backoff_max_ms 100"),
+    # Redis refuses such an expire time at every write ("ERR invalid expire time"): the sink never delivered
+    ([{"type": "redis-stream", "name": "r", "dedup_ttl_s": 10**20}], "sinks[0].redis-stream.dedup_ttl_s"),
+    ([{"type": "redis-pubsub", "name": "r", "dedup_ttl_s": 10 * 365 * 86_400 + 1}], "sinks[0].redis-pubsub.dedup_ttl_s"),
     # a typo in `type:` names the type meant
     ([{"type": "postgress", "name": "p"}], "sinks[0]: type 'postgress' is not a sink type - did you mean 'postgres'?"),
 ])
