@@ -96,7 +96,7 @@ def _get(url: str, timeout: float = 10.0, client: WorkerClient | None = None) ->
         err.http_status = exc.code  # type: ignore[attr-defined]  # the console tells 404 from an outage
         raise err from None
     except (urllib.error.URLError, OSError) as exc:
-        raise WorkerUnreachable(f"cannot reach the worker at {url} ({getattr(exc, 'reason', exc)})",
+        raise WorkerUnreachable(f"cannot reach the worker at {url} (unreachable: {getattr(exc, 'reason', exc)})",
                                 hint="is the worker running? start it with `prism run --web-port PORT`, "
                                 f"then point --url (or {URL_ENV}) at http://HOST:PORT") from None
     except JsonInputError:
