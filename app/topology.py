@@ -194,20 +194,38 @@ class ValidateStage(_Strict):
     max_id_length: Annotated[int, Field(ge=16, le=4096)] = 128
 
 
+#: A text a key needs to mean anything: the worker's checks at start-up named the JWT settings'
+#: keys (`jwt.issuers`, `jwt.algorithms`), not the topology's, found one problem per start, and
+#: `keyring: ""` was reported as "no keyring is configured"
+NonEmpty = Annotated[str, Field(min_length=1)]
+
+
 class AuthenticateStage(_Strict):
     policy: Policy = "required"
-    jwks: str  # path to an RFC 7517 JWKS file
+    jwks: NonEmpty  # path to an RFC 7517 JWKS file
     issuer: str | list[str] | None = None
-    audience: str | None = None
-    algorithms: list[Literal["HS256", "RS256", "EdDSA"]] = ["RS256", "EdDSA"]
+    audience: NonEmpty | None = None
+    algorithms: Annotated[list[Literal["HS256", "RS256", "EdDSA"]], Field(min_length=1)] = ["RS256", "EdDSA"]
     leeway_s: Annotated[int, Field(ge=0, le=600)] = 30
-    publisher_id_claim: str = "sub"
-    publisher_team_claim: str = "team"
+    publisher_id_claim: NonEmpty = "sub"
+    publisher_team_claim: NonEmpty = "team"
+
+    @field_validator("issuer", mode="before")
+    @classmethod
+    def _issuer(cls, v: Any) -> Any:
+        # one message for `issuer: ""`, `issuer: []` or `issuer: [""]` (not one per member of the union)
+        if v is None:
+            return v
+        values = v if isinstance(v, list) else [v]
+        if not values or not all(isinstance(x, str) and x for x in values):
+            raise ValueError(f"{str(v)[:100]!r} is not an issuer: write the identity provider's `iss` value, or a "
+                             "non-empty list of them")
+        return v
 
 
 class VerifySignatureStage(_Strict):
     policy: Policy = "optional"
-    keyring: str  # path to a signing keyring file (docs/signing.md, "Keyring files")
+    keyring: NonEmpty  # path to a signing keyring file (docs/signing.md, "Keyring files")
     #: Accept legacy-scope signatures (memo-031 Option 2: the envelope minus its security
     #: context). A DOWNGRADE RISK: such a signature does not cover publisher, classification,
     #: PII flag or encryption metadata, so anyone can rewrite those on a legacy-signed
@@ -223,6 +241,26 @@ class PolicyStage(_Strict):
     allowed_algorithms: list[str] | None = None  # None: every non-deprecated algorithm
     fips_mode: bool = False
     expired: Literal["drop", "dlq"] = "drop"
+
+    @model_validator(mode="after")
+    def _algorithms(self) -> PolicyStage:
+        """The allowlist as the policy stage will use it, checked at load: `[]` was taken as "no
+        list" - every algorithm allowed, the opposite of what it says - and an unknown or
+        FIPS-forbidden name failed at start-up under another config's key."""
+        if self.allowed_algorithms is None:
+            return self
+        from app.errors import AlgorithmError
+        from app.security.algorithms import AlgorithmPolicy
+
+        if not self.allowed_algorithms:
+            raise ValueError("allowed_algorithms is an empty list, which would allow no algorithm (it was read as "
+                             "every algorithm) - list the algorithms to allow, or remove the key for every "
+                             "non-deprecated one")
+        try:
+            AlgorithmPolicy(fips_mode=self.fips_mode, allowlist=set(self.allowed_algorithms))
+        except AlgorithmError as exc:
+            raise ValueError(f"allowed_algorithms: {exc.message}" + (f" - {exc.hint}" if exc.hint else "")) from None
+        return self
 
 
 class DedupStage(_Strict):
@@ -1008,8 +1046,8 @@ def _parse_stages(raw: Any) -> tuple[list[dict[str, Any]], list[str]]:
         try:
             out.append({"name": name, "settings": _STAGE_MODELS[name].model_validate(settings)})
         except ValidationError as exc:
-            problems.extend(f"stages[{i}].{name}.{_loc(e['loc'])}: {_say(e, [_STAGE_MODELS[name]])}"
-                            for e in exc.errors())
+            problems.extend(f"stages[{i}].{name}" + (f".{_loc(e['loc'])}" if e["loc"] else "")
+                            + f": {_say(e, [_STAGE_MODELS[name]])}" for e in exc.errors())
     return out, problems
 
 

@@ -197,6 +197,22 @@ def _problems(path: Path) -> list[ConfigError]:
     (lambda d: d["archive"].update(path=""), "archive.path", "at least 1 character"),
     (lambda d: d["stages"][1]["validate"].update(max_age_days=10**30), "stages[1].validate.max_age_days",
      "less than or equal to 36500"),
+    # caught only at start-up, one per start, under the JWT settings' keys (jwt.issuers ...)
+    (lambda d: d["stages"][2]["authenticate"].update(issuer=[]), "stages[2].authenticate.issuer", "is not an issuer"),
+    (lambda d: d["stages"][2]["authenticate"].update(algorithms=[]), "stages[2].authenticate.algorithms",
+     "at least 1 item"),
+    (lambda d: d["stages"][2]["authenticate"].update(publisher_id_claim=""),
+     "stages[2].authenticate.publisher_id_claim", "at least 1 character"),
+    # `keyring: ""` was "no keyring is configured"
+    (lambda d: d["stages"][3]["verify_signature"].update(keyring=""), "stages[3].verify_signature.keyring",
+     "at least 1 character"),
+    # [] was read as no list: every algorithm allowed
+    (lambda d: d["stages"][4]["policy"].update(allowed_algorithms=[]), "stages[4].policy",
+     "allowed_algorithms is an empty list"),
+    (lambda d: d["stages"][4]["policy"].update(allowed_algorithms=["rot13"]), "stages[4].policy",
+     "allowed_algorithms: algorithm 'rot13' is not supported"),
+    (lambda d: d["stages"][4]["policy"].update(allowed_algorithms=["chacha20-poly1305"], fips_mode=True),
+     "stages[4].policy", "fips_mode forbids"),
     # the resolver tells the format by the extension, and its error said "pass --format"
     (lambda d: d["stages"][6]["enrich"]["schema"].update(path="/dev/zero"), "stages[6].enrich.schema",
      "told by its file extension"),
