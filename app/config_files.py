@@ -150,8 +150,12 @@ def parse_config_text(text: str, *, what: str, source: str, json: bool = False,
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise error(f"{what} is not valid YAML: {problem}", path=where,
-                    hint=getattr(exc, "hint", None) or "check indentation and quoting at that line") from None
+        hint = getattr(exc, "hint", None) or (
+            # `!vault x`, `!!python/object ...`: the safe loader builds no tags (never code)
+            "remove the tag: configuration files take plain YAML values; quote the value if the ! is part of it"
+            if problem.startswith("could not determine a constructor") else
+            "check indentation and quoting at that line")
+        raise error(f"{what} is not valid YAML: {problem}", path=where, hint=hint) from None
     size = _expanded_size(value, MAX_VALUES)
     if size is None:
         raise error(f"{what} contains itself through a YAML alias", path=source,
@@ -160,6 +164,45 @@ def parse_config_text(text: str, *, what: str, source: str, json: bool = False,
         raise error(f"{what} stands for more than {MAX_VALUES:,} values once its YAML aliases are expanded",
                     path=source, hint="write the repeated parts out, or use fewer levels of aliases")
     return value
+
+
+#: How many keys and items `key_lines` records at most (it runs on a document already parsed
+#: within `MAX_VALUES`; this bounds the walk of a document whose aliases repeat large parts).
+_MAX_LINES = 100_000
+
+
+def key_lines(text: str) -> dict[tuple[str | int, ...], int]:
+    """Where each key and list item of a YAML document starts: key path -> 1-based line, e.g.
+    ``("sources", 0, "partitions") -> 17``, so a problem found in the parsed value can name the
+    line it is on. For a document `parse_config_text` accepted (the same bounded loader); {}
+    for one it would not. Aliased parts are not followed: a problem in one is on its anchor."""
+    loader = _BoundedLoader(text)
+    try:
+        root = loader.get_single_node()
+    except yaml.YAMLError:
+        return {}
+    finally:
+        loader.dispose()
+    out: dict[tuple[str | int, ...], int] = {}
+    seen: set[int] = set()
+    stack: list[tuple[tuple[str | int, ...], Any]] = [((), root)] if root is not None else []
+    while stack and len(out) < _MAX_LINES:
+        path, node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        children: list[tuple[tuple[str | int, ...], Any]] = []
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                if isinstance(key_node, yaml.ScalarNode):
+                    children.append(((*path, key_node.value), value_node))
+                    out.setdefault(children[-1][0], key_node.start_mark.line + 1)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                children.append(((*path, i), item))
+                out.setdefault((*path, i), item.start_mark.line + 1)
+        stack.extend(reversed(children))  # in document order: an anchor is walked before its aliases
+    return out
 
 
 def read_config(path: str | Path, *, what: str, error: type[PrismError] = ConfigError,

@@ -130,3 +130,24 @@ def test_a_named_pipe_without_a_writer_is_an_error_not_a_hang(tmp_path: Path) ->
         assert read_config(fifo, what="topology file") == {"name": "x"}
     finally:
         writer.wait(timeout=30)
+
+
+def test_key_lines_maps_key_paths_to_their_lines() -> None:
+    """What `load_topology` names a problem's line with: each key and list item's first line;
+    an aliased part is not walked again; a document the loader refuses maps to nothing."""
+    from app.config_files import key_lines
+
+    text = "name: x\nsources:\n  - topic: a\n    partitions: 4\n  - topic: b\nbase: &b {k: 1}\nuse: *b\n"
+    assert key_lines(text) == {("name",): 1, ("sources",): 2, ("sources", 0): 3, ("sources", 0, "topic"): 3,
+                               ("sources", 0, "partitions"): 4, ("sources", 1): 5, ("sources", 1, "topic"): 5,
+                               ("base",): 6, ("base", "k"): 6, ("use",): 7}
+    assert key_lines("a: [") == {} and key_lines("") == {}
+
+
+def test_a_yaml_tag_says_to_remove_it(tmp_path: Path) -> None:
+    """`!vault x` and `!!python/object/...`: the safe loader builds no tag; the fix said "check
+    indentation and quoting", which is not what is wrong."""
+    for text in ("name: !vault secret\n", "name: !!python/object/apply:os.system ['id']\n"):
+        with pytest.raises(ConfigError, match="could not determine a constructor") as err:
+            parse_config_text(text, what="topology file", source="t.yaml")
+        assert err.value.path == "t.yaml:1:7" and (err.value.hint or "").startswith("remove the tag")

@@ -65,7 +65,7 @@ import re
 import socket
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
@@ -581,7 +581,6 @@ async def replay(topology: Topology, bootstrap: str, *, settings: Any = None, re
     left = limit or None
     #: reason -> count of the records the other selectors chose (`--reason` that matches none)
     reasons_seen: dict[str, int] = {}
-    matched_reason = False
     with Progress(console=console or Console(stderr=True, emoji=False), transient=True) as progress:
         for s in sources:
             dlq, ledger_name = s.topic + suffix, ledger_topic(s.topic + suffix)
@@ -612,7 +611,6 @@ async def replay(topology: Topology, bootstrap: str, *, settings: Any = None, re
                 reasons_seen[rec_reason] = reasons_seen.get(rec_reason, 0) + 1
                 if reason is None or rec_reason == reason:
                     selected.append(rec)
-            matched_reason = matched_reason or bool(selected)
             sent = await _find_pending_sends(bootstrap, settings, s, ledger, selected)
             progress.remove_task(task)
             chosen: list[tuple[Any, Outcome]] = []
@@ -641,8 +639,7 @@ async def replay(topology: Topology, bootstrap: str, *, settings: Any = None, re
                     chosen.append((rec, outcome))
                 report.outcomes.append(outcome)
             plans.append((s, ledger_name, chosen))
-    if reason is not None and not matched_reason:
-        raise _unknown_reason(reason, reasons_seen, [s.topic + suffix for s in sources])
+    check_reason(reason, reasons_seen, [s.topic + suffix for s in sources])
     if dry_run or not (confirms or any(chosen for _, _, chosen in plans)):
         return report  # nothing to write: nothing is created either (not even the ledger topic)
     from app.broker.admin import ensure_topics
@@ -673,19 +670,25 @@ async def replay(topology: Topology, bootstrap: str, *, settings: Any = None, re
     return report
 
 
-def _unknown_reason(reason: str, seen: dict[str, int], dlqs: list[str]) -> BadSelector:
-    """`--reason` that no selected DLQ record has: a typo replayed nothing and said "would replay
-    0", exit 0. The reasons that do exist (most frequent first, each shortened: a reason is
-    whatever the DLQ topic holds), or that there is nothing to replay at all."""
+def check_reason(reason: str | None, seen: Mapping[str, int], dlqs: Sequence[str]) -> None:
+    """`--reason` that no selected DLQ record has, refused - by `prism dlq replay` and `prism dlq
+    list` alike (one check, one message). A typo used to replay nothing ("would replay 0") or
+    list nothing, exit 0, as if the DLQ held no such failure. `seen`: reason -> count of the
+    records the command's other selectors chose (before --since / --limit, which select by time
+    and count, not by what failed). The error names the reasons that do exist (most frequent
+    first, each shortened: a reason is whatever the DLQ topic holds), or that there are none."""
+    if reason is None or seen.get(reason, 0) > 0:
+        return
     where = ", ".join(dlqs)
     if not seen:
-        return BadSelector(f"no DLQ record has reason {_short(reason)}: {where} has no records (to select)",
-                           path="--reason", hint="nothing to replay; list the DLQ with `prism dlq list`")
+        raise BadSelector(f"no DLQ record has reason {_short(reason)}: {where} has no records (to select)",
+                          path="--reason", hint="drop --reason: nothing has been dead-lettered there (or retention "
+                                                "deleted it); `prism dlq list` lists what there is")
     ranked = sorted(seen.items(), key=lambda kv: (-kv[1], kv[0]))
     shown = ", ".join(f"{_short(r) if r else '(none)'} ({n})" for r, n in ranked[:_MAX_REASONS])
     more = f" and {len(ranked) - _MAX_REASONS} more" if len(ranked) > _MAX_REASONS else ""
-    return BadSelector(f"no DLQ record has reason {_short(reason)}; the reasons in {where} are {shown}{more}",
-                       path="--reason", hint="pass one of those reasons (`prism dlq list` shows each record's)")
+    raise BadSelector(f"no DLQ record has reason {_short(reason)}; the reasons in {where} are {shown}{more}",
+                      path="--reason", hint="pass one of those reasons (`prism dlq list` shows each record's)")
 
 
 #: how many existing reasons a `--reason` error lists, and how long each may be

@@ -153,7 +153,10 @@ def run(
     from app.worker.transactions import EXACTLY_ONCE, GUARANTEE_ENV, check_guarantee, check_transactions, refusal
 
     guarantee = found.attempt(check_guarantee, processing_guarantee or (topo.processing_guarantee if topo else
-                                                                         "at_least_once"), where="--processing-guarantee")
+                                                                         "at_least_once"),
+                              # where the value came from: typer reads the variable for the option
+                              where=GUARANTEE_ENV if processing_guarantee is not None
+                              and os.environ.get(GUARANTEE_ENV) == processing_guarantee else "--processing-guarantee")
     management = observer = None
     writer_id: str | None = None
     shard: Any = None

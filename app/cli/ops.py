@@ -54,6 +54,16 @@ class WorkerRefused(PrismError):
     code = "worker_refused"
 
 
+class WorkerUnreachable(PrismError):
+    """Nothing answered at the worker URL (refused, no route, DNS, timeout): the address or the
+    worker, not its credentials or its answer - a script tells "start it / fix --url" apart."""
+
+    code = "worker_unreachable"
+
+
+#: where `prism status` looks for the worker when --url is not given
+URL_ENV = "PRISM_WORKER_URL"
+
 #: A worker's /metrics text: ~100 KiB with many partitions; far above, it is not a worker.
 _MAX_TEXT_BODY = 16 * 1024 * 1024
 
@@ -86,8 +96,9 @@ def _get(url: str, timeout: float = 10.0, client: WorkerClient | None = None) ->
         err.http_status = exc.code  # type: ignore[attr-defined]  # the console tells 404 from an outage
         raise err from None
     except (urllib.error.URLError, OSError) as exc:
-        raise PrismError(f"cannot reach the worker at {url} (unreachable: {getattr(exc, 'reason', exc)})",
-                         hint="start it with `prism run --web-port PORT` and pass --url http://HOST:PORT") from None
+        raise WorkerUnreachable(f"cannot reach the worker at {url} (unreachable: {getattr(exc, 'reason', exc)})",
+                                hint="is the worker running? start it with `prism run --web-port PORT`, "
+                                f"then point --url (or {URL_ENV}) at http://HOST:PORT") from None
     except JsonInputError:
         raise  # the worker's answer (a ValueError too), not the URL
     except (ValueError, http.client.InvalidURL) as exc:  # "Invalid IPv6 URL", a space in the host
@@ -310,7 +321,7 @@ async def read_dlq(topology: Any, bootstrap: str, *, settings: Any = None, reaso
                    sources: list[str] | None = None) -> list[Any]:
     """DLQ records of every source of `topology` (or of `sources`), filtered, oldest first. Read to
     the end offsets (app/cli/dlq.py `read_to_end`), not "until quiet", so a slow broker cannot hide
-    records."""
+    records. A `reason` no record has raises `BadSelector` (`check_reason`, shared with the replay)."""
     from app.cli.dlq import read_to_end
 
     topics = {s.topic + topology.dlq.topic_suffix: s.partitions for s in topology.sources
@@ -321,9 +332,15 @@ async def read_dlq(topology: Any, bootstrap: str, *, settings: Any = None, reaso
         progress.add_task(escape(f"reading {', '.join(topics)}"), total=None)
         for topic, partitions in topics.items():
             records.extend(await read_to_end(bootstrap, topic, partitions, settings=settings))
+    rows = [(r, dlq_row(r)) for r in records]
+    if reason is not None:  # a typo lists nothing: say so, naming the reasons there are (as replay does)
+        from collections import Counter
+
+        from app.cli.dlq import check_reason
+
+        check_reason(reason, Counter(row["reason"] for _, row in rows), list(topics))
     out = []
-    for r in records:
-        row = dlq_row(r)
+    for r, row in rows:
         if reason is not None and row["reason"] != reason:
             continue
         if since is not None and (r.timestamp or 0) / 1000 < since:
@@ -459,7 +476,8 @@ def register(app: typer.Typer, dlq_app: typer.Typer) -> None:
     @app.command("status")
     @friendly
     def status(
-        url: Annotated[str, typer.Option(help="the worker's web address (prism run --web-port)")] = DEFAULT_URL,
+        url: Annotated[str, typer.Option(envvar=URL_ENV,
+                                         help="the worker's web address (prism run --web-port)")] = DEFAULT_URL,
         json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
         interval: Annotated[float, typer.Option(min=0.1, max=3600, help="seconds between the two scrapes for rates")] = 1.0,
         user: Annotated[str | None, typer.Option(envvar="PRISM_ADMIN_USER",

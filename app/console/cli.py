@@ -46,27 +46,35 @@ def console(
     without users."""
     import os
 
+    from app.cli.output import ProblemCollector
     from app.console.settings import ConsoleSettings
     from app.console.web import create_app
     from app.errors import ConfigError
     from app.security.http_auth import auth_from_settings
     from app.security.http_limits import bind_listen, serve, uvicorn_config
 
+    # Every setting is checked and every problem reported in one run (one line each), as `prism
+    # run` does: the console stopped at the first (no users file hid a bad worker URL, a bad CA
+    # file and a bad audit keyring).
+    found = ProblemCollector()
     if users_file is None:
-        raise ConfigError("the console needs its users", path="--users-file",
-                          hint="make one with `prism schema hash-password` (docs/operations.md, Console); roles: "
-                               "read to view, admin to replay")
+        found.problems.append(ConfigError(
+            "the console needs its users", path="--users-file",
+            hint="make one with `prism schema hash-password` (docs/operations.md, Console); roles: read to view, "
+                 "admin to replay"))
     if (ssl_certfile is None) != (ssl_keyfile is None):
-        raise ConfigError("--ssl-certfile and --ssl-keyfile go together", path="--ssl-certfile")
-    sock = bind_listen(host, port)
-    auth = auth_from_settings(users_file=users_file, jwt_config=jwt_config, allow_anonymous=None,
-                              realm="prism-console", where="--users-file")
+        found.problems.append(ConfigError("--ssl-certfile and --ssl-keyfile go together", path="--ssl-certfile",
+                                          hint="pass both (a PEM certificate and its key) or neither"))
+    auth = None if users_file is None else found.attempt(
+        auth_from_settings, users_file=users_file, jwt_config=jwt_config, allow_anonymous=None,
+        realm="prism-console", where="--users-file")
     bootstrap, broker_settings = None, None
     if broker or (os.environ.get("PRISM_BROKER_URL") or "").strip():
         from app.broker.admin import BrokerSettings
 
-        broker_settings = BrokerSettings.from_env({**os.environ, "PRISM_BROKER_URL": broker} if broker else None)
-        bootstrap = broker_settings.bootstrap
+        broker_settings = found.attempt(BrokerSettings.from_env,
+                                        {**os.environ, "PRISM_BROKER_URL": broker} if broker else None)
+        bootstrap = broker_settings.bootstrap if broker_settings is not None else None
     else:
         from app.broker.local import find_running
 
@@ -74,8 +82,13 @@ def console(
         bootstrap = running.bootstrap if running is not None else None
     env = {**os.environ, **({"PRISM_CONSOLE_AUDIT_KEYRING": str(audit_keyring)} if audit_keyring else {}),
            **({"PRISM_CONSOLE_AUDIT_KEY": audit_key} if audit_key else {})}
-    settings = ConsoleSettings.from_env(auth, registry_url=registry, worker_urls=worker or [],
-                                        bootstrap=bootstrap, broker_settings=broker_settings, env=env)
+    settings = found.attempt(ConsoleSettings.from_env, auth, registry_url=registry, worker_urls=worker or [],
+                             bootstrap=bootstrap, broker_settings=broker_settings, env=env)
+    sock = found.attempt(bind_listen, host, port)  # last: nothing is left bound when another check failed
+    if found.problems and sock is not None:
+        sock.close()
+    found.raise_if_any()
+    assert settings is not None and sock is not None
     if ssl_certfile is None and host not in ("127.0.0.1", "::1", "localhost"):
         typer.echo(f"⚠️  serving log-ins over plain HTTP on {host}: pass --ssl-certfile/--ssl-keyfile or "
                    "terminate TLS in front of the console", err=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from app.errors import ConfigError
+from app.errors import ConfigError, ConfigProblems, PrismError
 from app.security.http_auth import HttpAuth, client_auth_from_env
 from app.security.http_limits import HttpLimits
 
@@ -142,15 +142,35 @@ class ConsoleSettings:
         env = os.environ if env is None else env
         reg = registry_url or env.get(ENV_REGISTRY_URL) or None
         workers = list(worker_urls) or [env.get(ENV_WORKER_URLS, "")]
-        return cls(auth=auth, registry_url=_url(reg, "--registry") if reg else None,
-                   worker_urls=tuple(split_urls(workers, "--worker")),
-                   registry_headers=client_auth_from_env("PRISM_REGISTRY", env),
-                   worker_headers=client_auth_from_env("PRISM_ADMIN", env),
-                   registry_ssl=_ssl_context(env.get(ENV_REGISTRY_CAFILE), ENV_REGISTRY_CAFILE),
-                   worker_ssl=_ssl_context(env.get(ENV_ADMIN_CAFILE), ENV_ADMIN_CAFILE),
-                   bootstrap=bootstrap, broker_settings=broker_settings,
-                   http_limits=HttpLimits.from_env(env, max_body_bytes=MAX_FORM_BYTES),
-                   **_audit_settings(env))
+        # Every setting checked, every problem reported at once: a bad worker URL hid a bad CA file
+        # and a bad audit keyring until the next start.
+        problems: list[PrismError] = []
+
+        def check(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except ConfigProblems as exc:
+                problems.extend(exc.problems)
+            except PrismError as exc:
+                problems.append(exc)
+            return None
+
+        values = {
+            "registry_url": check(_url, reg, "--registry") if reg else None,
+            "worker_urls": tuple(check(split_urls, workers, "--worker") or ()),
+            "registry_headers": check(client_auth_from_env, "PRISM_REGISTRY", env) or {},
+            "worker_headers": check(client_auth_from_env, "PRISM_ADMIN", env) or {},
+            "registry_ssl": check(_ssl_context, env.get(ENV_REGISTRY_CAFILE), ENV_REGISTRY_CAFILE),
+            "worker_ssl": check(_ssl_context, env.get(ENV_ADMIN_CAFILE), ENV_ADMIN_CAFILE),
+            "http_limits": check(HttpLimits.from_env, env, max_body_bytes=MAX_FORM_BYTES),
+            **(check(_audit_settings, env) or {}),
+        }
+        if len(problems) == 1:
+            raise problems[0]
+        if problems:
+            raise ConfigProblems("; ".join(str(p) for p in problems), problems,  # type: ignore[arg-type]
+                                 summary=f"{len(problems)} configuration problems; the console did not start")
+        return cls(auth=auth, bootstrap=bootstrap, broker_settings=broker_settings, **values)
 
 
 def _audit_settings(env: Mapping[str, str]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any, NoReturn
@@ -32,14 +33,18 @@ StorageOpt = Annotated[list[str] | None, typer.Option(
 
 
 def _storage_options(pairs: list[str] | None) -> dict[str, str] | None:
+    """`--storage-option KEY=VALUE` pairs as delta-rs takes them. Raises `LakeError` naming
+    the first pair that is not KEY=VALUE (it was a click usage error raised from inside the
+    command - for `compact` after Spark had started)."""
     if not pairs:
         return None
     out = {}
     for p in pairs:
         key, sep, value = p.partition("=")
-        if not sep:
-            raise typer.BadParameter(f"{p!r} is not KEY=VALUE", param_hint="--storage-option")
-        out[key] = value
+        if not sep or not key.strip():
+            raise LakeError(f"{p!r} is not KEY=VALUE", path="--storage-option",
+                            hint="write e.g. --storage-option AWS_ENDPOINT_URL=http://127.0.0.1:9000 (one per option)")
+        out[key.strip()] = value
     return out
 
 
@@ -82,6 +87,15 @@ def _maintain(what: str, action: Callable[[Any], Any]) -> Any:
                              "credentials)"))
 
 
+def _fail_all(problems: list[PrismError]) -> NoReturn:
+    """Every problem the checks found, one error line each (then how many), and exit 1."""
+    from app.cli.output import Problems, print_problems
+    from app.lake.compact import EXIT_FAILED
+
+    print_problems(problems[0] if len(problems) == 1 else Problems(problems), _err)
+    raise typer.Exit(EXIT_FAILED)
+
+
 def _check_local_archive(archive: str) -> None:
     """A local archive must be a directory that exists. Why: the archive's store creates its root,
     so `prism lake compact /typo/archive TABLE` made that directory (and `_quarantine` in it),
@@ -92,15 +106,62 @@ def _check_local_archive(archive: str) -> None:
     try:
         local = is_local_url(archive)
     except ValueError as exc:
-        _fail(LakeError(f"archive {archive!r} is not a usable URL: {exc}", path="ARCHIVE",
-                        hint="a local directory, file:///dir or s3://bucket/prefix"))
+        raise LakeError(f"archive {archive!r} is not a usable URL: {exc}", path="ARCHIVE",
+                        hint="a local directory, file:///dir or s3://bucket/prefix") from None
     if not local:
         return
     path = absolute_url(archive)
     if not os.path.isdir(path):
-        _fail(LakeError(f"archive {path} {'is not a directory' if os.path.exists(path) else 'does not exist'}",
+        raise LakeError(f"archive {path} {'is not a directory' if os.path.exists(path) else 'does not exist'}",
                         path="ARCHIVE", hint="give the topology's archive.path (the worker creates it when it starts "
-                                             "and writes rolls there); check the path for a typo"))
+                                             "and writes rolls there); check the path for a typo")
+
+
+def _check_output_location(location: str, where: str, what: str) -> None:
+    """A location this command creates (the table, the quarantine): a usable URL and, when local,
+    not an existing file - Spark or delta-rs found that out only after the JVM start."""
+    from app.lake.storage import absolute_url, is_local_url
+
+    try:
+        local = is_local_url(location)
+    except ValueError as exc:
+        raise LakeError(f"{what} {location!r} is not a usable URL: {exc}", path=where,
+                        hint="a local directory, file:///dir or s3://bucket/prefix") from None
+    if local and os.path.exists(absolute_url(location)) and not os.path.isdir(absolute_url(location)):
+        raise LakeError(f"{what} {absolute_url(location)} is a file, not a directory", path=where,
+                        hint=f"name a directory (it is created if missing) for the {what}")
+
+
+WRITERS = ("auto", "delta-spark", "delta-rs")
+#: Spark's master URLs (https://spark.apache.org/docs/latest/submitting-applications.html#master-urls)
+_MASTER = re.compile(r"local(\[(\d+|\*)(,\d+)?\])?|local-cluster\[\d+, ?\d+, ?\d+\]|yarn|spark://\S+|k8s://\S+")
+
+
+def _check_writer(writer: str) -> None:
+    if writer not in WRITERS:
+        raise LakeError(f"unknown Delta writer {writer!r}", path="--writer", hint="use auto, delta-spark or delta-rs")
+
+
+def _check_master(master: str | None) -> None:
+    """A Spark master URL Spark can parse: anything else made Spark print its JVM stack trace
+    (dozens of lines) before the error line, seconds into the start."""
+    # PRISM_SPARK_MASTER is read only when Prism starts Spark itself (not under spark-submit)
+    env = None if master or "PYSPARK_GATEWAY_PORT" in os.environ else os.environ.get("PRISM_SPARK_MASTER")
+    for value, where in ((master, "--master"), (env, "PRISM_SPARK_MASTER")):
+        if value is not None and not _MASTER.fullmatch(value.strip()):
+            raise LakeError(f"{value!r} is not a Spark master URL", path=where,
+                            hint="use local[*], local[N], spark://HOST:PORT, yarn or k8s://HOST:PORT")
+
+
+def _check_all(*checks: tuple[Callable[..., Any], tuple[Any, ...]]) -> list[Any]:
+    """Run every check; exit with all their problems at once, or return their results."""
+    from app.cli.output import ProblemCollector
+
+    found = ProblemCollector()
+    results = [found.attempt(check, *args) for check, args in checks]
+    if found.problems:
+        _fail_all(found.problems)
+    return results
 
 
 def _emit(doc: dict[str, Any], as_json: bool, title: str) -> None:
@@ -148,7 +209,12 @@ def compact(
     from app.lake.compact import Compactor
     from app.lake.spark import existing_session, get_spark
 
-    _check_local_archive(archive)  # before Spark: seconds, not a JVM start, for a typo
+    # Every option before Spark (seconds, not a JVM start, for a typo), every problem at once
+    _, _, _, _, _, options = _check_all(
+        (_check_writer, (writer,)), (_check_master, (master,)), (_check_local_archive, (archive,)),
+        (_check_output_location, (table, "TABLE", "table")),
+        (_check_output_location, (quarantine, "--quarantine", "quarantine")) if quarantine else (lambda: None, ()),
+        (_storage_options, (storage_option,)))
 
     # Stop Spark at the end only if this command started it (not under spark-submit or a caller's session).
     owned = existing_session() is None and "PYSPARK_GATEWAY_PORT" not in os.environ
@@ -162,7 +228,7 @@ def compact(
         _fail(_spark_failure(exc, "starting Spark"))
     try:
         comp = Compactor(spark, archive, table, quarantine_url=quarantine, writer=writer, max_files=max_files,
-                         storage_options=_storage_options(storage_option), jars_note=jars_note)
+                         storage_options=options, jars_note=jars_note)
         # Which writer, and why: a run that silently fell back to delta-rs must say so.
         _err.print(f"writer: {comp.table.name} - {escape(comp.table.reason)}", highlight=False)
         plan = comp.pending()
@@ -212,7 +278,10 @@ def optimize(
     as_json: JsonOpt = False,
 ) -> None:
     """Compact small files (and optionally Z-order them)."""
-    options = _storage_options(storage_option)
+    from app.lake.maintenance import check_target_size, check_zorder_columns
+
+    _, _, options = _check_all((check_target_size, (target_size,)), (check_zorder_columns, (zorder,)),
+                               (_storage_options, (storage_option,)))
     doc = _maintain(f"optimize {table}", lambda m: m.optimize(table, zorder=zorder, target_size=target_size,
                                                                 storage_options=options))
     _emit(doc, as_json, "prism lake optimize")
@@ -229,7 +298,9 @@ def vacuum(
     as_json: JsonOpt = False,
 ) -> None:
     """Delete files no longer needed (refuses a retention under 7 days unless --force)."""
-    options = _storage_options(storage_option)
+    from app.lake.maintenance import check_retention_hours
+
+    _, options = _check_all((check_retention_hours, (retention_hours,)), (_storage_options, (storage_option,)))
     doc = _maintain(f"vacuum {table}", lambda m: m.vacuum(table, retention_hours=retention_hours, force=force,
                                                             dry_run=dry_run, full=not lite, storage_options=options))
     _emit(doc, as_json, "prism lake vacuum")
@@ -242,7 +313,7 @@ def stats(
     as_json: JsonOpt = False,
 ) -> None:
     """Rows, files, partitions and versions of the table."""
-    options = _storage_options(storage_option)
+    (options,) = _check_all((_storage_options, (storage_option,)))
     doc = _maintain(f"stats {table}", lambda m: m.stats(table, storage_options=options).to_dict())
     _emit(doc, as_json, "prism lake stats")
 

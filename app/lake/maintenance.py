@@ -47,19 +47,38 @@ def open_table(table_uri: str, storage_options: dict[str, str] | None = None) ->
     return DeltaTable(table_uri, storage_options=storage_options)
 
 
+def check_target_size(target_size: int | None) -> None:
+    """`--target-size` in range; checked before the table is opened (and here, not left to
+    delta-rs: its refusal is an OverflowError or ValueError)."""
+    if target_size is not None and not 1 <= target_size <= MAX_TARGET_SIZE:
+        raise LakeError(f"target size of {target_size} bytes is out of range", path="--target-size",
+                        hint=f"give a file size in bytes from 1 to {MAX_TARGET_SIZE}, e.g. 268435456 (256 MiB)")
+
+
+def check_zorder_columns(zorder: list[str] | None) -> None:
+    """What can be said of `--zorder` without the table: not a partition column."""
+    bad = [c for c in zorder or [] if c in PARTITION_COLUMNS]
+    if bad:
+        raise LakeError(f"cannot Z-order by partition column(s) {bad}", path="--zorder",
+                        hint="partitions are already separated; pick data columns such as published_at_ms")
+
+
+def check_retention_hours(retention_hours: float) -> None:
+    """A finite number of hours in range (NaN passed every comparison of `vacuum` and then
+    failed in math.ceil)."""
+    if not (math.isfinite(retention_hours) and 0 <= retention_hours <= MAX_RETENTION_HOURS):
+        raise LakeError(f"retention of {retention_hours:g} hours is not a number of hours from 0 to "
+                        f"{MAX_RETENTION_HOURS:g}", path="--retention-hours",
+                        hint=f"e.g. --retention-hours {DEFAULT_RETENTION_HOURS:g} (Delta's default, 7 days)")
+
+
 def optimize(table_uri: str, *, zorder: list[str] | None = None, target_size: int | None = None,
              storage_options: dict[str, str] | None = None) -> dict[str, Any]:
     """Rewrite small files into larger ones, optionally Z-ordered by `zorder` columns."""
-    if target_size is not None and not 1 <= target_size <= MAX_TARGET_SIZE:
-        # checked here, not left to delta-rs: its refusal is an OverflowError or ValueError
-        raise LakeError(f"target size of {target_size} bytes is out of range", path="--target-size",
-                        hint=f"give a file size in bytes from 1 to {MAX_TARGET_SIZE}, e.g. 268435456 (256 MiB)")
+    check_target_size(target_size)
+    check_zorder_columns(zorder)
     dt = open_table(table_uri, storage_options)
     if zorder:
-        bad = [c for c in zorder if c in PARTITION_COLUMNS]
-        if bad:
-            raise LakeError(f"cannot Z-order by partition column(s) {bad}",
-                            hint="partitions are already separated; pick data columns such as published_at_ms")
         known = {f.name for f in dt.schema().fields}
         unknown = [c for c in zorder if c not in known]
         if unknown:
@@ -86,11 +105,7 @@ def vacuum(table_uri: str, *, retention_hours: float = DEFAULT_RETENTION_HOURS, 
     `full=True` (Delta's default VACUUM mode) also removes files no commit ever referenced,
     e.g. those of a compaction run killed before its commit.
     """
-    if not (math.isfinite(retention_hours) and 0 <= retention_hours <= MAX_RETENTION_HOURS):
-        # NaN passed every comparison below and then failed in math.ceil: refused first
-        raise LakeError(f"retention of {retention_hours:g} hours is not a number of hours from 0 to "
-                             f"{MAX_RETENTION_HOURS:g}", path="--retention-hours",
-                             hint=f"e.g. --retention-hours {DEFAULT_RETENTION_HOURS:g} (Delta's default, 7 days)")
+    check_retention_hours(retention_hours)
     dt = open_table(table_uri, storage_options)
     minimum = min_retention_hours(dt)
     if retention_hours < minimum and not force:

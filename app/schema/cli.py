@@ -621,17 +621,19 @@ def _check_tls(certfile: Path | None, keyfile: Path | None) -> None:
     certificate stops the start-up with a message instead of failing every handshake."""
     import ssl
 
+    from app.errors import ConfigError
+
     if certfile is None and keyfile is None:
         return
     if certfile is None or keyfile is None:
-        _fail("bad_config", "TLS needs both a certificate and its key",
-              where="--ssl-keyfile" if keyfile is None else "--ssl-certfile",
-              fix="pass both --ssl-certfile and --ssl-keyfile")
+        raise ConfigError("TLS needs both a certificate and its key",
+                          path="--ssl-keyfile" if keyfile is None else "--ssl-certfile",
+                          hint="pass both --ssl-certfile and --ssl-keyfile")
     try:
         ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(str(certfile), str(keyfile))
     except (OSError, ssl.SSLError) as e:
-        _fail("bad_config", f"cannot load the TLS certificate and key: {e}", where=f"{certfile} / {keyfile}",
-              fix="pass a PEM certificate (chain) and its unencrypted PEM private key")
+        raise ConfigError(f"cannot load the TLS certificate and key: {e}", path=f"{certfile} / {keyfile}",
+                          hint="pass a PEM certificate (chain) and its unencrypted PEM private key") from None
 
 
 def start_line(*, host: str, port: int, tls: bool, workers: int, store: str, auth: Any) -> str:
@@ -685,7 +687,6 @@ def serve(
     import shutil
     import tempfile
 
-    from app.errors import ConfigError
     from app.schema.authz import ENV_ALLOW_ANONYMOUS, ENV_JWT_CONFIG, ENV_USERS_FILE, registry_auth_from_env
     from app.schema.service import MAX_BODY_BYTES
     from app.schema.store import open_store
@@ -696,16 +697,20 @@ def serve(
     auth_env = {ENV_USERS_FILE: str(users_file.resolve()) if users_file else "",
                 ENV_JWT_CONFIG: str(jwt_config.resolve()) if jwt_config else "",
                 ENV_ALLOW_ANONYMOUS: allow_anonymous or ""}
-    try:
-        auth = registry_auth_from_env(auth_env)
-        limits = HttpLimits.from_env(max_body_bytes=MAX_BODY_BYTES)  # the workers read the same variables
-    except ConfigError as e:
-        fail(e)
-    _check_tls(ssl_certfile, ssl_keyfile)
-    try:
-        sock = bind_listen(host, port)
-    except ConfigError as e:
-        fail(e)
+    from app.cli.output import ProblemCollector
+
+    # Every problem at once, one line each (it stopped at the first: a missing users file hid a
+    # bad TLS pair and a port out of range); the port is bound last, and closed again on failure.
+    found = ProblemCollector()
+    auth = found.attempt(registry_auth_from_env, auth_env)
+    # the workers read the same variables
+    limits = found.attempt(HttpLimits.from_env, max_body_bytes=MAX_BODY_BYTES)
+    found.attempt(_check_tls, ssl_certfile, ssl_keyfile)
+    sock = found.attempt(bind_listen, host, port)
+    if found.problems and sock is not None:
+        sock.close()
+    found.raise_if_any()
+    assert auth is not None and limits is not None and sock is not None
     if auth.accepts_credentials and ssl_certfile is None and host not in ("127.0.0.1", "::1", "localhost"):
         typer.echo(f"⚠️  serving credentials over plain HTTP on {host}: pass --ssl-certfile/--ssl-keyfile "
                    "or terminate TLS in front of the registry", err=True)

@@ -34,6 +34,9 @@ from .pii import pii_fields as compute_pii_fields
 from .protoparse import WIRE_LEN, iter_wire
 from .references import FetchVersion, Reference, identity_suffix, resolve_fetched
 
+#: The registry refuses a schema over 16 MiB (app/schema/cli.py reads files with the same bound)
+MAX_SCHEMA_FILE_BYTES = 16 * 1024 * 1024
+
 
 class SchemaResolutionError(RuntimeError):
     """The configured schema could not be fetched or parsed (fail at start-up, not per message)."""
@@ -306,10 +309,15 @@ def resolve_schema_config(config: Mapping[str, Any], *, git: GitSchemaSource | N
     elif kind in ("local", "file"):
         path = Path(str(config.get("path") or config.get("url")))
         fmt = SchemaFormat.parse(config["format"]) if config.get("format") else SchemaFormat.from_filename(path.name)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as e:
-            raise SchemaResolutionError(f"cannot read {path}: {e}") from e
+        from app.config_files import read_text
+        from app.errors import PrismError
+
+        try:  # the one bounded reader: `path.read_text()` read a schema symlinked to /dev/zero until
+            # memory ran out, and waited for ever on a named pipe
+            text = read_text(path, what="schema file", error=PrismError, max_bytes=MAX_SCHEMA_FILE_BYTES,
+                             size_hint="a schema is far smaller; check that the path names the schema file")
+        except PrismError as e:
+            raise SchemaResolutionError(f"{e.message} ({path})") from None
         h = schema_hash(fmt, text)
         if expected and expected != h:
             raise SchemaTampered(f"{path} hashes to {h}, expected {expected}")

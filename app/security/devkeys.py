@@ -78,6 +78,30 @@ def is_throwaway(folder: str | Path) -> bool:
     return (Path(folder) / THROWAWAY_MARK).is_file()
 
 
+def _load_issuer_key(pem: Path) -> Ed25519PrivateKey:
+    """The Ed25519 token-issuer key an earlier `--dev-keys` (or `prism keys init`) left in
+    `pem`. Read through the bounded reader of configuration files; a file that is not such a
+    key is one `ConfigError` (it was a ValueError or AssertionError traceback from `prism run
+    --dev-keys`, with an issuer.pem that is garbage, empty, or an RSA key)."""
+    from app.config_files import read_text
+
+    fix = (f"move {pem} away so --dev-keys makes a fresh one (workers that trust the old JWKS will refuse "
+           f"new tokens), or run `prism keys init --dir {pem.parent} --force`")
+    try:
+        text = read_text(pem, what="token issuer key", max_bytes=64 * 1024)
+    except ConfigError as exc:  # unreadable, too large, not text: the same way out
+        raise ConfigError(exc.message, path=str(pem), hint=fix) from None
+    try:
+        key = load_pem_private_key(text.encode(), password=None)
+    except (ValueError, TypeError) as exc:  # not PEM, encrypted (TypeError), unsupported
+        raise ConfigError(f"token issuer key is not an unencrypted PEM private key ({str(exc).split('.')[0]})",
+                          path=str(pem), hint=fix) from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ConfigError(f"token issuer key holds a key of type {type(key).__name__}, not the Ed25519 key the "
+                          "development JWKS (EdDSA) needs", path=str(pem), hint=fix)
+    return key
+
+
 def ensure_dev_keys(folder: str | Path) -> DevKeys:
     """Throwaway keys in `folder` (the demo, `prism run --dev-keys`): the existing files are kept,
     missing ones made; the folder is 0700 like `prism keys init`'s. A set this function started
@@ -94,8 +118,7 @@ def ensure_dev_keys(folder: str | Path) -> DevKeys:
     keyring = load_signing_keyring(signing) if signing.exists() else write_dev_keyring(signing)
     pem = folder / "issuer.pem"
     if pem.exists():
-        key = load_pem_private_key(pem.read_bytes(), password=None)
-        assert isinstance(key, Ed25519PrivateKey)
+        key = _load_issuer_key(pem)
     else:
         key = Ed25519PrivateKey.generate()
         pem.write_bytes(key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))

@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.errors import AuthError, ConfigError
+from app.errors import AuthError, ConfigError, ConfigProblems
 
 # The client side (header building) lives in client_auth so that clients need no argon2/PyJWT;
 # re-exported because the CLI, the console and the tests import it from here.
@@ -427,7 +427,13 @@ def load_users(path: str | Path) -> dict[str, UserRecord]:
                 raise ConfigError("entry is not a mapping", path=where, hint="each user is {user, hash, roles}")
             unknown = sorted(map(str, set(entry) - {"user", "hash", "roles", "clearance"}))
             if unknown:
-                raise ConfigError(f"unknown key(s) {unknown}", path=where, hint="allowed: user, hash, roles, clearance"
+                import difflib
+
+                meant = {k: m[0] for k in unknown
+                         if (m := difflib.get_close_matches(k, ["user", "hash", "roles", "clearance"], n=1))}
+                raise ConfigError(f"unknown key(s) {unknown}" + "".join(f" - did you mean {v!r} for {k!r}?"
+                                                                         for k, v in meant.items()), path=where,
+                                  hint="allowed: user, hash, roles, clearance"
                                   + (" (store a hash, never a password)" if "password" in unknown else ""))
             name = entry.get("user")
             if not isinstance(name, str) or not name or ":" in name or any(not c.isprintable() for c in name):
@@ -445,8 +451,9 @@ def load_users(path: str | Path) -> dict[str, UserRecord]:
     if problems:
         if len(problems) == 1:
             raise problems[0]
-        raise ConfigError(f"{len(problems)} problems in the users file: " + "; ".join(str(e) for e in problems),
-                          path=str(p))
+        # one error line per problem where the CLI prints them (app/cli/output.py), not all in one line
+        raise ConfigProblems(f"{len(problems)} problems in the users file: " + "; ".join(str(e) for e in problems),
+                             problems, path=str(p), summary=f"{len(problems)} problems in users file {p}")
     return users
 
 

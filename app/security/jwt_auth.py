@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import logging
 import math
 import os
@@ -342,12 +341,15 @@ class JwksKeyring:
         return (st.st_mtime_ns, st.st_size, st.st_ino)
 
     def _load(self) -> tuple[dict[str, TokenKey], dict[str, str]]:
-        try:
-            doc = json.loads(self.path.read_bytes())
-        except OSError as exc:
-            raise ConfigError(f"cannot read JWKS file: {exc.strerror}", path=str(self.path)) from None
-        except (ValueError, RecursionError):
-            raise ConfigError("JWKS file is not valid JSON", path=str(self.path)) from None
+        # The one bounded reader and JSON decoder of configuration files: `read_bytes` and
+        # `json.loads` read `jwks: /dev/zero` until the kernel killed the worker (out of memory),
+        # and took a key given twice silently
+        from app.config_files import parse_config_text, read_text
+
+        text = read_text(self.path, what="JWKS file",
+                         missing_hint="point the topology's authenticate.jwks at an RFC 7517 JSON file "
+                                      "(`prism keys init` writes one)")
+        doc = parse_config_text(text, what="JWKS file", source=str(self.path), json=True)
         return parse_jwks(doc, source=str(self.path))
 
     def refresh(self, *, force: bool = False) -> bool:

@@ -1309,7 +1309,9 @@ def load_signing_keyring(path: str | Path) -> SigningKeyring:
     doc = read_config(path, what="signing keyring", by_suffix=False,
                       missing_hint="generate one with `prism keys init` or point the topology at an existing file")
     if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
-        raise ConfigError("signing keyring must be a mapping with a `keys` list", path=str(path))
+        raise ConfigError("signing keyring must be a mapping with a `keys` list", path=str(path),
+                          hint="point the topology at a keyring file `prism keys init` wrote (docs/signing.md, "
+                               "\"Keyring files\")")
     problems: list[str] = []
     all_keys, unrestricted = VerificationKeys(), VerificationKeys()
     by_ns: dict[str, VerificationKeys] = {}

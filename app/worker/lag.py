@@ -262,7 +262,20 @@ def lag_settings_from_env(env: Mapping[str, str] | None = None) -> tuple[float, 
     """(interval, timeout) of the lag monitor, from PRISM_LAG_INTERVAL_S / PRISM_LAG_TIMEOUT_S.
     `prism run` calls it with its other start-up checks: the monitor is built once the worker
     runs, and a bad value (NaN was accepted) crashed the worker then instead of refusing the start."""
-    return _env_seconds(ENV_INTERVAL, DEFAULT_INTERVAL_S, env), _env_seconds(ENV_TIMEOUT, DEFAULT_TIMEOUT_S, env)
+    from app.errors import ConfigError, ConfigProblems
+
+    values: list[float] = []
+    problems: list[ConfigError] = []
+    for name, default in ((ENV_INTERVAL, DEFAULT_INTERVAL_S), (ENV_TIMEOUT, DEFAULT_TIMEOUT_S)):
+        try:  # both checked: a bad interval hid a bad timeout until the next start
+            values.append(_env_seconds(name, default, env))
+        except ConfigError as exc:
+            problems.append(exc)
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise ConfigProblems("; ".join(str(p) for p in problems), problems)
+    return values[0], values[1]
 
 
 async def read_group_lag(bootstrap: str, group: str, topics: Iterable[str] | None = None, *,

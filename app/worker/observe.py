@@ -48,7 +48,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from app.agents.chain import LatencySamples, Outcome, Result
-from app.errors import PrismError
+from app.errors import ConfigError, PrismError
 from app.observability import tracecontext as tc
 from app.observability.health import HealthState, run_heartbeat
 from app.observability.metrics import PipelineMetrics
@@ -281,7 +281,13 @@ class Observer:
         env = os.environ if env is None else env
         allow = [x.strip() for x in env.get(ENV_METRIC_LABELS, "").split(",") if x.strip()]
         red = default_redactor()
-        return cls(metrics=PipelineMetrics(label_allowlist=allow, redactor=red),
+        try:
+            metrics = PipelineMetrics(label_allowlist=allow, redactor=red)
+        except ConfigError as exc:  # it named `metrics.label_allowlist`, a key no file has
+            raise ConfigError(exc.message, path=ENV_METRIC_LABELS,
+                              hint=f"remove that key from {ENV_METRIC_LABELS} (comma-separated envelope label keys; "
+                                   "they may not be Prometheus' reserved names or start with __)") from None
+        return cls(metrics=metrics,
                    tracing=configure_tracing_from_env(service_name, env), redactor=red,
                    management=ManagementSettings.from_env(env), stall_after_s=stall_after_from_env(env))
 

@@ -89,7 +89,11 @@ class TransactionFailed(Exception):
 
 def check_guarantee(value: str, *, where: str = "processing_guarantee") -> str:
     if value not in GUARANTEES:
-        raise ConfigError(f"{where}={value!r} is not a processing guarantee", path=where,
+        import difflib
+
+        close = difflib.get_close_matches(value.replace("-", "_").lower(), GUARANTEES, n=1, cutoff=0.6)
+        raise ConfigError(f"{where}={value!r} is not a processing guarantee"
+                          + (f" - did you mean {close[0]!r}?" if close else ""), path=where,
                           hint="use at_least_once (the default) or exactly_once")
     return value
 

@@ -33,6 +33,11 @@ def assert_clean_error(res: subprocess.CompletedProcess, code: str, *fragments: 
 VALID = (ROOT / "topologies/orders-created.yaml").read_text()
 
 
+def _line(text: str) -> int:
+    """The line of the shipped topology that `text` starts (1-based)."""
+    return VALID[:VALID.index(text)].count("\n") + 1
+
+
 @pytest.mark.parametrize(
     ("mutate", "code", "fragments"),
     [
@@ -46,10 +51,15 @@ VALID = (ROOT / "topologies/orders-created.yaml").read_text()
          "bad_config", ["stages[2].authenticate.policy", "'required', 'optional' or 'off'"]),
         (lambda t: t.replace("layouts: [v2, v3]", "layouts: [v4]"), "bad_config", ["outputs.layouts"]),
         (lambda t: t.replace("namespace: order-events\n", "namespace: order-events\ncolour: blue\n"), "bad_config",
-         ["colour", "Extra inputs are not permitted"]),
+         ["colour: unknown key", ".yaml:13); fix: "]),
+        # a typo names the key it meant, and the line it is on
+        (lambda t: t.replace("  max_attempts: 3", "  max_attempt: 3"), "bad_config",
+         ["dlq.max_attempt: unknown key - did you mean 'max_attempts'?", f".yaml:{_line('  max_attempts: 3')})"]),
+        (lambda t: t.replace("      window_s: 3600", "      window_s: true"), "bad_config",
+         ["stages[5].dedup.window_s: should be a whole number, not the boolean true", f".yaml:{_line('      window_s: 3600')})"]),
     ],
     ids=["yaml-syntax", "unknown-stage", "zero-partitions", "no-normalize", "still-valid", "bad-enum",
-         "bad-layout", "unknown-key"],
+         "bad-layout", "unknown-key", "typo-key", "bool-for-int"],
 )
 def test_bad_topology_files(tmp_path: Path, mutate, code: str, fragments: list[str]) -> None:
     path = ROOT / "topologies" / f".test-{tmp_path.name}.yaml"
@@ -186,3 +196,17 @@ def test_demo_checks_its_report_file_before_it_starts(tmp_path: Path) -> None:
         res = prism("demo", "--json", str(target), "-n", "1", "--no-lake", "--data-dir", str(data))
         assert_clean_error(res, "bad_config", fragment, "(at --json)")
         assert (res.stdout + res.stderr).count("\n") == 1 and not data.exists(), res.stdout + res.stderr
+
+
+def test_bad_worker_variables_name_the_variable_and_the_value_meant() -> None:
+    """PRISM_PROCESSING_GUARANTEE=exactly-once was reported at `--processing-guarantee` (an option
+    the operator never passed), and a reserved PRISM_METRIC_LABELS key at `metrics.label_allowlist`
+    (a key no file has); both at once now, each at its variable, the guarantee with the word meant."""
+    res = prism("run", "--dev-keys", env={"PRISM_BROKER_URL": "127.0.0.1:1", "PRISM_PROCESSING_GUARANTEE": "exactly-once",
+                                         "PRISM_METRIC_LABELS": "team,__name__"})
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error [")]
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert any("'exactly-once' is not a processing guarantee - did you mean 'exactly_once'? "
+               "(at PRISM_PROCESSING_GUARANTEE)" in ln for ln in lines), res.stderr
+    assert any("'__name__'" in ln and "(at PRISM_METRIC_LABELS); fix: " in ln for ln in lines), res.stderr
+    assert res.stderr.strip().splitlines()[-1] == "2 configuration problems; nothing was started", res.stderr

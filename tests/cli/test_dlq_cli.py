@@ -25,7 +25,16 @@ from aiokafka import AIOKafkaProducer
 
 from app.agents.base import Message
 from app.agents.dlq import VALUE_TRUNCATED, build_dlq_record
-from app.cli.dlq import BadSelector, Selection, ledger_topic, parse_selection, read_to_end, replay, topic_exists
+from app.cli.dlq import (
+    BadSelector,
+    Selection,
+    check_reason,
+    ledger_topic,
+    parse_selection,
+    read_to_end,
+    replay,
+    topic_exists,
+)
 from app.demo.runner import read_all
 from app.envelope import encode, new_envelope
 from app.errors import NamespaceNotAllowedError
@@ -118,8 +127,12 @@ def test_errors_are_one_line_without_markup(tmp_path: Path, dev_keys) -> None:  
     """The class of bug: `prism status` and `prism dlq` printed `[bold red]error[/]` literally."""
     make_topology(tmp_path, dev_keys, partitions=2)
     t = str(tmp_path / "topology.yaml")
-    assert_clean_error(prism("status", "--url", "http://127.0.0.1:1", "--interval", "0.1"), "prism_error",
-                       "cannot reach the worker")
+    # its own code (it was the generic prism_error), the URL it tried and where the URL comes from
+    assert_clean_error(prism("status", "--url", "http://127.0.0.1:1", "--interval", "0.1"), "worker_unreachable",
+                       "cannot reach the worker at http://127.0.0.1:1/", "is the worker running?", "--url",
+                       "PRISM_WORKER_URL")
+    assert_clean_error(prism("status", "--interval", "0.1", env={"PRISM_WORKER_URL": "http://127.0.0.1:2"}),
+                       "worker_unreachable", "http://127.0.0.1:2/")
     no_broker = {"PRISM_BROKER_URL": None}
     for args in (("dlq", "list", "-t", t), ("dlq", "show", "0@1", "-t", t), ("dlq", "replay", "-t", t)):
         # its own code (it was the generic prism_error): a script can tell "start a broker" apart
@@ -319,10 +332,12 @@ async def test_a_reason_no_record_has_is_an_error_listing_the_reasons_there_are(
     await ensure_topics(broker.bootstrap, topo.topics())
     res = await _cli("dlq", "replay", "-t", t, "--reason", "typo", "--dry-run", bootstrap=broker.bootstrap)
     assert_clean_error(res, "bad_selector", "no DLQ record has reason 'typo'", f"{dlq} has no records")
+    res = await _cli("dlq", "list", "-t", t, "--reason", "typo", bootstrap=broker.bootstrap)
+    assert_clean_error(res, "bad_selector", "no DLQ record has reason 'typo'", f"{dlq} has no records")
     copies, _ = _dlq_copies(topo, dev_keys, 2)
     await _seed(broker.bootstrap, copies, [0, 1])
-    for extra in (("--dry-run",), ()):
-        res = await _cli("dlq", "replay", "-t", t, "--reason", "typo", *extra, bootstrap=broker.bootstrap)
+    for cmd in (("replay", "--dry-run"), ("replay",), ("list",), ("list", "--json"), ("list", "--since", "1m")):
+        res = await _cli("dlq", *cmd, "-t", t, "--reason", "typo", bootstrap=broker.bootstrap)
         assert_clean_error(res, "bad_selector", "no DLQ record has reason 'typo'",
                            f"the reasons in {dlq} are 'namespace_not_allowed' (2)")
         assert len(res.stderr.strip().splitlines()) == 1, res.stderr
@@ -330,6 +345,21 @@ async def test_a_reason_no_record_has_is_an_error_listing_the_reasons_there_are(
     res = await _cli("dlq", "replay", "-t", t, "--reason", "namespace_not_allowed", "--dry-run",
                      bootstrap=broker.bootstrap)
     assert res.returncode == 0 and "2" in res.stdout, res.stdout + res.stderr
+    # a reason the DLQ holds, with --since excluding every record: an empty list is the answer
+    res = await _cli("dlq", "list", "-t", t, "--reason", "namespace_not_allowed", "--since", "1m", "--json",
+                     bootstrap=broker.bootstrap)
+    assert res.returncode == 0 and json.loads(res.stdout) == [], res.stdout + res.stderr
+
+
+def test_the_reason_check_is_shared_and_names_the_reasons_there_are() -> None:
+    """One check for `dlq list` and `dlq replay`: quiet for a reason some record has or no
+    --reason; otherwise the reasons there are, most frequent first, or that there are none."""
+    check_reason(None, {}, ["a.dlq"])
+    check_reason("x", {"x": 1}, ["a.dlq"])
+    with pytest.raises(BadSelector, match=r"the reasons in a.dlq, b.dlq are 'y' \(3\), 'x' \(1\)"):
+        check_reason("typo", {"x": 1, "y": 3}, ["a.dlq", "b.dlq"])
+    with pytest.raises(BadSelector, match=r"a\.dlq has no records"):
+        check_reason("typo", {}, ["a.dlq"])
 
 
 async def test_the_dlq_is_read_committed(kafka) -> None:  # Apache Kafka (tests/kafka/fixtures.py)

@@ -164,3 +164,19 @@ def test_git_ref_or_path_cannot_be_read_as_a_git_option(tmp_path: Path) -> None:
         with pytest.raises(SchemaResolutionError, match="may not start with '-'"):
             resolve_schema_config({"registry_type": "git", "repository": str(tmp_path), "path": "a.proto",
                                    "ref": "HEAD", **cfg}, git=GitSchemaSource())
+
+
+def test_a_schema_file_is_read_bounded(tmp_path: Path) -> None:
+    """`schema.path` naming /dev/zero (through a `.proto` symlink) was read with `read_text()`
+    until memory ran out; a file that is not UTF-8 was a UnicodeDecodeError. Both are a
+    SchemaResolutionError now, which `prism run` reports as its one error line."""
+    import os
+
+    big = tmp_path / "big.proto"
+    with big.open("wb") as f:
+        f.truncate(17 * 1024 * 1024)  # sparse, over the registry's 16 MiB
+    (tmp_path / "bin.proto").write_bytes(b"\xff\xfe syntax")
+    os.symlink("/dev/zero", tmp_path / "zero.proto")
+    for name, why in (("big.proto", "over 16 MiB"), ("zero.proto", "over 16 MiB"), ("bin.proto", "not UTF-8")):
+        with pytest.raises(SchemaResolutionError, match=why):
+            resolve_schema_config({"registry_type": "file", "path": str(tmp_path / name)})

@@ -87,6 +87,12 @@ def test_serve_fails_fast_on_auth_and_tls_settings(tmp_path: Path, users_file: P
     assert r.returncode == 2 and "cannot load the TLS certificate" in r.stderr
     r = _serve("--users-file", str(users_file), "--ssl-certfile", str(certfile))
     assert r.returncode == 2 and "both --ssl-certfile and --ssl-keyfile" in r.stderr
+    # every problem in one run, one line each (it stopped at the first)
+    r = _serve("--allow-anonymous", "superuser", "--ssl-certfile", str(certfile), "--port", "99999")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 4 and "unknown role 'superuser'" in lines[0], r.stderr
+    assert "both --ssl-certfile and --ssl-keyfile" in lines[1] and "(at --port)" in lines[2], r.stderr
+    assert lines[3] == "3 configuration problems; nothing was started"
 
 
 def test_confluent_client_static_bearer_token(registry: Registry, users_file: Path, tmp_path: Path) -> None:

@@ -107,6 +107,18 @@ def test_users_file_reports_every_problem_at_once(tmp_path: Path, hashes: dict[s
     msg = refusal(ConfigError, load_users, f)
     assert msg.startswith("3 problems") and "users[0].hash" in msg and "users[1].roles[0]" in msg
     assert "duplicate user 'c'" in msg
+    # each its own error, so the CLI prints one line per problem (it was one line holding all three)
+    from app.errors import ConfigProblems
+
+    with pytest.raises(ConfigProblems) as err:
+        load_users(f)
+    assert [p.path.split(": ")[-1] for p in err.value.problems] == ["users[0].hash", "users[1].roles[0]",
+                                                                    "users[3].user"]
+
+
+def test_a_misspelt_users_key_names_the_key_meant(tmp_path: Path, hashes: dict[str, str]) -> None:
+    f = users_yaml(tmp_path / "u.yaml", [{"usr": "a", "hash": hashes["alice"], "roles": ["read"]}])
+    assert "unknown key(s) ['usr'] - did you mean 'user' for 'usr'?" in refusal(ConfigError, load_users, f)
 
 
 @pytest.mark.parametrize(("text", "says"), [

@@ -435,3 +435,25 @@ def test_in_memory_keyring(keys):
     ring = JwksKeyring.from_document(keys.jwks())
     auth = Authenticator(config(Path("unused")), keyring=ring)
     assert auth.authenticate(token(keys, "HS256"), now=NOW).algorithm == "HS256"
+
+
+def test_the_jwks_file_is_read_bounded_and_strict(tmp_path: Path, keys) -> None:
+    """`jwks: /dev/zero` in a topology was read whole (`read_bytes`) until the kernel killed the
+    worker, and `json.loads` took a key given twice (`"keys"` twice: the last list won, silently).
+    The file now goes through the one bounded reader and JSON decoder of configuration files."""
+    big = tmp_path / "big.json"
+    with big.open("wb") as f:
+        f.truncate(5 * 1024 * 1024)  # sparse: 5 MiB of NULs, over the 4 MiB limit
+    with pytest.raises(ConfigError, match="JWKS file is over 4 MiB") as exc:
+        JwksKeyring(big)
+    assert exc.value.hint  # every error says how to fix it
+    doc = json.dumps(keys.jwks())
+    twice = tmp_path / "twice.json"
+    twice.write_text('{"keys": [], ' + doc[1:])
+    with pytest.raises(ConfigError, match=r"duplicate key 'keys'"):
+        JwksKeyring(twice)
+    a_dir = tmp_path / "d"
+    a_dir.mkdir()
+    with pytest.raises(ConfigError, match="cannot read JWKS file") as exc:
+        JwksKeyring(a_dir)
+    assert "authenticate.jwks" in (exc.value.hint or "")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import pathlib
 from collections.abc import Callable
 
 import pytest
@@ -612,3 +613,15 @@ def test_verify_and_decode_applies_the_header_limit_while_walking() -> None:
     data = b"\x90\x03\x00" * (16 * 1024 * 1024 // 3 - 2) + b"\x92\x03\x05"
     with pytest.raises(SizeLimitError, match=r"header is over the 262144-byte limit \(\d+ bytes by byte 2621\d\d\)"):
         verify_and_decode(data, KEYS)
+
+
+@pytest.mark.parametrize("text", ["just text", "[1, 2]", "keys: none"])
+def test_a_keyring_that_is_not_one_says_how_to_fix_it(tmp_path: pathlib.Path, text: str) -> None:
+    """`keyring: /etc/hostname` in a topology: the error named the file but no fix."""
+    from app.security.signing import load_signing_keyring
+
+    path = tmp_path / "ring.yaml"
+    path.write_text(text)
+    with pytest.raises(PrismError, match="must be a mapping with a `keys` list") as exc:
+        load_signing_keyring(path)
+    assert "; fix: " in str(exc.value) and "prism keys init" in str(exc.value)

@@ -42,3 +42,15 @@ async def test_a_groups_topics_are_found_on_a_broker_that_cannot_list_them_all(b
     assert set(by_partition) == {0, 1} and by_partition[0].committed == 2 and by_partition[0].lag == 3
     assert by_partition[1].committed is None
     assert (await read_group_lag(broker.bootstrap, f"g-{uuid.uuid4().hex[:8]}")).partitions == ()  # nothing committed
+
+
+def test_both_lag_variables_are_reported_at_once() -> None:
+    """A bad PRISM_LAG_INTERVAL_S hid a bad PRISM_LAG_TIMEOUT_S until the next start."""
+    import pytest
+
+    from app.errors import ConfigProblems
+    from app.worker.lag import lag_settings_from_env
+
+    with pytest.raises(ConfigProblems) as err:
+        lag_settings_from_env({"PRISM_LAG_INTERVAL_S": "nan", "PRISM_LAG_TIMEOUT_S": "-1"})
+    assert [p.path for p in err.value.problems] == ["PRISM_LAG_INTERVAL_S", "PRISM_LAG_TIMEOUT_S"]
