@@ -127,7 +127,7 @@ def decode_checked(
         raise BindingError(f"{binding} message has no envelope bytes", path=f"{binding} value",
                            hint="a tombstone/empty message is not a Prism envelope")
     check_size(data, limits)
-    detected = detect_layout(data)
+    detected = detect_layout(data, limits=limits)
     layout = detected
     if ENVELOPE_LAYOUT in found:
         layout = layout_from_value(found[ENVELOPE_LAYOUT], spell(ENVELOPE_LAYOUT))
@@ -149,7 +149,7 @@ def decode_checked(
             hint="the producer set the wrong layout header, or the value was replaced without its headers",
         )
     if verify_with is not None:
-        verify(data, verify_with, layout=layout)
+        verify(data, verify_with, layout=layout, limits=limits)
     env = decode(data, layout=layout, limits=limits)
     for f in FIELDS:
         if f.name in found:

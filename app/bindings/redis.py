@@ -79,7 +79,7 @@ def decode_pubsub(
     raw = _raw(data, "pubsub message")
     c.check_size(raw, limits)
     if verify_with is not None:
-        verify(raw, verify_with, layout=layout)
+        verify(raw, verify_with, layout=layout, limits=limits)
     return decode_envelope(raw, layout=layout, limits=limits)
 
 

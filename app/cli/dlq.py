@@ -52,7 +52,11 @@ A copy whose value alone was cut and whose whole value is stored by reference
 the reference, its SHA-256 must equal `prism.errors.value.sha256` (else skipped as
 `ref_mismatch`; unreadable: `ref_unreadable`), and the record must fit the source topic's limit
 - its `max.message.bytes`, else the worker's producer limit (`PRISM_MAX_REQUEST_BYTES`, 4 MiB by
-default) - or it is skipped as `too_large` with both sizes: replaying it could only fail again.
+default) - or it is skipped as `too_large` with both sizes: replaying it could only fail again. The value
+is read only from the topology's `dlq.overflow` store, and only by a reference of the form the
+worker writes (`<store>/sha256/<2 hex>/<64 hex>`, no symbolic link followed): any other reference
+- one a producer forged into a record written before the worker dropped producers'
+`prism.errors.*` headers - is skipped as `ref_refused`, never opened.
 """
 
 from __future__ import annotations
@@ -435,7 +439,7 @@ class Outcome:
     reason: str
     action: Action
     #: for `skipped`: already_replayed | foreign_source | bad_coordinates | truncated |
-    #: ref_unreadable | ref_mismatch | too_large | unconfirmed | pending_sent (dry run); for a
+    #: ref_refused | ref_unreadable | ref_mismatch | too_large | unconfirmed | pending_sent (dry run); for a
     #: forced replay: forced; for the send of an interrupted replay, found and recorded: recovered
     why: str = ""
     detail: str = ""
@@ -714,13 +718,17 @@ async def _source_limits(topology: Topology, bootstrap: str, settings: Any) -> W
 async def _resolve_ref(rec: Any, outcome: Outcome, topology: Topology, limit: int) -> bytes | None:
     """The whole value a truncated copy's reference names, verified and checked against the source
     topic's `limit`; None (and `outcome` skipped with why) when it cannot be replayed."""
-    from app.worker.dlq_overflow import OverflowStore, RefTooLarge, read_ref
+    from app.worker.dlq_overflow import OverflowStore, RefRefused, RefTooLarge, read_ref
 
     expected = (_header(rec, VALUE_SHA256) or b"").decode(errors="replace")
     cfg = topology.dlq.overflow
     try:
-        configured = OverflowStore(cfg.path) if cfg is not None else None
+        configured = OverflowStore(cfg.path, writable=False) if cfg is not None else None
         whole = await asyncio.to_thread(read_ref, outcome.value_ref, expected, configured, max_bytes=limit)
+    except RefRefused as exc:  # outside the configured store (or none is): never opened
+        outcome.action, outcome.why = "skipped", "ref_refused"
+        outcome.detail = f"{exc.message}: never replayed; fix: {exc.hint}"
+        return None
     except RefTooLarge as exc:
         outcome.action, outcome.why = "skipped", "too_large"
         outcome.detail = (f"the whole value is over the {limit}-byte limit of {outcome.target_topic} "

@@ -23,7 +23,7 @@ from rich.console import Console
 
 from app.console.settings import ConsoleSettings
 from app.errors import PrismError
-from app.topology import Dlq, NormalizeStage, Source, StageSpec, Topology
+from app.topology import Dlq, DlqOverflow, NormalizeStage, Source, StageSpec, Topology
 
 
 class BackendError(PrismError):
@@ -223,10 +223,14 @@ def replay_topology(info: dict[str, Any]) -> Topology:
     first_dlq, first_src = info["dlq"][0], sources[0].topic
     if not first_dlq.startswith(first_src):
         raise BackendError(f"pipeline {info.get('name')!r}: DLQ {first_dlq!r} is not named after its source")
+    # the worker's dlq.overflow store: the one place a replay reads a truncated copy's whole value
+    # from (a reference elsewhere is refused, app/worker/dlq_overflow.py); absent from older workers
+    overflow = info.get("dlq_overflow")
     # stages: only the one every topology starts with (a replay runs none of them)
     return Topology(name=info["name"], namespace=info["namespace"], sources=sources,
                     stages=[StageSpec(name="normalize", settings=NormalizeStage())],
-                    dlq=Dlq(topic_suffix=first_dlq[len(first_src):]))
+                    dlq=Dlq(topic_suffix=first_dlq[len(first_src):],
+                            overflow=DlqOverflow(path=overflow) if isinstance(overflow, str) else None))
 
 
 # --------------------------------------------------------------------------- Kafka

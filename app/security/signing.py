@@ -762,42 +762,50 @@ class SignedMessage:
         return b"".join(self.parts)
 
 
-def signed_message(data: bytes | memoryview, *, layout: Layout | None = None) -> SignedMessage:
+def signed_message(data: bytes | memoryview, *, layout: Layout | None = None,
+                   limits: Limits = DEFAULT_LIMITS) -> SignedMessage:
     """The signed message of received envelope bytes, per the scope they declare (what a
     verifier in any language must reproduce; docs/signing.md). Raises like `verify` does
-    for unsigned, ambiguous or unsupported-scope envelopes."""
+    for unsigned, ambiguous or unsupported-scope envelopes, and walks the bytes as `verify`
+    does: with `limits.max_header_bytes` applied while walking (`SizeLimitError`)."""
     view = memoryview(data)
-    records = scan(view)
+    records = scan_records(view, layout, limits)
     lay = layout or _detect(records)
     sec_rec, inner, scope = _security_record(view, records, lay)
     return SignedMessage(lay, scope, _message_parts(view, sec_rec, inner, lay, scope))
 
 
 def check_unambiguous(data: bytes | memoryview, *, layout: Layout | None = None,
-                      records: list[_Rec] | None = None) -> None:
+                      records: list[_Rec] | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
     """Raise `AmbiguousEnvelopeError` if the bytes repeat a singular top-level field or a
     security-context field, or give one of them the wrong wire type (also for unsigned
     envelopes: a verifier that reads the merged parse could be fooled about whether and
-    by whom the envelope was signed). `records`: as for `verify`."""
+    by whom the envelope was signed). `records` and `limits`: as for `verify`."""
     view = memoryview(data)
     if records is None:
-        records = scan(view)
+        records = scan_records(view, layout, limits)
     lay = layout or _detect(records)
     _security_record(view, records, lay, required=False)
 
 
 def verify(data: bytes | memoryview, keys: VerificationKeys, *, layout: Layout | None = None,
            accept_legacy_scope: bool | None = None, records: list[_Rec] | None = None,
-           security: vpb.SecurityContext | dpb.SecurityContext | None = None) -> SignatureInfo:
+           security: vpb.SecurityContext | dpb.SecurityContext | None = None,
+           limits: Limits = DEFAULT_LIMITS) -> SignatureInfo:
     """Verify the signature on received envelope bytes. Raises `SignatureError` if it is
     missing, malformed or wrong (comparison is constant-time), `UnknownKeyError` if the
     named key is not trusted, `AmbiguousEnvelopeError` if the record layout is ambiguous,
     `LegacySignatureScopeError` for a legacy-scope signature unless `accept_legacy_scope`
     (default: `keys.accept_legacy_scope`), `SignatureScopeError` for an unknown scope.
 
-    `records`, when given, must be `wire.scan(data)` of these very bytes: a caller that
-    already walked them (the worker's normalize stage) saves the second walk. Every check
-    below still runs on them. `security`, when given, must be the security context a
+    The bytes come from producers: without `records` they are walked as `decode` walks them,
+    with `limits.max_header_bytes` applied while walking (`codec.scan_records`, `SizeLimitError`
+    near the limit), so a flood of tiny records - or one huge security record of them, whose
+    inner records were walked next - is refused before it becomes millions of tuples.
+    `records`, when given, must be that bounded walk of these very bytes (`scan_records`, or
+    `wire.scan` of input no longer than the header limit): a caller that already walked them
+    (the worker's normalize stage) saves the second walk, and `limits` is then not read. Every
+    check below still runs on them. `security`, when given, must be the security context a
     protobuf parse of these very bytes' header gave (either layout's, or the reviewed one a
     draft header was converted to: the fields read here - signature, algorithm, key id -
     are copied as they are): the worker's normalize stage parsed it, and the record is
@@ -805,7 +813,7 @@ def verify(data: bytes | memoryview, keys: VerificationKeys, *, layout: Layout |
     protobuf merged from two records is never trusted."""
     view = memoryview(data)
     if records is None:
-        records = scan(view)
+        records = scan_records(view, layout, limits)
     lay = layout or _detect(records)
     if security is not None and _native_security_span is not None:
         return _verify_parsed(data, lay, security, keys, accept_legacy_scope)

@@ -27,14 +27,26 @@ Design:
   ERROR and the copy goes out without a reference - today's digest + length - rather than
   holding the batch: the DLQ record is what makes the message accounted for;
 * the reference is the location's URL without its query string (which may name an endpoint);
-  a reader resolves it against the topology's configured location, which supplies the query.
+  a reader resolves it against the topology's configured location, which supplies the query;
+* **read only from inside the store** (`read_ref`): a reference is read when it is exactly
+  `<store>/sha256/<2 hex>/<64 hex>` of the configured store, nothing else. DLQ records written
+  before the worker dropped producers' `prism.errors.*` headers may carry a producer's forged
+  reference (`file:///etc/...`, `s3://their-bucket/...?endpoint_override=their-host`), and
+  `prism dlq replay` / the console's Replay read whatever it named. So `..`, percent-encoding,
+  another host (`file://host/...`), a query string or fragment, another bucket or prefix, or no
+  configured store at all is refused (`RefRefused`) before anything is opened; a local file is
+  opened one path component at a time below the store's root without following any symbolic
+  link (the worker writes none), and must be a regular file.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
+import re
+import stat
 import threading
 from typing import TYPE_CHECKING
 
@@ -46,9 +58,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("prism.worker")
 
-__all__ = ["OverflowStore", "RefTooLarge", "build_overflow", "read_ref"]
+__all__ = ["OverflowStore", "RefRefused", "RefTooLarge", "build_overflow", "read_ref"]
 
-_SCHEMES = ("file://", "s3://")
+#: What follows `<store>/` in a reference the worker writes (`OverflowStore.rel`): nothing else is read.
+_REL = re.compile(r"sha256/([0-9a-f]{2})/([0-9a-f]{64})")
+_REF_PATH = "prism.errors.value.ref"
 
 
 class RefTooLarge(PrismError):
@@ -57,10 +71,26 @@ class RefTooLarge(PrismError):
     code = "too_large"
 
 
+class RefRefused(PrismError):
+    """A reference that does not name a file of the configured overflow store (`read_ref`): it is
+    never opened. DLQ records written before producers' `prism.errors.*` headers were dropped may
+    carry a forged one, naming any file or bucket."""
+
+    code = "ref_refused"
+
+
+def _shown(ref: str) -> str:
+    """The reference for a message: it is a header anyone who wrote the record chose, so quoted
+    (no newline or control character reaches the one error line) and cut to a readable length."""
+    return repr(ref if len(ref) <= 160 else ref[:160] + "...")
+
+
 class OverflowStore:
     """A blob location holding whole DLQ values by SHA-256 (module docs)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, writable: bool = True) -> None:
+        """`writable`: the worker checks at start-up that it can write; a reader (`prism dlq
+        replay`, which may run as another user) only reads."""
         from app.lake.storage import Store  # pyarrow: only when configured
 
         self.url = url
@@ -70,7 +100,7 @@ class OverflowStore:
             raise ConfigError(f"dlq.overflow: cannot open {url.split('?', 1)[0]!r}: {exc}", path="dlq.overflow.path",
                               hint="use file:///absolute/dir or s3://bucket/prefix; the directory must be creatable"
                               ) from exc
-        if self.store.local and not os.access(self.store.root, os.W_OK):
+        if writable and self.store.local and not os.access(self.store.root, os.W_OK):
             raise ConfigError(f"dlq.overflow: {self.store.root} is not writable by this process",
                               path="dlq.overflow.path", hint="fix the directory's owner/mode or name another one")
         base = self.store.url_for_messages.rstrip("/")
@@ -104,10 +134,38 @@ class OverflowStore:
         return self.ref(digest)
 
     def owns(self, ref: str) -> bool:
-        return ref.startswith(self.base + "/")
+        """Whether `ref` is a reference this store writes (`locate` says why not)."""
+        try:
+            self.locate(ref)
+        except RefRefused:
+            return False
+        return True
+
+    def locate(self, ref: str) -> str:
+        """The path below the root that `ref` names, when it is exactly `<base>/sha256/<2 hex>/<64
+        hex>` (what `ref` writes); else `RefRefused`. Compared as a string, never decoded or
+        normalised: `..`, `%2e%2e`, `file://host/`, a query string or fragment, upper-case hex or
+        another bucket or prefix cannot match."""
+        head = self.base + "/"
+        found = _REL.fullmatch(ref[len(head):]) if ref.startswith(head) else None
+        if found is None or found[2][:2] != found[1]:
+            raise RefRefused(
+                f"reference {_shown(ref)} is not a file of the dlq.overflow store {self.base} (the worker writes "
+                f"{self.base}/sha256/<2 hex>/<64 hex> and nothing else is read); it was not opened",
+                path=_REF_PATH,
+                hint="if the record is genuine, move the file into the store under that name (its SHA-256) or set "
+                     "dlq.overflow.path to the store it is in; a reference elsewhere may have been forged by a "
+                     "producer before the worker dropped their prism.errors.* headers")
+        return found[0]
 
     def get(self, ref: str, max_bytes: int | None = None) -> bytes:
-        return self.store.read(ref[len(self.base) + 1:], max_bytes)
+        """The bytes `ref` names (`locate`), at most `max_bytes` + 1 of them. A local file is
+        opened component by component below the root, following no symbolic link, and must be a
+        regular file; an object store has neither links nor `..` (the key is `locate`'s)."""
+        rel = self.locate(ref)
+        if not self.store.local:
+            return self.store.read(rel, max_bytes)
+        return _read_below(self.store.root, rel, ref, max_bytes)
 
 
 def build_overflow(topology: Topology) -> OverflowStore | None:
@@ -127,33 +185,98 @@ def build_overflow(topology: Topology) -> OverflowStore | None:
 
 def read_ref(ref: str, expected_sha256: str, configured: OverflowStore | None = None, *,
              max_bytes: int | None = None) -> bytes:
-    """The value a `prism.errors.value.ref` names, checked against its digest. Resolved against the
-    `configured` store when the reference lies below it (its URL carries the endpoint), else opened
-    as it is. Raises `PrismError` (unreadable), `RefTooLarge` (more than `max_bytes`) or
-    `ValueError` (the bytes do not match).
+    """The value a `prism.errors.value.ref` names, checked against its digest. Read only from the
+    `configured` store, and only when the reference is one it writes (`OverflowStore.locate`):
+    raises `RefRefused` for anything else - no store configured included - before opening
+    anything, `PrismError` (unreadable), `RefTooLarge` (more than `max_bytes`) or `ValueError`
+    (the reference or the bytes do not match `expected_sha256`).
 
-    Why `max_bytes`: the reference comes from a record's header, which anyone who can write to
-    the DLQ topic controls; `file:///dev/zero` or a huge file was read whole before its digest
-    was checked (`prism dlq replay --dry-run` grew to gigabytes). At most one byte over the
-    limit is read, and a larger value could not be replayed anyway."""
-    if configured is not None and configured.owns(ref):
-        data = configured.get(ref, max_bytes)
-    else:
-        if not ref.startswith(_SCHEMES):
-            raise PrismError(f"{ref!r} is not a file:// or s3:// reference", path="prism.errors.value.ref")
-        from app.lake.storage import open_filesystem
-
-        fs, path = open_filesystem(ref)
-        try:
-            with fs.open_input_stream(path) as f:
-                data = f.read() if max_bytes is None else f.read(max_bytes + 1)
-        except OSError as exc:
-            raise PrismError(f"cannot read {ref}: {exc}", path="prism.errors.value.ref") from exc
+    Why only the store: the reference comes from a record's header. The worker drops the
+    `prism.errors.*` headers a producer sets, but records written before it did may carry a
+    forged reference, and this read whatever file or bucket it named (`prism dlq replay`, the
+    console's Replay - and re-produced it to the source topic when the digest matched).
+    Why `max_bytes`: `file:///dev/zero` or a huge file was read whole before its digest was
+    checked (`prism dlq replay --dry-run` grew to gigabytes). At most one byte over the limit is
+    read, and a larger value could not be replayed anyway."""
+    if configured is None:
+        raise RefRefused(
+            f"reference {_shown(ref)} was not read: no dlq.overflow store is configured, and a reference is read "
+            "only from inside that store",
+            path=_REF_PATH,
+            hint="set dlq.overflow.path in the topology to the store the worker wrote the value to (a reference "
+                 "outside it may have been forged by a producer)")
+    digest_named = configured.locate(ref).rsplit("/", 1)[1]
+    if digest_named != expected_sha256:
+        raise ValueError(f"{_shown(ref)} names SHA-256 {digest_named}, not the recorded {expected_sha256}")
+    data = configured.get(ref, max_bytes)
     if max_bytes is not None and len(data) > max_bytes:
-        raise RefTooLarge(f"{ref} holds more than {max_bytes} bytes", path="prism.errors.value.ref",
+        raise RefTooLarge(f"{ref} holds more than {max_bytes} bytes", path=_REF_PATH,
                           hint="a value larger than its topic's limit cannot be replayed: raise the topic's "
                                "max.message.bytes and PRISM_MAX_REQUEST_BYTES first")
     digest = hashlib.sha256(data).hexdigest()
     if digest != expected_sha256:
         raise ValueError(f"{ref} holds {len(data)} bytes with SHA-256 {digest}, not the recorded {expected_sha256}")
     return bytes(data)
+
+
+def _read_below(root: str, rel: str, ref: str, max_bytes: int | None) -> bytes:
+    """`root`/`rel` read through `openat` one component at a time with `O_NOFOLLOW`: no symbolic
+    link below the root is followed - not even between a check and the open, as with
+    `realpath` then `open` - and the file must be a regular one (a FIFO or device never blocks
+    or streams). The root itself is the operator's own configuration and may be a link."""
+    parts = rel.split("/")
+    fds: list[int] = []
+    try:
+        try:
+            fds.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+        except OSError as exc:
+            raise PrismError(f"cannot open the dlq.overflow store {root}: {exc.strerror}", path=_REF_PATH) from exc
+        for i, name in enumerate(parts):
+            last = i == len(parts) - 1
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_NONBLOCK if last else os.O_DIRECTORY)
+            try:
+                fds.append(os.open(name, flags, dir_fd=fds[-1]))
+            except OSError as exc:
+                raise _refusal(fds[-1], name, "/".join(parts[:i + 1]), root, ref, exc) from exc
+        fd = fds[-1]
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RefRefused(f"reference {_shown(ref)} names {root}/{rel}, which is not a regular file; it was not read",
+                             path=_REF_PATH, hint="the store holds regular files only: remove what is there")
+        chunks: list[bytes] = []
+        left = None if max_bytes is None else max_bytes + 1
+        while left is None or left > 0:
+            chunk = os.read(fd, 1 << 20 if left is None else min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            if left is not None:
+                left -= len(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise PrismError(f"cannot read {_shown(ref)}: {exc.strerror}", path=_REF_PATH) from exc
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
+
+
+def _refusal(dir_fd: int, name: str, rel: str, root: str, ref: str, exc: OSError) -> PrismError:
+    """Why a component could not be opened: a symbolic link (refused: it may lead anywhere),
+    something else where a directory should be, or not there (unreadable, as before)."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        st = None
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        try:
+            target = os.readlink(name, dir_fd=dir_fd)
+        except OSError:
+            target = "?"
+        return RefRefused(
+            f"reference {_shown(ref)}: {root}/{rel} is a symbolic link (to {target!r}), which is never followed; "
+            "it was not read", path=_REF_PATH,
+            hint="the worker writes regular files only: replace the link with the file it should be (its SHA-256 "
+                 "names it), or remove it")
+    if exc.errno == errno.ENOENT:
+        return PrismError(f"{rel!r} does not exist under the dlq.overflow store {root}", path=_REF_PATH,
+                          hint="the value was removed from the store, or the record was written by another store")
+    return PrismError(f"cannot read {_shown(ref)} ({root}/{rel}): {exc.strerror}", path=_REF_PATH)

@@ -205,7 +205,10 @@ def topology_info(observer: ObserverView) -> dict[str, Any]:
         outputs.append(t.archive.topic)
     return {"name": t.name, "type": "pipeline", "namespace": t.namespace, "stages": [s.name for s in t.stages],
             "sources": sources, "outputs": outputs, "dlq": [s.topic + t.dlq.topic_suffix for s in t.sources],
-            "sinks": [getattr(s, "name", "") for s in t.sinks]}
+            "sinks": [getattr(s, "name", "") for s in t.sinks],
+            # the console's Replay reads a truncated copy's whole value from this store only
+            # (app/worker/dlq_overflow.py `read_ref`); the query names endpoints, never secrets
+            "dlq_overflow": _without_credentials(t.dlq.overflow.path) if t.dlq.overflow is not None else None}
 
 
 def topology_topics(observer: ObserverView) -> list[str]:

@@ -385,3 +385,74 @@ async def test_the_dlq_is_read_committed(kafka) -> None:  # Apache Kafka (tests/
         await plain.stop()
     records = await read_to_end(kafka.bootstrap, topic, 1)
     assert [r.value for r in records] == [b"committed copy", b"written without a transaction"]
+
+
+async def test_replay_refuses_a_forged_value_ref_from_before_the_header_fix(broker, tmp_path: Path,
+                                                                           dev_keys) -> None:  # noqa: F811
+    """A DLQ record written before the worker dropped producers' `prism.errors.*` headers may name
+    any file in `prism.errors.value.ref`; `prism dlq replay` read it and - its forged digest
+    matching - put the file's bytes on the source topic. Now each forged reference (another
+    file, `..`, a link in the store, no store configured) is skipped as `ref_refused` with its
+    fix, never opened; the genuine one is replayed whole."""
+    import hashlib
+    from dataclasses import replace as replaced
+
+    import yaml
+
+    from app.agents.dlq import VALUE_REF, fit_dlq_record
+    from app.broker.admin import ensure_topics
+    from app.worker.dlq_overflow import build_overflow
+
+    topo = make_topology(tmp_path, dev_keys, partitions=1, dlq={"overflow": {"path": f"file://{tmp_path}/overflow"}})
+    src = topo.sources[0].topic
+    await ensure_topics(broker.bootstrap, topo.topics())
+    store = build_overflow(topo)
+    assert store is not None
+    whole = b'{"order_id": "genuine", "pad": "' + b"x" * (20 * 1024) + b'"}'
+    secret = b'{"order_id": "secret", "pad": "' + b"s" * (20 * 1024) + b'"}'
+    digest = hashlib.sha256(secret).hexdigest()
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / digest).write_bytes(secret)  # what a forger wants replayed (its digest matches)
+
+    def copy(value: bytes, offset: int) -> Any:
+        msg = Message(topic=src, partition=0, offset=offset, value=value, key=b"k", headers=[], timestamp_ms=1)
+        from app.errors import SizeLimitError
+
+        rec = build_dlq_record(msg, stage="normalize", stage_class="Normalize",
+                               error=SizeLimitError("too big", path="value"), dlq_topic=src + ".dlq")
+        return fit_dlq_record(rec, 8 * 1024, store.put)
+
+    def forged(offset: int, ref: str) -> Any:
+        rec = copy(secret, offset)
+        return replaced(rec, headers=[(k, ref.encode() if k == VALUE_REF else v) for k, v in rec.headers])
+
+    link = Path(store.store.root) / store.rel(digest)
+    records = [copy(whole, 0),
+               forged(1, f"file://{tmp_path}/outside/{digest}"),
+               forged(2, f"{store.base}/sha256/../../outside/{digest}"),
+               forged(3, store.ref(digest))]  # the store's own name for it - a link to outside
+    link.unlink()
+    link.symlink_to(tmp_path / "outside" / digest)
+    await _seed(broker.bootstrap, records, [0] * len(records))
+    t = str(tmp_path / "topology.yaml")
+
+    res = await _cli("dlq", "replay", "-t", t, "--json", bootstrap=broker.bootstrap)
+    assert res.returncode == 0, res.stderr
+    by_offset = {o["dlq_offset"]: o for o in json.loads(res.stdout)["records"]}
+    assert by_offset[0]["action"] == "replayed" and "SHA-256 verified" in by_offset[0]["detail"]
+    for off in (1, 2):
+        assert (by_offset[off]["action"], by_offset[off]["why"]) == ("skipped", "ref_refused"), by_offset[off]
+        assert "is not a file of the dlq.overflow store" in by_offset[off]["detail"]
+        assert "fix: if the record is genuine, move the file into the store" in by_offset[off]["detail"]
+    assert by_offset[3]["why"] == "ref_refused" and "is a symbolic link" in by_offset[3]["detail"]
+    out = (await read_all(broker.bootstrap, {src: 1}, expected_total=1, timeout=20))[src]
+    assert [r.value for r in out] == [whole]  # never the file a reference named
+
+    doc = yaml.safe_load((tmp_path / "topology.yaml").read_text())
+    del doc["dlq"]["overflow"]
+    (tmp_path / "no-store.yaml").write_text(yaml.safe_dump(doc))
+    res = await _cli("dlq", "replay", "-t", str(tmp_path / "no-store.yaml"), "--dry-run", "--force",
+                     bootstrap=broker.bootstrap)
+    assert res.returncode == 0, res.stderr
+    assert "ref_refused: reference" in res.stdout and "no dlq.overflow store is configured" in res.stdout
+    assert "set dlq.overflow.path in the topology" in res.stdout and "skipped 4: ref_refused 4" in res.stdout

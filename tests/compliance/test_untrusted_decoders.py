@@ -131,6 +131,14 @@ def _signed_message(data: bytes) -> Any:
     return signed_message(data)
 
 
+def _detect_layout(data: bytes) -> Any:
+    from app.envelope import Limits, detect_layout
+
+    with contextlib.suppress(PrismError):
+        detect_layout(data, limits=Limits(max_header_bytes=len(data) // 4))  # the limit hit mid-walk
+    return detect_layout(data)
+
+
 def _kafka_record(data: bytes) -> Any:
     from app.bindings.kafka import decode
 
@@ -175,6 +183,7 @@ DECODERS: dict[str, Callable[[bytes], Any]] = {
     "top-level record walk (wire.scan, compiled or not)": _record_walk,
     "signature ambiguity check, both layouts (compiled or not)": _check_unambiguous,
     "signed message and HMAC check, both layouts (compiled or not)": _signed_message,
+    "envelope layout detection (detect_layout)": _detect_layout,
     "Kafka binding decode (value + prism-* headers)": _kafka_record,
     "LNMP binary container": _lnmp_container,
     "LNMP #ENVELOPE text": _lnmp_text,

@@ -335,3 +335,78 @@ def test_a_repeated_payload_records_framing_is_header():
     assert bytes(decode(many, layout=Layout.REVIEWED).payload.value) == b""
     with pytest.raises(SizeLimitError, match="header"):
         decode(many, layout=Layout.REVIEWED, limits=Limits(max_header_bytes=1000))
+
+
+def test_detect_layout_applies_the_header_limit_while_walking():
+    """`detect_layout` walked the producer's bytes with the unbounded `scan`: 16 MiB of three-byte
+    records became 5.6M tuples (~170 MB compiled, ~650 MB and 5 s in Python) and then failed on
+    the truncated last one. It walks as `decode` does now, stopping near the 256 KiB limit."""
+    import tracemalloc
+
+    data = b"\x90\x03\x00" * (16 * 1024 * 1024 // 3 - 2) + b"\x92\x03\x05"
+    tracemalloc.start()
+    try:
+        with pytest.raises(SizeLimitError, match=r"header is over the 262144-byte limit \(\d+ bytes by byte 2621\d\d\)"):
+            detect_layout(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 40 * 1024 * 1024, f"{peak / 1e6:.0f} MB"
+    big = encode(sample(), Layout.DRAFT)
+    assert detect_layout(big) is Layout.DRAFT
+    with pytest.raises(SizeLimitError):
+        detect_layout(big, limits=Limits(max_header_bytes=8))
+
+
+@settings(max_examples=200, deadline=None)
+@given(prefix=st.binary(max_size=48), run=st.sampled_from([b"\x90\x03\x00", b"\x9a\x06\x00", b"\x1a\x00", b"\x08\x01"]),
+       n=st.integers(0, 3000), max_header=st.integers(0, 96), env=st.none() | envelopes(),
+       layout=st.sampled_from(list(Layout)))
+def test_detect_layout_is_bounded_and_answers_as_the_unbounded_walk(prefix, run, n, max_header, env, layout):
+    """For any bytes: a layout or an `EnvelopeError`; never more records than the header limit
+    allows (at most `max_header // 2 + 1`, whatever the input's length), and the unbounded
+    walk's answer unless that is `SizeLimitError` - which it never is for an envelope whose
+    header fits."""
+    from app.envelope import codec, wire
+
+    data = (encode(env, layout) if env is not None else prefix) + run * n
+    walked: list[int] = []
+    with pytest.MonkeyPatch.context() as mp:
+        for mod in (wire, codec):
+            real_scan = mod.scan
+            mp.setattr(mod, "scan", lambda *a, _f=real_scan: walked.append(len(r := _f(*a))) or r)
+        real_walk = wire._walk
+        mp.setattr(wire, "_walk", lambda *a: walked.append(len(r := real_walk(*a))) or r)
+        try:
+            bounded = detect_layout(data, limits=Limits(max_header_bytes=max_header))
+        except EnvelopeError as exc:
+            bounded = exc
+    assert max(walked, default=0) <= max_header // 2 + 1
+    try:
+        before = codec.layout_of_records(scan(data))
+    except EnvelopeError as exc:
+        before = exc
+    if isinstance(bounded, SizeLimitError):  # refused only when over the limit in both layouts
+        assert len(data) > max_header
+        if not isinstance(before, EnvelopeError):
+            assert min(_header_size(scan(data), pf) for pf in (3, 99)) > max_header
+    elif isinstance(bounded, EnvelopeError):
+        assert (type(bounded), str(bounded)) == (type(before), str(before))
+    else:
+        assert bounded is before
+    if env is not None and not n:
+        assert detect_layout(data) is layout  # a valid envelope under the default limits
+
+
+def _header_size(records, payload_field):
+    """The header by the documented rule (docs/formats.md, "Size first"): every record but the
+    first payload record; a repeated payload record's tag and length count."""
+    seen, total = False, 0
+    for f, wt, start, vstart, end in records:
+        if f != payload_field or wt != LEN:
+            total += end - start
+        elif seen:
+            total += vstart - start
+        else:
+            seen = True
+    return total

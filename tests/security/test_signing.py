@@ -625,3 +625,138 @@ def test_a_keyring_that_is_not_one_says_how_to_fix_it(tmp_path: pathlib.Path, te
     with pytest.raises(PrismError, match="must be a mapping with a `keys` list") as exc:
         load_signing_keyring(path)
     assert "; fix: " in str(exc.value) and "prism keys init" in str(exc.value)
+
+
+# --------------------------------------------------------------------------- bounded walks
+# `signed_message`, `check_unambiguous` and `verify` (without a caller's walk) walked the
+# producer's bytes with the unbounded `wire.scan`: 16 MiB of tiny records became ~5.6M tuples
+# (~170 MB compiled, ~650 MB and 5-7 s in Python), and one 16 MiB security record of tiny inner
+# records ~1.8 GB and 5-8 s, before any limit was read. They now walk as `decode` does
+# (`codec.scan_records`: the header limit applied while walking).
+
+_MIB16 = 16 * 1024 * 1024
+
+
+def _security_flood() -> bytes:
+    """One reviewed security record of 16 MiB of two-byte unknown inner records."""
+    inner = b"\x78\x00" * (_MIB16 // 2 - 8)
+    return b"\x12" + encode_varint(len(inner)) + inner
+
+
+_WALKERS: dict[str, Callable[..., object]] = {
+    "signed_message": lambda data, **kw: signed_message(data, **kw),
+    "check_unambiguous": lambda data, **kw: check_unambiguous(data, **kw),
+    "verify": lambda data, **kw: verify(data, KEYS, **kw),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_WALKERS))
+@pytest.mark.parametrize(("what", "data", "by_byte"), [
+    ("tiny records", b"\x90\x03\x00" * (_MIB16 // 3 - 2) + b"\x92\x03\x05", r"2621\d\d"),
+    ("one security record of tiny records", _security_flood(), str(_MIB16 - 11)),
+], ids=["tiny-records", "security-record-flood"])
+def test_the_signature_walks_apply_the_header_limit_while_walking(name: str, what: str, data: bytes,
+                                                                  by_byte: str) -> None:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(SizeLimitError, match=rf"header is over the 262144-byte limit \(\d+ bytes by byte {by_byte}\)"):
+            _WALKERS[name](data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 40 * 1024 * 1024, f"{what}: {peak / 1e6:.0f} MB"
+    with pytest.raises(SizeLimitError):  # the caller's limits are the ones applied
+        _WALKERS[name](sign(fixed_envelope(), HMAC_KEY), limits=Limits(max_header_bytes=16))
+
+
+def _unbounded(view: memoryview, layout: object, limits: Limits) -> list[tuple[int, int, int, int, int]]:
+    """The walk these functions made before they were bounded: every record, no limit."""
+    from app.envelope.wire import scan
+
+    return scan(view)
+
+
+def _answer(fn: Callable[[], object]) -> object:
+    """What a call answers, comparable: its value, or its error's type and message."""
+    try:
+        out = fn()
+    except PrismError as exc:
+        return type(exc), str(exc)
+    return out.joined() if hasattr(out, "joined") else out
+
+
+@st.composite
+def _floods(draw: st.DrawFn) -> bytes:
+    """Bytes an attacker could send: random, a signed envelope, either one followed or preceded
+    by a run of small records (unknown varints, empty payload records of either layout, empty
+    security records), possibly wrapped whole in one security record of the reviewed layout."""
+    base = draw(st.one_of(st.binary(max_size=64),
+                          st.builds(lambda lay, k: sign(fixed_envelope(), k, lay),
+                                    st.sampled_from(list(Layout)), st.sampled_from([HMAC_KEY, ED_KEY]))))
+    run = draw(st.sampled_from([b"\x90\x03\x00", b"\x9a\x06\x00", b"\x1a\x00", b"\x78\x00", b"\x12\x00", b"\x22\x00"]))
+    body = run * draw(st.integers(0, 3000))
+    data = draw(st.sampled_from([base + body, body + base, base]))
+    if draw(st.booleans()):
+        data = b"\x12" + encode_varint(len(data)) + data
+    return data
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=_floods(), max_header=st.integers(0, 96), name=st.sampled_from(sorted(_WALKERS)),
+       layout=st.sampled_from([None, *Layout]))
+def test_for_any_bytes_the_walks_are_bounded_and_agree_with_the_unbounded_ones(
+        data: bytes, max_header: int, name: str, layout: Layout | None) -> None:
+    """For any bytes: a value or a `PrismError`; never more records walked than the header limit
+    allows (a record is at least two bytes of header, so at most `max_header // 2 + 1` of them,
+    and as many again inside a security record - whatever the input's length: up to ~9 KB here,
+    ~3000 records, which the unbounded walk went through); and the answer of the walk before it
+    was bounded unless that is `SizeLimitError`."""
+    from app.envelope import codec, wire
+    from app.security import signing
+
+    limits = Limits(max_header_bytes=max_header)
+    walked: list[int] = []
+
+    def counted(fn: Callable[..., object], pick: Callable[[object], object] = lambda r: r) -> Callable[..., object]:
+        def run(*args: object, **kw: object) -> object:
+            out = fn(*args, **kw)
+            walked.append(len(pick(out)))  # type: ignore[arg-type]
+            return out
+        return run
+
+    with pytest.MonkeyPatch.context() as mp:
+        for mod in (wire, codec, signing):
+            mp.setattr(mod, "scan", counted(mod.scan))
+        mp.setattr(wire, "_walk", counted(wire._walk))
+        mp.setattr(signing, "_security_record", counted(signing._security_record, lambda r: r[1]))
+        bounded = _answer(lambda: _WALKERS[name](data, layout=layout, limits=limits))
+    assert max(walked, default=0) <= max_header // 2 + 1, (len(data), walked[:10])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(signing, "scan_records", _unbounded)
+        before = _answer(lambda: _WALKERS[name](data, layout=layout, limits=limits))
+    if not (isinstance(bounded, tuple) and bounded[0] is SizeLimitError):
+        assert bounded == before
+
+
+@settings(max_examples=40, deadline=None)
+@given(env=envelopes(), layout=st.sampled_from(list(Layout)), key=st.sampled_from([HMAC_KEY, ED_KEY]),
+       scope=st.sampled_from([SCOPE_V2, SCOPE_LEGACY]))
+def test_for_valid_envelopes_the_bounded_walks_answer_as_before(env: Envelope, layout: Layout, key: SigningKey,
+                                                                 scope: int) -> None:
+    from app.security import signing
+
+    data = sign(env, key, layout, scope=scope)
+    keys = LEGACY_OK if scope == SCOPE_LEGACY else KEYS
+    calls = [lambda: signed_message(data), lambda: check_unambiguous(data), lambda: verify(data, keys),
+             lambda: signed_message(data, layout=layout), lambda: verify(data, keys, layout=layout)]
+    now = [_answer(c) for c in calls]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(signing, "scan_records", _unbounded)
+        assert [_answer(c) for c in calls] == now
+    assert now[2] == verify(data, keys, records=iter_records_tuples(data))  # the worker's pre-walked form
+
+
+def iter_records_tuples(data: bytes) -> list[tuple[int, int, int, int, int]]:
+    return [tuple(r) for r in iter_records(data)]  # type: ignore[misc]
