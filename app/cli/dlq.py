@@ -64,8 +64,8 @@ import json
 import re
 import socket
 import time
-from collections import Counter
-from collections.abc import Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
@@ -200,6 +200,37 @@ def choose_sources(topology: Topology, source: str | None, selection_given: bool
 # --------------------------------------------------------------------------- reading
 
 
+def _consumer(bootstrap: str, settings: Any, *, fetch_max_bytes: int | None = None) -> AIOKafkaConsumer:
+    """The group-less, `read_committed` consumer every DLQ and ledger read uses (`read_to_end`)."""
+    limits = {} if fetch_max_bytes is None else {"fetch_max_bytes": fetch_max_bytes,
+                                                  "max_partition_fetch_bytes": min(fetch_max_bytes, 1 << 20)}
+    return AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
+                            enable_auto_commit=False, isolation_level="read_committed", **limits,
+                            **(settings.aiokafka_kwargs() if settings else {}))
+
+
+async def _read_spans(consumer: AIOKafkaConsumer, topic: str, spans: Mapping[TopicPartition, tuple[int, int]],
+                      timeout: float, take: Callable[[list[Any]], None]) -> None:
+    """Hand every record of ``spans`` (partition -> [first, stop) offsets) to ``take``, batch by
+    batch, in offset order per partition; raise rather than return a partial read (`read_to_end`).
+    The one fetch loop of every DLQ and ledger read: the whole topic, a window, one record."""
+    pending = {tp for tp, (first, stop) in spans.items() if first < stop}
+    for tp in pending:
+        consumer.seek(tp, spans[tp][0])
+    deadline = time.monotonic() + timeout
+    while pending:
+        if time.monotonic() > deadline:
+            where = ", ".join(f"partition {tp.partition} at {await consumer.position(tp)} of {spans[tp][1]}"
+                              for tp in sorted(pending))
+            raise PrismError(f"could not read {topic} to its end within {timeout:.0f} s ({where})",
+                             path=topic, hint="check the broker and the consumer's read permission, then retry")
+        batch = await consumer.getmany(*pending, timeout_ms=500, max_records=5000)
+        for tp, recs in batch.items():
+            stop = spans[tp][1]
+            take([r for r in recs if r.offset < stop] if recs and recs[-1].offset >= stop else recs)
+        pending = {tp for tp in pending if await consumer.position(tp) < spans[tp][1]}
+
+
 async def read_to_end(bootstrap: str, topic: str, partitions: int, *, settings: Any = None,
                       timeout: float = 120.0) -> list[Any]:
     """Every record of `topic`, read up to the end offsets taken at the start.
@@ -216,31 +247,178 @@ async def read_to_end(bootstrap: str, topic: str, partitions: int, *, settings: 
     replay put the failed record back twice. Without transactions it reads the same records."""
     if not await topic_exists(bootstrap, topic, settings=settings):
         return []
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
-                                enable_auto_commit=False, isolation_level="read_committed",
-                                **(settings.aiokafka_kwargs() if settings else {}))
+    consumer = _consumer(bootstrap, settings)
     await consumer.start()
     out: list[Any] = []
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
+        begin = await consumer.beginning_offsets(tps)
         ends = await true_end_offsets(consumer, tps)
-        pending = {tp for tp in tps if await consumer.position(tp) < ends.get(tp, 0)}
-        deadline = time.monotonic() + timeout
-        while pending:
-            if time.monotonic() > deadline:
-                where = ", ".join(f"partition {tp.partition} at {await consumer.position(tp)} of {ends[tp]}"
-                                  for tp in sorted(pending))
-                raise PrismError(f"could not read {topic} to its end within {timeout:.0f} s ({where})",
-                                 path=topic, hint="check the broker and the consumer's read permission, then retry")
-            batch = await consumer.getmany(*pending, timeout_ms=500, max_records=5000)
-            for recs in batch.values():
-                out.extend(recs)
-            pending = {tp for tp in pending if await consumer.position(tp) < ends[tp]}
+        await _read_spans(consumer, topic, {tp: (begin.get(tp, 0), ends.get(tp, 0)) for tp in tps}, timeout,
+                          out.extend)
     finally:
         await consumer.stop()
     return out
+
+
+async def read_record(bootstrap: str, topic: str, partitions: int, partition: int, offset: int, *,
+                      settings: Any = None, timeout: float = 30.0) -> Any | None:
+    """The record at `partition`@`offset` of `topic`, or None (no such topic, partition or offset:
+    deleted by retention, beyond the end, a transaction marker or an aborted record). Reads that
+    one offset - `prism dlq show` and the console's record page read the whole topic to find one
+    record, so a flooded DLQ made every record view cost its whole size."""
+    if not 0 <= partition < partitions or offset < 0 or not await topic_exists(bootstrap, topic, settings=settings):
+        return None
+    consumer = _consumer(bootstrap, settings)
+    await consumer.start()
+    found: list[Any] = []
+    try:
+        tp = TopicPartition(topic, partition)
+        consumer.assign([tp])
+        begin = (await consumer.beginning_offsets([tp])).get(tp, 0)
+        end = (await true_end_offsets(consumer, [tp])).get(tp, 0)
+        if begin <= offset < end:
+            await _read_spans(consumer, topic, {tp: (offset, offset + 1)}, timeout, found.extend)
+    finally:
+        await consumer.stop()
+    return next((r for r in found if r.offset == offset), None)
+
+
+def record_bytes(rec: Any) -> int:
+    """What one record holds in memory, roughly: its key, value and headers (names and values)."""
+    return len(rec.key or b"") + len(rec.value or b"") + sum(len(k) + len(v or b"") for k, v in rec.headers or ())
+
+
+@dataclass
+class PartitionWindow:
+    """Where a window read one partition: offsets [`first`, `stop`) of the log's [`begin`, `end`)."""
+
+    partition: int
+    begin: int
+    end: int
+    stop: int
+    first: int
+
+    @property
+    def older(self) -> int:
+        """Offsets of this partition before the window (the next page reads them)."""
+        return max(0, self.first - self.begin)
+
+
+@dataclass
+class Window:
+    """The newest records of a topic below a cursor, bounded in records and bytes (`read_window`)."""
+
+    topic: str
+    records: list[Any] = field(default_factory=list)
+    partitions: list[PartitionWindow] = field(default_factory=list)
+    #: the byte bound dropped records of the window (the oldest first)
+    cut_by_bytes: bool = False
+
+    @property
+    def total(self) -> int:
+        """Offsets in the topic (records, plus any transaction markers)."""
+        return sum(p.end - p.begin for p in self.partitions)
+
+    @property
+    def older(self) -> int:
+        return sum(p.older for p in self.partitions)
+
+    @property
+    def next_cursor(self) -> dict[int, int]:
+        """The cursor of the next (older) page: each partition's first offset in this window,
+        for the partitions that have older records."""
+        return {p.partition: p.first for p in self.partitions if p.older}
+
+
+def parse_cursor(raw: str, partitions: int, topic: str, option: str = "--before") -> dict[int, int]:
+    """A window cursor - `P@O` entries, comma-separated, as `Window.next_cursor` writes them (a
+    page's "older" link): read each named partition below offset O. Raises `BadSelector`."""
+    out: dict[int, int] = {}
+    for part in raw.split(","):
+        if not part.strip():
+            continue
+        if len(out) >= partitions:
+            raise BadSelector(f"{option} names more partitions than {topic} has ({partitions})", path=option,
+                              hint="use the link of the page (one P@O per partition)")
+        p, o = parse_ref(part, partitions, topic, option=option)
+        if p in out:
+            raise BadSelector(f"{option} names partition {p} twice", path=option, hint="one P@O per partition")
+        out[p] = o
+    return out
+
+
+def _shares(room: Mapping[int, int], budget: int) -> dict[int, int]:
+    """`budget` records spread over partitions with `room` offsets each: equal shares, and what a
+    partition cannot use goes to the others (water-filling), so a window of a topic whose records
+    sit in one partition is as deep as one whose records are spread."""
+    shares = dict.fromkeys(room, 0)
+    open_ = {p for p, r in room.items() if r > 0}
+    while budget > 0 and open_:
+        each = max(1, budget // len(open_))
+        for p in sorted(open_):
+            give = min(each, room[p] - shares[p], budget)
+            shares[p] += give
+            budget -= give
+            if shares[p] >= room[p]:
+                open_.discard(p)
+            if budget <= 0:
+                break
+    return shares
+
+
+async def read_window(bootstrap: str, topic: str, partitions: int, *, settings: Any = None,
+                      before: Mapping[int, int] | None = None, max_records: int = 5000,
+                      max_bytes: int = 16 << 20, timeout: float = 60.0) -> Window:
+    """The newest records of `topic` below `before` (partition -> offset, a page's cursor: a partition
+    it does not name is not read; None: below the end of each partition), at most `max_records` offsets read and at most `max_bytes` of keys, values and
+    headers kept (the oldest are dropped first, by timestamp across partitions), whatever the
+    topic holds. Why: the console's DLQ page read the whole topic for each view, and a producer
+    flooding the DLQ made every view cost memory and time proportional to it (200k records:
+    see docs/operations.md, "Console"). The `Window` says what it read of what is there, and the
+    cursor of the next, older, page. A topic that does not exist reads as empty, uncreated."""
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    window = Window(topic)
+    if not await topic_exists(bootstrap, topic, settings=settings):
+        return window
+    consumer = _consumer(bootstrap, settings, fetch_max_bytes=max(1 << 20, min(max_bytes, 16 << 20)))
+    await consumer.start()
+    try:
+        consumer.assign(tps)
+        begin = await consumer.beginning_offsets(tps)
+        ends = await true_end_offsets(consumer, tps)
+        # a cursor names every partition with older records (`Window.next_cursor`): one it leaves
+        # out has none left, and is not read again from its end
+        below = {tp: ends.get(tp, 0) if before is None else before.get(tp.partition, begin.get(tp, 0)) for tp in tps}
+        upper = {tp: max(begin.get(tp, 0), min(ends.get(tp, 0), below[tp])) for tp in tps}
+        shares = _shares({tp.partition: upper[tp] - begin.get(tp, 0) for tp in tps}, max_records)
+        spans = {tp: (upper[tp] - shares[tp.partition], upper[tp]) for tp in tps}
+        kept: dict[int, deque[Any]] = {tp.partition: deque() for tp in tps}
+        held = 0
+
+        def take(recs: list[Any]) -> None:
+            nonlocal held
+            for r in recs:
+                kept[r.partition].append(r)
+                held += record_bytes(r)
+            while held > max_bytes:  # drop the oldest record kept (by time, then offset)
+                q = min((q for q in kept.values() if q), key=lambda q: (q[0].timestamp or 0, q[0].offset))
+                r = q.popleft()
+                held -= record_bytes(r)
+                cut_at[r.partition] = r.offset + 1
+
+        cut_at: dict[int, int] = {}
+        await _read_spans(consumer, topic, spans, timeout, take)
+        window.cut_by_bytes = bool(cut_at)
+        for tp in tps:
+            first = max(spans[tp][0], cut_at.get(tp.partition, 0))
+            window.partitions.append(PartitionWindow(tp.partition, begin.get(tp, 0), ends.get(tp, 0), upper[tp],
+                                                     first))
+            window.records.extend(kept[tp.partition])
+    finally:
+        await consumer.stop()
+    return window
 
 
 async def topic_exists(bootstrap: str, topic: str, *, settings: Any = None) -> bool:

@@ -527,7 +527,7 @@ def register(app: typer.Typer, dlq_app: typer.Typer) -> None:
     ) -> None:
         """One DLQ record in full: error context, headers (secrets masked), the value decoded (an
         envelope with its token redacted); --export writes the value's bytes."""
-        from app.cli.dlq import choose_sources, parse_ref
+        from app.cli.dlq import choose_sources, parse_ref, read_record
         from app.topology import load_topology
 
         topo = load_topology(topology)
@@ -541,12 +541,11 @@ def register(app: typer.Typer, dlq_app: typer.Typer) -> None:
             raise ConfigError(f"--export {str(export)!r} is a directory", path="--export",
                               hint="name a file, e.g. --export record.bin")
         bootstrap, settings = _bootstrap()
-        recs = asyncio.run(read_dlq(topo, bootstrap, settings=settings, sources=[chosen.topic]))
-        match = [r for r in recs if r.partition == part and r.offset == off]
-        if not match:
+        # that one offset, not the whole DLQ (a flooded DLQ made every `show` read all of it)
+        rec = asyncio.run(read_record(bootstrap, dlq_topic, chosen.partitions, part, off, settings=settings))
+        if rec is None:
             raise PrismError(f"no record at {part}@{off} in {dlq_topic}", path=ref,
                              hint="list them with `prism dlq list`")
-        rec = match[0]
         doc = dlq_show_doc(rec)
         if export is not None:
             try:
