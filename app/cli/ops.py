@@ -268,6 +268,7 @@ def record_time(ms: Any) -> str | None:
 
 def dlq_row(rec: Any) -> dict[str, Any]:
     from app.agents.dlq import error_context, mask_secrets
+    from app.observability.redaction import redact_patterns
     from app.security.attestation import HEADER, describe
 
     ctx = error_context(list(rec.headers or []))
@@ -282,7 +283,7 @@ def dlq_row(rec: Any) -> dict[str, Any]:
             "stage": ctx.get("stage", ""), "reason": ctx.get("reason", ""), "attempts": ctx.get("attempts", ""),
             # masked as the headers are (dlq_show_doc): the worker masks what it writes, but a
             # DLQ topic may hold records other writers put there, and the list shows this text
-            "error": mask_secrets(ctx.get("exception.message", "").encode()).decode(errors="replace"),
+            "error": redact_patterns(mask_secrets(ctx.get("exception.message", "").encode()).decode(errors="replace")),
             "exception": ctx.get("exception.class.name", "")}
 
 
@@ -362,16 +363,19 @@ def dlq_show_doc(rec: Any) -> dict[str, Any]:
 
     from app.agents.dlq import _SECRET_HEADERS, mask_secrets
     from app.cli.envelope_view import REDACTED, value_doc
-    from app.observability.redaction import is_sensitive_key
+    from app.observability.redaction import is_sensitive_key, redact_patterns
 
     value = rec.value or b""
     # A header is secret by the names the log redaction uses too (api-key, password, *-token,
     # *-secret, session...): the producer's headers are kept on the DLQ copy, and only the
     # worker's short list of auth headers was masked there - `x-api-key: sk_live_...` and
     # `password: ...` were shown to every reader of the record page.
+    # then every text shown through the log redaction's rules (a URL's `user:password@`, `Basic`
+    # credentials, `password=...`): they were shown as written
     headers = {k: REDACTED if (k.lower() in _SECRET_HEADERS or is_sensitive_key(k)) and v
-               else mask_secrets(v or b"").decode(errors="replace") for k, v in rec.headers or []}
-    return {**dlq_row(rec), "key": None if rec.key is None else mask_secrets(rec.key).decode(errors="replace"),
+               else redact_patterns(mask_secrets(v or b"").decode(errors="replace")) for k, v in rec.headers or []}
+    key = None if rec.key is None else redact_patterns(mask_secrets(rec.key).decode(errors="replace"))
+    return {**dlq_row(rec), "key": key,
             "headers": headers, "value_bytes": len(value), "value_sha256": hashlib.sha256(value).hexdigest(),
             "value": value_doc(value)}
 
