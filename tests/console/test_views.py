@@ -27,6 +27,7 @@ from tests.console.support import (
     FULL_SUBJECT,
     XSS,
     console_settings,
+    patch_dlq,
     registry_server,
 )
 from tests.support import ADMIN_CLEARED, USERS, write_users_file
@@ -74,9 +75,6 @@ def replays(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     async def info(self: Workers, name: str) -> dict[str, Any]:
         return INFO
 
-    async def records(self: Kafka, topology: Any, source: str | None = None) -> list[Any]:
-        return list(RECORDS)
-
     async def ledger(self: Kafka, topology: Any, warnings: list[str] | None = None) -> dict[str, dict[str, Any]]:
         return {}
 
@@ -87,7 +85,9 @@ def replays(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
                                                    target_topic=SRC, target_partition=1, target_offset=7)])
 
     monkeypatch.setattr(Workers, "info", info)
-    monkeypatch.setattr(Kafka, "dlq_records", records)
+    import tests.console.test_views as me
+
+    patch_dlq(monkeypatch, lambda: list(me.RECORDS))
     monkeypatch.setattr(Kafka, "ledger", ledger)
     monkeypatch.setattr(Kafka, "replay", replay)
     return calls
@@ -322,10 +322,7 @@ def test_every_kind_of_dlq_record_has_a_page_with_a_replay_button(client: TestCl
     recs = [FakeRecord(f"{SRC}.dlq", 0, i, k.record.value, key=k.record.key, headers=list(k.record.headers))
             for i, k in enumerate(kinds)]
 
-    async def records(self: Kafka, topology: Any, source: str | None = None) -> list[Any]:
-        return recs
-
-    monkeypatch.setattr(Kafka, "dlq_records", records)
+    patch_dlq(monkeypatch, lambda: recs)
     login(client, "admin")
     for i, kind in enumerate(kinds):
         page = client.get(f"/pipelines/orders-x/dlq/{SRC}/0@{i}")
@@ -355,3 +352,87 @@ def test_an_unreachable_broker_is_a_502_page_not_a_500(tmp_path: Path, users_fil
             page = c.get(path)
             assert page.status_code == 502 and "A back end did not answer" in page.text, (path, page.text[:300])
             assert f"127.0.0.1:{port}" in page.text
+
+
+def test_query_values_of_the_wrong_type_get_the_html_error_page(client: TestClient) -> None:
+    """FastAPI answered ``?limit=abc`` with its JSON 422, which a person in a browser cannot act
+    on: the console's error page (400) names the parameter, what was sent and how to write it."""
+    login(client, "admin")
+    for path, params, name in (("/audit", {"limit": "abc"}, "limit"),
+                               ("/pipelines/orders-x/trace", {"topic": SRC, "partition": "x", "offset": 1}, "partition"),
+                               ("/pipelines/orders-x/trace", {"topic": SRC, "partition": 1, "offset": "1.5"}, "offset"),
+                               (f"/subjects/{FULL_SUBJECT}", {"to": "<script>"}, "to")):
+        page = client.get(path, params=params, headers=HTML)
+        assert page.status_code == 400 and page.headers["content-type"].startswith("text/html"), (path, page.text)
+        error = re.search(r'<p class="error" id="error">(.*?)</p>', page.text, re.S)
+        assert error and f"{name}=" in error[1], page.text
+        assert f"write {name} as a whole number, e.g. {name}=100" in page.text, page.text
+        assert "<script>" not in page.text.split("</header>")[-1]  # what was sent is shown as text
+
+
+#: user:password pairs a DLQ record may carry in every field the pages show
+LEAKS = ("s3cret-value-pw", "key-pw-9", "hdr-pw-7", "err-pw-5", "bin-pw-3", "basic-dXNlcjpwYXNzd29yZA")
+
+
+def test_basic_credentials_in_dlq_records_are_redacted(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A URL's ``user:password@`` and ``Basic`` credentials in a DLQ record's value, key, headers
+    and error text were shown on the record page and the list: now masked by the log
+    redaction's rules (app/observability/redaction.py `redact_patterns`)."""
+    import tests.console.test_views as me
+
+    headers = [*RECORDS[1].headers[:-2], ("prism.errors.exception.message", b"GET https://svc:err-pw-5@api.example/x"),
+               ("x-callback", b"https://carol:hdr-pw-7@cb.example/"),
+               ("x-forwarded", b"Authorization: Basic basic-dXNlcjpwYXNzd29yZA")]
+    value = (b'{"callback": "https://alice:s3cret-value-pw@hooks.example/x", '
+             b'"auth": "Basic basic-dXNlcjpwYXNzd29yZA"}')
+    leaky = [FakeRecord(f"{SRC}.dlq", 1, 7, value, key=b"https://bob:key-pw-9@h.example", headers=headers),
+             FakeRecord(f"{SRC}.dlq", 1, 8, b"\xff\xfe https://eve:bin-pw-3@h.example \x00", headers=headers)]
+    monkeypatch.setattr(me, "RECORDS", [*RECORDS, *leaky])
+    login(client, "admin")
+    pages = [client.get("/pipelines/orders-x/dlq"), client.get(f"/pipelines/orders-x/dlq/{SRC}/1@7"),
+             client.get(f"/pipelines/orders-x/dlq/{SRC}/1@8")]
+    for page in pages:
+        assert page.status_code == 200, page.text[:300]
+        for leak in LEAKS:
+            assert leak not in page.text and leak.encode().hex() not in page.text, (leak, page.url)
+    assert "https://alice:[REDACTED]@hooks.example/x" in pages[1].text and "Basic [REDACTED]" in pages[1].text
+    assert "https://bob:[REDACTED]@h.example" in pages[1].text
+    assert "https://svc:[REDACTED]@api.example/x" in pages[0].text
+    assert b"https://eve:[REDACTED]@".hex() in pages[2].text  # the hex preview of bytes that are not text
+
+
+def test_back_end_credentials_are_masked_on_error_pages(tmp_path: Path, users_file: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A back end's URL with ``user:password@`` (a registry URL given to the settings, a broker's
+    or worker's error quoting one) was shown on the console's error pages as it was."""
+    from aiokafka.errors import KafkaConnectionError
+
+    from app.console import ConsoleSettings
+    from app.console.backends import BackendError
+
+    async def info(self: Workers, name: str) -> dict[str, Any]:
+        if name == "down":
+            raise BackendError("no worker runs it (http://admin:worker-pw-1@worker.example:6066 said 503)",
+                               hint="check http://admin:worker-pw-1@worker.example:6066")
+        return INFO
+
+    async def window(self: Kafka, topology: Any, source: str | None = None, before: Any = None) -> list[Any]:
+        raise KafkaConnectionError("Unable to bootstrap from kafka://svc:kafka-pw-2@kafka.example:9092 "
+                                   "(Authorization: Basic c3ZjOmthZmthLXB3LTI=)")
+
+    monkeypatch.setattr(Workers, "info", info)
+    monkeypatch.setattr(Kafka, "dlq_window", window)
+    settings = console_settings(users_file, registry_url="http://console:registry-pw-3@127.0.0.1:9",
+                                worker_urls=("http://127.0.0.1:9",), bootstrap="127.0.0.1:9")
+    assert isinstance(settings, ConsoleSettings)
+    with TestClient(create_app(settings), base_url="http://console.test") as c:
+        login_r = c.post("/login", data={"user": "reader", "password": USERS["reader"][0], "next": "/"},
+                         headers={"origin": "http://console.test"}, follow_redirects=False)
+        assert login_r.status_code == 303
+        for path in ("/subjects", "/pipelines/orders-x/dlq", "/pipelines/down/dlq"):
+            page = c.get(path)
+            assert page.status_code == 502 and "A back end did not answer" in page.text, (path, page.text[:300])
+            for leak in ("registry-pw-3", "kafka-pw-2", "worker-pw-1", "c3ZjOmthZmthLXB3LTI="):
+                assert leak not in page.text, (path, leak)
+            assert "[REDACTED]" in page.text, page.text
+
