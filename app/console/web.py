@@ -109,7 +109,25 @@ def _environment() -> jinja2.Environment:
     env.filters["pretty"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False, default=str, sort_keys=False)
     env.filters["when"] = _when
     env.filters["q"] = lambda v: urllib.parse.quote(str(v), safe="")
+    env.filters["cap"] = _cap
     return env
+
+
+#: what a DLQ page shows of one field at most (characters), as `prism dlq list|show` cut theirs
+#: (app/cli/ops.py): a code (reason, stage, source, identity), an error text, a header value or key
+CAPS = {"code": 200, "error": 4000, "header": 1000}
+#: headers shown on a record page at most (a 1 MB record holds ~100,000 one-byte headers)
+MAX_HEADERS = 200
+
+
+def _cap(value: Any, kind: str, ref: str) -> str:
+    """`value` as text, cut to ``CAPS[kind]`` characters with how many follow and where to read
+    them whole (`prism dlq show REF --json`: the console has no raw route). Why: every field of a
+    DLQ record is its writer's to choose - 20 records with a 1 MB error header made one list page
+    19.5 MB of HTML, a 1 MB key a 4 MB record page."""
+    from app.cli.ops import _cell
+
+    return _cell(str(value), CAPS[kind], ref, whole=" --json")
 
 
 def _when(value: Any) -> str:
@@ -496,11 +514,13 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
             await audit_withheld(request, clearance, [Withheld(f"{rec.topic}/{ref}", labelled.classification,
                                                                labelled.envelope, source)])
             return render(request, "dlq_record.html", name=name, source=source, ref=ref, doc=doc, value={},
-                          ledger=ledger, classification=labelled.classification, clearance=clearance, withheld=True)
+                          ledger=ledger, classification=labelled.classification, clearance=clearance, withheld=True,
+                          max_headers=MAX_HEADERS)
         doc = dlq_show_doc(rec)
         value = {k: v for k, v in doc["value"].items() if k not in ("kind", "not_an_envelope")}
         return render(request, "dlq_record.html", name=name, source=source, ref=ref, doc=doc, value=value,
-                      ledger=ledger, classification=labelled.classification, clearance=clearance, withheld=False)
+                      ledger=ledger, classification=labelled.classification, clearance=clearance, withheld=False,
+                      max_headers=MAX_HEADERS)
 
     @app.post("/pipelines/{name}/dlq/{source}/{ref}/replay", response_class=HTMLResponse, responses=GUARDED_404,
               openapi_extra=_form_body({"csrf": "the session's CSRF token",

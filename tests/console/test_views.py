@@ -436,3 +436,29 @@ def test_back_end_credentials_are_masked_on_error_pages(tmp_path: Path, users_fi
                 assert leak not in page.text, (path, leak)
             assert "[REDACTED]" in page.text, page.text
 
+
+def test_huge_fields_are_cut_on_the_dlq_pages(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every field of a DLQ record is its writer's to choose: 20 records with a 1 MB error header
+    made one list page 19.5 MB of HTML, a 1 MB key a 4 MB record page, 100,000 one-byte headers a
+    3.4 MB one. Each field is cut as `prism dlq list|show` cut theirs, saying how many characters
+    follow and how to read them whole, and a record page shows its first 200 headers."""
+    import tests.console.test_views as me
+
+    base = [(k, v) for k, v in RECORDS[1].headers if k not in ("prism.errors.exception.message", "prism.errors.reason")]
+    big = [*base, ("prism.errors.exception.message", b"E" * 1_000_000), ("prism.errors.reason", b"R" * 300_000),
+           ("prism.errors.stage", b"<script>S" + b"S" * 100_000)]
+    huge = [FakeRecord(f"{SRC}.dlq", 0, i, b"v", key=b"K" * 1_000_000, headers=big) for i in range(20)]
+    many = FakeRecord(f"{SRC}.dlq", 1, 9, b"\xff\x00<script>", headers=[*base, *((f"h{i}<b>", b"v") for i in range(20_000))])
+    monkeypatch.setattr(me, "RECORDS", [*huge, many])
+    login(client, "admin")
+    listing = client.get("/pipelines/orders-x/dlq")
+    assert listing.status_code == 200 and len(listing.text) < 1_000_000, len(listing.text)
+    assert "… (996000 more characters: prism dlq show 0@3 --json)" in listing.text
+    record = client.get(f"/pipelines/orders-x/dlq/{SRC}/0@3")
+    assert record.status_code == 200 and len(record.text) < 50_000, len(record.text)
+    assert "… (999000 more characters: prism dlq show 0@3 --json)" in record.text  # the key
+    assert "<script>" not in record.text
+    headers = client.get(f"/pipelines/orders-x/dlq/{SRC}/1@9")
+    assert headers.status_code == 200 and len(headers.text) < 50_000, len(headers.text)
+    assert re.search(r'id="more-headers">\d+ more header\(s\) not shown', headers.text)
+    assert "<b>" not in headers.text and "<script>" not in headers.text
