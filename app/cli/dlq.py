@@ -209,11 +209,80 @@ def _consumer(bootstrap: str, settings: Any, *, fetch_max_bytes: int | None = No
                             **(settings.aiokafka_kwargs() if settings else {}))
 
 
+class Unreadable(PrismError):
+    """Records the Kafka client cannot decode (a header name that is not UTF-8: aiokafka decodes
+    header names, and one such record fails its whole batch - every read from any offset of it)."""
+
+    code = "dlq_unreadable"
+
+
+#: what the client raises on a record it cannot decode (app/cli/dlq.py `_read_spans`)
+_UNDECODABLE = (UnicodeDecodeError,)
+
+
+async def _probe_bad(consumer: AIOKafkaConsumer, tp: TopicPartition, offset: int) -> bool:
+    """Whether a read from `offset` of `tp` fails to decode (before it returns a record)."""
+    consumer.seek(tp, offset)
+    for _ in range(20):
+        try:
+            got = await consumer.getmany(tp, timeout_ms=500, max_records=1)
+        except _UNDECODABLE:
+            return True
+        if got.get(tp) or await consumer.position(tp) > offset:
+            return False
+    return False
+
+
+async def _skip_unreadable(consumer: AIOKafkaConsumer, tp: TopicPartition, stop: int,
+                           take: Callable[[list[Any]], None]) -> tuple[int, int] | None:
+    """After a read of `tp` failed to decode: hand the good records before the bad batch to
+    `take`, one by one (the failed read returned none of them), and find where the bad batch ends
+    (any read from inside it fails: exponential steps, then bisection - a few reads, not one per
+    offset). Returns the offsets [first, after) skipped, the consumer placed at `after`; None when
+    the records up to `stop` read after all."""
+    start = await consumer.position(tp)
+    consumer.seek(tp, start)  # drop the failed fetch
+    idle = 0
+    while await consumer.position(tp) < stop:
+        try:
+            got = await consumer.getmany(tp, timeout_ms=500, max_records=1)
+        except _UNDECODABLE:
+            break
+        idle = 0 if got.get(tp) else idle + 1
+        if idle > 20:  # the broker stopped answering: the caller's deadline decides
+            return None
+        take([r for r in got.get(tp, []) if r.offset < stop])
+    else:
+        return None
+    first = await consumer.position(tp)
+    bad, step = first, 1
+    good = min(first + step, stop)
+    while good < stop and await _probe_bad(consumer, tp, good):
+        bad, step = good, step * 2
+        good = min(first + step, stop)
+    while good - bad > 1:
+        mid = (bad + good) // 2
+        if await _probe_bad(consumer, tp, mid):
+            bad = mid
+        else:
+            good = mid
+    consumer.seek(tp, good)
+    return first, good
+
+
 async def _read_spans(consumer: AIOKafkaConsumer, topic: str, spans: Mapping[TopicPartition, tuple[int, int]],
-                      timeout: float, take: Callable[[list[Any]], None]) -> None:
+                      timeout: float, take: Callable[[list[Any]], None],
+                      skipped: list[tuple[int, int, int]] | None = None) -> None:
     """Hand every record of ``spans`` (partition -> [first, stop) offsets) to ``take``, batch by
     batch, in offset order per partition; raise rather than return a partial read (`read_to_end`).
-    The one fetch loop of every DLQ and ledger read: the whole topic, a window, one record."""
+    The one fetch loop of every DLQ and ledger read: the whole topic, a window, one record.
+
+    One partition per fetch call: a record the client cannot decode raises out of the call, and a
+    call over several partitions dropped the records it had already taken from the others (their
+    positions moved on: lost without a word). Such records - one with a header name that is not
+    UTF-8 made every DLQ page of its pipeline a 500, `prism dlq list` a traceback - are skipped
+    with the offsets of their batch appended to `skipped` (partition, first, after), or, without
+    `skipped`, raise `Unreadable`."""
     pending = {tp for tp, (first, stop) in spans.items() if first < stop}
     for tp in pending:
         consumer.seek(tp, spans[tp][0])
@@ -224,9 +293,22 @@ async def _read_spans(consumer: AIOKafkaConsumer, topic: str, spans: Mapping[Top
                               for tp in sorted(pending))
             raise PrismError(f"could not read {topic} to its end within {timeout:.0f} s ({where})",
                              path=topic, hint="check the broker and the consumer's read permission, then retry")
-        batch = await consumer.getmany(*pending, timeout_ms=500, max_records=5000)
-        for tp, recs in batch.items():
+        for tp in sorted(pending):
             stop = spans[tp][1]
+            try:
+                recs = (await consumer.getmany(tp, timeout_ms=500 // len(pending) + 1, max_records=5000)).get(tp, [])
+            except _UNDECODABLE:
+                cut = await _skip_unreadable(consumer, tp, stop, take)
+                if cut is None:
+                    continue
+                if skipped is None:
+                    where = f"offset {cut[0]}" if cut[1] - cut[0] == 1 else f"offsets {cut[0]}-{cut[1] - 1}"
+                    raise Unreadable(f"{topic} partition {tp.partition} {where}: the Kafka client cannot decode "
+                                     "a record there (a header name that is not UTF-8)", path=topic,
+                                     hint="find who writes such records to the topic (the console's DLQ page "
+                                          "skips them and says where)") from None
+                skipped.append((tp.partition, *cut))
+                continue
             take([r for r in recs if r.offset < stop] if recs and recs[-1].offset >= stop else recs)
         pending = {tp for tp in pending if await consumer.position(tp) < spans[tp][1]}
 
@@ -265,8 +347,8 @@ async def read_to_end(bootstrap: str, topic: str, partitions: int, *, settings: 
 async def read_record(bootstrap: str, topic: str, partitions: int, partition: int, offset: int, *,
                       settings: Any = None, timeout: float = 30.0) -> Any | None:
     """The record at `partition`@`offset` of `topic`, or None (no such topic, partition or offset:
-    deleted by retention, beyond the end, a transaction marker or an aborted record). Reads that
-    one offset - `prism dlq show` and the console's record page read the whole topic to find one
+    deleted by retention, beyond the end, a transaction marker or an aborted record); `Unreadable`
+    when the client cannot decode the batch holding it. Reads that one offset - `prism dlq show` and the console's record page read the whole topic to find one
     record, so a flooded DLQ made every record view cost its whole size."""
     if not 0 <= partition < partitions or offset < 0 or not await topic_exists(bootstrap, topic, settings=settings):
         return None
@@ -315,6 +397,8 @@ class Window:
     partitions: list[PartitionWindow] = field(default_factory=list)
     #: the byte bound dropped records of the window (the oldest first)
     cut_by_bytes: bool = False
+    #: (partition, first, after): offsets skipped because the client cannot decode a record there
+    unreadable: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -409,7 +493,7 @@ async def read_window(bootstrap: str, topic: str, partitions: int, *, settings: 
                 cut_at[r.partition] = r.offset + 1
 
         cut_at: dict[int, int] = {}
-        await _read_spans(consumer, topic, spans, timeout, take)
+        await _read_spans(consumer, topic, spans, timeout, take, window.unreadable)
         window.cut_by_bytes = bool(cut_at)
         for tp in tps:
             first = max(spans[tp][0], cut_at.get(tp.partition, 0))

@@ -477,14 +477,15 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         scanned = [{"topic": w.topic, "source": w.topic[: len(w.topic) - len(topology.dlq.topic_suffix)],
                     "read": len(w.records), "total": w.total, "older": w.older, "cut_by_bytes": w.cut_by_bytes,
                     "spans": [f"{p.partition}@{p.first}-{p.stop - 1}" for p in w.partitions if p.stop > p.first],
-                    "next": ",".join(f"{p}@{o}" for p, o in sorted(w.next_cursor.items()))} for w in windows]
+                    "next": ",".join(f"{p}@{o}" for p, o in sorted(w.next_cursor.items())),
+                    "unreadable": [f"{p}@{a}-{b - 1}" for p, a, b in w.unreadable]} for w in windows]
         return render(request, "dlq.html", name=name, info=info, rows=page, total=len(rows),
                       matching=len(shown), by_reason=sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0])),
                       reason=reason or "", q=q or "", source=source or "", before=before or "", scanned=scanned,
                       warnings=warnings, clearance=clearance)
 
     async def _record(name: str, source: str, ref: str) -> tuple[Any, Any, dict[str, Any]]:
-        from app.cli.dlq import BadSelector, parse_ref
+        from app.cli.dlq import BadSelector, Unreadable, parse_ref
 
         info, topology = await _topology(name)
         chosen = [s for s in topology.sources if s.topic == source]
@@ -494,7 +495,10 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
             part, off = parse_ref(ref, chosen[0].partitions, source + topology.dlq.topic_suffix, option="record")
         except BadSelector as exc:
             raise NotFound(exc.message, hint=exc.hint or "") from None
-        rec = await kafka.dlq_record(topology, source, part, off)
+        try:
+            rec = await kafka.dlq_record(topology, source, part, off)
+        except Unreadable as exc:  # not a back end's fault: the record is there and cannot be shown
+            raise NotFound(exc.message, hint=exc.hint or "") from None
         if rec is None:
             raise NotFound(f"no record at {ref} in {source + topology.dlq.topic_suffix}",
                            hint="deleted by retention, or beyond the end")

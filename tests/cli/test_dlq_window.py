@@ -104,3 +104,66 @@ def test_shares_give_what_one_partition_cannot_use_to_the_others() -> None:
     assert _shares({0: 0, 1: 0}, 1000) == {0: 0, 1: 0}
     assert _shares({0: 3, 1: 3, 2: 3}, 2) == {0: 1, 1: 1, 2: 0}
     assert sum(_shares({p: 10**9 for p in range(7)}, 1000).values()) == 1000
+
+
+#: writes records of which some have a header name that is not UTF-8 (aiokafka's encoder cannot:
+#: its pure-Python one is given a str whose encoding is those bytes), in one batch
+_POISON = """
+import asyncio, os, sys
+os.environ["AIOKAFKA_NO_EXTENSIONS"] = "1"
+from aiokafka import AIOKafkaProducer
+
+class Name(str):
+    def encode(self, *args, **kwargs):
+        return b"\\xff\\xfe not utf-8"
+
+async def main(bootstrap, topic, n, bad):
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=200)
+    await producer.start()
+    try:
+        sent = [await producer.send(topic, b"p%d" % i, partition=0,
+                                    headers=[(Name("x") if str(i) in bad.split(",") else "ok", b"h")])
+                for i in range(int(n))]
+        print(",".join([str((await s).offset) for s in sent]))
+    finally:
+        await producer.stop()
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+async def poison(bootstrap: str, topic: str, n: int, bad: set[int]) -> list[int]:
+    """`n` records to partition 0 of `topic` in one batch, those in `bad` with a header name that
+    is not UTF-8; returns their offsets."""
+    import asyncio
+    import subprocess
+    import sys
+
+    out = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", _POISON, bootstrap, topic, str(n),
+                                                   ",".join(map(str, sorted(bad)))],
+                                  capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return [int(o) for o in out.stdout.strip().split(",")]
+
+
+async def test_records_the_client_cannot_decode_are_skipped_and_named(broker: Any) -> None:
+    """One record with a header name that is not UTF-8 made aiokafka raise UnicodeDecodeError on
+    every read of its batch: the console's DLQ page was a 500, `prism dlq list` a traceback."""
+    from app.cli.dlq import Unreadable, read_to_end
+
+    topic = await _topic(broker.bootstrap, 2)
+    await _fill(broker.bootstrap, topic, {0: 40, 1: 10})
+    batch = await poison(broker.bootstrap, topic, 6, {2, 3})
+    assert batch == list(range(40, 46))
+    await _fill(broker.bootstrap, topic, {0: 40})  # offsets 46..85
+
+    w = await read_window(broker.bootstrap, topic, 2, max_records=1000)
+    # the batch's records before the first bad one still read; from it to the batch's end none does
+    assert w.unreadable == [(0, 42, 46)]
+    assert _offsets(w.records, 0) == [*range(42), *range(46, 86)] and _offsets(w.records, 1) == list(range(10))
+    for good in (41, 46, 60):
+        assert (await read_record(broker.bootstrap, topic, 2, 0, good)).offset == good  # type: ignore[union-attr]
+    with pytest.raises(Unreadable, match="partition 0 offset 44: the Kafka client cannot decode"):
+        await read_record(broker.bootstrap, topic, 2, 0, 44)
+    with pytest.raises(Unreadable, match="partition 0 offsets 42-45: the Kafka client cannot decode"):
+        await read_to_end(broker.bootstrap, topic, 2)

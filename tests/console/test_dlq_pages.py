@@ -116,3 +116,23 @@ def test_cursors_that_are_not_the_pages_get_a_400_page(dlq: Any) -> None:
     # a cursor past the end reads from the end, one before the beginning reads nothing
     assert len(_refs(c.get("/pipelines/win/dlq", params={"before": "0@999999,1@999999"}).text)) == 50
     assert _refs(c.get("/pipelines/win/dlq", params={"before": "0@0,1@0"}).text) == []
+
+
+def test_a_record_the_client_cannot_decode_is_skipped_and_named(dlq: Any) -> None:
+    """One DLQ record with a header name that is not UTF-8 made aiokafka raise on every read of
+    its batch: the DLQ page of the pipeline answered 500 for every view."""
+    import asyncio
+
+    from tests.cli.test_dlq_window import poison
+
+    c, src = dlq
+    bootstrap = c.app.state.refusals.bootstrap  # the console's broker
+    assert asyncio.run(poison(bootstrap, f"{src}.dlq", 4, {1})) == [100, 101, 102, 103]
+    page = c.get("/pipelines/win/dlq")
+    assert page.status_code == 200, page.text[:500]
+    warning = " ".join(re.search(r'<p class="warn unreadable">(.*?)</p>', page.text, re.S)[1].split())
+    assert warning.startswith(f"Skipped 0@101-103 of {src}.dlq: a record there cannot be decoded"), warning
+    assert "0@100" in _refs(page.text) and "0@99" in _refs(page.text) and "0@102" not in _refs(page.text)
+    bad = c.get(f"/pipelines/win/dlq/{src}/0@102")
+    assert bad.status_code == 404 and "the Kafka client cannot decode" in bad.text, bad.text[:500]
+    assert c.get(f"/pipelines/win/dlq/{src}/0@100").status_code == 200
