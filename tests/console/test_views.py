@@ -462,3 +462,22 @@ def test_huge_fields_are_cut_on_the_dlq_pages(client: TestClient, monkeypatch: p
     assert headers.status_code == 200 and len(headers.text) < 50_000, len(headers.text)
     assert re.search(r'id="more-headers">\d+ more header\(s\) not shown', headers.text)
     assert "<b>" not in headers.text and "<script>" not in headers.text
+
+
+def test_reason_chips_are_the_most_frequent_codes(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reasons are header values anyone who writes the DLQ chooses: 2,000 distinct 3 kB reasons
+    made 2,000 chips, each a link carrying its reason (~18 MB of HTML). Chips are the 50 most
+    frequent reasons of at most 200 characters; the rest are counted, and search finds them."""
+    import tests.console.test_views as me
+
+    base = [(k, v) for k, v in RECORDS[1].headers if k != "prism.errors.reason"]
+    recs = [FakeRecord(f"{SRC}.dlq", 0, i, b"v", headers=[*base, ("prism.errors.reason", b"%04d" % i + b"r" * 3000)])
+            for i in range(2000)]
+    recs += [FakeRecord(f"{SRC}.dlq", 1, i, b"v", headers=[*base, ("prism.errors.reason", b"code_%d" % (i % 60))])
+             for i in range(120)]
+    monkeypatch.setattr(me, "RECORDS", recs)
+    login(client, "reader")
+    page = client.get("/pipelines/orders-x/dlq")
+    assert page.status_code == 200 and len(page.text) < 3_000_000, len(page.text)
+    assert page.text.count('class="chip ') == 51  # "all" and 50 codes
+    assert 'id="other-reasons">and 2010 other reason(s), 2020 record(s): search finds them' in page.text
