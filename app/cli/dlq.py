@@ -344,27 +344,53 @@ async def read_to_end(bootstrap: str, topic: str, partitions: int, *, settings: 
     return out
 
 
-async def read_record(bootstrap: str, topic: str, partitions: int, partition: int, offset: int, *,
-                      settings: Any = None, timeout: float = 30.0) -> Any | None:
-    """The record at `partition`@`offset` of `topic`, or None (no such topic, partition or offset:
-    deleted by retention, beyond the end, a transaction marker or an aborted record); `Unreadable`
-    when the client cannot decode the batch holding it. Reads that one offset - `prism dlq show` and the console's record page read the whole topic to find one
-    record, so a flooded DLQ made every record view cost its whole size."""
-    if not 0 <= partition < partitions or offset < 0 or not await topic_exists(bootstrap, topic, settings=settings):
-        return None
+async def read_spans(bootstrap: str, topic: str, partitions: int, spans: Sequence[tuple[int, int, int]], *,
+                     settings: Any = None, timeout: float = 60.0) -> list[Any]:
+    """The records of `topic` in `spans` - (partition, first, stop): offsets [first, stop) - each
+    cut to the log, each record once, in (partition, offset) order, through one consumer; spans of
+    partitions the topic does not have, and a
+    topic that does not exist, read as nothing. `Unreadable` when the client cannot decode a
+    batch they cover. What `read_record` and a replay of chosen records read, instead of the
+    whole topic."""
+    wanted = [(p, max(0, a), b) for p, a, b in spans if 0 <= p < partitions and max(0, a) < b]
+    if not wanted or not await topic_exists(bootstrap, topic, settings=settings):
+        return []
     consumer = _consumer(bootstrap, settings)
     await consumer.start()
     found: list[Any] = []
     try:
-        tp = TopicPartition(topic, partition)
-        consumer.assign([tp])
-        begin = (await consumer.beginning_offsets([tp])).get(tp, 0)
-        end = (await true_end_offsets(consumer, [tp])).get(tp, 0)
-        if begin <= offset < end:
-            await _read_spans(consumer, topic, {tp: (offset, offset + 1)}, timeout, found.extend)
+        tps = sorted({TopicPartition(topic, p) for p, _, _ in wanted})
+        consumer.assign(tps)
+        begin = await consumer.beginning_offsets(tps)
+        end = await true_end_offsets(consumer, tps)
+        # rounds of at most one span per partition (what `_read_spans` reads at once)
+        rounds: list[dict[TopicPartition, tuple[int, int]]] = []
+        for p, a, b in sorted(wanted):
+            tp = TopicPartition(topic, p)
+            first, stop = max(a, begin.get(tp, 0)), min(b, end.get(tp, 0))
+            if first < stop:
+                free = next((r for r in rounds if tp not in r), None)
+                if free is None:
+                    rounds.append(free := {})
+                free[tp] = (first, stop)
+        for spans_of_round in rounds:
+            await _read_spans(consumer, topic, spans_of_round, timeout, found.extend)
     finally:
         await consumer.stop()
-    return next((r for r in found if r.offset == offset), None)
+    once = {(r.partition, r.offset): r for r in found}  # spans may overlap: each record once
+    return [once[k] for k in sorted(once)]
+
+
+async def read_record(bootstrap: str, topic: str, partitions: int, partition: int, offset: int, *,
+                      settings: Any = None, timeout: float = 30.0) -> Any | None:
+    """The record at `partition`@`offset` of `topic`, or None (no such topic, partition or offset:
+    deleted by retention, beyond the end, a transaction marker or an aborted record); `Unreadable`
+    when the client cannot decode the batch holding it. Reads that one offset - `prism dlq show`
+    and the console's record page read the whole topic to find one record, so a flooded DLQ made
+    every record view cost its whole size."""
+    found = await read_spans(bootstrap, topic, partitions, [(partition, offset, offset + 1)], settings=settings,
+                             timeout=timeout)
+    return next((r for r in found if (r.partition, r.offset) == (partition, offset)), None)
 
 
 def record_bytes(rec: Any) -> int:
@@ -849,7 +875,12 @@ async def replay(topology: Topology, bootstrap: str, *, settings: Any = None, re
             dlq, ledger_name = s.topic + suffix, ledger_topic(s.topic + suffix)
             report.ledgers[dlq] = ledger_name
             task = progress.add_task(f"reading {dlq} and {ledger_name}", total=None)
-            dlq_records = await read_to_end(bootstrap, dlq, s.partitions, settings=settings)
+            chosen = selections[s.topic]
+            # chosen records and ranges are read where they are, not with the whole DLQ (the
+            # console's Replay of one record read all of a flooded DLQ)
+            dlq_records = await read_to_end(bootstrap, dlq, s.partitions, settings=settings) if chosen.everything \
+                else await read_spans(bootstrap, dlq, s.partitions, [(p, o, o + 1) for p, o in chosen.records]
+                                      + [(p, a, b + 1) for p, a, b in chosen.ranges], settings=settings)
             present = {(r.partition, r.offset) for r in dlq_records}
             missing = sorted(selections[s.topic].records - present)
             if missing:

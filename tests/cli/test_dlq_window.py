@@ -167,3 +167,42 @@ async def test_records_the_client_cannot_decode_are_skipped_and_named(broker: An
         await read_record(broker.bootstrap, topic, 2, 0, 44)
     with pytest.raises(Unreadable, match="partition 0 offsets 42-45: the Kafka client cannot decode"):
         await read_to_end(broker.bootstrap, topic, 2)
+
+
+async def test_spans_are_cut_to_the_log_and_read_each_record_once(broker: Any) -> None:
+    from app.cli.dlq import read_spans
+
+    topic = await _topic(broker.bootstrap, 2)
+    await _fill(broker.bootstrap, topic, {0: 20, 1: 5})
+    got = await read_spans(broker.bootstrap, topic, 2, [(0, 3, 4), (0, 2, 6), (0, 18, 10**12), (1, -5, 2),
+                                                        (1, 9, 10), (2, 0, 5), (-1, 0, 5)])
+    assert [(r.partition, r.offset) for r in got] == [(0, 2), (0, 3), (0, 4), (0, 5), (0, 18), (0, 19), (1, 0), (1, 1)]
+
+
+async def test_a_replay_of_chosen_records_reads_them_not_the_whole_dlq(broker: Any, tmp_path: Any,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The console's Replay of one record (and `prism dlq replay --record/--range`) read the
+    whole DLQ topic first: a flooded DLQ made each replay cost all of it."""
+    import app.cli.dlq as dlq_module
+    from app.broker.admin import ensure_topics
+    from app.security.devkeys import ensure_dev_keys
+    from tests.cli.test_dlq_cli import _dlq_copies, _seed
+    from tests.worker.conftest import make_topology
+
+    keys = ensure_dev_keys(tmp_path / "keys")
+    topo = make_topology(tmp_path, keys, partitions=2)
+    await ensure_topics(broker.bootstrap, topo.topics())
+    copies, _ = _dlq_copies(topo, keys, 4)
+    where = await _seed(broker.bootstrap, copies, [0, 1, 0, 1])
+    whole = dlq_module.read_to_end
+
+    async def ledger_only(bootstrap: str, topic: str, partitions: int, **kw: Any) -> list[Any]:
+        assert topic.endswith(dlq_module.LEDGER_SUFFIX), f"{topic} read whole"
+        return await whole(bootstrap, topic, partitions, **kw)
+
+    monkeypatch.setattr(dlq_module, "read_to_end", ledger_only)
+    p, o = where[2]
+    report = await dlq_module.replay(topo, broker.bootstrap, records=[f"{p}@{o}"], ranges=[f"{p}@{o}-{o}"])
+    assert [(r.action, r.dlq_partition, r.dlq_offset) for r in report.outcomes] == [("replayed", p, o)]
+    with pytest.raises(dlq_module.BadSelector, match="no record at"):
+        await dlq_module.replay(topo, broker.bootstrap, records=[f"{p}@{o + 100}"])
