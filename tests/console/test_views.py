@@ -481,3 +481,12 @@ def test_reason_chips_are_the_most_frequent_codes(client: TestClient, monkeypatc
     assert page.status_code == 200 and len(page.text) < 3_000_000, len(page.text)
     assert page.text.count('class="chip ') == 51  # "all" and 50 codes
     assert 'id="other-reasons">and 2010 other reason(s), 2020 record(s): search finds them' in page.text
+
+
+def test_the_openapi_document_declares_the_400_page_not_a_json_422(client: TestClient) -> None:
+    login(client, "reader")
+    doc = client.get("/openapi.json").json()
+    audit = doc["paths"]["/audit"]["get"]["responses"]
+    assert "422" not in audit and "text/html" in audit["400"]["content"], audit.keys()
+    assert not [p for p, ops in doc["paths"].items() for op in ops.values() if "422" in op["responses"]]
+    assert "HTTPValidationError" not in doc.get("components", {}).get("schemas", {})
