@@ -433,6 +433,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         from app.cli.dlq import BadSelector, parse_cursor
         from app.cli.ops import dlq_row
 
+        source, before = source or None, before or None  # the page's links send them empty
         info, topology = await _topology(name)
         if source is not None and source not in {s.topic for s in topology.sources}:
             raise NotFound(f"{source!r} is not a source of {name}")

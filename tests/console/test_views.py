@@ -201,6 +201,8 @@ def test_dlq_pages_decode_redact_and_escape(client: TestClient) -> None:
     assert listing.status_code == 200
     assert XSS not in listing.text and "&lt;script&gt;alert(1)&lt;/script&gt;" in listing.text
     assert re.search(r'data-reason="policy_violation" href="[^"]*">policy_violation 1</a>', listing.text)  # by reason
+    chip = re.search(r'data-reason="auth_failed" href="([^"]+)"', listing.text)[1]  # as a browser follows it
+    assert 'data-ref="1@1"' in client.get("/pipelines/orders-x/dlq" + chip.replace("&amp;", "&")).text
     only = client.get("/pipelines/orders-x/dlq", params={"reason": "auth_failed"})
     assert 'data-ref="1@1"' in only.text and 'data-ref="1@0"' not in only.text
     found = client.get("/pipelines/orders-x/dlq", params={"q": "encrypted"})
