@@ -314,7 +314,7 @@ async def _read_spans(consumer: AIOKafkaConsumer, topic: str, spans: Mapping[Top
 
 
 async def read_to_end(bootstrap: str, topic: str, partitions: int, *, settings: Any = None,
-                      timeout: float = 120.0) -> list[Any]:
+                      timeout: float = 120.0, take: Callable[[list[Any]], None] | None = None) -> list[Any]:
     """Every record of `topic`, read up to the end offsets taken at the start.
 
     Why not "until quiet": a ledger read short by one entry replays that record again, so this
@@ -326,7 +326,10 @@ async def read_to_end(bootstrap: str, topic: str, partitions: int, *, settings: 
     `read_committed`: an `exactly_once` worker writes its DLQ records inside the batch's
     transaction, and a batch cut short is aborted and processed again - read uncommitted, the
     DLQ (and the console's DLQ pages) held the aborted copy besides the committed one, and a
-    replay put the failed record back twice. Without transactions it reads the same records."""
+    replay put the failed record back twice. Without transactions it reads the same records.
+
+    With `take`, each batch is handed to it as it is read and nothing is kept (the list returned
+    is empty): a caller that keeps only some records holds only those."""
     if not await topic_exists(bootstrap, topic, settings=settings):
         return []
     consumer = _consumer(bootstrap, settings)
@@ -338,7 +341,7 @@ async def read_to_end(bootstrap: str, topic: str, partitions: int, *, settings: 
         begin = await consumer.beginning_offsets(tps)
         ends = await true_end_offsets(consumer, tps)
         await _read_spans(consumer, topic, {tp: (begin.get(tp, 0), ends.get(tp, 0)) for tp in tps}, timeout,
-                          out.extend)
+                          take or out.extend)
     finally:
         await consumer.stop()
     return out

@@ -292,27 +292,52 @@ async def read_dlq(topology: Any, bootstrap: str, *, settings: Any = None, reaso
                    sources: list[str] | None = None) -> list[Any]:
     """DLQ records of every source of `topology` (or of `sources`), filtered, oldest first. Read to
     the end offsets (app/cli/dlq.py `read_to_end`), not "until quiet", so a slow broker cannot hide
-    records."""
+    records. Filtered as they are read, and with `limit` only the `limit` oldest matches are held
+    (a heap): `prism dlq list` (50 by default) held the whole DLQ - 200k records, ~580 MiB - to
+    print 50."""
+    import heapq
+    import itertools
+
     from app.cli.dlq import read_to_end
 
     topics = {s.topic + topology.dlq.topic_suffix: s.partitions for s in topology.sources
               if sources is None or s.topic in sources}
-    records: list[Any] = []
+    #: (-sort key, tie, record): a max-heap of the `limit` oldest matches (all of them without a limit)
+    kept: list[tuple[Any, int, Any]] = []
+    out: list[Any] = []
+    tie = itertools.count()
+    rank = {t: i for i, t in enumerate(sorted(topics))}
+
+    def take(records: list[Any]) -> None:
+        for r in records:
+            if reason is not None and _reason(r) != reason:
+                continue
+            if since is not None and (r.timestamp or 0) / 1000 < since:
+                continue
+            if not limit:
+                out.append(r)
+                continue
+            key = (-(r.timestamp or 0), -rank[r.topic], -r.partition, -r.offset)
+            if len(kept) < limit:
+                heapq.heappush(kept, (key, next(tie), r))
+            elif key > kept[0][0]:
+                heapq.heapreplace(kept, (key, next(tie), r))
+
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=con or Console(stderr=True, emoji=False), transient=True) as progress:
         progress.add_task(escape(f"reading {', '.join(topics)}"), total=None)
         for topic, partitions in topics.items():
-            records.extend(await read_to_end(bootstrap, topic, partitions, settings=settings))
-    out = []
-    for r in records:
-        row = dlq_row(r)
-        if reason is not None and row["reason"] != reason:
-            continue
-        if since is not None and (r.timestamp or 0) / 1000 < since:
-            continue
-        out.append(r)
+            await read_to_end(bootstrap, topic, partitions, settings=settings, take=take)
+    out.extend(r for _, _, r in kept)
     out.sort(key=lambda r: (r.timestamp or 0, r.topic, r.partition, r.offset))
-    return out[:limit] if limit else out
+    return out
+
+
+def _reason(rec: Any) -> str:
+    """A DLQ record's `prism.errors.reason` (what `dlq_row` shows as its reason)."""
+    from app.agents.dlq import error_context
+
+    return str(error_context(list(rec.headers or [])).get("reason", ""))
 
 
 def dlq_table(rows: list[dict[str, Any]]) -> Table:
