@@ -68,8 +68,8 @@ import json
 import re
 import socket
 import time
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
@@ -204,8 +204,121 @@ def choose_sources(topology: Topology, source: str | None, selection_given: bool
 # --------------------------------------------------------------------------- reading
 
 
+def _consumer(bootstrap: str, settings: Any, *, fetch_max_bytes: int | None = None) -> AIOKafkaConsumer:
+    """The group-less, `read_committed` consumer every DLQ and ledger read uses (`read_to_end`)."""
+    limits = {} if fetch_max_bytes is None else {"fetch_max_bytes": fetch_max_bytes,
+                                                  "max_partition_fetch_bytes": min(fetch_max_bytes, 1 << 20)}
+    return AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
+                            enable_auto_commit=False, isolation_level="read_committed", **limits,
+                            **(settings.aiokafka_kwargs() if settings else {}))
+
+
+class Unreadable(PrismError):
+    """Records the Kafka client cannot decode (a header name that is not UTF-8: aiokafka decodes
+    header names, and one such record fails its whole batch - every read from any offset of it)."""
+
+    code = "dlq_unreadable"
+
+
+#: what the client raises on a record it cannot decode (app/cli/dlq.py `_read_spans`)
+_UNDECODABLE = (UnicodeDecodeError,)
+
+
+async def _probe_bad(consumer: AIOKafkaConsumer, tp: TopicPartition, offset: int) -> bool:
+    """Whether a read from `offset` of `tp` fails to decode (before it returns a record)."""
+    consumer.seek(tp, offset)
+    for _ in range(20):
+        try:
+            got = await consumer.getmany(tp, timeout_ms=500, max_records=1)
+        except _UNDECODABLE:
+            return True
+        if got.get(tp) or await consumer.position(tp) > offset:
+            return False
+    return False
+
+
+async def _skip_unreadable(consumer: AIOKafkaConsumer, tp: TopicPartition, stop: int,
+                           take: Callable[[list[Any]], None]) -> tuple[int, int] | None:
+    """After a read of `tp` failed to decode: hand the good records before the bad batch to
+    `take`, one by one (the failed read returned none of them), and find where the bad batch ends
+    (any read from inside it fails: exponential steps, then bisection - a few reads, not one per
+    offset). Returns the offsets [first, after) skipped, the consumer placed at `after`; None when
+    the records up to `stop` read after all."""
+    start = await consumer.position(tp)
+    consumer.seek(tp, start)  # drop the failed fetch
+    idle = 0
+    while await consumer.position(tp) < stop:
+        try:
+            got = await consumer.getmany(tp, timeout_ms=500, max_records=1)
+        except _UNDECODABLE:
+            break
+        idle = 0 if got.get(tp) else idle + 1
+        if idle > 20:  # the broker stopped answering: the caller's deadline decides
+            return None
+        take([r for r in got.get(tp, []) if r.offset < stop])
+    else:
+        return None
+    first = await consumer.position(tp)
+    bad, step = first, 1
+    good = min(first + step, stop)
+    while good < stop and await _probe_bad(consumer, tp, good):
+        bad, step = good, step * 2
+        good = min(first + step, stop)
+    while good - bad > 1:
+        mid = (bad + good) // 2
+        if await _probe_bad(consumer, tp, mid):
+            bad = mid
+        else:
+            good = mid
+    consumer.seek(tp, good)
+    return first, good
+
+
+async def _read_spans(consumer: AIOKafkaConsumer, topic: str, spans: Mapping[TopicPartition, tuple[int, int]],
+                      timeout: float, take: Callable[[list[Any]], None],
+                      skipped: list[tuple[int, int, int]] | None = None) -> None:
+    """Hand every record of ``spans`` (partition -> [first, stop) offsets) to ``take``, batch by
+    batch, in offset order per partition; raise rather than return a partial read (`read_to_end`).
+    The one fetch loop of every DLQ and ledger read: the whole topic, a window, one record.
+
+    One partition per fetch call: a record the client cannot decode raises out of the call, and a
+    call over several partitions dropped the records it had already taken from the others (their
+    positions moved on: lost without a word). Such records - one with a header name that is not
+    UTF-8 made every DLQ page of its pipeline a 500, `prism dlq list` a traceback - are skipped
+    with the offsets of their batch appended to `skipped` (partition, first, after), or, without
+    `skipped`, raise `Unreadable`."""
+    pending = {tp for tp, (first, stop) in spans.items() if first < stop}
+    for tp in pending:
+        consumer.seek(tp, spans[tp][0])
+    deadline = time.monotonic() + timeout
+    while pending:
+        if time.monotonic() > deadline:
+            where = ", ".join(f"partition {tp.partition} at {await consumer.position(tp)} of {spans[tp][1]}"
+                              for tp in sorted(pending))
+            raise PrismError(f"could not read {topic} to its end within {timeout:.0f} s ({where})",
+                             path=topic, hint="check the broker and the consumer's read permission, then retry")
+        for tp in sorted(pending):
+            stop = spans[tp][1]
+            try:
+                recs = (await consumer.getmany(tp, timeout_ms=500 // len(pending) + 1, max_records=5000)).get(tp, [])
+            except _UNDECODABLE:
+                cut = await _skip_unreadable(consumer, tp, stop, take)
+                if cut is None:
+                    continue
+                if skipped is None:
+                    where = f"offset {cut[0]}" if cut[1] - cut[0] == 1 else f"offsets {cut[0]}-{cut[1] - 1}"
+                    raise Unreadable(f"{topic} partition {tp.partition} {where}: the Kafka client cannot decode "
+                                     "a record there (a header name that is not UTF-8)", path=topic,
+                                     hint="find who writes such records to the topic (the console's DLQ page "
+                                          "skips them and says where)") from None
+                skipped.append((tp.partition, *cut))
+                continue
+            take([r for r in recs if r.offset < stop] if recs and recs[-1].offset >= stop else recs)
+        pending = {tp for tp in pending if await consumer.position(tp) < spans[tp][1]}
+
+
 async def read_to_end(bootstrap: str, topic: str, partitions: int, *, settings: Any = None,
-                      timeout: float = 120.0) -> list[Any]:
+                      timeout: float = 120.0, take: Callable[[list[Any]], None] | None = None) -> list[Any]:
     """Every record of `topic`, read up to the end offsets taken at the start.
 
     Why not "until quiet": a ledger read short by one entry replays that record again, so this
@@ -217,34 +330,212 @@ async def read_to_end(bootstrap: str, topic: str, partitions: int, *, settings: 
     `read_committed`: an `exactly_once` worker writes its DLQ records inside the batch's
     transaction, and a batch cut short is aborted and processed again - read uncommitted, the
     DLQ (and the console's DLQ pages) held the aborted copy besides the committed one, and a
-    replay put the failed record back twice. Without transactions it reads the same records."""
+    replay put the failed record back twice. Without transactions it reads the same records.
+
+    With `take`, each batch is handed to it as it is read and nothing is kept (the list returned
+    is empty): a caller that keeps only some records holds only those."""
     if not await topic_exists(bootstrap, topic, settings=settings):
         return []
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
-                                enable_auto_commit=False, isolation_level="read_committed",
-                                **(settings.aiokafka_kwargs() if settings else {}))
+    consumer = _consumer(bootstrap, settings)
     await consumer.start()
     out: list[Any] = []
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
+        begin = await consumer.beginning_offsets(tps)
         ends = await true_end_offsets(consumer, tps)
-        pending = {tp for tp in tps if await consumer.position(tp) < ends.get(tp, 0)}
-        deadline = time.monotonic() + timeout
-        while pending:
-            if time.monotonic() > deadline:
-                where = ", ".join(f"partition {tp.partition} at {await consumer.position(tp)} of {ends[tp]}"
-                                  for tp in sorted(pending))
-                raise PrismError(f"could not read {topic} to its end within {timeout:.0f} s ({where})",
-                                 path=topic, hint="check the broker and the consumer's read permission, then retry")
-            batch = await consumer.getmany(*pending, timeout_ms=500, max_records=5000)
-            for recs in batch.values():
-                out.extend(recs)
-            pending = {tp for tp in pending if await consumer.position(tp) < ends[tp]}
+        await _read_spans(consumer, topic, {tp: (begin.get(tp, 0), ends.get(tp, 0)) for tp in tps}, timeout,
+                          take or out.extend)
     finally:
         await consumer.stop()
     return out
+
+
+async def read_spans(bootstrap: str, topic: str, partitions: int, spans: Sequence[tuple[int, int, int]], *,
+                     settings: Any = None, timeout: float = 60.0) -> list[Any]:
+    """The records of `topic` in `spans` - (partition, first, stop): offsets [first, stop) - each
+    cut to the log, each record once, in (partition, offset) order, through one consumer; spans of
+    partitions the topic does not have, and a
+    topic that does not exist, read as nothing. `Unreadable` when the client cannot decode a
+    batch they cover. What `read_record` and a replay of chosen records read, instead of the
+    whole topic."""
+    wanted = [(p, max(0, a), b) for p, a, b in spans if 0 <= p < partitions and max(0, a) < b]
+    if not wanted or not await topic_exists(bootstrap, topic, settings=settings):
+        return []
+    consumer = _consumer(bootstrap, settings)
+    await consumer.start()
+    found: list[Any] = []
+    try:
+        tps = sorted({TopicPartition(topic, p) for p, _, _ in wanted})
+        consumer.assign(tps)
+        begin = await consumer.beginning_offsets(tps)
+        end = await true_end_offsets(consumer, tps)
+        # rounds of at most one span per partition (what `_read_spans` reads at once)
+        rounds: list[dict[TopicPartition, tuple[int, int]]] = []
+        for p, a, b in sorted(wanted):
+            tp = TopicPartition(topic, p)
+            first, stop = max(a, begin.get(tp, 0)), min(b, end.get(tp, 0))
+            if first < stop:
+                free = next((r for r in rounds if tp not in r), None)
+                if free is None:
+                    rounds.append(free := {})
+                free[tp] = (first, stop)
+        for spans_of_round in rounds:
+            await _read_spans(consumer, topic, spans_of_round, timeout, found.extend)
+    finally:
+        await consumer.stop()
+    once = {(r.partition, r.offset): r for r in found}  # spans may overlap: each record once
+    return [once[k] for k in sorted(once)]
+
+
+async def read_record(bootstrap: str, topic: str, partitions: int, partition: int, offset: int, *,
+                      settings: Any = None, timeout: float = 30.0) -> Any | None:
+    """The record at `partition`@`offset` of `topic`, or None (no such topic, partition or offset:
+    deleted by retention, beyond the end, a transaction marker or an aborted record); `Unreadable`
+    when the client cannot decode the batch holding it. Reads that one offset - `prism dlq show`
+    and the console's record page read the whole topic to find one record, so a flooded DLQ made
+    every record view cost its whole size."""
+    found = await read_spans(bootstrap, topic, partitions, [(partition, offset, offset + 1)], settings=settings,
+                             timeout=timeout)
+    return next((r for r in found if (r.partition, r.offset) == (partition, offset)), None)
+
+
+def record_bytes(rec: Any) -> int:
+    """What one record holds in memory, roughly: its key, value and headers (names and values)."""
+    return len(rec.key or b"") + len(rec.value or b"") + sum(len(k) + len(v or b"") for k, v in rec.headers or ())
+
+
+@dataclass
+class PartitionWindow:
+    """Where a window read one partition: offsets [`first`, `stop`) of the log's [`begin`, `end`)."""
+
+    partition: int
+    begin: int
+    end: int
+    stop: int
+    first: int
+
+    @property
+    def older(self) -> int:
+        """Offsets of this partition before the window (the next page reads them)."""
+        return max(0, self.first - self.begin)
+
+
+@dataclass
+class Window:
+    """The newest records of a topic below a cursor, bounded in records and bytes (`read_window`)."""
+
+    topic: str
+    records: list[Any] = field(default_factory=list)
+    partitions: list[PartitionWindow] = field(default_factory=list)
+    #: the byte bound dropped records of the window (the oldest first)
+    cut_by_bytes: bool = False
+    #: (partition, first, after): offsets skipped because the client cannot decode a record there
+    unreadable: list[tuple[int, int, int]] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        """Offsets in the topic (records, plus any transaction markers)."""
+        return sum(p.end - p.begin for p in self.partitions)
+
+    @property
+    def older(self) -> int:
+        return sum(p.older for p in self.partitions)
+
+    @property
+    def next_cursor(self) -> dict[int, int]:
+        """The cursor of the next (older) page: each partition's first offset in this window,
+        for the partitions that have older records."""
+        return {p.partition: p.first for p in self.partitions if p.older}
+
+
+def parse_cursor(raw: str, partitions: int, topic: str, option: str = "--before") -> dict[int, int]:
+    """A window cursor - `P@O` entries, comma-separated, as `Window.next_cursor` writes them (a
+    page's "older" link): read each named partition below offset O. Raises `BadSelector`."""
+    out: dict[int, int] = {}
+    for part in raw.split(","):
+        if not part.strip():
+            continue
+        if len(out) >= partitions:
+            raise BadSelector(f"{option} names more partitions than {topic} has ({partitions})", path=option,
+                              hint="use the link of the page (one P@O per partition)")
+        p, o = parse_ref(part, partitions, topic, option=option)
+        if p in out:
+            raise BadSelector(f"{option} names partition {p} twice", path=option, hint="one P@O per partition")
+        out[p] = o
+    return out
+
+
+def _shares(room: Mapping[int, int], budget: int) -> dict[int, int]:
+    """`budget` records spread over partitions with `room` offsets each: equal shares, and what a
+    partition cannot use goes to the others (water-filling), so a window of a topic whose records
+    sit in one partition is as deep as one whose records are spread."""
+    shares = dict.fromkeys(room, 0)
+    open_ = {p for p, r in room.items() if r > 0}
+    while budget > 0 and open_:
+        each = max(1, budget // len(open_))
+        for p in sorted(open_):
+            give = min(each, room[p] - shares[p], budget)
+            shares[p] += give
+            budget -= give
+            if shares[p] >= room[p]:
+                open_.discard(p)
+            if budget <= 0:
+                break
+    return shares
+
+
+async def read_window(bootstrap: str, topic: str, partitions: int, *, settings: Any = None,
+                      before: Mapping[int, int] | None = None, max_records: int = 5000,
+                      max_bytes: int = 16 << 20, timeout: float = 60.0) -> Window:
+    """The newest records of `topic` below `before` (partition -> offset, a page's cursor: a partition
+    it does not name is not read; None: below the end of each partition), at most `max_records` offsets read and at most `max_bytes` of keys, values and
+    headers kept (the oldest are dropped first, by timestamp across partitions), whatever the
+    topic holds. Why: the console's DLQ page read the whole topic for each view, and a producer
+    flooding the DLQ made every view cost memory and time proportional to it (200k records:
+    see docs/operations.md, "Console"). The `Window` says what it read of what is there, and the
+    cursor of the next, older, page. A topic that does not exist reads as empty, uncreated."""
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    window = Window(topic)
+    if not await topic_exists(bootstrap, topic, settings=settings):
+        return window
+    consumer = _consumer(bootstrap, settings, fetch_max_bytes=max(1 << 20, min(max_bytes, 16 << 20)))
+    await consumer.start()
+    try:
+        consumer.assign(tps)
+        begin = await consumer.beginning_offsets(tps)
+        ends = await true_end_offsets(consumer, tps)
+        # a cursor names every partition with older records (`Window.next_cursor`): one it leaves
+        # out has none left, and is not read again from its end
+        below = {tp: ends.get(tp, 0) if before is None else before.get(tp.partition, begin.get(tp, 0)) for tp in tps}
+        upper = {tp: max(begin.get(tp, 0), min(ends.get(tp, 0), below[tp])) for tp in tps}
+        shares = _shares({tp.partition: upper[tp] - begin.get(tp, 0) for tp in tps}, max_records)
+        spans = {tp: (upper[tp] - shares[tp.partition], upper[tp]) for tp in tps}
+        kept: dict[int, deque[Any]] = {tp.partition: deque() for tp in tps}
+        held = 0
+
+        def take(recs: list[Any]) -> None:
+            nonlocal held
+            for r in recs:
+                kept[r.partition].append(r)
+                held += record_bytes(r)
+            while held > max_bytes:  # drop the oldest record kept (by time, then offset)
+                q = min((q for q in kept.values() if q), key=lambda q: (q[0].timestamp or 0, q[0].offset))
+                r = q.popleft()
+                held -= record_bytes(r)
+                cut_at[r.partition] = r.offset + 1
+
+        cut_at: dict[int, int] = {}
+        await _read_spans(consumer, topic, spans, timeout, take, window.unreadable)
+        window.cut_by_bytes = bool(cut_at)
+        for tp in tps:
+            first = max(spans[tp][0], cut_at.get(tp.partition, 0))
+            window.partitions.append(PartitionWindow(tp.partition, begin.get(tp, 0), ends.get(tp, 0), upper[tp],
+                                                     first))
+            window.records.extend(kept[tp.partition])
+    finally:
+        await consumer.stop()
+    return window
 
 
 async def topic_exists(bootstrap: str, topic: str, *, settings: Any = None) -> bool:
@@ -590,7 +881,12 @@ async def replay(topology: Topology, bootstrap: str, *, settings: Any = None, re
             dlq, ledger_name = s.topic + suffix, ledger_topic(s.topic + suffix)
             report.ledgers[dlq] = ledger_name
             task = progress.add_task(f"reading {dlq} and {ledger_name}", total=None)
-            dlq_records = await read_to_end(bootstrap, dlq, s.partitions, settings=settings)
+            chosen = selections[s.topic]
+            # chosen records and ranges are read where they are, not with the whole DLQ (the
+            # console's Replay of one record read all of a flooded DLQ)
+            dlq_records = await read_to_end(bootstrap, dlq, s.partitions, settings=settings) if chosen.everything \
+                else await read_spans(bootstrap, dlq, s.partitions, [(p, o, o + 1) for p, o in chosen.records]
+                                      + [(p, a, b + 1) for p, a, b in chosen.ranges], settings=settings)
             present = {(r.partition, r.offset) for r in dlq_records}
             missing = sorted(selections[s.topic].records - present)
             if missing:

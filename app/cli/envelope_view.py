@@ -46,10 +46,27 @@ def envelope_doc(data: bytes, *, payload: bool = False) -> dict[str, Any]:
 
 def value_doc(value: bytes, *, preview: int = 512) -> dict[str, Any]:
     """What a record value is, for a person: a decoded envelope when it is one (`kind:
-    envelope`), else a LNMP message, JSON or text, else a hex preview - secrets masked in all.
+    envelope`), else a LNMP message, JSON or text, else a hex preview - secrets masked in all:
+    JWTs and bearer credentials (`mask_secrets`), then every string shown through the log
+    redaction's rules (`redact_patterns`: a URL's `user:password@`, `Basic` credentials,
+    `password=...`), and a hex preview of the bytes masked by the same rules.
     Never raises: a DLQ holds exactly the values that did not decode. Every kind but
     `envelope` and `lnmp` says why it is not an envelope (`not_an_envelope`); JSON is parsed
     bounded (app/untrusted_json.py), so a deeply nested value is shown as text."""
+    from app.observability.redaction import redact_shown
+
+    return redact_shown(_value_doc(value, preview))  # type: ignore[no-any-return]
+
+
+def _hex(data: bytes) -> str:
+    """`data` as hex, masked by the redaction's rules first (a URL with a password in a value that
+    is not text is still a URL with a password; read byte for byte as Latin-1)."""
+    from app.observability.redaction import redact_patterns
+
+    return redact_patterns(data.decode("latin-1")).encode("latin-1", errors="replace").hex()
+
+
+def _value_doc(value: bytes, preview: int) -> dict[str, Any]:
     from app.agents.dlq import mask_secrets
     from app.cli import lnmp_inspect
 
@@ -59,10 +76,10 @@ def value_doc(value: bytes, *, preview: int = 512) -> dict[str, Any]:
             return {"kind": "lnmp", "lnmp": lnmp_inspect.inspect_doc(reading)}
         except PrismError as exc:
             return {"kind": "bytes", "not_an_envelope": f"LNMP that does not decode: [{exc.code}] {exc}",
-                    "hex": value[:preview].hex(), "shown_bytes": min(len(value), preview)}
+                    "hex": _hex(value[:preview]), "shown_bytes": min(len(value), preview)}
         except Exception as exc:  # a decoder bug must not hide the record from the operator
             return {"kind": "bytes", "not_an_envelope": f"LNMP that does not decode: {type(exc).__name__}: {exc}",
-                    "hex": value[:preview].hex(), "shown_bytes": min(len(value), preview)}
+                    "hex": _hex(value[:preview]), "shown_bytes": min(len(value), preview)}
     try:
         return {"kind": "envelope", "envelope": envelope_doc(value, payload=True)}
     except PrismError as exc:
@@ -79,9 +96,9 @@ def value_doc(value: bytes, *, preview: int = 512) -> dict[str, Any]:
     try:
         text = masked[:preview].decode("utf-8")
     except UnicodeDecodeError:
-        return {"kind": "bytes", "not_an_envelope": why, "hex": masked[:preview].hex(),
+        return {"kind": "bytes", "not_an_envelope": why, "hex": _hex(masked[:preview]),
                 "shown_bytes": min(len(value), preview)}
     if all(c.isprintable() or c in "\n\r\t" for c in text):
         return {"kind": "text", "not_an_envelope": why, "text": text, "shown_bytes": min(len(value), preview)}
-    return {"kind": "bytes", "not_an_envelope": why, "hex": masked[:preview].hex(),
+    return {"kind": "bytes", "not_an_envelope": why, "hex": _hex(masked[:preview]),
             "shown_bytes": min(len(value), preview)}

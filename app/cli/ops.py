@@ -295,6 +295,7 @@ def dlq_row(rec: Any, attestations: Any = None, *, unchecked: str = "no worker k
     `topology_keys.attestation_reader`) checks the attested identity, which the header alone
     only claims; without one the row says it was not checked and why (`unchecked`)."""
     from app.agents.dlq import error_context, mask_secrets
+    from app.observability.redaction import redact_patterns
     from app.security.attestation import HEADER, describe, verdict
 
     ctx = error_context(list(rec.headers or []))
@@ -312,7 +313,7 @@ def dlq_row(rec: Any, attestations: Any = None, *, unchecked: str = "no worker k
             "stage": ctx.get("stage", ""), "reason": ctx.get("reason", ""), "attempts": ctx.get("attempts", ""),
             # masked as the headers are (dlq_show_doc): the worker masks what it writes, but a
             # DLQ topic may hold records other writers put there, and the list shows this text
-            "error": mask_secrets(ctx.get("exception.message", "").encode()).decode(errors="replace"),
+            "error": redact_patterns(mask_secrets(ctx.get("exception.message", "").encode()).decode(errors="replace")),
             "exception": ctx.get("exception.class.name", "")}
 
 
@@ -321,33 +322,64 @@ async def read_dlq(topology: Any, bootstrap: str, *, settings: Any = None, reaso
                    sources: list[str] | None = None) -> list[Any]:
     """DLQ records of every source of `topology` (or of `sources`), filtered, oldest first. Read to
     the end offsets (app/cli/dlq.py `read_to_end`), not "until quiet", so a slow broker cannot hide
-    records. A `reason` no record has raises `BadSelector` (`check_reason`, shared with the replay)."""
+    records. Filtered as they are read, and with `limit` only the `limit` oldest matches are held
+    (a heap): `prism dlq list` (50 by default) held the whole DLQ - 200k records, ~580 MiB - to
+    print 50. A `reason` no record has raises `BadSelector` (`check_reason`, shared with the
+    replay)."""
+    import heapq
+    import itertools
+    from collections import Counter
+
     from app.cli.dlq import read_to_end
 
     topics = {s.topic + topology.dlq.topic_suffix: s.partitions for s in topology.sources
               if sources is None or s.topic in sources}
-    records: list[Any] = []
+    #: (-sort key, tie, record): a max-heap of the `limit` oldest matches (all of them without a limit)
+    kept: list[tuple[Any, int, Any]] = []
+    out: list[Any] = []
+    tie = itertools.count()
+    rank = {t: i for i, t in enumerate(sorted(topics))}
+
+    #: every record's reason, for the typo check (`check_reason`)
+    seen: Counter[str] = Counter()
+
+    def take(records: list[Any]) -> None:
+        for r in records:
+            if reason is not None:
+                got = _reason(r)
+                seen[got] += 1
+                if got != reason:
+                    continue
+            if since is not None and (r.timestamp or 0) / 1000 < since:
+                continue
+            if not limit:
+                out.append(r)
+                continue
+            key = (-(r.timestamp or 0), -rank[r.topic], -r.partition, -r.offset)
+            if len(kept) < limit:
+                heapq.heappush(kept, (key, next(tie), r))
+            elif key > kept[0][0]:
+                heapq.heapreplace(kept, (key, next(tie), r))
+
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=con or Console(stderr=True, emoji=False), transient=True) as progress:
         progress.add_task(escape(f"reading {', '.join(topics)}"), total=None)
         for topic, partitions in topics.items():
-            records.extend(await read_to_end(bootstrap, topic, partitions, settings=settings))
-    rows = [(r, dlq_row(r)) for r in records]
+            await read_to_end(bootstrap, topic, partitions, settings=settings, take=take)
     if reason is not None:  # a typo lists nothing: say so, naming the reasons there are (as replay does)
-        from collections import Counter
-
         from app.cli.dlq import check_reason
 
-        check_reason(reason, Counter(row["reason"] for _, row in rows), list(topics))
-    out = []
-    for r, row in rows:
-        if reason is not None and row["reason"] != reason:
-            continue
-        if since is not None and (r.timestamp or 0) / 1000 < since:
-            continue
-        out.append(r)
+        check_reason(reason, seen, list(topics))
+    out.extend(r for _, _, r in kept)
     out.sort(key=lambda r: (r.timestamp or 0, r.topic, r.partition, r.offset))
-    return out[:limit] if limit else out
+    return out
+
+
+def _reason(rec: Any) -> str:
+    """A DLQ record's `prism.errors.reason` (what `dlq_row` shows as its reason)."""
+    from app.agents.dlq import error_context
+
+    return str(error_context(list(rec.headers or [])).get("reason", ""))
 
 
 def dlq_table(rows: list[dict[str, Any]]) -> Table:
@@ -399,16 +431,19 @@ def dlq_show_doc(rec: Any, attestations: Any = None, *, unchecked: str = "no wor
 
     from app.agents.dlq import _SECRET_HEADERS, mask_secrets
     from app.cli.envelope_view import REDACTED, value_doc
-    from app.observability.redaction import is_sensitive_key
+    from app.observability.redaction import is_sensitive_key, redact_patterns
 
     value = rec.value or b""
     # A header is secret by the names the log redaction uses too (api-key, password, *-token,
     # *-secret, session...): the producer's headers are kept on the DLQ copy, and only the
     # worker's short list of auth headers was masked there - `x-api-key: sk_live_...` and
     # `password: ...` were shown to every reader of the record page.
+    # then every text shown through the log redaction's rules (a URL's `user:password@`, `Basic`
+    # credentials, `password=...`): they were shown as written
     headers = {k: REDACTED if (k.lower() in _SECRET_HEADERS or is_sensitive_key(k)) and v
-               else mask_secrets(v or b"").decode(errors="replace") for k, v in rec.headers or []}
-    return {**dlq_row(rec, attestations, unchecked=unchecked), "key": None if rec.key is None else mask_secrets(rec.key).decode(errors="replace"),
+               else redact_patterns(mask_secrets(v or b"").decode(errors="replace")) for k, v in rec.headers or []}
+    key = None if rec.key is None else redact_patterns(mask_secrets(rec.key).decode(errors="replace"))
+    return {**dlq_row(rec, attestations, unchecked=unchecked), "key": key,
             "headers": headers, "value_bytes": len(value), "value_sha256": hashlib.sha256(value).hexdigest(),
             "value": value_doc(value)}
 
@@ -567,7 +602,7 @@ def register(app: typer.Typer, dlq_app: typer.Typer) -> None:
     ) -> None:
         """One DLQ record in full: error context, headers (secrets masked), the value decoded (an
         envelope with its token redacted); --export writes the value's bytes."""
-        from app.cli.dlq import choose_sources, parse_ref
+        from app.cli.dlq import choose_sources, parse_ref, read_record
         from app.topology import load_topology
 
         topo = load_topology(topology)
@@ -581,12 +616,11 @@ def register(app: typer.Typer, dlq_app: typer.Typer) -> None:
             raise ConfigError(f"--export {str(export)!r} is a directory", path="--export",
                               hint="name a file, e.g. --export record.bin")
         bootstrap, settings = _bootstrap()
-        recs = asyncio.run(read_dlq(topo, bootstrap, settings=settings, sources=[chosen.topic]))
-        match = [r for r in recs if r.partition == part and r.offset == off]
-        if not match:
+        # that one offset, not the whole DLQ (a flooded DLQ made every `show` read all of it)
+        rec = asyncio.run(read_record(bootstrap, dlq_topic, chosen.partitions, part, off, settings=settings))
+        if rec is None:
             raise PrismError(f"no record at {part}@{off} in {dlq_topic}", path=ref,
                              hint="list them with `prism dlq list`")
-        rec = match[0]
         reader, unchecked = attestation_reader_for(topo)
         doc = dlq_show_doc(rec, reader, unchecked=unchecked)
         if export is not None:

@@ -243,6 +243,8 @@ class Kafka:
         self.bootstrap = settings.bootstrap
         self.settings = settings.broker_settings
         self.window = settings.trace_window
+        self.window_records = settings.dlq_window_records
+        self.window_bytes = settings.dlq_window_bytes
 
     def _need(self) -> str:
         if not self.bootstrap:
@@ -250,13 +252,33 @@ class Kafka:
                                hint="start the console with --broker HOST:PORT (or PRISM_BROKER_URL)")
         return self.bootstrap
 
-    async def dlq_records(self, topology: Topology, source: str | None = None) -> list[Any]:
-        """Every DLQ record of the pipeline (or of one source), oldest first: `prism dlq list`."""
-        from app.cli.ops import read_dlq
+    async def dlq_window(self, topology: Topology, source: str | None = None,
+                         before: dict[int, int] | None = None) -> list[Any]:
+        """The newest DLQ records of the pipeline (or of one source), below `before` (a page's
+        "older" cursor, with `source`): one `app.cli.dlq.Window` per DLQ topic, each bounded by
+        ``dlq_window_records`` offsets and ``dlq_window_bytes`` (shared between the topics), so a
+        page view costs the same whatever the DLQ holds."""
+        from app.cli.dlq import read_window
 
+        chosen = [s for s in topology.sources if source is None or s.topic == source]
         try:
-            return await read_dlq(topology, self._need(), settings=self.settings, con=_quiet(),
-                                  sources=[source] if source else None)
+            return [await read_window(self._need(), s.topic + topology.dlq.topic_suffix, s.partitions,
+                                      settings=self.settings, before=before,
+                                      max_records=max(1, self.window_records // len(chosen)),
+                                      max_bytes=max(1, self.window_bytes // len(chosen)))
+                    for s in chosen]
+        except (TimeoutError, OSError) as exc:
+            raise BackendError(f"cannot read the DLQ: {type(exc).__name__}: {exc}") from None
+
+    async def dlq_record(self, topology: Topology, source: str, partition: int, offset: int) -> Any | None:
+        """The DLQ record of `source` at `partition`@`offset` (None: not there), reading that offset
+        alone (`prism dlq show`)."""
+        from app.cli.dlq import read_record
+
+        src = next(s for s in topology.sources if s.topic == source)
+        try:
+            return await read_record(self._need(), source + topology.dlq.topic_suffix, src.partitions, partition,
+                                     offset, settings=self.settings)
         except (TimeoutError, OSError) as exc:
             raise BackendError(f"cannot read the DLQ: {type(exc).__name__}: {exc}") from None
 

@@ -123,6 +123,11 @@ class ConsoleSettings:
     rate_interval_s: float = 1.0
     #: records read from the end of each output partition when looking for a replayed record
     trace_window: int = 20_000
+    #: what one DLQ page view reads at most, over all the DLQ topics it shows: offsets (the newest,
+    #: below the page's cursor) and bytes of keys, values and headers kept (app/cli/dlq.py
+    #: `read_window`); the page says how far it looked and links to the older records
+    dlq_window_records: int = 5000
+    dlq_window_bytes: int = 16 << 20
     #: what every request may be (app.security.http_limits; the body: one form, MAX_FORM_BYTES)
     http_limits: HttpLimits = field(default_factory=lambda: HttpLimits(max_body_bytes=MAX_FORM_BYTES))
     #: the audit records of withheld DLQ views (app/console/clearance.py): signed with this key

@@ -61,6 +61,8 @@ _JSON_ERROR = {"application/json": {"schema": {
 #: what the guard and the error pages answer on every route but the open ones
 COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
     303: {"description": "not logged in, from a browser (an HTML GET): sent to the log-in page"},
+    400: {"description": "a query value the page cannot use (not a whole number, a `before` cursor that is not "
+                         "the page's): the error page, naming the value and how to write it", "content": _HTML},
     401: {"description": "no or invalid credentials", "content": _JSON_ERROR},
     403: {"description": "the role does not allow it (or, for a replay, the user's clearance does not cover the "
                          "record's classification), or a form without its session, CSRF token or origin",
@@ -93,13 +95,41 @@ class Forbidden(Exception):
     """Authenticated, but the role does not allow it (403)."""
 
 
+class BadRequest(Exception):
+    """A query value the page cannot use (400): the error page says which and how to write it."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message, self.hint = message, hint
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["pretty"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False, default=str, sort_keys=False)
     env.filters["when"] = _when
     env.filters["q"] = lambda v: urllib.parse.quote(str(v), safe="")
+    env.filters["cap"] = _cap
     return env
+
+
+#: what a DLQ page shows of one field at most (characters), as `prism dlq list|show` cut theirs
+#: (app/cli/ops.py): a code (reason, stage, source, identity), an error text, a header value or key
+CAPS = {"code": 200, "error": 4000, "header": 1000}
+#: reason chips on a DLQ list page at most (the most frequent)
+MAX_CHIPS = 50
+#: headers shown on a record page at most (a 1 MB record holds ~100,000 one-byte headers)
+MAX_HEADERS = 200
+
+
+def _cap(value: Any, kind: str, ref: str) -> str:
+    """`value` as text, cut to ``CAPS[kind]`` characters with how many follow and where to read
+    them whole (`prism dlq show REF --json`: the console has no raw route). Why: every field of a
+    DLQ record is its writer's to choose - 20 records with a 1 MB error header made one list page
+    19.5 MB of HTML, a 1 MB key a 4 MB record page."""
+    from app.cli.ops import _cell
+
+    return _cell(str(value), CAPS[kind], ref, whole=" --json")
 
 
 def _when(value: Any) -> str:
@@ -171,6 +201,16 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
             is_admin=bool(principal and principal.is_admin), **ctx)
         return HTMLResponse(html, status_code=status)
 
+    def error_page(request: Request, status: int, title: str, message: str, hint: str = "") -> HTMLResponse:
+        """The console's one error page. Its message and hint often quote a back end (a broker's
+        exception, a registry or worker URL) and may quote what the request sent: both go
+        through the log redaction's rules (`redact_patterns`), so a back end's `user:password@`
+        or a `Basic` credential is masked on the page as in a log."""
+        from app.observability.redaction import redact_patterns
+
+        return render(request, "error.html", status, title=title, message=redact_patterns(message),
+                      hint=redact_patterns(hint))
+
     async def _authenticate(request: Request) -> None:
         """Sets ``request.state.principal`` (and ``.session``), or raises (module docs)."""
         session = sessions.get(request.cookies.get(COOKIE))
@@ -209,7 +249,7 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
             response = JSONResponse({"error": "too_many_failures"}, status_code=429,
                                     headers={"Retry-After": str(max(1, int(exc.retry_after)))})
         except Forbidden as exc:
-            response = render(request, "error.html", 403, title="Not allowed", message=str(exc), hint="")
+            response = error_page(request, 403, "Not allowed", str(exc))
         response.headers["Content-Security-Policy"] = CSP
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["Referrer-Policy"] = "same-origin"
@@ -220,17 +260,16 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
 
     @app.exception_handler(BackendError)
     async def backend_error(request: Request, exc: BackendError) -> HTMLResponse:
-        return render(request, "error.html", 502, title="A back end did not answer", message=exc.message,
-                      hint=exc.hint or "")
+        return error_page(request, 502, "A back end did not answer", exc.message, exc.hint or "")
 
     from aiokafka.errors import KafkaError
 
     @app.exception_handler(KafkaError)
     async def broker_error(request: Request, exc: KafkaError) -> HTMLResponse:
         """A broker that went away mid-request: the page says so (502), as for any back end."""
-        return render(request, "error.html", 502, title="A back end did not answer",
-                      message=f"the Kafka broker ({settings.bootstrap}) failed: {type(exc).__name__}: {exc}"[:500],
-                      hint="check --broker (PRISM_BROKER_URL) and that the broker runs")
+        return error_page(request, 502, "A back end did not answer",
+                          f"the Kafka broker ({settings.bootstrap}) failed: {type(exc).__name__}: {exc}"[:500],
+                          "check --broker (PRISM_BROKER_URL) and that the broker runs")
 
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -239,19 +278,41 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         """The router's own answers (no such route - a subject name with a line break matches
         none -, a method not allowed): the console's error page, as every other page, not
         Starlette's JSON."""
-        response = render(request, "error.html", exc.status_code, title="Not found" if exc.status_code == 404
-                          else f"HTTP {exc.status_code}", message=str(exc.detail)[:300], hint="")
+        response = error_page(request, exc.status_code, "Not found" if exc.status_code == 404
+                              else f"HTTP {exc.status_code}", str(exc.detail)[:300])
         for k, v in (exc.headers or {}).items():
             response.headers[k] = v
         return response
 
+    from fastapi.exceptions import RequestValidationError
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_query(request: Request, exc: RequestValidationError) -> HTMLResponse:
+        """A query value of the wrong type (``?limit=abc``, ``?partition=-x``): the error page (400)
+        naming each parameter, what it must be and what was sent - FastAPI answered its JSON 422,
+        which a person in a browser cannot act on."""
+        problems, hints = [], []
+        for err in exc.errors()[:5]:
+            where = ".".join(str(p) for p in err.get("loc", ()) if p not in ("query", "path", "body"))
+            sent = str(err.get("input", ""))
+            problems.append(f"{where or 'a parameter'}={sent[:60]!r}{'…' if len(sent) > 60 else ''}: "
+                            f"{err.get('msg', 'not valid')}")
+            whole = "int" in str(err.get("type", ""))
+            hints.append(f"write {where} as a whole number, e.g. {where}=100" if whole else
+                         f"{where}: {err.get('msg', 'not valid')}")
+        return error_page(request, 400, "Bad request", "; ".join(problems), "; ".join(hints))
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(request: Request, exc: BadRequest) -> HTMLResponse:
+        return error_page(request, 400, "Bad request", exc.message, exc.hint)
+
     @app.exception_handler(NotFound)
     async def not_found(request: Request, exc: NotFound) -> HTMLResponse:
-        return render(request, "error.html", 404, title="Not found", message=exc.message, hint=exc.hint or "")
+        return error_page(request, 404, "Not found", exc.message, exc.hint or "")
 
     @app.exception_handler(Forbidden)
     async def forbidden(request: Request, exc: Forbidden) -> HTMLResponse:
-        return render(request, "error.html", 403, title="Not allowed", message=str(exc), hint="")
+        return error_page(request, 403, "Not allowed", str(exc))
 
     def need_admin(request: Request, what: str) -> Principal:
         principal: Principal = request.state.principal
@@ -352,7 +413,10 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
     # ------------------------------------------------------------------------ pipelines --
     @app.get("/", response_class=HTMLResponse, responses=COMMON_RESPONSES)
     async def pipelines(request: Request) -> HTMLResponse:
+        from app.observability.redaction import redact_patterns
+
         found, errors = await workers.pipelines() if workers.urls else ([], [])
+        errors = [redact_patterns(e) for e in errors]  # they quote back-end URLs (error_page)
         return render(request, "pipelines.html", pipelines=found, errors=errors, worker_urls=workers.urls,
                       interval=settings.rate_interval_s)
 
@@ -362,13 +426,32 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
 
     @app.get("/pipelines/{name}/dlq", response_class=HTMLResponse, responses=GUARDED_404)
     async def dlq(request: Request, name: str, reason: str | None = None, q: str | None = None,
-                  source: str | None = None) -> HTMLResponse:
+                  source: str | None = None, before: str | None = None) -> HTMLResponse:
+        """The newest DLQ records (a window bounded in records and bytes, app/cli/dlq.py
+        `read_window`), filtered by `reason` and `q` within it; `before` (with `source` when the
+        pipeline has several) is the cursor of the page of older records the page links to."""
+        from app.cli.dlq import BadSelector, parse_cursor
         from app.cli.ops import dlq_row
 
+        source, before = source or None, before or None  # the page's links send them empty
         info, topology = await _topology(name)
         if source is not None and source not in {s.topic for s in topology.sources}:
             raise NotFound(f"{source!r} is not a source of {name}")
-        records = await kafka.dlq_records(topology, source)
+        cursor = None
+        if before is not None:
+            if source is None and len(topology.sources) > 1:
+                raise BadRequest(f"before={before[:100]!r} names offsets of one DLQ topic, and {name} has "
+                                 f"{len(topology.sources)}", hint="add source=TOPIC (the page's \"older\" links do)")
+            chosen = next(s for s in topology.sources if source is None or s.topic == source)
+            try:
+                cursor = parse_cursor(before, chosen.partitions, chosen.topic + topology.dlq.topic_suffix,
+                                      option="before")
+            except BadSelector as exc:
+                raise BadRequest(exc.message, hint="use the page's \"older records\" link, or write before= as "
+                                                   "P@O entries separated by commas, e.g. 0@1200,1@1180") from None
+        windows = await kafka.dlq_window(topology, source, cursor)
+        records = sorted((r for w in windows for r in w.records), key=lambda r: (r.timestamp or 0, r.partition,
+                                                                                   r.offset))
         warnings: list[str] = []
         ledger = await kafka.ledger(topology, warnings)
         clearance = clearance_of(request.state.principal)
@@ -388,18 +471,30 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
                                            row["source_topic"])
             rows.append(row)
         by_reason = Counter(r["reason"] for r in rows)
+        # a chip (a link carrying the reason) for the most frequent codes only: reasons are header
+        # values anyone who writes the DLQ chooses, and 5,000 distinct 3 kB ones made 5,000 chips
+        # whose links alone were ~45 MB of HTML
+        chips = [(r, n) for r, n in sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))
+                 if len(r) <= CAPS["code"]][:MAX_CHIPS]
         needle = (q or "").strip().lower()
         shown = [r for r in rows if (not reason or r["reason"] == reason)
                  and (not needle or needle in " ".join(str(r[k]) for k in (
                      "ref", "source", "stage", "reason", "error", "attested_identity", "exception")).lower())]
         page = shown[-MAX_ROWS:]
         await audit_withheld(request, clearance, [r["withheld"] for r in page if r["withheld"] is not None])
+        scanned = [{"topic": w.topic, "source": w.topic[: len(w.topic) - len(topology.dlq.topic_suffix)],
+                    "read": len(w.records), "total": w.total, "older": w.older, "cut_by_bytes": w.cut_by_bytes,
+                    "spans": [f"{p.partition}@{p.first}-{p.stop - 1}" for p in w.partitions if p.stop > p.first],
+                    "next": ",".join(f"{p}@{o}" for p, o in sorted(w.next_cursor.items())),
+                    "unreadable": [f"{p}@{a}-{b - 1}" for p, a, b in w.unreadable]} for w in windows]
         return render(request, "dlq.html", name=name, info=info, rows=page, total=len(rows),
-                      matching=len(shown), by_reason=sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0])),
-                      reason=reason or "", q=q or "", source=source or "", warnings=warnings, clearance=clearance)
+                      matching=len(shown), by_reason=chips, other_reasons=(len(by_reason) - len(chips),
+                                                                           len(rows) - sum(n for _, n in chips)),
+                      reason=reason or "", q=q or "", source=source or "", before=before or "", scanned=scanned,
+                      warnings=warnings, clearance=clearance)
 
     async def _record(name: str, source: str, ref: str) -> tuple[Any, Any, dict[str, Any]]:
-        from app.cli.dlq import BadSelector, parse_ref
+        from app.cli.dlq import BadSelector, Unreadable, parse_ref
 
         info, topology = await _topology(name)
         chosen = [s for s in topology.sources if s.topic == source]
@@ -409,11 +504,14 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
             part, off = parse_ref(ref, chosen[0].partitions, source + topology.dlq.topic_suffix, option="record")
         except BadSelector as exc:
             raise NotFound(exc.message, hint=exc.hint or "") from None
-        match = [r for r in await kafka.dlq_records(topology, source) if r.partition == part and r.offset == off]
-        if not match:
+        try:
+            rec = await kafka.dlq_record(topology, source, part, off)
+        except Unreadable as exc:  # not a back end's fault: the record is there and cannot be shown
+            raise NotFound(exc.message, hint=exc.hint or "") from None
+        if rec is None:
             raise NotFound(f"no record at {ref} in {source + topology.dlq.topic_suffix}",
-                               hint="deleted by retention, or beyond the end")
-        return topology, match[0], info
+                           hint="deleted by retention, or beyond the end")
+        return topology, rec, info
 
     @app.get("/pipelines/{name}/dlq/{source}/{ref}", response_class=HTMLResponse, responses=GUARDED_404)
     async def dlq_record(request: Request, name: str, source: str, ref: str) -> HTMLResponse:
@@ -429,11 +527,13 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
             await audit_withheld(request, clearance, [Withheld(f"{rec.topic}/{ref}", labelled.classification,
                                                                labelled.envelope, source)])
             return render(request, "dlq_record.html", name=name, source=source, ref=ref, doc=doc, value={},
-                          ledger=ledger, classification=labelled.classification, clearance=clearance, withheld=True)
+                          ledger=ledger, classification=labelled.classification, clearance=clearance, withheld=True,
+                          max_headers=MAX_HEADERS)
         doc = dlq_show_doc(rec)
         value = {k: v for k, v in doc["value"].items() if k not in ("kind", "not_an_envelope")}
         return render(request, "dlq_record.html", name=name, source=source, ref=ref, doc=doc, value=value,
-                      ledger=ledger, classification=labelled.classification, clearance=clearance, withheld=False)
+                      ledger=ledger, classification=labelled.classification, clearance=clearance, withheld=False,
+                      max_headers=MAX_HEADERS)
 
     @app.post("/pipelines/{name}/dlq/{source}/{ref}/replay", response_class=HTMLResponse, responses=GUARDED_404,
               openapi_extra=_form_body({"csrf": "the session's CSRF token",
@@ -556,6 +656,22 @@ def create_app(settings: ConsoleSettings) -> FastAPI:
         need_admin(request, "the audit log")
         entries = await registry.get("/v1/audit", subject=subject or None, limit=max(1, min(limit, 1000)))
         return render(request, "audit.html", entries=entries, subject=subject or "")
+
+    generated = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        """FastAPI's document without the JSON 422 it declares for every route with parameters:
+        the console answers a query value of the wrong type with its 400 page (`bad_query`)."""
+        if app.openapi_schema is None:
+            doc = generated()
+            for ops in doc.get("paths", {}).values():
+                for op in ops.values():
+                    op.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                doc.get("components", {}).get("schemas", {}).pop(name, None)
+        return app.openapi_schema or generated()
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     # Outermost (added last): a body over the limit is refused before the log-in guard, or a
     # form parser, reads any of it (a 600 MiB POST /login used to cost 1.1 GiB).

@@ -291,16 +291,7 @@ class Redactor:
                 text = text.replace(s, MASK)
         if not patterns:
             return text
-        if "-----BEGIN " in text:
-            text = _PEM.sub(MASK, text)
-        if "e" in text:
-            spans = jwt_spans(text)
-            if spans:
-                text = _mask_spans(text, spans)
-        if "://" in text:
-            text = _URL_CREDENTIALS.sub(lambda m: f"{m.group(1)}:{MASK}@", text)
-        text = _KV.sub(_kv_sub, text)  # before the scheme rule: "Authorization: Bearer x" masks as one value
-        return _AUTH_SCHEME.sub(lambda m: f"{m.group(1)} {MASK}", text)
+        return redact_patterns(text)
 
     def redact_value(self, value: Any, *, _depth: int = 0) -> Any:
         """Structured redaction: mapping entries with a sensitive key are masked whatever
@@ -322,6 +313,40 @@ class Redactor:
         if isinstance(value, bytes | bytearray | memoryview):
             return self.redact(repr(bytes(value)))
         return self.redact(str(value))
+
+
+def redact_patterns(text: str) -> str:
+    """`text` through the pattern rules (2-5 of the module docs: PEM blocks, JWTs, a URL's
+    `user:password@`, `Bearer`/`Basic` credentials, secret-named `name=value` pairs) and nothing
+    else - no registered values, no cut. The rules of `Redactor.redact`, for text that is shown
+    rather than logged (a DLQ record's value, headers and error on `prism dlq show` and the
+    console, the console's error pages): one set of rules for every place Prism hides secrets.
+    Linear in the text (every pattern is; module docs), so it is not cut."""
+    if not text:
+        return text
+    if "-----BEGIN " in text:
+        text = _PEM.sub(MASK, text)
+    if "e" in text:
+        spans = jwt_spans(text)
+        if spans:
+            text = _mask_spans(text, spans)
+    if "://" in text:
+        text = _URL_CREDENTIALS.sub(lambda m: f"{m.group(1)}:{MASK}@", text)
+    text = _KV.sub(_kv_sub, text)  # before the scheme rule: "Authorization: Bearer x" masks as one value
+    return _AUTH_SCHEME.sub(lambda m: f"{m.group(1)} {MASK}", text)
+
+
+def redact_shown(value: Any) -> Any:
+    """`value` - a document about to be shown (JSON-like: mappings, lists, strings, numbers) - with
+    every string, mapping keys included, through `redact_patterns`. Walked whole, at any depth: the
+    documents shown are already bounded (app/untrusted_json.py: 64 levels)."""
+    if isinstance(value, str):
+        return redact_patterns(value)
+    if isinstance(value, Mapping):
+        return {redact_shown(k) if isinstance(k, str) else k: redact_shown(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_shown(v) for v in value]
+    return value
 
 
 _default: Redactor | None = None

@@ -228,3 +228,51 @@ def test_a_huge_header_fills_a_few_lines_of_dlq_show_and_json_keeps_it_whole() -
     assert f"failed     {'r' * 200}… (199800 more characters: prism dlq show 0@4 --json) at stage" in text
     assert f"key        {'k' * 1000}… (49000 more characters: prism dlq show 0@4 --json)" in text
     assert f"  {'n' * 200}… (4800 more characters: prism dlq show 0@4 --json): v" in text
+
+
+async def test_dlq_list_holds_only_the_records_it_prints(broker) -> None:
+    """`prism dlq list` (50 by default) held the whole DLQ to print its oldest 50 (200k records: ~580
+    MiB, as the console's DLQ page did). It now filters as it reads and keeps the `limit` oldest matches - the same records,
+    in the same order, as filtering and sorting all of them."""
+    import random
+    import tracemalloc
+    import uuid
+    from types import SimpleNamespace
+
+    from aiokafka import AIOKafkaProducer
+
+    from app.broker.admin import ensure_topics
+    from app.cli.dlq import read_to_end
+    from app.cli.ops import read_dlq
+
+    src = f"orders.list-{uuid.uuid4().hex[:8]}"
+    topo = SimpleNamespace(sources=[SimpleNamespace(topic=src, partitions=2)], dlq=SimpleNamespace(topic_suffix=".dlq"))
+    await ensure_topics(broker.bootstrap, {src: 2, f"{src}.dlq": 2})
+    rnd = random.Random(7)
+    producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=20, max_request_size=4 << 20)
+    await producer.start()
+    try:
+        sent = [await producer.send(f"{src}.dlq", b"x" * 50_000, partition=i % 2, timestamp_ms=10_000 + rnd.randrange(50),
+                                    headers=[("prism.errors.reason", b"a" if i % 3 else b"b")]) for i in range(1200)]
+        for s in sent:
+            await s
+    finally:
+        await producer.stop()
+
+    every = await read_to_end(broker.bootstrap, f"{src}.dlq", 2)
+
+    def order(r: object) -> tuple[int, int, int]:
+        return (r.timestamp, r.partition, r.offset)  # type: ignore[attr-defined]
+    for reason, limit in ((None, 7), ("b", 5), ("a", 0), ("nothing", 3)):
+        want = sorted((r for r in every if reason is None or dict(r.headers)["prism.errors.reason"].decode() == reason),
+                      key=order)
+        got = await read_dlq(topo, broker.bootstrap, reason=reason, limit=limit)
+        assert [order(r) for r in got] == [order(r) for r in (want[:limit] if limit else want)], (reason, limit)
+    del every
+    tracemalloc.start()
+    try:
+        await read_dlq(topo, broker.bootstrap, limit=5)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 45_000_000, peak  # the DLQ holds 60 MB of values: holding them all peaked at 69 MB

@@ -8,7 +8,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +97,29 @@ def console_settings(users_file: Path, *, registry_url: str | None, worker_urls:
     return ConsoleSettings(auth=make_auth(users_file, "prism-console"), registry_url=registry_url,
                            worker_urls=worker_urls, registry_headers=auth_headers(registry_user),
                            worker_headers=auth_headers(worker_user), bootstrap=bootstrap, rate_interval_s=0.5)
+
+
+def patch_dlq(monkeypatch: Any, records: Callable[[], list[Any]]) -> None:
+    """The console's DLQ reads (``Kafka.dlq_window``, ``Kafka.dlq_record``) over the records
+    ``records()`` returns, in memory: each source's whole DLQ as one window, nothing older."""
+    from app.cli.dlq import PartitionWindow, Window
+    from app.console.backends import Kafka
+
+    async def window(self: Kafka, topology: Any, source: str | None = None,
+                     before: dict[int, int] | None = None) -> list[Any]:
+        out = []
+        for s in topology.sources:
+            if source is not None and s.topic != source:
+                continue
+            topic = s.topic + topology.dlq.topic_suffix
+            recs = [r for r in records() if r.topic == topic]
+            ends = {p: 1 + max((r.offset for r in recs if r.partition == p), default=-1) for p in range(s.partitions)}
+            out.append(Window(topic, recs, [PartitionWindow(p, 0, e, e, 0) for p, e in ends.items()]))
+        return out
+
+    async def record(self: Kafka, topology: Any, source: str, partition: int, offset: int) -> Any | None:
+        topic = source + topology.dlq.topic_suffix
+        return next((r for r in records() if (r.topic, r.partition, r.offset) == (topic, partition, offset)), None)
+
+    monkeypatch.setattr(Kafka, "dlq_window", window)
+    monkeypatch.setattr(Kafka, "dlq_record", record)

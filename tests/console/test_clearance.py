@@ -42,7 +42,7 @@ from app.errors import ConfigError
 from app.sdk.audit import RANK, REFUSALS_PER_RECORD
 from app.security.http_auth import hash_password, load_users
 from app.security.signing import SigningKey
-from tests.console.support import console_settings
+from tests.console.support import console_settings, patch_dlq
 from tests.support import FAST_ARGON2, USERS
 
 pytestmark = pytest.mark.integration
@@ -408,14 +408,11 @@ def test_no_withheld_view_without_its_audit_record(tmp_path: Path, monkeypatch: 
         return {"name": "p", "namespace": "order-events", "sources": [{"topic": src, "partitions": 1}],
                 "outputs": [f"{src}.v3"], "dlq": [f"{src}.dlq"], "stages": []}
 
-    async def fake_records(self: Kafka, topology: Any, source: str | None = None) -> list[Any]:
-        return [Rec()]
-
     async def no_ledger(self: Kafka, topology: Any, warnings: list[str] | None = None) -> dict[str, Any]:
         return {}
 
     monkeypatch.setattr(Workers, "info", fake_info)
-    monkeypatch.setattr(Kafka, "dlq_records", fake_records)
+    patch_dlq(monkeypatch, lambda: [Rec()])
     monkeypatch.setattr(Kafka, "ledger", no_ledger)
     settings = console_settings(users_yaml(tmp_path / "users.yaml"), registry_url=None,
                                 worker_urls=("http://127.0.0.1:9",), bootstrap="127.0.0.1:9")

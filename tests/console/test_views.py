@@ -27,6 +27,7 @@ from tests.console.support import (
     FULL_SUBJECT,
     XSS,
     console_settings,
+    patch_dlq,
     registry_server,
 )
 from tests.support import ADMIN_CLEARED, USERS, write_users_file
@@ -74,9 +75,6 @@ def replays(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     async def info(self: Workers, name: str) -> dict[str, Any]:
         return INFO
 
-    async def records(self: Kafka, topology: Any, source: str | None = None) -> list[Any]:
-        return list(RECORDS)
-
     async def ledger(self: Kafka, topology: Any, warnings: list[str] | None = None) -> dict[str, dict[str, Any]]:
         return {}
 
@@ -87,7 +85,9 @@ def replays(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
                                                    target_topic=SRC, target_partition=1, target_offset=7)])
 
     monkeypatch.setattr(Workers, "info", info)
-    monkeypatch.setattr(Kafka, "dlq_records", records)
+    import tests.console.test_views as me
+
+    patch_dlq(monkeypatch, lambda: list(me.RECORDS))
     monkeypatch.setattr(Kafka, "ledger", ledger)
     monkeypatch.setattr(Kafka, "replay", replay)
     return calls
@@ -201,6 +201,8 @@ def test_dlq_pages_decode_redact_and_escape(client: TestClient) -> None:
     assert listing.status_code == 200
     assert XSS not in listing.text and "&lt;script&gt;alert(1)&lt;/script&gt;" in listing.text
     assert re.search(r'data-reason="policy_violation" href="[^"]*">policy_violation 1</a>', listing.text)  # by reason
+    chip = re.search(r'data-reason="auth_failed" href="([^"]+)"', listing.text)[1]  # as a browser follows it
+    assert 'data-ref="1@1"' in client.get("/pipelines/orders-x/dlq" + chip.replace("&amp;", "&")).text
     only = client.get("/pipelines/orders-x/dlq", params={"reason": "auth_failed"})
     assert 'data-ref="1@1"' in only.text and 'data-ref="1@0"' not in only.text
     found = client.get("/pipelines/orders-x/dlq", params={"q": "encrypted"})
@@ -322,10 +324,7 @@ def test_every_kind_of_dlq_record_has_a_page_with_a_replay_button(client: TestCl
     recs = [FakeRecord(f"{SRC}.dlq", 0, i, k.record.value, key=k.record.key, headers=list(k.record.headers))
             for i, k in enumerate(kinds)]
 
-    async def records(self: Kafka, topology: Any, source: str | None = None) -> list[Any]:
-        return recs
-
-    monkeypatch.setattr(Kafka, "dlq_records", records)
+    patch_dlq(monkeypatch, lambda: recs)
     login(client, "admin")
     for i, kind in enumerate(kinds):
         page = client.get(f"/pipelines/orders-x/dlq/{SRC}/0@{i}")
@@ -355,3 +354,141 @@ def test_an_unreachable_broker_is_a_502_page_not_a_500(tmp_path: Path, users_fil
             page = c.get(path)
             assert page.status_code == 502 and "A back end did not answer" in page.text, (path, page.text[:300])
             assert f"127.0.0.1:{port}" in page.text
+
+
+def test_query_values_of_the_wrong_type_get_the_html_error_page(client: TestClient) -> None:
+    """FastAPI answered ``?limit=abc`` with its JSON 422, which a person in a browser cannot act
+    on: the console's error page (400) names the parameter, what was sent and how to write it."""
+    login(client, "admin")
+    for path, params, name in (("/audit", {"limit": "abc"}, "limit"),
+                               ("/pipelines/orders-x/trace", {"topic": SRC, "partition": "x", "offset": 1}, "partition"),
+                               ("/pipelines/orders-x/trace", {"topic": SRC, "partition": 1, "offset": "1.5"}, "offset"),
+                               (f"/subjects/{FULL_SUBJECT}", {"to": "<script>"}, "to")):
+        page = client.get(path, params=params, headers=HTML)
+        assert page.status_code == 400 and page.headers["content-type"].startswith("text/html"), (path, page.text)
+        error = re.search(r'<p class="error" id="error">(.*?)</p>', page.text, re.S)
+        assert error and f"{name}=" in error[1], page.text
+        assert f"write {name} as a whole number, e.g. {name}=100" in page.text, page.text
+        assert "<script>" not in page.text.split("</header>")[-1]  # what was sent is shown as text
+
+
+#: user:password pairs a DLQ record may carry in every field the pages show
+LEAKS = ("s3cret-value-pw", "key-pw-9", "hdr-pw-7", "err-pw-5", "bin-pw-3", "basic-dXNlcjpwYXNzd29yZA")
+
+
+def test_basic_credentials_in_dlq_records_are_redacted(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A URL's ``user:password@`` and ``Basic`` credentials in a DLQ record's value, key, headers
+    and error text were shown on the record page and the list: now masked by the log
+    redaction's rules (app/observability/redaction.py `redact_patterns`)."""
+    import tests.console.test_views as me
+
+    headers = [*RECORDS[1].headers[:-2], ("prism.errors.exception.message", b"GET https://svc:err-pw-5@api.example/x"),
+               ("x-callback", b"https://carol:hdr-pw-7@cb.example/"),
+               ("x-forwarded", b"Authorization: Basic basic-dXNlcjpwYXNzd29yZA")]
+    value = (b'{"callback": "https://alice:s3cret-value-pw@hooks.example/x", '
+             b'"auth": "Basic basic-dXNlcjpwYXNzd29yZA"}')
+    leaky = [FakeRecord(f"{SRC}.dlq", 1, 7, value, key=b"https://bob:key-pw-9@h.example", headers=headers),
+             FakeRecord(f"{SRC}.dlq", 1, 8, b"\xff\xfe https://eve:bin-pw-3@h.example \x00", headers=headers)]
+    monkeypatch.setattr(me, "RECORDS", [*RECORDS, *leaky])
+    login(client, "admin")
+    pages = [client.get("/pipelines/orders-x/dlq"), client.get(f"/pipelines/orders-x/dlq/{SRC}/1@7"),
+             client.get(f"/pipelines/orders-x/dlq/{SRC}/1@8")]
+    for page in pages:
+        assert page.status_code == 200, page.text[:300]
+        for leak in LEAKS:
+            assert leak not in page.text and leak.encode().hex() not in page.text, (leak, page.url)
+    assert "https://alice:[REDACTED]@hooks.example/x" in pages[1].text and "Basic [REDACTED]" in pages[1].text
+    assert "https://bob:[REDACTED]@h.example" in pages[1].text
+    assert "https://svc:[REDACTED]@api.example/x" in pages[0].text
+    assert b"https://eve:[REDACTED]@".hex() in pages[2].text  # the hex preview of bytes that are not text
+
+
+def test_back_end_credentials_are_masked_on_error_pages(tmp_path: Path, users_file: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A back end's URL with ``user:password@`` (a registry URL given to the settings, a broker's
+    or worker's error quoting one) was shown on the console's error pages as it was."""
+    from aiokafka.errors import KafkaConnectionError
+
+    from app.console import ConsoleSettings
+    from app.console.backends import BackendError
+
+    async def info(self: Workers, name: str) -> dict[str, Any]:
+        if name == "down":
+            raise BackendError("no worker runs it (http://admin:worker-pw-1@worker.example:6066 said 503)",
+                               hint="check http://admin:worker-pw-1@worker.example:6066")
+        return INFO
+
+    async def window(self: Kafka, topology: Any, source: str | None = None, before: Any = None) -> list[Any]:
+        raise KafkaConnectionError("Unable to bootstrap from kafka://svc:kafka-pw-2@kafka.example:9092 "
+                                   "(Authorization: Basic c3ZjOmthZmthLXB3LTI=)")
+
+    monkeypatch.setattr(Workers, "info", info)
+    monkeypatch.setattr(Kafka, "dlq_window", window)
+    settings = console_settings(users_file, registry_url="http://console:registry-pw-3@127.0.0.1:9",
+                                worker_urls=("http://127.0.0.1:9",), bootstrap="127.0.0.1:9")
+    assert isinstance(settings, ConsoleSettings)
+    with TestClient(create_app(settings), base_url="http://console.test") as c:
+        login_r = c.post("/login", data={"user": "reader", "password": USERS["reader"][0], "next": "/"},
+                         headers={"origin": "http://console.test"}, follow_redirects=False)
+        assert login_r.status_code == 303
+        for path in ("/subjects", "/pipelines/orders-x/dlq", "/pipelines/down/dlq"):
+            page = c.get(path)
+            assert page.status_code == 502 and "A back end did not answer" in page.text, (path, page.text[:300])
+            for leak in ("registry-pw-3", "kafka-pw-2", "worker-pw-1", "c3ZjOmthZmthLXB3LTI="):
+                assert leak not in page.text, (path, leak)
+            assert "[REDACTED]" in page.text, page.text
+
+
+def test_huge_fields_are_cut_on_the_dlq_pages(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every field of a DLQ record is its writer's to choose: 20 records with a 1 MB error header
+    made one list page 19.5 MB of HTML, a 1 MB key a 4 MB record page, 100,000 one-byte headers a
+    3.4 MB one. Each field is cut as `prism dlq list|show` cut theirs, saying how many characters
+    follow and how to read them whole, and a record page shows its first 200 headers."""
+    import tests.console.test_views as me
+
+    base = [(k, v) for k, v in RECORDS[1].headers if k not in ("prism.errors.exception.message", "prism.errors.reason")]
+    big = [*base, ("prism.errors.exception.message", b"E" * 1_000_000), ("prism.errors.reason", b"R" * 300_000),
+           ("prism.errors.stage", b"<script>S" + b"S" * 100_000)]
+    huge = [FakeRecord(f"{SRC}.dlq", 0, i, b"v", key=b"K" * 1_000_000, headers=big) for i in range(20)]
+    many = FakeRecord(f"{SRC}.dlq", 1, 9, b"\xff\x00<script>", headers=[*base, *((f"h{i}<b>", b"v") for i in range(20_000))])
+    monkeypatch.setattr(me, "RECORDS", [*huge, many])
+    login(client, "admin")
+    listing = client.get("/pipelines/orders-x/dlq")
+    assert listing.status_code == 200 and len(listing.text) < 1_000_000, len(listing.text)
+    assert "… (996000 more characters: prism dlq show 0@3 --json)" in listing.text
+    record = client.get(f"/pipelines/orders-x/dlq/{SRC}/0@3")
+    assert record.status_code == 200 and len(record.text) < 50_000, len(record.text)
+    assert "… (999000 more characters: prism dlq show 0@3 --json)" in record.text  # the key
+    assert "<script>" not in record.text
+    headers = client.get(f"/pipelines/orders-x/dlq/{SRC}/1@9")
+    assert headers.status_code == 200 and len(headers.text) < 50_000, len(headers.text)
+    assert re.search(r'id="more-headers">\d+ more header\(s\) not shown', headers.text)
+    assert "<b>" not in headers.text and "<script>" not in headers.text
+
+
+def test_reason_chips_are_the_most_frequent_codes(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reasons are header values anyone who writes the DLQ chooses: 2,000 distinct 3 kB reasons
+    made 2,000 chips, each a link carrying its reason (~18 MB of HTML). Chips are the 50 most
+    frequent reasons of at most 200 characters; the rest are counted, and search finds them."""
+    import tests.console.test_views as me
+
+    base = [(k, v) for k, v in RECORDS[1].headers if k != "prism.errors.reason"]
+    recs = [FakeRecord(f"{SRC}.dlq", 0, i, b"v", headers=[*base, ("prism.errors.reason", b"%04d" % i + b"r" * 3000)])
+            for i in range(2000)]
+    recs += [FakeRecord(f"{SRC}.dlq", 1, i, b"v", headers=[*base, ("prism.errors.reason", b"code_%d" % (i % 60))])
+             for i in range(120)]
+    monkeypatch.setattr(me, "RECORDS", recs)
+    login(client, "reader")
+    page = client.get("/pipelines/orders-x/dlq")
+    assert page.status_code == 200 and len(page.text) < 3_000_000, len(page.text)
+    assert page.text.count('class="chip ') == 51  # "all" and 50 codes
+    assert 'id="other-reasons">and 2010 other reason(s), 2020 record(s): search finds them' in page.text
+
+
+def test_the_openapi_document_declares_the_400_page_not_a_json_422(client: TestClient) -> None:
+    login(client, "reader")
+    doc = client.get("/openapi.json").json()
+    audit = doc["paths"]["/audit"]["get"]["responses"]
+    assert "422" not in audit and "text/html" in audit["400"]["content"], audit.keys()
+    assert not [p for p, ops in doc["paths"].items() for op in ops.values() if "422" in op["responses"]]
+    assert "HTTPValidationError" not in doc.get("components", {}).get("schemas", {})

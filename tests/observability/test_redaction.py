@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.observability.redaction import MASK, Redactor, jwt_spans
+from app.observability.redaction import MASK, Redactor, jwt_spans, redact_patterns, redact_shown
 
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJzdmMtb3JkZXJzIn0.c2lnbmF0dXJlLWJ5dGVzLWhlcmU"
 
@@ -92,3 +92,21 @@ def test_pii_registration_stays_cheap_in_a_failure_storm() -> None:
     per = (time.perf_counter() - t0) / 20_000
     assert per < 50e-6, f"{per * 1e6:.1f} us per registration"
     assert MASK in r.redact("failed for person-19999@example.invalid")
+
+
+def test_shown_documents_get_the_pattern_rules_and_only_them() -> None:
+    """`redact_patterns` is `Redactor.redact`'s rules without registered values or the cut (text
+    shown, not logged: a DLQ record on `prism dlq show` and the console); `redact_shown` applies
+    it to every string of a document, keys included, at any depth."""
+    text = "GET https://alice:pw-123@h.example/x with Authorization: Basic YWxpY2U6cHctMTIz; password=hunter22"
+    assert redact_patterns(text) == Redactor().redact(text)
+    assert "pw-123" not in redact_patterns(text) and "YWxpY2U6" not in redact_patterns(text)
+    assert "hunter22" not in redact_patterns(text)
+    long = "x" * 200_000 + " https://u:long-pw@h"
+    assert redact_patterns(long).startswith("x" * 200_000) and "long-pw" not in redact_patterns(long)  # not cut
+    deep: object = "https://u:deep-pw@h"
+    for _ in range(100):
+        deep = {"k": [deep]}
+    doc = {"https://u:key-pw@h": deep, "n": 3, "none": None}
+    shown = repr(redact_shown(doc))
+    assert "deep-pw" not in shown and "key-pw" not in shown and "'n': 3" in shown and MASK in shown
