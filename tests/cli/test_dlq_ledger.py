@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.cli.dlq import LedgerEntry, LedgerEntryError, ledger_topic, read_ledger, read_to_end, replay
@@ -79,7 +79,7 @@ def test_any_bytes_are_an_entry_or_a_ledger_entry_error(raw: bytes) -> None:
 
 @given(st.dictionaries(st.sampled_from(sorted(GOOD)), st.none() | st.booleans() | st.integers() | st.text(max_size=8)
                        | st.lists(st.integers(), max_size=2), max_size=6))
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # a loaded CI machine
 def test_any_field_values_are_an_entry_or_a_ledger_entry_error(change: dict[str, Any]) -> None:
     try:
         entry = LedgerEntry.parse(json.dumps({**GOOD, **change}).encode())
