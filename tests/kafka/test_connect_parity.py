@@ -47,7 +47,7 @@ PRISM_EXTRA_STATUS = {"lag", "batches", "in_flight_batches", "tables", "readines
 #: Further Prism-only status keys a worker includes when it has them (the consumer group's lag, the
 #: .v2 sunset's phase): extra too, not required.
 PRISM_OPTIONAL_STATUS = {"group_lag", "migration"}
-PRISM_EXTRA_INFO = {"namespace", "stages", "sources", "outputs", "dlq", "sinks"}
+PRISM_EXTRA_INFO = {"namespace", "stages", "sources", "outputs", "dlq", "dlq_overflow", "sinks"}
 #: Objects whose keys are names (config entries, table names), not part of the shape.
 MAPS = {"config", "tables"}
 
