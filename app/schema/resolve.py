@@ -309,8 +309,8 @@ def resolve_schema_config(config: Mapping[str, Any], *, git: GitSchemaSource | N
     elif kind in ("local", "file"):
         path = Path(str(config.get("path") or config.get("url")))
         fmt = SchemaFormat.parse(config["format"]) if config.get("format") else SchemaFormat.from_filename(path.name)
-        from app.config_files import read_text
-        from app.errors import PrismError
+        from ..config_files import read_text
+        from ..errors import PrismError
 
         try:  # the one bounded reader: `path.read_text()` read a schema symlinked to /dev/zero until
             # memory ran out, and waited for ever on a named pipe
